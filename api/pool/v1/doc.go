@@ -1,0 +1,6 @@
+// Package poolv1 holds the gRPC control-plane API of poold, generated from
+// pool.proto by generate.sh. Do not edit the .pb.go files by hand.
+//
+// The generated client and server types are safe for concurrent use as
+// grpc-go documents; message values are not.
+package poolv1

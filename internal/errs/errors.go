@@ -1,0 +1,32 @@
+package errs
+
+import "errors"
+
+// The sentinels. Each names a condition an application can act on; wrap them
+// with context (fmt.Errorf("...: %w", ErrX)) and test them with errors.Is.
+var (
+	// ErrNoCapacity: no tier that the caller accepts has room for the request.
+	ErrNoCapacity = errors.New("no capacity: free segments, ask for a smaller size, or allow another tier with alloc.WithFallback")
+	// ErrOutOfRange: an offset or length falls outside the segment, or overflows.
+	ErrOutOfRange = errors.New("out of range: keep offset+length within the segment's Size()")
+	// ErrNotFound: no segment has that id or name on this daemon.
+	ErrNotFound = errors.New("not found: check the id or name with 'memctl segments'")
+	// ErrAccessDenied: the caller may not reach that segment (not its own and not attached by name).
+	ErrAccessDenied = errors.New("access denied: a client reaches only segments it allocated or attached by name")
+	// ErrLeaseExpired: the caller's lease or the segment's epoch ended; the memory may belong to someone else now.
+	ErrLeaseExpired = errors.New("lease expired: the segment was reclaimed; allocate a new one")
+	// ErrClosed: the client or segment was closed or freed.
+	ErrClosed = errors.New("closed: the client or segment was closed or freed; dial again or allocate a new segment")
+	// ErrSegmentLost: the memory behind the segment is gone (its home died, or its device does not survive restarts).
+	ErrSegmentLost = errors.New("segment lost: its memory did not survive; free it and allocate again")
+	// ErrInvalid: the request itself is malformed (size, tier, name, alignment).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrExists: a segment with that name exists already.
+	ErrExists = errors.New("name in use: pick another name or Attach the existing segment")
+	// ErrUnaligned: a 64-bit atomic at an offset that is not a multiple of 8.
+	ErrUnaligned = errors.New("unaligned: 64-bit atomics need an offset that is a multiple of 8")
+	// ErrUnavailable: the daemon cannot be reached or is restarting; the call may be retried.
+	ErrUnavailable = errors.New("pool unavailable: is poold running? start it with 'poold' or set FARMEM_SOCKET")
+	// ErrNotSupported: the host or build lacks the capability asked for.
+	ErrNotSupported = errors.New("not supported on this host or build")
+)

@@ -1,0 +1,43 @@
+package errs
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestRoundTrip(t *testing.T) {
+	for _, e := range table {
+		t.Run(e.reason, func(t *testing.T) {
+			wrapped := fmt.Errorf("alloc 5 GiB on cxl: %w", e.err)
+			st := ToStatus(wrapped)
+			require.Equal(t, e.code, status.Code(st))
+			back := FromStatus(st)
+			require.ErrorIs(t, back, e.err)
+			require.Contains(t, back.Error(), "alloc 5 GiB on cxl")
+			for _, other := range table {
+				if other.err != e.err {
+					require.NotErrorIs(t, back, other.err)
+				}
+			}
+		})
+	}
+}
+
+func TestUnknownAndPlain(t *testing.T) {
+	require.Nil(t, ToStatus(nil))
+	require.Nil(t, FromStatus(nil))
+	require.Equal(t, codes.Internal, status.Code(ToStatus(errors.New("boom"))))
+	plain := errors.New("not grpc")
+	require.Equal(t, plain, FromStatus(plain))
+	require.ErrorIs(t, FromStatus(status.Error(codes.Unavailable, "connection refused")), ErrUnavailable)
+	require.True(t, Retryable(FromStatus(status.Error(codes.Unavailable, "x"))))
+	require.ErrorIs(t, FromStatus(status.Error(codes.NotFound, "x")), ErrNotFound)
+}
