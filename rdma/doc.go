@@ -1,0 +1,43 @@
+// Package rdma is farmem's one-sided remote memory data plane: a client reads,
+// writes and atomically updates memory that another host exports, and the
+// application that owns that memory is never involved, exactly as with RDMA
+// verbs.
+//
+// The package defines the vocabulary shared by every transport:
+//
+//   - [Key], a random 128-bit access key that authorises operations on one
+//     exported segment, and [Region], what a client needs to address remote
+//     memory (segment id, key, lease epoch).
+//   - [Exporter], the server side: it registers mapped segment memory under
+//     a fresh key (like ibv_reg_mr), revokes it, and fences stale lease
+//     holders by epoch.
+//   - [Conn], the client side: Read, Write, CompareAndSwap64, FetchAdd64 and
+//     the batch form Do, which posts several [Op] work requests and waits
+//     for all their completions once (like ibv_post_send + ibv_poll_cq).
+//   - [Transport] and [Pick], which try transports in order and fall back to
+//     the next one when a transport reports [ErrNotSupported] (no RDMA NIC,
+//     binary built without the verbs tag).
+//
+// Two transports implement these interfaces: rdma/tcp, a TCP fallback of the
+// same one-sided protocol that works everywhere, and rdma/internal/verbs, a
+// libibverbs backend built with the `verbs` tag (a stub for now).
+//
+// # Semantics
+//
+// Operations are one-sided: the server checks the key, the epoch and the
+// bounds and then touches the mapped memory itself. As with RDMA, plain
+// reads and writes that race with other writers or with atomics on the same
+// bytes may observe torn data; only CompareAndSwap64 and FetchAdd64 on
+// 8-byte aligned offsets are atomic, and they are atomic with respect to each
+// other and to the host's own sync/atomic operations on that memory. Atomic
+// values use the byte order of the host that exports the memory.
+//
+// # Concurrency
+//
+// Every Conn and Exporter implementation is safe for concurrent use by
+// multiple goroutines. [Key] and [Region] are plain values. An [Op] belongs to
+// the caller, who must not touch it (nor its Buf) while a Do call that holds
+// it is running.
+//
+// This package has no OS-specific code and needs no build tags.
+package rdma

@@ -1,0 +1,69 @@
+package rdma
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrAccessDenied means the key does not match an exported segment: the key is
+// wrong, or the segment was revoked or never exported on that host. Ask the
+// segment's home for a fresh Region.
+var ErrAccessDenied = errors.New("rdma: access denied: the key does not match a segment exported by that host; the segment may have been revoked or freed, fetch a fresh region from its home")
+
+// ErrOutOfRange means an operation addressed bytes outside the segment (or an
+// offset so large that offset+length overflows). Check the offset and length
+// against the segment size.
+var ErrOutOfRange = errors.New("rdma: offset or length out of range for the segment; check offset+length against the segment size")
+
+// ErrSegmentLost means the memory behind the segment is gone (the device
+// faulted, the home host died, or its daemon dropped the segment). Its
+// contents cannot be recovered; allocate a new segment.
+var ErrSegmentLost = errors.New("rdma: segment lost: its memory is gone and its contents cannot be recovered; allocate a new segment")
+
+// ErrNotSupported means a transport or feature is not available on this host
+// or build. It is matched with errors.Is; the concrete error is usually a
+// *NotSupportedError that says what is missing. Transport pickers fall back to
+// the next transport on this error.
+var ErrNotSupported = errors.New("rdma: not supported")
+
+// ErrLeaseExpired means the operation carried a lease epoch older than the
+// segment's current one: another holder took the segment over (fencing).
+// Renew the lease with the segment's home to get the current epoch.
+var ErrLeaseExpired = errors.New("rdma: lease expired: the region's epoch is older than the segment's current epoch; renew the lease to get the current epoch")
+
+// ErrClosed means the connection or server was closed, locally or by the
+// peer, before the operation completed. Whether a cancelled write reached
+// the remote memory is unknown; dial again and retry if the operation is
+// idempotent.
+var ErrClosed = errors.New("rdma: connection closed; dial again")
+
+// ErrProtocol means the peer sent bytes that do not follow the wire protocol
+// (bad magic, unknown version, malformed or oversized frame). The connection
+// is closed; check that both hosts run compatible farmem versions.
+var ErrProtocol = errors.New("rdma: protocol error; check that both hosts run compatible farmem versions")
+
+// ErrUnaligned means an atomic operation addressed an offset that is not a
+// multiple of 8. CompareAndSwap64 and FetchAdd64 need 8-byte aligned offsets.
+var ErrUnaligned = errors.New("rdma: atomic operation needs an 8-byte aligned offset")
+
+// NotSupportedError is a capability error: it says which feature is missing
+// and why, and errors.Is(err, ErrNotSupported) reports true for it.
+// It is an immutable value and safe for concurrent use.
+type NotSupportedError struct {
+	// Feature names what is missing, e.g. "verbs transport".
+	Feature string
+	// Reason says why and what to do, e.g. "built without the verbs tag;
+	// rebuild with -tags verbs on a host with libibverbs".
+	Reason string
+}
+
+// Error implements error.
+func (e *NotSupportedError) Error() string {
+	if e.Reason == "" {
+		return fmt.Sprintf("rdma: %s not supported", e.Feature)
+	}
+	return fmt.Sprintf("rdma: %s not supported: %s", e.Feature, e.Reason)
+}
+
+// Is reports whether target is ErrNotSupported.
+func (e *NotSupportedError) Is(target error) bool { return target == ErrNotSupported }
