@@ -1,0 +1,53 @@
+package device
+
+import "errors"
+
+// Sentinel errors. Every error a device returns wraps one of these (test with
+// errors.Is), and its message names the device, the segment and the value at
+// fault, and says what to do.
+var (
+	// ErrInvalid reports an argument the device cannot use: a negative or
+	// zero length, an extent beyond the device's capacity, a missing or
+	// wrong kind of directory, a NUMA node that does not exist.
+	ErrInvalid = errors.New("invalid argument")
+
+	// ErrUnaligned reports an extent whose offset or length is not a
+	// multiple of the device's Align(); round the extent to Align().
+	ErrUnaligned = errors.New("extent not aligned to the device alignment")
+
+	// ErrLost reports a segment whose contents did not survive (a memfd
+	// after a daemon restart, a segment file removed or truncated by someone
+	// else). The segment must be freed; its data is gone.
+	ErrLost = errors.New("segment contents lost")
+
+	// ErrNoSpace reports that the filesystem or NUMA node backing the device
+	// has no room for the segment, even though the device's capacity
+	// accounting allowed it.
+	ErrNoSpace = errors.New("no space left on the backing memory")
+
+	// ErrNotSupported reports a feature this system does not provide: any
+	// device outside Linux, or a kernel without NUMA support. Errors that
+	// match it are capability errors, and callers fall back on them.
+	ErrNotSupported = errors.New("not supported on this system")
+
+	// ErrClosed reports use of a device or mapping after Close.
+	ErrClosed = errors.New("device closed")
+
+	// ErrInUse reports a segment directory that another device instance (in
+	// this or another process, usually a second poold) already holds.
+	ErrInUse = errors.New("directory in use by another device")
+)
+
+// notSupportedError is a capability error: it says which feature is
+// missing and why, and matches ErrNotSupported.
+type notSupportedError struct {
+	feature string
+	reason  string
+}
+
+func (e *notSupportedError) Error() string {
+	return "device: " + e.feature + " is not supported: " + e.reason
+}
+
+// Is reports whether target is ErrNotSupported, so callers can fall back.
+func (e *notSupportedError) Is(target error) bool { return target == ErrNotSupported }
