@@ -35,8 +35,8 @@ func mbind(b []byte, node int) error {
 	case unix.ENOSYS:
 		return &notSupportedError{feature: "mbind", reason: "the kernel was built without NUMA support (CONFIG_NUMA)"}
 	case unix.EINVAL:
-		return fmt.Errorf("mbind to NUMA node %d: %w; the node does not exist, has no memory, or is outside this process's cpuset (see 'numactl -H' and /sys/devices/system/node): %w",
-			node, errno, ErrInvalid)
+		return fmt.Errorf("mbind to NUMA node %d failed with EINVAL: the node does not exist, has no memory, or is outside this process's cpuset (see 'numactl -H' and /sys/devices/system/node): %w",
+			node, ErrInvalid)
 	default:
 		return fmt.Errorf("mbind to NUMA node %d: %w", node, errno)
 	}
