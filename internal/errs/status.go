@@ -123,3 +123,28 @@ func (e *remoteError) Is(target error) bool { return target == e.sentinel }
 // Retryable reports whether err is one a caller may retry after a backoff:
 // the daemon was unreachable or restarting.
 func Retryable(err error) bool { return errors.Is(err, ErrUnavailable) }
+
+// Reason names err's sentinel for protocols other than gRPC (descriptor
+// passing); "" for nil, "INTERNAL" for an error without a sentinel.
+func Reason(err error) string {
+	if err == nil {
+		return ""
+	}
+	for _, e := range table {
+		if errors.Is(err, e.err) {
+			return e.reason
+		}
+	}
+	return "INTERNAL"
+}
+
+// FromReason is the inverse of Reason: an error with message msg that
+// matches the sentinel named by reason.
+func FromReason(reason, msg string) error {
+	for _, e := range table {
+		if e.reason == reason {
+			return &remoteError{msg: msg, sentinel: e.err}
+		}
+	}
+	return errors.New(msg)
+}
