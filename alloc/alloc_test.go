@@ -1,0 +1,343 @@
+package alloc_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/pool"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func dial(t *testing.T, socket string, opts ...alloc.DialOption) *alloc.Client {
+	t.Helper()
+	c, err := alloc.Dial(t.Context(), socket, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
+}
+
+func startPool(t *testing.T) (pool.Config, *alloc.Client) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	return cfg, dial(t, cfg.Socket)
+}
+
+func TestAllocEachTier(t *testing.T) {
+	_, c := startPool(t)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		tier     alloc.Tier
+		want     alloc.Tier
+		emulated bool
+		kind     string
+	}{
+		{alloc.TierCXL, alloc.TierCXL, true, "emulated"},
+		{alloc.TierLocal, alloc.TierLocal, false, "dram"},
+		{alloc.TierAny, alloc.TierCXL, true, "emulated"},
+	} {
+		t.Run(tc.tier.String(), func(t *testing.T) {
+			seg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(tc.tier))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, seg.Tier())
+			require.Equal(t, tc.emulated, seg.Emulated())
+			require.Equal(t, tc.kind, seg.Kind())
+			require.Equal(t, int64(1<<20), seg.Size())
+			b, ok := seg.Bytes()
+			require.True(t, ok)
+			require.Len(t, b, 1<<20)
+			require.Equal(t, make([]byte, 1<<20), b, "new segments are zero")
+
+			msg := []byte("far memory")
+			n, err := seg.WriteAt(msg, 4096)
+			require.NoError(t, err)
+			require.Equal(t, len(msg), n)
+			require.Equal(t, msg, b[4096:4096+len(msg)], "WriteAt and Bytes see the same memory")
+			got := make([]byte, len(msg))
+			_, err = seg.ReadAt(got, 4096)
+			require.NoError(t, err)
+			require.Equal(t, msg, got)
+
+			require.NoError(t, seg.Store64(8, 41))
+			v, err := seg.Add64(8, 1)
+			require.NoError(t, err)
+			require.Equal(t, uint64(42), v)
+			ok, err = seg.CompareAndSwap64(8, 42, 7)
+			require.NoError(t, err)
+			require.True(t, ok)
+			ok, err = seg.CompareAndSwap64(8, 42, 9)
+			require.NoError(t, err)
+			require.False(t, ok)
+			v, err = seg.Load64(8)
+			require.NoError(t, err)
+			require.Equal(t, uint64(7), v)
+
+			require.NoError(t, seg.Free(ctx))
+			require.ErrorIs(t, seg.Free(ctx), alloc.ErrClosed)
+			_, err = seg.ReadAt(got, 0)
+			require.ErrorIs(t, err, alloc.ErrClosed)
+			_, ok = seg.Bytes()
+			require.False(t, ok)
+		})
+	}
+}
+
+func TestReaderAtContract(t *testing.T) {
+	_, c := startPool(t)
+	seg, err := c.Alloc(t.Context(), 100, alloc.WithTier(alloc.TierCXL))
+	require.NoError(t, err)
+	p := make([]byte, 10)
+	n, err := seg.ReadAt(p, 95)
+	require.Equal(t, 5, n)
+	require.ErrorIs(t, err, io.EOF)
+	n, err = seg.ReadAt(p, 100)
+	require.Equal(t, 0, n)
+	require.ErrorIs(t, err, io.EOF)
+	_, err = seg.ReadAt(p, 101)
+	require.ErrorIs(t, err, alloc.ErrOutOfRange)
+	_, err = seg.ReadAt(p, -1)
+	require.ErrorIs(t, err, alloc.ErrOutOfRange)
+	n, err = seg.WriteAt(p, 95)
+	require.Equal(t, 0, n)
+	require.ErrorIs(t, err, alloc.ErrOutOfRange)
+	_, err = seg.WriteAt(p, math.MaxInt64)
+	require.ErrorIs(t, err, alloc.ErrOutOfRange)
+	_, err = seg.Load64(4)
+	require.ErrorIs(t, err, alloc.ErrUnaligned)
+	_, err = seg.Add64(96, 1)
+	require.ErrorIs(t, err, alloc.ErrOutOfRange)
+	_, err = seg.Load64(math.MaxInt64 - 7)
+	require.ErrorIs(t, err, alloc.ErrOutOfRange)
+	_, err = seg.CompareAndSwap64(-8, 0, 1)
+	require.ErrorIs(t, err, alloc.ErrOutOfRange)
+}
+
+func TestBadRequests(t *testing.T) {
+	_, c := startPool(t)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		name string
+		size int64
+		opts []alloc.AllocOption
+		want error
+	}{
+		{"zero size", 0, nil, alloc.ErrInvalid},
+		{"negative size", -5, nil, alloc.ErrInvalid},
+		{"huge size", math.MaxInt64, nil, alloc.ErrInvalid},
+		{"larger than every tier", 1 << 40, nil, alloc.ErrNoCapacity},
+		{"larger than cxl", 100 << 20, []alloc.AllocOption{alloc.WithTier(alloc.TierCXL)}, alloc.ErrNoCapacity},
+		{"unknown tier", 4096, []alloc.AllocOption{alloc.WithTier(alloc.Tier(17))}, alloc.ErrInvalid},
+		{"rdma without peers", 4096, []alloc.AllocOption{alloc.WithTier(alloc.TierRDMA)}, alloc.ErrNoCapacity},
+		{"name with space", 4096, []alloc.AllocOption{alloc.WithName("a b")}, alloc.ErrInvalid},
+		{"name too long", 4096, []alloc.AllocOption{alloc.WithName(string(bytes.Repeat([]byte("n"), 300)))}, alloc.ErrInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := c.Alloc(ctx, tc.size, tc.opts...)
+			require.ErrorIs(t, err, tc.want)
+			require.NotEmpty(t, err.Error())
+		})
+	}
+	_, err := alloc.ParseTier("fast")
+	require.ErrorIs(t, err, alloc.ErrInvalid)
+
+	// Nothing leaked: both tiers still have all their capacity.
+	tiers, err := c.Tiers(ctx)
+	require.NoError(t, err)
+	for _, ti := range tiers {
+		require.Equal(t, ti.Capacity, ti.Free, ti.Tier.String())
+	}
+}
+
+func TestFallbackIsExplicit(t *testing.T) {
+	_, c := startPool(t)
+	ctx := t.Context()
+	// cxl is 64 MiB: a 48 MiB segment fits once; the second one needs the fallback.
+	first, err := c.Alloc(ctx, 48<<20, alloc.WithTier(alloc.TierCXL))
+	require.NoError(t, err)
+	defer first.Free(ctx)
+	_, err = c.Alloc(ctx, 48<<20, alloc.WithTier(alloc.TierCXL))
+	require.ErrorIs(t, err, alloc.ErrNoCapacity)
+	require.Contains(t, err.Error(), "cxl")
+	second, err := c.Alloc(ctx, 48<<20, alloc.WithTier(alloc.TierCXL), alloc.WithFallback(alloc.TierLocal))
+	require.NoError(t, err)
+	require.Equal(t, alloc.TierLocal, second.Tier())
+	require.NoError(t, second.Free(ctx))
+}
+
+func TestNamedAttachAndIsolation(t *testing.T) {
+	cfg, owner := startPool(t)
+	other := dial(t, cfg.Socket)
+	ctx := t.Context()
+
+	shared, err := owner.Alloc(ctx, 4096, alloc.WithName("shared-table"))
+	require.NoError(t, err)
+	_, err = owner.Alloc(ctx, 4096, alloc.WithName("shared-table"))
+	require.ErrorIs(t, err, alloc.ErrExists)
+	_, err = shared.WriteAt([]byte("hello"), 0)
+	require.NoError(t, err)
+
+	seen, err := other.Attach(ctx, "shared-table")
+	require.NoError(t, err)
+	got := make([]byte, 5)
+	_, err = seen.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(got))
+	require.NoError(t, seen.Store64(8, 99))
+	v, err := shared.Load64(8)
+	require.NoError(t, err)
+	require.Equal(t, uint64(99), v, "two processes' mappings share memory")
+
+	_, err = other.Attach(ctx, "no-such-name")
+	require.ErrorIs(t, err, alloc.ErrNotFound)
+}
+
+func TestForeignSegmentDenied(t *testing.T) {
+	cfg, owner := startPool(t)
+	seg, err := owner.Alloc(t.Context(), 4096)
+	require.NoError(t, err)
+	// A second client guesses the id: it may neither map nor free it.
+	intruder := dial(t, cfg.Socket)
+	err = intruder.FreeByID(t.Context(), seg.ID())
+	require.ErrorIs(t, err, alloc.ErrAccessDenied)
+	err = intruder.FreeByID(t.Context(), 987654)
+	require.ErrorIs(t, err, alloc.ErrNotFound)
+	require.NoError(t, seg.Free(t.Context()))
+}
+
+func TestLeaseReclaimsAfterClose(t *testing.T) {
+	cfg, watcher := startPool(t)
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, cfg.Socket)
+	require.NoError(t, err)
+	_, err = c.Alloc(ctx, 8<<20, alloc.WithTier(alloc.TierCXL))
+	require.NoError(t, err)
+	named, err := c.Alloc(ctx, 4096, alloc.WithTier(alloc.TierCXL), alloc.WithName("keep"))
+	require.NoError(t, err)
+	_ = named
+	require.NoError(t, c.Close())
+
+	// The unnamed segment comes back within the TTL (1s) plus a reaper tick; the named one stays.
+	require.Eventually(t, func() bool {
+		tiers, err := watcher.Tiers(ctx)
+		require.NoError(t, err)
+		for _, ti := range tiers {
+			if ti.Tier == alloc.TierCXL {
+				return ti.Segments == 1 && ti.Capacity-ti.Free == 4096
+			}
+		}
+		return false
+	}, 5*time.Second, 50*time.Millisecond)
+	_, err = watcher.Attach(ctx, "keep")
+	require.NoError(t, err)
+}
+
+func TestStableIdentityKeepsSegments(t *testing.T) {
+	cfg, _ := startPool(t)
+	ctx := t.Context()
+	c1, err := alloc.Dial(ctx, cfg.Socket, alloc.WithClientID("app-7"))
+	require.NoError(t, err)
+	seg, err := c1.Alloc(ctx, 4096)
+	require.NoError(t, err)
+	id := seg.ID()
+	require.NoError(t, c1.Close())
+
+	// Come back within the lease with the same identity: the segment is still ours.
+	c2 := dial(t, cfg.Socket, alloc.WithClientID("app-7"))
+	time.Sleep(1500 * time.Millisecond) // past the 1s TTL: the new session holds the lease
+	require.NoError(t, c2.FreeByID(ctx, id))
+}
+
+func TestConcurrentUse(t *testing.T) {
+	_, c := startPool(t)
+	ctx := t.Context()
+	seg, err := c.Alloc(ctx, 1<<16, alloc.WithTier(alloc.TierCXL))
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			buf := bytes.Repeat([]byte{byte(g)}, 512)
+			got := make([]byte, 512)
+			for i := range 200 {
+				_, err := seg.Add64(0, 1)
+				require.NoError(t, err)
+				off := int64(8 + g*512*8 + (i%8)*512)
+				_, err = seg.WriteAt(buf, off)
+				require.NoError(t, err)
+				_, err = seg.ReadAt(got, off)
+				require.NoError(t, err)
+				require.Equal(t, buf, got)
+			}
+			s, err := c.Alloc(ctx, 4096)
+			require.NoError(t, err)
+			require.NoError(t, s.Free(ctx))
+		})
+	}
+	wg.Wait()
+	v, err := seg.Load64(0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(8*200), v)
+}
+
+func TestFreeDuringReads(t *testing.T) {
+	_, c := startPool(t)
+	ctx := t.Context()
+	seg, err := c.Alloc(ctx, 1<<20)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 4 {
+		wg.Go(func() {
+			p := make([]byte, 4096)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := seg.ReadAt(p, 0); err != nil {
+					require.True(t, errors.Is(err, alloc.ErrClosed) || errors.Is(err, alloc.ErrSegmentLost), err)
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(10 * time.Millisecond)
+	require.NoError(t, seg.Free(ctx))
+	close(stop)
+	wg.Wait()
+}
+
+func TestDialWithoutDaemon(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	_, err := alloc.Dial(ctx, pooltest.SocketPath(t))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "poold")
+	_, err = alloc.Dial(ctx, "localhost")
+	require.ErrorIs(t, err, alloc.ErrInvalid)
+}
+
+func TestClosedClient(t *testing.T) {
+	cfg, _ := startPool(t)
+	c, err := alloc.Dial(t.Context(), cfg.Socket)
+	require.NoError(t, err)
+	seg, err := c.Alloc(t.Context(), 4096)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close())
+	_, err = c.Alloc(t.Context(), 4096)
+	require.ErrorIs(t, err, alloc.ErrClosed)
+	_, err = seg.ReadAt(make([]byte, 1), 0)
+	require.ErrorIs(t, err, alloc.ErrClosed)
+}

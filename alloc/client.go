@@ -1,0 +1,425 @@
+package alloc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/fdpass"
+	"github.com/farmem/farmem/internal/paths"
+)
+
+// sessionHeader names the caller's session in gRPC metadata (pool.SessionHeader).
+const sessionHeader = "farmem-session"
+
+// Client is a connection to the local poold: a control-plane channel, a
+// session that keeps the client's lease alive (re-established by itself if
+// the daemon restarts), and a descriptor channel for mapping segments.
+// It is safe for concurrent use. Close it when done: its segments are then
+// reclaimed after the lease TTL unless named or persistent.
+type Client struct {
+	socket string
+	opts   dialOptions
+	conn   *grpc.ClientConn
+	api    poolv1.PoolClient
+
+	mu       sync.Mutex
+	session  string        // current session id; "" while reconnecting
+	ready    chan struct{} // closed when session is set, replaced when it is lost
+	node     string
+	leaseTTL time.Duration
+	fd       *fdpass.Conn
+	segs     map[*Segment]struct{}
+	closed   bool
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// socketPath turns a Dial target into a unix socket path.
+func socketPath(target string) (string, error) {
+	switch {
+	case target == "":
+		return paths.Socket(), nil
+	case strings.HasPrefix(target, "unix://"):
+		return strings.TrimPrefix(target, "unix://"), nil
+	case strings.HasPrefix(target, "unix:"):
+		return strings.TrimPrefix(target, "unix:"), nil
+	case strings.Contains(target, "/"):
+		return target, nil
+	}
+	return "", fmt.Errorf("%w: target %q: give a unix socket path (or \"\" for the default %s)", ErrInvalid, target, paths.Socket())
+}
+
+// Dial connects to the poold at target ("" means the default socket:
+// $FARMEM_SOCKET, else the daemon's default path) and opens a session.
+func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, error) {
+	o := dialOptions{clientName: filepath.Base(os.Args[0]), timeout: 5 * time.Second}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.clientID == "" {
+		var b [8]byte
+		rand.Read(b[:])
+		o.clientID = fmt.Sprintf("%s-%d-%s", o.clientName, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+	path, err := socketPath(target)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+	}
+	conn, err := grpc.NewClient("passthrough:///farmem",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("dial poold at %s: %w", path, err)
+	}
+	c := &Client{
+		socket: path, opts: o, conn: conn, api: poolv1.NewPoolClient(conn),
+		ready: make(chan struct{}), segs: map[*Segment]struct{}{}, stop: make(chan struct{}),
+	}
+	first := make(chan error, 1)
+	c.wg.Add(1)
+	go c.sessionLoop(first)
+	select {
+	case err = <-first:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("no poold answers at %s (start one with 'poold', or point FARMEM_SOCKET at its socket): %w", path, err)
+	}
+	return c, nil
+}
+
+// sessionLoop keeps a session open, reopening it with backoff when the
+// stream breaks (e.g. the daemon restarted). The first outcome goes to first.
+func (c *Client) sessionLoop(first chan<- error) {
+	defer c.wg.Done()
+	backoff := 50 * time.Millisecond
+	for {
+		err := c.runSession(first)
+		first = nil
+		select {
+		case <-c.stop:
+			return
+		default:
+		}
+		c.mu.Lock()
+		if c.session != "" {
+			c.session = ""
+			c.ready = make(chan struct{})
+			if c.fd != nil {
+				c.fd.Close()
+				c.fd = nil
+			}
+		}
+		c.mu.Unlock()
+		_ = err
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+// runSession runs one session until its stream ends.
+func (c *Client) runSession(first chan<- error) error {
+	report := func(err error) {
+		if first != nil {
+			first <- err
+			first = nil
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-c.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	stream, err := c.api.Session(ctx)
+	if err != nil {
+		err = errs.FromStatus(err)
+		report(err)
+		return err
+	}
+	hello := &poolv1.SessionRequest{Msg: &poolv1.SessionRequest_Hello{Hello: &poolv1.Hello{
+		ClientId: c.opts.clientID, ClientName: c.opts.clientName, Pid: int64(os.Getpid()),
+	}}}
+	if err := stream.Send(hello); err != nil {
+		err = errs.FromStatus(err)
+		report(err)
+		return err
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		err = errs.FromStatus(err)
+		report(err)
+		return err
+	}
+	w := resp.GetWelcome()
+	if w == nil {
+		err := fmt.Errorf("%w: poold answered Hello without Welcome", ErrUnavailable)
+		report(err)
+		return err
+	}
+	c.mu.Lock()
+	c.session, c.node, c.leaseTTL = w.SessionId, w.Node, time.Duration(w.LeaseTtlMs)*time.Millisecond
+	close(c.ready)
+	c.mu.Unlock()
+	report(nil)
+
+	period := max(c.leaseTTL/3, 100*time.Millisecond)
+	go func() {
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if stream.Send(&poolv1.SessionRequest{Msg: &poolv1.SessionRequest_KeepAlive{KeepAlive: &poolv1.KeepAlive{}}}) != nil {
+					return
+				}
+			}
+		}
+	}()
+	for {
+		if _, err := stream.Recv(); err != nil {
+			return err
+		}
+	}
+}
+
+// callCtx adds the session to ctx, waiting (within ctx) for a session while
+// the client reconnects.
+func (c *Client) callCtx(ctx context.Context) (context.Context, string, error) {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, "", fmt.Errorf("client: %w", ErrClosed)
+		}
+		sid, ready := c.session, c.ready
+		c.mu.Unlock()
+		if sid != "" {
+			return metadata.AppendToOutgoingContext(ctx, sessionHeader, sid), sid, nil
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, "", fmt.Errorf("waiting for poold at %s: %w (%w)", c.socket, ctx.Err(), ErrUnavailable)
+		}
+	}
+}
+
+// Node is the name of the poold the client is connected to.
+func (c *Client) Node() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.node
+}
+
+// ID is the client's identity (see WithClientID).
+func (c *Client) ID() string { return c.opts.clientID }
+
+// Alloc allocates a segment of size bytes. See WithTier, WithName,
+// WithFallback, WithPersist and WithPopulate.
+func (c *Client) Alloc(ctx context.Context, size int64, opts ...AllocOption) (*Segment, error) {
+	req := &poolv1.AllocRequest{Size: size}
+	var ao allocOptions
+	for _, opt := range opts {
+		opt(req, &ao)
+	}
+	if len(ao.badTier) > 0 {
+		return nil, fmt.Errorf("%w: unknown tier %s; use TierLocal, TierCXL, TierRDMA or TierAny", ErrInvalid, ao.badTier[0])
+	}
+	cctx, sid, err := c.callCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.api.Alloc(cctx, req)
+	if err != nil {
+		return nil, errs.FromStatus(err)
+	}
+	seg, err := c.open(ctx, sid, info, ao)
+	if err != nil {
+		if _, ferr := c.api.Free(cctx, &poolv1.FreeRequest{Id: info.Id}); ferr != nil {
+			err = errors.Join(err, errs.FromStatus(ferr))
+		}
+		return nil, err
+	}
+	return seg, nil
+}
+
+// Attach opens the named segment, which another client (or memctl) created
+// with WithName.
+func (c *Client) Attach(ctx context.Context, name string) (*Segment, error) {
+	cctx, sid, err := c.callCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.api.Attach(cctx, &poolv1.AttachRequest{Name: name})
+	if err != nil {
+		return nil, errs.FromStatus(err)
+	}
+	return c.open(ctx, sid, info, allocOptions{})
+}
+
+// Tiers describes the tiers the daemon offers.
+func (c *Client) Tiers(ctx context.Context) ([]TierInfo, error) {
+	cctx, _, err := c.callCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.api.Tiers(cctx, &poolv1.TiersRequest{})
+	if err != nil {
+		return nil, errs.FromStatus(err)
+	}
+	out := make([]TierInfo, len(resp.Tiers))
+	for i, t := range resp.Tiers {
+		out[i] = tierInfoFromProto(t)
+	}
+	return out, nil
+}
+
+// open maps a segment the daemon described.
+func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao allocOptions) (*Segment, error) {
+	if info.State == poolv1.SegmentState_SEGMENT_STATE_LOST {
+		return nil, fmt.Errorf("segment %d: %w", info.Id, ErrSegmentLost)
+	}
+	resp, err := c.getFD(ctx, sid, info.Id)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.File.Close()
+	mem, err := mapShared(resp.File, resp.Offset, resp.Length, ao.populate)
+	if err != nil {
+		return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
+	}
+	s := &Segment{c: c, info: info, mem: mem}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		unmapNow(mem)
+		return nil, fmt.Errorf("client: %w", ErrClosed)
+	}
+	c.segs[s] = struct{}{}
+	return s, nil
+}
+
+// getFD asks the daemon for a segment's descriptor on the shared
+// descriptor connection, dialing it when needed.
+func (c *Client) getFD(ctx context.Context, sid string, id uint64) (fdpass.Response, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(c.opts.timeout)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if c.fd == nil {
+			fc, err := fdpass.Dial(c.socket)
+			if err != nil {
+				return fdpass.Response{}, fmt.Errorf("descriptor channel to %s: %w (%w)", c.socket, err, ErrUnavailable)
+			}
+			c.fd = fc
+		}
+		resp, err := c.fd.Get(fdpass.Request{Session: sid, Segment: id}, deadline)
+		if err == nil {
+			if resp.Err != nil {
+				return fdpass.Response{}, resp.Err
+			}
+			return resp, nil
+		}
+		c.fd.Close()
+		c.fd = nil
+		if attempt > 0 {
+			return fdpass.Response{}, fmt.Errorf("segment %d descriptor: %w (%w)", id, err, ErrUnavailable)
+		}
+	}
+}
+
+// free releases a segment on the daemon.
+func (c *Client) free(ctx context.Context, s *Segment) error {
+	c.mu.Lock()
+	delete(c.segs, s)
+	c.mu.Unlock()
+	return c.freeReq(ctx, &poolv1.FreeRequest{Id: s.info.Id})
+}
+
+// Close ends the session and unmaps every segment the client still holds
+// (their memory stays with the daemon until freed or their lease ends).
+// It is idempotent.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	segs := c.segs
+	c.segs = nil
+	fd := c.fd
+	c.fd = nil
+	c.mu.Unlock()
+	for s := range segs {
+		s.retire()
+	}
+	close(c.stop)
+	var err error
+	if fd != nil {
+		err = fd.Close()
+	}
+	err = errors.Join(err, c.conn.Close())
+	c.wg.Wait()
+	return err
+}
+
+// FreeByID frees a segment by id without holding it, e.g. one a previous
+// run of the application allocated under the same client id.
+func (c *Client) FreeByID(ctx context.Context, id uint64) error {
+	return c.freeReq(ctx, &poolv1.FreeRequest{Id: id})
+}
+
+// FreeByName frees a named segment.
+func (c *Client) FreeByName(ctx context.Context, name string) error {
+	return c.freeReq(ctx, &poolv1.FreeRequest{Name: name})
+}
+
+func (c *Client) freeReq(ctx context.Context, req *poolv1.FreeRequest) error {
+	cctx, _, err := c.callCtx(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = c.api.Free(cctx, req)
+	return errs.FromStatus(err)
+}

@@ -1,0 +1,32 @@
+package alloc
+
+import "github.com/farmem/farmem/internal/errs"
+
+// The errors alloc returns, matched with errors.Is. The message of a
+// returned error says what failed and what to do; these are the sentinels.
+var (
+	// ErrNoCapacity: no tier the caller accepts has room for the request.
+	ErrNoCapacity = errs.ErrNoCapacity
+	// ErrOutOfRange: an offset or length falls outside the segment, or overflows.
+	ErrOutOfRange = errs.ErrOutOfRange
+	// ErrNotFound: no segment has that id or name.
+	ErrNotFound = errs.ErrNotFound
+	// ErrAccessDenied: the segment is neither the caller's nor attached by name.
+	ErrAccessDenied = errs.ErrAccessDenied
+	// ErrLeaseExpired: the caller's lease ended and the segment was reclaimed.
+	ErrLeaseExpired = errs.ErrLeaseExpired
+	// ErrClosed: the client or segment was closed or freed.
+	ErrClosed = errs.ErrClosed
+	// ErrSegmentLost: the memory behind a segment did not survive.
+	ErrSegmentLost = errs.ErrSegmentLost
+	// ErrInvalid: a malformed request (size, tier, name).
+	ErrInvalid = errs.ErrInvalid
+	// ErrExists: a segment with that name exists; Attach it instead.
+	ErrExists = errs.ErrExists
+	// ErrUnaligned: a 64-bit atomic at an offset that is not a multiple of 8.
+	ErrUnaligned = errs.ErrUnaligned
+	// ErrUnavailable: poold cannot be reached; the call may be retried.
+	ErrUnavailable = errs.ErrUnavailable
+	// ErrNotSupported: this host or build lacks the capability.
+	ErrNotSupported = errs.ErrNotSupported
+)

@@ -1,0 +1,80 @@
+package alloc
+
+import (
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+)
+
+// DialOption configures Dial.
+type DialOption func(*dialOptions)
+
+type dialOptions struct {
+	clientID   string
+	clientName string
+	timeout    time.Duration
+}
+
+// WithClientID sets the client's stable identity. A restarted application
+// that dials with the same id within the lease TTL keeps its unnamed
+// segments. Default: a random id, new on every Dial.
+func WithClientID(id string) DialOption { return func(o *dialOptions) { o.clientID = id } }
+
+// WithClientName sets a free-text name memctl shows for the client.
+// Default: the program's name.
+func WithClientName(name string) DialOption { return func(o *dialOptions) { o.clientName = name } }
+
+// WithDialTimeout bounds how long Dial waits for the daemon when ctx has
+// no deadline. Default: 5s.
+func WithDialTimeout(d time.Duration) DialOption { return func(o *dialOptions) { o.timeout = d } }
+
+// AllocOption configures one Alloc.
+type AllocOption func(*poolv1.AllocRequest, *allocOptions)
+
+type allocOptions struct {
+	populate bool
+	badTier  []Tier // tiers named that do not exist
+}
+
+func (o *allocOptions) tier(t Tier) poolv1.Tier {
+	if t < TierAny || t > TierRDMA {
+		o.badTier = append(o.badTier, t)
+	}
+	return t.proto()
+}
+
+// WithTier asks for a tier. Default: TierAny. A caller that asks for a tier
+// gets that tier or ErrNoCapacity, never silently another, unless it also
+// passes WithFallback.
+func WithTier(t Tier) AllocOption {
+	return func(r *poolv1.AllocRequest, o *allocOptions) { r.Tier = o.tier(t) }
+}
+
+// WithFallback lists tiers to try, in order, when the asked tier is full.
+// The returned segment's Tier says which one it got.
+func WithFallback(tiers ...Tier) AllocOption {
+	return func(r *poolv1.AllocRequest, o *allocOptions) {
+		for _, t := range tiers {
+			r.Fallback = append(r.Fallback, o.tier(t))
+		}
+	}
+}
+
+// WithName gives the segment a unique name: other clients can Attach it,
+// and it outlives its creator's session until freed.
+func WithName(name string) AllocOption {
+	return func(r *poolv1.AllocRequest, _ *allocOptions) { r.Name = name }
+}
+
+// WithPersist keeps an unnamed segment after its creator's session ends,
+// until freed. Default: false; the segment is reclaimed one lease TTL after
+// its creator goes away.
+func WithPersist() AllocOption {
+	return func(r *poolv1.AllocRequest, _ *allocOptions) { r.Persist = true }
+}
+
+// WithPopulate faults the whole segment in at map time, paying for page
+// faults once instead of on first touch. Default: false.
+func WithPopulate() AllocOption {
+	return func(_ *poolv1.AllocRequest, o *allocOptions) { o.populate = true }
+}

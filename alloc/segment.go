@@ -1,0 +1,195 @@
+package alloc
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+)
+
+// Segment is one far-memory allocation. It is safe for concurrent use:
+// ReadAt, WriteAt and the atomics may run in parallel with each other (and
+// with Free, which makes them fail with ErrClosed rather than crash).
+// Concurrent writes to overlapping bytes race as they would in any memory;
+// use the 64-bit atomics to coordinate.
+type Segment struct {
+	c      *Client
+	info   *poolv1.Segment
+	mem    []byte // the mapping; the slice header never changes
+	closed atomic.Bool
+}
+
+// ID is the segment's id on its daemon.
+func (s *Segment) ID() uint64 { return s.info.Id }
+
+// Name is the segment's name, "" if it has none.
+func (s *Segment) Name() string { return s.info.Name }
+
+// Size is the segment's usable size in bytes.
+func (s *Segment) Size() int64 { return s.info.Size }
+
+// Tier is the tier the segment was placed on.
+func (s *Segment) Tier() Tier { return tierFromProto(s.info.Tier) }
+
+// Emulated is true when the segment's tier stands in for hardware this host
+// lacks (an emulated CXL device is ordinary DRAM).
+func (s *Segment) Emulated() bool { return s.info.Emulated }
+
+// Kind says what backs the segment: devdax, numa, emulated, dram.
+func (s *Segment) Kind() string { return s.info.Kind }
+
+// Device names the device the segment is on.
+func (s *Segment) Device() string { return s.info.Device }
+
+// Node names the host whose memory holds the segment.
+func (s *Segment) Node() string { return s.info.Node }
+
+// Bytes returns the segment's memory for direct loads and stores on
+// load/store tiers (local, cxl), and false on tiers reached over a network.
+// The slice is valid only until Free or Client.Close; touching it after
+// that faults. A fault in the memory itself (a poisoned CXL line) is
+// the caller's to guard (see runtime/debug.SetPanicOnFault). Latency
+// emulation cannot slow direct access through this slice.
+func (s *Segment) Bytes() ([]byte, bool) {
+	if s.mem == nil || s.closed.Load() {
+		return nil, false
+	}
+	return s.mem, true
+}
+
+// faultGuard turns a memory fault during a copy into ErrSegmentLost.
+// Callers: old := debug.SetPanicOnFault(true); defer faultGuard(old, &err).
+func faultGuard(old bool, err *error) {
+	debug.SetPanicOnFault(old)
+	if r := recover(); r != nil {
+		f, ok := r.(interface{ Addr() uintptr })
+		if !ok {
+			panic(r)
+		}
+		*err = fmt.Errorf("memory fault at %#x (the segment was freed, or its backing truncated or poisoned): %w", f.Addr(), ErrSegmentLost)
+	}
+}
+
+// ReadAt implements io.ReaderAt: it reads len(p) bytes at off, returning
+// io.EOF with a short count at the end of the segment.
+func (s *Segment) ReadAt(p []byte, off int64) (n int, err error) {
+	mem := s.mem
+	if s.closed.Load() {
+		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+	}
+	if off < 0 || off > int64(len(mem)) {
+		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, len(mem), ErrOutOfRange)
+	}
+	old := debug.SetPanicOnFault(true)
+	defer faultGuard(old, &err)
+	n = copy(p, mem[off:])
+	if n < len(p) {
+		err = io.EOF
+	}
+	return n, err
+}
+
+// WriteAt implements io.WriterAt. A write that would run past the end of
+// the segment writes nothing and returns ErrOutOfRange.
+func (s *Segment) WriteAt(p []byte, off int64) (n int, err error) {
+	mem := s.mem
+	if s.closed.Load() {
+		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+	}
+	if off < 0 || off > int64(len(mem)) || int64(len(p)) > int64(len(mem))-off {
+		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, len(mem), ErrOutOfRange)
+	}
+	old := debug.SetPanicOnFault(true)
+	defer faultGuard(old, &err)
+	return copy(mem[off:], p), nil
+}
+
+// word returns the 8-byte word at off for an atomic.
+func (s *Segment) word(off int64) (*uint64, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+	}
+	if off < 0 || off > int64(len(s.mem))-8 {
+		return nil, fmt.Errorf("atomic at %d of segment %d (size %d): %w", off, s.info.Id, len(s.mem), ErrOutOfRange)
+	}
+	if off%8 != 0 {
+		return nil, fmt.Errorf("atomic at %d of segment %d: %w", off, s.info.Id, ErrUnaligned)
+	}
+	// The mapping is page aligned, so an 8-aligned offset is an 8-aligned address.
+	return (*uint64)(unsafe.Pointer(&s.mem[off])), nil
+}
+
+// Load64 atomically loads the 8-byte word at off (a multiple of 8).
+func (s *Segment) Load64(off int64) (v uint64, err error) {
+	w, err := s.word(off)
+	if err != nil {
+		return 0, err
+	}
+	old := debug.SetPanicOnFault(true)
+	defer faultGuard(old, &err)
+	return atomic.LoadUint64(w), nil
+}
+
+// Store64 atomically stores v at off (a multiple of 8).
+func (s *Segment) Store64(off int64, v uint64) (err error) {
+	w, err := s.word(off)
+	if err != nil {
+		return err
+	}
+	old := debug.SetPanicOnFault(true)
+	defer faultGuard(old, &err)
+	atomic.StoreUint64(w, v)
+	return nil
+}
+
+// CompareAndSwap64 atomically replaces the word at off with new if it
+// holds old, reporting whether it did.
+func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, err error) {
+	w, err := s.word(off)
+	if err != nil {
+		return false, err
+	}
+	prev := debug.SetPanicOnFault(true)
+	defer faultGuard(prev, &err)
+	return atomic.CompareAndSwapUint64(w, old, new), nil
+}
+
+// Add64 atomically adds delta to the word at off and returns the new value.
+func (s *Segment) Add64(off int64, delta uint64) (v uint64, err error) {
+	w, err := s.word(off)
+	if err != nil {
+		return 0, err
+	}
+	old := debug.SetPanicOnFault(true)
+	defer faultGuard(old, &err)
+	return atomic.AddUint64(w, delta), nil
+}
+
+// Free unmaps the segment and releases it on the daemon. Calls on the
+// segment then return ErrClosed; a slice from Bytes must not be used.
+// Freeing twice returns ErrClosed.
+func (s *Segment) Free(ctx context.Context) error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+	}
+	retireMapping(s.mem)
+	return s.c.free(ctx, s)
+}
+
+// retire unmaps the segment without freeing it (Client.Close).
+func (s *Segment) retire() {
+	if s.closed.CompareAndSwap(false, true) {
+		retireMapping(s.mem)
+	}
+}
+
+// retireGrace is how long a retired mapping's address range stays
+// reserved (inaccessible) before it is unmapped, so that a call that
+// passed the closed check just before Free faults into an error instead of
+// reading memory that a later mapping placed at the same address.
+const retireGrace = time.Second

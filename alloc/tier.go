@@ -1,0 +1,117 @@
+package alloc
+
+import (
+	"fmt"
+	"strings"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+)
+
+// Tier is a class of memory. The zero value is TierAny.
+type Tier int
+
+// The tiers.
+const (
+	// TierAny lets the daemon choose: cxl first, then local, then rdma.
+	TierAny Tier = iota
+	// TierLocal is DRAM of this host, the reference point.
+	TierLocal
+	// TierCXL is CXL memory (a devdax device or a memory-only NUMA node), or
+	// its emulation on hosts without CXL (Segment.Emulated says which).
+	TierCXL
+	// TierRDMA is memory of a remote host reached by one-sided operations.
+	TierRDMA
+)
+
+var tierNames = [...]string{"any", "local", "cxl", "rdma"}
+
+// String returns any, local, cxl or rdma.
+func (t Tier) String() string {
+	if t >= 0 && int(t) < len(tierNames) {
+		return tierNames[t]
+	}
+	return fmt.Sprintf("tier(%d)", int(t))
+}
+
+// ParseTier reads a tier name as String prints it.
+func ParseTier(s string) (Tier, error) {
+	for i, n := range tierNames {
+		if strings.EqualFold(s, n) {
+			return Tier(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown tier %q; use local, cxl, rdma or any", ErrInvalid, s)
+}
+
+func (t Tier) proto() poolv1.Tier {
+	switch t {
+	case TierLocal:
+		return poolv1.Tier_TIER_LOCAL
+	case TierCXL:
+		return poolv1.Tier_TIER_CXL
+	case TierRDMA:
+		return poolv1.Tier_TIER_RDMA
+	}
+	return poolv1.Tier_TIER_UNSPECIFIED
+}
+
+func tierFromProto(t poolv1.Tier) Tier {
+	switch t {
+	case poolv1.Tier_TIER_LOCAL:
+		return TierLocal
+	case poolv1.Tier_TIER_CXL:
+		return TierCXL
+	case poolv1.Tier_TIER_RDMA:
+		return TierRDMA
+	}
+	return TierAny
+}
+
+// Latency is a latency distribution and where it came from: "measured" on
+// this host, "injected" by latency emulation, or "hmat" (the firmware's
+// figure). Zero Samples means nothing is known yet.
+type Latency struct {
+	P50Ns, P99Ns int64
+	Samples      int64
+	Source       string
+}
+
+// TierInfo describes one tier as the daemon offers it. It is a plain value.
+type TierInfo struct {
+	Tier Tier
+	// Kind says what backs the tier: devdax, numa, emulated, dram, tcp, verbs, loopback.
+	Kind string
+	// Emulated is true when the tier stands in for hardware the host lacks.
+	Emulated bool
+	// Capacity and Free are in bytes.
+	Capacity, Free int64
+	// Devices names the devices behind the tier.
+	Devices []string
+	// Segments is how many segments the tier holds.
+	Segments int64
+	// Fragmentation is 1 - largest free extent / free bytes.
+	Fragmentation float64
+	// ReadLatency, WriteLatency are measured or injected; HMATReadLatency is the firmware's.
+	ReadLatency, WriteLatency, HMATReadLatency Latency
+	// ReadBandwidth, WriteBandwidth are in bytes per second.
+	ReadBandwidth, WriteBandwidth int64
+	// Note explains the label in a line a person reads.
+	Note string
+}
+
+func latencyFromProto(l *poolv1.Latency) Latency {
+	if l == nil {
+		return Latency{}
+	}
+	return Latency{P50Ns: l.P50Ns, P99Ns: l.P99Ns, Samples: l.Samples, Source: l.Source}
+}
+
+func tierInfoFromProto(t *poolv1.TierInfo) TierInfo {
+	return TierInfo{
+		Tier: tierFromProto(t.Tier), Kind: t.Kind, Emulated: t.Emulated, Capacity: t.Capacity, Free: t.Free,
+		Devices: t.Devices, Segments: t.Segments, Fragmentation: t.Fragmentation,
+		ReadLatency: latencyFromProto(t.ReadLatency), WriteLatency: latencyFromProto(t.WriteLatency),
+		HMATReadLatency: latencyFromProto(t.HmatReadLatency),
+		ReadBandwidth:   t.ReadBandwidthBps, WriteBandwidth: t.WriteBandwidthBps, Note: t.Note,
+	}
+}

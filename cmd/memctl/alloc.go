@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/size"
+)
+
+func newAllocCmd(g *globals) *cobra.Command {
+	var (
+		sz   size.Size
+		tier string
+		name string
+	)
+	cmd := &cobra.Command{
+		Use:   "alloc --size SIZE [--tier cxl] [--name NAME]",
+		Short: "Allocate a segment that stays until 'memctl free'",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			t, err := parseTier(tier)
+			if err != nil {
+				return err
+			}
+			var seg *poolv1.Segment
+			err = g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
+				seg, err = c.Alloc(ctx, &poolv1.AllocRequest{Size: int64(sz), Tier: t, Name: name, Persist: true})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return g.printJSON(segmentView(seg))
+			}
+			fmt.Fprintf(g.out, "allocated segment %d: %s on %s (%s, %s, device %s, node %s)\n", seg.Id, human(seg.Size),
+				tierName(seg.Tier), seg.Kind, reality(seg.Emulated), seg.Device, seg.Node)
+			return nil
+		},
+	}
+	cmd.Flags().Var(&sz, "size", "segment size, e.g. 64MiB (required)")
+	cmd.Flags().StringVar(&tier, "tier", "any", "tier: local, cxl, rdma or any")
+	cmd.Flags().StringVar(&name, "name", "", "unique name other clients can attach")
+	cmd.MarkFlagRequired("size")
+	return cmd
+}
+
+func parseTier(s string) (poolv1.Tier, error) {
+	if s == "any" {
+		return poolv1.Tier_TIER_UNSPECIFIED, nil
+	}
+	for v := range poolv1.Tier_name {
+		if t := poolv1.Tier(v); t != poolv1.Tier_TIER_UNSPECIFIED && tierName(t) == s {
+			return t, nil
+		}
+	}
+	return 0, fmt.Errorf("--tier %q: use local, cxl, rdma or any", s)
+}

@@ -1,0 +1,100 @@
+// Command memctl is farmem's admin CLI: it shows a poold's status, tiers
+// and segments, and allocates and frees segments. Every command that prints
+// data takes -o json.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/paths"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes memctl with args and returns the exit code; errors are one
+// line on stderr.
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	if err := root.Execute(); err != nil {
+		fmt.Fprintf(stderr, "memctl: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// globals are the flags every command shares.
+type globals struct {
+	socket  string
+	output  string
+	timeout time.Duration
+	out     io.Writer
+}
+
+func newRoot(stdout io.Writer) *cobra.Command {
+	g := &globals{out: stdout}
+	root := &cobra.Command{
+		Use:           "memctl",
+		Short:         "Administer a farmem pool daemon (poold)",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			if g.output != "table" && g.output != "json" {
+				return fmt.Errorf("-o %q: use table or json", g.output)
+			}
+			return nil
+		},
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.socket, "socket", paths.Socket(), "poold's unix socket (FARMEM_SOCKET sets the default)")
+	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	pf.DurationVar(&g.timeout, "timeout", 10*time.Second, "how long to wait for poold")
+	root.AddCommand(newStatusCmd(g), newTiersCmd(g), newSegmentsCmd(g), newAllocCmd(g), newFreeCmd(g))
+	return root
+}
+
+// call dials poold, runs fn with a deadline, and turns "nobody listens"
+// into one line that says how to start the daemon.
+func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error {
+	conn, err := grpc.NewClient("passthrough:///farmem",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", g.socket)
+		}))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
+	defer cancel()
+	err = errs.FromStatus(fn(ctx, poolv1.NewPoolClient(conn)))
+	if errors.Is(err, errs.ErrUnavailable) {
+		return fmt.Errorf("no poold is listening at %s; start it with 'poold' (or point --socket / FARMEM_SOCKET at its socket)", g.socket)
+	}
+	return err
+}
+
+// printJSON writes v indented.
+func (g *globals) printJSON(v any) error {
+	enc := json.NewEncoder(g.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/farmem/farmem/internal/pooltest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// memctl runs the CLI in-process and returns stdout, stderr and the exit code.
+func memctl(t *testing.T, socket string, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(append([]string{"--socket", socket}, args...), &out, &errOut)
+	return out.String(), errOut.String(), code
+}
+
+func TestCommands(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	s := cfg.Socket
+
+	out, _, code := memctl(t, s, "status")
+	require.Zero(t, code)
+	require.Contains(t, out, "test-node")
+	require.Contains(t, out, "EMULATED")
+
+	out, _, code = memctl(t, s, "alloc", "--size", "4MiB", "--tier", "cxl", "--name", "cache", "-o", "json")
+	require.Zero(t, code)
+	var seg map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &seg))
+	for _, k := range []string{"id", "name", "tier", "size", "emulated", "node"} {
+		require.Contains(t, seg, k)
+	}
+	require.Equal(t, "cxl", seg["tier"])
+	require.Equal(t, float64(4<<20), seg["size"])
+	require.Equal(t, true, seg["emulated"])
+	require.Equal(t, "test-node", seg["node"])
+
+	out, _, code = memctl(t, s, "alloc", "--size", "1MiB", "--tier", "local")
+	require.Zero(t, code)
+	require.Contains(t, out, "allocated segment")
+
+	out, _, code = memctl(t, s, "segments", "-o", "json")
+	require.Zero(t, code)
+	var segs []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &segs))
+	require.Len(t, segs, 2)
+
+	out, _, code = memctl(t, s, "tiers", "-o", "json")
+	require.Zero(t, code)
+	var tiers []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &tiers))
+	require.Len(t, tiers, 2)
+	for _, ti := range tiers {
+		for _, k := range []string{"tier", "kind", "emulated", "capacity", "free"} {
+			require.Contains(t, ti, k)
+		}
+	}
+	require.Equal(t, "emulated", tiers[0]["kind"])
+	require.Equal(t, float64(64<<20-4<<20), tiers[0]["free"])
+
+	out, _, code = memctl(t, s, "segments")
+	require.Zero(t, code)
+	require.Contains(t, out, "cache")
+
+	_, _, code = memctl(t, s, "free", "cache")
+	require.Zero(t, code)
+	out, _, code = memctl(t, s, "free", "2", "-o", "json")
+	require.Zero(t, code)
+	require.Contains(t, out, "freed")
+	out, _, code = memctl(t, s, "segments", "-o", "json")
+	require.Zero(t, code)
+	require.Equal(t, "[]", strings.TrimSpace(out))
+}
+
+func TestErrors(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown id", []string{"free", "999"}, "not found"},
+		{"bad size", []string{"alloc", "--size", "lots"}, "not a byte size"},
+		{"zero size", []string{"alloc", "--size", "0"}, "size 0"},
+		{"too large", []string{"alloc", "--size", "1TiB"}, "no capacity"},
+		{"bad tier", []string{"alloc", "--size", "1MiB", "--tier", "fast"}, "--tier"},
+		{"missing size", []string{"alloc"}, "size"},
+		{"bad output", []string{"tiers", "-o", "xml"}, "-o"},
+		{"duplicate name", []string{"alloc", "--size", "1MiB", "--name", "dup"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, code := memctl(t, cfg.Socket, tc.args...)
+			if tc.want == "" {
+				require.Zero(t, code)
+				_, stderr, code = memctl(t, cfg.Socket, tc.args...)
+				tc.want = "name in use"
+			}
+			require.NotZero(t, code)
+			require.Contains(t, stderr, tc.want)
+			require.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %q", stderr)
+		})
+	}
+}
+
+func TestNoDaemon(t *testing.T) {
+	_, stderr, code := memctl(t, pooltest.SocketPath(t), "status")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "no poold is listening")
+	require.Contains(t, stderr, "start it with 'poold'")
+	require.Equal(t, 1, strings.Count(stderr, "\n"))
+	require.NotContains(t, stderr, "goroutine")
+}

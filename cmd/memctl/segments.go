@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+)
+
+func newSegmentsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "segments",
+		Short: "List the segments the daemon holds",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			var resp *poolv1.ListResponse
+			err := g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
+				resp, err = c.List(ctx, &poolv1.ListRequest{})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				out := make([]segmentJSON, len(resp.Segments))
+				for i, s := range resp.Segments {
+					out[i] = segmentView(s)
+				}
+				return g.printJSON(out)
+			}
+			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tNAME\tTIER\tKIND\tHARDWARE\tSIZE\tNODE\tDEVICE\tSTATE\tOWNER")
+			for _, s := range resp.Segments {
+				name := s.Name
+				if name == "" {
+					name = "-"
+				}
+				owner := s.Owner
+				if owner == "" {
+					owner = "(admin)"
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, name, tierName(s.Tier), s.Kind, reality(s.Emulated),
+					human(s.Size), s.Node, s.Device, stateName(s.State), owner)
+			}
+			return w.Flush()
+		},
+	}
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+)
+
+func newStatusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the daemon's version, node, uptime and tiers",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			var st *poolv1.StatusResponse
+			err := g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
+				st, err = c.Status(ctx, &poolv1.StatusRequest{})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			uptime := time.Since(time.UnixMilli(st.StartedUnixMs)).Round(time.Second)
+			if g.output == "json" {
+				tiers := make([]tierJSON, len(st.Tiers))
+				for i, t := range st.Tiers {
+					tiers[i] = tierView(t)
+				}
+				return g.printJSON(map[string]any{
+					"version": st.Version, "node": st.Node, "pid": st.Pid, "uptime_seconds": int64(uptime.Seconds()),
+					"started": time.UnixMilli(st.StartedUnixMs).UTC().Format(time.RFC3339), "data_dir": st.DataDir,
+					"socket": st.Socket, "sessions": st.Sessions, "segments": st.Segments,
+					"lease_ttl_ms": st.LeaseTtlMs, "tiers": tiers,
+				})
+			}
+			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "poold %s on node %s (pid %d), up %s\n", st.Version, st.Node, st.Pid, uptime)
+			fmt.Fprintf(w, "socket %s, data %s, %d sessions, %d segments, lease TTL %s\n\n", st.Socket, st.DataDir, st.Sessions, st.Segments, time.Duration(st.LeaseTtlMs)*time.Millisecond)
+			printTiers(w, st.Tiers)
+			return w.Flush()
+		},
+	}
+}

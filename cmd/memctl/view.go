@@ -1,0 +1,113 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+)
+
+// tierJSON is a tier as -o json prints it.
+type tierJSON struct {
+	Tier          string       `json:"tier"`
+	Kind          string       `json:"kind"`
+	Emulated      bool         `json:"emulated"`
+	Capacity      int64        `json:"capacity"`
+	Free          int64        `json:"free"`
+	Segments      int64        `json:"segments"`
+	Devices       []string     `json:"devices"`
+	Fragmentation float64      `json:"fragmentation"`
+	Transport     string       `json:"transport,omitempty"`
+	ReadLatency   *latencyJSON `json:"read_latency,omitempty"`
+	WriteLatency  *latencyJSON `json:"write_latency,omitempty"`
+	HMATRead      *latencyJSON `json:"hmat_read_latency,omitempty"`
+	ReadBandwidth int64        `json:"read_bandwidth_bps,omitempty"`
+	Note          string       `json:"note,omitempty"`
+}
+
+type latencyJSON struct {
+	P50Ns   int64  `json:"p50_ns"`
+	P99Ns   int64  `json:"p99_ns"`
+	Samples int64  `json:"samples"`
+	Source  string `json:"source"`
+}
+
+func latency(l *poolv1.Latency) *latencyJSON {
+	if l == nil || l.Samples == 0 && l.P50Ns == 0 {
+		return nil
+	}
+	return &latencyJSON{P50Ns: l.P50Ns, P99Ns: l.P99Ns, Samples: l.Samples, Source: l.Source}
+}
+
+func tierView(t *poolv1.TierInfo) tierJSON {
+	return tierJSON{
+		Tier: tierName(t.Tier), Kind: t.Kind, Emulated: t.Emulated, Capacity: t.Capacity, Free: t.Free,
+		Segments: t.Segments, Devices: t.Devices, Fragmentation: t.Fragmentation, Transport: t.Transport,
+		ReadLatency: latency(t.ReadLatency), WriteLatency: latency(t.WriteLatency), HMATRead: latency(t.HmatReadLatency),
+		ReadBandwidth: t.ReadBandwidthBps, Note: t.Note,
+	}
+}
+
+// segmentJSON is a segment as -o json prints it.
+type segmentJSON struct {
+	ID           uint64   `json:"id"`
+	Name         string   `json:"name"`
+	Tier         string   `json:"tier"`
+	Size         int64    `json:"size"`
+	Emulated     bool     `json:"emulated"`
+	Node         string   `json:"node"`
+	Kind         string   `json:"kind"`
+	Device       string   `json:"device"`
+	NUMANode     int32    `json:"numa_node"`
+	Offset       int64    `json:"offset"`
+	State        string   `json:"state"`
+	Owner        string   `json:"owner"`
+	Persist      bool     `json:"persist"`
+	LeaseExpires string   `json:"lease_expires,omitempty"`
+	Created      string   `json:"created"`
+	Attached     []string `json:"attached,omitempty"`
+}
+
+func segmentView(s *poolv1.Segment) segmentJSON {
+	v := segmentJSON{
+		ID: s.Id, Name: s.Name, Tier: tierName(s.Tier), Size: s.Size, Emulated: s.Emulated, Node: s.Node,
+		Kind: s.Kind, Device: s.Device, NUMANode: s.NumaNode, Offset: s.Offset, State: stateName(s.State),
+		Owner: s.Owner, Persist: s.Persist, Created: time.UnixMilli(s.CreatedUnixMs).UTC().Format(time.RFC3339),
+		Attached: s.Attached,
+	}
+	if s.LeaseExpiresUnixMs != 0 {
+		v.LeaseExpires = time.UnixMilli(s.LeaseExpiresUnixMs).UTC().Format(time.RFC3339Nano)
+	}
+	return v
+}
+
+func tierName(t poolv1.Tier) string {
+	return strings.ToLower(strings.TrimPrefix(t.String(), "TIER_"))
+}
+
+func stateName(s poolv1.SegmentState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "SEGMENT_STATE_"))
+}
+
+// reality says plainly whether a tier or segment is the hardware it names.
+func reality(emulated bool) string {
+	if emulated {
+		return "EMULATED"
+	}
+	return "real"
+}
+
+// human prints bytes for people.
+func human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

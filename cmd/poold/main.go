@@ -1,0 +1,121 @@
+// Command poold is farmem's per-host daemon: it owns the host's far memory
+// (CXL devdax devices, memory-only NUMA nodes, or an emulated CXL device when
+// the host has none, plus a local DRAM tier) and lends it to applications.
+//
+// With no flags it runs on a fresh machine: see 'poold --help'.
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/farmem/farmem/pool"
+)
+
+func main() {
+	if err := newCommand(os.Args[1:]).Execute(); err != nil {
+		fmt.Fprintf(os.Stderr, "poold: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// configArg finds --config in args before flags are parsed, so that the
+// file's values become the flags' defaults and flags given override them.
+func configArg(args []string) string {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--config="); ok {
+			return v
+		}
+		if a == "--config" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+func newCommand(args []string) *cobra.Command {
+	cfg := pool.DefaultConfig()
+	var cfgErr error
+	if path := configArg(args); path != "" {
+		cfg, cfgErr = pool.LoadConfig(path, cfg)
+	}
+	var configFile string
+	cmd := &cobra.Command{
+		Use:   "poold",
+		Short: "farmem's far-memory pool daemon",
+		Long: `poold owns this host's far memory and lends it to applications through the
+alloc library and memctl. It discovers CXL memory from sysfs (devdax devices,
+memory-only NUMA nodes); on a host without CXL it serves an emulated CXL device
+(ordinary memory in files, always labelled emulated) and a local DRAM tier.
+
+Every flag can also be set in a YAML file given with --config, under the
+flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfgErr != nil {
+				return cfgErr
+			}
+			return run(cfg)
+		},
+	}
+	cmd.SetArgs(args)
+	f := cmd.Flags()
+	f.StringVar(&configFile, "config", "", "YAML file with any of these settings (keys are the flag names)")
+	f.StringVar(&cfg.Node, "node", cfg.Node, "this daemon's name")
+	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the metadata store and the emulated device's files")
+	f.StringVar(&cfg.Socket, "socket", cfg.Socket, "unix socket for local clients (FARMEM_SOCKET sets the default)")
+	f.StringVar(&cfg.SysfsRoot, "sysfs-root", cfg.SysfsRoot, "where to read the kernel's view of CXL, DAX and NUMA memory")
+	f.StringVar(&cfg.DevRoot, "dev-root", cfg.DevRoot, "prefix for device paths such as /dev/dax0.0 (containers)")
+	f.Var(&cfg.EmulateCXL, "emulate-cxl", "size of the emulated CXL device used when no CXL memory is found (0 disables)")
+	f.BoolVar(&cfg.ForceEmulate, "force-emulate", cfg.ForceEmulate, "add the emulated device even when CXL memory exists")
+	f.StringVar(&cfg.EmulateDir, "emulate-dir", cfg.EmulateDir, "directory for the emulated device's files; a hugetlbfs mount makes it hugetlb-backed (default DATA-DIR/emulated-cxl)")
+	f.StringVar(&cfg.NUMADir, "numa-dir", cfg.NUMADir, "tmpfs directory for segments on memory-only NUMA nodes")
+	f.Var(&cfg.LocalSize, "local-size", "capacity of the local DRAM tier (0 disables)")
+	f.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long a client's unnamed segments outlive its last session")
+	f.BoolVar(&cfg.AllowDevdaxFD, "allow-devdax-fd", cfg.AllowDevdaxFD, "hand whole devdax devices to clients (one descriptor reaches every segment on the device)")
+	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
+	return cmd
+}
+
+func newLogger(cfg pool.Config) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+func run(cfg pool.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := newLogger(cfg)
+	d, err := pool.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		s := <-sig
+		log.Info("shutting down", "signal", s.String())
+		d.Close()
+	}()
+	if err := d.Serve(); err != nil {
+		d.Close()
+		return err
+	}
+	log.Info("stopped")
+	return d.Close()
+}

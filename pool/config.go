@@ -1,0 +1,147 @@
+package pool
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/farmem/farmem/internal/paths"
+	"github.com/farmem/farmem/internal/size"
+)
+
+// Config is poold's configuration. Every field has a YAML key (the same name
+// as its flag) so that one file can set what the flags set.
+type Config struct {
+	// Node is this daemon's name in listings and the cluster. Default: the host name.
+	Node string `yaml:"node"`
+	// DataDir holds the metadata store and the emulated device's files.
+	// Default: /var/lib/farmem as root, else $XDG_STATE_HOME/farmem (~/.local/state/farmem).
+	DataDir string `yaml:"data-dir"`
+	// Socket is the unix socket of the control plane and descriptor passing.
+	// Default: $FARMEM_SOCKET, else /run/farmem/poold.sock as root, else $XDG_RUNTIME_DIR/farmem/poold.sock.
+	Socket string `yaml:"socket"`
+	// SysfsRoot is where discovery reads the kernel's view. Default: /sys.
+	SysfsRoot string `yaml:"sysfs-root"`
+	// DevRoot is prefixed to device paths such as /dev/dax0.0, for a
+	// container that mounts the host's /dev elsewhere, and for tests. Default: "/".
+	DevRoot string `yaml:"dev-root"`
+	// EmulateCXL is the size of the emulated CXL device used when discovery
+	// finds no CXL memory. Default: 1GiB. Zero disables the emulated device.
+	EmulateCXL size.Size `yaml:"emulate-cxl"`
+	// ForceEmulate adds the emulated device even when real CXL memory exists. Default: false.
+	ForceEmulate bool `yaml:"force-emulate"`
+	// EmulateDir holds the emulated device's segment files; a hugetlbfs mount
+	// makes it a hugetlb-backed device. Default: DataDir/emulated-cxl.
+	EmulateDir string `yaml:"emulate-dir"`
+	// NUMADir is the tmpfs directory for segments on memory-only NUMA nodes.
+	// Default: /dev/shm/farmem-<uid>.
+	NUMADir string `yaml:"numa-dir"`
+	// LocalSize is the capacity of the local DRAM reference tier. Default: 1GiB. Zero disables it.
+	LocalSize size.Size `yaml:"local-size"`
+	// LeaseTTL is how long a client's unnamed segments outlive its last session. Default: 10s.
+	LeaseTTL time.Duration `yaml:"lease-ttl"`
+	// AllowDevdaxFD lets the daemon hand a whole devdax device's descriptor to
+	// clients. One descriptor reaches every segment on the device, so this
+	// trusts every local client with all of them. Default: false, and devdax
+	// segments cannot be mapped by clients until it is set.
+	AllowDevdaxFD bool `yaml:"allow-devdax-fd"`
+	// LogLevel is debug, info, warn or error. Default: info.
+	LogLevel string `yaml:"log-level"`
+	// LogFormat is text or json. Default: text.
+	LogFormat string `yaml:"log-format"`
+}
+
+// ErrConfig marks a configuration that cannot be used.
+var ErrConfig = errors.New("bad configuration")
+
+// DefaultConfig returns the configuration poold runs with when nothing is set.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	c := Config{
+		Node:       host,
+		SysfsRoot:  "/sys",
+		DevRoot:    "/",
+		EmulateCXL: size.GiB,
+		LocalSize:  size.GiB,
+		LeaseTTL:   10 * time.Second,
+		LogLevel:   "info",
+		LogFormat:  "text",
+		DataDir:    DefaultDataDir(),
+		Socket:     DefaultSocket(),
+		NUMADir:    fmt.Sprintf("/dev/shm/farmem-%d", os.Getuid()),
+	}
+	return c
+}
+
+// DefaultDataDir is where the daemon keeps its state when not told otherwise.
+func DefaultDataDir() string { return paths.DataDir() }
+
+// DefaultSocket is the socket path clients and the daemon agree on when not
+// told otherwise; see package paths.
+func DefaultSocket() string { return paths.Socket() }
+
+// Validate reports the first setting that cannot work, naming it.
+func (c *Config) Validate() error {
+	switch {
+	case c.Node == "":
+		return fmt.Errorf("%w: node is empty; set --node", ErrConfig)
+	case c.DataDir == "":
+		return fmt.Errorf("%w: data-dir is empty; set --data-dir", ErrConfig)
+	case c.Socket == "":
+		return fmt.Errorf("%w: socket is empty; set --socket", ErrConfig)
+	case len(c.Socket) > 107:
+		return fmt.Errorf("%w: socket path %q is %d bytes, longer than a unix socket allows (107); choose a shorter --socket", ErrConfig, c.Socket, len(c.Socket))
+	case c.EmulateCXL < 0:
+		return fmt.Errorf("%w: emulate-cxl %d is negative", ErrConfig, c.EmulateCXL)
+	case c.LocalSize < 0:
+		return fmt.Errorf("%w: local-size %d is negative", ErrConfig, c.LocalSize)
+	case c.LeaseTTL < 100*time.Millisecond:
+		return fmt.Errorf("%w: lease-ttl %s is below the 100ms minimum", ErrConfig, c.LeaseTTL)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("%w: log-level %q: use debug, info, warn or error", ErrConfig, c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return fmt.Errorf("%w: log-format %q: use text or json", ErrConfig, c.LogFormat)
+	}
+	return nil
+}
+
+func (c *Config) emulateDir() string {
+	if c.EmulateDir != "" {
+		return c.EmulateDir
+	}
+	return filepath.Join(c.DataDir, "emulated-cxl")
+}
+
+// LoadConfig reads a YAML file over base: keys in the file replace base's
+// values, keys not in the file keep them. An unknown key is an error that
+// names it.
+func LoadConfig(path string, base Config) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return base, fmt.Errorf("%w: read config: %w", ErrConfig, err)
+	}
+	return ParseConfig(b, base)
+}
+
+// ParseConfig is LoadConfig on bytes.
+func ParseConfig(b []byte, base Config) (Config, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	c := base
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return base, fmt.Errorf("%w: %v (see poold --help for the keys; each flag name is a key)", ErrConfig, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,199 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/cxl"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/fdpass"
+)
+
+// Daemon is a running poold: the pool, its unix socket (gRPC and descriptor
+// passing) and the lease reaper. Construct it with New, run it with Serve,
+// stop it with Close. It is safe for concurrent use.
+type Daemon struct {
+	cfg  Config
+	log  *slog.Logger
+	pool *Pool
+	inv  *cxl.Inventory
+	mux  *mux
+	grpc *grpc.Server
+
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New discovers the host's memory, opens the metadata store, restores the
+// segment table and listens on the socket. It does not serve until Serve.
+func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	inv, devs, err := discover(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	p, err := newPool(cfg, log, devs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	l, err := listenUnix(cfg.Socket)
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{})}
+	d.grpc = grpc.NewServer(
+		grpc.Creds(peerCreds{}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+	)
+	poolv1.RegisterPoolServer(d.grpc, &service{d: d})
+	d.mux = newMux(l, d.allow, d.serveFD, func(msg string, args ...any) { log.Warn(msg, args...) })
+	return d, nil
+}
+
+// Start is New followed by Serve in the background: the daemon serves by
+// the time it returns. Close stops it.
+func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
+	d, err := New(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := d.Serve(); err != nil {
+			d.log.Error("serve", "err", err)
+		}
+	}()
+	return d, nil
+}
+
+// Serve answers clients until Close. It returns nil after Close.
+func (d *Daemon) Serve() error {
+	d.wg.Add(1)
+	go d.reapLoop()
+	var tiers []any
+	for _, t := range d.pool.tiers() {
+		tiers = append(tiers, tierName(t.Tier), fmt.Sprintf("%s emulated=%v capacity=%d", t.Kind, t.Emulated, t.Capacity))
+	}
+	d.log.Info("poold serving", append([]any{"node", d.cfg.Node, "socket", d.cfg.Socket, "data-dir", d.cfg.DataDir, "segments", len(d.pool.List())}, tiers...)...)
+	err := d.grpc.Serve(grpcListener{d.mux})
+	select {
+	case <-d.stop:
+		return nil
+	default:
+		return err
+	}
+}
+
+// Config returns the configuration the daemon runs with.
+func (d *Daemon) Config() Config { return d.cfg }
+
+// Inventory returns what discovery found at start.
+func (d *Daemon) Inventory() *cxl.Inventory { return d.inv }
+
+// allow checks a local peer against the allow list: the daemon's own uid and root.
+func (d *Daemon) allow(p peerInfo) error {
+	if p.UID == 0 || p.UID == uint32(os.Getuid()) {
+		return nil
+	}
+	return fmt.Errorf("uid %d is not allowed: poold serves its own uid (%d) and root", p.UID, os.Getuid())
+}
+
+// serveFD answers descriptor requests on one connection until it closes.
+func (d *Daemon) serveFD(c *net.UnixConn, peer peerInfo) {
+	defer c.Close()
+	go func() {
+		<-d.stop
+		c.Close()
+	}()
+	for {
+		req, err := fdpass.ReadRequest(c)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				d.log.Warn("descriptor request refused; closing connection", "pid", peer.PID, "err", err)
+			}
+			return
+		}
+		if err := d.answerFD(c, req); err != nil {
+			return
+		}
+	}
+}
+
+func (d *Daemon) answerFD(c *net.UnixConn, req fdpass.Request) error {
+	cl, err := d.pool.callerFor(req.Session)
+	if err == nil && cl.client == nil {
+		err = fmt.Errorf("%w: descriptor requests need a session", errs.ErrAccessDenied)
+	}
+	if err != nil {
+		return fdpass.WriteResponse(c, err, nil, 0, 0)
+	}
+	b, err := d.pool.Backing(cl, req.Segment)
+	if err != nil {
+		d.log.Info("descriptor refused", "segment", req.Segment, "err", err)
+		return fdpass.WriteResponse(c, err, nil, 0, 0)
+	}
+	defer b.File.Close()
+	return fdpass.WriteResponse(c, nil, b.File, b.Offset, b.Length)
+}
+
+func (d *Daemon) reapLoop() {
+	defer d.wg.Done()
+	period := min(d.cfg.LeaseTTL/4, time.Second)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+			d.pool.reap()
+		}
+	}
+}
+
+// Close stops serving, waits for calls in flight (up to a few seconds),
+// and closes the store and devices. It is idempotent.
+func (d *Daemon) Close() error {
+	d.closeOnce.Do(func() {
+		close(d.stop)
+		done := make(chan struct{})
+		go func() {
+			d.grpc.GracefulStop()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			d.grpc.Stop()
+			<-done
+		}
+		d.mux.shutdown()
+		d.mux.wg.Wait()
+		d.wg.Wait()
+		d.closeErr = d.pool.close()
+	})
+	return d.closeErr
+}

@@ -1,0 +1,107 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/cxl"
+	"github.com/farmem/farmem/internal/device"
+	"github.com/farmem/farmem/internal/extent"
+)
+
+// discover reads the kernel's view of CXL memory and opens a device for
+// each usable piece, then the emulated and local devices the configuration
+// asks for. A device that cannot be opened is logged and skipped, never
+// fatal: the daemon still serves what it has.
+func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
+	inv := &cxl.Inventory{}
+	if fs, err := cxl.NewFS(cfg.SysfsRoot); err != nil {
+		log.Warn("no sysfs to discover CXL memory from; using emulation", "sysfs", cfg.SysfsRoot, "err", err)
+	} else if inv, err = fs.Discover(); err != nil {
+		log.Warn("CXL discovery failed; using emulation", "sysfs", cfg.SysfsRoot, "err", err)
+		inv = &cxl.Inventory{}
+	}
+	for _, p := range inv.Problems {
+		log.Debug("sysfs problem", "err", p)
+	}
+	var devs []*dev
+	fail := func(err error) (*cxl.Inventory, []*dev, error) {
+		for _, d := range devs {
+			d.Close()
+		}
+		return nil, nil, err
+	}
+	add := func(d device.Device, tier poolv1.Tier, usable bool, note string) error {
+		ext, err := extent.New(d.Capacity(), d.Align())
+		if err != nil {
+			d.Close()
+			return fmt.Errorf("device %s: %w", d.Name(), err)
+		}
+		devs = append(devs, &dev{Device: d, tier: tier, ext: ext, usable: usable, note: note})
+		return nil
+	}
+	for _, dx := range inv.DevdaxDevices() {
+		path := filepath.Join(cfg.DevRoot, dx.DevPath)
+		align := int64(dx.Align)
+		if align == 0 {
+			align = 2 << 20 // kernels before 5.10 do not say; 2 MiB is the devdax default
+		}
+		d, err := device.NewDevdax(dx.Name, path, int64(dx.Size), align, dx.TargetNode)
+		if err != nil {
+			log.Warn("devdax device found but not usable", "device", dx.Name, "path", path, "err", err)
+			continue
+		}
+		note := ""
+		if !cfg.AllowDevdaxFD {
+			note = fmt.Sprintf("%s is devdax: one descriptor reaches every segment on it, so it is not handed to clients; start poold with --allow-devdax-fd to use it", dx.Name)
+		}
+		if err := add(d, poolv1.Tier_TIER_CXL, cfg.AllowDevdaxFD, note); err != nil {
+			return fail(err)
+		}
+		log.Info("using CXL devdax device", "device", dx.Name, "size", dx.Size, "align", align, "region", dx.Region, "node", dx.TargetNode, "handed-out", cfg.AllowDevdaxFD)
+	}
+	for _, n := range inv.FarNodes() {
+		capacity := int64(n.MemFree) &^ (1<<21 - 1)
+		d, err := device.NewNUMA(n.ID, filepath.Join(cfg.NUMADir, fmt.Sprintf("node%d", n.ID)), capacity)
+		if err != nil {
+			log.Warn("memory-only NUMA node found but not usable", "node", n.ID, "err", err)
+			continue
+		}
+		if err := add(d, poolv1.Tier_TIER_CXL, true, ""); err != nil {
+			return fail(err)
+		}
+		log.Info("using memory-only NUMA node", "node", n.ID, "capacity", capacity)
+	}
+	foundCXL := len(devs) > 0
+	if cfg.EmulateCXL > 0 && (!foundCXL || cfg.ForceEmulate) {
+		dir := cfg.emulateDir()
+		d, err := device.NewEmulated("emulated0", dir, int64(cfg.EmulateCXL))
+		if err != nil {
+			return fail(fmt.Errorf("emulated CXL device in %s: %w (choose another directory with --emulate-dir, or --emulate-cxl 0)", dir, err))
+		}
+		note := fmt.Sprintf("emulated: no CXL memory found, so files in %s stand in for it; this is ordinary DRAM, not CXL", dir)
+		if foundCXL {
+			note = fmt.Sprintf("emulated beside real CXL memory (--force-emulate): files in %s, ordinary DRAM", dir)
+		}
+		if err := add(d, poolv1.Tier_TIER_CXL, true, note); err != nil {
+			return fail(err)
+		}
+		log.Info("using an emulated CXL device", "dir", dir, "capacity", int64(cfg.EmulateCXL), "reason", map[bool]string{false: "no CXL memory found", true: "--force-emulate"}[foundCXL])
+	}
+	if cfg.LocalSize > 0 {
+		d, err := device.NewDRAM(int64(cfg.LocalSize))
+		if err != nil {
+			return fail(fmt.Errorf("local DRAM tier: %w", err))
+		}
+		if err := add(d, poolv1.Tier_TIER_LOCAL, true, "local DRAM (memfd); contents do not survive a daemon restart"); err != nil {
+			return fail(err)
+		}
+	}
+	if len(devs) == 0 {
+		return fail(errors.New("no memory to serve: no CXL memory found, emulation and the local tier are disabled; set --emulate-cxl or --local-size"))
+	}
+	return inv, devs, nil
+}

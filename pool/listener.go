@@ -1,0 +1,191 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+
+	"github.com/farmem/farmem/internal/fdpass"
+)
+
+// peerInfo is what the daemon knows of the process at the other end of a
+// unix socket connection. It is the AuthInfo of gRPC calls on that socket.
+type peerInfo struct {
+	UID, GID uint32
+	PID      int32
+}
+
+// AuthType implements credentials.AuthInfo.
+func (peerInfo) AuthType() string { return "unix-peercred" }
+
+// peerConn is an accepted connection whose first bytes the mux already read.
+type peerConn struct {
+	*net.UnixConn
+	r    io.Reader
+	peer peerInfo
+}
+
+func (c *peerConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// mux splits one unix socket between gRPC (HTTP/2 preface) and descriptor
+// passing (fdpass.Magic), and checks every peer against the allow list.
+type mux struct {
+	l       *net.UnixListener
+	grpc    chan net.Conn
+	fd      func(*net.UnixConn, peerInfo)
+	allow   func(peerInfo) error
+	onErr   func(msg string, args ...any)
+	done    chan struct{}
+	once    sync.Once
+	wg      sync.WaitGroup
+	timeout time.Duration
+}
+
+// listenUnix creates the socket, removing a stale one but never one that a
+// live daemon answers on.
+func listenUnix(path string) (*net.UnixListener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("socket directory %s: %w (choose another with --socket)", filepath.Dir(path), err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("socket %s: another poold is listening there; stop it or choose another --socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("socket %s: remove stale socket: %w", path, err)
+		}
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: %w (choose another with --socket)", path, err)
+	}
+	l.SetUnlinkOnClose(true)
+	return l, nil
+}
+
+func newMux(l *net.UnixListener, allow func(peerInfo) error, fd func(*net.UnixConn, peerInfo), onErr func(string, ...any)) *mux {
+	m := &mux{l: l, grpc: make(chan net.Conn), fd: fd, allow: allow, onErr: onErr, done: make(chan struct{}), timeout: 10 * time.Second}
+	m.wg.Add(1)
+	go m.acceptLoop()
+	return m
+}
+
+var http2Preface = []byte("PRI ")
+
+func (m *mux) acceptLoop() {
+	defer m.wg.Done()
+	for {
+		c, err := m.l.AcceptUnix()
+		if err != nil {
+			select {
+			case <-m.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			m.onErr("accept on unix socket failed; no more local clients", "err", err)
+			m.shutdown()
+			return
+		}
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.route(c)
+		}()
+	}
+}
+
+// route reads the first bytes of a connection and hands it on.
+func (m *mux) route(c *net.UnixConn) {
+	cred, err := fdpass.PeerCred(c)
+	if err != nil {
+		m.onErr("peer credentials unavailable; closing connection", "err", err)
+		c.Close()
+		return
+	}
+	peer := peerInfo{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid}
+	if err := m.allow(peer); err != nil {
+		m.onErr("refused a local client", "uid", peer.UID, "pid", peer.PID, "err", err)
+		c.Close()
+		return
+	}
+	head := make([]byte, 4)
+	c.SetReadDeadline(time.Now().Add(m.timeout))
+	if _, err := io.ReadFull(c, head); err != nil {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	switch {
+	case bytes.Equal(head, []byte(fdpass.Magic)):
+		m.fd(c, peer)
+	case bytes.Equal(head, http2Preface):
+		pc := &peerConn{UnixConn: c, r: io.MultiReader(bytes.NewReader(head), c), peer: peer}
+		select {
+		case m.grpc <- pc:
+		case <-m.done:
+			c.Close()
+		}
+	default:
+		m.onErr("unknown protocol on unix socket; closing connection", "first-bytes", fmt.Sprintf("%q", head), "pid", peer.PID)
+		c.Close()
+	}
+}
+
+func (m *mux) shutdown() {
+	m.once.Do(func() {
+		close(m.done)
+		m.l.Close()
+	})
+}
+
+// grpcListener is the gRPC half of the mux as a net.Listener.
+type grpcListener struct{ m *mux }
+
+func (g grpcListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.m.grpc:
+		return c, nil
+	case <-g.m.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (g grpcListener) Close() error   { g.m.shutdown(); return nil }
+func (g grpcListener) Addr() net.Addr { return g.m.l.Addr() }
+
+// peerCreds are gRPC transport credentials for the unix socket: no
+// encryption (the kernel carries the bytes), the peer's uid/gid/pid as
+// AuthInfo.
+type peerCreds struct{}
+
+func (peerCreds) ClientHandshake(_ context.Context, _ string, c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return c, peerInfo{}, nil
+}
+
+func (peerCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	pc, ok := c.(*peerConn)
+	if !ok {
+		return nil, nil, errors.New("connection did not come through the unix socket mux")
+	}
+	return c, pc.peer, nil
+}
+
+func (peerCreds) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "unix-peercred"}
+}
+func (p peerCreds) Clone() credentials.TransportCredentials { return p }
+func (peerCreds) OverrideServerName(string) error           { return nil }

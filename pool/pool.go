@@ -1,0 +1,632 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/device"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/extent"
+)
+
+// Limits on requests, each with a clear error when exceeded.
+const (
+	// MaxNameLen is the longest segment name, in bytes.
+	MaxNameLen = 255
+	// MaxSegmentSize is the largest segment one Alloc can ask for (64 TiB).
+	MaxSegmentSize = 1 << 46
+	// idBlock is how many segment ids are made durable as used at a time.
+	idBlock = 1024
+)
+
+// Pool is the daemon's core: the devices, their extent allocators, the
+// segment table and the clients' leases. It is safe for concurrent use; one
+// mutex serializes changes, and every change is committed to the metadata
+// store before the call returns.
+type Pool struct {
+	cfg     Config
+	log     *slog.Logger
+	st      *store
+	started time.Time
+	now     func() time.Time
+
+	mu       sync.Mutex
+	devs     []*dev
+	segs     map[uint64]*record
+	names    map[string]uint64
+	clients  map[string]*client
+	sessions map[string]*client
+	nextID   uint64
+	idLimit  uint64 // ids below idLimit are durable as used
+	closed   bool
+}
+
+// dev is a device with its tier and extent allocator.
+type dev struct {
+	device.Device
+	tier poolv1.Tier
+	ext  *extent.Allocator
+	note string // why the device is labelled as it is, or why it is not used
+	// usable is false for a device that local clients cannot map (a
+	// devdax device without AllowDevdaxFD).
+	usable bool
+}
+
+// client is one application identity with its sessions and lease.
+type client struct {
+	id       string
+	name     string
+	pid      int64
+	uid      uint32
+	sessions int
+	expires  time.Time // when sessions == 0: when its unpinned segments are reclaimed
+}
+
+// caller is who makes a control-plane call: a session's client, or an
+// administrator (a call without a session, e.g. memctl).
+type caller struct {
+	client *client // nil for an administrator
+}
+
+func (c caller) id() string {
+	if c.client == nil {
+		return ""
+	}
+	return c.client.id
+}
+
+// newPool opens the store, takes the devices and rebuilds the segment table.
+// It owns devs from then on, closing them on failure.
+func newPool(cfg Config, log *slog.Logger, devs []*dev) (_ *Pool, err error) {
+	p := &Pool{
+		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs,
+		segs: map[uint64]*record{}, names: map[string]uint64{},
+		clients: map[string]*client{}, sessions: map[string]*client{},
+	}
+	defer func() {
+		if err != nil {
+			p.closeDevices()
+		}
+	}()
+	if p.st, err = openStore(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	recs, next, err := p.st.load()
+	if err != nil {
+		p.st.close()
+		return nil, fmt.Errorf("metadata store: %w", err)
+	}
+	p.nextID, p.idLimit = next, next
+	for _, r := range recs {
+		p.restore(r)
+	}
+	return p, nil
+}
+
+// restore puts a stored record back: its extent reserved, its device
+// checked, its owner given one lease TTL to come back.
+func (p *Pool) restore(r *record) {
+	p.segs[r.ID] = r
+	if r.Name != "" {
+		p.names[r.Name] = r.ID
+	}
+	d := p.device(r.Device)
+	switch {
+	case d == nil:
+		r.Lost = true
+		p.log.Warn("segment lost: its device is gone", "segment", r.ID, "device", r.Device)
+	default:
+		if err := d.ext.Reserve(r.Offset, r.Extent); err != nil {
+			r.Lost = true
+			p.log.Error("segment lost: its extent cannot be reserved", "segment", r.ID, "device", r.Device, "err", err)
+			break
+		}
+		b, err := d.Open(r.ID, r.Offset, r.Extent)
+		if err != nil {
+			r.Lost = true
+			p.log.Warn("segment lost: contents did not survive the restart", "segment", r.ID, "device", r.Device, "err", err)
+			break
+		}
+		b.File.Close()
+	}
+	if r.Owner != "" && p.clients[r.Owner] == nil {
+		p.clients[r.Owner] = &client{id: r.Owner, expires: p.now().Add(p.cfg.LeaseTTL)}
+	}
+}
+
+func (p *Pool) device(name string) *dev {
+	for _, d := range p.devs {
+		if d.Name() == name {
+			return d
+		}
+	}
+	return nil
+}
+
+// AllocRequest is what a caller asks of Alloc.
+type AllocRequest struct {
+	Size     int64
+	Tier     poolv1.Tier
+	Name     string
+	Persist  bool
+	Fallback []poolv1.Tier
+}
+
+// tierOrder is the order in which a request tries tiers.
+func tierOrder(req AllocRequest) []poolv1.Tier {
+	first := []poolv1.Tier{req.Tier}
+	if req.Tier == poolv1.Tier_TIER_UNSPECIFIED {
+		first = []poolv1.Tier{poolv1.Tier_TIER_CXL, poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_RDMA}
+	}
+	var out []poolv1.Tier
+	for _, t := range append(first, req.Fallback...) {
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func validName(name string) error {
+	if len(name) > MaxNameLen {
+		return fmt.Errorf("%w: name of %d bytes is longer than %d", errs.ErrInvalid, len(name), MaxNameLen)
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("%w: name %q has a space or unprintable character; use letters, digits and punctuation", errs.ErrInvalid, name)
+		}
+	}
+	return nil
+}
+
+func validTier(t poolv1.Tier) error {
+	if _, ok := poolv1.Tier_name[int32(t)]; !ok {
+		return fmt.Errorf("%w: unknown tier %d; use local, cxl, rdma or any", errs.ErrInvalid, t)
+	}
+	return nil
+}
+
+// Alloc places a new segment and commits it before returning.
+func (p *Pool) Alloc(c caller, req AllocRequest) (*record, error) {
+	if req.Size <= 0 || req.Size > MaxSegmentSize {
+		return nil, fmt.Errorf("%w: size %d; ask for 1 byte to %d bytes", errs.ErrInvalid, req.Size, int64(MaxSegmentSize))
+	}
+	if err := validName(req.Name); err != nil {
+		return nil, err
+	}
+	for _, t := range append([]poolv1.Tier{req.Tier}, req.Fallback...) {
+		if err := validTier(t); err != nil {
+			return nil, err
+		}
+	}
+	if c.client == nil && !req.Persist && req.Name == "" {
+		return nil, fmt.Errorf("%w: a call without a session must ask for a named or persistent segment, or nothing would keep it alive", errs.ErrInvalid)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, fmt.Errorf("alloc: %w", errs.ErrUnavailable)
+	}
+	if req.Name != "" {
+		if _, ok := p.names[req.Name]; ok {
+			return nil, fmt.Errorf("alloc %q: %w", req.Name, errs.ErrExists)
+		}
+	}
+	var tried []string
+	for _, t := range tierOrder(req) {
+		seen := false
+		for _, d := range p.devs {
+			if d.tier != t || !d.usable {
+				continue
+			}
+			seen = true
+			r, err := p.allocOn(c, d, req)
+			if err == nil {
+				p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
+				return r, nil
+			}
+			if !errors.Is(err, extent.ErrNoSpace) {
+				return nil, err
+			}
+			st := d.ext.Stats()
+			tried = append(tried, fmt.Sprintf("%s (%s): largest free extent %d of %d free bytes", tierName(t), d.Name(), st.LargestFree, st.Free))
+		}
+		if !seen {
+			tried = append(tried, fmt.Sprintf("%s: %s", tierName(t), p.whyNoTier(t)))
+		}
+	}
+	return nil, fmt.Errorf("alloc %d bytes: %w; tried %s", req.Size, errs.ErrNoCapacity, strings.Join(tried, "; "))
+}
+
+// whyNoTier explains a tier that has no usable device.
+func (p *Pool) whyNoTier(t poolv1.Tier) string {
+	for _, d := range p.devs {
+		if d.tier == t && !d.usable {
+			return d.note
+		}
+	}
+	switch t {
+	case poolv1.Tier_TIER_RDMA:
+		return "this daemon offers no rdma tier (no peers and no loopback data plane)"
+	case poolv1.Tier_TIER_LOCAL:
+		return "the local tier is disabled (--local-size 0)"
+	case poolv1.Tier_TIER_CXL:
+		return "no CXL memory found and emulation is disabled (--emulate-cxl 0)"
+	}
+	return "no device"
+}
+
+func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
+	off, err := d.ext.Alloc(req.Size)
+	if err != nil {
+		return nil, err
+	}
+	length := roundUp(req.Size, d.Align())
+	id, err := p.newID()
+	if err != nil {
+		d.ext.Free(off, length)
+		return nil, err
+	}
+	b, err := d.Create(id, off, length)
+	if err != nil {
+		d.ext.Free(off, length)
+		return nil, fmt.Errorf("alloc on %s: %w", d.Name(), err)
+	}
+	b.File.Close()
+	r := &record{
+		ID: id, Name: req.Name, Tier: tierName(d.tier), Device: d.Name(), Offset: off, Extent: length,
+		Size: req.Size, Owner: c.id(), Persist: req.Persist, Epoch: 1, Created: p.now().UTC(),
+	}
+	if err := p.st.put(r); err != nil {
+		d.Remove(id, off, length)
+		d.ext.Free(off, length)
+		return nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
+	}
+	p.segs[id] = r
+	if r.Name != "" {
+		p.names[r.Name] = id
+	}
+	return r, nil
+}
+
+func roundUp(n, align int64) int64 { return (n + align - 1) / align * align }
+
+// newID hands out a segment id that is durable as used.
+func (p *Pool) newID() (uint64, error) {
+	if p.nextID >= p.idLimit {
+		if err := p.st.reserveIDs(p.nextID + idBlock); err != nil {
+			return 0, fmt.Errorf("reserve segment ids: %w", err)
+		}
+		p.idLimit = p.nextID + idBlock
+	}
+	id := p.nextID
+	p.nextID++
+	return id, nil
+}
+
+// lookup finds a segment by id or, when id is 0, by name.
+func (p *Pool) lookup(id uint64, name string) (*record, error) {
+	if id == 0 {
+		var ok bool
+		if id, ok = p.names[name]; !ok {
+			return nil, fmt.Errorf("segment %q: %w", name, errs.ErrNotFound)
+		}
+	}
+	r, ok := p.segs[id]
+	if !ok {
+		return nil, fmt.Errorf("segment %d: %w", id, errs.ErrNotFound)
+	}
+	return r, nil
+}
+
+// mayUse reports whether the caller may map, free or stat-with-memory the segment.
+func mayUse(c caller, r *record) bool {
+	if c.client == nil {
+		return true
+	}
+	return r.Owner == c.client.id || slices.Contains(r.Attached, c.client.id)
+}
+
+// Free releases a segment: committed, then its backing removed and its
+// extent returned.
+func (p *Pool) Free(c caller, id uint64, name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, name)
+	if err != nil {
+		return err
+	}
+	if !mayUse(c, r) {
+		return fmt.Errorf("free segment %d: %w", r.ID, errs.ErrAccessDenied)
+	}
+	return p.freeLocked(r, "freed")
+}
+
+func (p *Pool) freeLocked(r *record, reason string) error {
+	if err := p.st.delete(r.ID); err != nil {
+		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
+	}
+	delete(p.segs, r.ID)
+	if r.Name != "" {
+		delete(p.names, r.Name)
+	}
+	if d := p.device(r.Device); d != nil {
+		if err := d.Remove(r.ID, r.Offset, r.Extent); err != nil {
+			p.log.Error("remove segment backing", "segment", r.ID, "device", r.Device, "err", err)
+		}
+		if err := d.ext.Free(r.Offset, r.Extent); err != nil && !r.Lost {
+			p.log.Error("return extent", "segment", r.ID, "device", r.Device, "err", err)
+		}
+	}
+	p.log.Debug("segment released", "segment", r.ID, "reason", reason, "size", r.Size, "owner", r.Owner)
+	return nil
+}
+
+// Attach gives the caller access to a named segment.
+func (p *Pool) Attach(c caller, name string) (*record, error) {
+	if name == "" {
+		return nil, fmt.Errorf("%w: attach needs a segment name", errs.ErrInvalid)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(0, name)
+	if err != nil {
+		return nil, err
+	}
+	if c.client != nil && !mayUse(c, r) {
+		next := *r
+		next.Attached = append(slices.Clone(r.Attached), c.client.id)
+		if err := p.st.put(&next); err != nil {
+			return nil, fmt.Errorf("attach %q: commit to the metadata store: %w", name, err)
+		}
+		*r = next
+	}
+	return r, nil
+}
+
+// Stat returns a copy of one segment.
+func (p *Pool) Stat(id uint64) (record, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, "")
+	if err != nil {
+		return record{}, err
+	}
+	return *r, nil
+}
+
+// List returns copies of every segment, by id.
+func (p *Pool) List() []record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]record, 0, len(p.segs))
+	for _, r := range p.segs {
+		out = append(out, *r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// leaseExpiry is when an unpinned segment will be reclaimed if its owner
+// stays away; zero while the owner holds a session, or for pinned segments.
+func (p *Pool) leaseExpiry(r *record) time.Time {
+	if r.pinned() {
+		return time.Time{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.clients[r.Owner]; c != nil && c.sessions == 0 {
+		return c.expires
+	}
+	return time.Time{}
+}
+
+// Backing opens a segment's memory for a caller that may use it.
+func (p *Pool) Backing(c caller, id uint64) (device.Backing, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, "")
+	if err != nil {
+		return device.Backing{}, err
+	}
+	if !mayUse(c, r) {
+		return device.Backing{}, fmt.Errorf("segment %d: %w", id, errs.ErrAccessDenied)
+	}
+	if r.Lost {
+		return device.Backing{}, fmt.Errorf("segment %d on %s: %w", id, r.Device, errs.ErrSegmentLost)
+	}
+	d := p.device(r.Device)
+	if d.SharesFD() && !p.cfg.AllowDevdaxFD {
+		return device.Backing{}, fmt.Errorf("segment %d is on devdax device %s, whose descriptor reaches every segment: %w; start poold with --allow-devdax-fd to hand it out", id, d.Name(), errs.ErrAccessDenied)
+	}
+	b, err := d.Open(r.ID, r.Offset, r.Extent)
+	if err != nil {
+		if errors.Is(err, device.ErrLost) {
+			r.Lost = true
+			return device.Backing{}, fmt.Errorf("segment %d: %w", id, errs.ErrSegmentLost)
+		}
+		return device.Backing{}, err
+	}
+	b.Length = r.Size
+	return b, nil
+}
+
+// openSession starts (or resumes) a client's session.
+func (p *Pool) openSession(sessionID, clientID, name string, pid int64, uid uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.clients[clientID]
+	if c == nil {
+		c = &client{id: clientID}
+		p.clients[clientID] = c
+	}
+	c.name, c.pid, c.uid = name, pid, uid
+	c.sessions++
+	p.sessions[sessionID] = c
+}
+
+// closeSession ends a session; the client's lease runs out one TTL after
+// its last session ends.
+func (p *Pool) closeSession(sessionID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.sessions[sessionID]
+	if c == nil {
+		return
+	}
+	delete(p.sessions, sessionID)
+	c.sessions--
+	if c.sessions == 0 {
+		c.expires = p.now().Add(p.cfg.LeaseTTL)
+	}
+}
+
+// callerFor resolves a session id ("" for an administrator).
+func (p *Pool) callerFor(sessionID string) (caller, error) {
+	if sessionID == "" {
+		return caller{}, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.sessions[sessionID]
+	if c == nil {
+		return caller{}, fmt.Errorf("session %q: %w (the session ended; the client reconnects by itself)", sessionID, errs.ErrLeaseExpired)
+	}
+	return caller{client: c}, nil
+}
+
+// reap reclaims the unpinned segments of clients whose lease ran out.
+func (p *Pool) reap() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	for id, c := range p.clients {
+		if c.sessions > 0 || now.Before(c.expires) {
+			continue
+		}
+		var n int
+		var bytes int64
+		for _, r := range p.segs {
+			if r.Owner == id && !r.pinned() {
+				if err := p.freeLocked(r, "lease expired"); err != nil {
+					p.log.Error("reclaim", "segment", r.ID, "err", err)
+					continue
+				}
+				n++
+				bytes += r.Size
+			}
+		}
+		delete(p.clients, id)
+		if n > 0 {
+			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes)
+		}
+	}
+}
+
+// tiers summarizes devices per tier.
+func (p *Pool) tiers() []*poolv1.TierInfo {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	byTier := map[poolv1.Tier]*poolv1.TierInfo{}
+	var order []poolv1.Tier
+	var largest = map[poolv1.Tier]int64{}
+	for _, d := range p.devs {
+		ti := byTier[d.tier]
+		if ti == nil {
+			ti = &poolv1.TierInfo{Tier: d.tier, Kind: string(d.Kind()), NumaNode: int32(d.Node())}
+			byTier[d.tier] = ti
+			order = append(order, d.tier)
+		} else if ti.Kind != string(d.Kind()) {
+			ti.Kind += "+" + string(d.Kind())
+		}
+		st := d.ext.Stats()
+		ti.Emulated = ti.Emulated || d.Emulated()
+		ti.Capacity += st.Capacity
+		if d.usable {
+			ti.Free += st.Free
+		}
+		ti.Devices = append(ti.Devices, d.Name())
+		largest[d.tier] = max(largest[d.tier], st.LargestFree)
+		if d.note != "" {
+			if ti.Note != "" {
+				ti.Note += "; "
+			}
+			ti.Note += d.note
+		}
+	}
+	for _, r := range p.segs {
+		for t, ti := range byTier {
+			if tierName(t) == r.Tier {
+				ti.Segments++
+			}
+		}
+	}
+	out := make([]*poolv1.TierInfo, 0, len(order))
+	for _, t := range order {
+		ti := byTier[t]
+		if ti.Free > 0 {
+			ti.Fragmentation = 1 - float64(largest[t])/float64(ti.Free)
+		}
+		out = append(out, ti)
+	}
+	return out
+}
+
+// sessionCount is the number of live sessions.
+func (p *Pool) sessionCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.sessions)
+}
+
+// close closes the store and the devices; it is idempotent.
+func (p *Pool) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	return errors.Join(p.closeDevices(), p.st.close())
+}
+
+func (p *Pool) closeDevices() error {
+	var err error
+	for i := len(p.devs) - 1; i >= 0; i-- {
+		err = errors.Join(err, p.devs[i].Close())
+	}
+	return err
+}
+
+// tierName is the short name used in records, flags and listings.
+func tierName(t poolv1.Tier) string {
+	switch t {
+	case poolv1.Tier_TIER_LOCAL:
+		return "local"
+	case poolv1.Tier_TIER_CXL:
+		return "cxl"
+	case poolv1.Tier_TIER_RDMA:
+		return "rdma"
+	case poolv1.Tier_TIER_UNSPECIFIED:
+		return "any"
+	}
+	return fmt.Sprintf("tier(%d)", t)
+}
+
+// ParseTier is the inverse of the tier names: local, cxl, rdma or any.
+func ParseTier(s string) (poolv1.Tier, error) {
+	for _, t := range []poolv1.Tier{poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_CXL, poolv1.Tier_TIER_RDMA, poolv1.Tier_TIER_UNSPECIFIED} {
+		if tierName(t) == s {
+			return t, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown tier %q; use local, cxl, rdma or any", errs.ErrInvalid, s)
+}

@@ -1,0 +1,189 @@
+package pool
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// SessionHeader is the gRPC metadata key that names the caller's session.
+const SessionHeader = "farmem-session"
+
+// Version is poold's version, shown by memctl status.
+var Version = "0.1.0-dev"
+
+// service implements the gRPC Pool service over a Pool.
+type service struct {
+	poolv1.UnimplementedPoolServer
+	d *Daemon
+}
+
+var _ poolv1.PoolServer = (*service)(nil)
+
+// caller resolves the session named in the call's metadata.
+func (s *service) caller(ctx context.Context) (caller, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	var sid string
+	if v := md.Get(SessionHeader); len(v) > 0 {
+		sid = v[0]
+	}
+	return s.d.pool.callerFor(sid)
+}
+
+func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest, poolv1.SessionResponse]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	hello := first.GetHello()
+	if hello == nil || hello.ClientId == "" || len(hello.ClientId) > MaxNameLen {
+		return errs.ToStatus(fmt.Errorf("%w: a session starts with a Hello carrying a client id of 1 to %d bytes", errs.ErrInvalid, MaxNameLen))
+	}
+	var uid uint32
+	if p, ok := peer.FromContext(stream.Context()); ok {
+		if pi, ok := p.AuthInfo.(peerInfo); ok {
+			uid = pi.UID
+		}
+	}
+	sid := newSessionID()
+	s.d.pool.openSession(sid, hello.ClientId, hello.ClientName, hello.Pid, uid)
+	defer s.d.pool.closeSession(sid)
+	s.d.log.Debug("session opened", "session", sid, "client", hello.ClientId, "name", hello.ClientName, "pid", hello.Pid)
+	err = stream.Send(&poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Welcome{Welcome: &poolv1.Welcome{
+		SessionId: sid, LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(), Node: s.d.cfg.Node,
+	}}})
+	if err != nil {
+		return err
+	}
+	msgs := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				msgs <- err
+				return
+			}
+			if m.GetKeepAlive() != nil {
+				ack := &poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Ack{Ack: &poolv1.KeepAliveAck{}}}
+				if err := stream.Send(ack); err != nil {
+					msgs <- err
+					return
+				}
+			}
+		}
+	}()
+	select {
+	case err := <-msgs:
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	case <-s.d.stop:
+		return errs.ToStatus(fmt.Errorf("poold is shutting down: %w", errs.ErrUnavailable))
+	}
+}
+
+func newSessionID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *service) Alloc(ctx context.Context, req *poolv1.AllocRequest) (*poolv1.Segment, error) {
+	c, err := s.caller(ctx)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	r, err := s.d.pool.Alloc(c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback})
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return s.d.segmentProto(*r), nil
+}
+
+func (s *service) Free(ctx context.Context, req *poolv1.FreeRequest) (*poolv1.FreeResponse, error) {
+	c, err := s.caller(ctx)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	if req.Id == 0 && req.Name == "" {
+		return nil, errs.ToStatus(fmt.Errorf("%w: free needs a segment id or name", errs.ErrInvalid))
+	}
+	if err := s.d.pool.Free(c, req.Id, req.Name); err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &poolv1.FreeResponse{}, nil
+}
+
+func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv1.Segment, error) {
+	c, err := s.caller(ctx)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	r, err := s.d.pool.Attach(c, req.Name)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return s.d.segmentProto(*r), nil
+}
+
+func (s *service) List(ctx context.Context, _ *poolv1.ListRequest) (*poolv1.ListResponse, error) {
+	recs := s.d.pool.List()
+	out := &poolv1.ListResponse{Segments: make([]*poolv1.Segment, len(recs))}
+	for i, r := range recs {
+		out.Segments[i] = s.d.segmentProto(r)
+	}
+	return out, nil
+}
+
+func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
+	r, err := s.d.pool.Stat(req.Id)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return s.d.segmentProto(r), nil
+}
+
+func (s *service) Tiers(ctx context.Context, _ *poolv1.TiersRequest) (*poolv1.TiersResponse, error) {
+	return &poolv1.TiersResponse{Tiers: s.d.pool.tiers()}, nil
+}
+
+func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.StatusResponse, error) {
+	p := s.d.pool
+	return &poolv1.StatusResponse{
+		Version: Version, Node: s.d.cfg.Node, StartedUnixMs: p.started.UnixMilli(), Pid: int64(os.Getpid()),
+		DataDir: s.d.cfg.DataDir, Socket: s.d.cfg.Socket, Tiers: p.tiers(), Sessions: int64(p.sessionCount()),
+		Segments: int64(len(p.List())), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
+	}, nil
+}
+
+// segmentProto describes a record for the API.
+func (d *Daemon) segmentProto(r record) *poolv1.Segment {
+	seg := &poolv1.Segment{
+		Id: r.ID, Name: r.Name, Device: r.Device, Node: d.cfg.Node, NumaNode: -1, Offset: r.Offset, Size: r.Size,
+		Owner: r.Owner, State: poolv1.SegmentState_SEGMENT_STATE_ACTIVE, Epoch: r.Epoch,
+		CreatedUnixMs: r.Created.UnixMilli(), Persist: r.Persist, Attached: r.Attached,
+	}
+	seg.Tier, _ = ParseTier(r.Tier)
+	if r.Lost {
+		seg.State = poolv1.SegmentState_SEGMENT_STATE_LOST
+	}
+	if dv := d.pool.device(r.Device); dv != nil {
+		seg.Kind, seg.Emulated, seg.NumaNode, seg.SharesFd = string(dv.Kind()), dv.Emulated(), int32(dv.Node()), dv.SharesFD()
+	}
+	if t := d.pool.leaseExpiry(&r); !t.IsZero() {
+		seg.LeaseExpiresUnixMs = t.UnixMilli()
+	}
+	return seg
+}

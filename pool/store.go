@@ -1,0 +1,128 @@
+package pool
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// record is one segment as the metadata store keeps it.
+type record struct {
+	ID       uint64    `json:"id"`
+	Name     string    `json:"name,omitempty"`
+	Tier     string    `json:"tier"`
+	Device   string    `json:"device"`
+	Offset   int64     `json:"offset"`
+	Extent   int64     `json:"extent"` // bytes reserved on the device (Size rounded up to its alignment)
+	Size     int64     `json:"size"`   // bytes the client asked for
+	Owner    string    `json:"owner"`
+	Persist  bool      `json:"persist,omitempty"`
+	Epoch    uint64    `json:"epoch"`
+	Created  time.Time `json:"created"`
+	Attached []string  `json:"attached,omitempty"`
+	Lost     bool      `json:"lost,omitempty"`
+}
+
+// pinned reports whether the segment outlives its owner's lease.
+func (r *record) pinned() bool { return r.Persist || r.Name != "" }
+
+var (
+	bucketSegments = []byte("segments")
+	bucketMeta     = []byte("meta")
+	keyNextID      = []byte("next-id")
+)
+
+// store is the durable segment table: every change is committed (and
+// fsynced, as bbolt does on commit) before the daemon acknowledges it.
+// It is safe for concurrent use, as bbolt is.
+type store struct {
+	db *bolt.DB
+}
+
+func openStore(dir string) (*store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("data directory %s: %w (choose another with --data-dir)", dir, err)
+	}
+	path := filepath.Join(dir, "segments.db")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("metadata store %s: %w (is another poold using this --data-dir?)", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketSegments, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("metadata store %s: %w", path, err)
+	}
+	return &store{db: db}, nil
+}
+
+func idKey(id uint64) []byte { return binary.BigEndian.AppendUint64(nil, id) }
+
+// load returns every segment and the next unused id.
+func (s *store) load() ([]*record, uint64, error) {
+	var recs []*record
+	next := uint64(1)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyNextID); len(v) == 8 {
+			next = binary.BigEndian.Uint64(v)
+		}
+		return tx.Bucket(bucketSegments).ForEach(func(k, v []byte) error {
+			r := new(record)
+			if err := json.Unmarshal(v, r); err != nil {
+				return fmt.Errorf("segment record %x: %w", k, err)
+			}
+			recs = append(recs, r)
+			if r.ID >= next {
+				next = r.ID + 1
+			}
+			return nil
+		})
+	})
+	return recs, next, err
+}
+
+// reserveIDs makes ids below next durable as used, so that an id is never
+// handed out twice across a crash.
+func (s *store) reserveIDs(next uint64) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keyNextID, idKey(next))
+	})
+}
+
+// put commits one record.
+func (s *store) put(r *record) error {
+	v, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSegments).Put(idKey(r.ID), v)
+	})
+}
+
+// delete commits the removal of some records.
+func (s *store) delete(ids ...uint64) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSegments)
+		for _, id := range ids {
+			if err := b.Delete(idKey(id)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (s *store) close() error { return s.db.Close() }
