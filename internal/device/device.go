@@ -5,7 +5,8 @@ import (
 	"os"
 )
 
-// Kind names the sort of memory a Device carves segments from.
+// Kind names the sort of memory a Device carves segments from. It is a
+// plain value, safe to share.
 type Kind string
 
 // The device kinds. A Kind is reported to users as part of a tier, so an

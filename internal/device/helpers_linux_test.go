@@ -22,7 +22,7 @@ const testCapacity = 64 << 20
 
 // shmDir returns a fresh directory on /dev/shm (tmpfs), removed after the
 // test, or skips the test when /dev/shm is not tmpfs.
-func shmDir(t *testing.T) string {
+func shmDir(t testing.TB) string {
 	t.Helper()
 	var st unix.Statfs_t
 	if err := unix.Statfs("/dev/shm", &st); err != nil || uint32(st.Type) != uint32(unix.TMPFS_MAGIC) {

@@ -7,7 +7,7 @@ import (
 )
 
 // MapOptions tunes Map. The zero value maps lazily: pages fault in on first
-// touch.
+// touch. It is a plain value, safe to share.
 type MapOptions struct {
 	// Populate pre-faults every page at map time (MAP_POPULATE), paying the
 	// page faults once up front instead of on first access. Default false.
