@@ -51,8 +51,9 @@ type DaxDevice struct {
 	// Driver is the bound driver's name ("device_dax", "kmem"); empty
 	// when unbound.
 	Driver string
-	// Region is the CXL region backing the device, "region0"; empty when
-	// the device is not CXL memory (hmem, pmem namespaces).
+	// Region is the CXL ram region the device lies under (through its
+	// dax_regionN), "region0"; empty for other DAX devices: hmem, and pmem
+	// namespaces, including those of CXL pmem regions (reached via libnvdimm).
 	Region string
 }
 

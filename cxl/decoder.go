@@ -1,9 +1,6 @@
 package cxl
 
-import (
-	"path"
-	"strings"
-)
+import "strings"
 
 // MemMode is the partition a CXL decoder or region maps, as the kernel
 // prints it in decoderX.Y/mode and regionZ/mode. Values other than the
@@ -96,7 +93,7 @@ func (w *walker) decoders(endpoints map[string]string) []Decoder {
 		d := Decoder{
 			Name:                  e.name,
 			Path:                  rel,
-			Port:                  path.Base(path.Dir(rel)),
+			Port:                  parentName(rel),
 			Start:                 w.size(w.path(dev, "start"), true),
 			Size:                  w.size(w.path(dev, "size"), true),
 			InterleaveWays:        w.smallInt(w.path(dev, "interleave_ways"), false, "interleave ways"),

@@ -135,11 +135,7 @@ func TestDiscoverFixtures(t *testing.T) {
 			require.NoError(t, inv.Err())
 			require.Equal(t, tt.want, *inv)
 
-			var far []int
-			for _, n := range inv.FarNodes() {
-				far = append(far, n.ID)
-			}
-			require.Equal(t, tt.wantFar, far)
+			require.Equal(t, tt.wantFar, farIDs(inv))
 			var devdax []string
 			for _, d := range inv.DevdaxDevices() {
 				devdax = append(devdax, d.Name)
@@ -284,8 +280,17 @@ func TestDiscoverBrokenTree(t *testing.T) {
 		check   func(t *testing.T, inv *Inventory)
 	}{
 		{
-			name: "missing ram size", fixture: "devdax", path: mem0 + "ram/size", want: ErrMissing,
-			mutate: func(t *testing.T, root string) { require.NoError(t, os.Remove(filepath.Join(root, mem0, "ram/size"))) },
+			name: "missing region size", fixture: "devdax", path: reg0 + "size", want: ErrMissing,
+			mutate: func(t *testing.T, root string) { require.NoError(t, os.Remove(filepath.Join(root, reg0, "size"))) },
+			check: func(t *testing.T, inv *Inventory) {
+				require.Len(t, inv.Regions, 1)
+				require.Zero(t, inv.Regions[0].Size)
+				require.Equal(t, []string{"dax0.0"}, inv.Regions[0].Dax, "the rest of the region still reads")
+			},
+		},
+		{
+			name: "garbage ram size", fixture: "devdax", path: mem0 + "ram/size", want: ErrMalformed,
+			mutate: func(t *testing.T, root string) { write(t, root, mem0+"ram/size", "0x10000000 bytes\n") },
 			check: func(t *testing.T, inv *Inventory) {
 				require.Len(t, inv.Memdevs, 1)
 				require.Zero(t, inv.Memdevs[0].RAMSize)
@@ -452,6 +457,50 @@ func TestDiscoverBrokenTree(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDiscoverToleratesOptionalAndExtra checks that what a newer or older
+// kernel legitimately adds or leaves out is not reported as a problem.
+func TestDiscoverToleratesOptionalAndExtra(t *testing.T) {
+	root := copyTree(t, filepath.Join("testdata", "numa"))
+	for _, rel := range []string{
+		"bus/cxl/devices/mem0/pmem",             // hidden empty partition
+		"bus/cxl/devices/mem0/firmware_version", // optional
+		"bus/cxl/devices/region0/mode",          // before 6.3
+		"bus/dax/devices/dax0.0/align",          // before 5.10
+		"bus/dax/devices/dax0.0/target_node",
+		"devices/system/node/node1/access0", // no HMAT for this node
+		"devices/virtual/memory_tiering",    // no memory tiering
+	} {
+		require.NoError(t, os.RemoveAll(filepath.Join(root, rel)))
+	}
+	write(t, root, "bus/cxl/devices/mem0/ram/qos_class", "42\n")
+	write(t, root, "bus/cxl/devices/region0/access0/read_latency", "230\n")
+	write(t, root, "bus/cxl/devices/mem0/cdat_extra", "\xff\xfe\n")
+	write(t, root, "devices/system/node/node1/memory_side_cache/index1/size", "0x40000000\n")
+	write(t, root, "devices/system/node/has_generic_initiator", "\n")
+	require.NoError(t, os.Mkdir(filepath.Join(root, "bus/cxl/devices/nvdimm-bridge0"), 0o755))
+
+	fsys, err := NewFS(root)
+	require.NoError(t, err)
+	inv, err := fsys.Discover()
+	require.NoError(t, err)
+	require.Empty(t, inv.Problems)
+	require.Equal(t, uint64(512*mib), inv.Memdevs[0].RAMSize)
+	require.Zero(t, inv.Memdevs[0].PMEMSize)
+	require.Equal(t, ModeRAM, inv.Regions[0].Mode, "mode taken from the endpoint decoder")
+	require.Equal(t, 0, inv.Dax[0].TargetNode, "falls back to numa_node")
+	require.Nil(t, inv.Nodes[1].HMAT)
+	require.Equal(t, -1, inv.Nodes[1].MemoryTier)
+	require.Equal(t, []int{1}, farIDs(inv))
+}
+
+func farIDs(inv *Inventory) []int {
+	var ids []int
+	for _, n := range inv.FarNodes() {
+		ids = append(ids, n.ID)
+	}
+	return ids
 }
 
 // TestDiscoverCorruptEveryFile overwrites each file of the CXL fixtures with

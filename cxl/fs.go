@@ -244,6 +244,16 @@ func (w *walker) linkBase(p string) (string, bool) {
 	return path.Base(filepath.ToSlash(target)), true
 }
 
+// parentName returns the name of the directory holding sysfs-relative path
+// rel: the PCI function of a memdev, the port of a decoder. Empty at the top.
+func parentName(rel string) string {
+	dir := path.Dir(rel)
+	if dir == "." || dir == "/" {
+		return ""
+	}
+	return path.Base(dir)
+}
+
 // entry is a directory entry whose name is prefix followed by dot-separated
 // numbers ("decoder2.1"), with those numbers as its sort key.
 type entry struct {

@@ -1,7 +1,5 @@
 package cxl
 
-import "path"
-
 // cxlDevices is where the cxl bus lists its devices, relative to the root.
 const cxlDevices = "bus/cxl/devices"
 
@@ -20,9 +18,11 @@ type Memdev struct {
 	// Endpoint is the CXL endpoint port whose uport is this memdev
 	// ("endpoint2"); empty when the memdev is not enabled.
 	Endpoint string
-	// RAMSize is the volatile capacity in bytes (ram/size).
+	// RAMSize is the volatile capacity in bytes (ram/size); 0 when the
+	// device has none or the file is absent.
 	RAMSize uint64
-	// PMEMSize is the persistent capacity in bytes (pmem/size).
+	// PMEMSize is the persistent capacity in bytes (pmem/size); 0 when the
+	// device has none or the file is absent.
 	PMEMSize uint64
 	// Serial is the PCIe device serial number; 0 when the file is absent.
 	Serial uint64
@@ -61,10 +61,12 @@ func (w *walker) memdevs(endpoints map[string]string) []Memdev {
 		m := Memdev{
 			Name:     e.name,
 			Path:     rel,
-			Host:     path.Base(path.Dir(rel)),
+			Host:     parentName(rel),
 			Endpoint: byMemdev[e.name],
-			RAMSize:  w.size(w.path(dev, "ram", "size"), true),
-			PMEMSize: w.size(w.path(dev, "pmem", "size"), true),
+			// Optional: newer kernels hide the attribute for an absent
+			// partition, and Type-2 devices have neither.
+			RAMSize:  w.size(w.path(dev, "ram", "size"), false),
+			PMEMSize: w.size(w.path(dev, "pmem", "size"), false),
 			Serial:   w.size(w.path(dev, "serial"), false),
 			NumaNode: w.signed(w.path(dev, "numa_node"), false, "a NUMA node number", -1),
 		}

@@ -1,9 +1,6 @@
 package cxl
 
-import (
-	"path"
-	"strings"
-)
+import "strings"
 
 // Region is one CXL region, /bus/cxl/devices/regionZ: a range of host
 // physical address space interleaved over one or more memdevs. Plain value;
@@ -80,7 +77,7 @@ func (w *walker) regions(decoders []Decoder) ([]Region, map[string]string) {
 			InterleaveWays:        w.smallInt(w.path(dev, "interleave_ways"), true, "interleave ways"),
 			InterleaveGranularity: w.smallInt(w.path(dev, "interleave_granularity"), true, "interleave granularity"),
 		}
-		if parent := path.Base(path.Dir(rel)); strings.HasPrefix(parent, "decoder") {
+		if parent := parentName(rel); strings.HasPrefix(parent, "decoder") {
 			r.RootDecoder = parent
 		}
 		if m, ok := w.read(w.path(dev, "mode"), false); ok {
