@@ -144,7 +144,10 @@ func (c *Client) sessionLoop(first chan<- error) {
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 2*time.Second)
+		c.mu.Lock()
+		limit := min(2*time.Second, max(c.leaseTTL/4, 50*time.Millisecond))
+		c.mu.Unlock()
+		backoff = min(backoff*2, limit)
 	}
 }
 
@@ -422,4 +425,18 @@ func (c *Client) freeReq(ctx context.Context, req *poolv1.FreeRequest) error {
 	}
 	_, err = c.api.Free(cctx, req)
 	return errs.FromStatus(err)
+}
+
+// Open maps an existing segment by id: one the client allocated (e.g.
+// before the application restarted with the same WithClientID) or attached.
+func (c *Client) Open(ctx context.Context, id uint64) (*Segment, error) {
+	cctx, sid, err := c.callCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.api.Stat(cctx, &poolv1.StatRequest{Id: id})
+	if err != nil {
+		return nil, errs.FromStatus(err)
+	}
+	return c.open(ctx, sid, info, allocOptions{})
 }

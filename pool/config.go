@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -141,7 +142,8 @@ func ParseConfig(b []byte, base Config) (Config, error) {
 	dec.KnownFields(true)
 	c := base
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return base, fmt.Errorf("%w: %v (see poold --help for the keys; each flag name is a key)", ErrConfig, err)
+		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", ";")), " ")
+		return base, fmt.Errorf("%w: %s (see poold --help for the keys; each flag name is a key)", ErrConfig, msg)
 	}
 	return c, nil
 }

@@ -25,6 +25,10 @@ const (
 	MaxSegmentSize = 1 << 46
 	// idBlock is how many segment ids are made durable as used at a time.
 	idBlock = 1024
+	// restartGrace is added to the lease of clients the daemon finds in its
+	// table at start, so that a client backing off while the daemon was
+	// down (at most 2s between tries) has a full lease to come back in.
+	restartGrace = 2 * time.Second
 )
 
 // Pool is the daemon's core: the devices, their extent allocators, the
@@ -138,7 +142,7 @@ func (p *Pool) restore(r *record) {
 		b.File.Close()
 	}
 	if r.Owner != "" && p.clients[r.Owner] == nil {
-		p.clients[r.Owner] = &client{id: r.Owner, expires: p.now().Add(p.cfg.LeaseTTL)}
+		p.clients[r.Owner] = &client{id: r.Owner, expires: p.now().Add(p.cfg.LeaseTTL + restartGrace)}
 	}
 }
 

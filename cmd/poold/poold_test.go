@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/farmem/farmem/alloc"
+)
+
+// poold is the daemon binary built once for these tests.
+var poold string
+
+// TestMain builds the real poold binary, or, when re-executed as a client
+// process (FARMEM_TEST_CLIENT set), acts as an application that allocates
+// and then waits to be killed.
+func TestMain(m *testing.M) {
+	if sock := os.Getenv("FARMEM_TEST_CLIENT"); sock != "" {
+		os.Exit(clientProcess(sock))
+	}
+	dir, err := os.MkdirTemp("", "poold-bin")
+	if err != nil {
+		panic(err)
+	}
+	poold = filepath.Join(dir, "poold")
+	out, err := exec.Command("go", "build", "-race", "-o", poold, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build poold: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// clientProcess allocates 8 MiB on the CXL tier, writes it, says "ready"
+// and blocks until killed.
+func clientProcess(sock string) int {
+	ctx := context.Background()
+	c, err := alloc.Dial(ctx, sock)
+	if err != nil {
+		fmt.Println("dial:", err)
+		return 1
+	}
+	seg, err := c.Alloc(ctx, 8<<20, alloc.WithTier(alloc.TierCXL))
+	if err != nil {
+		fmt.Println("alloc:", err)
+		return 1
+	}
+	b, _ := seg.Bytes()
+	for i := range b {
+		b[i] = byte(i)
+	}
+	fmt.Println("ready", seg.ID())
+	select {}
+}
+
+// daemon is one run of the poold binary.
+type daemon struct {
+	cmd    *exec.Cmd
+	socket string
+	data   string
+	log    *bytes.Buffer
+}
+
+func startDaemon(t *testing.T, data, socket string, extra ...string) *daemon {
+	t.Helper()
+	d := &daemon{socket: socket, data: data, log: new(bytes.Buffer)}
+	args := append([]string{"--data-dir", data, "--socket", socket, "--sysfs-root", "../../cxl/testdata/plain",
+		"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--lease-ttl", "1s", "--numa-dir", filepath.Join(data, "numa")}, extra...)
+	d.cmd = exec.Command(poold, args...)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	require.NoError(t, d.cmd.Start())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("poold log:\n%s", d.log)
+		}
+		if d.cmd.ProcessState == nil {
+			d.cmd.Process.Kill()
+			d.cmd.Wait()
+		}
+	})
+	// The socket file appears at bind, before listen: wait until it accepts.
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("unix", socket)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "poold did not listen on its socket: %s", d.log)
+	return d
+}
+
+func (d *daemon) kill9(t *testing.T) {
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGKILL))
+	d.cmd.Wait()
+}
+
+func shortDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "fm")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func TestKill9KeepsSegmentsAndBytes(t *testing.T) {
+	data, sock := t.TempDir(), filepath.Join(shortDir(t), "p.sock")
+	d := startDaemon(t, data, sock)
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, sock, alloc.WithClientID("kill9-app"))
+	require.NoError(t, err)
+	defer c.Close()
+
+	type written struct {
+		seg  *alloc.Segment
+		want []byte
+	}
+	var segs []written
+	for i, opt := range []alloc.AllocOption{alloc.WithName("named"), alloc.WithPersist(), nil} {
+		opts := []alloc.AllocOption{alloc.WithTier(alloc.TierCXL)}
+		if opt != nil {
+			opts = append(opts, opt)
+		}
+		seg, err := c.Alloc(ctx, int64(1<<20+i*4096), opts...)
+		require.NoError(t, err)
+		want := make([]byte, seg.Size())
+		rand.Read(want)
+		_, err = seg.WriteAt(want, 0)
+		require.NoError(t, err)
+		segs = append(segs, written{seg, want})
+	}
+	before := listJSON(t, sock)
+
+	d.kill9(t)
+	startDaemon(t, data, sock)
+	require.Equal(t, before, listJSON(t, sock), "the same segments after kill -9 and restart")
+
+	// Every byte survived: through the mapping the client kept, and through a fresh mapping.
+	for _, w := range segs {
+		got := make([]byte, len(w.want))
+		_, err := w.seg.ReadAt(got, 0)
+		require.NoError(t, err)
+		require.Equal(t, w.want, got)
+		var fresh *alloc.Segment
+		var lastErr error
+		require.Eventually(t, func() bool {
+			fresh, lastErr = c.Open(ctx, w.seg.ID())
+			return lastErr == nil
+		}, 5*time.Second, 20*time.Millisecond)
+		require.NoError(t, lastErr)
+		b, ok := fresh.Bytes()
+		require.True(t, ok)
+		require.Equal(t, w.want, b)
+	}
+	// The client reconnected by itself: it can allocate again.
+	_, err = c.Alloc(ctx, 4096)
+	require.NoError(t, err)
+}
+
+func listJSON(t *testing.T, sock string) string {
+	out, err := exec.Command("go", "run", "../memctl", "--socket", sock, "segments").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return string(out)
+}
+
+func TestKilledClientCapacityReturns(t *testing.T) {
+	data, sock := t.TempDir(), filepath.Join(shortDir(t), "p.sock")
+	startDaemon(t, data, sock)
+	ctx := t.Context()
+	watcher, err := alloc.Dial(ctx, sock)
+	require.NoError(t, err)
+	defer watcher.Close()
+
+	client := exec.Command(os.Args[0], "-test.run=^$")
+	client.Env = append(os.Environ(), "FARMEM_TEST_CLIENT="+sock)
+	stdout, err := client.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, client.Start())
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(line, "ready"), line)
+	require.Equal(t, int64(8<<20), cxlUsed(t, watcher))
+
+	require.NoError(t, client.Process.Signal(syscall.SIGKILL))
+	client.Wait()
+	// Lease TTL is 1s; allow generously for a loaded machine.
+	require.Eventually(t, func() bool { return cxlUsed(t, watcher) == 0 }, 10*time.Second, 50*time.Millisecond)
+}
+
+func cxlUsed(t *testing.T, c *alloc.Client) int64 {
+	tiers, err := c.Tiers(t.Context())
+	require.NoError(t, err)
+	for _, ti := range tiers {
+		if ti.Tier == alloc.TierCXL {
+			return ti.Capacity - ti.Free
+		}
+	}
+	t.Fatal("no cxl tier")
+	return 0
+}
+
+func TestSIGTERMStopsCleanly(t *testing.T) {
+	data, sock := t.TempDir(), filepath.Join(shortDir(t), "p.sock")
+	d := startDaemon(t, data, sock)
+	c, err := alloc.Dial(t.Context(), sock)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, d.cmd.Wait(), "exit status 0 on SIGTERM: %s", d.log)
+	_, err = os.Stat(sock)
+	require.True(t, os.IsNotExist(err), "socket removed")
+	require.Contains(t, d.log.String(), "shutting down")
+}
+
+func TestStartupErrors(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, []byte("x"), 0o600))
+	badCfg := filepath.Join(t.TempDir(), "bad.yaml")
+	require.NoError(t, os.WriteFile(badCfg, []byte("emulate-cxl: 1GiB\nsockett: /x\n"), 0o600))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"socket dir is a file", []string{"--socket", filepath.Join(file, "p.sock"), "--data-dir", t.TempDir()}, "--socket"},
+		{"data dir is a file", []string{"--socket", filepath.Join(shortDir(t), "p.sock"), "--data-dir", filepath.Join(file, "d")}, "data"},
+		{"unknown config key", []string{"--config", badCfg}, "sockett"},
+		{"missing config", []string{"--config", "/nonexistent/farmem.yaml"}, "farmem.yaml"},
+		{"bad size flag", []string{"--emulate-cxl", "big"}, "not a byte size"},
+		{"bad ttl", []string{"--lease-ttl", "1ms", "--socket", filepath.Join(shortDir(t), "p.sock"), "--data-dir", t.TempDir()}, "lease-ttl"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, poold, append(tc.args, "--sysfs-root", "../../cxl/testdata/plain")...).CombinedOutput()
+			require.Error(t, err)
+			require.NotEqual(t, 0, err.(*exec.ExitError).ExitCode())
+			s := strings.TrimSpace(string(out))
+			require.Contains(t, s, tc.want)
+			require.NotContains(t, s, "goroutine", "no stack trace")
+			require.True(t, strings.HasPrefix(lastLine(s), "poold:"), s)
+		})
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(s, "\n")
+	return lines[len(lines)-1]
+}
+
+func TestConfigFileAndFlagOverride(t *testing.T) {
+	data, sock := t.TempDir(), filepath.Join(shortDir(t), "p.sock")
+	cfgFile := filepath.Join(t.TempDir(), "poold.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte("node: from-file\nlocal-size: 8MiB\n"), 0o600))
+	startDaemon(t, data, sock, "--config", cfgFile, "--local-size", "4MiB")
+	c, err := alloc.Dial(t.Context(), sock)
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, "from-file", c.Node())
+	tiers, err := c.Tiers(t.Context())
+	require.NoError(t, err)
+	for _, ti := range tiers {
+		if ti.Tier == alloc.TierLocal {
+			require.Equal(t, int64(4<<20), ti.Capacity, "the flag overrides the file")
+		}
+	}
+	_ = strconv.Itoa
+}

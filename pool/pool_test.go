@@ -1,0 +1,250 @@
+package pool
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/size"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func testConfig(t *testing.T) Config {
+	cfg := DefaultConfig()
+	cfg.Node = "n1"
+	cfg.DataDir = t.TempDir()
+	cfg.SysfsRoot = "../cxl/testdata/plain"
+	cfg.NUMADir = filepath.Join(cfg.DataDir, "numa")
+	cfg.EmulateCXL = 16 * size.MiB
+	cfg.LocalSize = 16 * size.MiB
+	cfg.LeaseTTL = 200 * time.Millisecond
+	dir, err := os.MkdirTemp("", "fm")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg.Socket = filepath.Join(dir, "p.sock")
+	return cfg
+}
+
+func newTestPool(t *testing.T, cfg Config) *Pool {
+	_, devs, err := discover(cfg, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	p, err := newPool(cfg, slog.New(slog.DiscardHandler), devs)
+	require.NoError(t, err)
+	return p
+}
+
+func admin() caller { return caller{} }
+
+func TestRestartKeepsSegments(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	cxlSeg, err := p.Alloc(admin(), AllocRequest{Size: 5000, Tier: poolv1.Tier_TIER_CXL, Name: "a"})
+	require.NoError(t, err)
+	localSeg, err := p.Alloc(admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Persist: true})
+	require.NoError(t, err)
+	b, err := p.Backing(admin(), cxlSeg.ID)
+	require.NoError(t, err)
+	_, err = b.File.WriteAt([]byte("survives"), b.Offset+100)
+	require.NoError(t, err)
+	b.File.Close()
+	require.NoError(t, p.close())
+	require.NoError(t, p.close(), "close is idempotent")
+
+	p = newTestPool(t, cfg)
+	defer p.close()
+	got := p.List()
+	require.Len(t, got, 2)
+	require.Equal(t, "a", got[0].Name)
+	require.False(t, got[0].Lost)
+	require.True(t, got[1].Lost, "local DRAM does not survive a restart")
+	b, err = p.Backing(admin(), cxlSeg.ID)
+	require.NoError(t, err)
+	buf := make([]byte, 8)
+	_, err = b.File.ReadAt(buf, b.Offset+100)
+	require.NoError(t, err)
+	require.Equal(t, "survives", string(buf))
+	b.File.Close()
+	_, err = p.Backing(admin(), localSeg.ID)
+	require.ErrorIs(t, err, errs.ErrSegmentLost)
+
+	// The extents are reserved again: new segments do not overlap them, and ids are not reused.
+	n, err := p.Alloc(admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	require.NoError(t, err)
+	require.Greater(t, n.ID, localSeg.ID)
+	require.GreaterOrEqual(t, n.Offset, cxlSeg.Offset+cxlSeg.Extent)
+
+	// Freeing everything gives all capacity back.
+	for _, r := range p.List() {
+		require.NoError(t, p.Free(admin(), r.ID, ""))
+	}
+	for _, ti := range p.tiers() {
+		require.Equal(t, ti.Capacity, ti.Free, ti.Tier.String())
+	}
+}
+
+func TestLeaseReap(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	defer p.close()
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	p.openSession("s1", "app", "app", 1, 0)
+	c, err := p.callerFor("s1")
+	require.NoError(t, err)
+	_, err = p.Alloc(c, AllocRequest{Size: 1 << 20})
+	require.NoError(t, err)
+	_, err = p.Alloc(c, AllocRequest{Size: 1 << 20, Name: "kept"})
+	require.NoError(t, err)
+
+	p.closeSession("s1")
+	now = now.Add(cfg.LeaseTTL - time.Millisecond)
+	p.reap()
+	require.Len(t, p.List(), 2, "within the TTL nothing is reclaimed")
+
+	// The client comes back with the same identity, then leaves again.
+	p.openSession("s2", "app", "app", 2, 0)
+	now = now.Add(time.Hour)
+	p.reap()
+	require.Len(t, p.List(), 2, "a live session holds the lease")
+	p.closeSession("s2")
+	now = now.Add(cfg.LeaseTTL)
+	p.reap()
+	got := p.List()
+	require.Len(t, got, 1)
+	require.Equal(t, "kept", got[0].Name)
+
+	_, err = p.callerFor("s1")
+	require.ErrorIs(t, err, errs.ErrLeaseExpired)
+}
+
+func TestDevdaxFromFixture(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.SysfsRoot = "../cxl/testdata/devdax"
+	cfg.DevRoot = t.TempDir()
+	// Stand a regular file in for /dev/dax0.0 (a char device here would need the hardware).
+	inv, _, err := discover(cfg, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	daxes := inv.DevdaxDevices()
+	require.NotEmpty(t, daxes)
+	dx := daxes[0]
+	path := filepath.Join(cfg.DevRoot, dx.DevPath)
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(int64(dx.Size)))
+	f.Close()
+
+	t.Run("not handed out by default", func(t *testing.T) {
+		p := newTestPool(t, cfg)
+		defer p.close()
+		tiers := p.tiers()
+		require.Equal(t, poolv1.Tier_TIER_CXL, tiers[0].Tier)
+		require.Equal(t, "devdax", tiers[0].Kind)
+		require.False(t, tiers[0].Emulated)
+		require.Zero(t, tiers[0].Free)
+		require.Contains(t, tiers[0].Note, "--allow-devdax-fd")
+		_, err := p.Alloc(admin(), AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+		require.ErrorIs(t, err, errs.ErrNoCapacity)
+		require.Contains(t, err.Error(), "--allow-devdax-fd")
+	})
+	t.Run("allowed", func(t *testing.T) {
+		cfg := cfg
+		cfg.AllowDevdaxFD = true
+		p := newTestPool(t, cfg)
+		defer p.close()
+		r, err := p.Alloc(admin(), AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+		require.NoError(t, err)
+		require.Equal(t, dx.Name, r.Device)
+		require.Zero(t, r.Offset%int64(dx.Align))
+		b, err := p.Backing(admin(), r.ID)
+		require.NoError(t, err)
+		b.File.Close()
+	})
+}
+
+func TestConfigFile(t *testing.T) {
+	base := DefaultConfig()
+	c, err := ParseConfig([]byte("emulate-cxl: 2GiB\nlease-ttl: 3s\nnode: x\nallow-devdax-fd: true\n"), base)
+	require.NoError(t, err)
+	require.Equal(t, 2*size.GiB, c.EmulateCXL)
+	require.Equal(t, 3*time.Second, c.LeaseTTL)
+	require.Equal(t, "x", c.Node)
+	require.True(t, c.AllowDevdaxFD)
+	require.Equal(t, base.LocalSize, c.LocalSize, "keys not in the file keep their value")
+
+	c, err = ParseConfig(nil, base)
+	require.NoError(t, err)
+	require.Equal(t, base, c)
+
+	for _, tc := range []struct{ in, want string }{
+		{"emulate-cxll: 1GiB\n", "emulate-cxll"},
+		{"emulate-cxl: lots\n", "not a byte size"},
+		{"lease-ttl: forever\n", "line 1"},
+		{"- a\n- b\n", "cannot unmarshal"},
+		{"node: [1, 2\n", "yaml"},
+	} {
+		_, err := ParseConfig([]byte(tc.in), base)
+		require.ErrorIs(t, err, ErrConfig, tc.in)
+		require.Contains(t, err.Error(), tc.want)
+	}
+	_, err = LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"), base)
+	require.ErrorIs(t, err, ErrConfig)
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		want string
+	}{
+		{"empty node", func(c *Config) { c.Node = "" }, "node"},
+		{"long socket", func(c *Config) { c.Socket = "/" + strings.Repeat("s", 120) }, "socket"},
+		{"negative", func(c *Config) { c.EmulateCXL = -1 }, "emulate-cxl"},
+		{"short ttl", func(c *Config) { c.LeaseTTL = time.Millisecond }, "lease-ttl"},
+		{"log level", func(c *Config) { c.LogLevel = "loud" }, "log-level"},
+		{"log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tc.mod(&c)
+			err := c.Validate()
+			require.ErrorIs(t, err, ErrConfig)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestUnusableDirs(t *testing.T) {
+	cfg := testConfig(t)
+	f := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(f, nil, 0o600))
+	cfg.DataDir = filepath.Join(f, "sub")
+	_, err := New(cfg, nil)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "sub")
+
+	cfg = testConfig(t)
+	cfg.Socket = filepath.Join(f, "p.sock")
+	_, err = New(cfg, nil)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "--socket")
+
+	// A second daemon on the same socket is refused; the first keeps serving.
+	cfg = testConfig(t)
+	d, err := Start(cfg, nil)
+	require.NoError(t, err)
+	defer d.Close()
+	cfg2 := cfg
+	cfg2.DataDir = t.TempDir()
+	_, err = New(cfg2, nil)
+	require.ErrorContains(t, err, "another poold")
+}
