@@ -46,6 +46,14 @@ var ErrProtocol = errors.New("rdma: protocol error; check that both hosts run co
 // multiple of 8. CompareAndSwap64 and FetchAdd64 need 8-byte aligned offsets.
 var ErrUnaligned = errors.New("rdma: atomic operation needs an 8-byte aligned offset")
 
+// ErrNotExported means an exporter was asked to revoke, re-epoch or mark a
+// segment id that it does not export (never exported, or already revoked).
+var ErrNotExported = errors.New("rdma: segment is not exported by this host; check the segment id")
+
+// ErrAlreadyExported means Export was called for a segment id that is already
+// exported. Revoke it first, or use a different id.
+var ErrAlreadyExported = errors.New("rdma: segment is already exported; revoke it first")
+
 // NotSupportedError is a capability error: it says which feature is missing
 // and why, and errors.Is(err, ErrNotSupported) reports true for it.
 // It is an immutable value and safe for concurrent use.

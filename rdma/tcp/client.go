@@ -1,0 +1,453 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// Option configures Dial.
+type Option func(*options)
+
+type options struct {
+	conns        int
+	cred         []byte
+	maxInflight  int
+	writeTimeout time.Duration
+	readBuffer   int
+}
+
+func defaultOptions() options {
+	return options{
+		conns:        max(runtime.GOMAXPROCS(0), 2),
+		maxInflight:  256,
+		writeTimeout: 10 * time.Second,
+		readBuffer:   64 << 10,
+	}
+}
+
+// WithConns sets how many TCP connections the client opens to the server;
+// ops are spread across them so several cores work on both ends.
+// Default: max(GOMAXPROCS, 2). Values below 1 are treated as 1.
+func WithConns(n int) Option { return func(o *options) { o.conns = max(n, 1) } }
+
+// WithCredential sets the credential presented in the handshake (at most
+// MaxCredential bytes). Default: empty.
+func WithCredential(cred []byte) Option {
+	return func(o *options) { o.cred = slices.Clone(cred) }
+}
+
+// WithMaxInflight sets how many ops one connection keeps in flight; further
+// callers wait for a free slot (honouring their ctx). Default: 256.
+// Range: 1..65536.
+func WithMaxInflight(n int) Option {
+	return func(o *options) { o.maxInflight = min(max(n, 1), 1<<16) }
+}
+
+// WithWriteTimeout bounds one vectored write of queued requests; when the
+// server stops reading for longer, the connection is closed and its ops fail
+// with ErrClosed. It also bounds how long a cancelled op whose request is
+// being written keeps its caller waiting. Default: 10s; 0 disables.
+func WithWriteTimeout(d time.Duration) Option { return func(o *options) { o.writeTimeout = d } }
+
+// Client is a connection to one server's exported memory over several TCP
+// connections. It implements rdma.Conn and is safe for concurrent use; every
+// call may run in parallel with every other.
+//
+// Buffers: Read writes into p only while the call runs (a response that
+// arrives after a cancelled Read returned is discarded, never copied into
+// p); Write reads p only while the call runs. Neither retains p.
+type Client struct {
+	addr      string
+	conns     []*cliConn
+	closeOnce sync.Once
+}
+
+var _ rdma.Conn = (*Client)(nil)
+
+// Dial connects to the data-plane server at addr (host:port) with the
+// options' number of connections and performs the handshake on each.
+// ctx bounds connecting and the handshake.
+func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if len(o.cred) > MaxCredential {
+		return nil, fmt.Errorf("rdma/tcp: dial %s: credential is %d bytes, the limit is %d", addr, len(o.cred), MaxCredential)
+	}
+	cl := &Client{addr: addr}
+	for i := range o.conns {
+		nc, err := dialConn(ctx, addr, o.cred)
+		if err != nil {
+			cl.Close()
+			return nil, err
+		}
+		cl.conns = append(cl.conns, newCliConn(cl, i, nc, &o))
+	}
+	return cl, nil
+}
+
+// dialConn opens one connection and performs the handshake.
+func dialConn(ctx context.Context, addr string, cred []byte) (net.Conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rdma/tcp: dial %s: %w", addr, err)
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(10 * time.Second)
+	}
+	nc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := nc.Write(appendHello(nil, Version, cred)); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("rdma/tcp: handshake with %s: write hello: %w", addr, errors.Join(ctx.Err(), err))
+	}
+	var b [replySize]byte
+	if _, err := io.ReadFull(nc, b[:]); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("rdma/tcp: handshake with %s: read reply (is this a farmem data-plane port?): %w", addr, errors.Join(ctx.Err(), err))
+	}
+	r, err := decodeReply(b[:])
+	if err == nil {
+		err = replyError(addr, r)
+	} else {
+		err = fmt.Errorf("rdma/tcp: handshake with %s: %w", addr, err)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	if !stop() {
+		nc.Close()
+		return nil, ctx.Err()
+	}
+	if err := nc.SetDeadline(time.Time{}); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("rdma/tcp: handshake with %s: %w", addr, err)
+	}
+	return nc, nil
+}
+
+// Addr returns the server address the client was dialed with.
+func (cl *Client) Addr() string { return cl.addr }
+
+// spreadThreshold is the number of ops in flight on a connection below which
+// new ops stay on it. Packing ops onto one connection lets each writev and
+// read(2) carry many of them (per-syscall cost dominates small ops);
+// beyond this depth a connection's server goroutine is busy enough that
+// spreading to the next connection puts another core to work.
+const spreadThreshold = 16
+
+// conn picks the first live connection with fewer than spreadThreshold ops
+// in flight, or else the least loaded live one.
+func (cl *Client) conn() (*cliConn, error) {
+	var best *cliConn
+	bestLoad := 0
+	for _, c := range cl.conns {
+		if c.closed.Load() {
+			continue
+		}
+		load := c.inflight()
+		if load < spreadThreshold {
+			return c, nil
+		}
+		if best == nil || load < bestLoad {
+			best, bestLoad = c, load
+		}
+	}
+	if best == nil {
+		return nil, cl.conns[0].err
+	}
+	return best, nil
+}
+
+// check validates an op before it is sent.
+func check(k rdma.OpKind, r rdma.Region, off int64, n int) error {
+	if off < 0 || int64(n) > math.MaxInt64-off {
+		return fmt.Errorf("rdma/tcp: %s %s offset %d length %d: %w", k, r, off, n, rdma.ErrOutOfRange)
+	}
+	if (k == rdma.OpCompareAndSwap || k == rdma.OpFetchAdd) && off%8 != 0 {
+		return fmt.Errorf("rdma/tcp: %s %s offset %d: %w", k, r, off, rdma.ErrUnaligned)
+	}
+	return nil
+}
+
+// run sends one op and waits for it. nil means o's results are valid.
+func (cl *Client) run(ctx context.Context, o *op) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c, err := cl.conn()
+	if err != nil {
+		return err
+	}
+	if _, err := c.register(ctx, o, true); err != nil {
+		return err
+	}
+	c.enqueue(o)
+	return c.wait(ctx, o)
+}
+
+// Read fills p with the remote bytes [off, off+len(p)) of r. Reads larger
+// than MaxPayload are split into several ops sent together. If ctx ends
+// first, Read returns ctx.Err(); if the response is already streaming into p
+// at that moment, Read waits for it (it is on the wire) and returns its
+// result, so p is never written after Read returns.
+func (cl *Client) Read(ctx context.Context, r rdma.Region, off int64, p []byte) error {
+	if err := check(rdma.OpRead, r, off, len(p)); err != nil {
+		return err
+	}
+	if len(p) > MaxPayload {
+		return cl.Do(ctx, &rdma.Op{Kind: rdma.OpRead, Region: r, Offset: off, Buf: p})
+	}
+	o := getOp()
+	o.kind, o.region, o.off, o.buf = rdma.OpRead, r, uint64(off), p
+	err := cl.run(ctx, o)
+	if err == nil {
+		err = o.err
+	}
+	o.release()
+	return err
+}
+
+// Write stores p at the remote bytes [off, off+len(p)) of r. Writes larger
+// than MaxPayload are split into several ops sent together (they are not
+// atomic as a whole). If ctx ends before the request was handed to the
+// socket it is never sent; if it ends while p is being written to the
+// socket, Write waits for that write (bounded by WithWriteTimeout), so p is
+// never read after Write returns. Whether a cancelled Write reached remote
+// memory is unknown.
+func (cl *Client) Write(ctx context.Context, r rdma.Region, off int64, p []byte) error {
+	if err := check(rdma.OpWrite, r, off, len(p)); err != nil {
+		return err
+	}
+	if len(p) > MaxPayload {
+		return cl.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: r, Offset: off, Buf: p})
+	}
+	o := getOp()
+	o.kind, o.region, o.off, o.buf = rdma.OpWrite, r, uint64(off), p
+	err := cl.run(ctx, o)
+	if err == nil {
+		err = o.err
+	}
+	o.release()
+	return err
+}
+
+// CompareAndSwap64 atomically replaces the word at off (a multiple of 8)
+// with new if it equals old, and returns the word's previous value.
+func (cl *Client) CompareAndSwap64(ctx context.Context, r rdma.Region, off int64, old, new uint64) (uint64, bool, error) {
+	if err := check(rdma.OpCompareAndSwap, r, off, 8); err != nil {
+		return 0, false, err
+	}
+	o := getOp()
+	o.kind, o.region, o.off, o.arg0, o.arg1 = rdma.OpCompareAndSwap, r, uint64(off), old, new
+	err := cl.run(ctx, o)
+	if err == nil {
+		err = o.err
+	}
+	prev, swapped := o.prev, o.swapped
+	o.release()
+	if err != nil {
+		return 0, false, err
+	}
+	return prev, swapped, nil
+}
+
+// FetchAdd64 atomically adds delta to the word at off (a multiple of 8) and
+// returns its previous value.
+func (cl *Client) FetchAdd64(ctx context.Context, r rdma.Region, off int64, delta uint64) (uint64, error) {
+	if err := check(rdma.OpFetchAdd, r, off, 8); err != nil {
+		return 0, err
+	}
+	o := getOp()
+	o.kind, o.region, o.off, o.arg0 = rdma.OpFetchAdd, r, uint64(off), delta
+	err := cl.run(ctx, o)
+	if err == nil {
+		err = o.err
+	}
+	prev := o.prev
+	o.release()
+	if err != nil {
+		return 0, err
+	}
+	return prev, nil
+}
+
+// part is one wire op of a Do call and the rdma.Op it belongs to.
+type part struct {
+	o     *op
+	owner *rdma.Op
+}
+
+// Do posts all ops on one connection, written together with as few vectored
+// writes as the in-flight limit allows, and waits once for all of them. Each
+// Op gets its own result and Err; Do returns the first non-nil Op.Err in
+// argument order. A READ or WRITE larger than MaxPayload becomes several wire
+// ops; its Err is the first of theirs. If ctx ends, unfinished ops get
+// ctx.Err() with the same buffer guarantees as Read and Write.
+func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
+	parts := make([]part, 0, len(ops))
+	for _, u := range ops {
+		if u == nil {
+			continue
+		}
+		u.Err, u.Prev, u.Swapped = nil, 0, false
+		switch u.Kind {
+		case rdma.OpRead, rdma.OpWrite:
+			if u.Err = check(u.Kind, u.Region, u.Offset, len(u.Buf)); u.Err != nil {
+				continue
+			}
+			for start := 0; ; start += MaxPayload {
+				end := min(start+MaxPayload, len(u.Buf))
+				o := getOp()
+				o.kind, o.region, o.off, o.buf = u.Kind, u.Region, uint64(u.Offset)+uint64(start), u.Buf[start:end]
+				parts = append(parts, part{o, u})
+				if end == len(u.Buf) {
+					break
+				}
+			}
+		case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
+			if u.Err = check(u.Kind, u.Region, u.Offset, 8); u.Err != nil {
+				continue
+			}
+			o := getOp()
+			o.kind, o.region, o.off = u.Kind, u.Region, uint64(u.Offset)
+			if u.Kind == rdma.OpCompareAndSwap {
+				o.arg0, o.arg1 = u.Old, u.New
+			} else {
+				o.arg0 = u.Delta
+			}
+			parts = append(parts, part{o, u})
+		default:
+			u.Err = &rdma.NotSupportedError{Feature: "tcp " + u.Kind.String(), Reason: "unknown op kind; use OpRead, OpWrite, OpCompareAndSwap or OpFetchAdd"}
+		}
+	}
+
+	posted := cl.post(ctx, parts)
+	for i, p := range parts {
+		var err error
+		if i < posted {
+			if err = cl.connOf(p.o).wait(ctx, p.o); err == nil {
+				err = p.o.err
+			}
+		} else {
+			err = p.o.err // set by post: never sent
+		}
+		if err != nil && p.owner.Err == nil {
+			p.owner.Err = err
+		}
+		if p.owner.Kind == rdma.OpCompareAndSwap || p.owner.Kind == rdma.OpFetchAdd {
+			p.owner.Prev, p.owner.Swapped = p.o.prev, p.o.swapped
+		}
+		p.o.release()
+	}
+	for _, u := range ops {
+		if u != nil && u.Err != nil {
+			return u.Err
+		}
+	}
+	return nil
+}
+
+// connOf returns the connection post put the op on.
+func (cl *Client) connOf(o *op) *cliConn { return o.conn }
+
+// post registers and queues parts on one connection in as few batches as
+// the free slots allow. It returns how many parts were posted, in order;
+// the others have o.err set.
+func (cl *Client) post(ctx context.Context, parts []part) int {
+	if len(parts) == 0 {
+		return 0
+	}
+	fail := func(from int, err error) int {
+		for _, p := range parts[from:] {
+			p.o.err = err
+		}
+		return from
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(0, err)
+	}
+	c, err := cl.conn()
+	if err != nil {
+		return fail(0, err)
+	}
+	batch := make([]*op, 0, min(len(parts), len(c.slots)))
+	i := 0
+	for i < len(parts) {
+		batch = batch[:0]
+		for i < len(parts) {
+			o := parts[i].o
+			o.conn = c
+			// Block only for the first op of a batch: everything registered
+			// before must be queued first, or its slots never come back.
+			ok, err := c.register(ctx, o, len(batch) == 0)
+			if err != nil {
+				if len(batch) > 0 {
+					c.enqueue(batch...)
+				}
+				return fail(i, err)
+			}
+			if !ok {
+				break
+			}
+			batch = append(batch, o)
+			i++
+		}
+		c.enqueue(batch...)
+	}
+	return i
+}
+
+// Close closes every connection; ops in flight fail with ErrClosed. Close
+// is idempotent and waits for the client's goroutines.
+func (cl *Client) Close() error {
+	cl.closeOnce.Do(func() {
+		why := fmt.Errorf("rdma/tcp: client for %s closed: %w", cl.addr, rdma.ErrClosed)
+		for i := len(cl.conns) - 1; i >= 0; i-- {
+			cl.conns[i].close(why)
+		}
+	})
+	return nil
+}
+
+// Transport is the tcp rdma.Transport: Dial opens a Client with the
+// transport's options plus the given credential. It is immutable and safe for
+// concurrent use.
+type Transport struct {
+	opts []Option
+}
+
+var _ rdma.Transport = (*Transport)(nil)
+
+// NewTransport returns a Transport that dials with opts.
+func NewTransport(opts ...Option) *Transport {
+	return &Transport{opts: slices.Clone(opts)}
+}
+
+// Name returns "tcp".
+func (t *Transport) Name() string { return "tcp" }
+
+// Dial implements rdma.Transport.
+func (t *Transport) Dial(ctx context.Context, addr string, cred []byte) (rdma.Conn, error) {
+	opts := append(slices.Clip(t.opts), WithCredential(cred))
+	c, err := Dial(ctx, addr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}

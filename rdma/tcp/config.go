@@ -1,0 +1,102 @@
+package tcp
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// ServerConfig configures a Server. Start from DefaultConfig; a zero field
+// takes its default. It is a plain value; the Server keeps a copy.
+type ServerConfig struct {
+	// Authenticate checks the credential a client presents in its hello
+	// (at most MaxCredential bytes). A non-nil error rejects the connection
+	// with reason "auth failed". Nil accepts every client: only for tests and
+	// single-host development. It may be called concurrently.
+	// Default: nil.
+	Authenticate func(cred []byte) error
+
+	// MaxInflightPerConn is the most responses one connection holds before
+	// they are flushed to the socket in one vectored write. Responses are
+	// also flushed whenever the connection has no further complete request
+	// buffered. Each unflushed READ response pins its segment (Revoke waits).
+	// Unit: responses. Default: 64. Range 1..4096.
+	MaxInflightPerConn int
+
+	// MaxConns is the most client connections served at once; further
+	// clients are rejected with reason "busy". Unit: connections.
+	// Default: 4096.
+	MaxConns int
+
+	// HandshakeTimeout bounds the hello/reply exchange of a new connection.
+	// Default: 5s.
+	HandshakeTimeout time.Duration
+
+	// WriteTimeout bounds one flush of responses; a client that stops
+	// reading for longer is disconnected. It also bounds how long such a
+	// client can delay Revoke. Default: 10s.
+	WriteTimeout time.Duration
+
+	// ReadBufferSize is the per-connection buffer for request headers and
+	// small payloads, in bytes. Default: 64 KiB. Minimum: 4 KiB.
+	ReadBufferSize int
+
+	// Logger receives connection-level events (rejected handshakes,
+	// malformed frames). Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the configuration with every default filled in.
+func DefaultConfig() ServerConfig {
+	return ServerConfig{
+		MaxInflightPerConn: 64,
+		MaxConns:           4096,
+		HandshakeTimeout:   5 * time.Second,
+		WriteTimeout:       10 * time.Second,
+		ReadBufferSize:     64 << 10,
+		Logger:             slog.Default(),
+	}
+}
+
+// withDefaults returns c with every zero field replaced by its default.
+func (c ServerConfig) withDefaults() ServerConfig {
+	d := DefaultConfig()
+	if c.MaxInflightPerConn == 0 {
+		c.MaxInflightPerConn = d.MaxInflightPerConn
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = d.MaxConns
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = d.WriteTimeout
+	}
+	if c.ReadBufferSize == 0 {
+		c.ReadBufferSize = d.ReadBufferSize
+	}
+	if c.Logger == nil {
+		c.Logger = d.Logger
+	}
+	return c
+}
+
+// Validate reports the first field that is out of range (zero fields are
+// valid: they take their defaults).
+func (c ServerConfig) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.MaxInflightPerConn < 1 || c.MaxInflightPerConn > 4096:
+		return fmt.Errorf("rdma/tcp: ServerConfig.MaxInflightPerConn is %d; use 1..4096 (default 64)", c.MaxInflightPerConn)
+	case c.MaxConns < 1:
+		return fmt.Errorf("rdma/tcp: ServerConfig.MaxConns is %d; use a positive count (default 4096)", c.MaxConns)
+	case c.HandshakeTimeout < 0:
+		return fmt.Errorf("rdma/tcp: ServerConfig.HandshakeTimeout is %v; use a positive duration (default 5s)", c.HandshakeTimeout)
+	case c.WriteTimeout < 0:
+		return fmt.Errorf("rdma/tcp: ServerConfig.WriteTimeout is %v; use a positive duration (default 10s)", c.WriteTimeout)
+	case c.ReadBufferSize < 4<<10:
+		return fmt.Errorf("rdma/tcp: ServerConfig.ReadBufferSize is %d bytes; use at least 4096 (default 65536)", c.ReadBufferSize)
+	}
+	return nil
+}

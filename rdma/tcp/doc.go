@@ -1,0 +1,190 @@
+// Package tcp is the TCP fallback transport of farmem's rdma tier: the same
+// one-sided READ, WRITE, compare-and-swap and fetch-and-add that RDMA verbs
+// offer, served by the exporting host's daemon over plain TCP for hosts
+// without an RDMA NIC. Server implements rdma.Exporter, Client implements
+// rdma.Conn and Transport implements rdma.Transport.
+//
+// This comment is the protocol specification. Version 1.
+//
+// # Connection and handshake
+//
+// A client opens a TCP connection and sends a hello; the server answers with
+// a reply. The client sends no request before it has read an accepting
+// reply. All integers on the wire are little-endian; all headers have a
+// fixed size.
+//
+//	hello (client → server), 12 bytes + credential:
+//	+--------+--------+--------+----------------+- - - - - - - - - -+
+//	| magic  |version |reserved| credential len | credential bytes  |
+//	|"FMRD" 4| u16    | u16 = 0| u32 ≤ 4096     | (len bytes)       |
+//	+--------+--------+--------+----------------+- - - - - - - - - -+
+//	0        4        6        8                12
+//
+//	reply (server → client), 12 bytes:
+//	+--------+--------+--------+----------------+
+//	| magic  |version | code   | max payload    |
+//	|"FMRD" 4| u16    | u16    | u32            |
+//	+--------+--------+--------+----------------+
+//	0        4        6        8                12
+//
+// Versioning (as in hashicorp/memberlist): the client sends the version it
+// speaks; a server that speaks it answers code 0 (accept) with that version;
+// otherwise it answers BAD_VERSION with the version it speaks and closes the
+// connection. Reply codes (append only, never renumbered):
+//
+//	0 ACCEPT          the connection is open for requests
+//	1 BAD_MAGIC       the hello is malformed (wrong magic, reserved bits set, truncated)
+//	2 BAD_VERSION     the server does not speak the client's version
+//	3 AUTH_FAILED     ServerConfig.Authenticate refused the credential
+//	4 CRED_TOO_LONG   the credential is longer than 4096 bytes
+//	5 BUSY            the server is at ServerConfig.MaxConns
+//	6 SHUTTING_DOWN   the server is closing
+//	7 INTERNAL        the server failed for a reason of its own
+//
+// Any code but ACCEPT is followed by the server closing the connection.
+//
+// # Requests
+//
+// After the handshake the client sends request frames and the server sends
+// one response frame per request. Requests are pipelined: a client may send
+// any number before reading responses, and the server may answer them out of
+// order (this server answers in order); the request id matches a response to
+// its request, so ids must be unique among a connection's outstanding
+// requests.
+//
+//	request frame: 80-byte header, then payload-len bytes of payload
+//	+---------------------------------------------------------------+
+//	|                     request id (u64)                       0  |
+//	+---------------+---------------+-------------------------------+
+//	| opcode (u8) 8 | flags (u8)  9 |      reserved (u16) = 0    10 |
+//	+---------------+---------------+-------------------------------+
+//	|                 payload len (u32) ≤ 16 MiB                 12 |
+//	+---------------------------------------------------------------+
+//	|                     segment id (u64)                       16 |
+//	+---------------------------------------------------------------+
+//	|                     access key (16 bytes)                  24 |
+//	+---------------------------------------------------------------+
+//	|                     lease epoch (u64)                      40 |
+//	+---------------------------------------------------------------+
+//	|                     offset (u64)                           48 |
+//	+-------------------------------+-------------------------------+
+//	| length (u32) ≤ 16 MiB      56 | reserved (u32) = 0         60 |
+//	+-------------------------------+-------------------------------+
+//	|                     arg0 (u64)                             64 |
+//	+---------------------------------------------------------------+
+//	|                     arg1 (u64)                             72 |
+//	+---------------------------------------------------------------+
+//	|                     payload (payload len bytes) ...        80 |
+//	+- - - - - - - - - - - - - - - - - - - - - - - - - - - - - - - -+
+//
+// Opcodes (append only, never renumbered or reused):
+//
+//	1 READ   read length bytes at offset; payload len 0; arg0, arg1 0
+//	2 WRITE  write the payload at offset; payload len = length
+//	3 CAS    if the u64 at offset equals arg0, store arg1; length 8, payload len 0
+//	4 FADD   add arg0 to the u64 at offset; length 8, payload len 0
+//
+// No flag is defined in version 1; a request with flags set, or with an
+// opcode the server does not know, is answered UNSUPPORTED after its payload
+// has been skipped, so newer clients can probe older servers. Atomics need
+// offset to be a multiple of 8 and operate on the word in the byte order of
+// the exporting host.
+//
+// # Responses
+//
+//	response frame: 24-byte header, then payload len bytes of payload
+//	+---------------------------------------------------------------+
+//	|                     request id (u64)                        0 |
+//	+-------------------------------+---------------+---------------+
+//	| status (u16)                8 | flags (u8) 10 | reserved = 0 11|
+//	+-------------------------------+---------------+---------------+
+//	|                 payload len (u32)                          12 |
+//	+---------------------------------------------------------------+
+//	|                     value (u64)                            16 |
+//	+---------------------------------------------------------------+
+//	|                     payload (payload len bytes) ...        24 |
+//	+- - - - - - - - - - - - - - - - - - - - - - - - - - - - - - - -+
+//
+// A successful READ carries exactly length bytes of payload; every other
+// response carries none. value is the word's previous value for CAS and FADD;
+// flags bit 0 (SWAPPED) says whether a CAS stored arg1. Status codes (append
+// only) and the rdma errors they map to:
+//
+//	0 OK
+//	1 ACCESS_DENIED   rdma.ErrAccessDenied: unknown segment, wrong key, revoked
+//	2 OUT_OF_RANGE    rdma.ErrOutOfRange: offset+length past the segment end
+//	3 SEGMENT_LOST    rdma.ErrSegmentLost: the segment's memory is gone
+//	4 LEASE_EXPIRED   rdma.ErrLeaseExpired: WRITE, CAS or FADD with an epoch
+//	                  older than the segment's (READ is not fenced)
+//	5 UNALIGNED       rdma.ErrUnaligned: atomic at an offset not a multiple of 8
+//	6 PROTOCOL        rdma.ErrProtocol
+//	7 UNSUPPORTED     rdma.ErrNotSupported: unknown opcode or flags
+//
+// The server checks, in this order, key (constant-time), segment state,
+// epoch, alignment and bounds (overflow-safe: offset ≤ size and
+// length ≤ size-offset) before it touches memory.
+//
+// # Limits and framing errors
+//
+// A payload or length over 16 MiB (MaxPayload), reserved bytes that are not
+// zero, a payload length that contradicts a known opcode, or a stream that
+// ends inside a frame are framing errors: the receiver logs the reason and
+// closes the connection without touching memory for that frame. Clients
+// split larger reads and writes into several requests.
+//
+// A WRITE that fails its checks still has its payload read and discarded,
+// so the connection stays usable (the limit bounds the waste to 16 MiB).
+// A WRITE whose payload is cut short (the client dies mid-frame) leaves a
+// prefix of the payload in memory, as a torn RDMA write does; the client
+// never sees it succeed.
+//
+// # Zero copy
+//
+// The server reads WRITE payloads from the socket straight into the mapped
+// segment: only payload bytes that arrived in the same read(2) as earlier
+// headers are copied, once, from the connection's read buffer. READ payloads
+// go from the mapping to the socket with writev (net.Buffers{header,
+// mem[off:off+n]}), without an intermediate copy. The client likewise reads
+// READ payloads straight into the caller's buffer.
+//
+// # Batching
+//
+// Server: one goroutine per connection reads a request, executes it and
+// queues its response; the queue is flushed with one writev when no further
+// complete request is buffered, after ServerConfig.MaxInflightPerConn
+// responses, or after 256 KiB of payload. Responses hold their segment pinned
+// until flushed. Client: a caller that finds its connection idle writes its
+// own request (no goroutine hand-off on the latency path); requests queued
+// meanwhile are written by the connection's writer goroutine in batches,
+// one writev each. A reader goroutine per connection matches responses to
+// requests by id, so a slow op never blocks the others.
+//
+// # Concurrency
+//
+// Server and Client are safe for concurrent use. A Client spreads ops over
+// several TCP connections (WithConns, default max(GOMAXPROCS, 2)).
+// Cancelling a call (ctx) returns ctx.Err() promptly, with two bounded
+// exceptions that keep caller buffers safe: a Write whose request is in the
+// middle of being written to the socket waits for that writev, and a Read
+// whose response payload is already streaming into the caller's buffer waits
+// for the rest of that frame. A response that arrives for a Read whose
+// caller has left is discarded, never copied into the caller's buffer.
+//
+// Revoke waits for in-flight operations on the segment: a WRITE payload that
+// is still arriving is cut off (its connection is closed) and unflushed
+// READ responses are flushed, so no goroutine touches the memory after
+// Revoke returns.
+//
+// # Faults
+//
+// Server connection goroutines run with debug.SetPanicOnFault, so a SIGBUS
+// on a mapping (truncated file, poisoned memory) while copying or doing an
+// atomic marks the segment lost (SEGMENT_LOST) instead of killing the
+// daemon; an EFAULT from the kernel while reading into a mapping does the
+// same.
+//
+// # OS and tags
+//
+// Pure Go; builds everywhere. The tests map their test memory with mmap on
+// Linux and fall back to an aligned heap buffer elsewhere.
+package tcp

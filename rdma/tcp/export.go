@@ -1,0 +1,144 @@
+package tcp
+
+import (
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// Export states.
+const (
+	stateLive    uint32 = 0
+	stateLost    uint32 = 1
+	stateRevoked uint32 = 2
+)
+
+// export is one registered segment. Operations pin it with acquire/release;
+// Revoke flips state to revoked and waits on drained until no pin remains,
+// so no goroutine touches mem after Revoke returns.
+type export struct {
+	seg   uint64
+	mem   []byte
+	key   rdma.Key
+	epoch atomic.Uint64
+	state atomic.Uint32
+	refs  atomic.Int64
+
+	drainOnce sync.Once
+	drained   chan struct{}
+}
+
+func newExport(seg uint64, mem []byte, key rdma.Key, epoch uint64) *export {
+	e := &export{seg: seg, mem: mem, key: key, drained: make(chan struct{})}
+	e.epoch.Store(epoch)
+	return e
+}
+
+// acquire pins the export for one operation. It returns statusOK and the pin,
+// or an error status and no pin. The increment comes before the state load
+// and Revoke stores the state before loading refs, so (sequentially
+// consistent atomics) either this op sees the revocation or Revoke sees the pin.
+func (e *export) acquire() uint16 {
+	e.refs.Add(1)
+	switch e.state.Load() {
+	case stateLive:
+		return statusOK
+	case stateLost:
+		e.release()
+		return statusSegmentLost
+	default:
+		e.release()
+		return statusAccessDenied
+	}
+}
+
+// release drops one pin and wakes Revoke when it was the last.
+func (e *export) release() {
+	if e.refs.Add(-1) == 0 && e.state.Load() == stateRevoked {
+		e.drainOnce.Do(func() { close(e.drained) })
+	}
+}
+
+// revoke marks the export revoked; wait for drained afterwards.
+func (e *export) revoke() {
+	e.state.Store(stateRevoked)
+	if e.refs.Load() == 0 {
+		e.drainOnce.Do(func() { close(e.drained) })
+	}
+}
+
+// inRange reports whether [off, off+n) lies inside the segment, without
+// overflowing.
+func (e *export) inRange(off uint64, n uint32) bool {
+	size := uint64(len(e.mem))
+	return off <= size && uint64(n) <= size-off
+}
+
+// word returns the 8-byte aligned word at off; the caller checked range and
+// alignment, and Export checked that mem starts 8-byte aligned.
+func (e *export) word(off uint64) *uint64 {
+	return (*uint64)(unsafe.Pointer(&e.mem[off]))
+}
+
+// isAligned8 reports whether b starts on an 8-byte boundary.
+func isAligned8(b []byte) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 == 0
+}
+
+// isFault reports whether a recovered panic value is a memory fault turned
+// into a panic by debug.SetPanicOnFault (SIGBUS on a truncated mapping or a
+// poisoned line).
+func isFault(r any) bool {
+	_, ok := r.(interface{ Addr() uintptr })
+	return ok
+}
+
+// copyGuarded copies src into dst and reports a memory fault instead of
+// crashing. The calling goroutine must have SetPanicOnFault(true).
+func copyGuarded(dst, src []byte) (n int, fault bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if !isFault(r) {
+				panic(r)
+			}
+			fault = true
+		}
+	}()
+	return copy(dst, src), false
+}
+
+// casGuarded is a compare-and-swap that returns the previous value.
+func casGuarded(p *uint64, old, new uint64) (prev uint64, swapped, fault bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if !isFault(r) {
+				panic(r)
+			}
+			fault = true
+		}
+	}()
+	for {
+		cur := atomic.LoadUint64(p)
+		if cur != old {
+			return cur, false, false
+		}
+		if atomic.CompareAndSwapUint64(p, old, new) {
+			return old, true, false
+		}
+	}
+}
+
+// faddGuarded adds delta and returns the previous value.
+func faddGuarded(p *uint64, delta uint64) (prev uint64, fault bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if !isFault(r) {
+				panic(r)
+			}
+			fault = true
+		}
+	}()
+	return atomic.AddUint64(p, delta) - delta, false
+}

@@ -1,0 +1,244 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// Server serves the one-sided protocol on the segments exported to it. It
+// implements rdma.Exporter. All methods are safe for concurrent use.
+type Server struct {
+	cfg    ServerConfig
+	cfgErr error
+	log    *slog.Logger
+
+	expMu   sync.Mutex                         // serialises writers of exports
+	exports atomic.Pointer[map[uint64]*export] // copy on write; read per op without locks
+
+	mu        sync.Mutex
+	closed    bool
+	listeners map[net.Listener]struct{}
+	conns     map[*srvConn]struct{}
+	nconns    atomic.Int64
+	wg        sync.WaitGroup
+}
+
+var _ rdma.Exporter = (*Server)(nil)
+
+// NewServer returns a server configured by cfg (zero fields take the
+// defaults of DefaultConfig). It validates cfg; an invalid configuration
+// makes every later Export and Serve return the validation error, so the
+// server is inert rather than half-configured.
+func NewServer(cfg ServerConfig) *Server {
+	s := &Server{
+		cfgErr:    cfg.Validate(),
+		cfg:       cfg.withDefaults(),
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*srvConn]struct{}),
+	}
+	s.log = s.cfg.Logger
+	m := make(map[uint64]*export)
+	s.exports.Store(&m)
+	return s
+}
+
+// Export registers mem as segment seg under a fresh random key. mem must be
+// mapped memory that stays mapped until Revoke(seg) returns, must not be
+// empty and must start 8-byte aligned (mmap returns page-aligned memory).
+func (s *Server) Export(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) {
+	if s.cfgErr != nil {
+		return rdma.Key{}, s.cfgErr
+	}
+	if len(mem) == 0 {
+		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: memory is empty; pass the mapped segment", seg)
+	}
+	if !isAligned8(mem) {
+		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: memory does not start 8-byte aligned; pass the mapping itself or an 8-byte aligned part of it", seg)
+	}
+	key, err := rdma.NewKey()
+	if err != nil {
+		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: %w", seg, err)
+	}
+	s.expMu.Lock()
+	defer s.expMu.Unlock()
+	old := *s.exports.Load()
+	if _, ok := old[seg]; ok {
+		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: %w", seg, rdma.ErrAlreadyExported)
+	}
+	m := make(map[uint64]*export, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[seg] = newExport(seg, mem, key, epoch)
+	s.exports.Store(&m)
+	return key, nil
+}
+
+// lookup returns the export for seg, or nil.
+func (s *Server) lookup(seg uint64) *export { return (*s.exports.Load())[seg] }
+
+// Revoke withdraws segment seg. New operations on it fail with
+// ErrAccessDenied at once. Revoke then waits until no operation touches its
+// memory any more: a connection streaming a WRITE payload into the segment is
+// interrupted and closed, and unflushed READ responses are flushed first (a
+// client that stops reading delays Revoke by at most WriteTimeout).
+func (s *Server) Revoke(seg uint64) error {
+	s.expMu.Lock()
+	old := *s.exports.Load()
+	e, ok := old[seg]
+	if !ok {
+		s.expMu.Unlock()
+		return fmt.Errorf("rdma/tcp: revoke segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	m := make(map[uint64]*export, len(old))
+	for k, v := range old {
+		if k != seg {
+			m[k] = v
+		}
+	}
+	s.exports.Store(&m)
+	e.revoke()
+	s.expMu.Unlock()
+
+	// A WRITE whose payload is still arriving pins e for as long as its
+	// client takes; cut it off. streaming is stored before the conn re-checks
+	// e.state, and e.state was stored above before this load.
+	s.mu.Lock()
+	for c := range s.conns {
+		if c.streaming.Load() == e {
+			c.interrupt()
+		}
+	}
+	s.mu.Unlock()
+	<-e.drained
+	return nil
+}
+
+// SetEpoch raises segment seg's lease epoch; WRITE, CAS and FADD carrying an
+// older epoch then fail with ErrLeaseExpired. An epoch lower than the
+// current one is refused.
+func (s *Server) SetEpoch(seg, epoch uint64) error {
+	e := s.lookup(seg)
+	if e == nil {
+		return fmt.Errorf("rdma/tcp: set epoch of segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	for {
+		cur := e.epoch.Load()
+		if epoch < cur {
+			return fmt.Errorf("rdma/tcp: set epoch of segment %d to %d: the current epoch %d is higher; epochs only grow", seg, epoch, cur)
+		}
+		if e.epoch.CompareAndSwap(cur, epoch) {
+			return nil
+		}
+	}
+}
+
+// MarkLost records that segment seg's memory is gone: operations fail with
+// ErrSegmentLost and no longer touch it. Revoke must still be called.
+func (s *Server) MarkLost(seg uint64) error {
+	e := s.lookup(seg)
+	if e == nil {
+		return fmt.Errorf("rdma/tcp: mark segment %d lost: %w", seg, rdma.ErrNotExported)
+	}
+	e.state.CompareAndSwap(stateLive, stateLost)
+	return nil
+}
+
+// Serve accepts connections on l and serves each in its own goroutine until
+// Close is called (then it returns nil) or l fails (then it returns the
+// error). Serve closes l before it returns. Several Serve calls on different
+// listeners may run at once.
+func (s *Server) Serve(l net.Listener) error {
+	if s.cfgErr != nil {
+		l.Close()
+		return s.cfgErr
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		l.Close()
+		return fmt.Errorf("rdma/tcp: serve on %s: server is closed: %w", l.Addr(), rdma.ErrClosed)
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+		l.Close()
+	}()
+
+	var backoff time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("rdma/tcp: accept failed; retrying", "addr", l.Addr().String(), "err", err, "backoff", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("rdma/tcp: accept on %s: %w", l.Addr(), err)
+		}
+		backoff = 0
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			nc.Close()
+			return nil
+		}
+		c := newSrvConn(s, nc)
+		s.conns[c] = struct{}{}
+		s.nconns.Add(1)
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go c.serve()
+	}
+}
+
+// dropConn forgets a finished connection.
+func (s *Server) dropConn(c *srvConn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.nconns.Add(-1)
+}
+
+// Close stops every Serve loop, closes every connection (clients see their
+// operations fail with ErrClosed) and waits for the connection goroutines to
+// finish. Exports stay registered; Close is idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.wg.Wait()
+		return nil
+	}
+	s.closed = true
+	var errs []error
+	for l := range s.listeners {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, fmt.Errorf("rdma/tcp: close listener %s: %w", l.Addr(), err))
+		}
+	}
+	for c := range s.conns {
+		c.nc.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,363 @@
+package tcp
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// flushBytes is the payload volume after which pending responses are flushed
+// even if more requests are buffered.
+const flushBytes = 256 << 10
+
+// srvConn serves one client connection. One goroutine reads a request,
+// executes it against the mapped memory and queues its response; queued
+// responses go out in one vectored write when no further complete request is
+// buffered (the goroutine would block reading), when MaxInflightPerConn are
+// queued, or when flushBytes of payload are queued. Doing the writes on the
+// same goroutine, instead of handing them to a writer goroutine, saves a
+// goroutine wake-up per batch, which on a two-core host is most of the cost
+// of a small op; batching is the same either way.
+type srvConn struct {
+	s      *Server
+	nc     net.Conn
+	rd     *frameReader
+	log    *slog.Logger
+	remote string
+
+	hdrs      []byte                 // response headers of the pending batch
+	iov       [][]byte               // pending batch: headers and READ payloads
+	nb        net.Buffers            // writev argument; a field so it does not escape per flush
+	pinned    []*export              // exports pinned by pending READ payloads
+	npend     int                    // pending responses
+	pendBytes int                    // pending payload bytes
+	deadline  time.Time              // current write deadline
+	streaming atomic.Pointer[export] // export a WRITE payload is streaming into
+	cut       atomic.Bool            // Revoke interrupted a streaming WRITE
+}
+
+func newSrvConn(s *Server, nc net.Conn) *srvConn {
+	max := s.cfg.MaxInflightPerConn
+	return &srvConn{
+		s:      s,
+		nc:     nc,
+		rd:     newFrameReader(nc, s.cfg.ReadBufferSize),
+		log:    s.log,
+		remote: nc.RemoteAddr().String(),
+		hdrs:   make([]byte, max*respHeaderSize),
+		iov:    make([][]byte, 0, 2*max),
+		pinned: make([]*export, 0, max),
+	}
+}
+
+// interrupt cuts off a WRITE payload that is streaming into a segment being
+// revoked; the connection is then closed.
+func (c *srvConn) interrupt() {
+	c.cut.Store(true)
+	c.nc.SetReadDeadline(time.Now())
+}
+
+func (c *srvConn) serve() {
+	defer c.s.wg.Done()
+	defer c.s.dropConn(c)
+	defer c.nc.Close()
+	defer c.unpin()
+	// A SIGBUS on mapped memory (truncated file, poisoned line) becomes a
+	// recoverable panic in this goroutine; see copyGuarded.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+
+	if err := c.handshake(); err != nil {
+		c.log.Warn("rdma/tcp: handshake failed; closing connection", "remote", c.remote, "err", err)
+		return
+	}
+	var h reqHeader
+	for {
+		if c.rd.buffered() < reqHeaderSize {
+			if err := c.flush(); err != nil {
+				c.closeWith("write responses", err)
+				return
+			}
+		}
+		b, err := c.rd.next(reqHeaderSize)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				c.log.Debug("rdma/tcp: client closed the connection", "remote", c.remote)
+				return
+			}
+			c.closeWith("read request header (truncated frame?)", err)
+			return
+		}
+		if err := decodeRequest(b, &h); err != nil {
+			c.closeWith("malformed request frame", err)
+			return
+		}
+		if err := c.handle(&h); err != nil {
+			c.closeWith(fmt.Sprintf("request %d opcode %d", h.id, h.op), err)
+			return
+		}
+	}
+}
+
+// closeWith logs why the connection is being closed. A connection closed by
+// Server.Close is not worth a warning.
+func (c *srvConn) closeWith(what string, err error) {
+	c.s.mu.Lock()
+	closed := c.s.closed
+	c.s.mu.Unlock()
+	level := slog.LevelWarn
+	if closed || errors.Is(err, net.ErrClosed) {
+		level = slog.LevelDebug
+	}
+	if c.cut.Load() {
+		what = "a segment was revoked while a WRITE payload was streaming into it"
+	}
+	c.log.Log(context.Background(), level, "rdma/tcp: closing connection", "remote", c.remote, "reason", what, "err", err)
+}
+
+func (c *srvConn) handshake() error {
+	cfg := &c.s.cfg
+	if cfg.HandshakeTimeout > 0 {
+		c.nc.SetDeadline(time.Now().Add(cfg.HandshakeTimeout))
+	}
+	h, code, err := readHello(c.nc)
+	if err == nil && cfg.Authenticate != nil {
+		if aerr := cfg.Authenticate(h.cred); aerr != nil {
+			code, err = replyAuthFailed, fmt.Errorf("authenticate: %w", aerr)
+		}
+	}
+	if err == nil && c.s.nconns.Load() > int64(cfg.MaxConns) {
+		code, err = replyBusy, fmt.Errorf("%d connections open, limit is ServerConfig.MaxConns=%d", c.s.nconns.Load()-1, cfg.MaxConns)
+	}
+	var b [replySize]byte
+	encodeReply(b[:], reply{version: Version, code: code, maxPayload: MaxPayload})
+	if _, werr := c.nc.Write(b[:]); werr != nil && err == nil {
+		err = fmt.Errorf("write reply: %w", werr)
+	}
+	if err != nil {
+		return err
+	}
+	return c.nc.SetDeadline(time.Time{})
+}
+
+func (c *srvConn) handle(h *reqHeader) error {
+	if h.flags != 0 {
+		return c.unsupported(h)
+	}
+	switch h.op {
+	case opRead:
+		return c.read(h)
+	case opWrite:
+		return c.write(h)
+	case opCAS, opFADD:
+		return c.atomic(h)
+	default:
+		return c.unsupported(h)
+	}
+}
+
+// unsupported skips the payload of an op this server does not know and
+// answers statusUnsupported, so newer clients can probe older servers.
+func (c *srvConn) unsupported(h *reqHeader) error {
+	if err := c.rd.discard(int(h.payloadLen)); err != nil {
+		return err
+	}
+	return c.respond(h.id, statusUnsupported, 0, 0, nil, nil)
+}
+
+// pin checks the key, state and (for mutating ops) epoch of h's segment and
+// pins it. The key comparison is constant-time.
+func (c *srvConn) pin(h *reqHeader, mutating bool) (*export, uint16) {
+	e := c.s.lookup(h.seg)
+	if e == nil || subtle.ConstantTimeCompare(e.key[:], h.key[:]) != 1 {
+		return nil, statusAccessDenied
+	}
+	if st := e.acquire(); st != statusOK {
+		return nil, st
+	}
+	if mutating && h.epoch < e.epoch.Load() {
+		e.release()
+		return nil, statusLeaseExpired
+	}
+	return e, statusOK
+}
+
+func (c *srvConn) read(h *reqHeader) error {
+	e, st := c.pin(h, false)
+	if st != statusOK {
+		return c.respond(h.id, st, 0, 0, nil, nil)
+	}
+	if !e.inRange(h.off, h.length) {
+		e.release()
+		return c.respond(h.id, statusOutOfRange, 0, 0, nil, nil)
+	}
+	// The payload is sent straight from the mapping; e stays pinned until
+	// the batch is flushed.
+	return c.respond(h.id, statusOK, 0, 0, e.mem[h.off:h.off+uint64(h.length)], e)
+}
+
+// write stores a WRITE payload. Payload bytes that arrived in the same socket
+// read as earlier headers are copied once from the read buffer; the rest is
+// read from the socket straight into the mapping. A request that fails its
+// checks still has its payload consumed (discarded), so the connection stays
+// usable.
+func (c *srvConn) write(h *reqHeader) error {
+	n := int(h.payloadLen)
+	e, st := c.pin(h, true)
+	if st == statusOK && !e.inRange(h.off, h.length) {
+		e.release()
+		st = statusOutOfRange
+	}
+	if st == statusOK {
+		// Announce the stream before re-checking the state; Revoke stores
+		// the state before it looks for streaming connections.
+		c.streaming.Store(e)
+		if e.state.Load() != stateLive {
+			c.streaming.Store(nil)
+			e.release()
+			st = statusAccessDenied
+		}
+	}
+	if st != statusOK {
+		if err := c.rd.discard(n); err != nil {
+			return err
+		}
+		return c.respond(h.id, st, 0, 0, nil, nil)
+	}
+
+	dst := e.mem[h.off : h.off+uint64(n)]
+	pre := c.rd.take(n)
+	k, fault := copyGuarded(dst, pre)
+	var err error
+	switch {
+	case fault:
+		err = c.rd.discard(n - len(pre))
+	case k < n:
+		// The rest has to come from the socket; send what is ready first.
+		if c.npend > 0 {
+			err = c.flush()
+		}
+		if err == nil {
+			_, err = io.ReadFull(c.nc, dst[k:])
+			if errors.Is(err, syscall.EFAULT) {
+				fault = true
+			}
+		}
+	}
+	c.streaming.Store(nil)
+	if fault {
+		e.state.CompareAndSwap(stateLive, stateLost)
+		c.log.Error("rdma/tcp: memory fault writing segment; marked lost", "segment", e.seg, "offset", h.off, "length", n)
+	}
+	e.release()
+	if c.cut.Load() {
+		return fmt.Errorf("segment %d was revoked while a %d-byte WRITE payload was streaming into it", e.seg, n)
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("read %d-byte WRITE payload: %w", n, err)
+	}
+	if fault {
+		return c.respond(h.id, statusSegmentLost, 0, 0, nil, nil)
+	}
+	return c.respond(h.id, statusOK, 0, 0, nil, nil)
+}
+
+func (c *srvConn) atomic(h *reqHeader) error {
+	e, st := c.pin(h, true)
+	if st != statusOK {
+		return c.respond(h.id, st, 0, 0, nil, nil)
+	}
+	if h.off%8 != 0 {
+		e.release()
+		return c.respond(h.id, statusUnaligned, 0, 0, nil, nil)
+	}
+	if !e.inRange(h.off, 8) {
+		e.release()
+		return c.respond(h.id, statusOutOfRange, 0, 0, nil, nil)
+	}
+	var (
+		prev    uint64
+		swapped bool
+		fault   bool
+	)
+	if h.op == opCAS {
+		prev, swapped, fault = casGuarded(e.word(h.off), h.arg0, h.arg1)
+	} else {
+		prev, fault = faddGuarded(e.word(h.off), h.arg0)
+	}
+	if fault {
+		e.state.CompareAndSwap(stateLive, stateLost)
+		c.log.Error("rdma/tcp: memory fault on atomic; marked segment lost", "segment", e.seg, "offset", h.off)
+		e.release()
+		return c.respond(h.id, statusSegmentLost, 0, 0, nil, nil)
+	}
+	e.release()
+	var flags uint8
+	if swapped {
+		flags = respFlagSwapped
+	}
+	return c.respond(h.id, statusOK, flags, prev, nil, nil)
+}
+
+// respond queues one response; pinned, if not nil, is released after the
+// batch holding payload has been written.
+func (c *srvConn) respond(id uint64, status uint16, flags uint8, value uint64, payload []byte, pinned *export) error {
+	hb := c.hdrs[c.npend*respHeaderSize : (c.npend+1)*respHeaderSize]
+	encodeResponse(hb, &respHeader{id: id, status: status, flags: flags, payloadLen: uint32(len(payload)), value: value})
+	c.iov = append(c.iov, hb)
+	if len(payload) > 0 {
+		c.iov = append(c.iov, payload)
+	}
+	if pinned != nil {
+		c.pinned = append(c.pinned, pinned)
+	}
+	c.npend++
+	c.pendBytes += len(payload)
+	if c.npend >= len(c.hdrs)/respHeaderSize || c.pendBytes >= flushBytes {
+		return c.flush()
+	}
+	return nil
+}
+
+// flush writes every pending response with one vectored write and unpins
+// the segments their payloads came from.
+func (c *srvConn) flush() error {
+	if c.npend == 0 {
+		return nil
+	}
+	if wt := c.s.cfg.WriteTimeout; wt > 0 {
+		// Move the deadline only when half of it is used up: a timer update
+		// per flush would cost more than the flush of a small batch.
+		if now := time.Now(); c.deadline.Sub(now) < wt/2 {
+			c.deadline = now.Add(wt)
+			c.nc.SetWriteDeadline(c.deadline)
+		}
+	}
+	c.nb = c.iov
+	_, err := c.nb.WriteTo(c.nc)
+	c.nb = nil
+	clear(c.iov)
+	c.iov = c.iov[:0]
+	c.unpin()
+	c.npend, c.pendBytes = 0, 0
+	return err
+}
+
+// unpin releases the exports pinned by the pending batch.
+func (c *srvConn) unpin() {
+	for i, e := range c.pinned {
+		e.release()
+		c.pinned[i] = nil
+	}
+	c.pinned = c.pinned[:0]
+}

@@ -1,0 +1,314 @@
+package tcp
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// Protocol constants. doc.go is the specification; keep the two in step.
+const (
+	// Version is the protocol version this package speaks.
+	Version = 1
+	// minVersion and maxVersion bound the versions a server accepts.
+	minVersion = 1
+	maxVersion = 1
+
+	// MaxPayload is the largest payload one frame carries (16 MiB). The
+	// client splits larger reads and writes into several ops.
+	MaxPayload = 16 << 20
+	// MaxCredential is the largest credential a client may present (4 KiB).
+	MaxCredential = 4 << 10
+
+	helloSize      = 12
+	replySize      = 12
+	reqHeaderSize  = 80
+	respHeaderSize = 24
+)
+
+// magic opens every handshake message: "FMRD" (farmem remote data).
+var magic = [4]byte{'F', 'M', 'R', 'D'}
+
+// le is the byte order of every integer on the wire.
+var le = binary.LittleEndian
+
+// Opcodes. Append only: never renumber or reuse a value.
+const (
+	opRead  uint8 = 1
+	opWrite uint8 = 2
+	opCAS   uint8 = 3
+	opFADD  uint8 = 4
+)
+
+// Response status codes. Append only.
+const (
+	statusOK           uint16 = 0
+	statusAccessDenied uint16 = 1
+	statusOutOfRange   uint16 = 2
+	statusSegmentLost  uint16 = 3
+	statusLeaseExpired uint16 = 4
+	statusUnaligned    uint16 = 5
+	statusProtocol     uint16 = 6
+	statusUnsupported  uint16 = 7
+)
+
+// respFlagSwapped is set in a CAS response when the swap happened.
+const respFlagSwapped uint8 = 1
+
+// Handshake reply codes. Append only.
+const (
+	replyAccept        uint16 = 0
+	replyBadMagic      uint16 = 1
+	replyBadVersion    uint16 = 2
+	replyAuthFailed    uint16 = 3
+	replyCredTooLong   uint16 = 4
+	replyBusy          uint16 = 5
+	replyShuttingDown  uint16 = 6
+	replyInternalError uint16 = 7
+)
+
+// reqHeader is a decoded request frame header.
+type reqHeader struct {
+	id         uint64
+	op         uint8
+	flags      uint8
+	payloadLen uint32
+	seg        uint64
+	key        rdma.Key
+	epoch      uint64
+	off        uint64
+	length     uint32
+	arg0       uint64
+	arg1       uint64
+}
+
+// encodeRequest writes h into b, which must hold reqHeaderSize bytes.
+func encodeRequest(b []byte, h *reqHeader) {
+	_ = b[reqHeaderSize-1]
+	le.PutUint64(b[0:], h.id)
+	b[8] = h.op
+	b[9] = h.flags
+	le.PutUint16(b[10:], 0)
+	le.PutUint32(b[12:], h.payloadLen)
+	le.PutUint64(b[16:], h.seg)
+	copy(b[24:40], h.key[:])
+	le.PutUint64(b[40:], h.epoch)
+	le.PutUint64(b[48:], h.off)
+	le.PutUint32(b[56:], h.length)
+	le.PutUint32(b[60:], 0)
+	le.PutUint64(b[64:], h.arg0)
+	le.PutUint64(b[72:], h.arg1)
+}
+
+// decodeRequest parses a request header. It fails, and the connection must be
+// closed, when the frame breaks a framing rule: reserved bytes set, a length
+// over MaxPayload, or a payload length that contradicts a known opcode.
+// Unknown opcodes and flags decode fine; the server answers them with
+// statusUnsupported after skipping their payload.
+func decodeRequest(b []byte, h *reqHeader) error {
+	if len(b) != reqHeaderSize {
+		return fmt.Errorf("request header is %d bytes, want %d: %w", len(b), reqHeaderSize, rdma.ErrProtocol)
+	}
+	if le.Uint16(b[10:]) != 0 || le.Uint32(b[60:]) != 0 {
+		return fmt.Errorf("request header reserved bytes are not zero: %w", rdma.ErrProtocol)
+	}
+	h.id = le.Uint64(b[0:])
+	h.op = b[8]
+	h.flags = b[9]
+	h.payloadLen = le.Uint32(b[12:])
+	h.seg = le.Uint64(b[16:])
+	copy(h.key[:], b[24:40])
+	h.epoch = le.Uint64(b[40:])
+	h.off = le.Uint64(b[48:])
+	h.length = le.Uint32(b[56:])
+	h.arg0 = le.Uint64(b[64:])
+	h.arg1 = le.Uint64(b[72:])
+	if h.payloadLen > MaxPayload {
+		return fmt.Errorf("request %d payload of %d bytes exceeds the %d-byte limit: %w", h.id, h.payloadLen, MaxPayload, rdma.ErrProtocol)
+	}
+	if h.length > MaxPayload {
+		return fmt.Errorf("request %d length %d exceeds the %d-byte limit: %w", h.id, h.length, MaxPayload, rdma.ErrProtocol)
+	}
+	switch h.op {
+	case opRead:
+		if h.payloadLen != 0 {
+			return fmt.Errorf("READ request %d carries a %d-byte payload, want none: %w", h.id, h.payloadLen, rdma.ErrProtocol)
+		}
+	case opWrite:
+		if h.payloadLen != h.length {
+			return fmt.Errorf("WRITE request %d payload is %d bytes but length says %d: %w", h.id, h.payloadLen, h.length, rdma.ErrProtocol)
+		}
+	case opCAS, opFADD:
+		if h.payloadLen != 0 || h.length != 8 {
+			return fmt.Errorf("atomic request %d has payload %d and length %d, want 0 and 8: %w", h.id, h.payloadLen, h.length, rdma.ErrProtocol)
+		}
+	}
+	return nil
+}
+
+// respHeader is a decoded response frame header.
+type respHeader struct {
+	id         uint64
+	status     uint16
+	flags      uint8
+	payloadLen uint32
+	value      uint64
+}
+
+// encodeResponse writes h into b, which must hold respHeaderSize bytes.
+func encodeResponse(b []byte, h *respHeader) {
+	_ = b[respHeaderSize-1]
+	le.PutUint64(b[0:], h.id)
+	le.PutUint16(b[8:], h.status)
+	b[10] = h.flags
+	b[11] = 0
+	le.PutUint32(b[12:], h.payloadLen)
+	le.PutUint64(b[16:], h.value)
+}
+
+// decodeResponse parses a response header; an error means the connection
+// must be closed.
+func decodeResponse(b []byte, h *respHeader) error {
+	if len(b) != respHeaderSize {
+		return fmt.Errorf("response header is %d bytes, want %d: %w", len(b), respHeaderSize, rdma.ErrProtocol)
+	}
+	if b[11] != 0 {
+		return fmt.Errorf("response header reserved byte is %#x, want 0: %w", b[11], rdma.ErrProtocol)
+	}
+	h.id = le.Uint64(b[0:])
+	h.status = le.Uint16(b[8:])
+	h.flags = b[10]
+	h.payloadLen = le.Uint32(b[12:])
+	h.value = le.Uint64(b[16:])
+	if h.payloadLen > MaxPayload {
+		return fmt.Errorf("response %d payload of %d bytes exceeds the %d-byte limit: %w", h.id, h.payloadLen, MaxPayload, rdma.ErrProtocol)
+	}
+	if h.status != statusOK && h.payloadLen != 0 {
+		return fmt.Errorf("response %d has error status %d and a %d-byte payload: %w", h.id, h.status, h.payloadLen, rdma.ErrProtocol)
+	}
+	return nil
+}
+
+// hello is the client's opening message.
+type hello struct {
+	version uint16
+	cred    []byte
+}
+
+// appendHello appends the encoded hello to b.
+func appendHello(b []byte, version uint16, cred []byte) []byte {
+	var h [helloSize]byte
+	copy(h[0:4], magic[:])
+	le.PutUint16(h[4:], version)
+	le.PutUint32(h[8:], uint32(len(cred)))
+	b = append(b, h[:]...)
+	return append(b, cred...)
+}
+
+// readHello reads and checks a client hello. On a framing failure it returns
+// the reply code the server should send along with the error.
+func readHello(r io.Reader) (hello, uint16, error) {
+	var b [helloSize]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return hello{}, replyBadMagic, fmt.Errorf("read hello: %w", err)
+	}
+	if [4]byte(b[0:4]) != magic {
+		return hello{}, replyBadMagic, fmt.Errorf("hello magic is %q, want %q: %w", b[0:4], magic[:], rdma.ErrProtocol)
+	}
+	h := hello{version: le.Uint16(b[4:])}
+	if le.Uint16(b[6:]) != 0 {
+		return hello{}, replyBadMagic, fmt.Errorf("hello reserved bytes are not zero: %w", rdma.ErrProtocol)
+	}
+	if h.version < minVersion || h.version > maxVersion {
+		return h, replyBadVersion, fmt.Errorf("client speaks protocol version %d, this server speaks %d..%d: %w", h.version, minVersion, maxVersion, rdma.ErrProtocol)
+	}
+	n := le.Uint32(b[8:])
+	if n > MaxCredential {
+		return h, replyCredTooLong, fmt.Errorf("credential of %d bytes exceeds the %d-byte limit: %w", n, MaxCredential, rdma.ErrProtocol)
+	}
+	h.cred = make([]byte, n)
+	if _, err := io.ReadFull(r, h.cred); err != nil {
+		return h, replyBadMagic, fmt.Errorf("read %d-byte credential: %w", n, err)
+	}
+	return h, replyAccept, nil
+}
+
+// reply is the server's answer to a hello.
+type reply struct {
+	version    uint16
+	code       uint16
+	maxPayload uint32
+}
+
+// encodeReply writes r into b, which must hold replySize bytes.
+func encodeReply(b []byte, r reply) {
+	_ = b[replySize-1]
+	copy(b[0:4], magic[:])
+	le.PutUint16(b[4:], r.version)
+	le.PutUint16(b[6:], r.code)
+	le.PutUint32(b[8:], r.maxPayload)
+}
+
+// decodeReply parses a server reply.
+func decodeReply(b []byte) (reply, error) {
+	if len(b) != replySize {
+		return reply{}, fmt.Errorf("reply is %d bytes, want %d: %w", len(b), replySize, rdma.ErrProtocol)
+	}
+	if [4]byte(b[0:4]) != magic {
+		return reply{}, fmt.Errorf("reply magic is %q, want %q; is this a farmem data-plane port?: %w", b[0:4], magic[:], rdma.ErrProtocol)
+	}
+	r := reply{version: le.Uint16(b[4:]), code: le.Uint16(b[6:]), maxPayload: le.Uint32(b[8:])}
+	if r.code == replyAccept && (r.version < minVersion || r.version > maxVersion) {
+		return r, fmt.Errorf("server accepted with protocol version %d, this client speaks %d..%d: %w", r.version, minVersion, maxVersion, rdma.ErrProtocol)
+	}
+	return r, nil
+}
+
+// replyError turns a rejecting reply code into an error for Dial.
+func replyError(addr string, r reply) error {
+	switch r.code {
+	case replyAccept:
+		return nil
+	case replyBadMagic:
+		return fmt.Errorf("rdma/tcp: %s rejected the hello as malformed: %w", addr, rdma.ErrProtocol)
+	case replyBadVersion:
+		return &rdma.NotSupportedError{
+			Feature: fmt.Sprintf("tcp data-plane protocol version %d", Version),
+			Reason:  fmt.Sprintf("%s speaks version %d; upgrade the older side", addr, r.version),
+		}
+	case replyAuthFailed:
+		return fmt.Errorf("rdma/tcp: %s refused the credential; check the pool's shared secret: %w", addr, rdma.ErrAccessDenied)
+	case replyCredTooLong:
+		return fmt.Errorf("rdma/tcp: %s refused a credential over %d bytes: %w", addr, MaxCredential, rdma.ErrProtocol)
+	case replyBusy:
+		return fmt.Errorf("rdma/tcp: %s is at its connection limit; retry later or raise ServerConfig.MaxConns", addr)
+	case replyShuttingDown:
+		return fmt.Errorf("rdma/tcp: %s is shutting down: %w", addr, rdma.ErrClosed)
+	default:
+		return fmt.Errorf("rdma/tcp: %s rejected the connection with code %d: %w", addr, r.code, rdma.ErrProtocol)
+	}
+}
+
+// statusError maps a non-OK response status to an error for op kind k.
+func statusError(status uint16, k rdma.OpKind, seg, off uint64, n int) error {
+	var base error
+	switch status {
+	case statusAccessDenied:
+		base = rdma.ErrAccessDenied
+	case statusOutOfRange:
+		base = rdma.ErrOutOfRange
+	case statusSegmentLost:
+		base = rdma.ErrSegmentLost
+	case statusLeaseExpired:
+		base = rdma.ErrLeaseExpired
+	case statusUnaligned:
+		base = rdma.ErrUnaligned
+	case statusUnsupported:
+		base = &rdma.NotSupportedError{Feature: "tcp " + k.String(), Reason: "the server does not know this operation; upgrade it"}
+	default:
+		base = rdma.ErrProtocol
+	}
+	return fmt.Errorf("rdma/tcp: %s segment %d offset %d length %d: status %d: %w", k, seg, off, n, status, base)
+}
