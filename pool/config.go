@@ -2,6 +2,7 @@ package pool
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -38,10 +39,14 @@ type Config struct {
 	// ForceEmulate adds the emulated device even when real CXL memory exists. Default: false.
 	ForceEmulate bool `yaml:"force-emulate"`
 	// EmulateDir holds the emulated device's segment files; a hugetlbfs mount
-	// makes it a hugetlb-backed device. Default: DataDir/emulated-cxl.
+	// makes it a hugetlb-backed device. Default: a directory in /dev/shm
+	// named after the user and DataDir (so two daemons never share it), or
+	// DataDir/emulated-cxl where /dev/shm is missing. Shared memory keeps
+	// the contents across daemon restarts without writing them to disk; a
+	// reboot loses them, and the daemon then reports those segments lost.
 	EmulateDir string `yaml:"emulate-dir"`
 	// NUMADir is the tmpfs directory for segments on memory-only NUMA nodes.
-	// Default: /dev/shm/farmem-<uid>.
+	// Default: beside the default EmulateDir.
 	NUMADir string `yaml:"numa-dir"`
 	// LocalSize is the capacity of the local DRAM reference tier. Default: 1GiB. Zero disables it.
 	LocalSize size.Size `yaml:"local-size"`
@@ -52,6 +57,14 @@ type Config struct {
 	// trusts every local client with all of them. Default: false, and devdax
 	// segments cannot be mapped by clients until it is set.
 	AllowDevdaxFD bool `yaml:"allow-devdax-fd"`
+	// MetadataFsync makes every metadata commit wait for fsync, so the
+	// segment table survives a power loss or kernel crash, at about a
+	// millisecond per change on ordinary disks. Without it (the default),
+	// commits reach the kernel before the reply, which survives any crash
+	// of poold itself (kill -9 included) but not of the host — matching
+	// the memory it describes, whose contents a host crash loses anyway
+	// (DRAM, tmpfs, volatile CXL). Set it for persistent-memory devices.
+	MetadataFsync bool `yaml:"metadata-fsync"`
 	// LogLevel is debug, info, warn or error. Default: info.
 	LogLevel string `yaml:"log-level"`
 	// LogFormat is text or json. Default: text.
@@ -75,7 +88,6 @@ func DefaultConfig() Config {
 		LogFormat:  "text",
 		DataDir:    DefaultDataDir(),
 		Socket:     DefaultSocket(),
-		NUMADir:    fmt.Sprintf("/dev/shm/farmem-%d", os.Getuid()),
 	}
 	return c
 }
@@ -122,7 +134,28 @@ func (c *Config) emulateDir() string {
 	if c.EmulateDir != "" {
 		return c.EmulateDir
 	}
-	return filepath.Join(c.DataDir, "emulated-cxl")
+	return filepath.Join(c.shmDir(), "emulated-cxl")
+}
+
+func (c *Config) numaDir() string {
+	if c.NUMADir != "" {
+		return c.NUMADir
+	}
+	return filepath.Join(c.shmDir(), "numa")
+}
+
+// shmDir is this daemon's directory in shared memory: one per user and
+// data directory, so that two daemons on a host never share files.
+func (c *Config) shmDir() string {
+	if fi, err := os.Stat("/dev/shm"); err != nil || !fi.IsDir() {
+		return c.DataDir
+	}
+	abs, err := filepath.Abs(c.DataDir)
+	if err != nil {
+		abs = c.DataDir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return fmt.Sprintf("/dev/shm/farmem-%d-%x", os.Getuid(), sum[:4])
 }
 
 // LoadConfig reads a YAML file over base: keys in the file replace base's

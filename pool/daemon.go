@@ -45,6 +45,9 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if err := socketInUse(cfg.Socket); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w (choose another with --data-dir)", cfg.DataDir, err)
 	}

@@ -65,7 +65,7 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 	}
 	for _, n := range inv.FarNodes() {
 		capacity := int64(n.MemFree) &^ (1<<21 - 1)
-		d, err := device.NewNUMA(n.ID, filepath.Join(cfg.NUMADir, fmt.Sprintf("node%d", n.ID)), capacity)
+		d, err := device.NewNUMA(n.ID, filepath.Join(cfg.numaDir(), fmt.Sprintf("node%d", n.ID)), capacity)
 		if err != nil {
 			log.Warn("memory-only NUMA node found but not usable", "node", n.ID, "err", err)
 			continue

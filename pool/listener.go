@@ -57,9 +57,8 @@ func listenUnix(path string) (*net.UnixListener, error) {
 		return nil, fmt.Errorf("socket directory %s: %w (choose another with --socket)", filepath.Dir(path), err)
 	}
 	if _, err := os.Stat(path); err == nil {
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("socket %s: another poold is listening there; stop it or choose another --socket", path)
+		if err := socketInUse(path); err != nil {
+			return nil, err
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("socket %s: remove stale socket: %w", path, err)
@@ -71,6 +70,16 @@ func listenUnix(path string) (*net.UnixListener, error) {
 	}
 	l.SetUnlinkOnClose(true)
 	return l, nil
+}
+
+// socketInUse reports an error when a live daemon answers on path.
+func socketInUse(path string) error {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return nil
+	}
+	c.Close()
+	return fmt.Errorf("socket %s: another poold is listening there; stop it or choose another --socket", path)
 }
 
 func newMux(l *net.UnixListener, allow func(peerInfo) error, fd func(*net.UnixConn, peerInfo), onErr func(string, ...any)) *mux {

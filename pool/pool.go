@@ -100,7 +100,7 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev) (_ *Pool, err error) {
 			p.closeDevices()
 		}
 	}()
-	if p.st, err = openStore(cfg.DataDir); err != nil {
+	if p.st, err = openStore(cfg.DataDir, cfg.MetadataFsync); err != nil {
 		return nil, err
 	}
 	recs, next, err := p.st.load()

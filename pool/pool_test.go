@@ -24,6 +24,7 @@ func testConfig(t *testing.T) Config {
 	cfg.DataDir = t.TempDir()
 	cfg.SysfsRoot = "../cxl/testdata/plain"
 	cfg.NUMADir = filepath.Join(cfg.DataDir, "numa")
+	cfg.EmulateDir = filepath.Join(cfg.DataDir, "emulated-cxl")
 	cfg.EmulateCXL = 16 * size.MiB
 	cfg.LocalSize = 16 * size.MiB
 	cfg.LeaseTTL = 200 * time.Millisecond

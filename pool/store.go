@@ -37,19 +37,20 @@ var (
 	keyNextID      = []byte("next-id")
 )
 
-// store is the durable segment table: every change is committed (and
-// fsynced, as bbolt does on commit) before the daemon acknowledges it.
+// store is the durable segment table: every change is committed before the
+// daemon acknowledges it — written to the kernel, and fsynced too when
+// Config.MetadataFsync is set (see there for why that is not the default).
 // It is safe for concurrent use, as bbolt is.
 type store struct {
 	db *bolt.DB
 }
 
-func openStore(dir string) (*store, error) {
+func openStore(dir string, fsync bool) (*store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w (choose another with --data-dir)", dir, err)
 	}
 	path := filepath.Join(dir, "segments.db")
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: !fsync, NoFreelistSync: true})
 	if err != nil {
 		return nil, fmt.Errorf("metadata store %s: %w (is another poold using this --data-dir?)", path, err)
 	}

@@ -1,8 +1,3 @@
-// Command poold is farmem's per-host daemon: it owns the host's far memory
-// (CXL devdax devices, memory-only NUMA nodes, or an emulated CXL device when
-// the host has none, plus a local DRAM tier) and lends it to applications.
-//
-// With no flags it runs on a fresh machine: see 'poold --help'.
 package main
 
 import (
@@ -76,11 +71,12 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.StringVar(&cfg.DevRoot, "dev-root", cfg.DevRoot, "prefix for device paths such as /dev/dax0.0 (containers)")
 	f.Var(&cfg.EmulateCXL, "emulate-cxl", "size of the emulated CXL device used when no CXL memory is found (0 disables)")
 	f.BoolVar(&cfg.ForceEmulate, "force-emulate", cfg.ForceEmulate, "add the emulated device even when CXL memory exists")
-	f.StringVar(&cfg.EmulateDir, "emulate-dir", cfg.EmulateDir, "directory for the emulated device's files; a hugetlbfs mount makes it hugetlb-backed (default DATA-DIR/emulated-cxl)")
-	f.StringVar(&cfg.NUMADir, "numa-dir", cfg.NUMADir, "tmpfs directory for segments on memory-only NUMA nodes")
+	f.StringVar(&cfg.EmulateDir, "emulate-dir", cfg.EmulateDir, "directory for the emulated device's files; a hugetlbfs mount makes it hugetlb-backed (default: a per-daemon directory in /dev/shm)")
+	f.StringVar(&cfg.NUMADir, "numa-dir", cfg.NUMADir, "tmpfs directory for segments on memory-only NUMA nodes (default: a per-daemon directory in /dev/shm)")
 	f.Var(&cfg.LocalSize, "local-size", "capacity of the local DRAM tier (0 disables)")
 	f.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long a client's unnamed segments outlive its last session")
 	f.BoolVar(&cfg.AllowDevdaxFD, "allow-devdax-fd", cfg.AllowDevdaxFD, "hand whole devdax devices to clients (one descriptor reaches every segment on the device)")
+	f.BoolVar(&cfg.MetadataFsync, "metadata-fsync", cfg.MetadataFsync, "fsync every metadata commit (survives host crashes; ~1ms per change)")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	return cmd

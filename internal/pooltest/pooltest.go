@@ -6,13 +6,20 @@
 package pooltest
 
 import (
+	"context"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/pool"
@@ -26,12 +33,27 @@ func Config(t testing.TB) pool.Config {
 	cfg.Node = "test-node"
 	cfg.DataDir = t.TempDir()
 	cfg.SysfsRoot = filepath.Join(cfg.DataDir, "no-sysfs")
-	cfg.NUMADir = filepath.Join(cfg.DataDir, "numa")
+	shm := ShmDir(t)
+	cfg.NUMADir = filepath.Join(shm, "numa")
+	cfg.EmulateDir = filepath.Join(shm, "emulated-cxl")
 	cfg.EmulateCXL = 64 * size.MiB
 	cfg.LocalSize = 64 * size.MiB
 	cfg.LeaseTTL = time.Second
 	cfg.Socket = SocketPath(t)
 	return cfg
+}
+
+// ShmDir returns a directory in shared memory (the temporary directory
+// where /dev/shm is missing) removed when the test ends.
+func ShmDir(t testing.TB) string {
+	base := "/dev/shm"
+	if fi, err := os.Stat(base); err != nil || !fi.IsDir() {
+		base = ""
+	}
+	dir, err := os.MkdirTemp(base, "farmem-test")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // SocketPath returns a short socket path (unix sockets allow 107 bytes)
@@ -53,4 +75,28 @@ func Start(t testing.TB, cfg pool.Config) *pool.Daemon {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	return d
+}
+
+// Fill allocates n persistent segments of sz bytes on tier through the
+// control plane without mapping them (a process may hold only ~65k
+// mappings), e.g. to measure how costs grow with the segment count.
+func Fill(t testing.TB, socket string, n int, sz int64, tier poolv1.Tier) {
+	conn, err := grpc.NewClient("passthrough:///farmem",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		}))
+	require.NoError(t, err)
+	defer conn.Close()
+	api := poolv1.NewPoolClient(conn)
+	var g errgroup.Group
+	g.SetLimit(4)
+	for range n {
+		g.Go(func() error {
+			_, err := api.Alloc(context.Background(), &poolv1.AllocRequest{Size: sz, Tier: tier, Persist: true})
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
 }
