@@ -53,24 +53,30 @@ func NewServer(cfg ServerConfig) *Server {
 // mapped memory that stays mapped until Revoke(seg) returns, must not be
 // empty and must start 8-byte aligned (mmap returns page-aligned memory).
 func (s *Server) Export(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) {
-	if s.cfgErr != nil {
-		return rdma.Key{}, s.cfgErr
-	}
-	if len(mem) == 0 {
-		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: memory is empty; pass the mapped segment", seg)
-	}
-	if !isAligned8(mem) {
-		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: memory does not start 8-byte aligned; pass the mapping itself or an 8-byte aligned part of it", seg)
-	}
 	key, err := rdma.NewKey()
 	if err != nil {
 		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: %w", seg, err)
+	}
+	return key, s.ExportKey(seg, mem, epoch, key)
+}
+
+// ExportKey is Export under a key the caller chose: a daemon restarting
+// re-exports its surviving segments under the keys their owners hold.
+func (s *Server) ExportKey(seg uint64, mem []byte, epoch uint64, key rdma.Key) error {
+	if s.cfgErr != nil {
+		return s.cfgErr
+	}
+	if len(mem) == 0 {
+		return fmt.Errorf("rdma/tcp: export segment %d: memory is empty; pass the mapped segment", seg)
+	}
+	if !isAligned8(mem) {
+		return fmt.Errorf("rdma/tcp: export segment %d: memory does not start 8-byte aligned; pass the mapping itself or an 8-byte aligned part of it", seg)
 	}
 	s.expMu.Lock()
 	defer s.expMu.Unlock()
 	old := *s.exports.Load()
 	if _, ok := old[seg]; ok {
-		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: %w", seg, rdma.ErrAlreadyExported)
+		return fmt.Errorf("rdma/tcp: export segment %d: %w", seg, rdma.ErrAlreadyExported)
 	}
 	m := make(map[uint64]*export, len(old)+1)
 	for k, v := range old {
@@ -78,7 +84,7 @@ func (s *Server) Export(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) 
 	}
 	m[seg] = newExport(seg, mem, key, epoch)
 	s.exports.Store(&m)
-	return key, nil
+	return nil
 }
 
 // lookup returns the export for seg, or nil.

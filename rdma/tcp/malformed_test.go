@@ -1,0 +1,208 @@
+package tcp
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// rawConn opens a plain TCP connection to addr, closed when the test ends.
+func rawConn(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { nc.Close() })
+	require.NoError(t, nc.SetDeadline(time.Now().Add(20*time.Second)))
+	return nc
+}
+
+// handshake performs a good handshake on a raw connection.
+func handshake(t *testing.T, nc net.Conn) {
+	t.Helper()
+	_, err := nc.Write(appendHello(nil, Version, nil))
+	require.NoError(t, err)
+	require.Equal(t, replyAccept, readReply(t, nc).code)
+}
+
+func readReply(t *testing.T, nc net.Conn) reply {
+	t.Helper()
+	var b [replySize]byte
+	_, err := io.ReadFull(nc, b[:])
+	require.NoError(t, err)
+	r, err := decodeReply(b[:])
+	require.NoError(t, err)
+	return r
+}
+
+func requestFrame(t *testing.T, h *reqHeader) []byte {
+	t.Helper()
+	b := make([]byte, reqHeaderSize)
+	encodeRequest(b, h)
+	return b
+}
+
+func readResponse(t *testing.T, nc net.Conn) respHeader {
+	t.Helper()
+	var b [respHeaderSize]byte
+	_, err := io.ReadFull(nc, b[:])
+	require.NoError(t, err)
+	var h respHeader
+	require.NoError(t, decodeResponse(b[:], &h))
+	return h
+}
+
+// expectClosed reads until the server closes the connection; a timeout
+// means the server kept it open.
+func expectClosed(t *testing.T, nc net.Conn) {
+	t.Helper()
+	_, err := io.Copy(io.Discard, nc)
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "server kept the connection open: %v", err)
+}
+
+func TestMalformedHandshake(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	hello := appendHello(nil, Version, []byte("cred"))
+	for _, tc := range []struct {
+		name string
+		send []byte
+		code int // -1: no reply expected
+	}{
+		{"bad magic", append([]byte("XXXX"), hello[4:]...), int(replyBadMagic)},
+		{"http", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), int(replyBadMagic)},
+		{"version 0", appendHello(nil, 0, nil), int(replyBadVersion)},
+		{"version 2", appendHello(nil, 2, nil), int(replyBadVersion)},
+		{"reserved", func() []byte { b := bytes.Clone(hello); b[6] = 1; return b }(), int(replyBadMagic)},
+		{"credential too long", appendHello(nil, Version, make([]byte, MaxCredential+1))[:helloSize], int(replyCredTooLong)},
+		{"truncated", hello[:7], -1},
+		{"truncated credential", hello[:helloSize+2], -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nc := rawConn(t, s.addr)
+			_, err := nc.Write(tc.send)
+			require.NoError(t, err)
+			if tc.code < 0 {
+				nc.(*net.TCPConn).CloseWrite()
+			} else {
+				require.EqualValues(t, tc.code, readReply(t, nc).code)
+			}
+			expectClosed(t, nc)
+		})
+	}
+}
+
+// TestMalformedFrames sends broken frames over a real connection: each one
+// closes that connection without touching memory, and the server keeps
+// serving another client.
+func TestMalformedFrames(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	mem, r := s.export(t, 1, 4096)
+	good := dial(t, s.addr, WithConns(1))
+	valid := reqHeader{id: 1, op: opWrite, seg: 1, key: r.Key, epoch: 1, length: 8, payloadLen: 8}
+	with := func(f func(h *reqHeader)) []byte {
+		h := valid
+		f(&h)
+		return append(requestFrame(t, &h), bytes.Repeat([]byte{0xFF}, int(min(h.payloadLen, 64)))...)
+	}
+	patch := func(off int, v byte) []byte {
+		b := append(requestFrame(t, &valid), bytes.Repeat([]byte{0xFF}, 8)...)
+		b[off] = v
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		send []byte
+	}{
+		{"reserved u16", patch(10, 1)},
+		{"reserved u32", patch(61, 1)},
+		{"oversized payload", with(func(h *reqHeader) { h.payloadLen, h.length = MaxPayload+1, MaxPayload+1 })},
+		{"oversized read", with(func(h *reqHeader) { h.op, h.payloadLen, h.length = opRead, 0, math.MaxUint32 })},
+		{"payload contradicts length", with(func(h *reqHeader) { h.payloadLen = 4 })},
+		{"read with payload", with(func(h *reqHeader) { h.op = opRead })},
+		{"cas with payload", with(func(h *reqHeader) { h.op = opCAS })},
+		{"fadd with length 4", with(func(h *reqHeader) { h.op, h.payloadLen, h.length = opFADD, 0, 4 })},
+		{"truncated header", requestFrame(t, &valid)[:40]},
+		{"garbage", bytes.Repeat([]byte{0xFF}, 200)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := bytes.Clone(mem)
+			nc := rawConn(t, s.addr)
+			handshake(t, nc)
+			_, err := nc.Write(tc.send)
+			require.NoError(t, err)
+			nc.(*net.TCPConn).CloseWrite()
+			expectClosed(t, nc)
+			require.Equal(t, before, mem, "a malformed frame touched memory")
+			require.NoError(t, good.Write(t.Context(), r, 100, []byte("alive")), "server stopped serving others")
+			copy(mem[100:], make([]byte, 5))
+		})
+	}
+}
+
+// TestRefusedFramesKeepTheConnection: well-formed requests that are refused
+// are answered, consume their payload, and leave the connection usable.
+func TestRefusedFramesKeepTheConnection(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	mem, r := s.export(t, 1, 4096)
+	nc := rawConn(t, s.addr)
+	handshake(t, nc)
+	wrong := r.Key
+	wrong[3] ^= 0x80
+	payload := bytes.Repeat([]byte{0xAA}, 100)
+	for _, tc := range []struct {
+		name    string
+		h       reqHeader
+		payload []byte
+		status  uint16
+	}{
+		{"unknown opcode", reqHeader{id: 10, op: 99, payloadLen: 100}, payload, statusUnsupported},
+		{"flags", reqHeader{id: 11, op: opRead, flags: 1, length: 8, seg: 1, key: r.Key}, nil, statusUnsupported},
+		{"wrong key write", reqHeader{id: 12, op: opWrite, seg: 1, key: wrong, length: 100, payloadLen: 100}, payload, statusAccessDenied},
+		{"overflowing read", reqHeader{id: 13, op: opRead, seg: 1, key: r.Key, off: math.MaxUint64 - 7, length: 16}, nil, statusOutOfRange},
+		{"overflowing write", reqHeader{id: 14, op: opWrite, seg: 1, key: r.Key, epoch: 1, off: math.MaxUint64 - 7, length: 100, payloadLen: 100}, payload, statusOutOfRange},
+		{"overflowing cas", reqHeader{id: 15, op: opCAS, seg: 1, key: r.Key, epoch: 1, off: math.MaxUint64 - 7, length: 8}, nil, statusOutOfRange},
+		{"unaligned fadd", reqHeader{id: 16, op: opFADD, seg: 1, key: r.Key, epoch: 1, off: 12, length: 8}, nil, statusUnaligned},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := bytes.Clone(mem)
+			_, err := nc.Write(append(requestFrame(t, &tc.h), tc.payload...))
+			require.NoError(t, err)
+			resp := readResponse(t, nc)
+			require.Equal(t, tc.h.id, resp.id)
+			require.Equal(t, tc.status, resp.status)
+			require.Equal(t, before, mem)
+		})
+	}
+	// Still in sync: a valid read works on the same connection.
+	copy(mem, "synced")
+	_, err := nc.Write(requestFrame(t, &reqHeader{id: 20, op: opRead, seg: 1, key: r.Key, length: 6}))
+	require.NoError(t, err)
+	resp := readResponse(t, nc)
+	require.Equal(t, statusOK, resp.status)
+	got := make([]byte, resp.payloadLen)
+	_, err = io.ReadFull(nc, got)
+	require.NoError(t, err)
+	require.Equal(t, "synced", string(got))
+}
+
+// TestTruncatedWritePayload: a WRITE cut short leaves at most a prefix of its
+// payload in memory (a torn write, as with RDMA) and closes the connection.
+func TestTruncatedWritePayload(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	mem, r := s.export(t, 1, 4096)
+	nc := rawConn(t, s.addr)
+	handshake(t, nc)
+	frame := requestFrame(t, &reqHeader{id: 1, op: opWrite, seg: 1, key: r.Key, off: 1000, length: 1000, payloadLen: 1000})
+	_, err := nc.Write(append(frame, bytes.Repeat([]byte{0xCC}, 300)...))
+	require.NoError(t, err)
+	nc.(*net.TCPConn).CloseWrite()
+	expectClosed(t, nc)
+	require.Equal(t, make([]byte, 1000), mem[:1000], "bytes before the write changed")
+	require.Equal(t, make([]byte, 4096-1300), mem[1300:], "bytes past the received prefix changed")
+}
