@@ -46,6 +46,7 @@ func TestAllocEachTier(t *testing.T) {
 		{alloc.TierCXL, alloc.TierCXL, true, "emulated"},
 		{alloc.TierLocal, alloc.TierLocal, false, "dram"},
 		{alloc.TierAny, alloc.TierCXL, true, "emulated"},
+		{alloc.TierRDMA, alloc.TierRDMA, true, "loopback"},
 	} {
 		t.Run(tc.tier.String(), func(t *testing.T) {
 			seg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(tc.tier))
@@ -55,15 +56,21 @@ func TestAllocEachTier(t *testing.T) {
 			require.Equal(t, tc.kind, seg.Kind())
 			require.Equal(t, int64(1<<20), seg.Size())
 			b, ok := seg.Bytes()
-			require.True(t, ok)
-			require.Len(t, b, 1<<20)
-			require.Equal(t, make([]byte, 1<<20), b, "new segments are zero")
-
+			all := make([]byte, 1<<20)
+			_, err = seg.ReadAt(all, 0)
+			require.NoError(t, err)
+			require.Equal(t, make([]byte, 1<<20), all, "new segments are zero")
 			msg := []byte("far memory")
 			n, err := seg.WriteAt(msg, 4096)
 			require.NoError(t, err)
 			require.Equal(t, len(msg), n)
-			require.Equal(t, msg, b[4096:4096+len(msg)], "WriteAt and Bytes see the same memory")
+			if tc.tier == alloc.TierRDMA {
+				require.False(t, ok, "rdma segments are not load/store")
+			} else {
+				require.True(t, ok)
+				require.Len(t, b, 1<<20)
+				require.Equal(t, msg, b[4096:4096+len(msg)], "WriteAt and Bytes see the same memory")
+			}
 			got := make([]byte, len(msg))
 			_, err = seg.ReadAt(got, 4096)
 			require.NoError(t, err)
@@ -94,8 +101,14 @@ func TestAllocEachTier(t *testing.T) {
 }
 
 func TestReaderAtContract(t *testing.T) {
+	for _, tier := range []alloc.Tier{alloc.TierCXL, alloc.TierRDMA} {
+		t.Run(tier.String(), func(t *testing.T) { testReaderAtContract(t, tier) })
+	}
+}
+
+func testReaderAtContract(t *testing.T, tier alloc.Tier) {
 	_, c := startPool(t)
-	seg, err := c.Alloc(t.Context(), 100, alloc.WithTier(alloc.TierCXL))
+	seg, err := c.Alloc(t.Context(), 100, alloc.WithTier(tier))
 	require.NoError(t, err)
 	p := make([]byte, 10)
 	n, err := seg.ReadAt(p, 95)
@@ -138,7 +151,7 @@ func TestBadRequests(t *testing.T) {
 		{"larger than every tier", 1 << 40, nil, alloc.ErrNoCapacity},
 		{"larger than cxl", 100 << 20, []alloc.AllocOption{alloc.WithTier(alloc.TierCXL)}, alloc.ErrNoCapacity},
 		{"unknown tier", 4096, []alloc.AllocOption{alloc.WithTier(alloc.Tier(17))}, alloc.ErrInvalid},
-		{"rdma without peers", 4096, []alloc.AllocOption{alloc.WithTier(alloc.TierRDMA)}, alloc.ErrNoCapacity},
+		{"larger than rdma", 100 << 20, []alloc.AllocOption{alloc.WithTier(alloc.TierRDMA)}, alloc.ErrNoCapacity},
 		{"name with space", 4096, []alloc.AllocOption{alloc.WithName("a b")}, alloc.ErrInvalid},
 		{"name too long", 4096, []alloc.AllocOption{alloc.WithName(string(bytes.Repeat([]byte("n"), 300)))}, alloc.ErrInvalid},
 	} {
@@ -259,9 +272,15 @@ func TestStableIdentityKeepsSegments(t *testing.T) {
 }
 
 func TestConcurrentUse(t *testing.T) {
+	for _, tier := range []alloc.Tier{alloc.TierCXL, alloc.TierRDMA} {
+		t.Run(tier.String(), func(t *testing.T) { testConcurrentUse(t, tier) })
+	}
+}
+
+func testConcurrentUse(t *testing.T, tier alloc.Tier) {
 	_, c := startPool(t)
 	ctx := t.Context()
-	seg, err := c.Alloc(ctx, 1<<16, alloc.WithTier(alloc.TierCXL))
+	seg, err := c.Alloc(ctx, 1<<16, alloc.WithTier(tier))
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	for g := range 8 {

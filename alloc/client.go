@@ -21,6 +21,7 @@ import (
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/fdpass"
 	"github.com/farmem/farmem/internal/paths"
+	"github.com/farmem/farmem/rdma"
 )
 
 // sessionHeader names the caller's session in gRPC metadata (pool.SessionHeader).
@@ -43,6 +44,7 @@ type Client struct {
 	node     string
 	leaseTTL time.Duration
 	fd       *fdpass.Conn
+	data     map[string]rdma.Conn // data-plane connections by address
 	segs     map[*Segment]struct{}
 	closed   bool
 
@@ -68,7 +70,7 @@ func socketPath(target string) (string, error) {
 // Dial connects to the poold at target ("" means the default socket:
 // $FARMEM_SOCKET, else the daemon's default path) and opens a session.
 func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, error) {
-	o := dialOptions{clientName: filepath.Base(os.Args[0]), timeout: 5 * time.Second}
+	o := dialOptions{clientName: filepath.Base(os.Args[0]), timeout: 5 * time.Second, opTimeout: 30 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -98,7 +100,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	}
 	c := &Client{
 		socket: path, opts: o, conn: conn, api: poolv1.NewPoolClient(conn),
-		ready: make(chan struct{}), segs: map[*Segment]struct{}{}, stop: make(chan struct{}),
+		ready: make(chan struct{}), segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}, stop: make(chan struct{}),
 	}
 	first := make(chan error, 1)
 	c.wg.Add(1)
@@ -216,9 +218,35 @@ func (c *Client) runSession(first chan<- error) error {
 		}
 	}()
 	for {
-		if _, err := stream.Recv(); err != nil {
+		m, err := stream.Recv()
+		if err != nil {
 			return err
 		}
+		if ev := m.GetEvents(); ev != nil {
+			c.segmentEvents(ev)
+		}
+	}
+}
+
+// segmentEvents applies the daemon's lost/restored notices to our segments.
+func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
+	lost := map[uint64]bool{}
+	for _, id := range ev.Lost {
+		lost[id] = true
+	}
+	for _, id := range ev.Restored {
+		lost[id] = false
+	}
+	c.mu.Lock()
+	var hit []*Segment
+	for s := range c.segs {
+		if _, ok := lost[s.info.Id]; ok {
+			hit = append(hit, s)
+		}
+	}
+	c.mu.Unlock()
+	for _, s := range hit {
+		s.setLost(lost[s.info.Id])
 	}
 }
 
@@ -319,6 +347,13 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 	if info.State == poolv1.SegmentState_SEGMENT_STATE_LOST {
 		return nil, fmt.Errorf("segment %d: %w", info.Id, ErrSegmentLost)
 	}
+	if info.Tier == poolv1.Tier_TIER_RDMA {
+		r, err := newRemote(info)
+		if err != nil {
+			return nil, err
+		}
+		return c.track(&Segment{c: c, info: info, remote: r})
+	}
 	resp, err := c.getFD(ctx, sid, info.Id)
 	if err != nil {
 		return nil, err
@@ -328,11 +363,18 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 	if err != nil {
 		return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
 	}
-	s := &Segment{c: c, info: info, mem: mem}
+	s, err := c.track(&Segment{c: c, info: info, mem: mem})
+	if err != nil {
+		unmapNow(mem)
+	}
+	return s, err
+}
+
+// track adds a segment to those the client closes.
+func (c *Client) track(s *Segment) (*Segment, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		unmapNow(mem)
 		return nil, fmt.Errorf("client: %w", ErrClosed)
 	}
 	c.segs[s] = struct{}{}
@@ -393,6 +435,8 @@ func (c *Client) Close() error {
 	c.segs = nil
 	fd := c.fd
 	c.fd = nil
+	data := c.data
+	c.data = nil
 	c.mu.Unlock()
 	for s := range segs {
 		s.retire()
@@ -401,6 +445,9 @@ func (c *Client) Close() error {
 	var err error
 	if fd != nil {
 		err = fd.Close()
+	}
+	for _, dc := range data {
+		err = errors.Join(err, dc.Close())
 	}
 	err = errors.Join(err, c.conn.Close())
 	c.wg.Wait()

@@ -13,7 +13,13 @@ type dialOptions struct {
 	clientID   string
 	clientName string
 	timeout    time.Duration
+	opTimeout  time.Duration
 }
+
+// WithOpTimeout bounds each ReadAt, WriteAt and atomic on an rdma segment,
+// retries included, while its home is unreachable but not reported lost.
+// Default: 30s.
+func WithOpTimeout(d time.Duration) DialOption { return func(o *dialOptions) { o.opTimeout = d } }
 
 // WithClientID sets the client's stable identity. A restarted application
 // that dials with the same id within the lease TTL keeps its unnamed

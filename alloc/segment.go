@@ -19,8 +19,9 @@ import (
 // use the 64-bit atomics to coordinate.
 type Segment struct {
 	c      *Client
-	info   *poolv1.Segment
-	mem    []byte // the mapping; the slice header never changes
+	info   *poolv1.Segment // immutable
+	mem    []byte          // the mapping of a load/store segment; never changes
+	remote *remote         // how an rdma segment is reached; nil for load/store tiers
 	closed atomic.Bool
 }
 
@@ -82,6 +83,9 @@ func (s *Segment) ReadAt(p []byte, off int64) (n int, err error) {
 	if s.closed.Load() {
 		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
 	}
+	if s.remote != nil {
+		return s.remoteReadAt(p, off)
+	}
 	if off < 0 || off > int64(len(mem)) {
 		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, len(mem), ErrOutOfRange)
 	}
@@ -101,6 +105,9 @@ func (s *Segment) WriteAt(p []byte, off int64) (n int, err error) {
 	if s.closed.Load() {
 		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
 	}
+	if s.remote != nil {
+		return s.remoteWriteAt(p, off)
+	}
 	if off < 0 || off > int64(len(mem)) || int64(len(p)) > int64(len(mem))-off {
 		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, len(mem), ErrOutOfRange)
 	}
@@ -109,16 +116,24 @@ func (s *Segment) WriteAt(p []byte, off int64) (n int, err error) {
 	return copy(mem[off:], p), nil
 }
 
-// word returns the 8-byte word at off for an atomic.
-func (s *Segment) word(off int64) (*uint64, error) {
+// checkWord checks an atomic's offset.
+func (s *Segment) checkWord(off int64) error {
 	if s.closed.Load() {
-		return nil, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+		return fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
 	}
-	if off < 0 || off > int64(len(s.mem))-8 {
-		return nil, fmt.Errorf("atomic at %d of segment %d (size %d): %w", off, s.info.Id, len(s.mem), ErrOutOfRange)
+	if off < 0 || off > s.info.Size-8 {
+		return fmt.Errorf("atomic at %d of segment %d (size %d): %w", off, s.info.Id, s.info.Size, ErrOutOfRange)
 	}
 	if off%8 != 0 {
-		return nil, fmt.Errorf("atomic at %d of segment %d: %w", off, s.info.Id, ErrUnaligned)
+		return fmt.Errorf("atomic at %d of segment %d: %w", off, s.info.Id, ErrUnaligned)
+	}
+	return nil
+}
+
+// word returns the 8-byte word at off of a mapped segment for an atomic.
+func (s *Segment) word(off int64) (*uint64, error) {
+	if err := s.checkWord(off); err != nil {
+		return nil, err
 	}
 	// The mapping is page aligned, so an 8-aligned offset is an 8-aligned address.
 	return (*uint64)(unsafe.Pointer(&s.mem[off])), nil
@@ -126,6 +141,12 @@ func (s *Segment) word(off int64) (*uint64, error) {
 
 // Load64 atomically loads the 8-byte word at off (a multiple of 8).
 func (s *Segment) Load64(off int64) (v uint64, err error) {
+	if s.remote != nil {
+		if err := s.checkWord(off); err != nil {
+			return 0, err
+		}
+		return s.remoteFetchAdd(off, 0)
+	}
 	w, err := s.word(off)
 	if err != nil {
 		return 0, err
@@ -137,6 +158,19 @@ func (s *Segment) Load64(off int64) (v uint64, err error) {
 
 // Store64 atomically stores v at off (a multiple of 8).
 func (s *Segment) Store64(off int64, v uint64) (err error) {
+	if s.remote != nil {
+		if err := s.checkWord(off); err != nil {
+			return err
+		}
+		cur, err := s.remoteFetchAdd(off, 0)
+		for err == nil {
+			var swapped bool
+			if cur, swapped, err = s.remoteCAS(off, cur, v); swapped {
+				return nil
+			}
+		}
+		return err
+	}
 	w, err := s.word(off)
 	if err != nil {
 		return err
@@ -150,6 +184,13 @@ func (s *Segment) Store64(off int64, v uint64) (err error) {
 // CompareAndSwap64 atomically replaces the word at off with new if it
 // holds old, reporting whether it did.
 func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, err error) {
+	if s.remote != nil {
+		if err := s.checkWord(off); err != nil {
+			return false, err
+		}
+		_, swapped, err = s.remoteCAS(off, old, new)
+		return swapped, err
+	}
 	w, err := s.word(off)
 	if err != nil {
 		return false, err
@@ -161,6 +202,13 @@ func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, er
 
 // Add64 atomically adds delta to the word at off and returns the new value.
 func (s *Segment) Add64(off int64, delta uint64) (v uint64, err error) {
+	if s.remote != nil {
+		if err := s.checkWord(off); err != nil {
+			return 0, err
+		}
+		prev, err := s.remoteFetchAdd(off, delta)
+		return prev + delta, err
+	}
 	w, err := s.word(off)
 	if err != nil {
 		return 0, err
@@ -178,6 +226,9 @@ func (s *Segment) Free(ctx context.Context) error {
 		return fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
 	}
 	retireMapping(s.mem)
+	if s.remote != nil {
+		s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
+	}
 	return s.c.free(ctx, s)
 }
 
@@ -185,6 +236,9 @@ func (s *Segment) Free(ctx context.Context) error {
 func (s *Segment) retire() {
 	if s.closed.CompareAndSwap(false, true) {
 		retireMapping(s.mem)
+		if s.remote != nil {
+			s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
+		}
 	}
 }
 

@@ -45,11 +45,25 @@ type Config struct {
 	// the contents across daemon restarts without writing them to disk; a
 	// reboot loses them, and the daemon then reports those segments lost.
 	EmulateDir string `yaml:"emulate-dir"`
+	// ShmDir is the shared-memory directory under which the daemon keeps
+	// segment files (emulated-cxl/, numa/, export/) unless EmulateDir or
+	// NUMADir say otherwise. Default: /dev/shm/farmem-<uid>-<hash of the
+	// data directory>, so two daemons on a host never share it; the data
+	// directory where /dev/shm is missing.
+	ShmDir string `yaml:"shm-dir"`
 	// NUMADir is the tmpfs directory for segments on memory-only NUMA nodes.
 	// Default: beside the default EmulateDir.
 	NUMADir string `yaml:"numa-dir"`
 	// LocalSize is the capacity of the local DRAM reference tier. Default: 1GiB. Zero disables it.
 	LocalSize size.Size `yaml:"local-size"`
+	// ExportSize is how much memory this host lends as the rdma tier: to
+	// peers, and to its own clients over loopback when it has no peers.
+	// Default: 1GiB. Zero disables the rdma tier's serving side.
+	ExportSize size.Size `yaml:"export-size"`
+	// DataListen is the data plane's TCP address (one-sided operations on
+	// rdma-tier segments). Default: 127.0.0.1:0 (loopback, any free port);
+	// give a reachable address to serve peers.
+	DataListen string `yaml:"data-listen"`
 	// LeaseTTL is how long a client's unnamed segments outlive its last session. Default: 10s.
 	LeaseTTL time.Duration `yaml:"lease-ttl"`
 	// AllowDevdaxFD lets the daemon hand a whole devdax device's descriptor to
@@ -83,6 +97,8 @@ func DefaultConfig() Config {
 		DevRoot:    "/",
 		EmulateCXL: size.GiB,
 		LocalSize:  size.GiB,
+		ExportSize: size.GiB,
+		DataListen: "127.0.0.1:0",
 		LeaseTTL:   10 * time.Second,
 		LogLevel:   "info",
 		LogFormat:  "text",
@@ -112,6 +128,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: socket path %q is %d bytes, longer than a unix socket allows (107); choose a shorter --socket", ErrConfig, c.Socket, len(c.Socket))
 	case c.EmulateCXL < 0:
 		return fmt.Errorf("%w: emulate-cxl %d is negative", ErrConfig, c.EmulateCXL)
+	case c.ExportSize < 0:
+		return fmt.Errorf("%w: export-size %d is negative", ErrConfig, c.ExportSize)
 	case c.LocalSize < 0:
 		return fmt.Errorf("%w: local-size %d is negative", ErrConfig, c.LocalSize)
 	case c.LeaseTTL < 100*time.Millisecond:
@@ -147,6 +165,9 @@ func (c *Config) numaDir() string {
 // shmDir is this daemon's directory in shared memory: one per user and
 // data directory, so that two daemons on a host never share files.
 func (c *Config) shmDir() string {
+	if c.ShmDir != "" {
+		return c.ShmDir
+	}
 	if fi, err := os.Stat("/dev/shm"); err != nil || !fi.IsDir() {
 		return c.DataDir
 	}

@@ -55,8 +55,20 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := newPool(cfg, log, devs)
+	var dp *dataPlane
+	if cfg.ExportSize > 0 && cfg.DataListen != "" {
+		if dp, err = newDataPlane(cfg.DataListen, log); err != nil {
+			for _, d := range devs {
+				d.Close()
+			}
+			return nil, err
+		}
+	}
+	p, err := newPool(cfg, log, devs, dp)
 	if err != nil {
+		if dp != nil {
+			dp.close()
+		}
 		return nil, err
 	}
 	defer func() {
@@ -99,6 +111,9 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 func (d *Daemon) Serve() error {
 	d.wg.Add(1)
 	go d.reapLoop()
+	if d.pool.dp != nil {
+		d.pool.dp.serve()
+	}
 	var tiers []any
 	for _, t := range d.pool.tiers() {
 		tiers = append(tiers, tierName(t.Tier), fmt.Sprintf("%s emulated=%v capacity=%d", t.Kind, t.Emulated, t.Capacity))

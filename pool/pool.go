@@ -15,6 +15,7 @@ import (
 	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/extent"
+	"github.com/farmem/farmem/rdma"
 )
 
 // Limits on requests, each with a clear error when exceeded.
@@ -39,6 +40,7 @@ type Pool struct {
 	cfg     Config
 	log     *slog.Logger
 	st      *store
+	dp      *dataPlane // serves rdma-tier segments; nil when disabled
 	started time.Time
 	now     func() time.Time
 
@@ -62,7 +64,20 @@ type dev struct {
 	// usable is false for a device that local clients cannot map (a
 	// devdax device without AllowDevdaxFD).
 	usable bool
+	// kind, when set, replaces the device's own kind in listings (the
+	// export device shows how it is reached: loopback, tcp).
+	kind     string
+	emulated bool // shown as emulated although the device is not (loopback rdma)
 }
+
+func (d *dev) kindName() string {
+	if d.kind != "" {
+		return d.kind
+	}
+	return string(d.Kind())
+}
+
+func (d *dev) isEmulated() bool { return d.emulated || d.Emulated() }
 
 // client is one application identity with its sessions and lease.
 type client struct {
@@ -89,9 +104,9 @@ func (c caller) id() string {
 
 // newPool opens the store, takes the devices and rebuilds the segment table.
 // It owns devs from then on, closing them on failure.
-func newPool(cfg Config, log *slog.Logger, devs []*dev) (_ *Pool, err error) {
+func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool, err error) {
 	p := &Pool{
-		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs,
+		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs, dp: dp,
 		segs: map[uint64]*record{}, names: map[string]uint64{},
 		clients: map[string]*client{}, sessions: map[string]*client{},
 	}
@@ -139,11 +154,31 @@ func (p *Pool) restore(r *record) {
 			p.log.Warn("segment lost: contents did not survive the restart", "segment", r.ID, "device", r.Device, "err", err)
 			break
 		}
+		if r.Key != "" {
+			err = p.reexport(r, b)
+		}
 		b.File.Close()
+		if err != nil {
+			r.Lost = true
+			p.log.Error("segment lost: cannot export it again", "segment", r.ID, "err", err)
+		}
 	}
 	if r.Owner != "" && p.clients[r.Owner] == nil {
 		p.clients[r.Owner] = &client{id: r.Owner, expires: p.now().Add(p.cfg.LeaseTTL + restartGrace)}
 	}
+}
+
+// reexport registers a restored rdma segment under the key its owner holds.
+func (p *Pool) reexport(r *record, b device.Backing) error {
+	if p.dp == nil {
+		return errors.New("the data plane is disabled")
+	}
+	key, err := rdma.ParseKey(r.Key)
+	if err != nil {
+		return err
+	}
+	_, err = p.dp.export(r.ID, b, r.Epoch, &key)
+	return err
 }
 
 func (p *Pool) device(name string) *dev {
@@ -284,12 +319,25 @@ func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
 		d.ext.Free(off, length)
 		return nil, fmt.Errorf("alloc on %s: %w", d.Name(), err)
 	}
-	b.File.Close()
 	r := &record{
 		ID: id, Name: req.Name, Tier: tierName(d.tier), Device: d.Name(), Offset: off, Extent: length,
 		Size: req.Size, Owner: c.id(), Persist: req.Persist, Epoch: 1, Created: p.now().UTC(),
 	}
+	if d.tier == poolv1.Tier_TIER_RDMA {
+		key, err := p.dp.export(id, b, r.Epoch, nil)
+		if err != nil {
+			b.File.Close()
+			d.Remove(id, off, length)
+			d.ext.Free(off, length)
+			return nil, fmt.Errorf("alloc: export on the data plane: %w", err)
+		}
+		r.Key = key.String()
+	}
+	b.File.Close()
 	if err := p.st.put(r); err != nil {
+		if r.Key != "" {
+			p.dp.revoke(id)
+		}
 		d.Remove(id, off, length)
 		d.ext.Free(off, length)
 		return nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
@@ -361,6 +409,9 @@ func (p *Pool) freeLocked(r *record, reason string) error {
 	delete(p.segs, r.ID)
 	if r.Name != "" {
 		delete(p.names, r.Name)
+	}
+	if r.Key != "" && p.dp != nil {
+		p.dp.revoke(r.ID)
 	}
 	if d := p.device(r.Device); d != nil {
 		if err := d.Remove(r.ID, r.Offset, r.Extent); err != nil {
@@ -448,6 +499,9 @@ func (p *Pool) Backing(c caller, id uint64) (device.Backing, error) {
 		return device.Backing{}, fmt.Errorf("segment %d on %s: %w", id, r.Device, errs.ErrSegmentLost)
 	}
 	d := p.device(r.Device)
+	if d.tier == poolv1.Tier_TIER_RDMA {
+		return device.Backing{}, fmt.Errorf("segment %d is on the rdma tier, reached through the data plane at its key, not mapped: %w", id, errs.ErrAccessDenied)
+	}
 	if d.SharesFD() && !p.cfg.AllowDevdaxFD {
 		return device.Backing{}, fmt.Errorf("segment %d is on devdax device %s, whose descriptor reaches every segment: %w; start poold with --allow-devdax-fd to hand it out", id, d.Name(), errs.ErrAccessDenied)
 	}
@@ -545,14 +599,17 @@ func (p *Pool) tiers() []*poolv1.TierInfo {
 	for _, d := range p.devs {
 		ti := byTier[d.tier]
 		if ti == nil {
-			ti = &poolv1.TierInfo{Tier: d.tier, Kind: string(d.Kind()), NumaNode: int32(d.Node())}
+			ti = &poolv1.TierInfo{Tier: d.tier, Kind: d.kindName(), NumaNode: int32(d.Node())}
+			if d.tier == poolv1.Tier_TIER_RDMA {
+				ti.Transport = "tcp"
+			}
 			byTier[d.tier] = ti
 			order = append(order, d.tier)
-		} else if ti.Kind != string(d.Kind()) {
-			ti.Kind += "+" + string(d.Kind())
+		} else if ti.Kind != d.kindName() {
+			ti.Kind += "+" + d.kindName()
 		}
 		st := d.ext.Stats()
-		ti.Emulated = ti.Emulated || d.Emulated()
+		ti.Emulated = ti.Emulated || d.isEmulated()
 		ti.Capacity += st.Capacity
 		if d.usable {
 			ti.Free += st.Free
@@ -599,7 +656,11 @@ func (p *Pool) close() error {
 		return nil
 	}
 	p.closed = true
-	return errors.Join(p.closeDevices(), p.st.close())
+	var err error
+	if p.dp != nil {
+		err = p.dp.close()
+	}
+	return errors.Join(err, p.closeDevices(), p.st.close())
 }
 
 func (p *Pool) closeDevices() error {

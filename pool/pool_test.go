@@ -23,11 +23,11 @@ func testConfig(t *testing.T) Config {
 	cfg.Node = "n1"
 	cfg.DataDir = t.TempDir()
 	cfg.SysfsRoot = "../cxl/testdata/plain"
-	cfg.NUMADir = filepath.Join(cfg.DataDir, "numa")
-	cfg.EmulateDir = filepath.Join(cfg.DataDir, "emulated-cxl")
+	cfg.ShmDir = filepath.Join(cfg.DataDir, "shm")
 	cfg.EmulateCXL = 16 * size.MiB
 	cfg.LocalSize = 16 * size.MiB
 	cfg.LeaseTTL = 200 * time.Millisecond
+	cfg.ExportSize = 0
 	dir, err := os.MkdirTemp("", "fm")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
@@ -38,7 +38,7 @@ func testConfig(t *testing.T) Config {
 func newTestPool(t *testing.T, cfg Config) *Pool {
 	_, devs, err := discover(cfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	p, err := newPool(cfg, slog.New(slog.DiscardHandler), devs)
+	p, err := newPool(cfg, slog.New(slog.DiscardHandler), devs, nil)
 	require.NoError(t, err)
 	return p
 }

@@ -15,6 +15,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
 )
 
 // SessionHeader is the gRPC metadata key that names the caller's session.
@@ -180,7 +181,11 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 		seg.State = poolv1.SegmentState_SEGMENT_STATE_LOST
 	}
 	if dv := d.pool.device(r.Device); dv != nil {
-		seg.Kind, seg.Emulated, seg.NumaNode, seg.SharesFd = string(dv.Kind()), dv.Emulated(), int32(dv.Node()), dv.SharesFD()
+		seg.Kind, seg.Emulated, seg.NumaNode, seg.SharesFd = dv.kindName(), dv.isEmulated(), int32(dv.Node()), dv.SharesFD()
+	}
+	if r.Key != "" && d.pool.dp != nil {
+		key, _ := rdma.ParseKey(r.Key)
+		seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = d.pool.dp.addr, key[:], r.ID, "tcp"
 	}
 	if t := d.pool.leaseExpiry(&r); !t.IsZero() {
 		seg.LeaseExpiresUnixMs = t.UnixMilli()

@@ -26,6 +26,7 @@ type record struct {
 	Created  time.Time `json:"created"`
 	Attached []string  `json:"attached,omitempty"`
 	Lost     bool      `json:"lost,omitempty"`
+	Key      string    `json:"key,omitempty"` // rdma access key (hex) of an exported segment
 }
 
 // pinned reports whether the segment outlives its owner's lease.

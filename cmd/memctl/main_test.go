@@ -58,7 +58,7 @@ func TestCommands(t *testing.T) {
 	require.Zero(t, code)
 	var tiers []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &tiers))
-	require.Len(t, tiers, 2)
+	require.Len(t, tiers, 3)
 	for _, ti := range tiers {
 		for _, k := range []string{"tier", "kind", "emulated", "capacity", "free"} {
 			require.Contains(t, ti, k)

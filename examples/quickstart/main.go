@@ -95,8 +95,7 @@ func connect(ctx context.Context, out io.Writer, socket string) (*alloc.Client, 
 	cfg := pool.DefaultConfig()
 	cfg.DataDir = filepath.Join(dir, "data")
 	cfg.Socket = filepath.Join(dir, "poold.sock")
-	cfg.NUMADir = filepath.Join(dir, "numa")
-	cfg.EmulateDir = filepath.Join(dir, "emulated-cxl")
+	cfg.ShmDir = filepath.Join(dir, "shm")
 	cfg.EmulateCXL = 256 * size.MiB
 	cfg.LocalSize = 256 * size.MiB
 	d, err := pool.Start(cfg, slog.New(slog.DiscardHandler))

@@ -26,16 +26,15 @@ import (
 )
 
 // Config returns a daemon configuration on fresh temporary directories:
-// no real sysfs (so the CXL tier is emulated), 64 MiB emulated CXL, 64 MiB
-// local, a 1 s lease.
+// no real sysfs (so the CXL tier is emulated), 64 MiB each of emulated CXL,
+// local DRAM and loopback rdma, a 1 s lease.
 func Config(t testing.TB) pool.Config {
 	cfg := pool.DefaultConfig()
 	cfg.Node = "test-node"
 	cfg.DataDir = t.TempDir()
 	cfg.SysfsRoot = filepath.Join(cfg.DataDir, "no-sysfs")
-	shm := ShmDir(t)
-	cfg.NUMADir = filepath.Join(shm, "numa")
-	cfg.EmulateDir = filepath.Join(shm, "emulated-cxl")
+	cfg.ShmDir = ShmDir(t)
+	cfg.ExportSize = 64 * size.MiB
 	cfg.EmulateCXL = 64 * size.MiB
 	cfg.LocalSize = 64 * size.MiB
 	cfg.LeaseTTL = time.Second

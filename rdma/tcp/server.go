@@ -66,6 +66,9 @@ func (s *Server) ExportKey(seg uint64, mem []byte, epoch uint64, key rdma.Key) e
 	if s.cfgErr != nil {
 		return s.cfgErr
 	}
+	if key.IsZero() {
+		return fmt.Errorf("rdma/tcp: export segment %d: the zero key is never valid; pass the key the segment was first exported under", seg)
+	}
 	if len(mem) == 0 {
 		return fmt.Errorf("rdma/tcp: export segment %d: memory is empty; pass the mapped segment", seg)
 	}

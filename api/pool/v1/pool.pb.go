@@ -320,6 +320,7 @@ type SessionResponse struct {
 	//
 	//	*SessionResponse_Welcome
 	//	*SessionResponse_Ack
+	//	*SessionResponse_Events
 	Msg           isSessionResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -380,6 +381,15 @@ func (x *SessionResponse) GetAck() *KeepAliveAck {
 	return nil
 }
 
+func (x *SessionResponse) GetEvents() *SegmentEvents {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_Events); ok {
+			return x.Events
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Msg interface {
 	isSessionResponse_Msg()
 }
@@ -392,9 +402,70 @@ type SessionResponse_Ack struct {
 	Ack *KeepAliveAck `protobuf:"bytes,2,opt,name=ack,proto3,oneof"`
 }
 
+type SessionResponse_Events struct {
+	Events *SegmentEvents `protobuf:"bytes,3,opt,name=events,proto3,oneof"`
+}
+
 func (*SessionResponse_Welcome) isSessionResponse_Msg() {}
 
 func (*SessionResponse_Ack) isSessionResponse_Msg() {}
+
+func (*SessionResponse_Events) isSessionResponse_Msg() {}
+
+// SegmentEvents tells a client that some of its segments' memory became
+// unreachable (their home node died or was partitioned away) or reachable
+// again (the home came back with the contents).
+type SegmentEvents struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lost          []uint64               `protobuf:"varint,1,rep,packed,name=lost,proto3" json:"lost,omitempty"`
+	Restored      []uint64               `protobuf:"varint,2,rep,packed,name=restored,proto3" json:"restored,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SegmentEvents) Reset() {
+	*x = SegmentEvents{}
+	mi := &file_pool_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SegmentEvents) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SegmentEvents) ProtoMessage() {}
+
+func (x *SegmentEvents) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SegmentEvents.ProtoReflect.Descriptor instead.
+func (*SegmentEvents) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SegmentEvents) GetLost() []uint64 {
+	if x != nil {
+		return x.Lost
+	}
+	return nil
+}
+
+func (x *SegmentEvents) GetRestored() []uint64 {
+	if x != nil {
+		return x.Restored
+	}
+	return nil
+}
 
 type Welcome struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -407,7 +478,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_pool_proto_msgTypes[4]
+	mi := &file_pool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +490,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[4]
+	mi := &file_pool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +503,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{4}
+	return file_pool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -465,7 +536,7 @@ type KeepAliveAck struct {
 
 func (x *KeepAliveAck) Reset() {
 	*x = KeepAliveAck{}
-	mi := &file_pool_proto_msgTypes[5]
+	mi := &file_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +548,7 @@ func (x *KeepAliveAck) String() string {
 func (*KeepAliveAck) ProtoMessage() {}
 
 func (x *KeepAliveAck) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[5]
+	mi := &file_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +561,7 @@ func (x *KeepAliveAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveAck.ProtoReflect.Descriptor instead.
 func (*KeepAliveAck) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{5}
+	return file_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KeepAliveAck) GetLeaseExpiresUnixMs() int64 {
@@ -507,13 +578,14 @@ type AllocRequest struct {
 	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`                                          // optional, unique per daemon; named segments outlive their creator's session
 	Persist       bool                   `protobuf:"varint,4,opt,name=persist,proto3" json:"persist,omitempty"`                                   // keep the segment after the creator's session ends, until freed
 	Fallback      []Tier                 `protobuf:"varint,5,rep,packed,name=fallback,proto3,enum=farmem.pool.v1.Tier" json:"fallback,omitempty"` // tiers to try, in order, when `tier` has no capacity
+	HomeOnly      bool                   `protobuf:"varint,6,opt,name=home_only,json=homeOnly,proto3" json:"home_only,omitempty"`                 // place on this daemon's own memory; never forward to a peer (peer-to-peer calls)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllocRequest) Reset() {
 	*x = AllocRequest{}
-	mi := &file_pool_proto_msgTypes[6]
+	mi := &file_pool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -525,7 +597,7 @@ func (x *AllocRequest) String() string {
 func (*AllocRequest) ProtoMessage() {}
 
 func (x *AllocRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[6]
+	mi := &file_pool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -538,7 +610,7 @@ func (x *AllocRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocRequest.ProtoReflect.Descriptor instead.
 func (*AllocRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{6}
+	return file_pool_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AllocRequest) GetSize() int64 {
@@ -576,6 +648,13 @@ func (x *AllocRequest) GetFallback() []Tier {
 	return nil
 }
 
+func (x *AllocRequest) GetHomeOnly() bool {
+	if x != nil {
+		return x.HomeOnly
+	}
+	return false
+}
+
 type FreeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -586,7 +665,7 @@ type FreeRequest struct {
 
 func (x *FreeRequest) Reset() {
 	*x = FreeRequest{}
-	mi := &file_pool_proto_msgTypes[7]
+	mi := &file_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -598,7 +677,7 @@ func (x *FreeRequest) String() string {
 func (*FreeRequest) ProtoMessage() {}
 
 func (x *FreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[7]
+	mi := &file_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -611,7 +690,7 @@ func (x *FreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeRequest.ProtoReflect.Descriptor instead.
 func (*FreeRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{7}
+	return file_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FreeRequest) GetId() uint64 {
@@ -636,7 +715,7 @@ type FreeResponse struct {
 
 func (x *FreeResponse) Reset() {
 	*x = FreeResponse{}
-	mi := &file_pool_proto_msgTypes[8]
+	mi := &file_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +727,7 @@ func (x *FreeResponse) String() string {
 func (*FreeResponse) ProtoMessage() {}
 
 func (x *FreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[8]
+	mi := &file_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +740,7 @@ func (x *FreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeResponse.ProtoReflect.Descriptor instead.
 func (*FreeResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{8}
+	return file_pool_proto_rawDescGZIP(), []int{9}
 }
 
 type AttachRequest struct {
@@ -673,7 +752,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_pool_proto_msgTypes[9]
+	mi := &file_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +764,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[9]
+	mi := &file_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +777,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{9}
+	return file_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AttachRequest) GetName() string {
@@ -716,7 +795,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_pool_proto_msgTypes[10]
+	mi := &file_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +807,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[10]
+	mi := &file_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +820,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{10}
+	return file_pool_proto_rawDescGZIP(), []int{11}
 }
 
 type ListResponse struct {
@@ -753,7 +832,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_pool_proto_msgTypes[11]
+	mi := &file_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +844,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[11]
+	mi := &file_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +857,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{11}
+	return file_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListResponse) GetSegments() []*Segment {
@@ -797,7 +876,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_pool_proto_msgTypes[12]
+	mi := &file_pool_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +888,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[12]
+	mi := &file_pool_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +901,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{12}
+	return file_pool_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatRequest) GetId() uint64 {
@@ -853,13 +932,19 @@ type Segment struct {
 	Persist            bool                   `protobuf:"varint,16,opt,name=persist,proto3" json:"persist,omitempty"`
 	SharesFd           bool                   `protobuf:"varint,17,opt,name=shares_fd,json=sharesFd,proto3" json:"shares_fd,omitempty"` // the descriptor handed out exposes the whole device
 	Attached           []string               `protobuf:"bytes,18,rep,name=attached,proto3" json:"attached,omitempty"`                  // client ids that attached it by name
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// For rdma segments: where and how to reach the memory with one-sided
+	// operations. home_id is the segment's id on its home node (node).
+	DataAddr      string `protobuf:"bytes,19,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	Key           []byte `protobuf:"bytes,20,opt,name=key,proto3" json:"key,omitempty"`
+	HomeId        uint64 `protobuf:"varint,21,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"`
+	Transport     string `protobuf:"bytes,22,opt,name=transport,proto3" json:"transport,omitempty"` // tcp, verbs, loopback
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_pool_proto_msgTypes[13]
+	mi := &file_pool_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +956,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[13]
+	mi := &file_pool_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +969,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{13}
+	return file_pool_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Segment) GetId() uint64 {
@@ -1013,6 +1098,34 @@ func (x *Segment) GetAttached() []string {
 	return nil
 }
 
+func (x *Segment) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
+}
+
+func (x *Segment) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Segment) GetHomeId() uint64 {
+	if x != nil {
+		return x.HomeId
+	}
+	return 0
+}
+
+func (x *Segment) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
+}
+
 type TiersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1021,7 +1134,7 @@ type TiersRequest struct {
 
 func (x *TiersRequest) Reset() {
 	*x = TiersRequest{}
-	mi := &file_pool_proto_msgTypes[14]
+	mi := &file_pool_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1146,7 @@ func (x *TiersRequest) String() string {
 func (*TiersRequest) ProtoMessage() {}
 
 func (x *TiersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[14]
+	mi := &file_pool_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1159,7 @@ func (x *TiersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TiersRequest.ProtoReflect.Descriptor instead.
 func (*TiersRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{14}
+	return file_pool_proto_rawDescGZIP(), []int{15}
 }
 
 type TiersResponse struct {
@@ -1058,7 +1171,7 @@ type TiersResponse struct {
 
 func (x *TiersResponse) Reset() {
 	*x = TiersResponse{}
-	mi := &file_pool_proto_msgTypes[15]
+	mi := &file_pool_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1183,7 @@ func (x *TiersResponse) String() string {
 func (*TiersResponse) ProtoMessage() {}
 
 func (x *TiersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[15]
+	mi := &file_pool_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1196,7 @@ func (x *TiersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TiersResponse.ProtoReflect.Descriptor instead.
 func (*TiersResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{15}
+	return file_pool_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TiersResponse) GetTiers() []*TierInfo {
@@ -1106,7 +1219,7 @@ type Latency struct {
 
 func (x *Latency) Reset() {
 	*x = Latency{}
-	mi := &file_pool_proto_msgTypes[16]
+	mi := &file_pool_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1231,7 @@ func (x *Latency) String() string {
 func (*Latency) ProtoMessage() {}
 
 func (x *Latency) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[16]
+	mi := &file_pool_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1244,7 @@ func (x *Latency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Latency.ProtoReflect.Descriptor instead.
 func (*Latency) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{16}
+	return file_pool_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Latency) GetP50Ns() int64 {
@@ -1187,7 +1300,7 @@ type TierInfo struct {
 
 func (x *TierInfo) Reset() {
 	*x = TierInfo{}
-	mi := &file_pool_proto_msgTypes[17]
+	mi := &file_pool_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1312,7 @@ func (x *TierInfo) String() string {
 func (*TierInfo) ProtoMessage() {}
 
 func (x *TierInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[17]
+	mi := &file_pool_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1325,7 @@ func (x *TierInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierInfo.ProtoReflect.Descriptor instead.
 func (*TierInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{17}
+	return file_pool_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TierInfo) GetTier() Tier {
@@ -1335,7 +1448,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_pool_proto_msgTypes[18]
+	mi := &file_pool_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1460,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[18]
+	mi := &file_pool_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1473,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{18}
+	return file_pool_proto_rawDescGZIP(), []int{19}
 }
 
 type StatusResponse struct {
@@ -1381,7 +1494,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_pool_proto_msgTypes[19]
+	mi := &file_pool_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1506,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[19]
+	mi := &file_pool_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1519,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{19}
+	return file_pool_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -1495,11 +1608,15 @@ const file_pool_proto_rawDesc = "" +
 	"\vclient_name\x18\x02 \x01(\tR\n" +
 	"clientName\x12\x10\n" +
 	"\x03pid\x18\x03 \x01(\x03R\x03pid\"\v\n" +
-	"\tKeepAlive\"\x7f\n" +
+	"\tKeepAlive\"\xb8\x01\n" +
 	"\x0fSessionResponse\x123\n" +
 	"\awelcome\x18\x01 \x01(\v2\x17.farmem.pool.v1.WelcomeH\x00R\awelcome\x120\n" +
-	"\x03ack\x18\x02 \x01(\v2\x1c.farmem.pool.v1.KeepAliveAckH\x00R\x03ackB\x05\n" +
-	"\x03msg\"^\n" +
+	"\x03ack\x18\x02 \x01(\v2\x1c.farmem.pool.v1.KeepAliveAckH\x00R\x03ack\x127\n" +
+	"\x06events\x18\x03 \x01(\v2\x1d.farmem.pool.v1.SegmentEventsH\x00R\x06eventsB\x05\n" +
+	"\x03msg\"?\n" +
+	"\rSegmentEvents\x12\x12\n" +
+	"\x04lost\x18\x01 \x03(\x04R\x04lost\x12\x1a\n" +
+	"\brestored\x18\x02 \x03(\x04R\brestored\"^\n" +
 	"\aWelcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12 \n" +
@@ -1507,13 +1624,14 @@ const file_pool_proto_rawDesc = "" +
 	"leaseTtlMs\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\"A\n" +
 	"\fKeepAliveAck\x121\n" +
-	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xac\x01\n" +
+	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xc9\x01\n" +
 	"\fAllocRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12(\n" +
 	"\x04tier\x18\x02 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x18\n" +
 	"\apersist\x18\x04 \x01(\bR\apersist\x120\n" +
-	"\bfallback\x18\x05 \x03(\x0e2\x14.farmem.pool.v1.TierR\bfallback\"1\n" +
+	"\bfallback\x18\x05 \x03(\x0e2\x14.farmem.pool.v1.TierR\bfallback\x12\x1b\n" +
+	"\thome_only\x18\x06 \x01(\bR\bhomeOnly\"1\n" +
 	"\vFreeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x0e\n" +
@@ -1524,7 +1642,7 @@ const file_pool_proto_rawDesc = "" +
 	"\fListResponse\x123\n" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\x8a\x04\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xf0\x04\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
@@ -1544,7 +1662,11 @@ const file_pool_proto_rawDesc = "" +
 	"\x0fcreated_unix_ms\x18\x0f \x01(\x03R\rcreatedUnixMs\x12\x18\n" +
 	"\apersist\x18\x10 \x01(\bR\apersist\x12\x1b\n" +
 	"\tshares_fd\x18\x11 \x01(\bR\bsharesFd\x12\x1a\n" +
-	"\battached\x18\x12 \x03(\tR\battached\"\x0e\n" +
+	"\battached\x18\x12 \x03(\tR\battached\x12\x1b\n" +
+	"\tdata_addr\x18\x13 \x01(\tR\bdataAddr\x12\x10\n" +
+	"\x03key\x18\x14 \x01(\fR\x03key\x12\x17\n" +
+	"\ahome_id\x18\x15 \x01(\x04R\x06homeId\x12\x1c\n" +
+	"\ttransport\x18\x16 \x01(\tR\ttransport\"\x0e\n" +
 	"\fTiersRequest\"?\n" +
 	"\rTiersResponse\x12.\n" +
 	"\x05tiers\x18\x01 \x03(\v2\x18.farmem.pool.v1.TierInfoR\x05tiers\"i\n" +
@@ -1618,7 +1740,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),               // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),       // 1: farmem.pool.v1.SegmentState
@@ -1626,60 +1748,62 @@ var file_pool_proto_goTypes = []any{
 	(*Hello)(nil),           // 3: farmem.pool.v1.Hello
 	(*KeepAlive)(nil),       // 4: farmem.pool.v1.KeepAlive
 	(*SessionResponse)(nil), // 5: farmem.pool.v1.SessionResponse
-	(*Welcome)(nil),         // 6: farmem.pool.v1.Welcome
-	(*KeepAliveAck)(nil),    // 7: farmem.pool.v1.KeepAliveAck
-	(*AllocRequest)(nil),    // 8: farmem.pool.v1.AllocRequest
-	(*FreeRequest)(nil),     // 9: farmem.pool.v1.FreeRequest
-	(*FreeResponse)(nil),    // 10: farmem.pool.v1.FreeResponse
-	(*AttachRequest)(nil),   // 11: farmem.pool.v1.AttachRequest
-	(*ListRequest)(nil),     // 12: farmem.pool.v1.ListRequest
-	(*ListResponse)(nil),    // 13: farmem.pool.v1.ListResponse
-	(*StatRequest)(nil),     // 14: farmem.pool.v1.StatRequest
-	(*Segment)(nil),         // 15: farmem.pool.v1.Segment
-	(*TiersRequest)(nil),    // 16: farmem.pool.v1.TiersRequest
-	(*TiersResponse)(nil),   // 17: farmem.pool.v1.TiersResponse
-	(*Latency)(nil),         // 18: farmem.pool.v1.Latency
-	(*TierInfo)(nil),        // 19: farmem.pool.v1.TierInfo
-	(*StatusRequest)(nil),   // 20: farmem.pool.v1.StatusRequest
-	(*StatusResponse)(nil),  // 21: farmem.pool.v1.StatusResponse
+	(*SegmentEvents)(nil),   // 6: farmem.pool.v1.SegmentEvents
+	(*Welcome)(nil),         // 7: farmem.pool.v1.Welcome
+	(*KeepAliveAck)(nil),    // 8: farmem.pool.v1.KeepAliveAck
+	(*AllocRequest)(nil),    // 9: farmem.pool.v1.AllocRequest
+	(*FreeRequest)(nil),     // 10: farmem.pool.v1.FreeRequest
+	(*FreeResponse)(nil),    // 11: farmem.pool.v1.FreeResponse
+	(*AttachRequest)(nil),   // 12: farmem.pool.v1.AttachRequest
+	(*ListRequest)(nil),     // 13: farmem.pool.v1.ListRequest
+	(*ListResponse)(nil),    // 14: farmem.pool.v1.ListResponse
+	(*StatRequest)(nil),     // 15: farmem.pool.v1.StatRequest
+	(*Segment)(nil),         // 16: farmem.pool.v1.Segment
+	(*TiersRequest)(nil),    // 17: farmem.pool.v1.TiersRequest
+	(*TiersResponse)(nil),   // 18: farmem.pool.v1.TiersResponse
+	(*Latency)(nil),         // 19: farmem.pool.v1.Latency
+	(*TierInfo)(nil),        // 20: farmem.pool.v1.TierInfo
+	(*StatusRequest)(nil),   // 21: farmem.pool.v1.StatusRequest
+	(*StatusResponse)(nil),  // 22: farmem.pool.v1.StatusResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	3,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
 	4,  // 1: farmem.pool.v1.SessionRequest.keep_alive:type_name -> farmem.pool.v1.KeepAlive
-	6,  // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
-	7,  // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
-	0,  // 4: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
-	0,  // 5: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
-	15, // 6: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
-	0,  // 7: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
-	1,  // 8: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
-	19, // 9: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	0,  // 10: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
-	18, // 11: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
-	18, // 12: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
-	18, // 13: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
-	19, // 14: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	2,  // 15: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	8,  // 16: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	9,  // 17: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	11, // 18: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	12, // 19: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	14, // 20: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	16, // 21: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	20, // 22: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	5,  // 23: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	15, // 24: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	10, // 25: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	15, // 26: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	13, // 27: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	15, // 28: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	17, // 29: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	21, // 30: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	23, // [23:31] is the sub-list for method output_type
-	15, // [15:23] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	7,  // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
+	8,  // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
+	6,  // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
+	0,  // 5: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 6: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
+	16, // 7: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
+	0,  // 8: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
+	1,  // 9: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
+	20, // 10: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	0,  // 11: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
+	19, // 12: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
+	19, // 13: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
+	19, // 14: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
+	20, // 15: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	2,  // 16: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	9,  // 17: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	10, // 18: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	12, // 19: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	13, // 20: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	15, // 21: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	17, // 22: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	21, // 23: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	5,  // 24: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	16, // 25: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	11, // 26: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	16, // 27: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	14, // 28: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	16, // 29: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	18, // 30: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	22, // 31: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	24, // [24:32] is the sub-list for method output_type
+	16, // [16:24] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -1694,6 +1818,7 @@ func file_pool_proto_init() {
 	file_pool_proto_msgTypes[3].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_Ack)(nil),
+		(*SessionResponse_Events)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1701,7 +1826,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

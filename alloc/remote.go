@@ -1,0 +1,235 @@
+package alloc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// remote is how a segment on the rdma tier is reached: one-sided operations
+// on its home's data plane.
+type remote struct {
+	region rdma.Region
+	addr   string // the home's data plane; guarded by Client.mu
+	// lost is cancelled, with cause ErrSegmentLost, while the daemon reports
+	// the home lost; a restored segment gets a fresh one.
+	lost   context.Context
+	cancel context.CancelCauseFunc
+}
+
+// newRemote describes a segment the daemon placed on the rdma tier.
+func newRemote(info *poolv1.Segment) (*remote, error) {
+	var key rdma.Key
+	if len(info.Key) != len(key) || info.DataAddr == "" {
+		return nil, fmt.Errorf("segment %d: the daemon gave no data-plane address or key for an rdma segment: %w", info.Id, ErrSegmentLost)
+	}
+	copy(key[:], info.Key)
+	r := &remote{region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr}
+	r.lost, r.cancel = context.WithCancelCause(context.Background())
+	return r, nil
+}
+
+// rdmaErr maps a data-plane error to farmem's sentinels, keeping both
+// matchable with errors.Is.
+func rdmaErr(err error) error {
+	for _, m := range []struct{ from, to error }{
+		{rdma.ErrAccessDenied, ErrAccessDenied},
+		{rdma.ErrOutOfRange, ErrOutOfRange},
+		{rdma.ErrSegmentLost, ErrSegmentLost},
+		{rdma.ErrLeaseExpired, ErrLeaseExpired},
+		{rdma.ErrUnaligned, ErrUnaligned},
+		{rdma.ErrNotSupported, ErrNotSupported},
+	} {
+		if errors.Is(err, m.from) {
+			return fmt.Errorf("%w (%w)", m.to, err)
+		}
+	}
+	return err
+}
+
+// final reports whether a data-plane error is the answer (the home refused
+// the operation) rather than a failure to reach the home.
+func final(err error) bool {
+	for _, e := range []error{rdma.ErrAccessDenied, rdma.ErrOutOfRange, rdma.ErrSegmentLost, rdma.ErrLeaseExpired, rdma.ErrUnaligned, rdma.ErrNotSupported} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// dataConn returns the cached data-plane connection to addr, dialing it.
+func (c *Client) dataConn(ctx context.Context, addr string) (rdma.Conn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("client: %w", ErrClosed)
+	}
+	if dc := c.data[addr]; dc != nil {
+		c.mu.Unlock()
+		return dc, nil
+	}
+	c.mu.Unlock()
+	dc, err := tcp.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		dc.Close()
+		return nil, fmt.Errorf("client: %w", ErrClosed)
+	}
+	if old := c.data[addr]; old != nil {
+		dc.Close()
+		return old, nil
+	}
+	c.data[addr] = dc
+	return dc, nil
+}
+
+// dropDataConn forgets a broken connection so the next operation redials.
+func (c *Client) dropDataConn(addr string, dc rdma.Conn) {
+	c.mu.Lock()
+	if c.data[addr] == dc {
+		delete(c.data, addr)
+	}
+	c.mu.Unlock()
+	dc.Close()
+}
+
+// remoteOp runs fn against the segment's home, redialing (and asking the
+// daemon where the segment is now) while the home is unreachable, until fn
+// succeeds, the home refuses, the segment is reported lost, or the
+// operation timeout passes.
+func (s *Segment) remoteOp(fn func(ctx context.Context, conn rdma.Conn, r rdma.Region) error) error {
+	r := s.remote
+	s.c.mu.Lock()
+	lost := r.lost
+	s.c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(lost, s.c.opts.opTimeout)
+	defer cancel()
+	backoff := 20 * time.Millisecond
+	for {
+		addr := s.dataAddr()
+		conn, err := s.c.dataConn(ctx, addr)
+		if err == nil {
+			err = fn(ctx, conn, r.region)
+			if err == nil || final(err) {
+				return rdmaErr(err)
+			}
+			if ctx.Err() == nil {
+				s.c.dropDataConn(addr, conn)
+			}
+		}
+		if ctx.Err() != nil {
+			if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) {
+				return fmt.Errorf("segment %d on %s: %w", s.info.Id, s.info.Node, cause)
+			}
+			return fmt.Errorf("segment %d on %s: home unreachable for %s: %w (%w; retry, or wait for the pool to report the segment lost)", s.info.Id, s.info.Node, s.c.opts.opTimeout, err, ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			continue
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 500*time.Millisecond)
+		s.refresh(ctx)
+	}
+}
+
+func (s *Segment) dataAddr() string {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.remote.addr
+}
+
+// refresh asks the daemon where the segment's home serves it now (a
+// restarted home may listen on another port).
+func (s *Segment) refresh(ctx context.Context) {
+	cctx, _, err := s.c.callCtx(ctx)
+	if err != nil {
+		return
+	}
+	info, err := s.c.api.Stat(cctx, &poolv1.StatRequest{Id: s.info.Id})
+	if err != nil || info.DataAddr == "" {
+		return
+	}
+	s.c.mu.Lock()
+	s.remote.addr = info.DataAddr
+	s.c.mu.Unlock()
+}
+
+// setLost marks the segment lost (or reachable again) as the daemon reports.
+func (s *Segment) setLost(lost bool) {
+	if s.remote == nil {
+		return
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if lost {
+		s.remote.cancel(fmt.Errorf("the home node %s of segment %d is gone: %w", s.info.Node, s.info.Id, errs.ErrSegmentLost))
+		return
+	}
+	if s.remote.lost.Err() != nil {
+		s.remote.lost, s.remote.cancel = context.WithCancelCause(context.Background())
+	}
+}
+
+func (s *Segment) remoteReadAt(p []byte, off int64) (int, error) {
+	size := s.info.Size
+	if off < 0 || off > size {
+		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, size, ErrOutOfRange)
+	}
+	n := int(min(int64(len(p)), size-off))
+	if n > 0 {
+		if err := s.remoteOp(func(ctx context.Context, c rdma.Conn, r rdma.Region) error {
+			return c.Read(ctx, r, off, p[:n])
+		}); err != nil {
+			return 0, err
+		}
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+func (s *Segment) remoteWriteAt(p []byte, off int64) (int, error) {
+	size := s.info.Size
+	if off < 0 || off > size || int64(len(p)) > size-off {
+		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, size, ErrOutOfRange)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if err := s.remoteOp(func(ctx context.Context, c rdma.Conn, r rdma.Region) error {
+		return c.Write(ctx, r, off, p)
+	}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (s *Segment) remoteFetchAdd(off int64, delta uint64) (prev uint64, err error) {
+	err = s.remoteOp(func(ctx context.Context, c rdma.Conn, r rdma.Region) (err error) {
+		prev, err = c.FetchAdd64(ctx, r, off, delta)
+		return err
+	})
+	return prev, err
+}
+
+func (s *Segment) remoteCAS(off int64, old, new uint64) (prev uint64, swapped bool, err error) {
+	err = s.remoteOp(func(ctx context.Context, c rdma.Conn, r rdma.Region) (err error) {
+		prev, swapped, err = c.CompareAndSwap64(ctx, r, off, old, new)
+		return err
+	})
+	return prev, swapped, err
+}

@@ -1,0 +1,99 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/farmem/farmem/internal/device"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// dataPlane serves this daemon's rdma-tier segments with one-sided
+// operations (the TCP fallback transport): each exported segment is mapped
+// here once and registered under its access key. Safe for concurrent use.
+type dataPlane struct {
+	srv  *tcp.Server
+	l    net.Listener
+	addr string
+	log  *slog.Logger
+
+	mu   sync.Mutex
+	maps map[uint64]*device.Mapping
+	wg   sync.WaitGroup
+}
+
+func newDataPlane(addr string, log *slog.Logger) (*dataPlane, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("data plane on %s: %w (choose another with --data-listen)", addr, err)
+	}
+	cfg := tcp.DefaultConfig()
+	cfg.Logger = log
+	return &dataPlane{srv: tcp.NewServer(cfg), l: l, addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}}, nil
+}
+
+func (dp *dataPlane) serve() {
+	dp.wg.Add(1)
+	go func() {
+		defer dp.wg.Done()
+		if err := dp.srv.Serve(dp.l); err != nil && !errors.Is(err, net.ErrClosed) {
+			dp.log.Error("data plane stopped", "err", err)
+		}
+	}()
+}
+
+// export maps a segment's backing and registers it; with a non-nil key
+// (a restart) under that key, else under a fresh one.
+func (dp *dataPlane) export(id uint64, b device.Backing, epoch uint64, key *rdma.Key) (rdma.Key, error) {
+	m, err := device.Map(b)
+	if err != nil {
+		return rdma.Key{}, err
+	}
+	var k rdma.Key
+	if key != nil {
+		k = *key
+		err = dp.srv.ExportKey(id, m.Bytes(), epoch, k)
+	} else {
+		k, err = dp.srv.Export(id, m.Bytes(), epoch)
+	}
+	if err != nil {
+		m.Close()
+		return rdma.Key{}, err
+	}
+	dp.mu.Lock()
+	dp.maps[id] = m
+	dp.mu.Unlock()
+	return k, nil
+}
+
+// revoke withdraws a segment and unmaps it once no operation touches it.
+func (dp *dataPlane) revoke(id uint64) {
+	dp.mu.Lock()
+	m := dp.maps[id]
+	delete(dp.maps, id)
+	dp.mu.Unlock()
+	if m == nil {
+		return
+	}
+	if err := dp.srv.Revoke(id); err != nil {
+		dp.log.Error("revoke segment", "segment", id, "err", err)
+	}
+	m.Close()
+}
+
+func (dp *dataPlane) close() error {
+	err := dp.srv.Close()
+	dp.l.Close()
+	dp.wg.Wait()
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	for id, m := range dp.maps {
+		m.Close()
+		delete(dp.maps, id)
+	}
+	return err
+}
