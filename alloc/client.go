@@ -6,26 +6,19 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
-
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/fdpass"
 	"github.com/farmem/farmem/internal/paths"
+	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
 )
-
-// sessionHeader names the caller's session in gRPC metadata (pool.SessionHeader).
-const sessionHeader = "farmem-session"
 
 // Client is a connection to the local poold: a control-plane channel, a
 // session that keeps the client's lease alive (re-established by itself if
@@ -35,21 +28,14 @@ const sessionHeader = "farmem-session"
 type Client struct {
 	socket string
 	opts   dialOptions
-	conn   *grpc.ClientConn
+	sess   *session.Conn
 	api    poolv1.PoolClient
 
-	mu       sync.Mutex
-	session  string        // current session id; "" while reconnecting
-	ready    chan struct{} // closed when session is set, replaced when it is lost
-	node     string
-	leaseTTL time.Duration
-	fd       *fdpass.Conn
-	data     map[string]rdma.Conn // data-plane connections by address
-	segs     map[*Segment]struct{}
-	closed   bool
-
-	stop chan struct{}
-	wg   sync.WaitGroup
+	mu     sync.Mutex
+	fd     *fdpass.Conn
+	data   map[string]rdma.Conn // data-plane connections by address
+	segs   map[*Segment]struct{}
+	closed bool
 }
 
 // socketPath turns a Dial target into a unix socket path.
@@ -88,145 +74,47 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		ctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	conn, err := grpc.NewClient("passthrough:///farmem",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
-		}),
-	)
+	c := &Client{socket: path, opts: o, segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}}
+	c.sess, err = session.Dial(ctx, "unix", path, session.Options{
+		ClientID: o.clientID, ClientName: o.clientName,
+		OnEvents: c.segmentEvents,
+		OnDown:   c.dropFD,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("dial poold at %s: %w", path, err)
-	}
-	c := &Client{
-		socket: path, opts: o, conn: conn, api: poolv1.NewPoolClient(conn),
-		ready: make(chan struct{}), segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}, stop: make(chan struct{}),
-	}
-	first := make(chan error, 1)
-	c.wg.Add(1)
-	go c.sessionLoop(first)
-	select {
-	case err = <-first:
-	case <-ctx.Done():
-		err = ctx.Err()
-	}
-	if err != nil {
-		c.Close()
 		return nil, fmt.Errorf("no poold answers at %s (start one with 'poold', or point FARMEM_SOCKET at its socket): %w", path, err)
 	}
+	c.api = c.sess.API()
 	return c, nil
 }
 
-// sessionLoop keeps a session open, reopening it with backoff when the
-// stream breaks (e.g. the daemon restarted). The first outcome goes to first.
-func (c *Client) sessionLoop(first chan<- error) {
-	defer c.wg.Done()
-	backoff := 50 * time.Millisecond
-	for {
-		err := c.runSession(first)
-		first = nil
-		select {
-		case <-c.stop:
-			return
-		default:
-		}
-		c.mu.Lock()
-		if c.session != "" {
-			c.session = ""
-			c.ready = make(chan struct{})
-			if c.fd != nil {
-				c.fd.Close()
-				c.fd = nil
-			}
-		}
-		c.mu.Unlock()
-		_ = err
-		select {
-		case <-c.stop:
-			return
-		case <-time.After(backoff):
-		}
-		c.mu.Lock()
-		limit := min(2*time.Second, max(c.leaseTTL/4, 50*time.Millisecond))
-		c.mu.Unlock()
-		backoff = min(backoff*2, limit)
-	}
-}
-
-// runSession runs one session until its stream ends.
-func (c *Client) runSession(first chan<- error) error {
-	report := func(err error) {
-		if first != nil {
-			first <- err
-			first = nil
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-c.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	stream, err := c.api.Session(ctx)
-	if err != nil {
-		err = errs.FromStatus(err)
-		report(err)
-		return err
-	}
-	hello := &poolv1.SessionRequest{Msg: &poolv1.SessionRequest_Hello{Hello: &poolv1.Hello{
-		ClientId: c.opts.clientID, ClientName: c.opts.clientName, Pid: int64(os.Getpid()),
-	}}}
-	if err := stream.Send(hello); err != nil {
-		err = errs.FromStatus(err)
-		report(err)
-		return err
-	}
-	resp, err := stream.Recv()
-	if err != nil {
-		err = errs.FromStatus(err)
-		report(err)
-		return err
-	}
-	w := resp.GetWelcome()
-	if w == nil {
-		err := fmt.Errorf("%w: poold answered Hello without Welcome", ErrUnavailable)
-		report(err)
-		return err
-	}
+// dropFD forgets the descriptor channel of a session that broke: the
+// daemon behind it may be a new one.
+func (c *Client) dropFD() {
 	c.mu.Lock()
-	c.session, c.node, c.leaseTTL = w.SessionId, w.Node, time.Duration(w.LeaseTtlMs)*time.Millisecond
-	close(c.ready)
-	c.mu.Unlock()
-	report(nil)
-
-	period := max(c.leaseTTL/3, 100*time.Millisecond)
-	go func() {
-		t := time.NewTicker(period)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if stream.Send(&poolv1.SessionRequest{Msg: &poolv1.SessionRequest_KeepAlive{KeepAlive: &poolv1.KeepAlive{}}}) != nil {
-					return
-				}
-			}
-		}
-	}()
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		if ev := m.GetEvents(); ev != nil {
-			c.segmentEvents(ev)
-		}
+	defer c.mu.Unlock()
+	if c.fd != nil {
+		c.fd.Close()
+		c.fd = nil
 	}
 }
+
+// callCtx adds the session to ctx, waiting (within ctx) for a session while
+// the client reconnects.
+func (c *Client) callCtx(ctx context.Context) (context.Context, string, error) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, "", fmt.Errorf("client: %w", ErrClosed)
+	}
+	return c.sess.Call(ctx)
+}
+
+// Node is the name of the poold the client is connected to.
+func (c *Client) Node() string { return c.sess.Node() }
+
+// ID is the client's identity (see WithClientID).
+func (c *Client) ID() string { return c.opts.clientID }
 
 // segmentEvents applies the daemon's lost/restored notices to our segments.
 func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
@@ -249,38 +137,6 @@ func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 		s.setLost(lost[s.info.Id])
 	}
 }
-
-// callCtx adds the session to ctx, waiting (within ctx) for a session while
-// the client reconnects.
-func (c *Client) callCtx(ctx context.Context) (context.Context, string, error) {
-	for {
-		c.mu.Lock()
-		if c.closed {
-			c.mu.Unlock()
-			return nil, "", fmt.Errorf("client: %w", ErrClosed)
-		}
-		sid, ready := c.session, c.ready
-		c.mu.Unlock()
-		if sid != "" {
-			return metadata.AppendToOutgoingContext(ctx, sessionHeader, sid), sid, nil
-		}
-		select {
-		case <-ready:
-		case <-ctx.Done():
-			return nil, "", fmt.Errorf("waiting for poold at %s: %w (%w)", c.socket, ctx.Err(), ErrUnavailable)
-		}
-	}
-}
-
-// Node is the name of the poold the client is connected to.
-func (c *Client) Node() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.node
-}
-
-// ID is the client's identity (see WithClientID).
-func (c *Client) ID() string { return c.opts.clientID }
 
 // Alloc allocates a segment of size bytes. See WithTier, WithName,
 // WithFallback, WithPersist and WithPopulate.
@@ -441,7 +297,6 @@ func (c *Client) Close() error {
 	for s := range segs {
 		s.retire()
 	}
-	close(c.stop)
 	var err error
 	if fd != nil {
 		err = fd.Close()
@@ -449,9 +304,7 @@ func (c *Client) Close() error {
 	for _, dc := range data {
 		err = errors.Join(err, dc.Close())
 	}
-	err = errors.Join(err, c.conn.Close())
-	c.wg.Wait()
-	return err
+	return errors.Join(err, c.sess.Close())
 }
 
 // FreeByID frees a segment by id without holding it, e.g. one a previous

@@ -789,6 +789,7 @@ func (x *AttachRequest) GetName() string {
 
 type ListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	All           bool                   `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"` // every alive node's segments, not just this daemon's
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -821,6 +822,13 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
 }
 
 type ListResponse struct {
@@ -1592,6 +1600,335 @@ func (x *StatusResponse) GetLeaseTtlMs() int64 {
 	return 0
 }
 
+type NodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesRequest) Reset() {
+	*x = NodesRequest{}
+	mi := &file_pool_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesRequest) ProtoMessage() {}
+
+func (x *NodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
+func (*NodesRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{21}
+}
+
+// NodeInfo is one cluster member.
+type NodeInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	State         string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"` // alive, suspect, dead, left
+	GossipAddr    string                 `protobuf:"bytes,3,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	GrpcAddr      string                 `protobuf:"bytes,4,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	DataAddr      string                 `protobuf:"bytes,5,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	Draining      bool                   `protobuf:"varint,6,opt,name=draining,proto3" json:"draining,omitempty"`
+	Self          bool                   `protobuf:"varint,7,opt,name=self,proto3" json:"self,omitempty"`
+	Tiers         []*NodeTier            `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeInfo) Reset() {
+	*x = NodeInfo{}
+	mi := &file_pool_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeInfo) ProtoMessage() {}
+
+func (x *NodeInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
+func (*NodeInfo) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *NodeInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetGossipAddr() string {
+	if x != nil {
+		return x.GossipAddr
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetGrpcAddr() string {
+	if x != nil {
+		return x.GrpcAddr
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *NodeInfo) GetSelf() bool {
+	if x != nil {
+		return x.Self
+	}
+	return false
+}
+
+func (x *NodeInfo) GetTiers() []*NodeTier {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+type NodeTier struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	Capacity      int64                  `protobuf:"varint,2,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Free          int64                  `protobuf:"varint,3,opt,name=free,proto3" json:"free,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeTier) Reset() {
+	*x = NodeTier{}
+	mi := &file_pool_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeTier) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeTier) ProtoMessage() {}
+
+func (x *NodeTier) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeTier.ProtoReflect.Descriptor instead.
+func (*NodeTier) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *NodeTier) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *NodeTier) GetCapacity() int64 {
+	if x != nil {
+		return x.Capacity
+	}
+	return 0
+}
+
+func (x *NodeTier) GetFree() int64 {
+	if x != nil {
+		return x.Free
+	}
+	return 0
+}
+
+type NodesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeInfo            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesResponse) Reset() {
+	*x = NodesResponse{}
+	mi := &file_pool_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesResponse) ProtoMessage() {}
+
+func (x *NodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
+func (*NodesResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *NodesResponse) GetNodes() []*NodeInfo {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type DrainRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Undo          bool                   `protobuf:"varint,2,opt,name=undo,proto3" json:"undo,omitempty"` // accept placements again
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainRequest) Reset() {
+	*x = DrainRequest{}
+	mi := &file_pool_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainRequest) ProtoMessage() {}
+
+func (x *DrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
+func (*DrainRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *DrainRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *DrainRequest) GetUndo() bool {
+	if x != nil {
+		return x.Undo
+	}
+	return false
+}
+
+type DrainResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainResponse) Reset() {
+	*x = DrainResponse{}
+	mi := &file_pool_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainResponse) ProtoMessage() {}
+
+func (x *DrainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
+func (*DrainResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{26}
+}
+
 var File_pool_proto protoreflect.FileDescriptor
 
 const file_pool_proto_rawDesc = "" +
@@ -1637,8 +1974,9 @@ const file_pool_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x0e\n" +
 	"\fFreeResponse\"#\n" +
 	"\rAttachRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\r\n" +
-	"\vListRequest\"C\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x1f\n" +
+	"\vListRequest\x12\x10\n" +
+	"\x03all\x18\x01 \x01(\bR\x03all\"C\n" +
 	"\fListResponse\x123\n" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
@@ -1706,7 +2044,28 @@ const file_pool_proto_rawDesc = "" +
 	"\bsegments\x18\t \x01(\x03R\bsegments\x12 \n" +
 	"\flease_ttl_ms\x18\n" +
 	" \x01(\x03R\n" +
-	"leaseTtlMs*I\n" +
+	"leaseTtlMs\"\x0e\n" +
+	"\fNodesRequest\"\xef\x01\n" +
+	"\bNodeInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1f\n" +
+	"\vgossip_addr\x18\x03 \x01(\tR\n" +
+	"gossipAddr\x12\x1b\n" +
+	"\tgrpc_addr\x18\x04 \x01(\tR\bgrpcAddr\x12\x1b\n" +
+	"\tdata_addr\x18\x05 \x01(\tR\bdataAddr\x12\x1a\n" +
+	"\bdraining\x18\x06 \x01(\bR\bdraining\x12\x12\n" +
+	"\x04self\x18\a \x01(\bR\x04self\x12.\n" +
+	"\x05tiers\x18\b \x03(\v2\x18.farmem.pool.v1.NodeTierR\x05tiers\"N\n" +
+	"\bNodeTier\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x1a\n" +
+	"\bcapacity\x18\x02 \x01(\x03R\bcapacity\x12\x12\n" +
+	"\x04free\x18\x03 \x01(\x03R\x04free\"?\n" +
+	"\rNodesResponse\x12.\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x18.farmem.pool.v1.NodeInfoR\x05nodes\"6\n" +
+	"\fDrainRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04undo\x18\x02 \x01(\bR\x04undo\"\x0f\n" +
+	"\rDrainResponse*I\n" +
 	"\x04Tier\x12\x14\n" +
 	"\x10TIER_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1716,7 +2075,7 @@ const file_pool_proto_rawDesc = "" +
 	"\fSegmentState\x12\x1d\n" +
 	"\x19SEGMENT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SEGMENT_STATE_ACTIVE\x10\x01\x12\x16\n" +
-	"\x12SEGMENT_STATE_LOST\x10\x022\xab\x04\n" +
+	"\x12SEGMENT_STATE_LOST\x10\x022\xb7\x05\n" +
 	"\x04Pool\x12N\n" +
 	"\aSession\x12\x1e.farmem.pool.v1.SessionRequest\x1a\x1f.farmem.pool.v1.SessionResponse(\x010\x01\x12>\n" +
 	"\x05Alloc\x12\x1c.farmem.pool.v1.AllocRequest\x1a\x17.farmem.pool.v1.Segment\x12A\n" +
@@ -1725,7 +2084,9 @@ const file_pool_proto_rawDesc = "" +
 	"\x04List\x12\x1b.farmem.pool.v1.ListRequest\x1a\x1c.farmem.pool.v1.ListResponse\x12<\n" +
 	"\x04Stat\x12\x1b.farmem.pool.v1.StatRequest\x1a\x17.farmem.pool.v1.Segment\x12D\n" +
 	"\x05Tiers\x12\x1c.farmem.pool.v1.TiersRequest\x1a\x1d.farmem.pool.v1.TiersResponse\x12G\n" +
-	"\x06Status\x12\x1d.farmem.pool.v1.StatusRequest\x1a\x1e.farmem.pool.v1.StatusResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
+	"\x06Status\x12\x1d.farmem.pool.v1.StatusRequest\x1a\x1e.farmem.pool.v1.StatusResponse\x12D\n" +
+	"\x05Nodes\x12\x1c.farmem.pool.v1.NodesRequest\x1a\x1d.farmem.pool.v1.NodesResponse\x12D\n" +
+	"\x05Drain\x12\x1c.farmem.pool.v1.DrainRequest\x1a\x1d.farmem.pool.v1.DrainResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
 
 var (
 	file_pool_proto_rawDescOnce sync.Once
@@ -1740,7 +2101,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),               // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),       // 1: farmem.pool.v1.SegmentState
@@ -1765,6 +2126,12 @@ var file_pool_proto_goTypes = []any{
 	(*TierInfo)(nil),        // 20: farmem.pool.v1.TierInfo
 	(*StatusRequest)(nil),   // 21: farmem.pool.v1.StatusRequest
 	(*StatusResponse)(nil),  // 22: farmem.pool.v1.StatusResponse
+	(*NodesRequest)(nil),    // 23: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),        // 24: farmem.pool.v1.NodeInfo
+	(*NodeTier)(nil),        // 25: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),   // 26: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),    // 27: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),   // 28: farmem.pool.v1.DrainResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	3,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -1783,27 +2150,33 @@ var file_pool_proto_depIdxs = []int32{
 	19, // 13: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
 	19, // 14: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
 	20, // 15: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	2,  // 16: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	9,  // 17: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	10, // 18: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	12, // 19: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	13, // 20: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	15, // 21: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	17, // 22: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	21, // 23: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	5,  // 24: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	16, // 25: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	11, // 26: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	16, // 27: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	14, // 28: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	16, // 29: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	18, // 30: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	22, // 31: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	24, // [24:32] is the sub-list for method output_type
-	16, // [16:24] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	25, // 16: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	24, // 17: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	2,  // 18: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	9,  // 19: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	10, // 20: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	12, // 21: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	13, // 22: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	15, // 23: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	17, // 24: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	21, // 25: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	23, // 26: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	27, // 27: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	5,  // 28: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	16, // 29: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	11, // 30: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	16, // 31: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	14, // 32: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	16, // 33: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	18, // 34: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	22, // 35: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	26, // 36: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	28, // 37: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	28, // [28:38] is the sub-list for method output_type
+	18, // [18:28] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -1826,7 +2199,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   21,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,8 @@ const (
 	Pool_Stat_FullMethodName    = "/farmem.pool.v1.Pool/Stat"
 	Pool_Tiers_FullMethodName   = "/farmem.pool.v1.Pool/Tiers"
 	Pool_Status_FullMethodName  = "/farmem.pool.v1.Pool/Status"
+	Pool_Nodes_FullMethodName   = "/farmem.pool.v1.Pool/Nodes"
+	Pool_Drain_FullMethodName   = "/farmem.pool.v1.Pool/Drain"
 )
 
 // PoolClient is the client API for Pool service.
@@ -61,6 +63,10 @@ type PoolClient interface {
 	Tiers(ctx context.Context, in *TiersRequest, opts ...grpc.CallOption) (*TiersResponse, error)
 	// Status describes the daemon itself.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Nodes lists the cluster's members as this daemon sees them.
+	Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error)
+	// Drain stops new placements on a node (forwarded to it); its segments stay.
+	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error)
 }
 
 type poolClient struct {
@@ -154,6 +160,26 @@ func (c *poolClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *poolClient) Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesResponse)
+	err := c.cc.Invoke(ctx, Pool_Nodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *poolClient) Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainResponse)
+	err := c.cc.Invoke(ctx, Pool_Drain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServer is the server API for Pool service.
 // All implementations must embed UnimplementedPoolServer
 // for forward compatibility.
@@ -177,6 +203,10 @@ type PoolServer interface {
 	Tiers(context.Context, *TiersRequest) (*TiersResponse, error)
 	// Status describes the daemon itself.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Nodes lists the cluster's members as this daemon sees them.
+	Nodes(context.Context, *NodesRequest) (*NodesResponse, error)
+	// Drain stops new placements on a node (forwarded to it); its segments stay.
+	Drain(context.Context, *DrainRequest) (*DrainResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
 
@@ -210,6 +240,12 @@ func (UnimplementedPoolServer) Tiers(context.Context, *TiersRequest) (*TiersResp
 }
 func (UnimplementedPoolServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedPoolServer) Nodes(context.Context, *NodesRequest) (*NodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Nodes not implemented")
+}
+func (UnimplementedPoolServer) Drain(context.Context, *DrainRequest) (*DrainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Drain not implemented")
 }
 func (UnimplementedPoolServer) mustEmbedUnimplementedPoolServer() {}
 func (UnimplementedPoolServer) testEmbeddedByValue()              {}
@@ -365,6 +401,42 @@ func _Pool_Status_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Pool_Nodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).Nodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_Nodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).Nodes(ctx, req.(*NodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Pool_Drain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).Drain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_Drain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).Drain(ctx, req.(*DrainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Pool_ServiceDesc is the grpc.ServiceDesc for Pool service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -399,6 +471,14 @@ var Pool_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Pool_Status_Handler,
+		},
+		{
+			MethodName: "Nodes",
+			Handler:    _Pool_Nodes_Handler,
+		},
+		{
+			MethodName: "Drain",
+			Handler:    _Pool_Drain_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,239 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// Header is the gRPC metadata key naming the caller's session.
+const Header = "farmem-session"
+
+// Options configure Dial.
+type Options struct {
+	// ClientID is the stable identity the session is opened under (required).
+	ClientID string
+	// ClientName is shown by memctl.
+	ClientName string
+	// OnEvents receives the daemon's segment lost/restored notices; it runs
+	// on the session goroutine and must not block.
+	OnEvents func(*poolv1.SegmentEvents)
+	// OnDown runs (on the session goroutine) when an established session
+	// breaks, before it is re-established.
+	OnDown func()
+	// OnUp runs (on the session goroutine) each time a session is
+	// established, the first time included.
+	OnUp func(sessionID string)
+}
+
+// Conn is a control-plane connection with a live session.
+type Conn struct {
+	addr string
+	opts Options
+	conn *grpc.ClientConn
+	api  poolv1.PoolClient
+
+	mu       sync.Mutex
+	session  string        // current session id; "" while reconnecting
+	ready    chan struct{} // closed when session is set, replaced when it is lost
+	node     string
+	leaseTTL time.Duration
+	closed   bool
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// Dial connects to a daemon at addr over network ("unix" or "tcp") and
+// waits, within ctx, for its first session.
+func Dial(ctx context.Context, network, addr string, o Options) (*Conn, error) {
+	conn, err := grpc.NewClient("passthrough:///farmem",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("dial poold at %s: %w", addr, err)
+	}
+	c := &Conn{addr: addr, opts: o, conn: conn, api: poolv1.NewPoolClient(conn), ready: make(chan struct{}), stop: make(chan struct{})}
+	first := make(chan error, 1)
+	c.wg.Add(1)
+	go c.loop(first)
+	select {
+	case err = <-first:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// API is the daemon's gRPC client; pass contexts from Call.
+func (c *Conn) API() poolv1.PoolClient { return c.api }
+
+// Addr is the daemon's address.
+func (c *Conn) Addr() string { return c.addr }
+
+// Node is the daemon's node name.
+func (c *Conn) Node() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.node
+}
+
+// Call returns ctx carrying the current session, waiting within ctx while
+// the session is being re-established.
+func (c *Conn) Call(ctx context.Context) (context.Context, string, error) {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, "", fmt.Errorf("session: %w", errs.ErrClosed)
+		}
+		sid, ready := c.session, c.ready
+		c.mu.Unlock()
+		if sid != "" {
+			return metadata.AppendToOutgoingContext(ctx, Header, sid), sid, nil
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, "", fmt.Errorf("waiting for poold at %s: %w (%w)", c.addr, ctx.Err(), errs.ErrUnavailable)
+		}
+	}
+}
+
+// loop keeps a session open, reopening it with backoff when the stream
+// breaks. The first outcome goes to first.
+func (c *Conn) loop(first chan<- error) {
+	defer c.wg.Done()
+	backoff := 50 * time.Millisecond
+	for {
+		up := c.run(first)
+		first = nil
+		c.mu.Lock()
+		if c.session != "" {
+			c.session = ""
+			c.ready = make(chan struct{})
+		}
+		limit := min(2*time.Second, max(c.leaseTTL/4, 50*time.Millisecond))
+		c.mu.Unlock()
+		if up && c.opts.OnDown != nil {
+			c.opts.OnDown()
+		}
+		if up {
+			backoff = 50 * time.Millisecond
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, limit)
+	}
+}
+
+// run runs one session until its stream ends; it reports whether the
+// session was established.
+func (c *Conn) run(first chan<- error) (up bool) {
+	report := func(err error) {
+		if first != nil {
+			first <- err
+			first = nil
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-c.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	stream, err := c.api.Session(ctx)
+	if err != nil {
+		report(errs.FromStatus(err))
+		return false
+	}
+	hello := &poolv1.SessionRequest{Msg: &poolv1.SessionRequest_Hello{Hello: &poolv1.Hello{
+		ClientId: c.opts.ClientID, ClientName: c.opts.ClientName, Pid: int64(os.Getpid()),
+	}}}
+	if err := stream.Send(hello); err != nil {
+		report(errs.FromStatus(err))
+		return false
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		report(errs.FromStatus(err))
+		return false
+	}
+	w := resp.GetWelcome()
+	if w == nil {
+		report(fmt.Errorf("%w: poold answered Hello without Welcome", errs.ErrUnavailable))
+		return false
+	}
+	c.mu.Lock()
+	c.session, c.node, c.leaseTTL = w.SessionId, w.Node, time.Duration(w.LeaseTtlMs)*time.Millisecond
+	close(c.ready)
+	period := max(c.leaseTTL/3, 100*time.Millisecond)
+	c.mu.Unlock()
+	report(nil)
+	if c.opts.OnUp != nil {
+		c.opts.OnUp(w.SessionId)
+	}
+
+	go func() {
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if stream.Send(&poolv1.SessionRequest{Msg: &poolv1.SessionRequest_KeepAlive{KeepAlive: &poolv1.KeepAlive{}}}) != nil {
+					return
+				}
+			}
+		}
+	}()
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return true
+		}
+		if ev := m.GetEvents(); ev != nil && c.opts.OnEvents != nil {
+			c.opts.OnEvents(ev)
+		}
+	}
+}
+
+// Close ends the session and the channel; idempotent.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	close(c.stop)
+	err := c.conn.Close()
+	c.wg.Wait()
+	return err
+}
