@@ -64,6 +64,18 @@ type Config struct {
 	// rdma-tier segments). Default: 127.0.0.1:0 (loopback, any free port);
 	// give a reachable address to serve peers.
 	DataListen string `yaml:"data-listen"`
+	// Listen is the TCP address of the gRPC control plane for peers and
+	// remote memctl. Default: "" (unix socket only). Required with Gossip.
+	Listen string `yaml:"listen"`
+	// Gossip is the memberlist address (ip:port) this daemon gossips on to
+	// find peers and lend them memory. Default: "" (no cluster). The
+	// memberlist default port is 7946.
+	Gossip string `yaml:"gossip"`
+	// Join lists peers' gossip addresses (host:port) to join at start.
+	Join []string `yaml:"join"`
+	// GossipProfile tunes failure detection: lan (default), local (fast,
+	// for one machine and tests) or wan.
+	GossipProfile string `yaml:"gossip-profile"`
 	// LeaseTTL is how long a client's unnamed segments outlive its last session. Default: 10s.
 	LeaseTTL time.Duration `yaml:"lease-ttl"`
 	// AllowDevdaxFD lets the daemon hand a whole devdax device's descriptor to
@@ -134,6 +146,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: local-size %d is negative", ErrConfig, c.LocalSize)
 	case c.LeaseTTL < 100*time.Millisecond:
 		return fmt.Errorf("%w: lease-ttl %s is below the 100ms minimum", ErrConfig, c.LeaseTTL)
+	}
+	if c.Gossip != "" && c.Listen == "" {
+		return fmt.Errorf("%w: gossip needs listen: peers reach this daemon's control plane at --listen ADDR", ErrConfig)
+	}
+	if (len(c.Join) > 0 || c.GossipProfile != "") && c.Gossip == "" {
+		return fmt.Errorf("%w: join and gossip-profile need gossip: set --gossip ADDR", ErrConfig)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -29,6 +29,8 @@ type Daemon struct {
 	inv  *cxl.Inventory
 	mux  *mux
 	grpc *grpc.Server
+	tcp  *grpc.Server // control plane for peers and memctl on Listen; nil without it
+	tcpL net.Listener
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -87,6 +89,22 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	)
 	poolv1.RegisterPoolServer(d.grpc, &service{d: d})
 	d.mux = newMux(l, d.allow, d.serveFD, func(msg string, args ...any) { log.Warn(msg, args...) })
+	if cfg.Listen != "" {
+		if d.tcpL, err = net.Listen("tcp", cfg.Listen); err != nil {
+			d.mux.shutdown()
+			return nil, fmt.Errorf("listen %s: %w (choose another with --listen)", cfg.Listen, err)
+		}
+		d.tcp = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}))
+		poolv1.RegisterPoolServer(d.tcp, &service{d: d})
+		log.Warn("control plane on TCP without TLS: anyone who reaches it can allocate and free; use it only on a trusted network", "listen", d.tcpL.Addr().String())
+	}
+	if cfg.Gossip != "" {
+		if err := d.startCluster(d.tcpL.Addr().String()); err != nil {
+			d.tcpL.Close()
+			d.mux.shutdown()
+			return nil, err
+		}
+	}
 	return d, nil
 }
 
@@ -113,6 +131,15 @@ func (d *Daemon) Serve() error {
 	go d.reapLoop()
 	if d.pool.dp != nil {
 		d.pool.dp.serve()
+	}
+	if d.tcp != nil {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			if err := d.tcp.Serve(d.tcpL); err != nil {
+				d.log.Error("control plane on TCP stopped", "err", err)
+			}
+		}()
 	}
 	var tiers []any
 	for _, t := range d.pool.tiers() {
@@ -199,7 +226,16 @@ func (d *Daemon) reapLoop() {
 // and closes the store and devices. It is idempotent.
 func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
+		if d.pool.cl != nil {
+			if err := d.pool.cl.Leave(2 * time.Second); err != nil {
+				d.log.Warn("leave the cluster", "err", err)
+			}
+		}
 		close(d.stop)
+		if d.tcp != nil {
+			d.tcp.Stop()
+			d.tcpL.Close()
+		}
 		done := make(chan struct{})
 		go func() {
 			d.grpc.GracefulStop()
@@ -214,7 +250,11 @@ func (d *Daemon) Close() error {
 		d.mux.shutdown()
 		d.mux.wg.Wait()
 		d.wg.Wait()
-		d.closeErr = d.pool.close()
+		var clErr error
+		if d.pool.cl != nil {
+			clErr = d.pool.cl.Shutdown()
+		}
+		d.closeErr = errors.Join(d.pool.close(), clErr)
 	})
 	return d.closeErr
 }

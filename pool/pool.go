@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,9 +13,11 @@ import (
 	"unicode"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/extent"
+	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -41,6 +44,8 @@ type Pool struct {
 	log     *slog.Logger
 	st      *store
 	dp      *dataPlane // serves rdma-tier segments; nil when disabled
+	cl      *cluster.Cluster // gossip membership; nil without --gossip
+	peers   *peers
 	started time.Time
 	now     func() time.Time
 
@@ -49,7 +54,8 @@ type Pool struct {
 	segs     map[uint64]*record
 	names    map[string]uint64
 	clients  map[string]*client
-	sessions map[string]*client
+	sessions map[string]*sessionState
+	draining bool // no new placements for peers (memctl drain)
 	nextID   uint64
 	idLimit  uint64 // ids below idLimit are durable as used
 	closed   bool
@@ -107,8 +113,9 @@ func (c caller) id() string {
 func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool, err error) {
 	p := &Pool{
 		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs, dp: dp,
+		peers: &peers{self: cfg.Node, log: log, conns: map[string]*session.Conn{}},
 		segs: map[uint64]*record{}, names: map[string]uint64{},
-		clients: map[string]*client{}, sessions: map[string]*client{},
+		clients: map[string]*client{}, sessions: map[string]*sessionState{},
 	}
 	defer func() {
 		if err != nil {
@@ -139,6 +146,8 @@ func (p *Pool) restore(r *record) {
 	}
 	d := p.device(r.Device)
 	switch {
+	case r.Home != "":
+		// On a peer: reachable as long as the peer is; the cluster says.
 	case d == nil:
 		r.Lost = true
 		p.log.Warn("segment lost: its device is gone", "segment", r.ID, "device", r.Device)
@@ -197,6 +206,8 @@ type AllocRequest struct {
 	Name     string
 	Persist  bool
 	Fallback []poolv1.Tier
+	// HomeOnly places on this daemon's own memory (a peer asking).
+	HomeOnly bool
 }
 
 // tierOrder is the order in which a request tries tiers.
@@ -233,8 +244,10 @@ func validTier(t poolv1.Tier) error {
 	return nil
 }
 
-// Alloc places a new segment and commits it before returning.
-func (p *Pool) Alloc(c caller, req AllocRequest) (*record, error) {
+// Alloc places a new segment and commits it before returning. For the rdma
+// tier it tries peers first (chosen by free capacity), then this daemon's
+// own exported memory.
+func (p *Pool) Alloc(ctx context.Context, c caller, req AllocRequest) (*record, error) {
 	if req.Size <= 0 || req.Size > MaxSegmentSize {
 		return nil, fmt.Errorf("%w: size %d; ask for 1 byte to %d bytes", errs.ErrInvalid, req.Size, int64(MaxSegmentSize))
 	}
@@ -249,40 +262,70 @@ func (p *Pool) Alloc(c caller, req AllocRequest) (*record, error) {
 	if c.client == nil && !req.Persist && req.Name == "" {
 		return nil, fmt.Errorf("%w: a call without a session must ask for a named or persistent segment, or nothing would keep it alive", errs.ErrInvalid)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil, fmt.Errorf("alloc: %w", errs.ErrUnavailable)
-	}
-	if req.Name != "" {
-		if _, ok := p.names[req.Name]; ok {
-			return nil, fmt.Errorf("alloc %q: %w", req.Name, errs.ErrExists)
+	if req.HomeOnly {
+		p.mu.Lock()
+		draining := p.draining
+		p.mu.Unlock()
+		if draining {
+			return nil, fmt.Errorf("alloc on %s: %w: the node is draining ('memctl drain --undo %s' accepts placements again)", p.cfg.Node, errs.ErrNoCapacity, p.cfg.Node)
 		}
 	}
 	var tried []string
 	for _, t := range tierOrder(req) {
-		seen := false
-		for _, d := range p.devs {
-			if d.tier != t || !d.usable {
-				continue
-			}
-			seen = true
-			r, err := p.allocOn(c, d, req)
+		if t == poolv1.Tier_TIER_RDMA && !req.HomeOnly && p.cl != nil {
+			r, err := p.allocRemote(ctx, c, req)
 			if err == nil {
-				p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
 				return r, nil
 			}
-			if !errors.Is(err, extent.ErrNoSpace) {
-				return nil, err
+			if !errors.Is(err, errNoPeer) {
+				p.log.Warn("placement on a peer failed; trying this host's own memory", "err", err)
 			}
-			st := d.ext.Stats()
-			tried = append(tried, fmt.Sprintf("%s (%s): largest free extent %d of %d free bytes", tierName(t), d.Name(), st.LargestFree, st.Free))
+			tried = append(tried, "rdma on peers: "+err.Error())
 		}
-		if !seen {
-			tried = append(tried, fmt.Sprintf("%s: %s", tierName(t), p.whyNoTier(t)))
+		r, why, err := p.allocLocal(c, t, req)
+		if r != nil || err != nil {
+			return r, err
 		}
+		tried = append(tried, why...)
 	}
 	return nil, fmt.Errorf("alloc %d bytes: %w; tried %s", req.Size, errs.ErrNoCapacity, strings.Join(tried, "; "))
+}
+
+// allocLocal places a segment on one of this daemon's devices of tier t,
+// or says why none could take it.
+func (p *Pool) allocLocal(c caller, t poolv1.Tier, req AllocRequest) (*record, []string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, nil, fmt.Errorf("alloc: %w", errs.ErrUnavailable)
+	}
+	if req.Name != "" {
+		if _, ok := p.names[req.Name]; ok {
+			return nil, nil, fmt.Errorf("alloc %q: %w", req.Name, errs.ErrExists)
+		}
+	}
+	var tried []string
+	seen := false
+	for _, d := range p.devs {
+		if d.tier != t || !d.usable {
+			continue
+		}
+		seen = true
+		r, err := p.allocOn(c, d, req)
+		if err == nil {
+			p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
+			return r, nil, nil
+		}
+		if !errors.Is(err, extent.ErrNoSpace) {
+			return nil, nil, err
+		}
+		st := d.ext.Stats()
+		tried = append(tried, fmt.Sprintf("%s (%s): largest free extent %d of %d free bytes", tierName(t), d.Name(), st.LargestFree, st.Free))
+	}
+	if !seen {
+		tried = append(tried, fmt.Sprintf("%s: %s", tierName(t), p.whyNoTier(t)))
+	}
+	return nil, tried, nil
 }
 
 // whyNoTier explains a tier that has no usable device.
@@ -369,12 +412,12 @@ func (p *Pool) lookup(id uint64, name string) (*record, error) {
 	if id == 0 {
 		var ok bool
 		if id, ok = p.names[name]; !ok {
-			return nil, fmt.Errorf("segment %q: %w", name, errs.ErrNotFound)
+			return nil, fmt.Errorf("segment %q: %w (see 'memctl segments')", name, errs.ErrNotFound)
 		}
 	}
 	r, ok := p.segs[id]
 	if !ok {
-		return nil, fmt.Errorf("segment %d: %w", id, errs.ErrNotFound)
+		return nil, fmt.Errorf("segment %d: %w (see 'memctl segments')", id, errs.ErrNotFound)
 	}
 	return r, nil
 }
@@ -410,10 +453,12 @@ func (p *Pool) freeLocked(r *record, reason string) error {
 	if r.Name != "" {
 		delete(p.names, r.Name)
 	}
-	if r.Key != "" && p.dp != nil {
+	if r.Home != "" {
+		p.peers.freeLater(r.Home, r.HomeID)
+	} else if r.Key != "" && p.dp != nil {
 		p.dp.revoke(r.ID)
 	}
-	if d := p.device(r.Device); d != nil {
+	if d := p.device(r.Device); d != nil && r.Home == "" {
 		if err := d.Remove(r.ID, r.Offset, r.Extent); err != nil {
 			p.log.Error("remove segment backing", "segment", r.ID, "device", r.Device, "err", err)
 		}
@@ -517,8 +562,15 @@ func (p *Pool) Backing(c caller, id uint64) (device.Backing, error) {
 	return b, nil
 }
 
-// openSession starts (or resumes) a client's session.
-func (p *Pool) openSession(sessionID, clientID, name string, pid int64, uid uint32) {
+// sessionState is one live session: its client and the notices queued for it.
+type sessionState struct {
+	client *client
+	events chan *poolv1.SegmentEvents
+}
+
+// openSession starts (or resumes) a client's session and returns the
+// channel on which the client's segment notices arrive.
+func (p *Pool) openSession(sessionID, clientID, name string, pid int64, uid uint32) <-chan *poolv1.SegmentEvents {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := p.clients[clientID]
@@ -528,7 +580,25 @@ func (p *Pool) openSession(sessionID, clientID, name string, pid int64, uid uint
 	}
 	c.name, c.pid, c.uid = name, pid, uid
 	c.sessions++
-	p.sessions[sessionID] = c
+	st := &sessionState{client: c, events: make(chan *poolv1.SegmentEvents, 64)}
+	p.sessions[sessionID] = st
+	return st.events
+}
+
+// notifyLocked queues segment notices for every session of each owner; a
+// session whose queue is full misses them (its next operation finds out).
+func (p *Pool) notifyLocked(byOwner map[string]*poolv1.SegmentEvents) {
+	for _, st := range p.sessions {
+		ev := byOwner[st.client.id]
+		if ev == nil {
+			continue
+		}
+		select {
+		case st.events <- ev:
+		default:
+			p.log.Warn("segment notice dropped: client not reading its session", "client", st.client.id)
+		}
+	}
 }
 
 // closeSession ends a session; the client's lease runs out one TTL after
@@ -536,10 +606,11 @@ func (p *Pool) openSession(sessionID, clientID, name string, pid int64, uid uint
 func (p *Pool) closeSession(sessionID string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	c := p.sessions[sessionID]
-	if c == nil {
+	st := p.sessions[sessionID]
+	if st == nil {
 		return
 	}
+	c := st.client
 	delete(p.sessions, sessionID)
 	c.sessions--
 	if c.sessions == 0 {
@@ -554,11 +625,11 @@ func (p *Pool) callerFor(sessionID string) (caller, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	c := p.sessions[sessionID]
-	if c == nil {
+	st := p.sessions[sessionID]
+	if st == nil {
 		return caller{}, fmt.Errorf("session %q: %w (the session ended; the client reconnects by itself)", sessionID, errs.ErrLeaseExpired)
 	}
-	return caller{client: c}, nil
+	return caller{client: st.client}, nil
 }
 
 // reap reclaims the unpinned segments of clients whose lease ran out.
@@ -625,12 +696,12 @@ func (p *Pool) tiers() []*poolv1.TierInfo {
 	}
 	for _, r := range p.segs {
 		for t, ti := range byTier {
-			if tierName(t) == r.Tier {
+			if tierName(t) == r.Tier && r.Home == "" {
 				ti.Segments++
 			}
 		}
 	}
-	out := make([]*poolv1.TierInfo, 0, len(order))
+	out := make([]*poolv1.TierInfo, 0, len(order)+1)
 	for _, t := range order {
 		ti := byTier[t]
 		if ti.Free > 0 {
@@ -656,6 +727,9 @@ func (p *Pool) close() error {
 		return nil
 	}
 	p.closed = true
+	p.mu.Unlock()
+	p.peers.close()
+	p.mu.Lock()
 	var err error
 	if p.dp != nil {
 		err = p.dp.close()

@@ -48,9 +48,9 @@ func admin() caller { return caller{} }
 func TestRestartKeepsSegments(t *testing.T) {
 	cfg := testConfig(t)
 	p := newTestPool(t, cfg)
-	cxlSeg, err := p.Alloc(admin(), AllocRequest{Size: 5000, Tier: poolv1.Tier_TIER_CXL, Name: "a"})
+	cxlSeg, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 5000, Tier: poolv1.Tier_TIER_CXL, Name: "a"})
 	require.NoError(t, err)
-	localSeg, err := p.Alloc(admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Persist: true})
+	localSeg, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Persist: true})
 	require.NoError(t, err)
 	b, err := p.Backing(admin(), cxlSeg.ID)
 	require.NoError(t, err)
@@ -78,7 +78,7 @@ func TestRestartKeepsSegments(t *testing.T) {
 	require.ErrorIs(t, err, errs.ErrSegmentLost)
 
 	// The extents are reserved again: new segments do not overlap them, and ids are not reused.
-	n, err := p.Alloc(admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	n, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 	require.NoError(t, err)
 	require.Greater(t, n.ID, localSeg.ID)
 	require.GreaterOrEqual(t, n.Offset, cxlSeg.Offset+cxlSeg.Extent)
@@ -101,9 +101,9 @@ func TestLeaseReap(t *testing.T) {
 	p.openSession("s1", "app", "app", 1, 0)
 	c, err := p.callerFor("s1")
 	require.NoError(t, err)
-	_, err = p.Alloc(c, AllocRequest{Size: 1 << 20})
+	_, err = p.Alloc(t.Context(), c, AllocRequest{Size: 1 << 20})
 	require.NoError(t, err)
-	_, err = p.Alloc(c, AllocRequest{Size: 1 << 20, Name: "kept"})
+	_, err = p.Alloc(t.Context(), c, AllocRequest{Size: 1 << 20, Name: "kept"})
 	require.NoError(t, err)
 
 	p.closeSession("s1")
@@ -153,7 +153,7 @@ func TestDevdaxFromFixture(t *testing.T) {
 		require.False(t, tiers[0].Emulated)
 		require.Zero(t, tiers[0].Free)
 		require.Contains(t, tiers[0].Note, "--allow-devdax-fd")
-		_, err := p.Alloc(admin(), AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+		_, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 		require.ErrorIs(t, err, errs.ErrNoCapacity)
 		require.Contains(t, err.Error(), "--allow-devdax-fd")
 	})
@@ -162,7 +162,7 @@ func TestDevdaxFromFixture(t *testing.T) {
 		cfg.AllowDevdaxFD = true
 		p := newTestPool(t, cfg)
 		defer p.close()
-		r, err := p.Alloc(admin(), AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+		r, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 		require.NoError(t, err)
 		require.Equal(t, dx.Name, r.Device)
 		require.Zero(t, r.Offset%int64(dx.Align))

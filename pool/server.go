@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -58,7 +59,7 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 		}
 	}
 	sid := newSessionID()
-	s.d.pool.openSession(sid, hello.ClientId, hello.ClientName, hello.Pid, uid)
+	events := s.d.pool.openSession(sid, hello.ClientId, hello.ClientName, hello.Pid, uid)
 	defer s.d.pool.closeSession(sid)
 	s.d.log.Debug("session opened", "session", sid, "client", hello.ClientId, "name", hello.ClientName, "pid", hello.Pid)
 	err = stream.Send(&poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Welcome{Welcome: &poolv1.Welcome{
@@ -67,31 +68,43 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	if err != nil {
 		return err
 	}
-	msgs := make(chan error, 1)
+	// One goroutine receives; this one sends (a gRPC stream allows one
+	// sender at a time): keep-alive acks and segment notices.
+	recvErr := make(chan error, 1)
+	keepAlive := make(chan struct{}, 1)
 	go func() {
 		for {
 			m, err := stream.Recv()
 			if err != nil {
-				msgs <- err
+				recvErr <- err
 				return
 			}
 			if m.GetKeepAlive() != nil {
-				ack := &poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Ack{Ack: &poolv1.KeepAliveAck{}}}
-				if err := stream.Send(ack); err != nil {
-					msgs <- err
-					return
+				select {
+				case keepAlive <- struct{}{}:
+				default:
 				}
 			}
 		}
 	}()
-	select {
-	case err := <-msgs:
-		if errors.Is(err, io.EOF) {
-			return nil
+	for {
+		var out *poolv1.SessionResponse
+		select {
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-keepAlive:
+			out = &poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Ack{Ack: &poolv1.KeepAliveAck{}}}
+		case ev := <-events:
+			out = &poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Events{Events: ev}}
+		case <-s.d.stop:
+			return errs.ToStatus(fmt.Errorf("poold is shutting down: %w", errs.ErrUnavailable))
 		}
-		return err
-	case <-s.d.stop:
-		return errs.ToStatus(fmt.Errorf("poold is shutting down: %w", errs.ErrUnavailable))
+		if err := stream.Send(out); err != nil {
+			return err
+		}
 	}
 }
 
@@ -106,7 +119,7 @@ func (s *service) Alloc(ctx context.Context, req *poolv1.AllocRequest) (*poolv1.
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
-	r, err := s.d.pool.Alloc(c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback})
+	r, err := s.d.pool.Alloc(ctx, c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly})
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
@@ -139,11 +152,18 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 	return s.d.segmentProto(*r), nil
 }
 
-func (s *service) List(ctx context.Context, _ *poolv1.ListRequest) (*poolv1.ListResponse, error) {
+func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.ListResponse, error) {
 	recs := s.d.pool.List()
 	out := &poolv1.ListResponse{Segments: make([]*poolv1.Segment, len(recs))}
 	for i, r := range recs {
 		out.Segments[i] = s.d.segmentProto(r)
+	}
+	if req.All && s.d.pool.cl != nil {
+		all, err := s.listAll(ctx, out.Segments)
+		if err != nil {
+			return nil, errs.ToStatus(err)
+		}
+		out.Segments = all
 	}
 	return out, nil
 }
@@ -157,14 +177,14 @@ func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Se
 }
 
 func (s *service) Tiers(ctx context.Context, _ *poolv1.TiersRequest) (*poolv1.TiersResponse, error) {
-	return &poolv1.TiersResponse{Tiers: s.d.pool.tiers()}, nil
+	return &poolv1.TiersResponse{Tiers: s.d.pool.allTiers()}, nil
 }
 
 func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.StatusResponse, error) {
 	p := s.d.pool
 	return &poolv1.StatusResponse{
 		Version: Version, Node: s.d.cfg.Node, StartedUnixMs: p.started.UnixMilli(), Pid: int64(os.Getpid()),
-		DataDir: s.d.cfg.DataDir, Socket: s.d.cfg.Socket, Tiers: p.tiers(), Sessions: int64(p.sessionCount()),
+		DataDir: s.d.cfg.DataDir, Socket: s.d.cfg.Socket, Tiers: p.allTiers(), Sessions: int64(p.sessionCount()),
 		Segments: int64(len(p.List())), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
 	}, nil
 }
@@ -183,9 +203,17 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 	if dv := d.pool.device(r.Device); dv != nil {
 		seg.Kind, seg.Emulated, seg.NumaNode, seg.SharesFd = dv.kindName(), dv.isEmulated(), int32(dv.Node()), dv.SharesFD()
 	}
-	if r.Key != "" && d.pool.dp != nil {
+	switch {
+	case r.Home != "":
+		key, _ := rdma.ParseKey(r.Key)
+		seg.Node, seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = r.Home, r.DataAddr, key[:], r.HomeID, "tcp"
+		seg.Kind, seg.Device = "tcp", "peer:"+r.Home
+	case r.Key != "" && d.pool.dp != nil:
 		key, _ := rdma.ParseKey(r.Key)
 		seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = d.pool.dp.addr, key[:], r.ID, "tcp"
+		if strings.HasPrefix(r.Owner, peerClientPrefix) {
+			seg.Kind, seg.Emulated = "lent", false // this host's memory, lent to a peer
+		}
 	}
 	if t := d.pool.leaseExpiry(&r); !t.IsZero() {
 		seg.LeaseExpiresUnixMs = t.UnixMilli()

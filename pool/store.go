@@ -27,6 +27,11 @@ type record struct {
 	Attached []string  `json:"attached,omitempty"`
 	Lost     bool      `json:"lost,omitempty"`
 	Key      string    `json:"key,omitempty"` // rdma access key (hex) of an exported segment
+	// A segment placed on a peer: its home node, its id there, and the
+	// home's data-plane address.
+	Home     string `json:"home,omitempty"`
+	HomeID   uint64 `json:"home_id,omitempty"`
+	DataAddr string `json:"data_addr,omitempty"`
 }
 
 // pinned reports whether the segment outlives its owner's lease.

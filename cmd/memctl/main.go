@@ -40,6 +40,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // globals are the flags every command shares.
 type globals struct {
 	socket  string
+	addr    string
 	output  string
 	timeout time.Duration
 	out     io.Writer
@@ -61,9 +62,10 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.socket, "socket", paths.Socket(), "poold's unix socket (FARMEM_SOCKET sets the default)")
+	pf.StringVar(&g.addr, "addr", "", "a poold's TCP control address (its --listen) instead of the socket")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Second, "how long to wait for poold")
-	root.AddCommand(newStatusCmd(g), newTiersCmd(g), newSegmentsCmd(g), newAllocCmd(g), newFreeCmd(g))
+	root.AddCommand(newStatusCmd(g), newTiersCmd(g), newSegmentsCmd(g), newAllocCmd(g), newFreeCmd(g), newNodesCmd(g), newDrainCmd(g))
 	return root
 }
 
@@ -74,6 +76,9 @@ func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error 
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 			var d net.Dialer
+			if g.addr != "" {
+				return d.DialContext(ctx, "tcp", g.addr)
+			}
 			return d.DialContext(ctx, "unix", g.socket)
 		}))
 	if err != nil {
@@ -84,6 +89,9 @@ func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error 
 	defer cancel()
 	err = errs.FromStatus(fn(ctx, poolv1.NewPoolClient(conn)))
 	if errors.Is(err, errs.ErrUnavailable) {
+		if g.addr != "" {
+			return fmt.Errorf("no poold answers at %s; is its --listen address right?", g.addr)
+		}
 		return fmt.Errorf("no poold is listening at %s; start it with 'poold' (or point --socket / FARMEM_SOCKET at its socket)", g.socket)
 	}
 	return err

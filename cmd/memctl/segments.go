@@ -11,14 +11,15 @@ import (
 )
 
 func newSegmentsCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var all bool
+	cmd := &cobra.Command{
 		Use:   "segments",
 		Short: "List the segments the daemon holds",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			var resp *poolv1.ListResponse
 			err := g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
-				resp, err = c.List(ctx, &poolv1.ListRequest{})
+				resp, err = c.List(ctx, &poolv1.ListRequest{All: all})
 				return err
 			})
 			if err != nil {
@@ -48,4 +49,6 @@ func newSegmentsCmd(g *globals) *cobra.Command {
 			return w.Flush()
 		},
 	}
+	cmd.Flags().BoolVar(&all, "all", false, "every alive node's segments, cluster-wide")
+	return cmd
 }

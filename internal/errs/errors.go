@@ -10,7 +10,7 @@ var (
 	// ErrOutOfRange: an offset or length falls outside the segment, or overflows.
 	ErrOutOfRange = errors.New("out of range: keep offset+length within the segment's Size()")
 	// ErrNotFound: no segment has that id or name on this daemon.
-	ErrNotFound = errors.New("not found: check the id or name with 'memctl segments'")
+	ErrNotFound = errors.New("not found")
 	// ErrAccessDenied: the caller may not reach that segment (not its own and not attached by name).
 	ErrAccessDenied = errors.New("access denied: a client reaches only segments it allocated or attached by name")
 	// ErrLeaseExpired: the caller's lease or the segment's epoch ended; the memory may belong to someone else now.

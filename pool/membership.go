@@ -1,0 +1,282 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// protoVersion is the farmem protocol version nodes gossip.
+const protoVersion = 1
+
+// startCluster joins the gossip cluster: this node's metadata carries its
+// control and data addresses and what it lends.
+func (d *Daemon) startCluster(grpcAddr string) error {
+	host, port, err := net.SplitHostPort(d.cfg.Gossip)
+	if err != nil {
+		return fmt.Errorf("%w: gossip %q: %v (write ip:port)", ErrConfig, d.cfg.Gossip, err)
+	}
+	pn, err := strconv.Atoi(port)
+	if err != nil {
+		return fmt.Errorf("%w: gossip port %q", ErrConfig, port)
+	}
+	cc := cluster.DefaultConfig()
+	cc.Name, cc.BindAddr, cc.BindPort, cc.Logger = d.cfg.Node, host, pn, d.log
+	cc.Profile, cc.Join = d.cfg.GossipProfile, d.cfg.Join
+	meta := cluster.Meta{Proto: protoVersion, GRPCAddr: grpcAddr, Tiers: d.pool.gossipTiers()}
+	if d.pool.dp != nil {
+		meta.DataAddr = d.pool.dp.addr
+	}
+	cl, err := cluster.New(cc, meta)
+	if err != nil {
+		return fmt.Errorf("gossip on %s: %w", d.cfg.Gossip, err)
+	}
+	d.pool.cl = cl
+	d.pool.peers.onUp = func(node string) { d.pool.homeChanged(node, true) }
+	events, unsubscribe := cl.Subscribe()
+	d.wg.Add(2)
+	go func() {
+		defer d.wg.Done()
+		defer unsubscribe()
+		d.watchMembers(events)
+	}()
+	go func() {
+		defer d.wg.Done()
+		d.joinLoop()
+	}()
+	return nil
+}
+
+// joinLoop contacts the seeds until one answers (a node may start before
+// its seeds), then keeps this node's metadata current.
+func (d *Daemon) joinLoop() {
+	backoff := 200 * time.Millisecond
+	for len(d.cfg.Join) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n, err := d.pool.cl.Join(ctx, d.cfg.Join)
+		cancel()
+		if err == nil && n > 0 {
+			d.log.Info("joined the cluster", "contacted", n, "seeds", d.cfg.Join)
+			break
+		}
+		d.log.Warn("cannot join the cluster yet; retrying", "seeds", d.cfg.Join, "err", err)
+		select {
+		case <-d.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	var last []cluster.TierFree
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+		}
+		tiers := d.pool.gossipTiers()
+		if slices.Equal(tiers, last) {
+			continue
+		}
+		if err := d.pool.cl.SetMeta(func(m *cluster.Meta) { m.Tiers = tiers }); err != nil {
+			d.log.Debug("gossip metadata update", "err", err)
+			continue
+		}
+		last = tiers
+	}
+}
+
+// watchMembers turns membership changes into segment state: a dead or
+// partitioned home makes its segments lost, a returning one restores those
+// that survived.
+func (d *Daemon) watchMembers(events <-chan cluster.Event) {
+	for {
+		select {
+		case <-d.stop:
+			return
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			name := ev.Member.Name
+			if name == d.cfg.Node {
+				continue
+			}
+			switch ev.Kind {
+			case cluster.EventJoin:
+				d.log.Info("node joined", "node", name, "addr", ev.Member.Addr)
+				go d.pool.homeChanged(name, true)
+			case cluster.EventAlive:
+				d.log.Info("node is back", "node", name, "addr", ev.Member.Addr)
+				go d.pool.homeChanged(name, true)
+			case cluster.EventDead:
+				d.log.Warn("node failed", "node", name)
+				d.pool.homeChanged(name, false)
+			case cluster.EventLeave:
+				d.log.Info("node left", "node", name)
+				d.pool.homeChanged(name, false)
+			}
+		}
+	}
+}
+
+// gossipTiers is what this node lends, per tier, for its gossip metadata.
+func (p *Pool) gossipTiers() []cluster.TierFree {
+	var out []cluster.TierFree
+	for _, ti := range p.tiers() {
+		if ti.Kind == "tcp" {
+			continue // peers' memory, not ours
+		}
+		name := tierName(ti.Tier)
+		if i := slices.IndexFunc(out, func(t cluster.TierFree) bool { return t.Name == name }); i >= 0 {
+			out[i].Capacity += ti.Capacity
+			out[i].Free += ti.Free
+			continue
+		}
+		out = append(out, cluster.TierFree{Name: name, Capacity: ti.Capacity, Free: ti.Free})
+	}
+	return out
+}
+
+// allTiers is this daemon's tiers and, in a cluster, the rdma tier its
+// peers offer.
+func (p *Pool) allTiers() []*poolv1.TierInfo {
+	out := p.tiers()
+	if pt := p.peerTier(); pt != nil {
+		out = append(out, pt)
+	}
+	return out
+}
+
+// peerTier describes the rdma tier that the alive peers offer.
+func (p *Pool) peerTier() *poolv1.TierInfo {
+	if p.cl == nil {
+		return nil
+	}
+	ti := &poolv1.TierInfo{Tier: poolv1.Tier_TIER_RDMA, Kind: "tcp", Transport: "tcp", NumaNode: -1,
+		Note: "memory of peer hosts through their data planes: one-sided operations over the TCP fallback (no RDMA NIC here)"}
+	for _, m := range p.cl.Members() {
+		if m.Name == p.cfg.Node || m.State != cluster.StateAlive || m.MetaErr != nil {
+			continue
+		}
+		if t, ok := m.Meta.Tier("rdma"); ok {
+			ti.Capacity += t.Capacity
+			if m.Usable() {
+				ti.Free += t.Free
+			}
+			ti.Devices = append(ti.Devices, m.Name)
+		}
+	}
+	if len(ti.Devices) == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	for _, r := range p.segs {
+		if r.Home != "" {
+			ti.Segments++
+		}
+	}
+	p.mu.Unlock()
+	return ti
+}
+
+func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.NodesResponse, error) {
+	p := s.d.pool
+	if p.cl == nil {
+		self := &poolv1.NodeInfo{Name: s.d.cfg.Node, State: "alive", Self: true}
+		for _, t := range p.gossipTiers() {
+			self.Tiers = append(self.Tiers, &poolv1.NodeTier{Tier: t.Name, Capacity: t.Capacity, Free: t.Free})
+		}
+		if p.dp != nil {
+			self.DataAddr = p.dp.addr
+		}
+		return &poolv1.NodesResponse{Nodes: []*poolv1.NodeInfo{self}}, nil
+	}
+	var out []*poolv1.NodeInfo
+	for _, m := range p.cl.Members() {
+		n := &poolv1.NodeInfo{Name: m.Name, State: cluster.StateString(m.State), GossipAddr: m.Addr,
+			GrpcAddr: m.Meta.GRPCAddr, DataAddr: m.Meta.DataAddr, Draining: m.Meta.Draining, Self: m.Name == s.d.cfg.Node}
+		for _, t := range m.Meta.Tiers {
+			n.Tiers = append(n.Tiers, &poolv1.NodeTier{Tier: t.Name, Capacity: t.Capacity, Free: t.Free})
+		}
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b *poolv1.NodeInfo) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return &poolv1.NodesResponse{Nodes: out}, nil
+}
+
+func (s *service) Drain(ctx context.Context, req *poolv1.DrainRequest) (*poolv1.DrainResponse, error) {
+	p := s.d.pool
+	if req.Node == "" || req.Node == s.d.cfg.Node {
+		p.mu.Lock()
+		p.draining = !req.Undo
+		p.mu.Unlock()
+		if p.cl != nil {
+			if err := p.cl.SetMeta(func(m *cluster.Meta) { m.Draining = !req.Undo }); err != nil {
+				return nil, errs.ToStatus(err)
+			}
+		}
+		s.d.log.Info("drain", "node", s.d.cfg.Node, "draining", !req.Undo)
+		return &poolv1.DrainResponse{}, nil
+	}
+	if p.cl == nil {
+		return nil, errs.ToStatus(fmt.Errorf("node %q: %w (this daemon is in no cluster)", req.Node, errs.ErrNotFound))
+	}
+	m, ok := p.cl.Member(req.Node)
+	if !ok || m.State != cluster.StateAlive {
+		return nil, errs.ToStatus(fmt.Errorf("node %q: %w among the alive members; see 'memctl nodes'", req.Node, errs.ErrNotFound))
+	}
+	pc, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	cctx, _, err := pc.Call(ctx)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	if _, err := pc.API().Drain(cctx, &poolv1.DrainRequest{Node: m.Name, Undo: req.Undo}); err != nil {
+		return nil, err
+	}
+	return &poolv1.DrainResponse{}, nil
+}
+
+// listAll gathers every alive node's segments.
+func (s *service) listAll(ctx context.Context, own []*poolv1.Segment) ([]*poolv1.Segment, error) {
+	out := own
+	for _, m := range s.d.pool.cl.Members() {
+		if m.Name == s.d.cfg.Node || m.State != cluster.StateAlive || m.MetaErr != nil || m.Meta.GRPCAddr == "" {
+			continue
+		}
+		pc, err := s.d.pool.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+		if err != nil {
+			return nil, err
+		}
+		cctx, _, err := pc.Call(ctx)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := pc.API().List(cctx, &poolv1.ListRequest{})
+		if err != nil {
+			return nil, fmt.Errorf("list on %s: %w", m.Name, errs.FromStatus(err))
+		}
+		out = append(out, resp.Segments...)
+	}
+	return out, nil
+}
