@@ -345,6 +345,8 @@ func TestDialWithoutDaemon(t *testing.T) {
 	require.Contains(t, err.Error(), "poold")
 	_, err = alloc.Dial(ctx, "localhost")
 	require.ErrorIs(t, err, alloc.ErrInvalid)
+	_, err = alloc.Dial(ctx, "tcp://127.0.0.1:1")
+	require.Error(t, err)
 }
 
 func TestClosedClient(t *testing.T) {
@@ -359,4 +361,29 @@ func TestClosedClient(t *testing.T) {
 	require.ErrorIs(t, err, alloc.ErrClosed)
 	_, err = seg.ReadAt(make([]byte, 1), 0)
 	require.ErrorIs(t, err, alloc.ErrClosed)
+}
+
+func TestRemoteClientOverTCP(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.Listen = "127.0.0.1:0"
+	d := pooltest.Start(t, cfg)
+	c := dial(t, "tcp://"+d.ListenAddr())
+	ctx := t.Context()
+	seg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	_, err = seg.WriteAt([]byte("over tcp"), 100)
+	require.NoError(t, err)
+	got := make([]byte, 8)
+	_, err = seg.ReadAt(got, 100)
+	require.NoError(t, err)
+	require.Equal(t, "over tcp", string(got))
+	require.NoError(t, seg.Free(ctx))
+
+	_, err = c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierCXL))
+	require.ErrorIs(t, err, alloc.ErrNotSupported)
+	tiers, err := c.Tiers(ctx)
+	require.NoError(t, err)
+	for _, ti := range tiers {
+		require.Equal(t, ti.Capacity, ti.Free, "the failed map freed its segment: %s", ti.Tier)
+	}
 }

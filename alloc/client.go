@@ -26,10 +26,11 @@ import (
 // It is safe for concurrent use. Close it when done: its segments are then
 // reclaimed after the lease TTL unless named or persistent.
 type Client struct {
-	socket string
-	opts   dialOptions
-	sess   *session.Conn
-	api    poolv1.PoolClient
+	socket  string // the daemon's address: a socket path, or host:port for tcp
+	network string // unix or tcp
+	opts    dialOptions
+	sess    *session.Conn
+	api     poolv1.PoolClient
 
 	mu     sync.Mutex
 	fd     *fdpass.Conn
@@ -39,22 +40,30 @@ type Client struct {
 }
 
 // socketPath turns a Dial target into a unix socket path.
-func socketPath(target string) (string, error) {
+// Targets are a unix socket path (or "unix://PATH"), "" for the default
+// socket, or "tcp://HOST:PORT" for a daemon's TCP control plane (its
+// --listen): a remote client reaches rdma segments only, since segment
+// descriptors pass over unix sockets alone.
+func parseTarget(target string) (network, addr string, err error) {
 	switch {
 	case target == "":
-		return paths.Socket(), nil
+		return "unix", paths.Socket(), nil
+	case strings.HasPrefix(target, "tcp://"):
+		return "tcp", strings.TrimPrefix(target, "tcp://"), nil
 	case strings.HasPrefix(target, "unix://"):
-		return strings.TrimPrefix(target, "unix://"), nil
+		return "unix", strings.TrimPrefix(target, "unix://"), nil
 	case strings.HasPrefix(target, "unix:"):
-		return strings.TrimPrefix(target, "unix:"), nil
+		return "unix", strings.TrimPrefix(target, "unix:"), nil
 	case strings.Contains(target, "/"):
-		return target, nil
+		return "unix", target, nil
 	}
-	return "", fmt.Errorf("%w: target %q: give a unix socket path (or \"\" for the default %s)", ErrInvalid, target, paths.Socket())
+	return "", "", fmt.Errorf("%w: target %q: give a unix socket path, tcp://HOST:PORT, or \"\" for the default %s", ErrInvalid, target, paths.Socket())
 }
 
-// Dial connects to the poold at target ("" means the default socket:
-// $FARMEM_SOCKET, else the daemon's default path) and opens a session.
+// Dial connects to the poold at target and opens a session. target is ""
+// for the default socket ($FARMEM_SOCKET, else the daemon's default path),
+// a unix socket path, or tcp://HOST:PORT for a daemon's TCP control plane
+// (rdma segments only).
 func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, error) {
 	o := dialOptions{clientName: filepath.Base(os.Args[0]), timeout: 5 * time.Second, opTimeout: 30 * time.Second}
 	for _, opt := range opts {
@@ -65,7 +74,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		rand.Read(b[:])
 		o.clientID = fmt.Sprintf("%s-%d-%s", o.clientName, os.Getpid(), hex.EncodeToString(b[:]))
 	}
-	path, err := socketPath(target)
+	network, path, err := parseTarget(target)
 	if err != nil {
 		return nil, err
 	}
@@ -74,8 +83,8 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		ctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	c := &Client{socket: path, opts: o, segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}}
-	c.sess, err = session.Dial(ctx, "unix", path, session.Options{
+	c := &Client{socket: path, network: network, opts: o, segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}}
+	c.sess, err = session.Dial(ctx, network, path, session.Options{
 		ClientID: o.clientID, ClientName: o.clientName,
 		OnEvents: c.segmentEvents,
 		OnDown:   c.dropFD,
@@ -243,6 +252,9 @@ func (c *Client) getFD(ctx context.Context, sid string, id uint64) (fdpass.Respo
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(c.opts.timeout)
+	}
+	if c.network != "unix" {
+		return fdpass.Response{}, fmt.Errorf("segment %d: a client connected over TCP reaches rdma segments only; dial the local poold's unix socket to map local and cxl segments: %w", id, ErrNotSupported)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -258,3 +258,11 @@ func (d *Daemon) Close() error {
 	})
 	return d.closeErr
 }
+
+// ListenAddr is the TCP address of the control plane ("" without Listen).
+func (d *Daemon) ListenAddr() string {
+	if d.tcpL == nil {
+		return ""
+	}
+	return d.tcpL.Addr().String()
+}
