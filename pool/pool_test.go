@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"errors"
+	"reflect"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -248,4 +250,25 @@ func TestUnusableDirs(t *testing.T) {
 	cfg2.DataDir = t.TempDir()
 	_, err = New(cfg2, nil)
 	require.ErrorContains(t, err, "another poold")
+}
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte("emulate-cxl: 2GiB\nlease-ttl: 3s\n"))
+	f.Add([]byte("join: [10.0.0.1:7946, 10.0.0.2:7946]\ngossip: 10.0.0.3:7946\nlisten: 10.0.0.3:7950\n"))
+	f.Add([]byte("node: [\n"))
+	f.Add([]byte("unknown: 1\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		base := DefaultConfig()
+		c, err := ParseConfig(b, base)
+		if err != nil {
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("error %v does not match ErrConfig", err)
+			}
+			if !reflect.DeepEqual(c, base) {
+				t.Fatal("a failed parse changed the configuration")
+			}
+			return
+		}
+		_ = c.Validate()
+	})
 }
