@@ -6,17 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/paths"
+	"github.com/farmem/farmem/internal/session"
 )
 
 func main() {
@@ -72,15 +70,11 @@ func newRoot(stdout io.Writer) *cobra.Command {
 // call dials poold, runs fn with a deadline, and turns "nobody listens"
 // into one line that says how to start the daemon.
 func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error {
-	conn, err := grpc.NewClient("passthrough:///farmem",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			if g.addr != "" {
-				return d.DialContext(ctx, "tcp", g.addr)
-			}
-			return d.DialContext(ctx, "unix", g.socket)
-		}))
+	network, addr := "unix", g.socket
+	if g.addr != "" {
+		network, addr = "tcp", g.addr
+	}
+	conn, err := session.Channel(network, addr)
 	if err != nil {
 		return err
 	}

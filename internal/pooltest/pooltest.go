@@ -8,7 +8,6 @@ package pooltest
 import (
 	"context"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,11 +15,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 
+	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/pool"
 )
@@ -80,12 +78,7 @@ func Start(t testing.TB, cfg pool.Config) *pool.Daemon {
 // control plane without mapping them (a process may hold only ~65k
 // mappings), e.g. to measure how costs grow with the segment count.
 func Fill(t testing.TB, socket string, n int, sz int64, tier poolv1.Tier) {
-	conn, err := grpc.NewClient("passthrough:///farmem",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		}))
+	conn, err := session.Channel("unix", socket)
 	require.NoError(t, err)
 	defer conn.Close()
 	api := poolv1.NewPoolClient(conn)

@@ -57,15 +57,9 @@ type Conn struct {
 // Dial connects to a daemon at addr over network ("unix" or "tcp") and
 // waits, within ctx, for its first session.
 func Dial(ctx context.Context, network, addr string, o Options) (*Conn, error) {
-	conn, err := grpc.NewClient("passthrough:///farmem",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
-		}),
-	)
+	conn, err := Channel(network, addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial poold at %s: %w", addr, err)
+		return nil, err
 	}
 	c := &Conn{addr: addr, opts: o, conn: conn, api: poolv1.NewPoolClient(conn), ready: make(chan struct{}), stop: make(chan struct{})}
 	first := make(chan error, 1)
@@ -81,6 +75,23 @@ func Dial(ctx context.Context, network, addr string, o Options) (*Conn, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// Channel is a gRPC channel to a daemon at addr over network ("unix" or
+// "tcp"), without a session: what administrators (memctl) use. It connects
+// lazily, on the first call.
+func Channel(network, addr string) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient("passthrough:///farmem",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("dial poold at %s: %w", addr, err)
+	}
+	return conn, nil
 }
 
 // API is the daemon's gRPC client; pass contexts from Call.
