@@ -6,7 +6,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 )
 
-// DialOption configures Dial.
+// DialOption configures Dial. Options are immutable values, safe to share.
 type DialOption func(*dialOptions)
 
 type dialOptions struct {
@@ -34,7 +34,7 @@ func WithClientName(name string) DialOption { return func(o *dialOptions) { o.cl
 // no deadline. Default: 5s.
 func WithDialTimeout(d time.Duration) DialOption { return func(o *dialOptions) { o.timeout = d } }
 
-// AllocOption configures one Alloc.
+// AllocOption configures one Alloc. Options are immutable values, safe to share.
 type AllocOption func(*poolv1.AllocRequest, *allocOptions)
 
 type allocOptions struct {

@@ -7,7 +7,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 )
 
-// Tier is a class of memory. The zero value is TierAny.
+// Tier is a class of memory. The zero value is TierAny. A plain value, safe for concurrent use.
 type Tier int
 
 // The tiers.
@@ -69,7 +69,7 @@ func tierFromProto(t poolv1.Tier) Tier {
 
 // Latency is a latency distribution and where it came from: "measured" on
 // this host, "injected" by latency emulation, or "hmat" (the firmware's
-// figure). Zero Samples means nothing is known yet.
+// figure). Zero Samples means nothing is known yet. A plain value.
 type Latency struct {
 	P50Ns, P99Ns int64
 	Samples      int64

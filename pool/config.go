@@ -18,7 +18,8 @@ import (
 )
 
 // Config is poold's configuration. Every field has a YAML key (the same name
-// as its flag) so that one file can set what the flags set.
+// as its flag) so that one file can set what the flags set. A plain value:
+// the daemon keeps its own copy, so changing one after New has no effect.
 type Config struct {
 	// Node is this daemon's name in listings and the cluster. Default: the host name.
 	Node string `yaml:"node"`

@@ -199,7 +199,7 @@ func (p *Pool) device(name string) *dev {
 	return nil
 }
 
-// AllocRequest is what a caller asks of Alloc.
+// AllocRequest is what a caller asks of Alloc. A plain value.
 type AllocRequest struct {
 	Size     int64
 	Tier     poolv1.Tier

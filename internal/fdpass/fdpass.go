@@ -22,13 +22,14 @@ const (
 // ErrProtocol marks a malformed request or response.
 var ErrProtocol = errors.New("fdpass: malformed message")
 
-// Request asks for one segment's descriptor.
+// Request asks for one segment's descriptor. A plain value.
 type Request struct {
 	Session string
 	Segment uint64
 }
 
-// Response carries the descriptor or the reason there is none.
+// Response carries the descriptor or the reason there is none. A plain
+// value; whoever receives it owns File and must close it.
 type Response struct {
 	Err    error // nil on success
 	File   *os.File

@@ -9,7 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Conn is the client side of a descriptor-passing connection.
+// Conn is the client side of a descriptor-passing connection. It is not
+// safe for concurrent use: callers serialize requests on it.
 type Conn struct {
 	c   *net.UnixConn
 	buf []byte

@@ -10,7 +10,8 @@ import (
 	"github.com/farmem/farmem/internal/errs"
 )
 
-// Conn is the client side of a descriptor-passing connection.
+// Conn is the client side of a descriptor-passing connection. It is not
+// safe for concurrent use.
 type Conn struct{}
 
 // Dial needs Linux.

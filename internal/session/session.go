@@ -19,7 +19,8 @@ import (
 // Header is the gRPC metadata key naming the caller's session.
 const Header = "farmem-session"
 
-// Options configure Dial.
+// Options configure Dial. A plain value; the callbacks must be safe to call
+// from the session goroutine.
 type Options struct {
 	// ClientID is the stable identity the session is opened under (required).
 	ClientID string
@@ -36,7 +37,8 @@ type Options struct {
 	OnUp func(sessionID string)
 }
 
-// Conn is a control-plane connection with a live session.
+// Conn is a control-plane connection with a live session. It is safe for
+// concurrent use.
 type Conn struct {
 	addr string
 	opts Options

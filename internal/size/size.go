@@ -11,7 +11,7 @@ import (
 // ErrSyntax is returned for a string that is not a byte size.
 var ErrSyntax = errors.New("not a byte size: write a whole number with an optional unit, e.g. 4096, 64KiB, 256MiB, 1GiB, 2G")
 
-// Size is a number of bytes.
+// Size is a number of bytes. A plain value, safe for concurrent use.
 type Size int64
 
 // Common sizes.
