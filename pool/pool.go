@@ -43,7 +43,7 @@ type Pool struct {
 	cfg     Config
 	log     *slog.Logger
 	st      *store
-	dp      *dataPlane // serves rdma-tier segments; nil when disabled
+	dp      *dataPlane       // serves rdma-tier segments; nil when disabled
 	cl      *cluster.Cluster // gossip membership; nil without --gossip
 	peers   *peers
 	started time.Time
@@ -114,7 +114,7 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 	p := &Pool{
 		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs, dp: dp,
 		peers: &peers{self: cfg.Node, log: log, conns: map[string]*session.Conn{}},
-		segs: map[uint64]*record{}, names: map[string]uint64{},
+		segs:  map[uint64]*record{}, names: map[string]uint64{},
 		clients: map[string]*client{}, sessions: map[string]*sessionState{},
 	}
 	defer func() {

@@ -2,10 +2,10 @@ package pool
 
 import (
 	"errors"
-	"reflect"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
