@@ -228,7 +228,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 	if err != nil {
 		return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
 	}
-	s, err := c.track(&Segment{c: c, info: info, mem: mem})
+	s, err := c.track(&Segment{c: c, info: info, mem: mem, guard: info.Kind != "dram"})
 	if err != nil {
 		unmapNow(mem)
 	}

@@ -22,6 +22,11 @@ type Segment struct {
 	info   *poolv1.Segment // immutable
 	mem    []byte          // the mapping of a load/store segment; never changes
 	remote *remote         // how an rdma segment is reached; nil for load/store tiers
+	// guard is set when the mapping can fault (a file another process can
+	// truncate, a device with poisoned lines): copies then turn faults into
+	// errors. Local DRAM is a memfd sealed against resizing, which cannot
+	// fault short of the machine's own memory failing, as the Go heap could.
+	guard  bool
 	closed atomic.Bool
 }
 
@@ -89,9 +94,21 @@ func (s *Segment) ReadAt(p []byte, off int64) (n int, err error) {
 	if off < 0 || off > int64(len(mem)) {
 		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, len(mem), ErrOutOfRange)
 	}
+	if s.guard {
+		return guardedCopy(p, mem[off:])
+	}
+	n = copy(p, mem[off:])
+	if n < len(p) {
+		err = io.EOF
+	}
+	return n, err
+}
+
+// guardedCopy is ReadAt's copy for memory that can fault.
+func guardedCopy(p, mem []byte) (n int, err error) {
 	old := debug.SetPanicOnFault(true)
 	defer faultGuard(old, &err)
-	n = copy(p, mem[off:])
+	n = copy(p, mem)
 	if n < len(p) {
 		err = io.EOF
 	}
@@ -110,6 +127,9 @@ func (s *Segment) WriteAt(p []byte, off int64) (n int, err error) {
 	}
 	if off < 0 || off > int64(len(mem)) || int64(len(p)) > int64(len(mem))-off {
 		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, len(mem), ErrOutOfRange)
+	}
+	if !s.guard {
+		return copy(mem[off:], p), nil
 	}
 	old := debug.SetPanicOnFault(true)
 	defer faultGuard(old, &err)
