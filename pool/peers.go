@@ -197,6 +197,12 @@ func (p *Pool) homeChanged(node string, up bool) {
 		return
 	}
 	alive := map[uint64]bool{}
+	dataAddr := ""
+	if up && p.cl != nil {
+		if m, ok := p.cl.Member(node); ok {
+			dataAddr = m.Meta.DataAddr
+		}
+	}
 	if up {
 		if pc := p.peers.conn(node); pc != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -217,6 +223,9 @@ func (p *Pool) homeChanged(node string, up bool) {
 	n := 0
 	for _, r := range homed {
 		lost := !alive[r.ID]
+		if !lost && dataAddr != "" {
+			r.DataAddr = dataAddr // a restarted home may serve on another port
+		}
 		if r.Lost == lost || p.segs[r.ID] != r {
 			continue
 		}
