@@ -1,0 +1,182 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"sync"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// delegate receives memberlist's callbacks for one Cluster. Every method
+// copies what it needs and returns without waiting on anything but the
+// Cluster's table mutex, which is never held across a call into memberlist
+// (memberlist calls the event methods with its own node lock held).
+type delegate struct{ c *Cluster }
+
+var (
+	_ memberlist.Delegate         = (*delegate)(nil)
+	_ memberlist.EventDelegate    = (*delegate)(nil)
+	_ memberlist.ConflictDelegate = (*delegate)(nil)
+)
+
+// NodeMeta returns the encoded own Meta. The encoder never produces more
+// than memberlist.MetaMaxSize bytes, the only limit memberlist passes.
+func (d *delegate) NodeMeta(limit int) []byte {
+	b := *d.c.enc.Load()
+	if len(b) > limit {
+		return nil // unreachable with memberlist v0.7.0; peers would see ErrBadMeta
+	}
+	return b
+}
+
+// NotifyMsg receives user messages gossiped by peers: leave announcements.
+// Unknown messages are ignored so that newer nodes can add kinds.
+func (d *delegate) NotifyMsg(b []byte) {
+	name, boot, ok := decodeLeave(b)
+	if !ok {
+		return
+	}
+	if d.c.onLeave(name, boot) {
+		// Pass news on, so the announcement spreads like memberlist's own
+		// broadcasts even if the leaving node shuts down soon.
+		d.c.bcast.QueueBroadcast(&leaveBroadcast{name: name, msg: append([]byte(nil), b...)})
+	}
+}
+
+// GetBroadcasts hands queued leave announcements to memberlist's gossip.
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	return d.c.bcast.GetBroadcasts(overhead, limit)
+}
+
+// LocalState adds the leave announcements this node knows to memberlist's
+// periodic push/pull, so that a node which missed one (broadcasts are
+// retransmitted only a few times) still learns that a dead peer had left.
+func (d *delegate) LocalState(bool) []byte {
+	return d.c.leaveSet()
+}
+
+// MergeRemoteState applies a peer's leave announcements from push/pull.
+func (d *delegate) MergeRemoteState(b []byte, _ bool) {
+	decodeLeaveSet(b, func(name string, boot uint64) { d.c.onLeave(name, boot) })
+}
+
+// NotifyJoin: a node became alive (new, or back from dead or left).
+func (d *delegate) NotifyJoin(n *memberlist.Node) {
+	d.c.onAlive(n.Name, n.Address(), append([]byte(nil), n.Meta...))
+}
+
+// NotifyUpdate: an alive node's metadata changed.
+func (d *delegate) NotifyUpdate(n *memberlist.Node) {
+	d.c.onAlive(n.Name, n.Address(), append([]byte(nil), n.Meta...))
+}
+
+// NotifyLeave: a node was declared dead or left. memberlist v0.7.0 does not
+// say which (the Node's State field is never set), hence leave announcements.
+func (d *delegate) NotifyLeave(n *memberlist.Node) {
+	d.c.onGone(n.Name)
+}
+
+// NotifyConflict: another node claims a known name at another address.
+// memberlist logs it; count it for Stats.
+func (d *delegate) NotifyConflict(_, _ *memberlist.Node) {
+	d.c.conflicts.Add(1)
+}
+
+// msgLeave is the first byte of a leave announcement:
+//
+//	+---------+-----------+-------------+------+
+//	| 0x01    | boot (8B) | name length | name |
+//	| 1 byte  | big endian| uvarint     |      |
+//	+---------+-----------+-------------+------+
+const msgLeave = 0x01
+
+func encodeLeave(name string, boot uint64) []byte {
+	b := make([]byte, 0, 1+8+binary.MaxVarintLen64+len(name))
+	b = append(b, msgLeave)
+	b = binary.BigEndian.AppendUint64(b, boot)
+	return appendString(b, name)
+}
+
+// decodeLeave parses a leave announcement; ok is false for anything else.
+func decodeLeave(b []byte) (name string, boot uint64, ok bool) {
+	if len(b) < 10 || b[0] != msgLeave {
+		return "", 0, false
+	}
+	boot = binary.BigEndian.Uint64(b[1:9])
+	n, k := binary.Uvarint(b[9:])
+	if k <= 0 || n > 128 || uint64(len(b)-9-k) != n || n == 0 {
+		return "", 0, false
+	}
+	return string(b[9+k:]), boot, true
+}
+
+// msgLeaveSet starts the push/pull extra: the leave announcements a node knows.
+//
+//	+---------+---------+--------------------------------------------+
+//	| 0x02    | count   | count x (boot (8B), name length, name)      |
+//	| 1 byte  | uvarint | big endian, uvarint, bytes                  |
+//	+---------+---------+--------------------------------------------+
+const msgLeaveSet = 0x02
+
+// maxLeaveSet bounds a leave set, on both sides.
+const maxLeaveSet = 4096
+
+func encodeLeaveSet(names []string, boots []uint64) []byte {
+	if len(names) == 0 {
+		return nil
+	}
+	b := []byte{msgLeaveSet}
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for i, name := range names {
+		b = binary.BigEndian.AppendUint64(b, boots[i])
+		b = appendString(b, name)
+	}
+	return b
+}
+
+// decodeLeaveSet calls fn for each entry of a leave set; it stops at the
+// first malformed byte and ignores anything that is not a leave set.
+func decodeLeaveSet(b []byte, fn func(name string, boot uint64)) {
+	if len(b) < 2 || b[0] != msgLeaveSet {
+		return
+	}
+	r := metaReader{b: b[1:]}
+	n := r.uvarint("count", maxLeaveSet)
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		if len(r.b) < 8 {
+			return
+		}
+		boot := binary.BigEndian.Uint64(r.b)
+		r.b = r.b[8:]
+		name := r.str("name", 128)
+		if r.err == nil && name != "" {
+			fn(name, boot)
+		}
+	}
+}
+
+// leaveBroadcast is a leave announcement in memberlist's broadcast queue. A
+// newer announcement for the same node replaces an older one.
+type leaveBroadcast struct {
+	name string
+	msg  []byte
+	sent chan struct{} // closed when memberlist is done sending it; may be nil
+	once sync.Once
+}
+
+var _ memberlist.NamedBroadcast = (*leaveBroadcast)(nil)
+
+func (b *leaveBroadcast) Name() string { return "leave/" + b.name }
+
+func (b *leaveBroadcast) Invalidates(o memberlist.Broadcast) bool {
+	ob, ok := o.(*leaveBroadcast)
+	return ok && ob.name == b.name
+}
+
+func (b *leaveBroadcast) Message() []byte { return b.msg }
+
+func (b *leaveBroadcast) Finished() {
+	if b.sent != nil {
+		b.once.Do(func() { close(b.sent) })
+	}
+}

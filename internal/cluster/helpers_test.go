@@ -1,0 +1,132 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/farmem/farmem/internal/cluster/memnet"
+	"github.com/stretchr/testify/require"
+)
+
+// patience bounds every wait for gossip to converge. It is a liveness bound
+// (generous, for a loaded CI machine under -race), never a measurement.
+const patience = 30 * time.Second
+
+// fastConfig is the "local" profile with shorter timers so failure
+// detection takes seconds, not tens of seconds. The 1 s push/pull matters
+// in clusters this small: memberlist sends each broadcast only
+// RetransmitMult*ceil(log10(n+1)) = 2 times, so a node can miss a join or a
+// leave announcement until the next push/pull (15 s in the local profile).
+func fastConfig(name string) Config {
+	cfg := DefaultConfig()
+	cfg.Name = name
+	cfg.Profile = ProfileLocal
+	cfg.ProbeInterval = 250 * time.Millisecond
+	cfg.ProbeTimeout = 150 * time.Millisecond
+	cfg.GossipInterval = 50 * time.Millisecond
+	cfg.PushPullInterval = time.Second
+	cfg.GossipToTheDeadTime = time.Minute // keep dead nodes listed for the whole test
+	if os.Getenv("CLUSTER_TEST_LOG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test_node", name)
+	}
+	return cfg
+}
+
+// testMeta is what a poold with all three tiers would gossip.
+func testMeta(name string) Meta {
+	return Meta{
+		Proto:    1,
+		GRPCAddr: name + ".farm.example:7070",
+		DataAddr: name + ".farm.example:7071",
+		Tiers: []TierFree{
+			{Name: "cxl", Capacity: 64 << 30, Free: 60 << 30},
+			{Name: "local", Capacity: 16 << 30, Free: 15 << 30},
+			{Name: "rdma", Capacity: 128 << 30, Free: 100 << 30},
+		},
+	}
+}
+
+// startMem starts one node on the in-memory network and shuts it down at
+// the end of the test.
+func startMem(t *testing.T, n *memnet.Network, name string) *Cluster {
+	t.Helper()
+	tr, err := n.NewTransport(name)
+	require.NoError(t, err)
+	cfg := fastConfig(name)
+	cfg.Transport = tr
+	c, err := New(cfg, testMeta(name))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Shutdown()) })
+	return c
+}
+
+// startMemCluster starts nodes n0..n(count-1) and joins them through n0.
+func startMemCluster(t *testing.T, n *memnet.Network, count int) []*Cluster {
+	t.Helper()
+	cs := make([]*Cluster, count)
+	for i := range cs {
+		cs[i] = startMem(t, n, fmt.Sprintf("n%d", i))
+	}
+	seed := cs[0].Self().Addr
+	for _, c := range cs[1:] {
+		reached, err := c.Join(t.Context(), []string{seed})
+		require.NoError(t, err)
+		require.Equal(t, 1, reached)
+	}
+	waitFor(t, "every node sees every node alive", func() bool {
+		for _, c := range cs {
+			if c.Stats().Alive != count {
+				return false
+			}
+		}
+		return true
+	})
+	return cs
+}
+
+// waitFor polls cond until it holds or patience runs out.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), patience)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("gave up after %v waiting until %s", patience, what)
+		case <-tick.C:
+		}
+	}
+}
+
+// stateOn returns how c sees the named node, or "absent".
+func stateOn(c *Cluster, name string) string {
+	m, ok := c.Member(name)
+	if !ok {
+		return "absent"
+	}
+	return StateString(m.State)
+}
+
+// nextEvent returns the next event about name, skipping others.
+func nextEvent(t *testing.T, ch <-chan Event, name string) Event {
+	t.Helper()
+	timeout := time.NewTimer(patience)
+	defer timeout.Stop()
+	for {
+		select {
+		case e, ok := <-ch:
+			require.True(t, ok, "subscription closed while waiting for an event about %s", name)
+			if e.Member.Name == name {
+				return e
+			}
+		case <-timeout.C:
+			t.Fatalf("no event about %s within %v", name, patience)
+		}
+	}
+}

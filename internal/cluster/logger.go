@@ -1,0 +1,52 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"log"
+	"log/slog"
+)
+
+// memberlistLogger returns a *log.Logger for memberlist that forwards each
+// line to l at the level memberlist wrote in its prefix ("[DEBUG]", "[INFO]",
+// "[WARN]", "[ERR]").
+func memberlistLogger(l *slog.Logger) *log.Logger {
+	return log.New(slogWriter{l}, "", 0)
+}
+
+type slogWriter struct{ l *slog.Logger }
+
+var levelPrefixes = []struct {
+	prefix string
+	level  slog.Level
+}{
+	{"[DEBUG] ", slog.LevelDebug},
+	{"[INFO] ", slog.LevelInfo},
+	{"[WARN] ", slog.LevelWarn},
+	{"[ERR] ", slog.LevelError},
+	{"[ERROR] ", slog.LevelError},
+}
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	line, level := parseLogLine(p)
+	if w.l.Enabled(context.Background(), level) {
+		w.l.Log(context.Background(), level, line, "component", "memberlist")
+	}
+	return n, nil
+}
+
+// parseLogLine splits memberlist's "[LEVEL] memberlist: message\n" into the
+// message and its level; lines without a known prefix are Info.
+func parseLogLine(p []byte) (string, slog.Level) {
+	p = bytes.TrimRight(p, "\n")
+	level := slog.LevelInfo
+	for _, lp := range levelPrefixes {
+		if bytes.HasPrefix(p, []byte(lp.prefix)) {
+			p, level = p[len(lp.prefix):], lp.level
+			break
+		}
+	}
+	p = bytes.TrimPrefix(p, []byte("memberlist: "))
+	return string(p), level
+}

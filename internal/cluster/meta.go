@@ -1,0 +1,261 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"net"
+	"slices"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Limits of the gossip encoding. Together they keep a realistic Meta (two
+// addresses, three tiers) near 100 bytes, far below memberlist.MetaMaxSize;
+// a Meta that still encodes to more than that is refused with ErrMetaTooLarge.
+const (
+	// MaxTiers is the most tiers one node gossips.
+	MaxTiers = 8
+	// MaxTierName is the longest tier name in bytes.
+	MaxTierName = 16
+	// MaxAddr is the longest GRPCAddr or DataAddr in bytes.
+	MaxAddr = 255
+)
+
+// metaVersion is the first byte of the encoding. It changes only when old
+// readers could misread new bytes; fields added later are appended after the
+// tiers, and version-1 readers ignore trailing bytes.
+const metaVersion = 1
+
+// Flag bits of the encoding's second byte. Unknown bits are ignored so that a
+// newer node can add flags without breaking older readers.
+const flagDraining = 1 << 0
+
+// TierFree is one tier's capacity as a node gossips it. A value; safe to copy.
+type TierFree struct {
+	Name     string // tier name: "cxl", "local", "rdma" (1..MaxTierName bytes of [a-z0-9._-])
+	Capacity int64  // bytes the node offers on this tier, >= 0
+	Free     int64  // bytes not allocated, 0 <= Free <= Capacity
+}
+
+// Meta is what each node gossips about itself, carried in memberlist's node
+// metadata (at most memberlist.MetaMaxSize bytes, see EncodedSize).
+//
+// A Meta is a value, but Tiers is a slice: Members, Member, Self and events
+// hand out copies whose Tiers the caller owns and may modify.
+type Meta struct {
+	Proto    uint32     // farmem protocol version the node speaks
+	GRPCAddr string     // host:port of the node's gRPC control plane (TCP); "" = not serving yet
+	DataAddr string     // host:port of the node's data plane; "" = not serving yet
+	Draining bool       // no new placements on this node (Pick skips it)
+	Tiers    []TierFree // per tier capacity and free bytes, unique names, at most MaxTiers
+}
+
+// Tier returns the entry for the named tier.
+func (m Meta) Tier(name string) (TierFree, bool) {
+	for _, t := range m.Tiers {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return TierFree{}, false
+}
+
+// Clone returns a copy that shares no memory with m.
+func (m Meta) Clone() Meta {
+	m.Tiers = slices.Clone(m.Tiers)
+	return m
+}
+
+// Validate checks the limits of the encoding. It does not check the size
+// limit; EncodedSize and the encoder do.
+func (m Meta) Validate() error {
+	if err := validateAddr("GRPCAddr", m.GRPCAddr); err != nil {
+		return err
+	}
+	if err := validateAddr("DataAddr", m.DataAddr); err != nil {
+		return err
+	}
+	if len(m.Tiers) > MaxTiers {
+		return fmt.Errorf("%w: %d tiers, at most %d", ErrInvalidMeta, len(m.Tiers), MaxTiers)
+	}
+	for i, t := range m.Tiers {
+		if err := validateTierName(t.Name); err != nil {
+			return fmt.Errorf("%w: tier %d: %w", ErrInvalidMeta, i, err)
+		}
+		for _, u := range m.Tiers[:i] {
+			if u.Name == t.Name {
+				return fmt.Errorf("%w: tier %q listed twice", ErrInvalidMeta, t.Name)
+			}
+		}
+		if t.Capacity < 0 || t.Free < 0 || t.Free > t.Capacity {
+			return fmt.Errorf("%w: tier %q: capacity %d and free %d must satisfy 0 <= free <= capacity",
+				ErrInvalidMeta, t.Name, t.Capacity, t.Free)
+		}
+	}
+	return nil
+}
+
+// validateTierName allows a short lower-case identifier, so that a tier name
+// received by gossip is safe to print and to use as a metric label.
+func validateTierName(name string) error {
+	if name == "" || len(name) > MaxTierName {
+		return fmt.Errorf("name %q must be 1..%d bytes", name, MaxTierName)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("name %q: byte %d is not one of [a-z0-9._-]", name, i)
+		}
+	}
+	return nil
+}
+
+// validateAddr allows "" or a host:port of printable ASCII, so that an
+// address received by gossip cannot inject control bytes into logs.
+func validateAddr(field, addr string) error {
+	if addr == "" {
+		return nil
+	}
+	if len(addr) > MaxAddr {
+		return fmt.Errorf("%w: %s is %d bytes, at most %d", ErrInvalidMeta, field, len(addr), MaxAddr)
+	}
+	for i := 0; i < len(addr); i++ {
+		if addr[i] <= ' ' || addr[i] > '~' {
+			return fmt.Errorf("%w: %s %q: byte %d is not printable ASCII", ErrInvalidMeta, field, addr, i)
+		}
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%w: %s %q is not host:port: %w", ErrInvalidMeta, field, addr, err)
+	}
+	return nil
+}
+
+// EncodedSize returns the number of bytes m takes in gossip, or an error if
+// m is invalid or larger than memberlist.MetaMaxSize.
+func (m Meta) EncodedSize() (int, error) {
+	b, err := encodeMeta(m, 0)
+	return len(b), err
+}
+
+// encodeMeta encodes m with the node's boot id. Layout, version 1:
+//
+//	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+
+//	| version | flags | boot (8B) | proto  | grpc addr   | data addr   | ntiers | ntiers x (name, capacity, free)|
+//	| 1 byte  | 1 byte| big endian| uvarint| uvarint+len | uvarint+len | uvarint| uvarint+len, uvarint, uvarint |
+//	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+
+//
+// Bytes after the tiers are reserved for fields appended later and ignored.
+func encodeMeta(m Meta, boot uint64) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, 64+len(m.GRPCAddr)+len(m.DataAddr)+len(m.Tiers)*24)
+	var flags byte
+	if m.Draining {
+		flags |= flagDraining
+	}
+	b = append(b, metaVersion, flags)
+	b = binary.BigEndian.AppendUint64(b, boot)
+	b = binary.AppendUvarint(b, uint64(m.Proto))
+	b = appendString(b, m.GRPCAddr)
+	b = appendString(b, m.DataAddr)
+	b = binary.AppendUvarint(b, uint64(len(m.Tiers)))
+	for _, t := range m.Tiers {
+		b = appendString(b, t.Name)
+		b = binary.AppendUvarint(b, uint64(t.Capacity))
+		b = binary.AppendUvarint(b, uint64(t.Free))
+	}
+	if len(b) > memberlist.MetaMaxSize {
+		return nil, fmt.Errorf("%w: %d bytes (%d tiers, addresses of %d and %d bytes)",
+			ErrMetaTooLarge, len(b), len(m.Tiers), len(m.GRPCAddr), len(m.DataAddr))
+	}
+	return b, nil
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// metaReader walks an encoded Meta; the first error sticks.
+type metaReader struct {
+	b   []byte
+	err error
+}
+
+func (r *metaReader) fail(format string, args ...any) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w: "+format, append([]any{ErrBadMeta}, args...)...)
+	}
+}
+
+func (r *metaReader) uvarint(what string, max uint64) uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail("%s: truncated or overlong varint", what)
+		return 0
+	}
+	r.b = r.b[n:]
+	if v > max {
+		r.fail("%s is %d, at most %d", what, v, max)
+		return 0
+	}
+	return v
+}
+
+func (r *metaReader) str(what string, max int) string {
+	n := int(r.uvarint(what+" length", uint64(max)))
+	if r.err != nil {
+		return ""
+	}
+	if len(r.b) < n {
+		r.fail("%s: %d bytes announced, %d left", what, n, len(r.b))
+		return ""
+	}
+	s := string(r.b[:n])
+	r.b = r.b[n:]
+	return s
+}
+
+// decodeMeta parses bytes written by encodeMeta (or by a newer version-1
+// writer). It never panics and checks the same limits as Validate, so every
+// Meta it returns is valid.
+func decodeMeta(b []byte) (Meta, uint64, error) {
+	var m Meta
+	if len(b) == 0 {
+		return m, 0, fmt.Errorf("%w: empty (the node runs no farmem cluster code)", ErrBadMeta)
+	}
+	if b[0] != metaVersion {
+		return m, 0, fmt.Errorf("%w: format version %d, this node reads version %d", ErrBadMeta, b[0], metaVersion)
+	}
+	if len(b) < 10 {
+		return m, 0, fmt.Errorf("%w: %d bytes, the header alone is 10", ErrBadMeta, len(b))
+	}
+	m.Draining = b[1]&flagDraining != 0
+	boot := binary.BigEndian.Uint64(b[2:10])
+	r := metaReader{b: b[10:]}
+	m.Proto = uint32(r.uvarint("proto", math.MaxUint32))
+	m.GRPCAddr = r.str("grpc addr", MaxAddr)
+	m.DataAddr = r.str("data addr", MaxAddr)
+	n := int(r.uvarint("tier count", MaxTiers))
+	if r.err == nil && n > 0 {
+		m.Tiers = make([]TierFree, n)
+		for i := range m.Tiers {
+			t := &m.Tiers[i]
+			t.Name = r.str("tier name", MaxTierName)
+			t.Capacity = int64(r.uvarint("tier capacity", math.MaxInt64))
+			t.Free = int64(r.uvarint("tier free", math.MaxInt64))
+		}
+	}
+	if r.err != nil {
+		return Meta{}, 0, r.err
+	}
+	if err := m.Validate(); err != nil {
+		return Meta{}, 0, fmt.Errorf("%w: %w", ErrBadMeta, err)
+	}
+	return m, boot, nil
+}

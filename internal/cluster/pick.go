@@ -1,0 +1,80 @@
+package cluster
+
+import "math/rand/v2"
+
+// Pick chooses the member to place an allocation of size bytes on tier,
+// among members that are Usable (alive, readable metadata, neither draining
+// nor leaving), offer the tier with at least size bytes free, and are not
+// named exclude (usually this node). It draws two distinct candidates at
+// random and takes the one with more free bytes on the tier (the first drawn
+// on a tie): the power of two random choices, which spreads load nearly as
+// evenly as always taking the emptiest node without sending every node's
+// allocations to the same peer at once.
+//
+// When nobody fits it returns a *NoPeerError (matching ErrNoPeer and
+// errs.ErrNoCapacity) whose Reason says why. rnd supplies randomness
+// (a *rand.Rand is not safe for concurrent use; give each goroutine its
+// own); nil uses math/rand/v2's global source. Pick does not modify members.
+func Pick(members []Member, tier string, size int64, exclude string, rnd *rand.Rand) (Member, error) {
+	if size < 0 || tier == "" {
+		return Member{}, &NoPeerError{Tier: tier, Size: size, Reason: InvalidRequest}
+	}
+	intN := rand.IntN
+	if rnd != nil {
+		intN = rnd.IntN
+	}
+	e := NoPeerError{Tier: tier, Size: size}
+	var fit [16]int
+	cand := fit[:0] // indexes into members; no allocation for small clusters
+	for i := range members {
+		m := &members[i]
+		if m.Name == exclude || m.State != StateAlive || m.MetaErr != nil {
+			continue
+		}
+		e.Alive++
+		if m.Meta.Draining || m.Leaving {
+			continue
+		}
+		e.Usable++
+		t, ok := m.Meta.Tier(tier)
+		if !ok {
+			continue
+		}
+		e.WithTier++
+		if t.Free > e.MaxFree || e.MaxNode == "" {
+			e.MaxFree, e.MaxNode = t.Free, m.Name
+		}
+		if t.Free >= size {
+			cand = append(cand, i)
+		}
+	}
+	switch len(cand) {
+	case 0:
+		switch {
+		case e.Alive == 0:
+			e.Reason = NoAlivePeer
+		case e.Usable == 0:
+			e.Reason = AllDraining
+		case e.WithTier == 0:
+			e.Reason = NoPeerWithTier
+		default:
+			e.Reason = NotEnoughFree
+		}
+		ne := e // only the failure path allocates
+		return Member{}, &ne
+	case 1:
+		return members[cand[0]].clone(), nil
+	}
+	a := intN(len(cand))
+	b := intN(len(cand) - 1)
+	if b >= a {
+		b++ // distinct from a, uniform over the rest
+	}
+	ma, mb := &members[cand[a]], &members[cand[b]]
+	ta, _ := ma.Meta.Tier(tier)
+	tb, _ := mb.Meta.Tier(tier)
+	if tb.Free > ta.Free {
+		return mb.clone(), nil
+	}
+	return ma.clone(), nil
+}
