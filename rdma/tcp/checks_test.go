@@ -128,6 +128,12 @@ func TestExporterErrors(t *testing.T) {
 	require.ErrorIs(t, s.Revoke(1), rdma.ErrNotExported)
 	require.NoError(t, s.Revoke(2))
 
+	// A restarting daemon re-exports under the key clients hold.
+	require.ErrorContains(t, s.ExportKey(3, mem, 0, rdma.Key{}), "zero key")
+	require.NoError(t, s.ExportKey(3, mem, 0, k1))
+	require.ErrorIs(t, s.ExportKey(3, mem, 0, k1), rdma.ErrAlreadyExported)
+	require.NoError(t, s.Revoke(3))
+
 	// The id is free again.
 	_, err = s.Export(1, mem, 0)
 	require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -111,6 +112,14 @@ type cliConn struct {
 	deadline     time.Time
 	writeTimeout time.Duration
 
+	rdToken     chan struct{} // capacity 1: held by whoever reads responses
+	lastPayload int           // size of the last response payload; guarded by rdToken
+	rdKick      chan struct{} // capacity 1: wakes readLoop
+
+	leadMu        sync.Mutex // guards the two fields below
+	leaderWaiting bool       // a leading caller waits for a header
+	leaderPoked   bool       // interruptLeader set a read deadline
+
 	closed   atomic.Bool
 	failOnce sync.Once
 	err      error // set before closed and done
@@ -127,12 +136,15 @@ func newCliConn(cl *Client, idx int, nc net.Conn, o *options) *cliConn {
 		slots:        make([]atomic.Pointer[op], o.maxInflight),
 		free:         make(chan uint32, o.maxInflight),
 		kick:         make(chan struct{}, 1),
+		rdToken:      make(chan struct{}, 1),
+		rdKick:       make(chan struct{}, 1),
 		hdrBuf:       make([]byte, o.maxInflight*reqHeaderSize),
 		iov:          make([][]byte, 0, 2*o.maxInflight),
 		writeTimeout: o.writeTimeout,
 		done:         make(chan struct{}),
 	}
 	c.cond.L = &c.mu
+	c.rdToken <- struct{}{}
 	for i := range o.maxInflight {
 		c.free <- uint32(i)
 	}
@@ -161,6 +173,9 @@ func (c *cliConn) register(ctx context.Context, o *op, block bool) (bool, error)
 		if !block {
 			return false, nil
 		}
+		// Slots come back only as responses are read; the callers of the
+		// ops holding them may not be reading yet (a Do still posting).
+		c.kickReader()
 		select {
 		case s = <-c.free:
 		case <-ctx.Done():
@@ -346,56 +361,195 @@ func (c *cliConn) writeBatch(batch []*op) error {
 	return err
 }
 
-// readLoop matches responses to ops and completes them.
+// Reading responses: whoever holds rdToken reads from the socket. A caller
+// waiting for its op takes the token if it is free and reads responses
+// itself (completing other callers' ops on the way) until its own arrives:
+// on an idle connection a request/response then costs what raw TCP does,
+// with no goroutine hand-off. Otherwise it waits on its done channel, and the
+// reader goroutine, kicked by the last leader, reads for as long as ops are
+// in flight. Whoever releases the token checks for ops in flight afterwards
+// and makes sure someone reads for them.
+
+// largePayload is the payload size from which the reader stops reading
+// ahead of the next header.
+const largePayload = 32 << 10
+
+// errLeadEnded means a leading caller's ctx ended while it waited for a
+// response header; the stream is intact.
+var errLeadEnded = errors.New("leading caller's context ended")
+
+// readLoop reads for the callers who are not reading themselves.
 func (c *cliConn) readLoop() {
 	defer c.wg.Done()
-	var h respHeader
 	for {
-		b, err := c.rd.next(respHeaderSize)
-		if err != nil {
-			c.fail(fmt.Errorf("read response: %w", err))
+		select {
+		case <-c.rdKick:
+		case <-c.done:
 			return
 		}
-		if err := decodeResponse(b, &h); err != nil {
-			c.fail(err)
+		select {
+		case <-c.rdToken:
+		case <-c.done:
 			return
 		}
-		s := uint32(h.id)
-		var o *op
-		if int(s) < len(c.slots) {
-			o = c.slots[s].Load()
-		}
-		if o == nil || o.id != h.id {
-			c.fail(fmt.Errorf("response for unknown request id %#x: %w", h.id, rdma.ErrProtocol))
-			return
-		}
-		if !c.slots[s].CompareAndSwap(o, nil) {
-			return // fail swept it: the connection is closing
-		}
-		c.free <- s
-		claimed := false
-		for !claimed {
-			st := o.state.Load()
-			if st != opSending && st != opSent {
+		for {
+			for c.inflight() > 0 {
+				if err := c.readOne(nil); err != nil {
+					c.fail(err)
+					c.rdToken <- struct{}{}
+					return
+				}
+			}
+			c.rdToken <- struct{}{}
+			// An op registered after the last check may have found the
+			// token taken and be waiting for someone to read: check again.
+			if c.inflight() == 0 {
 				break
 			}
-			claimed = o.state.CompareAndSwap(st, opReceiving)
-		}
-		if !claimed {
-			// The caller gave up: drop the payload, not into its buffer.
-			err = c.rd.discard(int(h.payloadLen))
-			o.release()
-		} else {
-			err = c.complete(o, &h)
-			o.state.Store(opDone)
-			o.done <- struct{}{}
-			o.release()
-		}
-		if err != nil {
-			c.fail(err)
-			return
+			select {
+			case <-c.rdToken:
+				continue
+			default:
+			}
+			break // another reader holds the token and sees the op
 		}
 	}
+}
+
+// lead reads responses on the calling goroutine until o completes, ctx ends
+// or the connection fails, if nobody else is reading. It reports whether it
+// led.
+func (c *cliConn) lead(ctx context.Context, o *op) bool {
+	select {
+	case <-c.rdToken:
+	default:
+		return false
+	}
+	var stop func() bool
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, c.interruptLeader)
+	}
+	for o.state.Load() != opDone {
+		if err := c.readOne(ctx); err != nil {
+			if err != errLeadEnded {
+				c.fail(err)
+			}
+			break
+		}
+	}
+	if stop != nil {
+		stop()
+		c.leadMu.Lock()
+		c.leaderWaiting = false
+		if c.leaderPoked {
+			c.leaderPoked = false
+			c.nc.SetReadDeadline(time.Time{})
+		}
+		c.leadMu.Unlock()
+	}
+	c.rdToken <- struct{}{}
+	if c.inflight() > 0 {
+		c.kickReader() // ops in flight (o itself, if ctx ended) need a reader
+	}
+	return true
+}
+
+// kickReader wakes readLoop.
+func (c *cliConn) kickReader() {
+	select {
+	case c.rdKick <- struct{}{}:
+	default:
+	}
+}
+
+// interruptLeader runs when a leading caller's ctx ends: if the leader is
+// blocked waiting for a response header, a past read deadline wakes it.
+func (c *cliConn) interruptLeader() {
+	c.leadMu.Lock()
+	if c.leaderWaiting {
+		c.leaderPoked = true
+		c.nc.SetReadDeadline(time.Now())
+	}
+	c.leadMu.Unlock()
+}
+
+// readOne reads one response and completes its op. leadCtx is the ctx of a
+// leading caller, nil for the reader goroutine. An error other than
+// errLeadEnded means the stream is broken.
+func (c *cliConn) readOne(leadCtx context.Context) error {
+	var (
+		b   []byte
+		err error
+	)
+	// After a large payload another one is likely: read only its header
+	// ahead, so the payload goes straight into the caller's buffer.
+	limit := len(c.rd.buf)
+	if c.lastPayload >= largePayload {
+		limit = respHeaderSize
+	}
+	if leadCtx == nil || leadCtx.Done() == nil {
+		b, err = c.rd.nextLimit(respHeaderSize, limit)
+	} else {
+		c.leadMu.Lock()
+		c.leaderWaiting = true
+		ended := leadCtx.Err() != nil
+		c.leadMu.Unlock()
+		if !ended {
+			b, err = c.rd.nextLimit(respHeaderSize, limit)
+		}
+		c.leadMu.Lock()
+		c.leaderWaiting = false
+		if c.leaderPoked {
+			c.leaderPoked = false
+			c.nc.SetReadDeadline(time.Time{})
+			if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+				ended = true
+			}
+		}
+		c.leadMu.Unlock()
+		if ended {
+			return errLeadEnded // a partial header stays buffered
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("read response: %w", err)
+	}
+	var h respHeader
+	if err := decodeResponse(b, &h); err != nil {
+		return err
+	}
+	c.lastPayload = int(h.payloadLen)
+	s := uint32(h.id)
+	var o *op
+	if int(s) < len(c.slots) {
+		o = c.slots[s].Load()
+	}
+	if o == nil || o.id != h.id {
+		return fmt.Errorf("response for unknown request id %#x: %w", h.id, rdma.ErrProtocol)
+	}
+	if !c.slots[s].CompareAndSwap(o, nil) {
+		return c.err // fail swept it: the connection is closing
+	}
+	c.free <- s
+	claimed := false
+	for !claimed {
+		st := o.state.Load()
+		if st != opSending && st != opSent {
+			break
+		}
+		claimed = o.state.CompareAndSwap(st, opReceiving)
+	}
+	if !claimed {
+		// The caller gave up: drop the payload, not into its buffer.
+		err = c.rd.discard(int(h.payloadLen))
+		o.release()
+		return err
+	}
+	err = c.complete(o, &h)
+	o.state.Store(opDone)
+	o.done <- struct{}{}
+	o.release()
+	return err
 }
 
 // complete fills o's results from its response. An error means the stream
@@ -431,6 +585,7 @@ func (c *cliConn) complete(o *op, h *respHeader) error {
 // wait waits for o to complete or ctx to end. nil means o completed and its
 // results (including o.err) are valid.
 func (c *cliConn) wait(ctx context.Context, o *op) error {
+	c.lead(ctx, o)
 	select {
 	case <-o.done:
 		return nil

@@ -26,7 +26,12 @@ func (f *frameReader) buffered() int { return f.w - f.r }
 // next returns the next n bytes (n <= len(buf)), reading from the socket as
 // needed. The slice is valid until the next call. A clean end of stream before
 // the first byte gives io.EOF, in the middle io.ErrUnexpectedEOF.
-func (f *frameReader) next(n int) ([]byte, error) {
+func (f *frameReader) next(n int) ([]byte, error) { return f.nextLimit(n, len(f.buf)) }
+
+// nextLimit is next, but reads at most limit bytes ahead of f.r from the
+// socket. A small limit keeps a large payload that follows the header out
+// of the buffer, so it can be read straight into its destination.
+func (f *frameReader) nextLimit(n, limit int) ([]byte, error) {
 	if f.w-f.r < n {
 		if f.r == f.w {
 			f.r, f.w = 0, 0
@@ -34,8 +39,9 @@ func (f *frameReader) next(n int) ([]byte, error) {
 			f.w = copy(f.buf, f.buf[f.r:f.w])
 			f.r = 0
 		}
+		end := min(len(f.buf), f.r+max(limit, n))
 		for f.w-f.r < n {
-			m, err := f.src.Read(f.buf[f.w:])
+			m, err := f.src.Read(f.buf[f.w:end])
 			f.w += m
 			if err != nil {
 				if f.w-f.r >= n {

@@ -79,6 +79,7 @@ func (c *srvConn) serve() {
 		return
 	}
 	var h reqHeader
+	lastPayload := 0
 	for {
 		if c.rd.buffered() < reqHeaderSize {
 			if err := c.flush(); err != nil {
@@ -86,7 +87,13 @@ func (c *srvConn) serve() {
 				return
 			}
 		}
-		b, err := c.rd.next(reqHeaderSize)
+		// After a large WRITE payload another one is likely: read only its
+		// header ahead, so the payload goes straight into the mapping.
+		limit := len(c.rd.buf)
+		if lastPayload >= largePayload {
+			limit = reqHeaderSize
+		}
+		b, err := c.rd.nextLimit(reqHeaderSize, limit)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				c.log.Debug("rdma/tcp: client closed the connection", "remote", c.remote)
@@ -99,6 +106,7 @@ func (c *srvConn) serve() {
 			c.closeWith("malformed request frame", err)
 			return
 		}
+		lastPayload = int(h.payloadLen)
 		if err := c.handle(&h); err != nil {
 			c.closeWith(fmt.Sprintf("request %d opcode %d", h.id, h.op), err)
 			return
