@@ -41,8 +41,8 @@ type Exporter interface {
 	// is refused.
 	SetEpoch(seg, epoch uint64) error
 	// MarkLost records that the segment's memory is gone (device fault, lost
-	// backing store): operations on it then fail with ErrSegmentLost and never
-	// touch the memory. Revoke still has to be called to drop it.
+	// backing store): new operations on it fail with ErrSegmentLost and do
+	// not touch the memory. Revoke still has to be called to drop it.
 	MarkLost(seg uint64) error
 }
 

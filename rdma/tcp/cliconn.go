@@ -116,9 +116,10 @@ type cliConn struct {
 	lastPayload int           // size of the last response payload; guarded by rdToken
 	rdKick      chan struct{} // capacity 1: wakes readLoop
 
-	leadMu        sync.Mutex // guards the two fields below
+	leadMu        sync.Mutex // guards the three fields below
 	leaderWaiting bool       // a leading caller waits for a header
 	leaderPoked   bool       // interruptLeader set a read deadline
+	leadGen       uint64     // counts leaders whose ctx can end
 
 	closed   atomic.Bool
 	failOnce sync.Once
@@ -427,7 +428,11 @@ func (c *cliConn) lead(ctx context.Context, o *op) bool {
 	}
 	var stop func() bool
 	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, c.interruptLeader)
+		c.leadMu.Lock()
+		c.leadGen++
+		gen := c.leadGen
+		c.leadMu.Unlock()
+		stop = context.AfterFunc(ctx, func() { c.interruptLeader(gen) })
 	}
 	for o.state.Load() != opDone {
 		if err := c.readOne(ctx); err != nil {
@@ -462,11 +467,12 @@ func (c *cliConn) kickReader() {
 	}
 }
 
-// interruptLeader runs when a leading caller's ctx ends: if the leader is
-// blocked waiting for a response header, a past read deadline wakes it.
-func (c *cliConn) interruptLeader() {
+// interruptLeader runs when the ctx of leader number gen ends: if that
+// leader is blocked waiting for a response header, a past read deadline
+// wakes it.
+func (c *cliConn) interruptLeader(gen uint64) {
 	c.leadMu.Lock()
-	if c.leaderWaiting {
+	if c.leaderWaiting && c.leadGen == gen {
 		c.leaderPoked = true
 		c.nc.SetReadDeadline(time.Now())
 	}

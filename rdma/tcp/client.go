@@ -63,6 +63,10 @@ func WithWriteTimeout(d time.Duration) Option { return func(o *options) { o.writ
 // connections. It implements rdma.Conn and is safe for concurrent use; every
 // call may run in parallel with every other.
 //
+// A Client does not redial: a connection that fails is skipped from then on,
+// and once all have failed every call returns an error matching
+// rdma.ErrClosed; dial a new Client then.
+//
 // Buffers: Read writes into p only while the call runs (a response that
 // arrives after a cancelled Read returned is discarded, never copied into
 // p); Write reads p only while the call runs. Neither retains p.

@@ -279,9 +279,9 @@ func startStallServer(t *testing.T) *stallServer {
 							nc.Write(bytes.Repeat([]byte{0xEE}, int(h.length)))
 						}
 						held = nil
-						// Keep the connection open until the client closes.
+						// From now on answer every request at once.
 						nc.SetReadDeadline(time.Time{})
-						io.Copy(io.Discard, nc)
+						ss.answer(nc)
 						return
 					default:
 						continue
@@ -300,6 +300,30 @@ func startStallServer(t *testing.T) *stallServer {
 	}()
 	t.Cleanup(func() { l.Close(); wg.Wait() })
 	return ss
+}
+
+// answer answers each request at once: READs with 0xEE bytes, others empty.
+func (ss *stallServer) answer(nc net.Conn) {
+	for {
+		var hb [reqHeaderSize]byte
+		if _, err := io.ReadFull(nc, hb[:]); err != nil {
+			return
+		}
+		var h reqHeader
+		if decodeRequest(hb[:], &h) != nil {
+			return
+		}
+		io.CopyN(io.Discard, nc, int64(h.payloadLen))
+		var out [respHeaderSize]byte
+		n := 0
+		if h.op == opRead {
+			n = int(h.length)
+		}
+		encodeResponse(out[:], &respHeader{id: h.id, payloadLen: uint32(n)})
+		if _, err := nc.Write(append(out[:], bytes.Repeat([]byte{0xEE}, n)...)); err != nil {
+			return
+		}
+	}
 }
 
 // TestCancel: a cancelled or timed-out op returns ctx's error while the server
@@ -360,6 +384,111 @@ func TestCancel(t *testing.T) {
 		return c.conns[0].inflight() == 0
 	}, 10*time.Second, time.Millisecond)
 	require.Equal(t, make([]byte, 4096), buf, "a late response was copied into an abandoned buffer")
+
+	// The stream is still in sync.
+	got := make([]byte, 3)
+	require.NoError(t, c.Read(t.Context(), r, 0, got))
+	require.Equal(t, []byte{0xEE, 0xEE, 0xEE}, got)
+}
+
+// TestCancelLeader: a caller that reads its own response (idle connection)
+// and whose ctx is cancelled while it waits returns promptly, leaves the
+// stream in sync, and its buffer alone.
+func TestCancelLeader(t *testing.T) {
+	ss := startStallServer(t)
+	c, err := Dial(t.Context(), ss.addr, WithConns(1))
+	require.NoError(t, err)
+	defer c.Close()
+	r := rdma.Region{Segment: 1}
+	buf := make([]byte, 100)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Read(ctx, r, 0, buf) }()
+	<-ss.got
+	cancel()
+	var err2 error
+	within(t, "cancelled leader", func() { err2 = <-done })
+	require.ErrorIs(t, err2, context.Canceled)
+
+	close(ss.release)
+	require.Eventually(t, func() bool { return c.conns[0].inflight() == 0 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, make([]byte, 100), buf)
+	got := make([]byte, 5)
+	require.NoError(t, c.Read(t.Context(), r, 0, got))
+	require.Equal(t, bytes.Repeat([]byte{0xEE}, 5), got)
+}
+
+// TestRandomDeadlines runs ops with deadlines short enough that many expire
+// at every stage of an op's life, against a real server. Nothing may hang,
+// every error must be the deadline, successful reads must return what the
+// goroutine last wrote successfully, and (under -race) no buffer may be
+// touched after its call returned: each goroutine reuses its buffers at once.
+func TestRandomDeadlines(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	const (
+		goroutines = 8
+		chunk      = 8 << 10
+	)
+	_, r := s.export(t, 1, goroutines*chunk)
+	// One connection: the server applies one connection's requests in order,
+	// so a write abandoned in flight lands before the goroutine's next one.
+	c := dial(t, s.addr, WithConns(1), WithMaxInflight(4))
+	var (
+		wg       sync.WaitGroup
+		timeouts atomic.Int64
+	)
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			off := int64(g * chunk)
+			w := make([]byte, chunk)
+			rd := make([]byte, chunk)
+			var known byte // value of the whole chunk, 0 = unknown
+			for i := range 300 {
+				timeout := time.Duration(1<<(i%13)) * time.Microsecond // 1 µs .. 4 ms
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				var err error
+				if i%2 == 0 {
+					v := byte(i%250 + 1)
+					for j := range w {
+						w[j] = v
+					}
+					err = c.Write(ctx, r, off, w)
+					known = 0
+					if err == nil {
+						known = v
+					}
+					clear(w) // reuse the buffer at once
+				} else {
+					err = c.Read(ctx, r, off, rd)
+					if err == nil && known != 0 && !bytes.Equal(rd, bytes.Repeat([]byte{known}, chunk)) {
+						err = fmt.Errorf("goroutine %d read back the wrong bytes", g)
+					}
+					clear(rd)
+				}
+				cancel()
+				if errors.Is(err, context.DeadlineExceeded) {
+					timeouts.Add(1)
+				} else if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	within(t, "ops with random deadlines", wg.Wait)
+	t.Logf("%d of %d ops timed out", timeouts.Load(), goroutines*300)
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	// The connection pool is healthy afterwards.
+	require.NoError(t, c.Read(t.Context(), r, 0, make([]byte, 8)))
+	for _, cc := range c.conns {
+		require.Eventually(t, func() bool { return cc.inflight() == 0 }, 10*time.Second, time.Millisecond)
+	}
 }
 
 // TestAbandonedOpsGoBackToThePool makes sure cancelled ops do not leak slots:

@@ -149,8 +149,9 @@ func (s *Server) SetEpoch(seg, epoch uint64) error {
 	}
 }
 
-// MarkLost records that segment seg's memory is gone: operations fail with
-// ErrSegmentLost and no longer touch it. Revoke must still be called.
+// MarkLost records that segment seg's memory is gone: new operations fail
+// with ErrSegmentLost and do not touch it (operations already running may
+// finish; a fault they hit is contained). Revoke must still be called.
 func (s *Server) MarkLost(seg uint64) error {
 	e := s.lookup(seg)
 	if e == nil {

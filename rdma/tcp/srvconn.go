@@ -174,10 +174,21 @@ func (c *srvConn) handle(h *reqHeader) error {
 // unsupported skips the payload of an op this server does not know and
 // answers statusUnsupported, so newer clients can probe older servers.
 func (c *srvConn) unsupported(h *reqHeader) error {
-	if err := c.rd.discard(int(h.payloadLen)); err != nil {
+	if err := c.discard(int(h.payloadLen)); err != nil {
 		return err
 	}
 	return c.respond(h.id, statusUnsupported, 0, 0, nil, nil)
+}
+
+// discard skips n payload bytes, flushing pending responses first if it
+// has to wait for the socket.
+func (c *srvConn) discard(n int) error {
+	if c.rd.buffered() < n && c.npend > 0 {
+		if err := c.flush(); err != nil {
+			return err
+		}
+	}
+	return c.rd.discard(n)
 }
 
 // pin checks the key, state and (for mutating ops) epoch of h's segment and
@@ -234,7 +245,7 @@ func (c *srvConn) write(h *reqHeader) error {
 		}
 	}
 	if st != statusOK {
-		if err := c.rd.discard(n); err != nil {
+		if err := c.discard(n); err != nil {
 			return err
 		}
 		return c.respond(h.id, st, 0, 0, nil, nil)
