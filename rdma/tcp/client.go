@@ -56,7 +56,8 @@ func WithMaxInflight(n int) Option {
 // WithWriteTimeout bounds one vectored write of queued requests; when the
 // server stops reading for longer, the connection is closed and its ops fail
 // with ErrClosed. It also bounds how long a cancelled op whose request is
-// being written keeps its caller waiting. Default: 10s; 0 disables.
+// being written keeps its caller waiting. As on the server, a stalled write
+// is cut after between d/2 and d. Default: 10s; 0 disables.
 func WithWriteTimeout(d time.Duration) Option { return func(o *options) { o.writeTimeout = d } }
 
 // Client is a connection to one server's exported memory over several TCP

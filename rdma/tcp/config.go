@@ -34,7 +34,10 @@ type ServerConfig struct {
 
 	// WriteTimeout bounds one flush of responses; a client that stops
 	// reading for longer is disconnected. It also bounds how long such a
-	// client can delay Revoke. Default: 10s.
+	// client can delay Revoke. The deadline is renewed only when half of it
+	// is used up (a timer update per flush costs more than a small flush),
+	// so a stalled flush is cut after between WriteTimeout/2 and
+	// WriteTimeout. Default: 10s.
 	WriteTimeout time.Duration
 
 	// ReadBufferSize is the per-connection buffer for request headers and

@@ -142,10 +142,12 @@
 //
 // The server reads WRITE payloads from the socket straight into the mapped
 // segment: only payload bytes that arrived in the same read(2) as earlier
-// headers are copied, once, from the connection's read buffer. READ payloads
-// go from the mapping to the socket with writev (net.Buffers{header,
-// mem[off:off+n]}), without an intermediate copy. The client likewise reads
-// READ payloads straight into the caller's buffer.
+// headers are copied, once, from the connection's read buffer (after a
+// payload of 32 KiB or more the next read fetches only the next header, so a
+// stream of large writes goes straight to the mapping). READ payloads go
+// from the mapping to the socket with writev (net.Buffers{header,
+// mem[off:off+n]}), without an intermediate copy. The client reads READ
+// payloads into the caller's buffer the same way.
 //
 // # Batching and hand-offs
 //
@@ -189,8 +191,9 @@
 // Server connection goroutines run with debug.SetPanicOnFault, so a SIGBUS
 // on a mapping (truncated file, poisoned memory) while copying or doing an
 // atomic marks the segment lost (SEGMENT_LOST) instead of killing the
-// daemon; an EFAULT from the kernel while reading into a mapping does the
-// same.
+// daemon; an EFAULT from the kernel while reading a WRITE payload into a
+// mapping marks it lost too and closes the connection (the stream position
+// is unknown). A READ whose writev hits EFAULT closes its connection.
 //
 // # OS and tags
 //
