@@ -1,0 +1,98 @@
+package cluster
+
+import (
+	"testing"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/stretchr/testify/require"
+)
+
+// FuzzDecodeMeta feeds arbitrary bytes, as a peer could gossip them, to the
+// Meta decoder. It must never panic; whatever it accepts must be a valid
+// Meta that encodes and decodes back to itself. The committed seed corpus is
+// in testdata/fuzz/FuzzDecodeMeta (regenerate with TestWriteFuzzSeeds).
+func FuzzDecodeMeta(f *testing.F) {
+	for _, s := range fuzzSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, boot, err := decodeMeta(b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrBadMeta)
+			require.Equal(t, Meta{}, m)
+			return
+		}
+		require.NoError(t, m.Validate())
+		enc, err := encodeMeta(m, boot)
+		if err != nil {
+			// Only possible for input beyond what memberlist delivers.
+			require.ErrorIs(t, err, ErrMetaTooLarge)
+			require.Greater(t, len(b), memberlist.MetaMaxSize)
+			return
+		}
+		require.LessOrEqual(t, len(enc), len(b), "the encoding is canonical and never longer than what was read")
+		m2, boot2, err := decodeMeta(enc)
+		require.NoError(t, err)
+		require.Equal(t, m, m2)
+		require.Equal(t, boot, boot2)
+	})
+}
+
+// FuzzDecodeLeave does the same for leave announcements and leave sets,
+// which also arrive from peers. testdata/fuzz/FuzzDecodeLeave keeps what the
+// fuzzer found (an overlong varint, accepted like Go's binary.Uvarint does).
+func FuzzDecodeLeave(f *testing.F) {
+	f.Add(encodeLeave("n1", 42))
+	f.Add(encodeLeaveSet([]string{"a", "b"}, []uint64{1, 2}))
+	f.Add([]byte{msgLeave})
+	f.Add([]byte{msgLeaveSet, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if name, boot, ok := decodeLeave(b); ok {
+			require.NotEmpty(t, name)
+			enc := encodeLeave(name, boot)
+			require.LessOrEqual(t, len(enc), len(b), "varints may be overlong on the wire, never in our encoding")
+			name2, boot2, ok := decodeLeave(enc)
+			require.True(t, ok)
+			require.Equal(t, name, name2)
+			require.Equal(t, boot, boot2)
+		}
+		n := 0
+		decodeLeaveSet(b, func(name string, _ uint64) {
+			require.NotEmpty(t, name)
+			n++
+		})
+		require.LessOrEqual(t, n, maxLeaveSet)
+	})
+}
+
+// fuzzSeeds are well-formed, borderline and malformed encodings.
+func fuzzSeeds() [][]byte {
+	var seeds [][]byte
+	add := func(m Meta, boot uint64) {
+		b, err := encodeMeta(m, boot)
+		if err != nil {
+			panic(err) // a seed bug, not input
+		}
+		seeds = append(seeds, b)
+	}
+	add(Meta{}, 1)
+	add(testMeta("node-1"), 0x0123456789abcdef)
+	add(Meta{Proto: 7, GRPCAddr: "[fd00::1]:7070", DataAddr: "[fd00::1]:7071", Draining: true,
+		Tiers: []TierFree{{Name: "rdma", Capacity: 1 << 40, Free: 1 << 39}}}, 2)
+	full := Meta{Proto: 1}
+	for i := range MaxTiers {
+		full.Tiers = append(full.Tiers, TierFree{Name: "tier-" + string(rune('a'+i)), Capacity: 1 << 62, Free: 1 << 61})
+	}
+	add(full, 3)
+	good := seeds[1]
+	seeds = append(seeds,
+		good[:len(good)/2],                                      // truncated in a tier
+		append([]byte{2}, good[1:]...),                          // a future version
+		append(append([]byte{}, good...), 1, 2, 3),              // trailing bytes from a newer writer
+		[]byte(`{"proto":1,"grpc":"h:1"}`),                      // JSON from some other program
+		header(0, 1, "", "", MaxTiers+1),                        // too many tiers
+		append(header(0, 1, "", "", 1), 3, 'c', 'x', 'l', 1, 2), // free above capacity
+		[]byte{},
+	)
+	return seeds
+}

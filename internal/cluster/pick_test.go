@@ -1,0 +1,161 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/stretchr/testify/require"
+)
+
+// peer is a member offering one tier.
+func peer(name string, tier string, capacity, free int64) Member {
+	return Member{Name: name, State: StateAlive, Boot: 1, Meta: Meta{Proto: 1,
+		Tiers: []TierFree{{Name: tier, Capacity: capacity, Free: free}}}}
+}
+
+func with(m Member, edit func(*Member)) Member {
+	edit(&m)
+	return m
+}
+
+func TestPickTable(t *testing.T) {
+	const G = int64(1) << 30
+	self := peer("self", "rdma", 100*G, 100*G)
+	for _, tc := range []struct {
+		name    string
+		members []Member
+		tier    string
+		size    int64
+		want    []string // acceptable picks; empty means an error
+		reason  NoPeerReason
+	}{
+		{"nobody", nil, "rdma", G, nil, NoAlivePeer},
+		{"only self", []Member{self}, "rdma", G, nil, NoAlivePeer},
+		{"dead and left peers", []Member{self,
+			with(peer("a", "rdma", 10*G, 10*G), func(m *Member) { m.State = StateDead }),
+			with(peer("b", "rdma", 10*G, 10*G), func(m *Member) { m.State = StateLeft }),
+			with(peer("c", "rdma", 10*G, 10*G), func(m *Member) { m.State = StateSuspect }),
+		}, "rdma", G, nil, NoAlivePeer},
+		{"unreadable meta", []Member{with(peer("a", "rdma", 10*G, 10*G), func(m *Member) { m.MetaErr = ErrBadMeta })},
+			"rdma", G, nil, NoAlivePeer},
+		{"all draining or leaving", []Member{self,
+			with(peer("a", "rdma", 10*G, 10*G), func(m *Member) { m.Meta.Draining = true }),
+			with(peer("b", "rdma", 10*G, 10*G), func(m *Member) { m.Leaving = true }),
+		}, "rdma", G, nil, AllDraining},
+		{"nobody offers the tier", []Member{peer("a", "cxl", 10*G, 10*G)}, "rdma", G, nil, NoPeerWithTier},
+		{"not enough free", []Member{peer("a", "rdma", 10*G, G-1), peer("b", "rdma", 10*G, G/2)}, "rdma", G, nil, NotEnoughFree},
+		{"negative size", []Member{peer("a", "rdma", 10*G, 10*G)}, "rdma", -1, nil, InvalidRequest},
+		{"empty tier", []Member{peer("a", "rdma", 10*G, 10*G)}, "", 1, nil, InvalidRequest},
+		{"one fits", []Member{self, peer("a", "rdma", 10*G, G-1), peer("b", "rdma", 10*G, G)}, "rdma", G, []string{"b"}, 0},
+		{"exact fit", []Member{peer("a", "rdma", G, G)}, "rdma", G, []string{"a"}, 0},
+		{"zero size fits a full peer", []Member{peer("a", "rdma", G, 0)}, "rdma", 0, []string{"a"}, 0},
+		{"two fit: more free wins", []Member{peer("a", "rdma", 10*G, 2*G), peer("b", "rdma", 10*G, 5*G)}, "rdma", G, []string{"b"}, 0},
+		{"exclude honoured", []Member{self, peer("a", "rdma", 10*G, 2*G)}, "rdma", G, []string{"a"}, 0},
+		{"other tiers ignored", []Member{
+			{Name: "a", State: StateAlive, Meta: Meta{Tiers: []TierFree{{"cxl", 100 * G, 100 * G}, {"rdma", 10 * G, 3 * G}}}},
+			{Name: "b", State: StateAlive, Meta: Meta{Tiers: []TierFree{{"cxl", 100 * G, 0}, {"rdma", 10 * G, 4 * G}}}},
+		}, "rdma", G, []string{"b"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for seed := range uint64(20) {
+				got, err := Pick(tc.members, tc.tier, tc.size, "self", rand.New(rand.NewPCG(seed, 1)))
+				if len(tc.want) == 0 {
+					var npe *NoPeerError
+					require.ErrorAs(t, err, &npe)
+					require.Equal(t, tc.reason, npe.Reason, "error: %v", err)
+					require.ErrorIs(t, err, ErrNoPeer)
+					require.ErrorIs(t, err, errs.ErrNoCapacity)
+					require.Contains(t, err.Error(), tc.reason.String())
+					require.Empty(t, got.Name)
+					continue
+				}
+				require.NoError(t, err)
+				require.Contains(t, tc.want, got.Name)
+			}
+		})
+	}
+}
+
+func TestPickErrorSaysWhatToDo(t *testing.T) {
+	_, err := Pick([]Member{peer("a", "rdma", 100, 10), peer("b", "rdma", 100, 40)}, "rdma", 64, "", nil)
+	require.EqualError(t, err, `cluster: no peer for 64 bytes on tier "rdma": no peer has enough free bytes (2 peers offer it, most free 40 bytes on b); free segments or ask for less`)
+	require.True(t, errors.Is(err, ErrNoPeer))
+}
+
+func TestPickSpreadsEvenly(t *testing.T) {
+	const nodes, picks = 10, 1000
+	var ms []Member
+	for i := range nodes {
+		ms = append(ms, peer(fmt.Sprintf("p%d", i), "rdma", 1<<30, 1<<29))
+	}
+	ms = append(ms,
+		with(peer("dead", "rdma", 1<<40, 1<<40), func(m *Member) { m.State = StateDead }),
+		with(peer("draining", "rdma", 1<<40, 1<<40), func(m *Member) { m.Meta.Draining = true }),
+		with(peer("leaving", "rdma", 1<<40, 1<<40), func(m *Member) { m.Leaving = true }),
+		peer("small", "rdma", 1<<40, 1<<10),
+		peer("me", "rdma", 1<<40, 1<<40),
+	)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	count := map[string]int{}
+	for range picks {
+		m, err := Pick(ms, "rdma", 1<<20, "me", rnd)
+		require.NoError(t, err)
+		count[m.Name]++
+	}
+	require.Len(t, count, nodes, "only the ten usable peers are ever picked: %v", count)
+	// Each gets Binomial(1000, 0.1): mean 100, sd 9.5; [60,140] is over 4 sd.
+	for name, n := range count {
+		require.InDelta(t, picks/nodes, n, 40, "%s got %d of %d picks: %v", name, n, picks, count)
+	}
+}
+
+func TestPickPrefersFreeAndNeverTheLeastFree(t *testing.T) {
+	// Free bytes 1..8: with two distinct candidates the least free one can
+	// never win, and the most free one wins every draw it takes part in.
+	var ms []Member
+	for i := 1; i <= 8; i++ {
+		ms = append(ms, peer(fmt.Sprintf("p%d", i), "rdma", 100, int64(i)))
+	}
+	rnd := rand.New(rand.NewPCG(3, 4))
+	count := map[string]int{}
+	for range 4000 {
+		m, err := Pick(ms, "rdma", 1, "", rnd)
+		require.NoError(t, err)
+		count[m.Name]++
+	}
+	require.Zero(t, count["p1"])
+	// P(p8 is one of two distinct draws) = 1 - 7/8*6/7 = 1/4: about 1000.
+	require.InDelta(t, 1000, count["p8"], 150)
+	for i := 2; i < 8; i++ {
+		require.Less(t, count[fmt.Sprintf("p%d", i)], count[fmt.Sprintf("p%d", i+1)], "more free, more picks: %v", count)
+	}
+}
+
+func TestPickDoesNotModifyAndReturnsCopies(t *testing.T) {
+	ms := []Member{peer("a", "rdma", 10, 5), peer("b", "rdma", 10, 6)}
+	got, err := Pick(ms, "rdma", 1, "", nil)
+	require.NoError(t, err)
+	got.Meta.Tiers[0].Free = 0
+	require.Equal(t, int64(5), ms[0].Meta.Tiers[0].Free)
+	require.Equal(t, int64(6), ms[1].Meta.Tiers[0].Free)
+}
+
+func BenchmarkPick(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		var ms []Member
+		for i := range n {
+			ms = append(ms, Member{Name: fmt.Sprintf("p%d", i), State: StateAlive, Meta: testMeta("p")})
+		}
+		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+			rnd := rand.New(rand.NewPCG(1, 1))
+			for b.Loop() {
+				if _, err := Pick(ms, "rdma", 1<<20, "p0", rnd); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
