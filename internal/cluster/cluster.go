@@ -441,10 +441,9 @@ func (c *Cluster) Shutdown() error {
 	c.metaMu.Lock()
 	c.state.Store(closed)
 	c.metaMu.Unlock()
-	err := c.ml.Shutdown() // also shuts the transport down
-	if terr := c.tr.Shutdown(); terr != nil && err == nil {
-		err = terr
-	}
+	// memberlist shuts the transport down first; tr.Shutdown is then a no-op
+	// returning that result, or does the job if memberlist could not.
+	err := errors.Join(c.ml.Shutdown(), c.tr.Shutdown())
 	close(c.done)
 	c.mu.Lock()
 	for s := range c.subs {

@@ -29,7 +29,8 @@ const DefaultPort = 7946
 
 // Config configures one node's gossip. Get one from DefaultConfig, change
 // what you need, and pass it to New, which calls Validate. A Config is a
-// value; New keeps its own copy (except Transport, which New takes over).
+// plain value, not synchronized: do not modify one while another goroutine
+// reads it. New keeps its own copy (except Transport, which New takes over).
 type Config struct {
 	// Name is the node's name, unique in the cluster. Default: the host name.
 	Name string
