@@ -62,7 +62,8 @@ func (d *Daemon) joinLoop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		n, err := d.pool.cl.Join(ctx, d.cfg.Join)
 		cancel()
-		if err == nil && n > 0 {
+		if err == nil {
+			// n is 0 when the only seed is this node itself.
 			d.log.Info("joined the cluster", "contacted", n, "seeds", d.cfg.Join)
 			break
 		}
