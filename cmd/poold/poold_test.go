@@ -22,25 +22,32 @@ import (
 	"github.com/farmem/farmem/alloc"
 )
 
-// poold is the daemon binary built once for these tests.
-var poold string
+// poold and memctl are the binaries built once for these tests.
+var poold, memctl string
 
-// TestMain builds the real poold binary, or, when re-executed as a client
-// process (FARMEM_TEST_CLIENT set), acts as an application that allocates
-// and then waits to be killed.
+// TestMain builds the real poold and memctl binaries, or, when re-executed
+// as a client process, acts as an application: FARMEM_TEST_CLIENT set, one
+// that allocates and then waits to be killed; FARMEM_TEST_ROLE set, one of
+// the cluster tests' clientRoles.
 func TestMain(m *testing.M) {
 	if sock := os.Getenv("FARMEM_TEST_CLIENT"); sock != "" {
 		os.Exit(clientProcess(sock))
+	}
+	if role := os.Getenv(roleEnv); role != "" {
+		os.Exit(runRole(role))
 	}
 	dir, err := os.MkdirTemp("", "poold-bin")
 	if err != nil {
 		panic(err)
 	}
-	poold = filepath.Join(dir, "poold")
-	out, err := exec.Command("go", "build", "-race", "-o", poold, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build poold: %v\n%s", err, out)
-		os.Exit(1)
+	poold, memctl = filepath.Join(dir, "poold"), filepath.Join(dir, "memctl")
+	for _, b := range []struct{ out, pkg string }{{poold, "."}, {memctl, "../memctl"}} {
+		out, err := exec.Command("go", "build", "-race", "-o", b.out, b.pkg).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", b.pkg, err, out)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
