@@ -47,6 +47,12 @@ type ServerConfig struct {
 	// Logger receives connection-level events (rejected handshakes,
 	// malformed frames). Default: slog.Default().
 	Logger *slog.Logger
+
+	// Observe, when set, is called once per operation whose response is
+	// queued, on the connection's goroutine, for metrics. It must be quick
+	// and must not block; several connections call it concurrently. The
+	// server reads the clock for it only when it is set. Default: nil (off).
+	Observe func(Observation)
 }
 
 // DefaultConfig returns the configuration with every default filled in.

@@ -42,6 +42,7 @@ type srvConn struct {
 	deadline  time.Time              // current write deadline
 	streaming atomic.Pointer[export] // export a WRITE payload is streaming into
 	cut       atomic.Bool            // Revoke interrupted a streaming WRITE
+	status    uint16                 // status of the last response queued, for ServerConfig.Observe
 }
 
 func newSrvConn(s *Server, nc net.Conn) *srvConn {
@@ -107,10 +108,12 @@ func (c *srvConn) serve() {
 			return
 		}
 		lastPayload = int(h.payloadLen)
+		start := c.opStart()
 		if err := c.handle(&h); err != nil {
 			c.closeWith(fmt.Sprintf("request %d opcode %d", h.id, h.op), err)
 			return
 		}
+		c.observe(&h, start)
 	}
 }
 
@@ -331,6 +334,7 @@ func (c *srvConn) atomic(h *reqHeader) error {
 // respond queues one response; pinned, if not nil, is released after the
 // batch holding payload has been written.
 func (c *srvConn) respond(id uint64, status uint16, flags uint8, value uint64, payload []byte, pinned *export) error {
+	c.status = status
 	hb := c.hdrs[c.npend*respHeaderSize : (c.npend+1)*respHeaderSize]
 	encodeResponse(hb, &respHeader{id: id, status: status, flags: flags, payloadLen: uint32(len(payload)), value: value})
 	c.iov = append(c.iov, hb)
