@@ -78,11 +78,14 @@ func (d *Daemon) joinLoop() {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	var last []cluster.TierFree
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-d.stop:
 			return
 		case <-t.C:
+		}
+		if tick%8 == 0 {
+			d.rejoinSeeds()
 		}
 		tiers := d.pool.gossipTiers()
 		if slices.Equal(tiers, last) {
@@ -93,6 +96,32 @@ func (d *Daemon) joinLoop() {
 			continue
 		}
 		last = tiers
+	}
+}
+
+// rejoinSeeds contacts again every seed that is not an alive member:
+// memberlist forgets a dead node after a while and never probes it again,
+// so a partition longer than that would otherwise never heal.
+func (d *Daemon) rejoinSeeds() {
+	alive := map[string]bool{}
+	for _, m := range d.pool.cl.Members() {
+		if m.State == cluster.StateAlive {
+			alive[m.Addr] = true
+		}
+	}
+	var missing []string
+	for _, s := range d.cfg.Join {
+		if !alive[s] {
+			missing = append(missing, s)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if n, err := d.pool.cl.Join(ctx, missing); err == nil && n > 0 {
+		d.log.Info("rejoined seeds", "seeds", missing, "contacted", n)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
@@ -85,6 +86,13 @@ func Dial(ctx context.Context, network, addr string, o Options) (*Conn, error) {
 func Channel(network, addr string) (*grpc.ClientConn, error) {
 	conn, err := grpc.NewClient("passthrough:///farmem",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Reconnect fast: a restarted daemon gives its returning clients
+		// only a lease TTL (plus a grace) to come back, and gRPC's default
+		// backoff grows to minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, network, addr)
