@@ -10,7 +10,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
-	"github.com/farmem/farmem/rdma/tcp"
+	"github.com/farmem/farmem/rdma/dialer"
 )
 
 // remote is how a segment on the rdma tier is reached: one-sided operations
@@ -77,7 +77,7 @@ func (c *Client) dataConn(ctx context.Context, addr string) (rdma.Conn, error) {
 		return dc, nil
 	}
 	c.mu.Unlock()
-	dc, err := tcp.Dial(ctx, addr)
+	dc, _, err := dialer.Dial(ctx, addr, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,27 @@
+// Package dialer picks the data-plane transport for a connection: libibverbs
+// where this build and host have an RDMA device, else the TCP fallback. It
+// exists so that code outside rdma/ (the client library) can reach the verbs
+// backend, which is internal to rdma/.
+//
+// Dial is safe for concurrent use.
+package dialer
+
+import (
+	"context"
+
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/internal/verbs"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// Dial connects to the data plane at addr with the first transport that
+// works here, in order of preference (verbs, then tcp), and returns the
+// transport's name with the connection. A transport this host or build
+// lacks is skipped (errors.Is(err, rdma.ErrNotSupported)).
+func Dial(ctx context.Context, addr string, cred []byte) (rdma.Conn, string, error) {
+	conn, t, err := rdma.Pick(ctx, addr, cred, verbs.Transport{}, tcp.NewTransport())
+	if err != nil {
+		return nil, "", err
+	}
+	return conn, t.Name(), nil
+}
