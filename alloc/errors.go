@@ -1,6 +1,10 @@
 package alloc
 
-import "github.com/farmem/farmem/internal/errs"
+import (
+	"errors"
+
+	"github.com/farmem/farmem/internal/errs"
+)
 
 // The errors alloc returns, matched with errors.Is. The message of a
 // returned error says what failed and what to do; these are the sentinels.
@@ -29,4 +33,8 @@ var (
 	ErrUnavailable = errs.ErrUnavailable
 	// ErrNotSupported: this host or build lacks the capability.
 	ErrNotSupported = errs.ErrNotSupported
+	// ErrBadRef: an Arena Ref that was freed, forged, or made by another arena.
+	ErrBadRef = errors.New("alloc: the Ref names no live object of this arena")
+	// ErrTooLarge: an Arena object larger than MaxObjectSize; use a Segment.
+	ErrTooLarge = errors.New("alloc: object larger than the arena's largest size class")
 )
