@@ -96,6 +96,10 @@ type Config struct {
 	LogLevel string `yaml:"log-level"`
 	// LogFormat is text or json. Default: text.
 	LogFormat string `yaml:"log-format"`
+	// Metrics is the HTTP address (host:port) serving Prometheus metrics on
+	// /metrics and health on /healthz and /readyz, e.g. 127.0.0.1:9464.
+	// Default: "" (none).
+	Metrics string `yaml:"metrics"`
 }
 
 // ErrConfig marks a configuration that cannot be used.

@@ -32,6 +32,10 @@ type Daemon struct {
 	tcp  *grpc.Server // control plane for peers and memctl on Listen; nil without it
 	tcpL net.Listener
 
+	metrics *metrics // Prometheus instrumentation; see metrics.go
+	health  *health  // gRPC health service and readiness; see health.go
+	ops     *opsHTTP // /metrics, /healthz, /readyz on Config.Metrics; nil without it
+
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -57,9 +61,10 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	m := newMetrics()
 	var dp *dataPlane
 	if cfg.ExportSize > 0 && cfg.DataListen != "" {
-		if dp, err = newDataPlane(cfg.DataListen, log); err != nil {
+		if dp, err = newDataPlane(cfg.DataListen, log, m.observeDataPlane); err != nil {
 			for _, d := range devs {
 				d.Close()
 			}
@@ -78,16 +83,27 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			p.close()
 		}
 	}()
+	p.metrics = m
+	ops, err := listenOps(cfg.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			ops.close()
+		}
+	}()
 	l, err := listenUnix(cfg.Socket)
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{})}
+	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, health: newHealth(), ops: ops}
 	d.grpc = grpc.NewServer(
 		grpc.Creds(peerCreds{}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 	)
 	poolv1.RegisterPoolServer(d.grpc, &service{d: d})
+	d.health.register(d.grpc)
 	d.mux = newMux(l, d.allow, d.serveFD, func(msg string, args ...any) { log.Warn(msg, args...) })
 	if cfg.Listen != "" {
 		if d.tcpL, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -96,6 +112,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		}
 		d.tcp = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}))
 		poolv1.RegisterPoolServer(d.tcp, &service{d: d})
+		d.health.register(d.tcp)
 		log.Warn("control plane on TCP without TLS: anyone who reaches it can allocate and free; use it only on a trusted network", "listen", d.tcpL.Addr().String())
 	}
 	if cfg.Gossip != "" {
@@ -105,6 +122,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
+	d.startOps()
 	return d, nil
 }
 
@@ -146,6 +164,7 @@ func (d *Daemon) Serve() error {
 		tiers = append(tiers, tierName(t.Tier), fmt.Sprintf("%s emulated=%v capacity=%d", t.Kind, t.Emulated, t.Capacity))
 	}
 	d.log.Info("poold serving", append([]any{"node", d.cfg.Node, "socket", d.cfg.Socket, "data-dir", d.cfg.DataDir, "segments", len(d.pool.List())}, tiers...)...)
+	d.health.serve()
 	err := d.grpc.Serve(grpcListener{d.mux})
 	select {
 	case <-d.stop:
@@ -200,7 +219,7 @@ func (d *Daemon) answerFD(c *net.UnixConn, req fdpass.Request) error {
 	}
 	b, err := d.pool.Backing(cl, req.Segment)
 	if err != nil {
-		d.log.Info("descriptor refused", "segment", req.Segment, "err", err)
+		d.descriptorRefused(cl, req.Segment, err)
 		return fdpass.WriteResponse(c, err, nil, 0, 0)
 	}
 	defer b.File.Close()
@@ -226,6 +245,7 @@ func (d *Daemon) reapLoop() {
 // and closes the store and devices. It is idempotent.
 func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
+		d.health.shutdown()
 		if d.pool.cl != nil {
 			if err := d.pool.cl.Leave(2 * time.Second); err != nil {
 				d.log.Warn("leave the cluster", "err", err)
@@ -254,7 +274,7 @@ func (d *Daemon) Close() error {
 		if d.pool.cl != nil {
 			clErr = d.pool.cl.Shutdown()
 		}
-		d.closeErr = errors.Join(d.pool.close(), clErr)
+		d.closeErr = errors.Join(d.ops.close(), d.pool.close(), clErr)
 	})
 	return d.closeErr
 }

@@ -26,13 +26,14 @@ type dataPlane struct {
 	wg   sync.WaitGroup
 }
 
-func newDataPlane(addr string, log *slog.Logger) (*dataPlane, error) {
+func newDataPlane(addr string, log *slog.Logger, observe func(tcp.Observation)) (*dataPlane, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("data plane on %s: %w (choose another with --data-listen)", addr, err)
 	}
 	cfg := tcp.DefaultConfig()
 	cfg.Logger = log
+	cfg.Observe = observe
 	return &dataPlane{srv: tcp.NewServer(cfg), l: l, addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}}, nil
 }
 

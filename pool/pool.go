@@ -46,6 +46,7 @@ type Pool struct {
 	dp      *dataPlane       // serves rdma-tier segments; nil when disabled
 	cl      *cluster.Cluster // gossip membership; nil without --gossip
 	peers   *peers
+	metrics *metrics // nil when the Pool runs without a Daemon
 	started time.Time
 	now     func() time.Time
 
@@ -466,6 +467,7 @@ func (p *Pool) freeLocked(r *record, reason string) error {
 			p.log.Error("return extent", "segment", r.ID, "device", r.Device, "err", err)
 		}
 	}
+	p.metrics.released(r, reason)
 	p.log.Debug("segment released", "segment", r.ID, "reason", reason, "size", r.Size, "owner", r.Owner)
 	return nil
 }
@@ -554,6 +556,7 @@ func (p *Pool) Backing(c caller, id uint64) (device.Backing, error) {
 	if err != nil {
 		if errors.Is(err, device.ErrLost) {
 			r.Lost = true
+			p.log.Warn("segment lost: its memory is gone", "segment", r.ID, "device", r.Device, "err", err)
 			return device.Backing{}, fmt.Errorf("segment %d: %w", id, errs.ErrSegmentLost)
 		}
 		return device.Backing{}, err
@@ -654,6 +657,7 @@ func (p *Pool) reap() {
 			}
 		}
 		delete(p.clients, id)
+		p.metrics.leaseExpired()
 		if n > 0 {
 			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes)
 		}

@@ -80,6 +80,7 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 				return
 			}
 			if m.GetKeepAlive() != nil {
+				s.d.metrics.leaseRenewed()
 				select {
 				case keepAlive <- struct{}{}:
 				default:
@@ -120,6 +121,7 @@ func (s *service) Alloc(ctx context.Context, req *poolv1.AllocRequest) (*poolv1.
 		return nil, errs.ToStatus(err)
 	}
 	r, err := s.d.pool.Alloc(ctx, c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly})
+	s.d.metrics.allocDone(r, err)
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
@@ -135,6 +137,7 @@ func (s *service) Free(ctx context.Context, req *poolv1.FreeRequest) (*poolv1.Fr
 		return nil, errs.ToStatus(fmt.Errorf("%w: free needs a segment id or name", errs.ErrInvalid))
 	}
 	if err := s.d.pool.Free(c, req.Id, req.Name); err != nil {
+		s.d.refused("free", c, req.Id, req.Name, err)
 		return nil, errs.ToStatus(err)
 	}
 	return &poolv1.FreeResponse{}, nil
@@ -147,6 +150,7 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 	}
 	r, err := s.d.pool.Attach(c, req.Name)
 	if err != nil {
+		s.d.refused("attach", c, 0, req.Name, err)
 		return nil, errs.ToStatus(err)
 	}
 	return s.d.segmentProto(*r), nil

@@ -86,6 +86,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.BoolVar(&cfg.MetadataFsync, "metadata-fsync", cfg.MetadataFsync, "fsync every metadata commit (survives host crashes; ~1ms per change)")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
+	f.StringVar(&cfg.Metrics, "metrics", cfg.Metrics, "HTTP address for Prometheus /metrics and the /healthz, /readyz probes, e.g. 127.0.0.1:9464 (default: none)")
 	return cmd
 }
 

@@ -1,0 +1,300 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// metricsNamespace prefixes every farmem metric family.
+const metricsNamespace = "farmem"
+
+// knownTiers are the tier label values every per-tier counter starts with,
+// so that a family exists (at zero) before its first event.
+var knownTiers = []string{"local", "cxl", "rdma"}
+
+// dataPlaneOps are the op label values of the data-plane families, indexed
+// by rdma.OpKind; index 0 counts opcodes the server does not know.
+var dataPlaneOps = [...]string{0: "other", rdma.OpRead: "read", rdma.OpWrite: "write", rdma.OpCompareAndSwap: "cas", rdma.OpFetchAdd: "fadd"}
+
+// metrics is one daemon's Prometheus instrumentation, on a registry of its
+// own (several daemons may run in one process). Counters are fed by hooks
+// on the daemon's paths; gauges of state (capacity, segments, sessions,
+// members) are read from the Pool at scrape time by poolCollector. Safe for
+// concurrent use; a nil *metrics ignores every event (a Pool built without
+// a Daemon, as unit tests do).
+type metrics struct {
+	reg *prometheus.Registry
+
+	allocs        *prometheus.CounterVec
+	frees         *prometheus.CounterVec
+	reclaims      *prometheus.CounterVec
+	allocFailures *prometheus.CounterVec
+	renewals      prometheus.Counter
+	expiries      prometheus.Counter
+	refusals      *prometheus.CounterVec
+
+	// Per-op children of the data-plane families, resolved once so that
+	// the per-operation hook does no label lookup and no allocation.
+	dpOps    [len(dataPlaneOps)]prometheus.Counter
+	dpBytes  [len(dataPlaneOps)]prometheus.Counter
+	dpDur    [len(dataPlaneOps)]prometheus.Observer
+	dpErrors *prometheus.CounterVec
+}
+
+// newMetrics makes the registry with every family poold exports except
+// those read from the Pool, which watch adds.
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	f := promFactory{m.reg}
+	m.allocs = f.counterVec("allocations_total", "Segments allocated, by tier (peers' placements on this node included).", "tier")
+	m.frees = f.counterVec("frees_total", "Segments released, by tier: freed by their owner or reclaimed.", "tier")
+	m.reclaims = f.counterVec("reclaims_total", "Segments released without their owner freeing them, by reason.", "reason")
+	m.allocFailures = f.counterVec("alloc_failures_total", "Allocations refused, by reason.", "reason")
+	m.renewals = f.counter("lease_renewals_total", "Session keep-alives received: each renews its client's lease.")
+	m.expiries = f.counter("lease_expiries_total", "Client leases that ran out (their unpinned segments are then reclaimed).")
+	m.refusals = f.counterVec("access_denied_total", "Control-plane requests refused access to a segment, by operation.", "op")
+	ops := f.counterVec("dataplane_operations_total", "One-sided operations served by the data plane, by op and tier (failed ones included).", "op", "tier")
+	bytes := f.counterVec("dataplane_bytes_total", "Payload bytes moved by the data plane, by op and tier.", "op", "tier")
+	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Name: "dataplane_operation_duration_seconds",
+		Help: "Time the data plane spends on one operation, from its request decoded to its response queued (excluding the socket write), by op and tier.",
+		// 250ns to 65ms: a served 4 KiB read takes about a microsecond, a
+		// large WRITE waits for its payload.
+		Buckets: prometheus.ExponentialBuckets(250e-9, 4, 10),
+	}, []string{"op", "tier"})
+	m.reg.MustRegister(dur)
+	m.dpErrors = f.counterVec("dataplane_errors_total", "Data-plane operations answered with an error, by op, tier and status.", "op", "tier", "status")
+	for i, op := range dataPlaneOps {
+		m.dpOps[i] = ops.WithLabelValues(op, "rdma")
+		m.dpBytes[i] = bytes.WithLabelValues(op, "rdma")
+		m.dpDur[i] = dur.WithLabelValues(op, "rdma")
+	}
+	for _, op := range dataPlaneOps[1:] {
+		for _, st := range []tcp.OpStatus{tcp.StatusAccessDenied, tcp.StatusOutOfRange, tcp.StatusLeaseExpired, tcp.StatusSegmentLost} {
+			m.dpErrors.WithLabelValues(op, "rdma", st.String())
+		}
+	}
+	for _, t := range knownTiers {
+		m.allocs.WithLabelValues(t)
+		m.frees.WithLabelValues(t)
+	}
+	m.reclaims.WithLabelValues(reasonLabel("lease expired"))
+	for _, r := range []string{"no_capacity", "invalid", "name_in_use", "unavailable", "canceled", "other"} {
+		m.allocFailures.WithLabelValues(r)
+	}
+	for _, op := range []string{"free", "attach", "descriptor"} {
+		m.refusals.WithLabelValues(op)
+	}
+	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Name: "build_info",
+		Help: "Always 1; labels say which poold build runs.",
+	}, []string{"version", "goversion"})
+	info.WithLabelValues(Version, runtime.Version()).Set(1)
+	m.reg.MustRegister(info, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// promFactory registers farmem families on one registry.
+type promFactory struct{ reg *prometheus.Registry }
+
+func (f promFactory) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: metricsNamespace, Name: name, Help: help})
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f promFactory) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Name: name, Help: help}, labels)
+	f.reg.MustRegister(c)
+	return c
+}
+
+// watch adds the families read from p at scrape time.
+func (m *metrics) watch(p *Pool) {
+	m.reg.MustRegister(&poolCollector{p: p})
+}
+
+// allocDone counts the outcome of one Alloc call.
+func (m *metrics) allocDone(r *record, err error) {
+	if m == nil {
+		return
+	}
+	if err != nil {
+		m.allocFailures.WithLabelValues(allocFailureReason(err)).Inc()
+		return
+	}
+	m.allocs.WithLabelValues(r.Tier).Inc()
+}
+
+// allocFailureReason is the reason label of a failed Alloc.
+func allocFailureReason(err error) string {
+	switch {
+	case errors.Is(err, errs.ErrNoCapacity):
+		return "no_capacity"
+	case errors.Is(err, errs.ErrInvalid):
+		return "invalid"
+	case errors.Is(err, errs.ErrExists):
+		return "name_in_use"
+	case errors.Is(err, errs.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "canceled"
+	}
+	return "other"
+}
+
+// released counts a segment leaving the table; reason is freeLocked's
+// ("freed" by its owner, else why it was reclaimed).
+func (m *metrics) released(r *record, reason string) {
+	if m == nil {
+		return
+	}
+	m.frees.WithLabelValues(r.Tier).Inc()
+	if reason != "freed" {
+		m.reclaims.WithLabelValues(reasonLabel(reason)).Inc()
+	}
+}
+
+// reasonLabel turns a reason as logged ("lease expired") into a label value
+// ("lease_expired").
+func reasonLabel(reason string) string { return strings.ReplaceAll(reason, " ", "_") }
+
+// leaseRenewed counts one keep-alive received on a session.
+func (m *metrics) leaseRenewed() {
+	if m != nil {
+		m.renewals.Inc()
+	}
+}
+
+// leaseExpired counts one client whose lease ran out.
+func (m *metrics) leaseExpired() {
+	if m != nil {
+		m.expiries.Inc()
+	}
+}
+
+// refused counts one request refused access to a segment.
+func (m *metrics) refused(op string) {
+	if m != nil {
+		m.refusals.WithLabelValues(op).Inc()
+	}
+}
+
+// observeDataPlane is the data plane's tcp.ServerConfig.Observe hook: a few
+// atomic adds per operation, no allocation on success.
+func (m *metrics) observeDataPlane(o tcp.Observation) {
+	i := int(o.Op)
+	if i >= len(dataPlaneOps) {
+		i = 0
+	}
+	m.dpOps[i].Inc()
+	if o.Bytes > 0 {
+		m.dpBytes[i].Add(float64(o.Bytes))
+	}
+	m.dpDur[i].Observe(o.Duration.Seconds())
+	if o.Status != tcp.StatusOK {
+		m.dpErrors.WithLabelValues(dataPlaneOps[i], "rdma", o.Status.String()).Inc()
+	}
+}
+
+// emulatedLatency is the latency injected into accesses to tier. Latency
+// emulation is not built yet (issue 10); when it is, return its setting
+// here and farmem_emulated_latency_seconds reports it. Until then no
+// latency is injected, and the gauge says 0.
+func emulatedLatency(cfg Config, tier string) time.Duration { return 0 }
+
+// poolCollector reads the Pool's state at scrape time, so the gauges are
+// never stale and cost nothing between scrapes.
+type poolCollector struct{ p *Pool }
+
+var (
+	deviceLabels  = []string{"tier", "device", "kind", "emulated"}
+	capacityDesc  = promDesc("tier_capacity_bytes", "Capacity of a device, in bytes.", deviceLabels...)
+	usedDesc      = promDesc("tier_used_bytes", "Bytes of a device held by segments (extents, rounded up to the device's alignment).", deviceLabels...)
+	freeDesc      = promDesc("tier_free_bytes", "Free bytes of a device.", deviceLabels...)
+	segmentsDesc  = promDesc("segments", "Segments in this node's table, by tier and state (active or lost).", "tier", "state")
+	sessionsDesc  = promDesc("sessions", "Live client sessions.")
+	membersDesc   = promDesc("cluster_members", "Cluster members by state, this node included; a node in no cluster counts itself alive.", "state")
+	emuLatDesc    = promDesc("emulated_latency_seconds", "Latency injected into accesses to a tier by latency emulation (0: none).", "tier")
+	memberStates  = []string{"alive", "suspect", "dead", "left"}
+	segmentStates = []string{"active", "lost"}
+)
+
+func promDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help, labels, nil)
+}
+
+// Describe implements prometheus.Collector.
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{capacityDesc, usedDesc, freeDesc, segmentsDesc, sessionsDesc, membersDesc, emuLatDesc} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	p := c.p
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	p.mu.Lock()
+	tiers := map[string]bool{}
+	for _, d := range p.devs {
+		st := d.ext.Stats()
+		t := tierName(d.tier)
+		tiers[t] = true
+		labels := []string{t, d.Name(), d.kindName(), strconv.FormatBool(d.isEmulated())}
+		gauge(capacityDesc, float64(st.Capacity), labels...)
+		gauge(usedDesc, float64(st.Capacity-st.Free), labels...)
+		gauge(freeDesc, float64(st.Free), labels...)
+	}
+	if p.cl != nil {
+		tiers["rdma"] = true // peers' memory
+	}
+	segs := map[[2]string]int{}
+	for _, r := range p.segs {
+		state := "active"
+		if r.Lost {
+			state = "lost"
+		}
+		segs[[2]string{r.Tier, state}]++
+		tiers[r.Tier] = true
+	}
+	sessions := len(p.sessions)
+	p.mu.Unlock()
+
+	for t := range tiers {
+		for _, s := range segmentStates {
+			gauge(segmentsDesc, float64(segs[[2]string{t, s}]), t, s)
+		}
+		gauge(emuLatDesc, emulatedLatency(p.cfg, t).Seconds(), t)
+	}
+	gauge(sessionsDesc, float64(sessions))
+	members := map[string]int{}
+	if p.cl == nil {
+		members["alive"] = 1
+	} else {
+		for _, mb := range p.cl.Members() {
+			members[cluster.StateString(mb.State)]++
+		}
+	}
+	for _, s := range memberStates {
+		gauge(membersDesc, float64(members[s]), s)
+		delete(members, s)
+	}
+	for s, n := range members { // a state this list does not know yet
+		gauge(membersDesc, float64(n), s)
+	}
+}
