@@ -99,9 +99,9 @@ func TestExampleConfig(t *testing.T) {
 func TestEnableCommented(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"#listen: a:1\n", "listen: a:1\n"},
-		{"# listen: a:1\n", "# listen: a:1\n"},     // prose, not a setting
-		{"#listener: a:1\n", "#listener: a:1\n"},   // not a key
-		{"  #listen: a:1\n", "  #listen: a:1\n"},   // not at the top level
+		{"# listen: a:1\n", "# listen: a:1\n"},   // prose, not a setting
+		{"#listener: a:1\n", "#listener: a:1\n"}, // not a key
+		{"  #listen: a:1\n", "  #listen: a:1\n"}, // not at the top level
 		{"x: 1\n#join: [a:1]\n", "x: 1\njoin: [a:1]\n"},
 	} {
 		require.Equal(t, tc.want, enableCommented(tc.in, []string{"listen", "join"}), tc.in)
