@@ -1,0 +1,521 @@
+// Command spillcache is a cache a Go service would copy: hot entries on the
+// Go heap, cold ones spilled to CXL memory and then to a remote host's
+// memory through farmem, out of the garbage collector's sight. It runs a
+// YCSB-like workload against it and, in the same run, against caches that
+// hold the whole dataset on the heap (otter, ristretto) and against
+// fastcache, and prints hits per tier, Get latency, throughput, Go heap in
+// use and GC cost. With no poold running it starts one in the process.
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/pool"
+)
+
+// config is the workload and the caches' budgets.
+type config struct {
+	socket   string
+	keys     int
+	value    int
+	skew     float64
+	reads    float64
+	duration time.Duration
+	threads  int
+	hot      int64
+	cxl      int64 // -1: derived from the dataset
+	rdma     int64
+	compare  []string
+	verify   int
+	json     bool
+	progress bool
+}
+
+func main() {
+	var cfg config
+	hot, cxl, rdma := size.Size(64*size.MiB), size.Size(-1), size.Size(-1)
+	var compare string
+	flag.StringVar(&cfg.socket, "socket", "", "poold socket (default: $FARMEM_SOCKET or the daemon's default; none running: start one in this process)")
+	flag.IntVar(&cfg.keys, "keys", 1_000_000, "keys in the dataset")
+	flag.IntVar(&cfg.value, "value", 1024, "value size in bytes")
+	flag.Float64Var(&cfg.skew, "skew", 0.99, "zipfian skew theta in [0,1): 0.99 is YCSB's, 0 is uniform")
+	flag.Float64Var(&cfg.reads, "reads", 0.95, "fraction of operations that are Gets (the rest are Sets)")
+	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured run per cache, after loading")
+	flag.IntVar(&cfg.threads, "threads", runtime.GOMAXPROCS(0), "goroutines issuing operations")
+	flag.Var(&hot, "hot", "spillcache: bytes of entries on the Go heap")
+	flag.Var(&cxl, "cxl", "spillcache: bytes of slots on the cxl tier (default: 60% of the dataset)")
+	flag.Var(&rdma, "rdma", "spillcache: bytes of slots on the rdma tier (default: 60% of the dataset)")
+	flag.StringVar(&compare, "compare", "otter,ristretto,fastcache", "caches to compare with, in order (otter, ristretto, fastcache; empty for none)")
+	flag.IntVar(&cfg.verify, "verify", 100_000, "after the run, Get this many random keys (0: every key) and count those served")
+	flag.BoolVar(&cfg.json, "json", false, "print one JSON object per cache instead of tables")
+	flag.BoolVar(&cfg.progress, "progress", true, "print a progress line on stderr")
+	flag.Parse()
+	cfg.hot, cfg.cxl, cfg.rdma = int64(hot), int64(cxl), int64(rdma)
+	for _, name := range strings.Split(compare, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			cfg.compare = append(cfg.compare, name)
+		}
+	}
+	if err := run(context.Background(), os.Stdout, os.Stderr, cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "spillcache: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func (cfg *config) dataset() int64 { return int64(cfg.keys) * int64(cfg.value+keyLen) }
+
+func (cfg *config) check() error {
+	switch {
+	case cfg.keys < 1:
+		return fmt.Errorf("-keys %d: need at least one key", cfg.keys)
+	case cfg.value < 8 || cfg.value > alloc.MaxObjectSize-64:
+		return fmt.Errorf("-value %d: use 8 to %d bytes", cfg.value, alloc.MaxObjectSize-64)
+	case cfg.skew < 0 || cfg.skew >= 1:
+		return fmt.Errorf("-skew %g: use a theta in [0,1)", cfg.skew)
+	case cfg.reads < 0 || cfg.reads > 1:
+		return fmt.Errorf("-reads %g: use a fraction in [0,1]", cfg.reads)
+	case cfg.threads < 1:
+		return fmt.Errorf("-threads %d: need at least one", cfg.threads)
+	}
+	if cfg.cxl < 0 {
+		cfg.cxl = cfg.dataset() * 6 / 10
+	}
+	if cfg.rdma < 0 {
+		cfg.rdma = cfg.dataset() * 6 / 10
+	}
+	return nil
+}
+
+func run(ctx context.Context, out, status io.Writer, cfg config) error {
+	if err := cfg.check(); err != nil {
+		return err
+	}
+	c, stop, err := connect(ctx, status, cfg)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	defer c.Close()
+
+	fmt.Fprintf(status, "building %d keys (dataset %s: %d-byte values), zipf %.2f, %.0f%% reads, %d goroutines, %s per cache\n",
+		cfg.keys, size.Size(cfg.dataset()).Human(), cfg.value, cfg.skew, cfg.reads*100, cfg.threads, cfg.duration)
+	w := newWorkload(cfg)
+	var results []result
+	makers := []func() (subject, error){func() (subject, error) {
+		sc, err := NewCache(ctx, c, Options{HotBytes: cfg.hot, CXLBytes: cfg.cxl, RDMABytes: cfg.rdma, RecordBytes: keyLen + cfg.value,
+			Log: slog.New(slog.NewTextHandler(status, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		if err != nil {
+			return nil, err
+		}
+		return spill{sc}, nil
+	}}
+	for _, name := range cfg.compare {
+		switch name {
+		case "otter":
+			makers = append(makers, func() (subject, error) { return newOtter(cfg.keys), nil })
+		case "ristretto":
+			makers = append(makers, func() (subject, error) { return newRistretto(cfg.keys, cfg.dataset()) })
+		case "fastcache":
+			makers = append(makers, func() (subject, error) { return newFastcache(cfg.dataset()), nil })
+		default:
+			return fmt.Errorf("-compare: unknown cache %q; use otter, ristretto or fastcache", name)
+		}
+	}
+	for _, mk := range makers {
+		r, err := w.measure(ctx, mk, status)
+		if err != nil {
+			return err
+		}
+		results = append(results, r)
+	}
+	if cfg.json {
+		enc := json.NewEncoder(out)
+		for _, r := range results {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	report(out, cfg, results)
+	return nil
+}
+
+const keyLen = 16
+
+// workload is the dataset and the operation mix, the same for every cache.
+type workload struct {
+	cfg     config
+	keys    []string
+	zipf    *zipf
+	scatter scatter
+}
+
+func newWorkload(cfg config) *workload {
+	w := &workload{cfg: cfg, keys: make([]string, cfg.keys), zipf: newZipf(uint64(cfg.keys), cfg.skew), scatter: newScatter(uint64(cfg.keys))}
+	for i := range w.keys {
+		w.keys[i] = fmt.Sprintf("k%015d", i)
+	}
+	return w
+}
+
+// value fills buf as key i's value: its index, then a pattern.
+func value(buf []byte, i int) {
+	binary.LittleEndian.PutUint64(buf, uint64(i))
+	for j := 8; j < len(buf); j++ {
+		buf[j] = byte(i + j)
+	}
+}
+
+// result is one cache's line of the comparison.
+type result struct {
+	Name          string       `json:"name"`
+	Entries       int64        `json:"entries"`
+	HeapInuse     int64        `json:"heap_inuse_bytes"`
+	GCCPUFraction float64      `json:"gc_cpu_fraction"`
+	GetsPerSec    float64      `json:"gets_per_sec"`
+	GetP50        int64        `json:"get_p50_ns"`
+	GetP99        int64        `json:"get_p99_ns"`
+	GCCycles      uint64       `json:"gc_cycles"`
+	GCCPUSeconds  float64      `json:"gc_cpu_seconds"`
+	LoadSeconds   float64      `json:"load_seconds"`
+	Served        float64      `json:"served_fraction"`
+	Wrong         int64        `json:"wrong_values"`
+	Tiers         []tierResult `json:"tiers,omitempty"`
+	Spill         *CacheStats  `json:"spill,omitempty"`
+}
+
+type tierResult struct {
+	Level string `json:"level"`
+	Hits  int64  `json:"hits"`
+	P50   int64  `json:"get_p50_ns"`
+	P99   int64  `json:"get_p99_ns"`
+}
+
+// measure builds a cache, loads the dataset, runs the mix for the
+// configured duration, and reads heap and GC counters around it.
+func (w *workload) measure(ctx context.Context, mk func() (subject, error), status io.Writer) (result, error) {
+	runtime.GC()
+	debug.FreeOSMemory()
+	before := readGC()
+	s, err := mk()
+	if err != nil {
+		return result{}, err
+	}
+	res := result{Name: s.Name()}
+	prog := newProgress(status, w.cfg.progress, s.Name())
+	// Load: every key once, in parallel.
+	start := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range w.cfg.threads {
+		wg.Go(func() {
+			buf := make([]byte, w.cfg.value)
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(w.keys) {
+					return
+				}
+				value(buf, i)
+				s.Set(w.keys[i], buf)
+				prog.load(i+1, len(w.keys))
+			}
+		})
+	}
+	wg.Wait()
+	res.LoadSeconds = time.Since(start).Seconds()
+	// Run: zipfian Gets and Sets.
+	var gets, wrong atomic.Int64
+	hists := make([][numLevels + 1]hist, w.cfg.threads)
+	deadline := time.Now().Add(w.cfg.duration)
+	start = time.Now()
+	for t := range w.cfg.threads {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(t), 7))
+			buf := make([]byte, w.cfg.value)
+			dst := make([]byte, 0, w.cfg.value)
+			var n, g int64
+			for ; ; n++ {
+				if n%256 == 0 {
+					gets.Add(g)
+					g = 0
+					if time.Now().After(deadline) {
+						return
+					}
+					prog.run(time.Until(deadline), gets.Load(), time.Since(start))
+				}
+				i := int(w.scatter.key(w.zipf.rank(rng.Float64())))
+				if rng.Float64() >= w.cfg.reads {
+					value(buf, i)
+					s.Set(w.keys[i], buf)
+					continue
+				}
+				g++
+				var t0 time.Time
+				timed := n%8 == 0
+				if timed {
+					t0 = time.Now()
+				}
+				v, level := s.Get(dst[:0], w.keys[i])
+				if timed {
+					hists[t][level].add(int64(time.Since(t0)))
+				}
+				if level != LevelMiss && (len(v) != w.cfg.value || binary.LittleEndian.Uint64(v) != uint64(i)) {
+					wrong.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	after := readGC()
+	prog.done()
+	res.GetsPerSec = float64(gets.Load()) / elapsed.Seconds()
+	res.Wrong = wrong.Load()
+	res.GCCycles = after.cycles - before.cycles
+	res.GCCPUSeconds = after.gcCPU - before.gcCPU
+	if cpu := after.totalCPU - before.totalCPU; cpu > 0 {
+		res.GCCPUFraction = res.GCCPUSeconds / cpu
+	}
+	var all hist
+	for l := range numLevels + 1 {
+		var h hist
+		for t := range hists {
+			h.merge(&hists[t][l])
+		}
+		if Level(l) != LevelMiss {
+			all.merge(&h)
+		}
+		if _, ok := s.(spill); ok {
+			res.Tiers = append(res.Tiers, tierResult{Level: Level(l).String(), Hits: h.n * 8, P50: h.quantile(0.5), P99: h.quantile(0.99)})
+		}
+	}
+	res.GetP50, res.GetP99 = all.quantile(0.5), all.quantile(0.99)
+	res.Entries = s.Entries()
+	runtime.GC()
+	res.HeapInuse = int64(readGC().heapObjects) - int64(before.heapObjects)
+	if sp, ok := s.(spill); ok {
+		st := sp.c.Stats()
+		res.Spill = &st
+	}
+	res.Served, res.Wrong = w.verify(s, res.Wrong)
+	s.Close()
+	if sp, ok := s.(spill); ok {
+		if err := sp.c.Close(ctx); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// verify Gets cfg.verify random keys (every key if 0) and returns the
+// fraction served with the right value.
+func (w *workload) verify(s subject, wrong int64) (float64, int64) {
+	n := w.cfg.verify
+	if n <= 0 || n > len(w.keys) {
+		n = len(w.keys)
+	}
+	var found, bad atomic.Int64
+	var wg sync.WaitGroup
+	per := (n + w.cfg.threads - 1) / w.cfg.threads
+	for t := range w.cfg.threads {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(t), 99))
+			dst := make([]byte, 0, w.cfg.value)
+			for j := t * per; j < min(n, (t+1)*per); j++ {
+				i := j
+				if n < len(w.keys) {
+					i = rng.IntN(len(w.keys))
+				}
+				v, level := s.Get(dst[:0], w.keys[i])
+				if level == LevelMiss {
+					continue
+				}
+				if len(v) != w.cfg.value || binary.LittleEndian.Uint64(v) != uint64(i) {
+					bad.Add(1)
+					continue
+				}
+				found.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return float64(found.Load()) / float64(n), wrong + bad.Load()
+}
+
+// connect dials the local poold, or starts an embedded one sized for the
+// budgets when none answers.
+func connect(ctx context.Context, status io.Writer, cfg config) (*alloc.Client, func(), error) {
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	c, err := alloc.Dial(dctx, cfg.socket, alloc.WithClientName("spillcache"))
+	cancel()
+	if err == nil {
+		fmt.Fprintf(status, "connected to the running poold %q\n", c.Node())
+		return c, func() {}, nil
+	}
+	if !errors.Is(err, alloc.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+		return nil, nil, err
+	}
+	base := ""
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		base = "/dev/shm"
+	}
+	dir, err := os.MkdirTemp(base, "farmem-spillcache")
+	if err != nil {
+		return nil, nil, err
+	}
+	pc := pool.DefaultConfig()
+	pc.DataDir = filepath.Join(dir, "data")
+	pc.Socket = filepath.Join(dir, "poold.sock")
+	pc.ShmDir = filepath.Join(dir, "shm")
+	// Room for the budgets, the arenas' partly used slabs and the far indexes.
+	pc.EmulateCXL = size.Size(cfg.cxl + cfg.cxl/4 + cfg.rdma/8 + 512<<20)
+	pc.ExportSize = size.Size(cfg.rdma + cfg.rdma/4 + 512<<20)
+	pc.LocalSize = 64 * size.MiB
+	d, err := pool.Start(pc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("no poold was running, and starting one in this process failed: %w", err)
+	}
+	stop := func() {
+		d.Close()
+		os.RemoveAll(dir)
+	}
+	fmt.Fprintf(status, "no poold was running, so this process started one: emulated cxl %s, loopback rdma %s (data in %s, removed at exit); run 'poold' to keep a pool running\n",
+		pc.EmulateCXL.Human(), pc.ExportSize.Human(), dir)
+	c, err = alloc.Dial(ctx, pc.Socket, alloc.WithClientName("spillcache"))
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return c, stop, nil
+}
+
+// progress prints a line on stderr, at most twice a second.
+type progress struct {
+	mu   sync.Mutex
+	w    io.Writer
+	on   bool
+	name string
+	last time.Time
+}
+
+func newProgress(w io.Writer, on bool, name string) *progress {
+	return &progress{w: w, on: on, name: name}
+}
+
+func (p *progress) tick() bool {
+	if !p.on {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Since(p.last) < 500*time.Millisecond {
+		return false
+	}
+	p.last = time.Now()
+	return true
+}
+
+func (p *progress) load(i, n int) {
+	if i%1024 == 0 && p.tick() {
+		fmt.Fprintf(p.w, "\r%-11s load %3d%% (%d/%d keys)            ", p.name, i*100/n, i, n)
+	}
+}
+
+func (p *progress) run(left time.Duration, gets int64, elapsed time.Duration) {
+	if p.tick() {
+		fmt.Fprintf(p.w, "\r%-11s run  %4.1fs left, %.2fM gets/s      ", p.name, max(left.Seconds(), 0), float64(gets)/elapsed.Seconds()/1e6)
+	}
+}
+
+func (p *progress) done() {
+	if p.on {
+		fmt.Fprintf(p.w, "\r%-60s\r", "")
+	}
+}
+
+// report prints the comparison tables.
+func report(out io.Writer, cfg config, results []result) {
+	fmt.Fprintf(out, "\n%d keys, %d-byte values (dataset %s), zipf %.2f, %.0f%% Gets, %d goroutines, %s; spillcache budgets: hot %s, cxl %s, rdma %s\n\n",
+		cfg.keys, cfg.value, size.Size(cfg.dataset()).Human(), cfg.skew, cfg.reads*100, cfg.threads, cfg.duration,
+		size.Size(cfg.hot).Human(), size.Size(cfg.cxl).Human(), size.Size(cfg.rdma).Human())
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "cache\tentries\tserved\tGo heap in use\tGC cycles\tGC CPU\tGets/s\tGet p50\tGet p99\tload\t")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%s\t%d\t%.1f%% (%.2fs)\t%.2fM\t%s\t%s\t%.1fs\t\n", r.Name, r.Entries, r.Served*100,
+			size.Size(r.HeapInuse).Human(), r.GCCycles, r.GCCPUFraction*100, r.GCCPUSeconds, r.GetsPerSec/1e6,
+			time.Duration(r.GetP50), time.Duration(r.GetP99), r.LoadSeconds)
+	}
+	tw.Flush()
+	for _, r := range results {
+		if r.Spill == nil {
+			continue
+		}
+		fmt.Fprintf(out, "\nspillcache by tier (Get hits estimated from 1-in-8 timed samples):\n\n")
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "tier\tentries\thits\tGet p50\tGet p99\t")
+		for i, t := range r.Tiers {
+			entries := "-"
+			if i < int(numLevels) {
+				entries = fmt.Sprint(r.Spill.Entries[i])
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t\n", t.Level, entries, t.Hits, time.Duration(t.P50), time.Duration(t.P99))
+		}
+		tw.Flush()
+		fmt.Fprintf(out, "promoted %d, demoted %d, dropped %d, lost %d; far memory held: cxl %s, rdma %s\n",
+			r.Spill.Promoted, r.Spill.Demoted, r.Spill.Dropped, r.Spill.Lost, size.Size(r.Spill.FarHeld[0]).Human(), size.Size(r.Spill.FarHeld[1]).Human())
+	}
+	var sp *result
+	for i := range results {
+		if results[i].Spill != nil {
+			sp = &results[i]
+		}
+	}
+	for _, r := range results {
+		if sp == nil || (r.Name != "otter" && r.Name != "ristretto") {
+			continue
+		}
+		fmt.Fprintf(out, "\nspillcache vs %s (whole dataset on the heap):\n", r.Name)
+		fmt.Fprintf(out, "  Go heap in use  %6.3fx  (target <= 0.10)  %s\n", ratio(sp.HeapInuse, r.HeapInuse), verdict(ratio(sp.HeapInuse, r.HeapInuse) <= 0.10))
+		gc := 0.0
+		if r.GCCPUSeconds > 0 {
+			gc = sp.GCCPUSeconds / r.GCCPUSeconds
+		}
+		fmt.Fprintf(out, "  GC CPU seconds  %6.3fx  (target <= 0.20)  %s\n", gc, verdict(gc <= 0.20))
+		fmt.Fprintf(out, "  Gets/s          %6.3fx  (target >= 0.70)  %s\n", sp.GetsPerSec/r.GetsPerSec, verdict(sp.GetsPerSec/r.GetsPerSec >= 0.7))
+	}
+}
+
+func ratio(a, b int64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
