@@ -190,6 +190,7 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 		Version: Version, Node: s.d.cfg.Node, StartedUnixMs: p.started.UnixMilli(), Pid: int64(os.Getpid()),
 		DataDir: s.d.cfg.DataDir, Socket: s.d.cfg.Socket, Tiers: p.allTiers(), Sessions: int64(p.sessionCount()),
 		Segments: int64(len(p.List())), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
+		Clients: p.clientInfos(), Ops: s.d.metrics.tierOps(),
 	}, nil
 }
 

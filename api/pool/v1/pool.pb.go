@@ -1496,6 +1496,11 @@ type StatusResponse struct {
 	Sessions      int64                  `protobuf:"varint,8,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	Segments      int64                  `protobuf:"varint,9,opt,name=segments,proto3" json:"segments,omitempty"`
 	LeaseTtlMs    int64                  `protobuf:"varint,10,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	// The clients this daemon knows: those with a session, and those whose
+	// segments wait for them to come back before their lease runs out.
+	Clients []*ClientInfo `protobuf:"bytes,11,rep,name=clients,proto3" json:"clients,omitempty"`
+	// Operations since the daemon started, per tier, for rates (memctl top).
+	Ops           []*TierOps `protobuf:"bytes,12,rep,name=ops,proto3" json:"ops,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1600,6 +1605,224 @@ func (x *StatusResponse) GetLeaseTtlMs() int64 {
 	return 0
 }
 
+func (x *StatusResponse) GetClients() []*ClientInfo {
+	if x != nil {
+		return x.Clients
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetOps() []*TierOps {
+	if x != nil {
+		return x.Ops
+	}
+	return nil
+}
+
+// ClientInfo is one client (an application identity) of a daemon.
+type ClientInfo struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Id                 string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name               string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Pid                int64                  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	Sessions           int64                  `protobuf:"varint,4,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	Segments           int64                  `protobuf:"varint,5,opt,name=segments,proto3" json:"segments,omitempty"`                                                   // segments it owns on this daemon
+	Bytes              int64                  `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`                                                         // their sizes, summed
+	LeaseExpiresUnixMs int64                  `protobuf:"varint,7,opt,name=lease_expires_unix_ms,json=leaseExpiresUnixMs,proto3" json:"lease_expires_unix_ms,omitempty"` // without a session: when its unpinned segments are reclaimed; else 0
+	Uid                uint32                 `protobuf:"varint,8,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ClientInfo) Reset() {
+	*x = ClientInfo{}
+	mi := &file_pool_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClientInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClientInfo) ProtoMessage() {}
+
+func (x *ClientInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
+func (*ClientInfo) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ClientInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ClientInfo) GetSessions() int64 {
+	if x != nil {
+		return x.Sessions
+	}
+	return 0
+}
+
+func (x *ClientInfo) GetSegments() int64 {
+	if x != nil {
+		return x.Segments
+	}
+	return 0
+}
+
+func (x *ClientInfo) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ClientInfo) GetLeaseExpiresUnixMs() int64 {
+	if x != nil {
+		return x.LeaseExpiresUnixMs
+	}
+	return 0
+}
+
+func (x *ClientInfo) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+// TierOps counts a tier's operations since the daemon started. The data
+// plane counts only one-sided operations it serves (rdma-tier segments homed
+// on this node); loads and stores to mapped memory never reach the daemon.
+type TierOps struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          Tier                   `protobuf:"varint,1,opt,name=tier,proto3,enum=farmem.pool.v1.Tier" json:"tier,omitempty"`
+	Allocations   int64                  `protobuf:"varint,2,opt,name=allocations,proto3" json:"allocations,omitempty"`
+	Frees         int64                  `protobuf:"varint,3,opt,name=frees,proto3" json:"frees,omitempty"` // freed by their owner or reclaimed
+	Reads         int64                  `protobuf:"varint,4,opt,name=reads,proto3" json:"reads,omitempty"`
+	Writes        int64                  `protobuf:"varint,5,opt,name=writes,proto3" json:"writes,omitempty"`
+	Atomics       int64                  `protobuf:"varint,6,opt,name=atomics,proto3" json:"atomics,omitempty"` // compare-and-swap and fetch-and-add
+	ReadBytes     int64                  `protobuf:"varint,7,opt,name=read_bytes,json=readBytes,proto3" json:"read_bytes,omitempty"`
+	WriteBytes    int64                  `protobuf:"varint,8,opt,name=write_bytes,json=writeBytes,proto3" json:"write_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierOps) Reset() {
+	*x = TierOps{}
+	mi := &file_pool_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierOps) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierOps) ProtoMessage() {}
+
+func (x *TierOps) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierOps.ProtoReflect.Descriptor instead.
+func (*TierOps) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *TierOps) GetTier() Tier {
+	if x != nil {
+		return x.Tier
+	}
+	return Tier_TIER_UNSPECIFIED
+}
+
+func (x *TierOps) GetAllocations() int64 {
+	if x != nil {
+		return x.Allocations
+	}
+	return 0
+}
+
+func (x *TierOps) GetFrees() int64 {
+	if x != nil {
+		return x.Frees
+	}
+	return 0
+}
+
+func (x *TierOps) GetReads() int64 {
+	if x != nil {
+		return x.Reads
+	}
+	return 0
+}
+
+func (x *TierOps) GetWrites() int64 {
+	if x != nil {
+		return x.Writes
+	}
+	return 0
+}
+
+func (x *TierOps) GetAtomics() int64 {
+	if x != nil {
+		return x.Atomics
+	}
+	return 0
+}
+
+func (x *TierOps) GetReadBytes() int64 {
+	if x != nil {
+		return x.ReadBytes
+	}
+	return 0
+}
+
+func (x *TierOps) GetWriteBytes() int64 {
+	if x != nil {
+		return x.WriteBytes
+	}
+	return 0
+}
+
 type NodesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1608,7 +1831,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_pool_proto_msgTypes[21]
+	mi := &file_pool_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1843,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[21]
+	mi := &file_pool_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1856,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{21}
+	return file_pool_proto_rawDescGZIP(), []int{23}
 }
 
 // NodeInfo is one cluster member.
@@ -1653,7 +1876,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_pool_proto_msgTypes[22]
+	mi := &file_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1888,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[22]
+	mi := &file_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1901,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{22}
+	return file_pool_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1748,7 +1971,7 @@ type NodeTier struct {
 
 func (x *NodeTier) Reset() {
 	*x = NodeTier{}
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +1983,7 @@ func (x *NodeTier) String() string {
 func (*NodeTier) ProtoMessage() {}
 
 func (x *NodeTier) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +1996,7 @@ func (x *NodeTier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTier.ProtoReflect.Descriptor instead.
 func (*NodeTier) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{23}
+	return file_pool_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NodeTier) GetTier() string {
@@ -1806,7 +2029,7 @@ type NodesResponse struct {
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +2041,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +2054,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{24}
+	return file_pool_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NodesResponse) GetNodes() []*NodeInfo {
@@ -1851,7 +2074,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1863,7 +2086,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1876,7 +2099,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{25}
+	return file_pool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -1901,7 +2124,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +2136,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2149,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{26}
+	return file_pool_proto_rawDescGZIP(), []int{28}
 }
 
 var File_pool_proto protoreflect.FileDescriptor
@@ -2031,7 +2254,7 @@ const file_pool_proto_rawDesc = "" +
 	"\rfragmentation\x18\x0e \x01(\x01R\rfragmentation\x12\x12\n" +
 	"\x04note\x18\x0f \x01(\tR\x04note\x12\x1b\n" +
 	"\tnuma_node\x18\x10 \x01(\x05R\bnumaNode\"\x0f\n" +
-	"\rStatusRequest\"\xb5\x02\n" +
+	"\rStatusRequest\"\x96\x03\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12&\n" +
@@ -2044,7 +2267,30 @@ const file_pool_proto_rawDesc = "" +
 	"\bsegments\x18\t \x01(\x03R\bsegments\x12 \n" +
 	"\flease_ttl_ms\x18\n" +
 	" \x01(\x03R\n" +
-	"leaseTtlMs\"\x0e\n" +
+	"leaseTtlMs\x124\n" +
+	"\aclients\x18\v \x03(\v2\x1a.farmem.pool.v1.ClientInfoR\aclients\x12)\n" +
+	"\x03ops\x18\f \x03(\v2\x17.farmem.pool.v1.TierOpsR\x03ops\"\xd5\x01\n" +
+	"\n" +
+	"ClientInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x1a\n" +
+	"\bsessions\x18\x04 \x01(\x03R\bsessions\x12\x1a\n" +
+	"\bsegments\x18\x05 \x01(\x03R\bsegments\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\x03R\x05bytes\x121\n" +
+	"\x15lease_expires_unix_ms\x18\a \x01(\x03R\x12leaseExpiresUnixMs\x12\x10\n" +
+	"\x03uid\x18\b \x01(\rR\x03uid\"\xf3\x01\n" +
+	"\aTierOps\x12(\n" +
+	"\x04tier\x18\x01 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12 \n" +
+	"\vallocations\x18\x02 \x01(\x03R\vallocations\x12\x14\n" +
+	"\x05frees\x18\x03 \x01(\x03R\x05frees\x12\x14\n" +
+	"\x05reads\x18\x04 \x01(\x03R\x05reads\x12\x16\n" +
+	"\x06writes\x18\x05 \x01(\x03R\x06writes\x12\x18\n" +
+	"\aatomics\x18\x06 \x01(\x03R\aatomics\x12\x1d\n" +
+	"\n" +
+	"read_bytes\x18\a \x01(\x03R\treadBytes\x12\x1f\n" +
+	"\vwrite_bytes\x18\b \x01(\x03R\n" +
+	"writeBytes\"\x0e\n" +
 	"\fNodesRequest\"\xef\x01\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -2101,7 +2347,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),               // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),       // 1: farmem.pool.v1.SegmentState
@@ -2126,12 +2372,14 @@ var file_pool_proto_goTypes = []any{
 	(*TierInfo)(nil),        // 20: farmem.pool.v1.TierInfo
 	(*StatusRequest)(nil),   // 21: farmem.pool.v1.StatusRequest
 	(*StatusResponse)(nil),  // 22: farmem.pool.v1.StatusResponse
-	(*NodesRequest)(nil),    // 23: farmem.pool.v1.NodesRequest
-	(*NodeInfo)(nil),        // 24: farmem.pool.v1.NodeInfo
-	(*NodeTier)(nil),        // 25: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),   // 26: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),    // 27: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),   // 28: farmem.pool.v1.DrainResponse
+	(*ClientInfo)(nil),      // 23: farmem.pool.v1.ClientInfo
+	(*TierOps)(nil),         // 24: farmem.pool.v1.TierOps
+	(*NodesRequest)(nil),    // 25: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),        // 26: farmem.pool.v1.NodeInfo
+	(*NodeTier)(nil),        // 27: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),   // 28: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),    // 29: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),   // 30: farmem.pool.v1.DrainResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	3,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -2150,33 +2398,36 @@ var file_pool_proto_depIdxs = []int32{
 	19, // 13: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
 	19, // 14: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
 	20, // 15: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	25, // 16: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	24, // 17: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	2,  // 18: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	9,  // 19: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	10, // 20: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	12, // 21: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	13, // 22: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	15, // 23: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	17, // 24: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	21, // 25: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	23, // 26: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	27, // 27: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	5,  // 28: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	16, // 29: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	11, // 30: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	16, // 31: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	14, // 32: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	16, // 33: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	18, // 34: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	22, // 35: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	26, // 36: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	28, // 37: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	28, // [28:38] is the sub-list for method output_type
-	18, // [18:28] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	23, // 16: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	24, // 17: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	0,  // 18: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
+	27, // 19: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	26, // 20: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	2,  // 21: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	9,  // 22: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	10, // 23: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	12, // 24: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	13, // 25: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	15, // 26: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	17, // 27: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	21, // 28: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	25, // 29: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	29, // 30: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	5,  // 31: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	16, // 32: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	11, // 33: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	16, // 34: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	14, // 35: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	16, // 36: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	18, // 37: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	22, // 38: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	28, // 39: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	30, // 40: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	31, // [31:41] is the sub-list for method output_type
+	21, // [21:31] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -2199,7 +2450,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
