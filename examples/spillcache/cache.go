@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/farmem/farmem/alloc"
 )
@@ -80,6 +81,11 @@ type hotEntry struct {
 	val  []byte
 	ref  bool
 	used bool
+	// far names an unchanged copy of the entry in spill tier farTier (-1:
+	// none): a clean entry leaves the heap without being written again.
+	far     alloc.Ref
+	farTier int8
+	hash    uint64
 }
 
 type shard struct {
@@ -91,6 +97,7 @@ type shard struct {
 	bytes   int64
 	far     [2]farShard
 	scratch []byte
+	spare   []byte // the value buffer of the last entry to leave the heap
 	_       [64]byte
 }
 
@@ -136,7 +143,12 @@ func NewCache(ctx context.Context, c *alloc.Client, o Options) (*Cache, error) {
 			buckets <<= 1
 		}
 		// An arena also holds partly used slabs; give it room beyond the budget.
-		a, err := alloc.NewArena(c, alloc.ArenaTier(t.tier), alloc.ArenaLimit(t.budget+t.budget/4+256<<20))
+		// Segments of about a sixteenth of the budget, 4 to 64 MiB.
+		seg := int64(4 << 20)
+		for seg < 64<<20 && seg*16 < t.budget {
+			seg <<= 1
+		}
+		a, err := alloc.NewArena(c, alloc.ArenaTier(t.tier), alloc.ArenaSegmentSize(seg), alloc.ArenaLimit(t.budget+t.budget/4+256<<20))
 		if err != nil {
 			cc.Close(ctx)
 			return nil, err
@@ -204,10 +216,10 @@ func (c *Cache) GetLevel(dst []byte, key string) ([]byte, Level) {
 		}
 		start := len(dst)
 		dst = append(dst, val...)
-		c.dropFar(sh, si, ti, uint64(b))
+		reg[2*b] |= bucketRef
 		c.hits[t.level].Add(1)
 		c.promoted.Add(1)
-		c.putHot(sh, si, key, dst[start:])
+		c.putHot(sh, si, key, dst[start:], h, alloc.Ref(reg[2*b+1]), int8(ti))
 		return dst, t.level
 	}
 	c.hits[LevelMiss].Add(1)
@@ -272,6 +284,7 @@ func (c *Cache) Set(key string, val []byte) {
 	defer sh.mu.Unlock()
 	if i, ok := sh.hot[key]; ok {
 		e := &sh.entries[i]
+		c.dropFarCopy(sh, si, e)
 		sh.bytes += int64(len(val) - len(e.val))
 		e.val = append(e.val[:0], val...)
 		e.ref = true
@@ -279,7 +292,7 @@ func (c *Cache) Set(key string, val []byte) {
 		return
 	}
 	c.deleteFar(sh, si, h, key)
-	c.putHot(sh, si, key, val)
+	c.putHot(sh, si, key, val, h, 0, -1)
 }
 
 // Delete removes key.
@@ -288,10 +301,30 @@ func (c *Cache) Delete(key string) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if i, ok := sh.hot[key]; ok {
+		c.dropFarCopy(sh, si, &sh.entries[i])
 		c.removeHot(sh, i)
 		return
 	}
 	c.deleteFar(sh, si, h, key)
+}
+
+// farCopy returns the bucket of a hot entry's far copy, if the far tier
+// still holds it (it may have evicted it since).
+func (c *Cache) farCopy(si int, e *hotEntry) (int, int) {
+	if e.farTier < 0 {
+		return -1, -1
+	}
+	ti := int(e.farTier)
+	t := c.tiers[ti]
+	return ti, t.table.find(t.table.region(si), e.hash, func(r alloc.Ref) bool { return r == e.far })
+}
+
+// dropFarCopy frees a hot entry's far copy, which a Set makes stale.
+func (c *Cache) dropFarCopy(sh *shard, si int, e *hotEntry) {
+	if ti, b := c.farCopy(si, e); b >= 0 {
+		c.dropFar(sh, si, ti, uint64(b))
+	}
+	e.farTier = -1
 }
 
 func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string) {
@@ -316,9 +349,15 @@ func (c *Cache) removeHot(sh *shard, i int32) {
 	sh.holes = append(sh.holes, i)
 }
 
-// putHot adds a new hot entry (copying val) and evicts to the budget.
-func (c *Cache) putHot(sh *shard, si int, key string, val []byte) {
-	e := hotEntry{key: key, val: append([]byte(nil), val...), used: true}
+// putHot adds a new hot entry (copying val) and evicts to the budget. far
+// and farTier name an unchanged far copy (farTier -1: none).
+func (c *Cache) putHot(sh *shard, si int, key string, val []byte, h uint64, far alloc.Ref, farTier int8) {
+	buf := sh.spare[:0]
+	sh.spare = nil
+	if cap(buf) < len(val) || cap(buf) > 2*len(val)+64 {
+		buf = make([]byte, 0, len(val))
+	}
+	e := hotEntry{key: key, val: append(buf, val...), used: true, hash: h, far: far, farTier: farTier}
 	var i int32
 	if n := len(sh.holes); n > 0 {
 		i = sh.holes[n-1]
@@ -350,9 +389,14 @@ func (c *Cache) evictHot(sh *shard, si int) {
 			e.ref = false
 			continue
 		}
-		key, val := e.key, e.val
-		c.removeHot(sh, i)
-		c.demote(sh, si, 0, key, val, maphash.String(c.seed, key))
+		key, val, h := e.key, e.val, e.hash
+		if _, b := c.farCopy(si, e); b >= 0 {
+			c.removeHot(sh, i) // clean: the far copy stands
+		} else {
+			c.removeHot(sh, i)
+			c.demote(sh, si, 0, key, val, h)
+		}
+		sh.spare = val
 	}
 }
 
@@ -450,10 +494,16 @@ func (c *Cache) evictFar(sh *shard, si, ti int) {
 
 // CacheStats counts a Cache's entries and events.
 type CacheStats struct {
-	Entries                          [numLevels]int64
+	Entries                          [numLevels]int64     // far entries include Copies
+	Copies                           int64                // hot entries whose unchanged copy is also in a spill tier
 	Hits                             [numLevels + 1]int64 // by level; the last is misses
 	Promoted, Demoted, Dropped, Lost int64
 	FarHeld                          [2]int64 // bytes of segments each spill tier's arena holds
+}
+
+// i2s is a shard's index.
+func i2s(sh *shard, c *Cache) int {
+	return int((uintptr(unsafe.Pointer(sh)) - uintptr(unsafe.Pointer(&c.shards[0]))) / unsafe.Sizeof(*sh))
 }
 
 // Stats returns a snapshot.
@@ -463,6 +513,13 @@ func (c *Cache) Stats() CacheStats {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		st.Entries[LevelHot] += int64(len(sh.hot))
+		for i := range sh.entries {
+			if e := &sh.entries[i]; e.used {
+				if _, b := c.farCopy(i2s(sh, c), e); b >= 0 {
+					st.Copies++
+				}
+			}
+		}
 		for ti, t := range c.tiers {
 			st.Entries[t.level] += int64(sh.far[ti].count)
 		}

@@ -38,6 +38,8 @@ type config struct {
 	keys     int
 	value    int
 	skew     float64
+	hotset   float64
+	hotops   float64
 	reads    float64
 	duration time.Duration
 	threads  int
@@ -58,6 +60,8 @@ func main() {
 	flag.IntVar(&cfg.keys, "keys", 1_000_000, "keys in the dataset")
 	flag.IntVar(&cfg.value, "value", 1024, "value size in bytes")
 	flag.Float64Var(&cfg.skew, "skew", 0.99, "zipfian skew theta in [0,1): 0.99 is YCSB's, 0 is uniform")
+	flag.Float64Var(&cfg.hotset, "hotset", 0, "instead of zipf, YCSB's hotspot: this fraction of keys gets -hotops of the operations (0: zipf)")
+	flag.Float64Var(&cfg.hotops, "hotops", 0.99, "with -hotset, the fraction of operations on the hot keys")
 	flag.Float64Var(&cfg.reads, "reads", 0.95, "fraction of operations that are Gets (the rest are Sets)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured run per cache, after loading")
 	flag.IntVar(&cfg.threads, "threads", runtime.GOMAXPROCS(0), "goroutines issuing operations")
@@ -91,6 +95,8 @@ func (cfg *config) check() error {
 		return fmt.Errorf("-value %d: use 8 to %d bytes", cfg.value, alloc.MaxObjectSize-64)
 	case cfg.skew < 0 || cfg.skew >= 1:
 		return fmt.Errorf("-skew %g: use a theta in [0,1)", cfg.skew)
+	case cfg.hotset < 0 || cfg.hotset >= 1 || cfg.hotops < 0 || cfg.hotops > 1:
+		return fmt.Errorf("-hotset %g -hotops %g: use fractions, -hotset below 1", cfg.hotset, cfg.hotops)
 	case cfg.reads < 0 || cfg.reads > 1:
 		return fmt.Errorf("-reads %g: use a fraction in [0,1]", cfg.reads)
 	case cfg.threads < 1:
@@ -178,6 +184,22 @@ func newWorkload(cfg config) *workload {
 	return w
 }
 
+// next draws the key index of the next operation.
+func (w *workload) next(rng *rand.Rand) int {
+	if w.cfg.hotset > 0 {
+		n := len(w.keys)
+		hot := max(1, int(w.cfg.hotset*float64(n)))
+		var rank int
+		if rng.Float64() < w.cfg.hotops || hot == n {
+			rank = rng.IntN(hot)
+		} else {
+			rank = hot + rng.IntN(n-hot)
+		}
+		return int(w.scatter.key(uint64(rank)))
+	}
+	return int(w.scatter.key(w.zipf.rank(rng.Float64())))
+}
+
 // value fills buf as key i's value: its index, then a pattern.
 func value(buf []byte, i int) {
 	binary.LittleEndian.PutUint64(buf, uint64(i))
@@ -263,7 +285,7 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 					}
 					prog.run(time.Until(deadline), gets.Load(), time.Since(start))
 				}
-				i := int(w.scatter.key(w.zipf.rank(rng.Float64())))
+				i := w.next(rng)
 				if rng.Float64() >= w.cfg.reads {
 					value(buf, i)
 					s.Set(w.keys[i], buf)
@@ -271,7 +293,7 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 				}
 				g++
 				var t0 time.Time
-				timed := n%8 == 0
+				timed := n%16 == 0
 				if timed {
 					t0 = time.Now()
 				}
@@ -306,7 +328,7 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 			all.merge(&h)
 		}
 		if _, ok := s.(spill); ok {
-			res.Tiers = append(res.Tiers, tierResult{Level: Level(l).String(), Hits: h.n * 8, P50: h.quantile(0.5), P99: h.quantile(0.99)})
+			res.Tiers = append(res.Tiers, tierResult{Level: Level(l).String(), Hits: h.n * 16, P50: h.quantile(0.5), P99: h.quantile(0.99)})
 		}
 	}
 	res.GetP50, res.GetP99 = all.quantile(0.5), all.quantile(0.99)
@@ -456,8 +478,12 @@ func (p *progress) done() {
 
 // report prints the comparison tables.
 func report(out io.Writer, cfg config, results []result) {
-	fmt.Fprintf(out, "\n%d keys, %d-byte values (dataset %s), zipf %.2f, %.0f%% Gets, %d goroutines, %s; spillcache budgets: hot %s, cxl %s, rdma %s\n\n",
-		cfg.keys, cfg.value, size.Size(cfg.dataset()).Human(), cfg.skew, cfg.reads*100, cfg.threads, cfg.duration,
+	dist := fmt.Sprintf("zipf %.2f", cfg.skew)
+	if cfg.hotset > 0 {
+		dist = fmt.Sprintf("hotspot: %.0f%% of ops on %.1f%% of keys", cfg.hotops*100, cfg.hotset*100)
+	}
+	fmt.Fprintf(out, "\n%d keys, %d-byte values (dataset %s), %s, %.0f%% Gets, %d goroutines, %s; spillcache budgets: hot %s, cxl %s, rdma %s\n\n",
+		cfg.keys, cfg.value, size.Size(cfg.dataset()).Human(), dist, cfg.reads*100, cfg.threads, cfg.duration,
 		size.Size(cfg.hot).Human(), size.Size(cfg.cxl).Human(), size.Size(cfg.rdma).Human())
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "cache\tentries\tserved\tGo heap in use\tGC cycles\tGC CPU\tGets/s\tGet p50\tGet p99\tload\t")
@@ -471,7 +497,7 @@ func report(out io.Writer, cfg config, results []result) {
 		if r.Spill == nil {
 			continue
 		}
-		fmt.Fprintf(out, "\nspillcache by tier (Get hits estimated from 1-in-8 timed samples):\n\n")
+		fmt.Fprintf(out, "\nspillcache by tier (Get hits estimated from 1-in-16 timed samples):\n\n")
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "tier\tentries\thits\tGet p50\tGet p99\t")
 		for i, t := range r.Tiers {

@@ -28,7 +28,7 @@ func (s spill) Set(key string, val []byte)                 { s.c.Set(key, val) }
 func (s spill) Close()                                     {}
 func (s spill) Entries() int64 {
 	st := s.c.Stats()
-	return st.Entries[LevelHot] + st.Entries[LevelCXL] + st.Entries[LevelRDMA]
+	return st.Entries[LevelHot] + st.Entries[LevelCXL] + st.Entries[LevelRDMA] - st.Copies
 }
 
 // otterCache holds the whole dataset on the Go heap.

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/internal/size"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestSmoke runs the example small, against an in-test pool, with every
+// comparison cache, and checks the JSON lines and that spillcache served
+// every key from its three tiers.
+func TestSmoke(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.EmulateCXL = 256 * size.MiB
+	cfg.ExportSize = 256 * size.MiB
+	pooltest.Start(t, cfg)
+	var out, status bytes.Buffer
+	err := run(t.Context(), &out, &status, config{
+		socket: cfg.Socket, keys: 6000, value: 512, skew: 0.99, reads: 0.9, duration: 300 * time.Millisecond,
+		threads: 2, hot: 1 << 20, cxl: 2 << 20, rdma: 4 << 20, compare: []string{"otter", "ristretto", "fastcache"},
+		verify: 0, json: true,
+	})
+	require.NoError(t, err, status.String())
+	var names []string
+	sc := bufio.NewScanner(&out)
+	for sc.Scan() {
+		var r result
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &r))
+		names = append(names, r.Name)
+		require.Greater(t, r.GetsPerSec, 0.0, r.Name)
+		require.Zero(t, r.Wrong, "%s returned a wrong value", r.Name)
+		var raw map[string]any
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &raw))
+		for _, k := range []string{"name", "entries", "heap_inuse_bytes", "gc_cpu_fraction", "gets_per_sec", "get_p50_ns", "get_p99_ns"} {
+			require.Contains(t, raw, k)
+		}
+		if r.Name == "spillcache" {
+			require.Equal(t, 1.0, r.Served, "spillcache serves every key")
+			require.Equal(t, int64(6000), r.Entries)
+			require.Positive(t, r.Spill.Entries[LevelRDMA], "the small budgets push entries to rdma")
+		}
+	}
+	require.Equal(t, []string{"spillcache", "otter", "ristretto", "fastcache"}, names)
+}
+
+// TestCacheSemantics checks Get, Set and Delete across the tiers.
+func TestCacheSemantics(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	cl, err := alloc.Dial(t.Context(), cfg.Socket)
+	require.NoError(t, err)
+	defer cl.Close()
+	c, err := NewCache(t.Context(), cl, Options{HotBytes: 64 << 10, CXLBytes: 256 << 10, RDMABytes: 1 << 20, Shards: 4, RecordBytes: 300})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close(context.Background())) }()
+	val := func(i, gen int) []byte { return []byte(fmt.Sprintf("value %d gen %d %0200d", i, gen, i)) }
+	const n = 2000
+	for i := range n {
+		c.Set(fmt.Sprint("key", i), val(i, 0))
+	}
+	st := c.Stats()
+	require.Positive(t, st.Entries[LevelCXL])
+	require.Positive(t, st.Entries[LevelRDMA])
+	levels := map[Level]int{}
+	for i := range n {
+		v, l := c.GetLevel(nil, fmt.Sprint("key", i))
+		levels[l]++
+		if l != LevelMiss {
+			require.Equal(t, val(i, 0), v)
+		}
+	}
+	require.Positive(t, levels[LevelCXL]+levels[LevelRDMA], "lower tiers served some keys")
+	for i := 0; i < n; i += 3 {
+		c.Set(fmt.Sprint("key", i), val(i, 1))
+	}
+	for i := 1; i < n; i += 3 {
+		c.Delete(fmt.Sprint("key", i))
+	}
+	for i := range n {
+		v, ok := c.Get(nil, fmt.Sprint("key", i))
+		switch i % 3 {
+		case 0:
+			if ok {
+				require.Equal(t, val(i, 1), v, "a Set replaces the value in every tier")
+			}
+		case 1:
+			require.False(t, ok, "deleted key %d", i)
+		}
+	}
+	_, ok := c.Get(nil, "never set")
+	require.False(t, ok)
+}
