@@ -27,7 +27,8 @@ type Observation struct {
 }
 
 // OpStatus is the outcome of one served operation, as the client is told
-// it. The values are the protocol's response status codes (see doc.go).
+// it. The values are the protocol's response status codes (see doc.go). A
+// plain value, safe to copy and compare.
 type OpStatus uint16
 
 // The outcomes an Observe hook sees.
