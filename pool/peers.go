@@ -33,6 +33,9 @@ type peers struct {
 	conns map[string]*session.Conn
 	wg    sync.WaitGroup // asynchronous frees
 	done  bool
+	// stop cancels asynchronous frees at close: a peer that does not answer
+	// reclaims the segments itself when this daemon's lease there ends.
+	stop chan struct{}
 }
 
 // get returns the session with node, dialing it at addr.
@@ -100,6 +103,13 @@ func (ps *peers) freeLater(node string, homeID uint64) {
 		defer ps.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		go func() {
+			select {
+			case <-ps.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
 		cctx, _, err := c.Call(ctx)
 		if err == nil {
 			_, err = c.API().Free(cctx, &poolv1.FreeRequest{Id: homeID})
@@ -113,6 +123,9 @@ func (ps *peers) freeLater(node string, homeID uint64) {
 
 func (ps *peers) close() {
 	ps.mu.Lock()
+	if !ps.done {
+		close(ps.stop)
+	}
 	ps.done = true
 	conns := ps.conns
 	ps.conns = map[string]*session.Conn{}

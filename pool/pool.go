@@ -114,7 +114,7 @@ func (c caller) id() string {
 func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool, err error) {
 	p := &Pool{
 		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs, dp: dp,
-		peers: &peers{self: cfg.Node, log: log, conns: map[string]*session.Conn{}},
+		peers: &peers{self: cfg.Node, log: log, conns: map[string]*session.Conn{}, stop: make(chan struct{})},
 		segs:  map[uint64]*record{}, names: map[string]uint64{},
 		clients: map[string]*client{}, sessions: map[string]*sessionState{},
 	}

@@ -1,0 +1,14 @@
+// Package pool is the core of poold, farmem's per-host daemon: the devices
+// it carves segments from (discovered CXL memory, an emulated device, local
+// DRAM, the memory it lends as the rdma tier), an extent allocator per
+// device, the segment table in bbolt, clients' leases, the gRPC control
+// plane on a unix socket (with descriptor passing beside it) and on TCP, the
+// data plane that serves rdma-tier segments one-sided, and the gossip
+// cluster through which daemons lend each other memory.
+//
+// Use New (or Start) with a Config from DefaultConfig, Serve, and Close.
+// Daemon and Pool are safe for concurrent use; Config is a plain value.
+//
+// Linux only at run time (memfd, mmap, SCM_RIGHTS, SO_PEERCRED); it builds
+// elsewhere, where the devices return ErrNotSupported.
+package pool
