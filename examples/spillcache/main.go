@@ -42,6 +42,7 @@ type config struct {
 	hotops   float64
 	reads    float64
 	duration time.Duration
+	warmup   time.Duration
 	threads  int
 	hot      int64
 	cxl      int64 // -1: derived from the dataset
@@ -64,6 +65,7 @@ func main() {
 	flag.Float64Var(&cfg.hotops, "hotops", 0.99, "with -hotset, the fraction of operations on the hot keys")
 	flag.Float64Var(&cfg.reads, "reads", 0.95, "fraction of operations that are Gets (the rest are Sets)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured run per cache, after loading")
+	flag.DurationVar(&cfg.warmup, "warmup", 3*time.Second, "unmeasured run per cache after loading, so hot entries reach the hot tier")
 	flag.IntVar(&cfg.threads, "threads", runtime.GOMAXPROCS(0), "goroutines issuing operations")
 	flag.Var(&hot, "hot", "spillcache: bytes of entries on the Go heap")
 	flag.Var(&cxl, "cxl", "spillcache: bytes of slots on the cxl tier (default: 60% of the dataset)")
@@ -245,6 +247,7 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 	}
 	res := result{Name: s.Name()}
 	prog := newProgress(status, w.cfg.progress, s.Name())
+	hists := make([][numLevels + 1]hist, w.cfg.threads)
 	// Load: every key once, in parallel.
 	start := time.Now()
 	var next atomic.Int64
@@ -265,58 +268,17 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 	}
 	wg.Wait()
 	res.LoadSeconds = time.Since(start).Seconds()
-	// Run: zipfian Gets and Sets.
-	var gets, wrong atomic.Int64
-	hists := make([][numLevels + 1]hist, w.cfg.threads)
-	deadline := time.Now().Add(w.cfg.duration)
-	start = time.Now()
-	for t := range w.cfg.threads {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(t), 7))
-			buf := make([]byte, w.cfg.value)
-			dst := make([]byte, 0, w.cfg.value)
-			var n, g int64
-			for ; ; n++ {
-				if n%256 == 0 {
-					gets.Add(g)
-					g = 0
-					if time.Now().After(deadline) {
-						return
-					}
-					prog.run(time.Until(deadline), gets.Load(), time.Since(start))
-				}
-				i := w.next(rng)
-				if rng.Float64() >= w.cfg.reads {
-					value(buf, i)
-					s.Set(w.keys[i], buf)
-					continue
-				}
-				g++
-				var t0 time.Time
-				timed := n%16 == 0
-				if timed {
-					t0 = time.Now()
-				}
-				v, level := s.Get(dst[:0], w.keys[i])
-				if timed {
-					hists[t][level].add(int64(time.Since(t0)))
-				}
-				if level != LevelMiss && (len(v) != w.cfg.value || binary.LittleEndian.Uint64(v) != uint64(i)) {
-					wrong.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
+	w.mix(s, w.cfg.warmup, nil, prog)
+	mid := readGC()
+	gets, wrong, elapsed := w.mix(s, w.cfg.duration, hists, prog)
 	after := readGC()
 	prog.done()
-	res.GetsPerSec = float64(gets.Load()) / elapsed.Seconds()
-	res.Wrong = wrong.Load()
+	res.GetsPerSec = float64(gets) / elapsed.Seconds()
+	res.Wrong = wrong
 	res.GCCycles = after.cycles - before.cycles
 	res.GCCPUSeconds = after.gcCPU - before.gcCPU
-	if cpu := after.totalCPU - before.totalCPU; cpu > 0 {
-		res.GCCPUFraction = res.GCCPUSeconds / cpu
+	if cpu := after.totalCPU - mid.totalCPU; cpu > 0 {
+		res.GCCPUFraction = (after.gcCPU - mid.gcCPU) / cpu
 	}
 	var all hist
 	for l := range numLevels + 1 {
@@ -347,6 +309,54 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 		}
 	}
 	return res, nil
+}
+
+// mix runs the Get/Set mix on every goroutine for d, timing one Get in 16
+// into hists (nil: none), and returns the Gets, wrong values and time taken.
+func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 1]hist, prog *progress) (int64, int64, time.Duration) {
+	var gets, wrong atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	start := time.Now()
+	for t := range w.cfg.threads {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(t), uint64(start.UnixNano())))
+			buf := make([]byte, w.cfg.value)
+			dst := make([]byte, 0, w.cfg.value)
+			var n, g int64
+			for ; ; n++ {
+				if n%256 == 0 {
+					gets.Add(g)
+					g = 0
+					if time.Now().After(deadline) {
+						return
+					}
+					prog.run(time.Until(deadline), gets.Load(), time.Since(start))
+				}
+				i := w.next(rng)
+				if rng.Float64() >= w.cfg.reads {
+					value(buf, i)
+					s.Set(w.keys[i], buf)
+					continue
+				}
+				g++
+				var t0 time.Time
+				timed := hists != nil && n%16 == 0
+				if timed {
+					t0 = time.Now()
+				}
+				v, level := s.Get(dst[:0], w.keys[i])
+				if timed {
+					hists[t][level].add(int64(time.Since(t0)))
+				}
+				if level != LevelMiss && (len(v) != w.cfg.value || binary.LittleEndian.Uint64(v) != uint64(i)) {
+					wrong.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return gets.Load(), wrong.Load(), time.Since(start)
 }
 
 // verify Gets cfg.verify random keys (every key if 0) and returns the

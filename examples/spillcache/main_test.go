@@ -29,7 +29,7 @@ func TestSmoke(t *testing.T) {
 	pooltest.Start(t, cfg)
 	var out, status bytes.Buffer
 	err := run(t.Context(), &out, &status, config{
-		socket: cfg.Socket, keys: 6000, value: 512, skew: 0.99, reads: 0.9, duration: 300 * time.Millisecond,
+		socket: cfg.Socket, keys: 6000, value: 512, skew: 0.99, reads: 0.9, duration: 300 * time.Millisecond, warmup: 100 * time.Millisecond,
 		threads: 2, hot: 1 << 20, cxl: 2 << 20, rdma: 4 << 20, compare: []string{"otter", "ristretto", "fastcache"},
 		verify: 0, json: true,
 	})
