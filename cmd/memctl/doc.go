@@ -1,4 +1,5 @@
 // Command memctl is farmem's admin CLI: it shows a poold's status, tiers
-// and segments, and allocates and frees segments. Every command that prints
-// data takes -o json.
+// and segments, and allocates and frees segments; top watches tiers, clients
+// and operation rates live; completion writes shell completion scripts.
+// Every command that prints data takes -o json.
 package main
