@@ -71,13 +71,17 @@ func tierFromProto(t poolv1.Tier) Tier {
 // this host, "injected" by latency emulation, or "hmat" (the firmware's
 // figure). Zero Samples means nothing is known yet. A plain value.
 type Latency struct {
+	// P50Ns and P99Ns are the median and 99th percentile, in nanoseconds.
 	P50Ns, P99Ns int64
-	Samples      int64
-	Source       string
+	// Samples is how many measurements the percentiles come from.
+	Samples int64
+	// Source is "measured", "injected" or "hmat".
+	Source string
 }
 
 // TierInfo describes one tier as the daemon offers it. It is a plain value.
 type TierInfo struct {
+	// Tier is the tier described.
 	Tier Tier
 	// Kind says what backs the tier: devdax, numa, emulated, dram, tcp, verbs, loopback.
 	Kind string

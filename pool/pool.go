@@ -202,10 +202,16 @@ func (p *Pool) device(name string) *dev {
 
 // AllocRequest is what a caller asks of Alloc. A plain value.
 type AllocRequest struct {
-	Size     int64
-	Tier     poolv1.Tier
-	Name     string
-	Persist  bool
+	// Size is the segment's size in bytes, 1 to MaxSegmentSize.
+	Size int64
+	// Tier is the tier asked for; TIER_UNSPECIFIED lets placement choose.
+	Tier poolv1.Tier
+	// Name, when set, makes the segment attachable by other clients and
+	// pins it: it outlives its owner's lease until freed.
+	Name string
+	// Persist pins an unnamed segment the same way.
+	Persist bool
+	// Fallback lists tiers to try, in order, when Tier is full.
 	Fallback []poolv1.Tier
 	// HomeOnly places on this daemon's own memory (a peer asking).
 	HomeOnly bool
