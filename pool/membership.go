@@ -111,7 +111,7 @@ func (d *Daemon) rejoinSeeds() {
 	}
 	var missing []string
 	for _, s := range d.cfg.Join {
-		if !alive[s] {
+		if !seedAlive(s, alive) {
 			missing = append(missing, s)
 		}
 	}
@@ -123,6 +123,29 @@ func (d *Daemon) rejoinSeeds() {
 	if n, err := d.pool.cl.Join(ctx, missing); err == nil && n > 0 {
 		d.log.Info("rejoined seeds", "seeds", missing, "contacted", n)
 	}
+}
+
+// seedAlive reports whether seed (ip:port, or a name that resolves to
+// several, such as a Kubernetes headless service) is the gossip address
+// of an alive member.
+func seedAlive(seed string, alive map[string]bool) bool {
+	if alive[seed] {
+		return true
+	}
+	host, port, err := net.SplitHostPort(seed)
+	if err != nil || net.ParseIP(host) != nil {
+		return false
+	}
+	ips, err := net.LookupHost(host)
+	if err != nil {
+		return false
+	}
+	for _, ip := range ips {
+		if alive[net.JoinHostPort(ip, port)] {
+			return true
+		}
+	}
+	return false
 }
 
 // watchMembers turns membership changes into segment state: a dead or
