@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/fdpass"
@@ -162,6 +164,9 @@ func (c *Client) Alloc(ctx context.Context, size int64, opts ...AllocOption) (*S
 	if err != nil {
 		return nil, err
 	}
+	if c.network == "unix" {
+		return c.allocFast(ctx, sid, req, ao)
+	}
 	info, err := c.api.Alloc(cctx, req)
 	if err != nil {
 		return nil, errs.FromStatus(err)
@@ -174,6 +179,42 @@ func (c *Client) Alloc(ctx context.Context, size int64, opts ...AllocOption) (*S
 		return nil, err
 	}
 	return seg, nil
+}
+
+// allocFast allocates over the descriptor channel: one unix-socket round
+// trip that returns the segment's description with its descriptor.
+func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocRequest, ao allocOptions) (*Segment, error) {
+	body, err := proto.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.fdCall(ctx, fdpass.Request{Op: fdpass.OpAlloc, Session: sid, Body: body})
+	if err != nil {
+		return nil, err
+	}
+	info := &poolv1.Segment{}
+	if err := proto.Unmarshal(resp.Body, info); err != nil {
+		if resp.File != nil {
+			resp.File.Close()
+		}
+		return nil, fmt.Errorf("alloc: the daemon's reply does not decode: %w (%w)", err, ErrUnavailable)
+	}
+	if resp.File == nil {
+		return c.open(ctx, sid, info, ao) // an rdma segment: no descriptor
+	}
+	defer resp.File.Close()
+	mem, err := mapShared(resp.File, resp.Offset, resp.Length, ao.populate)
+	if err == nil {
+		var s *Segment
+		if s, err = c.track(&Segment{c: c, info: info, mem: mem, guard: info.Kind != "dram"}); err == nil {
+			return s, nil
+		}
+		unmapNow(mem)
+	}
+	if _, ferr := c.fdCall(ctx, fdpass.Request{Op: fdpass.OpFree, Session: sid, Segment: info.Id}); ferr != nil {
+		err = errors.Join(err, ferr)
+	}
+	return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
 }
 
 // Attach opens the named segment, which another client (or memctl) created
@@ -249,16 +290,25 @@ func (c *Client) track(s *Segment) (*Segment, error) {
 // getFD asks the daemon for a segment's descriptor on the shared
 // descriptor connection, dialing it when needed.
 func (c *Client) getFD(ctx context.Context, sid string, id uint64) (fdpass.Response, error) {
+	if c.network != "unix" {
+		return fdpass.Response{}, fmt.Errorf("segment %d: a client connected over TCP reaches rdma segments only; dial the local poold's unix socket to map local and cxl segments: %w", id, ErrNotSupported)
+	}
+	return c.fdCall(ctx, fdpass.Request{Op: fdpass.OpGet, Session: sid, Segment: id})
+}
+
+// fdCall makes one call on the shared descriptor channel, dialing it when
+// needed. Only a GET, which changes nothing, is retried on a new channel.
+func (c *Client) fdCall(ctx context.Context, req fdpass.Request) (fdpass.Response, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(c.opts.timeout)
 	}
-	if c.network != "unix" {
-		return fdpass.Response{}, fmt.Errorf("segment %d: a client connected over TCP reaches rdma segments only; dial the local poold's unix socket to map local and cxl segments: %w", id, ErrNotSupported)
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for attempt := 0; ; attempt++ {
+		if c.closed {
+			return fdpass.Response{}, fmt.Errorf("client: %w", ErrClosed)
+		}
 		if c.fd == nil {
 			fc, err := fdpass.Dial(c.socket)
 			if err != nil {
@@ -266,7 +316,7 @@ func (c *Client) getFD(ctx context.Context, sid string, id uint64) (fdpass.Respo
 			}
 			c.fd = fc
 		}
-		resp, err := c.fd.Get(fdpass.Request{Session: sid, Segment: id}, deadline)
+		resp, err := c.fd.Do(req, deadline)
 		if err == nil {
 			if resp.Err != nil {
 				return fdpass.Response{}, resp.Err
@@ -275,8 +325,8 @@ func (c *Client) getFD(ctx context.Context, sid string, id uint64) (fdpass.Respo
 		}
 		c.fd.Close()
 		c.fd = nil
-		if attempt > 0 {
-			return fdpass.Response{}, fmt.Errorf("segment %d descriptor: %w (%w)", id, err, ErrUnavailable)
+		if attempt > 0 || req.Op != fdpass.OpGet {
+			return fdpass.Response{}, fmt.Errorf("descriptor channel to %s: %w (%w)", c.socket, err, ErrUnavailable)
 		}
 	}
 }
@@ -286,6 +336,14 @@ func (c *Client) free(ctx context.Context, s *Segment) error {
 	c.mu.Lock()
 	delete(c.segs, s)
 	c.mu.Unlock()
+	if c.network == "unix" {
+		_, sid, err := c.callCtx(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = c.fdCall(ctx, fdpass.Request{Op: fdpass.OpFree, Session: sid, Segment: s.info.Id})
+		return err
+	}
 	return c.freeReq(ctx, &poolv1.FreeRequest{Id: s.info.Id})
 }
 

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/proto"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/cxl"
@@ -215,15 +217,45 @@ func (d *Daemon) answerFD(c *net.UnixConn, req fdpass.Request) error {
 		err = fmt.Errorf("%w: descriptor requests need a session", errs.ErrAccessDenied)
 	}
 	if err != nil {
-		return fdpass.WriteResponse(c, err, nil, 0, 0)
+		return fdpass.WriteResponse(c, err, nil, 0, 0, nil)
 	}
-	b, err := d.pool.Backing(cl, req.Segment)
+	id := req.Segment
+	var body []byte
+	switch req.Op {
+	case fdpass.OpFree:
+		return fdpass.WriteResponse(c, d.free(cl, req.Segment, ""), nil, 0, 0, nil)
+	case fdpass.OpAlloc:
+		var ar poolv1.AllocRequest
+		if err := proto.Unmarshal(req.Body, &ar); err != nil {
+			return fdpass.WriteResponse(c, fmt.Errorf("%w: alloc request: %v", errs.ErrInvalid, err), nil, 0, 0, nil)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		seg, err := d.alloc(ctx, cl, &ar)
+		cancel()
+		if err == nil {
+			body, err = proto.Marshal(seg)
+		}
+		if err != nil {
+			return fdpass.WriteResponse(c, err, nil, 0, 0, nil)
+		}
+		if seg.Tier == poolv1.Tier_TIER_RDMA {
+			return fdpass.WriteResponse(c, nil, nil, 0, 0, body) // reached through the data plane
+		}
+		id = seg.Id
+	}
+	b, err := d.pool.Backing(cl, id)
 	if err != nil {
-		d.descriptorRefused(cl, req.Segment, err)
-		return fdpass.WriteResponse(c, err, nil, 0, 0)
+		d.descriptorRefused(cl, id, err)
+		if req.Op == fdpass.OpAlloc {
+			// The client never got it: do not leave it behind.
+			if ferr := d.pool.Free(cl, id, ""); ferr != nil {
+				d.log.Error("free a segment whose descriptor could not be sent", "segment", id, "err", ferr)
+			}
+		}
+		return fdpass.WriteResponse(c, err, nil, 0, 0, nil)
 	}
 	defer b.File.Close()
-	return fdpass.WriteResponse(c, nil, b.File, b.Offset, b.Length)
+	return fdpass.WriteResponse(c, nil, b.File, b.Offset, b.Length, body)
 }
 
 func (d *Daemon) reapLoop() {

@@ -187,7 +187,8 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 		p.names[r.Name] = id
 	}
 	p.log.Debug("alloc on peer", "segment", id, "node", m.Name, "home-id", seg.Id, "size", r.Size)
-	return r, nil
+	cp := *r
+	return &cp, nil
 }
 
 // errNoPeer says that no peer can take a placement (none alive, all

@@ -321,7 +321,8 @@ func (p *Pool) allocLocal(c caller, t poolv1.Tier, req AllocRequest) (*record, [
 		r, err := p.allocOn(c, d, req)
 		if err == nil {
 			p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
-			return r, nil, nil
+			cp := *r // the table's record changes under p.mu; callers get a copy
+			return &cp, nil, nil
 		}
 		if !errors.Is(err, extent.ErrNoSpace) {
 			return nil, nil, err
@@ -497,7 +498,8 @@ func (p *Pool) Attach(c caller, name string) (*record, error) {
 		}
 		*r = next
 	}
-	return r, nil
+	cp := *r
+	return &cp, nil
 }
 
 // Stat returns a copy of one segment.

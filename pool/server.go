@@ -120,12 +120,19 @@ func (s *service) Alloc(ctx context.Context, req *poolv1.AllocRequest) (*poolv1.
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
-	r, err := s.d.pool.Alloc(ctx, c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly})
-	s.d.metrics.allocDone(r, err)
+	seg, err := s.d.alloc(ctx, c, req)
+	return seg, errs.ToStatus(err)
+}
+
+// alloc serves an allocation from either path (gRPC, or the local fast
+// path on the descriptor channel).
+func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) (*poolv1.Segment, error) {
+	r, err := d.pool.Alloc(ctx, c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly})
+	d.metrics.allocDone(r, err)
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, err
 	}
-	return s.d.segmentProto(*r), nil
+	return d.segmentProto(*r), nil
 }
 
 func (s *service) Free(ctx context.Context, req *poolv1.FreeRequest) (*poolv1.FreeResponse, error) {
@@ -136,11 +143,19 @@ func (s *service) Free(ctx context.Context, req *poolv1.FreeRequest) (*poolv1.Fr
 	if req.Id == 0 && req.Name == "" {
 		return nil, errs.ToStatus(fmt.Errorf("%w: free needs a segment id or name", errs.ErrInvalid))
 	}
-	if err := s.d.pool.Free(c, req.Id, req.Name); err != nil {
-		s.d.refused("free", c, req.Id, req.Name, err)
+	if err := s.d.free(c, req.Id, req.Name); err != nil {
 		return nil, errs.ToStatus(err)
 	}
 	return &poolv1.FreeResponse{}, nil
+}
+
+// free serves a free from either path.
+func (d *Daemon) free(c caller, id uint64, name string) error {
+	err := d.pool.Free(c, id, name)
+	if err != nil {
+		d.refused("free", c, id, name, err)
+	}
+	return err
 }
 
 func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv1.Segment, error) {

@@ -27,11 +27,12 @@ func Dial(path string) (*Conn, error) {
 		c.Close()
 		return nil, err
 	}
-	return &Conn{c: c, buf: make([]byte, 8192), oob: make([]byte, unix.CmsgSpace(4))}, nil
+	return &Conn{c: c, buf: make([]byte, MaxBody+8192), oob: make([]byte, unix.CmsgSpace(4))}, nil
 }
 
-// Get asks for one segment's descriptor; deadline bounds the whole exchange.
-func (c *Conn) Get(req Request, deadline time.Time) (Response, error) {
+// Do sends one request and reads its response; deadline bounds the whole
+// exchange.
+func (c *Conn) Do(req Request, deadline time.Time) (Response, error) {
 	b, err := AppendRequest(nil, req)
 	if err != nil {
 		return Response{}, err
@@ -66,13 +67,13 @@ func (c *Conn) Get(req Request, deadline time.Time) (Response, error) {
 		}
 		return Response{}, err
 	}
-	if resp.Err == nil {
-		if fd < 0 {
-			return Response{}, fmt.Errorf("%w: success without a descriptor", ErrProtocol)
-		}
+	if resp.Err == nil && fd >= 0 {
 		resp.File = os.NewFile(uintptr(fd), fmt.Sprintf("farmem-segment-%d", req.Segment))
 	} else if fd >= 0 {
 		unix.Close(fd)
+	}
+	if resp.Err == nil && req.Op == OpGet && resp.File == nil {
+		return Response{}, fmt.Errorf("%w: success without a descriptor", ErrProtocol)
 	}
 	return resp, nil
 }
@@ -80,12 +81,12 @@ func (c *Conn) Get(req Request, deadline time.Time) (Response, error) {
 // Close closes the connection.
 func (c *Conn) Close() error { return c.c.Close() }
 
-// WriteResponse sends a response on the daemon's side; f is sent as
-// SCM_RIGHTS when err is nil. The caller keeps ownership of f.
-func WriteResponse(c *net.UnixConn, err error, f *os.File, off, length int64) error {
-	b := encodeResponse(err, off, length)
+// WriteResponse sends a response on the daemon's side; f, when not nil, is
+// sent as SCM_RIGHTS (only with a nil err). The caller keeps ownership of f.
+func WriteResponse(c *net.UnixConn, err error, f *os.File, off, length int64, body []byte) error {
+	b := encodeResponse(err, off, length, body)
 	var oob []byte
-	if err == nil {
+	if err == nil && f != nil {
 		oob = unix.UnixRights(int(f.Fd()))
 	}
 	_, _, werr := c.WriteMsgUnix(b, oob, nil)

@@ -17,11 +17,13 @@ type Conn struct{}
 // Dial needs Linux.
 func Dial(string) (*Conn, error) { return nil, errs.ErrNotSupported }
 
-// Get needs Linux.
-func (*Conn) Get(Request, time.Time) (Response, error) { return Response{}, errs.ErrNotSupported }
+// Do needs Linux.
+func (*Conn) Do(Request, time.Time) (Response, error) { return Response{}, errs.ErrNotSupported }
 
 // Close does nothing.
 func (*Conn) Close() error { return nil }
 
 // WriteResponse needs Linux.
-func WriteResponse(*net.UnixConn, error, *os.File, int64, int64) error { return errs.ErrNotSupported }
+func WriteResponse(*net.UnixConn, error, *os.File, int64, int64, []byte) error {
+	return errs.ErrNotSupported
+}
