@@ -3,23 +3,20 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	mrand "math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"text/tabwriter"
 	"time"
 	"unsafe"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/embedded"
 	"github.com/farmem/farmem/internal/size"
-	"github.com/farmem/farmem/pool"
 )
 
 func main() {
@@ -35,7 +32,7 @@ func main() {
 
 func run(out io.Writer, socket string, segSize int64) error {
 	ctx := context.Background()
-	c, stop, err := connect(ctx, out, socket)
+	c, stop, err := embedded.Connect(ctx, out, socket, "quickstart", nil)
 	if err != nil {
 		return err
 	}
@@ -68,52 +65,6 @@ func run(out io.Writer, socket string, segSize int64) error {
 		}
 	}
 	return nil
-}
-
-// connect dials the local poold, or starts an embedded one when none answers.
-func connect(ctx context.Context, out io.Writer, socket string) (*alloc.Client, func(), error) {
-	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	c, err := alloc.Dial(dctx, socket, alloc.WithClientName("quickstart"))
-	cancel()
-	if err == nil {
-		fmt.Fprintf(out, "connected to the running poold\n")
-		return c, func() {}, nil
-	}
-	if !errors.Is(err, alloc.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
-		return nil, nil, err
-	}
-	// Shared memory if the host has it: the emulated device's files then
-	// live in memory, as the daemon's own default puts them.
-	base := ""
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		base = "/dev/shm"
-	}
-	dir, err := os.MkdirTemp(base, "farmem-quickstart")
-	if err != nil {
-		return nil, nil, err
-	}
-	cfg := pool.DefaultConfig()
-	cfg.DataDir = filepath.Join(dir, "data")
-	cfg.Socket = filepath.Join(dir, "poold.sock")
-	cfg.ShmDir = filepath.Join(dir, "shm")
-	cfg.EmulateCXL = 256 * size.MiB
-	cfg.LocalSize = 256 * size.MiB
-	d, err := pool.Start(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, nil, fmt.Errorf("no poold was running, and starting one in this process failed: %w", err)
-	}
-	stop := func() {
-		d.Close()
-		os.RemoveAll(dir)
-	}
-	fmt.Fprintf(out, "no poold was running, so this process started one (socket %s, data in %s, removed at exit);\nrun 'poold' to keep a pool running\n", cfg.Socket, dir)
-	c, err = alloc.Dial(ctx, cfg.Socket, alloc.WithClientName("quickstart"))
-	if err != nil {
-		stop()
-		return nil, nil, err
-	}
-	return c, stop, nil
 }
 
 func hardware(emulated bool) string {

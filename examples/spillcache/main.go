@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -21,6 +19,7 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/embedded"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/pool"
 )
@@ -390,49 +389,12 @@ func (w *workload) verify(s subject, wrong int64) (float64, int64) {
 // connect dials the local poold, or starts an embedded one sized for the
 // budgets when none answers.
 func connect(ctx context.Context, status io.Writer, cfg config) (*alloc.Client, func(), error) {
-	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	c, err := alloc.Dial(dctx, cfg.socket, alloc.WithClientName("spillcache"))
-	cancel()
-	if err == nil {
-		fmt.Fprintf(status, "connected to the running poold %q\n", c.Node())
-		return c, func() {}, nil
-	}
-	if !errors.Is(err, alloc.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
-		return nil, nil, err
-	}
-	base := ""
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		base = "/dev/shm"
-	}
-	dir, err := os.MkdirTemp(base, "farmem-spillcache")
-	if err != nil {
-		return nil, nil, err
-	}
-	pc := pool.DefaultConfig()
-	pc.DataDir = filepath.Join(dir, "data")
-	pc.Socket = filepath.Join(dir, "poold.sock")
-	pc.ShmDir = filepath.Join(dir, "shm")
-	// Room for the budgets, the arenas' partly used slabs and the far indexes.
-	pc.EmulateCXL = size.Size(cfg.cxl + cfg.cxl/4 + cfg.rdma/8 + 512<<20)
-	pc.ExportSize = size.Size(cfg.rdma + cfg.rdma/4 + 512<<20)
-	pc.LocalSize = 64 * size.MiB
-	d, err := pool.Start(pc, slog.New(slog.DiscardHandler))
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, nil, fmt.Errorf("no poold was running, and starting one in this process failed: %w", err)
-	}
-	stop := func() {
-		d.Close()
-		os.RemoveAll(dir)
-	}
-	fmt.Fprintf(status, "no poold was running, so this process started one: emulated cxl %s, loopback rdma %s (data in %s, removed at exit); run 'poold' to keep a pool running\n",
-		pc.EmulateCXL.Human(), pc.ExportSize.Human(), dir)
-	c, err = alloc.Dial(ctx, pc.Socket, alloc.WithClientName("spillcache"))
-	if err != nil {
-		stop()
-		return nil, nil, err
-	}
-	return c, stop, nil
+	return embedded.Connect(ctx, status, cfg.socket, "spillcache", func(pc *pool.Config) {
+		// Room for the budgets, the arenas' partly used slabs and the far indexes.
+		pc.EmulateCXL = size.Size(cfg.cxl + cfg.cxl/4 + cfg.rdma/8 + 512<<20)
+		pc.ExportSize = size.Size(cfg.rdma + cfg.rdma/4 + 512<<20)
+		pc.LocalSize = 64 * size.MiB
+	})
 }
 
 // progress prints a line on stderr, at most twice a second.
