@@ -59,6 +59,17 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w (choose another with --data-dir)", cfg.DataDir, err)
 	}
+	// The socket before the devices: a socket that cannot be used must not
+	// leave segment directories behind.
+	l, err := listenUnix(cfg.Socket)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			l.Close()
+		}
+	}()
 	inv, devs, err := discover(cfg, log)
 	if err != nil {
 		return nil, err
@@ -95,10 +106,6 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			ops.close()
 		}
 	}()
-	l, err := listenUnix(cfg.Socket)
-	if err != nil {
-		return nil, err
-	}
 	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, health: newHealth(), ops: ops}
 	d.grpc = grpc.NewServer(
 		grpc.Creds(peerCreds{}),
