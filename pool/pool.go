@@ -135,7 +135,34 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 	for _, r := range recs {
 		p.restore(r)
 	}
+	p.sweepOrphans()
 	return p, nil
+}
+
+// sweepOrphans removes segment files that no record names: a crash between
+// a device's Create and the table commit leaves one behind.
+func (p *Pool) sweepOrphans() {
+	for _, d := range p.devs {
+		lister, ok := d.Device.(interface{ Segments() ([]uint64, error) })
+		if !ok {
+			continue
+		}
+		ids, err := lister.Segments()
+		if err != nil {
+			p.log.Warn("list segment files", "device", d.Name(), "err", err)
+			continue
+		}
+		for _, id := range ids {
+			if r, ok := p.segs[id]; ok && r.Device == d.Name() {
+				continue
+			}
+			if err := d.Remove(id, 0, d.Align()); err != nil {
+				p.log.Warn("remove an orphaned segment file", "device", d.Name(), "segment", id, "err", err)
+				continue
+			}
+			p.log.Info("removed an orphaned segment file (a crash between create and commit)", "device", d.Name(), "segment", id)
+		}
+	}
 }
 
 // restore puts a stored record back: its extent reserved, its device

@@ -272,3 +272,22 @@ func FuzzParseConfig(f *testing.F) {
 		_ = c.Validate()
 	})
 }
+
+func TestOrphanedFilesSwept(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	r, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	require.NoError(t, err)
+	// A crash between Create and the commit: a file no record names.
+	d := p.device(r.Device)
+	b, err := d.Create(999, 8192, d.Align())
+	require.NoError(t, err)
+	b.File.Close()
+	require.NoError(t, p.close())
+
+	p = newTestPool(t, cfg)
+	defer p.close()
+	ids, err := p.device(r.Device).Device.(interface{ Segments() ([]uint64, error) }).Segments()
+	require.NoError(t, err)
+	require.Equal(t, []uint64{r.ID}, ids, "the orphan is gone, the committed segment stays")
+}
