@@ -154,6 +154,16 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 	if err != nil {
 		return nil, err
 	}
+	// Until the record is committed below, reconcile must not take the new
+	// segment for an orphan.
+	p.mu.Lock()
+	p.pendingRemote[m.Name]++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.pendingRemote[m.Name]--
+		p.mu.Unlock()
+	}()
 	seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: req.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("alloc on peer %s: %w", m.Name, errs.FromStatus(err))
@@ -199,6 +209,9 @@ var errNoPeer = errors.New("no peer can take it")
 // with the home and marks the surviving ones reachable again (up), and
 // tells their owners.
 func (p *Pool) homeChanged(node string, up bool) {
+	if up {
+		p.reconcile(node)
+	}
 	p.mu.Lock()
 	var homed []*record
 	for _, r := range p.segs {
@@ -267,6 +280,44 @@ func (p *Pool) homeChanged(node string, up bool) {
 			p.log.Warn("segments lost: their home node is gone", "node", node, "segments", n)
 		}
 		p.notifyLocked(byOwner)
+	}
+}
+
+// reconcile frees the segments node holds for this daemon that no record
+// here names any more (a free that failed while node was unreachable), so
+// that their capacity returns even while this daemon's session there lives.
+func (p *Pool) reconcile(node string) {
+	pc := p.peers.conn(node)
+	if pc == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cctx, _, err := pc.Call(ctx)
+	if err != nil {
+		return
+	}
+	resp, err := pc.API().List(cctx, &poolv1.ListRequest{})
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	pending := p.pendingRemote[node]
+	known := map[uint64]bool{}
+	for _, r := range p.segs {
+		if r.Home == node {
+			known[r.HomeID] = true
+		}
+	}
+	p.mu.Unlock()
+	if pending > 0 {
+		return // an allocation there is not recorded yet; the next reconnect checks again
+	}
+	for _, seg := range resp.Segments {
+		if seg.Owner == peerClientPrefix+p.cfg.Node && !known[seg.Id] {
+			p.log.Info("freeing a segment a peer still holds for this node but no record names", "node", node, "segment", seg.Id)
+			p.peers.freeLater(node, seg.Id)
+		}
 	}
 }
 

@@ -57,9 +57,11 @@ type Pool struct {
 	clients  map[string]*client
 	sessions map[string]*sessionState
 	draining bool // no new placements for peers (memctl drain)
-	nextID   uint64
-	idLimit  uint64 // ids below idLimit are durable as used
-	closed   bool
+	// pendingRemote counts allocations on each peer not yet recorded here.
+	pendingRemote map[string]int
+	nextID        uint64
+	idLimit       uint64 // ids below idLimit are durable as used
+	closed        bool
 }
 
 // dev is a device with its tier and extent allocator.
@@ -116,7 +118,7 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs, dp: dp,
 		peers: &peers{self: cfg.Node, log: log, conns: map[string]*session.Conn{}, stop: make(chan struct{})},
 		segs:  map[uint64]*record{}, names: map[string]uint64{},
-		clients: map[string]*client{}, sessions: map[string]*sessionState{},
+		clients: map[string]*client{}, sessions: map[string]*sessionState{}, pendingRemote: map[string]int{},
 	}
 	defer func() {
 		if err != nil {
