@@ -39,6 +39,18 @@ var sink uint64
 // overwritten. It fails when mem holds fewer than two cache lines or
 // samples is not positive.
 func LoadChain(mem []byte, samples int) (Result, error) {
+	return chain(mem, samples, false)
+}
+
+// StoreChain is LoadChain with a store into every line the chain visits:
+// the per-step latency of a dependent load followed by a 64-byte line's
+// write (read for ownership, then dirty), the write latency of a load/store
+// tier. mem is overwritten; it fails as LoadChain does.
+func StoreChain(mem []byte, samples int) (Result, error) {
+	return chain(mem, samples, true)
+}
+
+func chain(mem []byte, samples int, store bool) (Result, error) {
 	lines := len(mem) / LineSize
 	if lines < 2 {
 		return Result{}, fmt.Errorf("%w: load chain over %d bytes needs at least %d", ErrSpan, len(mem), 2*LineSize)
@@ -68,8 +80,16 @@ func LoadChain(mem []byte, samples int) (Result, error) {
 	ds := make([]time.Duration, samples)
 	for s := range ds {
 		start := time.Now()
-		for range chainChunk {
-			idx = binary.LittleEndian.Uint64(mem[idx*LineSize:])
+		if store {
+			for range chainChunk {
+				line := mem[idx*LineSize : idx*LineSize+LineSize]
+				line[8]++
+				idx = binary.LittleEndian.Uint64(line)
+			}
+		} else {
+			for range chainChunk {
+				idx = binary.LittleEndian.Uint64(mem[idx*LineSize:])
+			}
 		}
 		ds[s] = time.Since(start) / chainChunk
 	}
@@ -150,6 +170,9 @@ type Remote struct {
 	// Read64 and Read4K are the round-trip latencies of one-sided 64-byte
 	// and 4 KiB reads, one in flight.
 	Read64, Read4K Result
+	// Write64 is the round-trip latency of one-sided 64-byte writes, one
+	// in flight.
+	Write64 Result
 	// ReadBandwidth is in bytes per second, from 1 MiB reads (or the
 	// region's size when smaller), one in flight.
 	ReadBandwidth int64
@@ -160,9 +183,10 @@ const bigRead = 1 << 20
 
 // RemoteRead measures one-sided reads of region (size bytes long) over
 // conn: samples round trips each of 64 B and 4 KiB, then a bandwidth figure
-// from up to 16 reads of 1 MiB. It returns the first failed operation's
+// from up to 16 reads of 1 MiB. With write set it also times samples 64 B
+// writes (Remote.Write64), which overwrite the region. It returns the first failed operation's
 // error, or ctx's.
-func RemoteRead(ctx context.Context, conn rdma.Conn, region rdma.Region, size int64, samples int) (Remote, error) {
+func RemoteRead(ctx context.Context, conn rdma.Conn, region rdma.Region, size int64, samples int, write bool) (Remote, error) {
 	if size < 4096 {
 		return Remote{}, fmt.Errorf("%w: remote region of %d bytes; the probe reads 4 KiB", ErrSpan, size)
 	}
@@ -185,6 +209,18 @@ func RemoteRead(ctx context.Context, conn rdma.Conn, region rdma.Region, size in
 			ds[i] = time.Since(start)
 		}
 		*c.res = summarize(ds)
+	}
+	if write {
+		ds := make([]time.Duration, samples)
+		for i := range ds {
+			off := int64(rand.IntN(int(size/64))) * 64
+			start := time.Now()
+			if err := conn.Write(ctx, region, off, buf[:64]); err != nil {
+				return Remote{}, fmt.Errorf("probe: 64-byte write at %d of %s: %w", off, region, err)
+			}
+			ds[i] = time.Since(start)
+		}
+		out.Write64 = summarize(ds)
 	}
 	var total int64
 	start := time.Now()

@@ -19,11 +19,13 @@ func TestLoadChain(t *testing.T) {
 		{"odd tail", 4096 + 17, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := LoadChain(make([]byte, tc.span), tc.samples)
-			require.NoError(t, err)
-			require.Equal(t, tc.samples, r.Samples)
-			require.Positive(t, r.P50)
-			require.GreaterOrEqual(t, r.P99, r.P50)
+			for _, f := range []func([]byte, int) (Result, error){LoadChain, StoreChain} {
+				r, err := f(make([]byte, tc.span), tc.samples)
+				require.NoError(t, err)
+				require.Equal(t, tc.samples, r.Samples)
+				require.Positive(t, r.P50)
+				require.GreaterOrEqual(t, r.P99, r.P50)
+			}
 		})
 	}
 }
@@ -51,8 +53,8 @@ func TestBadInput(t *testing.T) {
 		{"chain no samples", func() error { _, err := LoadChain(make([]byte, 4096), 0); return err }},
 		{"read empty", func() error { _, err := SeqRead(nil); return err }},
 		{"write empty", func() error { _, err := SeqWrite(nil); return err }},
-		{"remote small", func() error { _, err := RemoteRead(t.Context(), nil, rdma.Region{}, 100, 1); return err }},
-		{"remote no samples", func() error { _, err := RemoteRead(t.Context(), nil, rdma.Region{}, 1<<20, 0); return err }},
+		{"remote small", func() error { _, err := RemoteRead(t.Context(), nil, rdma.Region{}, 100, 1, false); return err }},
+		{"remote no samples", func() error { _, err := RemoteRead(t.Context(), nil, rdma.Region{}, 1<<20, 0, false); return err }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.ErrorIs(t, tc.f(), ErrSpan)

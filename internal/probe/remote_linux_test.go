@@ -34,15 +34,15 @@ func TestRemoteRead(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close()
 
-	r, err := RemoteRead(t.Context(), conn, rdma.Region{Segment: 7, Key: key, Epoch: 1}, size, 20)
+	r, err := RemoteRead(t.Context(), conn, rdma.Region{Segment: 7, Key: key, Epoch: 1}, size, 20, true)
 	require.NoError(t, err)
-	for _, res := range []Result{r.Read64, r.Read4K} {
+	for _, res := range []Result{r.Read64, r.Read4K, r.Write64} {
 		require.Equal(t, 20, res.Samples)
 		require.Positive(t, res.P50)
 		require.GreaterOrEqual(t, res.P99, res.P50)
 	}
 	require.Positive(t, r.ReadBandwidth)
 
-	_, err = RemoteRead(t.Context(), conn, rdma.Region{Segment: 8, Key: key, Epoch: 1}, size, 1)
+	_, err = RemoteRead(t.Context(), conn, rdma.Region{Segment: 8, Key: key, Epoch: 1}, size, 1, false)
 	require.ErrorIs(t, err, rdma.ErrAccessDenied)
 }
