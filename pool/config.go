@@ -92,6 +92,11 @@ type Config struct {
 	// the memory it describes, whose contents a host crash loses anyway
 	// (DRAM, tmpfs, volatile CXL). Set it for persistent-memory devices.
 	MetadataFsync bool `yaml:"metadata-fsync"`
+	// MeasureTiers makes the daemon measure each tier it offers (load
+	// latency, bandwidth; one-sided reads for the rdma tier) in the
+	// background at start, briefly taking up to 64 MiB of each tier.
+	// Default: true.
+	MeasureTiers bool `yaml:"measure-tiers"`
 	// LogLevel is debug, info, warn or error. Default: info.
 	LogLevel string `yaml:"log-level"`
 	// LogFormat is text or json. Default: text.
@@ -109,18 +114,19 @@ var ErrConfig = errors.New("bad configuration")
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	c := Config{
-		Node:       host,
-		SysfsRoot:  "/sys",
-		DevRoot:    "/",
-		EmulateCXL: size.GiB,
-		LocalSize:  size.GiB,
-		ExportSize: size.GiB,
-		DataListen: "127.0.0.1:0",
-		LeaseTTL:   10 * time.Second,
-		LogLevel:   "info",
-		LogFormat:  "text",
-		DataDir:    DefaultDataDir(),
-		Socket:     DefaultSocket(),
+		Node:         host,
+		SysfsRoot:    "/sys",
+		DevRoot:      "/",
+		EmulateCXL:   size.GiB,
+		LocalSize:    size.GiB,
+		ExportSize:   size.GiB,
+		DataListen:   "127.0.0.1:0",
+		LeaseTTL:     10 * time.Second,
+		LogLevel:     "info",
+		MeasureTiers: true,
+		LogFormat:    "text",
+		DataDir:      DefaultDataDir(),
+		Socket:       DefaultSocket(),
 	}
 	return c
 }

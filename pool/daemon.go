@@ -107,6 +107,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		}
 	}()
 	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, health: newHealth(), ops: ops}
+	p.setHMAT(inv)
 	d.grpc = grpc.NewServer(
 		grpc.Creds(peerCreds{}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
@@ -174,6 +175,24 @@ func (d *Daemon) Serve() error {
 	}
 	d.log.Info("poold serving", append([]any{"node", d.cfg.Node, "socket", d.cfg.Socket, "data-dir", d.cfg.DataDir, "segments", len(d.pool.List())}, tiers...)...)
 	d.health.serve()
+	if d.cfg.MeasureTiers {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				select {
+				case <-d.stop:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			if err := d.measureTiers(ctx); err != nil && ctx.Err() == nil {
+				d.log.Warn("measure tiers", "err", err)
+			}
+		}()
+	}
 	err := d.grpc.Serve(grpcListener{d.mux})
 	select {
 	case <-d.stop:

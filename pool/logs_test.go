@@ -89,6 +89,7 @@ func clusterNodeConfig(t *testing.T, node string) Config {
 	cfg.EmulateCXL = 16 * size.MiB
 	cfg.LocalSize = 16 * size.MiB
 	cfg.ExportSize = 16 * size.MiB
+	cfg.MeasureTiers = false
 	cfg.LeaseTTL = 200 * time.Millisecond
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Gossip = "127.0.0.1:0"

@@ -62,6 +62,10 @@ type Pool struct {
 	nextID        uint64
 	idLimit       uint64 // ids below idLimit are durable as used
 	closed        bool
+	// measured is what the tier probe found, per tier (see measure.go);
+	// hmat is the firmware's read latency of the tier's NUMA node.
+	measured map[poolv1.Tier]*measurement
+	hmat     map[poolv1.Tier]*poolv1.Latency
 }
 
 // dev is a device with its tier and extent allocator.
@@ -748,6 +752,7 @@ func (p *Pool) tiers() []*poolv1.TierInfo {
 		if ti.Free > 0 {
 			ti.Fragmentation = 1 - float64(largest[t])/float64(ti.Free)
 		}
+		p.addMeasured(ti)
 		out = append(out, ti)
 	}
 	return out

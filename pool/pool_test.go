@@ -30,6 +30,7 @@ func testConfig(t *testing.T) Config {
 	cfg.LocalSize = 16 * size.MiB
 	cfg.LeaseTTL = 200 * time.Millisecond
 	cfg.ExportSize = 0
+	cfg.MeasureTiers = false
 	dir, err := os.MkdirTemp("", "fm")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })

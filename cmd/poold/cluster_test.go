@@ -66,7 +66,7 @@ func startPools(t *testing.T, c *testcluster.Cluster) []*poolNode {
 			"--listen", ip + ":7950", "--gossip", ip + ":7946", "--data-listen", ip + ":7960",
 			"--gossip-profile", "local", "--lease-ttl", leaseTTL.String(),
 			"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--export-size", "128MiB",
-			"--sysfs-root", "../../cxl/testdata/plain",
+			"--sysfs-root", "../../cxl/testdata/plain", "--measure-tiers=false",
 		}
 		// FARMEM_TEST_LOG_LEVEL=debug shows sessions and gossip in the
 		// daemons' output, which a failing test prints.

@@ -94,7 +94,7 @@ func startDaemon(t *testing.T, data, socket string, extra ...string) *daemon {
 	t.Helper()
 	d := &daemon{socket: socket, data: data, log: new(bytes.Buffer)}
 	args := append([]string{"--data-dir", data, "--socket", socket, "--sysfs-root", "../../cxl/testdata/plain",
-		"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--lease-ttl", "1s", "--shm-dir", filepath.Join(data, "shm")}, extra...)
+		"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--lease-ttl", "1s", "--shm-dir", filepath.Join(data, "shm"), "--measure-tiers=false"}, extra...)
 	d.cmd = exec.Command(poold, args...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	require.NoError(t, d.cmd.Start())

@@ -1,0 +1,213 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/cxl"
+	"github.com/farmem/farmem/internal/device"
+	"github.com/farmem/farmem/internal/probe"
+	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// Probe sizes: a span large enough to defeat the caches, and the least
+// span worth probing. The probe takes at most a quarter of a device's
+// largest free extent, so clients allocating meanwhile still find room.
+const (
+	probeSpan    = 64 * size.MiB
+	probeMinSpan = 16 * size.MiB
+	// probeSamples is the number of timed chunks per load/store chain and
+	// of round trips per remote size: enough for a p99, short on 2 cores.
+	probeSamples = 400
+	// probeID is the segment id of the probe's temporary segments: far
+	// above any id the pool hands out, and removed at start if a crash
+	// left it behind (no record names it).
+	probeID = math.MaxUint64 - 1
+)
+
+// measurement is what the probe found for one tier.
+type measurement struct {
+	read, write       *poolv1.Latency
+	readBps, writeBps int64
+}
+
+func latency(r probe.Result) *poolv1.Latency {
+	return &poolv1.Latency{P50Ns: r.P50.Nanoseconds(), P99Ns: r.P99.Nanoseconds(), Samples: int64(r.Samples), Source: "measured"}
+}
+
+// MeasureTiers measures every tier this daemon offers now (see
+// Config.MeasureTiers) and records the results, which Tiers and memctl
+// tiers then show with source "measured". It returns when done or when ctx
+// ends; a tier that cannot be measured keeps its previous figures.
+func (d *Daemon) MeasureTiers(ctx context.Context) error {
+	return d.measureTiers(ctx)
+}
+
+// measureTiers probes each load/store tier on a temporary segment of its
+// first device with room, and the rdma tier through this daemon's own data
+// plane (loopback).
+func (d *Daemon) measureTiers(ctx context.Context) error {
+	p := d.pool
+	var errs []error
+	done := map[poolv1.Tier]bool{}
+	for _, dv := range p.devs {
+		if done[dv.tier] || ctx.Err() != nil {
+			continue
+		}
+		start := time.Now()
+		m, err := p.measureDevice(ctx, dv)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("measure %s tier on %s: %w", tierName(dv.tier), dv.Name(), err))
+			continue
+		}
+		if m == nil {
+			continue
+		}
+		done[dv.tier] = true
+		p.mu.Lock()
+		if p.measured == nil {
+			p.measured = map[poolv1.Tier]*measurement{}
+		}
+		p.measured[dv.tier] = m
+		p.mu.Unlock()
+		d.log.Info("measured tier", "tier", tierName(dv.tier), "device", dv.Name(),
+			"read-p50", time.Duration(m.read.P50Ns), "read-p99", time.Duration(m.read.P99Ns),
+			"read-bandwidth-bps", m.readBps, "took", time.Since(start).Round(time.Millisecond))
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.Join(errs...)
+}
+
+// measureDevice takes a temporary segment on dv, probes it and frees it.
+// It returns nil, nil when dv has too little free space to be worth it.
+func (p *Pool) measureDevice(ctx context.Context, dv *dev) (_ *measurement, err error) {
+	remote := dv.tier == poolv1.Tier_TIER_RDMA
+	if remote && p.dp == nil {
+		return nil, nil
+	}
+	if !remote && !dv.usable {
+		return nil, nil // e.g. devdax without --allow-devdax-fd: clients cannot use it either
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, nil
+	}
+	n := min(int64(probeSpan), dv.ext.Stats().LargestFree/4)
+	n -= n % dv.Align()
+	if n < int64(probeMinSpan) {
+		p.mu.Unlock()
+		return nil, nil
+	}
+	off, err := dv.ext.Alloc(n)
+	p.mu.Unlock()
+	if err != nil {
+		return nil, nil // taken meanwhile
+	}
+	defer func() {
+		err = errors.Join(err, dv.Remove(probeID, off, n))
+		p.mu.Lock()
+		err = errors.Join(err, dv.ext.Free(off, n))
+		p.mu.Unlock()
+	}()
+	b, err := dv.Create(probeID, off, n)
+	if err != nil {
+		return nil, err
+	}
+	if remote {
+		defer b.File.Close()
+		return p.measureLoopback(ctx, b)
+	}
+	mp, err := device.Map(b)
+	b.File.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer mp.Close()
+	return measureMemory(mp.Bytes())
+}
+
+// measureMemory runs the load/store probes on mem.
+func measureMemory(mem []byte) (*measurement, error) {
+	r, err := probe.LoadChain(mem, probeSamples)
+	if err != nil {
+		return nil, err
+	}
+	w, err := probe.StoreChain(mem, probeSamples)
+	if err != nil {
+		return nil, err
+	}
+	rb, err := probe.SeqRead(mem)
+	if err != nil {
+		return nil, err
+	}
+	wb, err := probe.SeqWrite(mem)
+	if err != nil {
+		return nil, err
+	}
+	return &measurement{read: latency(r), write: latency(w), readBps: rb, writeBps: wb}, nil
+}
+
+// measureLoopback exports b on the data plane under probeID and measures
+// one-sided operations on it over TCP from this process.
+func (p *Pool) measureLoopback(ctx context.Context, b device.Backing) (*measurement, error) {
+	key, err := p.dp.export(probeID, b, 1, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer p.dp.revoke(probeID)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := tcp.Dial(ctx, p.dp.addr)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	r, err := probe.RemoteRead(ctx, conn, rdma.Region{Segment: probeID, Key: key, Epoch: 1}, b.Length, probeSamples/2, true)
+	if err != nil {
+		return nil, err
+	}
+	return &measurement{read: latency(r.Read64), write: latency(r.Write64), readBps: r.ReadBandwidth}, nil
+}
+
+// setHMAT records, per tier, the firmware's read latency of the NUMA node
+// backing its first device that has one.
+func (p *Pool) setHMAT(inv *cxl.Inventory) {
+	if inv == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, dv := range p.devs {
+		if dv.Node() < 0 || p.hmat[dv.tier] != nil {
+			continue
+		}
+		for _, n := range inv.Nodes {
+			if n.ID == dv.Node() && n.HMAT != nil && n.HMAT.ReadLatency > 0 {
+				if p.hmat == nil {
+					p.hmat = map[poolv1.Tier]*poolv1.Latency{}
+				}
+				ns := n.HMAT.ReadLatency.Nanoseconds()
+				p.hmat[dv.tier] = &poolv1.Latency{P50Ns: ns, P99Ns: ns, Source: "hmat"}
+			}
+		}
+	}
+}
+
+// addMeasured fills ti's latency and bandwidth from what was measured and
+// what the firmware reports. p.mu must be held.
+func (p *Pool) addMeasured(ti *poolv1.TierInfo) {
+	if m := p.measured[ti.Tier]; m != nil {
+		ti.ReadLatency, ti.WriteLatency = m.read, m.write
+		ti.ReadBandwidthBps, ti.WriteBandwidthBps = m.readBps, m.writeBps
+	}
+	ti.HmatReadLatency = p.hmat[ti.Tier]
+}
