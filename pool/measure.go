@@ -45,6 +45,7 @@ func latency(r probe.Result) *poolv1.Latency {
 // Config.MeasureTiers) and records the results, which Tiers and memctl
 // tiers then show with source "measured". It returns when done or when ctx
 // ends; a tier that cannot be measured keeps its previous figures.
+// Measurements run one at a time; call it before Close.
 func (d *Daemon) MeasureTiers(ctx context.Context) error {
 	return d.measureTiers(ctx)
 }
@@ -54,6 +55,8 @@ func (d *Daemon) MeasureTiers(ctx context.Context) error {
 // plane (loopback).
 func (d *Daemon) measureTiers(ctx context.Context) error {
 	p := d.pool
+	p.probeMu.Lock()
+	defer p.probeMu.Unlock()
 	var errs []error
 	done := map[poolv1.Tier]bool{}
 	for _, dv := range p.devs {

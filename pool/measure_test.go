@@ -8,6 +8,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/pool"
 )
 
 // measuredTiers waits (bounded) until every tier named in want reports a
@@ -65,4 +66,31 @@ func TestMeasureTiersOff(t *testing.T) {
 		require.Nil(t, ti.ReadLatency, ti.Tier.String())
 		require.Zero(t, ti.ReadBandwidthBps, ti.Tier.String())
 	}
+}
+
+func TestMeasureTiersOnDemand(t *testing.T) {
+	cfg := pooltest.Config(t) // not at start
+	d := pooltest.Start(t, cfg)
+	for _, ti := range status(t, cfg.Socket).Tiers {
+		require.Nil(t, ti.ReadLatency, ti.Tier.String())
+	}
+	// Two at once: they take turns on the probe's segment.
+	errc := make(chan error, 1)
+	go func() { errc <- d.MeasureTiers(t.Context()) }()
+	require.NoError(t, d.MeasureTiers(t.Context()))
+	require.NoError(t, <-errc)
+	tiers := measuredTiers(t, cfg.Socket, poolv1.Tier_TIER_CXL, poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_RDMA)
+	for _, ti := range tiers {
+		require.Equal(t, ti.Capacity, ti.Free, ti.Tier.String())
+	}
+}
+
+// TestMeasureTiersCloseEarly: Close while the probe runs stops it and
+// leaves no goroutine behind (goleak in TestMain).
+func TestMeasureTiersCloseEarly(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.MeasureTiers = true
+	d, err := pool.Start(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
 }

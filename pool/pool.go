@@ -66,6 +66,8 @@ type Pool struct {
 	// hmat is the firmware's read latency of the tier's NUMA node.
 	measured map[poolv1.Tier]*measurement
 	hmat     map[poolv1.Tier]*poolv1.Latency
+	// probeMu serializes tier measurements: they share one segment id.
+	probeMu sync.Mutex
 }
 
 // dev is a device with its tier and extent allocator.
