@@ -10,20 +10,21 @@ import (
 
 // tierJSON is a tier as -o json prints it.
 type tierJSON struct {
-	Tier          string       `json:"tier"`
-	Kind          string       `json:"kind"`
-	Emulated      bool         `json:"emulated"`
-	Capacity      int64        `json:"capacity"`
-	Free          int64        `json:"free"`
-	Segments      int64        `json:"segments"`
-	Devices       []string     `json:"devices"`
-	Fragmentation float64      `json:"fragmentation"`
-	Transport     string       `json:"transport,omitempty"`
-	ReadLatency   *latencyJSON `json:"read_latency,omitempty"`
-	WriteLatency  *latencyJSON `json:"write_latency,omitempty"`
-	HMATRead      *latencyJSON `json:"hmat_read_latency,omitempty"`
-	ReadBandwidth int64        `json:"read_bandwidth_bps,omitempty"`
-	Note          string       `json:"note,omitempty"`
+	Tier           string       `json:"tier"`
+	Kind           string       `json:"kind"`
+	Emulated       bool         `json:"emulated"`
+	Capacity       int64        `json:"capacity"`
+	Free           int64        `json:"free"`
+	Segments       int64        `json:"segments"`
+	Devices        []string     `json:"devices"`
+	Fragmentation  float64      `json:"fragmentation"`
+	Transport      string       `json:"transport,omitempty"`
+	ReadLatency    *latencyJSON `json:"read_latency,omitempty"`
+	WriteLatency   *latencyJSON `json:"write_latency,omitempty"`
+	HMATRead       *latencyJSON `json:"hmat_read_latency,omitempty"`
+	ReadBandwidth  int64        `json:"read_bandwidth_bps,omitempty"`
+	WriteBandwidth int64        `json:"write_bandwidth_bps,omitempty"`
+	Note           string       `json:"note,omitempty"`
 }
 
 type latencyJSON struct {
@@ -45,7 +46,7 @@ func tierView(t *poolv1.TierInfo) tierJSON {
 		Tier: tierName(t.Tier), Kind: t.Kind, Emulated: t.Emulated, Capacity: t.Capacity, Free: t.Free,
 		Segments: t.Segments, Devices: t.Devices, Fragmentation: t.Fragmentation, Transport: t.Transport,
 		ReadLatency: latency(t.ReadLatency), WriteLatency: latency(t.WriteLatency), HMATRead: latency(t.HmatReadLatency),
-		ReadBandwidth: t.ReadBandwidthBps, Note: t.Note,
+		ReadBandwidth: t.ReadBandwidthBps, WriteBandwidth: t.WriteBandwidthBps, Note: t.Note,
 	}
 }
 
