@@ -529,30 +529,30 @@ func (a *Arena) Free(r Ref) error {
 
 // Len returns the length the object was allocated with.
 func (a *Arena) Len(r Ref) (int, error) {
-	s, _, err := a.lookup(r)
-	if err != nil {
-		return 0, err
+	_, _, _, n, err := a.object(r)
+	return int(n), err
+}
+
+// object resolves a Ref to a live object: its slab, slot, the slot's
+// metadata (to re-check after a copy) and the object's length.
+func (a *Arena) object(r Ref) (s *slab, slot uint16, m uint32, n int64, err error) {
+	if s, slot, err = a.lookup(r); err != nil {
+		return nil, 0, 0, 0, err
 	}
-	m, err := s.live(r)
-	if err != nil {
-		return 0, err
+	if m, err = s.live(r); err != nil {
+		return nil, 0, 0, 0, err
 	}
-	return int(s.size - m&0xffff), nil
+	return s, slot, m, int64(s.size - m&0xffff), nil
 }
 
 // ReadAt reads len(p) bytes of the object at off, following io.ReaderAt:
 // fewer bytes than len(p) come with io.EOF at the object's end. On the rdma
 // tier it is one one-sided read.
 func (a *Arena) ReadAt(r Ref, p []byte, off int64) (int, error) {
-	s, slot, err := a.lookup(r)
+	s, slot, m, n, err := a.object(r)
 	if err != nil {
 		return 0, err
 	}
-	m, err := s.live(r)
-	if err != nil {
-		return 0, err
-	}
-	n := int64(s.size - m&0xffff)
 	if off < 0 || off > n {
 		return 0, fmt.Errorf("read at %d of a %d-byte object %v: %w", off, n, r, ErrOutOfRange)
 	}
@@ -576,15 +576,10 @@ func (a *Arena) ReadAt(r Ref, p []byte, off int64) (int, error) {
 // WriteAt writes p into the object at off, following io.WriterAt; a write
 // past the object's end writes nothing and returns ErrOutOfRange.
 func (a *Arena) WriteAt(r Ref, p []byte, off int64) (int, error) {
-	s, slot, err := a.lookup(r)
+	s, slot, _, n, err := a.object(r)
 	if err != nil {
 		return 0, err
 	}
-	m, err := s.live(r)
-	if err != nil {
-		return 0, err
-	}
-	n := int64(s.size - m&0xffff)
 	if off < 0 || off > n || int64(len(p)) > n-off {
 		return 0, fmt.Errorf("write of %d bytes at %d of a %d-byte object %v: %w", len(p), off, n, r, ErrOutOfRange)
 	}
@@ -596,11 +591,7 @@ func (a *Arena) WriteAt(r Ref, p []byte, off int64) (int, error) {
 // The slice is valid until the object is freed; using it after that reads
 // or corrupts whatever object reuses the slot.
 func (a *Arena) Bytes(r Ref) ([]byte, error) {
-	s, slot, err := a.lookup(r)
-	if err != nil {
-		return nil, err
-	}
-	m, err := s.live(r)
+	s, slot, _, n, err := a.object(r)
 	if err != nil {
 		return nil, err
 	}
@@ -608,8 +599,7 @@ func (a *Arena) Bytes(r Ref) ([]byte, error) {
 		return nil, fmt.Errorf("%v is on tier %s, which has no load/store mapping; use ReadAt and WriteAt: %w", r, s.seg.tier, ErrNotSupported)
 	}
 	off := int(slot) * int(s.size)
-	n := int(s.size - m&0xffff)
-	return s.mem[off : off+n : off+n], nil
+	return s.mem[off : off+int(n) : off+int(n)], nil
 }
 
 // Tier returns the tier holding the object.

@@ -212,20 +212,7 @@ func (cl *Client) run(ctx context.Context, o *op) error {
 // at that moment, Read waits for it (it is on the wire) and returns its
 // result, so p is never written after Read returns.
 func (cl *Client) Read(ctx context.Context, r rdma.Region, off int64, p []byte) error {
-	if err := check(rdma.OpRead, r, off, len(p)); err != nil {
-		return err
-	}
-	if len(p) > MaxPayload {
-		return cl.Do(ctx, &rdma.Op{Kind: rdma.OpRead, Region: r, Offset: off, Buf: p})
-	}
-	o := getOp()
-	o.kind, o.region, o.off, o.buf = rdma.OpRead, r, uint64(off), p
-	err := cl.run(ctx, o)
-	if err == nil {
-		err = o.err
-	}
-	o.release()
-	return err
+	return cl.transfer(ctx, rdma.OpRead, r, off, p)
 }
 
 // Write stores p at the remote bytes [off, off+len(p)) of r. Writes larger
@@ -236,14 +223,20 @@ func (cl *Client) Read(ctx context.Context, r rdma.Region, off int64, p []byte) 
 // never read after Write returns. Whether a cancelled Write reached remote
 // memory is unknown.
 func (cl *Client) Write(ctx context.Context, r rdma.Region, off int64, p []byte) error {
-	if err := check(rdma.OpWrite, r, off, len(p)); err != nil {
+	return cl.transfer(ctx, rdma.OpWrite, r, off, p)
+}
+
+// transfer runs one READ or WRITE, split into several ops when larger than
+// MaxPayload.
+func (cl *Client) transfer(ctx context.Context, kind rdma.OpKind, r rdma.Region, off int64, p []byte) error {
+	if err := check(kind, r, off, len(p)); err != nil {
 		return err
 	}
 	if len(p) > MaxPayload {
-		return cl.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: r, Offset: off, Buf: p})
+		return cl.Do(ctx, &rdma.Op{Kind: kind, Region: r, Offset: off, Buf: p})
 	}
 	o := getOp()
-	o.kind, o.region, o.off, o.buf = rdma.OpWrite, r, uint64(off), p
+	o.kind, o.region, o.off, o.buf = kind, r, uint64(off), p
 	err := cl.run(ctx, o)
 	if err == nil {
 		err = o.err
