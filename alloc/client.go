@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -34,8 +35,10 @@ type Client struct {
 	sess    *session.Conn
 	api     poolv1.PoolClient
 
+	fdMu sync.Mutex                  // serializes calls on the descriptor channel
+	fd   atomic.Pointer[fdpass.Conn] // the descriptor channel; nil until needed
+
 	mu     sync.Mutex
-	fd     *fdpass.Conn
 	data   map[string]rdma.Conn // data-plane connections by address
 	segs   map[*Segment]struct{}
 	closed bool
@@ -101,11 +104,8 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 // dropFD forgets the descriptor channel of a session that broke: the
 // daemon behind it may be a new one.
 func (c *Client) dropFD() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.fd != nil {
-		c.fd.Close()
-		c.fd = nil
+	if fd := c.fd.Swap(nil); fd != nil {
+		fd.Close()
 	}
 }
 
@@ -303,28 +303,35 @@ func (c *Client) fdCall(ctx context.Context, req fdpass.Request) (fdpass.Respons
 	if !ok {
 		deadline = time.Now().Add(c.opts.timeout)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	// One request at a time on the channel; c.mu stays free for segment
+	// operations meanwhile.
+	c.fdMu.Lock()
+	defer c.fdMu.Unlock()
 	for attempt := 0; ; attempt++ {
-		if c.closed {
+		c.mu.Lock()
+		closed := c.closed
+		c.mu.Unlock()
+		if closed {
 			return fdpass.Response{}, fmt.Errorf("client: %w", ErrClosed)
 		}
-		if c.fd == nil {
-			fc, err := fdpass.Dial(c.socket)
-			if err != nil {
+		fc := c.fd.Load()
+		if fc == nil {
+			var err error
+			if fc, err = fdpass.Dial(c.socket); err != nil {
 				return fdpass.Response{}, fmt.Errorf("descriptor channel to %s: %w (%w)", c.socket, err, ErrUnavailable)
 			}
-			c.fd = fc
+			c.fd.Store(fc)
 		}
-		resp, err := c.fd.Do(req, deadline)
+		resp, err := fc.Do(req, deadline)
 		if err == nil {
 			if resp.Err != nil {
 				return fdpass.Response{}, resp.Err
 			}
 			return resp, nil
 		}
-		c.fd.Close()
-		c.fd = nil
+		if c.fd.CompareAndSwap(fc, nil) {
+			fc.Close()
+		}
 		if attempt > 0 || req.Op != fdpass.OpGet {
 			return fdpass.Response{}, fmt.Errorf("descriptor channel to %s: %w (%w)", c.socket, err, ErrUnavailable)
 		}
@@ -359,8 +366,7 @@ func (c *Client) Close() error {
 	c.closed = true
 	segs := c.segs
 	c.segs = nil
-	fd := c.fd
-	c.fd = nil
+	fd := c.fd.Swap(nil) // a call blocked on it fails at once
 	data := c.data
 	c.data = nil
 	c.mu.Unlock()

@@ -36,17 +36,21 @@ func newRemote(info *poolv1.Segment) (*remote, error) {
 	return r, nil
 }
 
+// answers maps the data plane's refusals (the home answered; retrying will
+// not help) to farmem's sentinels.
+var answers = []struct{ from, to error }{
+	{rdma.ErrAccessDenied, ErrAccessDenied},
+	{rdma.ErrOutOfRange, ErrOutOfRange},
+	{rdma.ErrSegmentLost, ErrSegmentLost},
+	{rdma.ErrLeaseExpired, ErrLeaseExpired},
+	{rdma.ErrUnaligned, ErrUnaligned},
+	{rdma.ErrNotSupported, ErrNotSupported},
+}
+
 // rdmaErr maps a data-plane error to farmem's sentinels, keeping both
 // matchable with errors.Is.
 func rdmaErr(err error) error {
-	for _, m := range []struct{ from, to error }{
-		{rdma.ErrAccessDenied, ErrAccessDenied},
-		{rdma.ErrOutOfRange, ErrOutOfRange},
-		{rdma.ErrSegmentLost, ErrSegmentLost},
-		{rdma.ErrLeaseExpired, ErrLeaseExpired},
-		{rdma.ErrUnaligned, ErrUnaligned},
-		{rdma.ErrNotSupported, ErrNotSupported},
-	} {
+	for _, m := range answers {
 		if errors.Is(err, m.from) {
 			return fmt.Errorf("%w (%w)", m.to, err)
 		}
@@ -57,8 +61,8 @@ func rdmaErr(err error) error {
 // final reports whether a data-plane error is the answer (the home refused
 // the operation) rather than a failure to reach the home.
 func final(err error) bool {
-	for _, e := range []error{rdma.ErrAccessDenied, rdma.ErrOutOfRange, rdma.ErrSegmentLost, rdma.ErrLeaseExpired, rdma.ErrUnaligned, rdma.ErrNotSupported} {
-		if errors.Is(err, e) {
+	for _, m := range answers {
+		if errors.Is(err, m.from) {
 			return true
 		}
 	}
