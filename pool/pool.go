@@ -733,19 +733,13 @@ func (p *Pool) tiers() []*poolv1.TierInfo {
 			ti.Free += st.Free
 		}
 		ti.Devices = append(ti.Devices, d.Name())
+		ti.Segments += int64(st.Allocated) // one extent per segment on the device
 		largest[d.tier] = max(largest[d.tier], st.LargestFree)
 		if d.note != "" {
 			if ti.Note != "" {
 				ti.Note += "; "
 			}
 			ti.Note += d.note
-		}
-	}
-	for _, r := range p.segs {
-		for t, ti := range byTier {
-			if tierName(t) == r.Tier && r.Home == "" {
-				ti.Segments++
-			}
 		}
 	}
 	out := make([]*poolv1.TierInfo, 0, len(order)+1)
