@@ -33,9 +33,13 @@ func TestFiveNodesSeeEachOtherWithMeta(t *testing.T) {
 	s := cs[0].Stats()
 	require.Equal(t, 5, s.Alive)
 	require.Zero(t, s.Dead+s.Left+s.Suspect+s.BadMeta)
-	require.NotZero(t, s.PacketBytesSent)
-	require.NotZero(t, s.PacketBytesReceived)
 	require.NotZero(t, s.StreamBytesReceived, "n0 served four joins over streams")
+	// Joins travel over streams; the first gossip packets follow on the
+	// probe and gossip timers, so wait for them rather than race them.
+	waitFor(t, "n0 has sent and received gossip packets", func() bool {
+		s := cs[0].Stats()
+		return s.PacketBytesSent > 0 && s.PacketBytesReceived > 0
+	})
 }
 
 func TestSetMetaPropagates(t *testing.T) {
