@@ -105,6 +105,10 @@ type Config struct {
 	// /metrics and health on /healthz and /readyz, e.g. 127.0.0.1:9464.
 	// Default: "" (none).
 	Metrics string `yaml:"metrics"`
+
+	// sim holds hooks that only this package's tests set, to run hundreds
+	// of daemons in one process (see simhooks.go); the zero value is poold's.
+	sim simHooks
 }
 
 // ErrConfig marks a configuration that cannot be used.

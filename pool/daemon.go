@@ -108,10 +108,10 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}()
 	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, health: newHealth(), ops: ops}
 	p.setHMAT(inv)
-	d.grpc = grpc.NewServer(
+	d.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(peerCreds{}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
-	)
+	}, cfg.sim.grpc...)...)
 	poolv1.RegisterPoolServer(d.grpc, &service{d: d})
 	d.health.register(d.grpc)
 	d.mux = newMux(l, d.allow, d.serveFD, func(msg string, args ...any) { log.Warn(msg, args...) })
@@ -120,7 +120,9 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			d.mux.shutdown()
 			return nil, fmt.Errorf("listen %s: %w (choose another with --listen)", cfg.Listen, err)
 		}
-		d.tcp = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}))
+		d.tcp = grpc.NewServer(append([]grpc.ServerOption{
+			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+		}, cfg.sim.grpc...)...)
 		poolv1.RegisterPoolServer(d.tcp, &service{d: d})
 		d.health.register(d.tcp)
 		log.Warn("control plane on TCP without TLS: anyone who reaches it can allocate and free; use it only on a trusted network", "listen", d.tcpL.Addr().String())

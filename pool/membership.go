@@ -30,6 +30,11 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 	cc := cluster.DefaultConfig()
 	cc.Name, cc.BindAddr, cc.BindPort, cc.Logger = d.cfg.Node, host, pn, d.log
 	cc.Profile, cc.Join = d.cfg.GossipProfile, d.cfg.Join
+	if d.cfg.sim.cluster != nil {
+		if err := d.cfg.sim.cluster(&cc); err != nil {
+			return fmt.Errorf("gossip on %s: %w", d.cfg.Gossip, err)
+		}
+	}
 	meta := cluster.Meta{Proto: protoVersion, GRPCAddr: grpcAddr, Tiers: d.pool.gossipTiers()}
 	if d.pool.dp != nil {
 		meta.DataAddr = d.pool.dp.addr

@@ -1,0 +1,21 @@
+package pool
+
+import (
+	"google.golang.org/grpc"
+
+	"github.com/farmem/farmem/internal/cluster"
+)
+
+// simHooks let this package's tests run hundreds of daemons in one process
+// (scale_test.go) through the daemon's own code: the zero value is what
+// poold runs, and no flag or YAML key sets them. They are a plain value,
+// copied with the Config.
+type simHooks struct {
+	// cluster adjusts the gossip configuration before the node starts, e.g.
+	// an in-memory transport (internal/cluster/memnet) instead of UDP and
+	// TCP sockets, or other timing; an error fails the daemon's start.
+	cluster func(*cluster.Config) error
+	// grpc are extra options for both control-plane gRPC servers (unix
+	// socket and Listen), e.g. interceptors that count calls.
+	grpc []grpc.ServerOption
+}
