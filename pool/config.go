@@ -84,13 +84,13 @@ type Config struct {
 	// trusts every local client with all of them. Default: false, and devdax
 	// segments cannot be mapped by clients until it is set.
 	AllowDevdaxFD bool `yaml:"allow-devdax-fd"`
-	// MetadataFsync makes every metadata commit wait for fsync, so the
-	// segment table survives a power loss or kernel crash, at about a
-	// millisecond per change on ordinary disks. Without it (the default),
-	// commits reach the kernel before the reply, which survives any crash
-	// of poold itself (kill -9 included) but not of the host — matching
-	// the memory it describes, whose contents a host crash loses anyway
-	// (DRAM, tmpfs, volatile CXL). Set it for persistent-memory devices.
+	// MetadataFsync makes every metadata commit (allocation, free, name,
+	// attach) wait for fsync before the reply, so the segment table
+	// survives a power loss or kernel crash as well as a crash of poold.
+	// Concurrent commits share one fsync. Default: true. Turning it off is
+	// unsafe: commits then only reach the kernel before the reply, which
+	// survives kill -9 of poold but not a host crash, after which an
+	// acknowledged allocation or free can be missing from the table.
 	MetadataFsync bool `yaml:"metadata-fsync"`
 	// MeasureTiers makes the daemon measure each tier it offers (load
 	// latency, bandwidth; one-sided reads for the rdma tier) in the
@@ -118,19 +118,20 @@ var ErrConfig = errors.New("bad configuration")
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	c := Config{
-		Node:         host,
-		SysfsRoot:    "/sys",
-		DevRoot:      "/",
-		EmulateCXL:   size.GiB,
-		LocalSize:    size.GiB,
-		ExportSize:   size.GiB,
-		DataListen:   "127.0.0.1:0",
-		LeaseTTL:     10 * time.Second,
-		LogLevel:     "info",
-		MeasureTiers: true,
-		LogFormat:    "text",
-		DataDir:      DefaultDataDir(),
-		Socket:       DefaultSocket(),
+		Node:          host,
+		SysfsRoot:     "/sys",
+		DevRoot:       "/",
+		EmulateCXL:    size.GiB,
+		LocalSize:     size.GiB,
+		ExportSize:    size.GiB,
+		DataListen:    "127.0.0.1:0",
+		LeaseTTL:      10 * time.Second,
+		MetadataFsync: true,
+		LogLevel:      "info",
+		MeasureTiers:  true,
+		LogFormat:     "text",
+		DataDir:       DefaultDataDir(),
+		Socket:        DefaultSocket(),
 	}
 	return c
 }

@@ -334,8 +334,31 @@ func (p *Pool) Alloc(ctx context.Context, c caller, req AllocRequest) (*record, 
 }
 
 // allocLocal places a segment on one of this daemon's devices of tier t,
-// or says why none could take it.
+// or says why none could take it. The placement is made under p.mu and
+// committed outside it, so that concurrent allocations share a metadata
+// commit (see store); until the commit is done the segment is in no
+// listing, and its name and extent are taken.
 func (p *Pool) allocLocal(c caller, t poolv1.Tier, req AllocRequest) (*record, []string, error) {
+	r, tried, err := p.place(c, t, req)
+	if r == nil {
+		return nil, tried, err
+	}
+	err = p.st.put(r)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.unplace(r)
+		return nil, nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
+	}
+	p.segs[r.ID] = r
+	p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
+	cp := *r // the table's record changes under p.mu; callers get a copy
+	return &cp, nil, nil
+}
+
+// place reserves an extent, an id and the name for a new segment on a
+// device of tier t and creates its backing, not yet committed.
+func (p *Pool) place(c caller, t poolv1.Tier, req AllocRequest) (*record, []string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -355,9 +378,7 @@ func (p *Pool) allocLocal(c caller, t poolv1.Tier, req AllocRequest) (*record, [
 		seen = true
 		r, err := p.allocOn(c, d, req)
 		if err == nil {
-			p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
-			cp := *r // the table's record changes under p.mu; callers get a copy
-			return &cp, nil, nil
+			return r, nil, nil
 		}
 		if !errors.Is(err, extent.ErrNoSpace) {
 			return nil, nil, err
@@ -420,19 +441,23 @@ func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
 		r.Key = key.String()
 	}
 	b.File.Close()
-	if err := p.st.put(r); err != nil {
-		if r.Key != "" {
-			p.dp.revoke(id)
-		}
-		d.Remove(id, off, length)
-		d.ext.Free(off, length)
-		return nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
-	}
-	p.segs[id] = r
 	if r.Name != "" {
 		p.names[r.Name] = id
 	}
 	return r, nil
+}
+
+// unplace undoes a placement whose commit failed.
+func (p *Pool) unplace(r *record) {
+	if r.Key != "" {
+		p.dp.revoke(r.ID)
+	}
+	if r.Name != "" && p.names[r.Name] == r.ID {
+		delete(p.names, r.Name)
+	}
+	d := p.device(r.Device)
+	d.Remove(r.ID, r.Offset, r.Extent)
+	d.ext.Free(r.Offset, r.Extent)
 }
 
 func roundUp(n, align int64) int64 { return (n + align - 1) / align * align }
@@ -485,17 +510,44 @@ func (p *Pool) Free(c caller, id uint64, name string) error {
 	if !mayUse(c, r) {
 		return fmt.Errorf("free segment %d: %w", r.ID, errs.ErrAccessDenied)
 	}
-	return p.freeLocked(r, "freed")
+	// Out of the table while the removal commits outside p.mu (grouped
+	// with concurrent commits): nobody else frees, maps or reclaims it
+	// meanwhile. A crash before the commit leaves it whole, as never freed.
+	p.unlink(r)
+	p.mu.Unlock()
+	err = p.st.delete(r.ID)
+	p.mu.Lock()
+	if err != nil {
+		p.segs[r.ID] = r
+		if r.Name != "" {
+			p.names[r.Name] = r.ID
+		}
+		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
+	}
+	p.release(r, "freed")
+	return nil
+}
+
+// unlink takes a record out of the table, not the store.
+func (p *Pool) unlink(r *record) {
+	delete(p.segs, r.ID)
+	if r.Name != "" && p.names[r.Name] == r.ID {
+		delete(p.names, r.Name)
+	}
 }
 
 func (p *Pool) freeLocked(r *record, reason string) error {
 	if err := p.st.delete(r.ID); err != nil {
 		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
 	}
-	delete(p.segs, r.ID)
-	if r.Name != "" {
-		delete(p.names, r.Name)
-	}
+	p.unlink(r)
+	p.release(r, reason)
+	return nil
+}
+
+// release returns a record's memory once its removal is committed: the
+// data plane fences it, its backing goes and its extent is free again.
+func (p *Pool) release(r *record, reason string) {
 	if r.Home != "" {
 		p.peers.freeLater(r.Home, r.HomeID)
 	} else if r.Key != "" && p.dp != nil {
@@ -511,7 +563,6 @@ func (p *Pool) freeLocked(r *record, reason string) error {
 	}
 	p.metrics.released(r, reason)
 	p.log.Debug("segment released", "segment", r.ID, "reason", reason, "size", r.Size, "owner", r.Owner)
-	return nil
 }
 
 // Attach gives the caller access to a named segment.

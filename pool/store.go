@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -44,11 +45,27 @@ var (
 )
 
 // store is the durable segment table: every change is committed before the
-// daemon acknowledges it — written to the kernel, and fsynced too when
-// Config.MetadataFsync is set (see there for why that is not the default).
-// It is safe for concurrent use, as bbolt is.
+// daemon acknowledges it, and fsynced too unless Config.MetadataFsync was
+// turned off. It is safe for concurrent use.
+//
+// Commits are grouped: a caller that finds no commit running runs one with
+// every change queued so far, and callers that arrive meanwhile wait and are
+// committed together by the next one. A lone change costs one transaction
+// and no added delay (bbolt's own Batch waits up to MaxBatchDelay, 10ms by
+// default, for company); concurrent changes share one fsync.
 type store struct {
 	db *bolt.DB
+
+	mu      sync.Mutex
+	queue   []*change
+	running bool // a caller is committing the queue
+}
+
+// change is one queued update and where its outcome goes.
+type change struct {
+	fn   func(*bolt.Tx) error
+	done chan error
+	lead chan struct{} // receives when this caller is to commit the queue
 }
 
 func openStore(dir string, fsync bool) (*store, error) {
@@ -73,6 +90,66 @@ func openStore(dir string, fsync bool) (*store, error) {
 		return nil, fmt.Errorf("metadata store %s: %w", path, err)
 	}
 	return &store{db: db}, nil
+}
+
+// update commits fn, grouped with concurrent updates (see store). fn must
+// only touch its own keys: it may run in one transaction with others', and
+// again on its own when another in its group fails.
+func (s *store) update(fn func(*bolt.Tx) error) error {
+	c := &change{fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.queue = append(s.queue, c)
+	if !s.running {
+		s.running = true
+		c.lead <- struct{}{}
+	}
+	s.mu.Unlock()
+	for {
+		select {
+		case err := <-c.done:
+			return err
+		case <-c.lead:
+			// c is queued, so the group holds it: one commit and c is done.
+			s.mu.Lock()
+			group := s.queue
+			s.queue = nil
+			s.mu.Unlock()
+			s.commit(group)
+			// Hand the next group to one of its own callers rather than
+			// commit it here: no caller waits for more than two commits.
+			s.mu.Lock()
+			if len(s.queue) > 0 {
+				s.queue[0].lead <- struct{}{}
+			} else {
+				s.running = false
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// commit runs a group in one transaction; when that fails, it runs each
+// change in a transaction of its own, so that one bad change fails alone.
+func (s *store) commit(group []*change) {
+	if len(group) > 1 {
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			for _, c := range group {
+				if err := c.fn(tx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err == nil {
+			for _, c := range group {
+				c.done <- nil
+			}
+			return
+		}
+	}
+	for _, c := range group {
+		c.done <- s.db.Update(c.fn)
+	}
 }
 
 func idKey(id uint64) []byte { return binary.BigEndian.AppendUint64(nil, id) }
@@ -103,7 +180,7 @@ func (s *store) load() ([]*record, uint64, error) {
 // reserveIDs makes ids below next durable as used, so that an id is never
 // handed out twice across a crash.
 func (s *store) reserveIDs(next uint64) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put(keyNextID, idKey(next))
 	})
 }
@@ -114,14 +191,14 @@ func (s *store) put(r *record) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSegments).Put(idKey(r.ID), v)
 	})
 }
 
 // delete commits the removal of some records.
 func (s *store) delete(ids ...uint64) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSegments)
 		for _, id := range ids {
 			if err := b.Delete(idKey(id)); err != nil {

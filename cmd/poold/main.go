@@ -83,7 +83,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.Var(&cfg.LocalSize, "local-size", "capacity of the local DRAM tier (0 disables)")
 	f.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long a client's unnamed segments outlive its last session")
 	f.BoolVar(&cfg.AllowDevdaxFD, "allow-devdax-fd", cfg.AllowDevdaxFD, "hand whole devdax devices to clients (one descriptor reaches every segment on the device)")
-	f.BoolVar(&cfg.MetadataFsync, "metadata-fsync", cfg.MetadataFsync, "fsync every metadata commit (survives host crashes; ~1ms per change)")
+	f.BoolVar(&cfg.MetadataFsync, "metadata-fsync", cfg.MetadataFsync, "fsync every metadata commit before the reply (default); --metadata-fsync=false is unsafe: a host crash can then lose acknowledged allocations and frees")
 	f.BoolVar(&cfg.MeasureTiers, "measure-tiers", cfg.MeasureTiers, "measure each tier's latency and bandwidth in the background at start (briefly takes up to 64MiB of each tier)")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
