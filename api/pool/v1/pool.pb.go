@@ -942,10 +942,13 @@ type Segment struct {
 	Attached           []string               `protobuf:"bytes,18,rep,name=attached,proto3" json:"attached,omitempty"`                  // client ids that attached it by name
 	// For rdma segments: where and how to reach the memory with one-sided
 	// operations. home_id is the segment's id on its home node (node).
-	DataAddr      string `protobuf:"bytes,19,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
-	Key           []byte `protobuf:"bytes,20,opt,name=key,proto3" json:"key,omitempty"`
-	HomeId        uint64 `protobuf:"varint,21,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"`
-	Transport     string `protobuf:"bytes,22,opt,name=transport,proto3" json:"transport,omitempty"` // tcp, verbs, loopback
+	DataAddr  string `protobuf:"bytes,19,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	Key       []byte `protobuf:"bytes,20,opt,name=key,proto3" json:"key,omitempty"`
+	HomeId    uint64 `protobuf:"varint,21,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"`
+	Transport string `protobuf:"bytes,22,opt,name=transport,proto3" json:"transport,omitempty"` // tcp, verbs, loopback
+	// Latency emulation the daemon asks the client to apply to this
+	// segment's ReadAt, WriteAt and atomics; unset when none.
+	Injected      *Emulation `protobuf:"bytes,23,opt,name=injected,proto3" json:"injected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1134,6 +1137,13 @@ func (x *Segment) GetTransport() string {
 	return ""
 }
 
+func (x *Segment) GetInjected() *Emulation {
+	if x != nil {
+		return x.Injected
+	}
+	return nil
+}
+
 type TiersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1302,8 +1312,15 @@ type TierInfo struct {
 	Fragmentation     float64                `protobuf:"fixed64,14,opt,name=fragmentation,proto3" json:"fragmentation,omitempty"` // 1 - largest free extent / free bytes
 	Note              string                 `protobuf:"bytes,15,opt,name=note,proto3" json:"note,omitempty"`                     // one line a person reads: why emulated, what is injected
 	NumaNode          int32                  `protobuf:"varint,16,opt,name=numa_node,json=numaNode,proto3" json:"numa_node,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Latency emulation on this tier; unset when none. When set,
+	// read_latency and write_latency are the injected figures (source
+	// "injected") and the measured_* fields hold what was measured of the
+	// tier's real memory.
+	Injected             *Emulation `protobuf:"bytes,17,opt,name=injected,proto3" json:"injected,omitempty"`
+	MeasuredReadLatency  *Latency   `protobuf:"bytes,18,opt,name=measured_read_latency,json=measuredReadLatency,proto3" json:"measured_read_latency,omitempty"`
+	MeasuredWriteLatency *Latency   `protobuf:"bytes,19,opt,name=measured_write_latency,json=measuredWriteLatency,proto3" json:"measured_write_latency,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *TierInfo) Reset() {
@@ -1448,6 +1465,118 @@ func (x *TierInfo) GetNumaNode() int32 {
 	return 0
 }
 
+func (x *TierInfo) GetInjected() *Emulation {
+	if x != nil {
+		return x.Injected
+	}
+	return nil
+}
+
+func (x *TierInfo) GetMeasuredReadLatency() *Latency {
+	if x != nil {
+		return x.MeasuredReadLatency
+	}
+	return nil
+}
+
+func (x *TierInfo) GetMeasuredWriteLatency() *Latency {
+	if x != nil {
+		return x.MeasuredWriteLatency
+	}
+	return nil
+}
+
+// Emulation is latency injected into a tier's calls by the client library
+// (poold --emulate-latency): a call moving n bytes takes latency_ns +
+// n / bandwidth_bps. Direct loads and stores cannot be slowed.
+type Emulation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LatencyNs     int64                  `protobuf:"varint,1,opt,name=latency_ns,json=latencyNs,proto3" json:"latency_ns,omitempty"`
+	BandwidthBps  int64                  `protobuf:"varint,2,opt,name=bandwidth_bps,json=bandwidthBps,proto3" json:"bandwidth_bps,omitempty"` // 0: no cap
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Emulation) Reset() {
+	*x = Emulation{}
+	mi := &file_pool_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Emulation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Emulation) ProtoMessage() {}
+
+func (x *Emulation) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Emulation.ProtoReflect.Descriptor instead.
+func (*Emulation) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Emulation) GetLatencyNs() int64 {
+	if x != nil {
+		return x.LatencyNs
+	}
+	return 0
+}
+
+func (x *Emulation) GetBandwidthBps() int64 {
+	if x != nil {
+		return x.BandwidthBps
+	}
+	return 0
+}
+
+type MeasureTiersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MeasureTiersRequest) Reset() {
+	*x = MeasureTiersRequest{}
+	mi := &file_pool_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MeasureTiersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MeasureTiersRequest) ProtoMessage() {}
+
+func (x *MeasureTiersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MeasureTiersRequest.ProtoReflect.Descriptor instead.
+func (*MeasureTiersRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{20}
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1456,7 +1585,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_pool_proto_msgTypes[19]
+	mi := &file_pool_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1597,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[19]
+	mi := &file_pool_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1610,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{19}
+	return file_pool_proto_rawDescGZIP(), []int{21}
 }
 
 type StatusResponse struct {
@@ -1507,7 +1636,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_pool_proto_msgTypes[20]
+	mi := &file_pool_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1519,7 +1648,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[20]
+	mi := &file_pool_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1532,7 +1661,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{20}
+	return file_pool_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -1636,7 +1765,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_pool_proto_msgTypes[21]
+	mi := &file_pool_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1777,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[21]
+	mi := &file_pool_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +1790,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{21}
+	return file_pool_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ClientInfo) GetId() string {
@@ -1739,7 +1868,7 @@ type TierOps struct {
 
 func (x *TierOps) Reset() {
 	*x = TierOps{}
-	mi := &file_pool_proto_msgTypes[22]
+	mi := &file_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1880,7 @@ func (x *TierOps) String() string {
 func (*TierOps) ProtoMessage() {}
 
 func (x *TierOps) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[22]
+	mi := &file_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +1893,7 @@ func (x *TierOps) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierOps.ProtoReflect.Descriptor instead.
 func (*TierOps) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{22}
+	return file_pool_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TierOps) GetTier() Tier {
@@ -1831,7 +1960,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +1972,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +1985,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{23}
+	return file_pool_proto_rawDescGZIP(), []int{25}
 }
 
 // NodeInfo is one cluster member.
@@ -1876,7 +2005,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1888,7 +2017,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1901,7 +2030,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{24}
+	return file_pool_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1971,7 +2100,7 @@ type NodeTier struct {
 
 func (x *NodeTier) Reset() {
 	*x = NodeTier{}
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2112,7 @@ func (x *NodeTier) String() string {
 func (*NodeTier) ProtoMessage() {}
 
 func (x *NodeTier) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2125,7 @@ func (x *NodeTier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTier.ProtoReflect.Descriptor instead.
 func (*NodeTier) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{25}
+	return file_pool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *NodeTier) GetTier() string {
@@ -2029,7 +2158,7 @@ type NodesResponse struct {
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2041,7 +2170,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2054,7 +2183,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{26}
+	return file_pool_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NodesResponse) GetNodes() []*NodeInfo {
@@ -2074,7 +2203,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2086,7 +2215,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2099,7 +2228,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{27}
+	return file_pool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -2124,7 +2253,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2265,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2278,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{28}
+	return file_pool_proto_rawDescGZIP(), []int{30}
 }
 
 var File_pool_proto protoreflect.FileDescriptor
@@ -2203,7 +2332,7 @@ const file_pool_proto_rawDesc = "" +
 	"\fListResponse\x123\n" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xf0\x04\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xa7\x05\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
@@ -2227,7 +2356,8 @@ const file_pool_proto_rawDesc = "" +
 	"\tdata_addr\x18\x13 \x01(\tR\bdataAddr\x12\x10\n" +
 	"\x03key\x18\x14 \x01(\fR\x03key\x12\x17\n" +
 	"\ahome_id\x18\x15 \x01(\x04R\x06homeId\x12\x1c\n" +
-	"\ttransport\x18\x16 \x01(\tR\ttransport\"\x0e\n" +
+	"\ttransport\x18\x16 \x01(\tR\ttransport\x125\n" +
+	"\binjected\x18\x17 \x01(\v2\x19.farmem.pool.v1.EmulationR\binjected\"\x0e\n" +
 	"\fTiersRequest\"?\n" +
 	"\rTiersResponse\x12.\n" +
 	"\x05tiers\x18\x01 \x03(\v2\x18.farmem.pool.v1.TierInfoR\x05tiers\"i\n" +
@@ -2235,7 +2365,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x06p50_ns\x18\x01 \x01(\x03R\x05p50Ns\x12\x15\n" +
 	"\x06p99_ns\x18\x02 \x01(\x03R\x05p99Ns\x12\x18\n" +
 	"\asamples\x18\x03 \x01(\x03R\asamples\x12\x16\n" +
-	"\x06source\x18\x04 \x01(\tR\x06source\"\xdc\x04\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\"\xaf\x06\n" +
 	"\bTierInfo\x12(\n" +
 	"\x04tier\x18\x01 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1a\n" +
@@ -2253,7 +2383,15 @@ const file_pool_proto_rawDesc = "" +
 	"\bsegments\x18\r \x01(\x03R\bsegments\x12$\n" +
 	"\rfragmentation\x18\x0e \x01(\x01R\rfragmentation\x12\x12\n" +
 	"\x04note\x18\x0f \x01(\tR\x04note\x12\x1b\n" +
-	"\tnuma_node\x18\x10 \x01(\x05R\bnumaNode\"\x0f\n" +
+	"\tnuma_node\x18\x10 \x01(\x05R\bnumaNode\x125\n" +
+	"\binjected\x18\x11 \x01(\v2\x19.farmem.pool.v1.EmulationR\binjected\x12K\n" +
+	"\x15measured_read_latency\x18\x12 \x01(\v2\x17.farmem.pool.v1.LatencyR\x13measuredReadLatency\x12M\n" +
+	"\x16measured_write_latency\x18\x13 \x01(\v2\x17.farmem.pool.v1.LatencyR\x14measuredWriteLatency\"O\n" +
+	"\tEmulation\x12\x1d\n" +
+	"\n" +
+	"latency_ns\x18\x01 \x01(\x03R\tlatencyNs\x12#\n" +
+	"\rbandwidth_bps\x18\x02 \x01(\x03R\fbandwidthBps\"\x15\n" +
+	"\x13MeasureTiersRequest\"\x0f\n" +
 	"\rStatusRequest\"\x96\x03\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
@@ -2321,7 +2459,7 @@ const file_pool_proto_rawDesc = "" +
 	"\fSegmentState\x12\x1d\n" +
 	"\x19SEGMENT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SEGMENT_STATE_ACTIVE\x10\x01\x12\x16\n" +
-	"\x12SEGMENT_STATE_LOST\x10\x022\xb7\x05\n" +
+	"\x12SEGMENT_STATE_LOST\x10\x022\x8b\x06\n" +
 	"\x04Pool\x12N\n" +
 	"\aSession\x12\x1e.farmem.pool.v1.SessionRequest\x1a\x1f.farmem.pool.v1.SessionResponse(\x010\x01\x12>\n" +
 	"\x05Alloc\x12\x1c.farmem.pool.v1.AllocRequest\x1a\x17.farmem.pool.v1.Segment\x12A\n" +
@@ -2332,7 +2470,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x05Tiers\x12\x1c.farmem.pool.v1.TiersRequest\x1a\x1d.farmem.pool.v1.TiersResponse\x12G\n" +
 	"\x06Status\x12\x1d.farmem.pool.v1.StatusRequest\x1a\x1e.farmem.pool.v1.StatusResponse\x12D\n" +
 	"\x05Nodes\x12\x1c.farmem.pool.v1.NodesRequest\x1a\x1d.farmem.pool.v1.NodesResponse\x12D\n" +
-	"\x05Drain\x12\x1c.farmem.pool.v1.DrainRequest\x1a\x1d.farmem.pool.v1.DrainResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
+	"\x05Drain\x12\x1c.farmem.pool.v1.DrainRequest\x1a\x1d.farmem.pool.v1.DrainResponse\x12R\n" +
+	"\fMeasureTiers\x12#.farmem.pool.v1.MeasureTiersRequest\x1a\x1d.farmem.pool.v1.TiersResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
 
 var (
 	file_pool_proto_rawDescOnce sync.Once
@@ -2347,39 +2486,41 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_pool_proto_goTypes = []any{
-	(Tier)(0),               // 0: farmem.pool.v1.Tier
-	(SegmentState)(0),       // 1: farmem.pool.v1.SegmentState
-	(*SessionRequest)(nil),  // 2: farmem.pool.v1.SessionRequest
-	(*Hello)(nil),           // 3: farmem.pool.v1.Hello
-	(*KeepAlive)(nil),       // 4: farmem.pool.v1.KeepAlive
-	(*SessionResponse)(nil), // 5: farmem.pool.v1.SessionResponse
-	(*SegmentEvents)(nil),   // 6: farmem.pool.v1.SegmentEvents
-	(*Welcome)(nil),         // 7: farmem.pool.v1.Welcome
-	(*KeepAliveAck)(nil),    // 8: farmem.pool.v1.KeepAliveAck
-	(*AllocRequest)(nil),    // 9: farmem.pool.v1.AllocRequest
-	(*FreeRequest)(nil),     // 10: farmem.pool.v1.FreeRequest
-	(*FreeResponse)(nil),    // 11: farmem.pool.v1.FreeResponse
-	(*AttachRequest)(nil),   // 12: farmem.pool.v1.AttachRequest
-	(*ListRequest)(nil),     // 13: farmem.pool.v1.ListRequest
-	(*ListResponse)(nil),    // 14: farmem.pool.v1.ListResponse
-	(*StatRequest)(nil),     // 15: farmem.pool.v1.StatRequest
-	(*Segment)(nil),         // 16: farmem.pool.v1.Segment
-	(*TiersRequest)(nil),    // 17: farmem.pool.v1.TiersRequest
-	(*TiersResponse)(nil),   // 18: farmem.pool.v1.TiersResponse
-	(*Latency)(nil),         // 19: farmem.pool.v1.Latency
-	(*TierInfo)(nil),        // 20: farmem.pool.v1.TierInfo
-	(*StatusRequest)(nil),   // 21: farmem.pool.v1.StatusRequest
-	(*StatusResponse)(nil),  // 22: farmem.pool.v1.StatusResponse
-	(*ClientInfo)(nil),      // 23: farmem.pool.v1.ClientInfo
-	(*TierOps)(nil),         // 24: farmem.pool.v1.TierOps
-	(*NodesRequest)(nil),    // 25: farmem.pool.v1.NodesRequest
-	(*NodeInfo)(nil),        // 26: farmem.pool.v1.NodeInfo
-	(*NodeTier)(nil),        // 27: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),   // 28: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),    // 29: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),   // 30: farmem.pool.v1.DrainResponse
+	(Tier)(0),                   // 0: farmem.pool.v1.Tier
+	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
+	(*SessionRequest)(nil),      // 2: farmem.pool.v1.SessionRequest
+	(*Hello)(nil),               // 3: farmem.pool.v1.Hello
+	(*KeepAlive)(nil),           // 4: farmem.pool.v1.KeepAlive
+	(*SessionResponse)(nil),     // 5: farmem.pool.v1.SessionResponse
+	(*SegmentEvents)(nil),       // 6: farmem.pool.v1.SegmentEvents
+	(*Welcome)(nil),             // 7: farmem.pool.v1.Welcome
+	(*KeepAliveAck)(nil),        // 8: farmem.pool.v1.KeepAliveAck
+	(*AllocRequest)(nil),        // 9: farmem.pool.v1.AllocRequest
+	(*FreeRequest)(nil),         // 10: farmem.pool.v1.FreeRequest
+	(*FreeResponse)(nil),        // 11: farmem.pool.v1.FreeResponse
+	(*AttachRequest)(nil),       // 12: farmem.pool.v1.AttachRequest
+	(*ListRequest)(nil),         // 13: farmem.pool.v1.ListRequest
+	(*ListResponse)(nil),        // 14: farmem.pool.v1.ListResponse
+	(*StatRequest)(nil),         // 15: farmem.pool.v1.StatRequest
+	(*Segment)(nil),             // 16: farmem.pool.v1.Segment
+	(*TiersRequest)(nil),        // 17: farmem.pool.v1.TiersRequest
+	(*TiersResponse)(nil),       // 18: farmem.pool.v1.TiersResponse
+	(*Latency)(nil),             // 19: farmem.pool.v1.Latency
+	(*TierInfo)(nil),            // 20: farmem.pool.v1.TierInfo
+	(*Emulation)(nil),           // 21: farmem.pool.v1.Emulation
+	(*MeasureTiersRequest)(nil), // 22: farmem.pool.v1.MeasureTiersRequest
+	(*StatusRequest)(nil),       // 23: farmem.pool.v1.StatusRequest
+	(*StatusResponse)(nil),      // 24: farmem.pool.v1.StatusResponse
+	(*ClientInfo)(nil),          // 25: farmem.pool.v1.ClientInfo
+	(*TierOps)(nil),             // 26: farmem.pool.v1.TierOps
+	(*NodesRequest)(nil),        // 27: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),            // 28: farmem.pool.v1.NodeInfo
+	(*NodeTier)(nil),            // 29: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),       // 30: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),        // 31: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),       // 32: farmem.pool.v1.DrainResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	3,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -2392,42 +2533,48 @@ var file_pool_proto_depIdxs = []int32{
 	16, // 7: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
 	0,  // 8: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
 	1,  // 9: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
-	20, // 10: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	0,  // 11: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
-	19, // 12: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
-	19, // 13: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
-	19, // 14: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
-	20, // 15: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	23, // 16: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
-	24, // 17: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
-	0,  // 18: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	27, // 19: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	26, // 20: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	2,  // 21: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	9,  // 22: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	10, // 23: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	12, // 24: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	13, // 25: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	15, // 26: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	17, // 27: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	21, // 28: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	25, // 29: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	29, // 30: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	5,  // 31: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	16, // 32: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	11, // 33: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	16, // 34: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	14, // 35: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	16, // 36: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	18, // 37: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	22, // 38: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	28, // 39: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	30, // 40: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	31, // [31:41] is the sub-list for method output_type
-	21, // [21:31] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	21, // 10: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
+	20, // 11: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	0,  // 12: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
+	19, // 13: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
+	19, // 14: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
+	19, // 15: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
+	21, // 16: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
+	19, // 17: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
+	19, // 18: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
+	20, // 19: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	25, // 20: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	26, // 21: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	0,  // 22: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
+	29, // 23: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	28, // 24: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	2,  // 25: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	9,  // 26: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	10, // 27: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	12, // 28: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	13, // 29: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	15, // 30: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	17, // 31: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	23, // 32: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	27, // 33: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	31, // 34: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	22, // 35: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	5,  // 36: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	16, // 37: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	11, // 38: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	16, // 39: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	14, // 40: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	16, // 41: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	18, // 42: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	24, // 43: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	30, // 44: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	32, // 45: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	18, // 46: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	36, // [36:47] is the sub-list for method output_type
+	25, // [25:36] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -2450,7 +2597,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

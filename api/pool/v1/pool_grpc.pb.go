@@ -28,16 +28,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Pool_Session_FullMethodName = "/farmem.pool.v1.Pool/Session"
-	Pool_Alloc_FullMethodName   = "/farmem.pool.v1.Pool/Alloc"
-	Pool_Free_FullMethodName    = "/farmem.pool.v1.Pool/Free"
-	Pool_Attach_FullMethodName  = "/farmem.pool.v1.Pool/Attach"
-	Pool_List_FullMethodName    = "/farmem.pool.v1.Pool/List"
-	Pool_Stat_FullMethodName    = "/farmem.pool.v1.Pool/Stat"
-	Pool_Tiers_FullMethodName   = "/farmem.pool.v1.Pool/Tiers"
-	Pool_Status_FullMethodName  = "/farmem.pool.v1.Pool/Status"
-	Pool_Nodes_FullMethodName   = "/farmem.pool.v1.Pool/Nodes"
-	Pool_Drain_FullMethodName   = "/farmem.pool.v1.Pool/Drain"
+	Pool_Session_FullMethodName      = "/farmem.pool.v1.Pool/Session"
+	Pool_Alloc_FullMethodName        = "/farmem.pool.v1.Pool/Alloc"
+	Pool_Free_FullMethodName         = "/farmem.pool.v1.Pool/Free"
+	Pool_Attach_FullMethodName       = "/farmem.pool.v1.Pool/Attach"
+	Pool_List_FullMethodName         = "/farmem.pool.v1.Pool/List"
+	Pool_Stat_FullMethodName         = "/farmem.pool.v1.Pool/Stat"
+	Pool_Tiers_FullMethodName        = "/farmem.pool.v1.Pool/Tiers"
+	Pool_Status_FullMethodName       = "/farmem.pool.v1.Pool/Status"
+	Pool_Nodes_FullMethodName        = "/farmem.pool.v1.Pool/Nodes"
+	Pool_Drain_FullMethodName        = "/farmem.pool.v1.Pool/Drain"
+	Pool_MeasureTiers_FullMethodName = "/farmem.pool.v1.Pool/MeasureTiers"
 )
 
 // PoolClient is the client API for Pool service.
@@ -67,6 +68,9 @@ type PoolClient interface {
 	Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error)
 	// Drain stops new placements on a node (forwarded to it); its segments stay.
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error)
+	// MeasureTiers measures every tier now (as at start) and returns the
+	// tiers with the fresh figures.
+	MeasureTiers(ctx context.Context, in *MeasureTiersRequest, opts ...grpc.CallOption) (*TiersResponse, error)
 }
 
 type poolClient struct {
@@ -180,6 +184,16 @@ func (c *poolClient) Drain(ctx context.Context, in *DrainRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *poolClient) MeasureTiers(ctx context.Context, in *MeasureTiersRequest, opts ...grpc.CallOption) (*TiersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TiersResponse)
+	err := c.cc.Invoke(ctx, Pool_MeasureTiers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServer is the server API for Pool service.
 // All implementations must embed UnimplementedPoolServer
 // for forward compatibility.
@@ -207,6 +221,9 @@ type PoolServer interface {
 	Nodes(context.Context, *NodesRequest) (*NodesResponse, error)
 	// Drain stops new placements on a node (forwarded to it); its segments stay.
 	Drain(context.Context, *DrainRequest) (*DrainResponse, error)
+	// MeasureTiers measures every tier now (as at start) and returns the
+	// tiers with the fresh figures.
+	MeasureTiers(context.Context, *MeasureTiersRequest) (*TiersResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
 
@@ -246,6 +263,9 @@ func (UnimplementedPoolServer) Nodes(context.Context, *NodesRequest) (*NodesResp
 }
 func (UnimplementedPoolServer) Drain(context.Context, *DrainRequest) (*DrainResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Drain not implemented")
+}
+func (UnimplementedPoolServer) MeasureTiers(context.Context, *MeasureTiersRequest) (*TiersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MeasureTiers not implemented")
 }
 func (UnimplementedPoolServer) mustEmbedUnimplementedPoolServer() {}
 func (UnimplementedPoolServer) testEmbeddedByValue()              {}
@@ -437,6 +457,24 @@ func _Pool_Drain_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Pool_MeasureTiers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MeasureTiersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).MeasureTiers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_MeasureTiers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).MeasureTiers(ctx, req.(*MeasureTiersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Pool_ServiceDesc is the grpc.ServiceDesc for Pool service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -479,6 +517,10 @@ var Pool_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Drain",
 			Handler:    _Pool_Drain_Handler,
+		},
+		{
+			MethodName: "MeasureTiers",
+			Handler:    _Pool_MeasureTiers_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
