@@ -1,0 +1,516 @@
+package coherence
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Link carries a sharer's messages to its segment's home. Call sends one
+// request and returns its reply; Poll returns the messages the home pushed
+// to sharer id, waiting up to wait for one. An error matching
+// ErrSegmentLost is final (the home is gone); any other error is retried.
+// Implementations are safe for concurrent use; Poll is called by one
+// goroutine at a time.
+type Link interface {
+	Call(ctx context.Context, m Message) (Message, error)
+	Poll(ctx context.Context, id SharerID, wait time.Duration) ([]Message, error)
+}
+
+// SharerStats counts what a sharer did. A plain value.
+type SharerStats struct {
+	// Hits counts page accesses served from the cached copy.
+	Hits uint64
+	// Misses counts page accesses that had to ask the home.
+	Misses uint64
+	// Requests counts ReadReq and WriteReq sent (resends included).
+	Requests uint64
+	// Invalidations counts Invalidate messages received.
+	Invalidations uint64
+	// WriteBacks counts WriteBack messages sent.
+	WriteBacks uint64
+	// LeaseWaits counts times the sharer waited for a pushed grant.
+	LeaseWaits uint64
+}
+
+// Sharer is one attachment of a shared segment: a Cache kept coherent with
+// the home's Directory over a Link. It reads pages it holds under an
+// unexpired lease from its own copy, asks the home for the others, answers
+// invalidations from a background poll, renews the leases of pages it owns
+// and writes their data back before those leases run out.
+//
+// Sharer is safe for concurrent use. Its methods copy into and out of the
+// caller's buffers and retain none.
+type Sharer struct {
+	cfg   Config
+	clock Clock
+	link  Link
+	size  int64
+
+	mu      sync.Mutex
+	cache   *Cache
+	lastReq []time.Time   // per page: when its request was last sent
+	changed chan struct{} // closed (and replaced) whenever a grant arrives
+	lostErr error         // data lost in the background, reported by Sync
+
+	hits, misses, requests, invs, wbs, waits atomic.Uint64
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+// NewSharer attaches a sharer with a fresh random id to a segment of size
+// bytes reached over link. It starts two goroutines (the poll and the lease
+// keeper) that Close stops. clock nil means SystemClock.
+func NewSharer(cfg Config, size int64, link Link, clock Clock) (*Sharer, error) {
+	if clock == nil {
+		clock = SystemClock{}
+	}
+	var id SharerID
+	var b [8]byte
+	for id == 0 {
+		rand.Read(b[:])
+		id = SharerID(binary.LittleEndian.Uint64(b[:]))
+	}
+	c, err := NewCache(cfg, id, size)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sharer{cfg: cfg, clock: clock, link: link, size: size, cache: c,
+		lastReq: make([]time.Time, c.Pages()), changed: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(2)
+	go s.pollLoop()
+	go s.keepLoop()
+	return s, nil
+}
+
+// ID returns the sharer's id.
+func (s *Sharer) ID() SharerID { return s.cache.ID() }
+
+// Size returns the segment's size in bytes.
+func (s *Sharer) Size() int64 { return s.size }
+
+// Stats returns the sharer's counters.
+func (s *Sharer) Stats() SharerStats {
+	return SharerStats{Hits: s.hits.Load(), Misses: s.misses.Load(), Requests: s.requests.Load(),
+		Invalidations: s.invs.Load(), WriteBacks: s.wbs.Load(), LeaseWaits: s.waits.Load()}
+}
+
+// ReadAt reads len(p) bytes at off, page by page; each page's part is read
+// atomically (linearizable per page). A read past the end returns io.EOF
+// with the bytes before it.
+func (s *Sharer) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 || off > s.size {
+		return 0, fmt.Errorf("coherence: read at %d of a %d-byte shared segment: %w", off, s.size, ErrOutOfRange)
+	}
+	n := int(min(int64(len(p)), s.size-off))
+	done := 0
+	for done < n {
+		pg, po := s.split(off + int64(done))
+		k := min(n-done, s.cfg.PageSize-po)
+		err := s.access(ctx, pg, false, func(data []byte) bool {
+			copy(p[done:done+k], data[po:])
+			return false
+		})
+		if err != nil {
+			return done, err
+		}
+		done += k
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// WriteAt writes p at off, page by page, each page's part atomically
+// (linearizable per page; a write spanning pages is not atomic as a whole).
+// A write past the end writes nothing and fails with ErrOutOfRange.
+func (s *Sharer) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 || off > s.size || int64(len(p)) > s.size-off {
+		return 0, fmt.Errorf("coherence: write of %d bytes at %d of a %d-byte shared segment: %w", len(p), off, s.size, ErrOutOfRange)
+	}
+	done := 0
+	for done < len(p) {
+		pg, po := s.split(off + int64(done))
+		k := min(len(p)-done, s.cfg.PageSize-po)
+		err := s.access(ctx, pg, true, func(data []byte) bool {
+			copy(data[po:], p[done:done+k])
+			return true
+		})
+		if err != nil {
+			return done, err
+		}
+		done += k
+	}
+	return len(p), nil
+}
+
+func (s *Sharer) split(off int64) (uint32, int) {
+	return uint32(off / int64(s.cfg.PageSize)), int(off % int64(s.cfg.PageSize))
+}
+
+// word checks an atomic's offset and returns its page and offset in it.
+func (s *Sharer) word(off int64) (uint32, int, error) {
+	if off%8 != 0 {
+		return 0, 0, fmt.Errorf("coherence: 64-bit atomic at offset %d: %w", off, ErrUnaligned)
+	}
+	if off < 0 || off > s.size-8 {
+		return 0, 0, fmt.Errorf("coherence: 64-bit atomic at %d of a %d-byte shared segment: %w", off, s.size, ErrOutOfRange)
+	}
+	pg, po := s.split(off)
+	return pg, po, nil
+}
+
+// CompareAndSwap64 replaces the little-endian word at off (a multiple of 8)
+// with new if it equals old, under exclusive ownership of its page, and
+// reports whether it did.
+func (s *Sharer) CompareAndSwap64(ctx context.Context, off int64, old, new uint64) (bool, error) {
+	pg, po, err := s.word(off)
+	if err != nil {
+		return false, err
+	}
+	var swapped bool
+	err = s.access(ctx, pg, true, func(data []byte) bool {
+		if binary.LittleEndian.Uint64(data[po:]) == old {
+			binary.LittleEndian.PutUint64(data[po:], new)
+			swapped = true
+		}
+		return swapped
+	})
+	return swapped, err
+}
+
+// FetchAdd64 adds delta to the little-endian word at off (a multiple of 8)
+// under exclusive ownership of its page and returns the previous value.
+func (s *Sharer) FetchAdd64(ctx context.Context, off int64, delta uint64) (uint64, error) {
+	pg, po, err := s.word(off)
+	if err != nil {
+		return 0, err
+	}
+	var prev uint64
+	err = s.access(ctx, pg, true, func(data []byte) bool {
+		prev = binary.LittleEndian.Uint64(data[po:])
+		binary.LittleEndian.PutUint64(data[po:], prev+delta)
+		return true
+	})
+	return prev, err
+}
+
+// Load64 reads the little-endian word at off (a multiple of 8).
+func (s *Sharer) Load64(ctx context.Context, off int64) (uint64, error) {
+	pg, po, err := s.word(off)
+	if err != nil {
+		return 0, err
+	}
+	var v uint64
+	err = s.access(ctx, pg, false, func(data []byte) bool {
+		v = binary.LittleEndian.Uint64(data[po:])
+		return false
+	})
+	return v, err
+}
+
+// access runs fn on page pg's data once the sharer holds it readable (or,
+// with excl, owned); fn reports whether it changed the data.
+func (s *Sharer) access(ctx context.Context, pg uint32, excl bool, fn func([]byte) bool) error {
+	backoff := time.Duration(0)
+	missed := false
+	for {
+		if s.closed.Load() {
+			return fmt.Errorf("coherence: shared segment: %w", ErrClosed)
+		}
+		s.mu.Lock()
+		now := s.clock.Now()
+		var data []byte
+		var ok bool
+		if excl {
+			data, ok = s.cache.Writable(now, pg)
+		} else {
+			data, ok = s.cache.Readable(now, pg)
+		}
+		if ok {
+			if fn(data) {
+				s.cache.Wrote(pg)
+			}
+			acks := s.cache.Done(pg)
+			s.mu.Unlock()
+			if missed {
+				s.misses.Add(1)
+			} else {
+				s.hits.Add(1)
+			}
+			s.sendAll(acks)
+			return nil
+		}
+		missed = true
+		// Ask the home unless another caller asked for this page just now.
+		resend := s.cfg.Lease / 8
+		ask := !s.cache.Pending(pg) || now.Sub(s.lastReq[pg]) >= resend
+		req, err := s.cache.Request(now, pg, excl)
+		wake := s.changed
+		if err == nil && ask {
+			s.lastReq[pg] = now
+		}
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if !ask {
+			if err := s.wait(ctx, wake, resend); err != nil {
+				return err
+			}
+			continue
+		}
+		s.requests.Add(1)
+		sentAt := now
+		rep, err := s.call(ctx, req)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		err = s.cache.Reply(s.clock.Now(), sentAt, req, rep)
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		switch rep.Kind {
+		case Wait:
+			s.waits.Add(1)
+			if err := s.wait(ctx, wake, resend); err != nil {
+				return err
+			}
+		case Busy:
+			backoff = min(max(2*backoff, 50*time.Microsecond), max(rep.Lease, time.Millisecond), 20*time.Millisecond)
+			if err := s.sleep(ctx, backoff); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// wait blocks until a grant arrives, d passes or ctx ends.
+func (s *Sharer) wait(ctx context.Context, wake <-chan struct{}, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-wake:
+		return nil
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("coherence: waiting for the home's grant: %w", ctx.Err())
+	case <-s.ctx.Done():
+		return fmt.Errorf("coherence: shared segment: %w", ErrClosed)
+	}
+}
+
+func (s *Sharer) sleep(ctx context.Context, d time.Duration) error {
+	return s.wait(ctx, nil, d)
+}
+
+// call sends one request, retrying transport failures until ctx ends.
+func (s *Sharer) call(ctx context.Context, m Message) (Message, error) {
+	backoff := time.Millisecond
+	for {
+		rep, err := s.link.Call(ctx, m)
+		if err == nil {
+			return rep, nil
+		}
+		if errors.Is(err, ErrSegmentLost) {
+			return Message{}, err
+		}
+		if ctx.Err() != nil {
+			return Message{}, fmt.Errorf("coherence: %s for page %d: the home did not answer: %w (%w)", m.Kind, m.Page, err, ErrUnavailable)
+		}
+		if err := s.sleep(ctx, backoff); err != nil {
+			return Message{}, err
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
+}
+
+// sendAll delivers acks in the background, each retried until answered or
+// its usefulness (one lease) has passed.
+func (s *Sharer) sendAll(msgs []Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for _, m := range msgs {
+			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Lease)
+			s.call(ctx, m)
+			cancel()
+		}
+	}()
+}
+
+// pollLoop receives the home's pushes: invalidations (answered at once)
+// and grants that had to wait.
+func (s *Sharer) pollLoop() {
+	defer s.wg.Done()
+	backoff := time.Millisecond
+	for s.ctx.Err() == nil {
+		msgs, err := s.link.Poll(s.ctx, s.ID(), s.cfg.Lease/4)
+		if err != nil {
+			if errors.Is(err, ErrSegmentLost) {
+				s.mu.Lock()
+				s.cache.err = err
+				s.mu.Unlock()
+				return
+			}
+			if s.sleep(s.ctx, backoff) != nil {
+				return
+			}
+			backoff = min(2*backoff, 100*time.Millisecond)
+			continue
+		}
+		backoff = time.Millisecond
+		var acks []Message
+		granted := false
+		s.mu.Lock()
+		now := s.clock.Now()
+		for _, m := range msgs {
+			if m.Kind == Invalidate {
+				s.invs.Add(1)
+			}
+			granted = granted || m.Kind == Grant
+			out, _ := s.cache.Push(now, m)
+			acks = append(acks, out...)
+		}
+		if granted {
+			close(s.changed)
+			s.changed = make(chan struct{})
+		}
+		s.mu.Unlock()
+		s.sendAll(acks)
+	}
+}
+
+// keepLoop renews the leases of owned pages (writing their data back) a
+// half lease before they run out.
+func (s *Sharer) keepLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.Lease / 8)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		now := s.clock.Now()
+		pages, _ := s.cache.Owned()
+		var due []uint32
+		for _, pg := range pages {
+			if e := s.cache.Expiry(pg); now.Before(e) && e.Sub(now) < s.cfg.Lease/2 {
+				due = append(due, pg)
+			}
+		}
+		s.mu.Unlock()
+		if err := s.writeBack(s.ctx, due, KeepModified, false); err != nil && !errors.Is(err, ErrClosed) {
+			s.mu.Lock()
+			s.lostErr = errors.Join(s.lostErr, err)
+			s.mu.Unlock()
+		}
+	}
+}
+
+// writeBack sends a WriteBack of each owned page in pages (only the dirty
+// ones when dirtyOnly) and applies the replies.
+func (s *Sharer) writeBack(ctx context.Context, pages []uint32, mode Mode, dirtyOnly bool) error {
+	var errs []error
+	for _, pg := range pages {
+		s.mu.Lock()
+		owned, dirty := s.cache.Owned()
+		want := false
+		for i, o := range owned {
+			if o == pg && (dirty[i] || !dirtyOnly) {
+				want = true
+			}
+		}
+		var m Message
+		if want {
+			m, want = s.cache.WriteBack(pg, mode)
+		}
+		s.mu.Unlock()
+		if !want {
+			continue
+		}
+		s.wbs.Add(1)
+		sentAt := s.clock.Now()
+		rep, err := s.call(ctx, m)
+		if err == nil {
+			s.mu.Lock()
+			err = s.cache.Reply(s.clock.Now(), sentAt, m, rep)
+			s.mu.Unlock()
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Sync writes every page this sharer modified back to the home. When it
+// returns nil, those writes survive the sharer's death. It also reports
+// writes lost in the background since the last Sync (ErrLeaseExpired) and
+// a lost segment (ErrSegmentLost).
+func (s *Sharer) Sync(ctx context.Context) error {
+	if s.closed.Load() {
+		return fmt.Errorf("coherence: shared segment: %w", ErrClosed)
+	}
+	s.mu.Lock()
+	pages, _ := s.cache.Owned()
+	lost := s.lostErr
+	s.lostErr = nil
+	cerr := s.cache.Err()
+	s.mu.Unlock()
+	return errors.Join(cerr, lost, s.writeBack(ctx, pages, KeepModified, true))
+}
+
+// Close writes owned pages back, releases shared copies and stops the
+// background goroutines. Idempotent; ctx bounds the write-backs.
+func (s *Sharer) Close(ctx context.Context) error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.mu.Lock()
+	pages, _ := s.cache.Owned()
+	var rels []Message
+	for pg := range s.cache.Pages() {
+		if m, ok := s.cache.Release(uint32(pg)); ok {
+			rels = append(rels, m)
+		}
+	}
+	lost := s.lostErr
+	s.mu.Unlock()
+	err := s.writeBack(ctx, pages, KeepNothing, false)
+	for _, m := range rels {
+		s.link.Call(ctx, m) // best effort: the lease ends anyway
+	}
+	s.cancel()
+	s.wg.Wait()
+	return errors.Join(lost, err)
+}
+
+// Abandon stops the sharer without writing anything back, as if its
+// process died: its owned pages' unwritten data is lost and the home
+// reclaims its pages when their leases end. For tests and crash drills.
+func (s *Sharer) Abandon() {
+	s.closed.Store(true)
+	s.cancel()
+	s.wg.Wait()
+}
