@@ -1,0 +1,102 @@
+package certs
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+)
+
+// Files names the three files of one side of a mutual TLS connection. A
+// plain value.
+type Files struct {
+	Cert string // this side's certificate (PEM)
+	Key  string // its private key (PEM)
+	CA   string // the CA certificate(s) the other side must chain to (PEM)
+}
+
+// InDir is the Files of a node or client that Init made in dir.
+func InDir(dir, name string) Files {
+	return Files{Cert: CertFile(dir, name), Key: KeyFile(dir, name), CA: CAFile(dir)}
+}
+
+// IsZero reports whether no file is named.
+func (f Files) IsZero() bool { return f == Files{} }
+
+// Check reports an error naming what is missing when some but not all
+// three files are named. flag prefixes the names in the message, e.g.
+// "--tls-" gives "--tls-cert".
+func (f Files) Check(flag string) error {
+	if f.IsZero() || f.Cert != "" && f.Key != "" && f.CA != "" {
+		return nil
+	}
+	var miss []string
+	for _, m := range []struct{ v, n string }{{f.Cert, "cert"}, {f.Key, "key"}, {f.CA, "ca"}} {
+		if m.v == "" {
+			miss = append(miss, flag+m.n)
+		}
+	}
+	return fmt.Errorf("%w: %v not set: mutual TLS needs a certificate, its key and the CA (make them with 'memctl certs init')", ErrLoad, miss)
+}
+
+func (f Files) load() (tls.Certificate, *x509.CertPool, error) {
+	if err := f.Check("--tls-"); err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	if f.IsZero() {
+		return tls.Certificate{}, nil, fmt.Errorf("%w: no certificate, key or CA named (make them with 'memctl certs init')", ErrLoad)
+	}
+	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("%w: %s with %s: %w", ErrLoad, f.Cert, f.Key, err)
+	}
+	b, err := os.ReadFile(f.CA)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("%w: %w", ErrLoad, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return tls.Certificate{}, nil, fmt.Errorf("%w: %s holds no PEM certificate", ErrLoad, f.CA)
+	}
+	return pair, pool, nil
+}
+
+// Server is the TLS configuration of a server that requires every client
+// to present a certificate chaining to the CA (TLS 1.3 only).
+func (f Files) Server() (*tls.Config, error) {
+	pair, pool, err := f.load()
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		ClientCAs:    pool,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		MinVersion:   tls.VersionTLS13,
+	}, nil
+}
+
+// Client is the TLS configuration of a client that presents its
+// certificate and verifies the server's against the CA. The caller sets
+// ServerName to the host it dials (a name or IP in the server's
+// certificate) when the dialer does not.
+func (f Files) Client() (*tls.Config, error) {
+	pair, pool, err := f.load()
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		RootCAs:      pool,
+		MinVersion:   tls.VersionTLS13,
+	}, nil
+}
+
+// Identity is the common name of the verified peer certificate of a TLS
+// connection, "" when the peer presented none.
+func Identity(cs tls.ConnectionState) string {
+	if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return ""
+	}
+	return cs.VerifiedChains[0][0].Subject.CommonName
+}
