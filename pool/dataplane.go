@@ -72,7 +72,13 @@ func (dp *dataPlane) export(id uint64, b device.Backing, epoch uint64, key *rdma
 }
 
 // revoke withdraws a segment and unmaps it once no operation touches it.
-func (dp *dataPlane) revoke(id uint64) {
+func (dp *dataPlane) revoke(id uint64) { dp.withdraw(id, dp.srv.Revoke) }
+
+// fence withdraws a segment whose lease ended or that was freed: as revoke,
+// and a client that still holds its key is then told ErrLeaseExpired.
+func (dp *dataPlane) fence(id uint64) { dp.withdraw(id, dp.srv.Fence) }
+
+func (dp *dataPlane) withdraw(id uint64, how func(uint64) error) {
 	dp.mu.Lock()
 	m := dp.maps[id]
 	delete(dp.maps, id)
@@ -80,8 +86,8 @@ func (dp *dataPlane) revoke(id uint64) {
 	if m == nil {
 		return
 	}
-	if err := dp.srv.Revoke(id); err != nil {
-		dp.log.Error("revoke segment", "segment", id, "err", err)
+	if err := how(id); err != nil {
+		dp.log.Error("withdraw segment from the data plane", "segment", id, "err", err)
 	}
 	m.Close()
 }

@@ -551,7 +551,7 @@ func (p *Pool) release(r *record, reason string) {
 	if r.Home != "" {
 		p.peers.freeLater(r.Home, r.HomeID)
 	} else if r.Key != "" && p.dp != nil {
-		p.dp.revoke(r.ID)
+		p.dp.fence(r.ID)
 	}
 	if d := p.device(r.Device); d != nil && r.Home == "" {
 		if err := d.Remove(r.ID, r.Offset, r.Extent); err != nil {

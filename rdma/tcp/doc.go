@@ -115,7 +115,10 @@
 //	2 OUT_OF_RANGE    rdma.ErrOutOfRange: offset+length past the segment end
 //	3 SEGMENT_LOST    rdma.ErrSegmentLost: the segment's memory is gone
 //	4 LEASE_EXPIRED   rdma.ErrLeaseExpired: WRITE, CAS or FADD with an epoch
-//	                  older than the segment's (READ is not fenced)
+//	                  older than the segment's (READ is not fenced by epoch);
+//	                  or any op, with the segment's own key, on a segment
+//	                  the server fenced (Server.Fence: its lease ended or it
+//	                  was freed; remembered for the last MaxFenced fences)
 //	5 UNALIGNED       rdma.ErrUnaligned: atomic at an offset not a multiple of 8
 //	6 PROTOCOL        rdma.ErrProtocol
 //	7 UNSUPPORTED     rdma.ErrNotSupported: unknown opcode or flags

@@ -21,6 +21,7 @@ type Server struct {
 
 	expMu   sync.Mutex                         // serialises writers of exports
 	exports atomic.Pointer[map[uint64]*export] // copy on write; read per op without locks
+	fences  fences                             // segments fenced (Fence): their ops get LEASE_EXPIRED
 
 	mu        sync.Mutex
 	closed    bool
@@ -87,6 +88,7 @@ func (s *Server) ExportKey(seg uint64, mem []byte, epoch uint64, key rdma.Key) e
 	}
 	m[seg] = newExport(seg, mem, key, epoch)
 	s.exports.Store(&m)
+	s.fences.forget(seg)
 	return nil
 }
 

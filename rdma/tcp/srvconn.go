@@ -195,13 +195,20 @@ func (c *srvConn) discard(n int) error {
 }
 
 // pin checks the key, state and (for mutating ops) epoch of h's segment and
-// pins it. The key comparison is constant-time.
+// pins it. The key comparison is constant-time. A segment that was fenced
+// answers LEASE_EXPIRED to its own key, ACCESS_DENIED to any other.
 func (c *srvConn) pin(h *reqHeader, mutating bool) (*export, uint16) {
 	e := c.s.lookup(h.seg)
 	if e == nil || subtle.ConstantTimeCompare(e.key[:], h.key[:]) != 1 {
+		if e == nil && c.s.fences.has(h.seg, h.key) {
+			return nil, statusLeaseExpired
+		}
 		return nil, statusAccessDenied
 	}
 	if st := e.acquire(); st != statusOK {
+		if st == statusAccessDenied && c.s.fences.has(h.seg, h.key) {
+			st = statusLeaseExpired // revoked by a Fence in progress
+		}
 		return nil, st
 	}
 	if mutating && h.epoch < e.epoch.Load() {

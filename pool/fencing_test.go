@@ -1,0 +1,121 @@
+package pool
+
+import (
+	"bytes"
+	"crypto/rand"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// newServingPool is a Pool whose rdma tier is served on a loopback data
+// plane, on a clock the test moves.
+func newServingPool(t *testing.T) (*Pool, *time.Time) {
+	cfg := testConfig(t)
+	cfg.ExportSize = 16 * size.MiB
+	cfg.DataListen = "127.0.0.1:0"
+	log := slog.New(slog.DiscardHandler)
+	_, devs, err := discover(cfg, log)
+	require.NoError(t, err)
+	dp, err := newDataPlane(cfg.DataListen, log, nil)
+	require.NoError(t, err)
+	p, err := newPool(cfg, log, devs, dp)
+	require.NoError(t, err)
+	dp.serve()
+	t.Cleanup(func() { require.NoError(t, p.close()) })
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	return p, &now
+}
+
+// region is what a client holds to reach an rdma segment.
+func region(t *testing.T, r *record) rdma.Region {
+	key, err := rdma.ParseKey(r.Key)
+	require.NoError(t, err)
+	return rdma.Region{Segment: r.ID, Key: key, Epoch: r.Epoch}
+}
+
+// TestFencing: a client whose lease ends loses its segment even while it
+// keeps reading (reads are not keep-alives); the memory goes to another
+// client; every write, atomic and read the old client retries is refused
+// with ErrLeaseExpired, and the new owner's bytes are intact. A live
+// segment whose epoch was raised refuses writes with the old epoch.
+func TestFencing(t *testing.T) {
+	p, now := newServingPool(t)
+	ctx := t.Context()
+	p.openSession("s-old", "old", "old", 1, 0)
+	oldC, err := p.callerFor("s-old")
+	require.NoError(t, err)
+	const n = 64 << 10
+	r1, err := p.Alloc(ctx, oldC, AllocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
+	require.NoError(t, err)
+	c, err := tcp.Dial(ctx, p.dp.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	old := region(t, r1)
+	require.NoError(t, c.Write(ctx, old, 0, bytes.Repeat([]byte{0xAA}, n)))
+
+	// The old client's session ends (a partition, a pause); it goes on
+	// reading through the data plane, which does not renew its lease.
+	p.closeSession("s-old")
+	for range 3 {
+		*now = now.Add(p.cfg.LeaseTTL / 2)
+		_ = c.Read(ctx, old, 0, make([]byte, 8))
+		p.reap()
+	}
+	_, err = p.Stat(r1.ID)
+	require.Error(t, err, "the lease ran out although the client kept reading")
+
+	// The same memory goes to a new client.
+	p.openSession("s-new", "new", "new", 2, 0)
+	newC, err := p.callerFor("s-new")
+	require.NoError(t, err)
+	r2, err := p.Alloc(ctx, newC, AllocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
+	require.NoError(t, err)
+	require.Equal(t, [2]any{r1.Device, r1.Offset}, [2]any{r2.Device, r2.Offset}, "the extent is reused")
+	require.NotEqual(t, r1.ID, r2.ID)
+	want := make([]byte, n)
+	rand.Read(want)
+	fresh := region(t, r2)
+	require.NoError(t, c.Write(ctx, fresh, 0, want))
+
+	for _, tc := range []struct {
+		name string
+		op   func() error
+	}{
+		{"write", func() error { return c.Write(ctx, old, 0, bytes.Repeat([]byte{0xAA}, n)) }},
+		{"cas", func() error { _, _, err := c.CompareAndSwap64(ctx, old, 0, 0, 1); return err }},
+		{"fadd", func() error { _, err := c.FetchAdd64(ctx, old, 8, 1); return err }},
+		{"read", func() error { return c.Read(ctx, old, 0, make([]byte, 8)) }},
+	} {
+		t.Run("old owner "+tc.name, func(t *testing.T) {
+			require.ErrorIs(t, tc.op(), rdma.ErrLeaseExpired)
+		})
+	}
+	got := make([]byte, n)
+	require.NoError(t, c.Read(ctx, fresh, 0, got))
+	require.Equal(t, want, got, "the new owner's bytes are intact")
+
+	// The epoch check itself: a raised epoch fences writes carrying the
+	// old one, and reads go on.
+	require.NoError(t, p.dp.srv.SetEpoch(r2.ID, r2.Epoch+1))
+	require.ErrorIs(t, c.Write(ctx, fresh, 0, []byte{1}), rdma.ErrLeaseExpired)
+	_, err = c.FetchAdd64(ctx, fresh, 0, 1)
+	require.ErrorIs(t, err, rdma.ErrLeaseExpired)
+	require.NoError(t, c.Read(ctx, fresh, 0, got))
+	require.Equal(t, want, got)
+	next := fresh
+	next.Epoch++
+	require.NoError(t, c.Write(ctx, next, 0, want[:8]))
+
+	// A free fences the segment too.
+	require.NoError(t, p.Free(newC, r2.ID, ""))
+	require.ErrorIs(t, c.Write(ctx, next, 0, want[:8]), rdma.ErrLeaseExpired)
+}

@@ -1,0 +1,85 @@
+package tcp
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"sync"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// MaxFenced is how many fenced segments a Server remembers, the oldest
+// forgotten first: 16 Ki of them take about 1 MiB. An operation on a
+// segment fenced longer ago than that fails with ErrAccessDenied instead of
+// ErrLeaseExpired; it is refused either way.
+const MaxFenced = 1 << 14
+
+// fences remembers the keys of fenced segments, in a ring. Safe for
+// concurrent use; operations consult it only when their segment is not
+// exported, so the hot path takes no lock.
+type fences struct {
+	mu   sync.Mutex
+	keys map[uint64]rdma.Key
+	ring []uint64
+	next int
+}
+
+func (f *fences) add(seg uint64, key rdma.Key) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.keys == nil {
+		f.keys = make(map[uint64]rdma.Key)
+		f.ring = make([]uint64, MaxFenced)
+	}
+	if _, ok := f.keys[seg]; ok {
+		f.keys[seg] = key
+		return
+	}
+	if old := f.ring[f.next]; old != 0 {
+		delete(f.keys, old)
+	}
+	f.ring[f.next] = seg
+	f.next = (f.next + 1) % len(f.ring)
+	f.keys[seg] = key
+}
+
+// has reports whether seg was fenced under key (constant-time compare).
+func (f *fences) has(seg uint64, key rdma.Key) bool {
+	f.mu.Lock()
+	k, ok := f.keys[seg]
+	f.mu.Unlock()
+	return ok && subtle.ConstantTimeCompare(k[:], key[:]) == 1
+}
+
+// forget drops seg, exported again under the same id.
+func (f *fences) forget(seg uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.keys[seg]; ok {
+		delete(f.keys, seg)
+		for i, s := range f.ring {
+			if s == seg {
+				f.ring[i] = 0
+			}
+		}
+	}
+}
+
+// Fence withdraws segment seg as Revoke does (waiting until no operation
+// touches its memory) and remembers it: an operation that names seg with
+// the key it was exported under then fails with ErrLeaseExpired, not
+// ErrAccessDenied, for the next MaxFenced fences. A daemon fences a segment
+// whose lease ended or that was freed, so that a client that was
+// partitioned or paused past its lease, retrying its writes, learns that
+// the memory is no longer its own; it never reaches the memory, which may
+// belong to another segment by then.
+func (s *Server) Fence(seg uint64) error {
+	e := s.lookup(seg)
+	if e == nil {
+		return fmt.Errorf("rdma/tcp: fence segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	// Remembered before the revocation, so an operation never finds the
+	// segment neither exported nor fenced.
+	s.fences.add(seg, e.key)
+	return s.Revoke(seg)
+}
