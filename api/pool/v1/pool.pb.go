@@ -468,12 +468,16 @@ func (x *SegmentEvents) GetRestored() []uint64 {
 }
 
 type Welcome struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // sent back in the "farmem-session" metadata of later calls
-	LeaseTtlMs    int64                  `protobuf:"varint,2,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
-	Node          string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SessionId  string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // sent back in the "farmem-session" metadata of later calls
+	LeaseTtlMs int64                  `protobuf:"varint,2,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	Node       string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// The credential the session presents in the data plane's handshake
+	// (rdma/tcp hello) to this daemon: random, bound to the client's
+	// identity, refused once the session ends.
+	DataCredential []byte `protobuf:"bytes,4,opt,name=data_credential,json=dataCredential,proto3" json:"data_credential,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -525,6 +529,13 @@ func (x *Welcome) GetNode() string {
 		return x.Node
 	}
 	return ""
+}
+
+func (x *Welcome) GetDataCredential() []byte {
+	if x != nil {
+		return x.DataCredential
+	}
+	return nil
 }
 
 type KeepAliveAck struct {
@@ -948,9 +959,12 @@ type Segment struct {
 	Transport string `protobuf:"bytes,22,opt,name=transport,proto3" json:"transport,omitempty"` // tcp, verbs, loopback
 	// Latency emulation the daemon asks the client to apply to this
 	// segment's ReadAt, WriteAt and atomics; unset when none.
-	Injected      *Emulation `protobuf:"bytes,23,opt,name=injected,proto3" json:"injected,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Injected *Emulation `protobuf:"bytes,23,opt,name=injected,proto3" json:"injected,omitempty"`
+	// For rdma segments: the credential to present in the data-plane
+	// handshake at data_addr (set in replies to a session's own calls).
+	DataCredential []byte `protobuf:"bytes,24,opt,name=data_credential,json=dataCredential,proto3" json:"data_credential,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Segment) Reset() {
@@ -1140,6 +1154,13 @@ func (x *Segment) GetTransport() string {
 func (x *Segment) GetInjected() *Emulation {
 	if x != nil {
 		return x.Injected
+	}
+	return nil
+}
+
+func (x *Segment) GetDataCredential() []byte {
+	if x != nil {
+		return x.DataCredential
 	}
 	return nil
 }
@@ -1629,7 +1650,12 @@ type StatusResponse struct {
 	// segments wait for them to come back before their lease runs out.
 	Clients []*ClientInfo `protobuf:"bytes,11,rep,name=clients,proto3" json:"clients,omitempty"`
 	// Operations since the daemon started, per tier, for rates (memctl top).
-	Ops           []*TierOps `protobuf:"bytes,12,rep,name=ops,proto3" json:"ops,omitempty"`
+	Ops []*TierOps `protobuf:"bytes,12,rep,name=ops,proto3" json:"ops,omitempty"`
+	// The TCP control plane serves without TLS (poold --insecure).
+	Insecure bool `protobuf:"varint,13,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	// Bytes each identity holds per tier, beside its quota (quotas in the
+	// configuration); identities without segments and quota are left out.
+	Quotas        []*QuotaUsage `protobuf:"bytes,14,rep,name=quotas,proto3" json:"quotas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1748,6 +1774,89 @@ func (x *StatusResponse) GetOps() []*TierOps {
 	return nil
 }
 
+func (x *StatusResponse) GetInsecure() bool {
+	if x != nil {
+		return x.Insecure
+	}
+	return false
+}
+
+func (x *StatusResponse) GetQuotas() []*QuotaUsage {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+// QuotaUsage is what one identity holds on one tier, and its quota.
+type QuotaUsage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Identity      string                 `protobuf:"bytes,1,opt,name=identity,proto3" json:"identity,omitempty"` // "uid:1000", "cn:app", or "default" for the default quota
+	Tier          Tier                   `protobuf:"varint,2,opt,name=tier,proto3,enum=farmem.pool.v1.Tier" json:"tier,omitempty"`
+	UsedBytes     int64                  `protobuf:"varint,3,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	QuotaBytes    int64                  `protobuf:"varint,4,opt,name=quota_bytes,json=quotaBytes,proto3" json:"quota_bytes,omitempty"` // 0: no quota
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaUsage) Reset() {
+	*x = QuotaUsage{}
+	mi := &file_pool_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaUsage) ProtoMessage() {}
+
+func (x *QuotaUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaUsage.ProtoReflect.Descriptor instead.
+func (*QuotaUsage) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *QuotaUsage) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
+func (x *QuotaUsage) GetTier() Tier {
+	if x != nil {
+		return x.Tier
+	}
+	return Tier_TIER_UNSPECIFIED
+}
+
+func (x *QuotaUsage) GetUsedBytes() int64 {
+	if x != nil {
+		return x.UsedBytes
+	}
+	return 0
+}
+
+func (x *QuotaUsage) GetQuotaBytes() int64 {
+	if x != nil {
+		return x.QuotaBytes
+	}
+	return 0
+}
+
 // ClientInfo is one client (an application identity) of a daemon.
 type ClientInfo struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
@@ -1759,13 +1868,16 @@ type ClientInfo struct {
 	Bytes              int64                  `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`                                                         // their sizes, summed
 	LeaseExpiresUnixMs int64                  `protobuf:"varint,7,opt,name=lease_expires_unix_ms,json=leaseExpiresUnixMs,proto3" json:"lease_expires_unix_ms,omitempty"` // without a session: when its unpinned segments are reclaimed; else 0
 	Uid                uint32                 `protobuf:"varint,8,opt,name=uid,proto3" json:"uid,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The authenticated identity: "uid:N" on the unix socket, "cn:NAME" of
+	// the client certificate over mutual TLS, "insecure" without either.
+	Identity      string `protobuf:"bytes,9,opt,name=identity,proto3" json:"identity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1889,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1902,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{23}
+	return file_pool_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ClientInfo) GetId() string {
@@ -1849,6 +1961,13 @@ func (x *ClientInfo) GetUid() uint32 {
 	return 0
 }
 
+func (x *ClientInfo) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
 // TierOps counts a tier's operations since the daemon started. The data
 // plane counts only one-sided operations it serves (rdma-tier segments homed
 // on this node); loads and stores to mapped memory never reach the daemon.
@@ -1868,7 +1987,7 @@ type TierOps struct {
 
 func (x *TierOps) Reset() {
 	*x = TierOps{}
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +1999,7 @@ func (x *TierOps) String() string {
 func (*TierOps) ProtoMessage() {}
 
 func (x *TierOps) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +2012,7 @@ func (x *TierOps) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierOps.ProtoReflect.Descriptor instead.
 func (*TierOps) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{24}
+	return file_pool_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TierOps) GetTier() Tier {
@@ -1960,7 +2079,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2091,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2104,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{25}
+	return file_pool_proto_rawDescGZIP(), []int{26}
 }
 
 // NodeInfo is one cluster member.
@@ -2005,7 +2124,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2136,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2149,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{26}
+	return file_pool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -2100,7 +2219,7 @@ type NodeTier struct {
 
 func (x *NodeTier) Reset() {
 	*x = NodeTier{}
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2112,7 +2231,7 @@ func (x *NodeTier) String() string {
 func (*NodeTier) ProtoMessage() {}
 
 func (x *NodeTier) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2125,7 +2244,7 @@ func (x *NodeTier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTier.ProtoReflect.Descriptor instead.
 func (*NodeTier) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{27}
+	return file_pool_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NodeTier) GetTier() string {
@@ -2158,7 +2277,7 @@ type NodesResponse struct {
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2170,7 +2289,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2183,7 +2302,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{28}
+	return file_pool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodesResponse) GetNodes() []*NodeInfo {
@@ -2203,7 +2322,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_pool_proto_msgTypes[29]
+	mi := &file_pool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +2334,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[29]
+	mi := &file_pool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +2347,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{29}
+	return file_pool_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -2253,7 +2372,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2384,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2397,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{30}
+	return file_pool_proto_rawDescGZIP(), []int{31}
 }
 
 var File_pool_proto protoreflect.FileDescriptor
@@ -2305,13 +2424,14 @@ const file_pool_proto_rawDesc = "" +
 	"\x03msg\"?\n" +
 	"\rSegmentEvents\x12\x12\n" +
 	"\x04lost\x18\x01 \x03(\x04R\x04lost\x12\x1a\n" +
-	"\brestored\x18\x02 \x03(\x04R\brestored\"^\n" +
+	"\brestored\x18\x02 \x03(\x04R\brestored\"\x87\x01\n" +
 	"\aWelcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12 \n" +
 	"\flease_ttl_ms\x18\x02 \x01(\x03R\n" +
 	"leaseTtlMs\x12\x12\n" +
-	"\x04node\x18\x03 \x01(\tR\x04node\"A\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12'\n" +
+	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\"A\n" +
 	"\fKeepAliveAck\x121\n" +
 	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xc9\x01\n" +
 	"\fAllocRequest\x12\x12\n" +
@@ -2332,7 +2452,7 @@ const file_pool_proto_rawDesc = "" +
 	"\fListResponse\x123\n" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xa7\x05\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xd0\x05\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
@@ -2357,7 +2477,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x03key\x18\x14 \x01(\fR\x03key\x12\x17\n" +
 	"\ahome_id\x18\x15 \x01(\x04R\x06homeId\x12\x1c\n" +
 	"\ttransport\x18\x16 \x01(\tR\ttransport\x125\n" +
-	"\binjected\x18\x17 \x01(\v2\x19.farmem.pool.v1.EmulationR\binjected\"\x0e\n" +
+	"\binjected\x18\x17 \x01(\v2\x19.farmem.pool.v1.EmulationR\binjected\x12'\n" +
+	"\x0fdata_credential\x18\x18 \x01(\fR\x0edataCredential\"\x0e\n" +
 	"\fTiersRequest\"?\n" +
 	"\rTiersResponse\x12.\n" +
 	"\x05tiers\x18\x01 \x03(\v2\x18.farmem.pool.v1.TierInfoR\x05tiers\"i\n" +
@@ -2392,7 +2513,7 @@ const file_pool_proto_rawDesc = "" +
 	"latency_ns\x18\x01 \x01(\x03R\tlatencyNs\x12#\n" +
 	"\rbandwidth_bps\x18\x02 \x01(\x03R\fbandwidthBps\"\x15\n" +
 	"\x13MeasureTiersRequest\"\x0f\n" +
-	"\rStatusRequest\"\x96\x03\n" +
+	"\rStatusRequest\"\xe6\x03\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12&\n" +
@@ -2407,7 +2528,17 @@ const file_pool_proto_rawDesc = "" +
 	" \x01(\x03R\n" +
 	"leaseTtlMs\x124\n" +
 	"\aclients\x18\v \x03(\v2\x1a.farmem.pool.v1.ClientInfoR\aclients\x12)\n" +
-	"\x03ops\x18\f \x03(\v2\x17.farmem.pool.v1.TierOpsR\x03ops\"\xd5\x01\n" +
+	"\x03ops\x18\f \x03(\v2\x17.farmem.pool.v1.TierOpsR\x03ops\x12\x1a\n" +
+	"\binsecure\x18\r \x01(\bR\binsecure\x122\n" +
+	"\x06quotas\x18\x0e \x03(\v2\x1a.farmem.pool.v1.QuotaUsageR\x06quotas\"\x92\x01\n" +
+	"\n" +
+	"QuotaUsage\x12\x1a\n" +
+	"\bidentity\x18\x01 \x01(\tR\bidentity\x12(\n" +
+	"\x04tier\x18\x02 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12\x1d\n" +
+	"\n" +
+	"used_bytes\x18\x03 \x01(\x03R\tusedBytes\x12\x1f\n" +
+	"\vquota_bytes\x18\x04 \x01(\x03R\n" +
+	"quotaBytes\"\xf1\x01\n" +
 	"\n" +
 	"ClientInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -2417,7 +2548,8 @@ const file_pool_proto_rawDesc = "" +
 	"\bsegments\x18\x05 \x01(\x03R\bsegments\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\x03R\x05bytes\x121\n" +
 	"\x15lease_expires_unix_ms\x18\a \x01(\x03R\x12leaseExpiresUnixMs\x12\x10\n" +
-	"\x03uid\x18\b \x01(\rR\x03uid\"\xf3\x01\n" +
+	"\x03uid\x18\b \x01(\rR\x03uid\x12\x1a\n" +
+	"\bidentity\x18\t \x01(\tR\bidentity\"\xf3\x01\n" +
 	"\aTierOps\x12(\n" +
 	"\x04tier\x18\x01 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12 \n" +
 	"\vallocations\x18\x02 \x01(\x03R\vallocations\x12\x14\n" +
@@ -2486,7 +2618,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
@@ -2513,14 +2645,15 @@ var file_pool_proto_goTypes = []any{
 	(*MeasureTiersRequest)(nil), // 22: farmem.pool.v1.MeasureTiersRequest
 	(*StatusRequest)(nil),       // 23: farmem.pool.v1.StatusRequest
 	(*StatusResponse)(nil),      // 24: farmem.pool.v1.StatusResponse
-	(*ClientInfo)(nil),          // 25: farmem.pool.v1.ClientInfo
-	(*TierOps)(nil),             // 26: farmem.pool.v1.TierOps
-	(*NodesRequest)(nil),        // 27: farmem.pool.v1.NodesRequest
-	(*NodeInfo)(nil),            // 28: farmem.pool.v1.NodeInfo
-	(*NodeTier)(nil),            // 29: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),       // 30: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),        // 31: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),       // 32: farmem.pool.v1.DrainResponse
+	(*QuotaUsage)(nil),          // 25: farmem.pool.v1.QuotaUsage
+	(*ClientInfo)(nil),          // 26: farmem.pool.v1.ClientInfo
+	(*TierOps)(nil),             // 27: farmem.pool.v1.TierOps
+	(*NodesRequest)(nil),        // 28: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),            // 29: farmem.pool.v1.NodeInfo
+	(*NodeTier)(nil),            // 30: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),       // 31: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),        // 32: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),       // 33: farmem.pool.v1.DrainResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	3,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -2543,38 +2676,40 @@ var file_pool_proto_depIdxs = []int32{
 	19, // 17: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
 	19, // 18: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
 	20, // 19: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	25, // 20: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
-	26, // 21: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
-	0,  // 22: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	29, // 23: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	28, // 24: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	2,  // 25: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	9,  // 26: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	10, // 27: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	12, // 28: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	13, // 29: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	15, // 30: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	17, // 31: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	23, // 32: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	27, // 33: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	31, // 34: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	22, // 35: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	5,  // 36: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	16, // 37: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	11, // 38: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	16, // 39: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	14, // 40: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	16, // 41: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	18, // 42: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	24, // 43: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	30, // 44: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	32, // 45: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	18, // 46: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	36, // [36:47] is the sub-list for method output_type
-	25, // [25:36] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	26, // 20: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	27, // 21: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	25, // 22: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
+	0,  // 23: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 24: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
+	30, // 25: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	29, // 26: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	2,  // 27: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	9,  // 28: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	10, // 29: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	12, // 30: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	13, // 31: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	15, // 32: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	17, // 33: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	23, // 34: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	28, // 35: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	32, // 36: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	22, // 37: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	5,  // 38: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	16, // 39: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	11, // 40: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	16, // 41: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	14, // 42: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	16, // 43: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	18, // 44: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	24, // 45: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	31, // 46: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	33, // 47: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	18, // 48: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	38, // [38:49] is the sub-list for method output_type
+	27, // [27:38] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -2597,7 +2732,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
