@@ -105,6 +105,7 @@ type farShard struct {
 	bytes int64
 	count int
 	hand  uint64
+	move  []byte // an entry on its way to the next tier (evictFar)
 }
 
 // recordHeader precedes key and value in a far record: key length, value length.
@@ -480,8 +481,13 @@ func (c *Cache) evictFar(sh *shard, si, ti int) {
 				c.loseEntry(sh, si, ti, b, err)
 				return
 			}
-			key := string(kb)
-			val = append([]byte(nil), val...) // the record is freed below
+			// The record is freed below: move it through this tier's
+			// buffer, reused from one eviction to the next, so the
+			// cascade allocates nothing. key aliases the buffer; demote
+			// only copies it into the next tier's record.
+			fs.move = append(append(fs.move[:0], kb...), val...)
+			key := unsafe.String(unsafe.SliceData(fs.move), len(kb))
+			val = fs.move[len(kb):]
 			c.dropFar(sh, si, ti, b)
 			c.demote(sh, si, ti+1, key, val, w&hashMask)
 		} else {

@@ -40,6 +40,7 @@ type config struct {
 	cxl      int64 // -1: derived from the dataset
 	rdma     int64
 	compare  []string
+	spill    bool // measure spillcache itself (false: only the compare caches)
 	verify   int
 	json     bool
 	progress bool
@@ -63,6 +64,7 @@ func main() {
 	flag.Var(&cxl, "cxl", "spillcache: bytes of slots on the cxl tier (default: 60% of the dataset)")
 	flag.Var(&rdma, "rdma", "spillcache: bytes of slots on the rdma tier (default: 60% of the dataset)")
 	flag.StringVar(&compare, "compare", "otter,ristretto,fastcache", "caches to compare with, in order (otter, ristretto, fastcache; empty for none)")
+	flag.BoolVar(&cfg.spill, "spill", true, "measure spillcache itself; false runs only the -compare caches (e.g. each in its own memory-limited process, as beyond-dram.sh does)")
 	flag.IntVar(&cfg.verify, "verify", 100_000, "after the run, Get this many random keys (0: every key) and count those served")
 	flag.BoolVar(&cfg.json, "json", false, "print one JSON object per cache instead of tables")
 	flag.BoolVar(&cfg.progress, "progress", true, "print a progress line on stderr")
@@ -95,6 +97,8 @@ func (cfg *config) check() error {
 		return fmt.Errorf("-reads %g: use a fraction in [0,1]", cfg.reads)
 	case cfg.threads < 1:
 		return fmt.Errorf("-threads %d: need at least one", cfg.threads)
+	case !cfg.spill && len(cfg.compare) == 0:
+		return fmt.Errorf("-spill=false with an empty -compare measures nothing; name a cache in -compare")
 	}
 	if cfg.cxl < 0 {
 		cfg.cxl = cfg.dataset() * 6 / 10
@@ -109,25 +113,32 @@ func run(ctx context.Context, out, status io.Writer, cfg config) error {
 	if err := cfg.check(); err != nil {
 		return err
 	}
-	c, stop, err := connect(ctx, status, cfg)
-	if err != nil {
-		return err
+	var c *alloc.Client
+	if cfg.spill {
+		cl, stop, err := connect(ctx, status, cfg)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		defer cl.Close()
+		c = cl
 	}
-	defer stop()
-	defer c.Close()
 
 	fmt.Fprintf(status, "building %d keys (dataset %s: %d-byte values), zipf %.2f, %.0f%% reads, %d goroutines, %s per cache\n",
 		cfg.keys, size.Size(cfg.dataset()).Human(), cfg.value, cfg.skew, cfg.reads*100, cfg.threads, cfg.duration)
 	w := newWorkload(cfg)
 	var results []result
-	makers := []func() (subject, error){func() (subject, error) {
-		sc, err := NewCache(ctx, c, Options{HotBytes: cfg.hot, CXLBytes: cfg.cxl, RDMABytes: cfg.rdma, RecordBytes: keyLen + cfg.value,
-			Log: slog.New(slog.NewTextHandler(status, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-		if err != nil {
-			return nil, err
-		}
-		return spill{sc}, nil
-	}}
+	var makers []func() (subject, error)
+	if cfg.spill {
+		makers = append(makers, func() (subject, error) {
+			sc, err := NewCache(ctx, c, Options{HotBytes: cfg.hot, CXLBytes: cfg.cxl, RDMABytes: cfg.rdma, RecordBytes: keyLen + cfg.value,
+				Log: slog.New(slog.NewTextHandler(status, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			if err != nil {
+				return nil, err
+			}
+			return spill{sc}, nil
+		})
+	}
 	for _, name := range cfg.compare {
 		switch name {
 		case "otter":
@@ -165,23 +176,40 @@ const keyLen = 16
 // workload is the dataset and the operation mix, the same for every cache.
 type workload struct {
 	cfg     config
-	keys    []string
+	keys    keyTable
 	zipf    *zipf
 	scatter scatter
 }
 
 func newWorkload(cfg config) *workload {
-	w := &workload{cfg: cfg, keys: make([]string, cfg.keys), zipf: newZipf(uint64(cfg.keys), cfg.skew), scatter: newScatter(uint64(cfg.keys))}
-	for i := range w.keys {
-		w.keys[i] = fmt.Sprintf("k%015d", i)
-	}
-	return w
+	return &workload{cfg: cfg, keys: newKeyTable(cfg.keys), zipf: newZipf(uint64(cfg.keys), cfg.skew), scatter: newScatter(uint64(cfg.keys))}
 }
+
+// keyTable holds the dataset's keys in one string, keyLen bytes each. A
+// []string of a million keys would be a million objects the collector marks
+// in every cycle of every cache's run — the harness's cost, not the cache's,
+// and one that grows with the number of cycles, so it would punish the cache
+// with the smaller heap. Keys handed out are substrings: no allocation.
+type keyTable struct {
+	all string
+	n   int
+}
+
+func newKeyTable(n int) keyTable {
+	b := make([]byte, 0, n*keyLen)
+	for i := range n {
+		b = fmt.Appendf(b, "k%015d", i)
+	}
+	return keyTable{all: string(b), n: n}
+}
+
+func (k keyTable) key(i int) string { return k.all[i*keyLen : (i+1)*keyLen] }
+func (k keyTable) len() int         { return k.n }
 
 // next draws the key index of the next operation.
 func (w *workload) next(rng *rand.Rand) int {
 	if w.cfg.hotset > 0 {
-		n := len(w.keys)
+		n := w.keys.len()
 		hot := max(1, int(w.cfg.hotset*float64(n)))
 		var rank int
 		if rng.Float64() < w.cfg.hotops || hot == n {
@@ -249,12 +277,12 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 			buf := make([]byte, w.cfg.value)
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= len(w.keys) {
+				if i >= w.keys.len() {
 					return
 				}
 				value(buf, i)
-				s.Set(w.keys[i], buf)
-				prog.load(i+1, len(w.keys))
+				s.Set(w.keys.key(i), buf)
+				prog.load(i+1, w.keys.len())
 			}
 		})
 	}
@@ -328,7 +356,7 @@ func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 1]hist, 
 				i := w.next(rng)
 				if rng.Float64() >= w.cfg.reads {
 					value(buf, i)
-					s.Set(w.keys[i], buf)
+					s.Set(w.keys.key(i), buf)
 					continue
 				}
 				g++
@@ -337,7 +365,7 @@ func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 1]hist, 
 				if timed {
 					t0 = time.Now()
 				}
-				v, level := s.Get(dst[:0], w.keys[i])
+				v, level := s.Get(dst[:0], w.keys.key(i))
 				if timed {
 					hists[t][level].add(int64(time.Since(t0)))
 				}
@@ -355,8 +383,8 @@ func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 1]hist, 
 // fraction served with the right value.
 func (w *workload) verify(s subject, wrong int64) (float64, int64) {
 	n := w.cfg.verify
-	if n <= 0 || n > len(w.keys) {
-		n = len(w.keys)
+	if n <= 0 || n > w.keys.len() {
+		n = w.keys.len()
 	}
 	var found, bad atomic.Int64
 	var wg sync.WaitGroup
@@ -367,10 +395,10 @@ func (w *workload) verify(s subject, wrong int64) (float64, int64) {
 			dst := make([]byte, 0, w.cfg.value)
 			for j := t * per; j < min(n, (t+1)*per); j++ {
 				i := j
-				if n < len(w.keys) {
-					i = rng.IntN(len(w.keys))
+				if n < w.keys.len() {
+					i = rng.IntN(w.keys.len())
 				}
-				v, level := s.Get(dst[:0], w.keys[i])
+				v, level := s.Get(dst[:0], w.keys.key(i))
 				if level == LevelMiss {
 					continue
 				}
