@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/farmem/farmem/alloc"
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/bench"
+	"github.com/farmem/farmem/internal/size"
+)
+
+// benchFlags are memctl bench's options.
+type benchFlags struct {
+	duration  time.Duration
+	sizes     []string
+	depths    []int
+	ops       []string
+	tiers     []string
+	compare   bool
+	memcached string
+	redis     string
+	plot      string
+	plotSize  size.Size
+	plotDepth int
+	plotOp    string
+}
+
+// benchTier is a farmem tier as --tiers names it and as rows show it.
+type benchTier struct {
+	flag, system string
+	tier         alloc.Tier
+}
+
+// benchTiers names farmem's tiers as bench rows show them.
+var benchTiers = []benchTier{
+	{"cxl", "farmem-cxl", alloc.TierCXL},
+	{"local", "farmem-dram", alloc.TierLocal},
+	{"rdma", "farmem-rdma", alloc.TierRDMA},
+}
+
+func newBenchCmd(g *globals) *cobra.Command {
+	f := benchFlags{plotSize: 4 * size.KiB}
+	cmd := &cobra.Command{
+		Use:   "bench [--compare [--memcached ADDR] [--redis ADDR]] [--plot FILE.png]",
+		Short: "Measure each tier's latency, throughput and CPU per op, optionally beside memcached, Redis, gRPC and raw TCP",
+		Long: `bench allocates a segment on each tier of the running poold and drives it with
+reads and writes of each size and a 64-bit atomic, at each in-flight depth,
+through the same ReadAt/WriteAt/Add64 an application uses. It reports
+operations per second, bandwidth, p50 and p99 latency, and CPU time per
+operation in this process and in the serving daemon.
+
+The rdma tier is a peer's memory when the pool has peers; on a single host
+it is the daemon's own memory reached through its data plane over loopback
+TCP (the tier 'memctl tiers' shows as loopback), so the daemon serves it.
+
+--compare adds, driven by the same load generator in the same run: a plain
+[]byte in this process (memory), a raw pipelined TCP server (tcp-raw) and a
+plain gRPC unary service (grpc), both on 127.0.0.1 in this process, and
+memcached and Redis when their addresses are given. Each row is shown as a
+ratio to farmem's matching tier: network servers to farmem-rdma, memory to
+farmem-dram, and farmem-cxl and farmem-dram to farmem-rdma.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd.Context(), g, &f, cmd.ErrOrStderr())
+		},
+	}
+	fl := cmd.Flags()
+	fl.DurationVar(&f.duration, "duration", 500*time.Millisecond, "how long each case is timed (after a warm-up of a tenth of it)")
+	fl.StringSliceVar(&f.sizes, "sizes", []string{"64", "4KiB", "64KiB"}, "read and write sizes")
+	fl.IntSliceVar(&f.depths, "depths", []int{1, 16}, "operations in flight")
+	fl.StringSliceVar(&f.ops, "ops", []string{"read", "write", "atomic"}, "operations: read, write, atomic")
+	fl.StringSliceVar(&f.tiers, "tiers", []string{"cxl", "local", "rdma"}, "farmem tiers to measure: cxl, local, rdma")
+	fl.BoolVar(&f.compare, "compare", false, "also measure memory, tcp-raw, grpc (and memcached, redis when given)")
+	fl.StringVar(&f.memcached, "memcached", "", "with --compare: a memcached to compare with, e.g. 127.0.0.1:11211")
+	fl.StringVar(&f.redis, "redis", "", "with --compare: a Redis to compare with, e.g. 127.0.0.1:6379")
+	fl.StringVar(&f.plot, "plot", "", "write the latency CDFs of every system to this .png or .svg")
+	fl.Var(&f.plotSize, "plot-size", "the size whose CDFs --plot draws")
+	fl.IntVar(&f.plotDepth, "plot-depth", 1, "the depth whose CDFs --plot draws")
+	fl.StringVar(&f.plotOp, "plot-op", "read", "the op whose CDFs --plot draws")
+	return cmd
+}
+
+// benchCases expands the flags into cases, atomics once per depth.
+func benchCases(f *benchFlags) ([]bench.Case, int, error) {
+	var sizes []int
+	maxSize := 8
+	for _, s := range f.sizes {
+		n, err := size.Parse(s)
+		if err != nil || n <= 0 || n > 16*size.MiB {
+			return nil, 0, fmt.Errorf("--sizes %q: give sizes from 1 B to 16 MiB, e.g. 64,4KiB,64KiB", s)
+		}
+		sizes = append(sizes, int(n))
+		maxSize = max(maxSize, int(n))
+	}
+	for _, d := range f.depths {
+		if d < 1 || d > bench.Keys {
+			return nil, 0, fmt.Errorf("--depths %d: give depths from 1 to %d", d, bench.Keys)
+		}
+	}
+	var cases []bench.Case
+	for _, o := range f.ops {
+		op := bench.Op(o)
+		opSizes := sizes
+		switch op {
+		case bench.Atomic:
+			opSizes = []int{8}
+		case bench.Read, bench.Write:
+		default:
+			return nil, 0, fmt.Errorf("--ops %q: use read, write or atomic", o)
+		}
+		for _, n := range opSizes {
+			for _, d := range f.depths {
+				cases = append(cases, bench.Case{Op: op, Size: n, Depth: d, Duration: f.duration})
+			}
+		}
+	}
+	if len(cases) == 0 {
+		return nil, 0, errors.New("nothing to run: give --ops, --sizes and --depths")
+	}
+	return cases, maxSize, nil
+}
+
+func runBench(ctx context.Context, g *globals, f *benchFlags, stderr io.Writer) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if f.duration <= 0 {
+		return fmt.Errorf("--duration %s: give a positive duration, e.g. 500ms", f.duration)
+	}
+	if (f.memcached != "" || f.redis != "") && !f.compare {
+		return errors.New("--memcached and --redis need --compare")
+	}
+	cases, maxSize, err := benchCases(f)
+	if err != nil {
+		return err
+	}
+	var st *poolv1.StatusResponse
+	if err := g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
+		st, err = c.Status(ctx, &poolv1.StatusRequest{})
+		return err
+	}); err != nil {
+		return err
+	}
+	target := g.socket
+	if g.addr != "" {
+		target = "tcp://" + g.addr
+	}
+	dctx, cancel := context.WithTimeout(ctx, g.timeout)
+	client, err := alloc.Dial(dctx, target, alloc.WithClientName("memctl-bench"))
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	systems, err := benchSystems(ctx, g, f, client, st, maxSize, stderr)
+	defer func() {
+		for _, s := range systems {
+			s.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	rows, err := measure(ctx, systems, cases, progressTo(g.out, stderr))
+	if err != nil {
+		return err
+	}
+	bench.Compare(rows)
+	if f.plot != "" {
+		if err := bench.PlotCDF(f.plot, rows, bench.Op(f.plotOp), int(f.plotSize), f.plotDepth); err != nil {
+			return err
+		}
+	}
+	if g.output == "json" {
+		if rows == nil {
+			rows = []bench.Row{}
+		}
+		return g.printJSON(rows)
+	}
+	if err := bench.WriteTable(g.out, rows); err != nil {
+		return err
+	}
+	if f.plot != "" {
+		fmt.Fprintf(g.out, "\nlatency CDFs of %s %s at depth %d: %s\n", size.Size(f.plotSize), f.plotOp, f.plotDepth, f.plot)
+	}
+	return nil
+}
+
+// benchSystems allocates a segment per tier and starts the systems to
+// compare with. The segments are freed when the client closes.
+func benchSystems(ctx context.Context, g *globals, f *benchFlags, client *alloc.Client, st *poolv1.StatusResponse, maxSize int, stderr io.Writer) ([]bench.System, error) {
+	var systems []bench.System
+	for _, name := range f.tiers {
+		i := slices.IndexFunc(benchTiers, func(t benchTier) bool { return t.flag == name })
+		if i < 0 {
+			return systems, fmt.Errorf("--tiers %q: use cxl, local or rdma", name)
+		}
+		bt := benchTiers[i]
+		seg, err := client.Alloc(ctx, int64(bench.Keys*maxSize), alloc.WithTier(bt.tier))
+		if err != nil {
+			fmt.Fprintf(stderr, "memctl bench: skipping the %s tier: %v\n", bt.flag, err)
+			continue
+		}
+		systems = append(systems, bench.NewFarmem(bt.system, seg, daemonPID(g, st, seg)))
+	}
+	if !f.compare {
+		return systems, nil
+	}
+	systems = append(systems, bench.NewMemory())
+	raw, err := bench.NewTCPRaw(maxSize)
+	if err != nil {
+		return systems, err
+	}
+	systems = append(systems, raw)
+	gs, err := bench.NewGRPC()
+	if err != nil {
+		return systems, err
+	}
+	systems = append(systems, gs)
+	maxDepth := slices.Max(f.depths)
+	if f.memcached != "" {
+		m, err := bench.NewMemcached(ctx, f.memcached, maxDepth)
+		if err != nil {
+			return systems, err
+		}
+		systems = append(systems, m)
+	}
+	if f.redis != "" {
+		r, err := bench.NewRedis(ctx, f.redis, maxDepth)
+		if err != nil {
+			return systems, err
+		}
+		systems = append(systems, r)
+	}
+	return systems, nil
+}
+
+// daemonPID is the process whose CPU time counts as a segment's server:
+// the local poold for its own tiers and the loopback rdma tier, none for a
+// segment homed on a peer or a daemon reached over the network, and none
+// when the daemon runs inside this process (its CPU is then the client's).
+func daemonPID(g *globals, st *poolv1.StatusResponse, seg *alloc.Segment) int {
+	if g.addr != "" {
+		host, _, err := net.SplitHostPort(g.addr)
+		if ip := net.ParseIP(host); err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
+			return 0
+		}
+	}
+	if seg.Node() != st.Node || int(st.Pid) == os.Getpid() {
+		return 0
+	}
+	return int(st.Pid)
+}
+
+// measure runs every case on every system, interleaved (case by case, all
+// systems in turn) so that whatever else the machine does hits them alike,
+// and returns the rows ordered by system, then case.
+func measure(ctx context.Context, systems []bench.System, cases []bench.Case, progress func(done, total int, what string)) ([]bench.Row, error) {
+	total := len(cases) * len(systems)
+	var rows []bench.Row
+	order := map[string]int{}
+	for i, s := range systems {
+		order[s.Name()] = i
+	}
+	done := 0
+	for _, c := range cases {
+		for _, s := range systems {
+			progress(done, total, fmt.Sprintf("%s %s %s ×%d", s.Name(), c.Op, size.Size(c.Size), c.Depth))
+			res, err := bench.Run(ctx, s, c)
+			done++
+			if errors.Is(err, bench.ErrNotSupported) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			rows = append(rows, bench.NewRow(res))
+		}
+	}
+	progress(total, total, "")
+	slices.SortStableFunc(rows, func(a, b bench.Row) int { return order[a.System] - order[b.System] })
+	return rows, nil
+}
+
+// progressTo returns a progress bar drawn on stderr when stdout and stderr
+// are both terminals, else one that draws nothing.
+func progressTo(stdout, stderr io.Writer) func(done, total int, what string) {
+	if ok, _ := terminal(stdout); !ok {
+		return func(int, int, string) {}
+	}
+	if ok, _ := terminal(stderr); !ok {
+		return func(int, int, string) {}
+	}
+	const width = 30
+	return func(done, total int, what string) {
+		if done >= total {
+			fmt.Fprint(stderr, "\r"+ansiClearLine)
+			return
+		}
+		fill := done * width / max(total, 1)
+		fmt.Fprintf(stderr, "\r[%s%s] %d/%d %s%s", strings.Repeat("#", fill), strings.Repeat(".", width-fill), done, total, what, ansiClearLine)
+	}
+}
