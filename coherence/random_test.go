@@ -136,7 +136,9 @@ func (s *sim) deliver() {
 	}
 	c := s.caches[e.node]
 	if e.req != nil {
-		s.rpcs[e.node] = slices.DeleteFunc(s.rpcs[e.node], func(x envelope) bool { return x.msg.Kind == e.req.Kind && x.msg.Seq == e.req.Seq && x.msg.WBSeq == e.req.WBSeq && x.msg.InvID == e.req.InvID && x.msg.Page == e.req.Page && x.sentAt == e.sentAt })
+		s.rpcs[e.node] = slices.DeleteFunc(s.rpcs[e.node], func(x envelope) bool {
+			return x.msg.Kind == e.req.Kind && x.msg.Seq == e.req.Seq && x.msg.WBSeq == e.req.WBSeq && x.msg.InvID == e.req.InvID && x.msg.Page == e.req.Page && x.sentAt == e.sentAt
+		})
 		if err := c.Reply(s.now, e.sentAt, *e.req, e.msg); err != nil {
 			s.logf("cache %d: reply %s: %v", e.node, e.msg, err)
 		}
