@@ -268,6 +268,8 @@ func (c *cliConn) writeBatch(batch []*op) error {
 			h.payloadLen = h.length
 		case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
 			h.length = 8
+		case opKindMessage:
+			h.payloadLen = uint32(len(o.req))
 		}
 		hb := c.hdrBuf[n*reqHeaderSize : (n+1)*reqHeaderSize]
 		n++
@@ -275,6 +277,9 @@ func (c *cliConn) writeBatch(batch []*op) error {
 		iov = append(iov, hb)
 		if o.kind == rdma.OpWrite && len(o.buf) > 0 {
 			iov = append(iov, o.buf)
+		}
+		if o.kind == opKindMessage && len(o.req) > 0 {
+			iov = append(iov, o.req)
 		}
 	}
 	var err error

@@ -217,6 +217,9 @@ func (c *cliConn) complete(o *op, h *respHeader) error {
 	if o.kind == rdma.OpRead {
 		want = len(o.buf)
 	}
+	if o.kind == opKindMessage && int(h.payloadLen) <= len(o.buf) {
+		return c.completeMessage(o, h)
+	}
 	if int(h.payloadLen) != want {
 		err := fmt.Errorf("%s response %#x carries %d payload bytes, want %d: %w", o.kind, h.id, h.payloadLen, want, rdma.ErrProtocol)
 		o.err = fmt.Errorf("rdma/tcp: %w", err)

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -53,6 +54,17 @@ type ServerConfig struct {
 	// and must not block; several connections call it concurrently. The
 	// server reads the clock for it only when it is set. Default: nil (off).
 	Observe func(Observation)
+
+	// Message, when set, serves MSG requests (opcode 5): it gets the
+	// segment's id and mapped memory (pinned for the call), the request
+	// payload (valid only during the call) and ctx, which ends when the
+	// server closes; it returns the response payload, at most maxResp
+	// bytes. It runs on the connection's goroutine and may block (a long
+	// poll): that connection serves nothing else meanwhile, so clients
+	// keep blocking calls on a connection of their own. An error is
+	// answered with the status of the rdma sentinel it wraps. Default: nil
+	// (MSG is answered UNSUPPORTED).
+	Message func(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int) ([]byte, error)
 }
 
 // DefaultConfig returns the configuration with every default filled in.

@@ -83,6 +83,13 @@
 //	2 WRITE  write the payload at offset; payload len = length
 //	3 CAS    if the u64 at offset equals arg0, store arg1; length 8, payload len 0
 //	4 FADD   add arg0 to the u64 at offset; length 8, payload len 0
+//	5 MSG    hand the payload to the server's ServerConfig.Message hook for
+//	         the segment; length is the largest answer the client accepts,
+//	         offset, arg0 and arg1 are 0; the response payload (≤ length) is
+//	         the hook's answer. The coherence protocol of shared segments
+//	         rides it; a hook may block (the sharer's long poll), so a client
+//	         keeps such calls on a connection of their own. A server without
+//	         the hook answers UNSUPPORTED.
 //
 // No flag is defined in version 1; a request with flags set, or with an
 // opcode the server does not know, is answered UNSUPPORTED after its payload
@@ -105,8 +112,8 @@
 //	|                     payload (payload len bytes) ...        24 |
 //	+- - - - - - - - - - - - - - - - - - - - - - - - - - - - - - - -+
 //
-// A successful READ carries exactly length bytes of payload; every other
-// response carries none. value is the word's previous value for CAS and FADD;
+// A successful READ carries exactly length bytes of payload, a successful
+// MSG at most length bytes; every other response carries none. value is the word's previous value for CAS and FADD;
 // flags bit 0 (SWAPPED) says whether a CAS stored arg1. Status codes (append
 // only) and the rdma errors they map to:
 //

@@ -37,6 +37,8 @@ type op struct {
 	buf    []byte
 	arg0   uint64
 	arg1   uint64
+	req    []byte // MSG request payload; buf receives the response
+	n      int    // MSG response length
 
 	conn  *cliConn // set by Client.post for Do
 	id    uint64
@@ -61,7 +63,7 @@ func getOp() *op {
 
 func (o *op) release() {
 	if o.refs.Add(-1) == 0 {
-		o.buf = nil
+		o.buf, o.req, o.n = nil, nil, 0
 		o.err = nil
 		o.conn = nil
 		o.prev, o.swapped = 0, false

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,6 +30,9 @@ type Server struct {
 	conns     map[*srvConn]struct{}
 	nconns    atomic.Int64
 	wg        sync.WaitGroup
+
+	ctx    context.Context // ends when Close is called; given to Message
+	cancel context.CancelFunc
 }
 
 var _ rdma.Exporter = (*Server)(nil)
@@ -45,6 +49,7 @@ func NewServer(cfg ServerConfig) *Server {
 		conns:     make(map[*srvConn]struct{}),
 	}
 	s.log = s.cfg.Logger
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	m := make(map[uint64]*export)
 	s.exports.Store(&m)
 	return s
@@ -241,6 +246,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.cancel()
 	var errs []error
 	for l := range s.listeners {
 		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {

@@ -169,6 +169,11 @@ func (c *srvConn) handle(h *reqHeader) error {
 		return c.write(h)
 	case opCAS, opFADD:
 		return c.atomic(h)
+	case opMsg:
+		if c.s.cfg.Message != nil {
+			return c.message(h)
+		}
+		return c.unsupported(h)
 	default:
 		return c.unsupported(h)
 	}

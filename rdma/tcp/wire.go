@@ -40,6 +40,7 @@ const (
 	opWrite uint8 = 2
 	opCAS   uint8 = 3
 	opFADD  uint8 = 4
+	opMsg   uint8 = 5 // see message.go
 )
 
 // Response status codes. Append only.
@@ -139,6 +140,10 @@ func decodeRequest(b []byte, h *reqHeader) error {
 	case opWrite:
 		if h.payloadLen != h.length {
 			return fmt.Errorf("WRITE request %d payload is %d bytes but length says %d: %w", h.id, h.payloadLen, h.length, rdma.ErrProtocol)
+		}
+	case opMsg:
+		if h.off != 0 || h.arg0 != 0 || h.arg1 != 0 {
+			return fmt.Errorf("MSG request %d has offset or args set, want 0: %w", h.id, rdma.ErrProtocol)
 		}
 	case opCAS, opFADD:
 		if h.payloadLen != 0 || h.length != 8 {

@@ -1,0 +1,104 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// MSG (opcode 5) carries an opaque request to the server's Message hook and
+// its response back: the coherence protocol of shared segments rides it.
+// The request payload is the message; length is the largest response the
+// client accepts; offset, arg0 and arg1 are 0. The response payload (at
+// most length bytes) is the hook's answer.
+
+// opKindMessage is the op kind of a MSG on the client side. It is not an
+// rdma.OpKind a caller may pass to Do.
+const opKindMessage = rdma.OpKind(opMsg)
+
+// MaxMessage is the largest MSG request or response (16 MiB, MaxPayload).
+const MaxMessage = MaxPayload
+
+// Message sends req to the Message hook of the server for region r and
+// reads its answer into resp, returning the answer's length. An answer
+// longer than resp fails the connection with ErrProtocol; size resp for the
+// largest answer the protocol above allows. A server whose hook blocks (a
+// long poll) holds up every op behind it on that connection, so such calls
+// belong on a Client of their own.
+func (cl *Client) Message(ctx context.Context, r rdma.Region, req, resp []byte) (int, error) {
+	if len(req) > MaxMessage || len(resp) > MaxMessage {
+		return 0, fmt.Errorf("rdma/tcp: MSG %s of %d bytes with a %d-byte answer buffer exceeds the %d-byte limit: %w", r, len(req), len(resp), MaxMessage, rdma.ErrOutOfRange)
+	}
+	o := getOp()
+	o.kind, o.region, o.req, o.buf = opKindMessage, r, req, resp
+	err := cl.run(ctx, o)
+	if err == nil {
+		err = o.err
+	}
+	n := o.n
+	o.release()
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// completeMessage reads a MSG response payload into the caller's buffer.
+func (c *cliConn) completeMessage(o *op, h *respHeader) error {
+	o.n = int(h.payloadLen)
+	if err := c.rd.readInto(o.buf[:o.n]); err != nil {
+		o.err = fmt.Errorf("rdma/tcp: MSG segment %d: connection to %s broke mid-payload: %w: %w", o.region.Segment, c.cl.addr, rdma.ErrClosed, err)
+		return fmt.Errorf("read MSG payload: %w", err)
+	}
+	return nil
+}
+
+// message serves one MSG: the request payload is read into a buffer of its
+// own (the hook may keep the connection's goroutine for long), pending
+// responses are flushed first (the hook may block), then the hook runs with
+// the segment pinned.
+func (c *srvConn) message(h *reqHeader) error {
+	req := make([]byte, h.payloadLen)
+	if err := c.rd.readInto(req); err != nil {
+		return fmt.Errorf("read %d-byte MSG payload: %w", len(req), err)
+	}
+	e, st := c.pin(h, false)
+	if st != statusOK {
+		return c.respond(h.id, st, 0, 0, nil, nil)
+	}
+	if err := c.flush(); err != nil {
+		e.release()
+		return err
+	}
+	resp, err := c.s.cfg.Message(c.s.ctx, h.seg, e.mem, req, int(h.length))
+	e.release()
+	if err == nil && len(resp) > int(h.length) {
+		err = fmt.Errorf("MSG answer of %d bytes exceeds the client's %d: %w", len(resp), h.length, rdma.ErrProtocol)
+	}
+	if err != nil {
+		c.log.Debug("rdma/tcp: MSG refused", "remote", c.remote, "segment", h.seg, "err", err)
+		return c.respond(h.id, msgStatus(err), 0, 0, nil, nil)
+	}
+	return c.respond(h.id, statusOK, 0, 0, resp, nil)
+}
+
+// msgStatus maps a Message hook's error to a response status.
+func msgStatus(err error) uint16 {
+	for _, m := range []struct {
+		err    error
+		status uint16
+	}{
+		{rdma.ErrAccessDenied, statusAccessDenied},
+		{rdma.ErrOutOfRange, statusOutOfRange},
+		{rdma.ErrSegmentLost, statusSegmentLost},
+		{rdma.ErrLeaseExpired, statusLeaseExpired},
+		{rdma.ErrNotSupported, statusUnsupported},
+	} {
+		if errors.Is(err, m.err) {
+			return m.status
+		}
+	}
+	return statusProtocol
+}
