@@ -1,46 +1,96 @@
-// Package verbs will be farmem's libibverbs backend for the rdma tier: real
-// one-sided RDMA READ, WRITE, compare-and-swap and fetch-and-add executed by
-// the NIC, with the remote CPU never involved.
+// Package verbs is farmem's libibverbs backend for the rdma tier: one-sided
+// RDMA READ, WRITE, compare-and-swap and fetch-and-add executed by the RDMA
+// device, with the exporting host's CPU not involved. It is the only
+// package in farmem that imports "C".
 //
-// # Status
+// # Mapping onto verbs
 //
-// Only a stub exists today: every build of this package returns an error for
-// which errors.Is(err, rdma.ErrNotSupported) is true, so rdma.Pick falls back
-// to the tcp transport. A plain `go build ./...` needs no C library.
+//   - One device and protection domain per process (ibv_open_device,
+//     ibv_alloc_pd): FARMEM_VERBS_DEVICE names it, else the first device
+//     with an active port; the GID is a RoCE v2 entry with an IPv4-mapped
+//     address unless FARMEM_VERBS_GID_INDEX says otherwise. FARMEM_VERBS=off
+//     disables the backend.
+//   - [Server] (rdma.Exporter): every exported segment is its own memory
+//     region, registered on the already mapped segment memory (never the Go
+//     heap) with REMOTE_READ|REMOTE_WRITE|REMOTE_ATOMIC. Its rkey is a
+//     per-segment key: Revoke and Fence deregister it, so the rkey stops
+//     working; SetEpoch re-registers (a new rkey) to fence holders of the
+//     old epoch; MarkLost deregisters and answers SEGMENT_LOST.
+//   - [Conn] (rdma.Conn): one RC queue pair per connection, connected
+//     through the control protocol below (no rdma_cm). Read, Write, CAS and
+//     FADD post IBV_WR_RDMA_READ / RDMA_WRITE / ATOMIC_CMP_AND_SWP /
+//     ATOMIC_FETCH_AND_ADD work requests through a registered bounce buffer;
+//     a transfer is split into 64 KiB work requests posted as one list with
+//     only the last signalled (RC completes in order). Completions are
+//     polled by the waiting caller (leader/follower), with no goroutine per
+//     operation and none per connection.
+//   - Errors: an out-of-range or unaligned request is refused before it is
+//     posted; IBV_WC_REM_ACCESS_ERR makes the client resolve the segment
+//     again, which reports rdma.ErrAccessDenied (revoked), ErrLeaseExpired
+//     (fenced, stale epoch) or ErrSegmentLost; any error completion leaves
+//     the queue pair in the error state, so the connection then fails with
+//     rdma.ErrClosed and callers dial again.
 //
-// # The future backend
+// The 32-bit rkey is guessable, so it is handed out only in exchange for
+// the segment's 128-bit rdma.Key, over the control connection.
 //
-// The real backend lives in files tagged `//go:build linux && cgo && verbs`;
-// this is the only package in farmem allowed to `import "C"`. It maps the
-// rdma interfaces onto verbs one to one:
+// # Control protocol
 //
-//   - Server (rdma.Exporter): ibv_open_device + ibv_alloc_pd once;
-//     Export = ibv_reg_mr(mem, IBV_ACCESS_REMOTE_READ|REMOTE_WRITE|
-//     REMOTE_ATOMIC|LOCAL_WRITE) on the already mapped segment; Revoke =
-//     ibv_dereg_mr, which the NIC completes only after in-flight accesses end.
-//     The NIC's rkey is 32 bits and guessable, so the 128-bit rdma.Key is
-//     checked during connection setup (RC QP exchange over the tcp control
-//     handshake) and rkeys are only handed to authenticated peers; epochs are
-//     fenced by re-registering the MR (new rkey) when the epoch changes.
-//   - Client (rdma.Conn): one RC queue pair per (client, peer) pair and CPU,
-//     a completion queue polled by one goroutine; Read/Write/CAS/FADD post
-//     IBV_WR_RDMA_READ / RDMA_WRITE / ATOMIC_CMP_AND_SWP /
-//     ATOMIC_FETCH_AND_ADD work requests; Do posts a linked list of work
-//     requests with one ibv_post_send and signals only the last.
-//     Caller buffers must be registered memory, so the client copies through
-//     a registered bounce pool unless the caller passes memory it registered.
-//   - Errors: IBV_WC_REM_ACCESS_ERR → rdma.ErrAccessDenied, length errors →
-//     rdma.ErrOutOfRange, a QP in error state → rdma.ErrClosed.
+// It runs on the data plane's TCP port, shared with rdma/tcp (the server's
+// listener routes a connection by its first four bytes; a tcp-only server
+// answers a verbs hello with its own magic, which Dial reports as
+// rdma.ErrNotSupported so the picker falls back to tcp). Little-endian.
 //
-// A package outside the rdma tree cannot import this internal package; an
-// exported wrapper (rdma/verbs) will expose its Transport when it is real.
+//	hello (client → server), 40 bytes + credential:
+//	+--------+--------+--------+---------------+------------------+- - - - -+
+//	| magic  |version |reserved| credential len| queue pair (28)  | cred    |
+//	|"FMVB" 4| u16 = 1| u16 = 0| u32 ≤ 4096    |                  |         |
+//	+--------+--------+--------+---------------+------------------+- - - - -+
+//	0        4        6        8               12                 40
+//
+//	queue pair: qpn u32 | psn u32 | lid u16 | mtu u8 | grh u8 | gid [16]
+//
+//	reply (server → client), 36 bytes:
+//	+--------+--------+--------+------------------+
+//	| magic  |version | code   | queue pair (28)  |
+//	+--------+--------+--------+------------------+
+//	0        4        6        8                  36
+//
+// Reply codes (append only): 0 ACCEPT, 1 BAD_MAGIC, 2 BAD_VERSION,
+// 3 AUTH_FAILED, 4 CRED_TOO_LONG, 6 SHUTTING_DOWN, 7 INTERNAL. On ACCEPT
+// both sides move their queue pair to RTR/RTS towards the other's; the
+// server's queue pair lives as long as the TCP connection.
+//
+// Then the client sends RESOLVE requests, one at a time, 40 bytes each:
+//
+//	op u8 = 1 | flags u8 (bit 0: WRITE) | reserved u16 + u32 = 0 |
+//	segment u64 | key [16] | epoch u64
+//
+// and the server answers 32 bytes:
+//
+//	status u16 | reserved u16 | rkey u32 | address u64 | size u64 | epoch u64
+//
+// Status codes are rdma/tcp's (0 OK, 1 ACCESS_DENIED, 3 SEGMENT_LOST,
+// 4 LEASE_EXPIRED, 6 PROTOCOL, 7 UNSUPPORTED) plus 8 INTERNAL. A RESOLVE
+// with the WRITE flag and an epoch older than the segment's gets
+// LEASE_EXPIRED; READs are not fenced, as in rdma/tcp.
+//
+// # Atomics
+//
+// The fetched value is written back in the byte order the provider uses;
+// rxe (Soft-RoCE) and the exporter's host agree on host order, which is
+// what rdma.Conn promises.
 //
 // # Concurrency
 //
-// Transport is safe for concurrent use.
+// Transport, Conn and Server are safe for concurrent use.
 //
 // # OS and tags
 //
-// The stub builds everywhere. The real backend needs Linux, cgo, libibverbs
-// (Debian package libibverbs-dev) and the `verbs` build tag.
+// The backend is built with `//go:build linux && cgo && verbs` and needs
+// libibverbs (Debian: libibverbs-dev to build, libibverbs1 and
+// ibverbs-providers to run). Every other build gets a stub whose
+// constructors fail with an error matching rdma.ErrNotSupported, so a plain
+// `go build ./...` needs no C library. The control protocol (wire.go) and
+// the listener multiplexer (mux.go) are plain Go and tested everywhere.
 package verbs

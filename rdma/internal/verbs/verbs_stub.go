@@ -4,6 +4,7 @@ package verbs
 
 import (
 	"context"
+	"net"
 
 	"github.com/farmem/farmem/rdma"
 )
@@ -33,8 +34,43 @@ func Dial(ctx context.Context, addr string, cred []byte) (rdma.Conn, error) {
 	return Transport{}.Dial(ctx, addr, cred)
 }
 
+// Available always fails with an error matching rdma.ErrNotSupported in
+// this build.
+func Available() (string, error) { return "", errNotBuilt }
+
+// Server is the verbs exporter. In this build none can be made. Safe for
+// concurrent use.
+type Server struct{}
+
+var _ rdma.Exporter = (*Server)(nil)
+
 // NewServer always fails with an error matching rdma.ErrNotSupported in this
-// build; device names the RDMA device (e.g. "mlx5_0").
-func NewServer(device string) (rdma.Exporter, error) {
-	return nil, errNotBuilt
-}
+// build.
+func NewServer(Config) (*Server, error) { return nil, errNotBuilt }
+
+// Device returns "".
+func (*Server) Device() string { return "" }
+
+// Export fails with an error matching rdma.ErrNotSupported.
+func (*Server) Export(uint64, []byte, uint64) (rdma.Key, error) { return rdma.Key{}, errNotBuilt }
+
+// ExportKey fails with an error matching rdma.ErrNotSupported.
+func (*Server) ExportKey(uint64, []byte, uint64, rdma.Key) error { return errNotBuilt }
+
+// Revoke fails with an error matching rdma.ErrNotSupported.
+func (*Server) Revoke(uint64) error { return errNotBuilt }
+
+// Fence fails with an error matching rdma.ErrNotSupported.
+func (*Server) Fence(uint64) error { return errNotBuilt }
+
+// SetEpoch fails with an error matching rdma.ErrNotSupported.
+func (*Server) SetEpoch(uint64, uint64) error { return errNotBuilt }
+
+// MarkLost fails with an error matching rdma.ErrNotSupported.
+func (*Server) MarkLost(uint64) error { return errNotBuilt }
+
+// Listener returns l unchanged.
+func (*Server) Listener(l net.Listener) net.Listener { return l }
+
+// Close does nothing.
+func (*Server) Close() error { return nil }

@@ -1,0 +1,645 @@
+//go:build linux && cgo && verbs
+
+package verbs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// Client tuning. A READ or WRITE is split into work requests of at most
+// blockSize bytes, each through its own block of the connection's
+// registered bounce buffer; at most roundBlocks of them are in flight per
+// operation, so a large transfer runs in rounds of roundBlocks*blockSize.
+const (
+	blockSize   = 64 << 10
+	numBlocks   = 128 // 8 MiB of bounce buffer per connection
+	roundBlocks = 16  // 1 MiB per round
+	pollSpinNs  = 50_000
+)
+
+// Transport is the verbs transport: Dial connects an RC queue pair to the
+// peer's data plane. It is stateless and safe for concurrent use.
+type Transport struct{}
+
+var _ rdma.Transport = Transport{}
+
+// Name returns "verbs".
+func (Transport) Name() string { return "verbs" }
+
+// Dial connects to the data plane at addr (its TCP address, which carries
+// the control protocol) and presents cred. Without an active RDMA device
+// here, or when the peer serves only tcp, the error matches
+// rdma.ErrNotSupported.
+func (Transport) Dial(ctx context.Context, addr string, cred []byte) (rdma.Conn, error) {
+	return Dial(ctx, addr, cred)
+}
+
+// Available reports the RDMA device this process would use, or an error
+// matching rdma.ErrNotSupported that says why there is none.
+func Available() (string, error) {
+	d, err := openDevice()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s port %d gid %d", d.name, int(d.d.port), int(d.d.gid_index)), nil
+}
+
+// segInfo is what RESOLVE returned for a segment.
+type segInfo struct {
+	addr  uint64
+	rkey  uint32
+	size  uint64
+	epoch uint64
+}
+
+// request is one posted round of one operation; done is closed when its
+// last work request completes.
+type req struct {
+	id        uint64
+	blocks    []int
+	done      chan struct{}
+	status    uint32
+	completed bool // guarded by Conn.pmu
+	abandoned bool // guarded by Conn.pmu: the caller left (ctx); the poller frees the blocks
+}
+
+// Conn is a client connection to one peer's data plane over an RC queue
+// pair. It implements rdma.Conn and is safe for concurrent use.
+//
+// Completions are polled by whichever caller is waiting (leader/follower):
+// a lone operation posts its work requests and polls the completion queue
+// itself, so no goroutine hand-off sits on its path; concurrent callers wait
+// on their own completion and take over polling when the leader leaves.
+// There is no goroutine per operation and none per connection.
+//
+// Buffers: data moves through the connection's registered bounce buffer
+// (mmap'd, never the Go heap); Read copies into p and Write copies from p
+// only while the call runs.
+type Conn struct {
+	dev    *device
+	qp     *queuePair
+	bounce []byte
+	mr     *memRegion
+	ctl    net.Conn
+	ctlMu  sync.Mutex // one RESOLVE at a time on ctl
+
+	mu       sync.RWMutex // guards closed against new operations
+	closed   bool
+	ops      sync.WaitGroup
+	closedCh chan struct{}
+	once     sync.Once
+	broken   atomic.Bool // the queue pair failed; every op fails with ErrClosed
+
+	smu  sync.Mutex
+	segs map[uint64]segInfo
+
+	bmu    sync.Mutex
+	free   []int
+	freed  chan struct{} // closed and replaced when blocks are released
+	pollMu sync.Mutex    // held by the polling caller
+	wake   chan struct{} // a token: the leader left while ops are pending
+	pmu    sync.Mutex
+	pend   map[uint64]*req
+	nextID uint64
+}
+
+var _ rdma.Conn = (*Conn)(nil)
+
+// Dial is Transport.Dial.
+func Dial(ctx context.Context, addr string, cred []byte) (rdma.Conn, error) {
+	if len(cred) > MaxCredential {
+		return nil, fmt.Errorf("rdma/verbs: credential of %d bytes is longer than %d", len(cred), MaxCredential)
+	}
+	d, err := openDevice()
+	if err != nil {
+		return nil, err
+	}
+	var nd net.Dialer
+	nc, err := nd.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rdma/verbs: dial %s: %w", addr, err)
+	}
+	c, err := handshake(ctx, d, nc, cred)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func randomPSN() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return binary.LittleEndian.Uint32(b[:]) & 0xffffff
+}
+
+func handshake(ctx context.Context, d *device, nc net.Conn, cred []byte) (_ *Conn, err error) {
+	if dl, ok := ctx.Deadline(); ok {
+		nc.SetDeadline(dl)
+	} else {
+		nc.SetDeadline(time.Now().Add(10 * time.Second))
+	}
+	qp, err := d.newQueuePair(numBlocks)
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{dev: d, qp: qp, ctl: nc, closedCh: make(chan struct{}), segs: map[uint64]segInfo{},
+		freed: make(chan struct{}), wake: make(chan struct{}, 1), pend: map[uint64]*req{}}
+	defer func() {
+		if err != nil {
+			c.release()
+		}
+	}()
+	c.bounce, err = unix.Mmap(-1, 0, numBlocks*blockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("rdma/verbs: map the bounce buffer: %w", err)
+	}
+	if c.mr, err = d.register(c.bounce, accessLocalWrite); err != nil {
+		return nil, err
+	}
+	for i := range numBlocks {
+		c.free = append(c.free, i)
+	}
+	psn := randomPSN()
+	if _, err := nc.Write(appendHello(nil, d.localInfo(qp.num(), psn), cred)); err != nil {
+		return nil, fmt.Errorf("rdma/verbs: send hello to %s: %w", nc.RemoteAddr(), err)
+	}
+	remote, err := readReply(nc)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.connect(qp, accessLocalWrite, psn, remote); err != nil {
+		return nil, err
+	}
+	nc.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// release frees what handshake or Close set up, in reverse order.
+func (c *Conn) release() {
+	if c.qp != nil {
+		c.qp.destroy()
+	}
+	if c.mr != nil {
+		c.mr.deregister()
+	}
+	if c.bounce != nil {
+		unix.Munmap(c.bounce)
+	}
+}
+
+// Close closes the connection; operations in flight fail with ErrClosed.
+// Close is idempotent.
+func (c *Conn) Close() error {
+	c.once.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		close(c.closedCh)
+		c.ops.Wait()
+		c.ctl.Close()
+		c.release()
+	})
+	return nil
+}
+
+// enter registers an operation, or fails once Close has begun.
+func (c *Conn) enter() error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return fmt.Errorf("rdma/verbs: connection is closed: %w", rdma.ErrClosed)
+	}
+	if c.broken.Load() {
+		return fmt.Errorf("rdma/verbs: the queue pair to %s failed: %w", c.ctl.RemoteAddr(), rdma.ErrClosed)
+	}
+	c.ops.Add(1)
+	return nil
+}
+
+// Read fills p with the bytes of r starting at off.
+func (c *Conn) Read(ctx context.Context, r rdma.Region, off int64, p []byte) error {
+	return c.one(ctx, &rdma.Op{Kind: rdma.OpRead, Region: r, Offset: off, Buf: p})
+}
+
+// Write stores p into r starting at off.
+func (c *Conn) Write(ctx context.Context, r rdma.Region, off int64, p []byte) error {
+	return c.one(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: r, Offset: off, Buf: p})
+}
+
+// CompareAndSwap64 atomically replaces the word at off with new if it
+// equals old (an RDMA ATOMIC_CMP_AND_SWP).
+func (c *Conn) CompareAndSwap64(ctx context.Context, r rdma.Region, off int64, old, new uint64) (uint64, bool, error) {
+	op := &rdma.Op{Kind: rdma.OpCompareAndSwap, Region: r, Offset: off, Old: old, New: new}
+	err := c.one(ctx, op)
+	return op.Prev, op.Swapped, err
+}
+
+// FetchAdd64 atomically adds delta to the word at off (an RDMA
+// ATOMIC_FETCH_AND_ADD) and returns its previous value.
+func (c *Conn) FetchAdd64(ctx context.Context, r rdma.Region, off int64, delta uint64) (uint64, error) {
+	op := &rdma.Op{Kind: rdma.OpFetchAdd, Region: r, Offset: off, Delta: delta}
+	err := c.one(ctx, op)
+	return op.Prev, err
+}
+
+func (c *Conn) one(ctx context.Context, op *rdma.Op) error {
+	c.Do(ctx, op)
+	return op.Err
+}
+
+// opState is one operation of a Do call while it runs.
+type opState struct {
+	op   *rdma.Op
+	info segInfo
+	done int // bytes finished
+	r    *req
+}
+
+// Do posts every op's first round of work requests, then waits for each.
+func (c *Conn) Do(ctx context.Context, ops ...*rdma.Op) error {
+	if err := c.enter(); err != nil {
+		for _, op := range ops {
+			op.Err = err
+		}
+		return err
+	}
+	defer c.ops.Done()
+	sts := make([]opState, len(ops))
+	for i, op := range ops {
+		sts[i].op = op
+		op.Prev, op.Swapped, op.Err = 0, false, nil
+		op.Err = c.start(ctx, &sts[i])
+	}
+	var first error
+	for i := range sts {
+		if sts[i].r != nil {
+			sts[i].op.Err = c.finish(ctx, &sts[i])
+		}
+		if first == nil && sts[i].op.Err != nil {
+			first = sts[i].op.Err
+		}
+	}
+	return first
+}
+
+func (op *opState) mutating() bool { return op.op.Kind != rdma.OpRead }
+
+func (op *opState) length() int {
+	if op.op.Kind == rdma.OpCompareAndSwap || op.op.Kind == rdma.OpFetchAdd {
+		return 8
+	}
+	return len(op.op.Buf)
+}
+
+// start checks the op against the segment and posts its first round.
+func (c *Conn) start(ctx context.Context, st *opState) error {
+	op := st.op
+	switch op.Kind {
+	case rdma.OpRead, rdma.OpWrite:
+	case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
+		if op.Offset%8 != 0 {
+			return fmt.Errorf("rdma/verbs: %s at offset %d of %s: %w", op.Kind, op.Offset, op.Region, rdma.ErrUnaligned)
+		}
+	default:
+		return fmt.Errorf("rdma/verbs: %s: %w", op.Kind, rdma.ErrNotSupported)
+	}
+	info, err := c.segment(ctx, op.Region, st.mutating())
+	if err != nil {
+		return err
+	}
+	st.info = info
+	n := st.length()
+	if op.Offset < 0 || uint64(op.Offset) > info.size || uint64(n) > info.size-uint64(op.Offset) {
+		return fmt.Errorf("rdma/verbs: %s of %d bytes at offset %d of %s (size %d): %w", op.Kind, n, op.Offset, op.Region, info.size, rdma.ErrOutOfRange)
+	}
+	if n == 0 {
+		return nil
+	}
+	return c.post(ctx, st)
+}
+
+// segment returns the cached address and rkey of the region's segment,
+// resolving it over the control connection when unknown or when the caller
+// holds a newer epoch than the cached one. A mutating op with an older epoch
+// than the segment's fails with ErrLeaseExpired.
+func (c *Conn) segment(ctx context.Context, r rdma.Region, write bool) (segInfo, error) {
+	c.smu.Lock()
+	info, ok := c.segs[r.Segment]
+	c.smu.Unlock()
+	if !ok || r.Epoch > info.epoch {
+		var err error
+		if info, err = c.resolve(ctx, r, write); err != nil {
+			return segInfo{}, err
+		}
+	}
+	if write && r.Epoch < info.epoch {
+		return segInfo{}, fmt.Errorf("rdma/verbs: %s holds epoch %d, the segment is at %d: %w", r, r.Epoch, info.epoch, rdma.ErrLeaseExpired)
+	}
+	return info, nil
+}
+
+// resolve asks the server for the segment's address and rkey.
+func (c *Conn) resolve(ctx context.Context, r rdma.Region, write bool) (segInfo, error) {
+	q := request{Op: opResolve, Seg: r.Segment, Key: r.Key, Epoch: r.Epoch}
+	if write {
+		q.Flags = flagWrite
+	}
+	c.ctlMu.Lock()
+	defer c.ctlMu.Unlock()
+	if dl, ok := ctx.Deadline(); ok {
+		c.ctl.SetDeadline(dl)
+	} else {
+		c.ctl.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+	b := make([]byte, responseLen)
+	if _, err := c.ctl.Write(q.encode()); err != nil {
+		c.broken.Store(true)
+		return segInfo{}, fmt.Errorf("rdma/verbs: resolve %s at %s: %w (%w)", r, c.ctl.RemoteAddr(), err, rdma.ErrClosed)
+	}
+	if _, err := io.ReadFull(c.ctl, b); err != nil {
+		c.broken.Store(true)
+		return segInfo{}, fmt.Errorf("rdma/verbs: resolve %s at %s: %w (%w)", r, c.ctl.RemoteAddr(), err, rdma.ErrClosed)
+	}
+	p, err := decodeResponse(b)
+	if err != nil {
+		c.broken.Store(true)
+		return segInfo{}, err
+	}
+	if err := statusErr(p.Status, r.Segment); err != nil {
+		c.forget(r.Segment)
+		return segInfo{}, err
+	}
+	info := segInfo{addr: p.Addr, rkey: p.RKey, size: p.Size, epoch: p.Epoch}
+	c.smu.Lock()
+	c.segs[r.Segment] = info
+	c.smu.Unlock()
+	return info, nil
+}
+
+func (c *Conn) forget(seg uint64) {
+	c.smu.Lock()
+	delete(c.segs, seg)
+	c.smu.Unlock()
+}
+
+// takeBlocks takes n bounce blocks, all or none, waiting for releases.
+func (c *Conn) takeBlocks(ctx context.Context, n int) ([]int, error) {
+	for {
+		c.bmu.Lock()
+		if len(c.free) >= n {
+			b := append([]int(nil), c.free[len(c.free)-n:]...)
+			c.free = c.free[:len(c.free)-n]
+			c.bmu.Unlock()
+			return b, nil
+		}
+		ch := c.freed
+		c.bmu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-c.closedCh:
+			return nil, fmt.Errorf("rdma/verbs: connection is closed: %w", rdma.ErrClosed)
+		}
+	}
+}
+
+func (c *Conn) releaseBlocks(b []int) {
+	c.bmu.Lock()
+	c.free = append(c.free, b...)
+	close(c.freed)
+	c.freed = make(chan struct{})
+	c.bmu.Unlock()
+}
+
+func (c *Conn) block(i int) []byte { return c.bounce[i*blockSize : (i+1)*blockSize] }
+
+// post posts the op's next round: up to roundBlocks work requests, the last
+// one signalled (RC completes them in order, so its completion covers all).
+func (c *Conn) post(ctx context.Context, st *opState) error {
+	op := st.op
+	left := st.length() - st.done
+	nb := min((left+blockSize-1)/blockSize, roundBlocks)
+	blocks, err := c.takeBlocks(ctx, nb)
+	if err != nil {
+		return err
+	}
+	c.pmu.Lock()
+	c.nextID++
+	r := &req{id: c.nextID, blocks: blocks, done: make(chan struct{})}
+	c.pend[r.id] = r
+	c.pmu.Unlock()
+	ws := make([]wr, nb)
+	raddr := st.info.addr + uint64(op.Offset) + uint64(st.done)
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(c.bounce)))
+	for i, b := range blocks {
+		n := min(left-i*blockSize, blockSize)
+		laddr := base + uintptr(b*blockSize)
+		ra := raddr + uint64(i*blockSize)
+		switch op.Kind {
+		case rdma.OpRead:
+			ws[i] = newWR(r.id, opRead, laddr, n, c.mr.lkey, ra, st.info.rkey)
+		case rdma.OpWrite:
+			from := st.done + i*blockSize
+			copy(c.block(b), op.Buf[from:from+n])
+			ws[i] = newWR(r.id, opWrite, laddr, n, c.mr.lkey, ra, st.info.rkey)
+		case rdma.OpCompareAndSwap:
+			ws[i] = newWR(r.id, opCAS, laddr, 8, c.mr.lkey, ra, st.info.rkey)
+			setAtomic(&ws[i], op.Old, op.New)
+		case rdma.OpFetchAdd:
+			ws[i] = newWR(r.id, opFAdd, laddr, 8, c.mr.lkey, ra, st.info.rkey)
+			setAtomic(&ws[i], op.Delta, 0)
+		}
+	}
+	setSignaled(&ws[nb-1])
+	if err := c.qp.post(ws); err != nil {
+		c.pmu.Lock()
+		delete(c.pend, r.id)
+		c.pmu.Unlock()
+		c.releaseBlocks(blocks)
+		c.broken.Store(true)
+		return fmt.Errorf("rdma/verbs: ibv_post_send %s: %w (%w)", op.Kind, err, rdma.ErrClosed)
+	}
+	st.r = r
+	return nil
+}
+
+// finish waits for the op's rounds, posting the next one after each.
+func (c *Conn) finish(ctx context.Context, st *opState) error {
+	for {
+		r := st.r
+		st.r = nil
+		if err := c.wait(ctx, r); err != nil {
+			return err
+		}
+		if r.status != wcSuccess {
+			c.releaseBlocks(r.blocks)
+			return c.failed(ctx, st, r.status)
+		}
+		op := st.op
+		n := min(st.length()-st.done, len(r.blocks)*blockSize)
+		switch op.Kind {
+		case rdma.OpRead:
+			for i, b := range r.blocks {
+				k := min(n-i*blockSize, blockSize)
+				copy(op.Buf[st.done+i*blockSize:], c.block(b)[:k])
+			}
+		case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
+			// The responder returns the original word in host order.
+			op.Prev = *(*uint64)(unsafe.Pointer(&c.block(r.blocks[0])[0]))
+			op.Swapped = op.Kind == rdma.OpCompareAndSwap && op.Prev == op.Old
+		}
+		c.releaseBlocks(r.blocks)
+		st.done += n
+		if st.done >= st.length() {
+			return nil
+		}
+		if err := c.post(ctx, st); err != nil {
+			return err
+		}
+	}
+}
+
+// failed turns an error completion into the rdma error the caller can act
+// on. An error completion leaves the queue pair in the error state, so the
+// connection is broken from now on; the segment is resolved afresh to tell
+// a revoked key or a stale epoch from a transient failure.
+func (c *Conn) failed(ctx context.Context, st *opState, status uint32) error {
+	c.broken.Store(true)
+	op := st.op
+	what := fmt.Sprintf("rdma/verbs: %s at offset %d of %s: work completion %q", op.Kind, op.Offset, op.Region, wcStatusString(status))
+	switch status {
+	case wcRemAccessErr:
+		c.forget(op.Region.Segment)
+		if _, err := c.resolve(ctx, op.Region, st.mutating()); err != nil && !errors.Is(err, rdma.ErrClosed) {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return fmt.Errorf("%s: the segment was re-registered; dial again: %w", what, rdma.ErrClosed)
+	case wcRemInvReqErr:
+		return fmt.Errorf("%s: %w", what, rdma.ErrOutOfRange)
+	default:
+		return fmt.Errorf("%s: %w", what, rdma.ErrClosed)
+	}
+}
+
+// wait waits for r's completion, polling the completion queue while no
+// other caller does. When ctx ends first, r is abandoned: the poller frees
+// its blocks when its completion arrives.
+func (c *Conn) wait(ctx context.Context, r *req) error {
+	for {
+		select {
+		case <-r.done:
+			return nil
+		default:
+		}
+		if c.pollMu.TryLock() {
+			err := c.pollOnce()
+			c.pollMu.Unlock()
+			select {
+			case <-r.done:
+				c.handOff()
+				return nil
+			default:
+			}
+			if err == nil {
+				err = ctx.Err()
+			}
+			if err == nil && c.broken.Load() {
+				err = fmt.Errorf("rdma/verbs: the queue pair to %s failed: %w", c.ctl.RemoteAddr(), rdma.ErrClosed)
+			}
+			if err != nil {
+				if c.abandon(r) {
+					c.handOff()
+					return err
+				}
+				<-r.done
+				c.handOff()
+				return nil
+			}
+			continue
+		}
+		select {
+		case <-r.done:
+			return nil
+		case <-c.wake:
+		case <-ctx.Done():
+			if c.abandon(r) {
+				c.handOff()
+				return ctx.Err()
+			}
+			<-r.done
+			return nil
+		}
+	}
+}
+
+// abandon marks r abandoned unless it already completed.
+func (c *Conn) abandon(r *req) bool {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	if r.completed {
+		return false
+	}
+	r.abandoned = true
+	return true
+}
+
+// handOff passes the polling duty on when operations are still pending.
+func (c *Conn) handOff() {
+	c.pmu.Lock()
+	n := len(c.pend)
+	c.pmu.Unlock()
+	if n > 0 {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// pollOnce polls for up to pollSpinNs and completes what it finds.
+func (c *Conn) pollOnce() error {
+	var wcs [32]completion
+	n, err := c.qp.poll(wcs[:], pollSpinNs)
+	if err != nil {
+		c.broken.Store(true)
+		return fmt.Errorf("%w (%w)", err, rdma.ErrClosed)
+	}
+	for i := range n {
+		id, status := wcID(&wcs[i])
+		c.pmu.Lock()
+		r := c.pend[id]
+		if r == nil { // a later work request of a round that already failed
+			c.pmu.Unlock()
+			continue
+		}
+		delete(c.pend, id)
+		r.status, r.completed = status, true
+		ab := r.abandoned
+		c.pmu.Unlock()
+		if status != wcSuccess {
+			c.broken.Store(true)
+		}
+		if ab {
+			c.releaseBlocks(r.blocks)
+		} else {
+			close(r.done)
+		}
+	}
+	return nil
+}
