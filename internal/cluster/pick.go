@@ -1,15 +1,22 @@
 package cluster
 
-import "math/rand/v2"
+import (
+	"math/bits"
+	"math/rand/v2"
+)
 
 // Pick chooses the member to place an allocation of size bytes on tier,
 // among members that are Usable (alive, readable metadata, neither draining
 // nor leaving), offer the tier with at least size bytes free, and are not
 // named exclude (usually this node). It draws two distinct candidates at
-// random and takes the one with more free bytes on the tier (the first drawn
-// on a tie): the power of two random choices, which spreads load nearly as
-// evenly as always taking the emptiest node without sending every node's
-// allocations to the same peer at once.
+// random and takes the one with the larger free fraction (free bytes over
+// capacity) on the tier, the first drawn on a tie: the power of two random
+// choices, which spreads load nearly as evenly as always taking the
+// emptiest node without sending every node's allocations to the same peer
+// at once. Comparing fractions rather than bytes fills hosts of different
+// sizes to the same level: by bytes, a host twice as large takes every
+// placement until its free bytes come down to the smaller host's, and ends
+// much fuller (measured by the scale simulation in pool, docs/scale.md).
 //
 // When nobody fits it returns a *NoPeerError (matching ErrNoPeer and
 // errs.ErrNoCapacity) whose Reason says why. rnd supplies randomness
@@ -73,8 +80,24 @@ func Pick(members []Member, tier string, size int64, exclude string, rnd *rand.R
 	ma, mb := &members[cand[a]], &members[cand[b]]
 	ta, _ := ma.Meta.Tier(tier)
 	tb, _ := mb.Meta.Tier(tier)
-	if tb.Free > ta.Free {
+	if freerThan(tb, ta) {
 		return mb.clone(), nil
 	}
 	return ma.clone(), nil
+}
+
+// freerThan reports whether a has a larger free fraction than b:
+// a.Free/a.Capacity > b.Free/b.Capacity, compared exactly as 128-bit cross
+// products (byte counts up to 2^63 would overflow int64). A tier of zero
+// capacity has nothing free and loses to any tier with free bytes.
+func freerThan(a, b TierFree) bool {
+	if a.Capacity <= 0 || a.Free <= 0 {
+		return false
+	}
+	if b.Capacity <= 0 || b.Free <= 0 {
+		return true
+	}
+	ah, al := bits.Mul64(uint64(a.Free), uint64(b.Capacity))
+	bh, bl := bits.Mul64(uint64(b.Free), uint64(a.Capacity))
+	return ah > bh || (ah == bh && al > bl)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/farmem/farmem/internal/errs"
@@ -53,6 +54,9 @@ func TestPickTable(t *testing.T) {
 		{"exact fit", []Member{peer("a", "rdma", G, G)}, "rdma", G, []string{"a"}, 0},
 		{"zero size fits a full peer", []Member{peer("a", "rdma", G, 0)}, "rdma", 0, []string{"a"}, 0},
 		{"two fit: more free wins", []Member{peer("a", "rdma", 10*G, 2*G), peer("b", "rdma", 10*G, 5*G)}, "rdma", G, []string{"b"}, 0},
+		{"two fit: the larger free fraction wins, not the more free bytes", []Member{peer("a", "rdma", 100*G, 30*G), peer("b", "rdma", 10*G, 5*G)}, "rdma", G, []string{"b"}, 0},
+		{"two fit: equal fractions, either", []Member{peer("a", "rdma", 100*G, 50*G), peer("b", "rdma", 10*G, 5*G)}, "rdma", G, []string{"a", "b"}, 0},
+		{"exabyte tiers compare exactly", []Member{peer("a", "rdma", 1<<62, 1<<61), peer("b", "rdma", 1<<62-2, 1<<61-2)}, "rdma", G, []string{"a"}, 0},
 		{"exclude honoured", []Member{self, peer("a", "rdma", 10*G, 2*G)}, "rdma", G, []string{"a"}, 0},
 		{"other tiers ignored", []Member{
 			{Name: "a", State: StateAlive, Meta: Meta{Tiers: []TierFree{{"cxl", 100 * G, 100 * G}, {"rdma", 10 * G, 3 * G}}}},
@@ -132,6 +136,70 @@ func TestPickPrefersFreeAndNeverTheLeastFree(t *testing.T) {
 	for i := 2; i < 8; i++ {
 		require.Less(t, count[fmt.Sprintf("p%d", i)], count[fmt.Sprintf("p%d", i+1)], "more free, more picks: %v", count)
 	}
+}
+
+func TestFreerThan(t *testing.T) {
+	for _, tc := range []struct {
+		a, b TierFree
+		want bool
+	}{
+		{TierFree{Capacity: 10, Free: 6}, TierFree{Capacity: 100, Free: 50}, true},
+		{TierFree{Capacity: 100, Free: 50}, TierFree{Capacity: 10, Free: 6}, false},
+		{TierFree{Capacity: 10, Free: 5}, TierFree{Capacity: 100, Free: 50}, false}, // a tie is not freer
+		{TierFree{Capacity: 0, Free: 0}, TierFree{Capacity: 10, Free: 1}, false},
+		{TierFree{Capacity: 10, Free: 1}, TierFree{Capacity: 0, Free: 0}, true},
+		{TierFree{Capacity: 10, Free: 0}, TierFree{Capacity: 0, Free: 0}, false},
+		{TierFree{Capacity: 1<<63 - 1, Free: 1<<63 - 2}, TierFree{Capacity: 1<<63 - 2, Free: 1<<63 - 3}, true},
+	} {
+		require.Equal(t, tc.want, freerThan(tc.a, tc.b), "%+v vs %+v", tc.a, tc.b)
+	}
+}
+
+// TestPickBalancesUnequalHosts places many equal segments on hosts of
+// three sizes, applying each placement to the chosen host's free bytes as
+// gossip would. Used fractions end within a few percent of the mean; with
+// the same two random choices decided by free bytes (Pick's rule before)
+// the largest hosts end far fuller than the smallest.
+func TestPickBalancesUnequalHosts(t *testing.T) {
+	const hosts, seg = 60, int64(256 << 10)
+	sizes := []int64{24 << 20, 32 << 20, 48 << 20}
+	run := func(pick func(ms []Member, rnd *rand.Rand) string) (maxOverMean float64) {
+		var ms []Member
+		var total int64
+		for i := range hosts {
+			c := sizes[i%len(sizes)]
+			ms = append(ms, peer(fmt.Sprintf("p%d", i), "rdma", c, c))
+			total += c
+		}
+		rnd := rand.New(rand.NewPCG(5, 6))
+		for range total / seg / 2 { // fill to half
+			name := pick(ms, rnd)
+			i := slices.IndexFunc(ms, func(x Member) bool { return x.Name == name })
+			ms[i].Meta.Tiers[0].Free -= seg
+		}
+		var sum, most float64
+		for _, m := range ms {
+			f := 1 - float64(m.Meta.Tiers[0].Free)/float64(m.Meta.Tiers[0].Capacity)
+			sum += f
+			most = max(most, f)
+		}
+		return most / (sum / hosts)
+	}
+	byFraction := run(func(ms []Member, rnd *rand.Rand) string {
+		m, err := Pick(ms, "rdma", seg, "", rnd)
+		require.NoError(t, err)
+		return m.Name
+	})
+	byBytes := run(func(ms []Member, rnd *rand.Rand) string {
+		a, b := ms[rnd.IntN(len(ms))], ms[rnd.IntN(len(ms))]
+		if b.Meta.Tiers[0].Free > a.Meta.Tiers[0].Free {
+			return b.Name
+		}
+		return a.Name
+	})
+	t.Logf("max/mean used fraction: %.3f by free fraction, %.3f by free bytes", byFraction, byBytes)
+	require.Less(t, byFraction, 1.06, "Pick: max/mean used fraction")
+	require.Greater(t, byBytes, 1.3, "the free-bytes rule this replaced: max/mean used fraction")
 }
 
 func TestPickDoesNotModifyAndReturnsCopies(t *testing.T) {
