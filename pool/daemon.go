@@ -111,6 +111,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	d.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(peerCreds{}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(sessionProbe(cfg.LeaseTTL)),
 	}, cfg.sim.grpc...)...)
 	poolv1.RegisterPoolServer(d.grpc, &service{d: d})
 	d.health.register(d.grpc)
@@ -122,6 +123,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		}
 		d.tcp = grpc.NewServer(append([]grpc.ServerOption{
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+			grpc.KeepaliveParams(sessionProbe(cfg.LeaseTTL)),
 		}, cfg.sim.grpc...)...)
 		poolv1.RegisterPoolServer(d.tcp, &service{d: d})
 		d.health.register(d.tcp)
@@ -136,6 +138,17 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}
 	d.startOps()
 	return d, nil
+}
+
+// sessionProbe makes the control plane ping a connection that has been
+// silent for a quarter of the lease TTL (at least 1s) and close it when the
+// ping is not answered within as long again. A client that is partitioned
+// or paused never closes its session stream, and its lease must not outlive
+// it: closing the connection ends its sessions, and its lease then runs out
+// one TTL later, as after a clean disconnect.
+func sessionProbe(ttl time.Duration) keepalive.ServerParameters {
+	d := max(ttl/4, time.Second)
+	return keepalive.ServerParameters{Time: d, Timeout: d}
 }
 
 // Start is New followed by Serve in the background: the daemon serves by
@@ -221,9 +234,17 @@ func (d *Daemon) allow(p peerInfo) error {
 // serveFD answers descriptor requests on one connection until it closes.
 func (d *Daemon) serveFD(c *net.UnixConn, peer peerInfo) {
 	defer c.Close()
+	// Close the connection at shutdown; the watcher ends with the
+	// connection, not with the daemon (one per client connection would
+	// pile up otherwise).
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
-		<-d.stop
-		c.Close()
+		select {
+		case <-d.stop:
+			c.Close()
+		case <-done:
+		}
 	}()
 	for {
 		req, err := fdpass.ReadRequest(c)
