@@ -153,7 +153,7 @@ func (n *node) admin(t *testing.T) poolv1.PoolClient {
 
 // state is what the daemon reports: its segments and its CXL tier.
 type state struct {
-	segs          []*poolv1.Segment
+	segs           []*poolv1.Segment
 	capacity, free int64
 }
 
