@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/emulation"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/fdpass"
 	"github.com/farmem/farmem/internal/paths"
@@ -34,6 +35,7 @@ type Client struct {
 	opts    dialOptions
 	sess    *session.Conn
 	api     poolv1.PoolClient
+	emulate emulation.Spec // WithEmulateLatency; overrides the daemon's per tier
 
 	fdMu sync.Mutex                  // serializes calls on the descriptor channel
 	fd   atomic.Pointer[fdpass.Conn] // the descriptor channel; nil until needed
@@ -83,12 +85,18 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	if err != nil {
 		return nil, err
 	}
+	var emulate emulation.Spec
+	if o.emulate != nil {
+		if emulate, err = emulation.Parse(*o.emulate); err != nil {
+			return nil, fmt.Errorf("%w: WithEmulateLatency: %w", ErrInvalid, err)
+		}
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	c := &Client{socket: path, network: network, opts: o, segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}}
+	c := &Client{socket: path, network: network, opts: o, emulate: emulate, segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}}
 	c.sess, err = session.Dial(ctx, network, path, session.Options{
 		ClientID: o.clientID, ClientName: o.clientName,
 		OnEvents: c.segmentEvents,
@@ -243,7 +251,7 @@ func (c *Client) Tiers(ctx context.Context) ([]TierInfo, error) {
 	}
 	out := make([]TierInfo, len(resp.Tiers))
 	for i, t := range resp.Tiers {
-		out[i] = tierInfoFromProto(t)
+		out[i] = c.overrideTier(tierInfoFromProto(t))
 	}
 	return out, nil
 }
@@ -276,8 +284,13 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 	return s, err
 }
 
-// track adds a segment to those the client closes.
+// track adds a segment to those the client closes, with the latency
+// emulation of its tier.
 func (c *Client) track(s *Segment) (*Segment, error) {
+	if tg := c.injected(s.info.Tier, s.info.Injected); !tg.Zero() {
+		in := emulation.NewInjector(tg)
+		s.emu = &in
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

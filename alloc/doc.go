@@ -14,6 +14,16 @@
 // memory fault (a truncated backing file, a poisoned CXL line) into an
 // error; a slice from Bytes is the application's to guard.
 //
+// Latency emulation (poold --emulate-latency, or WithEmulateLatency for one
+// client) makes ReadAt, WriteAt and the 64-bit atomics of a tier take a
+// target latency plus size/bandwidth, e.g. CXL at 200 ns or RDMA at 2 µs on
+// a host with neither, calibrated so the whole call takes the target.
+// Direct loads and stores through Bytes cannot be slowed: code that uses
+// Bytes runs at the speed of the real memory behind it, and a program that
+// wants to see emulated costs must go through ReadAt/WriteAt. Injected
+// latency is always reported as "injected" (TierInfo, Segment.Injected),
+// never as a measurement.
+//
 // Concurrency: Client and Segment are safe for concurrent use. A slice
 // returned by Segment.Bytes is valid until the segment is freed or the
 // client closed; using it after that is a use-after-free.

@@ -14,6 +14,20 @@ type dialOptions struct {
 	clientName string
 	timeout    time.Duration
 	opTimeout  time.Duration
+	emulate    *string // WithEmulateLatency's spec, parsed by Dial
+}
+
+// WithEmulateLatency sets latency emulation for this client, overriding
+// the daemon's --emulate-latency for the tiers the spec names ("cxl=0"
+// turns the daemon's off for cxl): ReadAt, WriteAt and the 64-bit atomics
+// on a segment of such a tier take the latency plus size/bandwidth, e.g.
+// "cxl=200ns,rdma=2us/12GB/s". It lets a program see how it would behave
+// with hardware this host lacks. Loads and stores through Segment.Bytes
+// cannot be slowed. A call whose real cost exceeds the target is not
+// slowed further. Dial returns ErrInvalid, saying what to write instead,
+// for a spec it cannot read. Default: the daemon's setting.
+func WithEmulateLatency(spec string) DialOption {
+	return func(o *dialOptions) { o.emulate = &spec }
 }
 
 // WithOpTimeout bounds each ReadAt, WriteAt and atomic on an rdma segment,

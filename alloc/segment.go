@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/emulation"
 )
 
 // Segment is one far-memory allocation. It is safe for concurrent use:
@@ -26,7 +27,10 @@ type Segment struct {
 	// truncate, a device with poisoned lines): copies then turn faults into
 	// errors. Local DRAM is a memfd sealed against resizing, which cannot
 	// fault short of the machine's own memory failing, as the Go heap could.
-	guard  bool
+	guard bool
+	// emu is the latency emulation applied to ReadAt, WriteAt and the
+	// atomics; nil (the common case: one predictable branch) for none.
+	emu    *emulation.Injector
 	closed atomic.Bool
 }
 
@@ -55,6 +59,16 @@ func (s *Segment) Device() string { return s.info.Device }
 // Node names the host whose memory holds the segment.
 func (s *Segment) Node() string { return s.info.Node }
 
+// Injected is the latency emulation applied to the segment's ReadAt,
+// WriteAt and atomics (the daemon's --emulate-latency for its tier, or the
+// client's WithEmulateLatency); zero for none. It never applies to Bytes.
+func (s *Segment) Injected() Injected {
+	if s.emu == nil {
+		return Injected{}
+	}
+	return Injected(s.emu.Target())
+}
+
 // Bytes returns the segment's memory for direct loads and stores on
 // load/store tiers (local, cxl), and false on tiers reached over a network.
 // The slice is valid only until Free or Client.Close; touching it after
@@ -82,8 +96,13 @@ func faultGuard(old bool, err *error) {
 }
 
 // ReadAt implements io.ReaderAt: it reads len(p) bytes at off, returning
-// io.EOF with a short count at the end of the segment.
+// io.EOF with a short count at the end of the segment. With latency
+// emulation on the segment's tier the call takes the injected latency plus
+// len(p)/bandwidth (see WithEmulateLatency).
 func (s *Segment) ReadAt(p []byte, off int64) (n int, err error) {
+	if e := s.emu; e != nil {
+		defer e.Wait(time.Now(), len(p)) // the call, measured from here, takes the target
+	}
 	mem := s.mem
 	if s.closed.Load() {
 		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
@@ -116,8 +135,12 @@ func guardedCopy(p, mem []byte) (n int, err error) {
 }
 
 // WriteAt implements io.WriterAt. A write that would run past the end of
-// the segment writes nothing and returns ErrOutOfRange.
+// the segment writes nothing and returns ErrOutOfRange. Latency emulation
+// applies as to ReadAt.
 func (s *Segment) WriteAt(p []byte, off int64) (n int, err error) {
+	if e := s.emu; e != nil {
+		defer e.Wait(time.Now(), len(p)) // the call, measured from here, takes the target
+	}
 	mem := s.mem
 	if s.closed.Load() {
 		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
@@ -159,8 +182,12 @@ func (s *Segment) word(off int64) (*uint64, error) {
 	return (*uint64)(unsafe.Pointer(&s.mem[off])), nil
 }
 
-// Load64 atomically loads the 8-byte word at off (a multiple of 8).
+// Load64 atomically loads the 8-byte word at off (a multiple of 8). Latency
+// emulation applies to the atomics as to ReadAt, with a size of 8 bytes.
 func (s *Segment) Load64(off int64) (v uint64, err error) {
+	if e := s.emu; e != nil {
+		defer e.Wait(time.Now(), 8) // the call, measured from here, takes the target
+	}
 	if s.remote != nil {
 		if err := s.checkWord(off); err != nil {
 			return 0, err
@@ -178,6 +205,9 @@ func (s *Segment) Load64(off int64) (v uint64, err error) {
 
 // Store64 atomically stores v at off (a multiple of 8).
 func (s *Segment) Store64(off int64, v uint64) (err error) {
+	if e := s.emu; e != nil {
+		defer e.Wait(time.Now(), 8) // the call, measured from here, takes the target
+	}
 	if s.remote != nil {
 		if err := s.checkWord(off); err != nil {
 			return err
@@ -204,6 +234,9 @@ func (s *Segment) Store64(off int64, v uint64) (err error) {
 // CompareAndSwap64 atomically replaces the word at off with new if it
 // holds old, reporting whether it did.
 func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, err error) {
+	if e := s.emu; e != nil {
+		defer e.Wait(time.Now(), 8) // the call, measured from here, takes the target
+	}
 	if s.remote != nil {
 		if err := s.checkWord(off); err != nil {
 			return false, err
@@ -222,6 +255,9 @@ func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, er
 
 // Add64 atomically adds delta to the word at off and returns the new value.
 func (s *Segment) Add64(off int64, delta uint64) (v uint64, err error) {
+	if e := s.emu; e != nil {
+		defer e.Wait(time.Now(), 8) // the call, measured from here, takes the target
+	}
 	if s.remote != nil {
 		if err := s.checkWord(off); err != nil {
 			return 0, err

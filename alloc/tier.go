@@ -95,8 +95,16 @@ type TierInfo struct {
 	Segments int64
 	// Fragmentation is 1 - largest free extent / free bytes.
 	Fragmentation float64
-	// ReadLatency, WriteLatency are measured or injected; HMATReadLatency is the firmware's.
+	// ReadLatency, WriteLatency are measured, or injected when Injected is
+	// set; HMATReadLatency is the firmware's.
 	ReadLatency, WriteLatency, HMATReadLatency Latency
+	// Injected is the latency emulation this client applies to the tier's
+	// ReadAt, WriteAt and atomics (the daemon's, or WithEmulateLatency's);
+	// zero for none.
+	Injected Injected
+	// MeasuredReadLatency, MeasuredWriteLatency are what was measured of the
+	// tier's real memory when ReadLatency is injected; zero otherwise.
+	MeasuredReadLatency, MeasuredWriteLatency Latency
 	// ReadBandwidth, WriteBandwidth are in bytes per second.
 	ReadBandwidth, WriteBandwidth int64
 	// Note explains the label in a line a person reads.
@@ -117,5 +125,7 @@ func tierInfoFromProto(t *poolv1.TierInfo) TierInfo {
 		ReadLatency: latencyFromProto(t.ReadLatency), WriteLatency: latencyFromProto(t.WriteLatency),
 		HMATReadLatency: latencyFromProto(t.HmatReadLatency),
 		ReadBandwidth:   t.ReadBandwidthBps, WriteBandwidth: t.WriteBandwidthBps, Note: t.Note,
+		Injected:            Injected(targetFromProto(t.Injected)),
+		MeasuredReadLatency: latencyFromProto(t.MeasuredReadLatency), MeasuredWriteLatency: latencyFromProto(t.MeasuredWriteLatency),
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/farmem/farmem/internal/emulation"
 	"github.com/farmem/farmem/internal/paths"
 	"github.com/farmem/farmem/internal/size"
 )
@@ -97,6 +98,15 @@ type Config struct {
 	// background at start, briefly taking up to 64 MiB of each tier.
 	// Default: true.
 	MeasureTiers bool `yaml:"measure-tiers"`
+	// EmulateLatency injects latency into the calls clients make on a
+	// tier's segments (ReadAt, WriteAt, atomics) so a host without the
+	// hardware behaves like one with it, e.g. "cxl=200ns,rdma=2us/12GB/s":
+	// per tier a latency and an optional bandwidth cap (a call of n bytes
+	// takes latency + n/bandwidth). Clients apply it; one can override it
+	// for itself (alloc.WithEmulateLatency). Direct access through
+	// Segment.Bytes cannot be slowed. Shown everywhere as "injected".
+	// Default: "" (none).
+	EmulateLatency emulation.Spec `yaml:"emulate-latency"`
 	// LogLevel is debug, info, warn or error. Default: info.
 	LogLevel string `yaml:"log-level"`
 	// LogFormat is text or json. Default: text.

@@ -10,6 +10,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/cxl"
 	"github.com/farmem/farmem/internal/device"
+	"github.com/farmem/farmem/internal/emulation"
 	"github.com/farmem/farmem/internal/probe"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/rdma"
@@ -79,9 +80,14 @@ func (d *Daemon) measureTiers(ctx context.Context) error {
 		}
 		p.measured[dv.tier] = m
 		p.mu.Unlock()
-		d.log.Info("measured tier", "tier", tierName(dv.tier), "device", dv.Name(),
+		attrs := []any{"tier", tierName(dv.tier), "device", dv.Name(),
 			"read-p50", time.Duration(m.read.P50Ns), "read-p99", time.Duration(m.read.P99Ns),
-			"read-bandwidth-bps", m.readBps, "took", time.Since(start).Round(time.Millisecond))
+			"read-bandwidth-bps", m.readBps, "took", time.Since(start).Round(time.Millisecond)}
+		if tg, ok := p.injected(dv.tier); ok {
+			// The measurement is of the real memory; say what clients get.
+			attrs = append(attrs, "injected", tg.String())
+		}
+		d.log.Info("measured tier", attrs...)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -213,4 +219,36 @@ func (p *Pool) addMeasured(ti *poolv1.TierInfo) {
 		ti.ReadBandwidthBps, ti.WriteBandwidthBps = m.readBps, m.writeBps
 	}
 	ti.HmatReadLatency = p.hmat[ti.Tier]
+	p.addInjected(ti)
+}
+
+// injected is the latency emulation of tier t (Config.EmulateLatency),
+// false when there is none.
+func (p *Pool) injected(t poolv1.Tier) (emulation.Target, bool) {
+	tg, _ := p.cfg.EmulateLatency.Target(t)
+	return tg, !tg.Zero()
+}
+
+func emulationProto(t emulation.Target) *poolv1.Emulation {
+	return &poolv1.Emulation{LatencyNs: t.Latency.Nanoseconds(), BandwidthBps: t.Bandwidth}
+}
+
+// addInjected labels ti's latencies as injected when its tier has latency
+// emulation, keeping what was measured of the real memory beside them:
+// an injected figure is never shown as a measurement.
+func (p *Pool) addInjected(ti *poolv1.TierInfo) {
+	tg, ok := p.injected(ti.Tier)
+	if !ok {
+		return
+	}
+	ti.Injected = emulationProto(tg)
+	ti.MeasuredReadLatency, ti.MeasuredWriteLatency = ti.ReadLatency, ti.WriteLatency
+	ns := tg.Duration(64).Nanoseconds() // a 64-byte call, as measured tiers are
+	ti.ReadLatency = &poolv1.Latency{P50Ns: ns, P99Ns: ns, Source: "injected"}
+	ti.WriteLatency = &poolv1.Latency{P50Ns: ns, P99Ns: ns, Source: "injected"}
+	note := fmt.Sprintf("latency injected by emulation (%s): clients' ReadAt, WriteAt and atomics take it; loads and stores through Bytes() are not slowed, and a call whose real cost is higher stays slower", tg)
+	if ti.Note != "" {
+		note = ti.Note + "; " + note
+	}
+	ti.Note = note
 }

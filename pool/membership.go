@@ -237,6 +237,7 @@ func (p *Pool) peerTier() *poolv1.TierInfo {
 	if len(ti.Devices) == 0 {
 		return nil
 	}
+	p.addInjected(ti)
 	p.mu.Lock()
 	for _, r := range p.segs {
 		if r.Home != "" {

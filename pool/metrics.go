@@ -209,11 +209,17 @@ func (m *metrics) observeDataPlane(o tcp.Observation) {
 	}
 }
 
-// emulatedLatency is the latency injected into accesses to tier. Latency
-// emulation is not built yet (issue 10); when it is, return its setting
-// here and farmem_emulated_latency_seconds reports it. Until then no
-// latency is injected, and the gauge says 0.
-func emulatedLatency(cfg Config, tier string) time.Duration { return 0 }
+// emulatedLatency is the latency injected into accesses to tier by
+// Config.EmulateLatency (0: none), which farmem_emulated_latency_seconds
+// reports.
+func emulatedLatency(cfg Config, tier string) time.Duration {
+	t, err := ParseTier(tier)
+	if err != nil {
+		return 0
+	}
+	tg, _ := cfg.EmulateLatency.Target(t)
+	return tg.Latency
+}
 
 // poolCollector reads the Pool's state at scrape time, so the gauges are
 // never stale and cost nothing between scrapes.

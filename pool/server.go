@@ -199,6 +199,13 @@ func (s *service) Tiers(ctx context.Context, _ *poolv1.TiersRequest) (*poolv1.Ti
 	return &poolv1.TiersResponse{Tiers: s.d.pool.allTiers()}, nil
 }
 
+func (s *service) MeasureTiers(ctx context.Context, _ *poolv1.MeasureTiersRequest) (*poolv1.TiersResponse, error) {
+	if err := s.d.MeasureTiers(ctx); err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &poolv1.TiersResponse{Tiers: s.d.pool.allTiers()}, nil
+}
+
 func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.StatusResponse, error) {
 	p := s.d.pool
 	return &poolv1.StatusResponse{
@@ -234,6 +241,9 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 		if strings.HasPrefix(r.Owner, peerClientPrefix) {
 			seg.Kind, seg.Emulated = "lent", false // this host's memory, lent to a peer
 		}
+	}
+	if tg, ok := d.pool.injected(seg.Tier); ok {
+		seg.Injected = emulationProto(tg)
 	}
 	if t := d.pool.leaseExpiry(&r); !t.IsZero() {
 		seg.LeaseExpiresUnixMs = t.UnixMilli()

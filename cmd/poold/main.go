@@ -85,6 +85,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.BoolVar(&cfg.AllowDevdaxFD, "allow-devdax-fd", cfg.AllowDevdaxFD, "hand whole devdax devices to clients (one descriptor reaches every segment on the device)")
 	f.BoolVar(&cfg.MetadataFsync, "metadata-fsync", cfg.MetadataFsync, "fsync every metadata commit before the reply (default); --metadata-fsync=false is unsafe: a host crash can then lose acknowledged allocations and frees")
 	f.BoolVar(&cfg.MeasureTiers, "measure-tiers", cfg.MeasureTiers, "measure each tier's latency and bandwidth in the background at start (briefly takes up to 64MiB of each tier)")
+	f.Var(&cfg.EmulateLatency, "emulate-latency", `inject latency into clients' ReadAt, WriteAt and atomics per tier, e.g. "cxl=200ns,rdma=2us/12GB/s" (latency[/bandwidth]; shown as injected; Bytes() access is not slowed)`)
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	f.StringVar(&cfg.Metrics, "metrics", cfg.Metrics, "HTTP address for Prometheus /metrics and the /healthz, /readyz probes, e.g. 127.0.0.1:9464 (default: none)")

@@ -63,13 +63,16 @@ func (in Injector) Wait(start time.Time, n int) {
 }
 
 // spinLimit is the longest wait done by spinning alone; beyond it Wait
-// sleeps until spinLimit before the end, since a sleep wakes up tens of
-// microseconds late.
-const spinLimit = 200 * time.Microsecond
+// sleeps until sleepMargin before the end and spins the rest, since a
+// sleep on Linux wakes up as much as a millisecond late.
+const (
+	spinLimit   = 3 * time.Millisecond
+	sleepMargin = 2 * time.Millisecond
+)
 
 func wait(start time.Time, d time.Duration) {
 	if left := d - time.Since(start); left > spinLimit {
-		time.Sleep(left - spinLimit/2)
+		time.Sleep(left - sleepMargin)
 	}
 	for time.Since(start) < d {
 	}
