@@ -1,0 +1,103 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/internal/bench/benchtest"
+	"github.com/farmem/farmem/internal/pooltest"
+)
+
+func TestBenchCompareJSON(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	mc, rd := benchtest.Memcached(t), benchtest.Redis(t)
+	plot := filepath.Join(t.TempDir(), "cdf.png")
+	out, stderr, code := memctl(t, cfg.Socket, "bench", "--compare", "--memcached", mc, "--redis", rd,
+		"--duration", "40ms", "--sizes", "64,4KiB", "--depths", "1,4", "--plot", plot, "-o", "json")
+	require.Zero(t, code, stderr)
+
+	var rows []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rows))
+	type key struct{ system, op string }
+	seen := map[key]int{}
+	for _, r := range rows {
+		for _, k := range []string{"system", "op", "size", "depth", "ops_per_sec", "p50_ns", "p99_ns", "client_cpu_ns_per_op"} {
+			require.Contains(t, r, k, "row %v", r)
+		}
+		require.Positive(t, r["ops_per_sec"], "row %v", r)
+		sys := r["system"].(string)
+		seen[key{sys, r["op"].(string)}]++
+		switch sys {
+		case "memcached", "redis":
+			require.Contains(t, r, "server_cpu_ns_per_op", "%s runs in a process of its own", sys)
+		case "memory", "tcp-raw", "grpc":
+			require.NotContains(t, r, "server_cpu_ns_per_op", "%s serves from this process", sys)
+		}
+		if sys != "farmem-rdma" {
+			require.Contains(t, r, "vs", "row %v", r)
+			require.Contains(t, r, "ops_ratio", "row %v", r)
+			require.Contains(t, r, "p50_ratio", "row %v", r)
+		}
+	}
+	for _, sys := range []string{"farmem-cxl", "farmem-dram", "farmem-rdma", "memory", "tcp-raw", "grpc", "memcached", "redis"} {
+		require.Equal(t, 4, seen[key{sys, "read"}], "%s: a read row per size and depth", sys)
+		require.Equal(t, 4, seen[key{sys, "write"}], "%s: a write row per size and depth", sys)
+	}
+	for _, sys := range []string{"farmem-cxl", "farmem-dram", "farmem-rdma", "memory", "memcached", "redis"} {
+		require.Equal(t, 2, seen[key{sys, "atomic"}], "%s: an atomic row per depth", sys)
+	}
+	require.Zero(t, seen[key{"grpc", "atomic"}])
+
+	b, err := os.ReadFile(plot)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(b), "\x89PNG\r\n\x1a\n"), "a PNG")
+}
+
+func TestBenchTable(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	svg := filepath.Join(t.TempDir(), "cdf.svg")
+	out, stderr, code := memctl(t, cfg.Socket, "bench", "--compare", "--duration", "30ms",
+		"--ops", "read", "--sizes", "4KiB", "--depths", "1", "--plot", svg)
+	require.Zero(t, code, stderr)
+	for _, want := range []string{"SYSTEM", "farmem-cxl", "farmem-rdma", "tcp-raw", "grpc", "memory",
+		"farmem-cxl ÷ farmem-rdma", "farmem-rdma ÷ grpc", svg} {
+		require.Contains(t, out, want)
+	}
+	require.NotContains(t, out, "memcached", "not asked for")
+	require.NotContains(t, stderr, "\r", "no progress bar when stdout is no terminal")
+	b, err := os.ReadFile(svg)
+	require.NoError(t, err)
+	require.Contains(t, string(b[:200]), "<svg")
+}
+
+func TestBenchErrors(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"memcached without compare", []string{"--memcached", "127.0.0.1:1"}, "--compare"},
+		{"bad size", []string{"--sizes", "lots"}, "--sizes"},
+		{"bad depth", []string{"--depths", "0"}, "--depths"},
+		{"bad op", []string{"--ops", "scan"}, "--ops"},
+		{"bad tier", []string{"--tiers", "tape"}, "--tiers"},
+		{"bad duration", []string{"--duration", "0s"}, "--duration"},
+		{"no memcached there", []string{"--compare", "--ops", "read", "--sizes", "64", "--depths", "1", "--duration", "10ms", "--memcached", "127.0.0.1:1"}, "memcached at 127.0.0.1:1"},
+		{"bad plot file", []string{"--ops", "read", "--sizes", "64", "--depths", "1", "--duration", "10ms", "--plot", "x.gif"}, ".png or .svg"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, code := memctl(t, cfg.Socket, append([]string{"bench"}, tc.args...)...)
+			require.NotZero(t, code)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
+}
