@@ -12,14 +12,32 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 )
 
+// measureTimeout is the least time memctl tiers --measure waits: the
+// daemon probes every tier (well under 2 s each, longer on a busy host) and
+// waits for a measurement already running.
+const measureTimeout = 2 * time.Minute
+
 func newTiersCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var measure bool
+	cmd := &cobra.Command{
 		Use:   "tiers",
-		Short: "Show each memory tier: what backs it, real or emulated, capacity and free",
-		Args:  cobra.NoArgs,
+		Short: "Show each memory tier: what backs it, real or emulated, capacity, free and latency",
+		Long: `Show each memory tier: what backs it, whether it is real or emulated, its
+capacity and free space, and its read latency with where the figure comes
+from: "measured" on this host by poold (at start, or now with --measure),
+"injected" by latency emulation (poold --emulate-latency; the measured figure
+of the real memory is shown beside it), or "hmat" (the firmware's rating).`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			var resp *poolv1.TiersResponse
+			if measure {
+				g.timeout = max(g.timeout, measureTimeout)
+			}
 			err := g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
+				if measure {
+					resp, err = c.MeasureTiers(ctx, &poolv1.MeasureTiersRequest{})
+					return err
+				}
 				resp, err = c.Tiers(ctx, &poolv1.TiersRequest{})
 				return err
 			})
@@ -38,26 +56,45 @@ func newTiersCmd(g *globals) *cobra.Command {
 			return w.Flush()
 		},
 	}
+	cmd.Flags().BoolVar(&measure, "measure", false, "have poold measure every tier now (up to a few seconds; briefly takes up to 64MiB of each) and show the fresh figures")
+	return cmd
+}
+
+// known reports whether l holds a figure: a measurement with samples, or
+// an injected or firmware value.
+func known(l *poolv1.Latency) bool {
+	return l != nil && (l.Samples > 0 || l.P50Ns > 0 && l.Source != "measured")
 }
 
 func printLatency(l *poolv1.Latency) string {
-	if l == nil || l.Samples == 0 {
+	if !known(l) {
 		return "-"
+	}
+	if l.Source == "injected" {
+		return fmt.Sprintf("%s (injected)", time.Duration(l.P50Ns))
 	}
 	return fmt.Sprintf("%s p50 (%s)", time.Duration(l.P50Ns), l.Source)
 }
 
-// readLatency shows the measured (or injected) read latency with the
-// firmware's HMAT figure beside it, and how far apart they are.
+// readLatency shows the measured (or injected) read latency with, for an
+// injected one, the measurement of the real memory, and the firmware's
+// HMAT figure beside the measured one, with how far apart they are.
 func readLatency(t *poolv1.TierInfo) string {
 	s := printLatency(t.ReadLatency)
+	measured := t.ReadLatency
+	if t.ReadLatency.GetSource() == "injected" {
+		measured = t.MeasuredReadLatency
+		if known(measured) {
+			s += fmt.Sprintf(", measured %s p50", time.Duration(measured.P50Ns))
+		}
+	}
 	h := t.HmatReadLatency
 	if h == nil || h.P50Ns == 0 {
 		return s
 	}
 	s += fmt.Sprintf(", hmat %s", time.Duration(h.P50Ns))
-	if m := t.ReadLatency; m != nil && m.Samples > 0 {
-		s += fmt.Sprintf(" (%+.0f%%)", 100*(float64(m.P50Ns)-float64(h.P50Ns))/float64(h.P50Ns))
+	if known(measured) && measured.Source == "measured" {
+		s += fmt.Sprintf(" (%+.0f%%)", 100*(float64(measured.P50Ns)-float64(h.P50Ns))/float64(h.P50Ns))
 	}
 	return s
 }

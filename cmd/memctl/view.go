@@ -24,7 +24,18 @@ type tierJSON struct {
 	HMATRead       *latencyJSON `json:"hmat_read_latency,omitempty"`
 	ReadBandwidth  int64        `json:"read_bandwidth_bps,omitempty"`
 	WriteBandwidth int64        `json:"write_bandwidth_bps,omitempty"`
-	Note           string       `json:"note,omitempty"`
+	// Injected is the tier's latency emulation; when set, read_latency and
+	// write_latency have source "injected" and measured_* hold what was
+	// measured of the real memory.
+	Injected      *injectedJSON `json:"injected,omitempty"`
+	MeasuredRead  *latencyJSON  `json:"measured_read_latency,omitempty"`
+	MeasuredWrite *latencyJSON  `json:"measured_write_latency,omitempty"`
+	Note          string        `json:"note,omitempty"`
+}
+
+type injectedJSON struct {
+	LatencyNs    int64 `json:"latency_ns"`
+	BandwidthBps int64 `json:"bandwidth_bps,omitempty"`
 }
 
 type latencyJSON struct {
@@ -42,12 +53,17 @@ func latency(l *poolv1.Latency) *latencyJSON {
 }
 
 func tierView(t *poolv1.TierInfo) tierJSON {
-	return tierJSON{
+	v := tierJSON{
 		Tier: tierName(t.Tier), Kind: t.Kind, Emulated: t.Emulated, Capacity: t.Capacity, Free: t.Free,
 		Segments: t.Segments, Devices: t.Devices, Fragmentation: t.Fragmentation, Transport: t.Transport,
 		ReadLatency: latency(t.ReadLatency), WriteLatency: latency(t.WriteLatency), HMATRead: latency(t.HmatReadLatency),
 		ReadBandwidth: t.ReadBandwidthBps, WriteBandwidth: t.WriteBandwidthBps, Note: t.Note,
+		MeasuredRead: latency(t.MeasuredReadLatency), MeasuredWrite: latency(t.MeasuredWriteLatency),
 	}
+	if e := t.Injected; e != nil {
+		v.Injected = &injectedJSON{LatencyNs: e.LatencyNs, BandwidthBps: e.BandwidthBps}
+	}
+	return v
 }
 
 // segmentJSON is a segment as -o json prints it.
