@@ -1,0 +1,90 @@
+package pool
+
+import (
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/size"
+)
+
+// FuzzAllocRequest is the control plane's request validation under
+// arbitrary input: bytes decoded as an AllocRequest, as the descriptor
+// channel decodes them, then Alloc, Attach by the request's name, and
+// Free, for a client and for an administrator. No input panics; every
+// refusal matches one of the sentinels a client can act on; every
+// allocation is the segment asked for, inside its device, and freeing it
+// gives all capacity back. The seed corpus is testdata/fuzz/FuzzAllocRequest.
+func FuzzAllocRequest(f *testing.F) {
+	for _, req := range []*poolv1.AllocRequest{
+		{Size: 4096, Tier: poolv1.Tier_TIER_CXL},
+		{Size: 1, Tier: poolv1.Tier_TIER_LOCAL, Name: "cache-0", Persist: true},
+		{Size: 1 << 30, Tier: poolv1.Tier_TIER_CXL, Fallback: []poolv1.Tier{poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_RDMA}},
+		{Size: -1, Tier: 99, Name: "a b"},
+		{Size: 8192, HomeOnly: true},
+	} {
+		b, err := proto.Marshal(req)
+		require.NoError(f, err)
+		f.Add(b, false)
+	}
+	cfg := DefaultConfig()
+	cfg.Node = "fuzz"
+	cfg.DataDir = f.TempDir()
+	cfg.SysfsRoot = "../cxl/testdata/plain"
+	cfg.ShmDir = filepath.Join(cfg.DataDir, "shm")
+	cfg.EmulateCXL = 16 * size.MiB
+	cfg.LocalSize = 16 * size.MiB
+	cfg.ExportSize = 0
+	cfg.MeasureTiers = false
+	cfg.MetadataFsync = false // thousands of commits; durability is not what this checks
+	cfg.LeaseTTL = time.Second
+	log := slog.New(slog.DiscardHandler)
+	_, devs, err := discover(cfg, log)
+	require.NoError(f, err)
+	p, err := newPool(cfg, log, devs, nil)
+	require.NoError(f, err)
+	f.Cleanup(func() { p.close() })
+	p.openSession("s", "fuzz-client", "fuzz", 1, 0)
+	client, err := p.callerFor("s")
+	require.NoError(f, err)
+
+	f.Fuzz(func(t *testing.T, b []byte, asAdmin bool) {
+		var req poolv1.AllocRequest
+		if proto.Unmarshal(b, &req) != nil {
+			return // the channel answers ErrInvalid before validation
+		}
+		c := client
+		if asAdmin {
+			c = admin()
+		}
+		r, err := p.Alloc(t.Context(), c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly})
+		if err != nil {
+			if !errors.Is(err, errs.ErrInvalid) && !errors.Is(err, errs.ErrNoCapacity) && !errors.Is(err, errs.ErrExists) {
+				t.Fatalf("Alloc(%v) refused with %v, which matches no sentinel", &req, err)
+			}
+			return
+		}
+		require.Equal(t, req.Size, r.Size)
+		require.Equal(t, req.Name, r.Name)
+		d := p.device(r.Device)
+		require.NotNil(t, d)
+		require.GreaterOrEqual(t, r.Extent, r.Size)
+		require.LessOrEqual(t, r.Offset+r.Extent, d.ext.Stats().Capacity)
+		if req.Name != "" {
+			a, err := p.Attach(c, req.Name)
+			require.NoError(t, err)
+			require.Equal(t, r.ID, a.ID)
+		}
+		require.NoError(t, p.Free(c, r.ID, ""))
+		for _, ti := range p.tiers() {
+			require.Equal(t, ti.Capacity, ti.Free, "%s after freeing the only segment", ti.Tier)
+		}
+	})
+}
