@@ -33,6 +33,7 @@ func (cl *Client) Message(ctx context.Context, r rdma.Region, req, resp []byte) 
 	}
 	o := getOp()
 	o.kind, o.region, o.req, o.buf = opKindMessage, r, req, resp
+	o.off, o.arg0, o.arg1 = 0, 0, 0 // pooled ops keep the last use's
 	err := cl.run(ctx, o)
 	if err == nil {
 		err = o.err
