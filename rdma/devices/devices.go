@@ -127,7 +127,9 @@ type reader struct {
 	problems []error
 }
 
-func (r *reader) path(rel ...string) string { return filepath.Join(append([]string{r.root}, rel...)...) }
+func (r *reader) path(rel ...string) string {
+	return filepath.Join(append([]string{r.root}, rel...)...)
+}
 
 // list returns the entries of a directory, sorted; none when it is missing.
 func (r *reader) list(rel string) []string {
