@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +35,7 @@ type benchFlags struct {
 	plotSize  size.Size
 	plotDepth int
 	plotOp    string
+	inProcess bool
 }
 
 // benchTier is a farmem tier as --tiers names it and as rows show it.
@@ -65,7 +68,8 @@ TCP (the tier 'memctl tiers' shows as loopback), so the daemon serves it.
 
 --compare adds, driven by the same load generator in the same run: a plain
 []byte in this process (memory), a raw pipelined TCP server (tcp-raw) and a
-plain gRPC unary service (grpc), both on 127.0.0.1 in this process, and
+plain gRPC unary service (grpc), both on 127.0.0.1 in a child process of
+memctl (as poold, memcached and Redis run in processes of their own), and
 memcached and Redis when their addresses are given. Each row is shown as a
 ratio to farmem's matching tier: network servers to farmem-rdma, memory to
 farmem-dram, and farmem-cxl and farmem-dram to farmem-rdma.`,
@@ -87,6 +91,25 @@ farmem-dram, and farmem-cxl and farmem-dram to farmem-rdma.`,
 	fl.Var(&f.plotSize, "plot-size", "the size whose CDFs --plot draws")
 	fl.IntVar(&f.plotDepth, "plot-depth", 1, "the depth whose CDFs --plot draws")
 	fl.StringVar(&f.plotOp, "plot-op", "read", "the op whose CDFs --plot draws")
+	fl.BoolVar(&f.inProcess, "servers-in-process", false, "run the tcp-raw and grpc servers inside memctl instead of in a process of their own (faster for them: no cross-process wake-ups; their CPU then counts as the client's)")
+	return cmd
+}
+
+// newBenchServeCmd is the hidden command memctl bench runs in a child
+// process for the tcp-raw and grpc servers: it prints the server's address
+// and serves until its stdin closes.
+func newBenchServeCmd() *cobra.Command {
+	maxSize := 64 * size.KiB
+	cmd := &cobra.Command{
+		Use:    "bench-serve tcp-raw|grpc",
+		Short:  "Serve a comparison server for memctl bench until stdin closes",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return bench.Serve(args[0], int(maxSize), cmd.OutOrStdout(), func() { io.Copy(io.Discard, cmd.InOrStdin()) })
+		},
+	}
+	cmd.Flags().Var(&maxSize, "max-size", "the largest value tcp-raw serves")
 	return cmd
 }
 
@@ -218,16 +241,11 @@ func benchSystems(ctx context.Context, g *globals, f *benchFlags, client *alloc.
 		return systems, nil
 	}
 	systems = append(systems, bench.NewMemory())
-	raw, err := bench.NewTCPRaw(maxSize)
+	servers, err := startServers(f.inProcess, maxSize)
+	systems = append(systems, servers...)
 	if err != nil {
 		return systems, err
 	}
-	systems = append(systems, raw)
-	gs, err := bench.NewGRPC()
-	if err != nil {
-		return systems, err
-	}
-	systems = append(systems, gs)
 	maxDepth := slices.Max(f.depths)
 	if f.memcached != "" {
 		m, err := bench.NewMemcached(ctx, f.memcached, maxDepth)
@@ -245,6 +263,54 @@ func benchSystems(ctx context.Context, g *globals, f *benchFlags, client *alloc.
 	}
 	return systems, nil
 }
+
+// startServers starts tcp-raw and grpc, each in a child process running
+// this binary's bench-serve, or inside this process.
+func startServers(inProcess bool, maxSize int) ([]bench.System, error) {
+	if inProcess {
+		raw, err := bench.NewTCPRaw(maxSize)
+		if err != nil {
+			return nil, err
+		}
+		gs, err := bench.NewGRPC()
+		if err != nil {
+			return []bench.System{raw}, err
+		}
+		return []bench.System{raw, gs}, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find memctl's own binary to run the comparison servers: %w (or pass --servers-in-process)", err)
+	}
+	var out []bench.System
+	for _, kind := range []string{"tcp-raw", "grpc"} {
+		child, err := bench.StartChild(exec.Command(exe, "bench-serve", kind, "--max-size", strconv.Itoa(maxSize)))
+		if err != nil {
+			return out, err
+		}
+		var sys bench.System
+		if kind == "grpc" {
+			sys, err = bench.DialGRPC(child.Addr, child.PID)
+		} else {
+			sys, err = bench.DialTCPRaw(child.Addr, maxSize, child.PID)
+		}
+		if err != nil {
+			child.Close()
+			return out, err
+		}
+		out = append(out, childSystem{sys, child})
+	}
+	return out, nil
+}
+
+// childSystem is a system whose server runs in a child process, stopped
+// on Close.
+type childSystem struct {
+	bench.System
+	child *bench.Child
+}
+
+func (c childSystem) Close() error { return errors.Join(c.System.Close(), c.child.Close()) }
 
 // daemonPID is the process whose CPU time counts as a segment's server:
 // the local poold for its own tiers and the loopback rdma tier, none for a

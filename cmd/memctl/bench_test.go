@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/farmem/farmem/internal/bench"
 	"github.com/farmem/farmem/internal/bench/benchtest"
 	"github.com/farmem/farmem/internal/pooltest"
 )
@@ -19,7 +22,7 @@ func TestBenchCompareJSON(t *testing.T) {
 	mc, rd := benchtest.Memcached(t), benchtest.Redis(t)
 	plot := filepath.Join(t.TempDir(), "cdf.png")
 	out, stderr, code := memctl(t, cfg.Socket, "bench", "--compare", "--memcached", mc, "--redis", rd,
-		"--duration", "40ms", "--sizes", "64,4KiB", "--depths", "1,4", "--plot", plot, "-o", "json")
+		"--duration", "40ms", "--sizes", "64,4KiB", "--depths", "1,4", "--plot", plot, "-o", "json", "--servers-in-process")
 	require.Zero(t, code, stderr)
 
 	var rows []map[string]any
@@ -36,7 +39,7 @@ func TestBenchCompareJSON(t *testing.T) {
 		switch sys {
 		case "memcached", "redis":
 			require.Contains(t, r, "server_cpu_ns_per_op", "%s runs in a process of its own", sys)
-		case "memory", "tcp-raw", "grpc":
+		case "memory", "tcp-raw", "grpc": // --servers-in-process
 			require.NotContains(t, r, "server_cpu_ns_per_op", "%s serves from this process", sys)
 		}
 		if sys != "farmem-rdma" {
@@ -63,8 +66,11 @@ func TestBenchTable(t *testing.T) {
 	cfg := pooltest.Config(t)
 	pooltest.Start(t, cfg)
 	svg := filepath.Join(t.TempDir(), "cdf.svg")
+	// memctl's binary here is the test binary, which cannot run
+	// bench-serve: the servers run in-process (TestBenchServe covers the
+	// command, internal/bench the child processes).
 	out, stderr, code := memctl(t, cfg.Socket, "bench", "--compare", "--duration", "30ms",
-		"--ops", "read", "--sizes", "4KiB", "--depths", "1", "--plot", svg)
+		"--ops", "read", "--sizes", "4KiB", "--depths", "1", "--plot", svg, "--servers-in-process")
 	require.Zero(t, code, stderr)
 	for _, want := range []string{"SYSTEM", "farmem-cxl", "farmem-rdma", "tcp-raw", "grpc", "memory",
 		"farmem-cxl ÷ farmem-rdma", "farmem-rdma ÷ grpc", svg} {
@@ -91,7 +97,7 @@ func TestBenchErrors(t *testing.T) {
 		{"bad op", []string{"--ops", "scan"}, "--ops"},
 		{"bad tier", []string{"--tiers", "tape"}, "--tiers"},
 		{"bad duration", []string{"--duration", "0s"}, "--duration"},
-		{"no memcached there", []string{"--compare", "--ops", "read", "--sizes", "64", "--depths", "1", "--duration", "10ms", "--memcached", "127.0.0.1:1"}, "memcached at 127.0.0.1:1"},
+		{"no memcached there", []string{"--compare", "--ops", "read", "--sizes", "64", "--depths", "1", "--duration", "10ms", "--memcached", "127.0.0.1:1", "--servers-in-process"}, "memcached at 127.0.0.1:1"},
 		{"bad plot file", []string{"--ops", "read", "--sizes", "64", "--depths", "1", "--duration", "10ms", "--plot", "x.gif"}, ".png or .svg"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -100,4 +106,37 @@ func TestBenchErrors(t *testing.T) {
 			require.Contains(t, stderr, tc.want)
 		})
 	}
+}
+
+func TestBenchServe(t *testing.T) {
+	for _, kind := range []string{"tcp-raw", "grpc"} {
+		t.Run(kind, func(t *testing.T) {
+			stdinR, stdinW := io.Pipe()
+			outR, outW := io.Pipe()
+			root := newRoot(outW)
+			root.SetArgs([]string{"bench-serve", kind, "--max-size", "4KiB"})
+			root.SetIn(stdinR)
+			done := make(chan error, 1)
+			go func() { done <- root.Execute(); outW.Close() }()
+			addr, err := bufio.NewReader(outR).ReadString('\n')
+			require.NoError(t, err)
+			addr = strings.TrimSpace(addr)
+			var sys bench.System
+			if kind == "grpc" {
+				sys, err = bench.DialGRPC(addr, 0)
+			} else {
+				sys, err = bench.DialTCPRaw(addr, 4096, 0)
+			}
+			require.NoError(t, err)
+			res, err := bench.Run(t.Context(), sys, bench.Case{Op: bench.Read, Size: 4096, Depth: 2, Count: 50})
+			require.NoError(t, err)
+			require.EqualValues(t, 50, res.Ops)
+			require.NoError(t, sys.Close())
+			stdinW.Close()
+			require.NoError(t, <-done)
+		})
+	}
+	_, stderr, code := memctl(t, pooltest.SocketPath(t), "bench-serve", "smtp")
+	require.NotZero(t, code)
+	require.Contains(t, stderr, "tcp-raw or grpc")
 }

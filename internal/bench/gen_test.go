@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -225,4 +226,35 @@ func TestServerCPU(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnknown)
 	_, err = ListenerPID("no-port")
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestChildServers(t *testing.T) {
+	for _, kind := range []string{"tcp-raw", "grpc"} {
+		t.Run(kind, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), serveEnv+"="+kind)
+			child, err := StartChild(cmd)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, child.Close()) }()
+			var sys System
+			if kind == "grpc" {
+				sys, err = DialGRPC(child.Addr, child.PID)
+			} else {
+				sys, err = DialTCPRaw(child.Addr, 64<<10, child.PID)
+			}
+			require.NoError(t, err)
+			defer sys.Close()
+			roundTrip(t, sys, 4096)
+			res, err := Run(t.Context(), sys, Case{Op: Read, Size: 4096, Depth: 4, Count: 2000})
+			require.NoError(t, err)
+			require.Equal(t, child.PID, sys.ServerPID())
+			if _, err := ProcessCPU(child.PID); err == nil {
+				require.Positive(t, res.ServerCPU, "the server process worked for 2000 reads")
+			}
+		})
+	}
+	var out bytes.Buffer
+	require.ErrorIs(t, Serve("smtp", 1, &out, func() {}), ErrInvalid)
+	_, err := StartChild(exec.Command("true"))
+	require.ErrorContains(t, err, "printed no address")
 }

@@ -236,10 +236,15 @@ func cpu(v *float64) string {
 }
 
 func ratio(v *float64) string {
-	if v == nil {
+	switch {
+	case v == nil:
 		return "-"
+	case *v >= 100:
+		return fmt.Sprintf("%.0f", *v)
+	case *v >= 0.1:
+		return fmt.Sprintf("%.2f", *v)
 	}
-	return fmt.Sprintf("%.2f", *v)
+	return fmt.Sprintf("%.2g", *v)
 }
 
 func dash(s string) string {

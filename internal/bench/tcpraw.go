@@ -12,7 +12,7 @@ import (
 )
 
 // TCPRaw is the network floor: a raw TCP read/write server on 127.0.0.1
-// in this process, with no checks, keys or framing beyond an 8-byte
+// (in this process, or another one started with Serve), with no checks, keys or framing beyond an 8-byte
 // request header, and a client that pipelines every in-flight op on one
 // connection (leader/follower: the caller that finds nobody reading reads
 // responses for everyone until its own arrives, so a lone op costs one
@@ -22,23 +22,54 @@ import (
 //	request: op u8 (1 read, 2 write) | 0 u8 | key u16 | size u32 | write payload
 //	response: read: size bytes; write: 8 bytes
 type TCPRaw struct {
-	l    net.Listener
-	mem  []byte
-	max  int
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	srv  []net.Conn
-	cli  *rawClient
-	once sync.Once
+	srv *rawServer // nil when the server is another process
+	cli *rawClient
+	max int
+	pid int
 }
 
 var _ System = (*TCPRaw)(nil)
 
 const rawHeader = 8
 
-// NewTCPRaw starts the server for values of up to maxSize bytes and dials
-// it.
+// NewTCPRaw starts the server in this process for values of up to
+// maxSize bytes and dials it.
 func NewTCPRaw(maxSize int) (*TCPRaw, error) {
+	srv, err := startRawServer(maxSize)
+	if err != nil {
+		return nil, err
+	}
+	t, err := DialTCPRaw(srv.l.Addr().String(), maxSize, 0)
+	if err != nil {
+		srv.close()
+		return nil, err
+	}
+	t.srv = srv
+	return t, nil
+}
+
+// DialTCPRaw connects to a tcp-raw server at addr that serves values of up
+// to maxSize bytes (see Serve), run by process pid (0: unknown).
+func DialTCPRaw(addr string, maxSize, pid int) (*TCPRaw, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcp-raw: dial %s: %w", addr, err)
+	}
+	return &TCPRaw{cli: &rawClient{c: c, br: bufio.NewReaderSize(c, 64<<10)}, max: maxSize, pid: pid}, nil
+}
+
+// rawServer is the tcp-raw server.
+type rawServer struct {
+	l    net.Listener
+	mem  []byte
+	max  int
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	cs   []net.Conn
+	once sync.Once
+}
+
+func startRawServer(maxSize int) (*rawServer, error) {
 	if maxSize <= 0 || maxSize > 16<<20 {
 		return nil, fmt.Errorf("%w: tcp-raw value size %d: use 1 B to 16 MiB", ErrInvalid, maxSize)
 	}
@@ -46,37 +77,33 @@ func NewTCPRaw(maxSize int) (*TCPRaw, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcp-raw: listen on 127.0.0.1: %w", err)
 	}
-	t := &TCPRaw{l: l, mem: make([]byte, Keys*maxSize), max: maxSize}
-	t.wg.Add(1)
-	go t.accept()
-	c, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Close()
-		return nil, fmt.Errorf("tcp-raw: dial %s: %w", l.Addr(), err)
-	}
-	t.cli = &rawClient{c: c, br: bufio.NewReaderSize(c, 64<<10)}
-	return t, nil
+	s := &rawServer{l: l, mem: make([]byte, Keys*maxSize), max: maxSize}
+	s.wg.Add(1)
+	go s.accept()
+	return s, nil
 }
 
-func (t *TCPRaw) accept() {
-	defer t.wg.Done()
+func (s *rawServer) addr() string { return s.l.Addr().String() }
+
+func (s *rawServer) accept() {
+	defer s.wg.Done()
 	for {
-		c, err := t.l.Accept()
+		c, err := s.l.Accept()
 		if err != nil {
 			return
 		}
-		t.mu.Lock()
-		t.srv = append(t.srv, c)
-		t.mu.Unlock()
-		t.wg.Add(1)
-		go t.serve(c)
+		s.mu.Lock()
+		s.cs = append(s.cs, c)
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.serve(c)
 	}
 }
 
 // serve answers requests in order, flushing the batched responses when
 // no further complete request is buffered.
-func (t *TCPRaw) serve(c net.Conn) {
-	defer t.wg.Done()
+func (s *rawServer) serve(c net.Conn) {
+	defer s.wg.Done()
 	defer c.Close()
 	br := bufio.NewReaderSize(c, 64<<10)
 	bw := bufio.NewWriterSize(c, 256<<10)
@@ -90,10 +117,10 @@ func (t *TCPRaw) serve(c net.Conn) {
 			return
 		}
 		key, n := int(binary.LittleEndian.Uint16(hdr[2:])), int(binary.LittleEndian.Uint32(hdr[4:]))
-		if key >= Keys || n > t.max {
+		if key >= Keys || n > s.max {
 			return
 		}
-		slot := t.mem[key*n : key*n+n]
+		slot := s.mem[key*n : key*n+n]
 		var err error
 		if hdr[0] == 2 {
 			if _, err = io.ReadFull(br, slot); err == nil {
@@ -106,6 +133,20 @@ func (t *TCPRaw) serve(c net.Conn) {
 			return
 		}
 	}
+}
+
+// close stops the server and waits for its goroutines. Idempotent.
+func (s *rawServer) close() error {
+	s.once.Do(func() {
+		s.l.Close()
+		s.mu.Lock()
+		for _, c := range s.cs {
+			c.Close()
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+	})
+	return nil
 }
 
 // Name is "tcp-raw".
@@ -130,23 +171,15 @@ func (t *TCPRaw) Do(_ context.Context, op Op, key int, buf []byte) error {
 	return t.cli.do(op, key, buf)
 }
 
-// ServerPID is 0: the server runs in this process.
-func (t *TCPRaw) ServerPID() int { return 0 }
+// ServerPID is the server's process when it is another one, else 0.
+func (t *TCPRaw) ServerPID() int { return t.pid }
 
-// Close stops the client and the server. Idempotent.
+// Close closes the client and stops an in-process server. Idempotent.
 func (t *TCPRaw) Close() error {
-	t.once.Do(func() {
-		if t.cli != nil {
-			t.cli.c.Close()
-		}
-		t.l.Close()
-		t.mu.Lock()
-		for _, c := range t.srv {
-			c.Close()
-		}
-		t.mu.Unlock()
-		t.wg.Wait()
-	})
+	t.cli.c.Close()
+	if t.srv != nil {
+		return t.srv.close()
+	}
 	return nil
 }
 
