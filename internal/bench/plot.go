@@ -3,12 +3,12 @@ package bench
 import (
 	"fmt"
 	"math"
+	"image/color"
 	"path/filepath"
 	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 )
 
@@ -29,6 +29,7 @@ func PlotCDF(file string, rows []Row, op Op, size, depth int) error {
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Y.Min, p.Y.Max = 0, 1
+	p.Y.Tick.Marker = plot.ConstantTicks(yTicks())
 	p.Add(plotter.NewGrid())
 	p.Legend.Top, p.Legend.Left = false, false
 	p.Legend.XOffs, p.Legend.YOffs = -vg.Points(8), vg.Points(8)
@@ -49,7 +50,7 @@ func PlotCDF(file string, rows []Row, op Op, size, depth int) error {
 		if err != nil {
 			return fmt.Errorf("plot %s: %w", r.System, err)
 		}
-		line.Color = plotutil.Color(n)
+		line.Color = palette[n%len(palette)]
 		line.Width = vg.Points(2)
 		if !strings.HasPrefix(r.System, "farmem-") {
 			line.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
@@ -62,7 +63,7 @@ func PlotCDF(file string, rows []Row, op Op, size, depth int) error {
 		return fmt.Errorf("%w: no rows for %s of %d B at depth %d to plot (run that case, or pick another with --plot-size/--plot-depth)", ErrInvalid, op, size, depth)
 	}
 	// Room on the right for the legend, below the curves' tops.
-	p.X.Min, p.X.Max = lo/1.5, hi*20
+	p.X.Min, p.X.Max = lo/1.5, hi*8
 	if err := p.Save(10*vg.Inch, 6*vg.Inch, file); err != nil {
 		return fmt.Errorf("write plot %s: %w", file, err)
 	}
@@ -74,4 +75,27 @@ func plural(op Op) string {
 		return "atomics"
 	}
 	return string(op) + "s"
+}
+
+// palette is eight colours told apart also in print and by most colour
+// blind readers (Okabe and Ito's, with black for the eighth).
+var palette = []color.Color{
+	color.RGBA{0, 114, 178, 255},   // blue
+	color.RGBA{213, 94, 0, 255},    // vermillion
+	color.RGBA{0, 158, 115, 255},   // bluish green
+	color.RGBA{204, 121, 167, 255}, // reddish purple
+	color.RGBA{230, 159, 0, 255},   // orange
+	color.RGBA{86, 180, 233, 255},  // sky blue
+	color.RGBA{0, 0, 0, 255},       // black
+	color.RGBA{153, 0, 0, 255},     // dark red
+}
+
+// yTicks labels every tenth, and the 0.99 line where tails show.
+func yTicks() []plot.Tick {
+	var ts []plot.Tick
+	for i := 0; i <= 10; i++ {
+		v := float64(i) / 10
+		ts = append(ts, plot.Tick{Value: v, Label: fmt.Sprintf("%.1f", v)})
+	}
+	return append(ts, plot.Tick{Value: 0.99, Label: ""})
 }
