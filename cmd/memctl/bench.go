@@ -36,6 +36,7 @@ type benchFlags struct {
 	plotDepth int
 	plotOp    string
 	inProcess bool
+	rounds    int
 }
 
 // benchTier is a farmem tier as --tiers names it and as rows show it.
@@ -60,7 +61,9 @@ func newBenchCmd(g *globals) *cobra.Command {
 reads and writes of each size and a 64-bit atomic, at each in-flight depth,
 through the same ReadAt/WriteAt/Add64 an application uses. It reports
 operations per second, bandwidth, p50 and p99 latency, and CPU time per
-operation in this process and in the serving daemon.
+operation in this process and in the serving daemon. Each case runs in
+--rounds rounds with every system in turn in each round, so load from
+elsewhere on the machine hits all systems alike and the ratios hold.
 
 The rdma tier is a peer's memory when the pool has peers; on a single host
 it is the daemon's own memory reached through its data plane over loopback
@@ -79,7 +82,8 @@ farmem-dram, and farmem-cxl and farmem-dram to farmem-rdma.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.DurationVar(&f.duration, "duration", 500*time.Millisecond, "how long each case is timed (after a warm-up of a tenth of it)")
+	fl.DurationVar(&f.duration, "duration", 500*time.Millisecond, "how long each case is timed on each system, in total over the rounds")
+	fl.IntVar(&f.rounds, "rounds", 3, "split each case into this many rounds, all systems in turn in each, so load from elsewhere hits them alike (each round warms up for a tenth of its time, at least 20ms)")
 	fl.StringSliceVar(&f.sizes, "sizes", []string{"64", "4KiB", "64KiB"}, "read and write sizes")
 	fl.IntSliceVar(&f.depths, "depths", []int{1, 16}, "operations in flight")
 	fl.StringSliceVar(&f.ops, "ops", []string{"read", "write", "atomic"}, "operations: read, write, atomic")
@@ -160,6 +164,9 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, stderr io.Writer) 
 	if f.duration <= 0 {
 		return fmt.Errorf("--duration %s: give a positive duration, e.g. 500ms", f.duration)
 	}
+	if f.rounds < 1 || time.Duration(f.rounds) > f.duration/time.Millisecond {
+		return fmt.Errorf("--rounds %d: give 1 to one per millisecond of --duration", f.rounds)
+	}
 	if (f.memcached != "" || f.redis != "") && !f.compare {
 		return errors.New("--memcached and --redis need --compare")
 	}
@@ -195,7 +202,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	rows, err := measure(ctx, systems, cases, progressTo(g.out, stderr))
+	rows, err := measure(ctx, systems, cases, f.rounds, progressTo(g.out, stderr))
 	if err != nil {
 		return err
 	}
@@ -329,33 +336,53 @@ func daemonPID(g *globals, st *poolv1.StatusResponse, seg *alloc.Segment) int {
 	return int(st.Pid)
 }
 
-// measure runs every case on every system, interleaved (case by case, all
-// systems in turn) so that whatever else the machine does hits them alike,
-// and returns the rows ordered by system, then case.
-func measure(ctx context.Context, systems []bench.System, cases []bench.Case, progress func(done, total int, what string)) ([]bench.Row, error) {
-	total := len(cases) * len(systems)
-	var rows []bench.Row
-	order := map[string]int{}
-	for i, s := range systems {
-		order[s.Name()] = i
+// measure runs every case on every system in rounds: each round runs
+// every case on every system for 1/rounds of the duration, so that
+// whatever else the machine does meanwhile hits all systems alike. It
+// returns the rows ordered by system, then case.
+func measure(ctx context.Context, systems []bench.System, cases []bench.Case, rounds int, progress func(done, total int, what string)) ([]bench.Row, error) {
+	total := rounds * len(cases) * len(systems)
+	results := make([][]*bench.Result, len(systems)) // [system][case]; nil: not supported
+	for i := range results {
+		results[i] = make([]*bench.Result, len(cases))
 	}
+	skip := map[[2]int]bool{}
 	done := 0
-	for _, c := range cases {
-		for _, s := range systems {
-			progress(done, total, fmt.Sprintf("%s %s %s ×%d", s.Name(), c.Op, size.Size(c.Size), c.Depth))
-			res, err := bench.Run(ctx, s, c)
-			done++
-			if errors.Is(err, bench.ErrNotSupported) {
-				continue
+	for round := range rounds {
+		for ci, c := range cases {
+			c.Duration /= time.Duration(rounds)
+			for si, s := range systems {
+				progress(done, total, fmt.Sprintf("round %d/%d: %s %s %s ×%d", round+1, rounds, s.Name(), c.Op, size.Size(c.Size), c.Depth))
+				done++
+				if skip[[2]int{si, ci}] {
+					continue
+				}
+				res, err := bench.Run(ctx, s, c)
+				if errors.Is(err, bench.ErrNotSupported) {
+					skip[[2]int{si, ci}] = true
+					continue
+				}
+				if err != nil {
+					return nil, err
+				}
+				if prev := results[si][ci]; prev != nil {
+					prev.Add(res)
+				} else {
+					res.Case.Duration *= time.Duration(rounds)
+					results[si][ci] = res
+				}
 			}
-			if err != nil {
-				return nil, err
-			}
-			rows = append(rows, bench.NewRow(res))
 		}
 	}
 	progress(total, total, "")
-	slices.SortStableFunc(rows, func(a, b bench.Row) int { return order[a.System] - order[b.System] })
+	var rows []bench.Row
+	for si := range systems {
+		for _, res := range results[si] {
+			if res != nil {
+				rows = append(rows, bench.NewRow(res))
+			}
+		}
+	}
 	return rows, nil
 }
 

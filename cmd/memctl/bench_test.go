@@ -22,7 +22,7 @@ func TestBenchCompareJSON(t *testing.T) {
 	mc, rd := benchtest.Memcached(t), benchtest.Redis(t)
 	plot := filepath.Join(t.TempDir(), "cdf.png")
 	out, stderr, code := memctl(t, cfg.Socket, "bench", "--compare", "--memcached", mc, "--redis", rd,
-		"--duration", "40ms", "--sizes", "64,4KiB", "--depths", "1,4", "--plot", plot, "-o", "json", "--servers-in-process")
+		"--duration", "40ms", "--rounds", "1", "--sizes", "64,4KiB", "--depths", "1,4", "--plot", plot, "-o", "json", "--servers-in-process")
 	require.Zero(t, code, stderr)
 
 	var rows []map[string]any
@@ -97,6 +97,7 @@ func TestBenchErrors(t *testing.T) {
 		{"bad op", []string{"--ops", "scan"}, "--ops"},
 		{"bad tier", []string{"--tiers", "tape"}, "--tiers"},
 		{"bad duration", []string{"--duration", "0s"}, "--duration"},
+		{"bad rounds", []string{"--rounds", "0"}, "--rounds"},
 		{"no memcached there", []string{"--compare", "--ops", "read", "--sizes", "64", "--depths", "1", "--duration", "10ms", "--memcached", "127.0.0.1:1", "--servers-in-process"}, "memcached at 127.0.0.1:1"},
 		{"bad plot file", []string{"--ops", "read", "--sizes", "64", "--depths", "1", "--duration", "10ms", "--plot", "x.gif"}, ".png or .svg"},
 	} {

@@ -105,6 +105,24 @@ func (r *Result) OpsPerSec() float64 {
 	return float64(r.Ops) / r.Elapsed.Seconds()
 }
 
+// Add merges a further measurement of the same case into r (a case run
+// in several rounds interleaved with other systems).
+func (r *Result) Add(o *Result) {
+	r.Ops += o.Ops
+	r.Elapsed += o.Elapsed
+	r.Latency.Merge(&o.Latency)
+	if r.ClientCPU < 0 || o.ClientCPU < 0 {
+		r.ClientCPU = -1
+	} else {
+		r.ClientCPU += o.ClientCPU
+	}
+	if r.ServerCPU < 0 || o.ServerCPU < 0 {
+		r.ServerCPU = -1
+	} else {
+		r.ServerCPU += o.ServerCPU
+	}
+}
+
 // Run prepares sys for c and measures it: c.Depth goroutines each issue one
 // op at a time (a closed loop) on keys in turn, first for c.Warmup untimed,
 // then timed; goroutine i cycles through keys i·K/Depth to

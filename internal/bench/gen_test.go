@@ -258,3 +258,17 @@ func TestChildServers(t *testing.T) {
 	_, err := StartChild(exec.Command("true"))
 	require.ErrorContains(t, err, "printed no address")
 }
+
+func TestResultAdd(t *testing.T) {
+	a := &Result{Ops: 10, Elapsed: time.Second, ClientCPU: 5, ServerCPU: -1}
+	a.Latency.Record(100)
+	b := &Result{Ops: 30, Elapsed: time.Second, ClientCPU: 7, ServerCPU: 3}
+	b.Latency.Record(300)
+	b.Latency.Record(300)
+	a.Add(b)
+	require.EqualValues(t, 40, a.Ops)
+	require.Equal(t, 20.0, a.OpsPerSec())
+	require.EqualValues(t, 3, a.Latency.Count())
+	require.Equal(t, time.Duration(12), a.ClientCPU)
+	require.Equal(t, time.Duration(-1), a.ServerCPU, "unknown in one round is unknown")
+}

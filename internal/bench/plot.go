@@ -2,8 +2,8 @@ package bench
 
 import (
 	"fmt"
-	"math"
 	"image/color"
+	"math"
 	"path/filepath"
 	"strings"
 
