@@ -63,7 +63,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	pf.StringVar(&g.addr, "addr", "", "a poold's TCP control address (its --listen) instead of the socket")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Second, "how long to wait for poold")
-	root.AddCommand(newStatusCmd(g), newTiersCmd(g), newSegmentsCmd(g), newAllocCmd(g), newFreeCmd(g), newNodesCmd(g), newDrainCmd(g), newTopCmd(g), newBenchCmd(g), newBenchServeCmd())
+	root.AddCommand(newStatusCmd(g), newTiersCmd(g), newSegmentsCmd(g), newAllocCmd(g), newFreeCmd(g), newNodesCmd(g), newDrainCmd(g), newTopCmd(g), newBenchCmd(g), newBenchServeCmd(), newDoctorCmd(g))
 	addCompletions(root, g)
 	return root
 }

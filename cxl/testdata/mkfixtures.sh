@@ -182,7 +182,7 @@ numa_common() {
 	attr "$1/devices/system/node/has_normal_memory" 0
 }
 
-rm -rf devdax numa plain
+rm -rf devdax numa plain numa-sametier
 
 # devdax: 256 MiB of CXL ram exposed as /dev/dax0.0; the memory is not
 # onlined, so node 1 is possible but not online.
@@ -224,3 +224,14 @@ tier plain 4 0
 attr plain/bus/dax/drivers_autoprobe 1
 mkdir -p plain/bus/dax/devices plain/bus/dax/drivers
 touch plain/bus/dax/devices/.gitkeep plain/bus/dax/drivers/.gitkeep
+
+# numa-sametier: the numa tree on firmware without HMAT (no access0
+# attributes), where the kernel placed CXL node 1 in DRAM's memory tier
+# (memory_tier4 lists 0-1): demotion cannot tell the two apart.
+cxl numa-sametier kmem 0x20000000 536870912 -1 0x2
+numa_common numa-sametier 0-1 0-1
+node numa-sametier 0 0-7 "10 20" 16252928 14680064 "0 1 2 3 4 5 6 7"
+node numa-sametier 1 "" "20 10" 524288 520192 ""
+attr numa-sametier/devices/system/node/has_memory 0-1
+attr numa-sametier/devices/platform/ACPI0017:00/root0/decoder0.0/region0/dax_region0/dax0.0/state online_movable
+tier numa-sametier 4 0-1
