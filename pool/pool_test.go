@@ -20,7 +20,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func testConfig(t *testing.T) Config {
+func testConfig(t testing.TB) Config {
 	cfg := DefaultConfig()
 	cfg.Node = "n1"
 	cfg.DataDir = t.TempDir()
@@ -38,7 +38,7 @@ func testConfig(t *testing.T) Config {
 	return cfg
 }
 
-func newTestPool(t *testing.T, cfg Config) *Pool {
+func newTestPool(t testing.TB, cfg Config) *Pool {
 	_, devs, err := discover(cfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	p, err := newPool(cfg, slog.New(slog.DiscardHandler), devs, nil)

@@ -2,17 +2,13 @@ package pool
 
 import (
 	"errors"
-	"log/slog"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
-	"github.com/farmem/farmem/internal/size"
 )
 
 // FuzzAllocRequest is the control plane's request validation under
@@ -34,22 +30,9 @@ func FuzzAllocRequest(f *testing.F) {
 		require.NoError(f, err)
 		f.Add(b, false)
 	}
-	cfg := DefaultConfig()
-	cfg.Node = "fuzz"
-	cfg.DataDir = f.TempDir()
-	cfg.SysfsRoot = "../cxl/testdata/plain"
-	cfg.ShmDir = filepath.Join(cfg.DataDir, "shm")
-	cfg.EmulateCXL = 16 * size.MiB
-	cfg.LocalSize = 16 * size.MiB
-	cfg.ExportSize = 0
-	cfg.MeasureTiers = false
+	cfg := testConfig(f)
 	cfg.MetadataFsync = false // thousands of commits; durability is not what this checks
-	cfg.LeaseTTL = time.Second
-	log := slog.New(slog.DiscardHandler)
-	_, devs, err := discover(cfg, log)
-	require.NoError(f, err)
-	p, err := newPool(cfg, log, devs, nil)
-	require.NoError(f, err)
+	p := newTestPool(f, cfg)
 	f.Cleanup(func() { p.close() })
 	p.openSession("s", "fuzz-client", "fuzz", 1, 0)
 	client, err := p.callerFor("s")

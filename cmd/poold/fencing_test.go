@@ -29,6 +29,20 @@ func init() {
 // that the new owner's segment takes the old one's extent.
 const fenceSize = 1 << 20
 
+// allocFenced dials the target and allocates a fenceSize rdma segment.
+func allocFenced(ctx context.Context, opts ...alloc.DialOption) (*alloc.Client, *alloc.Segment, error) {
+	c, err := dialTarget(ctx, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	seg, err := c.Alloc(ctx, fenceSize, alloc.WithTier(alloc.TierRDMA))
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return c, seg, nil
+}
+
 // roleFenceWriter allocates an unnamed rdma segment, prints "ready
 // <node>", then, every 50 ms, forever, writes 0xAA over all of it twice:
 // through the Segment, and straight to the home's data plane with the
@@ -37,15 +51,11 @@ const fenceSize = 1 << 20
 // "expired" (ErrLeaseExpired), "lost" (ErrSegmentLost: the client's pool
 // has said so) or "err <error>", prefixed with "raw " for the direct write.
 func roleFenceWriter(ctx context.Context) error {
-	c, err := dialTarget(ctx, alloc.WithOpTimeout(2*time.Second))
+	c, seg, err := allocFenced(ctx, alloc.WithOpTimeout(2*time.Second))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	seg, err := c.Alloc(ctx, fenceSize, alloc.WithTier(alloc.TierRDMA))
-	if err != nil {
-		return err
-	}
 	conn, err := session.Channel("unix", os.Getenv(targetEnv))
 	if err != nil {
 		return err
@@ -95,15 +105,11 @@ func roleFenceWriter(ctx context.Context) error {
 // "ready <node>", waits for the gate file, then reads it back and prints
 // "intact" or "clobbered".
 func roleFenceOwner(ctx context.Context) error {
-	c, err := dialTarget(ctx)
+	c, seg, err := allocFenced(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	seg, err := c.Alloc(ctx, fenceSize, alloc.WithTier(alloc.TierRDMA))
-	if err != nil {
-		return err
-	}
 	want := bytes.Repeat([]byte{0x55}, fenceSize)
 	if _, err := seg.WriteAt(want, 0); err != nil {
 		return err

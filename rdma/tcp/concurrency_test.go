@@ -142,30 +142,42 @@ func hammer(c *Client, r rdma.Region, size int, stop <-chan struct{}) func() []e
 	}
 }
 
-// TestRevokeDuringOps revokes a segment under load: Revoke returns, later ops
-// get ErrAccessDenied, and the memory is not touched after Revoke returned.
+// TestRevokeDuringOps revokes (or fences) a segment under load: Revoke
+// returns, later ops get ErrAccessDenied (ErrLeaseExpired after Fence), and
+// the memory is not touched after Revoke returned.
 func TestRevokeDuringOps(t *testing.T) {
-	s := startServer(t, ServerConfig{})
-	const size = 256 << 10
-	mem, r := s.export(t, 1, size)
-	c := dial(t, s.addr)
-	stop := make(chan struct{})
-	wait := hammer(c, r, size, stop)
-	time.Sleep(50 * time.Millisecond)
+	for _, tc := range []struct {
+		name     string
+		withdraw func(*Server) error
+		want     error
+	}{
+		{"revoke", func(s *Server) error { return s.Revoke(1) }, rdma.ErrAccessDenied},
+		{"fence", func(s *Server) error { return s.Fence(1) }, rdma.ErrLeaseExpired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServer(t, ServerConfig{})
+			const size = 256 << 10
+			mem, r := s.export(t, 1, size)
+			c := dial(t, s.addr)
+			stop := make(chan struct{})
+			wait := hammer(c, r, size, stop)
+			time.Sleep(50 * time.Millisecond)
 
-	within(t, "Revoke under load", func() { require.NoError(t, s.Revoke(1)) })
-	snapshot := bytes.Clone(mem)
-	// Scribble over the memory as the daemon would after unmapping and
-	// reusing it; no late op may overwrite this.
-	time.Sleep(20 * time.Millisecond)
-	require.Equal(t, snapshot, mem, "memory changed after Revoke returned")
-	close(stop)
-	errs := wait()
-	for _, err := range errs {
-		require.ErrorIs(t, err, rdma.ErrAccessDenied)
+			within(t, tc.name+" under load", func() { require.NoError(t, tc.withdraw(s.Server)) })
+			snapshot := bytes.Clone(mem)
+			// Scribble over the memory as the daemon would after unmapping and
+			// reusing it; no late op may overwrite this.
+			time.Sleep(20 * time.Millisecond)
+			require.Equal(t, snapshot, mem, "memory changed after %s returned", tc.name)
+			close(stop)
+			errs := wait()
+			for _, err := range errs {
+				require.ErrorIs(t, err, tc.want)
+			}
+			err := c.Read(t.Context(), r, 0, make([]byte, 8))
+			require.ErrorIs(t, err, tc.want)
+		})
 	}
-	err := c.Read(t.Context(), r, 0, make([]byte, 8))
-	require.ErrorIs(t, err, rdma.ErrAccessDenied)
 }
 
 // TestRevokeCutsStreamingWrite: a client that sent a WRITE header and only

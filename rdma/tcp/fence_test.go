@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -58,28 +57,6 @@ func TestFenceRefusesOldOwner(t *testing.T) {
 	require.NoError(t, c.Read(ctx, fresh, 0, got))
 	require.Equal(t, want, got, "the new owner's bytes are intact")
 	require.Equal(t, want, mem)
-}
-
-// TestFenceDuringOps fences a segment under load: every op that fails,
-// fails with ErrLeaseExpired, and no op touches the memory after Fence
-// returned.
-func TestFenceDuringOps(t *testing.T) {
-	s := startServer(t, ServerConfig{})
-	const size = 256 << 10
-	mem, r := s.export(t, 1, size)
-	c := dial(t, s.addr)
-	stop := make(chan struct{})
-	wait := hammer(c, r, size, stop)
-	time.Sleep(50 * time.Millisecond)
-
-	within(t, "Fence under load", func() { require.NoError(t, s.Fence(1)) })
-	snapshot := bytes.Clone(mem)
-	time.Sleep(20 * time.Millisecond)
-	require.Equal(t, snapshot, mem, "memory changed after Fence returned")
-	close(stop)
-	for _, err := range wait() {
-		require.ErrorIs(t, err, rdma.ErrLeaseExpired)
-	}
 }
 
 // TestFencesForgetOldest: the ring forgets the oldest fence first, and a
