@@ -306,6 +306,10 @@ func (c *Cache) Reply(now, sentAt time.Time, req, rep Message) error {
 		l.state, l.dirty, l.flush = Invalid, false, false
 		return fmt.Errorf("coherence: page %d: the home refused its write-back because the ownership lease ran out; writes since the last Sync are lost: %w", req.Page, ErrLeaseExpired)
 	case Refused:
+		if rep.Code == CodeClosed {
+			c.err = fmt.Errorf("coherence: the home closed the segment's directory (freed, or its daemon stopping): %w", ErrSegmentLost)
+			return c.err
+		}
 		return fmt.Errorf("coherence: the home refused %s with code %d (page size %d at the home): %w", req, rep.Code, rep.PageSize, ErrProtocol)
 	default:
 		return fmt.Errorf("coherence: reply %s to %s: %w", rep, req, ErrProtocol)

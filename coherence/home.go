@@ -45,6 +45,7 @@ type Home struct {
 	mu     sync.Mutex
 	dir    *Directory
 	boxes  map[SharerID]*mailbox
+	done   bool // closed: the memory may be gone
 	closed chan struct{}
 	once   sync.Once
 }
@@ -76,6 +77,9 @@ func (h *Home) Config() Config { return h.cfg }
 func (h *Home) Handle(m Message) Message {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.done {
+		return Message{Kind: Refused, From: m.From, Page: m.Page, Code: CodeClosed}
+	}
 	now := h.clock.Now()
 	h.box(m.From, now)
 	rep, out := h.dir.Handle(now, m)
@@ -158,6 +162,9 @@ func (h *Home) Poll(ctx context.Context, id SharerID, wait time.Duration) []Mess
 func (h *Home) Tick() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.done {
+		return
+	}
 	now := h.clock.Now()
 	h.post(now, h.dir.Tick(now, h.cfg.Lease/10))
 	for id, b := range h.boxes {
@@ -206,7 +213,12 @@ func (h *Home) Check() error {
 	return h.dir.Check()
 }
 
-// Close wakes every poll; later polls return at once. Idempotent.
+// Close wakes every poll; later polls return at once, and requests are
+// refused (CodeClosed). After Close returns the Home no longer touches the
+// segment's memory. Idempotent.
 func (h *Home) Close() {
+	h.mu.Lock()
+	h.done = true
+	h.mu.Unlock()
 	h.once.Do(func() { close(h.closed) })
 }

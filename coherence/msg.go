@@ -96,6 +96,9 @@ const (
 	CodePageSize uint8 = 2
 	// CodeBadKind: the home does not know the message kind.
 	CodeBadKind uint8 = 3
+	// CodeClosed: the home's directory was closed (segment freed, daemon
+	// stopping).
+	CodeClosed uint8 = 4
 )
 
 // Message is one protocol message, a plain value. Fields a kind does not use

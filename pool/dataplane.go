@@ -24,6 +24,8 @@ type dataPlane struct {
 	mu   sync.Mutex
 	maps map[uint64]*device.Mapping
 	wg   sync.WaitGroup
+
+	coh *coherenceHost // shared segments' directories (coherence.go)
 }
 
 func newDataPlane(addr string, log *slog.Logger, observe func(tcp.Observation)) (*dataPlane, error) {
@@ -34,7 +36,9 @@ func newDataPlane(addr string, log *slog.Logger, observe func(tcp.Observation)) 
 	cfg := tcp.DefaultConfig()
 	cfg.Logger = log
 	cfg.Observe = observe
-	return &dataPlane{srv: tcp.NewServer(cfg), l: l, addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}}, nil
+	coh := newCoherenceHost(log)
+	cfg.Message = coh.message
+	return &dataPlane{srv: tcp.NewServer(cfg), l: l, addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}, coh: coh}, nil
 }
 
 func (dp *dataPlane) serve() {
@@ -68,6 +72,7 @@ func (dp *dataPlane) export(id uint64, b device.Backing, epoch uint64, key *rdma
 	dp.mu.Lock()
 	dp.maps[id] = m
 	dp.mu.Unlock()
+	dp.coh.exported(id, key != nil)
 	return k, nil
 }
 
@@ -89,6 +94,7 @@ func (dp *dataPlane) withdraw(id uint64, how func(uint64) error) {
 	if err := how(id); err != nil {
 		dp.log.Error("withdraw segment from the data plane", "segment", id, "err", err)
 	}
+	dp.coh.drop(id) // its directory reads the mapping
 	m.Close()
 }
 
@@ -96,6 +102,7 @@ func (dp *dataPlane) close() error {
 	err := dp.srv.Close()
 	dp.l.Close()
 	dp.wg.Wait()
+	dp.coh.close()
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
 	for id, m := range dp.maps {

@@ -1,0 +1,285 @@
+package alloc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/coherence"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// SharedOption configures AttachShared. Options are immutable values, safe
+// to share.
+type SharedOption func(*sharedOptions)
+
+type sharedOptions struct {
+	pageSize int
+}
+
+// SharedPageSize sets the unit of coherence: a power of two from 512 bytes
+// to 1 MiB. Every attachment of a segment must use the same page size (the
+// home refuses another). Default: 4096.
+func SharedPageSize(n int) SharedOption { return func(o *sharedOptions) { o.pageSize = n } }
+
+// SharedSegment is one attachment of a named rdma-tier segment that
+// several processes on several hosts read and write at once, kept coherent
+// by the protocol of package coherence: pages are cached here under read
+// leases, a write takes exclusive ownership of its page (the home
+// invalidates the other copies first), and modified pages are written back
+// on Sync, on downgrade, before their lease runs out and on Detach.
+//
+// Guarantee: every single-page ReadAt, WriteAt and atomic is linearizable.
+// An access spanning pages is linearizable per page: a ReadAt spanning
+// pages may observe a concurrent multi-page WriteAt torn between pages
+// (never within one). When this process dies, writes not yet written back
+// (Sync) are lost; when the home's daemon restarts or dies, the attachment
+// fails with ErrSegmentLost and writes not yet written back are lost.
+//
+// A SharedSegment is safe for concurrent use. ReadAt and WriteAt follow
+// io.ReaderAt and io.WriterAt and retain no buffer. Detach it before
+// closing its Client.
+type SharedSegment struct {
+	c      *Client
+	info   *poolv1.Segment
+	sh     *coherence.Sharer
+	link   *sharedLink
+	closed atomic.Bool
+}
+
+// AttachShared attaches the named segment, which must be on the rdma tier
+// (allocate it with WithName and WithTier(TierRDMA)), as a shared segment.
+// Processes on the segment's own host attach it the same way and take part
+// in the directory like any other sharer (over loopback).
+func (c *Client) AttachShared(ctx context.Context, name string, opts ...SharedOption) (*SharedSegment, error) {
+	o := sharedOptions{pageSize: coherence.DefaultConfig().PageSize}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	cfg := coherence.DefaultConfig()
+	cfg.PageSize = o.pageSize
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("attach %q shared: %w", name, err)
+	}
+	cctx, _, err := c.callCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.api.Attach(cctx, &poolv1.AttachRequest{Name: name})
+	if err != nil {
+		return nil, errs.FromStatus(err)
+	}
+	if info.Tier != poolv1.Tier_TIER_RDMA {
+		return nil, fmt.Errorf("attach %q shared: the segment is on the %s tier; shared segments live on the rdma tier (allocate with alloc.WithTier(alloc.TierRDMA)): %w",
+			name, tierFromProto(info.Tier), ErrNotSupported)
+	}
+	r, err := newRemote(info)
+	if err != nil {
+		return nil, err
+	}
+	link, err := dialShared(ctx, info.DataAddr, info.DataCredential, r.region, uint32(cfg.PageSize))
+	if err != nil {
+		return nil, fmt.Errorf("attach %q shared: %w", name, rdmaErr(err))
+	}
+	sh, err := coherence.NewSharer(cfg, info.Size, link, nil)
+	if err != nil {
+		link.close()
+		return nil, fmt.Errorf("attach %q shared: %w", name, err)
+	}
+	return &SharedSegment{c: c, info: info, sh: sh, link: link}, nil
+}
+
+// sharedLink carries coherence messages over the data plane's MSG opcode:
+// requests on one connection, the long poll on another (it blocks its
+// connection at the home).
+type sharedLink struct {
+	calls, polls *tcp.Client
+	region       rdma.Region
+	pageSize     uint32
+	pollBuf      []byte // the poll's answers; one poller at a time
+}
+
+var _ coherence.Link = (*sharedLink)(nil)
+
+func dialShared(ctx context.Context, addr string, cred []byte, r rdma.Region, pageSize uint32) (*sharedLink, error) {
+	calls, err := tcp.Dial(ctx, addr, tcp.WithConns(1), tcp.WithCredential(cred))
+	if err != nil {
+		return nil, err
+	}
+	polls, err := tcp.Dial(ctx, addr, tcp.WithConns(1), tcp.WithCredential(cred))
+	if err != nil {
+		calls.Close()
+		return nil, err
+	}
+	return &sharedLink{calls: calls, polls: polls, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20)}, nil
+}
+
+// linkErr makes the data plane's refusals that end the attachment (the
+// segment was freed, revoked, or its memory is gone) coherence's final
+// ErrSegmentLost.
+func linkErr(err error) error {
+	if errors.Is(err, rdma.ErrSegmentLost) || errors.Is(err, rdma.ErrAccessDenied) || errors.Is(err, rdma.ErrLeaseExpired) {
+		return fmt.Errorf("%w (%w)", coherence.ErrSegmentLost, err)
+	}
+	return err
+}
+
+func (l *sharedLink) one(ctx context.Context, c *tcp.Client, m coherence.Message, buf []byte) ([]coherence.Message, error) {
+	m.PageSize = l.pageSize
+	n, err := c.Message(ctx, l.region, coherence.AppendBatch(nil, []coherence.Message{m}), buf)
+	if err != nil {
+		return nil, linkErr(err)
+	}
+	return coherence.DecodeBatch(buf[:n])
+}
+
+// Call implements coherence.Link.
+func (l *sharedLink) Call(ctx context.Context, m coherence.Message) (coherence.Message, error) {
+	msgs, err := l.one(ctx, l.calls, m, make([]byte, 4+2*(72+int(l.pageSize))))
+	if err != nil {
+		return coherence.Message{}, err
+	}
+	if len(msgs) != 1 {
+		return coherence.Message{}, fmt.Errorf("alloc: the home answered %s with %d messages, want 1: %w", m.Kind, len(msgs), coherence.ErrProtocol)
+	}
+	return msgs[0], nil
+}
+
+// Poll implements coherence.Link.
+func (l *sharedLink) Poll(ctx context.Context, id coherence.SharerID, wait time.Duration) ([]coherence.Message, error) {
+	return l.one(ctx, l.polls, coherence.Message{Kind: coherence.Poll, From: id, Lease: wait}, l.pollBuf)
+}
+
+func (l *sharedLink) close() {
+	l.calls.Close()
+	l.polls.Close()
+}
+
+// ID is the segment's id on its home.
+func (s *SharedSegment) ID() uint64 { return s.info.Id }
+
+// Name is the segment's name.
+func (s *SharedSegment) Name() string { return s.info.Name }
+
+// Size is the segment's size in bytes.
+func (s *SharedSegment) Size() int64 { return s.info.Size }
+
+// Node names the segment's home.
+func (s *SharedSegment) Node() string { return s.info.Node }
+
+// Stats counts this attachment's cache hits, misses, invalidations
+// received, write-backs and waits for a grant.
+func (s *SharedSegment) Stats() coherence.SharerStats { return s.sh.Stats() }
+
+// opCtx bounds one operation by the client's operation timeout.
+func (s *SharedSegment) opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), s.c.opts.opTimeout)
+}
+
+func (s *SharedSegment) err(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, io.EOF) {
+		return err
+	}
+	return fmt.Errorf("shared segment %d (%s) %s: %w", s.info.Id, s.info.Name, what, err)
+}
+
+// ReadAt implements io.ReaderAt, reading page by page from the cached
+// copies (asking the home for pages not held).
+func (s *SharedSegment) ReadAt(p []byte, off int64) (int, error) {
+	ctx, cancel := s.opCtx()
+	defer cancel()
+	n, err := s.sh.ReadAt(ctx, p, off)
+	return n, s.err("read", err)
+}
+
+// WriteAt implements io.WriterAt; each page's part is written under
+// exclusive ownership of the page.
+func (s *SharedSegment) WriteAt(p []byte, off int64) (int, error) {
+	ctx, cancel := s.opCtx()
+	defer cancel()
+	n, err := s.sh.WriteAt(ctx, p, off)
+	return n, s.err("write", err)
+}
+
+// Load64 reads the little-endian word at off (a multiple of 8).
+func (s *SharedSegment) Load64(off int64) (uint64, error) {
+	ctx, cancel := s.opCtx()
+	defer cancel()
+	v, err := s.sh.Load64(ctx, off)
+	return v, s.err("load", err)
+}
+
+// Store64 stores v as the little-endian word at off (a multiple of 8).
+func (s *SharedSegment) Store64(off int64, v uint64) error {
+	var b [8]byte
+	le64(b[:], v)
+	if off%8 != 0 {
+		return s.err("store", fmt.Errorf("offset %d: %w", off, ErrUnaligned))
+	}
+	_, err := s.WriteAt(b[:], off)
+	return err
+}
+
+// CompareAndSwap64 replaces the word at off (a multiple of 8) with new if
+// it holds old, reporting whether it did. It runs under exclusive ownership
+// of the page: a second atomic on a page still owned costs no message.
+func (s *SharedSegment) CompareAndSwap64(off int64, old, new uint64) (bool, error) {
+	ctx, cancel := s.opCtx()
+	defer cancel()
+	ok, err := s.sh.CompareAndSwap64(ctx, off, old, new)
+	return ok, s.err("compare-and-swap", err)
+}
+
+// Add64 adds delta to the word at off (a multiple of 8) and returns the new
+// value.
+func (s *SharedSegment) Add64(off int64, delta uint64) (uint64, error) {
+	ctx, cancel := s.opCtx()
+	defer cancel()
+	prev, err := s.sh.FetchAdd64(ctx, off, delta)
+	return prev + delta, s.err("add", err)
+}
+
+// Sync writes every page this attachment modified back to the home: when
+// it returns nil, those writes survive this process. It reports writes lost
+// since the last Sync (ErrLeaseExpired: a partition outlasted a lease) and
+// a lost segment (ErrSegmentLost).
+func (s *SharedSegment) Sync(ctx context.Context) error {
+	return s.err("sync", s.sh.Sync(ctx))
+}
+
+// Detach writes modified pages back, gives up every cached page and closes
+// the attachment's connections; the segment itself stays (Free it with
+// Client.FreeByName). Idempotent.
+func (s *SharedSegment) Detach(ctx context.Context) error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	err := s.sh.Close(ctx)
+	s.link.close()
+	return s.err("detach", err)
+}
+
+// abandon drops the attachment without writing anything back, as a
+// crashed process would (tests).
+func (s *SharedSegment) abandon() {
+	if s.closed.Swap(true) {
+		return
+	}
+	s.sh.Abandon()
+	s.link.close()
+}
+
+func le64(b []byte, v uint64) {
+	for i := range 8 {
+		b[i] = byte(v >> (8 * i))
+	}
+}

@@ -1,0 +1,185 @@
+package alloc_test
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/coherence/lincheck"
+)
+
+// sharedPool starts a pool and allocates a named rdma segment on it.
+func sharedPool(t *testing.T, size int64) (string, []*alloc.Client) {
+	cfg, c0 := startPool(t)
+	_, err := c0.Alloc(t.Context(), size, alloc.WithName("hot"), alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	clients := []*alloc.Client{c0, dial(t, cfg.Socket), dial(t, cfg.Socket)}
+	return "hot", clients
+}
+
+func attachAll(t *testing.T, name string, clients []*alloc.Client) []*alloc.SharedSegment {
+	var segs []*alloc.SharedSegment
+	for _, c := range clients {
+		s, err := c.AttachShared(t.Context(), name, alloc.SharedPageSize(512))
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Detach(context.Background()) })
+		segs = append(segs, s)
+	}
+	return segs
+}
+
+func TestSharedSegmentCoherent(t *testing.T) {
+	name, clients := sharedPool(t, 4096)
+	segs := attachAll(t, name, clients)
+	ctx := t.Context()
+
+	// A write by one attachment is seen by the others, which cached the
+	// page before it.
+	for _, s := range segs {
+		v, err := s.Load64(0)
+		require.NoError(t, err)
+		require.Zero(t, v)
+	}
+	require.NoError(t, segs[0].Store64(0, 42))
+	for _, s := range segs {
+		v, err := s.Load64(0)
+		require.NoError(t, err)
+		require.EqualValues(t, 42, v)
+	}
+	require.Positive(t, segs[1].Stats().Invalidations+segs[2].Stats().Invalidations)
+
+	// Counters from every attachment add up.
+	var wg sync.WaitGroup
+	for _, s := range segs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				_, err := s.Add64(8, 1)
+				require.NoError(t, err)
+			}
+		}()
+	}
+	wg.Wait()
+	v, err := segs[2].Load64(8)
+	require.NoError(t, err)
+	require.EqualValues(t, 150, v)
+
+	// Spanning pages, bounds, alignment.
+	buf := make([]byte, 1500)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	_, err = segs[1].WriteAt(buf, 100)
+	require.NoError(t, err)
+	got := make([]byte, 1500)
+	_, err = segs[0].ReadAt(got, 100)
+	require.NoError(t, err)
+	require.Equal(t, buf, got)
+	_, err = segs[0].WriteAt(buf, 4000)
+	require.ErrorIs(t, err, alloc.ErrOutOfRange)
+	n, err := segs[0].ReadAt(got, 4000)
+	require.Equal(t, 96, n)
+	require.ErrorIs(t, err, io.EOF)
+	_, err = segs[0].CompareAndSwap64(4, 0, 1)
+	require.ErrorIs(t, err, alloc.ErrUnaligned)
+
+	// Sync makes the writes survive the writer: a dead attachment loses
+	// only what it had not written back.
+	require.NoError(t, segs[1].Store64(16, 7))
+	require.NoError(t, segs[1].Sync(ctx))
+	require.NoError(t, segs[1].Detach(ctx))
+	v, err = segs[0].Load64(16)
+	require.NoError(t, err)
+	require.EqualValues(t, 7, v)
+
+	// A page size the home does not use is refused.
+	odd, err := clients[1].AttachShared(ctx, name, alloc.SharedPageSize(1024))
+	require.NoError(t, err)
+	_, err = odd.Load64(0)
+	require.Error(t, err)
+	require.NoError(t, odd.Detach(ctx))
+}
+
+func TestSharedSegmentNeedsRDMA(t *testing.T) {
+	_, c := startPool(t)
+	_, err := c.Alloc(t.Context(), 4096, alloc.WithName("local"), alloc.WithTier(alloc.TierCXL))
+	require.NoError(t, err)
+	_, err = c.AttachShared(t.Context(), "local")
+	require.ErrorIs(t, err, alloc.ErrNotSupported)
+}
+
+// TestSharedSegmentLinearizable records reads, writes and CAS of three
+// attachments on three hot pages through the real daemon's data plane and
+// checks the history with porcupine. Failing histories are kept in
+// $FARMEM_KEEP_HISTORIES (else the test's temporary directory).
+func TestSharedSegmentLinearizable(t *testing.T) {
+	name, clients := sharedPool(t, 3*512)
+	segs := attachAll(t, name, clients)
+	rec := lincheck.NewRecorder()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, s := range segs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 99))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
+				k := rng.IntN(3)
+				off := int64(k * 512)
+				in := lincheck.Input{Key: k}
+				var out lincheck.Output
+				call := rec.Now()
+				var err error
+				switch r := rng.IntN(10); {
+				case r < 5:
+					in.Kind = lincheck.Read
+					out.Value, err = s.Load64(off)
+				case r < 8:
+					in.Kind, in.Value = lincheck.Write, rng.Uint64N(100)+1
+					var b [8]byte
+					binary.LittleEndian.PutUint64(b[:], in.Value)
+					_, err = s.WriteAt(b[:], off)
+				default:
+					in.Kind = lincheck.CAS
+					in.Old, err = s.Load64(off)
+					if err == nil {
+						call = rec.Now()
+						in.New = rng.Uint64N(100) + 1
+						out.Swapped, err = s.CompareAndSwap64(off, in.Old, in.New)
+					}
+				}
+				if err != nil {
+					rec.AddUnknown(i, in, call)
+					continue
+				}
+				rec.Add(i, in, out, call)
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	dir := os.Getenv("FARMEM_KEEP_HISTORIES")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	ok, path, err := lincheck.Check(rec.Ops(), 30*time.Second, dir)
+	require.NoError(t, err)
+	require.True(t, ok, "history not linearizable; see %s", path)
+	t.Logf("%d operations linearizable", len(rec.Ops()))
+}

@@ -1,0 +1,201 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/farmem/farmem/coherence"
+	"github.com/farmem/farmem/rdma"
+)
+
+// coherenceHost keeps the coherence directories of the shared segments
+// this daemon is home to, one coherence.Home per segment, created when the
+// first sharer's message arrives (the page size is the sharer's), and
+// serves the MSG opcode of the data plane with them. Safe for concurrent
+// use.
+type coherenceHost struct {
+	log   *slog.Logger
+	lease time.Duration
+
+	mu       sync.Mutex
+	homes    map[uint64]*sharedHome
+	restored map[uint64]time.Time // segments re-exported after a restart, and when
+	closed bool
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// sharedHome is one segment's directory and the mapping it was made for.
+type sharedHome struct {
+	home *coherence.Home
+	mem  unsafe.Pointer
+	size int
+}
+
+func newCoherenceHost(log *slog.Logger) *coherenceHost {
+	h := &coherenceHost{log: log, lease: coherence.DefaultConfig().Lease,
+		homes: map[uint64]*sharedHome{}, restored: map[uint64]time.Time{}, stop: make(chan struct{})}
+	h.wg.Add(1)
+	go h.tickLoop()
+	return h
+}
+
+// tickLoop advances every directory's clock (lease expiries, resent
+// invalidations) every twentieth of a lease.
+func (h *coherenceHost) tickLoop() {
+	defer h.wg.Done()
+	t := time.NewTicker(h.lease / 20)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+		}
+		for _, sh := range h.all() {
+			sh.home.Tick()
+		}
+	}
+}
+
+func (h *coherenceHost) all() []*sharedHome {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*sharedHome, 0, len(h.homes))
+	for _, sh := range h.homes {
+		out = append(out, sh)
+	}
+	return out
+}
+
+// exported notes that segment seg was put on the data plane; again (with
+// its old key) after a restart of this daemon.
+func (h *coherenceHost) exported(seg uint64, again bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if again {
+		h.restored[seg] = time.Now()
+	} else {
+		delete(h.restored, seg)
+	}
+}
+
+// home returns segment seg's directory, creating it for mem with the page
+// size the sharer uses. The directory of a segment that survived a restart
+// of this daemon grants nothing until a lease after its re-export, so that
+// leases the previous incarnation granted have run out.
+func (h *coherenceHost) home(seg uint64, mem []byte, pageSize uint32) (*coherence.Home, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, fmt.Errorf("pool: coherence for segment %d: the daemon is closing: %w", seg, rdma.ErrSegmentLost)
+	}
+	if sh := h.homes[seg]; sh != nil && sh.mem == unsafe.Pointer(unsafe.SliceData(mem)) && sh.size == len(mem) {
+		return sh.home, nil
+	}
+	cfg := coherence.DefaultConfig()
+	cfg.PageSize = int(pageSize)
+	cfg.Lease = h.lease
+	if at, ok := h.restored[seg]; ok {
+		if since := time.Since(at); since < h.lease {
+			cfg.Grace = h.lease - since
+		}
+	}
+	hm, err := coherence.NewHome(cfg, mem, nil)
+	if err != nil {
+		return nil, err
+	}
+	if old := h.homes[seg]; old != nil {
+		old.home.Close()
+	}
+	h.homes[seg] = &sharedHome{home: hm, mem: unsafe.Pointer(unsafe.SliceData(mem)), size: len(mem)}
+	h.log.Debug("coherence directory started", "segment", seg, "page_size", pageSize, "incarnation", hm.Incarnation())
+	return hm, nil
+}
+
+// message serves one MSG: a batch of one coherence message; a Poll waits
+// for pushed messages, anything else is handled by the directory.
+func (h *coherenceHost) message(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int) ([]byte, error) {
+	msgs, err := coherence.DecodeBatch(req)
+	if err != nil {
+		return nil, fmt.Errorf("pool: coherence message for segment %d: %w: %w", seg, err, rdma.ErrProtocol)
+	}
+	if len(msgs) != 1 {
+		return nil, fmt.Errorf("pool: coherence request for segment %d carries %d messages, want 1: %w", seg, len(msgs), rdma.ErrProtocol)
+	}
+	m := msgs[0]
+	hm, err := h.home(seg, mem, m.PageSize)
+	if err != nil {
+		return nil, fmt.Errorf("pool: coherence for segment %d: %w", seg, err)
+	}
+	var out []coherence.Message
+	if m.Kind == coherence.Poll {
+		out = hm.Poll(ctx, m.From, m.Lease)
+	} else {
+		out = []coherence.Message{hm.Handle(m)}
+	}
+	b := coherence.AppendBatch(nil, out)
+	for len(b) > maxResp && len(out) > 1 {
+		out = out[:len(out)/2] // the rest is resent or asked for again
+		b = coherence.AppendBatch(nil, out)
+	}
+	return b, nil
+}
+
+// drop forgets segment seg's directory (the segment was revoked).
+func (h *coherenceHost) drop(seg uint64) {
+	h.mu.Lock()
+	sh := h.homes[seg]
+	delete(h.homes, seg)
+	delete(h.restored, seg)
+	h.mu.Unlock()
+	if sh != nil {
+		sh.home.Close()
+	}
+}
+
+// sharers returns how many sharers were heard from recently for each
+// shared segment.
+func (h *coherenceHost) sharers() map[uint64]int {
+	out := map[uint64]int{}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, sh := range h.homes {
+		out[id] = sh.home.Attached()
+	}
+	return out
+}
+
+// stats sums the counters of every directory.
+func (h *coherenceHost) stats() coherence.Stats {
+	var s coherence.Stats
+	for _, sh := range h.all() {
+		st := sh.home.Stats()
+		s.Grants += st.Grants
+		s.Invalidations += st.Invalidations
+		s.WriteBacks += st.WriteBacks
+		s.LeaseWaits += st.LeaseWaits
+		s.LostOwners += st.LostOwners
+		s.StaleWriteBacks += st.StaleWriteBacks
+	}
+	return s
+}
+
+func (h *coherenceHost) close() {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.closed = true
+	for _, sh := range h.homes {
+		sh.home.Close()
+	}
+	h.mu.Unlock()
+	close(h.stop)
+	h.wg.Wait()
+}
