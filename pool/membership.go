@@ -11,6 +11,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma/dialer"
 )
 
 // protoVersion is the farmem protocol version nodes gossip.
@@ -220,8 +221,9 @@ func (p *Pool) peerTier() *poolv1.TierInfo {
 	if p.cl == nil {
 		return nil
 	}
-	ti := &poolv1.TierInfo{Tier: poolv1.Tier_TIER_RDMA, Kind: "tcp", Transport: "tcp", NumaNode: -1,
-		Note: "memory of peer hosts through their data planes: one-sided operations over the TCP fallback (no RDMA NIC here)"}
+	transport, why := dialer.Preferred()
+	ti := &poolv1.TierInfo{Tier: poolv1.Tier_TIER_RDMA, Kind: "tcp", Transport: transport, NumaNode: -1,
+		Note: "memory of peer hosts through their data planes; transport " + transport + ": " + why}
 	for _, m := range p.cl.Members() {
 		if m.Name == p.cfg.Node || m.State != cluster.StateAlive || m.MetaErr != nil {
 			continue
