@@ -101,6 +101,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		ClientID: o.clientID, ClientName: o.clientName,
 		OnEvents: c.segmentEvents,
 		OnDown:   c.dropFD,
+		MaxWait:  o.timeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("no poold answers at %s (start one with 'poold', or point FARMEM_SOCKET at its socket): %w", path, err)

@@ -45,7 +45,9 @@ func WithClientID(id string) DialOption { return func(o *dialOptions) { o.client
 func WithClientName(name string) DialOption { return func(o *dialOptions) { o.clientName = name } }
 
 // WithDialTimeout bounds how long Dial waits for the daemon when ctx has
-// no deadline. Default: 5s.
+// no deadline, and how long a later call without a deadline waits for the
+// client to reconnect to a restarted daemon before it fails with
+// ErrUnavailable. Default: 5s.
 func WithDialTimeout(d time.Duration) DialOption { return func(o *dialOptions) { o.timeout = d } }
 
 // AllocOption configures one Alloc. Options are immutable values, safe to share.

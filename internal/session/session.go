@@ -36,6 +36,11 @@ type Options struct {
 	// OnUp runs (on the session goroutine) each time a session is
 	// established, the first time included.
 	OnUp func(sessionID string)
+	// MaxWait bounds how long Call waits for a session while the Conn
+	// reconnects, when the caller's ctx has no deadline: a daemon that
+	// stays away then fails calls with ErrUnavailable instead of holding
+	// them forever. Default: 0, no bound beyond ctx.
+	MaxWait time.Duration
 }
 
 // Conn is a control-plane connection with a live session. It is safe for
@@ -117,9 +122,16 @@ func (c *Conn) Node() string {
 	return c.node
 }
 
-// Call returns ctx carrying the current session, waiting within ctx while
-// the session is being re-established.
+// Call returns ctx carrying the current session, waiting within ctx (and
+// Options.MaxWait when ctx has no deadline) while the session is being
+// re-established.
 func (c *Conn) Call(ctx context.Context) (context.Context, string, error) {
+	var bound <-chan time.Time
+	if _, ok := ctx.Deadline(); !ok && c.opts.MaxWait > 0 {
+		t := time.NewTimer(c.opts.MaxWait)
+		defer t.Stop()
+		bound = t.C
+	}
 	for {
 		c.mu.Lock()
 		if c.closed {
@@ -135,6 +147,8 @@ func (c *Conn) Call(ctx context.Context) (context.Context, string, error) {
 		case <-ready:
 		case <-ctx.Done():
 			return nil, "", fmt.Errorf("waiting for poold at %s: %w (%w)", c.addr, ctx.Err(), errs.ErrUnavailable)
+		case <-bound:
+			return nil, "", fmt.Errorf("no session with poold at %s for %v: %w", c.addr, c.opts.MaxWait, errs.ErrUnavailable)
 		}
 	}
 }
