@@ -92,6 +92,7 @@ func (c *Client) AttachShared(ctx context.Context, name string, opts ...SharedOp
 		link.close()
 		return nil, fmt.Errorf("attach %q shared: %w", name, err)
 	}
+	sh.SetOpTimeout(c.opts.opTimeout)
 	return &SharedSegment{c: c, info: info, sh: sh, link: link}, nil
 }
 
@@ -177,11 +178,6 @@ func (s *SharedSegment) Node() string { return s.info.Node }
 // received, write-backs and waits for a grant.
 func (s *SharedSegment) Stats() coherence.SharerStats { return s.sh.Stats() }
 
-// opCtx bounds one operation by the client's operation timeout.
-func (s *SharedSegment) opCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), s.c.opts.opTimeout)
-}
-
 func (s *SharedSegment) err(what string, err error) error {
 	if err == nil {
 		return nil
@@ -195,8 +191,7 @@ func (s *SharedSegment) err(what string, err error) error {
 // ReadAt implements io.ReaderAt, reading page by page from the cached
 // copies (asking the home for pages not held).
 func (s *SharedSegment) ReadAt(p []byte, off int64) (int, error) {
-	ctx, cancel := s.opCtx()
-	defer cancel()
+	ctx := context.Background() // the sharer applies the op timeout on a miss
 	n, err := s.sh.ReadAt(ctx, p, off)
 	return n, s.err("read", err)
 }
@@ -204,16 +199,14 @@ func (s *SharedSegment) ReadAt(p []byte, off int64) (int, error) {
 // WriteAt implements io.WriterAt; each page's part is written under
 // exclusive ownership of the page.
 func (s *SharedSegment) WriteAt(p []byte, off int64) (int, error) {
-	ctx, cancel := s.opCtx()
-	defer cancel()
+	ctx := context.Background() // the sharer applies the op timeout on a miss
 	n, err := s.sh.WriteAt(ctx, p, off)
 	return n, s.err("write", err)
 }
 
 // Load64 reads the little-endian word at off (a multiple of 8).
 func (s *SharedSegment) Load64(off int64) (uint64, error) {
-	ctx, cancel := s.opCtx()
-	defer cancel()
+	ctx := context.Background() // the sharer applies the op timeout on a miss
 	v, err := s.sh.Load64(ctx, off)
 	return v, s.err("load", err)
 }
@@ -233,8 +226,7 @@ func (s *SharedSegment) Store64(off int64, v uint64) error {
 // it holds old, reporting whether it did. It runs under exclusive ownership
 // of the page: a second atomic on a page still owned costs no message.
 func (s *SharedSegment) CompareAndSwap64(off int64, old, new uint64) (bool, error) {
-	ctx, cancel := s.opCtx()
-	defer cancel()
+	ctx := context.Background() // the sharer applies the op timeout on a miss
 	ok, err := s.sh.CompareAndSwap64(ctx, off, old, new)
 	return ok, s.err("compare-and-swap", err)
 }
@@ -242,8 +234,7 @@ func (s *SharedSegment) CompareAndSwap64(off int64, old, new uint64) (bool, erro
 // Add64 adds delta to the word at off (a multiple of 8) and returns the new
 // value.
 func (s *SharedSegment) Add64(off int64, delta uint64) (uint64, error) {
-	ctx, cancel := s.opCtx()
-	defer cancel()
+	ctx := context.Background() // the sharer applies the op timeout on a miss
 	prev, err := s.sh.FetchAdd64(ctx, off, delta)
 	return prev + delta, s.err("add", err)
 }

@@ -24,9 +24,9 @@ type coherenceHost struct {
 	mu       sync.Mutex
 	homes    map[uint64]*sharedHome
 	restored map[uint64]time.Time // segments re-exported after a restart, and when
-	closed bool
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	closed   bool
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
 
 // sharedHome is one segment's directory and the mapping it was made for.
