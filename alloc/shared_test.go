@@ -3,8 +3,10 @@ package alloc_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/farmem/farmem/alloc"
 	"github.com/farmem/farmem/coherence/lincheck"
+	"github.com/farmem/farmem/internal/pooltest"
 )
 
 // sharedPool starts a pool and allocates a named rdma segment on it.
@@ -119,67 +122,112 @@ func TestSharedSegmentNeedsRDMA(t *testing.T) {
 
 // TestSharedSegmentLinearizable records reads, writes and CAS of three
 // attachments on three hot pages through the real daemon's data plane and
-// checks the history with porcupine. Failing histories are kept in
-// $FARMEM_KEEP_HISTORIES (else the test's temporary directory).
+// checks the history with porcupine, also when one attachment dies midway
+// (its writes not written back are lost: they count as outcome unknown).
+// Failing histories are kept in $FARMEM_KEEP_HISTORIES (else the test's
+// temporary directory) and the path is printed.
 func TestSharedSegmentLinearizable(t *testing.T) {
-	name, clients := sharedPool(t, 3*512)
-	segs := attachAll(t, name, clients)
-	rec := lincheck.NewRecorder()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i, s := range segs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(i), 99))
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
-				k := rng.IntN(3)
-				off := int64(k * 512)
-				in := lincheck.Input{Key: k}
-				var out lincheck.Output
-				call := rec.Now()
-				var err error
-				switch r := rng.IntN(10); {
-				case r < 5:
-					in.Kind = lincheck.Read
-					out.Value, err = s.Load64(off)
-				case r < 8:
-					in.Kind, in.Value = lincheck.Write, rng.Uint64N(100)+1
-					var b [8]byte
-					binary.LittleEndian.PutUint64(b[:], in.Value)
-					_, err = s.WriteAt(b[:], off)
-				default:
-					in.Kind = lincheck.CAS
-					in.Old, err = s.Load64(off)
-					if err == nil {
-						call = rec.Now()
-						in.New = rng.Uint64N(100) + 1
-						out.Swapped, err = s.CompareAndSwap64(off, in.Old, in.New)
-					}
-				}
-				if err != nil {
-					rec.AddUnknown(i, in, call)
-					continue
-				}
-				rec.Add(i, in, out, call)
+	for _, kill := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no faults", true: "sharer killed"}[kill], func(t *testing.T) {
+			name, clients := sharedPool(t, 3*512)
+			segs := attachAll(t, name, clients)
+			rec := lincheck.NewRecorder()
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for i, s := range segs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					sharedWorker(s, rec, i, stop)
+				}()
 			}
-		}()
+			time.Sleep(500 * time.Millisecond)
+			if kill {
+				alloc.AbandonShared(segs[2])
+			}
+			time.Sleep(700 * time.Millisecond)
+			close(stop)
+			wg.Wait()
+			if kill {
+				rec.Forget(2, 0, rec.Now())
+			}
+			dir := os.Getenv("FARMEM_KEEP_HISTORIES")
+			if dir == "" {
+				dir = t.TempDir()
+			}
+			ok, path, err := lincheck.Check(rec.Ops(), 30*time.Second, dir)
+			require.NoError(t, err)
+			require.True(t, ok, "history not linearizable; see %s", path)
+			t.Logf("%d operations linearizable", len(rec.Ops()))
+		})
 	}
-	time.Sleep(time.Second)
-	close(stop)
-	wg.Wait()
-	dir := os.Getenv("FARMEM_KEEP_HISTORIES")
-	if dir == "" {
-		dir = t.TempDir()
+}
+
+// sharedWorker does random reads, writes and CAS on three hot words until
+// stop closes, recording each.
+func sharedWorker(s *alloc.SharedSegment, rec *lincheck.Recorder, i int, stop <-chan struct{}) {
+	rng := rand.New(rand.NewPCG(uint64(i), 99))
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
+		k := rng.IntN(3)
+		off := int64(k * 512)
+		in := lincheck.Input{Key: k}
+		var out lincheck.Output
+		call := rec.Now()
+		var err error
+		switch r := rng.IntN(10); {
+		case r < 5:
+			in.Kind = lincheck.Read
+			out.Value, err = s.Load64(off)
+		case r < 8:
+			in.Kind, in.Value = lincheck.Write, rng.Uint64N(100)+1
+			var b [8]byte
+			binary.LittleEndian.PutUint64(b[:], in.Value)
+			_, err = s.WriteAt(b[:], off)
+		default:
+			in.Kind = lincheck.CAS
+			in.Old, err = s.Load64(off)
+			if err == nil {
+				call = rec.Now()
+				in.New = rng.Uint64N(100) + 1
+				out.Swapped, err = s.CompareAndSwap64(off, in.Old, in.New)
+			}
+		}
+		if errors.Is(err, alloc.ErrClosed) {
+			rec.AddUnknown(i, in, call)
+			return
+		}
+		if err != nil {
+			rec.AddUnknown(i, in, call)
+			continue
+		}
+		rec.Add(i, in, out, call)
 	}
-	ok, path, err := lincheck.Check(rec.Ops(), 30*time.Second, dir)
+}
+
+func TestSharedSegmentMetrics(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.Metrics = "127.0.0.1:0"
+	d := pooltest.Start(t, cfg)
+	clients := []*alloc.Client{dial(t, cfg.Socket), dial(t, cfg.Socket)}
+	_, err := clients[0].Alloc(t.Context(), 4096, alloc.WithName("m"), alloc.WithTier(alloc.TierRDMA))
 	require.NoError(t, err)
-	require.True(t, ok, "history not linearizable; see %s", path)
-	t.Logf("%d operations linearizable", len(rec.Ops()))
+	segs := attachAll(t, "m", clients)
+	_, err = segs[1].Load64(0)
+	require.NoError(t, err)
+	require.NoError(t, segs[0].Store64(0, 1)) // invalidates segs[1]
+	require.NoError(t, segs[0].Sync(t.Context()))
+	resp, err := http.Get("http://" + d.MetricsAddr() + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, want := range []string{"farmem_coherence_invalidations_total 1", "farmem_coherence_writebacks_total 1", `farmem_coherence_sharers{segment="1"} 2`, "farmem_coherence_lease_waits_total 0"} {
+		require.Contains(t, string(body), want)
+	}
 }

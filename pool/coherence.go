@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/farmem/farmem/coherence"
 	"github.com/farmem/farmem/rdma"
@@ -198,4 +201,47 @@ func (h *coherenceHost) close() {
 	h.mu.Unlock()
 	close(h.stop)
 	h.wg.Wait()
+}
+
+// coherenceCollector exports the directories' counters and each shared
+// segment's sharer count at scrape time.
+type coherenceCollector struct {
+	h                                          *coherenceHost
+	grants, invs, wbs, waits, lost, stale, shr *prometheus.Desc
+}
+
+func newCoherenceCollector(h *coherenceHost) *coherenceCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(metricsNamespace+"_coherence_"+name, help, labels, nil)
+	}
+	return &coherenceCollector{h: h,
+		grants: d("grants_total", "Shared and exclusive page grants sent by this home's coherence directories."),
+		invs:   d("invalidations_total", "Invalidate messages sent to sharers (resends included)."),
+		wbs:    d("writebacks_total", "Modified pages written back to this home."),
+		waits:  d("lease_waits_total", "Requests that waited for a sharer's lease to run out because it did not acknowledge an invalidation."),
+		lost:   d("lost_owners_total", "Owners whose lease ran out before they wrote back: their unwritten data was lost."),
+		stale:  d("stale_writebacks_total", "Write-backs refused because the writer no longer owned the page."),
+		shr:    d("sharers", "Attachments of a shared segment heard from within the last two leases.", "segment"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *coherenceCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.grants, c.invs, c.wbs, c.waits, c.lost, c.stale, c.shr} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *coherenceCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.h.stats()
+	for _, v := range []struct {
+		d *prometheus.Desc
+		n uint64
+	}{{c.grants, s.Grants}, {c.invs, s.Invalidations}, {c.wbs, s.WriteBacks}, {c.waits, s.LeaseWaits}, {c.lost, s.LostOwners}, {c.stale, s.StaleWriteBacks}} {
+		ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n))
+	}
+	for seg, n := range c.h.sharers() {
+		ch <- prometheus.MustNewConstMetric(c.shr, prometheus.GaugeValue, float64(n), strconv.FormatUint(seg, 10))
+	}
 }

@@ -97,6 +97,9 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		}
 	}()
 	p.metrics = m
+	if dp != nil {
+		m.reg.MustRegister(newCoherenceCollector(dp.coh))
+	}
 	ops, err := listenOps(cfg.Metrics)
 	if err != nil {
 		return nil, err
