@@ -3,6 +3,7 @@ package alloc
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -100,6 +101,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	c.sess, err = session.Dial(ctx, network, path, session.Options{
 		ClientID: o.clientID, ClientName: o.clientName,
 		OnEvents: c.segmentEvents,
+		TLS:      tlsFor(network, o.tls),
 		OnDown:   c.dropFD,
 		MaxWait:  o.timeout,
 	})
@@ -215,7 +217,7 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 	mem, err := mapShared(resp.File, resp.Offset, resp.Length, ao.populate)
 	if err == nil {
 		var s *Segment
-		if s, err = c.track(&Segment{c: c, info: info, mem: mem, guard: info.Kind != "dram"}); err == nil {
+		if s, err = c.track(newMapped(c, info, mem, resp.File)); err == nil {
 			return s, nil
 		}
 		unmapNow(mem)
@@ -278,7 +280,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 	if err != nil {
 		return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
 	}
-	s, err := c.track(&Segment{c: c, info: info, mem: mem, guard: info.Kind != "dram"})
+	s, err := c.track(newMapped(c, info, mem, resp.File))
 	if err != nil {
 		unmapNow(mem)
 	}
@@ -429,4 +431,13 @@ func (c *Client) Open(ctx context.Context, id uint64) (*Segment, error) {
 		return nil, errs.FromStatus(err)
 	}
 	return c.open(ctx, sid, info, allocOptions{})
+}
+
+// tlsFor is the TLS configuration of a connection over network: cfg over
+// tcp, none over a unix socket (the daemon checks its peer's uid there).
+func tlsFor(network string, cfg *tls.Config) *tls.Config {
+	if network != "tcp" {
+		return nil
+	}
+	return cfg
 }

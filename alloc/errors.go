@@ -31,6 +31,9 @@ var (
 	ErrUnaligned = errs.ErrUnaligned
 	// ErrUnavailable: poold cannot be reached; the call may be retried.
 	ErrUnavailable = errs.ErrUnavailable
+	// ErrLimit: a request went past one of poold's limits (segments per
+	// client, name length); the message names it and how to raise it.
+	ErrLimit = errs.ErrLimit
 	// ErrNotSupported: this host or build lacks the capability.
 	ErrNotSupported = errs.ErrNotSupported
 	// ErrBadRef: an Arena Ref that was freed, forged, or made by another arena.

@@ -1,6 +1,7 @@
 package alloc
 
 import (
+	"crypto/tls"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -10,6 +11,7 @@ import (
 type DialOption func(*dialOptions)
 
 type dialOptions struct {
+	tls        *tls.Config
 	clientID   string
 	clientName string
 	timeout    time.Duration
@@ -29,6 +31,15 @@ type dialOptions struct {
 func WithEmulateLatency(spec string) DialOption {
 	return func(o *dialOptions) { o.emulate = &spec }
 }
+
+// WithTLS makes Dial to a tcp:// target use mutual TLS with cfg: the
+// client's certificate (whose common name is the identity poold sees) and
+// the CA that the daemon's certificate must chain to. The daemon's
+// certificate is checked for the host in the target unless cfg.ServerName
+// says otherwise. LoadTLS makes one; any tls.Config
+// with Certificates and RootCAs will do. Default: nil, plaintext, which a
+// daemon accepts only with --insecure. A unix socket target ignores it.
+func WithTLS(cfg *tls.Config) DialOption { return func(o *dialOptions) { o.tls = cfg } }
 
 // WithOpTimeout bounds each ReadAt, WriteAt and atomic on an rdma segment,
 // retries included, while its home is unreachable but not reported lost.

@@ -18,6 +18,9 @@ import (
 type remote struct {
 	region rdma.Region
 	addr   string // the home's data plane; guarded by Client.mu
+	// cred is what the data plane's handshake asks for (from the daemon,
+	// renewed by refresh); guarded by Client.mu. Empty: the session's own.
+	cred []byte
 	// lost is cancelled, with cause ErrSegmentLost, while the daemon reports
 	// the home lost; a restored segment gets a fresh one.
 	lost   context.Context
@@ -31,7 +34,7 @@ func newRemote(info *poolv1.Segment) (*remote, error) {
 		return nil, fmt.Errorf("segment %d: the daemon gave no data-plane address or key for an rdma segment: %w", info.Id, ErrSegmentLost)
 	}
 	copy(key[:], info.Key)
-	r := &remote{region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr}
+	r := &remote{region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr, cred: info.DataCredential}
 	r.lost, r.cancel = context.WithCancelCause(context.Background())
 	return r, nil
 }
@@ -70,7 +73,7 @@ func final(err error) bool {
 }
 
 // dataConn returns the cached data-plane connection to addr, dialing it.
-func (c *Client) dataConn(ctx context.Context, addr string) (rdma.Conn, error) {
+func (c *Client) dataConn(ctx context.Context, addr string, cred []byte) (rdma.Conn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -81,7 +84,7 @@ func (c *Client) dataConn(ctx context.Context, addr string) (rdma.Conn, error) {
 		return dc, nil
 	}
 	c.mu.Unlock()
-	dc, _, err := dialer.Dial(ctx, addr, nil)
+	dc, _, err := dialer.Dial(ctx, addr, cred)
 	if err != nil {
 		return nil, err
 	}
@@ -122,8 +125,8 @@ func (s *Segment) remoteOp(fn func(ctx context.Context, conn rdma.Conn, r rdma.R
 	defer cancel()
 	backoff := 20 * time.Millisecond
 	for {
-		addr := s.dataAddr()
-		conn, err := s.c.dataConn(ctx, addr)
+		addr, cred := s.dataAddr()
+		conn, err := s.c.dataConn(ctx, addr, cred)
 		if err == nil {
 			err = fn(ctx, conn, r.region)
 			if err == nil || final(err) {
@@ -149,10 +152,16 @@ func (s *Segment) remoteOp(fn func(ctx context.Context, conn rdma.Conn, r rdma.R
 	}
 }
 
-func (s *Segment) dataAddr() string {
+// dataAddr is where the segment's home serves it and the credential its
+// handshake takes: the daemon's for this segment, else the session's own.
+func (s *Segment) dataAddr() (string, []byte) {
 	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
-	return s.remote.addr
+	addr, cred := s.remote.addr, s.remote.cred
+	s.c.mu.Unlock()
+	if len(cred) == 0 {
+		cred = s.c.sess.DataCredential()
+	}
+	return addr, cred
 }
 
 // refresh asks the daemon where the segment's home serves it now (a
@@ -168,6 +177,9 @@ func (s *Segment) refresh(ctx context.Context) {
 	}
 	s.c.mu.Lock()
 	s.remote.addr = info.DataAddr
+	if len(info.DataCredential) > 0 { // a restarted home issued a new one
+		s.remote.cred = info.DataCredential
+	}
 	s.c.mu.Unlock()
 }
 

@@ -107,6 +107,47 @@ type Config struct {
 	// Segment.Bytes cannot be slowed. Shown everywhere as "injected".
 	// Default: "" (none).
 	EmulateLatency emulation.Spec `yaml:"emulate-latency"`
+	// TLSCert is this node's certificate (PEM): the TCP control plane
+	// presents it to clients, and this daemon presents it to its peers.
+	// 'memctl certs init' makes one per node. Required with Listen unless
+	// Insecure. Default: "".
+	TLSCert string `yaml:"tls-cert"`
+	// TLSKey is TLSCert's private key (PEM). Default: "".
+	TLSKey string `yaml:"tls-key"`
+	// TLSCA is the CA certificate (PEM) that clients' and peers'
+	// certificates must chain to (mutual TLS), and that peers' server
+	// certificates are checked against. Default: "".
+	TLSCA string `yaml:"tls-ca"`
+	// Insecure serves the TCP control plane, and calls peers, in plaintext:
+	// anyone who reaches Listen can allocate and free. It logs a warning at
+	// start and memctl status shows it. Default: false.
+	Insecure bool `yaml:"insecure"`
+	// AllowUIDs are the uids of local processes that may use the unix
+	// socket (checked with SO_PEERCRED). Their segments belong to the
+	// identity uid:N. Default: root (0) and the daemon's own uid.
+	AllowUIDs IDList `yaml:"allow-uids"`
+	// AllowGIDs are gids whose processes may use the unix socket too.
+	// Default: none.
+	AllowGIDs IDList `yaml:"allow-gids"`
+	// Quotas limits the bytes each identity may hold per tier (see
+	// Quotas); an allocation past one fails with ErrNoCapacity naming the
+	// quota. Identities: uid:N (unix socket), cn:NAME (TLS certificate),
+	// insecure (plaintext TCP), default (everyone without an entry).
+	// Default: none (unlimited).
+	Quotas Quotas `yaml:"quotas"`
+	// MaxSegmentsPerClient is the most segments one client id may hold on
+	// this daemon; the next Alloc fails with ErrLimit. Unit: segments.
+	// Default: 65536. Zero: unlimited.
+	MaxSegmentsPerClient int `yaml:"max-segments-per-client"`
+	// MaxNameLen is the longest segment name accepted, in bytes; a longer
+	// one fails with ErrLimit. Default: 255 (also the most it can be).
+	MaxNameLen int `yaml:"max-name-len"`
+	// DataMaxInflight is the most operations one data-plane connection has
+	// in flight at the server (answered but not yet flushed); the server
+	// reads the connection's next request only below it, so a client that
+	// pipelines more is held back by TCP flow control, never buffered
+	// without bound. Unit: operations. Default: 64. Range: 1 to 4096.
+	DataMaxInflight int `yaml:"data-max-inflight"`
 	// LogLevel is debug, info, warn or error. Default: info.
 	LogLevel string `yaml:"log-level"`
 	// LogFormat is text or json. Default: text.
@@ -128,20 +169,24 @@ var ErrConfig = errors.New("bad configuration")
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	c := Config{
-		Node:          host,
-		SysfsRoot:     "/sys",
-		DevRoot:       "/",
-		EmulateCXL:    size.GiB,
-		LocalSize:     size.GiB,
-		ExportSize:    size.GiB,
-		DataListen:    "127.0.0.1:0",
-		LeaseTTL:      10 * time.Second,
-		MetadataFsync: true,
-		LogLevel:      "info",
-		MeasureTiers:  true,
-		LogFormat:     "text",
-		DataDir:       DefaultDataDir(),
-		Socket:        DefaultSocket(),
+		Node:                 host,
+		SysfsRoot:            "/sys",
+		DevRoot:              "/",
+		EmulateCXL:           size.GiB,
+		LocalSize:            size.GiB,
+		ExportSize:           size.GiB,
+		DataListen:           "127.0.0.1:0",
+		LeaseTTL:             10 * time.Second,
+		MetadataFsync:        true,
+		LogLevel:             "info",
+		MeasureTiers:         true,
+		LogFormat:            "text",
+		AllowUIDs:            defaultAllowUIDs(),
+		MaxSegmentsPerClient: 65536,
+		MaxNameLen:           MaxNameLen,
+		DataMaxInflight:      64,
+		DataDir:              DefaultDataDir(),
+		Socket:               DefaultSocket(),
 	}
 	return c
 }
@@ -172,6 +217,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: local-size %d is negative", ErrConfig, c.LocalSize)
 	case c.LeaseTTL < 100*time.Millisecond:
 		return fmt.Errorf("%w: lease-ttl %s is below the 100ms minimum", ErrConfig, c.LeaseTTL)
+	}
+	if err := c.validateSecurity(); err != nil {
+		return err
 	}
 	if c.Gossip != "" && c.Listen == "" {
 		return fmt.Errorf("%w: gossip needs listen: peers reach this daemon's control plane at --listen ADDR", ErrConfig)

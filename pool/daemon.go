@@ -77,7 +77,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	m := newMetrics()
 	var dp *dataPlane
 	if cfg.ExportSize > 0 && cfg.DataListen != "" {
-		if dp, err = newDataPlane(cfg.DataListen, log, m.observeDataPlane); err != nil {
+		if dp, err = newDataPlane(cfg.DataListen, cfg.DataMaxInflight, log, m.observeDataPlane); err != nil {
 			for _, d := range devs {
 				d.Close()
 			}
@@ -124,13 +124,21 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			d.mux.shutdown()
 			return nil, fmt.Errorf("listen %s: %w (choose another with --listen)", cfg.Listen, err)
 		}
-		d.tcp = grpc.NewServer(append([]grpc.ServerOption{
+		opts, err := cfg.tcpServerOptions(append([]grpc.ServerOption{
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 			grpc.KeepaliveParams(sessionProbe(cfg.LeaseTTL)),
 		}, cfg.sim.grpc...)...)
+		if err != nil {
+			d.tcpL.Close()
+			d.mux.shutdown()
+			return nil, err
+		}
+		d.tcp = grpc.NewServer(opts...)
 		poolv1.RegisterPoolServer(d.tcp, &service{d: d})
 		d.health.register(d.tcp)
-		log.Warn("control plane on TCP without TLS: anyone who reaches it can allocate and free; use it only on a trusted network", "listen", d.tcpL.Addr().String())
+		if cfg.Insecure {
+			log.Warn("control plane on TCP without TLS (--insecure): anyone who reaches it can allocate and free; use it only on a trusted network", "listen", d.tcpL.Addr().String())
+		}
 	}
 	if cfg.Gossip != "" {
 		if err := d.startCluster(d.tcpL.Addr().String()); err != nil {
@@ -227,12 +235,7 @@ func (d *Daemon) Config() Config { return d.cfg }
 func (d *Daemon) Inventory() *cxl.Inventory { return d.inv }
 
 // allow checks a local peer against the allow list: the daemon's own uid and root.
-func (d *Daemon) allow(p peerInfo) error {
-	if p.UID == 0 || p.UID == uint32(os.Getuid()) {
-		return nil
-	}
-	return fmt.Errorf("uid %d is not allowed: poold serves its own uid (%d) and root", p.UID, os.Getuid())
-}
+func (d *Daemon) allow(p peerInfo) error { return d.cfg.allowLocal(p) }
 
 // serveFD answers descriptor requests on one connection until it closes.
 func (d *Daemon) serveFD(c *net.UnixConn, peer peerInfo) {

@@ -6,29 +6,36 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/dialer"
 	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // dataPlane serves this daemon's rdma-tier segments with one-sided
-// operations (the TCP fallback transport): each exported segment is mapped
-// here once and registered under its access key. Safe for concurrent use.
+// operations (libibverbs where this build and host have an RDMA device, and
+// the TCP fallback on the same port): each exported segment is mapped here
+// once and registered under its access key. Safe for concurrent use.
 type dataPlane struct {
-	srv  *tcp.Server
+	srv  *dialer.Server
 	l    net.Listener
 	addr string
 	log  *slog.Logger
 
+	// auth checks a connection's handshake credential (see auth.go);
+	// until the pool sets it, every connection is refused.
+	auth atomic.Pointer[func([]byte) error]
+
+	coh *coherenceHost // shared segments' directories (coherence.go)
+
 	mu   sync.Mutex
 	maps map[uint64]*device.Mapping
 	wg   sync.WaitGroup
-
-	coh *coherenceHost // shared segments' directories (coherence.go)
 }
 
-func newDataPlane(addr string, log *slog.Logger, observe func(tcp.Observation)) (*dataPlane, error) {
+func newDataPlane(addr string, inflight int, log *slog.Logger, observe func(tcp.Observation)) (*dataPlane, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("data plane on %s: %w (choose another with --data-listen)", addr, err)
@@ -36,9 +43,13 @@ func newDataPlane(addr string, log *slog.Logger, observe func(tcp.Observation)) 
 	cfg := tcp.DefaultConfig()
 	cfg.Logger = log
 	cfg.Observe = observe
-	coh := newCoherenceHost(log)
-	cfg.Message = coh.message
-	return &dataPlane{srv: tcp.NewServer(cfg), l: l, addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}, coh: coh}, nil
+	cfg.MaxInflightPerConn = inflight
+	dp := &dataPlane{l: l, addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}}
+	cfg.Authenticate = dp.authenticate
+	dp.coh = newCoherenceHost(log)
+	cfg.Message = dp.coh.message
+	dp.srv = dialer.NewServer(cfg)
+	return dp, nil
 }
 
 func (dp *dataPlane) serve() {

@@ -24,7 +24,7 @@ func newServingPool(t *testing.T) (*Pool, *time.Time) {
 	log := slog.New(slog.DiscardHandler)
 	_, devs, err := discover(cfg, log)
 	require.NoError(t, err)
-	dp, err := newDataPlane(cfg.DataListen, log, nil)
+	dp, err := newDataPlane(cfg.DataListen, cfg.DataMaxInflight, log, nil)
 	require.NoError(t, err)
 	p, err := newPool(cfg, log, devs, dp)
 	require.NoError(t, err)
@@ -56,7 +56,7 @@ func TestFencing(t *testing.T) {
 	const n = 64 << 10
 	r1, err := p.Alloc(ctx, oldC, AllocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
 	require.NoError(t, err)
-	c, err := tcp.Dial(ctx, p.dp.addr)
+	c, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(p.auth.self))
 	require.NoError(t, err)
 	defer c.Close()
 	old := region(t, r1)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/size"
 )
 
@@ -92,6 +93,8 @@ func clusterNodeConfig(t *testing.T, node string) Config {
 	cfg.MeasureTiers = false
 	cfg.LeaseTTL = 200 * time.Millisecond
 	cfg.Listen = "127.0.0.1:0"
+	tf := certs.ForTest(t, node, true)
+	cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = tf.Cert, tf.Key, tf.CA
 	cfg.Gossip = "127.0.0.1:0"
 	cfg.GossipProfile = "local"
 	dir, err := os.MkdirTemp("", "fm")

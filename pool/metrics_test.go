@@ -2,6 +2,7 @@ package pool_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -218,6 +219,7 @@ func TestHealth(t *testing.T) {
 	cfg := pooltest.Config(t)
 	cfg.Metrics = "127.0.0.1:0"
 	cfg.Listen = "127.0.0.1:0"
+	pooltest.TLS(t, &cfg)
 	d, err := pool.New(cfg, nil)
 	require.NoError(t, err)
 	closed := false
@@ -249,10 +251,15 @@ func TestHealth(t *testing.T) {
 		return err == nil && code == http.StatusOK
 	}, 10*time.Second, 10*time.Millisecond)
 
+	probeTLS := pooltest.ClientTLS(t, "probe")
 	channels := map[string][2]string{"unix socket": {"unix", cfg.Socket}, "tcp": {"tcp", d.ListenAddr()}}
 	for name, target := range channels {
 		t.Run(name, func(t *testing.T) {
-			conn, err := session.Channel(target[0], target[1])
+			var tc *tls.Config
+			if target[0] == "tcp" {
+				tc = probeTLS
+			}
+			conn, err := session.ChannelTLS(target[0], target[1], tc)
 			require.NoError(t, err)
 			defer conn.Close()
 			hc := healthpb.NewHealthClient(conn)

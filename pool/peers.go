@@ -2,9 +2,11 @@ package pool
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -26,13 +28,19 @@ const peerClientPrefix = "poold/"
 type peers struct {
 	self string
 	log  *slog.Logger
+	tls  *tls.Config // this node's certificate for calls to peers; nil with --insecure
 	// onUp runs when a session with a peer is (re)established.
 	onUp func(node string)
 
 	mu    sync.Mutex
 	conns map[string]*session.Conn
-	wg    sync.WaitGroup // asynchronous frees
-	done  bool
+
+	// epochs counts the membership changes of each node that homeChanged
+	// handled, so that an overtaken one does not apply its verdict.
+	epochs map[string]uint64
+
+	wg   sync.WaitGroup // asynchronous frees
+	done bool
 	// stop cancels asynchronous frees at close: a peer that does not answer
 	// reclaims the segments itself when this daemon's lease there ends.
 	stop chan struct{}
@@ -51,7 +59,7 @@ func (ps *peers) get(ctx context.Context, node, addr string) (*session.Conn, err
 	}
 	ps.mu.Unlock()
 	c, err := session.Dial(ctx, "tcp", addr, session.Options{
-		ClientID: peerClientPrefix + ps.self, ClientName: "poold " + ps.self,
+		ClientID: peerClientPrefix + ps.self, ClientName: "poold " + ps.self, TLS: ps.tls,
 		OnUp: func(string) {
 			if ps.onUp != nil {
 				go ps.onUp(node)
@@ -142,6 +150,15 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 	if p.cl == nil {
 		return nil, errNoPeer
 	}
+	p.mu.Lock()
+	why, err := p.admit(c, poolv1.Tier_TIER_RDMA, req.Size)
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if why != "" {
+		return nil, fmt.Errorf("%w: %s", errNoPeer, why)
+	}
 	m, err := cluster.Pick(p.cl.Members(), tierName(poolv1.Tier_TIER_RDMA), req.Size, p.cfg.Node, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errNoPeer, err)
@@ -193,6 +210,7 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 		return nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
 	}
 	p.segs[id] = r
+	p.usage.add(r)
 	if r.Name != "" {
 		p.names[r.Name] = id
 	}
@@ -205,12 +223,22 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 // draining or full); the caller falls back to its own memory.
 var errNoPeer = errors.New("no peer can take it")
 
-// homeChanged marks the segments homed on node lost (down) or checks them
-// with the home and marks the surviving ones reachable again (up), and
-// tells their owners.
+// homeChanged marks the segments homed on node lost (down) or asks the
+// home which of them it still holds for this node and marks those
+// reachable again (up), and tells their owners. One List call at the home
+// answers for all of them (one Stat per segment took as many calls, and a
+// slow home ran them out of time, leaving live segments marked lost). When
+// the home cannot be asked, the segments keep their state: the next
+// session start with the home asks again. A call that a newer one for the
+// same node overtook does not apply its verdict.
 func (p *Pool) homeChanged(node string, up bool) {
+	epoch := p.peers.nextEpoch(node)
+	var held map[uint64]bool
 	if up {
-		p.reconcile(node)
+		var ok bool
+		if held, ok = p.reconcile(node); !ok {
+			return
+		}
 	}
 	p.mu.Lock()
 	var homed []*record
@@ -223,33 +251,21 @@ func (p *Pool) homeChanged(node string, up bool) {
 	if len(homed) == 0 {
 		return
 	}
-	alive := map[uint64]bool{}
 	dataAddr := ""
 	if up && p.cl != nil {
 		if m, ok := p.cl.Member(node); ok {
 			dataAddr = m.Meta.DataAddr
 		}
 	}
-	if up {
-		if pc := p.peers.conn(node); pc != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			for _, r := range homed {
-				cctx, _, err := pc.Call(ctx)
-				if err != nil {
-					break
-				}
-				seg, err := pc.API().Stat(cctx, &poolv1.StatRequest{Id: r.HomeID})
-				alive[r.ID] = err == nil && seg.State == poolv1.SegmentState_SEGMENT_STATE_ACTIVE && seg.Owner == peerClientPrefix+p.cfg.Node
-			}
-			cancel()
-		}
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.peers.epoch(node) != epoch {
+		return // a newer change of node decides
+	}
 	byOwner := map[string]*poolv1.SegmentEvents{}
 	n := 0
 	for _, r := range homed {
-		lost := !alive[r.ID]
+		lost := !held[r.HomeID]
 		if !lost && dataAddr != "" {
 			r.DataAddr = dataAddr // a restarted home may serve on another port
 		}
@@ -283,23 +299,40 @@ func (p *Pool) homeChanged(node string, up bool) {
 	}
 }
 
-// reconcile frees the segments node holds for this daemon that no record
-// here names any more (a free that failed while node was unreachable), so
-// that their capacity returns even while this daemon's session there lives.
-func (p *Pool) reconcile(node string) {
-	pc := p.peers.conn(node)
-	if pc == nil {
-		return
-	}
+// reconcile asks node for the segments it holds for this daemon: it
+// returns the ids (at node) of those that are active, and frees those
+// that no record here names any more (a free that failed while node was
+// unreachable), so that their capacity returns even while this daemon's
+// session there lives. Without a session, it opens one when segments are
+// homed on node (this daemon restarted), which also keeps them leased
+// there. ok is false when node could not be asked.
+func (p *Pool) reconcile(node string) (held map[uint64]bool, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	pc := p.peers.conn(node)
+	if pc == nil {
+		p.mu.Lock()
+		homed := slices.ContainsFunc(slices.Collect(maps.Values(p.segs)), func(r *record) bool { return r.Home == node })
+		p.mu.Unlock()
+		if !homed || p.cl == nil {
+			return nil, false
+		}
+		m, found := p.cl.Member(node)
+		if !found || m.Meta.GRPCAddr == "" {
+			return nil, false
+		}
+		var err error
+		if pc, err = p.peers.get(ctx, node, m.Meta.GRPCAddr); err != nil {
+			return nil, false
+		}
+	}
 	cctx, _, err := pc.Call(ctx)
 	if err != nil {
-		return
+		return nil, false
 	}
 	resp, err := pc.API().List(cctx, &poolv1.ListRequest{})
 	if err != nil {
-		return
+		return nil, false
 	}
 	p.mu.Lock()
 	pending := p.pendingRemote[node]
@@ -310,15 +343,38 @@ func (p *Pool) reconcile(node string) {
 		}
 	}
 	p.mu.Unlock()
-	if pending > 0 {
-		return // an allocation there is not recorded yet; the next reconnect checks again
-	}
+	held = map[uint64]bool{}
 	for _, seg := range resp.Segments {
-		if seg.Owner == peerClientPrefix+p.cfg.Node && !known[seg.Id] {
+		if seg.Owner != peerClientPrefix+p.cfg.Node {
+			continue
+		}
+		held[seg.Id] = seg.State == poolv1.SegmentState_SEGMENT_STATE_ACTIVE
+		// An allocation there not recorded yet is no orphan; the next
+		// reconnect checks again.
+		if !known[seg.Id] && pending == 0 {
 			p.log.Info("freeing a segment a peer still holds for this node but no record names", "node", node, "segment", seg.Id)
 			p.peers.freeLater(node, seg.Id)
 		}
 	}
+	return held, true
+}
+
+// nextEpoch starts a new change of node's state; epoch tells whether a
+// newer one started since.
+func (ps *peers) nextEpoch(node string) uint64 {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.epochs == nil {
+		ps.epochs = map[string]uint64{}
+	}
+	ps.epochs[node]++
+	return ps.epochs[node]
+}
+
+func (ps *peers) epoch(node string) uint64 {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.epochs[node]
 }
 
 func appendIf(ids []uint64, id uint64, ok bool) []uint64 {

@@ -47,6 +47,8 @@ type Pool struct {
 	cl      *cluster.Cluster // gossip membership; nil without --gossip
 	peers   *peers
 	metrics *metrics // nil when the Pool runs without a Daemon
+	auth    auth     // client ids' identities, data-plane credentials (auth.go)
+	usage   usage    // segments and bytes per owner, for quotas and limits (quota.go)
 	started time.Time
 	now     func() time.Time
 
@@ -134,6 +136,7 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 	if p.st, err = openStore(cfg.DataDir, cfg.MetadataFsync); err != nil {
 		return nil, err
 	}
+	p.auth.st = p.st
 	recs, next, err := p.st.load()
 	if err != nil {
 		p.st.close()
@@ -144,6 +147,10 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 		p.restore(r)
 	}
 	p.sweepOrphans()
+	if err := p.startAuth(); err != nil {
+		p.st.close()
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -177,6 +184,7 @@ func (p *Pool) sweepOrphans() {
 // checked, its owner given one lease TTL to come back.
 func (p *Pool) restore(r *record) {
 	p.segs[r.ID] = r
+	p.usage.add(r)
 	if r.Name != "" {
 		p.names[r.Name] = r.ID
 	}
@@ -369,6 +377,9 @@ func (p *Pool) place(c caller, t poolv1.Tier, req AllocRequest) (*record, []stri
 			return nil, nil, fmt.Errorf("alloc %q: %w", req.Name, errs.ErrExists)
 		}
 	}
+	if why, err := p.admit(c, t, req.Size); err != nil || why != "" {
+		return nil, []string{why}, err
+	}
 	var tried []string
 	seen := false
 	for _, d := range p.devs {
@@ -378,6 +389,7 @@ func (p *Pool) place(c caller, t poolv1.Tier, req AllocRequest) (*record, []stri
 		seen = true
 		r, err := p.allocOn(c, d, req)
 		if err == nil {
+			p.usage.add(r)
 			return r, nil, nil
 		}
 		if !errors.Is(err, extent.ErrNoSpace) {
@@ -449,6 +461,7 @@ func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
 
 // unplace undoes a placement whose commit failed.
 func (p *Pool) unplace(r *record) {
+	p.usage.sub(r)
 	if r.Key != "" {
 		p.dp.revoke(r.ID)
 	}
@@ -548,6 +561,7 @@ func (p *Pool) freeLocked(r *record, reason string) error {
 // release returns a record's memory once its removal is committed: the
 // data plane fences it, its backing goes and its extent is free again.
 func (p *Pool) release(r *record, reason string) {
+	p.usage.sub(r)
 	if r.Home != "" {
 		p.peers.freeLater(r.Home, r.HomeID)
 	} else if r.Key != "" && p.dp != nil {
@@ -751,6 +765,9 @@ func (p *Pool) reap() {
 			}
 		}
 		delete(p.clients, id)
+		if segs, _ := p.usage.of([]string{id}, ""); segs == 0 {
+			p.auth.forget(id)
+		}
 		p.metrics.leaseExpired()
 		if n > 0 {
 			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes)

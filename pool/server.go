@@ -12,7 +12,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
@@ -52,18 +51,18 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	if hello == nil || hello.ClientId == "" || len(hello.ClientId) > MaxNameLen {
 		return errs.ToStatus(fmt.Errorf("%w: a session starts with a Hello carrying a client id of 1 to %d bytes", errs.ErrInvalid, MaxNameLen))
 	}
-	var uid uint32
-	if p, ok := peer.FromContext(stream.Context()); ok {
-		if pi, ok := p.AuthInfo.(peerInfo); ok {
-			uid = pi.UID
-		}
+	ident, uid := identityOf(stream.Context())
+	if err := s.d.bindSession(hello.ClientId, ident); err != nil {
+		return errs.ToStatus(err)
 	}
 	sid := newSessionID()
+	cred := s.d.pool.auth.issue(sid, hello.ClientId, ident)
+	defer s.d.pool.auth.revoke(cred)
 	events := s.d.pool.openSession(sid, hello.ClientId, hello.ClientName, hello.Pid, uid)
 	defer s.d.pool.closeSession(sid)
 	s.d.log.Debug("session opened", "session", sid, "client", hello.ClientId, "name", hello.ClientName, "pid", hello.Pid)
 	err = stream.Send(&poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Welcome{Welcome: &poolv1.Welcome{
-		SessionId: sid, LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(), Node: s.d.cfg.Node,
+		SessionId: sid, LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(), Node: s.d.cfg.Node, DataCredential: cred,
 	}}})
 	if err != nil {
 		return err
@@ -127,12 +126,15 @@ func (s *service) Alloc(ctx context.Context, req *poolv1.AllocRequest) (*poolv1.
 // alloc serves an allocation from either path (gRPC, or the local fast
 // path on the descriptor channel).
 func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) (*poolv1.Segment, error) {
+	if len(req.Name) > d.cfg.MaxNameLen {
+		return nil, fmt.Errorf("%w: segment name of %d bytes is longer than max-name-len %d; use a shorter name or raise --max-name-len (at most %d)", errs.ErrLimit, len(req.Name), d.cfg.MaxNameLen, MaxNameLen)
+	}
 	r, err := d.pool.Alloc(ctx, c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly})
 	d.metrics.allocDone(r, err)
 	if err != nil {
 		return nil, err
 	}
-	return d.segmentProto(*r), nil
+	return d.forCaller(c, *r), nil
 }
 
 func (s *service) Free(ctx context.Context, req *poolv1.FreeRequest) (*poolv1.FreeResponse, error) {
@@ -168,14 +170,18 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 		s.d.refused("attach", c, 0, req.Name, err)
 		return nil, errs.ToStatus(err)
 	}
-	return s.d.segmentProto(*r), nil
+	return s.d.forCaller(c, *r), nil
 }
 
 func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.ListResponse, error) {
+	c, err := s.caller(ctx)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
 	recs := s.d.pool.List()
 	out := &poolv1.ListResponse{Segments: make([]*poolv1.Segment, len(recs))}
 	for i, r := range recs {
-		out.Segments[i] = s.d.segmentProto(r)
+		out.Segments[i] = s.d.forCaller(c, r)
 	}
 	if req.All && s.d.pool.cl != nil {
 		all, err := s.listAll(ctx, out.Segments)
@@ -188,11 +194,15 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 }
 
 func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
+	c, err := s.caller(ctx)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
 	r, err := s.d.pool.Stat(req.Id)
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
-	return s.d.segmentProto(r), nil
+	return s.d.forCaller(c, r), nil
 }
 
 func (s *service) Tiers(ctx context.Context, _ *poolv1.TiersRequest) (*poolv1.TiersResponse, error) {
@@ -212,7 +222,8 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 		Version: Version, Node: s.d.cfg.Node, StartedUnixMs: p.started.UnixMilli(), Pid: int64(os.Getpid()),
 		DataDir: s.d.cfg.DataDir, Socket: s.d.cfg.Socket, Tiers: p.allTiers(), Sessions: int64(p.sessionCount()),
 		Segments: int64(len(p.List())), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
-		Clients: p.clientInfos(), Ops: s.d.metrics.tierOps(),
+		Clients: s.d.withIdentities(p.clientInfos()), Ops: s.d.metrics.tierOps(),
+		Insecure: s.d.cfg.Insecure && s.d.cfg.Listen != "", Quotas: p.quotaUsage(),
 	}, nil
 }
 

@@ -27,6 +27,10 @@ var (
 	ErrUnaligned = errors.New("unaligned: 64-bit atomics need an offset that is a multiple of 8")
 	// ErrUnavailable: the daemon cannot be reached or is restarting; the call may be retried.
 	ErrUnavailable = errors.New("pool unavailable: is poold running? start it with 'poold' or set FARMEM_SOCKET")
+	// ErrLimit: a request went past a configured limit (segments per client,
+	// name length, frame size, operations in flight); the message names the
+	// limit and the setting that raises it.
+	ErrLimit = errors.New("limit exceeded")
 	// ErrNotSupported: the host or build lacks the capability asked for.
 	ErrNotSupported = errors.New("not supported on this host or build")
 )

@@ -32,6 +32,7 @@ var table = []struct {
 	{ErrUnaligned, codes.InvalidArgument, "UNALIGNED"},
 	{ErrUnavailable, codes.Unavailable, "UNAVAILABLE"},
 	{ErrNotSupported, codes.Unimplemented, "NOT_SUPPORTED"},
+	{ErrLimit, codes.ResourceExhausted, "LIMIT"},
 }
 
 // ToStatus converts a daemon-side error to a gRPC status error that carries

@@ -2,6 +2,7 @@ package pooltest
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 
+	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/pool"
@@ -93,4 +95,19 @@ func Fill(t testing.TB, socket string, n int, sz int64, tier poolv1.Tier) {
 		})
 	}
 	require.NoError(t, g.Wait())
+}
+
+// TLS gives cfg a node certificate for cfg.Node, signed by the test's CA
+// (see certs.ForTest), so that its TCP control plane serves mutual TLS.
+func TLS(t testing.TB, cfg *pool.Config) {
+	f := certs.ForTest(t, cfg.Node, true)
+	cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = f.Cert, f.Key, f.CA
+}
+
+// ClientTLS is the client-side TLS configuration of a certificate for
+// name (its identity, cn:name) signed by the test's CA.
+func ClientTLS(t testing.TB, name string) *tls.Config {
+	tc, err := certs.ForTest(t, name, false).Client()
+	require.NoError(t, err)
+	return tc
 }

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -10,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
@@ -41,6 +43,9 @@ type Options struct {
 	// stays away then fails calls with ErrUnavailable instead of holding
 	// them forever. Default: 0, no bound beyond ctx.
 	MaxWait time.Duration
+	// TLS, when set, makes a "tcp" connection use mutual TLS with it (see
+	// ChannelTLS). Default: nil (plaintext; the unix socket needs none).
+	TLS *tls.Config
 }
 
 // Conn is a control-plane connection with a live session. It is safe for
@@ -55,6 +60,7 @@ type Conn struct {
 	session  string        // current session id; "" while reconnecting
 	ready    chan struct{} // closed when session is set, replaced when it is lost
 	node     string
+	dataCred []byte // the current session's data-plane credential
 	leaseTTL time.Duration
 	closed   bool
 
@@ -65,7 +71,7 @@ type Conn struct {
 // Dial connects to a daemon at addr over network ("unix" or "tcp") and
 // waits, within ctx, for its first session.
 func Dial(ctx context.Context, network, addr string, o Options) (*Conn, error) {
-	conn, err := Channel(network, addr)
+	conn, err := ChannelTLS(network, addr, o.TLS)
 	if err != nil {
 		return nil, err
 	}
@@ -89,8 +95,28 @@ func Dial(ctx context.Context, network, addr string, o Options) (*Conn, error) {
 // "tcp"), without a session: what administrators (memctl) use. It connects
 // lazily, on the first call.
 func Channel(network, addr string) (*grpc.ClientConn, error) {
+	return ChannelTLS(network, addr, nil)
+}
+
+// ChannelTLS is Channel with mutual TLS when tlsCfg is non-nil: the
+// client presents tlsCfg's certificate and checks the daemon's against
+// tlsCfg.RootCAs for the host in addr unless tlsCfg.ServerName names
+// another. tlsCfg is not modified.
+func ChannelTLS(network, addr string, tlsCfg *tls.Config) (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if tlsCfg != nil {
+		cfg := tlsCfg.Clone()
+		if cfg.ServerName == "" {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				host = addr
+			}
+			cfg.ServerName = host
+		}
+		creds = credentials.NewTLS(cfg)
+	}
 	conn, err := grpc.NewClient("passthrough:///farmem",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		// Reconnect fast: a restarted daemon gives its returning clients
 		// only a lease TTL (plus a grace) to come back, and gRPC's default
 		// backoff grows to minutes.
@@ -111,6 +137,14 @@ func Channel(network, addr string) (*grpc.ClientConn, error) {
 
 // API is the daemon's gRPC client; pass contexts from Call.
 func (c *Conn) API() poolv1.PoolClient { return c.api }
+
+// DataCredential is what the current session presents to the daemon's
+// data plane (nil while reconnecting, or from a daemon that issues none).
+func (c *Conn) DataCredential() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.dataCred
+}
 
 // Addr is the daemon's address.
 func (c *Conn) Addr() string { return c.addr }
@@ -225,6 +259,7 @@ func (c *Conn) run(first chan<- error) (up bool) {
 	}
 	c.mu.Lock()
 	c.session, c.node, c.leaseTTL = w.SessionId, w.Node, time.Duration(w.LeaseTtlMs)*time.Millisecond
+	c.dataCred = w.DataCredential
 	close(c.ready)
 	period := max(c.leaseTTL/3, 100*time.Millisecond)
 	c.mu.Unlock()

@@ -284,7 +284,7 @@ func replyError(addr string, r reply) error {
 			Reason:  fmt.Sprintf("%s speaks version %d; upgrade the older side", addr, r.version),
 		}
 	case replyAuthFailed:
-		return fmt.Errorf("rdma/tcp: %s refused the credential; check the pool's shared secret: %w", addr, rdma.ErrAccessDenied)
+		return fmt.Errorf("rdma/tcp: %s refused the credential (it is no live session's: reconnect to poold for a fresh one): %w", addr, rdma.ErrAccessDenied)
 	case replyCredTooLong:
 		return fmt.Errorf("rdma/tcp: %s refused a credential over %d bytes: %w", addr, MaxCredential, rdma.ErrProtocol)
 	case replyBusy:

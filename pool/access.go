@@ -1,0 +1,59 @@
+package pool
+
+import (
+	"fmt"
+	"strings"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// bindSession checks that a session's client id may be used by ident: a
+// client id belongs to the identity that first opened a session with it,
+// and a peer's client id (poold/NODE) to that node's certificate.
+func (d *Daemon) bindSession(clientID, ident string) error {
+	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && strings.HasPrefix(ident, "cn:") && ident != "cn:"+node {
+		err := fmt.Errorf("%w: client id %q is reserved for node %s's certificate, and the caller is %s", errs.ErrAccessDenied, clientID, node, ident)
+		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
+		return err
+	}
+	if err := d.pool.auth.bind(clientID, ident); err != nil {
+		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
+		return err
+	}
+	return nil
+}
+
+// forCaller describes a segment for a caller: one who may use it (owner,
+// attacher, administrator) gets its access key and, for an rdma segment,
+// the data-plane credential of its home; anyone else gets neither, so a
+// listing or a Stat never hands out another client's key.
+func (d *Daemon) forCaller(c caller, r record) *poolv1.Segment {
+	seg := d.segmentProto(r)
+	if c.client == nil {
+		return seg
+	}
+	if !mayUse(c, &r) {
+		seg.Key = nil
+		return seg
+	}
+	if len(seg.Key) == 0 {
+		return seg
+	}
+	if r.Home != "" {
+		if pc := d.pool.peers.conn(r.Home); pc != nil {
+			seg.DataCredential = pc.DataCredential()
+		}
+		return seg
+	}
+	seg.DataCredential = d.pool.auth.credOf(c.client.id)
+	return seg
+}
+
+// withIdentities fills in each client's identity.
+func (d *Daemon) withIdentities(cs []*poolv1.ClientInfo) []*poolv1.ClientInfo {
+	for _, ci := range cs {
+		ci.Identity = d.pool.auth.identity(ci.Id)
+	}
+	return cs
+}

@@ -1,0 +1,271 @@
+package pool
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"slices"
+	"sync"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+
+	"github.com/farmem/farmem/internal/certs"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// Identities: who is at the other end of a control-plane connection, as the
+// transport proved it. A client id (Hello.client_id) is bound to the
+// identity that first opened a session with it; segments are owned by
+// client ids, so through the binding they belong to that identity.
+const (
+	identityInsecure = "insecure" // plaintext TCP (--insecure): nothing proved
+	identityDefault  = "default"  // the quotas key that applies to every identity without its own
+)
+
+// uidIdentity is the identity of a local client.
+func uidIdentity(uid uint32) string { return fmt.Sprintf("uid:%d", uid) }
+
+// identityOf is the caller's identity from the gRPC peer of ctx: uid:N on
+// the unix socket, cn:NAME over mutual TLS, insecure on plaintext TCP.
+func identityOf(ctx context.Context) (ident string, uid uint32) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return identityInsecure, 0
+	}
+	switch ai := p.AuthInfo.(type) {
+	case peerInfo:
+		return uidIdentity(ai.UID), ai.UID
+	case credentials.TLSInfo:
+		if cn := certs.Identity(ai.State); cn != "" {
+			return "cn:" + cn, 0
+		}
+	}
+	return identityInsecure, 0
+}
+
+// allowLocal checks a local peer against the allow lists (Config.AllowUIDs,
+// Config.AllowGIDs).
+func (c *Config) allowLocal(p peerInfo) error {
+	if slices.Contains(c.AllowUIDs, p.UID) || slices.Contains(c.AllowGIDs, p.GID) {
+		return nil
+	}
+	return fmt.Errorf("%w: uid %d (gid %d) is not in the allow list (uids %v, gids %v); add it with --allow-uid or --allow-gid", errs.ErrAccessDenied, p.UID, p.GID, c.AllowUIDs, c.AllowGIDs)
+}
+
+// bucketIdentities maps client ids to the identity they are bound to.
+var bucketIdentities = []byte("identities")
+
+// auth holds the client-id bindings and the data-plane credentials of live
+// sessions. It is safe for concurrent use.
+type auth struct {
+	st *store // nil in tests without a store: bindings are not persisted
+
+	once  sync.Once
+	mu    sync.Mutex
+	bound map[string]string // client id -> identity
+	// self is the daemon's own data-plane credential (the tier probe).
+	self []byte
+	// forgotten are bindings dropped in memory, not yet in the store.
+	forgotten []string
+	creds     map[string]dataCred
+	// byClient is the latest live credential of each client id.
+	byClient map[string][]byte
+}
+
+// dataCred is a data-plane credential: 128 random bits issued to one
+// session, accepted until the session ends.
+type dataCred struct {
+	session  string
+	client   string
+	identity string
+}
+
+func (a *auth) load() {
+	a.once.Do(func() {
+		a.bound = map[string]string{}
+		a.creds = map[string]dataCred{}
+		a.byClient = map[string][]byte{}
+		if a.st == nil {
+			return
+		}
+		a.st.db.View(func(tx *bolt.Tx) error {
+			b := tx.Bucket(bucketIdentities)
+			if b == nil {
+				return nil
+			}
+			return b.ForEach(func(k, v []byte) error {
+				a.bound[string(k)] = string(v)
+				return nil
+			})
+		})
+	})
+}
+
+// bind binds a client id to ident on its first session, and refuses a
+// session for a client id bound to another identity: one identity cannot
+// take over another's segments by naming its client id.
+func (a *auth) bind(clientID, ident string) error {
+	a.load()
+	a.mu.Lock()
+	had, ok := a.bound[clientID]
+	if ok {
+		a.mu.Unlock()
+		if had != ident {
+			return fmt.Errorf("%w: client id %q belongs to identity %s, not %s; dial with another client id (alloc.WithClientID)", errs.ErrAccessDenied, clientID, had, ident)
+		}
+		return nil
+	}
+	a.bound[clientID] = ident
+	gone := a.forgotten
+	a.forgotten = nil
+	a.mu.Unlock()
+	if a.st == nil {
+		return nil
+	}
+	err := a.st.update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketIdentities)
+		if err != nil {
+			return err
+		}
+		for _, id := range gone {
+			a.mu.Lock()
+			_, again := a.bound[id]
+			a.mu.Unlock()
+			if !again {
+				if err := b.Delete([]byte(id)); err != nil {
+					return err
+				}
+			}
+		}
+		return b.Put([]byte(clientID), []byte(ident))
+	})
+	if err != nil {
+		a.mu.Lock()
+		delete(a.bound, clientID)
+		a.mu.Unlock()
+		return fmt.Errorf("bind client %q to %s: commit to the metadata store: %w", clientID, ident, err)
+	}
+	return nil
+}
+
+// forget drops a client id's binding (its lease ran out and it holds
+// nothing). The store forgets it with the next binding's commit, so that
+// forget, called under the pool's mutex, never waits for a commit.
+func (a *auth) forget(clientID string) {
+	a.load()
+	a.mu.Lock()
+	if _, ok := a.bound[clientID]; ok {
+		delete(a.bound, clientID)
+		a.forgotten = append(a.forgotten, clientID)
+	}
+	a.mu.Unlock()
+}
+
+// identity is the identity a client id is bound to ("" if none).
+func (a *auth) identity(clientID string) string {
+	a.load()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.bound[clientID]
+}
+
+// owners returns the client ids bound to ident.
+func (a *auth) owners(ident string) []string {
+	a.load()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	for id, i := range a.bound {
+		if i == ident {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// issue makes the data-plane credential of a new session.
+func (a *auth) issue(session, clientID, ident string) []byte {
+	a.load()
+	b := make([]byte, 16)
+	rand.Read(b)
+	a.mu.Lock()
+	a.creds[string(b)] = dataCred{session: session, client: clientID, identity: ident}
+	a.byClient[clientID] = b
+	a.mu.Unlock()
+	return b
+}
+
+// revoke withdraws a session's credential: new data-plane connections
+// presenting it are refused.
+func (a *auth) revoke(cred []byte) {
+	a.load()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c, ok := a.creds[string(cred)]
+	if !ok {
+		return
+	}
+	delete(a.creds, string(cred))
+	if string(a.byClient[c.client]) != string(cred) {
+		return
+	}
+	delete(a.byClient, c.client)
+	for k, o := range a.creds { // another live session of the client
+		if o.client == c.client {
+			a.byClient[c.client] = []byte(k)
+			break
+		}
+	}
+}
+
+// authenticate is the data plane's check of a handshake credential
+// (rdma/tcp ServerConfig.Authenticate).
+func (a *auth) authenticate(cred []byte) error {
+	a.load()
+	if len(cred) != 16 {
+		return fmt.Errorf("%w: data-plane credential of %d bytes; present the 16-byte credential of a live session (Welcome.data_credential)", errs.ErrAccessDenied, len(cred))
+	}
+	a.mu.Lock()
+	_, ok := a.creds[string(cred)]
+	a.mu.Unlock()
+	if ok {
+		return nil
+	}
+	return fmt.Errorf("%w: the data-plane credential is no live session's (it ended, or it was never issued); reconnect to poold for a fresh one", errs.ErrAccessDenied)
+}
+
+// authenticate is the data plane's handshake check.
+func (dp *dataPlane) authenticate(cred []byte) error {
+	check := dp.auth.Load()
+	if check == nil {
+		return fmt.Errorf("%w: the daemon is starting; retry", errs.ErrUnavailable)
+	}
+	return (*check)(cred)
+}
+
+// startAuth connects the data plane's handshake check to the sessions'
+// credentials, issues the daemon's own (for its tier probe), and takes the
+// node certificate for calls to peers.
+func (p *Pool) startAuth() error {
+	tc, err := p.cfg.peerTLS()
+	if err != nil {
+		return err
+	}
+	p.peers.tls = tc
+	p.auth.self = p.auth.issue("", "", "poold")
+	if p.dp != nil {
+		check := p.auth.authenticate
+		p.dp.auth.Store(&check)
+	}
+	return nil
+}
+
+// credOf is a live data-plane credential of the client's (nil if none).
+func (a *auth) credOf(clientID string) []byte {
+	a.load()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.byClient[clientID]
+}

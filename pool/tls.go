@@ -1,0 +1,89 @@
+package pool
+
+import (
+	"crypto/tls"
+	"fmt"
+	"os"
+	"slices"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/farmem/farmem/internal/certs"
+)
+
+// defaultAllowUIDs is root and the daemon's own uid.
+func defaultAllowUIDs() IDList {
+	ids := IDList{0}
+	if uid := uint32(os.Getuid()); uid != 0 {
+		ids = append(ids, uid)
+	}
+	return ids
+}
+
+// tlsFiles is the node's mutual-TLS material.
+func (c *Config) tlsFiles() certs.Files {
+	return certs.Files{Cert: c.TLSCert, Key: c.TLSKey, CA: c.TLSCA}
+}
+
+// validateSecurity checks the TLS, allow-list, quota and limit settings.
+func (c *Config) validateSecurity() error {
+	f := c.tlsFiles()
+	if err := f.Check("tls-"); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	switch {
+	case c.Listen != "" && !c.Insecure && f.IsZero():
+		return fmt.Errorf("%w: listen %s needs mutual TLS: set tls-cert, tls-key and tls-ca (make them with 'memctl certs init --dir DIR --nodes %s'), or set insecure for plaintext on a trusted network", ErrConfig, c.Listen, c.Node)
+	case c.Insecure && !f.IsZero():
+		return fmt.Errorf("%w: insecure and tls-cert/tls-key/tls-ca are both set; choose one", ErrConfig)
+	case len(c.AllowUIDs) == 0 && len(c.AllowGIDs) == 0:
+		return fmt.Errorf("%w: allow-uids and allow-gids are both empty: no local client could connect; list at least one uid (e.g. %d)", ErrConfig, os.Getuid())
+	case c.MaxSegmentsPerClient < 0:
+		return fmt.Errorf("%w: max-segments-per-client %d is negative; use 0 for no limit", ErrConfig, c.MaxSegmentsPerClient)
+	case c.MaxNameLen < 1 || c.MaxNameLen > MaxNameLen:
+		return fmt.Errorf("%w: max-name-len %d: use 1 to %d", ErrConfig, c.MaxNameLen, MaxNameLen)
+	case c.DataMaxInflight < 1 || c.DataMaxInflight > 4096:
+		return fmt.Errorf("%w: data-max-inflight %d: use 1 to 4096 (default 64)", ErrConfig, c.DataMaxInflight)
+	}
+	return c.Quotas.validate()
+}
+
+// serverCreds are the TCP control plane's transport credentials: mutual
+// TLS, or nil with Insecure.
+func (c *Config) serverCreds() (grpc.ServerOption, error) {
+	if c.Insecure {
+		return nil, nil
+	}
+	tc, err := c.tlsFiles().Server()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return grpc.Creds(credentials.NewTLS(tc)), nil
+}
+
+// peerTLS is what this daemon presents when it calls a peer: its node
+// certificate, checking the peer's against the CA; nil with Insecure.
+func (c *Config) peerTLS() (*tls.Config, error) {
+	if c.Insecure || c.tlsFiles().IsZero() {
+		return nil, nil
+	}
+	tc, err := c.tlsFiles().Client()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return tc, nil
+}
+
+// tcpServerOptions are the TCP control plane's gRPC options: its
+// credentials, then extra.
+func (c *Config) tcpServerOptions(extra ...grpc.ServerOption) ([]grpc.ServerOption, error) {
+	creds, err := c.serverCreds()
+	if err != nil {
+		return nil, err
+	}
+	if creds != nil {
+		extra = append(slices.Clip(extra), creds)
+	}
+	return extra, nil
+}
