@@ -160,6 +160,8 @@ func TestFencingUnderPartition(t *testing.T) {
 	t.Logf("link of %s down: %s reclaimed the segment after %v (lease TTL %v)", a.name, h.name, reclaimed, leaseTTL)
 	// From here on no write of the old client may succeed: the segment is gone.
 	fenced := len(old.Output())
+	// x must not place on a, which it cannot reach.
+	x.waitStates(t, map[string]string{a.name: "!alive"})
 	gate := shortDir(t) + "/go"
 	owner := startClient(t, x.host, "fence-owner", x.sock, gateEnv+"="+gate)
 	require.Equal(t, h.name, readyNode(t, owner), "the new segment is on the same home (the only peer %s sees alive)", x.name)
