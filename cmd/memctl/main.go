@@ -12,9 +12,9 @@ import (
 	"github.com/spf13/cobra"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/paths"
-	"github.com/farmem/farmem/internal/session"
 )
 
 func main() {
@@ -42,6 +42,7 @@ type globals struct {
 	output  string
 	timeout time.Duration
 	out     io.Writer
+	tls     certs.Files // --tls-cert, --tls-key, --tls-ca for --addr
 }
 
 func newRoot(stdout io.Writer) *cobra.Command {
@@ -62,8 +63,11 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	pf.StringVar(&g.socket, "socket", paths.Socket(), "poold's unix socket (FARMEM_SOCKET sets the default)")
 	pf.StringVar(&g.addr, "addr", "", "a poold's TCP control address (its --listen) instead of the socket")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	pf.StringVar(&g.tls.Cert, "tls-cert", "", "client certificate (PEM) for mutual TLS with --addr ('memctl certs init --clients NAME' makes one)")
+	pf.StringVar(&g.tls.Key, "tls-key", "", "the private key of --tls-cert (PEM)")
+	pf.StringVar(&g.tls.CA, "tls-ca", "", "CA certificate (PEM) the daemon's certificate must chain to")
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Second, "how long to wait for poold")
-	root.AddCommand(newStatusCmd(g), newTiersCmd(g), newSegmentsCmd(g), newAllocCmd(g), newFreeCmd(g), newNodesCmd(g), newDrainCmd(g), newTopCmd(g), newBenchCmd(g), newBenchServeCmd(), newDoctorCmd(g))
+	root.AddCommand(newStatusCmd(g), newTiersCmd(g), newSegmentsCmd(g), newAllocCmd(g), newFreeCmd(g), newNodesCmd(g), newDrainCmd(g), newTopCmd(g), newBenchCmd(g), newBenchServeCmd(), newDoctorCmd(g), newCertsCmd(g))
 	addCompletions(root, g)
 	return root
 }
@@ -75,7 +79,7 @@ func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error 
 	if g.addr != "" {
 		network, addr = "tcp", g.addr
 	}
-	conn, err := session.Channel(network, addr)
+	conn, err := g.channel(network, addr)
 	if err != nil {
 		return err
 	}

@@ -36,12 +36,14 @@ func newStatusCmd(g *globals) *cobra.Command {
 					"started": time.UnixMilli(st.StartedUnixMs).UTC().Format(time.RFC3339), "data_dir": st.DataDir,
 					"socket": st.Socket, "sessions": st.Sessions, "segments": st.Segments,
 					"lease_ttl_ms": st.LeaseTtlMs, "tiers": tiers,
+					"insecure": st.Insecure, "quotas": quotasJSON(st.Quotas),
 				})
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "poold %s on node %s (pid %d), up %s\n", st.Version, st.Node, st.Pid, uptime)
 			fmt.Fprintf(w, "socket %s, data %s, %d sessions, %d segments, lease TTL %s\n\n", st.Socket, st.DataDir, st.Sessions, st.Segments, time.Duration(st.LeaseTtlMs)*time.Millisecond)
 			printTiers(w, st.Tiers)
+			printSecurity(w, st)
 			return w.Flush()
 		},
 	}
