@@ -143,6 +143,10 @@ type volume struct {
 	EmptyDir *struct {
 		Medium string `yaml:"medium"`
 	} `yaml:"emptyDir"`
+	Secret *struct {
+		SecretName  string `yaml:"secretName"`
+		DefaultMode int    `yaml:"defaultMode"`
+	} `yaml:"secret"`
 }
 
 // manifest is the parsed multi-document file.
@@ -292,7 +296,7 @@ func TestDaemonSet(t *testing.T) {
 			_, dup := vols[v.Name]
 			require.False(t, dup, "volume %s twice", v.Name)
 			n := 0
-			for _, set := range []bool{v.ConfigMap != nil, v.HostPath != nil, v.EmptyDir != nil} {
+			for _, set := range []bool{v.ConfigMap != nil, v.HostPath != nil, v.EmptyDir != nil, v.Secret != nil} {
 				if set {
 					n++
 				}
@@ -453,6 +457,21 @@ func TestDaemonSetConfig(t *testing.T) {
 		require.True(t, ok, "%s: %s is a mount", p.what, p.dir)
 		require.Equal(t, p.host, hostPaths[vol], "%s: volume %s", p.what, vol)
 	}
+
+	// Mutual TLS: the node's certificate, key and the CA come from the
+	// Secret mounted where the flags point.
+	secretVolume := map[string]string{}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			secretVolume[v.Name] = v.Secret.SecretName
+		}
+	}
+	require.False(t, cfg.Insecure, "the control plane serves mutual TLS")
+	for _, f := range []string{cfg.TLSCert, cfg.TLSKey, cfg.TLSCA} {
+		require.NotEmpty(t, f)
+		require.NotEmpty(t, secretVolume[mounts[path.Dir(f)]], "%s is in a Secret volume's mount", f)
+	}
+	require.Equal(t, "node-a.crt", path.Base(cfg.TLSCert), "each node presents its own certificate")
 
 	// The gossip seed is the headless service, which publishes pods before
 	// they are ready (a starting daemon must find the others).
