@@ -3,7 +3,6 @@ package alloc
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -101,9 +100,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	c.sess, err = session.Dial(ctx, network, path, session.Options{
 		ClientID: o.clientID, ClientName: o.clientName,
 		OnEvents: c.segmentEvents,
-		TLS:      tlsFor(network, o.tls),
 		OnDown:   c.dropFD,
-		MaxWait:  o.timeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("no poold answers at %s (start one with 'poold', or point FARMEM_SOCKET at its socket): %w", path, err)
@@ -217,7 +214,7 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 	mem, err := mapShared(resp.File, resp.Offset, resp.Length, ao.populate)
 	if err == nil {
 		var s *Segment
-		if s, err = c.track(newMapped(c, info, mem, resp.File)); err == nil {
+		if s, err = c.track(&Segment{c: c, info: info, mem: mem, guard: info.Kind != "dram"}); err == nil {
 			return s, nil
 		}
 		unmapNow(mem)
@@ -269,7 +266,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 		if err != nil {
 			return nil, err
 		}
-		return c.track(&Segment{c: c, info: info, remote: r})
+		return c.track(&Segment{c: c, info: info, remote: r, slow: true})
 	}
 	resp, err := c.getFD(ctx, sid, info.Id)
 	if err != nil {
@@ -280,7 +277,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 	if err != nil {
 		return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
 	}
-	s, err := c.track(newMapped(c, info, mem, resp.File))
+	s, err := c.track(&Segment{c: c, info: info, mem: mem, guard: info.Kind != "dram"})
 	if err != nil {
 		unmapNow(mem)
 	}
@@ -290,10 +287,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 // track adds a segment to those the client closes, with the latency
 // emulation of its tier.
 func (c *Client) track(s *Segment) (*Segment, error) {
-	if tg := c.injected(s.info.Tier, s.info.Injected); !tg.Zero() {
-		in := emulation.NewInjector(tg)
-		s.emu = &in
-	}
+	s.withEmulation(c.injected(s.info.Tier, s.info.Injected))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -431,13 +425,4 @@ func (c *Client) Open(ctx context.Context, id uint64) (*Segment, error) {
 		return nil, errs.FromStatus(err)
 	}
 	return c.open(ctx, sid, info, allocOptions{})
-}
-
-// tlsFor is the TLS configuration of a connection over network: cfg over
-// tcp, none over a unix socket (the daemon checks its peer's uid there).
-func tlsFor(network string, cfg *tls.Config) *tls.Config {
-	if network != "tcp" {
-		return nil
-	}
-	return cfg
 }

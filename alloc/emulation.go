@@ -56,3 +56,31 @@ func (c *Client) overrideTier(ti TierInfo) TierInfo {
 	ti.WriteLatency = ti.ReadLatency
 	return ti
 }
+
+// emulated is a segment's latency emulation: the injector, and the same
+// segment without emulation, whose calls it times. Calls reach plain only
+// through the emulated segment, which checks first that it is not freed.
+type emulated struct {
+	in    emulation.Injector
+	plain *Segment
+}
+
+// emulate makes call, on the segment without emulation, take the target
+// for n bytes: timed from before the call to after the wait.
+func emulate[T any](e *emulated, n int, call func(*Segment) (T, error)) (T, error) {
+	start := time.Now()
+	v, err := call(e.plain)
+	e.in.Wait(start, n)
+	return v, err
+}
+
+// withEmulation gives s the emulation of target: a view of the same memory
+// (or remote region) without it, for the timed calls.
+func (s *Segment) withEmulation(target emulation.Target) {
+	s.slow = s.slow || s.remote != nil
+	if target.Zero() {
+		return
+	}
+	plain := &Segment{c: s.c, info: s.info, mem: s.mem, remote: s.remote, guard: s.guard, slow: s.remote != nil}
+	s.emu, s.slow = &emulated{in: emulation.NewInjector(target), plain: plain}, true
+}

@@ -10,7 +10,6 @@ import (
 	"unsafe"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
-	"github.com/farmem/farmem/internal/emulation"
 )
 
 // Segment is one far-memory allocation. It is safe for concurrent use:
@@ -28,9 +27,12 @@ type Segment struct {
 	// errors. Local DRAM is a memfd sealed against resizing, which cannot
 	// fault short of the machine's own memory failing, as the Go heap could.
 	guard bool
-	// emu is the latency emulation applied to ReadAt, WriteAt and the
-	// atomics; nil (the common case: one predictable branch) for none.
-	emu    *emulation.Injector
+	// slow sends ReadAt, WriteAt and the atomics off the local fast path:
+	// set for rdma segments and for segments with latency emulation, so
+	// that a local segment without emulation pays no more than before.
+	slow bool
+	// emu is the latency emulation of the segment's calls; nil for none.
+	emu    *emulated
 	closed atomic.Bool
 }
 
@@ -66,7 +68,7 @@ func (s *Segment) Injected() Injected {
 	if s.emu == nil {
 		return Injected{}
 	}
-	return Injected(s.emu.Target())
+	return Injected(s.emu.in.Target())
 }
 
 // Bytes returns the segment's memory for direct loads and stores on
@@ -100,14 +102,14 @@ func faultGuard(old bool, err *error) {
 // emulation on the segment's tier the call takes the injected latency plus
 // len(p)/bandwidth (see WithEmulateLatency).
 func (s *Segment) ReadAt(p []byte, off int64) (n int, err error) {
-	if e := s.emu; e != nil {
-		defer e.Wait(time.Now(), len(p)) // the call, measured from here, takes the target
-	}
 	mem := s.mem
 	if s.closed.Load() {
 		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
 	}
-	if s.remote != nil {
+	if s.slow {
+		if e := s.emu; e != nil {
+			return emulate(e, len(p), func(q *Segment) (int, error) { return q.ReadAt(p, off) })
+		}
 		return s.remoteReadAt(p, off)
 	}
 	if off < 0 || off > int64(len(mem)) {
@@ -138,14 +140,14 @@ func guardedCopy(p, mem []byte) (n int, err error) {
 // the segment writes nothing and returns ErrOutOfRange. Latency emulation
 // applies as to ReadAt.
 func (s *Segment) WriteAt(p []byte, off int64) (n int, err error) {
-	if e := s.emu; e != nil {
-		defer e.Wait(time.Now(), len(p)) // the call, measured from here, takes the target
-	}
 	mem := s.mem
 	if s.closed.Load() {
 		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
 	}
-	if s.remote != nil {
+	if s.slow {
+		if e := s.emu; e != nil {
+			return emulate(e, len(p), func(q *Segment) (int, error) { return q.WriteAt(p, off) })
+		}
 		return s.remoteWriteAt(p, off)
 	}
 	if off < 0 || off > int64(len(mem)) || int64(len(p)) > int64(len(mem))-off {
@@ -185,10 +187,10 @@ func (s *Segment) word(off int64) (*uint64, error) {
 // Load64 atomically loads the 8-byte word at off (a multiple of 8). Latency
 // emulation applies to the atomics as to ReadAt, with a size of 8 bytes.
 func (s *Segment) Load64(off int64) (v uint64, err error) {
-	if e := s.emu; e != nil {
-		defer e.Wait(time.Now(), 8) // the call, measured from here, takes the target
-	}
-	if s.remote != nil {
+	if s.slow {
+		if e := s.emu; e != nil {
+			return emulate(e, 8, func(q *Segment) (uint64, error) { return q.Load64(off) })
+		}
 		if err := s.checkWord(off); err != nil {
 			return 0, err
 		}
@@ -205,10 +207,11 @@ func (s *Segment) Load64(off int64) (v uint64, err error) {
 
 // Store64 atomically stores v at off (a multiple of 8).
 func (s *Segment) Store64(off int64, v uint64) (err error) {
-	if e := s.emu; e != nil {
-		defer e.Wait(time.Now(), 8) // the call, measured from here, takes the target
-	}
-	if s.remote != nil {
+	if s.slow {
+		if e := s.emu; e != nil {
+			_, err := emulate(e, 8, func(q *Segment) (struct{}, error) { return struct{}{}, q.Store64(off, v) })
+			return err
+		}
 		if err := s.checkWord(off); err != nil {
 			return err
 		}
@@ -234,10 +237,10 @@ func (s *Segment) Store64(off int64, v uint64) (err error) {
 // CompareAndSwap64 atomically replaces the word at off with new if it
 // holds old, reporting whether it did.
 func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, err error) {
-	if e := s.emu; e != nil {
-		defer e.Wait(time.Now(), 8) // the call, measured from here, takes the target
-	}
-	if s.remote != nil {
+	if s.slow {
+		if e := s.emu; e != nil {
+			return emulate(e, 8, func(q *Segment) (bool, error) { return q.CompareAndSwap64(off, old, new) })
+		}
 		if err := s.checkWord(off); err != nil {
 			return false, err
 		}
@@ -255,10 +258,10 @@ func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, er
 
 // Add64 atomically adds delta to the word at off and returns the new value.
 func (s *Segment) Add64(off int64, delta uint64) (v uint64, err error) {
-	if e := s.emu; e != nil {
-		defer e.Wait(time.Now(), 8) // the call, measured from here, takes the target
-	}
-	if s.remote != nil {
+	if s.slow {
+		if e := s.emu; e != nil {
+			return emulate(e, 8, func(q *Segment) (uint64, error) { return q.Add64(off, delta) })
+		}
 		if err := s.checkWord(off); err != nil {
 			return 0, err
 		}
