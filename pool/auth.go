@@ -51,7 +51,7 @@ func (c *Config) allowLocal(p peerInfo) error {
 	if slices.Contains(c.AllowUIDs, p.UID) || slices.Contains(c.AllowGIDs, p.GID) {
 		return nil
 	}
-	return fmt.Errorf("%w: uid %d (gid %d) is not in the allow list (uids %v, gids %v); add it with --allow-uid or --allow-gid", errs.ErrAccessDenied, p.UID, p.GID, c.AllowUIDs, c.AllowGIDs)
+	return fmt.Errorf("uid %d (gid %d) is not in the allow list (uids %v, gids %v); add it with --allow-uid or --allow-gid", p.UID, p.GID, c.AllowUIDs, c.AllowGIDs)
 }
 
 // bucketIdentities maps client ids to the identity they are bound to.
