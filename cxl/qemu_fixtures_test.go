@@ -1,0 +1,102 @@
+package cxl
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestQEMUFixtures reads the sysfs trees that lab/run.sh copies out of its
+// QEMU guest (kernel 6.1, one cxl-type3 device with 256 MiB of persistent
+// memory behind a pxb-cxl host bridge, a pmem region, a devdax namespace):
+// qemu-devdax with dax0.0 in devdax mode, qemu-numa after
+// `daxctl reconfigure-device --mode=system-ram`. The committed copies live
+// in testdata/; FARMEM_CXL_FIXTURES points the test at a fresh run's trees
+// instead (the lab does that to check them before they replace these).
+func TestQEMUFixtures(t *testing.T) {
+	dir := os.Getenv("FARMEM_CXL_FIXTURES")
+	if dir == "" {
+		dir = "testdata"
+	}
+	for _, name := range []string{"qemu-devdax", "qemu-numa"} {
+		t.Run(name, func(t *testing.T) {
+			root := filepath.Join(dir, name)
+			if _, err := os.Stat(root); err != nil {
+				t.Skipf("no tree %s (run lab/run.sh --update-fixtures): %v", root, err)
+			}
+			fs, err := NewFS(root)
+			require.NoError(t, err)
+			inv, err := fs.Discover()
+			require.NoError(t, err)
+			for _, p := range inv.Problems {
+				t.Logf("problem: %v", p)
+			}
+
+			require.Len(t, inv.Memdevs, 1)
+			mem := inv.Memdevs[0]
+			require.Equal(t, "mem0", mem.Name)
+			require.EqualValues(t, 256<<20, mem.PMEMSize)
+			require.Zero(t, mem.RAMSize)
+
+			require.Len(t, inv.Regions, 1)
+			reg := inv.Regions[0]
+			require.Equal(t, "region0", reg.Name)
+			require.Equal(t, ModePMEM, reg.Mode)
+			require.True(t, reg.Committed)
+			require.EqualValues(t, 256<<20, reg.Size)
+			require.Equal(t, "decoder0.0", reg.RootDecoder)
+			require.Len(t, reg.Targets, 1)
+			require.Equal(t, "mem0", reg.Targets[0].Memdev)
+
+			var root0 *Decoder
+			for i := range inv.Decoders {
+				if inv.Decoders[i].Name == "decoder0.0" {
+					root0 = &inv.Decoders[i]
+				}
+			}
+			require.NotNil(t, root0, "root decoder decoder0.0 (the CXL fixed memory window)")
+			require.EqualValues(t, 4<<30, root0.Size)
+
+			require.Len(t, inv.Dax, 1)
+			dx := inv.Dax[0]
+			require.Equal(t, "dax0.0", dx.Name)
+			require.EqualValues(t, 2<<20, dx.Align)
+			require.NotZero(t, dx.Size)
+			require.LessOrEqual(t, dx.Size, uint64(256<<20), "the namespace's info block takes some of the region")
+			require.NotZero(t, dx.TargetNode, "QEMU with maxmem gives the CXL window its own proximity domain")
+
+			node := func(id int) *Node {
+				for i := range inv.Nodes {
+					if inv.Nodes[i].ID == id {
+						return &inv.Nodes[i]
+					}
+				}
+				return nil
+			}
+			require.NotNil(t, node(0))
+			require.NotEmpty(t, node(0).CPUs)
+
+			switch name {
+			case "qemu-devdax":
+				require.Equal(t, DaxDevdax, dx.Mode)
+				require.Equal(t, "device_dax", dx.Driver)
+				require.Equal(t, "/dev/dax0.0", dx.DevPath)
+				require.Len(t, inv.DevdaxDevices(), 1)
+				require.Empty(t, inv.FarNodes())
+			case "qemu-numa":
+				require.Equal(t, DaxSystemRAM, dx.Mode)
+				require.Equal(t, "kmem", dx.Driver)
+				require.Empty(t, inv.DevdaxDevices())
+				far := inv.FarNodes()
+				require.Len(t, far, 1)
+				require.Equal(t, dx.TargetNode, far[0].ID)
+				require.Empty(t, far[0].CPUs)
+				// Memory blocks are 128 MiB and the devdax start is offset by
+				// its info block, so one block of the ~250 MiB comes online.
+				require.EqualValues(t, 128<<20, far[0].MemTotal)
+			}
+		})
+	}
+}

@@ -1,0 +1,43 @@
+# Sourced by the guest scripts: result lines and poold helpers.
+ts() { cut -d' ' -f1 /proc/uptime; }
+res() { echo "LAB-RESULT $1 $2 $3"; }
+B=/lab/bin
+OUT=/lab/out
+mkdir -p $OUT
+
+# poold_start NAME ARGS...: start a poold whose socket, data and shm dirs
+# are /tmp/NAME*, log in $OUT/NAME.log; wait until its socket answers.
+poold_start() {
+	n=$1; shift
+	$POOLD --socket /tmp/$n.sock --data-dir /tmp/$n.data --shm-dir /dev/shm/$n "$@" >> $OUT/$n.log 2>&1 &
+	eval "PID_$n=$!"
+	for i in $(seq 1 100); do
+		$B/memctl --socket /tmp/$n.sock status >/dev/null 2>&1 && return 0
+		kill -0 "$(eval echo \$PID_$n)" 2>/dev/null || break
+		sleep 0.2
+	done
+	echo "poold $n did not come up; its log:"; tail -20 $OUT/$n.log
+	return 1
+}
+
+# poold_stop NAME [SIGNAL]
+poold_stop() {
+	p=$(eval echo \$PID_$1)
+	[ -n "$p" ] || return 0
+	kill -${2:-TERM} "$p" 2>/dev/null
+	for i in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
+	wait "$p" 2>/dev/null
+	eval "PID_$1="
+}
+
+# doctor NAME CHECK: run memctl doctor when this memctl has it.
+doctor() {
+	if $B/memctl doctor --help >/dev/null 2>&1; then
+		if $B/memctl --socket /tmp/$1.sock doctor > /tmp/doctor.$2 2>&1; then st=PASS; else st=FAIL; fi
+		cat /tmp/doctor.$2
+		if [ -n "${3:-}" ] && ! grep -q -i -E "$3" /tmp/doctor.$2; then st=FAIL; fi
+		res "$2" $st "$(grep -i -E "${3:-.}" /tmp/doctor.$2 | head -2 | tr '\n' ' ' | cut -c1-200)"
+	else
+		res "$2" SKIP "this memctl has no doctor subcommand yet"
+	fi
+}

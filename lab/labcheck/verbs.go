@@ -1,0 +1,184 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/session"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/dialer"
+)
+
+// verbsCheck asks poold (the client's local daemon) for an rdma-tier
+// segment, which it places on a peer, then reaches the peer's memory with
+// the transport the picker chooses: it must be verbs. It checks READ,
+// WRITE, CAS and FETCH_ADD, measures 64 B READ latency and 1 MiB READ and
+// WRITE bandwidth, and checks that freeing the segment revokes its key.
+func verbsCheck(args []string) bool {
+	fs := flag.NewFlagSet("verbs", flag.ExitOnError)
+	socket := fs.String("socket", "", "poold socket of the client's daemon")
+	want := fs.String("want", "verbs", "transport the picker must choose")
+	iters := fs.Int("iters", 2000, "64 B READs to time")
+	bwMiB := fs.Int("bw-mib", 64, "MiB to move for each bandwidth figure")
+	depth := fs.Int("depth", 8, "1 MiB operations in flight for the bandwidth figures")
+	checks := fs.Bool("checks", true, "run the functional checks")
+	measure := fs.String("measure", "all", "what to measure: lat, bw, all or none")
+	fs.Parse(args)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	ch, err := session.Channel("unix", *socket)
+	if err != nil {
+		return result("verbs-alloc", false, "connect %s: %v", *socket, err)
+	}
+	defer ch.Close()
+	api := poolv1.NewPoolClient(ch)
+	const segSize = 16 << 20
+	seg, err := api.Alloc(ctx, &poolv1.AllocRequest{Size: segSize, Tier: poolv1.Tier_TIER_RDMA, Name: "lab-verbs", Persist: true})
+	if err != nil {
+		return result("verbs-alloc", false, "alloc 16MiB on the rdma tier: %v", errs.FromStatus(err))
+	}
+	freed := false
+	defer func() {
+		if !freed {
+			api.Free(context.Background(), &poolv1.FreeRequest{Id: seg.Id})
+		}
+	}()
+	var key rdma.Key
+	copy(key[:], seg.Key)
+	region := rdma.Region{Segment: seg.HomeId, Key: key, Epoch: seg.Epoch}
+	ok := !*checks || result("verbs-alloc", seg.Node != "" && seg.DataAddr != "", "segment %d on peer %s (home id %d), data plane %s", seg.Id, seg.Node, seg.HomeId, seg.DataAddr)
+
+	conn, name, err := dialer.Dial(ctx, seg.DataAddr, nil)
+	if err != nil {
+		return result("pick-"+*want, false, "dial %s: %v", seg.DataAddr, err)
+	}
+	defer conn.Close()
+	pref, why := dialer.Preferred()
+	ok = result("pick-"+*want, name == *want, "picker chose %s (want %s); preferred here: %s: %s", name, *want, pref, why) && ok
+
+	if *checks {
+		ok = functional(ctx, conn, region, segSize) && ok
+	}
+	if *measure == "lat" || *measure == "all" {
+		ok = readLatency(ctx, conn, region, *iters) && ok
+	}
+	if *measure == "bw" || *measure == "all" {
+		for _, kind := range []rdma.OpKind{rdma.OpRead, rdma.OpWrite} {
+			ok = bandwidthCheck(ctx, conn, region, kind, *bwMiB, *depth) && ok
+		}
+	}
+	if !*checks {
+		return ok
+	}
+
+	// Free revokes the key: the peer deregisters the memory region.
+	if _, err := api.Free(ctx, &poolv1.FreeRequest{Id: seg.Id}); err != nil {
+		return result("verbs-revoke", false, "free segment %d: %v", seg.Id, errs.FromStatus(err))
+	}
+	freed = true
+	buf := make([]byte, 64)
+	var rerr error
+	for range 50 { // the free reaches the peer asynchronously
+		c2, _, err := dialer.Dial(ctx, seg.DataAddr, nil)
+		if err != nil {
+			rerr = err
+			break
+		}
+		rerr = c2.Read(ctx, region, 0, buf)
+		c2.Close()
+		if rerr != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A freed segment is fenced: its old key gets ErrLeaseExpired (or
+	// ErrAccessDenied once the fence is forgotten); either way no access.
+	revoked := errors.Is(rerr, rdma.ErrAccessDenied) || errors.Is(rerr, rdma.ErrLeaseExpired)
+	return result("verbs-revoke", revoked, "READ with the key after free: %v", rerr) && ok
+}
+
+// functional checks READ, WRITE, CAS, FETCH_ADD and the refusals.
+func functional(ctx context.Context, conn rdma.Conn, region rdma.Region, segSize int64) bool {
+	// WRITE a pattern, READ it back (both spanning several work requests).
+	data := make([]byte, 3<<20+123)
+	for i := range data {
+		data[i] = pattern("verbs", i)
+	}
+	got := make([]byte, len(data))
+	err := conn.Write(ctx, region, 4096, data)
+	if err == nil {
+		err = conn.Read(ctx, region, 4096, got)
+	}
+	ok := result("verbs-write-read", err == nil && bytes.Equal(got, data), "%d bytes at offset 4096: err=%v equal=%v", len(data), err, bytes.Equal(got, data))
+
+	// Atomics on a word of the peer's memory.
+	prev, swapped, err1 := conn.CompareAndSwap64(ctx, region, 0, 0, 42)
+	prev2, swapped2, err2 := conn.CompareAndSwap64(ctx, region, 0, 0, 7)
+	prev3, err3 := conn.FetchAdd64(ctx, region, 0, 8)
+	var word [8]byte
+	err4 := conn.Read(ctx, region, 0, word[:])
+	atomOK := errors.Join(err1, err2, err3, err4) == nil && prev == 0 && swapped && prev2 == 42 && !swapped2 && prev3 == 42 && word[0] == 50
+	ok = result("verbs-atomics", atomOK, "CAS 0->42 prev=%d swapped=%v; CAS 0->7 prev=%d swapped=%v; FADD +8 prev=%d; word now %d; err=%v",
+		prev, swapped, prev2, swapped2, prev3, word[0], errors.Join(err1, err2, err3, err4)) && ok
+
+	// Out-of-range and unaligned requests are refused before posting.
+	errR := conn.Read(ctx, region, segSize-8, make([]byte, 16))
+	_, errU := conn.FetchAdd64(ctx, region, 4, 1)
+	ok = result("verbs-bounds", errors.Is(errR, rdma.ErrOutOfRange) && errors.Is(errU, rdma.ErrUnaligned), "read past the end: %v; unaligned FADD: %v", errR, errU) && ok
+
+	return ok
+}
+
+// readLatency times 64 B READs, one at a time.
+func readLatency(ctx context.Context, conn rdma.Conn, region rdma.Region, iters int) bool {
+	lat := make([]time.Duration, iters)
+	buf := make([]byte, 64)
+	for i := range lat {
+		t := time.Now()
+		if err := conn.Read(ctx, region, int64(i%1024)*4096, buf); err != nil {
+			return result("verbs-read-lat", false, "read %d: %v", i, err)
+		}
+		lat[i] = time.Since(t)
+	}
+	slices.Sort(lat)
+	p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
+	fmt.Printf("FARMEM read_lat 64 p50_us=%.2f p99_us=%.2f n=%d\n", us(p50), us(p99), len(lat))
+	return result("verbs-read-lat", true, "64 B READ p50 %.1f us p99 %.1f us over %d", us(p50), us(p99), len(lat))
+}
+
+func bandwidthCheck(ctx context.Context, conn rdma.Conn, region rdma.Region, kind rdma.OpKind, total, depth int) bool {
+	name := map[rdma.OpKind]string{rdma.OpRead: "read", rdma.OpWrite: "write"}[kind]
+	mibps, err := bandwidth(ctx, conn, region, kind, total, depth)
+	if err != nil {
+		return result("verbs-"+name+"-bw", false, "%v", err)
+	}
+	fmt.Printf("FARMEM %s_bw 1048576 MiBps=%.1f depth=%d\n", name, mibps, depth)
+	return result("verbs-"+name+"-bw", true, "1 MiB %ss, %d in flight: %.1f MiB/s", kind, depth, mibps)
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// bandwidth moves total MiB in 1 MiB operations from one goroutine, depth
+// of them posted at once with one Do (as perftest keeps its send queue
+// full), so completions need no hand-off between goroutines.
+func bandwidth(ctx context.Context, conn rdma.Conn, region rdma.Region, kind rdma.OpKind, total, depth int) (float64, error) {
+	ops := make([]*rdma.Op, depth)
+	for i := range ops {
+		ops[i] = &rdma.Op{Kind: kind, Region: region, Offset: int64(i%8) << 20, Buf: make([]byte, 1<<20)}
+	}
+	t := time.Now()
+	for done := 0; done < total; done += depth {
+		if err := conn.Do(ctx, ops[:min(depth, total-done)]...); err != nil {
+			return 0, err
+		}
+	}
+	return float64(total) / time.Since(t).Seconds(), nil
+}
