@@ -10,7 +10,23 @@ import (
 	"github.com/farmem/farmem/alloc"
 	"github.com/farmem/farmem/internal/emulation"
 	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/pool"
 )
+
+// startEmulated starts a daemon that injects spec, measuring its tiers
+// first when measure is set.
+func startEmulated(t *testing.T, spec string, measure bool) pool.Config {
+	t.Helper()
+	cfg := pooltest.Config(t)
+	var err error
+	cfg.EmulateLatency, err = emulation.Parse(spec)
+	require.NoError(t, err)
+	d := pooltest.Start(t, cfg)
+	if measure {
+		require.NoError(t, d.MeasureTiers(t.Context()))
+	}
+	return cfg
+}
 
 // ratioP50 times n calls of op and returns their p50 divided by target,
 // retrying once when the first try misses [0.8, 1.25] (a noisy machine).
@@ -49,11 +65,7 @@ func p50(t *testing.T, n int, op func() error) time.Duration {
 // tight enough to fail if emulation is off by 2×. The daemon injects 1 µs
 // into cxl; clients override it with WithEmulateLatency.
 func TestEmulatedLatency(t *testing.T) {
-	cfg := pooltest.Config(t)
-	var err error
-	cfg.EmulateLatency, err = emulation.Parse("cxl=1us,rdma=400us")
-	require.NoError(t, err)
-	pooltest.Start(t, cfg)
+	cfg := startEmulated(t, "cxl=1us,rdma=400us", false)
 	p := make([]byte, 64)
 	// What the calls cost untreated: emulation only adds latency, so a
 	// target below that (the race detector slows every copy) cannot be met.
@@ -109,11 +121,7 @@ func TestEmulatedLatency(t *testing.T) {
 // daemon's emulation off for it: no injection, and calls far below the
 // daemon's target.
 func TestEmulationOverrideOff(t *testing.T) {
-	cfg := pooltest.Config(t)
-	var err error
-	cfg.EmulateLatency, err = emulation.Parse("cxl=20us")
-	require.NoError(t, err)
-	pooltest.Start(t, cfg)
+	cfg := startEmulated(t, "cxl=20us", false)
 	c := dial(t, cfg.Socket, alloc.WithEmulateLatency("cxl=0"))
 	seg, err := c.Alloc(t.Context(), 1<<20, alloc.WithTier(alloc.TierCXL))
 	require.NoError(t, err)
@@ -133,13 +141,7 @@ func TestEmulationOverrideOff(t *testing.T) {
 // TestEmulationLabels checks that tiers with emulation show it as
 // injected, never as measured, with the measured figures beside.
 func TestEmulationLabels(t *testing.T) {
-	cfg := pooltest.Config(t)
-	cfg.MeasureTiers = true
-	var err error
-	cfg.EmulateLatency, err = emulation.Parse("cxl=200ns,rdma=2us/12GB/s")
-	require.NoError(t, err)
-	d := pooltest.Start(t, cfg)
-	require.NoError(t, d.MeasureTiers(t.Context()))
+	cfg := startEmulated(t, "cxl=200ns,rdma=2us/12GB/s", true)
 	c := dial(t, cfg.Socket, alloc.WithEmulateLatency("local=300ns"))
 	tiers, err := c.Tiers(t.Context())
 	require.NoError(t, err)

@@ -57,28 +57,9 @@ func printDoctor(out io.Writer, r *doctorReport) {
 		nodes = append(nodes, s)
 	}
 	list("NUMA nodes", nodes)
-	var huge []string
-	for _, h := range r.HugePages {
-		huge = append(huge, fmt.Sprintf("%s: %d reserved, %d free", h.Size, h.Total, h.Free))
-	}
-	list("Huge pages", huge)
-	var ports []string
-	for _, p := range r.RDMA {
-		s := fmt.Sprintf("%s port %d: %s %s (%s), driver %s", p.Device, p.Port, p.Transport, p.State, p.PhysState, p.Driver)
-		if p.Netdev != "" {
-			s += " on " + p.Netdev
-		}
-		if p.Rate != "" {
-			s += ", " + p.Rate
-		}
-		ports = append(ports, s)
-	}
-	list("RDMA ports", ports)
-	var nics []string
-	for _, n := range r.Netdevs {
-		nics = append(nics, fmt.Sprintf("%s (%s): %s", n.Name, n.Driver, n.OperState))
-	}
-	list("Interfaces", nics)
+	list("Huge pages", lines(r.HugePages))
+	list("RDMA ports", lines(r.RDMA))
+	list("Interfaces", lines(r.Netdevs))
 
 	fmt.Fprintln(w, "poold")
 	if !r.Pool.Reachable {
@@ -112,4 +93,32 @@ func usedText(tier string, known bool) string {
 		return " — not used by poold"
 	}
 	return " — poold's " + tier + " tier"
+}
+
+// lines prints each of xs on its own line.
+func lines[T fmt.Stringer](xs []T) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = x.String()
+	}
+	return out
+}
+
+func (h doctorHuge) String() string {
+	return fmt.Sprintf("%s: %d reserved, %d free", h.Size, h.Total, h.Free)
+}
+
+func (p doctorPort) String() string {
+	s := fmt.Sprintf("%s port %d: %s %s (%s), driver %s", p.Device, p.Port, p.Transport, p.State, p.PhysState, p.Driver)
+	if p.Netdev != "" {
+		s += " on " + p.Netdev
+	}
+	if p.Rate != "" {
+		s += ", " + p.Rate
+	}
+	return s
+}
+
+func (n doctorNetdev) String() string {
+	return fmt.Sprintf("%s (%s): %s", n.Name, n.Driver, n.OperState)
 }
