@@ -153,7 +153,7 @@ func TestBadRequests(t *testing.T) {
 		{"unknown tier", 4096, []alloc.AllocOption{alloc.WithTier(alloc.Tier(17))}, alloc.ErrInvalid},
 		{"larger than rdma", 100 << 20, []alloc.AllocOption{alloc.WithTier(alloc.TierRDMA)}, alloc.ErrNoCapacity},
 		{"name with space", 4096, []alloc.AllocOption{alloc.WithName("a b")}, alloc.ErrInvalid},
-		{"name too long", 4096, []alloc.AllocOption{alloc.WithName(string(bytes.Repeat([]byte("n"), 300)))}, alloc.ErrInvalid},
+		{"name too long", 4096, []alloc.AllocOption{alloc.WithName(string(bytes.Repeat([]byte("n"), 300)))}, alloc.ErrLimit}, // max-name-len
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := c.Alloc(ctx, tc.size, tc.opts...)
@@ -366,8 +366,9 @@ func TestClosedClient(t *testing.T) {
 func TestRemoteClientOverTCP(t *testing.T) {
 	cfg := pooltest.Config(t)
 	cfg.Listen = "127.0.0.1:0"
+	pooltest.TLS(t, &cfg)
 	d := pooltest.Start(t, cfg)
-	c := dial(t, "tcp://"+d.ListenAddr())
+	c := dial(t, "tcp://"+d.ListenAddr(), alloc.WithTLS(pooltest.ClientTLS(t, "remote-app")))
 	ctx := t.Context()
 	seg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA))
 	require.NoError(t, err)
