@@ -43,6 +43,12 @@
 //
 // Any code but ACCEPT is followed by the server closing the connection.
 //
+// poold's data plane sets Authenticate: the credential is the 16 random
+// bytes its control plane issued to a live session (pool.v1 Welcome and
+// Segment data_credential), refused with AUTH_FAILED once that session
+// ends; the connection is checked once, at the handshake, and every
+// request on it is still checked against its segment's key.
+//
 // # Requests
 //
 // After the handshake the client sends request frames and the server sends
