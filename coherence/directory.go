@@ -247,7 +247,8 @@ func (d *Directory) request(now time.Time, p *page, m Message) (Message, []Messa
 		return d.grant(m.From, pg, m.Seq, h.gen, true), nil
 	}
 	t := &txn{excl: excl, who: m.From, seq: m.Seq, waiting: map[SharerID]*waitee{}}
-	for id, h := range p.holders {
+	for _, id := range slices.Sorted(maps.Keys(p.holders)) { // sorted: runs are reproducible
+		h := p.holders[id]
 		if id == m.From || (!excl && p.owner != id) {
 			continue
 		}
@@ -259,8 +260,8 @@ func (d *Directory) request(now time.Time, p *page, m Message) (Message, []Messa
 	}
 	p.txn = t
 	var out []Message
-	for id, w := range t.waiting {
-		out = append(out, d.invalidate(now, pg, id, w, !excl))
+	for _, id := range slices.Sorted(maps.Keys(t.waiting)) {
+		out = append(out, d.invalidate(now, pg, id, t.waiting[id], !excl))
 	}
 	return d.answer(m, Wait), sortByTo(out)
 }

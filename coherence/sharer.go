@@ -373,12 +373,18 @@ func (s *Sharer) sendAll(msgs []Message) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		for _, m := range msgs {
-			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Lease)
-			s.call(ctx, m)
-			cancel()
-		}
+		s.deliver(msgs)
 	}()
+}
+
+// deliver sends each ack, retried until answered or its usefulness (one
+// lease) has passed.
+func (s *Sharer) deliver(msgs []Message) {
+	for _, m := range msgs {
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Lease)
+		s.call(ctx, m)
+		cancel()
+	}
 }
 
 // pollLoop receives the home's pushes: invalidations (answered at once)
@@ -392,6 +398,7 @@ func (s *Sharer) pollLoop() {
 			if errors.Is(err, ErrSegmentLost) {
 				s.mu.Lock()
 				s.cache.err = err
+				s.settleAll(s.clock.Now())
 				s.mu.Unlock()
 				return
 			}
@@ -427,11 +434,7 @@ func (s *Sharer) pollLoop() {
 		s.mu.Unlock()
 		// Acks go out from here, not from a goroutine of their own: a
 		// wake-up less on the writer's critical path.
-		for _, m := range acks {
-			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Lease)
-			s.call(ctx, m)
-			cancel()
-		}
+		s.deliver(acks)
 	}
 }
 
