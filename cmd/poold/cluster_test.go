@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/testcluster"
 )
 
@@ -42,8 +43,10 @@ type poolNode struct {
 	host *testcluster.Host
 	name string
 	dir  string // holds data/, shm/ and the socket
-	sock string
-	args []string
+	// certs is the cluster's certs.Init directory (node NAME, client app).
+	certs string
+	sock  string
+	args  []string
 
 	mu   sync.Mutex
 	proc *testcluster.Process
@@ -55,9 +58,18 @@ type poolNode struct {
 func startPools(t *testing.T, c *testcluster.Cluster) []*poolNode {
 	t.Helper()
 	seed := c.Hosts[0].Addr.String()
+	// One CA per cluster: node certificates with each host's address (peers
+	// dial each other by IP) and a client certificate for tcp:// clients.
+	certDir := shortDir(t)
+	var certNodes []certs.Node
+	for i, h := range c.Hosts {
+		certNodes = append(certNodes, certs.Node{Name: string(rune('a' + i)), IPs: []net.IP{h.Addr.AsSlice()}})
+	}
+	_, err := certs.Init(certDir, certs.InitOptions{Nodes: certNodes, Clients: []string{"app"}})
+	require.NoError(t, err)
 	var nodes []*poolNode
 	for i, h := range c.Hosts {
-		n := &poolNode{host: h, name: string(rune('a' + i)), dir: shortDir(t)}
+		n := &poolNode{host: h, name: string(rune('a' + i)), dir: shortDir(t), certs: certDir}
 		n.sock = filepath.Join(n.dir, "p.sock")
 		ip := h.Addr.String()
 		n.args = []string{
@@ -67,6 +79,7 @@ func startPools(t *testing.T, c *testcluster.Cluster) []*poolNode {
 			"--gossip-profile", "local", "--lease-ttl", leaseTTL.String(),
 			"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--export-size", "128MiB",
 			"--sysfs-root", "../../cxl/testdata/plain", "--measure-tiers=false",
+			"--tls-cert", certs.CertFile(certDir, n.name), "--tls-key", certs.KeyFile(certDir, n.name), "--tls-ca", certs.CAFile(certDir),
 		}
 		// FARMEM_TEST_LOG_LEVEL=debug shows sessions and gossip in the
 		// daemons' output, which a failing test prints.
@@ -345,7 +358,7 @@ func TestClusterJoinAndRemoteOps(t *testing.T) {
 	gate := filepath.Join(shortDir(t), "go")
 	counters := []*testcluster.Process{
 		startClient(t, a.host, "counter", a.sock, gateEnv+"="+gate),
-		startClient(t, cc.host, "counter", "tcp://"+a.host.Addr.String()+":7950", gateEnv+"="+gate),
+		startClient(t, cc.host, "counter", "tcp://"+a.host.Addr.String()+":7950", gateEnv+"="+gate, tlsEnv+"="+a.certs),
 	}
 	for _, p := range counters {
 		line, _, _ := waitLine(t, p, 0, settle, func(l string) bool {

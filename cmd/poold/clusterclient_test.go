@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/certs"
 )
 
 // The cluster tests re-execute the test binary inside a test host's network
@@ -26,6 +27,9 @@ const (
 	// gateEnv is a file whose appearance starts the counter role's work, so
 	// that two counters run at the same time.
 	gateEnv = "FARMEM_TEST_GATE"
+	// tlsEnv is a directory made by certs.Init: a tcp:// target is dialed
+	// with its client certificate "app".
+	tlsEnv = "FARMEM_TEST_TLS_DIR"
 )
 
 // The shared segment of TestClusterJoinAndRemoteOps.
@@ -65,6 +69,13 @@ func runRole(role string) int {
 }
 
 func dialTarget(ctx context.Context, opts ...alloc.DialOption) (*alloc.Client, error) {
+	if dir := os.Getenv(tlsEnv); dir != "" {
+		tc, err := alloc.LoadTLS(certs.CertFile(dir, "app"), certs.KeyFile(dir, "app"), certs.CAFile(dir))
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, alloc.WithTLS(tc))
+	}
 	return alloc.Dial(ctx, os.Getenv(targetEnv), opts...)
 }
 

@@ -56,12 +56,22 @@ func roleFenceWriter(ctx context.Context) error {
 		return err
 	}
 	defer c.Close()
-	conn, err := session.Channel("unix", os.Getenv(targetEnv))
+	// A session under the client's own id sees the segment's key and the
+	// data-plane credential of its home (which the home renews when the
+	// pool's session with it comes back).
+	sess, err := session.Dial(ctx, "unix", os.Getenv(targetEnv), session.Options{ClientID: c.ID()})
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	info, err := poolv1.NewPoolClient(conn).Stat(ctx, &poolv1.StatRequest{Id: seg.ID()})
+	defer sess.Close()
+	stat := func(ctx context.Context) (*poolv1.Segment, error) {
+		sctx, _, err := sess.Call(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return sess.API().Stat(sctx, &poolv1.StatRequest{Id: seg.ID()})
+	}
+	info, err := stat(ctx)
 	if err != nil {
 		return err
 	}
@@ -86,7 +96,10 @@ func roleFenceWriter(ctx context.Context) error {
 		say("", err)
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if raw == nil {
-			raw, err = tcp.Dial(wctx, info.DataAddr)
+			if fresh, err := stat(wctx); err == nil && len(fresh.DataCredential) > 0 {
+				info.DataCredential = fresh.DataCredential
+			}
+			raw, err = tcp.Dial(wctx, info.DataAddr, tcp.WithCredential(info.DataCredential))
 		}
 		if raw != nil {
 			err = raw.Write(wctx, region, 0, b)
