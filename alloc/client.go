@@ -3,6 +3,7 @@ package alloc
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -100,6 +101,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	c.sess, err = session.Dial(ctx, network, path, session.Options{
 		ClientID: o.clientID, ClientName: o.clientName,
 		OnEvents: c.segmentEvents,
+		TLS:      tlsFor(network, o.tls),
 		OnDown:   c.dropFD,
 	})
 	if err != nil {
@@ -425,4 +427,13 @@ func (c *Client) Open(ctx context.Context, id uint64) (*Segment, error) {
 		return nil, errs.FromStatus(err)
 	}
 	return c.open(ctx, sid, info, allocOptions{})
+}
+
+// tlsFor is the TLS configuration of a connection over network: cfg over
+// tcp, none over a unix socket (the daemon checks its peer's uid there).
+func tlsFor(network string, cfg *tls.Config) *tls.Config {
+	if network != "tcp" {
+		return nil
+	}
+	return cfg
 }
