@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -34,21 +35,25 @@ func verbsCheck(args []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	ch, err := session.Channel("unix", *socket)
+	sc, err := session.Dial(ctx, "unix", *socket, session.Options{ClientID: fmt.Sprintf("labcheck-%d-%d", os.Getpid(), time.Now().UnixNano()), ClientName: "labcheck"})
 	if err != nil {
-		return result("verbs-alloc", false, "connect %s: %v", *socket, err)
+		return result("verbs-alloc", false, "session with %s: %v", *socket, err)
 	}
-	defer ch.Close()
-	api := poolv1.NewPoolClient(ch)
+	defer sc.Close()
+	cctx, _, err := sc.Call(ctx)
+	if err != nil {
+		return result("verbs-alloc", false, "session with %s: %v", *socket, err)
+	}
+	api := sc.API()
 	const segSize = 16 << 20
-	seg, err := api.Alloc(ctx, &poolv1.AllocRequest{Size: segSize, Tier: poolv1.Tier_TIER_RDMA, Name: "lab-verbs", Persist: true})
+	seg, err := api.Alloc(cctx, &poolv1.AllocRequest{Size: segSize, Tier: poolv1.Tier_TIER_RDMA, Name: fmt.Sprintf("lab-verbs-%d", os.Getpid()), Persist: true})
 	if err != nil {
 		return result("verbs-alloc", false, "alloc 16MiB on the rdma tier: %v", errs.FromStatus(err))
 	}
 	freed := false
 	defer func() {
 		if !freed {
-			api.Free(context.Background(), &poolv1.FreeRequest{Id: seg.Id})
+			api.Free(cctx, &poolv1.FreeRequest{Id: seg.Id})
 		}
 	}()
 	var key rdma.Key
@@ -56,7 +61,7 @@ func verbsCheck(args []string) bool {
 	region := rdma.Region{Segment: seg.HomeId, Key: key, Epoch: seg.Epoch}
 	ok := !*checks || result("verbs-alloc", seg.Node != "" && seg.DataAddr != "", "segment %d on peer %s (home id %d), data plane %s", seg.Id, seg.Node, seg.HomeId, seg.DataAddr)
 
-	conn, name, err := dialer.Dial(ctx, seg.DataAddr, nil)
+	conn, name, err := dialer.Dial(ctx, seg.DataAddr, seg.DataCredential)
 	if err != nil {
 		return result("pick-"+*want, false, "dial %s: %v", seg.DataAddr, err)
 	}
@@ -80,14 +85,14 @@ func verbsCheck(args []string) bool {
 	}
 
 	// Free revokes the key: the peer deregisters the memory region.
-	if _, err := api.Free(ctx, &poolv1.FreeRequest{Id: seg.Id}); err != nil {
+	if _, err := api.Free(cctx, &poolv1.FreeRequest{Id: seg.Id}); err != nil {
 		return result("verbs-revoke", false, "free segment %d: %v", seg.Id, errs.FromStatus(err))
 	}
 	freed = true
 	buf := make([]byte, 64)
 	var rerr error
 	for range 50 { // the free reaches the peer asynchronously
-		c2, _, err := dialer.Dial(ctx, seg.DataAddr, nil)
+		c2, _, err := dialer.Dial(ctx, seg.DataAddr, seg.DataCredential)
 		if err != nil {
 			rerr = err
 			break
@@ -143,7 +148,8 @@ func readLatency(ctx context.Context, conn rdma.Conn, region rdma.Region, iters 
 	buf := make([]byte, 64)
 	for i := range lat {
 		t := time.Now()
-		if err := conn.Read(ctx, region, int64(i%1024)*4096, buf); err != nil {
+		// One address, as ib_read_lat reads one buffer.
+		if err := conn.Read(ctx, region, 0, buf); err != nil {
 			return result("verbs-read-lat", false, "read %d: %v", i, err)
 		}
 		lat[i] = time.Since(t)
@@ -166,19 +172,41 @@ func bandwidthCheck(ctx context.Context, conn rdma.Conn, region rdma.Region, kin
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
-// bandwidth moves total MiB in 1 MiB operations from one goroutine, depth
-// of them posted at once with one Do (as perftest keeps its send queue
-// full), so completions need no hand-off between goroutines.
+// bandwidth moves total MiB in 1 MiB operations, depth of them in flight:
+// two streams, each posting depth/2 at once with one Do (as perftest keeps
+// its send queue full), so one stream's reads are on the wire while the
+// other copies its data out of the bounce buffer.
 func bandwidth(ctx context.Context, conn rdma.Conn, region rdma.Region, kind rdma.OpKind, total, depth int) (float64, error) {
-	ops := make([]*rdma.Op, depth)
-	for i := range ops {
-		ops[i] = &rdma.Op{Kind: kind, Region: region, Offset: int64(i%8) << 20, Buf: make([]byte, 1<<20)}
+	const streams = 2
+	per := max(depth/streams, 1)
+	next := make(chan int, total)
+	for i := 0; i < total; i += per {
+		next <- min(per, total-i)
 	}
+	close(next)
+	errc := make(chan error, streams)
 	t := time.Now()
-	for done := 0; done < total; done += depth {
-		if err := conn.Do(ctx, ops[:min(depth, total-done)]...); err != nil {
-			return 0, err
-		}
+	for s := range streams {
+		go func() {
+			ops := make([]*rdma.Op, per)
+			for i := range ops {
+				ops[i] = &rdma.Op{Kind: kind, Region: region, Offset: int64((s*per+i)%8) << 20, Buf: make([]byte, 1<<20)}
+			}
+			for n := range next {
+				if err := conn.Do(ctx, ops[:n]...); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	var err error
+	for range streams {
+		err = errors.Join(err, <-errc)
+	}
+	if err != nil {
+		return 0, err
 	}
 	return float64(total) / time.Since(t).Seconds(), nil
 }

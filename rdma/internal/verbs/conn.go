@@ -66,16 +66,23 @@ type segInfo struct {
 	epoch uint64
 }
 
-// request is one posted round of one operation; done is closed when its
-// last work request completes.
+// req is one posted round of one operation. Its owner is the caller until
+// it completes; a caller that leaves early (ctx) abandons it and the poller
+// that sees its completion frees its blocks. reqs are recycled.
 type req struct {
-	id        uint64
-	blocks    []int
-	done      chan struct{}
-	status    uint32
-	completed bool // guarded by Conn.pmu
-	abandoned bool // guarded by Conn.pmu: the caller left (ctx); the poller frees the blocks
+	id      uint64
+	nblocks int
+	blocks  [roundBlocks]int
+	ws      [roundBlocks]wr
+	status  uint32        // set before done
+	done    atomic.Bool   // the round's last work request completed
+	waitCh  chan struct{} // guarded by Conn.pmu: made by a sleeping caller, closed on completion
+	// abandoned is guarded by Conn.pmu: the caller left (ctx); the poller
+	// frees the blocks.
+	abandoned bool
 }
+
+var reqPool = sync.Pool{New: func() any { return new(req) }}
 
 // Conn is a client connection to one peer's data plane over an RC queue
 // pair. It implements rdma.Conn and is safe for concurrent use.
@@ -109,9 +116,11 @@ type Conn struct {
 
 	bmu    sync.Mutex
 	free   []int
-	freed  chan struct{} // closed and replaced when blocks are released
-	pollMu sync.Mutex    // held by the polling caller
-	wake   chan struct{} // a token: the leader left while ops are pending
+	freed  chan struct{}  // closed and replaced when blocks are released while someone waits
+	bwait  int            // callers waiting on freed
+	pollMu sync.Mutex     // held by the polling caller
+	wcs    [32]completion // guarded by pollMu
+	wake   chan struct{}  // a token: the leader left while ops are pending
 	pmu    sync.Mutex
 	pend   map[uint64]*req
 	nextID uint64
@@ -271,6 +280,7 @@ type opState struct {
 }
 
 // Do posts every op's first round of work requests, then waits for each.
+// The last op's post also polls, so a lone operation crosses into C once.
 func (c *Conn) Do(ctx context.Context, ops ...*rdma.Op) error {
 	if err := c.enter(); err != nil {
 		for _, op := range ops {
@@ -279,11 +289,15 @@ func (c *Conn) Do(ctx context.Context, ops ...*rdma.Op) error {
 		return err
 	}
 	defer c.ops.Done()
-	sts := make([]opState, len(ops))
+	var one [1]opState
+	sts := one[:]
+	if len(ops) > 1 {
+		sts = make([]opState, len(ops))
+	}
 	for i, op := range ops {
 		sts[i].op = op
 		op.Prev, op.Swapped, op.Err = 0, false, nil
-		op.Err = c.start(ctx, &sts[i])
+		op.Err = c.start(ctx, &sts[i], i == len(ops)-1)
 	}
 	var first error
 	for i := range sts {
@@ -307,7 +321,7 @@ func (op *opState) length() int {
 }
 
 // start checks the op against the segment and posts its first round.
-func (c *Conn) start(ctx context.Context, st *opState) error {
+func (c *Conn) start(ctx context.Context, st *opState, poll bool) error {
 	op := st.op
 	switch op.Kind {
 	case rdma.OpRead, rdma.OpWrite:
@@ -330,7 +344,7 @@ func (c *Conn) start(ctx context.Context, st *opState) error {
 	if n == 0 {
 		return nil
 	}
-	return c.post(ctx, st)
+	return c.post(ctx, st, poll)
 }
 
 // segment returns the cached address and rkey of the region's segment,
@@ -397,57 +411,74 @@ func (c *Conn) forget(seg uint64) {
 	c.smu.Unlock()
 }
 
-// takeBlocks takes n bounce blocks, all or none, waiting for releases.
-func (c *Conn) takeBlocks(ctx context.Context, n int) ([]int, error) {
+// takeBlocks takes n bounce blocks into r, all or none, waiting for
+// releases.
+func (c *Conn) takeBlocks(ctx context.Context, r *req, n int) error {
 	for {
 		c.bmu.Lock()
 		if len(c.free) >= n {
-			b := append([]int(nil), c.free[len(c.free)-n:]...)
+			r.nblocks = copy(r.blocks[:n], c.free[len(c.free)-n:])
 			c.free = c.free[:len(c.free)-n]
 			c.bmu.Unlock()
-			return b, nil
+			return nil
 		}
 		ch := c.freed
+		c.bwait++
 		c.bmu.Unlock()
+		var err error
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			err = ctx.Err()
 		case <-c.closedCh:
-			return nil, fmt.Errorf("rdma/verbs: connection is closed: %w", rdma.ErrClosed)
+			err = fmt.Errorf("rdma/verbs: connection is closed: %w", rdma.ErrClosed)
+		}
+		c.bmu.Lock()
+		c.bwait--
+		c.bmu.Unlock()
+		if err != nil {
+			return err
 		}
 	}
 }
 
-func (c *Conn) releaseBlocks(b []int) {
+// recycle returns r's blocks and r itself.
+func (c *Conn) recycle(r *req) {
 	c.bmu.Lock()
-	c.free = append(c.free, b...)
-	close(c.freed)
-	c.freed = make(chan struct{})
+	c.free = append(c.free, r.blocks[:r.nblocks]...)
+	if c.bwait > 0 {
+		close(c.freed)
+		c.freed = make(chan struct{})
+	}
 	c.bmu.Unlock()
+	*r = req{}
+	reqPool.Put(r)
 }
 
 func (c *Conn) block(i int) []byte { return c.bounce[i*blockSize : (i+1)*blockSize] }
 
 // post posts the op's next round: up to roundBlocks work requests, the last
 // one signalled (RC completes them in order, so its completion covers all).
-func (c *Conn) post(ctx context.Context, st *opState) error {
+// With poll, and nobody else polling, it polls right after posting in the
+// same call into C.
+func (c *Conn) post(ctx context.Context, st *opState, poll bool) error {
 	op := st.op
 	left := st.length() - st.done
 	nb := min((left+blockSize-1)/blockSize, roundBlocks)
-	blocks, err := c.takeBlocks(ctx, nb)
-	if err != nil {
+	r := reqPool.Get().(*req)
+	if err := c.takeBlocks(ctx, r, nb); err != nil {
+		reqPool.Put(r)
 		return err
 	}
-	c.pmu.Lock()
-	c.nextID++
-	r := &req{id: c.nextID, blocks: blocks, done: make(chan struct{})}
-	c.pend[r.id] = r
-	c.pmu.Unlock()
-	ws := make([]wr, nb)
+	ws := r.ws[:nb]
 	raddr := st.info.addr + uint64(op.Offset) + uint64(st.done)
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(c.bounce)))
-	for i, b := range blocks {
+	c.pmu.Lock()
+	c.nextID++
+	r.id = c.nextID
+	c.pend[r.id] = r
+	c.pmu.Unlock()
+	for i, b := range r.blocks[:nb] {
 		n := min(left-i*blockSize, blockSize)
 		laddr := base + uintptr(b*blockSize)
 		ra := raddr + uint64(i*blockSize)
@@ -467,11 +498,22 @@ func (c *Conn) post(ctx context.Context, st *opState) error {
 		}
 	}
 	setSignaled(&ws[nb-1])
-	if err := c.qp.post(ws); err != nil {
+	var err error
+	if poll && c.pollMu.TryLock() {
+		var n int
+		n, err = c.qp.postPoll(ws, c.wcs[:], pollSpinNs)
+		if err == nil {
+			c.dispatch(n)
+		}
+		c.pollMu.Unlock()
+	} else {
+		err = c.qp.post(ws)
+	}
+	if err != nil {
 		c.pmu.Lock()
 		delete(c.pend, r.id)
 		c.pmu.Unlock()
-		c.releaseBlocks(blocks)
+		c.recycle(r)
 		c.broken.Store(true)
 		return fmt.Errorf("rdma/verbs: ibv_post_send %s: %w (%w)", op.Kind, err, rdma.ErrClosed)
 	}
@@ -488,14 +530,15 @@ func (c *Conn) finish(ctx context.Context, st *opState) error {
 			return err
 		}
 		if r.status != wcSuccess {
-			c.releaseBlocks(r.blocks)
-			return c.failed(ctx, st, r.status)
+			status := r.status
+			c.recycle(r)
+			return c.failed(ctx, st, status)
 		}
 		op := st.op
-		n := min(st.length()-st.done, len(r.blocks)*blockSize)
+		n := min(st.length()-st.done, r.nblocks*blockSize)
 		switch op.Kind {
 		case rdma.OpRead:
-			for i, b := range r.blocks {
+			for i, b := range r.blocks[:r.nblocks] {
 				k := min(n-i*blockSize, blockSize)
 				copy(op.Buf[st.done+i*blockSize:], c.block(b)[:k])
 			}
@@ -504,12 +547,12 @@ func (c *Conn) finish(ctx context.Context, st *opState) error {
 			op.Prev = *(*uint64)(unsafe.Pointer(&c.block(r.blocks[0])[0]))
 			op.Swapped = op.Kind == rdma.OpCompareAndSwap && op.Prev == op.Old
 		}
-		c.releaseBlocks(r.blocks)
+		c.recycle(r)
 		st.done += n
 		if st.done >= st.length() {
 			return nil
 		}
-		if err := c.post(ctx, st); err != nil {
+		if err := c.post(ctx, st, true); err != nil {
 			return err
 		}
 	}
@@ -538,23 +581,19 @@ func (c *Conn) failed(ctx context.Context, st *opState, status uint32) error {
 }
 
 // wait waits for r's completion, polling the completion queue while no
-// other caller does. When ctx ends first, r is abandoned: the poller frees
-// its blocks when its completion arrives.
+// other caller does (leader/follower). When ctx ends first, r is abandoned:
+// the poller frees its blocks when its completion arrives.
 func (c *Conn) wait(ctx context.Context, r *req) error {
 	for {
-		select {
-		case <-r.done:
+		if r.done.Load() {
 			return nil
-		default:
 		}
 		if c.pollMu.TryLock() {
 			err := c.pollOnce()
 			c.pollMu.Unlock()
-			select {
-			case <-r.done:
+			if r.done.Load() {
 				c.handOff()
 				return nil
-			default:
 			}
 			if err == nil {
 				err = ctx.Err()
@@ -567,14 +606,24 @@ func (c *Conn) wait(ctx context.Context, r *req) error {
 					c.handOff()
 					return err
 				}
-				<-r.done
 				c.handOff()
-				return nil
+				return nil // it completed meanwhile
 			}
 			continue
 		}
+		// Another caller polls: sleep until this completion or a hand-off.
+		c.pmu.Lock()
+		if r.done.Load() {
+			c.pmu.Unlock()
+			return nil
+		}
+		if r.waitCh == nil {
+			r.waitCh = make(chan struct{})
+		}
+		ch := r.waitCh
+		c.pmu.Unlock()
 		select {
-		case <-r.done:
+		case <-ch:
 			return nil
 		case <-c.wake:
 		case <-ctx.Done():
@@ -582,7 +631,7 @@ func (c *Conn) wait(ctx context.Context, r *req) error {
 				c.handOff()
 				return ctx.Err()
 			}
-			<-r.done
+			<-ch
 			return nil
 		}
 	}
@@ -592,7 +641,7 @@ func (c *Conn) wait(ctx context.Context, r *req) error {
 func (c *Conn) abandon(r *req) bool {
 	c.pmu.Lock()
 	defer c.pmu.Unlock()
-	if r.completed {
+	if r.done.Load() {
 		return false
 	}
 	r.abandoned = true
@@ -612,16 +661,23 @@ func (c *Conn) handOff() {
 	}
 }
 
-// pollOnce polls for up to pollSpinNs and completes what it finds.
+// pollOnce polls for up to pollSpinNs and completes what it finds. The
+// caller holds pollMu.
 func (c *Conn) pollOnce() error {
-	var wcs [32]completion
-	n, err := c.qp.poll(wcs[:], pollSpinNs)
+	n, err := c.qp.poll(c.wcs[:], pollSpinNs)
 	if err != nil {
 		c.broken.Store(true)
 		return fmt.Errorf("%w (%w)", err, rdma.ErrClosed)
 	}
+	c.dispatch(n)
+	return nil
+}
+
+// dispatch completes the requests of the first n polled completions. The
+// caller holds pollMu.
+func (c *Conn) dispatch(n int) {
 	for i := range n {
-		id, status := wcID(&wcs[i])
+		id, status := wcID(&c.wcs[i])
 		c.pmu.Lock()
 		r := c.pend[id]
 		if r == nil { // a later work request of a round that already failed
@@ -629,17 +685,17 @@ func (c *Conn) pollOnce() error {
 			continue
 		}
 		delete(c.pend, id)
-		r.status, r.completed = status, true
-		ab := r.abandoned
+		r.status = status
+		r.done.Store(true)
+		ab, ch := r.abandoned, r.waitCh
 		c.pmu.Unlock()
 		if status != wcSuccess {
 			c.broken.Store(true)
 		}
 		if ab {
-			c.releaseBlocks(r.blocks)
-		} else {
-			close(r.done)
+			c.recycle(r)
+		} else if ch != nil {
+			close(ch)
 		}
 	}
-	return nil
 }

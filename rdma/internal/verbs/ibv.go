@@ -188,6 +188,17 @@ static int fm_post(struct ibv_qp *qp, fm_op *ops, int n) {
 
 typedef struct { uint64_t wr_id; uint32_t status, pad; } fm_wc;
 
+static int fm_poll(struct ibv_cq *cq, fm_wc *out, int n, int64_t spin_ns);
+
+// fm_post_poll posts like fm_post, then polls like fm_poll: one crossing
+// from Go for a lone operation. It returns the number of completions, or
+// -1000 - errno when the post failed.
+static int fm_post_poll(struct ibv_qp *qp, struct ibv_cq *cq, fm_op *ops, int n, fm_wc *out, int max, int64_t spin_ns) {
+	int rc = fm_post(qp, ops, n);
+	if (rc) return -1000 - rc;
+	return fm_poll(cq, out, max, spin_ns);
+}
+
 // fm_poll polls cq until it yields completions or spin_ns nanoseconds pass,
 // so a waiting caller crosses from Go to C once per wait, not once per poll.
 static int fm_poll(struct ibv_cq *cq, fm_wc *out, int n, int64_t spin_ns) {
@@ -378,6 +389,18 @@ func (q *queuePair) post(ws []wr) error {
 		return syscall.Errno(rc)
 	}
 	return nil
+}
+
+// postPoll posts the work requests and polls for up to spinNs.
+func (q *queuePair) postPoll(ws []wr, out []completion, spinNs int64) (int, error) {
+	n := int(C.fm_post_poll(q.qp, q.cq, &ws[0], C.int(len(ws)), &out[0], C.int(len(out)), C.int64_t(spinNs)))
+	switch {
+	case n <= -1000:
+		return 0, syscall.Errno(-1000 - n)
+	case n < 0:
+		return 0, fmt.Errorf("rdma/verbs: ibv_poll_cq failed (%d)", n)
+	}
+	return n, nil
 }
 
 // completion is one polled work completion.
