@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -100,25 +101,64 @@ func (c *Client) AttachShared(ctx context.Context, name string, opts ...SharedOp
 // requests on one connection, the long poll on another (it blocks its
 // connection at the home).
 type sharedLink struct {
-	calls, polls *tcp.Client
-	region       rdma.Region
-	pageSize     uint32
-	pollBuf      []byte // the poll's answers; one poller at a time
+	addr     string
+	cred     []byte
+	region   rdma.Region
+	pageSize uint32
+	pollBuf  []byte // the poll's answers; one poller at a time
+
+	mu           sync.Mutex
+	calls, polls *tcp.Client // nil after a failure: redialed on next use
+	closed       bool
 }
 
 var _ coherence.Link = (*sharedLink)(nil)
 
 func dialShared(ctx context.Context, addr string, cred []byte, r rdma.Region, pageSize uint32) (*sharedLink, error) {
-	calls, err := tcp.Dial(ctx, addr, tcp.WithConns(1), tcp.WithCredential(cred))
-	if err != nil {
+	l := &sharedLink{addr: addr, cred: cred, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20)}
+	if _, err := l.conn(ctx, false); err != nil {
 		return nil, err
 	}
-	polls, err := tcp.Dial(ctx, addr, tcp.WithConns(1), tcp.WithCredential(cred))
-	if err != nil {
-		calls.Close()
+	if _, err := l.conn(ctx, true); err != nil {
+		l.close()
 		return nil, err
 	}
-	return &sharedLink{calls: calls, polls: polls, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20)}, nil
+	return l, nil
+}
+
+// conn returns the call (or poll) connection, dialing it if a failure
+// dropped it (the home's daemon restarted, say).
+func (l *sharedLink) conn(ctx context.Context, poll bool) (*tcp.Client, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, fmt.Errorf("shared segment link to %s: %w", l.addr, rdma.ErrClosed)
+	}
+	p := &l.calls
+	if poll {
+		p = &l.polls
+	}
+	if *p == nil {
+		c, err := tcp.Dial(ctx, l.addr, tcp.WithConns(1), tcp.WithCredential(l.cred))
+		if err != nil {
+			return nil, err
+		}
+		*p = c
+	}
+	return *p, nil
+}
+
+// drop forgets a failed connection.
+func (l *sharedLink) drop(c *tcp.Client) {
+	l.mu.Lock()
+	if l.calls == c {
+		l.calls = nil
+	}
+	if l.polls == c {
+		l.polls = nil
+	}
+	l.mu.Unlock()
+	c.Close()
 }
 
 // linkErr makes the data plane's refusals that end the attachment (the
@@ -131,10 +171,19 @@ func linkErr(err error) error {
 	return err
 }
 
-func (l *sharedLink) one(ctx context.Context, c *tcp.Client, m coherence.Message, buf []byte) ([]coherence.Message, error) {
+func (l *sharedLink) one(ctx context.Context, poll bool, m coherence.Message, buf []byte) ([]coherence.Message, error) {
 	m.PageSize = l.pageSize
+	c, err := l.conn(ctx, poll)
+	if err != nil {
+		// A home that refuses the credential it handed out restarted and
+		// no longer knows this attachment.
+		return nil, linkErr(err)
+	}
 	n, err := c.Message(ctx, l.region, coherence.AppendBatch(nil, []coherence.Message{m}), buf)
 	if err != nil {
+		if errors.Is(err, rdma.ErrClosed) {
+			l.drop(c)
+		}
 		return nil, linkErr(err)
 	}
 	return coherence.DecodeBatch(buf[:n])
@@ -142,7 +191,7 @@ func (l *sharedLink) one(ctx context.Context, c *tcp.Client, m coherence.Message
 
 // Call implements coherence.Link.
 func (l *sharedLink) Call(ctx context.Context, m coherence.Message) (coherence.Message, error) {
-	msgs, err := l.one(ctx, l.calls, m, make([]byte, 4+2*(72+int(l.pageSize))))
+	msgs, err := l.one(ctx, false, m, make([]byte, 4+2*(72+int(l.pageSize))))
 	if err != nil {
 		return coherence.Message{}, err
 	}
@@ -154,12 +203,18 @@ func (l *sharedLink) Call(ctx context.Context, m coherence.Message) (coherence.M
 
 // Poll implements coherence.Link.
 func (l *sharedLink) Poll(ctx context.Context, id coherence.SharerID, wait time.Duration) ([]coherence.Message, error) {
-	return l.one(ctx, l.polls, coherence.Message{Kind: coherence.Poll, From: id, Lease: wait}, l.pollBuf)
+	return l.one(ctx, true, coherence.Message{Kind: coherence.Poll, From: id, Lease: wait}, l.pollBuf)
 }
 
 func (l *sharedLink) close() {
-	l.calls.Close()
-	l.polls.Close()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	for _, c := range []*tcp.Client{l.calls, l.polls} {
+		if c != nil {
+			c.Close()
+		}
+	}
 }
 
 // ID is the segment's id on its home.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/farmem/farmem/alloc"
 	"github.com/farmem/farmem/coherence/lincheck"
 	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/pool"
 )
 
 // sharedPool starts a pool and allocates a named rdma segment on it.
@@ -230,4 +232,51 @@ func TestSharedSegmentMetrics(t *testing.T) {
 	for _, want := range []string{"farmem_coherence_invalidations_total 1", "farmem_coherence_writebacks_total 1", `farmem_coherence_sharers{segment="1"} 2`, "farmem_coherence_lease_waits_total 0"} {
 		require.Contains(t, string(body), want)
 	}
+}
+
+// TestSharedSegmentHomeRestart restarts the home's poold (same data
+// plane address): open attachments fail with ErrSegmentLost, and a new
+// attachment sees what was last written back (Sync), not later writes.
+func TestSharedSegmentHomeRestart(t *testing.T) {
+	cfg := pooltest.Config(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	cfg.DataListen = l.Addr().String()
+	l.Close()
+	d, err := pool.Start(cfg, nil)
+	require.NoError(t, err)
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, cfg.Socket)
+	require.NoError(t, err)
+	_, err = c.Alloc(ctx, 4096, alloc.WithName("r"), alloc.WithTier(alloc.TierRDMA), alloc.WithPersist())
+	require.NoError(t, err)
+	s, err := c.AttachShared(ctx, "r", alloc.SharedPageSize(512))
+	require.NoError(t, err)
+	require.NoError(t, s.Store64(0, 1))
+	require.NoError(t, s.Sync(ctx))
+	require.NoError(t, s.Store64(0, 2)) // never written back
+	require.NoError(t, d.Close())
+
+	d, err = pool.Start(cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	// The old attachment's next miss reaches the new directory.
+	var lerr error
+	for range 200 {
+		if _, lerr = s.Load64(512); lerr != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.ErrorIs(t, lerr, alloc.ErrSegmentLost)
+	require.NoError(t, s.Detach(ctx))
+	require.NoError(t, c.Close())
+
+	c2 := dial(t, cfg.Socket)
+	s2, err := c2.AttachShared(ctx, "r", alloc.SharedPageSize(512))
+	require.NoError(t, err)
+	defer s2.Detach(ctx)
+	v, err := s2.Load64(0)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, v, "the home keeps what was written back, not the later write")
 }
