@@ -4,6 +4,10 @@
 # verbs in this guest and a client that reaches one's memory through the
 # other with verbs; farmem's numbers are printed beside perftest's.
 . /lab/common.sh
+PERF=enforce
+[ -r /lab/env ] && . /lab/env
+# ratio NAME PASS|FAIL DETAIL: a target check, reported only with --report-perf
+ratio() { if [ "$PERF" = report ] && [ "$2" = FAIL ]; then res "$1" SKIP "$3 [not enforced: --report-perf]"; else res "$1" "$2" "$3"; fi; }
 POOLD=$B/poold-verbs
 IP=169.254.77.1
 GIDX=1 # the IPv4-mapped RoCE v2 GID, as perftest's -x 1
@@ -74,12 +78,12 @@ echo "LAB-TABLE | 1 MiB WRITE bandwidth | $FWBW MiB/s | $PWBW MiB/s (ib_write_bw
 if [ -n "$FLAT" ] && [ -n "$PLAT" ]; then
 	r=$(awk -v f=$FLAT -v p=$PLAT 'BEGIN{printf "%.2f", f/p}')
 	awk -v r=$r 'BEGIN{exit !(r <= 1.2)}' && st=PASS || st=FAIL
-	res verbs-vs-ib_read_lat $st "farmem 64 B READ p50 $FLAT us = ${r}x ib_read_lat $PLAT us (target <= 1.2x)"
+	ratio verbs-vs-ib_read_lat $st "farmem 64 B READ p50 $FLAT us = ${r}x ib_read_lat $PLAT us (target <= 1.2x)"
 else res verbs-vs-ib_read_lat FAIL "missing numbers: farmem '$FLAT' perftest '$PLAT'"; fi
 if [ -n "$FRBW" ] && [ -n "$PRBW" ]; then
 	r=$(awk -v f=$FRBW -v p=$PRBW 'BEGIN{printf "%.2f", f/p}')
 	awk -v r=$r 'BEGIN{exit !(r >= 0.8)}' && st=PASS || st=FAIL
-	res verbs-vs-ib_read_bw $st "farmem 1 MiB READ $FRBW MiB/s = ${r}x ib_read_bw $PRBW MiB/s (target >= 0.8x)"
+	ratio verbs-vs-ib_read_bw $st "farmem 1 MiB READ $FRBW MiB/s = ${r}x ib_read_bw $PRBW MiB/s (target >= 0.8x)"
 else res verbs-vs-ib_read_bw FAIL "missing numbers: farmem '$FRBW' perftest '$PRBW'"; fi
 poold_stop client
 poold_stop home
