@@ -6,6 +6,13 @@
 // data plane that serves rdma-tier segments one-sided, and the gossip
 // cluster through which daemons lend each other memory.
 //
+// Access: the unix socket admits the uids and gids of Config.AllowUIDs and
+// AllowGIDs (SO_PEERCRED); the TCP control plane requires mutual TLS
+// (Config.TLSCert, TLSKey, TLSCA) unless Config.Insecure. A session's
+// identity (uid:N or the certificate's cn:NAME) owns its client id; the
+// data plane admits connections presenting a live session's credential;
+// Config.Quotas and the per-client limits bound what an identity holds.
+//
 // Use New (or Start) with a Config from DefaultConfig, Serve, and Close.
 // Daemon and Pool are safe for concurrent use; Config is a plain value.
 //
