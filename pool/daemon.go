@@ -97,6 +97,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		}
 	}()
 	p.metrics = m
+	m.reg.MustRegister(newQuotaCollector(p))
 	if dp != nil {
 		m.reg.MustRegister(newCoherenceCollector(dp.coh))
 	}

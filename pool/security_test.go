@@ -270,7 +270,8 @@ func TestQuotas(t *testing.T) {
 	require.NoError(t, cfg.Quotas.Set("default/cxl=1MiB"))
 	ident := "uid:" + strconv.Itoa(os.Getuid())
 	require.NoError(t, cfg.Quotas.Set(ident+"/local=2MiB"))
-	pooltest.Start(t, cfg)
+	cfg.Metrics = "127.0.0.1:0"
+	d := pooltest.Start(t, cfg)
 	ctx := t.Context()
 	c, err := alloc.Dial(ctx, cfg.Socket)
 	require.NoError(t, err)
@@ -304,6 +305,11 @@ func TestQuotas(t *testing.T) {
 		}
 	}
 	require.True(t, found, "status lists %s's cxl usage: %v", ident, st.Quotas)
+	code, body, err := httpGet(t, "http://"+d.MetricsAddr()+"/metrics")
+	require.NoError(t, err)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `farmem_quota_used_bytes{identity="`+ident+`",tier="cxl"} 786432`)
+	require.Contains(t, body, `farmem_quota_bytes{identity="`+ident+`",tier="cxl"} 1.048576e+06`)
 
 	require.NoError(t, a.Free(ctx))
 	_, err = c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierCXL))
