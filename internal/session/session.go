@@ -197,7 +197,7 @@ func (c *Conn) loop(first chan<- error) {
 		first = nil
 		c.mu.Lock()
 		if c.session != "" {
-			c.session = ""
+			c.session, c.dataCred = "", nil
 			c.ready = make(chan struct{})
 		}
 		limit := min(2*time.Second, max(c.leaseTTL/4, 50*time.Millisecond))
