@@ -185,8 +185,12 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, stderr io.Writer) 
 	if g.addr != "" {
 		target = "tcp://" + g.addr
 	}
+	opts, err := g.allocTLS()
+	if err != nil {
+		return err
+	}
 	dctx, cancel := context.WithTimeout(ctx, g.timeout)
-	client, err := alloc.Dial(dctx, target, alloc.WithClientName("memctl-bench"))
+	client, err := alloc.Dial(dctx, target, append(opts, alloc.WithClientName("memctl-bench"))...)
 	cancel()
 	if err != nil {
 		return err

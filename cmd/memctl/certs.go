@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/farmem/farmem/alloc"
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/session"
@@ -26,6 +27,18 @@ func (g *globals) channel(network, addr string) (*grpc.ClientConn, error) {
 		return nil, err
 	}
 	return session.ChannelTLS(network, addr, tc)
+}
+
+// allocTLS is the alloc.Dial option for --addr with --tls-* (none without).
+func (g *globals) allocTLS() ([]alloc.DialOption, error) {
+	if g.addr == "" || g.tls.IsZero() {
+		return nil, nil
+	}
+	tc, err := g.tls.Client()
+	if err != nil {
+		return nil, err
+	}
+	return []alloc.DialOption{alloc.WithTLS(tc)}, nil
 }
 
 func newCertsCmd(g *globals) *cobra.Command {
