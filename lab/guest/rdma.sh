@@ -43,8 +43,8 @@ perf() { # perf NAME ARGS...: run server and client, print the client's last res
 # Two poolds: "home" lends memory (the rdma tier), "client" has none of
 # its own and places rdma segments on its peer. Gossip and the data planes
 # are on 127.0.0.1; the one-sided operations go through rxe0.
-poold_start home --node home --insecure --listen 127.0.0.1:7402 --insecure --gossip 127.0.0.1:7502 --export-size 64MiB --emulate-cxl 16MiB --measure-tiers=false || { res poold-verbs-home FAIL "did not start"; exit 1; }
-poold_start client --node client --insecure --listen 127.0.0.1:7401 --insecure --gossip 127.0.0.1:7501 --join 127.0.0.1:7502 --export-size 0 --emulate-cxl 16MiB --measure-tiers=false || { res poold-verbs-client FAIL "did not start"; exit 1; }
+poold_start home --node home --listen 127.0.0.1:7402 --insecure --gossip 127.0.0.1:7502 --export-size 64MiB --emulate-cxl 16MiB --measure-tiers=false || { res poold-verbs-home FAIL "did not start"; exit 1; }
+poold_start client --node client --listen 127.0.0.1:7401 --insecure --gossip 127.0.0.1:7501 --join 127.0.0.1:7502 --export-size 0 --emulate-cxl 16MiB --measure-tiers=false || { res poold-verbs-client FAIL "did not start"; exit 1; }
 for i in $(seq 1 50); do $B/memctl --socket /tmp/client.sock tiers 2>/dev/null | grep -q '^rdma' && break; sleep 0.2; done
 $B/memctl --socket /tmp/client.sock tiers | tee /tmp/tiers.rdma
 if grep -q -E '^rdma' /tmp/tiers.rdma && grep -q -i 'verbs' /tmp/tiers.rdma; then res memctl-tiers-verbs PASS "$(grep -i 'verbs' /tmp/tiers.rdma | head -1 | tr -s ' ' | cut -c1-160)"
