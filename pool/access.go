@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -56,4 +57,21 @@ func (d *Daemon) withIdentities(cs []*poolv1.ClientInfo) []*poolv1.ClientInfo {
 		ci.Identity = d.pool.auth.identity(ci.Id)
 	}
 	return cs
+}
+
+// nobody is the viewer of a call whose session ended: it sees no keys
+// (no client id is "\x00"; Hello ids are checked for it).
+var nobody = &client{id: "\x00"}
+
+// viewer is who reads a listing or a Stat: the session's client, an
+// administrator without a session, or nobody for a session that ended
+// (listings and Stat answer it, without keys, as they did before sessions
+// were checked there: a peer reconciling right after a partition may still
+// name its old session).
+func (s *service) viewer(ctx context.Context) caller {
+	c, err := s.caller(ctx)
+	if err != nil {
+		return caller{client: nobody}
+	}
+	return c
 }

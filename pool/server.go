@@ -48,7 +48,7 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 		return errs.ToStatus(err)
 	}
 	hello := first.GetHello()
-	if hello == nil || hello.ClientId == "" || len(hello.ClientId) > MaxNameLen {
+	if hello == nil || hello.ClientId == "" || len(hello.ClientId) > MaxNameLen || hello.ClientId == nobody.id {
 		return errs.ToStatus(fmt.Errorf("%w: a session starts with a Hello carrying a client id of 1 to %d bytes", errs.ErrInvalid, MaxNameLen))
 	}
 	ident, uid := identityOf(stream.Context())
@@ -174,10 +174,7 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 }
 
 func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.ListResponse, error) {
-	c, err := s.caller(ctx)
-	if err != nil {
-		return nil, errs.ToStatus(err)
-	}
+	c := s.viewer(ctx)
 	recs := s.d.pool.List()
 	out := &poolv1.ListResponse{Segments: make([]*poolv1.Segment, len(recs))}
 	for i, r := range recs {
@@ -194,10 +191,7 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 }
 
 func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
-	c, err := s.caller(ctx)
-	if err != nil {
-		return nil, errs.ToStatus(err)
-	}
+	c := s.viewer(ctx)
 	r, err := s.d.pool.Stat(req.Id)
 	if err != nil {
 		return nil, errs.ToStatus(err)
