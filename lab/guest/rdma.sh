@@ -11,7 +11,7 @@ ratio() { if [ "$PERF" = report ] && [ "$2" = FAIL ]; then res "$1" SKIP "$3 [no
 POOLD=$B/poold-verbs
 IP=169.254.77.1
 GIDX=1 # the IPv4-mapped RoCE v2 GID, as perftest's -x 1
-echo "LAB: rdma kernel=$(uname -r) uptime=$(ts)"
+echo "LAB: rdma kernel=$(uname -r) clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource) uptime=$(ts)"
 ulimit -l unlimited
 NIC=$(ls /sys/class/net | grep -v -x lo | head -1)
 ip link set "$NIC" up && ip addr add $IP/24 dev "$NIC"
