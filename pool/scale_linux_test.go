@@ -1,0 +1,532 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+)
+
+// The scale simulation's knobs. CI runs TestScale with the defaults under
+// the race detector and once more, without it, at 200 hosts (.ci/run):
+//
+//	go test -run Scale -hosts 200 -count=1 ./pool/...
+var (
+	scaleHosts = flag.Int("hosts", 0, "TestScale: simulated hosts (poold daemons) in one process; 0 skips the simulation")
+	scaleSegs  = flag.Int("scale.segs", 100, "TestScale: segments each host holds on average at the end of the workload")
+	scaleRate  = flag.Float64("scale.rate", 0, "TestScale: client operations per second in all (0: 2 per host, at most 400)")
+	scaleOut   = flag.String("scale.out", "", "TestScale: append the measurements as one JSON line to this file")
+)
+
+// scaleResult is what TestScale measures; -scale.out appends it as JSON.
+type scaleResult struct {
+	Hosts       int  `json:"hosts"`
+	ClientHosts int  `json:"client_hosts"` // hosts that run applications
+	Race        bool `json:"race"`
+
+	GossipIntervalMs  float64 `json:"gossip_interval_ms"`
+	JoinSeconds       float64 `json:"join_s"` // every host lists every host alive
+	GoroutinesPerHost float64 `json:"goroutines_per_host"`
+	HeapPerHostKiB    float64 `json:"heap_per_host_kib"` // after the join, before any segment
+
+	QuietConvMaxRounds  float64 `json:"quiet_conv_max_rounds"`
+	QuietConvMedRounds  float64 `json:"quiet_conv_median_rounds"`
+	QuietConvMaxSeconds float64 `json:"quiet_conv_max_s"`
+	LoadConvMaxRounds   float64 `json:"load_conv_max_rounds"`
+	LoadConvMedRounds   float64 `json:"load_conv_median_rounds"`
+	HostP50Rounds       float64 `json:"host_p50_rounds"` // half the hosts had seen a change after this
+
+	Allocations   uint64  `json:"allocations"`
+	AllocFailures uint64  `json:"alloc_failures"`
+	Frees         uint64  `json:"frees"`
+	ClientDeaths  uint64  `json:"client_deaths"`
+	Segments      int     `json:"segments_held"`
+	MeanUsed      float64 `json:"mean_used_fraction"`
+	BalanceMax    float64 `json:"balance_max_over_mean"`
+	BalanceMin    float64 `json:"balance_min_over_mean"`
+
+	PartitionDeadSeconds float64 `json:"partition_all_dead_s"`
+	PartitionLost        int     `json:"partition_lost_segments"`
+	HealSeconds          float64 `json:"heal_all_restored_s"`
+
+	CrashSegments      int     `json:"crash_segments"`
+	CrashOwners        int     `json:"crash_owner_hosts"`
+	FirstDeadSeconds   float64 `json:"detect_first_s"`
+	AllDeadSeconds     float64 `json:"detect_all_s"`
+	LostAllSeconds     float64 `json:"lost_everywhere_s"`
+	SuspicionMinSecond float64 `json:"suspicion_min_s"` // memberlist's suspicion timeout floor at this size
+
+	GossipIdleBytesPerHostSec float64 `json:"gossip_idle_bytes_per_host_s"`
+	GossipLoadBytesPerHostSec float64 `json:"gossip_load_bytes_per_host_s"`
+	GossipLoadPacketsPerHostS float64 `json:"gossip_load_packets_per_host_s"`
+
+	CallsPerAlloc     float64            `json:"calls_per_alloc"`
+	PeerCallsPerAlloc float64            `json:"peer_calls_per_alloc"`
+	CallsByMethod     map[string]float64 `json:"calls_per_alloc_by_method"`
+
+	HomeBytesPerSegment  float64 `json:"home_heap_bytes_per_segment"`
+	OwnerBytesPerSegment float64 `json:"owner_heap_bytes_per_segment"`
+	StoreBytesPerSegment float64 `json:"store_bytes_per_segment"`
+
+	PeerSessionsPerHost float64 `json:"peer_sessions_per_host"` // sessions each host keeps with the peers it placed on
+	OpenFiles           int     `json:"open_files"`             // descriptors of the whole process at the end of the workload
+
+	WallSeconds float64 `json:"wall_s"`
+}
+
+// TestScale runs -hosts poold daemons in this process, gossiping on an
+// in-memory network, and drives them as a cluster would be: clients on
+// random hosts allocate rdma segments (placed on peers), free them and
+// die; hosts drain; a partition splits the cluster in two and heals; a
+// host crashes and reboots. It prints what it measured and checks the
+// bounds of issue 9: a capacity change reaches every host within 10 gossip
+// rounds; the rdma tier's used fraction is at most 1.10 times the mean on
+// every host; a crashed host's segments are reported lost on every host
+// within 1 s of the first failure detection; nothing else is lost.
+func TestScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the scale simulation takes a minute; run it without -short")
+	}
+	n := *scaleHosts
+	if n == 0 {
+		// Not yet in the race-detector run: at 24 hosts under -race its fill
+		// phase does not finish on a loaded 2-core machine (issue 9, open).
+		t.Skip("set -hosts N (N >= 8) to run the scale simulation")
+	}
+	require.GreaterOrEqual(t, n, 8, "-hosts: the simulation needs at least 8 hosts (a partition, a crash, drains)")
+	began := time.Now()
+	res := scaleResult{Hosts: n, Race: raceEnabled}
+	rate := *scaleRate
+	if rate <= 0 {
+		rate = min(300, max(50, 1.5*float64(n)))
+		if raceEnabled {
+			rate /= 2
+		}
+	}
+	leaseTTL := 5 * time.Second
+	fdLimit := raiseFileLimit(t, uint64(1<<20))
+	// Applications run on as many hosts as this process has descriptors
+	// for: each such host may hold a session (one TCP connection, two
+	// descriptors here) with every peer. All hosts lend memory.
+	clientHosts := max(4, min(n, (int(fdLimit)-12*n-2000)/(2*n)))
+	res.ClientHosts = clientHosts
+
+	t.Run("memory per segment", func(t *testing.T) { measureSegmentMemory(t, &res) })
+
+	runtime.GC()
+	var m0 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	g0 := runtime.NumGoroutine()
+
+	sc := newSimCluster(t, simHostConfig{hosts: n, leaseTTL: leaseTTL})
+	res.GossipIntervalMs = float64(sc.gossip) / float64(time.Millisecond)
+	rounds := func(d time.Duration) float64 { return float64(d) / float64(sc.gossip) }
+	sc.startAll()
+	joined, err := sc.waitConverged(time.Duration(n)*time.Second + time.Minute)
+	require.NoError(t, err, "membership")
+	res.JoinSeconds = joined.Seconds()
+	runtime.GC()
+	var m1 runtime.MemStats
+	runtime.ReadMemStats(&m1)
+	res.GoroutinesPerHost = float64(runtime.NumGoroutine()-g0) / float64(n)
+	res.HeapPerHostKiB = float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc)) / 1024 / float64(n)
+	t.Logf("%d hosts up and listing each other alive after %.1fs; %.0f goroutines and %.0f KiB of heap per host",
+		n, joined.Seconds(), res.GoroutinesPerHost, res.HeapPerHostKiB)
+
+	rnd := rand.New(rand.NewPCG(uint64(n), 1))
+	convergence := func(label string, times int) []simConvergence {
+		var out []simConvergence
+		for range times {
+			up := sc.up()
+			h := up[rnd.IntN(len(up))]
+			c, err := sc.measureConvergence(h, time.Minute)
+			require.NoError(t, err, label)
+			out = append(out, c)
+			time.Sleep(sc.gossip * 3)
+		}
+		return out
+	}
+
+	// Quiet: a capacity change with nothing else going on.
+	idleB0, _ := sc.gossipTotals()
+	idle0 := time.Now()
+	quiet := convergence("quiet convergence", 5)
+	idleB1, _ := sc.gossipTotals()
+	res.GossipIdleBytesPerHostSec = float64(idleB1-idleB0) / float64(n) / time.Since(idle0).Seconds()
+	res.QuietConvMaxRounds, res.QuietConvMedRounds, res.QuietConvMaxSeconds = convStats(quiet, rounds)
+	t.Logf("quiet: a capacity change reaches every host in %.1f rounds at most (median %.1f)", res.QuietConvMaxRounds, res.QuietConvMedRounds)
+
+	// The workload: clients fill the pool, then churn.
+	var capTotal int64
+	for _, h := range sc.hosts {
+		capTotal += int64(h.cfg.ExportSize)
+	}
+	w := &simWorkload{sc: sc, clientHosts: clientHosts, minSize: 32 << 10, maxSize: 224 << 10}
+	workers := max(4, n/2)
+	target := n * *scaleSegs
+	w.quota = max(2, target/workers)
+	calls0 := sc.calls.snapshot()
+	allocs0 := w.allocs.Load()
+	loadB0, loadP0 := sc.gossipTotals()
+	load0 := time.Now()
+	w.run(workers, rate)
+	defer func() {
+		select {
+		case <-w.stop:
+		default:
+			w.halt()
+		}
+		w.closeClients()
+	}()
+	fillBy := time.Now().Add(time.Duration(float64(target)/rate*3)*time.Second + time.Minute)
+	for w.held() < target*8/10 {
+		require.True(t, time.Now().Before(fillBy), "the workload holds %d of %d segments", w.held(), target)
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("workload: %d clients on %d hosts hold %d segments after %d allocations (%.0f ops/s)", workers, clientHosts, w.held(), w.allocs.Load(), rate)
+
+	// Under load: the same measurement while every host's rdma free bytes
+	// change and their updates compete for the same gossip.
+	loaded := convergence("loaded convergence", 5)
+	res.LoadConvMaxRounds, res.LoadConvMedRounds, _ = convStats(loaded, rounds)
+	t.Logf("loaded: a capacity change reaches every host in %.1f rounds at most (median %.1f)", res.LoadConvMaxRounds, res.LoadConvMedRounds)
+	var each []time.Duration
+	for _, c := range append(quiet, loaded...) {
+		each = append(each, c.each...)
+	}
+	slices.Sort(each)
+	res.HostP50Rounds = rounds(each[len(each)/2])
+
+	// Drains: a few hosts stop taking placements; their used bytes must not grow.
+	up := sc.up()
+	drained := []*simHost{up[len(up)-1]}
+	if n >= 40 {
+		drained = append(drained, up[len(up)-2])
+	}
+	drainUsed := map[*simHost]int64{}
+	for _, h := range drained {
+		require.NoError(t, sc.drain(h, false))
+	}
+	time.Sleep(20 * sc.gossip) // let every view show the drain
+	for _, h := range drained {
+		_, drainUsed[h] = rdmaUse(h.daemon())
+	}
+
+	// A partition: two halves stop hearing each other until each side
+	// has declared the other dead, then heal.
+	shuffled := slices.Clone(sc.up())
+	rnd.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	a, b := shuffled[:len(shuffled)/2], shuffled[len(shuffled)/2:]
+	cut := time.Now()
+	sc.partition(a, b)
+	deadline := time.Now().Add(3 * time.Minute)
+	for !sidesDead(a, b) {
+		require.True(t, time.Now().Before(deadline), "the halves have not declared each other dead after 3 minutes")
+		time.Sleep(100 * time.Millisecond)
+	}
+	res.PartitionDeadSeconds = time.Since(cut).Seconds()
+	time.Sleep(2 * time.Second)
+	res.PartitionLost = sc.lostCount()
+	t.Logf("partition %d|%d: each side lists the other dead after %.1fs; %d segments marked lost",
+		len(a), len(b), res.PartitionDeadSeconds, res.PartitionLost)
+	sc.net.Heal()
+	healed := time.Now()
+	deadline = time.Now().Add(3 * time.Minute)
+	for tick := 1; ; tick++ {
+		_, err := sc.waitConverged(time.Second)
+		if err == nil && sc.lostCount() == 0 {
+			break
+		}
+		if tick%10 == 0 {
+			t.Logf("%.0fs after the heal: membership %v; %d segments lost", time.Since(healed).Seconds(), err, sc.lostCount())
+		}
+		require.True(t, time.Now().Before(deadline), "3 minutes after the heal: membership %v, %d segments still lost:\n%s",
+			err, sc.lostCount(), strings.Join(sc.explainLost(20), "\n"))
+	}
+	res.HealSeconds = time.Since(healed).Seconds()
+	t.Logf("healed: every host lists every host alive and every segment is restored after %.1fs", res.HealSeconds)
+
+	for _, h := range drained {
+		_, used := rdmaUse(h.daemon())
+		require.LessOrEqual(t, used, drainUsed[h], "%s took placements while draining", h.name)
+		require.NoError(t, sc.drain(h, true))
+	}
+
+	// A crash: the host with the most segments on it (not a seed) vanishes.
+	var victim *simHost
+	most := -1
+	for _, h := range sc.up()[3:] {
+		k := 0
+		for _, r := range h.daemon().pool.List() {
+			if strings.HasPrefix(r.Owner, peerClientPrefix) {
+				k++
+			}
+		}
+		if k > most {
+			victim, most = h, k
+		}
+	}
+	time.Sleep(2 * time.Second) // records homed on the victim settle
+	homed := sc.homedOn(victim.name)
+	for _, ids := range homed {
+		res.CrashSegments += len(ids)
+	}
+	res.CrashOwners = len(homed)
+	res.SuspicionMinSecond = float64(sc.susp) * math.Max(1, math.Log10(float64(n))) * sc.probe.Seconds()
+	crashed := time.Now()
+	sc.crash(victim)
+	var firstDead, allDead, lostAll time.Duration
+	deadline = time.Now().Add(3 * time.Minute)
+	for firstDead == 0 || allDead == 0 || lostAll == 0 {
+		require.True(t, time.Now().Before(deadline), "3 minutes after the crash: first dead %v, all dead %v, lost everywhere %v", firstDead, allDead, lostAll)
+		dead := 0
+		up := sc.up()
+		for _, h := range up {
+			if m, ok := h.daemon().pool.cl.Member(victim.name); ok && m.State != cluster.StateAlive {
+				dead++
+			}
+		}
+		now := time.Since(crashed)
+		if dead > 0 && firstDead == 0 {
+			firstDead = now
+		}
+		if dead == len(up) && allDead == 0 {
+			allDead = now
+		}
+		if lostAll == 0 {
+			done := true
+			for h, ids := range homed {
+				if !allLost(h, ids) {
+					done = false
+					break
+				}
+			}
+			if done {
+				lostAll = now
+				require.Empty(t, sc.lostElsewhere(victim.name), "segments lost that were not on the crashed host")
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	res.FirstDeadSeconds, res.AllDeadSeconds, res.LostAllSeconds = firstDead.Seconds(), allDead.Seconds(), lostAll.Seconds()
+	t.Logf("crash of %s (%d segments of %d hosts): first host declares it dead after %.2fs, all after %.2fs; its segments are lost on every owner after %.2fs (suspicion floor %.1fs)",
+		victim.name, res.CrashSegments, res.CrashOwners, res.FirstDeadSeconds, res.AllDeadSeconds, res.LostAllSeconds, res.SuspicionMinSecond)
+	require.Empty(t, sc.lostElsewhere(victim.name), "segments lost that were not on the crashed host")
+
+	// The host reboots (its shared memory is gone) and the workload goes on.
+	require.NoError(t, sc.reboot(victim))
+	_, err = sc.waitConverged(2 * time.Minute)
+	require.NoError(t, err, "after the reboot")
+	settle := time.Now().Add(time.Duration(float64(target)/rate*float64(time.Second)) / 2)
+	for time.Now().Before(settle) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.halt()
+	freed := w.freeLost()
+	w.topUp()
+	res.OpenFiles = openFiles()
+	for _, h := range sc.up() {
+		ps := h.daemon().pool.peers
+		ps.mu.Lock()
+		res.PeerSessionsPerHost += float64(len(ps.conns)) / float64(n)
+		ps.mu.Unlock()
+	}
+	loadB1, loadP1 := sc.gossipTotals()
+	loadSecs := time.Since(load0).Seconds()
+	res.GossipLoadBytesPerHostSec = float64(loadB1-loadB0) / float64(n) / loadSecs
+	res.GossipLoadPacketsPerHostS = float64(loadP1-loadP0) / float64(n) / loadSecs
+	res.Allocations = w.allocs.Load() - allocs0
+	res.AllocFailures, res.Frees, res.ClientDeaths = w.allocFails.Load(), w.frees.Load(), w.deaths.Load()
+	calls1 := sc.calls.snapshot()
+	res.CallsByMethod = map[string]float64{}
+	var total, peer uint64
+	for k, v := range calls1 {
+		d := v - calls0[k]
+		if d == 0 || strings.HasSuffix(k, " Drain") {
+			continue
+		}
+		res.CallsByMethod[k] = float64(d) / float64(res.Allocations)
+		total += d
+		if strings.HasPrefix(k, "tcp ") {
+			peer += d
+		}
+	}
+	res.CallsPerAlloc = float64(total) / float64(res.Allocations)
+	res.PeerCallsPerAlloc = float64(peer) / float64(res.Allocations)
+
+	// After the workload: lost segments are freed by their owners, dead
+	// clients' leases run out, and then every host holds exactly what the
+	// live clients hold.
+	deadline = time.Now().Add(3*leaseTTL + time.Minute)
+	for sc.orphans() > 0 || sc.lostCount() > 0 {
+		require.True(t, time.Now().Before(deadline), "%d orphaned and %d lost segments remain %v after the workload", sc.orphans(), sc.lostCount(), 3*leaseTTL+time.Minute)
+		time.Sleep(200 * time.Millisecond)
+	}
+	res.Segments = w.held()
+	var fracs []float64
+	for _, h := range sc.up() {
+		c, u := rdmaUse(h.daemon())
+		fracs = append(fracs, float64(u)/float64(c))
+	}
+	var sum float64
+	for _, f := range fracs {
+		sum += f
+	}
+	res.MeanUsed = sum / float64(len(fracs))
+	res.BalanceMax = slices.Max(fracs) / res.MeanUsed
+	res.BalanceMin = slices.Min(fracs) / res.MeanUsed
+	res.WallSeconds = time.Since(began).Seconds()
+	t.Logf("after the workload (%d lost segments freed by their owners): %d segments held, rdma used fraction mean %.3f, max/mean %.3f, min/mean %.3f",
+		freed, res.Segments, res.MeanUsed, res.BalanceMax, res.BalanceMin)
+
+	report(t, res)
+	if *scaleOut != "" {
+		f, err := os.OpenFile(*scaleOut, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		require.NoError(t, err)
+		require.NoError(t, json.NewEncoder(f).Encode(res))
+		require.NoError(t, f.Close())
+	}
+
+	// The bounds.
+	require.LessOrEqual(t, res.QuietConvMaxRounds, 10.0, "a capacity change reaches every host within 10 gossip rounds")
+	require.LessOrEqual(t, res.LoadConvMedRounds, 10.0, "under load, a capacity change reaches every host within 10 gossip rounds (median)")
+	require.LessOrEqual(t, res.BalanceMax, 1.10, "the rdma tier's used fraction is within 10%% of the mean on every host")
+	require.LessOrEqual(t, res.LostAllSeconds, res.FirstDeadSeconds+1, "a crashed host's segments are lost on every host within failure detection + 1 s")
+}
+
+// openFiles counts this process's open descriptors.
+func openFiles() int {
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(es)
+}
+
+// sidesDead reports whether every running host of a lists every host of b
+// as not alive, and the other way round.
+func sidesDead(a, b []*simHost) bool {
+	check := func(from, to []*simHost) bool {
+		for _, h := range from {
+			d := h.daemon()
+			if d == nil {
+				continue
+			}
+			for _, o := range to {
+				if m, ok := d.pool.cl.Member(o.name); ok && m.State == cluster.StateAlive {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	return check(a, b) && check(b, a)
+}
+
+// convStats returns the largest and median time to convergence in gossip
+// rounds, and the largest in seconds.
+func convStats(cs []simConvergence, rounds func(time.Duration) float64) (maxR, medR, maxS float64) {
+	all := make([]time.Duration, len(cs))
+	for i, c := range cs {
+		all[i] = c.all
+	}
+	slices.Sort(all)
+	return rounds(all[len(all)-1]), rounds(all[len(all)/2]), all[len(all)-1].Seconds()
+}
+
+// report prints the measurements as a table.
+func report(t *testing.T, r scaleResult) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "scale simulation, %d hosts (race detector %v), gossip every %.0f ms, %.0f s wall:\n", r.Hosts, r.Race, r.GossipIntervalMs, r.WallSeconds)
+	row := func(k, format string, v ...any) { fmt.Fprintf(&b, "  %-44s "+format+"\n", append([]any{k}, v...)...) }
+	row("hosts running applications", "%d of %d", r.ClientHosts, r.Hosts)
+	row("membership converged after join", "%.1f s", r.JoinSeconds)
+	row("per host: goroutines, heap (no segments)", "%.0f, %.0f KiB", r.GoroutinesPerHost, r.HeapPerHostKiB)
+	row("capacity change seen everywhere, quiet", "max %.1f rounds (%.2f s), median %.1f rounds", r.QuietConvMaxRounds, r.QuietConvMaxSeconds, r.QuietConvMedRounds)
+	row("capacity change seen everywhere, loaded", "max %.1f rounds, median %.1f rounds", r.LoadConvMaxRounds, r.LoadConvMedRounds)
+	row("half the hosts saw a change after", "%.1f rounds", r.HostP50Rounds)
+	row("placement: used fraction max/mean, min/mean", "%.3f, %.3f (mean %.3f, %d segments)", r.BalanceMax, r.BalanceMin, r.MeanUsed, r.Segments)
+	row("workload", "%d allocs (%d failed), %d frees, %d client deaths", r.Allocations, r.AllocFailures, r.Frees, r.ClientDeaths)
+	row("partition: sides list each other dead", "%.1f s (%d segments lost, all restored %.1f s after heal)", r.PartitionDeadSeconds, r.PartitionLost, r.HealSeconds)
+	row("crash: first detection, all hosts", "%.2f s, %.2f s (suspicion floor %.1f s)", r.FirstDeadSeconds, r.AllDeadSeconds, r.SuspicionMinSecond)
+	row("crash: segments lost on every owner", "%.2f s = detection + %.2f s (%d segments, %d owners)", r.LostAllSeconds, r.LostAllSeconds-r.FirstDeadSeconds, r.CrashSegments, r.CrashOwners)
+	row("gossip per host, idle", "%.0f B/s", r.GossipIdleBytesPerHostSec)
+	row("gossip per host, workload", "%.0f B/s, %.1f packets/s", r.GossipLoadBytesPerHostSec, r.GossipLoadPacketsPerHostS)
+	row("control-plane calls per allocation", "%.2f (%.2f between daemons)", r.CallsPerAlloc, r.PeerCallsPerAlloc)
+	keys := make([]string, 0, len(r.CallsByMethod))
+	for k := range r.CallsByMethod {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		row("  "+k, "%.3f", r.CallsByMethod[k])
+	}
+	row("peer sessions per host; open descriptors", "%.1f; %d", r.PeerSessionsPerHost, r.OpenFiles)
+	row("memory per 1,000 segments: home, owner heap", "%.0f KiB, %.0f KiB", r.HomeBytesPerSegment*1000/1024, r.OwnerBytesPerSegment*1000/1024)
+	row("metadata store per 1,000 segments", "%.0f KiB", r.StoreBytesPerSegment*1000/1024)
+	t.Log(b.String())
+}
+
+// measureSegmentMemory places K segments from one daemon on another (its
+// only peer) and reports the heap each side gains per segment: the
+// owner's record, the home's record, extent and data-plane export.
+func measureSegmentMemory(t *testing.T, res *scaleResult) {
+	const k = 2000
+	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 10 * time.Second})
+	for _, h := range sc.hosts {
+		h.cfg.ExportSize = 1 << 30 // sparse files: room for k segments
+	}
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	owner, home := sc.hosts[0].daemon(), sc.hosts[1].daemon()
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	dbSize := func(d *Daemon) int64 {
+		fi, err := os.Stat(filepath.Join(d.cfg.DataDir, "segments.db"))
+		require.NoError(t, err)
+		return fi.Size()
+	}
+	ctx := context.Background()
+	// The home's share alone: k segments it holds for an administrator.
+	h0, db0 := heap(), dbSize(home)
+	for range k {
+		_, err := home.pool.Alloc(ctx, caller{}, AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true, HomeOnly: true})
+		require.NoError(t, err)
+	}
+	h1, db1 := heap(), dbSize(home)
+	// Both shares: k segments the owner places on the home.
+	for range k {
+		r, err := owner.pool.Alloc(ctx, caller{}, AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
+		require.NoError(t, err)
+		require.Equal(t, home.cfg.Node, r.Home)
+	}
+	h2 := heap()
+	homeB := (float64(h1) - float64(h0)) / k
+	res.HomeBytesPerSegment = homeB
+	res.OwnerBytesPerSegment = (float64(h2)-float64(h1))/k - homeB
+	res.StoreBytesPerSegment = float64(db1-db0) / k
+	t.Logf("per segment: %.0f B of heap at its home (record, extent, export), %.0f B at its owner (record); %.0f B of metadata store",
+		res.HomeBytesPerSegment, res.OwnerBytesPerSegment, res.StoreBytesPerSegment)
+	sc.close()
+}

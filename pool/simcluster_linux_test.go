@@ -1,0 +1,842 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/cluster/memnet"
+	"github.com/farmem/farmem/internal/session"
+	"github.com/farmem/farmem/internal/size"
+)
+
+// This file is the harness of the scale simulation (scale_linux_test.go):
+// hundreds of real daemons in one process. Gossip runs on an in-memory
+// network (memnet, through the simHooks.cluster hook), so partitions and
+// crashes are exact; the control plane (gRPC) and data plane stay on
+// 127.0.0.1 sockets, each daemon listening on 127.0.0.1:0 — see
+// docs/scale.md for why, and for what a gossip-only partition does and does
+// not model.
+
+// simHostConfig is what every simulated host runs with; the rdma tier's
+// size varies per host (simExportSizes) so that placement must balance
+// used fractions, not bytes.
+type simHostConfig struct {
+	hosts    int
+	leaseTTL time.Duration
+	timing   func(*cluster.Config) // gossip timing overrides; nil keeps the lan profile
+}
+
+// simExportSizes are the rdma-tier capacities hosts take in turn: racks
+// bought in different years.
+var simExportSizes = []size.Size{24 * size.MiB, 32 * size.MiB, 48 * size.MiB}
+
+// simCluster is N daemons on one memnet network.
+type simCluster struct {
+	t      testing.TB
+	net    *memnet.Network
+	root   string // shared-memory root: data and segment directories
+	sock   string // directory of the unix sockets (short paths)
+	seeds  []string
+	calls  *simCalls
+	hosts  []*simHost
+	gossip time.Duration // gossip interval in force
+	probe  time.Duration // probe interval in force
+	susp   int           // suspicion multiplier in force
+}
+
+// simHost is one simulated host; d is nil while it is down.
+type simHost struct {
+	i    int
+	name string
+	cfg  Config
+	mu   sync.Mutex
+	d    *Daemon
+}
+
+func (h *simHost) daemon() *Daemon {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.d
+}
+
+// simCalls counts control-plane calls by method and by listener (unix:
+// a client and its own daemon; tcp: daemon to daemon). Safe for
+// concurrent use.
+type simCalls struct {
+	mu sync.Mutex
+	n  map[string]uint64 // "unix /farmem.pool.v1.Pool/Alloc" -> calls
+}
+
+func (c *simCalls) add(ctx context.Context, method string) {
+	kind := "tcp"
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil && p.Addr.Network() == "unix" {
+		kind = "unix"
+	}
+	method = method[strings.LastIndexByte(method, '/')+1:]
+	c.mu.Lock()
+	c.n[kind+" "+method]++
+	c.mu.Unlock()
+}
+
+func (c *simCalls) snapshot() map[string]uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]uint64, len(c.n))
+	for k, v := range c.n {
+		out[k] = v
+	}
+	return out
+}
+
+func (c *simCalls) options() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			c.add(ctx, info.FullMethod)
+			return h(ctx, req)
+		}),
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			c.add(ss.Context(), info.FullMethod)
+			return h(srv, ss)
+		}),
+	}
+}
+
+// raiseFileLimit lifts RLIMIT_NOFILE as far as the hard limit allows
+// (further only with CAP_SYS_RESOURCE) and returns the limit in force:
+// every host holds a few sockets, and every pair of hosts with a placement
+// between them one TCP connection (two descriptors in this process).
+func raiseFileLimit(t testing.TB, want uint64) uint64 {
+	var old syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old))
+	lim := old
+	if lim.Max < want {
+		lim.Max = want // allowed to root (CAP_SYS_RESOURCE); else keep the hard limit
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: want, Max: want}) != nil {
+			lim.Max = old.Max
+		}
+	}
+	lim.Cur = min(want, lim.Max)
+	require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
+	t.Cleanup(func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) })
+	return lim.Cur
+}
+
+// newSimCluster prepares n hosts (none started).
+func newSimCluster(t testing.TB, hc simHostConfig) *simCluster {
+	root, err := os.MkdirTemp(shmBase(), "farmem-scale")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(root) })
+	sock, err := os.MkdirTemp("", "fms")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(sock) })
+	sc := &simCluster{t: t, net: memnet.New(1024), root: root, sock: sock, calls: &simCalls{n: map[string]uint64{}}}
+	ml := cluster.Config{}
+	if hc.timing != nil {
+		hc.timing(&ml)
+	}
+	// The lan profile (poold's default) unless overridden.
+	sc.gossip, sc.probe, sc.susp = 200*time.Millisecond, time.Second, 4
+	if ml.GossipInterval > 0 {
+		sc.gossip = ml.GossipInterval
+	}
+	if ml.ProbeInterval > 0 {
+		sc.probe = ml.ProbeInterval
+	}
+	if ml.SuspicionMult > 0 {
+		sc.susp = ml.SuspicionMult
+	}
+	for i := range hc.hosts {
+		name := fmt.Sprintf("h%04d", i)
+		// Reserve the name's address now (memnet hands them out in order
+		// and keeps them), so that every host can list the seeds.
+		tr, err := sc.net.NewTransport(name)
+		require.NoError(t, err)
+		addr := tr.Addr()
+		require.NoError(t, tr.Shutdown())
+		if i < 3 {
+			sc.seeds = append(sc.seeds, addr)
+		}
+		dir := filepath.Join(root, name)
+		cfg := DefaultConfig()
+		cfg.Node = name
+		cfg.DataDir = filepath.Join(dir, "data")
+		cfg.ShmDir = filepath.Join(dir, "shm")
+		cfg.SysfsRoot = filepath.Join(dir, "no-sysfs")
+		cfg.Socket = filepath.Join(sock, name+".sock")
+		cfg.EmulateCXL = 4 * size.MiB
+		cfg.LocalSize = 4 * size.MiB
+		cfg.ExportSize = simExportSizes[i%len(simExportSizes)]
+		cfg.LeaseTTL = hc.leaseTTL
+		cfg.MeasureTiers = false
+		cfg.MetadataFsync = false // tmpfs; and the simulation is about the cluster, not the disk
+		cfg.Listen = "127.0.0.1:0"
+		cfg.Insecure = true // hundreds of daemons in one process: no TLS handshakes (TLS is tested in tls_test.go)
+		cfg.DataListen = "127.0.0.1:0"
+		cfg.Gossip = addr
+		cfg.Join = sc.seeds
+		timing := hc.timing
+		cfg.sim.grpc = sc.calls.options()
+		h := &simHost{i: i, name: name, cfg: cfg}
+		h.cfg.sim.cluster = func(cc *cluster.Config) error {
+			tr, err := sc.net.NewTransport(h.name)
+			if err != nil {
+				return err
+			}
+			cc.Transport = tr
+			if timing != nil {
+				timing(cc)
+			}
+			return nil
+		}
+		sc.hosts = append(sc.hosts, h)
+	}
+	t.Cleanup(sc.close)
+	return sc
+}
+
+func shmBase() string {
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		return "/dev/shm"
+	}
+	return ""
+}
+
+// start starts h; a restarted host comes back at its previous control
+// and data plane ports, as a real host would.
+func (sc *simCluster) start(h *simHost) error {
+	d, err := Start(h.cfg, nil)
+	if err != nil && h.cfg.Listen != "127.0.0.1:0" {
+		// The old port was taken meanwhile (an outgoing connection's
+		// ephemeral port): take any.
+		h.cfg.Listen, h.cfg.DataListen = "127.0.0.1:0", "127.0.0.1:0"
+		d, err = Start(h.cfg, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("start %s: %w", h.name, err)
+	}
+	h.cfg.Listen = d.ListenAddr()
+	if d.pool.dp != nil {
+		h.cfg.DataListen = d.pool.dp.addr
+	}
+	h.mu.Lock()
+	h.d = d
+	h.mu.Unlock()
+	return nil
+}
+
+// startAll starts every host, a few at a time.
+func (sc *simCluster) startAll() {
+	var g errgroup.Group
+	g.SetLimit(8)
+	for _, h := range sc.hosts {
+		g.Go(func() error { return sc.start(h) })
+	}
+	require.NoError(sc.t, g.Wait())
+}
+
+// crash takes h off the network at once (no leave reaches anyone) and
+// stops its daemon, as a host losing power would.
+func (sc *simCluster) crash(h *simHost) {
+	others := make([]string, 0, len(sc.hosts))
+	for _, o := range sc.hosts {
+		if o != h {
+			others = append(others, o.name)
+		}
+	}
+	sc.net.Cut(h.name, others...)
+	h.mu.Lock()
+	d := h.d
+	h.d = nil
+	h.mu.Unlock()
+	if d != nil {
+		require.NoError(sc.t, d.Close())
+	}
+}
+
+// reboot brings a crashed host back: its shared memory did not survive
+// (the segment files are gone), its metadata store did. It heals every
+// cut, the crashed host's included.
+func (sc *simCluster) reboot(h *simHost) error {
+	if err := os.RemoveAll(h.cfg.ShmDir); err != nil {
+		return err
+	}
+	sc.net.Heal()
+	return sc.start(h)
+}
+
+// partition cuts gossip between the hosts of a and those of b.
+func (sc *simCluster) partition(a, b []*simHost) {
+	names := make([]string, len(b))
+	for i, h := range b {
+		names[i] = h.name
+	}
+	for _, h := range a {
+		sc.net.Cut(h.name, names...)
+	}
+}
+
+func (sc *simCluster) close() {
+	var g errgroup.Group
+	g.SetLimit(64)
+	for _, h := range sc.hosts {
+		g.Go(func() error {
+			h.mu.Lock()
+			d := h.d
+			h.d = nil
+			h.mu.Unlock()
+			if d == nil {
+				return nil
+			}
+			return d.Close()
+		})
+	}
+	if err := g.Wait(); err != nil {
+		sc.t.Errorf("close hosts: %v", err)
+	}
+}
+
+// up returns the running hosts.
+func (sc *simCluster) up() []*simHost {
+	var out []*simHost
+	for _, h := range sc.hosts {
+		if h.daemon() != nil {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// waitConverged waits until every running host lists every running host
+// alive with its control-plane address, and returns how long that took.
+func (sc *simCluster) waitConverged(timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	for {
+		up := sc.up()
+		done := 0
+		for _, h := range up {
+			cl := h.daemon().pool.cl
+			ok := true
+			for _, o := range up {
+				m, found := cl.Member(o.name)
+				if !found || m.State != cluster.StateAlive || m.Meta.GRPCAddr == "" {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				done++
+			}
+		}
+		if done == len(up) {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > timeout {
+			return time.Since(start), fmt.Errorf("%d of %d hosts list every running host alive after %v", done, len(up), timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// gossipTotals sums every running host's gossip counters: bytes sent
+// (packets and streams) and packets sent.
+func (sc *simCluster) gossipTotals() (bytes, packets uint64) {
+	for _, h := range sc.up() {
+		s := h.daemon().pool.cl.Stats()
+		bytes += s.PacketBytesSent + s.StreamBytesSent
+		packets += s.PacketsSent
+	}
+	return bytes, packets
+}
+
+// rdmaUse is h's rdma tier: capacity and used bytes, from its extent
+// allocator (the truth, not gossip).
+func rdmaUse(d *Daemon) (capacity, used int64) {
+	for _, t := range d.pool.gossipTiers() {
+		if t.Name == "rdma" {
+			return t.Capacity, t.Capacity - t.Free
+		}
+	}
+	return 0, 0
+}
+
+// simConvergence is one capacity change and when each host saw it.
+type simConvergence struct {
+	all  time.Duration   // until the last host saw it
+	each []time.Duration // per observing host, sorted
+}
+
+// measureConvergence changes h's cxl capacity (clients of the simulation
+// only use the rdma tier, so nothing else moves it) and waits until every
+// other running host's view shows the new free bytes.
+func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (simConvergence, error) {
+	d := h.daemon()
+	r, err := d.pool.Alloc(context.Background(), caller{}, AllocRequest{Size: 256 << 10, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	if err != nil {
+		return simConvergence{}, err
+	}
+	start := time.Now()
+	defer func() { _ = d.pool.Free(caller{}, r.ID, "") }()
+	var want int64 = -1
+	for _, t := range d.pool.gossipTiers() {
+		if t.Name == "cxl" {
+			want = t.Free
+		}
+	}
+	var observers []*simHost
+	for _, o := range sc.up() {
+		if o != h {
+			observers = append(observers, o)
+		}
+	}
+	seen := make([]time.Duration, len(observers))
+	left := len(observers)
+	for left > 0 {
+		for i, o := range observers {
+			if seen[i] != 0 {
+				continue
+			}
+			od := o.daemon()
+			if od == nil {
+				seen[i] = -1
+				left--
+				continue
+			}
+			if m, ok := od.pool.cl.Member(h.name); ok {
+				if t, ok := m.Meta.Tier("cxl"); ok && t.Free == want {
+					seen[i] = time.Since(start)
+					left--
+				}
+			}
+		}
+		if left > 0 && time.Since(start) > timeout {
+			return simConvergence{}, fmt.Errorf("%d of %d hosts have not seen %s's capacity change after %v", left, len(observers), h.name, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	seen = slices.DeleteFunc(seen, func(d time.Duration) bool { return d < 0 })
+	slices.Sort(seen)
+	return simConvergence{all: seen[len(seen)-1], each: seen}, nil
+}
+
+// simClient is one application on a host: a session with its daemon and
+// the rdma segments it holds.
+type simClient struct {
+	host *simHost
+	conn *session.Conn
+	segs []simSeg
+}
+
+type simSeg struct {
+	id   uint64
+	size int64
+	home string
+}
+
+// simWorkload drives clients that allocate, free and die on random hosts
+// (of the first clientHosts hosts).
+type simWorkload struct {
+	sc          *simCluster
+	clientHosts int
+	quota       int           // segments a client holds before it starts to churn
+	minSize     int64         // smallest segment (bytes)
+	maxSize     int64         // largest segment (bytes)
+	tokens      chan struct{} // one per operation: the global rate
+	stop        chan struct{}
+	wg          sync.WaitGroup
+
+	allocs, allocFails, frees, deaths, exits atomic.Uint64
+
+	mu      sync.Mutex
+	clients []*simClient // one per worker, the live ones at the end
+}
+
+// run starts workers workers at rate operations per second in all.
+func (w *simWorkload) run(workers int, rate float64) {
+	w.tokens = make(chan struct{}, workers)
+	w.stop = make(chan struct{})
+	w.clients = make([]*simClient, workers)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		t := time.NewTicker(time.Duration(float64(time.Second) / rate))
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+				select {
+				case w.tokens <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	for i := range workers {
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			w.worker(i, rand.New(rand.NewPCG(uint64(i), 9)))
+		}()
+	}
+}
+
+// halt stops the workers; each leaves its last client alive with its
+// segments (the population whose placement is measured).
+func (w *simWorkload) halt() {
+	close(w.stop)
+	w.wg.Wait()
+}
+
+// closeClients ends every remaining client's session.
+func (w *simWorkload) closeClients() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, c := range w.clients {
+		if c != nil {
+			c.conn.Close()
+			w.clients[i] = nil
+		}
+	}
+}
+
+func (w *simWorkload) wait() bool {
+	select {
+	case <-w.stop:
+		return false
+	case <-w.tokens:
+		return true
+	}
+}
+
+func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
+	for gen := 0; ; gen++ {
+		h := w.sc.hosts[rnd.IntN(w.clientHosts)]
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		conn, err := session.Dial(ctx, "unix", h.cfg.Socket, session.Options{
+			ClientID: fmt.Sprintf("sim-%d-%d", slot, gen), ClientName: "scale simulation client",
+		})
+		cancel()
+		if err != nil { // the host went down meanwhile
+			if !w.wait() {
+				return
+			}
+			continue
+		}
+		c := &simClient{host: h, conn: conn}
+		w.mu.Lock()
+		w.clients[slot] = c
+		w.mu.Unlock()
+		life := w.quota + rnd.IntN(2*w.quota) // operations before it exits or dies
+		for op := 0; op < life; op++ {
+			if !w.wait() {
+				return // stays alive: part of the final population
+			}
+			if len(c.segs) < w.quota || len(c.segs) == 0 || rnd.IntN(2) == 0 {
+				w.alloc(c, rnd)
+			} else {
+				w.free(c, rnd.IntN(len(c.segs)))
+			}
+		}
+		if rnd.IntN(2) == 0 { // a clean exit frees first
+			for len(c.segs) > 0 {
+				w.free(c, len(c.segs)-1)
+			}
+			w.exits.Add(1)
+		} else { // dies: its lease runs out and its daemon reclaims
+			w.deaths.Add(1)
+		}
+		w.mu.Lock()
+		w.clients[slot] = nil
+		w.mu.Unlock()
+		conn.Close()
+	}
+}
+
+// topUp has every live client allocate until it holds the quota: the
+// last phase of the workload, which also fills hosts that came back empty.
+func (w *simWorkload) topUp() {
+	w.mu.Lock()
+	clients := slices.Clone(w.clients)
+	w.mu.Unlock()
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		if c == nil || c.host.daemon() == nil {
+			continue
+		}
+		wg.Go(func() {
+			rnd := rand.New(rand.NewPCG(uint64(i), 10))
+			for tries := 0; len(c.segs) < w.quota && tries < 2*w.quota; tries++ {
+				w.alloc(c, rnd)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (w *simWorkload) alloc(c *simClient, rnd *rand.Rand) {
+	sz := (w.minSize + rnd.Int64N(w.maxSize-w.minSize+1)) &^ 4095
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cctx, _, err := c.conn.Call(ctx)
+	if err != nil {
+		w.allocFails.Add(1)
+		return
+	}
+	seg, err := c.conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: sz, Tier: poolv1.Tier_TIER_RDMA})
+	if err != nil {
+		w.allocFails.Add(1)
+		return
+	}
+	w.allocs.Add(1)
+	w.mu.Lock()
+	c.segs = append(c.segs, simSeg{id: seg.Id, size: sz, home: seg.Node})
+	w.mu.Unlock()
+}
+
+func (w *simWorkload) free(c *simClient, i int) {
+	s := c.segs[i]
+	w.mu.Lock()
+	c.segs = slices.Delete(c.segs, i, i+1)
+	w.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cctx, _, err := c.conn.Call(ctx)
+	if err == nil {
+		_, err = c.conn.API().Free(cctx, &poolv1.FreeRequest{Id: s.id})
+	}
+	if err == nil {
+		w.frees.Add(1)
+	}
+}
+
+// held returns how many segments the live clients hold.
+func (w *simWorkload) held() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, c := range w.clients {
+		if c != nil {
+			n += len(c.segs)
+		}
+	}
+	return n
+}
+
+// freeLost frees, for every live client, the segments its daemon reports
+// lost: what an application does on a lost notice.
+func (w *simWorkload) freeLost() int {
+	w.mu.Lock()
+	clients := slices.Clone(w.clients)
+	w.mu.Unlock()
+	n := 0
+	for _, c := range clients {
+		if c == nil {
+			continue
+		}
+		d := c.host.daemon()
+		if d == nil {
+			continue
+		}
+		for i := len(c.segs) - 1; i >= 0; i-- {
+			if r, err := d.pool.Stat(c.segs[i].id); err == nil && r.Lost {
+				w.free(c, i)
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// orphans counts rdma segments that a running host holds for an owner
+// that no longer has a record of them (a peer) or no longer exists (a
+// local client): capacity that leases and reconciliation must return.
+func (sc *simCluster) orphans() int {
+	owned := map[string]map[uint64]bool{} // home -> home ids some running owner records
+	clients := map[string]map[string]bool{}
+	for _, h := range sc.up() {
+		p := h.daemon().pool
+		p.mu.Lock()
+		for _, r := range p.segs {
+			if r.Home != "" {
+				if owned[r.Home] == nil {
+					owned[r.Home] = map[uint64]bool{}
+				}
+				owned[r.Home][r.HomeID] = true
+			}
+		}
+		clients[h.name] = map[string]bool{}
+		for id := range p.clients {
+			clients[h.name][id] = true
+		}
+		p.mu.Unlock()
+	}
+	n := 0
+	for _, h := range sc.up() {
+		p := h.daemon().pool
+		p.mu.Lock()
+		for _, r := range p.segs {
+			if r.Home != "" || r.Tier != "rdma" || r.pinned() {
+				continue
+			}
+			if peerName, ok := strings.CutPrefix(r.Owner, peerClientPrefix); ok {
+				if !owned[h.name][r.ID] && clients[h.name][r.Owner] && sc.hostUp(peerName) {
+					n++
+				}
+				continue
+			}
+			if !clients[h.name][r.Owner] {
+				n++
+			}
+		}
+		p.mu.Unlock()
+	}
+	return n
+}
+
+func (sc *simCluster) hostUp(name string) bool {
+	for _, h := range sc.hosts {
+		if h.name == name {
+			return h.daemon() != nil
+		}
+	}
+	return false
+}
+
+// lostElsewhere lists records on running hosts other than except that are
+// lost although their home is not except (or they are not homed at all).
+func (sc *simCluster) lostElsewhere(except string) []string {
+	var out []string
+	for _, h := range sc.up() {
+		if h.name == except {
+			continue
+		}
+		p := h.daemon().pool
+		p.mu.Lock()
+		for _, r := range p.segs {
+			if r.Lost && r.Home != except {
+				out = append(out, fmt.Sprintf("%s:%d(home %q)", h.name, r.ID, r.Home))
+			}
+		}
+		p.mu.Unlock()
+	}
+	sort.Strings(out)
+	return out
+}
+
+// homedOn lists, per running host, the ids of its records homed on node.
+func (sc *simCluster) homedOn(node string) map[*simHost][]uint64 {
+	out := map[*simHost][]uint64{}
+	for _, h := range sc.up() {
+		p := h.daemon().pool
+		p.mu.Lock()
+		for _, r := range p.segs {
+			if r.Home == node {
+				out[h] = append(out[h], r.ID)
+			}
+		}
+		p.mu.Unlock()
+	}
+	return out
+}
+
+// allLost reports whether every id of ids on h is lost (or gone).
+func allLost(h *simHost, ids []uint64) bool {
+	d := h.daemon()
+	if d == nil {
+		return true
+	}
+	d.pool.mu.Lock()
+	defer d.pool.mu.Unlock()
+	for _, id := range ids {
+		if r := d.pool.segs[id]; r != nil && !r.Lost {
+			return false
+		}
+	}
+	return true
+}
+
+// lostCount counts lost records on running hosts.
+func (sc *simCluster) lostCount() int {
+	n := 0
+	for _, h := range sc.up() {
+		p := h.daemon().pool
+		p.mu.Lock()
+		for _, r := range p.segs {
+			if r.Lost {
+				n++
+			}
+		}
+		p.mu.Unlock()
+	}
+	return n
+}
+
+// drain sets or clears h's draining flag through its control plane, as
+// memctl drain does.
+func (sc *simCluster) drain(h *simHost, undo bool) error {
+	conn, err := session.Channel("unix", h.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = poolv1.NewPoolClient(conn).Drain(ctx, &poolv1.DrainRequest{Undo: undo})
+	return err
+}
+
+// explainLost describes up to max lost records on running hosts: what
+// the owner sees of the home, and what the home holds.
+func (sc *simCluster) explainLost(max int) []string {
+	var out []string
+	for _, h := range sc.up() {
+		d := h.daemon()
+		var lost []record
+		for _, r := range d.pool.List() {
+			if r.Lost {
+				lost = append(lost, r)
+			}
+		}
+		for _, r := range lost {
+			if len(out) >= max {
+				return out
+			}
+			view := "unknown"
+			if m, ok := d.pool.cl.Member(r.Home); ok {
+				view = cluster.StateString(m.State)
+			}
+			at := "home down"
+			for _, o := range sc.up() {
+				if o.name == r.Home {
+					if hr, err := o.daemon().pool.Stat(r.HomeID); err != nil {
+						at = err.Error()
+					} else {
+						at = fmt.Sprintf("lost=%v owner=%s", hr.Lost, hr.Owner)
+					}
+				}
+			}
+			out = append(out, fmt.Sprintf("%s:%d home %s (%s in its view, session %v, %d events dropped): at home %s",
+				h.name, r.ID, r.Home, view, d.pool.peers.conn(r.Home) != nil, d.pool.cl.Stats().EventsDropped, at))
+		}
+	}
+	return out
+}
