@@ -103,6 +103,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		OnEvents: c.segmentEvents,
 		TLS:      tlsFor(network, o.tls),
 		OnDown:   c.dropFD,
+		MaxWait:  o.timeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("no poold answers at %s (start one with 'poold', or point FARMEM_SOCKET at its socket): %w", path, err)
@@ -216,7 +217,7 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 	mem, err := mapShared(resp.File, resp.Offset, resp.Length, ao.populate)
 	if err == nil {
 		var s *Segment
-		if s, err = c.track(&Segment{c: c, info: info, mem: mem, guard: info.Kind != "dram"}); err == nil {
+		if s, err = c.track(newMapped(c, info, mem, resp.File)); err == nil {
 			return s, nil
 		}
 		unmapNow(mem)
@@ -279,7 +280,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 	if err != nil {
 		return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
 	}
-	s, err := c.track(&Segment{c: c, info: info, mem: mem, guard: info.Kind != "dram"})
+	s, err := c.track(newMapped(c, info, mem, resp.File))
 	if err != nil {
 		unmapNow(mem)
 	}
