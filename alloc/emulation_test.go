@@ -67,9 +67,10 @@ func p50(t *testing.T, n int, op func() error) time.Duration {
 func TestEmulatedLatency(t *testing.T) {
 	cfg := startEmulated(t, "cxl=1us,rdma=400us", false)
 	p := make([]byte, 64)
-	// What the calls cost untreated: emulation only adds latency, so a
-	// target below that (the race detector slows every copy) cannot be met.
-	plain := dial(t, cfg.Socket, alloc.WithEmulateLatency("local=0,cxl=0"))
+	// What the calls cost on the emulating path with next to nothing
+	// injected: emulation only adds latency, so a target below that (the
+	// race detector slows every copy and clock read) cannot be met.
+	plain := dial(t, cfg.Socket, alloc.WithEmulateLatency("local=1ns,cxl=1ns"))
 	base, err := plain.Alloc(t.Context(), 1<<20, alloc.WithTier(alloc.TierCXL), alloc.WithPopulate())
 	require.NoError(t, err)
 	untreated := p50(t, 3000, func() error { _, err := base.ReadAt(p, 4096); return err })
@@ -87,7 +88,7 @@ func TestEmulatedLatency(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.tier != alloc.TierRDMA && untreated > tc.target*7/10 {
-				t.Skipf("an untreated 64-byte ReadAt takes %s here (p50), too close to the %s target for emulation to show", untreated, tc.target)
+				t.Skipf("a 64-byte ReadAt on the emulating path takes %s here (p50), too close to the %s target for emulation to show", untreated, tc.target)
 			}
 			var opts []alloc.DialOption
 			if tc.spec != "" {

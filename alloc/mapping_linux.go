@@ -24,14 +24,31 @@ func mapShared(f *os.File, off, length int64, populate bool) ([]byte, error) {
 // unmapNow unmaps a mapping no one else has seen.
 func unmapNow(mem []byte) { unix.MunmapPtr(unsafe.Pointer(&mem[0]), uintptr(len(mem))) }
 
-// retireMapping replaces the mapping with an inaccessible reservation at
-// the same address (releasing the segment's pages at once) and unmaps the
-// reservation after retireGrace.
-func retireMapping(mem []byte) {
+// memoryBacked reports whether f is on tmpfs or hugetlbfs: memory, which a
+// daemon's fallocate has reserved, rather than a disk filesystem's pages.
+func memoryBacked(f *os.File) bool {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return false
+	}
+	t := uint32(st.Type)
+	return t == uint32(unix.TMPFS_MAGIC) || t == uint32(unix.HUGETLBFS_MAGIC)
+}
+
+// retireMapping retires a segment's mapping. Pages the segment owns alone
+// (ownPages) stay mapped for retireGrace, then are unmapped. Otherwise the
+// mapping is replaced at once by an inaccessible reservation at the same
+// address (so no copy can touch pages that may be handed to another
+// segment), which is unmapped after retireGrace.
+func retireMapping(mem []byte, ownPages bool) {
 	if len(mem) == 0 {
 		return
 	}
 	addr, n := unsafe.Pointer(&mem[0]), uintptr(len(mem))
+	if ownPages {
+		time.AfterFunc(retireGrace, func() { unix.MunmapPtr(addr, n) })
+		return
+	}
 	_, err := unix.MmapPtr(-1, 0, addr, n, unix.PROT_NONE, unix.MAP_FIXED|unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
 		unix.MunmapPtr(addr, n)

@@ -13,4 +13,6 @@ func mapShared(*os.File, int64, int64, bool) ([]byte, error) {
 
 func unmapNow([]byte) {}
 
-func retireMapping([]byte) {}
+func retireMapping([]byte, bool) {}
+
+func memoryBacked(*os.File) bool { return false }

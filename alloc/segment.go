@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
@@ -22,11 +23,18 @@ type Segment struct {
 	info   *poolv1.Segment // immutable
 	mem    []byte          // the mapping of a load/store segment; never changes
 	remote *remote         // how an rdma segment is reached; nil for load/store tiers
-	// guard is set when the mapping can fault (a file another process can
-	// truncate, a device with poisoned lines): copies then turn faults into
-	// errors. Local DRAM is a memfd sealed against resizing, which cannot
-	// fault short of the machine's own memory failing, as the Go heap could.
+	// guard is set when the mapping can fault (real CXL memory with a
+	// poisoned line, a file on a disk filesystem): copies then turn faults
+	// into errors. Local DRAM (a memfd sealed against resizing) and an
+	// emulated device's own file on tmpfs or hugetlbfs (its pages reserved
+	// when the daemon created it) cannot fault short of the machine's own
+	// memory failing, as the Go heap could, and are not guarded.
 	guard bool
+	// ownPages is set when the mapped pages belong to the segment alone
+	// (its own file, unlinked by the daemon when freed): Free then leaves
+	// the mapping readable for retireGrace, so a copy that raced Free
+	// finishes on pages no one else can get, instead of faulting.
+	ownPages bool
 	// slow sends ReadAt, WriteAt and the atomics off the local fast path:
 	// set for rdma segments and for segments with latency emulation, so
 	// that a local segment without emulation pays no more than before.
@@ -277,6 +285,12 @@ func (s *Segment) Add64(off int64, delta uint64) (v uint64, err error) {
 	return atomic.AddUint64(w, delta), nil
 }
 
+// newMapped is a load/store segment mapped from f.
+func newMapped(c *Client, info *poolv1.Segment, mem []byte, f *os.File) *Segment {
+	own := info.Kind == "emulated" && memoryBacked(f)
+	return &Segment{c: c, info: info, mem: mem, ownPages: own, guard: info.Kind != "dram" && !own}
+}
+
 // Free unmaps the segment and releases it on the daemon. Calls on the
 // segment then return ErrClosed; a slice from Bytes must not be used.
 // Freeing twice returns ErrClosed.
@@ -284,7 +298,7 @@ func (s *Segment) Free(ctx context.Context) error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
 	}
-	retireMapping(s.mem)
+	retireMapping(s.mem, s.ownPages)
 	if s.remote != nil {
 		s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
 	}
@@ -294,7 +308,7 @@ func (s *Segment) Free(ctx context.Context) error {
 // retire unmaps the segment without freeing it (Client.Close).
 func (s *Segment) retire() {
 	if s.closed.CompareAndSwap(false, true) {
-		retireMapping(s.mem)
+		retireMapping(s.mem, s.ownPages)
 		if s.remote != nil {
 			s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
 		}

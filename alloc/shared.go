@@ -304,7 +304,8 @@ func (s *SharedSegment) Sync(ctx context.Context) error {
 
 // Detach writes modified pages back, gives up every cached page and closes
 // the attachment's connections; the segment itself stays (Free it with
-// Client.FreeByName). Idempotent.
+// Client.FreeByName). Idempotent. On a lost segment it returns
+// ErrSegmentLost: writes not yet synced are gone.
 func (s *SharedSegment) Detach(ctx context.Context) error {
 	if s.closed.Swap(true) {
 		return nil

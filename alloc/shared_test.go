@@ -269,7 +269,7 @@ func TestSharedSegmentHomeRestart(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	require.ErrorIs(t, lerr, alloc.ErrSegmentLost)
-	require.NoError(t, s.Detach(ctx))
+	require.ErrorIs(t, s.Detach(ctx), alloc.ErrSegmentLost, "detach reports the unsynced write it could not hand back")
 	require.NoError(t, c.Close())
 
 	c2 := dial(t, cfg.Socket)

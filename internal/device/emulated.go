@@ -5,13 +5,16 @@ import "fmt"
 // Emulated is an emulated CXL device: ordinary memory standing in for CXL
 // on hosts without it, always labelled emulated. Each segment is one file,
 // seg-<id as 16 hex digits>, in the device's directory, sized with ftruncate
-// (sparse, so zero-filled and only paid for when touched). Contents survive a
+// and then reserved with fallocate: on tmpfs and hugetlbfs the segment's
+// pages exist (zero-filled) when Create returns, as a memory device's do, so
+// a filesystem that fills later can never make a first touch fault, and a
+// full one fails the allocation with ErrNoSpace instead. Contents survive a
 // daemon restart: on tmpfs (/dev/shm) until reboot, on a disk filesystem
 // beyond it (page cache backed, so slower to first touch).
 //
 // On hugetlbfs the segments are in huge pages: Align is the huge page size,
-// and the pages must be reserved by the admin (vm.nr_hugepages); Map fails
-// with ENOMEM when the pool is short.
+// and the pages must be reserved by the admin (vm.nr_hugepages); Create
+// fails with ErrNoSpace when the pool is short.
 //
 // Capacity is an accounting limit enforced by the daemon's extent allocator;
 // the filesystem's own space is checked per Create, best effort (see Create).
@@ -83,11 +86,12 @@ func (e *Emulated) Huge() bool { return e.dir.fs.kind == fsHugetlbfs }
 func (e *Emulated) Dir() string { return e.dir.dir }
 
 // Create makes segment id's file, zero-filled, replacing any previous file
-// for id. off only has to lie within the capacity: each segment has its own
-// file, so the Backing's Offset is 0. Create fails with ErrNoSpace when the
-// filesystem reports less free space than length; because files are sparse,
-// a filesystem filled later surfaces as a fault on first touch instead
-// (which the library's ReadAt/WriteAt turn into errors).
+// for id, and reserves its space (fallocate). off only has to lie within the
+// capacity: each segment has its own file, so the Backing's Offset is 0.
+// Create fails with ErrNoSpace when the filesystem cannot hold length more
+// bytes. A filesystem without fallocate keeps the file sparse; there a full
+// filesystem surfaces as a fault on first touch instead, which the library's
+// copies guard against (it guards every mapping not on tmpfs or hugetlbfs).
 func (e *Emulated) Create(id uint64, off, length int64) (Backing, error) {
 	if err := checkExtent(e.name, id, off, length, e.align, e.capacity); err != nil {
 		return Backing{}, err
@@ -95,6 +99,18 @@ func (e *Emulated) Create(id uint64, off, length int64) (Backing, error) {
 	f, err := e.dir.create(id, length)
 	if err != nil {
 		return Backing{}, err
+	}
+	if err := reserve(f, length); err != nil {
+		_ = f.Close()
+		_ = e.dir.remove(id)
+		if isNoSpace(err) {
+			fix := "free space there or lower the device capacity"
+			if e.Huge() {
+				fix = "reserve more huge pages (sysctl vm.nr_hugepages) or lower the device capacity"
+			}
+			return Backing{}, fmt.Errorf("device %s: segment %#x: reserve %d bytes in %s: %w: %w; %s", e.name, id, length, e.dir.dir, ErrNoSpace, err, fix)
+		}
+		return Backing{}, fmt.Errorf("device %s: segment %#x: reserve %d bytes in %s: %w", e.name, id, length, e.dir.dir, err)
 	}
 	return Backing{File: f, Offset: 0, Length: length}, nil
 }

@@ -5,6 +5,8 @@ package device
 import (
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -112,8 +114,9 @@ func TestEmulatedNoSpace(t *testing.T) {
 }
 
 // TestEmulatedHugetlbfs mounts a private hugetlbfs: Align is the huge page
-// size and extents must be multiples of it. No huge pages are reserved on
-// the test machine, so nothing is mapped.
+// size and extents must be multiples of it. Create reserves the segment's
+// huge pages: with too few free (as on most test machines) it fails with
+// ErrNoSpace naming the sysctl, never later with a fault on first touch.
 func TestEmulatedHugetlbfs(t *testing.T) {
 	dir := mountTest(t, "hugetlbfs", "")
 	d := openDevice(t, func() (Device, error) { return NewEmulated("emulated0", dir, 1<<30) })
@@ -128,6 +131,15 @@ func TestEmulatedHugetlbfs(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnaligned)
 	_, err = d.Create(1, pageSize, huge)
 	require.ErrorIs(t, err, ErrUnaligned)
+	if freeHugePages(t) < 2 {
+		_, err := d.Create(1, huge, 2*huge)
+		require.ErrorIs(t, err, ErrNoSpace)
+		require.ErrorContains(t, err, "vm.nr_hugepages")
+		ids, err := d.(*Emulated).Segments()
+		require.NoError(t, err)
+		require.Empty(t, ids, "a failed Create leaves no file")
+		return
+	}
 	b, err := d.Create(1, huge, 2*huge)
 	require.NoError(t, err)
 	require.NoError(t, b.File.Close())
@@ -135,6 +147,21 @@ func TestEmulatedHugetlbfs(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.File.Close())
 	require.NoError(t, d.Remove(1, huge, 2*huge))
+}
+
+// freeHugePages reads HugePages_Free from /proc/meminfo.
+func freeHugePages(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/meminfo")
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "HugePages_Free:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			require.NoError(t, err)
+			return n
+		}
+	}
+	return 0
 }
 
 // mountTest mounts a private filesystem of type fstype on a temporary

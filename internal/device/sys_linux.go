@@ -43,6 +43,24 @@ func isNoSpace(err error) bool {
 	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) || errors.Is(err, unix.EFBIG)
 }
 
+// reserve allocates f's first length bytes (fallocate), so that touching
+// them later cannot fail for want of space. A filesystem without fallocate
+// leaves the file sparse: not an error.
+func reserve(f *os.File, length int64) error {
+	return withFd(f, func(fd int) error {
+		for {
+			err := unix.Fallocate(fd, 0, 0, length)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EOPNOTSUPP:
+				return nil
+			}
+			return err
+		}
+	})
+}
+
 // withFd runs fn with f's descriptor, which stays open meanwhile.
 func withFd(f *os.File, fn func(fd int) error) error {
 	rc, err := f.SyscallConn()

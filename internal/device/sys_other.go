@@ -16,6 +16,8 @@ func statFS(string) (fsInfo, error) { return fsInfo{}, supported("statfs") }
 
 func isNoSpace(error) bool { return false }
 
+func reserve(*os.File, int64) error { return supported("fallocate") }
+
 func createMemfd(string, int64) (*os.File, error) { return nil, supported("memfd") }
 
 func dupFile(*os.File) (*os.File, error) { return nil, supported("dup") }
