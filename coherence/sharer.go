@@ -299,6 +299,7 @@ func (s *Sharer) access(ctx context.Context, pg uint32, excl bool, fn func([]byt
 		sentAt := now
 		rep, err := s.call(ctx, req)
 		if err != nil {
+			s.lose(err)
 			return err
 		}
 		s.mu.Lock()
@@ -364,6 +365,20 @@ func (s *Sharer) call(ctx context.Context, m Message) (Message, error) {
 	}
 }
 
+// lose records err when it says the segment is lost for good: every page
+// is dropped and every later call, Sync and Close report it.
+func (s *Sharer) lose(err error) {
+	if !errors.Is(err, ErrSegmentLost) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cache.err == nil {
+		s.cache.err = err
+	}
+	s.settleAll(s.clock.Now())
+}
+
 // sendAll delivers acks in the background, each retried until answered or
 // its usefulness (one lease) has passed.
 func (s *Sharer) sendAll(msgs []Message) {
@@ -396,10 +411,7 @@ func (s *Sharer) pollLoop() {
 		msgs, err := s.link.Poll(s.ctx, s.ID(), s.cfg.Lease/4)
 		if err != nil {
 			if errors.Is(err, ErrSegmentLost) {
-				s.mu.Lock()
-				s.cache.err = err
-				s.settleAll(s.clock.Now())
-				s.mu.Unlock()
+				s.lose(err)
 				return
 			}
 			if s.sleep(s.ctx, backoff) != nil {
@@ -525,7 +537,9 @@ func (s *Sharer) Sync(ctx context.Context) error {
 }
 
 // Close writes owned pages back, releases shared copies and stops the
-// background goroutines. Idempotent; ctx bounds the write-backs.
+// background goroutines. Idempotent; ctx bounds the write-backs. On a
+// lost segment (its home restarted or dropped it) it only stops and
+// returns the ErrSegmentLost: writes not yet written back are gone.
 func (s *Sharer) Close(ctx context.Context) error {
 	if s.closed.Swap(true) {
 		return nil
@@ -539,8 +553,13 @@ func (s *Sharer) Close(ctx context.Context) error {
 		}
 	}
 	s.settleAll(s.clock.Now())
-	lost := s.lostErr
+	lost, cerr := s.lostErr, s.cache.Err()
 	s.mu.Unlock()
+	if cerr != nil { // the home is gone: nothing to hand back
+		s.cancel()
+		s.wg.Wait()
+		return errors.Join(lost, cerr)
+	}
 	err := s.writeBack(ctx, pages, KeepNothing, false)
 	for _, m := range rels {
 		s.link.Call(ctx, m) // best effort: the lease ends anyway

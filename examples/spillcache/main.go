@@ -40,7 +40,7 @@ type config struct {
 	cxl      int64 // -1: derived from the dataset
 	rdma     int64
 	compare  []string
-	spill    bool // measure spillcache itself (false: only the compare caches)
+	noSpill  bool // measure only the compare caches, not spillcache itself
 	verify   int
 	json     bool
 	progress bool
@@ -51,7 +51,7 @@ func main() {
 	hot, cxl, rdma := size.Size(64*size.MiB), size.Size(-1), size.Size(-1)
 	var compare string
 	flag.StringVar(&cfg.socket, "socket", "", "poold socket (default: $FARMEM_SOCKET or the daemon's default; none running: start one in this process)")
-	flag.IntVar(&cfg.keys, "keys", 1_000_000, "keys in the dataset")
+	flag.IntVar(&cfg.keys, "keys", 3_000_000, "keys in the dataset (the default, with 1 KiB values, is 2.9 GiB)")
 	flag.IntVar(&cfg.value, "value", 1024, "value size in bytes")
 	flag.Float64Var(&cfg.skew, "skew", 0.99, "zipfian skew theta in [0,1): 0.99 is YCSB's, 0 is uniform")
 	flag.Float64Var(&cfg.hotset, "hotset", 0, "instead of zipf, YCSB's hotspot: this fraction of keys gets -hotops of the operations (0: zipf)")
@@ -64,11 +64,12 @@ func main() {
 	flag.Var(&cxl, "cxl", "spillcache: bytes of slots on the cxl tier (default: 60% of the dataset)")
 	flag.Var(&rdma, "rdma", "spillcache: bytes of slots on the rdma tier (default: 60% of the dataset)")
 	flag.StringVar(&compare, "compare", "otter,ristretto,fastcache", "caches to compare with, in order (otter, ristretto, fastcache; empty for none)")
-	flag.BoolVar(&cfg.spill, "spill", true, "measure spillcache itself; false runs only the -compare caches (e.g. each in its own memory-limited process, as beyond-dram.sh does)")
+	spill := flag.Bool("spill", true, "measure spillcache itself; false runs only the -compare caches (e.g. each in its own memory-limited process, as beyond-dram.sh does)")
 	flag.IntVar(&cfg.verify, "verify", 100_000, "after the run, Get this many random keys (0: every key) and count those served")
 	flag.BoolVar(&cfg.json, "json", false, "print one JSON object per cache instead of tables")
 	flag.BoolVar(&cfg.progress, "progress", true, "print a progress line on stderr")
 	flag.Parse()
+	cfg.noSpill = !*spill
 	cfg.hot, cfg.cxl, cfg.rdma = int64(hot), int64(cxl), int64(rdma)
 	for _, name := range strings.Split(compare, ",") {
 		if name = strings.TrimSpace(name); name != "" {
@@ -97,7 +98,7 @@ func (cfg *config) check() error {
 		return fmt.Errorf("-reads %g: use a fraction in [0,1]", cfg.reads)
 	case cfg.threads < 1:
 		return fmt.Errorf("-threads %d: need at least one", cfg.threads)
-	case !cfg.spill && len(cfg.compare) == 0:
+	case cfg.noSpill && len(cfg.compare) == 0:
 		return fmt.Errorf("-spill=false with an empty -compare measures nothing; name a cache in -compare")
 	}
 	if cfg.cxl < 0 {
@@ -114,7 +115,7 @@ func run(ctx context.Context, out, status io.Writer, cfg config) error {
 		return err
 	}
 	var c *alloc.Client
-	if cfg.spill {
+	if !cfg.noSpill {
 		cl, stop, err := connect(ctx, status, cfg)
 		if err != nil {
 			return err
@@ -129,7 +130,7 @@ func run(ctx context.Context, out, status io.Writer, cfg config) error {
 	w := newWorkload(cfg)
 	var results []result
 	var makers []func() (subject, error)
-	if cfg.spill {
+	if !cfg.noSpill {
 		makers = append(makers, func() (subject, error) {
 			sc, err := NewCache(ctx, c, Options{HotBytes: cfg.hot, CXLBytes: cfg.cxl, RDMABytes: cfg.rdma, RecordBytes: keyLen + cfg.value,
 				Log: slog.New(slog.NewTextHandler(status, &slog.HandlerOptions{Level: slog.LevelWarn}))})
