@@ -229,8 +229,14 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 }
 
 // Attach opens the named segment, which another client (or memctl) created
-// with WithName.
-func (c *Client) Attach(ctx context.Context, name string) (*Segment, error) {
+// with WithName. With Shared it joins the segment as a shared segment whose
+// accesses are cached and kept coherent across hosts; without, accesses to
+// an rdma segment go to its home uncached.
+func (c *Client) Attach(ctx context.Context, name string, opts ...AttachOption) (*Segment, error) {
+	var o attachOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cctx, sid, err := c.callCtx(ctx)
 	if err != nil {
 		return nil, err
@@ -238,6 +244,9 @@ func (c *Client) Attach(ctx context.Context, name string) (*Segment, error) {
 	info, err := c.api.Attach(cctx, &poolv1.AttachRequest{Name: name})
 	if err != nil {
 		return nil, errs.FromStatus(err)
+	}
+	if o.shared != nil {
+		return c.attachShared(ctx, info, *o.shared)
 	}
 	return c.open(ctx, sid, info, allocOptions{})
 }
@@ -291,13 +300,21 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 // emulation of its tier.
 func (c *Client) track(s *Segment) (*Segment, error) {
 	s.withEmulation(c.injected(s.info.Tier, s.info.Injected))
+	if err := c.register(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// register adds a segment to those Close retires.
+func (c *Client) register(s *Segment) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, fmt.Errorf("client: %w", ErrClosed)
+		return fmt.Errorf("client: %w", ErrClosed)
 	}
 	c.segs[s] = struct{}{}
-	return s, nil
+	return nil
 }
 
 // getFD asks the daemon for a segment's descriptor on the shared

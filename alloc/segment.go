@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -40,7 +41,10 @@ type Segment struct {
 	// that a local segment without emulation pays no more than before.
 	slow bool
 	// emu is the latency emulation of the segment's calls; nil for none.
-	emu    *emulated
+	emu *emulated
+	// shared is the coherent attachment of a segment attached with Shared;
+	// the byte and atomic calls go to it (slow is set).
+	shared *SharedSegment
 	closed atomic.Bool
 }
 
@@ -115,6 +119,9 @@ func (s *Segment) ReadAt(p []byte, off int64) (n int, err error) {
 		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
 	}
 	if s.slow {
+		if sh := s.shared; sh != nil {
+			return sh.ReadAt(p, off)
+		}
 		if e := s.emu; e != nil {
 			return emulate(e, len(p), func(q *Segment) (int, error) { return q.ReadAt(p, off) })
 		}
@@ -153,6 +160,9 @@ func (s *Segment) WriteAt(p []byte, off int64) (n int, err error) {
 		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
 	}
 	if s.slow {
+		if sh := s.shared; sh != nil {
+			return sh.WriteAt(p, off)
+		}
 		if e := s.emu; e != nil {
 			return emulate(e, len(p), func(q *Segment) (int, error) { return q.WriteAt(p, off) })
 		}
@@ -196,6 +206,9 @@ func (s *Segment) word(off int64) (*uint64, error) {
 // emulation applies to the atomics as to ReadAt, with a size of 8 bytes.
 func (s *Segment) Load64(off int64) (v uint64, err error) {
 	if s.slow {
+		if sh := s.shared; sh != nil {
+			return sh.Load64(off)
+		}
 		if e := s.emu; e != nil {
 			return emulate(e, 8, func(q *Segment) (uint64, error) { return q.Load64(off) })
 		}
@@ -216,6 +229,9 @@ func (s *Segment) Load64(off int64) (v uint64, err error) {
 // Store64 atomically stores v at off (a multiple of 8).
 func (s *Segment) Store64(off int64, v uint64) (err error) {
 	if s.slow {
+		if sh := s.shared; sh != nil {
+			return sh.Store64(off, v)
+		}
 		if e := s.emu; e != nil {
 			_, err := emulate(e, 8, func(q *Segment) (struct{}, error) { return struct{}{}, q.Store64(off, v) })
 			return err
@@ -246,6 +262,9 @@ func (s *Segment) Store64(off int64, v uint64) (err error) {
 // holds old, reporting whether it did.
 func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, err error) {
 	if s.slow {
+		if sh := s.shared; sh != nil {
+			return sh.CompareAndSwap64(off, old, new)
+		}
 		if e := s.emu; e != nil {
 			return emulate(e, 8, func(q *Segment) (bool, error) { return q.CompareAndSwap64(off, old, new) })
 		}
@@ -267,6 +286,9 @@ func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, er
 // Add64 atomically adds delta to the word at off and returns the new value.
 func (s *Segment) Add64(off int64, delta uint64) (v uint64, err error) {
 	if s.slow {
+		if sh := s.shared; sh != nil {
+			return sh.Add64(off, delta)
+		}
 		if e := s.emu; e != nil {
 			return emulate(e, 8, func(q *Segment) (uint64, error) { return q.Add64(off, delta) })
 		}
@@ -293,7 +315,9 @@ func newMapped(c *Client, info *poolv1.Segment, mem []byte, f *os.File) *Segment
 
 // Free unmaps the segment and releases it on the daemon. Calls on the
 // segment then return ErrClosed; a slice from Bytes must not be used.
-// Freeing twice returns ErrClosed.
+// Freeing twice returns ErrClosed. A shared attachment is detached first
+// (its modified pages written back), then the segment freed for every
+// sharer.
 func (s *Segment) Free(ctx context.Context) error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
@@ -302,7 +326,11 @@ func (s *Segment) Free(ctx context.Context) error {
 	if s.remote != nil {
 		s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
 	}
-	return s.c.free(ctx, s)
+	var derr error
+	if s.shared != nil {
+		derr = s.shared.Detach(ctx)
+	}
+	return errors.Join(derr, s.c.free(ctx, s))
 }
 
 // retire unmaps the segment without freeing it (Client.Close).
@@ -311,6 +339,11 @@ func (s *Segment) retire() {
 		retireMapping(s.mem, s.ownPages)
 		if s.remote != nil {
 			s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
+		}
+		if s.shared != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), s.c.opts.timeout)
+			s.shared.Detach(ctx) // what it cannot hand back is lost, as on a crash
+			cancel()
 		}
 	}
 }

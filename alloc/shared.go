@@ -11,13 +11,36 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/coherence"
-	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
 )
 
-// SharedOption configures AttachShared. Options are immutable values, safe
-// to share.
+// AttachOption configures Attach. Options are immutable values, safe to
+// share.
+type AttachOption func(*attachOptions)
+
+type attachOptions struct {
+	shared *sharedOptions // nil: a plain (not coherent) attachment
+}
+
+// Shared makes Attach join the segment as a shared segment: the returned
+// Segment's ReadAt, WriteAt and atomics go through a cache that the
+// coherence protocol keeps coherent with every other shared attachment, on
+// any host, and its Shared method gives the SharedSegment (Sync, Stats,
+// Detach). The segment must be on the rdma tier. Default: a plain
+// attachment, whose accesses go to the home one-sided, uncached.
+func Shared(opts ...SharedOption) AttachOption {
+	return func(o *attachOptions) {
+		so := sharedOptions{pageSize: coherence.DefaultConfig().PageSize}
+		for _, opt := range opts {
+			opt(&so)
+		}
+		o.shared = &so
+	}
+}
+
+// SharedOption configures Shared. Options are immutable values, safe to
+// share.
 type SharedOption func(*sharedOptions)
 
 type sharedOptions struct {
@@ -44,37 +67,29 @@ func SharedPageSize(n int) SharedOption { return func(o *sharedOptions) { o.page
 // fails with ErrSegmentLost and writes not yet written back are lost.
 //
 // A SharedSegment is safe for concurrent use. ReadAt and WriteAt follow
-// io.ReaderAt and io.WriterAt and retain no buffer. Detach it before
-// closing its Client.
+// io.ReaderAt and io.WriterAt and retain no buffer. Client.Close detaches
+// it (writing modified pages back) if Detach was not called.
 type SharedSegment struct {
-	c      *Client
 	info   *poolv1.Segment
 	sh     *coherence.Sharer
 	link   *sharedLink
 	closed atomic.Bool
 }
 
-// AttachShared attaches the named segment, which must be on the rdma tier
-// (allocate it with WithName and WithTier(TierRDMA)), as a shared segment.
-// Processes on the segment's own host attach it the same way and take part
-// in the directory like any other sharer (over loopback).
-func (c *Client) AttachShared(ctx context.Context, name string, opts ...SharedOption) (*SharedSegment, error) {
-	o := sharedOptions{pageSize: coherence.DefaultConfig().PageSize}
-	for _, opt := range opts {
-		opt(&o)
-	}
+// attachShared joins the segment info describes (Attach with Shared), which
+// must be on the rdma tier (allocate it with WithName and
+// WithTier(TierRDMA)), as a shared segment. Processes on the segment's own
+// host attach it the same way and take part in the directory like any
+// other sharer (over loopback).
+func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o sharedOptions) (*Segment, error) {
+	name := info.Name
 	cfg := coherence.DefaultConfig()
 	cfg.PageSize = o.pageSize
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("attach %q shared: %w", name, err)
 	}
-	cctx, _, err := c.callCtx(ctx)
-	if err != nil {
-		return nil, err
-	}
-	info, err := c.api.Attach(cctx, &poolv1.AttachRequest{Name: name})
-	if err != nil {
-		return nil, errs.FromStatus(err)
+	if info.State == poolv1.SegmentState_SEGMENT_STATE_LOST {
+		return nil, fmt.Errorf("attach %q shared: segment %d: %w", name, info.Id, ErrSegmentLost)
 	}
 	if info.Tier != poolv1.Tier_TIER_RDMA {
 		return nil, fmt.Errorf("attach %q shared: the segment is on the %s tier; shared segments live on the rdma tier (allocate with alloc.WithTier(alloc.TierRDMA)): %w",
@@ -94,7 +109,12 @@ func (c *Client) AttachShared(ctx context.Context, name string, opts ...SharedOp
 		return nil, fmt.Errorf("attach %q shared: %w", name, err)
 	}
 	sh.SetOpTimeout(c.opts.opTimeout)
-	return &SharedSegment{c: c, info: info, sh: sh, link: link}, nil
+	seg := &Segment{c: c, info: info, slow: true, shared: &SharedSegment{info: info, sh: sh, link: link}}
+	if err := c.register(seg); err != nil {
+		seg.shared.abandon()
+		return nil, err
+	}
+	return seg, nil
 }
 
 // sharedLink carries coherence messages over the data plane's MSG opcode:
@@ -216,6 +236,10 @@ func (l *sharedLink) close() {
 		}
 	}
 }
+
+// Shared returns the segment's shared attachment (Sync, Stats, Detach), or
+// nil when it was not attached with Shared.
+func (s *Segment) Shared() *SharedSegment { return s.shared }
 
 // ID is the segment's id on its home.
 func (s *SharedSegment) ID() uint64 { return s.info.Id }

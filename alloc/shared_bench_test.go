@@ -23,9 +23,9 @@ func BenchmarkSharedCachedRead(b *testing.B) {
 			defer c.Close()
 			_, err = c.Alloc(b.Context(), 4096, alloc.WithName("bench"), alloc.WithTier(alloc.TierRDMA))
 			require.NoError(b, err)
-			s, err := c.AttachShared(b.Context(), "bench")
+			s, err := c.Attach(b.Context(), "bench", alloc.Shared())
 			require.NoError(b, err)
-			defer s.Detach(b.Context())
+			defer s.Shared().Detach(b.Context())
 			buf := make([]byte, size)
 			_, err = s.ReadAt(buf, 0) // now cached
 			require.NoError(b, err)
@@ -79,10 +79,10 @@ func BenchmarkSharedWriteTwoSharers(b *testing.B) {
 	require.NoError(b, err)
 	var segs []*alloc.SharedSegment
 	for _, c := range clients {
-		s, err := c.AttachShared(ctx, "bench")
+		s, err := c.Attach(ctx, "bench", alloc.Shared())
 		require.NoError(b, err)
-		defer s.Detach(ctx)
-		segs = append(segs, s)
+		defer s.Shared().Detach(ctx)
+		segs = append(segs, s.Shared())
 	}
 	plain, err := clients[0].Attach(ctx, "bench")
 	require.NoError(b, err)

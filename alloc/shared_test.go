@@ -33,8 +33,9 @@ func sharedPool(t *testing.T, size int64) (string, []*alloc.Client) {
 func attachAll(t *testing.T, name string, clients []*alloc.Client) []*alloc.SharedSegment {
 	var segs []*alloc.SharedSegment
 	for _, c := range clients {
-		s, err := c.AttachShared(t.Context(), name, alloc.SharedPageSize(512))
+		seg, err := c.Attach(t.Context(), name, alloc.Shared(alloc.SharedPageSize(512)))
 		require.NoError(t, err)
+		s := seg.Shared()
 		t.Cleanup(func() { s.Detach(context.Background()) })
 		segs = append(segs, s)
 	}
@@ -107,18 +108,18 @@ func TestSharedSegmentCoherent(t *testing.T) {
 	require.EqualValues(t, 7, v)
 
 	// A page size the home does not use is refused.
-	odd, err := clients[1].AttachShared(ctx, name, alloc.SharedPageSize(1024))
+	odd, err := clients[1].Attach(ctx, name, alloc.Shared(alloc.SharedPageSize(1024)))
 	require.NoError(t, err)
 	_, err = odd.Load64(0)
 	require.Error(t, err)
-	require.NoError(t, odd.Detach(ctx))
+	require.NoError(t, odd.Shared().Detach(ctx))
 }
 
 func TestSharedSegmentNeedsRDMA(t *testing.T) {
 	_, c := startPool(t)
 	_, err := c.Alloc(t.Context(), 4096, alloc.WithName("local"), alloc.WithTier(alloc.TierCXL))
 	require.NoError(t, err)
-	_, err = c.AttachShared(t.Context(), "local")
+	_, err = c.Attach(t.Context(), "local", alloc.Shared())
 	require.ErrorIs(t, err, alloc.ErrNotSupported)
 }
 
@@ -250,8 +251,9 @@ func TestSharedSegmentHomeRestart(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.Alloc(ctx, 4096, alloc.WithName("r"), alloc.WithTier(alloc.TierRDMA), alloc.WithPersist())
 	require.NoError(t, err)
-	s, err := c.AttachShared(ctx, "r", alloc.SharedPageSize(512))
+	seg, err := c.Attach(ctx, "r", alloc.Shared(alloc.SharedPageSize(512)))
 	require.NoError(t, err)
+	s := seg.Shared()
 	require.NoError(t, s.Store64(0, 1))
 	require.NoError(t, s.Sync(ctx))
 	require.NoError(t, s.Store64(0, 2)) // never written back
@@ -273,9 +275,9 @@ func TestSharedSegmentHomeRestart(t *testing.T) {
 	require.NoError(t, c.Close())
 
 	c2 := dial(t, cfg.Socket)
-	s2, err := c2.AttachShared(ctx, "r", alloc.SharedPageSize(512))
+	s2, err := c2.Attach(ctx, "r", alloc.Shared(alloc.SharedPageSize(512)))
 	require.NoError(t, err)
-	defer s2.Detach(ctx)
+	defer s2.Shared().Detach(ctx)
 	v, err := s2.Load64(0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, v, "the home keeps what was written back, not the later write")
