@@ -303,9 +303,23 @@ func TestNewRemovesLeftovers(t *testing.T) {
 	ipOut(t, "netns", "add", hostName(prefix, 0))
 	orphan := exec.Command("ip", "netns", "exec", hostName(prefix, 0), "sleep", "600")
 	require.NoError(t, orphan.Start())
+	// Only a process already inside is a leftover New can find (one still
+	// entering would outlive the namespace it is deleting).
+	require.Eventually(t, func() bool {
+		return strings.TrimSpace(ipOut(t, "netns", "pids", hostName(prefix, 0))) != ""
+	}, time.Minute, 10*time.Millisecond, "the orphan never entered its namespace")
 
 	c := New(t, Options{Hosts: 1, Prefix: prefix})
-	require.EqualError(t, orphan.Wait(), "signal: killed")
+	waited := make(chan error, 1)
+	go func() { waited <- orphan.Wait() }()
+	select {
+	case err := <-waited:
+		require.EqualError(t, err, "signal: killed")
+	case <-time.After(time.Minute):
+		orphan.Process.Kill()
+		<-waited
+		t.Fatal("New left the leftover namespace's process running")
+	}
 	_, err := c.Hosts[0].Dial(t.Context(), "tcp", "10.255.255.1:80")
 	require.ErrorIs(t, err, syscall.ENETUNREACH)
 }
