@@ -51,7 +51,7 @@ func main() {
 	hot, cxl, rdma := size.Size(64*size.MiB), size.Size(-1), size.Size(-1)
 	var compare string
 	flag.StringVar(&cfg.socket, "socket", "", "poold socket (default: $FARMEM_SOCKET or the daemon's default; none running: start one in this process)")
-	flag.IntVar(&cfg.keys, "keys", 3_000_000, "keys in the dataset (the default, with 1 KiB values, is 2.9 GiB)")
+	flag.IntVar(&cfg.keys, "keys", 1_000_000, "keys in the dataset (the default, with 1 KiB values, is 0.95 GiB)")
 	flag.IntVar(&cfg.value, "value", 1024, "value size in bytes")
 	flag.Float64Var(&cfg.skew, "skew", 0.99, "zipfian skew theta in [0,1): 0.99 is YCSB's, 0 is uniform")
 	flag.Float64Var(&cfg.hotset, "hotset", 0, "instead of zipf, YCSB's hotspot: this fraction of keys gets -hotops of the operations (0: zipf)")
