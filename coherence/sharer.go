@@ -280,6 +280,11 @@ func (s *Sharer) access(ctx context.Context, pg uint32, excl bool, fn func([]byt
 		resend := s.cfg.Lease / 8
 		ask := !s.cache.Pending(pg) || now.Sub(s.lastReq[pg]) >= resend
 		req, err := s.cache.Request(now, pg, excl)
+		if errors.Is(err, ErrLeaseExpired) {
+			// Sync reports it too: a loss found by an operation on the
+			// page, even while a Sync runs, is not missed by the next Sync.
+			s.lostErr = errors.Join(s.lostErr, err)
+		}
 		s.settle(now, pg)
 		wake := s.changed
 		if err == nil && ask {
@@ -521,8 +526,11 @@ func (s *Sharer) writeBack(ctx context.Context, pages []uint32, mode Mode, dirty
 
 // Sync writes every page this sharer modified back to the home. When it
 // returns nil, those writes survive the sharer's death. It also reports
-// writes lost in the background since the last Sync (ErrLeaseExpired) and
-// a lost segment (ErrSegmentLost).
+// every loss of writes found since the last Sync (ErrLeaseExpired), in the
+// background or by an operation (which reported it too), and a lost
+// segment (ErrSegmentLost). A loss found while a Sync runs may be reported
+// by the next Sync instead, so writes that returned before the call of the
+// last two Syncs that returned nil are safe.
 func (s *Sharer) Sync(ctx context.Context) error {
 	if s.closed.Load() {
 		return fmt.Errorf("coherence: shared segment: %w", ErrClosed)

@@ -73,6 +73,16 @@ func (r *Recorder) Add(client int, in Input, out Output, call int64) {
 	r.mu.Unlock()
 }
 
+// AddOp records one completed operation of client with its call and
+// return times read elsewhere (another process's clock of the same
+// machine, say CLOCK_MONOTONIC), on the same scale as every other time in
+// the history. Times must stay below 1<<62, which marks an unknown return.
+func (r *Recorder) AddOp(client int, in Input, out Output, call, ret int64) {
+	r.mu.Lock()
+	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call, Return: ret})
+	r.mu.Unlock()
+}
+
 // AddUnknown records an operation whose outcome is unknown: it may have
 // taken effect at any time after call, or never observably. Reads are not
 // recorded (they constrain nothing).
