@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/coherence"
 	"github.com/farmem/farmem/rdma"
 )
@@ -158,6 +160,57 @@ func (h *coherenceHost) drop(seg uint64) {
 	h.mu.Unlock()
 	if sh != nil {
 		sh.home.Close()
+	}
+}
+
+// sharersOf returns how many sharers of segment seg were heard from
+// recently (0 for a segment no sharer ever attached).
+func (h *coherenceHost) sharersOf(seg uint64) int {
+	h.mu.Lock()
+	sh := h.homes[seg]
+	h.mu.Unlock()
+	if sh == nil {
+		return 0
+	}
+	return sh.home.Attached()
+}
+
+// fillSharers sets the sharer count of the listed segments whose home is
+// another node (their Device is "peer:NODE") from the home's own record,
+// found among segs when they list every node, else by listing the other
+// nodes. Best effort: a home that does not answer leaves 0.
+func (s *service) fillSharers(ctx context.Context, segs []*poolv1.Segment, everyNode bool) {
+	remote := false
+	for _, sg := range segs {
+		remote = remote || strings.HasPrefix(sg.Device, "peer:")
+	}
+	if !remote {
+		return
+	}
+	homes := segs
+	if !everyNode && s.d.pool.cl != nil {
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		others, err := s.listAll(lctx, nil)
+		cancel()
+		if err != nil {
+			s.d.log.Debug("sharer counts: list the homes", "err", err)
+		}
+		homes = others
+	}
+	type at struct {
+		node string
+		id   uint64
+	}
+	count := map[at]uint32{}
+	for _, sg := range homes {
+		if !strings.HasPrefix(sg.Device, "peer:") {
+			count[at{sg.Node, sg.Id}] = sg.Sharers
+		}
+	}
+	for _, sg := range segs {
+		if strings.HasPrefix(sg.Device, "peer:") {
+			sg.Sharers = count[at{sg.Node, sg.HomeId}]
+		}
 	}
 }
 

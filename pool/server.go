@@ -187,6 +187,7 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 		}
 		out.Segments = all
 	}
+	s.fillSharers(ctx, out.Segments, req.All && s.d.pool.cl != nil)
 	return out, nil
 }
 
@@ -252,6 +253,9 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 	}
 	if t := d.pool.leaseExpiry(&r); !t.IsZero() {
 		seg.LeaseExpiresUnixMs = t.UnixMilli()
+	}
+	if r.Home == "" && d.pool.dp != nil {
+		seg.Sharers = uint32(d.pool.dp.coh.sharersOf(r.ID))
 	}
 	return seg
 }

@@ -33,7 +33,7 @@ func newSegmentsCmd(g *globals) *cobra.Command {
 				return g.printJSON(out)
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tNAME\tTIER\tKIND\tHARDWARE\tSIZE\tNODE\tDEVICE\tSTATE\tOWNER")
+			fmt.Fprintln(w, "ID\tNAME\tTIER\tKIND\tHARDWARE\tSIZE\tNODE\tDEVICE\tSTATE\tSHARERS\tOWNER")
 			for _, s := range resp.Segments {
 				name := s.Name
 				if name == "" {
@@ -43,8 +43,12 @@ func newSegmentsCmd(g *globals) *cobra.Command {
 				if owner == "" {
 					owner = "(admin)"
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, name, tierName(s.Tier), s.Kind, reality(s.Emulated),
-					human(s.Size), s.Node, s.Device, stateName(s.State), owner)
+				sharers := "-"
+				if s.Sharers > 0 {
+					sharers = fmt.Sprint(s.Sharers)
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, name, tierName(s.Tier), s.Kind, reality(s.Emulated),
+					human(s.Size), s.Node, s.Device, stateName(s.State), sharers, owner)
 			}
 			return w.Flush()
 		},

@@ -84,6 +84,9 @@ type segmentJSON struct {
 	LeaseExpires string   `json:"lease_expires,omitempty"`
 	Created      string   `json:"created"`
 	Attached     []string `json:"attached,omitempty"`
+	// Sharers counts the segment's shared attachments (alloc.Shared) that
+	// its home heard from within two leases.
+	Sharers uint32 `json:"sharers"`
 }
 
 func segmentView(s *poolv1.Segment) segmentJSON {
@@ -91,7 +94,7 @@ func segmentView(s *poolv1.Segment) segmentJSON {
 		ID: s.Id, Name: s.Name, Tier: tierName(s.Tier), Size: s.Size, Emulated: s.Emulated, Node: s.Node,
 		Kind: s.Kind, Device: s.Device, NUMANode: s.NumaNode, Offset: s.Offset, State: stateName(s.State),
 		Owner: s.Owner, Persist: s.Persist, Created: time.UnixMilli(s.CreatedUnixMs).UTC().Format(time.RFC3339),
-		Attached: s.Attached,
+		Attached: s.Attached, Sharers: s.Sharers,
 	}
 	if s.LeaseExpiresUnixMs != 0 {
 		v.LeaseExpires = time.UnixMilli(s.LeaseExpiresUnixMs).UTC().Format(time.RFC3339Nano)

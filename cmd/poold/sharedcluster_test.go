@@ -69,6 +69,23 @@ func runSharedFault(t *testing.T, nodes []*poolNode, name, fault string) {
 		require.Equal(t, "attached "+home.name, line, p.Output())
 	}
 	require.NoError(t, os.WriteFile(gate, nil, 0o600))
+	// memctl on the node keeping the name counts the sharers its home
+	// heard from (filled in from the home's record).
+	waitFor(t, 100*time.Millisecond, func() (bool, string) {
+		var list []struct {
+			Name    string `json:"name"`
+			Sharers int    `json:"sharers"`
+		}
+		if err := memctlJSON(t.Context(), a.sock, &list, "segments"); err != nil {
+			return false, err.Error()
+		}
+		for _, sg := range list {
+			if sg.Name == name && sg.Sharers == len(sharers) {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("memctl segments on %s: %+v, want %s with %d sharers", a.name, list, name, len(sharers))
+	})
 	time.Sleep(time.Second) // no fault yet
 
 	killed := -1
@@ -91,9 +108,11 @@ func runSharedFault(t *testing.T, nodes []*poolNode, name, fault string) {
 		home.kill9(t)
 		home.start(t)
 		for _, p := range sharers {
-			line, off, took := waitLine(t, p, 0, settle, prefixed("LOST "))
-			_, _, again := waitLine(t, p, off, settle, prefixed("ATTACHED "))
-			t.Logf("%s: %s; attached again %v later", p, line, again-took)
+			lost, off, _ := waitLine(t, p, 0, settle, prefixed("LOST "))
+			again, _, _ := waitLine(t, p, off, settle, prefixed("ATTACHED "))
+			l, _ := strconv.ParseInt(strings.TrimPrefix(lost, "LOST "), 10, 64)
+			g, _ := strconv.ParseInt(strings.TrimPrefix(again, "ATTACHED "), 10, 64)
+			t.Logf("%s: ErrSegmentLost, attached again %v later", p, time.Duration(g-l))
 		}
 		healed = monoNow()
 	}

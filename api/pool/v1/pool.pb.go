@@ -963,8 +963,13 @@ type Segment struct {
 	// For rdma segments: the credential to present in the data-plane
 	// handshake at data_addr (set in replies to a session's own calls).
 	DataCredential []byte `protobuf:"bytes,24,opt,name=data_credential,json=dataCredential,proto3" json:"data_credential,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// For rdma segments attached with alloc.Shared: how many attachments the
+	// home's coherence directory heard from within the last two leases. Set
+	// on the home's own record, and on a record whose home is another node
+	// from that node's List (best effort: 0 when the home did not answer).
+	Sharers       uint32 `protobuf:"varint,25,opt,name=sharers,proto3" json:"sharers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Segment) Reset() {
@@ -1163,6 +1168,13 @@ func (x *Segment) GetDataCredential() []byte {
 		return x.DataCredential
 	}
 	return nil
+}
+
+func (x *Segment) GetSharers() uint32 {
+	if x != nil {
+		return x.Sharers
+	}
+	return 0
 }
 
 type TiersRequest struct {
@@ -2452,7 +2464,7 @@ const file_pool_proto_rawDesc = "" +
 	"\fListResponse\x123\n" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xd0\x05\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xea\x05\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
@@ -2478,7 +2490,8 @@ const file_pool_proto_rawDesc = "" +
 	"\ahome_id\x18\x15 \x01(\x04R\x06homeId\x12\x1c\n" +
 	"\ttransport\x18\x16 \x01(\tR\ttransport\x125\n" +
 	"\binjected\x18\x17 \x01(\v2\x19.farmem.pool.v1.EmulationR\binjected\x12'\n" +
-	"\x0fdata_credential\x18\x18 \x01(\fR\x0edataCredential\"\x0e\n" +
+	"\x0fdata_credential\x18\x18 \x01(\fR\x0edataCredential\x12\x18\n" +
+	"\asharers\x18\x19 \x01(\rR\asharers\"\x0e\n" +
 	"\fTiersRequest\"?\n" +
 	"\rTiersResponse\x12.\n" +
 	"\x05tiers\x18\x01 \x03(\v2\x18.farmem.pool.v1.TierInfoR\x05tiers\"i\n" +
