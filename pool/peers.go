@@ -219,6 +219,9 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 	return &cp, nil
 }
 
+// reconcileRetry is the first pause before homeChanged asks a home again.
+const reconcileRetry = 200 * time.Millisecond
+
 // errNoPeer says that no peer can take a placement (none alive, all
 // draining or full); the caller falls back to its own memory.
 var errNoPeer = errors.New("no peer can take it")
@@ -228,16 +231,29 @@ var errNoPeer = errors.New("no peer can take it")
 // reachable again (up), and tells their owners. One List call at the home
 // answers for all of them (one Stat per segment took as many calls, and a
 // slow home ran them out of time, leaving live segments marked lost). When
-// the home cannot be asked, the segments keep their state: the next
-// session start with the home asks again. A call that a newer one for the
-// same node overtook does not apply its verdict.
+// the home cannot be asked, the segments keep their state and the call is
+// repeated (backing off from reconcileRetry to 5 s) until it is answered,
+// a newer change of the node overtakes it, or the daemon stops: after a
+// partition heals, every node reconciles with every node of the other side
+// at once, some calls time out or find their connection reset, and a lone
+// attempt left live segments marked lost for good (measured by the scale
+// simulation, docs/scale.md). A call that a newer one for the same node
+// overtook does not apply its verdict.
 func (p *Pool) homeChanged(node string, up bool) {
 	epoch := p.peers.nextEpoch(node)
 	var held map[uint64]bool
-	if up {
+	for wait := reconcileRetry; up; wait = min(2*wait, 5*time.Second) {
 		var ok bool
-		if held, ok = p.reconcile(node); !ok {
+		if held, ok = p.reconcile(node); ok {
+			break
+		}
+		select {
+		case <-p.peers.stop:
 			return
+		case <-time.After(wait):
+		}
+		if p.peers.epoch(node) != epoch {
+			return // a newer change of node decides
 		}
 	}
 	p.mu.Lock()
