@@ -81,7 +81,7 @@ func (d *Daemon) joinLoop() {
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
-	t := time.NewTicker(250 * time.Millisecond)
+	t := time.NewTicker(announceTick)
 	defer t.Stop()
 	var last []cluster.TierFree
 	for tick := 1; ; tick++ {
@@ -90,11 +90,11 @@ func (d *Daemon) joinLoop() {
 			return
 		case <-t.C:
 		}
-		if tick%8 == 0 {
+		if tick%20 == 0 {
 			d.rejoinSeeds()
 		}
 		tiers := d.pool.gossipTiers()
-		if slices.Equal(tiers, last) {
+		if !capacityMoved(last, tiers) {
 			continue
 		}
 		if err := d.pool.cl.SetMeta(func(m *cluster.Meta) { m.Tiers = tiers }); err != nil {
@@ -103,6 +103,44 @@ func (d *Daemon) joinLoop() {
 		}
 		last = tiers
 	}
+}
+
+// announceTick is how often joinLoop compares this node's capacity with
+// what it last gossiped: half the lan profile's gossip interval, so that
+// a change waits at most that long before gossip carries it.
+const announceTick = 100 * time.Millisecond
+
+// announceStep is the fraction of a tier's capacity by which its free bytes
+// must move before the node gossips them again (1/64, about 1.6%).
+//
+// Every metadata update is a memberlist alive message (about 150 bytes)
+// that every node must receive, and a gossip round carries only a few
+// thousand bytes per node, so the whole cluster can spread only a couple
+// of updates per gossip round, however many nodes it has. Announcing every
+// allocation saturated that at 50 simulated hosts and 75 allocations per
+// second, and a change then took more than 10 rounds to reach every host.
+// Placement compares free fractions, so a view that is up to 1/64 stale
+// moves the balance by about that much (docs/scale.md).
+const announceStep = 64
+
+// capacityMoved reports whether tiers differ enough from the last gossiped
+// ones to gossip them: a tier appeared, vanished or changed capacity, its
+// free bytes moved by at least 1/announceStep of its capacity, or they
+// reached or left zero (so that peers stop or resume placing at once).
+func capacityMoved(last, tiers []cluster.TierFree) bool {
+	if len(last) != len(tiers) {
+		return true
+	}
+	for i, t := range tiers {
+		l := last[i]
+		if t.Name != l.Name || t.Capacity != l.Capacity || (t.Free == 0) != (l.Free == 0) {
+			return true
+		}
+		if d := max(t.Free-l.Free, l.Free-t.Free); d != 0 && d >= t.Capacity/announceStep {
+			return true
+		}
+	}
+	return false
 }
 
 // rejoinSeeds contacts again every seed that is not an alive member:
