@@ -117,9 +117,12 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 	return seg, nil
 }
 
-// sharedLink carries coherence messages over the data plane's MSG opcode:
-// requests on one connection, the long poll on another (it blocks its
-// connection at the home).
+// sharedLink carries coherence messages over the data plane's MSG opcode
+// on three connections, as the home may hold a request's connection: the
+// long poll on one, ReadReq and WriteReq (which the home answers with the
+// grant once the invalidations are acknowledged) on another, and the
+// acknowledgements, write-backs and releases, which the home answers at
+// once, on a third, so that they never queue behind a held request.
 type sharedLink struct {
 	addr     string
 	cred     []byte
@@ -127,37 +130,41 @@ type sharedLink struct {
 	pageSize uint32
 	pollBuf  []byte // the poll's answers; one poller at a time
 
-	mu           sync.Mutex
-	calls, polls *tcp.Client // nil after a failure: redialed on next use
-	closed       bool
+	mu     sync.Mutex
+	conns  [numLinkConns]*tcp.Client // nil after a failure: redialed on next use
+	closed bool
 }
+
+// The connections of a sharedLink.
+const (
+	connCalls = iota // InvAck, WriteBack, Release: answered at once
+	connReqs         // ReadReq, WriteReq: may be held until the grant
+	connPoll         // the long poll
+	numLinkConns
+)
 
 var _ coherence.Link = (*sharedLink)(nil)
 
 func dialShared(ctx context.Context, addr string, cred []byte, r rdma.Region, pageSize uint32) (*sharedLink, error) {
 	l := &sharedLink{addr: addr, cred: cred, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20)}
-	if _, err := l.conn(ctx, false); err != nil {
-		return nil, err
-	}
-	if _, err := l.conn(ctx, true); err != nil {
-		l.close()
-		return nil, err
+	for which := range numLinkConns {
+		if _, err := l.conn(ctx, which); err != nil {
+			l.close()
+			return nil, err
+		}
 	}
 	return l, nil
 }
 
-// conn returns the call (or poll) connection, dialing it if a failure
-// dropped it (the home's daemon restarted, say).
-func (l *sharedLink) conn(ctx context.Context, poll bool) (*tcp.Client, error) {
+// conn returns connection which, dialing it if a failure dropped it (the
+// home's daemon restarted, say).
+func (l *sharedLink) conn(ctx context.Context, which int) (*tcp.Client, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return nil, fmt.Errorf("shared segment link to %s: %w", l.addr, rdma.ErrClosed)
 	}
-	p := &l.calls
-	if poll {
-		p = &l.polls
-	}
+	p := &l.conns[which]
 	if *p == nil {
 		c, err := tcp.Dial(ctx, l.addr, tcp.WithConns(1), tcp.WithCredential(l.cred))
 		if err != nil {
@@ -171,11 +178,10 @@ func (l *sharedLink) conn(ctx context.Context, poll bool) (*tcp.Client, error) {
 // drop forgets a failed connection.
 func (l *sharedLink) drop(c *tcp.Client) {
 	l.mu.Lock()
-	if l.calls == c {
-		l.calls = nil
-	}
-	if l.polls == c {
-		l.polls = nil
+	for i, cc := range l.conns {
+		if cc == c {
+			l.conns[i] = nil
+		}
 	}
 	l.mu.Unlock()
 	c.Close()
@@ -191,15 +197,17 @@ func linkErr(err error) error {
 	return err
 }
 
-func (l *sharedLink) one(ctx context.Context, poll bool, m coherence.Message, buf []byte) ([]coherence.Message, error) {
-	m.PageSize = l.pageSize
-	c, err := l.conn(ctx, poll)
+// one sends msgs (a request, then any acks riding with it) on connection
+// which and decodes the answer into buf.
+func (l *sharedLink) one(ctx context.Context, which int, msgs []coherence.Message, buf []byte) ([]coherence.Message, error) {
+	msgs[0].PageSize = l.pageSize
+	c, err := l.conn(ctx, which)
 	if err != nil {
 		// A home that refuses the credential it handed out restarted and
 		// no longer knows this attachment.
 		return nil, linkErr(err)
 	}
-	n, err := c.Message(ctx, l.region, coherence.AppendBatch(nil, []coherence.Message{m}), buf)
+	n, err := c.Message(ctx, l.region, coherence.AppendBatch(nil, msgs), buf)
 	if err != nil {
 		if errors.Is(err, rdma.ErrClosed) {
 			l.drop(c)
@@ -211,7 +219,11 @@ func (l *sharedLink) one(ctx context.Context, poll bool, m coherence.Message, bu
 
 // Call implements coherence.Link.
 func (l *sharedLink) Call(ctx context.Context, m coherence.Message) (coherence.Message, error) {
-	msgs, err := l.one(ctx, false, m, make([]byte, 4+2*(72+int(l.pageSize))))
+	which := connCalls
+	if m.Kind == coherence.ReadReq || m.Kind == coherence.WriteReq {
+		which = connReqs
+	}
+	msgs, err := l.one(ctx, which, []coherence.Message{m}, make([]byte, 4+2*(72+int(l.pageSize))))
 	if err != nil {
 		return coherence.Message{}, err
 	}
@@ -222,15 +234,15 @@ func (l *sharedLink) Call(ctx context.Context, m coherence.Message) (coherence.M
 }
 
 // Poll implements coherence.Link.
-func (l *sharedLink) Poll(ctx context.Context, id coherence.SharerID, wait time.Duration) ([]coherence.Message, error) {
-	return l.one(ctx, true, coherence.Message{Kind: coherence.Poll, From: id, Lease: wait}, l.pollBuf)
+func (l *sharedLink) Poll(ctx context.Context, id coherence.SharerID, wait time.Duration, acks []coherence.Message) ([]coherence.Message, error) {
+	return l.one(ctx, connPoll, append([]coherence.Message{{Kind: coherence.Poll, From: id, Lease: wait}}, acks...), l.pollBuf)
 }
 
 func (l *sharedLink) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed = true
-	for _, c := range []*tcp.Client{l.calls, l.polls} {
+	for _, c := range l.conns {
 		if c != nil {
 			c.Close()
 		}

@@ -62,8 +62,10 @@ func sizeName(n int) string {
 // attachments hold shared (they read it again, untimed, before every
 // write), against a plain one-sided 64 B read of the same home measured in
 // the same run. Metrics: "rtt-ns" (the 64 B read), "x-rtt" (write time in
-// round trips; the protocol needs 2.5), "msgs/op" (coherence messages on
-// the writer's path: its requests plus the invalidations and acks).
+// round trips of that read; the protocol's critical path is 2 network
+// round trips, see package coherence), "msgs/op" (coherence messages on
+// the writer's path: its request and grant plus the invalidations and
+// acks).
 func BenchmarkSharedWriteTwoSharers(b *testing.B) {
 	cfg := pooltest.Config(b)
 	pooltest.Start(b, cfg)

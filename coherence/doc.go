@@ -49,11 +49,19 @@
 // listening socket, and a sharer that stops polling simply stops
 // acknowledging, which the lease bounds.
 //
-// Message count for a write to a page that two other hosts share: WriteReq
-// → Wait (1 round trip, during which the home pushes Invalidate into the two
-// pending polls), each sharer's InvAck (a second round trip, in parallel),
-// then the Grant arrives on the writer's poll (half a round trip): 2.5
-// network round trips, 7 messages on the critical path.
+// A ReadReq or WriteReq that must wait for invalidations is held at the
+// home for up to a twentieth of a lease (Home.HandleHeld) and answered with
+// its Grant itself, so the requester needs neither the Wait nor its poll
+// for the grant; only past that (a sharer that does not answer) does it get
+// Wait and the pushed grant. Requests that may be held ride a connection of
+// their own. A sharer's InvAcks ride its next poll (Home.Poll), so an
+// invalidation costs the sharer no call and the home no reply.
+//
+// Messages for a write to a page that two other hosts share: WriteReq
+// (half a round trip), the home pushes Invalidate into both sharers' pending
+// polls (half), each sharer's next poll carries its InvAck (half, in
+// parallel), and the home answers the held WriteReq with the Grant (half):
+// 2 network round trips on the critical path, 6 messages in all.
 //
 // # Guarantee
 //

@@ -32,6 +32,12 @@ type mailbox struct {
 	lastSeen time.Time
 }
 
+// heldKey names a held request: its sharer and sequence number.
+type heldKey struct {
+	from SharerID
+	seq  uint64
+}
+
 // Home hosts a Directory for one segment at its home: it serializes the
 // directory, keeps a mailbox per sharer for the messages the home pushes
 // (invalidations, grants that had to wait) and hands them out to sharers'
@@ -45,6 +51,7 @@ type Home struct {
 	mu     sync.Mutex
 	dir    *Directory
 	boxes  map[SharerID]*mailbox
+	held   map[heldKey]chan Message // requests whose reply waits for their grant
 	done   bool // closed: the memory may be gone
 	closed chan struct{}
 	once   sync.Once
@@ -66,7 +73,7 @@ func NewHome(cfg Config, mem []byte, clock Clock) (*Home, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Home{cfg: cfg, clock: clock, dir: dir, boxes: map[SharerID]*mailbox{}, closed: make(chan struct{})}, nil
+	return &Home{cfg: cfg, clock: clock, dir: dir, boxes: map[SharerID]*mailbox{}, held: map[heldKey]chan Message{}, closed: make(chan struct{})}, nil
 }
 
 // Config returns the home's configuration.
@@ -75,16 +82,55 @@ func (h *Home) Config() Config { return h.cfg }
 // Handle serves one request and returns its reply. Messages for other
 // sharers go to their mailboxes.
 func (h *Home) Handle(m Message) Message {
+	return h.HandleHeld(context.Background(), m, 0)
+}
+
+// HandleHeld is Handle, except that a ReadReq or WriteReq that has to wait
+// for invalidations is answered with its Grant itself when the grant comes
+// within hold (and before ctx ends or the home closes), instead of Wait and
+// a grant pushed to the requester's poll: one trip and two hand-offs fewer
+// on a writer's path. After hold it is answered Wait and the grant is
+// pushed as usual. The caller's connection is held meanwhile, so requests
+// held this way belong on a connection of their own.
+func (h *Home) HandleHeld(ctx context.Context, m Message, hold time.Duration) Message {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.done {
+		h.mu.Unlock()
 		return Message{Kind: Refused, From: m.From, Page: m.Page, Code: CodeClosed}
 	}
 	now := h.clock.Now()
 	h.box(m.From, now)
 	rep, out := h.dir.Handle(now, m)
+	var ch chan Message
+	k := heldKey{m.From, m.Seq}
+	if _, dup := h.held[k]; !dup && rep.Kind == Wait && hold > 0 && (m.Kind == ReadReq || m.Kind == WriteReq) {
+		ch = make(chan Message, 1)
+		h.held[k] = ch
+	}
 	h.post(now, out)
-	return rep
+	h.mu.Unlock()
+	if ch == nil {
+		return rep
+	}
+	t := time.NewTimer(hold)
+	defer t.Stop()
+	select {
+	case g := <-ch:
+		return g
+	case <-t.C:
+	case <-ctx.Done():
+	case <-h.closed:
+	}
+	h.mu.Lock()
+	mine := h.held[k] == ch
+	if mine {
+		delete(h.held, k)
+	}
+	h.mu.Unlock()
+	if mine {
+		return rep // Wait: the grant will be pushed
+	}
+	return <-ch // it came as the hold ended
 }
 
 func (h *Home) box(id SharerID, now time.Time) *mailbox {
@@ -100,6 +146,14 @@ func (h *Home) box(id SharerID, now time.Time) *mailbox {
 // post puts pushed messages into their addressees' mailboxes.
 func (h *Home) post(now time.Time, out []Message) {
 	for _, m := range out {
+		if m.Kind == Grant {
+			k := heldKey{m.From, m.Seq}
+			if ch, ok := h.held[k]; ok {
+				delete(h.held, k)
+				ch <- m
+				continue
+			}
+		}
 		b := h.boxes[m.From]
 		if b == nil {
 			b = &mailbox{wake: make(chan struct{}), lastSeen: now}
@@ -115,10 +169,18 @@ func (h *Home) post(now time.Time, out []Message) {
 	}
 }
 
-// Poll returns the messages pushed to sharer id, waiting up to wait for
-// the first one (or until ctx ends or the home closes). It returns no
-// messages and no error when nothing arrived in time.
-func (h *Home) Poll(ctx context.Context, id SharerID, wait time.Duration) []Message {
+// Poll handles acks, the InvAcks sharer id sends along (their replies
+// carry nothing), then returns the messages pushed to id, waiting up to
+// wait for the first one (or until ctx ends or the home closes). It
+// returns no messages and no error when nothing arrived in time. Acks ride
+// the poll so that answering an invalidation costs the sharer no call of
+// its own and the home no reply.
+func (h *Home) Poll(ctx context.Context, id SharerID, wait time.Duration, acks []Message) []Message {
+	for _, a := range acks {
+		if a.Kind == InvAck && a.From == id {
+			h.Handle(a)
+		}
+	}
 	wait = min(wait, h.cfg.Lease)
 	var timer *time.Timer
 	for {

@@ -38,15 +38,19 @@ func (l *memLink) Call(ctx context.Context, m Message) (Message, error) {
 		return Message{}, errPartitioned
 	}
 	m.Data = append([]byte(nil), m.Data...)
-	return l.h().Handle(m), nil
+	h := l.h()
+	return h.HandleHeld(ctx, m, h.Config().Lease/20), nil // as poold serves it
 }
 
-func (l *memLink) Poll(ctx context.Context, id SharerID, wait time.Duration) ([]Message, error) {
+func (l *memLink) Poll(ctx context.Context, id SharerID, wait time.Duration, acks []Message) ([]Message, error) {
 	if l.down.Load() {
 		time.Sleep(5 * time.Millisecond)
 		return nil, errPartitioned
 	}
-	return l.h().Poll(ctx, id, wait), nil
+	for i := range acks {
+		acks[i].Data = append([]byte(nil), acks[i].Data...)
+	}
+	return l.h().Poll(ctx, id, wait, acks), nil
 }
 
 // cluster is a home and its sharers in one process.

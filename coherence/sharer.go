@@ -13,14 +13,15 @@ import (
 )
 
 // Link carries a sharer's messages to its segment's home. Call sends one
-// request and returns its reply; Poll returns the messages the home pushed
-// to sharer id, waiting up to wait for one. An error matching
+// request and returns its reply; Poll delivers acks (InvAcks, whose
+// replies carry nothing) and returns the messages the home pushed to
+// sharer id, waiting up to wait for one (see Home.Poll). An error matching
 // ErrSegmentLost is final (the home is gone); any other error is retried.
 // Implementations are safe for concurrent use; Poll is called by one
 // goroutine at a time.
 type Link interface {
 	Call(ctx context.Context, m Message) (Message, error)
-	Poll(ctx context.Context, id SharerID, wait time.Duration) ([]Message, error)
+	Poll(ctx context.Context, id SharerID, wait time.Duration, acks []Message) ([]Message, error)
 }
 
 // SharerStats counts what a sharer did. A plain value.
@@ -310,6 +311,9 @@ func (s *Sharer) access(ctx context.Context, pg uint32, excl bool, fn func([]byt
 		s.mu.Lock()
 		err = s.cache.Reply(s.clock.Now(), sentAt, req, rep)
 		s.settleAll(s.clock.Now())
+		if rep.Kind == Grant {
+			s.wakeAll() // callers waiting for the same page
+		}
 		s.mu.Unlock()
 		if err != nil {
 			return err
@@ -407,14 +411,23 @@ func (s *Sharer) deliver(msgs []Message) {
 	}
 }
 
+// wakeAll wakes the callers waiting for a grant. Callers hold mu.
+func (s *Sharer) wakeAll() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
 // pollLoop receives the home's pushes: invalidations (answered at once)
 // and grants that had to wait.
 func (s *Sharer) pollLoop() {
 	defer s.wg.Done()
 	backoff := time.Millisecond
+	var acks []Message // the InvAcks the next poll carries
 	for s.ctx.Err() == nil {
-		msgs, err := s.link.Poll(s.ctx, s.ID(), s.cfg.Lease/4)
+		msgs, err := s.link.Poll(s.ctx, s.ID(), s.cfg.Lease/4, acks)
 		if err != nil {
+			// The acks go again with the next poll; the home resends its
+			// invalidations anyway, and a duplicate ack is recognised.
 			if errors.Is(err, ErrSegmentLost) {
 				s.lose(err)
 				return
@@ -426,7 +439,7 @@ func (s *Sharer) pollLoop() {
 			continue
 		}
 		backoff = time.Millisecond
-		var acks []Message
+		acks = acks[:0]
 		granted := false
 		s.mu.Lock()
 		now := s.clock.Now()
@@ -445,13 +458,9 @@ func (s *Sharer) pollLoop() {
 			s.settleAll(now)
 		}
 		if granted {
-			close(s.changed)
-			s.changed = make(chan struct{})
+			s.wakeAll()
 		}
 		s.mu.Unlock()
-		// Acks go out from here, not from a goroutine of their own: a
-		// wake-up less on the writer's critical path.
-		s.deliver(acks)
 	}
 }
 

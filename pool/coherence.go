@@ -122,15 +122,21 @@ func (h *coherenceHost) home(seg uint64, mem []byte, pageSize uint32) (*coherenc
 	return hm, nil
 }
 
-// message serves one MSG: a batch of one coherence message; a Poll waits
-// for pushed messages, anything else is handled by the directory.
+// message serves one MSG: a batch of one coherence message, or a Poll
+// followed by the InvAcks riding on it; a Poll waits for pushed messages,
+// anything else is handled by the directory.
 func (h *coherenceHost) message(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int) ([]byte, error) {
 	msgs, err := coherence.DecodeBatch(req)
 	if err != nil {
 		return nil, fmt.Errorf("pool: coherence message for segment %d: %w: %w", seg, err, rdma.ErrProtocol)
 	}
-	if len(msgs) != 1 {
-		return nil, fmt.Errorf("pool: coherence request for segment %d carries %d messages, want 1: %w", seg, len(msgs), rdma.ErrProtocol)
+	if len(msgs) == 0 || (len(msgs) > 1 && msgs[0].Kind != coherence.Poll) {
+		return nil, fmt.Errorf("pool: coherence request for segment %d carries %d messages, want 1 (or a Poll and its acks): %w", seg, len(msgs), rdma.ErrProtocol)
+	}
+	for _, a := range msgs[1:] {
+		if a.Kind != coherence.InvAck {
+			return nil, fmt.Errorf("pool: coherence Poll for segment %d carries a %s; only InvAcks ride a poll: %w", seg, a.Kind, rdma.ErrProtocol)
+		}
 	}
 	m := msgs[0]
 	hm, err := h.home(seg, mem, m.PageSize)
@@ -139,9 +145,11 @@ func (h *coherenceHost) message(ctx context.Context, seg uint64, mem []byte, req
 	}
 	var out []coherence.Message
 	if m.Kind == coherence.Poll {
-		out = hm.Poll(ctx, m.From, m.Lease)
+		out = hm.Poll(ctx, m.From, m.Lease, msgs[1:])
 	} else {
-		out = []coherence.Message{hm.Handle(m)}
+		// A request that waits for invalidations is answered with its
+		// grant when that comes within a twentieth of a lease.
+		out = []coherence.Message{hm.HandleHeld(ctx, m, h.lease/20)}
 	}
 	b := coherence.AppendBatch(nil, out)
 	for len(b) > maxResp && len(out) > 1 {

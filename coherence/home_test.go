@@ -1,0 +1,58 @@
+package coherence
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestHomeHeldRequest: a WriteReq that waits for invalidations is answered
+// with its Grant once the InvAcks, riding the sharers' polls, are in; past
+// the hold it is answered Wait and the grant is pushed to the writer's
+// poll instead.
+func TestHomeHeldRequest(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.PageSize = 512
+	mem := make([]byte, 512)
+	h, err := NewHome(cfg, mem, nil)
+	require.NoError(t, err)
+	defer h.Close()
+	ctx := t.Context()
+	read := func(id SharerID, seq uint64) {
+		rep := h.Handle(Message{Kind: ReadReq, From: id, PageSize: 512, Seq: seq})
+		require.Equal(t, Grant, rep.Kind, "%s", rep)
+	}
+	read(1, 1)
+	read(2, 1)
+
+	// Held: both sharers acknowledge while the writer's request waits.
+	got := make(chan Message, 1)
+	go func() { got <- h.HandleHeld(ctx, Message{Kind: WriteReq, From: 3, PageSize: 512, Seq: 1}, time.Minute) }()
+	for _, id := range []SharerID{1, 2} {
+		invs := h.Poll(ctx, id, time.Second, nil)
+		require.Len(t, invs, 1)
+		require.Equal(t, Invalidate, invs[0].Kind)
+		ack := Message{Kind: InvAck, From: id, Incarnation: invs[0].Incarnation, Page: 0, InvID: invs[0].InvID}
+		require.Empty(t, h.Poll(ctx, id, 0, []Message{ack}))
+	}
+	rep := <-got
+	require.Equal(t, Grant, rep.Kind, "%s", rep)
+	require.True(t, rep.Exclusive)
+	require.EqualValues(t, 1, rep.Seq)
+	require.Empty(t, h.Poll(ctx, 3, 0, nil), "the grant came in the reply, not through the poll")
+
+	// Not held past the hold: Wait, then the grant is pushed.
+	rep = h.HandleHeld(ctx, Message{Kind: WriteReq, From: 1, PageSize: 512, Seq: 2}, time.Millisecond)
+	require.Equal(t, Wait, rep.Kind, "%s", rep)
+	invs := h.Poll(ctx, 3, time.Second, nil)
+	require.Len(t, invs, 1)
+	ack := Message{Kind: InvAck, From: 3, Incarnation: invs[0].Incarnation, InvID: invs[0].InvID, HasData: true, Data: []byte("x")}
+	require.Empty(t, h.Poll(ctx, 3, 0, []Message{ack}))
+	pushed := h.Poll(ctx, 1, time.Second, nil)
+	require.Len(t, pushed, 1)
+	require.Equal(t, Grant, pushed[0].Kind, "%s", pushed[0])
+	require.EqualValues(t, 2, pushed[0].Seq)
+	require.Equal(t, byte('x'), pushed[0].Data[0], "the owner's data came back with its ack")
+	require.NoError(t, h.Check())
+}
