@@ -52,7 +52,7 @@ type Home struct {
 	dir    *Directory
 	boxes  map[SharerID]*mailbox
 	held   map[heldKey]chan Message // requests whose reply waits for their grant
-	done   bool // closed: the memory may be gone
+	done   bool                     // closed: the memory may be gone
 	closed chan struct{}
 	once   sync.Once
 }
