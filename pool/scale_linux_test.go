@@ -22,10 +22,14 @@ import (
 	"github.com/farmem/farmem/internal/cluster"
 )
 
-// The scale simulation's knobs. CI runs TestScale with the defaults under
-// the race detector and once more, without it, at 200 hosts (.ci/run):
+// The scale simulation's knobs. TestScale skips without -hosts, so the
+// README's `go test -race ./...` does not run it; CI runs it at 200 hosts
+// without the race detector (.ci/run), and docs/scale.md larger:
 //
-//	go test -run Scale -hosts 200 -count=1 ./pool/...
+//	go test ./pool/ -run '^TestScale$' -hosts 200 -count=1 -timeout 20m
+//
+// The package comes first: go test hands every argument after a flag it
+// does not know (-hosts) to the test binary.
 var (
 	scaleHosts = flag.Int("hosts", 0, "TestScale: simulated hosts (poold daemons) in one process; 0 skips the simulation")
 	scaleSegs  = flag.Int("scale.segs", 100, "TestScale: segments each host holds on average at the end of the workload")
@@ -63,6 +67,7 @@ type scaleResult struct {
 	PartitionDeadSeconds float64 `json:"partition_all_dead_s"`
 	PartitionLost        int     `json:"partition_lost_segments"`
 	HealSeconds          float64 `json:"heal_all_restored_s"`
+	HealStableSeconds    float64 `json:"heal_stable_s"` // the last flap of a member or segment after the heal
 
 	CrashSegments      int     `json:"crash_segments"`
 	CrashOwners        int     `json:"crash_owner_hosts"`
@@ -104,8 +109,8 @@ func TestScale(t *testing.T) {
 	}
 	n := *scaleHosts
 	if n == 0 {
-		// Not yet in the race-detector run: at 24 hosts under -race its fill
-		// phase does not finish on a loaded 2-core machine (issue 9, open).
+		// Not in the race-detector run: under -race a few dozen daemons
+		// already keep 2 cores busy for minutes.
 		t.Skip("set -hosts N (N >= 8) to run the scale simulation")
 	}
 	require.GreaterOrEqual(t, n, 8, "-hosts: the simulation needs at least 8 hosts (a partition, a crash, drains)")
@@ -246,20 +251,40 @@ func TestScale(t *testing.T) {
 		len(a), len(b), res.PartitionDeadSeconds, res.PartitionLost)
 	sc.net.Heal()
 	healed := time.Now()
-	deadline = time.Now().Add(3 * time.Minute)
+	// After a heal, nodes still gossip the deaths they saw during the
+	// partition; a node that hears its own refutes it, but a peer may list
+	// it dead for a moment first, and its segments flap lost and restored.
+	// The crash below is measured once membership and segments have held
+	// still for healQuiet, so that its count of wrongly lost segments is
+	// about the crash alone.
+	const healQuiet = 15 * time.Second
+	deadline = time.Now().Add(4 * time.Minute)
+	var stableSince time.Time
 	for tick := 1; ; tick++ {
 		_, err := sc.waitConverged(time.Second)
-		if err == nil && sc.lostCount() == 0 {
+		lost := sc.lostCount()
+		switch {
+		case err != nil || lost > 0:
+			stableSince = time.Time{}
+		case stableSince.IsZero():
+			stableSince = time.Now()
+			if res.HealSeconds == 0 {
+				res.HealSeconds = time.Since(healed).Seconds()
+			}
+		}
+		if !stableSince.IsZero() && time.Since(stableSince) >= healQuiet {
 			break
 		}
-		if tick%10 == 0 {
-			t.Logf("%.0fs after the heal: membership %v; %d segments lost", time.Since(healed).Seconds(), err, sc.lostCount())
+		if tick%50 == 0 {
+			t.Logf("%.0fs after the heal: membership %v; %d segments lost", time.Since(healed).Seconds(), err, lost)
 		}
-		require.True(t, time.Now().Before(deadline), "3 minutes after the heal: membership %v, %d segments still lost:\n%s",
-			err, sc.lostCount(), strings.Join(sc.explainLost(20), "\n"))
+		require.True(t, time.Now().Before(deadline), "4 minutes after the heal: membership %v, %d segments lost:\n%s",
+			err, lost, strings.Join(sc.explainLost(20), "\n"))
+		time.Sleep(100 * time.Millisecond)
 	}
-	res.HealSeconds = time.Since(healed).Seconds()
-	t.Logf("healed: every host lists every host alive and every segment is restored after %.1fs", res.HealSeconds)
+	res.HealStableSeconds = stableSince.Sub(healed).Seconds()
+	t.Logf("healed: every host lists every host alive and every segment is restored after %.1fs, for good (%v without a change) after %.1fs",
+		res.HealSeconds, healQuiet, res.HealStableSeconds)
 
 	for _, h := range drained {
 		_, used := rdmaUse(h.daemon())
@@ -462,7 +487,8 @@ func report(t *testing.T, r scaleResult) {
 	row("half the hosts saw a change after", "%.1f rounds", r.HostP50Rounds)
 	row("placement: used fraction max/mean, min/mean", "%.3f, %.3f (mean %.3f, %d segments)", r.BalanceMax, r.BalanceMin, r.MeanUsed, r.Segments)
 	row("workload", "%d allocs (%d failed), %d frees, %d client deaths", r.Allocations, r.AllocFailures, r.Frees, r.ClientDeaths)
-	row("partition: sides list each other dead", "%.1f s (%d segments lost, all restored %.1f s after heal)", r.PartitionDeadSeconds, r.PartitionLost, r.HealSeconds)
+	row("partition: sides list each other dead", "%.1f s (%d segments lost)", r.PartitionDeadSeconds, r.PartitionLost)
+	row("heal: all restored, last flap", "%.1f s, %.1f s after the heal", r.HealSeconds, r.HealStableSeconds)
 	row("crash: first detection, all hosts", "%.2f s, %.2f s (suspicion floor %.1f s)", r.FirstDeadSeconds, r.AllDeadSeconds, r.SuspicionMinSecond)
 	row("crash: segments lost on every owner", "%.2f s = detection + %.2f s (%d segments, %d owners)", r.LostAllSeconds, r.LostAllSeconds-r.FirstDeadSeconds, r.CrashSegments, r.CrashOwners)
 	row("gossip per host, idle", "%.0f B/s", r.GossipIdleBytesPerHostSec)
