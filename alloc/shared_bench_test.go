@@ -128,4 +128,8 @@ func BenchmarkSharedWriteTwoSharers(b *testing.B) {
 	// Invalidate and an InvAck.
 	reqs := after.Requests - before.Requests
 	b.ReportMetric(float64(2*reqs+2*(invs()-inv0))/float64(b.N), "msgs/op")
+	// Requests per write (1: no resend, no Busy), and Wait replies per write
+	// (0: the home answered with the grant, none came through the poll).
+	b.ReportMetric(float64(reqs)/float64(b.N), "reqs/op")
+	b.ReportMetric(float64(after.LeaseWaits-before.LeaseWaits)/float64(b.N), "waits/op")
 }
