@@ -239,12 +239,26 @@ var errNoPeer = errors.New("no peer can take it")
 // attempt left live segments marked lost for good (measured by the scale
 // simulation, docs/scale.md). A call that a newer one for the same node
 // overtook does not apply its verdict.
+//
+// Only records that existed before the home was asked are judged: a
+// segment placed there while the List was under way is missing from its
+// answer but alive, and judging it marked it lost for good.
 func (p *Pool) homeChanged(node string, up bool) {
 	epoch := p.peers.nextEpoch(node)
+	asked := map[*record]bool{}
+	p.mu.Lock()
+	for _, r := range p.segs {
+		if r.Home == node {
+			asked[r] = true
+		}
+	}
+	p.mu.Unlock()
 	var held map[uint64]bool
 	for wait := reconcileRetry; up; wait = min(2*wait, 5*time.Second) {
 		var ok bool
-		if held, ok = p.reconcile(node); ok {
+		if held, ok = p.reconcile(node); ok && held == nil {
+			return // nothing homed there
+		} else if ok {
 			break
 		}
 		select {
@@ -259,7 +273,7 @@ func (p *Pool) homeChanged(node string, up bool) {
 	p.mu.Lock()
 	var homed []*record
 	for _, r := range p.segs {
-		if r.Home == node {
+		if r.Home == node && (!up || asked[r]) {
 			homed = append(homed, r)
 		}
 	}
@@ -321,7 +335,9 @@ func (p *Pool) homeChanged(node string, up bool) {
 // unreachable), so that their capacity returns even while this daemon's
 // session there lives. Without a session, it opens one when segments are
 // homed on node (this daemon restarted), which also keeps them leased
-// there. ok is false when node could not be asked.
+// there. ok is false when node could not be asked; without a session and
+// without segments homed on node there is nothing to ask: held is nil and
+// ok true.
 func (p *Pool) reconcile(node string) (held map[uint64]bool, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -331,7 +347,7 @@ func (p *Pool) reconcile(node string) (held map[uint64]bool, ok bool) {
 		homed := slices.ContainsFunc(slices.Collect(maps.Values(p.segs)), func(r *record) bool { return r.Home == node })
 		p.mu.Unlock()
 		if !homed || p.cl == nil {
-			return nil, false
+			return nil, true // nothing to ask about
 		}
 		m, found := p.cl.Member(node)
 		if !found || m.Meta.GRPCAddr == "" {
