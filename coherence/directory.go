@@ -113,6 +113,7 @@ type Directory struct {
 	inv     uint64
 	started time.Time
 	stats   Stats
+	lost    map[uint64]SharerID // grants whose owner was given up on, by generation
 }
 
 // NewDirectory returns the directory of a segment whose memory is mem,
@@ -203,6 +204,12 @@ func (d *Directory) Handle(now time.Time, m Message) (Message, []Message) {
 	case ReadReq, WriteReq:
 		return d.request(now, p, m)
 	case InvAck:
+		if m.HasData && d.lost[m.Gen] == m.From {
+			// The owner's lease ran out before this data arrived: the page
+			// moved on without it.
+			d.stats.StaleWriteBacks++
+			return d.answer(m, Stale), nil
+		}
 		out = d.ack(now, p, m)
 		return d.answer(m, OK), out
 	case WriteBack:
@@ -309,10 +316,27 @@ func (d *Directory) expire(now time.Time, p *page) {
 			delete(p.holders, id)
 			if p.owner == id {
 				p.owner = 0
-				d.stats.LostOwners++
+				d.lostOwner(id, h.gen)
 			}
 		}
 	}
+}
+
+// maxLost bounds the lost grants a directory remembers.
+const maxLost = 1024
+
+// lostOwner records that the owner id of grant gen was given up on (its
+// lease ran out): its unwritten data is lost, and an InvAck that still
+// brings that data is answered Stale so the sharer reports the loss.
+func (d *Directory) lostOwner(id SharerID, gen uint64) {
+	d.stats.LostOwners++
+	if d.lost == nil {
+		d.lost = map[uint64]SharerID{}
+	}
+	if len(d.lost) >= maxLost {
+		clear(d.lost) // a sharer that late has long failed its Sync
+	}
+	d.lost[gen] = id
 }
 
 // ack handles InvAck.
@@ -417,7 +441,7 @@ func (d *Directory) Tick(now time.Time, resend time.Duration) []Message {
 				}
 				if p.owner == id {
 					p.owner = 0
-					d.stats.LostOwners++
+					d.lostOwner(id, w.gen)
 				}
 			case now.Sub(w.lastSent) >= resend:
 				out = append(out, d.invalidate(now, pg, id, w, !t.excl))

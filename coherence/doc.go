@@ -55,7 +55,10 @@
 // for the grant; only past that (a sharer that does not answer) does it get
 // Wait and the pushed grant. Requests that may be held ride a connection of
 // their own. A sharer's InvAcks ride its next poll (Home.Poll), so an
-// invalidation costs the sharer no call and the home no reply.
+// invalidation costs the sharer no call and the home no reply; only an
+// owner's InvAck, which carries its data, is a call of its own, answered
+// OK, or Stale when the owner's lease had run out and the page moved on
+// without it (the sharer then reports the loss), and Sync waits for it.
 //
 // Messages for a write to a page that two other hosts share: WriteReq
 // (half a round trip), the home pushes Invalidate into both sharers' pending

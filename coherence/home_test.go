@@ -56,3 +56,27 @@ func TestHomeHeldRequest(t *testing.T) {
 	require.Equal(t, byte('x'), pushed[0].Data[0], "the owner's data came back with its ack")
 	require.NoError(t, h.Check())
 }
+
+// TestLateOwnerDataIsStale: an owner whose lease ran out before its
+// InvAck (with its data) arrived is told Stale, so it reports the loss;
+// the page moved on with the home's copy.
+func TestLateOwnerDataIsStale(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.PageSize = 512
+	t0 := time.Unix(1000, 0)
+	d, err := NewDirectory(cfg, make([]byte, 512), 7, t0)
+	require.NoError(t, err)
+	g, _ := d.Handle(t0, Message{Kind: WriteReq, From: 1, PageSize: 512, Seq: 1})
+	require.Equal(t, Grant, g.Kind)
+	w, invs := d.Handle(t0, Message{Kind: WriteReq, From: 2, PageSize: 512, Seq: 1})
+	require.Equal(t, Wait, w.Kind)
+	require.Len(t, invs, 1)
+	later := t0.Add(cfg.Lease)
+	out := d.Tick(later, cfg.Lease/10)
+	require.Len(t, out, 1)
+	require.Equal(t, Grant, out[0].Kind, "the writer is granted once the owner's lease ran out")
+	rep, _ := d.Handle(later, Message{Kind: InvAck, From: 1, Incarnation: 7, Gen: invs[0].Gen, InvID: invs[0].InvID, HasData: true, Data: []byte("late")})
+	require.Equal(t, Stale, rep.Kind, "%s", rep)
+	require.NotEqual(t, "late", string(d.pageData(0)[:4]))
+	require.EqualValues(t, 1, d.Stats().LostOwners)
+}

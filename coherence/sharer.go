@@ -61,6 +61,7 @@ type Sharer struct {
 	lastReq []time.Time     // per page: when its request was last sent
 	changed chan struct{}   // closed (and replaced) whenever a grant arrives
 	lostErr error           // data lost in the background, reported by Sync
+	handing inflight        // InvAcks carrying data on their way: Sync waits for them
 
 	hits, misses, requests, invs, wbs, waits atomic.Uint64
 	opTimeout                                atomic.Int64 // see SetOpTimeout
@@ -257,6 +258,7 @@ func (s *Sharer) access(ctx context.Context, pg uint32, excl bool, fn func([]byt
 				s.cache.Wrote(pg)
 			}
 			acks := s.cache.Done(pg)
+			s.handing.add(acks)
 			s.settle(now, pg)
 			s.mu.Unlock()
 			if missed {
@@ -402,12 +404,77 @@ func (s *Sharer) sendAll(msgs []Message) {
 }
 
 // deliver sends each ack, retried until answered or its usefulness (one
-// lease) has passed.
+// lease) has passed. An ack that carries an owner's data is a write-back:
+// when the home refuses it (Stale: the owner's lease had run out) or it
+// cannot be delivered, the data is lost and the next Sync says so.
 func (s *Sharer) deliver(msgs []Message) {
 	for _, m := range msgs {
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Lease)
-		s.call(ctx, m)
+		rep, err := s.call(ctx, m)
 		cancel()
+		if !m.HasData {
+			continue
+		}
+		if err == nil && rep.Kind == Stale {
+			err = fmt.Errorf("coherence: page %d: the home refused the data handed over on invalidation because the ownership lease had run out; writes since the last Sync are lost: %w", m.Page, ErrLeaseExpired)
+		} else if err != nil && !errors.Is(err, ErrSegmentLost) {
+			err = fmt.Errorf("coherence: page %d: the data handed over on invalidation did not reach the home (%w); writes since the last Sync are lost: %w", m.Page, err, ErrLeaseExpired)
+		}
+		if err != nil {
+			s.mu.Lock()
+			s.lostErr = errors.Join(s.lostErr, err)
+			s.mu.Unlock()
+		}
+		s.handing.done()
+	}
+}
+
+// inflight counts the InvAcks with data that have not been answered, so
+// that Sync can wait for them: until the home has a page's data, the
+// writes in it are neither in this cache nor at the home.
+type inflight struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n drops to 0
+}
+
+// add counts the acks in msgs that carry data.
+func (f *inflight) add(msgs []Message) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range msgs {
+		if m.HasData {
+			if f.n == 0 {
+				f.zero = make(chan struct{})
+			}
+			f.n++
+		}
+	}
+}
+
+// done counts one answered.
+func (f *inflight) done() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n--; f.n == 0 {
+		close(f.zero)
+	}
+}
+
+// wait waits until none is in flight or ctx ends.
+func (f *inflight) wait(ctx context.Context) error {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	zero := f.zero
+	f.mu.Unlock()
+	select {
+	case <-zero:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("coherence: sync: data handed over on invalidation is still on its way to the home: %w (%w)", ctx.Err(), ErrUnavailable)
 	}
 }
 
@@ -440,6 +507,7 @@ func (s *Sharer) pollLoop() {
 		}
 		backoff = time.Millisecond
 		acks = acks[:0]
+		var handOver []Message // acks with data: write-backs, sent as calls
 		granted := false
 		s.mu.Lock()
 		now := s.clock.Now()
@@ -449,7 +517,13 @@ func (s *Sharer) pollLoop() {
 			}
 			granted = granted || m.Kind == Grant
 			out, _ := s.cache.Push(now, m)
-			acks = append(acks, out...)
+			for _, a := range out {
+				if a.HasData {
+					handOver = append(handOver, a)
+				} else {
+					acks = append(acks, a)
+				}
+			}
 			if int(m.Page) < len(s.fast) {
 				s.settle(now, m.Page)
 			}
@@ -460,7 +534,12 @@ func (s *Sharer) pollLoop() {
 		if granted {
 			s.wakeAll()
 		}
+		s.handing.add(handOver)
 		s.mu.Unlock()
+		// An owner's data goes out as a call of its own, answered at once,
+		// so that Sync knows when the home has it; acks without data ride
+		// the next poll.
+		s.deliver(handOver)
 	}
 }
 
@@ -533,24 +612,27 @@ func (s *Sharer) writeBack(ctx context.Context, pages []uint32, mode Mode, dirty
 	return errors.Join(errs...)
 }
 
-// Sync writes every page this sharer modified back to the home. When it
-// returns nil, those writes survive the sharer's death. It also reports
-// every loss of writes found since the last Sync (ErrLeaseExpired), in the
-// background or by an operation (which reported it too), and a lost
-// segment (ErrSegmentLost). A loss found while a Sync runs may be reported
-// by the next Sync instead, so writes that returned before the call of the
-// last two Syncs that returned nil are safe.
+// Sync writes every page this sharer modified back to the home and waits
+// until the data of pages handed over on invalidation has reached it. When
+// it returns nil, the writes that returned before it was called survive the
+// sharer's death. It also reports every loss of writes found since the last
+// Sync (ErrLeaseExpired), in the background or by an operation (which
+// reported it too), and a lost segment (ErrSegmentLost).
 func (s *Sharer) Sync(ctx context.Context) error {
 	if s.closed.Load() {
 		return fmt.Errorf("coherence: shared segment: %w", ErrClosed)
 	}
 	s.mu.Lock()
 	pages, _ := s.cache.Owned()
+	s.mu.Unlock()
+	werr := s.writeBack(ctx, pages, KeepModified, true)
+	herr := s.handing.wait(ctx)
+	s.mu.Lock()
 	lost := s.lostErr
 	s.lostErr = nil
 	cerr := s.cache.Err()
 	s.mu.Unlock()
-	return errors.Join(cerr, lost, s.writeBack(ctx, pages, KeepModified, true))
+	return errors.Join(cerr, lost, werr, herr)
 }
 
 // Close writes owned pages back, releases shared copies and stops the
