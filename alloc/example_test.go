@@ -293,3 +293,41 @@ func ExampleArena() {
 	// "a much longer value than the first" (34 bytes) on cxl
 	// read after Free is refused: true
 }
+
+// Attach with Shared joins a segment as a shared segment: every attachment,
+// on any host, caches the pages it uses, and the home keeps the copies
+// coherent, so a counter bumped through one attachment is seen by another
+// that read it before. Shared segments live on the rdma tier.
+func ExampleShared() {
+	socket, stop := examplePool()
+	defer stop()
+	ctx := context.Background()
+	c, err := alloc.Dial(ctx, socket)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close() // detaches the attachments, writing modified pages back
+	if _, err := c.Alloc(ctx, 4096, alloc.WithName("board"), alloc.WithTier(alloc.TierRDMA)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	a, err := c.Attach(ctx, "board", alloc.Shared())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	b, err := c.Attach(ctx, "board", alloc.Shared()) // another process, another host: the same
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	v, _ := b.Load64(0) // b now holds the page shared
+	a.Add64(0, 1)       // a takes it exclusive: the home invalidates b's copy first
+	w, _ := b.Load64(0)
+	fmt.Println("b read", v, "then", w)
+	if err := a.Shared().Sync(ctx); err != nil { // a's writes now survive a's death
+		fmt.Println(err)
+	}
+	// Output: b read 0 then 1
+}
