@@ -201,6 +201,16 @@ func newSimCluster(t testing.TB, hc simHostConfig) *simCluster {
 				return err
 			}
 			cc.Transport = tr
+			// Every host's gossip runs in this one process: memberlist's
+			// packet compression (a fresh 64 KiB LZW table per packet sent
+			// and received) kept about one core busy in allocation and GC at
+			// 200 hosts, gossip ticks came late, probes timed out and a
+			// capacity change needed 50-85 rounds to reach every host. It
+			// does not change what a packet carries (memberlist fills packets
+			// before compressing them), only the bytes on the wire, so the
+			// simulation turns it off; see cluster.Config.NoCompression and
+			// docs/scale.md.
+			cc.NoCompression = true
 			if timing != nil {
 				timing(cc)
 			}

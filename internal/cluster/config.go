@@ -84,6 +84,14 @@ type Config struct {
 	// memberlist default, refuses a new address until the dead node is
 	// forgotten; set it when restarted daemons get new IPs (Kubernetes pods).
 	DeadNodeReclaimTime time.Duration
+	// NoCompression turns off memberlist's LZW compression of gossip
+	// packets (on by default). Compression does not let a packet carry more:
+	// memberlist fills each packet up to its size limit before compressing
+	// it, so it only saves bytes on the wire, and it costs a fresh 64 KiB
+	// encoder table (and a decoder) per packet. That is noise for one node
+	// per host, but a simulation of hundreds of nodes in one process spends
+	// most of its CPU on it (docs/scale.md).
+	NoCompression bool
 
 	// EventBuffer is the number of events each subscriber's channel holds
 	// before the oldest is dropped (count). Default 256.
@@ -200,6 +208,9 @@ func (c Config) override(ml *memberlist.Config) {
 	}
 	if c.RetransmitMult > 0 {
 		ml.RetransmitMult = c.RetransmitMult
+	}
+	if c.NoCompression {
+		ml.EnableCompression = false
 	}
 }
 

@@ -73,6 +73,10 @@ func TestConfigOverrides(t *testing.T) {
 	require.Equal(t, time.Hour, ml.GossipToTheDeadTime)
 	require.Equal(t, want.ProbeTimeout, ml.ProbeTimeout, "zero keeps the profile's value")
 	require.Equal(t, want.GossipInterval, ml.GossipInterval)
+	require.True(t, ml.EnableCompression, "compression stays on unless NoCompression")
+	c.NoCompression = true
+	c.override(ml)
+	require.False(t, ml.EnableCompression)
 	require.Equal(t, memberlist.DefaultLANConfig().ProbeInterval, Config{}.profile().ProbeInterval, `"" is lan`)
 	require.Equal(t, memberlist.DefaultLocalConfig().ProbeTimeout, Config{Profile: ProfileLocal}.profile().ProbeTimeout)
 }
