@@ -187,7 +187,15 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 		}
 		out.Segments = all
 	}
-	s.fillSharers(ctx, out.Segments, req.All && s.d.pool.cl != nil)
+	if !strings.HasPrefix(c.id(), peerClientPrefix) {
+		// Sharer counts are for people (memctl); a daemon asking (an
+		// owner's reconciliation, or another node's listAll) needs only
+		// this node's records, whose own counts are already set. Filling
+		// them for a peer made every such List ask every node in turn, and
+		// those asks fill theirs again: at 200 simulated hosts the fill
+		// phase spent its CPU on List storms after each new peer session.
+		s.fillSharers(ctx, out.Segments, req.All && s.d.pool.cl != nil)
+	}
 	return out, nil
 }
 
