@@ -52,6 +52,7 @@ type Cluster struct {
 	metaMu  sync.Mutex             // serializes SetMeta's read-modify-write of meta
 	updMu   sync.Mutex             // serializes memberlist.UpdateNode, which reads its own node unlocked
 	meta    Meta                   // own metadata; guarded by metaMu
+	capSeq  uint64                 // sequence number of the last capacity update; guarded by metaMu
 	enc     atomic.Pointer[[]byte] // own metadata encoded, read by memberlist
 	now     func() time.Time       // clock for Since and reaping
 	alive   atomic.Int64           // members Alive or Suspect, self included
@@ -67,8 +68,11 @@ type Cluster struct {
 // record is one member in the table. m.Meta is never modified in place;
 // hand out m.clone().
 type record struct {
-	m   Member
-	raw []byte // metadata bytes as gossiped, to tell real updates from repeats
+	m       Member
+	raw     []byte     // metadata bytes as gossiped, to tell real updates from repeats
+	base    Meta       // raw decoded; m.Meta is base with cap's free bytes
+	metaSeq uint64     // the capacity sequence number raw carries
+	cap     *capUpdate // the newest capacity update newer than raw, or nil
 }
 
 // New starts gossip for this node: it binds the transport (or takes over
@@ -87,7 +91,7 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	cfg = cfg.withDefaults()
 	cfg.Join = slices.Clone(cfg.Join)
 	boot := rand.Uint64() | 1 // never 0, which means "unknown"
-	enc, err := encodeMeta(meta, boot)
+	enc, err := encodeMeta(meta, stamp{boot: boot})
 	if err != nil {
 		return fail(fmt.Errorf("cluster: node %q: %w", cfg.Name, err))
 	}
@@ -270,12 +274,32 @@ func (c *Cluster) SetMeta(fn func(*Meta)) error {
 	if fn != nil {
 		fn(&m)
 	}
-	enc, err := encodeMeta(m, c.boot)
+	enc, err := encodeMeta(m, stamp{boot: c.boot, capSeq: c.capSeq})
 	if err != nil {
 		c.metaMu.Unlock()
 		return fmt.Errorf("cluster: node %q: SetMeta: %w", c.name, err)
 	}
+	prev := c.meta
 	c.meta = m.Clone() // fn may have kept a reference to m.Tiers
+	if freeOnly(prev, m) {
+		// Only free bytes moved: gossip a capacity update, not a new Meta.
+		// The encoded Meta carries the change too, for the alive messages
+		// memberlist builds from NodeMeta (refutations) and for the next
+		// full announcement.
+		c.capSeq++
+		enc, err = encodeMeta(m, stamp{boot: c.boot, capSeq: c.capSeq})
+		if err == nil {
+			c.enc.Store(&enc)
+		}
+		u := capUpdate{name: c.name, boot: c.boot, seq: c.capSeq, free: make([]int64, len(m.Tiers))}
+		for i, t := range m.Tiers {
+			u.free[i] = t.Free
+		}
+		c.metaMu.Unlock()
+		c.onCapacity(u)
+		c.bcast.QueueBroadcast(&gossipBroadcast{key: "cap/" + c.name, msg: u.encode()})
+		return err
+	}
 	c.enc.Store(&enc)
 	c.metaMu.Unlock()
 	// Not under metaMu: announcing blocks, and a SetMeta waiting its turn in
@@ -410,7 +434,7 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 		c.publishLocked(EventUpdate, r.m.clone())
 	}
 	c.mu.Unlock()
-	c.bcast.QueueBroadcast(&leaveBroadcast{name: c.name, msg: encodeLeave(c.name, c.boot), sent: sent})
+	c.bcast.QueueBroadcast(&gossipBroadcast{key: "leave/" + c.name, msg: encodeLeave(c.name, c.boot), sent: sent})
 	if c.alive.Load() > 1 {
 		t := time.NewTimer(timeout / 2)
 		select {
@@ -534,7 +558,7 @@ func (c *Cluster) setStateLocked(r *record, s memberlist.NodeStateType) {
 // onAlive records that memberlist saw name alive with metadata raw (a join,
 // a return, or a metadata update) and publishes the event.
 func (c *Cluster) onAlive(name, addr string, raw []byte) {
-	meta, boot, err := decodeMeta(raw)
+	meta, st, err := decodeMeta(raw)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := c.members[name]
@@ -551,15 +575,24 @@ func (c *Cluster) onAlive(name, addr string, raw []byte) {
 	default:
 		kind = EventUpdate
 	}
-	if boot != r.m.Boot {
+	if st.boot != r.m.Boot {
 		r.m.Leaving = false // a new boot has not announced Leave
 	}
 	r.raw = raw
 	r.m.Addr = addr
-	r.m.Meta, r.m.Boot, r.m.MetaErr = meta, boot, err
+	r.base, r.metaSeq = meta, st.capSeq
+	r.m.Meta, r.m.Boot, r.m.MetaErr = meta, st.boot, err
 	if err != nil {
 		r.m.Boot = 0
 		c.log.Debug("peer metadata does not decode", "peer", name, "addr", addr, "err", err)
+	}
+	if r.cap != nil && (err != nil || r.cap.boot != st.boot || r.cap.seq <= st.capSeq) {
+		r.cap = nil // the Meta is newer, or from another boot
+	}
+	if r.cap != nil {
+		if m, ok := withFree(meta, r.cap); ok {
+			r.m.Meta = m
+		}
 	}
 	c.setStateLocked(r, StateAlive)
 	c.publishLocked(kind, r.m.clone())
@@ -582,8 +615,9 @@ func (c *Cluster) onGone(name string) {
 	c.publishLocked(EventDead, r.m.clone())
 }
 
-// leaveSet encodes the leave announcements in the table for push/pull.
-func (c *Cluster) leaveSet() []byte {
+// pushState encodes what push/pull adds to memberlist's state: the leave
+// announcements and the newest capacity updates in the table.
+func (c *Cluster) pushState() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var names []string
@@ -594,7 +628,7 @@ func (c *Cluster) leaveSet() []byte {
 			boots = append(boots, r.m.Boot)
 		}
 	}
-	return encodeLeaveSet(names, boots)
+	return c.appendCapacitySetLocked(encodeLeaveSet(names, boots))
 }
 
 // onLeave records a peer's leave announcement. It reports whether the

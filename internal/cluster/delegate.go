@@ -29,35 +29,42 @@ func (d *delegate) NodeMeta(limit int) []byte {
 	return b
 }
 
-// NotifyMsg receives user messages gossiped by peers: leave announcements.
+// NotifyMsg receives user messages gossiped by peers: leave announcements
+// and capacity updates. News is passed on, so that it spreads like
+// memberlist's own broadcasts (even if a leaving node shuts down soon).
 // Unknown messages are ignored so that newer nodes can add kinds.
 func (d *delegate) NotifyMsg(b []byte) {
-	name, boot, ok := decodeLeave(b)
-	if !ok {
+	if name, boot, ok := decodeLeave(b); ok {
+		if d.c.onLeave(name, boot) {
+			d.c.bcast.QueueBroadcast(&gossipBroadcast{key: "leave/" + name, msg: append([]byte(nil), b...)})
+		}
 		return
 	}
-	if d.c.onLeave(name, boot) {
-		// Pass news on, so the announcement spreads like memberlist's own
-		// broadcasts even if the leaving node shuts down soon.
-		d.c.bcast.QueueBroadcast(&leaveBroadcast{name: name, msg: append([]byte(nil), b...)})
+	if u, ok := decodeCapacity(b); ok && d.c.onCapacity(u) {
+		d.c.bcast.QueueBroadcast(&gossipBroadcast{key: "cap/" + u.name, msg: append([]byte(nil), b...)})
 	}
 }
 
-// GetBroadcasts hands queued leave announcements to memberlist's gossip.
+// GetBroadcasts hands queued leave announcements and capacity updates to
+// memberlist's gossip, in the room its own messages leave in a packet.
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	return d.c.bcast.GetBroadcasts(overhead, limit)
 }
 
-// LocalState adds the leave announcements this node knows to memberlist's
-// periodic push/pull, so that a node which missed one (broadcasts are
-// retransmitted only a few times) still learns that a dead peer had left.
+// LocalState adds the leave announcements and capacity updates this node
+// knows to memberlist's periodic push/pull, so that a node which missed one
+// (broadcasts are retransmitted only a few times) still learns that a dead
+// peer had left, and every node's newest free bytes.
 func (d *delegate) LocalState(bool) []byte {
-	return d.c.leaveSet()
+	return d.c.pushState()
 }
 
-// MergeRemoteState applies a peer's leave announcements from push/pull.
+// MergeRemoteState applies a peer's leave announcements and capacity
+// updates from push/pull.
 func (d *delegate) MergeRemoteState(b []byte, _ bool) {
-	decodeLeaveSet(b, func(name string, boot uint64) { d.c.onLeave(name, boot) })
+	decodePushState(b,
+		func(name string, boot uint64) { d.c.onLeave(name, boot) },
+		func(u capUpdate) { d.c.onCapacity(u) })
 }
 
 // NotifyJoin: a node became alive (new, or back from dead or left).
@@ -104,27 +111,26 @@ func decodeLeave(b []byte) (name string, boot uint64, ok bool) {
 	}
 	boot = binary.BigEndian.Uint64(b[1:9])
 	n, k := binary.Uvarint(b[9:])
-	if k <= 0 || n > 128 || uint64(len(b)-9-k) != n || n == 0 {
+	if k <= 0 || n > maxNodeName || uint64(len(b)-9-k) != n || n == 0 {
 		return "", 0, false
 	}
 	return string(b[9+k:]), boot, true
 }
 
-// msgLeaveSet starts the push/pull extra: the leave announcements a node knows.
+// msgLeaveSet starts the push/pull extra: the leave announcements a node
+// knows, then (since capacity updates) a capacity set (capacity.go), which
+// readers that predate it ignore.
 //
-//	+---------+---------+--------------------------------------------+
-//	| 0x02    | count   | count x (boot (8B), name length, name)      |
-//	| 1 byte  | uvarint | big endian, uvarint, bytes                  |
-//	+---------+---------+--------------------------------------------+
+//	+---------+---------+--------------------------------------------+--------------+
+//	| 0x02    | count   | count x (boot (8B), name length, name)      | capacity set |
+//	| 1 byte  | uvarint | big endian, uvarint, bytes                  |              |
+//	+---------+---------+--------------------------------------------+--------------+
 const msgLeaveSet = 0x02
 
-// maxLeaveSet bounds a leave set, on both sides.
+// maxLeaveSet bounds a leave set or a capacity set, on both sides.
 const maxLeaveSet = 4096
 
 func encodeLeaveSet(names []string, boots []uint64) []byte {
-	if len(names) == 0 {
-		return nil
-	}
 	b := []byte{msgLeaveSet}
 	b = binary.AppendUvarint(b, uint64(len(names)))
 	for i, name := range names {
@@ -134,9 +140,10 @@ func encodeLeaveSet(names []string, boots []uint64) []byte {
 	return b
 }
 
-// decodeLeaveSet calls fn for each entry of a leave set; it stops at the
-// first malformed byte and ignores anything that is not a leave set.
-func decodeLeaveSet(b []byte, fn func(name string, boot uint64)) {
+// decodePushState calls leave for each entry of a leave set and capacity
+// for each entry of the capacity set after it; it stops at the first
+// malformed byte and ignores anything that is not a leave set.
+func decodePushState(b []byte, leave func(name string, boot uint64), capacity func(capUpdate)) {
 	if len(b) < 2 || b[0] != msgLeaveSet {
 		return
 	}
@@ -148,34 +155,38 @@ func decodeLeaveSet(b []byte, fn func(name string, boot uint64)) {
 		}
 		boot := binary.BigEndian.Uint64(r.b)
 		r.b = r.b[8:]
-		name := r.str("name", 128)
+		name := r.str("name", maxNodeName)
 		if r.err == nil && name != "" {
-			fn(name, boot)
+			leave(name, boot)
 		}
+	}
+	if r.err == nil && len(r.b) > 0 {
+		decodeCapacitySet(&r, capacity)
 	}
 }
 
-// leaveBroadcast is a leave announcement in memberlist's broadcast queue. A
-// newer announcement for the same node replaces an older one.
-type leaveBroadcast struct {
-	name string
+// gossipBroadcast is a leave announcement or a capacity update in the
+// broadcast queue. A newer message with the same key (kind and node)
+// replaces an older one.
+type gossipBroadcast struct {
+	key  string
 	msg  []byte
 	sent chan struct{} // closed when memberlist is done sending it; may be nil
 	once sync.Once
 }
 
-var _ memberlist.NamedBroadcast = (*leaveBroadcast)(nil)
+var _ memberlist.NamedBroadcast = (*gossipBroadcast)(nil)
 
-func (b *leaveBroadcast) Name() string { return "leave/" + b.name }
+func (b *gossipBroadcast) Name() string { return b.key }
 
-func (b *leaveBroadcast) Invalidates(o memberlist.Broadcast) bool {
-	ob, ok := o.(*leaveBroadcast)
-	return ok && ob.name == b.name
+func (b *gossipBroadcast) Invalidates(o memberlist.Broadcast) bool {
+	ob, ok := o.(*gossipBroadcast)
+	return ok && ob.key == b.key
 }
 
-func (b *leaveBroadcast) Message() []byte { return b.msg }
+func (b *gossipBroadcast) Message() []byte { return b.msg }
 
-func (b *leaveBroadcast) Finished() {
+func (b *gossipBroadcast) Finished() {
 	if b.sent != nil {
 		b.once.Do(func() { close(b.sent) })
 	}

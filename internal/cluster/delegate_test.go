@@ -63,7 +63,7 @@ func TestLeaveAnnouncementAfterDeathTurnsDeadIntoLeft(t *testing.T) {
 	c := bareCluster("me")
 	events, unsub := c.Subscribe()
 	defer unsub()
-	raw, err := encodeMeta(testMeta("x"), 77)
+	raw, err := encodeMeta(testMeta("x"), stamp{boot: 77})
 	require.NoError(t, err)
 	d := &delegate{c}
 	d.NotifyJoin(&memberlist.Node{Name: "x", Meta: raw})
@@ -85,7 +85,7 @@ func TestLeaveAnnouncementAfterDeathTurnsDeadIntoLeft(t *testing.T) {
 	require.Equal(t, EventLeave, e.Kind)
 	require.Equal(t, StateLeft, e.Member.State)
 	require.True(t, e.Member.Leaving)
-	require.Equal(t, encodeLeaveSet([]string{"x"}, []uint64{77}), c.leaveSet(), "and is passed on in this node's push/pull")
+	require.Equal(t, append(encodeLeaveSet([]string{"x"}, []uint64{77}), 0), c.pushState(), "and is passed on in this node's push/pull (with an empty capacity set)")
 
 	// Hearing it again is no news.
 	d.NotifyMsg(encodeLeave("x", 77))
@@ -101,7 +101,7 @@ func TestLeaveAnnouncementBeforeDeathGivesLeft(t *testing.T) {
 	c.bcast = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 2 }, RetransmitMult: 1}
 	events, unsub := c.Subscribe()
 	defer unsub()
-	raw, err := encodeMeta(testMeta("x"), 5)
+	raw, err := encodeMeta(testMeta("x"), stamp{boot: 5})
 	require.NoError(t, err)
 	d := &delegate{c}
 	d.NotifyJoin(&memberlist.Node{Name: "x", Meta: raw})
@@ -116,7 +116,7 @@ func TestLeaveAnnouncementBeforeDeathGivesLeft(t *testing.T) {
 	require.Equal(t, EventLeave, (<-events).Kind)
 
 	// The same node restarted (new boot) is alive and not leaving.
-	raw2, err := encodeMeta(testMeta("x"), 6)
+	raw2, err := encodeMeta(testMeta("x"), stamp{boot: 6})
 	require.NoError(t, err)
 	d.NotifyJoin(&memberlist.Node{Name: "x", Meta: raw2})
 	e = <-events
@@ -150,9 +150,9 @@ func TestLeaveMessagesRoundTrip(t *testing.T) {
 		require.False(t, ok, "%q", b)
 	}
 	var got []string
-	decodeLeaveSet(encodeLeaveSet([]string{"a", "bb"}, []uint64{1, 2}), func(n string, b uint64) {
+	decodePushState(encodeLeaveSet([]string{"a", "bb"}, []uint64{1, 2}), func(n string, b uint64) {
 		got = append(got, n)
-	})
+	}, func(capUpdate) { t.Fatal("no capacity set was encoded") })
 	require.Equal(t, []string{"a", "bb"}, got)
-	require.Nil(t, encodeLeaveSet(nil, nil))
+	require.Equal(t, []byte{msgLeaveSet, 0}, encodeLeaveSet(nil, nil))
 }

@@ -16,14 +16,14 @@ func FuzzDecodeMeta(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, boot, err := decodeMeta(b)
+		m, st, err := decodeMeta(b)
 		if err != nil {
 			require.ErrorIs(t, err, ErrBadMeta)
 			require.Equal(t, Meta{}, m)
 			return
 		}
 		require.NoError(t, m.Validate())
-		enc, err := encodeMeta(m, boot)
+		enc, err := encodeMeta(m, st)
 		if err != nil {
 			// Only possible for input beyond what memberlist delivers.
 			require.ErrorIs(t, err, ErrMetaTooLarge)
@@ -31,10 +31,10 @@ func FuzzDecodeMeta(f *testing.F) {
 			return
 		}
 		require.LessOrEqual(t, len(enc), len(b), "the encoding is canonical and never longer than what was read")
-		m2, boot2, err := decodeMeta(enc)
+		m2, st2, err := decodeMeta(enc)
 		require.NoError(t, err)
 		require.Equal(t, m, m2)
-		require.Equal(t, boot, boot2)
+		require.Equal(t, st, st2)
 	})
 }
 
@@ -44,6 +44,7 @@ func FuzzDecodeMeta(f *testing.F) {
 func FuzzDecodeLeave(f *testing.F) {
 	f.Add(encodeLeave("n1", 42))
 	f.Add(encodeLeaveSet([]string{"a", "b"}, []uint64{1, 2}))
+	f.Add(pushStateWith(capUpdate{name: "c", boot: 3, seq: 4, free: []int64{5}}.encode()))
 	f.Add([]byte{msgLeave})
 	f.Add([]byte{msgLeaveSet, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -57,19 +58,64 @@ func FuzzDecodeLeave(f *testing.F) {
 			require.Equal(t, boot, boot2)
 		}
 		n := 0
-		decodeLeaveSet(b, func(name string, _ uint64) {
+		ncap := 0
+		decodePushState(b, func(name string, _ uint64) {
 			require.NotEmpty(t, name)
 			n++
+		}, func(u capUpdate) {
+			require.NotEmpty(t, u.name)
+			ncap++
 		})
 		require.LessOrEqual(t, n, maxLeaveSet)
+		require.LessOrEqual(t, ncap, maxLeaveSet)
 	})
+}
+
+// FuzzDecodeCapacity feeds arbitrary bytes to the capacity update decoder,
+// as a peer could gossip them. It must never panic; what it accepts must
+// encode canonically and decode back to itself. The committed seed corpus is
+// in testdata/fuzz/FuzzDecodeCapacity (regenerate with TestWriteFuzzSeeds).
+func FuzzDecodeCapacity(f *testing.F) {
+	for _, s := range capacitySeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		u, ok := decodeCapacity(b)
+		if !ok {
+			require.Equal(t, capUpdate{}, u)
+			return
+		}
+		require.NotEmpty(t, u.name)
+		require.LessOrEqual(t, len(u.free), MaxTiers)
+		for _, f := range u.free {
+			require.GreaterOrEqual(t, f, int64(0))
+		}
+		enc := u.encode()
+		require.LessOrEqual(t, len(enc), len(b), "varints may be overlong on the wire, never in our encoding")
+		u2, ok := decodeCapacity(enc)
+		require.True(t, ok)
+		require.Equal(t, u, u2)
+	})
+}
+
+// capacitySeeds are well-formed and malformed capacity updates.
+func capacitySeeds() [][]byte {
+	good := capUpdate{name: "node-1", boot: 0x0123456789abcdef, seq: 300, free: []int64{60 << 30, 0, 1 << 40}}.encode()
+	return [][]byte{
+		good,
+		capUpdate{name: "n", boot: 1, seq: 1}.encode(),
+		good[:len(good)-3],                              // truncated in a free
+		append(append([]byte{}, good...), 1, 2, 3),      // trailing bytes
+		append([]byte{msgCapacity}, make([]byte, 9)...), // no name
+		{msgCapacity, 0xff},
+	}
 }
 
 // fuzzSeeds are well-formed, borderline and malformed encodings.
 func fuzzSeeds() [][]byte {
 	var seeds [][]byte
 	add := func(m Meta, boot uint64) {
-		b, err := encodeMeta(m, boot)
+		b, err := encodeMeta(m, stamp{boot: boot, capSeq: boot >> 1})
 		if err != nil {
 			panic(err) // a seed bug, not input
 		}

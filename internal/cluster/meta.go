@@ -134,19 +134,30 @@ func validateAddr(field, addr string) error {
 // EncodedSize returns the number of bytes m takes in gossip, or an error if
 // m is invalid or larger than memberlist.MetaMaxSize.
 func (m Meta) EncodedSize() (int, error) {
-	b, err := encodeMeta(m, 0)
+	b, err := encodeMeta(m, stamp{})
 	return len(b), err
 }
 
-// encodeMeta encodes m with the node's boot id. Layout, version 1:
+// stamp is what the encoding carries beside a Meta: the node's boot id and
+// the sequence number of the newest capacity update (capacity.go) whose free
+// bytes the Meta's tiers already hold, so that a receiver can tell whether a
+// capacity update it holds is newer than the Meta.
+type stamp struct {
+	boot   uint64
+	capSeq uint64
+}
+
+// encodeMeta encodes m with its stamp. Layout, version 1:
 //
-//	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+
-//	| version | flags | boot (8B) | proto  | grpc addr   | data addr   | ntiers | ntiers x (name, capacity, free)|
-//	| 1 byte  | 1 byte| big endian| uvarint| uvarint+len | uvarint+len | uvarint| uvarint+len, uvarint, uvarint |
-//	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+
+//	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+---------+
+//	| version | flags | boot (8B) | proto  | grpc addr   | data addr   | ntiers | ntiers x (name, capacity, free)| cap seq |
+//	| 1 byte  | 1 byte| big endian| uvarint| uvarint+len | uvarint+len | uvarint| uvarint+len, uvarint, uvarint | uvarint |
+//	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+---------+
 //
-// Bytes after the tiers are reserved for fields appended later and ignored.
-func encodeMeta(m Meta, boot uint64) ([]byte, error) {
+// cap seq was appended later: it is left out when 0, and readers that
+// predate it ignore it. Bytes after it are reserved for fields appended
+// later and ignored.
+func encodeMeta(m Meta, st stamp) ([]byte, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
@@ -156,7 +167,7 @@ func encodeMeta(m Meta, boot uint64) ([]byte, error) {
 		flags |= flagDraining
 	}
 	b = append(b, metaVersion, flags)
-	b = binary.BigEndian.AppendUint64(b, boot)
+	b = binary.BigEndian.AppendUint64(b, st.boot)
 	b = binary.AppendUvarint(b, uint64(m.Proto))
 	b = appendString(b, m.GRPCAddr)
 	b = appendString(b, m.DataAddr)
@@ -165,6 +176,9 @@ func encodeMeta(m Meta, boot uint64) ([]byte, error) {
 		b = appendString(b, t.Name)
 		b = binary.AppendUvarint(b, uint64(t.Capacity))
 		b = binary.AppendUvarint(b, uint64(t.Free))
+	}
+	if st.capSeq != 0 {
+		b = binary.AppendUvarint(b, st.capSeq)
 	}
 	if len(b) > memberlist.MetaMaxSize {
 		return nil, fmt.Errorf("%w: %d bytes (%d tiers, addresses of %d and %d bytes)",
@@ -221,22 +235,22 @@ func (r *metaReader) str(what string, max int) string {
 	return s
 }
 
-// decodeMeta parses bytes written by encodeMeta (or by a newer version-1
-// writer). It never panics and checks the same limits as Validate, so every
-// Meta it returns is valid.
-func decodeMeta(b []byte) (Meta, uint64, error) {
+// decodeMeta parses bytes written by encodeMeta (or by a newer or older
+// version-1 writer). It never panics and checks the same limits as Validate,
+// so every Meta it returns is valid.
+func decodeMeta(b []byte) (Meta, stamp, error) {
 	var m Meta
 	if len(b) == 0 {
-		return m, 0, fmt.Errorf("%w: empty (the node runs no farmem cluster code)", ErrBadMeta)
+		return m, stamp{}, fmt.Errorf("%w: empty (the node runs no farmem cluster code)", ErrBadMeta)
 	}
 	if b[0] != metaVersion {
-		return m, 0, fmt.Errorf("%w: format version %d, this node reads version %d", ErrBadMeta, b[0], metaVersion)
+		return m, stamp{}, fmt.Errorf("%w: format version %d, this node reads version %d", ErrBadMeta, b[0], metaVersion)
 	}
 	if len(b) < 10 {
-		return m, 0, fmt.Errorf("%w: %d bytes, the header alone is 10", ErrBadMeta, len(b))
+		return m, stamp{}, fmt.Errorf("%w: %d bytes, the header alone is 10", ErrBadMeta, len(b))
 	}
 	m.Draining = b[1]&flagDraining != 0
-	boot := binary.BigEndian.Uint64(b[2:10])
+	st := stamp{boot: binary.BigEndian.Uint64(b[2:10])}
 	r := metaReader{b: b[10:]}
 	m.Proto = uint32(r.uvarint("proto", math.MaxUint32))
 	m.GRPCAddr = r.str("grpc addr", MaxAddr)
@@ -251,11 +265,14 @@ func decodeMeta(b []byte) (Meta, uint64, error) {
 			t.Free = int64(r.uvarint("tier free", math.MaxInt64))
 		}
 	}
+	if r.err == nil && len(r.b) > 0 {
+		st.capSeq = r.uvarint("capacity sequence", math.MaxUint64)
+	}
 	if r.err != nil {
-		return Meta{}, 0, r.err
+		return Meta{}, stamp{}, r.err
 	}
 	if err := m.Validate(); err != nil {
-		return Meta{}, 0, fmt.Errorf("%w: %w", ErrBadMeta, err)
+		return Meta{}, stamp{}, fmt.Errorf("%w: %w", ErrBadMeta, err)
 	}
-	return m, boot, nil
+	return m, st, nil
 }

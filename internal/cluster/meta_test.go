@@ -24,19 +24,23 @@ func TestMetaRoundTrip(t *testing.T) {
 			{Name: strings.Repeat("z", MaxTierName), Capacity: 0, Free: 0}}}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := encodeMeta(tc.meta, tc.boot)
+			b, err := encodeMeta(tc.meta, stamp{boot: tc.boot, capSeq: tc.boot / 3})
 			require.NoError(t, err)
 			require.LessOrEqual(t, len(b), memberlist.MetaMaxSize)
-			got, boot, err := decodeMeta(b)
+			got, st, err := decodeMeta(b)
 			require.NoError(t, err)
-			require.Equal(t, tc.boot, boot)
+			require.Equal(t, stamp{boot: tc.boot, capSeq: tc.boot / 3}, st)
 			if len(tc.meta.Tiers) == 0 {
 				tc.meta.Tiers = nil
 			}
 			require.Equal(t, tc.meta, got)
 			n, err := tc.meta.EncodedSize()
 			require.NoError(t, err)
-			require.Equal(t, len(b), n)
+			seqLen := 0
+			if tc.boot/3 != 0 {
+				seqLen = len(binary.AppendUvarint(nil, tc.boot/3))
+			}
+			require.Equal(t, len(b)-seqLen, n, "EncodedSize leaves the capacity sequence out")
 		})
 	}
 }
@@ -59,7 +63,7 @@ func TestMetaTooLargeIsRefused(t *testing.T) {
 	_, err := m.EncodedSize()
 	require.ErrorIs(t, err, ErrMetaTooLarge)
 	require.Contains(t, err.Error(), "8 tiers")
-	_, err = encodeMeta(m, 1)
+	_, err = encodeMeta(m, stamp{boot: 1})
 	require.ErrorIs(t, err, ErrMetaTooLarge)
 }
 
@@ -91,14 +95,14 @@ func TestMetaValidate(t *testing.T) {
 			err := m.Validate()
 			require.ErrorIs(t, err, ErrInvalidMeta)
 			require.Contains(t, err.Error(), tc.msg)
-			_, err = encodeMeta(m, 1)
+			_, err = encodeMeta(m, stamp{boot: 1})
 			require.ErrorIs(t, err, ErrInvalidMeta)
 		})
 	}
 }
 
 func TestDecodeMetaRejects(t *testing.T) {
-	good, err := encodeMeta(testMeta("n"), 7)
+	good, err := encodeMeta(testMeta("n"), stamp{boot: 7})
 	require.NoError(t, err)
 	t.Run("every truncation", func(t *testing.T) {
 		for i := range len(good) {
@@ -129,13 +133,16 @@ func TestDecodeMetaRejects(t *testing.T) {
 }
 
 func TestDecodeMetaIsForwardCompatible(t *testing.T) {
-	b, err := encodeMeta(testMeta("n"), 9)
+	b, err := encodeMeta(testMeta("n"), stamp{boot: 9})
 	require.NoError(t, err)
-	b[1] |= 0x80                         // a flag from a newer version
-	b = append(b, 0x01, 0x02, 0x03, 'x') // fields appended by a newer version
-	got, boot, err := decodeMeta(b)
+	old, _, err := decodeMeta(b)
+	require.NoError(t, err, "a writer that predates the capacity sequence")
+	require.Equal(t, testMeta("n"), old)
+	b[1] |= 0x80                               // a flag from a newer version
+	b = append(b, 0x05, 0x01, 0x02, 0x03, 'x') // capacity sequence 5, then fields appended by a newer version
+	got, st, err := decodeMeta(b)
 	require.NoError(t, err)
-	require.Equal(t, uint64(9), boot)
+	require.Equal(t, stamp{boot: 9, capSeq: 5}, st)
 	require.Equal(t, testMeta("n"), got)
 }
 
