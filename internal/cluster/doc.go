@@ -33,8 +33,17 @@
 // announcement only after it declared the node dead reports EventDead, then
 // EventLeave. StateSuspect is never reported.
 //
-// SetMeta returns once the new Meta is this node's state in memberlist and
-// queued for gossip; it does not wait for peers, because memberlist v0.7.0's
+// A SetMeta that changes nothing but free bytes (what every allocation
+// does) is gossiped as a capacity update of about 50 bytes instead of a new
+// Meta, which memberlist would send as a 190-byte alive message: gossip
+// carries only a few thousand bytes per node and round, and at 200
+// simulated hosts under load capacity changes queued behind each other for
+// tens of rounds (capacity.go, docs/scale.md). Members show a node's Meta
+// with its newest capacity update applied.
+//
+// SetMeta returns once the new Meta is this node's state in memberlist (or
+// its capacity update is queued) and queued for gossip; it does not wait for
+// peers, because memberlist v0.7.0's
 // confirmation (UpdateNode's wait) loses its signal when the broadcast goes
 // out before the wait starts. Peers see a change within a few gossip
 // intervals; Config.PushPullInterval bounds how long a node that missed the
