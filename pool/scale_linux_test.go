@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -238,6 +239,7 @@ func TestScale(t *testing.T) {
 	rnd.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
 	a, b := shuffled[:len(shuffled)/2], shuffled[len(shuffled)/2:]
 	cut := time.Now()
+	logBalance(t, sc, "before the partition")
 	sc.partition(a, b)
 	deadline := time.Now().Add(3 * time.Minute)
 	for !sidesDead(a, b) {
@@ -249,6 +251,7 @@ func TestScale(t *testing.T) {
 	res.PartitionLost = sc.lostCount()
 	t.Logf("partition %d|%d: each side lists the other dead after %.1fs; %d segments marked lost",
 		len(a), len(b), res.PartitionDeadSeconds, res.PartitionLost)
+	logBalance(t, sc, "at the heal")
 	sc.net.Heal()
 	healed := time.Now()
 	// After a heal, nodes still gossip the deaths they saw during the
@@ -354,16 +357,22 @@ func TestScale(t *testing.T) {
 	require.Empty(t, sc.lostElsewhere(victim.name), "segments lost that were not on the crashed host")
 
 	// The host reboots (its shared memory is gone) and the workload goes on.
+	logBalance(t, sc, "before the reboot")
 	require.NoError(t, sc.reboot(victim))
 	_, err = sc.waitConverged(2 * time.Minute)
 	require.NoError(t, err, "after the reboot")
+	// Applications free what their daemons report lost, as they would on
+	// the lost notice; until then those records hold the victim's capacity.
+	w.lostGen.Add(1)
 	settle := time.Now().Add(time.Duration(float64(target)/rate*float64(time.Second)) / 2)
 	for time.Now().Before(settle) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	w.halt()
+	logBalance(t, sc, "at the halt")
 	freed := w.freeLost()
 	w.topUp()
+	logBalance(t, sc, "after the top-up")
 	res.OpenFiles = openFiles()
 	for _, h := range sc.up() {
 		ps := h.daemon().pool.peers
@@ -404,9 +413,32 @@ func TestScale(t *testing.T) {
 	}
 	res.Segments = w.held()
 	var fracs []float64
+	type hostUse struct {
+		name     string
+		capacity int64
+		frac     float64
+	}
+	var uses []hostUse
 	for _, h := range sc.up() {
 		c, u := rdmaUse(h.daemon())
 		fracs = append(fracs, float64(u)/float64(c))
+		uses = append(uses, hostUse{h.name, c, float64(u) / float64(c)})
+	}
+	slices.SortFunc(uses, func(a, b hostUse) int { return cmp.Compare(b.frac, a.frac) })
+	heldOn := map[string]int64{}
+	nheld := map[string]int{}
+	w.mu.Lock()
+	for _, c := range w.clients {
+		if c != nil {
+			for _, s := range c.segs {
+				heldOn[s.home] += s.size
+				nheld[s.home]++
+			}
+		}
+	}
+	w.mu.Unlock()
+	for _, u := range append(uses[:3:3], uses[len(uses)-3:]...) {
+		t.Logf("host %s, %d MiB: used fraction %.3f, held by live clients %.3f (%d segments)", u.name, u.capacity>>20, u.frac, float64(heldOn[u.name])/float64(u.capacity), nheld[u.name])
 	}
 	var sum float64
 	for _, f := range fracs {
@@ -432,6 +464,35 @@ func TestScale(t *testing.T) {
 	require.LessOrEqual(t, res.LoadConvMedRounds, 10.0, "under load, a capacity change reaches every host within 10 gossip rounds (median)")
 	require.LessOrEqual(t, res.BalanceMax, 1.10, "the rdma tier's used fraction is within 10%% of the mean on every host")
 	require.LessOrEqual(t, res.LostAllSeconds, res.FirstDeadSeconds+1, "a crashed host's segments are lost on every host within failure detection + 1 s")
+}
+
+// logBalance logs the rdma tier's used fraction max/mean and min/mean
+// over the running hosts, and what each host's peers think its free
+// fraction is, at most and at least off from the truth.
+func logBalance(t *testing.T, sc *simCluster, when string) {
+	var fracs []float64
+	var worst, sum float64
+	up := sc.up()
+	for _, h := range up {
+		c, u := rdmaUse(h.daemon())
+		fracs = append(fracs, float64(u)/float64(c))
+		for _, o := range up {
+			if o == h {
+				continue
+			}
+			if m, ok := o.daemon().pool.cl.Member(h.name); ok {
+				if tf, ok := m.Meta.Tier("rdma"); ok && tf.Capacity > 0 {
+					off := float64(tf.Free-(c-u)) / float64(c)
+					worst = max(worst, off, -off)
+				}
+			}
+		}
+	}
+	for _, f := range fracs {
+		sum += f
+	}
+	mean := sum / float64(len(fracs))
+	t.Logf("balance %s: max/mean %.3f, min/mean %.3f (mean %.3f); views of free fractions off by up to %.3f", when, slices.Max(fracs)/mean, slices.Min(fracs)/mean, mean, worst)
 }
 
 // openFiles counts this process's open descriptors.
