@@ -3,9 +3,11 @@ package pool
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -84,6 +86,8 @@ func (d *Daemon) joinLoop() {
 	t := time.NewTicker(announceTick)
 	defer t.Stop()
 	var last []cluster.TierFree
+	var sweeping atomic.Bool
+	sweepAt := rand.IntN(sweepTicks) // spread the daemons' sweeps over the period
 	for tick := 1; ; tick++ {
 		select {
 		case <-d.stop:
@@ -92,6 +96,14 @@ func (d *Daemon) joinLoop() {
 		}
 		if tick%20 == 0 {
 			d.rejoinSeeds()
+		}
+		if tick%sweepTicks == sweepAt && sweeping.CompareAndSwap(false, true) {
+			d.wg.Add(1)
+			go func() {
+				defer d.wg.Done()
+				defer sweeping.Store(false)
+				d.pool.sweepPeers()
+			}()
 		}
 		tiers := d.pool.gossipTiers()
 		if !capacityMoved(last, tiers) {
@@ -104,6 +116,10 @@ func (d *Daemon) joinLoop() {
 		last = tiers
 	}
 }
+
+// sweepTicks is how many announceTicks apart joinLoop sweeps its peers for
+// orphaned segments (Pool.sweepPeers): 30 s, one List per peer session.
+const sweepTicks = 300
 
 // announceTick is how often joinLoop compares this node's capacity with
 // what it last gossiped: half the lan profile's gossip interval, so that

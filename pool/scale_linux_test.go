@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -21,6 +22,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
 )
 
 // The scale simulation's knobs. TestScale skips without -hosts, so the
@@ -68,7 +70,8 @@ type scaleResult struct {
 	PartitionDeadSeconds float64 `json:"partition_all_dead_s"`
 	PartitionLost        int     `json:"partition_lost_segments"`
 	HealSeconds          float64 `json:"heal_all_restored_s"`
-	HealStableSeconds    float64 `json:"heal_stable_s"` // the last flap of a member or segment after the heal
+	HealStableSeconds    float64 `json:"heal_stable_s"`       // the last flap of a member or segment after the heal
+	PartitionReclaimed   int     `json:"partition_reclaimed"` // segments their home reclaimed during the partition (the owner's lease there ran out)
 
 	CrashSegments      int     `json:"crash_segments"`
 	CrashOwners        int     `json:"crash_owner_hosts"`
@@ -260,12 +263,22 @@ func TestScale(t *testing.T) {
 	// The crash below is measured once membership and segments have held
 	// still for healQuiet, so that its count of wrongly lost segments is
 	// about the crash alone.
+	//
+	// A segment whose home reclaimed it during the partition (the owner's
+	// session there lapsed for longer than the lease) is lost for real; it
+	// must be reported lost, and its application frees it.
 	const healQuiet = 15 * time.Second
 	deadline = time.Now().Add(4 * time.Minute)
-	var stableSince time.Time
+	var stableSince, lastFree time.Time
 	for tick := 1; ; tick++ {
 		_, err := sc.waitConverged(time.Second)
-		lost := sc.lostCount()
+		wrong, gone := sc.lostAtHome()
+		lost := wrong + gone
+		if err == nil && wrong == 0 && gone > 0 && time.Since(lastFree) > time.Second {
+			res.PartitionReclaimed = max(res.PartitionReclaimed, gone)
+			w.lostGen.Add(1)
+			lastFree = time.Now()
+		}
 		switch {
 		case err != nil || lost > 0:
 			stableSince = time.Time{}
@@ -279,15 +292,15 @@ func TestScale(t *testing.T) {
 			break
 		}
 		if tick%50 == 0 {
-			t.Logf("%.0fs after the heal: membership %v; %d segments lost", time.Since(healed).Seconds(), err, lost)
+			t.Logf("%.0fs after the heal: membership %v; %d segments lost (%d of them also gone at their home)", time.Since(healed).Seconds(), err, lost, gone)
 		}
 		require.True(t, time.Now().Before(deadline), "4 minutes after the heal: membership %v, %d segments lost:\n%s",
 			err, lost, strings.Join(sc.explainLost(20), "\n"))
 		time.Sleep(100 * time.Millisecond)
 	}
 	res.HealStableSeconds = stableSince.Sub(healed).Seconds()
-	t.Logf("healed: every host lists every host alive and every segment is restored after %.1fs, for good (%v without a change) after %.1fs",
-		res.HealSeconds, healQuiet, res.HealStableSeconds)
+	t.Logf("healed: every host lists every host alive and every segment is restored (or freed, %d gone at their home) after %.1fs, for good (%v without a change) after %.1fs",
+		res.PartitionReclaimed, res.HealSeconds, healQuiet, res.HealStableSeconds)
 
 	for _, h := range drained {
 		_, used := rdmaUse(h.daemon())
@@ -550,6 +563,7 @@ func report(t *testing.T, r scaleResult) {
 	row("workload", "%d allocs (%d failed), %d frees, %d client deaths", r.Allocations, r.AllocFailures, r.Frees, r.ClientDeaths)
 	row("partition: sides list each other dead", "%.1f s (%d segments lost)", r.PartitionDeadSeconds, r.PartitionLost)
 	row("heal: all restored, last flap", "%.1f s, %.1f s after the heal", r.HealSeconds, r.HealStableSeconds)
+	row("  reclaimed at their home (lease ran out)", "%d segments, reported lost and freed", r.PartitionReclaimed)
 	row("crash: first detection, all hosts", "%.2f s, %.2f s (suspicion floor %.1f s)", r.FirstDeadSeconds, r.AllDeadSeconds, r.SuspicionMinSecond)
 	row("crash: segments lost on every owner", "%.2f s = detection + %.2f s (%d segments, %d owners)", r.LostAllSeconds, r.LostAllSeconds-r.FirstDeadSeconds, r.CrashSegments, r.CrashOwners)
 	row("gossip per host, idle", "%.0f B/s", r.GossipIdleBytesPerHostSec)
@@ -616,4 +630,44 @@ func measureSegmentMemory(t *testing.T, res *scaleResult) {
 	t.Logf("per segment: %.0f B of heap at its home (record, extent, export), %.0f B at its owner (record); %.0f B of metadata store",
 		res.HomeBytesPerSegment, res.OwnerBytesPerSegment, res.StoreBytesPerSegment)
 	sc.close()
+}
+
+// TestSweepFreesOrphans: a segment a peer holds for this daemon that no
+// record here names (an allocation whose answer never came back) is freed
+// by the periodic sweep, on a session that stays up; the committed segment
+// stays.
+func TestSweepFreesOrphans(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 10 * time.Second})
+	sc.startAll()
+	defer sc.close()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	owner, home := sc.hosts[0].daemon(), sc.hosts[1].daemon()
+	ctx := t.Context()
+	kept, err := owner.pool.Alloc(ctx, caller{}, AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
+	require.NoError(t, err)
+	require.Equal(t, home.cfg.Node, kept.Home)
+
+	// The orphan: allocated at the home through the owner's own session,
+	// with no record at the owner.
+	pc := owner.pool.peers.conn(home.cfg.Node)
+	require.NotNil(t, pc)
+	cctx, _, err := pc.Call(ctx)
+	require.NoError(t, err)
+	orphan, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
+	require.NoError(t, err)
+	_, err = home.pool.Stat(orphan.Id)
+	require.NoError(t, err)
+
+	owner.pool.sweepPeers()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := home.pool.Stat(orphan.Id); errors.Is(err, errs.ErrNotFound) {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the orphan is still held after the sweep")
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, err = home.pool.Stat(kept.HomeID)
+	require.NoError(t, err, "the committed segment stays")
 }

@@ -746,12 +746,8 @@ func (sc *simCluster) orphans() int {
 }
 
 func (sc *simCluster) hostUp(name string) bool {
-	for _, h := range sc.hosts {
-		if h.name == name {
-			return h.daemon() != nil
-		}
-	}
-	return false
+	h := sc.host(name)
+	return h != nil && h.daemon() != nil
 }
 
 // lostElsewhere lists records on running hosts other than except that are
@@ -821,6 +817,43 @@ func (sc *simCluster) lostCount() int {
 		p.mu.Unlock()
 	}
 	return n
+}
+
+// lostAtHome splits the lost records on running hosts: wrong counts those
+// whose home is running and still holds the segment for the owner (the
+// owner will or should restore it), gone those whose running home no longer
+// holds it (it reclaimed them when the owner's lease there ran out: lost
+// for real, and rightly reported so).
+func (sc *simCluster) lostAtHome() (wrong, gone int) {
+	for _, h := range sc.up() {
+		var lost []record
+		for _, r := range h.daemon().pool.List() {
+			if r.Lost {
+				lost = append(lost, r)
+			}
+		}
+		for _, r := range lost {
+			home := sc.host(r.Home)
+			if home == nil || home.daemon() == nil {
+				continue // its home is down: lost until it returns
+			}
+			if hr, err := home.daemon().pool.Stat(r.HomeID); err == nil && hr.Owner == peerClientPrefix+h.name {
+				wrong++
+			} else {
+				gone++
+			}
+		}
+	}
+	return wrong, gone
+}
+
+func (sc *simCluster) host(name string) *simHost {
+	for _, h := range sc.hosts {
+		if h.name == name {
+			return h
+		}
+	}
+	return nil
 }
 
 // drain sets or clears h's draining flag through its control plane, as
