@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -23,6 +24,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/cluster/memnet"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/internal/size"
 )
@@ -571,12 +573,12 @@ func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
 			if len(c.segs) < w.quota || len(c.segs) == 0 || rnd.IntN(2) == 0 {
 				w.alloc(c, rnd)
 			} else {
-				w.free(c, rnd.IntN(len(c.segs)))
+				w.free(c, rnd.IntN(len(c.segs)), false)
 			}
 		}
 		if rnd.IntN(2) == 0 { // a clean exit frees first
 			for len(c.segs) > 0 {
-				w.free(c, len(c.segs)-1)
+				w.free(c, len(c.segs)-1, true)
 			}
 			w.exits.Add(1)
 		} else { // dies: its lease runs out and its daemon reclaims
@@ -636,19 +638,26 @@ func (w *simWorkload) alloc(c *simClient, rnd *rand.Rand) {
 	w.mu.Unlock()
 }
 
-func (w *simWorkload) free(c *simClient, i int) {
+// free frees c's i-th segment. A Free that fails (the daemon did not
+// answer in time) leaves the segment with the client, which tries again
+// later, as an application would; at exit (dropAnyway) it is dropped, and
+// the client's lease reclaims it.
+func (w *simWorkload) free(c *simClient, i int, dropAnyway bool) {
 	s := c.segs[i]
-	w.mu.Lock()
-	c.segs = slices.Delete(c.segs, i, i+1)
-	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cctx, _, err := c.conn.Call(ctx)
 	if err == nil {
 		_, err = c.conn.API().Free(cctx, &poolv1.FreeRequest{Id: s.id})
+		err = errs.FromStatus(err)
 	}
 	if err == nil {
 		w.frees.Add(1)
+	}
+	if err == nil || errors.Is(err, errs.ErrNotFound) || dropAnyway {
+		w.mu.Lock()
+		c.segs = slices.Delete(c.segs, i, i+1)
+		w.mu.Unlock()
 	}
 }
 
@@ -692,7 +701,7 @@ func (w *simWorkload) freeLostOf(c *simClient) int {
 	n := 0
 	for i := len(c.segs) - 1; i >= 0; i-- {
 		if r, err := d.pool.Stat(c.segs[i].id); err == nil && r.Lost {
-			w.free(c, i)
+			w.free(c, i, false)
 			n++
 		}
 	}
