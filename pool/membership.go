@@ -102,7 +102,18 @@ func (d *Daemon) joinLoop() {
 			go func() {
 				defer d.wg.Done()
 				defer sweeping.Store(false)
-				d.pool.sweepPeers()
+				// Close waits for this goroutine before it closes the
+				// peer sessions: stop asking at once.
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				go func() {
+					select {
+					case <-d.stop:
+						cancel()
+					case <-ctx.Done():
+					}
+				}()
+				d.pool.sweepPeers(ctx)
 			}()
 		}
 		tiers := d.pool.gossipTiers()

@@ -256,7 +256,7 @@ func (p *Pool) homeChanged(node string, up bool) {
 	var held map[uint64]bool
 	for wait := reconcileRetry; up; wait = min(2*wait, 5*time.Second) {
 		var ok bool
-		if held, ok = p.reconcile(node); ok && held == nil {
+		if held, ok = p.reconcile(context.Background(), node); ok && held == nil {
 			return // nothing homed there
 		} else if ok {
 			break
@@ -338,8 +338,8 @@ func (p *Pool) homeChanged(node string, up bool) {
 // there. ok is false when node could not be asked; without a session and
 // without segments homed on node there is nothing to ask: held is nil and
 // ok true.
-func (p *Pool) reconcile(node string) (held map[uint64]bool, ok bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+func (p *Pool) reconcile(ctx context.Context, node string) (held map[uint64]bool, ok bool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	pc := p.peers.conn(node)
 	if pc == nil {
@@ -397,18 +397,16 @@ func (p *Pool) reconcile(node string) (held map[uint64]bool, ok bool) {
 // answer never came back (the call timed out after the peer had allocated);
 // the session keeps it leased, so without a sweep it stayed until the
 // session next came up, for good on a steady one (the scale simulation
-// found two after a 200-host run).
-func (p *Pool) sweepPeers() {
+// found two after a 200-host run). It returns early when ctx ends.
+func (p *Pool) sweepPeers(ctx context.Context) {
 	p.peers.mu.Lock()
 	nodes := slices.Collect(maps.Keys(p.peers.conns))
 	p.peers.mu.Unlock()
 	for _, node := range nodes {
-		select {
-		case <-p.peers.stop:
+		if ctx.Err() != nil {
 			return
-		default:
 		}
-		p.reconcile(node)
+		p.reconcile(ctx, node)
 	}
 }
 
