@@ -163,6 +163,20 @@ func sessionProbe(ttl time.Duration) keepalive.ServerParameters {
 	return keepalive.ServerParameters{Time: d, Timeout: d}
 }
 
+// stopContext returns a context that ends when the daemon stops, or when
+// cancel is called (which the caller must do).
+func (d *Daemon) stopContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-d.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 // Start is New followed by Serve in the background: the daemon serves by
 // the time it returns. Close stops it.
 func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
@@ -206,15 +220,8 @@ func (d *Daemon) Serve() error {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			ctx, cancel := context.WithCancel(context.Background())
+			ctx, cancel := d.stopContext()
 			defer cancel()
-			go func() {
-				select {
-				case <-d.stop:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
 			if err := d.measureTiers(ctx); err != nil && ctx.Err() == nil {
 				d.log.Warn("measure tiers", "err", err)
 			}

@@ -104,15 +104,8 @@ func (d *Daemon) joinLoop() {
 				defer sweeping.Store(false)
 				// Close waits for this goroutine before it closes the
 				// peer sessions: stop asking at once.
-				ctx, cancel := context.WithCancel(context.Background())
+				ctx, cancel := d.stopContext()
 				defer cancel()
-				go func() {
-					select {
-					case <-d.stop:
-						cancel()
-					case <-ctx.Done():
-					}
-				}()
 				d.pool.sweepPeers(ctx)
 			}()
 		}
