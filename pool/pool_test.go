@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -310,4 +311,22 @@ func TestOrphanedFilesSwept(t *testing.T) {
 	ids, err := p.device(r.Device).Device.(interface{ Segments() ([]uint64, error) }).Segments()
 	require.NoError(t, err)
 	require.Equal(t, []uint64{r.ID}, ids, "the orphan is gone, the committed segment stays")
+}
+
+// An allocation whose caller gave up before the answer is freed: nobody
+// would ever learn its id, and its owner's live session would keep it.
+func TestAllocCallerGaveUp(t *testing.T) {
+	cfg := testConfig(t)
+	d, err := New(cfg, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer d.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = d.alloc(ctx, admin(), &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Empty(t, d.pool.List(), "the abandoned segment is still allocated")
+	seg, err := d.alloc(context.Background(), admin(), &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	require.NoError(t, err)
+	require.Len(t, d.pool.List(), 1)
+	require.NoError(t, d.pool.Free(admin(), seg.Id, ""))
 }

@@ -130,11 +130,29 @@ func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) 
 		return nil, fmt.Errorf("%w: segment name of %d bytes is longer than max-name-len %d; use a shorter name or raise --max-name-len (at most %d)", errs.ErrLimit, len(req.Name), d.cfg.MaxNameLen, MaxNameLen)
 	}
 	r, err := d.pool.Alloc(ctx, c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly})
+	if err == nil && ctx.Err() != nil {
+		r, err = nil, d.abandoned(c, r, ctx.Err())
+	}
 	d.metrics.allocDone(r, err)
 	if err != nil {
 		return nil, err
 	}
 	return d.forCaller(c, *r), nil
+}
+
+// abandoned frees a segment allocated for a caller that gave up meanwhile
+// (its deadline passed, or it went away): it never learns the segment's
+// id, and the segment would stay leased to its live session, or to the
+// peer daemon that asked, until that session ends. The scale simulation
+// found such segments outliving a partition by minutes (docs/scale.md).
+// An answer lost after this check is left to the peer sweep and the lease.
+func (d *Daemon) abandoned(c caller, r *record, why error) error {
+	if err := d.pool.Free(c, r.ID, ""); err != nil {
+		d.log.Warn("free a segment whose caller gave up before the answer", "segment", r.ID, "err", err)
+	} else {
+		d.log.Debug("freed a segment whose caller gave up before the answer", "segment", r.ID, "owner", r.Owner)
+	}
+	return fmt.Errorf("alloc: the caller gave up before the answer; the segment was freed: %w", why)
 }
 
 func (s *service) Free(ctx context.Context, req *poolv1.FreeRequest) (*poolv1.FreeResponse, error) {
