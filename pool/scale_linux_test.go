@@ -70,8 +70,9 @@ type scaleResult struct {
 	PartitionDeadSeconds float64 `json:"partition_all_dead_s"`
 	PartitionLost        int     `json:"partition_lost_segments"`
 	HealSeconds          float64 `json:"heal_all_restored_s"`
-	HealStableSeconds    float64 `json:"heal_stable_s"`       // the last flap of a member or segment after the heal
-	PartitionReclaimed   int     `json:"partition_reclaimed"` // segments their home reclaimed during the partition (the owner's lease there ran out)
+	HealStableSeconds    float64 `json:"heal_stable_s"`         // the last flap of a member or segment after the heal
+	PartitionReclaimed   int     `json:"partition_reclaimed"`   // segments their home reclaimed during the partition (the owner's lease there ran out)
+	LostFreedAfterHalt   int     `json:"lost_freed_after_halt"` // lost segments that their applications freed only after the workload (reported lost late)
 
 	CrashSegments      int     `json:"crash_segments"`
 	CrashOwners        int     `json:"crash_owner_hosts"`
@@ -325,10 +326,18 @@ func TestScale(t *testing.T) {
 		require.NoError(t, sc.drain(h, true))
 	}
 
-	// A crash: the host with the most segments on it (not a seed) vanishes.
+	// A crash: of the hosts that run applications (not a seed), the one
+	// with the most segments on it vanishes. Its applications' records
+	// survive in its store, those homed on peers included, and its
+	// applications reconnect when it is back: the harder case, chosen every
+	// time (a victim without applications once hid a harness gap that CI
+	// then met, docs/scale.md).
 	var victim *simHost
 	most := -1
-	for _, h := range sc.up()[3:] {
+	for _, h := range sc.hosts[3:clientHosts] {
+		if h.daemon() == nil {
+			continue
+		}
 		k := 0
 		for _, r := range h.daemon().pool.List() {
 			if strings.HasPrefix(r.Owner, peerClientPrefix) {
@@ -435,10 +444,19 @@ func TestScale(t *testing.T) {
 
 	// After the workload: lost segments are freed by their owners, dead
 	// clients' leases run out, and then every host holds exactly what the
-	// live clients hold.
+	// live clients hold. The applications go on freeing what their daemons
+	// report lost, as they would on each lost notice: a rebooted host
+	// learns that a home reclaimed its segments when it next reconciles
+	// with that home, which can be after the halt (a CI run at 200 hosts
+	// found 77 such records on a rebooted host whose own applications held
+	// them, docs/scale.md).
 	deadline = time.Now().Add(3*leaseTTL + time.Minute)
 	for sc.orphans() > 0 || sc.lostCount() > 0 {
-		require.True(t, time.Now().Before(deadline), "%d orphaned and %d lost segments remain %v after the workload", sc.orphans(), sc.lostCount(), 3*leaseTTL+time.Minute)
+		late := w.freeLost()
+		freed += late
+		res.LostFreedAfterHalt += late
+		require.True(t, time.Now().Before(deadline), "%d orphaned and %d lost segments remain %v after the workload; the lost ones: %v",
+			sc.orphans(), sc.lostCount(), 3*leaseTTL+time.Minute, sc.lostKinds())
 		time.Sleep(200 * time.Millisecond)
 	}
 	res.Segments = w.held()
@@ -478,8 +496,8 @@ func TestScale(t *testing.T) {
 	res.BalanceMax = slices.Max(fracs) / res.MeanUsed
 	res.BalanceMin = slices.Min(fracs) / res.MeanUsed
 	res.WallSeconds = time.Since(began).Seconds()
-	t.Logf("after the workload (%d lost segments freed by their owners): %d segments held, rdma used fraction mean %.3f, max/mean %.3f, min/mean %.3f",
-		freed, res.Segments, res.MeanUsed, res.BalanceMax, res.BalanceMin)
+	t.Logf("after the workload (%d lost segments freed by their owners, %d of them reported lost after the halt): %d segments held, rdma used fraction mean %.3f, max/mean %.3f, min/mean %.3f",
+		freed, res.LostFreedAfterHalt, res.Segments, res.MeanUsed, res.BalanceMax, res.BalanceMin)
 
 	report(t, res)
 	if *scaleOut != "" {
@@ -583,6 +601,7 @@ func report(t *testing.T, r scaleResult) {
 	row("  reclaimed at their home (lease ran out)", "%d segments, reported lost and freed", r.PartitionReclaimed)
 	row("crash: first detection, all hosts", "%.2f s, %.2f s (suspicion floor %.1f s)", r.FirstDeadSeconds, r.AllDeadSeconds, r.SuspicionMinSecond)
 	row("crash: segments lost on every owner", "%.2f s = detection + %.2f s (%d segments, %d owners)", r.LostAllSeconds, r.LostAllSeconds-r.FirstDeadSeconds, r.CrashSegments, r.CrashOwners)
+	row("  reported lost only after the workload", "%d segments (freed then by their applications)", r.LostFreedAfterHalt)
 	row("gossip per host, idle", "%.0f B/s", r.GossipIdleBytesPerHostSec)
 	row("gossip per host, workload", "%.0f B/s, %.1f packets/s", r.GossipLoadBytesPerHostSec, r.GossipLoadPacketsPerHostS)
 	row("control-plane calls per allocation", "%.2f (%.2f between daemons)", r.CallsPerAlloc, r.PeerCallsPerAlloc)

@@ -691,7 +691,9 @@ func (w *simWorkload) freeLost() int {
 }
 
 // freeLostOf frees the segments of c that its daemon reports lost and
-// returns how many. The caller owns c (its worker, or any caller once the
+// returns how many. A record lost by mistake (its running home still holds
+// the segment for its owner) is kept: the test waits for its restore
+// rather than hide the mistake. The caller owns c (its worker, or any caller once the
 // workers are halted).
 func (w *simWorkload) freeLostOf(c *simClient) int {
 	d := c.host.daemon()
@@ -700,7 +702,7 @@ func (w *simWorkload) freeLostOf(c *simClient) int {
 	}
 	n := 0
 	for i := len(c.segs) - 1; i >= 0; i-- {
-		if r, err := d.pool.Stat(c.segs[i].id); err == nil && r.Lost {
+		if r, err := d.pool.Stat(c.segs[i].id); err == nil && r.Lost && !w.sc.heldAtHome(c.host.name, r) {
 			w.free(c, i, false)
 			n++
 		}
@@ -842,18 +844,68 @@ func (sc *simCluster) lostAtHome() (wrong, gone int) {
 			}
 		}
 		for _, r := range lost {
-			home := sc.host(r.Home)
-			if home == nil || home.daemon() == nil {
-				continue // its home is down: lost until it returns
-			}
-			if hr, err := home.daemon().pool.Stat(r.HomeID); err == nil && hr.Owner == peerClientPrefix+h.name {
+			switch home := sc.host(r.Home); {
+			case home == nil || home.daemon() == nil:
+				// its home is down (or it is this host's own memory): lost
+				// until it returns
+			case sc.heldAtHome(h.name, r):
 				wrong++
-			} else {
+			default:
 				gone++
 			}
 		}
 	}
 	return wrong, gone
+}
+
+// heldAtHome reports whether r, a record on host owner, names a segment
+// that its running home still holds for owner, contents intact (a home
+// that rebooted keeps its records, lost).
+func (sc *simCluster) heldAtHome(owner string, r record) bool {
+	home := sc.host(r.Home)
+	if home == nil {
+		return false
+	}
+	d := home.daemon()
+	if d == nil {
+		return false
+	}
+	hr, err := d.pool.Stat(r.HomeID)
+	return err == nil && hr.Owner == peerClientPrefix+owner && !hr.Lost
+}
+
+// lostKinds sorts the lost records on running hosts by what holds them:
+// on which host, whether that is home or owner side, whether the owner is
+// a peer or a local client and whether it has a session there now. It is
+// the diagnosis printed when lost records stay after the workload.
+func (sc *simCluster) lostKinds() map[string]int {
+	out := map[string]int{}
+	for _, h := range sc.up() {
+		p := h.daemon().pool
+		p.mu.Lock()
+		for _, r := range p.segs {
+			if !r.Lost {
+				continue
+			}
+			side := "own memory"
+			if r.Home != "" {
+				side = "homed on " + r.Home
+			}
+			owner := "local client"
+			if strings.HasPrefix(r.Owner, peerClientPrefix) {
+				owner = "peer"
+			}
+			state := "no session"
+			if c := p.clients[r.Owner]; c != nil && c.sessions > 0 {
+				state = "in session"
+			} else if c != nil {
+				state = fmt.Sprintf("lease ends in %v", time.Until(c.expires).Round(time.Second))
+			}
+			out[fmt.Sprintf("on %s, %s, %s owner %s", h.name, side, owner, state)]++
+		}
+		p.mu.Unlock()
+	}
+	return out
 }
 
 func (sc *simCluster) host(name string) *simHost {
