@@ -56,15 +56,20 @@ run_vm() {
 # check_results LOG...: print the guest's LAB-RESULT lines as one
 # "PASS|FAIL name detail" line per check; fail on any FAIL, on no PASS, or on
 # a guest that did not reach the end of its script.
+#
+# The log is read into a variable first: with pipefail, "tr | grep -q" fails
+# when grep stops at its first match and tr dies of SIGPIPE on a long log
+# (a CI run whose every check passed was reported failed that way).
 check_results() {
-  local f rc=0
+  local f text rc=0
   for f in "$@"; do
-    tr -d '\r' < "$f" | sed -n 's/^LAB-RESULT \([^ ]*\) \(PASS\|FAIL\|SKIP\) *\(.*\)$/\2 \1 \3/p'
-    if ! tr -d '\r' < "$f" | grep -q '^LAB: done'; then
+    text=$(tr -d '\r' < "$f")
+    sed -n 's/^LAB-RESULT \([^ ]*\) \(PASS\|FAIL\|SKIP\) *\(.*\)$/\2 \1 \3/p' <<< "$text"
+    if ! grep -q '^LAB: done' <<< "$text"; then
       echo "FAIL $(basename "$f" .log)-finished guest did not reach the end of its script (see $f)"; rc=1
     fi
-    tr -d '\r' < "$f" | grep -q -E '^LAB-RESULT [^ ]* FAIL' && rc=1
-    tr -d '\r' < "$f" | grep -q -E '^LAB-RESULT [^ ]* PASS' || rc=1
+    grep -q -E '^LAB-RESULT [^ ]* FAIL' <<< "$text" && rc=1
+    grep -q -E '^LAB-RESULT [^ ]* PASS' <<< "$text" || rc=1
   done
   return $rc
 }
