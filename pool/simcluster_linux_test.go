@@ -432,8 +432,16 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 				continue
 			}
 			if m, ok := od.pool.cl.Member(h.name); ok {
-				if t, ok := m.Meta.Tier("cxl"); ok && t.Free == want {
-					seen[i] = time.Since(start)
+				// (A view applied before the start that shows the same
+				// free bytes is an older change's, not this one's.)
+				if t, ok := m.Meta.Tier("cxl"); ok && t.Free == want && !m.MetaAt.Before(start) {
+					// When the observer applied it (MetaAt), not when this
+					// loop got to look: with 200 daemons on 2 cores the loop
+					// is sometimes not scheduled for a second, and one
+					// sample read 8.4 rounds, half the hosts at 8.3. A later
+					// change of another tier moves MetaAt on, so it is an
+					// upper bound too, never later than the look.
+					seen[i] = max(min(m.MetaAt.Sub(start), time.Since(start)), 1)
 					left--
 				}
 			}

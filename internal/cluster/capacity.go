@@ -146,7 +146,7 @@ func (c *Cluster) onCapacity(u capUpdate) bool {
 	}
 	r.cap = &u
 	if m, ok := withFree(r.base, r.cap); ok {
-		r.m.Meta = m
+		r.m.Meta, r.m.MetaAt = m, c.now()
 		c.publishLocked(EventUpdate, r.m.clone())
 	}
 	return true

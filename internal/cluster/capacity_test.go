@@ -3,6 +3,7 @@ package cluster
 import (
 	"math"
 	"testing"
+	"time"
 
 	"github.com/farmem/farmem/internal/cluster/memnet"
 	"github.com/hashicorp/memberlist"
@@ -67,6 +68,8 @@ func TestFreeOnly(t *testing.T) {
 // follows.
 func TestCapacityUpdatesApplyInOrder(t *testing.T) {
 	c := bareCluster("me")
+	clock := time.Unix(1000, 0)
+	c.now = func() time.Time { return clock }
 	c.bcast = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 2 }, RetransmitMult: 1}
 	events, unsub := c.Subscribe()
 	defer unsub()
@@ -100,19 +103,31 @@ func TestCapacityUpdatesApplyInOrder(t *testing.T) {
 	require.Equal(t, EventJoin, (<-events).Kind)
 	require.Equal(t, int64(50), rdmaFree())
 
-	// News applies, is an event and is passed on.
+	metaAt := func() time.Time {
+		m, ok := c.Member("x")
+		require.True(t, ok)
+		return m.MetaAt
+	}
+	require.Equal(t, time.Unix(1000, 0), metaAt())
+
+	// News applies, is an event and is passed on; MetaAt says when.
+	clock = clock.Add(time.Second)
 	d.NotifyMsg(update(1, 40))
 	e := <-events
 	require.Equal(t, EventUpdate, e.Kind)
 	require.Equal(t, int64(40), e.Member.Meta.Tiers[2].Free)
+	require.Equal(t, time.Unix(1001, 0), e.Member.MetaAt)
 	require.Equal(t, [][]byte{update(1, 40)}, d.GetBroadcasts(0, 1400))
 
-	// Repeats, older updates and other boots change nothing.
+	// Repeats, older updates and other boots change nothing, MetaAt
+	// included.
+	clock = clock.Add(time.Second)
 	d.NotifyMsg(update(1, 30))
 	d.NotifyMsg(capUpdate{name: "x", boot: 8, seq: 9, free: []int64{1, 1, 1}}.encode())
 	d.NotifyMsg(capUpdate{name: "nobody", boot: 7, seq: 9, free: []int64{1, 1, 1}}.encode())
 	noEvent()
 	require.Equal(t, int64(40), rdmaFree())
+	require.Equal(t, time.Unix(1001, 0), metaAt())
 	require.Empty(t, d.GetBroadcasts(0, 1400))
 
 	// An update that overtook the Meta it follows (seq 2, capacity 200):

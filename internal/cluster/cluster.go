@@ -594,6 +594,7 @@ func (c *Cluster) onAlive(name, addr string, raw []byte) {
 	r.m.Addr = addr
 	r.base, r.metaSeq = meta, st.capSeq
 	r.m.Meta, r.m.Boot, r.m.MetaErr = meta, st.boot, err
+	r.m.MetaAt = c.now()
 	if err != nil {
 		r.m.Boot = 0
 		c.log.Debug("peer metadata does not decode", "peer", name, "addr", addr, "err", err)
