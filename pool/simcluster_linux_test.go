@@ -400,11 +400,32 @@ type simConvergence struct {
 // other running host's view shows the new free bytes.
 func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (simConvergence, error) {
 	d := h.daemon()
+	var observers []*simHost
+	for _, o := range sc.up() {
+		if o != h {
+			observers = append(observers, o)
+		}
+	}
+	// Each observer's view before the change: a view counts once it has
+	// been applied since (its MetaAt moved) and shows the new free bytes.
+	// (Views were once all updated before the Alloc returned, on a busy
+	// machine; a view that shows the same free bytes from an older change
+	// of the host must not count.)
+	before := make([]time.Time, len(observers))
+	for i, o := range observers {
+		if od := o.daemon(); od != nil {
+			if m, ok := od.pool.cl.Member(h.name); ok {
+				before[i] = m.MetaAt
+			}
+		}
+	}
+	// Timed from the start of the Alloc (normally a millisecond), so a
+	// slow Alloc is counted, not hidden.
+	start := time.Now()
 	r, err := d.pool.Alloc(context.Background(), caller{}, AllocRequest{Size: 256 << 10, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 	if err != nil {
 		return simConvergence{}, err
 	}
-	start := time.Now()
 	defer func() { _ = d.pool.Free(caller{}, r.ID, "") }()
 	var want int64 = -1
 	for _, t := range d.pool.gossipTiers() {
@@ -412,15 +433,10 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 			want = t.Free
 		}
 	}
-	var observers []*simHost
-	for _, o := range sc.up() {
-		if o != h {
-			observers = append(observers, o)
-		}
-	}
 	seen := make([]time.Duration, len(observers))
 	left := len(observers)
 	for left > 0 {
+		stale, other := 0, 0
 		for i, o := range observers {
 			if seen[i] != 0 {
 				continue
@@ -431,23 +447,29 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 				left--
 				continue
 			}
-			if m, ok := od.pool.cl.Member(h.name); ok {
-				// (A view applied before the start that shows the same
-				// free bytes is an older change's, not this one's.)
-				if t, ok := m.Meta.Tier("cxl"); ok && t.Free == want && !m.MetaAt.Before(start) {
-					// When the observer applied it (MetaAt), not when this
-					// loop got to look: with 200 daemons on 2 cores the loop
-					// is sometimes not scheduled for a second, and one
-					// sample read 8.4 rounds, half the hosts at 8.3. A later
-					// change of another tier moves MetaAt on, so it is an
-					// upper bound too, never later than the look.
-					seen[i] = max(min(m.MetaAt.Sub(start), time.Since(start)), 1)
-					left--
-				}
+			m, ok := od.pool.cl.Member(h.name)
+			if !ok {
+				continue
+			}
+			switch t, ok := m.Meta.Tier("cxl"); {
+			case !ok || t.Free != want:
+				other++
+			case !m.MetaAt.After(before[i]):
+				stale++
+			default:
+				// When the observer applied it (MetaAt), not when this
+				// loop got to look: with 200 daemons on 2 cores the loop
+				// is sometimes not scheduled for a second, and one sample
+				// read 8.4 rounds, half the hosts at 8.3. A later change
+				// of another tier moves MetaAt on, so it is an upper
+				// bound too, never later than the look.
+				seen[i] = max(min(m.MetaAt.Sub(start), time.Since(start)), 1)
+				left--
 			}
 		}
 		if left > 0 && time.Since(start) > timeout {
-			return simConvergence{}, fmt.Errorf("%d of %d hosts have not seen %s's capacity change after %v", left, len(observers), h.name, timeout)
+			return simConvergence{}, fmt.Errorf("%d of %d hosts have not seen %s's capacity change after %v (%d show other free bytes, %d the same from before the change)",
+				left, len(observers), h.name, timeout, other, stale)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
