@@ -163,13 +163,14 @@ func sessionProbe(ttl time.Duration) keepalive.ServerParameters {
 	return keepalive.ServerParameters{Time: d, Timeout: d}
 }
 
-// stopContext returns a context that ends when the daemon stops, or when
-// cancel is called (which the caller must do).
-func (d *Daemon) stopContext() (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.Background())
+// untilClosed returns a context derived from parent that also ends when
+// stop is closed (the daemon, or its peer sessions, stopping). The caller
+// must call cancel.
+func untilClosed(parent context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
 	go func() {
 		select {
-		case <-d.stop:
+		case <-stop:
 			cancel()
 		case <-ctx.Done():
 		}
@@ -220,7 +221,7 @@ func (d *Daemon) Serve() error {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			ctx, cancel := d.stopContext()
+			ctx, cancel := untilClosed(context.Background(), d.stop)
 			defer cancel()
 			if err := d.measureTiers(ctx); err != nil && ctx.Err() == nil {
 				d.log.Warn("measure tiers", "err", err)

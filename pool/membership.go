@@ -104,7 +104,7 @@ func (d *Daemon) joinLoop() {
 				defer sweeping.Store(false)
 				// Close waits for this goroutine before it closes the
 				// peer sessions: stop asking at once.
-				ctx, cancel := d.stopContext()
+				ctx, cancel := untilClosed(context.Background(), d.stop)
 				defer cancel()
 				d.pool.sweepPeers(ctx)
 			}()

@@ -109,15 +109,10 @@ func (ps *peers) freeLater(node string, homeID uint64) {
 	ps.mu.Unlock()
 	go func() {
 		defer ps.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, stop := untilClosed(context.Background(), ps.stop)
+		defer stop()
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		go func() {
-			select {
-			case <-ps.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		cctx, _, err := c.Call(ctx)
 		if err == nil {
 			_, err = c.API().Free(cctx, &poolv1.FreeRequest{Id: homeID})

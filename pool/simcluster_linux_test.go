@@ -904,40 +904,6 @@ func (sc *simCluster) heldAtHome(owner string, r record) bool {
 	return err == nil && hr.Owner == peerClientPrefix+owner && !hr.Lost
 }
 
-// lostKinds sorts the lost records on running hosts by what holds them:
-// on which host, whether that is home or owner side, whether the owner is
-// a peer or a local client and whether it has a session there now. It is
-// the diagnosis printed when lost records stay after the workload.
-func (sc *simCluster) lostKinds() map[string]int {
-	out := map[string]int{}
-	for _, h := range sc.up() {
-		p := h.daemon().pool
-		p.mu.Lock()
-		for _, r := range p.segs {
-			if !r.Lost {
-				continue
-			}
-			side := "own memory"
-			if r.Home != "" {
-				side = "homed on " + r.Home
-			}
-			owner := "local client"
-			if strings.HasPrefix(r.Owner, peerClientPrefix) {
-				owner = "peer"
-			}
-			state := "no session"
-			if c := p.clients[r.Owner]; c != nil && c.sessions > 0 {
-				state = "in session"
-			} else if c != nil {
-				state = fmt.Sprintf("lease ends in %v", time.Until(c.expires).Round(time.Second))
-			}
-			out[fmt.Sprintf("on %s, %s, %s owner %s", h.name, side, owner, state)]++
-		}
-		p.mu.Unlock()
-	}
-	return out
-}
-
 func (sc *simCluster) host(name string) *simHost {
 	for _, h := range sc.hosts {
 		if h.name == name {
@@ -961,39 +927,64 @@ func (sc *simCluster) drain(h *simHost, undo bool) error {
 	return err
 }
 
-// explainLost describes up to max lost records on running hosts: what
-// the owner sees of the home, and what the home holds.
-func (sc *simCluster) explainLost(max int) []string {
-	var out []string
+// explainLost is the diagnosis a test prints when lost records remain:
+// they are counted by what explains them (the host holding the record,
+// the home it names or its own memory, the owner and its session there,
+// the home in the holder's view, what the home holds), one line a kind,
+// the first 40 kinds in order.
+func (sc *simCluster) explainLost() string {
+	kinds := map[string]int{}
 	for _, h := range sc.up() {
-		d := h.daemon()
-		var lost []record
-		for _, r := range d.pool.List() {
-			if r.Lost {
-				lost = append(lost, r)
+		p := h.daemon().pool
+		for _, r := range p.List() {
+			if !r.Lost {
+				continue
 			}
-		}
-		for _, r := range lost {
-			if len(out) >= max {
-				return out
+			owner := "a local client"
+			if strings.HasPrefix(r.Owner, peerClientPrefix) {
+				owner = "a peer"
 			}
-			view := "unknown"
-			if m, ok := d.pool.cl.Member(r.Home); ok {
-				view = cluster.StateString(m.State)
+			p.mu.Lock()
+			switch c := p.clients[r.Owner]; {
+			case c == nil:
+				owner += " without a lease"
+			case c.sessions > 0:
+				owner += " in session"
+			default:
+				owner += fmt.Sprintf(" whose lease ends in %v", time.Until(c.expires).Round(time.Second))
 			}
-			at := "home down"
-			for _, o := range sc.up() {
-				if o.name == r.Home {
-					if hr, err := o.daemon().pool.Stat(r.HomeID); err != nil {
-						at = err.Error()
-					} else {
-						at = fmt.Sprintf("lost=%v owner=%s", hr.Lost, hr.Owner)
+			p.mu.Unlock()
+			where := "its own memory"
+			if r.Home != "" {
+				view := "unknown"
+				if m, ok := p.cl.Member(r.Home); ok {
+					view = cluster.StateString(m.State)
+				}
+				at := "down"
+				if home := sc.host(r.Home); home != nil && home.daemon() != nil {
+					switch hr, err := home.daemon().pool.Stat(r.HomeID); {
+					case err != nil:
+						at = "gone"
+					case hr.Owner != peerClientPrefix+h.name:
+						at = "held for " + hr.Owner
+					case hr.Lost:
+						at = "lost too"
+					default:
+						at = "held intact"
 					}
 				}
+				where = fmt.Sprintf("homed on %s (%s in its view; at home: %s)", r.Home, view, at)
 			}
-			out = append(out, fmt.Sprintf("%s:%d home %s (%s in its view, session %v, %d events dropped): at home %s",
-				h.name, r.ID, r.Home, view, d.pool.peers.conn(r.Home) != nil, d.pool.cl.Stats().EventsDropped, at))
+			kinds[fmt.Sprintf("on %s, %s, owned by %s", h.name, where, owner)]++
 		}
 	}
-	return out
+	lines := make([]string, 0, len(kinds))
+	for k, n := range kinds {
+		lines = append(lines, fmt.Sprintf("%5d %s", n, k))
+	}
+	slices.Sort(lines)
+	if len(lines) > 40 {
+		lines = append(lines[:40], fmt.Sprintf("... and %d more kinds", len(lines)-40))
+	}
+	return strings.Join(lines, "\n")
 }

@@ -135,9 +135,11 @@ func TestCapacityUpdatesApplyInOrder(t *testing.T) {
 	// still applies over it.
 	d.NotifyMsg(update(3, 150))
 	require.Equal(t, int64(100), (<-events).Member.Meta.Tiers[2].Free, "capped at the capacity known")
+	clock = clock.Add(time.Second)
 	d.NotifyUpdate(&memberlist.Node{Name: "x", Meta: meta(2, 200)})
 	e = <-events
 	require.Equal(t, int64(200), e.Member.Meta.Tiers[2].Capacity)
+	require.Equal(t, clock, e.Member.MetaAt, "a new Meta moves MetaAt")
 	require.Equal(t, int64(150), e.Member.Meta.Tiers[2].Free, "update 3 is newer than the Meta of seq 2")
 
 	// push/pull carries the newest update.

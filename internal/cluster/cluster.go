@@ -590,11 +590,13 @@ func (c *Cluster) onAlive(name, addr string, raw []byte) {
 	if st.boot != r.m.Boot {
 		r.m.Leaving = false // a new boot has not announced Leave
 	}
+	if !bytes.Equal(raw, r.raw) {
+		r.m.MetaAt = c.now()
+	}
 	r.raw = raw
 	r.m.Addr = addr
 	r.base, r.metaSeq = meta, st.capSeq
 	r.m.Meta, r.m.Boot, r.m.MetaErr = meta, st.boot, err
-	r.m.MetaAt = c.now()
 	if err != nil {
 		r.m.Boot = 0
 		c.log.Debug("peer metadata does not decode", "peer", name, "addr", addr, "err", err)

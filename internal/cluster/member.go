@@ -57,8 +57,8 @@ type Member struct {
 	// Meta is the node's decoded metadata; zero if MetaErr is set.
 	Meta Meta
 	// MetaAt is when this node last applied a change of Meta (a new Meta
-	// or a capacity update), by its local clock: how fresh its view of the
-	// node's free bytes is.
+	// or a capacity update), by its local clock. The scale simulation
+	// times convergence with it.
 	MetaAt time.Time
 	// MetaErr is non-nil (wrapping ErrBadMeta) when the node's metadata does
 	// not decode; such a node is listed but never used for placement.
