@@ -68,21 +68,28 @@ type segInfo struct {
 
 // req is one posted round of one operation. Its owner is the caller until
 // it completes; a caller that leaves early (ctx) abandons it and the poller
-// that sees its completion frees its blocks. reqs are recycled.
+// that sees its completion frees its blocks. A round lives in Conn.reqs at
+// the index of its first bounce block, which no other round in flight
+// holds, and its work-request id is that index plus a sequence number
+// (above slotBits), so a completion finds its round without a map and a
+// stale one (a flushed work request of a round already completed) is told
+// apart by the sequence.
 type req struct {
 	id      uint64
 	nblocks int
 	blocks  [roundBlocks]int
-	ws      [roundBlocks]wr
+	ws      []wr          // roundBlocks work requests in C memory, fixed per slot
 	status  uint32        // set before done
 	done    atomic.Bool   // the round's last work request completed
 	waitCh  chan struct{} // guarded by Conn.pmu: made by a sleeping caller, closed on completion
 	// abandoned is guarded by Conn.pmu: the caller left (ctx); the poller
 	// frees the blocks.
 	abandoned bool
+	live      bool // guarded by Conn.pmu: posted, completion not yet seen
 }
 
-var reqPool = sync.Pool{New: func() any { return new(req) }}
+// slotBits is the width of the slot (first block) in a work-request id.
+const slotBits = 16
 
 // Conn is a client connection to one peer's data plane over an RC queue
 // pair. It implements rdma.Conn and is safe for concurrent use.
@@ -116,14 +123,16 @@ type Conn struct {
 
 	bmu    sync.Mutex
 	free   []int
-	freed  chan struct{}  // closed and replaced when blocks are released while someone waits
-	bwait  int            // callers waiting on freed
-	pollMu sync.Mutex     // held by the polling caller
-	wcs    [32]completion // guarded by pollMu
-	wake   chan struct{}  // a token: the leader left while ops are pending
+	freed  chan struct{} // closed and replaced when blocks are released while someone waits
+	bwait  int           // callers waiting on freed
+	pollMu sync.Mutex    // held by the polling caller
+	wcs    []completion  // guarded by pollMu; 32 of them, in cm
+	wake   chan struct{} // a token: the leader left while ops are pending
+	reqs   []req         // by first block; see req
+	cm     cmem          // C memory behind wcs and every req's ws
 	pmu    sync.Mutex
-	pend   map[uint64]*req
-	nextID uint64
+	npend  int    // guarded by pmu: live reqs
+	seq    uint64 // guarded by pmu: the last round's sequence number
 }
 
 var _ rdma.Conn = (*Conn)(nil)
@@ -167,12 +176,19 @@ func handshake(ctx context.Context, d *device, nc net.Conn, cred []byte) (_ *Con
 		return nil, err
 	}
 	c := &Conn{dev: d, qp: qp, ctl: nc, closedCh: make(chan struct{}), segs: map[uint64]segInfo{},
-		freed: make(chan struct{}), wake: make(chan struct{}, 1), pend: map[uint64]*req{}}
+		freed: make(chan struct{}), wake: make(chan struct{}, 1), reqs: make([]req, numBlocks)}
 	defer func() {
 		if err != nil {
 			c.release()
 		}
 	}()
+	var ws []wr
+	if c.cm, ws, c.wcs, err = newCmem(numBlocks*roundBlocks, 32); err != nil {
+		return nil, err
+	}
+	for i := range c.reqs {
+		c.reqs[i].ws = ws[i*roundBlocks : (i+1)*roundBlocks : (i+1)*roundBlocks]
+	}
 	c.bounce, err = unix.Mmap(-1, 0, numBlocks*blockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("rdma/verbs: map the bounce buffer: %w", err)
@@ -208,6 +224,9 @@ func (c *Conn) release() {
 	}
 	if c.bounce != nil {
 		unix.Munmap(c.bounce)
+	}
+	if c.cm.p != nil {
+		c.cm.free()
 	}
 }
 
@@ -266,8 +285,20 @@ func (c *Conn) FetchAdd64(ctx context.Context, r rdma.Region, off int64, delta u
 	return op.Prev, err
 }
 
+// one runs a lone operation; op does not escape, so the Read, Write and
+// atomic wrappers allocate nothing.
 func (c *Conn) one(ctx context.Context, op *rdma.Op) error {
-	c.Do(ctx, op)
+	op.Prev, op.Swapped, op.Err = 0, false, nil
+	if err := c.enter(); err != nil {
+		op.Err = err
+		return err
+	}
+	defer c.ops.Done()
+	st := opState{op: op}
+	op.Err = c.start(ctx, &st, true)
+	if st.r != nil {
+		op.Err = c.finish(ctx, &st)
+	}
 	return op.Err
 }
 
@@ -282,6 +313,9 @@ type opState struct {
 // Do posts every op's first round of work requests, then waits for each.
 // The last op's post also polls, so a lone operation crosses into C once.
 func (c *Conn) Do(ctx context.Context, ops ...*rdma.Op) error {
+	if len(ops) == 1 {
+		return c.one(ctx, ops[0])
+	}
 	if err := c.enter(); err != nil {
 		for _, op := range ops {
 			op.Err = err
@@ -289,11 +323,7 @@ func (c *Conn) Do(ctx context.Context, ops ...*rdma.Op) error {
 		return err
 	}
 	defer c.ops.Done()
-	var one [1]opState
-	sts := one[:]
-	if len(ops) > 1 {
-		sts = make([]opState, len(ops))
-	}
+	sts := make([]opState, len(ops))
 	for i, op := range ops {
 		sts[i].op = op
 		op.Prev, op.Swapped, op.Err = 0, false, nil
@@ -411,13 +441,14 @@ func (c *Conn) forget(seg uint64) {
 	c.smu.Unlock()
 }
 
-// takeBlocks takes n bounce blocks into r, all or none, waiting for
-// releases.
-func (c *Conn) takeBlocks(ctx context.Context, r *req, n int) error {
+// takeBlocks fills blocks with free bounce blocks, all or none, waiting
+// for releases.
+func (c *Conn) takeBlocks(ctx context.Context, blocks []int) error {
+	n := len(blocks)
 	for {
 		c.bmu.Lock()
 		if len(c.free) >= n {
-			r.nblocks = copy(r.blocks[:n], c.free[len(c.free)-n:])
+			copy(blocks, c.free[len(c.free)-n:])
 			c.free = c.free[:len(c.free)-n]
 			c.bmu.Unlock()
 			return nil
@@ -442,7 +473,8 @@ func (c *Conn) takeBlocks(ctx context.Context, r *req, n int) error {
 	}
 }
 
-// recycle returns r's blocks and r itself.
+// recycle returns r's blocks, and with its first one r itself: r may be
+// reused at once, so the caller must be done with it.
 func (c *Conn) recycle(r *req) {
 	c.bmu.Lock()
 	c.free = append(c.free, r.blocks[:r.nblocks]...)
@@ -451,8 +483,6 @@ func (c *Conn) recycle(r *req) {
 		c.freed = make(chan struct{})
 	}
 	c.bmu.Unlock()
-	*r = req{}
-	reqPool.Put(r)
 }
 
 func (c *Conn) block(i int) []byte { return c.bounce[i*blockSize : (i+1)*blockSize] }
@@ -465,18 +495,24 @@ func (c *Conn) post(ctx context.Context, st *opState, poll bool) error {
 	op := st.op
 	left := st.length() - st.done
 	nb := min((left+blockSize-1)/blockSize, roundBlocks)
-	r := reqPool.Get().(*req)
-	if err := c.takeBlocks(ctx, r, nb); err != nil {
-		reqPool.Put(r)
+	var blocks [roundBlocks]int
+	if err := c.takeBlocks(ctx, blocks[:nb]); err != nil {
 		return err
 	}
+	// The slot is free (its block was): nobody else reads r until it is
+	// live.
+	r := &c.reqs[blocks[0]]
+	r.blocks, r.nblocks = blocks, nb
+	r.status, r.waitCh, r.abandoned = 0, nil, false
+	r.done.Store(false)
 	ws := r.ws[:nb]
 	raddr := st.info.addr + uint64(op.Offset) + uint64(st.done)
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(c.bounce)))
 	c.pmu.Lock()
-	c.nextID++
-	r.id = c.nextID
-	c.pend[r.id] = r
+	c.seq++
+	r.id = c.seq<<slotBits | uint64(blocks[0])
+	r.live = true
+	c.npend++
 	c.pmu.Unlock()
 	for i, b := range r.blocks[:nb] {
 		n := min(left-i*blockSize, blockSize)
@@ -501,7 +537,7 @@ func (c *Conn) post(ctx context.Context, st *opState, poll bool) error {
 	var err error
 	if poll && c.pollMu.TryLock() {
 		var n int
-		n, err = c.qp.postPoll(ws, c.wcs[:], pollSpinNs)
+		n, err = c.qp.postPoll(ws, c.wcs, pollSpinNs)
 		if err == nil {
 			c.dispatch(n)
 		}
@@ -511,7 +547,8 @@ func (c *Conn) post(ctx context.Context, st *opState, poll bool) error {
 	}
 	if err != nil {
 		c.pmu.Lock()
-		delete(c.pend, r.id)
+		r.live = false
+		c.npend--
 		c.pmu.Unlock()
 		c.recycle(r)
 		c.broken.Store(true)
@@ -651,7 +688,7 @@ func (c *Conn) abandon(r *req) bool {
 // handOff passes the polling duty on when operations are still pending.
 func (c *Conn) handOff() {
 	c.pmu.Lock()
-	n := len(c.pend)
+	n := c.npend
 	c.pmu.Unlock()
 	if n > 0 {
 		select {
@@ -664,7 +701,7 @@ func (c *Conn) handOff() {
 // pollOnce polls for up to pollSpinNs and completes what it finds. The
 // caller holds pollMu.
 func (c *Conn) pollOnce() error {
-	n, err := c.qp.poll(c.wcs[:], pollSpinNs)
+	n, err := c.qp.poll(c.wcs, pollSpinNs)
 	if err != nil {
 		c.broken.Store(true)
 		return fmt.Errorf("%w (%w)", err, rdma.ErrClosed)
@@ -678,13 +715,18 @@ func (c *Conn) pollOnce() error {
 func (c *Conn) dispatch(n int) {
 	for i := range n {
 		id, status := wcID(&c.wcs[i])
+		slot := id & (1<<slotBits - 1)
+		if slot >= uint64(len(c.reqs)) {
+			continue
+		}
+		r := &c.reqs[slot]
 		c.pmu.Lock()
-		r := c.pend[id]
-		if r == nil { // a later work request of a round that already failed
+		if !r.live || r.id != id { // a later work request of a round that already failed
 			c.pmu.Unlock()
 			continue
 		}
-		delete(c.pend, id)
+		r.live = false
+		c.npend--
 		r.status = status
 		r.done.Store(true)
 		ab, ch := r.abandoned, r.waitCh

@@ -160,8 +160,15 @@ typedef struct {
 	uint32_t len, lkey, rkey, opcode, signaled, pad;
 } fm_op;
 
+// The data-path functions take their pointers as uintptr_t: every one of
+// them points to C memory (libibverbs objects, and the work-request and
+// completion arrays a connection allocates with calloc), so cgo's per-call
+// pointer checks, which a pointer-typed argument costs, would find nothing.
+
 // fm_post posts n work requests as one linked list (one doorbell).
-static int fm_post(struct ibv_qp *qp, fm_op *ops, int n) {
+static int fm_post(uintptr_t qpp, uintptr_t opsp, int n) {
+	struct ibv_qp *qp = (struct ibv_qp *)qpp;
+	fm_op *ops = (fm_op *)opsp;
 	struct ibv_send_wr wr[n];
 	struct ibv_sge sge[n];
 	memset(wr, 0, sizeof wr);
@@ -188,12 +195,12 @@ static int fm_post(struct ibv_qp *qp, fm_op *ops, int n) {
 
 typedef struct { uint64_t wr_id; uint32_t status, pad; } fm_wc;
 
-static int fm_poll(struct ibv_cq *cq, fm_wc *out, int n, int64_t spin_ns);
+static int fm_poll(uintptr_t cqp, uintptr_t outp, int n, int64_t spin_ns);
 
 // fm_post_poll posts like fm_post, then polls like fm_poll: one crossing
 // from Go for a lone operation. It returns the number of completions, or
 // -1000 - errno when the post failed.
-static int fm_post_poll(struct ibv_qp *qp, struct ibv_cq *cq, fm_op *ops, int n, fm_wc *out, int max, int64_t spin_ns) {
+static int fm_post_poll(uintptr_t qp, uintptr_t cq, uintptr_t ops, int n, uintptr_t out, int max, int64_t spin_ns) {
 	int rc = fm_post(qp, ops, n);
 	if (rc) return -1000 - rc;
 	return fm_poll(cq, out, max, spin_ns);
@@ -201,7 +208,9 @@ static int fm_post_poll(struct ibv_qp *qp, struct ibv_cq *cq, fm_op *ops, int n,
 
 // fm_poll polls cq until it yields completions or spin_ns nanoseconds pass,
 // so a waiting caller crosses from Go to C once per wait, not once per poll.
-static int fm_poll(struct ibv_cq *cq, fm_wc *out, int n, int64_t spin_ns) {
+static int fm_poll(uintptr_t cqp, uintptr_t outp, int n, int64_t spin_ns) {
+	struct ibv_cq *cq = (struct ibv_cq *)cqp;
+	fm_wc *out = (fm_wc *)outp;
 	struct ibv_wc wc[32];
 	if (n > 32) n = 32;
 	struct timespec t0, t;
@@ -389,17 +398,19 @@ func setSignaled(w *wr) { w.signaled = 1 }
 
 func wcID(c *completion) (uint64, uint32) { return uint64(c.wr_id), uint32(c.status) }
 
-// post posts the work requests as one list.
+// post posts the work requests as one list. ws is in C memory (cmem).
 func (q *queuePair) post(ws []wr) error {
-	if rc := C.fm_post(q.qp, &ws[0], C.int(len(ws))); rc != 0 {
+	if rc := C.fm_post(q.qpAddr(), cAddr(unsafe.Pointer(&ws[0])), C.int(len(ws))); rc != 0 {
 		return syscall.Errno(rc)
 	}
 	return nil
 }
 
-// postPoll posts the work requests and polls for up to spinNs.
+// postPoll posts the work requests and polls for up to spinNs. ws and out
+// are in C memory (cmem).
 func (q *queuePair) postPoll(ws []wr, out []completion, spinNs int64) (int, error) {
-	n := int(C.fm_post_poll(q.qp, q.cq, &ws[0], C.int(len(ws)), &out[0], C.int(len(out)), C.int64_t(spinNs)))
+	n := int(C.fm_post_poll(q.qpAddr(), q.cqAddr(), cAddr(unsafe.Pointer(&ws[0])), C.int(len(ws)),
+		cAddr(unsafe.Pointer(&out[0])), C.int(len(out)), C.int64_t(spinNs)))
 	switch {
 	case n <= -1000:
 		return 0, syscall.Errno(-1000 - n)
@@ -412,14 +423,42 @@ func (q *queuePair) postPoll(ws []wr, out []completion, spinNs int64) (int, erro
 // completion is one polled work completion.
 type completion = C.fm_wc
 
-// poll waits up to spinNs for completions and returns how many it stored.
+// poll waits up to spinNs for completions and returns how many it stored
+// in out, which is in C memory (cmem).
 func (q *queuePair) poll(out []completion, spinNs int64) (int, error) {
-	n := C.fm_poll(q.cq, &out[0], C.int(len(out)), C.int64_t(spinNs))
+	n := C.fm_poll(q.cqAddr(), cAddr(unsafe.Pointer(&out[0])), C.int(len(out)), C.int64_t(spinNs))
 	if n < 0 {
 		return 0, fmt.Errorf("rdma/verbs: ibv_poll_cq failed (%d)", int(n))
 	}
 	return int(n), nil
 }
+
+func (q *queuePair) qpAddr() C.uintptr_t { return cAddr(unsafe.Pointer(q.qp)) }
+func (q *queuePair) cqAddr() C.uintptr_t { return cAddr(unsafe.Pointer(q.cq)) }
+
+// cAddr passes a pointer to C memory as an integer, which cgo does not
+// check (see the C functions above).
+func cAddr(p unsafe.Pointer) C.uintptr_t { return C.uintptr_t(uintptr(p)) }
+
+// cmem is memory from C's allocator for the arrays the data path hands to
+// C: work requests and completions hold no Go pointers, and in C memory
+// they need no cgo pointer checks.
+type cmem struct{ p unsafe.Pointer }
+
+// newCmem allocates zeroed C memory for wrs work requests and wcs
+// completions.
+func newCmem(wrs, wcs int) (cmem, []wr, []completion, error) {
+	wsz, csz := int(unsafe.Sizeof(wr{})), int(unsafe.Sizeof(completion{}))
+	p := C.calloc(C.size_t(wrs*wsz+wcs*csz), 1)
+	if p == nil {
+		return cmem{}, nil, nil, fmt.Errorf("rdma/verbs: allocate %d work requests: out of memory", wrs)
+	}
+	ws := unsafe.Slice((*wr)(p), wrs)
+	cs := unsafe.Slice((*completion)(unsafe.Add(p, wrs*wsz)), wcs)
+	return cmem{p}, ws, cs, nil
+}
+
+func (m cmem) free() { C.free(m.p) }
 
 func wcStatusString(st uint32) string {
 	return C.GoString(C.ibv_wc_status_str(C.enum_ibv_wc_status(st)))
