@@ -51,9 +51,11 @@ type DaxDevice struct {
 	// Driver is the bound driver's name ("device_dax", "kmem"); empty
 	// when unbound.
 	Driver string
-	// Region is the CXL ram region the device lies under (through its
-	// dax_regionN), "region0"; empty for other DAX devices: hmem, and pmem
-	// namespaces, including those of CXL pmem regions (reached via libnvdimm).
+	// Region is the CXL region that holds the device, "region0": for a ram
+	// region the one it lies under (through its dax_regionN), for a pmem
+	// region (whose namespaces are reached via libnvdimm) the one whose
+	// host physical range holds its resource; empty for other DAX devices
+	// (hmem, plain NVDIMM namespaces).
 	Region string
 }
 

@@ -48,6 +48,17 @@ func (fsys FS) Discover() (*Inventory, error) {
 // a region's dax devices, a decoder's region, a region's mode on kernels
 // older than 6.3 (taken from its endpoint decoders).
 func link(inv *Inventory) {
+	// A pmem region's dax devices sit below libnvdimm, not below the
+	// region; their host physical address says which region holds them.
+	for i := range inv.Dax {
+		dax := &inv.Dax[i]
+		for _, r := range inv.Regions {
+			if dax.Region == "" && dax.Resource != 0 && r.Size != 0 &&
+				dax.Resource >= r.Resource && dax.Resource-r.Resource < r.Size {
+				dax.Region = r.Name
+			}
+		}
+	}
 	decoderIdx := make(map[string]int, len(inv.Decoders))
 	for i, d := range inv.Decoders {
 		decoderIdx[d.Name] = i

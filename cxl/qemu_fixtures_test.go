@@ -9,18 +9,22 @@ import (
 )
 
 // TestQEMUFixtures reads the sysfs trees that lab/run.sh copies out of its
-// QEMU guest (kernel 6.1, one cxl-type3 device with 256 MiB of persistent
-// memory behind a pxb-cxl host bridge, a pmem region, a devdax namespace):
-// qemu-devdax with dax0.0 in devdax mode, qemu-numa after
-// `daxctl reconfigure-device --mode=system-ram`. The committed copies live
-// in testdata/; FARMEM_CXL_FIXTURES points the test at a fresh run's trees
-// instead (the lab does that to check them before they replace these).
+// QEMU guests. The cxl guest (QEMU 7.2, kernel 6.1, one cxl-type3 device
+// with 256 MiB of persistent memory behind a pxb-cxl host bridge, a pmem
+// region, a devdax namespace) gives qemu-devdax, with dax0.0 in devdax
+// mode, and qemu-numa, after `daxctl reconfigure-device --mode=system-ram`.
+// The cxl-ram guest (QEMU 10, kernel 6.12, the same device with 256 MiB of
+// volatile memory: a memory expander) gives qemu-ram: a ram region whose
+// dax0.0 the kernel onlined as a memory-only node. The committed copies
+// live in testdata/; FARMEM_CXL_FIXTURES points the test at a fresh run's
+// trees instead (the lab does that to check them before they replace
+// these).
 func TestQEMUFixtures(t *testing.T) {
 	dir := os.Getenv("FARMEM_CXL_FIXTURES")
 	if dir == "" {
 		dir = "testdata"
 	}
-	for _, name := range []string{"qemu-devdax", "qemu-numa"} {
+	for _, name := range []string{"qemu-devdax", "qemu-numa", "qemu-ram"} {
 		t.Run(name, func(t *testing.T) {
 			root := filepath.Join(dir, name)
 			if _, err := os.Stat(root); err != nil {
@@ -34,16 +38,27 @@ func TestQEMUFixtures(t *testing.T) {
 				t.Logf("problem: %v", p)
 			}
 
+			volatile := name == "qemu-ram"
 			require.Len(t, inv.Memdevs, 1)
 			mem := inv.Memdevs[0]
 			require.Equal(t, "mem0", mem.Name)
-			require.EqualValues(t, 256<<20, mem.PMEMSize)
-			require.Zero(t, mem.RAMSize)
+			if volatile {
+				require.EqualValues(t, 256<<20, mem.RAMSize)
+				require.Zero(t, mem.PMEMSize)
+			} else {
+				require.EqualValues(t, 256<<20, mem.PMEMSize)
+				require.Zero(t, mem.RAMSize)
+			}
 
 			require.Len(t, inv.Regions, 1)
 			reg := inv.Regions[0]
 			require.Equal(t, "region0", reg.Name)
-			require.Equal(t, ModePMEM, reg.Mode)
+			if volatile {
+				require.Equal(t, ModeRAM, reg.Mode)
+			} else {
+				require.Equal(t, ModePMEM, reg.Mode)
+			}
+			require.Equal(t, []string{"dax0.0"}, reg.Dax, "the region's dax device, below it (ram) or in its address range (pmem)")
 			require.True(t, reg.Committed)
 			require.EqualValues(t, 256<<20, reg.Size)
 			require.Equal(t, "decoder0.0", reg.RootDecoder)
@@ -64,7 +79,8 @@ func TestQEMUFixtures(t *testing.T) {
 			require.Equal(t, "dax0.0", dx.Name)
 			require.EqualValues(t, 2<<20, dx.Align)
 			require.NotZero(t, dx.Size)
-			require.LessOrEqual(t, dx.Size, uint64(256<<20), "the namespace's info block takes some of the region")
+			require.LessOrEqual(t, dx.Size, uint64(256<<20), "a pmem namespace's info block takes some of the region")
+			require.Equal(t, "region0", dx.Region)
 			require.NotZero(t, dx.TargetNode, "QEMU with maxmem gives the CXL window its own proximity domain")
 
 			node := func(id int) *Node {
@@ -96,6 +112,16 @@ func TestQEMUFixtures(t *testing.T) {
 				// Memory blocks are 128 MiB and the devdax start is offset by
 				// its info block, so one block of the ~250 MiB comes online.
 				require.EqualValues(t, 128<<20, far[0].MemTotal)
+			case "qemu-ram":
+				// No namespace, no info block: all of it comes online.
+				require.Equal(t, DaxSystemRAM, dx.Mode)
+				require.Equal(t, "kmem", dx.Driver)
+				require.EqualValues(t, 256<<20, dx.Size)
+				far := inv.FarNodes()
+				require.Len(t, far, 1)
+				require.Equal(t, dx.TargetNode, far[0].ID)
+				require.Empty(t, far[0].CPUs)
+				require.EqualValues(t, 256<<20, far[0].MemTotal)
 			}
 		})
 	}

@@ -19,7 +19,7 @@ if [ ! -e "$MARK" ]; then
   # (34 MB, minutes); a small one is built below instead.
   if ! INITRD=No debootstrap --variant=minbase --include=$PKGS "$SUITE" rootfs "$MIRROR" > debootstrap.log 2>&1; then
     tail -20 debootstrap.log
-    if grep -q -E "Failed getting release file|Couldn't download|Failure trying to run|E: .*download|Temporary failure resolving|Could not resolve|Connection (refused|timed out)" debootstrap.log; then
+    if download_failed debootstrap.log; then
       say "image: a package download failed (mirror $MIRROR); see $LAB/debootstrap.log"
       exit 3
     fi

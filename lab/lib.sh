@@ -14,18 +14,25 @@ QEMU=${QEMU:-qemu-system-x86_64}
 KCMD="root=/dev/vda rw console=ttyS0 init=/sbin/lab-init panic=-1 quiet loglevel=4"
 
 now() { date +%s.%N; }
+
+# download_failed LOG: whether debootstrap's LOG says a package download
+# failed (mirror unreachable), as opposed to a real failure.
+download_failed() {
+  grep -q -E "Failed getting release file|Couldn't download|Failure trying to run|E: .*download|Temporary failure resolving|Could not resolve|Connection (refused|timed out)" "$1"
+}
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.0f", b-a}'; }
 say() { echo "lab: $*"; }
 
-# vm_base VCPUS MEMORY: what every guest shares. The Debian kernel and initrd,
+# vm_base VCPUS MEMORY: what every guest shares. The Debian kernel and initrd
+# (from $IMG, default $LAB: the Debian 12 image; $LAB/trixie holds Debian 13's),
 # the ext4 root image with snapshot=on (never modified, so guests may share
 # it) and a virtio-9p share ($LAB/share -> /lab) with the guest scripts and
 # the binaries under test. Devices sit on pcie.0: with a pxb-cxl present,
 # QEMU 7.2's automatic placement tries the CXL host bridge and refuses.
 vm_base() {
   echo -accel tcg -cpu "${CPU:-max}" -smp "$1" -m "$2" -nographic -no-reboot \
-    -kernel "$LAB/boot/vmlinuz" -initrd "$LAB/boot/initrd.img" \
-    -drive file="$LAB/rootfs.img",if=none,id=root,format=raw,snapshot=on \
+    -kernel "${IMG:-$LAB}/boot/vmlinuz" -initrd "${IMG:-$LAB}/boot/initrd.img" \
+    -drive file="${IMG:-$LAB}/rootfs.img",if=none,id=root,format=raw,snapshot=on \
     -device virtio-blk-pci,drive=root,bus=pcie.0 \
     -fsdev local,id=labfs,path="$LAB/share",security_model=none \
     -device virtio-9p-pci,fsdev=labfs,mount_tag=lab,bus=pcie.0

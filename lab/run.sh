@@ -3,12 +3,14 @@
 # emulated CXL Type-3 device and a Soft-RoCE NIC, and runs poold, memctl and
 # farmem's verbs transport on them. One line per check (PASS/FAIL/SKIP).
 #
-#   lab/run.sh [-d DIR] [--only cxl|rdma] [--update-fixtures]
+#   lab/run.sh [-d DIR] [--only cxl|cxl-ram|rdma] [--update-fixtures]
 #
 #   -d DIR             cache and work directory (default $FARMEM_LAB or
-#                      /var/tmp/farmem-lab): the guest image is built there
+#                      /var/tmp/farmem-lab): the guest images are built there
 #                      once (~2-9 min, depending on the mirror) and reused
-#   --only cxl|rdma    run one guest
+#   --only GUEST       run one guest: cxl (persistent CXL memory: devdax and
+#                      system-ram), cxl-ram (volatile CXL memory, a memory
+#                      expander: QEMU 10 and kernel 6.12 from Debian 13), rdma
 #   --update-fixtures  copy the guest's sysfs trees into cxl/testdata/qemu-*
 #                      (otherwise they are only checked by the cxl tests)
 #   --report-perf      print the verbs-vs-perftest ratios as SKIP lines
@@ -34,6 +36,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+case "$ONLY" in
+  ""|cxl|cxl-ram|rdma) ;;
+  *) echo "lab/run.sh: --only takes cxl, cxl-ram or rdma, not '$ONLY'"; exit 2 ;;
+esac
 . "$(dirname "$0")/lib.sh"
 T0=$(now)
 # A guest still running when this script is stopped (timeout, ^C) is
@@ -69,10 +75,11 @@ build CGO_ENABLED=0 go build -trimpath -o "$LAB/share/bin/" ./cmd/poold ./cmd/me
 build CGO_ENABLED=1 go build -trimpath -tags verbs -o "$LAB/share/bin/poold-verbs" ./cmd/poold
 build CGO_ENABLED=1 go build -trimpath -tags verbs -o "$LAB/share/bin/labcheck-verbs" ./lab/labcheck
 echo "PERF=$PERF" > "$LAB/share/env"
-install -m 755 "$HERE"/guest/run.sh "$HERE"/guest/common.sh "$HERE"/guest/cxl.sh "$HERE"/guest/rdma.sh "$LAB/share/"
+install -m 755 "$HERE"/guest/run.sh "$HERE"/guest/common.sh "$HERE"/guest/cxl.sh "$HERE"/guest/cxl-ram.sh "$HERE"/guest/rdma.sh "$LAB/share/"
 say "binaries: $(elapsed $T1)s"
 
 # 3. The guests, one after the other (the machine may have 2 cores).
+rc=0
 logs=()
 if [ -z "$ONLY" ] || [ "$ONLY" = cxl ]; then
   # Pitfalls, each of which silently breaks the CXL guest:
@@ -100,6 +107,33 @@ if [ -z "$ONLY" ] || [ "$ONLY" = cxl ]; then
     -M cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G
   logs+=("$LAB/logs/cxl.log")
 fi
+if [ -z "$ONLY" ] || [ "$ONLY" = cxl-ram ]; then
+  # A volatile CXL device (volatile-memdev) needs QEMU >= 8 and a kernel
+  # >= 6.3; Debian 12 has 7.2 and 6.1, so QEMU 10 runs from a Debian 13
+  # chroot (qemu10.sh) and the guest is a Debian 13 image, both cached.
+  vrc=0
+  "$HERE/qemu10.sh" || vrc=$?
+  if [ $vrc = 0 ]; then FARMEM_LAB="$LAB/trixie" SUITE=trixie "$HERE/image.sh" || vrc=$?; fi
+  if [ $vrc = 3 ]; then
+    echo "SKIP cxl-ram-guest a package download for QEMU 10 or the Debian 13 image failed; the volatile CXL guest did not run"
+  elif [ $vrc != 0 ]; then
+    echo "FAIL cxl-ram-setup QEMU 10 chroot or Debian 13 image (see $LAB/qemu10.log, $LAB/trixie/*.log)"; rc=1
+  else
+    rm -f "$LAB/cxl-ram0.raw"
+    truncate -s 256M "$LAB/cxl-ram0.raw"
+    QEMU="$LAB/qemu10.qemu" CPU=max,hypervisor=off run_vm cxl-ram ${TIMEOUT:-600} \
+      $(IMG="$LAB/trixie" CPU=max,hypervisor=off vm_base 2 2G,maxmem=8G,slots=4) -M q35,cxl=on \
+      -append "$KCMD lab.role=cxl-ram" \
+      -netdev hubport,id=n0,hubid=0 -device virtio-net-pci,netdev=n0,bus=pcie.0,mac=52:54:00:00:77:01 \
+      -object memory-backend-file,id=cxl-ram0,share=on,mem-path="$LAB/cxl-ram0.raw",size=256M \
+      -device pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1 \
+      -device cxl-rp,port=0,bus=cxl.1,id=root_port13,chassis=0,slot=2 \
+      -device cxl-type3,bus=root_port13,volatile-memdev=cxl-ram0,id=cxl-vmem0 \
+      -device cxl-rp,port=1,bus=cxl.1,id=root_port14,chassis=0,slot=3 \
+      -M cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G
+    logs+=("$LAB/logs/cxl-ram.log")
+  fi
+fi
 if [ -z "$ONLY" ] || [ "$ONLY" = rdma ]; then
   # The NIC sits on a QEMU hub with no other port: nothing leaves QEMU.
   run_vm rdma ${TIMEOUT:-600} $(vm_base 2 2G) -M q35 \
@@ -109,25 +143,35 @@ if [ -z "$ONLY" ] || [ "$ONLY" = rdma ]; then
 fi
 
 # 4. Results, then the sysfs trees through the cxl package's tests.
-rc=0
 check_results "${logs[@]}" || rc=1
 [[ " ${logs[*]} " == *rdma.log* ]] && tr -d '\r' < "$LAB/logs/rdma.log" | sed -n 's/^LAB-TABLE //p' | sed '1i | Soft-RoCE, one guest | farmem verbs | perftest | farmem tcp |\n|---|---|---|---|'
-if [ -e "$LAB/share/out/qemu-devdax.tar" ] && [ -e "$LAB/share/out/qemu-numa.tar" ]; then
+# Each guest that ran must have written its trees: cxl qemu-devdax and
+# qemu-numa, cxl-ram qemu-ram.
+trees=()
+for t in qemu-devdax qemu-numa qemu-ram; do [ -e "$LAB/share/out/$t.tar" ] && trees+=("$t"); done
+for l in "${logs[@]}"; do
+  case "$(basename "$l" .log)" in
+    cxl) want="qemu-devdax qemu-numa" ;;
+    cxl-ram) want="qemu-ram" ;;
+    *) want="" ;;
+  esac
+  for t in $want; do
+    [[ " ${trees[*]} " == *" $t "* ]] || { echo "FAIL cxl-sysfs-snapshots the $(basename "$l" .log) guest wrote no $t tree"; rc=1; }
+  done
+done
+if [ ${#trees[@]} -gt 0 ]; then
   FX="$LAB/fixtures"
-  rm -rf "$FX"; mkdir -p "$FX/qemu-devdax" "$FX/qemu-numa"
-  tar -C "$FX/qemu-devdax" -xf "$LAB/share/out/qemu-devdax.tar"
-  tar -C "$FX/qemu-numa" -xf "$LAB/share/out/qemu-numa.tar"
-  if (cd "$REPO" && FARMEM_CXL_FIXTURES="$FX" go test -count=1 -run 'TestQEMUFixtures' ./cxl/ >"$LAB/logs/fixtures-test.log" 2>&1); then
-    echo "PASS cxl-tests-on-guest-sysfs go test ./cxl -run TestQEMUFixtures on this run's trees"
+  rm -rf "$FX"
+  for t in "${trees[@]}"; do mkdir -p "$FX/$t"; tar -C "$FX/$t" -xf "$LAB/share/out/$t.tar"; done
+  if (cd "$REPO" && FARMEM_CXL_FIXTURES="$FX" go test -count=1 -v -run 'TestQEMUFixtures' ./cxl/ >"$LAB/logs/fixtures-test.log" 2>&1); then
+    echo "PASS cxl-tests-on-guest-sysfs go test ./cxl -run TestQEMUFixtures on this run's trees (${trees[*]})"
   else
     echo "FAIL cxl-tests-on-guest-sysfs see $LAB/logs/fixtures-test.log"; tail -20 "$LAB/logs/fixtures-test.log"; rc=1
   fi
   if [ $UPDATE = 1 ]; then
-    for t in qemu-devdax qemu-numa; do rm -rf "$REPO/cxl/testdata/$t"; cp -a "$FX/$t" "$REPO/cxl/testdata/$t"; done
-    say "fixtures: copied into cxl/testdata/qemu-devdax and qemu-numa"
+    for t in "${trees[@]}"; do rm -rf "$REPO/cxl/testdata/$t"; cp -a "$FX/$t" "$REPO/cxl/testdata/$t"; done
+    say "fixtures: copied into cxl/testdata: ${trees[*]}"
   fi
-elif [ -z "$ONLY" ] || [ "$ONLY" = cxl ]; then
-  echo "FAIL cxl-sysfs-snapshots the CXL guest wrote no sysfs trees"; rc=1
 fi
 say "total $(elapsed $T0)s; $( [ $rc = 0 ] && echo 'all checks passed' || echo 'some checks FAILED')"
 exit $rc

@@ -122,6 +122,27 @@ func TestDoctorFixtures(t *testing.T) {
 			fixes: []string{"sysctl -w vm.nr_hugepages=512", "ip link set ens1f0np0 up"},
 			ports: []string{"mlx5_0/1 RoCE DOWN"},
 		},
+		// The trees the lab copies out of its QEMU guests (lab/run.sh
+		// --update-fixtures): real kernels' sysfs, not hand-made.
+		{
+			name: "QEMU lab, CXL pmem as devdax (kernel 6.1)", trees: []string{"cxl/testdata/qemu-devdax", "rdma/devices/testdata/roce-rxe"}, hugepages: 512,
+			fixes: []string{},
+			ports: []string{"rxe0/1 RoCE ACTIVE"},
+			shown: []string{"region0: pmem 256.0 MiB, 1-way, committed true, dax dax0.0", "dax0.0: devdax"},
+		},
+		{
+			name: "QEMU lab, CXL pmem as system-ram (kernel 6.1)", trees: []string{"cxl/testdata/qemu-numa", "rdma/devices/testdata/roce-rxe"}, hugepages: 512,
+			fixes: []string{},
+			ports: []string{"rxe0/1 RoCE ACTIVE"},
+			shown: []string{"dax0.0: system-ram", "node1: memory only (far memory)"},
+		},
+		{
+			name: "QEMU lab, volatile CXL memory expander (kernel 6.12)", trees: []string{"cxl/testdata/qemu-ram", "rdma/devices/testdata/roce-rxe"}, hugepages: 512,
+			fixes: []string{},
+			ports: []string{"rxe0/1 RoCE ACTIVE"},
+			shown: []string{"mem0: 256.0 MiB ram, 0 B pmem", "region0: ram 256.0 MiB, 1-way, committed true, dax dax0.0",
+				"dax0.0: system-ram, 256.0 MiB, node 1, region0", "node1: memory only (far memory)", "memory_tier22"},
+		},
 		{
 			name: "iWARP, all well", trees: []string{"cxl/testdata/plain", "rdma/devices/testdata/iwarp"}, hugepages: 64,
 			fixes: []string{},

@@ -25,23 +25,24 @@ func numa(args []string) bool {
 	node := fs.Int("node", 1, "the memory-only NUMA node the pages must be on")
 	var sz size.Size = 8 << 20
 	fs.Var(&sz, "size", "segment size")
+	check := fs.String("check", "numa-pages", "name of the result line")
 	fs.Parse(args)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := dial(ctx, *socket)
 	if err != nil {
-		return result("numa-pages", false, "dial %s: %v", *socket, err)
+		return result(*check, false, "dial %s: %v", *socket, err)
 	}
 	defer c.Close()
 	s, err := c.Alloc(ctx, int64(sz), alloc.WithTier(alloc.TierCXL))
 	if err != nil {
-		return result("numa-pages", false, "alloc %v on cxl: %v", sz, err)
+		return result(*check, false, "alloc %v on cxl: %v", sz, err)
 	}
 	defer s.Free(ctx)
 	desc := fmt.Sprintf("segment %d on %s (kind %s)", s.ID(), s.Device(), s.Kind())
 	b, ok := s.Bytes()
 	if !ok {
-		return result("numa-pages", false, "%s: no load/store mapping", desc)
+		return result(*check, false, "%s: no load/store mapping", desc)
 	}
 	pg := os.Getpagesize()
 	for i := 0; i < len(b); i += pg {
@@ -56,14 +57,14 @@ func numa(args []string) bool {
 	}
 	_, _, e := unix.Syscall6(unix.SYS_MOVE_PAGES, 0, uintptr(npages), uintptr(unsafe.Pointer(&pages[0])), 0, uintptr(unsafe.Pointer(&status[0])), 0)
 	if e != 0 {
-		return result("numa-pages", false, "%s: move_pages: %v", desc, e)
+		return result(*check, false, "%s: move_pages: %v", desc, e)
 	}
 	count := map[int32]int{}
 	for _, st := range status {
 		count[st]++
 	}
 	fmt.Printf("numa_maps: %s\n", numaMaps(base))
-	return result("numa-pages", count[int32(*node)] == npages, "%s: %d of %d pages on node %d (move_pages: node->pages %v)", desc, count[int32(*node)], npages, *node, count)
+	return result(*check, count[int32(*node)] == npages, "%s: %d of %d pages on node %d (move_pages: node->pages %v)", desc, count[int32(*node)], npages, *node, count)
 }
 
 // numaMaps returns this process's /proc/self/numa_maps line for the mapping
