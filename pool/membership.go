@@ -63,25 +63,22 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 }
 
 // joinLoop contacts the seeds until one answers (a node may start before
-// its seeds), then keeps this node's metadata current.
+// its seeds) and, from the start, keeps this node's metadata current: the
+// cluster may learn of a node whose own join attempts still fail (a seed
+// merged its state, then the push/pull timed out on a busy seed), and such
+// a node must announce its capacity changes like any other. Seeds that
+// left are contacted again once the first join is done.
 func (d *Daemon) joinLoop() {
-	backoff := 200 * time.Millisecond
-	for len(d.cfg.Join) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		n, err := d.pool.cl.Join(ctx, d.cfg.Join)
-		cancel()
-		if err == nil {
-			// n is 0 when the only seed is this node itself.
-			d.log.Info("joined the cluster", "contacted", n, "seeds", d.cfg.Join)
-			break
-		}
-		d.log.Warn("cannot join the cluster yet; retrying", "seeds", d.cfg.Join, "err", err)
-		select {
-		case <-d.stop:
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
+	var joined atomic.Bool
+	joined.Store(len(d.cfg.Join) == 0)
+	if !joined.Load() {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			if d.joinSeeds() {
+				joined.Store(true)
+			}
+		}()
 	}
 	t := time.NewTicker(announceTick)
 	defer t.Stop()
@@ -94,7 +91,7 @@ func (d *Daemon) joinLoop() {
 			return
 		case <-t.C:
 		}
-		if tick%20 == 0 {
+		if tick%20 == 0 && joined.Load() {
 			d.rejoinSeeds()
 		}
 		if tick%sweepTicks == sweepAt && sweeping.CompareAndSwap(false, true) {
@@ -118,6 +115,31 @@ func (d *Daemon) joinLoop() {
 			continue
 		}
 		last = tiers
+	}
+}
+
+// joinSeeds tries the seeds until one answers; false when the daemon
+// stopped first.
+func (d *Daemon) joinSeeds() bool {
+	backoff := 200 * time.Millisecond
+	for {
+		ctx, cancel := untilClosed(context.Background(), d.stop)
+		ctx, cancelT := context.WithTimeout(ctx, 5*time.Second)
+		n, err := d.pool.cl.Join(ctx, d.cfg.Join)
+		cancelT()
+		cancel()
+		if err == nil {
+			// n is 0 when the only seed is this node itself.
+			d.log.Info("joined the cluster", "contacted", n, "seeds", d.cfg.Join)
+			return true
+		}
+		d.log.Warn("cannot join the cluster yet; retrying", "seeds", d.cfg.Join, "err", err)
+		select {
+		case <-d.stop:
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 

@@ -1,10 +1,14 @@
 package pool
 
 import (
+	"context"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
 )
 
@@ -34,4 +38,52 @@ func TestCapacityMoved(t *testing.T) {
 			require.Equal(t, tc.wantGossip, capacityMoved(tc.last, tc.now))
 		})
 	}
+}
+
+// TestAnnounceBeforeJoin: a node whose own seeds never answer, but which
+// another node joined, still gossips its capacity changes. Its join
+// attempts go on beside the announcements; they used to come first, and
+// such a node never announced anything (in the 200-host simulation a host
+// whose first joins timed out on a busy seed kept its capacity to itself).
+func TestAnnounceBeforeJoin(t *testing.T) {
+	// a's only seed is a port nobody listens on.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	deadSeed := l.Addr().String()
+	require.NoError(t, l.Close())
+
+	cfgA := clusterNodeConfig(t, "a")
+	cfgA.Join = []string{deadSeed}
+	a, err := Start(cfgA, nil)
+	require.NoError(t, err)
+	defer a.Close()
+	var seed string
+	require.Eventually(t, func() bool { seed = a.pool.cl.Self().Addr; return seed != "" }, 10*time.Second, 10*time.Millisecond)
+	cfgB := clusterNodeConfig(t, "b")
+	cfgB.Join = []string{seed}
+	b, err := Start(cfgB, nil)
+	require.NoError(t, err)
+	defer b.Close()
+
+	cxlFree := func(m cluster.Member) int64 {
+		tf, _ := m.Meta.Tier("cxl")
+		return tf.Free
+	}
+	require.Eventually(t, func() bool {
+		m, ok := b.pool.cl.Member("a")
+		return ok && m.State == cluster.StateAlive && cxlFree(m) > 0
+	}, 20*time.Second, 20*time.Millisecond, "b never listed a alive")
+
+	_, err = a.pool.Alloc(context.Background(), caller{}, AllocRequest{Size: 4 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	require.NoError(t, err)
+	var want int64 = -1
+	for _, tf := range a.pool.gossipTiers() {
+		if tf.Name == "cxl" {
+			want = tf.Free
+		}
+	}
+	require.Eventually(t, func() bool {
+		m, ok := b.pool.cl.Member("a")
+		return ok && cxlFree(m) == want
+	}, 20*time.Second, 20*time.Millisecond, "b never saw a's cxl free bytes move to %d", want)
 }

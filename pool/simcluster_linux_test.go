@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -468,14 +469,50 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 			}
 		}
 		if left > 0 && time.Since(start) > timeout {
-			return simConvergence{}, fmt.Errorf("%d of %d hosts have not seen %s's capacity change after %v (%d show other free bytes, %d the same from before the change)",
-				left, len(observers), h.name, timeout, other, stale)
+			return simConvergence{}, fmt.Errorf("%d of %d hosts have not seen %s's capacity change after %v (%d show other free bytes, %d the same from before the change): %s",
+				left, len(observers), h.name, timeout, other, stale, sc.explainUnseen(h, observers, seen, want))
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	seen = slices.DeleteFunc(seen, func(d time.Duration) bool { return d < 0 })
 	slices.Sort(seen)
 	return simConvergence{all: seen[len(seen)-1], each: seen}, nil
+}
+
+// explainUnseen says, for a capacity change that did not spread, what the
+// changed host gossips of itself and what the observers that did not see
+// it show instead: the host's state and cxl free bytes in their views.
+func (sc *simCluster) explainUnseen(h *simHost, observers []*simHost, seen []time.Duration, want int64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s's tiers now %v", h.name, h.daemon().pool.gossipTiers())
+	if m, ok := h.daemon().pool.cl.Member(h.name); ok {
+		t, _ := m.Meta.Tier("cxl")
+		fmt.Fprintf(&b, ", its own view: state %v cxl free %d (want %d) applied %v ago", m.State, t.Free, want, time.Since(m.MetaAt).Round(time.Millisecond))
+	}
+	views := map[string]int{}
+	for i, o := range observers {
+		od := o.daemon()
+		if seen[i] != 0 || od == nil {
+			continue
+		}
+		m, ok := od.pool.cl.Member(h.name)
+		if !ok {
+			views["unknown"]++
+			continue
+		}
+		t, _ := m.Meta.Tier("cxl")
+		views[fmt.Sprintf("state %v, cxl free %d, applied %v ago", m.State, t.Free, time.Since(m.MetaAt).Round(time.Second))]++
+	}
+	keys := slices.Sorted(maps.Keys(views))
+	slices.SortStableFunc(keys, func(a, b string) int { return views[b] - views[a] })
+	for i, k := range keys {
+		if i == 5 {
+			fmt.Fprintf(&b, "; %d more kinds", len(keys)-i)
+			break
+		}
+		fmt.Fprintf(&b, "; %d observers: %s", views[k], k)
+	}
+	return b.String()
 }
 
 // simClient is one application on a host: a session with its daemon and
