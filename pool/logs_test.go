@@ -104,6 +104,14 @@ func clusterNodeConfig(t *testing.T, node string) Config {
 	return cfg
 }
 
+// seedOf waits until d gossips and returns its gossip address, for
+// another node to join.
+func seedOf(t *testing.T, d *Daemon) string {
+	var seed string
+	require.Eventually(t, func() bool { seed = d.pool.cl.Self().Addr; return seed != "" }, 10*time.Second, 10*time.Millisecond)
+	return seed
+}
+
 // TestEventLogs runs two daemons with JSON logs and checks that each
 // significant event is one line with its stable keys: serving with the
 // tiers found, a node joining and leaving, segments lost with their home,
@@ -119,10 +127,8 @@ func TestEventLogs(t *testing.T) {
 	a, err := Start(cfgA, jsonLog(&logA))
 	require.NoError(t, err)
 	defer a.Close()
-	var seed string
-	require.Eventually(t, func() bool { seed = a.pool.cl.Self().Addr; return seed != "" }, 10*time.Second, 10*time.Millisecond)
 	cfgB := clusterNodeConfig(t, "b")
-	cfgB.Join = []string{seed}
+	cfgB.Join = []string{seedOf(t, a)}
 	b, err := Start(cfgB, jsonLog(&logB))
 	require.NoError(t, err)
 	bClosed := false

@@ -57,10 +57,8 @@ func TestAnnounceBeforeJoin(t *testing.T) {
 	a, err := Start(cfgA, nil)
 	require.NoError(t, err)
 	defer a.Close()
-	var seed string
-	require.Eventually(t, func() bool { seed = a.pool.cl.Self().Addr; return seed != "" }, 10*time.Second, 10*time.Millisecond)
 	cfgB := clusterNodeConfig(t, "b")
-	cfgB.Join = []string{seed}
+	cfgB.Join = []string{seedOf(t, a)}
 	b, err := Start(cfgB, nil)
 	require.NoError(t, err)
 	defer b.Close()
