@@ -24,9 +24,22 @@ func TestQEMUFixtures(t *testing.T) {
 	if dir == "" {
 		dir = "testdata"
 	}
-	for _, name := range []string{"qemu-devdax", "qemu-numa", "qemu-ram"} {
-		t.Run(name, func(t *testing.T) {
-			root := filepath.Join(dir, name)
+	for _, tc := range []struct {
+		name string
+		mode MemMode // the memdev's capacity and the region's mode
+		dax  DaxMode
+		// onlined is the memory-only node's size; 0 in devdax mode. A
+		// pmem namespace's info block offsets the devdax start, and memory
+		// blocks are 128 MiB, so one block of its ~250 MiB comes online; a
+		// ram region has no namespace and all of it does.
+		onlined uint64
+	}{
+		{"qemu-devdax", ModePMEM, DaxDevdax, 0},
+		{"qemu-numa", ModePMEM, DaxSystemRAM, 128 << 20},
+		{"qemu-ram", ModeRAM, DaxSystemRAM, 256 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(dir, tc.name)
 			if _, err := os.Stat(root); err != nil {
 				t.Skipf("no tree %s (run lab/run.sh --update-fixtures): %v", root, err)
 			}
@@ -38,26 +51,20 @@ func TestQEMUFixtures(t *testing.T) {
 				t.Logf("problem: %v", p)
 			}
 
-			volatile := name == "qemu-ram"
 			require.Len(t, inv.Memdevs, 1)
 			mem := inv.Memdevs[0]
 			require.Equal(t, "mem0", mem.Name)
-			if volatile {
-				require.EqualValues(t, 256<<20, mem.RAMSize)
+			require.EqualValues(t, 256<<20, mem.RAMSize+mem.PMEMSize)
+			if tc.mode == ModeRAM {
 				require.Zero(t, mem.PMEMSize)
 			} else {
-				require.EqualValues(t, 256<<20, mem.PMEMSize)
 				require.Zero(t, mem.RAMSize)
 			}
 
 			require.Len(t, inv.Regions, 1)
 			reg := inv.Regions[0]
 			require.Equal(t, "region0", reg.Name)
-			if volatile {
-				require.Equal(t, ModeRAM, reg.Mode)
-			} else {
-				require.Equal(t, ModePMEM, reg.Mode)
-			}
+			require.Equal(t, tc.mode, reg.Mode)
 			require.Equal(t, []string{"dax0.0"}, reg.Dax, "the region's dax device, below it (ram) or in its address range (pmem)")
 			require.True(t, reg.Committed)
 			require.EqualValues(t, 256<<20, reg.Size)
@@ -94,35 +101,24 @@ func TestQEMUFixtures(t *testing.T) {
 			require.NotNil(t, node(0))
 			require.NotEmpty(t, node(0).CPUs)
 
-			switch name {
-			case "qemu-devdax":
-				require.Equal(t, DaxDevdax, dx.Mode)
+			require.Equal(t, tc.dax, dx.Mode)
+			if tc.mode == ModeRAM {
+				require.EqualValues(t, 256<<20, dx.Size, "no namespace info block")
+			}
+			far := inv.FarNodes()
+			if tc.dax == DaxDevdax {
 				require.Equal(t, "device_dax", dx.Driver)
 				require.Equal(t, "/dev/dax0.0", dx.DevPath)
 				require.Len(t, inv.DevdaxDevices(), 1)
-				require.Empty(t, inv.FarNodes())
-			case "qemu-numa":
-				require.Equal(t, DaxSystemRAM, dx.Mode)
-				require.Equal(t, "kmem", dx.Driver)
-				require.Empty(t, inv.DevdaxDevices())
-				far := inv.FarNodes()
-				require.Len(t, far, 1)
-				require.Equal(t, dx.TargetNode, far[0].ID)
-				require.Empty(t, far[0].CPUs)
-				// Memory blocks are 128 MiB and the devdax start is offset by
-				// its info block, so one block of the ~250 MiB comes online.
-				require.EqualValues(t, 128<<20, far[0].MemTotal)
-			case "qemu-ram":
-				// No namespace, no info block: all of it comes online.
-				require.Equal(t, DaxSystemRAM, dx.Mode)
-				require.Equal(t, "kmem", dx.Driver)
-				require.EqualValues(t, 256<<20, dx.Size)
-				far := inv.FarNodes()
-				require.Len(t, far, 1)
-				require.Equal(t, dx.TargetNode, far[0].ID)
-				require.Empty(t, far[0].CPUs)
-				require.EqualValues(t, 256<<20, far[0].MemTotal)
+				require.Empty(t, far)
+				return
 			}
+			require.Equal(t, "kmem", dx.Driver)
+			require.Empty(t, inv.DevdaxDevices())
+			require.Len(t, far, 1)
+			require.Equal(t, dx.TargetNode, far[0].ID)
+			require.Empty(t, far[0].CPUs)
+			require.EqualValues(t, tc.onlined, far[0].MemTotal)
 		})
 	}
 }

@@ -81,31 +81,40 @@ say "binaries: $(elapsed $T1)s"
 # 3. The guests, one after the other (the machine may have 2 cores).
 rc=0
 logs=()
-if [ -z "$ONLY" ] || [ "$ONLY" = cxl ]; then
-  # Pitfalls, each of which silently breaks the CXL guest:
-  # - hypervisor=off: kernels >= 6.2 refuse to commit a region when CPUID
-  #   says "hypervisor" (cpu_cache_invalidate_memregion); harmless under TCG.
-  # - the second, empty root port (root_port14): with a single dport the 6.1
-  #   kernel treats the host bridge as pass-through and never commits its HDM
-  #   decoder; QEMU 7.2 then routes nothing and every read returns 0.
-  # - maxmem/slots make QEMU emit an ACPI SRAT; without it the CXL window gets
-  #   no proximity domain, system-ram lands in node 0, and (QEMU cannot DMA
-  #   into CXL memory) virtio I/O through CXL pages hangs the guest.
-  # - fresh, zeroed backing files every run: old namespace labels in the LSA
-  #   make create-namespace fail with ENOSPC.
-  rm -f "$LAB/cxl-mem0.raw" "$LAB/cxl-lsa0.raw"
-  truncate -s 256M "$LAB/cxl-mem0.raw" "$LAB/cxl-lsa0.raw"
-  CPU=max,hypervisor=off run_vm cxl ${TIMEOUT:-600} $(CPU=max,hypervisor=off vm_base 2 2G,maxmem=8G,slots=4) -M q35,cxl=on \
-    -append "$KCMD lab.role=cxl" \
+# run_cxl_vm NAME TYPE3-PROPERTIES QEMU-ARGS...: a CXL guest with role NAME,
+# one cxl-type3 device (TYPE3-PROPERTIES: its memory backends, from the
+# -object QEMU-ARGS) behind a pxb-cxl host bridge in a 4 GiB window.
+# Pitfalls, each of which silently breaks a CXL guest:
+# - hypervisor=off: kernels >= 6.2 refuse to commit a region when CPUID
+#   says "hypervisor" (cpu_cache_invalidate_memregion); harmless under TCG.
+# - the second, empty root port (root_port14): with a single dport the 6.1
+#   kernel treats the host bridge as pass-through and never commits its HDM
+#   decoder; QEMU 7.2 then routes nothing and every read returns 0.
+# - maxmem/slots make QEMU emit an ACPI SRAT; without it the CXL window gets
+#   no proximity domain, system-ram lands in node 0, and (QEMU cannot DMA
+#   into CXL memory) virtio I/O through CXL pages hangs the guest.
+run_cxl_vm() {
+  local name=$1 type3=$2
+  shift 2
+  CPU=max,hypervisor=off run_vm "$name" ${TIMEOUT:-600} $(CPU=max,hypervisor=off vm_base 2 2G,maxmem=8G,slots=4) -M q35,cxl=on \
+    -append "$KCMD lab.role=$name" \
     -netdev hubport,id=n0,hubid=0 -device virtio-net-pci,netdev=n0,bus=pcie.0,mac=52:54:00:00:77:01 \
-    -object memory-backend-file,id=cxl-mem0,share=on,mem-path="$LAB/cxl-mem0.raw",size=256M \
-    -object memory-backend-file,id=cxl-lsa0,share=on,mem-path="$LAB/cxl-lsa0.raw",size=256M \
+    "$@" \
     -device pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1 \
     -device cxl-rp,port=0,bus=cxl.1,id=root_port13,chassis=0,slot=2 \
-    -device cxl-type3,bus=root_port13,memdev=cxl-mem0,lsa=cxl-lsa0,id=cxl-pmem0 \
+    -device cxl-type3,bus=root_port13,"$type3" \
     -device cxl-rp,port=1,bus=cxl.1,id=root_port14,chassis=0,slot=3 \
     -M cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G
-  logs+=("$LAB/logs/cxl.log")
+  logs+=("$LAB/logs/$name.log")
+}
+if [ -z "$ONLY" ] || [ "$ONLY" = cxl ]; then
+  # Fresh, zeroed backing files every run: old namespace labels in the LSA
+  # make create-namespace fail with ENOSPC.
+  rm -f "$LAB/cxl-mem0.raw" "$LAB/cxl-lsa0.raw"
+  truncate -s 256M "$LAB/cxl-mem0.raw" "$LAB/cxl-lsa0.raw"
+  run_cxl_vm cxl memdev=cxl-mem0,lsa=cxl-lsa0,id=cxl-pmem0 \
+    -object memory-backend-file,id=cxl-mem0,share=on,mem-path="$LAB/cxl-mem0.raw",size=256M \
+    -object memory-backend-file,id=cxl-lsa0,share=on,mem-path="$LAB/cxl-lsa0.raw",size=256M
 fi
 if [ -z "$ONLY" ] || [ "$ONLY" = cxl-ram ]; then
   # A volatile CXL device (volatile-memdev) needs QEMU >= 8 and a kernel
@@ -121,17 +130,8 @@ if [ -z "$ONLY" ] || [ "$ONLY" = cxl-ram ]; then
   else
     rm -f "$LAB/cxl-ram0.raw"
     truncate -s 256M "$LAB/cxl-ram0.raw"
-    QEMU="$LAB/qemu10.qemu" CPU=max,hypervisor=off run_vm cxl-ram ${TIMEOUT:-600} \
-      $(IMG="$LAB/trixie" CPU=max,hypervisor=off vm_base 2 2G,maxmem=8G,slots=4) -M q35,cxl=on \
-      -append "$KCMD lab.role=cxl-ram" \
-      -netdev hubport,id=n0,hubid=0 -device virtio-net-pci,netdev=n0,bus=pcie.0,mac=52:54:00:00:77:01 \
-      -object memory-backend-file,id=cxl-ram0,share=on,mem-path="$LAB/cxl-ram0.raw",size=256M \
-      -device pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1 \
-      -device cxl-rp,port=0,bus=cxl.1,id=root_port13,chassis=0,slot=2 \
-      -device cxl-type3,bus=root_port13,volatile-memdev=cxl-ram0,id=cxl-vmem0 \
-      -device cxl-rp,port=1,bus=cxl.1,id=root_port14,chassis=0,slot=3 \
-      -M cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G
-    logs+=("$LAB/logs/cxl-ram.log")
+    QEMU="$LAB/qemu10.qemu" IMG="$LAB/trixie" run_cxl_vm cxl-ram volatile-memdev=cxl-ram0,id=cxl-vmem0 \
+      -object memory-backend-file,id=cxl-ram0,share=on,mem-path="$LAB/cxl-ram0.raw",size=256M
   fi
 fi
 if [ -z "$ONLY" ] || [ "$ONLY" = rdma ]; then

@@ -121,13 +121,13 @@ func (d *Daemon) joinLoop() {
 // joinSeeds tries the seeds until one answers; false when the daemon
 // stopped first.
 func (d *Daemon) joinSeeds() bool {
+	stopped, cancel := untilClosed(context.Background(), d.stop)
+	defer cancel()
 	backoff := 200 * time.Millisecond
 	for {
-		ctx, cancel := untilClosed(context.Background(), d.stop)
-		ctx, cancelT := context.WithTimeout(ctx, 5*time.Second)
+		ctx, cancelT := context.WithTimeout(stopped, 5*time.Second)
 		n, err := d.pool.cl.Join(ctx, d.cfg.Join)
 		cancelT()
-		cancel()
 		if err == nil {
 			// n is 0 when the only seed is this node itself.
 			d.log.Info("joined the cluster", "contacted", n, "seeds", d.cfg.Join)
@@ -135,7 +135,7 @@ func (d *Daemon) joinSeeds() bool {
 		}
 		d.log.Warn("cannot join the cluster yet; retrying", "seeds", d.cfg.Join, "err", err)
 		select {
-		case <-d.stop:
+		case <-stopped.Done():
 			return false
 		case <-time.After(backoff):
 		}

@@ -74,14 +74,19 @@ func TestAnnounceBeforeJoin(t *testing.T) {
 
 	_, err = a.pool.Alloc(context.Background(), caller{}, AllocRequest{Size: 4 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 	require.NoError(t, err)
-	var want int64 = -1
-	for _, tf := range a.pool.gossipTiers() {
-		if tf.Name == "cxl" {
-			want = tf.Free
-		}
-	}
+	want := gossipFree(a.pool, "cxl")
 	require.Eventually(t, func() bool {
 		m, ok := b.pool.cl.Member("a")
 		return ok && cxlFree(m) == want
 	}, 20*time.Second, 20*time.Millisecond, "b never saw a's cxl free bytes move to %d", want)
+}
+
+// gossipFree is the free bytes of tier that p gossips; -1 without it.
+func gossipFree(p *Pool, tier string) int64 {
+	for _, t := range p.gossipTiers() {
+		if t.Name == tier {
+			return t.Free
+		}
+	}
+	return -1
 }

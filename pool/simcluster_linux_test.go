@@ -428,16 +428,10 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 		return simConvergence{}, err
 	}
 	defer func() { _ = d.pool.Free(caller{}, r.ID, "") }()
-	var want int64 = -1
-	for _, t := range d.pool.gossipTiers() {
-		if t.Name == "cxl" {
-			want = t.Free
-		}
-	}
+	want := gossipFree(d.pool, "cxl")
 	seen := make([]time.Duration, len(observers))
 	left := len(observers)
 	for left > 0 {
-		stale, other := 0, 0
 		for i, o := range observers {
 			if seen[i] != 0 {
 				continue
@@ -452,12 +446,9 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 			if !ok {
 				continue
 			}
-			switch t, ok := m.Meta.Tier("cxl"); {
-			case !ok || t.Free != want:
-				other++
-			case !m.MetaAt.After(before[i]):
-				stale++
-			default:
+			// A view counts once it shows the new free bytes and was
+			// applied since the snapshot.
+			if t, ok := m.Meta.Tier("cxl"); ok && t.Free == want && m.MetaAt.After(before[i]) {
 				// When the observer applied it (MetaAt), not when this
 				// loop got to look: with 200 daemons on 2 cores the loop
 				// is sometimes not scheduled for a second, and one sample
@@ -469,8 +460,8 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 			}
 		}
 		if left > 0 && time.Since(start) > timeout {
-			return simConvergence{}, fmt.Errorf("%d of %d hosts have not seen %s's capacity change after %v (%d show other free bytes, %d the same from before the change): %s",
-				left, len(observers), h.name, timeout, other, stale, sc.explainUnseen(h, observers, seen, want))
+			return simConvergence{}, fmt.Errorf("%d of %d hosts have not seen %s's capacity change after %v: %s",
+				left, len(observers), h.name, timeout, sc.explainUnseen(h, observers, seen, want, before))
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -481,13 +472,14 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 
 // explainUnseen says, for a capacity change that did not spread, what the
 // changed host gossips of itself and what the observers that did not see
-// it show instead: the host's state and cxl free bytes in their views.
-func (sc *simCluster) explainUnseen(h *simHost, observers []*simHost, seen []time.Duration, want int64) string {
+// it show instead: the host's state and cxl free bytes in their views, and
+// whether they applied a change since the snapshot before it.
+func (sc *simCluster) explainUnseen(h *simHost, observers []*simHost, seen []time.Duration, want int64, before []time.Time) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s's tiers now %v", h.name, h.daemon().pool.gossipTiers())
+	fmt.Fprintf(&b, "%s gossips cxl free %d (want %d)", h.name, gossipFree(h.daemon().pool, "cxl"), want)
 	if m, ok := h.daemon().pool.cl.Member(h.name); ok {
 		t, _ := m.Meta.Tier("cxl")
-		fmt.Fprintf(&b, ", its own view: state %v cxl free %d (want %d) applied %v ago", m.State, t.Free, want, time.Since(m.MetaAt).Round(time.Millisecond))
+		fmt.Fprintf(&b, "; its own view: state %v, cxl free %d", m.State, t.Free)
 	}
 	views := map[string]int{}
 	for i, o := range observers {
@@ -497,22 +489,31 @@ func (sc *simCluster) explainUnseen(h *simHost, observers []*simHost, seen []tim
 		}
 		m, ok := od.pool.cl.Member(h.name)
 		if !ok {
-			views["unknown"]++
+			views["not a member"]++
 			continue
 		}
 		t, _ := m.Meta.Tier("cxl")
-		views[fmt.Sprintf("state %v, cxl free %d, applied %v ago", m.State, t.Free, time.Since(m.MetaAt).Round(time.Second))]++
+		views[fmt.Sprintf("state %v, cxl free %d, applied since the change: %v", m.State, t.Free, m.MetaAt.After(before[i]))]++
 	}
-	keys := slices.Sorted(maps.Keys(views))
-	slices.SortStableFunc(keys, func(a, b string) int { return views[b] - views[a] })
+	b.WriteString("; the views that did not see it:\n")
+	b.WriteString(kindLines(views, 5))
+	return b.String()
+}
+
+// kindLines lists counted kinds, most frequent first, one line each, at
+// most max of them.
+func kindLines(kinds map[string]int, max int) string {
+	keys := slices.Sorted(maps.Keys(kinds))
+	slices.SortStableFunc(keys, func(a, b string) int { return kinds[b] - kinds[a] })
+	var lines []string
 	for i, k := range keys {
-		if i == 5 {
-			fmt.Fprintf(&b, "; %d more kinds", len(keys)-i)
+		if i == max {
+			lines = append(lines, fmt.Sprintf("... and %d more kinds", len(keys)-i))
 			break
 		}
-		fmt.Fprintf(&b, "; %d observers: %s", views[k], k)
+		lines = append(lines, fmt.Sprintf("%5d %s", kinds[k], k))
 	}
-	return b.String()
+	return strings.Join(lines, "\n")
 }
 
 // simClient is one application on a host: a session with its daemon and
@@ -968,7 +969,7 @@ func (sc *simCluster) drain(h *simHost, undo bool) error {
 // they are counted by what explains them (the host holding the record,
 // the home it names or its own memory, the owner and its session there,
 // the home in the holder's view, what the home holds), one line a kind,
-// the first 40 kinds in order.
+// the 40 most frequent kinds.
 func (sc *simCluster) explainLost() string {
 	kinds := map[string]int{}
 	for _, h := range sc.up() {
@@ -1015,13 +1016,5 @@ func (sc *simCluster) explainLost() string {
 			kinds[fmt.Sprintf("on %s, %s, owned by %s", h.name, where, owner)]++
 		}
 	}
-	lines := make([]string, 0, len(kinds))
-	for k, n := range kinds {
-		lines = append(lines, fmt.Sprintf("%5d %s", n, k))
-	}
-	slices.Sort(lines)
-	if len(lines) > 40 {
-		lines = append(lines[:40], fmt.Sprintf("... and %d more kinds", len(lines)-40))
-	}
-	return strings.Join(lines, "\n")
+	return kindLines(kinds, 40)
 }

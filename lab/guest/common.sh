@@ -30,6 +30,22 @@ poold_stop() {
 	eval "PID_$1="
 }
 
+# poold_on_node NAME NODE [PREFIX]: poold with no configuration on a guest
+# whose CXL memory is memory-only node NODE: memctl tiers must show it as a
+# real numa cxl tier, a segment's pages must land on it, and doctor must
+# explain it. PREFIX starts the result names. Fails when poold does not start.
+poold_on_node() {
+	# Own names: poold_start and poold_stop set n and p.
+	on_n=$1; on_tn=$2; on_p=${3:-}
+	poold_start $on_n --measure-tiers=false || { res ${on_p}poold-$on_n FAIL "did not start"; return 1; }
+	$B/memctl --socket /tmp/$on_n.sock tiers | tee /tmp/tiers.$on_n
+	if grep -q -E "^cxl +numa +real.*node$on_tn" /tmp/tiers.$on_n; then res ${on_p}poold-discovers-numa-node PASS "$(grep -E '^cxl' /tmp/tiers.$on_n | tr -s ' ' | cut -c1-150)"
+	else res ${on_p}poold-discovers-numa-node FAIL "memctl tiers shows no real numa tier on node$on_tn"; fi
+	$B/labcheck numa -socket /tmp/$on_n.sock -node $on_tn -size 8MiB -check ${on_p}numa-pages
+	doctor $on_n ${on_p}doctor-numa "node ?$on_tn|numa|system-ram"
+	poold_stop $on_n
+}
+
 # doctor NAME CHECK: run memctl doctor when this memctl has it.
 doctor() {
 	if $B/memctl doctor --help >/dev/null 2>&1; then

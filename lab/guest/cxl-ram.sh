@@ -27,10 +27,4 @@ if [ -n "$TN" ] && [ "$TN" != 0 ] && numactl -H | grep -q "node $TN size: [1-9]"
 else res cxl-ram-numa-node FAIL "$DAX target_node=$TN: $(numactl -H | grep "node $TN size")"; exit 1; fi
 $B/labcheck snap -o $OUT/qemu-ram.tar -name sysfs-snapshot-ram
 
-poold_start ram --measure-tiers=false || { res poold-ram FAIL "did not start"; exit 1; }
-$B/memctl --socket /tmp/ram.sock tiers | tee /tmp/tiers.ram
-if grep -q -E "^cxl +numa +real.*node$TN" /tmp/tiers.ram; then res poold-discovers-cxl-ram-node PASS "$(grep -E '^cxl' /tmp/tiers.ram | tr -s ' ' | cut -c1-150)"
-else res poold-discovers-cxl-ram-node FAIL "memctl tiers shows no real numa tier on node$TN"; fi
-$B/labcheck numa -socket /tmp/ram.sock -node $TN -size 8MiB -check cxl-ram-numa-pages
-doctor ram doctor-cxl-ram "node ?$TN|numa|system-ram"
-poold_stop ram
+poold_on_node ram $TN cxl-ram- || exit 1

@@ -43,10 +43,4 @@ daxctl reconfigure-device --mode=system-ram -f dax0.0 >/dev/null
 if numactl -H | grep -q "node $TN size: [1-9]"; then res daxctl-system-ram PASS "$(numactl -H | grep "node $TN size") cpus: '$(cat /sys/devices/system/node/node$TN/cpulist)'"
 else res daxctl-system-ram FAIL "node $TN has no memory"; exit 0; fi
 $B/labcheck snap -o $OUT/qemu-numa.tar -name sysfs-snapshot-numa
-poold_start numa --measure-tiers=false || { res poold-numa FAIL "did not start"; exit 1; }
-$B/memctl --socket /tmp/numa.sock tiers | tee /tmp/tiers.numa
-if grep -q -E "^cxl +numa +real.*node$TN" /tmp/tiers.numa; then res poold-discovers-numa-node PASS "$(grep -E '^cxl' /tmp/tiers.numa | tr -s ' ' | cut -c1-150)"
-else res poold-discovers-numa-node FAIL "memctl tiers shows no real numa tier on node$TN"; fi
-$B/labcheck numa -socket /tmp/numa.sock -node $TN -size 8MiB
-doctor numa doctor-numa "node ?$TN|numa|system-ram"
-poold_stop numa
+poold_on_node numa $TN || exit 1

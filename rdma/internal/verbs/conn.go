@@ -29,6 +29,7 @@ const (
 	numBlocks   = 128 // 8 MiB of bounce buffer per connection
 	roundBlocks = 16  // 1 MiB per round
 	pollSpinNs  = 50_000
+	pollBatch   = 32 // completions a poll takes at most (fm_poll's limit)
 )
 
 // Transport is the verbs transport: Dial connects an RC queue pair to the
@@ -126,7 +127,7 @@ type Conn struct {
 	freed  chan struct{} // closed and replaced when blocks are released while someone waits
 	bwait  int           // callers waiting on freed
 	pollMu sync.Mutex    // held by the polling caller
-	wcs    []completion  // guarded by pollMu; 32 of them, in cm
+	wcs    []completion  // guarded by pollMu; pollBatch of them, in cm
 	wake   chan struct{} // a token: the leader left while ops are pending
 	reqs   []req         // by first block; see req
 	cm     cmem          // C memory behind wcs and every req's ws
@@ -183,7 +184,7 @@ func handshake(ctx context.Context, d *device, nc net.Conn, cred []byte) (_ *Con
 		}
 	}()
 	var ws []wr
-	if c.cm, ws, c.wcs, err = newCmem(numBlocks*roundBlocks, 32); err != nil {
+	if c.cm, ws, c.wcs, err = newCmem(numBlocks*roundBlocks, pollBatch); err != nil {
 		return nil, err
 	}
 	for i := range c.reqs {
