@@ -11,6 +11,7 @@ import (
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/dialer"
+	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // remote is how a segment on the rdma tier is reached: one-sided operations
@@ -84,7 +85,11 @@ func (c *Client) dataConn(ctx context.Context, addr string, cred []byte) (rdma.C
 		return dc, nil
 	}
 	c.mu.Unlock()
-	dc, _, err := dialer.Dial(ctx, addr, cred)
+	var topts []tcp.Option
+	if d := c.opts.busyPoll; d != nil {
+		topts = append(topts, tcp.WithBusyPoll(*d))
+	}
+	dc, _, err := dialer.Dial(ctx, addr, cred, topts...)
 	if err != nil {
 		return nil, err
 	}

@@ -77,7 +77,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	m := newMetrics()
 	var dp *dataPlane
 	if cfg.ExportSize > 0 && cfg.DataListen != "" {
-		if dp, err = newDataPlane(cfg.DataListen, cfg.DataMaxInflight, log, m.observeDataPlane); err != nil {
+		if dp, err = newDataPlane(cfg.DataListen, cfg.DataMaxInflight, cfg.DataBusyPoll, log, m.observeDataPlane); err != nil {
 			for _, d := range devs {
 				d.Close()
 			}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/rdma"
@@ -35,7 +36,7 @@ type dataPlane struct {
 	wg   sync.WaitGroup
 }
 
-func newDataPlane(addr string, inflight int, log *slog.Logger, observe func(tcp.Observation)) (*dataPlane, error) {
+func newDataPlane(addr string, inflight int, busyPoll time.Duration, log *slog.Logger, observe func(tcp.Observation)) (*dataPlane, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("data plane on %s: %w (choose another with --data-listen)", addr, err)
@@ -44,6 +45,10 @@ func newDataPlane(addr string, inflight int, log *slog.Logger, observe func(tcp.
 	cfg.Logger = log
 	cfg.Observe = observe
 	cfg.MaxInflightPerConn = inflight
+	cfg.BusyPoll = busyPoll
+	if busyPoll == 0 {
+		cfg.BusyPoll = -1 // off; tcp's zero means its default
+	}
 	dp := &dataPlane{l: l, addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}}
 	cfg.Authenticate = dp.authenticate
 	dp.coh = newCoherenceHost(log)

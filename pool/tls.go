@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -45,6 +46,8 @@ func (c *Config) validateSecurity() error {
 		return fmt.Errorf("%w: max-name-len %d: use 1 to %d", ErrConfig, c.MaxNameLen, MaxNameLen)
 	case c.DataMaxInflight < 1 || c.DataMaxInflight > 4096:
 		return fmt.Errorf("%w: data-max-inflight %d: use 1 to 4096 (default 64)", ErrConfig, c.DataMaxInflight)
+	case c.DataBusyPoll < 0 || c.DataBusyPoll > time.Millisecond:
+		return fmt.Errorf("%w: data-busy-poll %v: use 0 (off) to 1ms (default 50µs)", ErrConfig, c.DataBusyPoll)
 	}
 	return c.Quotas.validate()
 }

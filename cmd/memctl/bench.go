@@ -19,6 +19,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/bench"
 	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // benchFlags are memctl bench's options.
@@ -37,6 +38,7 @@ type benchFlags struct {
 	plotOp    string
 	inProcess bool
 	rounds    int
+	busyPoll  time.Duration
 }
 
 // benchTier is a farmem tier as --tiers names it and as rows show it.
@@ -95,6 +97,7 @@ farmem-dram, and farmem-cxl and farmem-dram to farmem-rdma.`,
 	fl.Var(&f.plotSize, "plot-size", "the size whose CDFs --plot draws")
 	fl.IntVar(&f.plotDepth, "plot-depth", 1, "the depth whose CDFs --plot draws")
 	fl.StringVar(&f.plotOp, "plot-op", "read", "the op whose CDFs --plot draws")
+	fl.DurationVar(&f.busyPoll, "busy-poll", tcp.DefaultBusyPoll, "how long the rdma tier's ops over TCP busy-poll for their answer before sleeping (0: off; poold's --data-busy-poll is the daemon's side)")
 	fl.BoolVar(&f.inProcess, "servers-in-process", false, "run the tcp-raw and grpc servers inside memctl instead of in a process of their own (faster for them: no cross-process wake-ups; their CPU then counts as the client's)")
 	return cmd
 }
@@ -190,7 +193,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, stderr io.Writer) 
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, g.timeout)
-	client, err := alloc.Dial(dctx, target, append(opts, alloc.WithClientName("memctl-bench"))...)
+	client, err := alloc.Dial(dctx, target, append(opts, alloc.WithClientName("memctl-bench"), alloc.WithBusyPoll(f.busyPoll))...)
 	cancel()
 	if err != nil {
 		return err

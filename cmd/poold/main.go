@@ -96,6 +96,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.IntVar(&cfg.MaxSegmentsPerClient, "max-segments-per-client", cfg.MaxSegmentsPerClient, "most segments one client id may hold (0: unlimited)")
 	f.IntVar(&cfg.MaxNameLen, "max-name-len", cfg.MaxNameLen, "longest segment name in bytes (1 to 255)")
 	f.IntVar(&cfg.DataMaxInflight, "data-max-inflight", cfg.DataMaxInflight, "most operations in flight per data-plane connection (1 to 4096)")
+	f.DurationVar(&cfg.DataBusyPoll, "data-busy-poll", cfg.DataBusyPoll, "how long a data-plane connection at one request in flight busy-polls for the next before sleeping (0: off; at most 1ms)")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	f.StringVar(&cfg.Metrics, "metrics", cfg.Metrics, "HTTP address for Prometheus /metrics and the /healthz, /readyz probes, e.g. 127.0.0.1:9464 (default: none)")

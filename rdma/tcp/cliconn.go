@@ -56,6 +56,8 @@ type cliConn struct {
 	leaderWaiting bool       // a leading caller waits for a header
 	leaderPoked   bool       // interruptLeader set a read deadline
 	leadGen       uint64     // counts leaders whose ctx can end
+	spin          bool       // the reader busy-polls (guarded by rdToken, as lone)
+	lone          int        // leaders in a row (up to loneRun) whose op was alone
 
 	closed   atomic.Bool
 	failOnce sync.Once
@@ -69,7 +71,6 @@ func newCliConn(cl *Client, idx int, nc net.Conn, o *options) *cliConn {
 		cl:           cl,
 		idx:          idx,
 		nc:           nc,
-		rd:           newFrameReader(nc, o.readBuffer),
 		slots:        make([]atomic.Pointer[op], o.maxInflight),
 		free:         make(chan uint32, o.maxInflight),
 		kick:         make(chan struct{}, 1),
@@ -80,6 +81,9 @@ func newCliConn(cl *Client, idx int, nc net.Conn, o *options) *cliConn {
 		writeTimeout: o.writeTimeout,
 		done:         make(chan struct{}),
 	}
+	// A caller whose op is alone on the connection has nothing else to do
+	// for the whole round trip: it busy-polls (see lead).
+	c.rd = newFrameReader(newBusyReader(nc, o.busyPoll, func() bool { return c.spin }), o.readBuffer)
 	c.cond.L = &c.mu
 	c.rdToken <- struct{}{}
 	for i := range o.maxInflight {

@@ -24,6 +24,7 @@ type options struct {
 	maxInflight  int
 	writeTimeout time.Duration
 	readBuffer   int
+	busyPoll     time.Duration
 }
 
 func defaultOptions() options {
@@ -32,6 +33,7 @@ func defaultOptions() options {
 		maxInflight:  256,
 		writeTimeout: 10 * time.Second,
 		readBuffer:   64 << 10,
+		busyPoll:     DefaultBusyPoll,
 	}
 }
 
@@ -59,6 +61,12 @@ func WithMaxInflight(n int) Option {
 // being written keeps its caller waiting. As on the server, a stalled write
 // is cut after between d/2 and d. Default: 10s; 0 disables.
 func WithWriteTimeout(d time.Duration) Option { return func(o *options) { o.writeTimeout = d } }
+
+// WithBusyPoll sets how long a caller waiting for a response busy-polls
+// the socket before it parks in the network poller (see
+// ServerConfig.BusyPoll). Default: DefaultBusyPoll (50µs); 0 or negative:
+// off.
+func WithBusyPoll(d time.Duration) Option { return func(o *options) { o.busyPoll = d } }
 
 // Client is a connection to one server's exported memory over several TCP
 // connections. It implements rdma.Conn and is safe for concurrent use; every

@@ -74,6 +74,15 @@ func (c *cliConn) lead(ctx context.Context, o *op) bool {
 	default:
 		return false
 	}
+	// Busy-poll once this is the loneRun-th op in a row to be alone on
+	// the connection: one op alone now and then is a lull in a pipelined
+	// load, where batching responses beats answering each at once.
+	if c.inflight() == 1 {
+		c.lone = min(c.lone+1, loneRun)
+	} else {
+		c.lone = 0
+	}
+	c.spin = c.lone >= loneRun
 	var stop func() bool
 	if ctx.Done() != nil {
 		c.leadMu.Lock()
@@ -100,6 +109,7 @@ func (c *cliConn) lead(ctx context.Context, o *op) bool {
 		}
 		c.leadMu.Unlock()
 	}
+	c.spin = false
 	c.rdToken <- struct{}{}
 	if c.inflight() > 0 {
 		c.kickReader() // ops in flight (o itself, if ctx ended) need a reader

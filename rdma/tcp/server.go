@@ -29,6 +29,7 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*srvConn]struct{}
 	nconns    atomic.Int64
+	flushes   atomic.Uint64 // response flushes of all connections, for busy polling
 	wg        sync.WaitGroup
 
 	ctx    context.Context // ends when Close is called; given to Message

@@ -43,20 +43,35 @@ type srvConn struct {
 	streaming atomic.Pointer[export] // export a WRITE payload is streaming into
 	cut       atomic.Bool            // Revoke interrupted a streaming WRITE
 	status    uint16                 // status of the last response queued, for ServerConfig.Observe
+	lone      int                    // flushes in a row (up to loneRun) that wrote one response
+	flushMark uint64                 // Server.flushes after this connection's last flush
 }
+
+// loneRun is how many flushes in a row must carry a single response before
+// a connection busy-polls: a client at one request in flight makes every
+// flush a single one, a pipelining client seldom makes many in a row.
+const loneRun = 8
 
 func newSrvConn(s *Server, nc net.Conn) *srvConn {
 	max := s.cfg.MaxInflightPerConn
-	return &srvConn{
+	c := &srvConn{
 		s:      s,
 		nc:     nc,
-		rd:     newFrameReader(nc, s.cfg.ReadBufferSize),
 		log:    s.log,
 		remote: nc.RemoteAddr().String(),
 		hdrs:   make([]byte, max*respHeaderSize),
 		iov:    make([][]byte, 0, 2*max),
 		pinned: make([]*export, 0, max),
 	}
+	// A client that sends one request at a time sends the next one soon
+	// after each response: once a run of flushes has carried one response
+	// each, the connection busy-polls for the next request, unless another
+	// connection has been served meanwhile (then the cores have work, and
+	// the clients' share of them is what brings the next request).
+	c.rd = newFrameReader(newBusyReader(nc, s.cfg.BusyPoll, func() bool {
+		return c.lone >= loneRun && s.flushes.Load() == c.flushMark
+	}), s.cfg.ReadBufferSize)
+	return c
 }
 
 // interrupt cuts off a WRITE payload that is streaming into a segment being
@@ -384,6 +399,12 @@ func (c *srvConn) flush() error {
 	clear(c.iov)
 	c.iov = c.iov[:0]
 	c.unpin()
+	if c.npend == 1 {
+		c.lone = min(c.lone+1, loneRun)
+	} else {
+		c.lone = 0
+	}
+	c.flushMark = c.s.flushes.Add(1)
 	c.npend, c.pendBytes = 0, 0
 	return err
 }

@@ -1,0 +1,172 @@
+package tcp
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (a, b net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			c = nil
+		}
+		acc <- c
+	}()
+	a, err = net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	b = <-acc
+	require.NotNil(t, b)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// busy returns a busyReader of c that always wants to spin and never
+// takes a slow poll for preemption (the tests' machine may be loaded).
+func busy(t *testing.T, c net.Conn, spin time.Duration) *busyReader {
+	t.Helper()
+	r, ok := newBusyReader(c, spin, func() bool { return true }).(*busyReader)
+	require.True(t, ok, "a TCP connection gets a busyReader")
+	r.gap = time.Hour
+	return r
+}
+
+func TestBusyReaderOnlyWhereItCan(t *testing.T) {
+	a, _ := tcpPair(t)
+	require.Equal(t, a, newBusyReader(a, 0, nil), "spin 0: the connection itself")
+	require.Equal(t, a, newBusyReader(a, -1, nil), "negative spin: off")
+	p, q := net.Pipe()
+	defer p.Close()
+	defer q.Close()
+	require.Equal(t, p, newBusyReader(p, time.Millisecond, nil), "not TCP: the connection itself")
+}
+
+func TestBusyReaderFindsDataWhileSpinning(t *testing.T) {
+	a, b := tcpPair(t)
+	r := busy(t, a, 10*time.Second)
+	go func() {
+		time.Sleep(2 * time.Millisecond)
+		b.Write([]byte("hello"))
+	}()
+	buf := make([]byte, 16)
+	n, err := r.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(buf[:n]))
+	require.Zero(t, r.miss, "the data came within the spin")
+	require.Zero(t, r.skip)
+	require.Zero(t, spinners.Load(), "the spinner slot is given back")
+}
+
+func TestBusyReaderBacksOffAfterMisses(t *testing.T) {
+	a, b := tcpPair(t)
+	r := busy(t, a, 20*time.Microsecond)
+	buf := make([]byte, 16)
+	for k := 1; k <= 3; k++ {
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			b.Write([]byte{byte(k)})
+		}()
+		// The reads that skip spinning come first: they find nothing
+		// buffered and park, as net.Conn.Read does.
+		for r.skip > 0 {
+			n, err := r.Read(buf)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			go func() {
+				time.Sleep(20 * time.Millisecond)
+				b.Write([]byte{byte(k)})
+			}()
+		}
+		n, err := r.Read(buf)
+		require.NoError(t, err)
+		require.Equal(t, []byte{byte(k)}, buf[:n])
+		require.Equal(t, k, r.miss, "spin %d found nothing", k)
+		require.Equal(t, 1<<k, r.skip)
+	}
+	require.Zero(t, spinners.Load())
+	// A hit resets the backoff.
+	r.skip = 0
+	b.Write([]byte("x"))
+	time.Sleep(time.Millisecond)
+	_, err := r.Read(buf)
+	require.NoError(t, err)
+	go func() {
+		time.Sleep(time.Millisecond)
+		b.Write([]byte("y"))
+	}()
+	r.spin = 10 * time.Second
+	n, err := r.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "y", string(buf[:n]))
+	require.Zero(t, r.miss)
+}
+
+func TestBusyReaderPreemptedBacksOffMost(t *testing.T) {
+	a, b := tcpPair(t)
+	r := busy(t, a, 10*time.Second)
+	r.gap = 0 // every pause between polls looks like a preemption
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		b.Write([]byte("z"))
+	}()
+	buf := make([]byte, 4)
+	n, err := r.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "z", string(buf[:n]))
+	require.Equal(t, maxMiss, r.miss)
+	require.Equal(t, 1<<maxMiss, r.skip)
+	require.Zero(t, spinners.Load())
+}
+
+func TestBusyReaderHonoursTheSpinnerLimit(t *testing.T) {
+	a, b := tcpPair(t)
+	r := busy(t, a, 10*time.Second)
+	spinners.Store(maxSpinners())
+	defer spinners.Store(0)
+	go func() {
+		time.Sleep(5 * time.Millisecond)
+		b.Write([]byte("q"))
+	}()
+	buf := make([]byte, 4)
+	n, err := r.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "q", string(buf[:n]))
+	require.Zero(t, r.miss, "no slot: it parked without spinning, which is no miss")
+	require.Equal(t, maxSpinners(), spinners.Load())
+}
+
+func TestBusyReaderErrorsAreNetConns(t *testing.T) {
+	a, b := tcpPair(t)
+	r := busy(t, a, time.Millisecond)
+	buf := make([]byte, 4)
+
+	require.NoError(t, a.SetReadDeadline(time.Now().Add(10*time.Millisecond)))
+	_, err := r.Read(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.NoError(t, a.SetReadDeadline(time.Time{}))
+
+	n, err := r.Read(nil)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	require.NoError(t, b.Close())
+	_, err = r.Read(buf)
+	require.ErrorIs(t, err, io.EOF)
+
+	require.NoError(t, a.Close())
+	_, err = r.Read(buf)
+	require.True(t, errors.Is(err, net.ErrClosed), "read after Close: %v", err)
+	require.Zero(t, spinners.Load())
+}
