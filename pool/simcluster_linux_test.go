@@ -193,6 +193,7 @@ func newSimCluster(t testing.TB, hc simHostConfig) *simCluster {
 		cfg.Listen = "127.0.0.1:0"
 		cfg.Insecure = true // hundreds of daemons in one process: no TLS handshakes (TLS is tested in tls_test.go)
 		cfg.DataListen = "127.0.0.1:0"
+		cfg.DataBusyPoll = 0 // busy polling spends a host's idle core; here hundreds of daemons share two
 		cfg.Gossip = addr
 		cfg.Join = sc.seeds
 		timing := hc.timing

@@ -186,6 +186,19 @@
 // the first connection until it has 16 in flight and then spread to the
 // next, since per-syscall cost, not bandwidth, limits small ops.
 //
+// Busy polling (Linux): at one request in flight neither end has work while
+// it waits, and parking in the network poller costs a wake-up (epoll, a
+// futex, two context switches) on each side per round trip, on a VM more
+// than the round trip's own work. A leading caller whose op has been alone
+// on its connection for 8 ops in a row, and a server connection whose last
+// 8 flushes carried one response each while no other connection was
+// served, poll the socket with non-blocking reads for up to
+// ServerConfig.BusyPoll / WithBusyPoll (default 50µs) before they park.
+// A poll that finds nothing backs off (2^k reads without polling after k
+// misses in a row, at most 256), one that was descheduled backs off the
+// most, and at most GOMAXPROCS/2 goroutines of a process poll at once.
+// Pipelined loads keep batching: their ops are seldom alone.
+//
 // # Concurrency
 //
 // Server and Client are safe for concurrent use. A Client spreads ops over
