@@ -353,6 +353,8 @@ func TestLimits(t *testing.T) {
 		{"name length", func(c *pool.Config) { c.MaxNameLen = 256 }, "max-name-len"},
 		{"in flight", func(c *pool.Config) { c.DataMaxInflight = 0 }, "data-max-inflight"},
 		{"in flight high", func(c *pool.Config) { c.DataMaxInflight = 5000 }, "data-max-inflight"},
+		{"busy poll negative", func(c *pool.Config) { c.DataBusyPoll = -time.Microsecond }, "data-busy-poll"},
+		{"busy poll long", func(c *pool.Config) { c.DataBusyPoll = 2 * time.Millisecond }, "data-busy-poll"},
 		{"no one allowed", func(c *pool.Config) { c.AllowUIDs = nil }, "allow-uids"},
 		{"listen without tls", func(c *pool.Config) { c.Listen = "127.0.0.1:0" }, "mutual TLS"},
 		{"half tls", func(c *pool.Config) { c.Listen, c.TLSCert = "127.0.0.1:0", "x.crt" }, "tls-key"},

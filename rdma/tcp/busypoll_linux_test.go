@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/rdma"
 )
 
 // tcpPair returns both ends of a loopback TCP connection.
@@ -169,4 +172,59 @@ func TestBusyReaderErrorsAreNetConns(t *testing.T) {
 	_, err = r.Read(buf)
 	require.True(t, errors.Is(err, net.ErrClosed), "read after Close: %v", err)
 	require.Zero(t, spinners.Load())
+}
+
+// TestBusyPollEngagesOnlyForLoneOps: both ends of a real connection turn
+// busy polling on after a run of lone requests, and a batch of several
+// ops turns the client's off again.
+func TestBusyPollEngagesOnlyForLoneOps(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	_, r := s.export(t, 1, 1<<20)
+	c := dial(t, s.addr, WithConns(1))
+	ctx := context.Background()
+	buf := make([]byte, 64)
+	for range 2 * loneRun {
+		require.NoError(t, c.Read(ctx, r, 0, buf))
+	}
+	cc := c.conns[0]
+	<-cc.rdToken // lone and spin are the token holder's
+	require.Equal(t, loneRun, cc.lone, "a run of lone ops")
+	cc.rdToken <- struct{}{}
+	ops := make([]*rdma.Op, 8)
+	for i := range ops {
+		ops[i] = &rdma.Op{Kind: rdma.OpRead, Region: r, Offset: int64(i) * 64, Buf: make([]byte, 64)}
+	}
+	require.NoError(t, c.Do(ctx, ops...))
+	<-cc.rdToken
+	require.Less(t, cc.lone, loneRun, "ops sent together are not alone")
+	require.False(t, cc.spin)
+	cc.rdToken <- struct{}{}
+}
+
+// TestBusyPollServerRun: a server connection counts the run of flushes that
+// carried one response each.
+func TestBusyPollServerRun(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	_, r := s.export(t, 1, 1<<20)
+	c, err := Dial(context.Background(), s.addr, WithConns(1))
+	require.NoError(t, err)
+	buf := make([]byte, 64)
+	for range 2 * loneRun {
+		require.NoError(t, c.Read(context.Background(), r, 0, buf))
+	}
+	s.mu.Lock()
+	require.Len(t, s.conns, 1)
+	var sc *srvConn
+	for sc = range s.conns {
+	}
+	s.mu.Unlock()
+	// Its goroutine owns lone: once the client is gone it drops the
+	// connection under s.mu, after its last flush.
+	require.NoError(t, c.Close())
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.conns) == 0
+	}, 10*time.Second, time.Millisecond)
+	require.Equal(t, loneRun, sc.lone, "a run of single-response flushes")
 }
