@@ -46,6 +46,24 @@ func busy(t *testing.T, c net.Conn, spin time.Duration) *busyReader {
 	return r
 }
 
+// later writes s to c after d: a peer's answer that comes while the
+// reader waits.
+func later(c net.Conn, d time.Duration, s string) {
+	go func() {
+		time.Sleep(d)
+		c.Write([]byte(s))
+	}()
+}
+
+// readString reads once from r.
+func readString(t *testing.T, r io.Reader) string {
+	t.Helper()
+	buf := make([]byte, 16)
+	n, err := r.Read(buf)
+	require.NoError(t, err)
+	return string(buf[:n])
+}
+
 func TestBusyReaderOnlyWhereItCan(t *testing.T) {
 	a, _ := tcpPair(t)
 	require.Equal(t, a, newBusyReader(a, 0, nil), "spin 0: the connection itself")
@@ -59,14 +77,8 @@ func TestBusyReaderOnlyWhereItCan(t *testing.T) {
 func TestBusyReaderFindsDataWhileSpinning(t *testing.T) {
 	a, b := tcpPair(t)
 	r := busy(t, a, 10*time.Second)
-	go func() {
-		time.Sleep(2 * time.Millisecond)
-		b.Write([]byte("hello"))
-	}()
-	buf := make([]byte, 16)
-	n, err := r.Read(buf)
-	require.NoError(t, err)
-	require.Equal(t, "hello", string(buf[:n]))
+	later(b, 2*time.Millisecond, "hello")
+	require.Equal(t, "hello", readString(t, r))
 	require.Zero(t, r.miss, "the data came within the spin")
 	require.Zero(t, r.skip)
 	require.Zero(t, spinners.Load(), "the spinner slot is given back")
@@ -75,44 +87,24 @@ func TestBusyReaderFindsDataWhileSpinning(t *testing.T) {
 func TestBusyReaderBacksOffAfterMisses(t *testing.T) {
 	a, b := tcpPair(t)
 	r := busy(t, a, 20*time.Microsecond)
-	buf := make([]byte, 16)
 	for k := 1; k <= 3; k++ {
-		go func() {
-			time.Sleep(20 * time.Millisecond)
-			b.Write([]byte{byte(k)})
-		}()
+		want := string(rune('0' + k))
 		// The reads that skip spinning come first: they find nothing
 		// buffered and park, as net.Conn.Read does.
 		for r.skip > 0 {
-			n, err := r.Read(buf)
-			require.NoError(t, err)
-			require.Equal(t, 1, n)
-			go func() {
-				time.Sleep(20 * time.Millisecond)
-				b.Write([]byte{byte(k)})
-			}()
+			later(b, 20*time.Millisecond, want)
+			require.Equal(t, want, readString(t, r))
 		}
-		n, err := r.Read(buf)
-		require.NoError(t, err)
-		require.Equal(t, []byte{byte(k)}, buf[:n])
+		later(b, 20*time.Millisecond, want)
+		require.Equal(t, want, readString(t, r))
 		require.Equal(t, k, r.miss, "spin %d found nothing", k)
 		require.Equal(t, 1<<k, r.skip)
 	}
 	require.Zero(t, spinners.Load())
 	// A hit resets the backoff.
-	r.skip = 0
-	b.Write([]byte("x"))
-	time.Sleep(time.Millisecond)
-	_, err := r.Read(buf)
-	require.NoError(t, err)
-	go func() {
-		time.Sleep(time.Millisecond)
-		b.Write([]byte("y"))
-	}()
-	r.spin = 10 * time.Second
-	n, err := r.Read(buf)
-	require.NoError(t, err)
-	require.Equal(t, "y", string(buf[:n]))
+	r.skip, r.spin = 0, 10*time.Second
+	later(b, time.Millisecond, "y")
+	require.Equal(t, "y", readString(t, r))
 	require.Zero(t, r.miss)
 }
 
@@ -120,14 +112,8 @@ func TestBusyReaderPreemptedBacksOffMost(t *testing.T) {
 	a, b := tcpPair(t)
 	r := busy(t, a, 10*time.Second)
 	r.gap = 0 // every pause between polls looks like a preemption
-	go func() {
-		time.Sleep(20 * time.Millisecond)
-		b.Write([]byte("z"))
-	}()
-	buf := make([]byte, 4)
-	n, err := r.Read(buf)
-	require.NoError(t, err)
-	require.Equal(t, "z", string(buf[:n]))
+	later(b, 20*time.Millisecond, "z")
+	require.Equal(t, "z", readString(t, r))
 	require.Equal(t, maxMiss, r.miss)
 	require.Equal(t, 1<<maxMiss, r.skip)
 	require.Zero(t, spinners.Load())
@@ -138,14 +124,8 @@ func TestBusyReaderHonoursTheSpinnerLimit(t *testing.T) {
 	r := busy(t, a, 10*time.Second)
 	spinners.Store(maxSpinners())
 	defer spinners.Store(0)
-	go func() {
-		time.Sleep(5 * time.Millisecond)
-		b.Write([]byte("q"))
-	}()
-	buf := make([]byte, 4)
-	n, err := r.Read(buf)
-	require.NoError(t, err)
-	require.Equal(t, "q", string(buf[:n]))
+	later(b, 5*time.Millisecond, "q")
+	require.Equal(t, "q", readString(t, r))
 	require.Zero(t, r.miss, "no slot: it parked without spinning, which is no miss")
 	require.Equal(t, maxSpinners(), spinners.Load())
 }
