@@ -23,6 +23,7 @@ import (
 	"github.com/farmem/farmem/internal/paths"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // Client is a connection to the local poold: a control-plane channel, a
@@ -73,7 +74,7 @@ func parseTarget(target string) (network, addr string, err error) {
 // a unix socket path, or tcp://HOST:PORT for a daemon's TCP control plane
 // (rdma segments only).
 func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, error) {
-	o := dialOptions{clientName: filepath.Base(os.Args[0]), timeout: 5 * time.Second, opTimeout: 30 * time.Second}
+	o := dialOptions{clientName: filepath.Base(os.Args[0]), timeout: 5 * time.Second, opTimeout: 30 * time.Second, busyPoll: tcp.DefaultBusyPoll}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -17,7 +17,7 @@ type dialOptions struct {
 	timeout    time.Duration
 	opTimeout  time.Duration
 	emulate    *string // WithEmulateLatency's spec, parsed by Dial
-	busyPoll   *time.Duration
+	busyPoll   time.Duration
 }
 
 // WithEmulateLatency sets latency emulation for this client, overriding
@@ -47,16 +47,16 @@ func WithTLS(cfg *tls.Config) DialOption { return func(o *dialOptions) { o.tls =
 // Default: 30s.
 func WithOpTimeout(d time.Duration) DialOption { return func(o *dialOptions) { o.opTimeout = d } }
 
-// WithBusyPoll sets how long a ReadAt, WriteAt or atomic on an rdma
-// segment reached over TCP busy-polls the socket for its answer before it
-// sleeps, once it is the only operation in flight to that host: a round
-// trip then costs no wake-up (two context switches; on a VM a third of a
-// loopback round trip) for the CPU time spent polling. It backs off when
-// answers do not come within it or the cores are busy, and at most half
-// the cores (GOMAXPROCS/2) poll at once. The daemon polls likewise for
-// the next request (poold --data-busy-poll). Default: 50µs. Zero or
-// negative: off.
-func WithBusyPoll(d time.Duration) DialOption { return func(o *dialOptions) { o.busyPoll = &d } }
+// WithBusyPoll sets how long an operation on an rdma or shared segment
+// reached over TCP busy-polls the socket for its answer before it sleeps,
+// once operations to that host have been going one at a time: a round
+// trip then costs no wake-up (two context switches) for the CPU time
+// spent polling (README, "memctl bench", has the measured difference). It
+// backs off when answers do not come within it or the cores are busy, and
+// at most half the cores (GOMAXPROCS/2) poll at once. The daemon polls
+// likewise for the next request (poold --data-busy-poll). Default: 50µs.
+// Zero or negative: off.
+func WithBusyPoll(d time.Duration) DialOption { return func(o *dialOptions) { o.busyPoll = d } }
 
 // WithClientID sets the client's stable identity. A restarted application
 // that dials with the same id within the lease TTL keeps its unnamed

@@ -85,11 +85,7 @@ func (c *Client) dataConn(ctx context.Context, addr string, cred []byte) (rdma.C
 		return dc, nil
 	}
 	c.mu.Unlock()
-	var topts []tcp.Option
-	if d := c.opts.busyPoll; d != nil {
-		topts = append(topts, tcp.WithBusyPoll(*d))
-	}
-	dc, _, err := dialer.Dial(ctx, addr, cred, topts...)
+	dc, _, err := dialer.Dial(ctx, addr, cred, tcp.WithBusyPoll(c.opts.busyPoll))
 	if err != nil {
 		return nil, err
 	}

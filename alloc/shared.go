@@ -99,7 +99,7 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 	if err != nil {
 		return nil, err
 	}
-	link, err := dialShared(ctx, info.DataAddr, info.DataCredential, r.region, uint32(cfg.PageSize))
+	link, err := dialShared(ctx, info.DataAddr, info.DataCredential, r.region, uint32(cfg.PageSize), c.opts.busyPoll)
 	if err != nil {
 		return nil, fmt.Errorf("attach %q shared: %w", name, rdmaErr(err))
 	}
@@ -129,6 +129,7 @@ type sharedLink struct {
 	region   rdma.Region
 	pageSize uint32
 	pollBuf  []byte // the poll's answers; one poller at a time
+	busyPoll time.Duration
 
 	mu     sync.Mutex
 	conns  [numLinkConns]*tcp.Client // nil after a failure: redialed on next use
@@ -145,8 +146,8 @@ const (
 
 var _ coherence.Link = (*sharedLink)(nil)
 
-func dialShared(ctx context.Context, addr string, cred []byte, r rdma.Region, pageSize uint32) (*sharedLink, error) {
-	l := &sharedLink{addr: addr, cred: cred, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20)}
+func dialShared(ctx context.Context, addr string, cred []byte, r rdma.Region, pageSize uint32, busyPoll time.Duration) (*sharedLink, error) {
+	l := &sharedLink{addr: addr, cred: cred, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20), busyPoll: busyPoll}
 	for which := range numLinkConns {
 		if _, err := l.conn(ctx, which); err != nil {
 			l.close()
@@ -166,7 +167,7 @@ func (l *sharedLink) conn(ctx context.Context, which int) (*tcp.Client, error) {
 	}
 	p := &l.conns[which]
 	if *p == nil {
-		c, err := tcp.Dial(ctx, l.addr, tcp.WithConns(1), tcp.WithCredential(l.cred))
+		c, err := tcp.Dial(ctx, l.addr, tcp.WithConns(1), tcp.WithCredential(l.cred), tcp.WithBusyPoll(l.busyPoll))
 		if err != nil {
 			return nil, err
 		}

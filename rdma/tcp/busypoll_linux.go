@@ -100,10 +100,7 @@ func (r *busyReader) Read(p []byte) (int, error) {
 	if err == nil {
 		err = r.err
 	}
-	if err != nil {
-		return r.n, err
-	}
-	return r.n, nil
+	return r.n, err
 }
 
 // try is the RawConn callback: it reads what is there and reports true, or

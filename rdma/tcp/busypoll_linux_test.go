@@ -47,12 +47,16 @@ func busy(t *testing.T, c net.Conn, spin time.Duration) *busyReader {
 }
 
 // later writes s to c after d: a peer's answer that comes while the
-// reader waits.
-func later(c net.Conn, d time.Duration, s string) {
+// reader waits. The channel gets the number of spinners at that moment, so
+// a test sees whether the reader was polling or parked.
+func later(c net.Conn, d time.Duration, s string) <-chan int32 {
+	at := make(chan int32, 1)
 	go func() {
 		time.Sleep(d)
+		at <- spinners.Load()
 		c.Write([]byte(s))
 	}()
+	return at
 }
 
 // readString reads once from r.
@@ -77,8 +81,9 @@ func TestBusyReaderOnlyWhereItCan(t *testing.T) {
 func TestBusyReaderFindsDataWhileSpinning(t *testing.T) {
 	a, b := tcpPair(t)
 	r := busy(t, a, 10*time.Second)
-	later(b, 2*time.Millisecond, "hello")
+	at := later(b, 2*time.Millisecond, "hello")
 	require.Equal(t, "hello", readString(t, r))
+	require.Equal(t, int32(1), <-at, "the reader was polling when the answer came")
 	require.Zero(t, r.miss, "the data came within the spin")
 	require.Zero(t, r.skip)
 	require.Zero(t, spinners.Load(), "the spinner slot is given back")
@@ -124,9 +129,10 @@ func TestBusyReaderHonoursTheSpinnerLimit(t *testing.T) {
 	r := busy(t, a, 10*time.Second)
 	spinners.Store(maxSpinners())
 	defer spinners.Store(0)
-	later(b, 5*time.Millisecond, "q")
+	at := later(b, 5*time.Millisecond, "q")
 	require.Equal(t, "q", readString(t, r))
-	require.Zero(t, r.miss, "no slot: it parked without spinning, which is no miss")
+	require.Equal(t, maxSpinners(), <-at, "no slot: the reader parked instead of polling")
+	require.Zero(t, r.miss, "parking for want of a slot is no miss")
 	require.Equal(t, maxSpinners(), spinners.Load())
 }
 
@@ -168,7 +174,7 @@ func TestBusyPollEngagesOnlyForLoneOps(t *testing.T) {
 	}
 	cc := c.conns[0]
 	<-cc.rdToken // lone and spin are the token holder's
-	require.Equal(t, loneRun, cc.lone, "a run of lone ops")
+	require.True(t, cc.lone.long(), "a run of lone ops")
 	cc.rdToken <- struct{}{}
 	ops := make([]*rdma.Op, 8)
 	for i := range ops {
@@ -176,7 +182,7 @@ func TestBusyPollEngagesOnlyForLoneOps(t *testing.T) {
 	}
 	require.NoError(t, c.Do(ctx, ops...))
 	<-cc.rdToken
-	require.Less(t, cc.lone, loneRun, "ops sent together are not alone")
+	require.False(t, cc.lone.long(), "ops sent together are not alone")
 	require.False(t, cc.spin)
 	cc.rdToken <- struct{}{}
 }
@@ -206,5 +212,6 @@ func TestBusyPollServerRun(t *testing.T) {
 		defer s.mu.Unlock()
 		return len(s.conns) == 0
 	}, 10*time.Second, time.Millisecond)
-	require.Equal(t, loneRun, sc.lone, "a run of single-response flushes")
+	require.True(t, sc.lone.long(), "a run of single-response flushes")
+	require.Nil(t, s.lastFlush.Load(), "a dropped connection is not kept alive")
 }

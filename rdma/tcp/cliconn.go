@@ -57,7 +57,7 @@ type cliConn struct {
 	leaderPoked   bool       // interruptLeader set a read deadline
 	leadGen       uint64     // counts leaders whose ctx can end
 	spin          bool       // the reader busy-polls (guarded by rdToken, as lone)
-	lone          int        // leaders in a row (up to loneRun) whose op was alone
+	lone          streak     // leaders in a row whose op was alone
 
 	closed   atomic.Bool
 	failOnce sync.Once

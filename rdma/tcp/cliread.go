@@ -77,12 +77,8 @@ func (c *cliConn) lead(ctx context.Context, o *op) bool {
 	// Busy-poll once this is the loneRun-th op in a row to be alone on
 	// the connection: one op alone now and then is a lull in a pipelined
 	// load, where batching responses beats answering each at once.
-	if c.inflight() == 1 {
-		c.lone = min(c.lone+1, loneRun)
-	} else {
-		c.lone = 0
-	}
-	c.spin = c.lone >= loneRun
+	c.lone.note(c.inflight() == 1)
+	c.spin = c.lone.long()
 	var stop func() bool
 	if ctx.Done() != nil {
 		c.leadMu.Lock()

@@ -52,8 +52,8 @@ type ServerConfig struct {
 	// parking costs. It spends that CPU time polling, and backs off on a
 	// connection whose requests keep not coming within it; at most half
 	// the cores (GOMAXPROCS/2, at least one) poll at once. Deadlines and
-	// closes take effect when a poll ends. Default: DefaultBusyPoll (50µs,
-	// the kernel's recommended net.core.busy_poll); negative: off.
+	// closes take effect when a poll ends. Default: DefaultBusyPoll
+	// (50µs); negative: off (zero takes the default, as every field here).
 	BusyPoll time.Duration
 
 	// Logger receives connection-level events (rejected handshakes,
@@ -77,10 +77,6 @@ type ServerConfig struct {
 	// (MSG is answered UNSUPPORTED).
 	Message func(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int) ([]byte, error)
 }
-
-// DefaultBusyPoll is how long a reader busy-polls its socket by default
-// before it parks (ServerConfig.BusyPoll, WithBusyPoll).
-const DefaultBusyPoll = 50 * time.Microsecond
 
 // DefaultConfig returns the configuration with every default filled in.
 func DefaultConfig() ServerConfig {

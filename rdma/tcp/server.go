@@ -29,7 +29,7 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*srvConn]struct{}
 	nconns    atomic.Int64
-	flushes   atomic.Uint64 // response flushes of all connections, for busy polling
+	lastFlush atomic.Pointer[srvConn] // the connection that flushed last, for busy polling
 	wg        sync.WaitGroup
 
 	ctx    context.Context // ends when Close is called; given to Message
@@ -234,6 +234,7 @@ func (s *Server) dropConn(c *srvConn) {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	s.nconns.Add(-1)
+	s.lastFlush.CompareAndSwap(c, nil) // do not keep its buffers alive
 }
 
 // Close stops every Serve loop, closes every connection (clients see their

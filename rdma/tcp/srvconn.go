@@ -43,14 +43,8 @@ type srvConn struct {
 	streaming atomic.Pointer[export] // export a WRITE payload is streaming into
 	cut       atomic.Bool            // Revoke interrupted a streaming WRITE
 	status    uint16                 // status of the last response queued, for ServerConfig.Observe
-	lone      int                    // flushes in a row (up to loneRun) that wrote one response
-	flushMark uint64                 // Server.flushes after this connection's last flush
+	lone      streak                 // flushes in a row that wrote one response
 }
-
-// loneRun is how many flushes in a row must carry a single response before
-// a connection busy-polls: a client at one request in flight makes every
-// flush a single one, a pipelining client seldom makes many in a row.
-const loneRun = 8
 
 func newSrvConn(s *Server, nc net.Conn) *srvConn {
 	max := s.cfg.MaxInflightPerConn
@@ -66,10 +60,10 @@ func newSrvConn(s *Server, nc net.Conn) *srvConn {
 	// A client that sends one request at a time sends the next one soon
 	// after each response: once a run of flushes has carried one response
 	// each, the connection busy-polls for the next request, unless another
-	// connection has been served meanwhile (then the cores have work, and
-	// the clients' share of them is what brings the next request).
+	// connection has flushed since (then the cores have work, and the
+	// clients' share of them is what brings the next request).
 	c.rd = newFrameReader(newBusyReader(nc, s.cfg.BusyPoll, func() bool {
-		return c.lone >= loneRun && s.flushes.Load() == c.flushMark
+		return c.lone.long() && s.lastFlush.Load() == c
 	}), s.cfg.ReadBufferSize)
 	return c
 }
@@ -399,12 +393,12 @@ func (c *srvConn) flush() error {
 	clear(c.iov)
 	c.iov = c.iov[:0]
 	c.unpin()
-	if c.npend == 1 {
-		c.lone = min(c.lone+1, loneRun)
-	} else {
-		c.lone = 0
+	c.lone.note(c.npend == 1)
+	// Written only when it changes: at one busy connection the shared
+	// word stays in every core's cache.
+	if c.s.lastFlush.Load() != c {
+		c.s.lastFlush.Store(c)
 	}
-	c.flushMark = c.s.flushes.Add(1)
 	c.npend, c.pendBytes = 0, 0
 	return err
 }
