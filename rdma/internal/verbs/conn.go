@@ -26,7 +26,7 @@ import (
 // operation, so a large transfer runs in rounds of roundBlocks*blockSize.
 const (
 	blockSize   = 64 << 10
-	numBlocks   = 128 // 8 MiB of bounce buffer per connection
+	numBlocks   = 128 // 8 MiB of bounce buffer per connection, and the solo block
 	roundBlocks = 16  // 1 MiB per round
 	pollSpinNs  = 50_000
 	pollBatch   = 32 // completions a poll takes at most (fm_poll's limit)
@@ -67,6 +67,12 @@ type segInfo struct {
 	epoch uint64
 }
 
+// segEntry is a resolved segment; it is not changed once published.
+type segEntry struct {
+	seg  uint64
+	info segInfo
+}
+
 // req is one posted round of one operation. Its owner is the caller until
 // it completes; a caller that leaves early (ctx) abandons it and the poller
 // that sees its completion frees its blocks. A round lives in Conn.reqs at
@@ -98,7 +104,10 @@ const slotBits = 16
 // Completions are polled by whichever caller is waiting (leader/follower):
 // a lone operation posts its work requests and polls the completion queue
 // itself, so no goroutine hand-off sits on its path; concurrent callers wait
-// on their own completion and take over polling when the leader leaves.
+// on their own completion and take over polling when the leader leaves. An
+// operation of one work request whose caller finds nobody polling runs
+// through the solo slot, polling from its post to its completion, without
+// the locking the shared bounce blocks and pending set need.
 // There is no goroutine per operation and none per connection.
 //
 // Buffers: data moves through the connection's registered bounce buffer
@@ -112,15 +121,18 @@ type Conn struct {
 	ctl    net.Conn
 	ctlMu  sync.Mutex // one RESOLVE at a time on ctl
 
-	mu       sync.RWMutex // guards closed against new operations
-	closed   bool
-	ops      sync.WaitGroup
+	// state counts the operations in flight, with closedBit set once
+	// Close began; the last operation to leave a closed Conn closes
+	// drained.
+	state    atomic.Int64
+	drained  chan struct{}
 	closedCh chan struct{}
 	once     sync.Once
 	broken   atomic.Bool // the queue pair failed; every op fails with ErrClosed
 
 	smu  sync.Mutex
-	segs map[uint64]segInfo
+	segs map[uint64]*segEntry     // guarded by smu
+	last atomic.Pointer[segEntry] // the segment used last: stored under smu, loaded without
 
 	bmu    sync.Mutex
 	free   []int
@@ -128,12 +140,32 @@ type Conn struct {
 	bwait  int           // callers waiting on freed
 	pollMu sync.Mutex    // held by the polling caller
 	wcs    []completion  // guarded by pollMu; pollBatch of them, in cm
+	polls  pollYield     // guarded by pollMu
 	wake   chan struct{} // a token: the leader left while ops are pending
 	reqs   []req         // by first block; see req
 	cm     cmem          // C memory behind wcs and every req's ws
 	pmu    sync.Mutex
-	npend  int    // guarded by pmu: live reqs
-	seq    uint64 // guarded by pmu: the last round's sequence number
+	npend  atomic.Int32 // changed under pmu: live reqs
+	seq    uint64       // guarded by pmu: the last round's sequence number
+	solo   solo         // guarded by pollMu
+}
+
+// soloSlot is the solo round's slot in work-request ids and the index of
+// its bounce block, the one after the free list's.
+const soloSlot = numBlocks
+
+// solo is a connection's solo slot: a bounce block outside the free list
+// and one work request, for an operation that fits one work request and
+// whose caller holds pollMu from its post to its completion (runSolo).
+// The round then needs none of the free-list and pending-set locking the
+// others do; a lone operation takes this path.
+type solo struct {
+	w      []wr // one work request, in cm
+	seq    uint64
+	id     uint64
+	live   bool // posted, its completion not yet seen
+	done   bool // its completion was seen: status is set
+	status uint32
 }
 
 var _ rdma.Conn = (*Conn)(nil)
@@ -172,11 +204,11 @@ func handshake(ctx context.Context, d *device, nc net.Conn, cred []byte) (_ *Con
 	} else {
 		nc.SetDeadline(time.Now().Add(10 * time.Second))
 	}
-	qp, err := d.newQueuePair(numBlocks)
+	qp, err := d.newQueuePair(numBlocks + 1)
 	if err != nil {
 		return nil, err
 	}
-	c := &Conn{dev: d, qp: qp, ctl: nc, closedCh: make(chan struct{}), segs: map[uint64]segInfo{},
+	c := &Conn{dev: d, qp: qp, ctl: nc, closedCh: make(chan struct{}), drained: make(chan struct{}), segs: map[uint64]*segEntry{},
 		freed: make(chan struct{}), wake: make(chan struct{}, 1), reqs: make([]req, numBlocks)}
 	defer func() {
 		if err != nil {
@@ -184,13 +216,14 @@ func handshake(ctx context.Context, d *device, nc net.Conn, cred []byte) (_ *Con
 		}
 	}()
 	var ws []wr
-	if c.cm, ws, c.wcs, err = newCmem(numBlocks*roundBlocks, pollBatch); err != nil {
+	if c.cm, ws, c.wcs, err = newCmem(numBlocks*roundBlocks+1, pollBatch); err != nil {
 		return nil, err
 	}
+	c.solo.w = ws[numBlocks*roundBlocks:]
 	for i := range c.reqs {
 		c.reqs[i].ws = ws[i*roundBlocks : (i+1)*roundBlocks : (i+1)*roundBlocks]
 	}
-	c.bounce, err = unix.Mmap(-1, 0, numBlocks*blockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	c.bounce, err = unix.Mmap(-1, 0, (numBlocks+1)*blockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("rdma/verbs: map the bounce buffer: %w", err)
 	}
@@ -235,29 +268,43 @@ func (c *Conn) release() {
 // Close is idempotent.
 func (c *Conn) Close() error {
 	c.once.Do(func() {
-		c.mu.Lock()
-		c.closed = true
-		c.mu.Unlock()
+		if c.state.Or(closedBit) == 0 {
+			close(c.drained)
+		}
 		close(c.closedCh)
-		c.ops.Wait()
+		<-c.drained
 		c.ctl.Close()
 		c.release()
 	})
 	return nil
 }
 
+// closedBit marks Conn.state once Close began.
+const closedBit = 1 << 62
+
 // enter registers an operation, or fails once Close has begun.
 func (c *Conn) enter() error {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if c.closed {
-		return fmt.Errorf("rdma/verbs: connection is closed: %w", rdma.ErrClosed)
+	for {
+		s := c.state.Load()
+		if s&closedBit != 0 {
+			return fmt.Errorf("rdma/verbs: connection is closed: %w", rdma.ErrClosed)
+		}
+		if c.state.CompareAndSwap(s, s+1) {
+			break
+		}
 	}
 	if c.broken.Load() {
+		c.exit()
 		return fmt.Errorf("rdma/verbs: the queue pair to %s failed: %w", c.ctl.RemoteAddr(), rdma.ErrClosed)
 	}
-	c.ops.Add(1)
 	return nil
+}
+
+// exit ends an operation enter registered.
+func (c *Conn) exit() {
+	if c.state.Add(-1) == closedBit {
+		close(c.drained)
+	}
 }
 
 // Read fills p with the bytes of r starting at off.
@@ -294,10 +341,19 @@ func (c *Conn) one(ctx context.Context, op *rdma.Op) error {
 		op.Err = err
 		return err
 	}
-	defer c.ops.Done()
+	defer c.exit()
 	st := opState{op: op}
-	op.Err = c.start(ctx, &st, true)
-	if st.r != nil {
+	if op.Err = c.check(ctx, &st); op.Err != nil || st.length() == 0 {
+		return op.Err
+	}
+	if st.length() <= blockSize && c.pollMu.TryLock() {
+		if !c.solo.live {
+			op.Err = c.runSolo(ctx, &st)
+			return op.Err
+		}
+		c.pollMu.Unlock()
+	}
+	if op.Err = c.post(ctx, &st, true); st.r != nil {
 		op.Err = c.finish(ctx, &st)
 	}
 	return op.Err
@@ -323,12 +379,14 @@ func (c *Conn) Do(ctx context.Context, ops ...*rdma.Op) error {
 		}
 		return err
 	}
-	defer c.ops.Done()
+	defer c.exit()
 	sts := make([]opState, len(ops))
 	for i, op := range ops {
 		sts[i].op = op
 		op.Prev, op.Swapped, op.Err = 0, false, nil
-		op.Err = c.start(ctx, &sts[i], i == len(ops)-1)
+		if op.Err = c.check(ctx, &sts[i]); op.Err == nil && sts[i].length() > 0 {
+			op.Err = c.post(ctx, &sts[i], i == len(ops)-1)
+		}
 	}
 	var first error
 	for i := range sts {
@@ -351,8 +409,8 @@ func (op *opState) length() int {
 	return len(op.op.Buf)
 }
 
-// start checks the op against the segment and posts its first round.
-func (c *Conn) start(ctx context.Context, st *opState, poll bool) error {
+// check checks the op against its segment, which it resolves if need be.
+func (c *Conn) check(ctx context.Context, st *opState) error {
 	op := st.op
 	switch op.Kind {
 	case rdma.OpRead, rdma.OpWrite:
@@ -372,10 +430,7 @@ func (c *Conn) start(ctx context.Context, st *opState, poll bool) error {
 	if op.Offset < 0 || uint64(op.Offset) > info.size || uint64(n) > info.size-uint64(op.Offset) {
 		return fmt.Errorf("rdma/verbs: %s of %d bytes at offset %d of %s (size %d): %w", op.Kind, n, op.Offset, op.Region, info.size, rdma.ErrOutOfRange)
 	}
-	if n == 0 {
-		return nil
-	}
-	return c.post(ctx, st, poll)
+	return nil
 }
 
 // segment returns the cached address and rkey of the region's segment,
@@ -383,9 +438,19 @@ func (c *Conn) start(ctx context.Context, st *opState, poll bool) error {
 // holds a newer epoch than the cached one. A mutating op with an older epoch
 // than the segment's fails with ErrLeaseExpired.
 func (c *Conn) segment(ctx context.Context, r rdma.Region, write bool) (segInfo, error) {
-	c.smu.Lock()
-	info, ok := c.segs[r.Segment]
-	c.smu.Unlock()
+	var info segInfo
+	e := c.last.Load()
+	ok := e != nil && e.seg == r.Segment
+	if !ok {
+		c.smu.Lock()
+		if e, ok = c.segs[r.Segment]; ok {
+			c.last.Store(e)
+		}
+		c.smu.Unlock()
+	}
+	if ok {
+		info = e.info
+	}
 	if !ok || r.Epoch > info.epoch {
 		var err error
 		if info, err = c.resolve(ctx, r, write); err != nil {
@@ -429,16 +494,20 @@ func (c *Conn) resolve(ctx context.Context, r rdma.Region, write bool) (segInfo,
 		c.forget(r.Segment)
 		return segInfo{}, err
 	}
-	info := segInfo{addr: p.Addr, rkey: p.RKey, size: p.Size, epoch: p.Epoch}
+	e := &segEntry{seg: r.Segment, info: segInfo{addr: p.Addr, rkey: p.RKey, size: p.Size, epoch: p.Epoch}}
 	c.smu.Lock()
-	c.segs[r.Segment] = info
+	c.segs[r.Segment] = e
+	c.last.Store(e)
 	c.smu.Unlock()
-	return info, nil
+	return e.info, nil
 }
 
 func (c *Conn) forget(seg uint64) {
 	c.smu.Lock()
 	delete(c.segs, seg)
+	if e := c.last.Load(); e != nil && e.seg == seg {
+		c.last.CompareAndSwap(e, nil)
+	}
 	c.smu.Unlock()
 }
 
@@ -508,31 +577,19 @@ func (c *Conn) post(ctx context.Context, st *opState, poll bool) error {
 	r.done.Store(false)
 	ws := r.ws[:nb]
 	raddr := st.info.addr + uint64(op.Offset) + uint64(st.done)
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(c.bounce)))
 	c.pmu.Lock()
 	c.seq++
 	r.id = c.seq<<slotBits | uint64(blocks[0])
 	r.live = true
-	c.npend++
+	c.npend.Add(1)
 	c.pmu.Unlock()
 	for i, b := range r.blocks[:nb] {
 		n := min(left-i*blockSize, blockSize)
-		laddr := base + uintptr(b*blockSize)
-		ra := raddr + uint64(i*blockSize)
-		switch op.Kind {
-		case rdma.OpRead:
-			ws[i] = newWR(r.id, opRead, laddr, n, c.mr.lkey, ra, st.info.rkey)
-		case rdma.OpWrite:
+		if op.Kind == rdma.OpWrite {
 			from := st.done + i*blockSize
 			copy(c.block(b), op.Buf[from:from+n])
-			ws[i] = newWR(r.id, opWrite, laddr, n, c.mr.lkey, ra, st.info.rkey)
-		case rdma.OpCompareAndSwap:
-			ws[i] = newWR(r.id, opCAS, laddr, 8, c.mr.lkey, ra, st.info.rkey)
-			setAtomic(&ws[i], op.Old, op.New)
-		case rdma.OpFetchAdd:
-			ws[i] = newWR(r.id, opFAdd, laddr, 8, c.mr.lkey, ra, st.info.rkey)
-			setAtomic(&ws[i], op.Delta, 0)
 		}
+		c.setWR(&ws[i], r.id, op, b, n, raddr+uint64(i*blockSize), st.info.rkey)
 	}
 	setSignaled(&ws[nb-1])
 	var err error
@@ -542,20 +599,108 @@ func (c *Conn) post(ctx context.Context, st *opState, poll bool) error {
 		if err == nil {
 			c.dispatch(n)
 		}
-		c.pollMu.Unlock()
+		c.polls.unlock(&c.pollMu)
 	} else {
 		err = c.qp.post(ws)
 	}
 	if err != nil {
 		c.pmu.Lock()
 		r.live = false
-		c.npend--
+		c.npend.Add(-1)
 		c.pmu.Unlock()
 		c.recycle(r)
 		c.broken.Store(true)
 		return fmt.Errorf("rdma/verbs: ibv_post_send %s: %w (%w)", op.Kind, err, rdma.ErrClosed)
 	}
 	st.r = r
+	return nil
+}
+
+// setWR fills w with the work request for n bytes of op through bounce
+// block b to raddr (for an atomic, its 8-byte word).
+func (c *Conn) setWR(w *wr, id uint64, op *rdma.Op, b, n int, raddr uint64, rkey uint32) {
+	laddr := uintptr(unsafe.Pointer(unsafe.SliceData(c.bounce))) + uintptr(b*blockSize)
+	switch op.Kind {
+	case rdma.OpRead:
+		*w = newWR(id, opRead, laddr, n, c.mr.lkey, raddr, rkey)
+	case rdma.OpWrite:
+		*w = newWR(id, opWrite, laddr, n, c.mr.lkey, raddr, rkey)
+	case rdma.OpCompareAndSwap:
+		*w = newWR(id, opCAS, laddr, 8, c.mr.lkey, raddr, rkey)
+		setAtomic(w, op.Old, op.New)
+	case rdma.OpFetchAdd:
+		*w = newWR(id, opFAdd, laddr, 8, c.mr.lkey, raddr, rkey)
+		setAtomic(w, op.Delta, 0)
+	}
+}
+
+// setPrev sets an atomic op's result from bounce block b, where the
+// responder returned the original word in host order.
+func (c *Conn) setPrev(op *rdma.Op, b int) {
+	op.Prev = *(*uint64)(unsafe.Pointer(&c.block(b)[0]))
+	op.Swapped = op.Kind == rdma.OpCompareAndSwap && op.Prev == op.Old
+}
+
+// runSolo runs st's operation, which fits one work request, through the
+// solo slot. The caller holds pollMu and runSolo releases it: it posts and
+// polls in one crossing into C, and keeps polling (completing any other
+// caller's rounds it sees) until its own completion arrives, ctx ends or
+// the queue pair fails. A round left behind stays live until a later
+// poller sees its completion.
+func (c *Conn) runSolo(ctx context.Context, st *opState) error {
+	op, s := st.op, &c.solo
+	n := st.length()
+	s.seq++
+	s.id = s.seq<<slotBits | soloSlot
+	if op.Kind == rdma.OpWrite {
+		copy(c.block(soloSlot), op.Buf)
+	}
+	c.setWR(&s.w[0], s.id, op, soloSlot, n, st.info.addr+uint64(op.Offset), st.info.rkey)
+	setSignaled(&s.w[0])
+	s.live, s.done = true, false
+	k, err := c.qp.postPoll(s.w, c.wcs, pollSpinNs)
+	if err != nil {
+		s.live = false
+		c.broken.Store(true)
+		c.polls.unlock(&c.pollMu)
+		c.handOff()
+		return fmt.Errorf("rdma/verbs: ibv_post_send %s: %w (%w)", op.Kind, err, rdma.ErrClosed)
+	}
+	for {
+		c.dispatch(k)
+		if s.done {
+			break
+		}
+		if err = ctx.Err(); err == nil && c.broken.Load() {
+			err = fmt.Errorf("rdma/verbs: the queue pair to %s failed: %w", c.ctl.RemoteAddr(), rdma.ErrClosed)
+		}
+		if err == nil {
+			if k, err = c.qp.poll(c.wcs, pollSpinNs); err != nil {
+				c.broken.Store(true)
+				err = fmt.Errorf("%w (%w)", err, rdma.ErrClosed)
+			}
+		}
+		if err != nil {
+			c.polls.unlock(&c.pollMu)
+			c.handOff()
+			return err
+		}
+	}
+	// The block is this round's until pollMu is released.
+	status := s.status
+	if status == wcSuccess {
+		switch op.Kind {
+		case rdma.OpRead:
+			copy(op.Buf, c.block(soloSlot)[:n])
+		case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
+			c.setPrev(op, soloSlot)
+		}
+	}
+	c.polls.unlock(&c.pollMu)
+	c.handOff()
+	if status != wcSuccess {
+		return c.failed(ctx, st, status)
+	}
 	return nil
 }
 
@@ -581,9 +726,7 @@ func (c *Conn) finish(ctx context.Context, st *opState) error {
 				copy(op.Buf[st.done+i*blockSize:], c.block(b)[:k])
 			}
 		case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
-			// The responder returns the original word in host order.
-			op.Prev = *(*uint64)(unsafe.Pointer(&c.block(r.blocks[0])[0]))
-			op.Swapped = op.Kind == rdma.OpCompareAndSwap && op.Prev == op.Old
+			c.setPrev(op, r.blocks[0])
 		}
 		c.recycle(r)
 		st.done += n
@@ -628,7 +771,7 @@ func (c *Conn) wait(ctx context.Context, r *req) error {
 		}
 		if c.pollMu.TryLock() {
 			err := c.pollOnce()
-			c.pollMu.Unlock()
+			c.polls.unlock(&c.pollMu)
 			if r.done.Load() {
 				c.handOff()
 				return nil
@@ -688,10 +831,7 @@ func (c *Conn) abandon(r *req) bool {
 
 // handOff passes the polling duty on when operations are still pending.
 func (c *Conn) handOff() {
-	c.pmu.Lock()
-	n := c.npend
-	c.pmu.Unlock()
-	if n > 0 {
+	if c.npend.Load() > 0 {
 		select {
 		case c.wake <- struct{}{}:
 		default:
@@ -717,6 +857,15 @@ func (c *Conn) dispatch(n int) {
 	for i := range n {
 		id, status := wcID(&c.wcs[i])
 		slot := id & (1<<slotBits - 1)
+		if slot == soloSlot {
+			if s := &c.solo; s.live && s.id == id {
+				s.live, s.done, s.status = false, true, status
+				if status != wcSuccess {
+					c.broken.Store(true)
+				}
+			}
+			continue
+		}
 		if slot >= uint64(len(c.reqs)) {
 			continue
 		}
@@ -727,7 +876,7 @@ func (c *Conn) dispatch(n int) {
 			continue
 		}
 		r.live = false
-		c.npend--
+		c.npend.Add(-1)
 		r.status = status
 		r.done.Store(true)
 		ab, ch := r.abandoned, r.waitCh
