@@ -56,6 +56,12 @@ $B/labcheck-verbs verbs -socket /tmp/client.sock -measure none
 # one's by up to 2x for both); each figure is the best of its rounds
 # (lowest latency, highest bandwidth): nine latency rounds, which are
 # short, and three bandwidth rounds. perftest's MB/sec are MiB/s.
+# Every measured run starts after a second's rest: a run that began the
+# moment another tool's processes exited was ~15% slower, whichever tool
+# it was (farmem's median p50 41 vs 35 us over 12 rounds, 2026-12-04; the
+# kernel tearing the last run's queue pairs and memory down is a guess at
+# why), so the run right after perftest's was the slow one.
+settle() { sleep 1; }
 V="$B/labcheck-verbs verbs -socket /tmp/client.sock -checks=false"
 num() { sed -n "s/^FARMEM $1 [0-9]* [a-zA-Z0-9_]*=\([0-9.]*\).*/\1/p" "$2"; }
 # Each latency round pairs perftest's run with farmem's right after it:
@@ -63,15 +69,15 @@ num() { sed -n "s/^FARMEM $1 [0-9]* [a-zA-Z0-9_]*=\([0-9.]*\).*/\1/p" "$2"; }
 # a pair see the same moment of the host); the best of each side is shown
 # beside it.
 for r in 1 2 3 4 5 6 7 8 9; do
-	p=$(perf ib_read_lat -s 64 -n 2000 | tee -a /tmp/p.lat)
+	settle; p=$(perf ib_read_lat -s 64 -n 2000 | tee -a /tmp/p.lat)
 	echo "LAB: round $r: $p"
-	$V -measure lat -iters 2000 | tee /tmp/f.out; f=$(num read_lat /tmp/f.out); echo "$f" >> /tmp/f.lat
+	settle; $V -measure lat -iters 2000 | tee /tmp/f.out; f=$(num read_lat /tmp/f.out); echo "$f" >> /tmp/f.lat
 	echo "$p $f" | awk 'NF == 10 && $5 ~ /^[0-9.]+$/ && $5 > 0 && $10 ~ /^[0-9.]+$/ { print $5, $10 }' >> /tmp/pairs
 done
 for r in 1 2 3; do
-	echo "LAB: round $r: $(perf ib_read_bw -s 1048576 -n 32 | tee -a /tmp/p.rbw)"
-	echo "LAB: round $r: $(perf ib_write_bw -s 1048576 -n 32 | tee -a /tmp/p.wbw)"
-	$V -measure bw -bw-mib 32 -depth 8 | tee /tmp/f.out; num read_bw /tmp/f.out >> /tmp/f.rbw; num write_bw /tmp/f.out >> /tmp/f.wbw
+	settle; echo "LAB: round $r: $(perf ib_read_bw -s 1048576 -n 32 | tee -a /tmp/p.rbw)"
+	settle; echo "LAB: round $r: $(perf ib_write_bw -s 1048576 -n 32 | tee -a /tmp/p.wbw)"
+	settle; $V -measure bw -bw-mib 32 -depth 8 | tee /tmp/f.out; num read_bw /tmp/f.out >> /tmp/f.rbw; num write_bw /tmp/f.out >> /tmp/f.wbw
 done
 FARMEM_VERBS=off $V -want tcp -measure lat -iters 1000 | tee /tmp/f.tcp
 TLAT=$(num read_lat /tmp/f.tcp)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -139,7 +140,84 @@ func functional(ctx context.Context, conn rdma.Conn, region rdma.Region, segSize
 	_, errU := conn.FetchAdd64(ctx, region, 4, 1)
 	ok = result("verbs-bounds", errors.Is(errR, rdma.ErrOutOfRange) && errors.Is(errU, rdma.ErrUnaligned), "read past the end: %v; unaligned FADD: %v", errR, errU) && ok
 
-	return ok
+	return concurrent(ctx, conn, region) && ok
+}
+
+// concurrent runs lone operations from several goroutines on one
+// connection at once (each caller in turn polls for the others), with one
+// goroutine moving 320 KiB transfers (several work requests each) beside
+// them: every read must return what its goroutine wrote, and the shared
+// counter must count every FETCH_ADD.
+func concurrent(ctx context.Context, conn rdma.Conn, region rdma.Region) bool {
+	const (
+		workers = 4
+		rounds  = 200
+		counter = 12 << 20 // a word no other check uses
+		area    = 13 << 20 // each worker's 64 KiB from here on
+	)
+	if err := conn.Write(ctx, region, counter, make([]byte, 8)); err != nil {
+		return result("verbs-concurrent", false, "clear the counter: %v", err)
+	}
+	errc := make(chan error, workers+1)
+	for w := range workers {
+		go func() {
+			off := int64(area + w<<16)
+			buf, got := make([]byte, 4096), make([]byte, 4096)
+			for i := range rounds {
+				for j := range buf {
+					buf[j] = byte(w*31 + i + j)
+				}
+				if err := conn.Write(ctx, region, off, buf); err != nil {
+					errc <- fmt.Errorf("worker %d write %d: %w", w, i, err)
+					return
+				}
+				if _, err := conn.FetchAdd64(ctx, region, counter, 1); err != nil {
+					errc <- fmt.Errorf("worker %d fetch-add %d: %w", w, i, err)
+					return
+				}
+				if err := conn.Read(ctx, region, off, got); err != nil {
+					errc <- fmt.Errorf("worker %d read %d: %w", w, i, err)
+					return
+				}
+				if !bytes.Equal(got, buf) {
+					errc <- fmt.Errorf("worker %d round %d read back other bytes than it wrote", w, i)
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	go func() {
+		data, got := make([]byte, 320<<10), make([]byte, 320<<10)
+		for i := range rounds / 10 {
+			for j := range data {
+				data[j] = byte(i ^ j)
+			}
+			err := conn.Write(ctx, region, 8<<20, data)
+			if err == nil {
+				err = conn.Read(ctx, region, 8<<20, got)
+			}
+			if err == nil && !bytes.Equal(got, data) {
+				err = errors.New("read back other bytes than it wrote")
+			}
+			if err != nil {
+				errc <- fmt.Errorf("320 KiB round %d: %w", i, err)
+				return
+			}
+		}
+		errc <- nil
+	}()
+	var err error
+	for range workers + 1 {
+		err = errors.Join(err, <-errc)
+	}
+	var word [8]byte
+	if err == nil {
+		err = conn.Read(ctx, region, counter, word[:])
+	}
+	n := binary.LittleEndian.Uint64(word[:])
+	return result("verbs-concurrent", err == nil && n == workers*rounds, "%d goroutines x %d write/fetch-add/read of 4 KiB beside 320 KiB transfers: counter %d (want %d), err=%v",
+		workers, rounds, n, workers*rounds, err)
 }
 
 // readLatency times 64 B READs, one at a time, with the cycle counter
