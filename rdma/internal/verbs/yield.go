@@ -10,8 +10,8 @@ import (
 // since the last yield, looking at the clock every yieldPolls polling
 // crossings into C (each at most pollSpinNs).
 const (
-	yieldPolls = 32
-	yieldEvery = 2 * time.Millisecond
+	yieldPolls = 64
+	yieldEvery = 4 * time.Millisecond
 )
 
 // Test seams: the scheduler yield and the monotonic clock.
@@ -31,10 +31,12 @@ var clockBase = time.Now()
 // long), hands the P to another thread and then wakes every 20 µs for a
 // while; polling continuously, that repeats every 10 ms. In the lab's
 // guest it took a fifth of a CPU, moved the polling goroutine between
-// threads and doubled the 99th percentile of a 64 B READ. A yield at least
-// every few milliseconds keeps sysmon asleep; the clock is read once per
-// yieldPolls crossings, so where a clock read is a system call (a VM on
-// the HPET) it stays rare.
+// threads and doubled the 99th percentile of a 64 B READ. A yield every
+// few milliseconds keeps sysmon asleep. A yield may itself move the
+// goroutine to another thread (it wakes an idle one, which can take the
+// goroutine first), so it is rationed by time, not by count; the clock
+// is read once per yieldPolls crossings, so where a clock read is a
+// system call (a VM on the HPET) it stays rare.
 //
 // A pollYield is guarded by the poll mutex passed to unlock; it is not
 // otherwise safe for concurrent use.
