@@ -54,7 +54,7 @@ $B/labcheck-verbs verbs -socket /tmp/client.sock -measure none
 # Numbers: perftest and farmem take turns, so both see the same machine (a
 # loaded host slows a TCG guest: one round's medians differ from the next
 # one's by up to 2x for both); each figure is the best of its rounds
-# (lowest latency, highest bandwidth): nine latency rounds, which are
+# (lowest latency, highest bandwidth): fifteen latency rounds, which are
 # short, and three bandwidth rounds. perftest's MB/sec are MiB/s.
 # Every measured run starts after a second's rest: a run that began the
 # moment another tool's processes exited was ~15% slower, whichever tool
@@ -65,10 +65,10 @@ settle() { sleep 1; }
 V="$B/labcheck-verbs verbs -socket /tmp/client.sock -checks=false"
 num() { sed -n "s/^FARMEM $1 [0-9]* [a-zA-Z0-9_]*=\([0-9.]*\).*/\1/p" "$2"; }
 # Each latency round pairs perftest's run with farmem's right after it:
-# the median of the nine round ratios is the figure checked (both sides of
+# the median of the fifteen round ratios is the figure checked (both sides of
 # a pair see the same moment of the host); the best of each side is shown
 # beside it.
-for r in 1 2 3 4 5 6 7 8 9; do
+for r in $(seq 1 15); do
 	settle; p=$(perf ib_read_lat -s 64 -n 2000 | tee -a /tmp/p.lat)
 	echo "LAB: round $r: $p"
 	settle; $V -measure lat -iters 2000 | tee /tmp/f.out; f=$(num read_lat /tmp/f.out); echo "$f" >> /tmp/f.lat
