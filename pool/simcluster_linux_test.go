@@ -521,8 +521,14 @@ func kindLines(kinds map[string]int, max int) string {
 // the rdma segments it holds.
 type simClient struct {
 	host *simHost
+	id   string // its ClientID, the owner of its segments' records
 	conn *session.Conn
 	segs []simSeg
+	// unsure: an Alloc failed (a timeout may have been allocated all the
+	// same), so the daemon may hold a segment for it that segs lacks;
+	// freeLostOf then adopts such segments, as an application would that
+	// lists its own.
+	unsure bool
 }
 
 type simSeg struct {
@@ -615,8 +621,9 @@ func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
 	for gen := 0; ; gen++ {
 		h := w.sc.hosts[rnd.IntN(w.clientHosts)]
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		id := fmt.Sprintf("sim-%d-%d", slot, gen)
 		conn, err := session.Dial(ctx, "unix", h.cfg.Socket, session.Options{
-			ClientID: fmt.Sprintf("sim-%d-%d", slot, gen), ClientName: "scale simulation client",
+			ClientID: id, ClientName: "scale simulation client",
 		})
 		cancel()
 		if err != nil { // the host went down meanwhile
@@ -625,7 +632,7 @@ func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
 			}
 			continue
 		}
-		c := &simClient{host: h, conn: conn}
+		c := &simClient{host: h, id: id, conn: conn}
 		w.mu.Lock()
 		w.clients[slot] = c
 		w.mu.Unlock()
@@ -699,6 +706,9 @@ func (w *simWorkload) alloc(c *simClient, rnd *rand.Rand) {
 	seg, err := c.conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: sz, Tier: poolv1.Tier_TIER_RDMA})
 	if err != nil {
 		w.allocFails.Add(1)
+		w.mu.Lock()
+		c.unsure = true // a timeout may have been allocated all the same
+		w.mu.Unlock()
 		return
 	}
 	w.allocs.Add(1)
@@ -768,6 +778,15 @@ func (w *simWorkload) freeLostOf(c *simClient) int {
 	d := c.host.daemon()
 	if d == nil {
 		return 0
+	}
+	if c.unsure { // adopt what an unanswered Alloc left it
+		for _, r := range d.pool.List() {
+			if r.Owner == c.id && !slices.ContainsFunc(c.segs, func(s simSeg) bool { return s.id == r.ID }) {
+				w.mu.Lock()
+				c.segs = append(c.segs, simSeg{id: r.ID, size: r.Size, home: r.Home})
+				w.mu.Unlock()
+			}
+		}
 	}
 	n := 0
 	for i := len(c.segs) - 1; i >= 0; i-- {
