@@ -160,12 +160,10 @@ const soloSlot = numBlocks
 // The round then needs none of the free-list and pending-set locking the
 // others do; a lone operation takes this path.
 type solo struct {
-	w      []wr // one work request, in cm
-	seq    uint64
-	id     uint64
-	live   bool // posted, its completion not yet seen
-	done   bool // its completion was seen: status is set
-	status uint32
+	w      []wr   // one work request, in cm
+	id     uint64 // the last round's work-request id (sequence<<slotBits | soloSlot)
+	live   bool   // posted, its completion not yet seen
+	status uint32 // the last completion's
 }
 
 var _ rdma.Conn = (*Conn)(nil)
@@ -219,7 +217,7 @@ func handshake(ctx context.Context, d *device, nc net.Conn, cred []byte) (_ *Con
 	if c.cm, ws, c.wcs, err = newCmem(numBlocks*roundBlocks+1, pollBatch); err != nil {
 		return nil, err
 	}
-	c.solo.w = ws[numBlocks*roundBlocks:]
+	c.solo.w, c.solo.id = ws[numBlocks*roundBlocks:], soloSlot
 	for i := range c.reqs {
 		c.reqs[i].ws = ws[i*roundBlocks : (i+1)*roundBlocks : (i+1)*roundBlocks]
 	}
@@ -295,7 +293,7 @@ func (c *Conn) enter() error {
 	}
 	if c.broken.Load() {
 		c.exit()
-		return fmt.Errorf("rdma/verbs: the queue pair to %s failed: %w", c.ctl.RemoteAddr(), rdma.ErrClosed)
+		return c.qpFailed()
 	}
 	return nil
 }
@@ -506,7 +504,7 @@ func (c *Conn) forget(seg uint64) {
 	c.smu.Lock()
 	delete(c.segs, seg)
 	if e := c.last.Load(); e != nil && e.seg == seg {
-		c.last.CompareAndSwap(e, nil)
+		c.last.Store(nil) // stores are all under smu
 	}
 	c.smu.Unlock()
 }
@@ -650,45 +648,32 @@ func (c *Conn) setPrev(op *rdma.Op, b int) {
 func (c *Conn) runSolo(ctx context.Context, st *opState) error {
 	op, s := st.op, &c.solo
 	n := st.length()
-	s.seq++
-	s.id = s.seq<<slotBits | soloSlot
+	s.id += 1 << slotBits // the next sequence number, in the solo slot
 	if op.Kind == rdma.OpWrite {
 		copy(c.block(soloSlot), op.Buf)
 	}
 	c.setWR(&s.w[0], s.id, op, soloSlot, n, st.info.addr+uint64(op.Offset), st.info.rkey)
 	setSignaled(&s.w[0])
-	s.live, s.done = true, false
+	s.live = true
 	k, err := c.qp.postPoll(s.w, c.wcs, pollSpinNs)
 	if err != nil {
 		s.live = false
 		c.broken.Store(true)
-		c.polls.unlock(&c.pollMu)
-		c.handOff()
-		return fmt.Errorf("rdma/verbs: ibv_post_send %s: %w (%w)", op.Kind, err, rdma.ErrClosed)
-	}
-	for {
+		err = fmt.Errorf("rdma/verbs: ibv_post_send %s: %w (%w)", op.Kind, err, rdma.ErrClosed)
+	} else {
 		c.dispatch(k)
-		if s.done {
-			break
-		}
+	}
+	for s.live && err == nil { // dispatch clears live on its completion
 		if err = ctx.Err(); err == nil && c.broken.Load() {
-			err = fmt.Errorf("rdma/verbs: the queue pair to %s failed: %w", c.ctl.RemoteAddr(), rdma.ErrClosed)
+			err = c.qpFailed()
 		}
 		if err == nil {
-			if k, err = c.qp.poll(c.wcs, pollSpinNs); err != nil {
-				c.broken.Store(true)
-				err = fmt.Errorf("%w (%w)", err, rdma.ErrClosed)
-			}
-		}
-		if err != nil {
-			c.polls.unlock(&c.pollMu)
-			c.handOff()
-			return err
+			err = c.pollOnce()
 		}
 	}
 	// The block is this round's until pollMu is released.
 	status := s.status
-	if status == wcSuccess {
+	if err == nil && status == wcSuccess {
 		switch op.Kind {
 		case rdma.OpRead:
 			copy(op.Buf, c.block(soloSlot)[:n])
@@ -698,10 +683,19 @@ func (c *Conn) runSolo(ctx context.Context, st *opState) error {
 	}
 	c.polls.unlock(&c.pollMu)
 	c.handOff()
-	if status != wcSuccess {
+	switch {
+	case err != nil:
+		return err
+	case status != wcSuccess:
 		return c.failed(ctx, st, status)
 	}
 	return nil
+}
+
+// qpFailed is the error of an operation on a connection whose queue pair
+// failed.
+func (c *Conn) qpFailed() error {
+	return fmt.Errorf("rdma/verbs: the queue pair to %s failed: %w", c.ctl.RemoteAddr(), rdma.ErrClosed)
 }
 
 // finish waits for the op's rounds, posting the next one after each.
@@ -780,7 +774,7 @@ func (c *Conn) wait(ctx context.Context, r *req) error {
 				err = ctx.Err()
 			}
 			if err == nil && c.broken.Load() {
-				err = fmt.Errorf("rdma/verbs: the queue pair to %s failed: %w", c.ctl.RemoteAddr(), rdma.ErrClosed)
+				err = c.qpFailed()
 			}
 			if err != nil {
 				if c.abandon(r) {
@@ -859,7 +853,7 @@ func (c *Conn) dispatch(n int) {
 		slot := id & (1<<slotBits - 1)
 		if slot == soloSlot {
 			if s := &c.solo; s.live && s.id == id {
-				s.live, s.done, s.status = false, true, status
+				s.live, s.status = false, status
 				if status != wcSuccess {
 					c.broken.Store(true)
 				}
