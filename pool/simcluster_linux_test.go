@@ -779,7 +779,8 @@ func (w *simWorkload) freeLostOf(c *simClient) int {
 	if d == nil {
 		return 0
 	}
-	if c.unsure { // adopt what an unanswered Alloc left it
+	if c.unsure { // adopt what an unanswered Alloc left it, once per failure
+		c.unsure = false
 		for _, r := range d.pool.List() {
 			if r.Owner == c.id && !slices.ContainsFunc(c.segs, func(s simSeg) bool { return s.id == r.ID }) {
 				w.mu.Lock()
