@@ -343,7 +343,7 @@ func TestDialWithoutDaemon(t *testing.T) {
 	_, err := alloc.Dial(ctx, pooltest.SocketPath(t))
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "poold")
-	_, err = alloc.Dial(ctx, "localhost")
+	_, err = alloc.Dial(ctx, "localhost:7950")
 	require.ErrorIs(t, err, alloc.ErrInvalid)
 	_, err = alloc.Dial(ctx, "tcp://127.0.0.1:1")
 	require.Error(t, err)

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,31 +47,12 @@ type Client struct {
 	closed bool
 }
 
-// socketPath turns a Dial target into a unix socket path.
-// Targets are a unix socket path (or "unix://PATH"), "" for the default
-// socket, or "tcp://HOST:PORT" for a daemon's TCP control plane (its
-// --listen): a remote client reaches rdma segments only, since segment
-// descriptors pass over unix sockets alone.
-func parseTarget(target string) (network, addr string, err error) {
-	switch {
-	case target == "":
-		return "unix", paths.Socket(), nil
-	case strings.HasPrefix(target, "tcp://"):
-		return "tcp", strings.TrimPrefix(target, "tcp://"), nil
-	case strings.HasPrefix(target, "unix://"):
-		return "unix", strings.TrimPrefix(target, "unix://"), nil
-	case strings.HasPrefix(target, "unix:"):
-		return "unix", strings.TrimPrefix(target, "unix:"), nil
-	case strings.Contains(target, "/"):
-		return "unix", target, nil
-	}
-	return "", "", fmt.Errorf("%w: target %q: give a unix socket path, tcp://HOST:PORT, or \"\" for the default %s", ErrInvalid, target, paths.Socket())
-}
-
 // Dial connects to the poold at target and opens a session. target is ""
 // for the default socket ($FARMEM_SOCKET, else the daemon's default path),
-// a unix socket path, or tcp://HOST:PORT for a daemon's TCP control plane
-// (rdma segments only).
+// a unix socket path (absolute or relative to the working directory; also
+// written unix://PATH), or tcp://HOST:PORT for a daemon's TCP control plane:
+// a remote client reaches rdma segments only, since segment descriptors
+// pass over unix sockets alone. A bad target is ErrInvalid.
 func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, error) {
 	o := dialOptions{clientName: filepath.Base(os.Args[0]), timeout: 5 * time.Second, opTimeout: 30 * time.Second, busyPoll: tcp.DefaultBusyPoll}
 	for _, opt := range opts {
@@ -83,7 +63,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		rand.Read(b[:])
 		o.clientID = fmt.Sprintf("%s-%d-%s", o.clientName, os.Getpid(), hex.EncodeToString(b[:]))
 	}
-	network, path, err := parseTarget(target)
+	network, path, err := paths.ParseTarget(target)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +87,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		MaxWait:  o.timeout,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("no poold answers at %s (start one with 'poold', or point FARMEM_SOCKET at its socket): %w", path, err)
+		return nil, dialError(ctx, network, path, o.tls, err)
 	}
 	c.api = c.sess.API()
 	return c, nil

@@ -184,10 +184,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, stderr io.Writer) 
 	}); err != nil {
 		return err
 	}
-	target := g.socket
-	if g.addr != "" {
-		target = "tcp://" + g.addr
+	network, addr, err := g.target()
+	if err != nil {
+		return err
 	}
+	target := network + "://" + addr
 	opts, err := g.allocTLS()
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,12 +73,26 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	return root
 }
 
-// call dials poold, runs fn with a deadline, and turns "nobody listens"
-// into one line that says how to start the daemon.
-func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error {
-	network, addr := "unix", g.socket
+// target is where memctl reaches poold: --addr over TCP, else --socket,
+// read as every client reads a target (a relative path is made absolute).
+func (g *globals) target() (network, addr string, err error) {
 	if g.addr != "" {
-		network, addr = "tcp", g.addr
+		return "tcp", g.addr, nil
+	}
+	network, addr, err = paths.ParseTarget(g.socket)
+	if err == nil && network != "unix" {
+		err = fmt.Errorf("--socket %q: give poold's unix socket path here, and a TCP address with --addr HOST:PORT", g.socket)
+	}
+	return network, addr, err
+}
+
+// call dials poold, runs fn with a deadline, and turns "nobody listens"
+// into one line that says how to start the daemon, or, over TCP, what TLS
+// setting keeps memctl out.
+func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error {
+	network, addr, err := g.target()
+	if err != nil {
+		return err
 	}
 	conn, err := g.channel(network, addr)
 	if err != nil {
@@ -88,12 +103,39 @@ func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error 
 	defer cancel()
 	err = errs.FromStatus(fn(ctx, poolv1.NewPoolClient(conn)))
 	if errors.Is(err, errs.ErrUnavailable) {
-		if g.addr != "" {
-			return fmt.Errorf("no poold answers at %s; is its --listen address right?", g.addr)
+		if network == "tcp" {
+			return g.tcpUnavailable(addr)
 		}
-		return fmt.Errorf("no poold is listening at %s; start it with 'poold' (or point --socket / FARMEM_SOCKET at its socket)", g.socket)
+		return fmt.Errorf("no poold is listening at %s; start it with 'poold' (or point --socket / FARMEM_SOCKET at its socket)", addr)
 	}
 	return err
+}
+
+// tlsAdvice says, per TLS problem, which memctl flags to change.
+var tlsAdvice = map[certs.Problem]string{
+	certs.ServerWantsTLS:   "give --tls-cert, --tls-key and --tls-ca (a client certificate of poold's CA; 'memctl certs init --dir DIR --clients NAME' in the directory of poold's certificates makes one)",
+	certs.ServerNotTLS:     "leave out --tls-cert, --tls-key and --tls-ca",
+	certs.ServerUnverified: "--tls-ca must be the CA certificate that signed poold's --tls-cert, and --addr a name or IP its certificate is valid for",
+	certs.ClientRefused:    "--tls-cert and --tls-key must be a client certificate signed by the CA poold's --tls-ca names ('memctl certs init --dir DIR --clients NAME' with that CA's directory makes one)",
+}
+
+// tcpUnavailable explains an unanswered call to --addr: a TLS mismatch
+// when there is one, else that nothing answers there.
+func (g *globals) tcpUnavailable(addr string) error {
+	var client *tls.Config
+	if !g.tls.IsZero() {
+		var err error
+		if client, err = g.tls.Client(); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
+	defer cancel()
+	var m *certs.Mismatch
+	if err := certs.Diagnose(ctx, addr, client); errors.As(err, &m) {
+		return fmt.Errorf("%w; %s", m, tlsAdvice[m.Problem])
+	}
+	return fmt.Errorf("no poold answers at %s; is its --listen address right?", addr)
 }
 
 // printJSON writes v indented.
