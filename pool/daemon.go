@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -38,6 +39,8 @@ type Daemon struct {
 	health  *health  // gRPC health service and readiness; see health.go
 	ops     *opsHTTP // /metrics, /healthz, /readyz on Config.Metrics; nil without it
 
+	lock *os.File // the data directory's lock, held until Close
+
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -47,17 +50,28 @@ type Daemon struct {
 // New discovers the host's memory, opens the metadata store, restores the
 // segment table and listens on the socket. It does not serve until Serve.
 func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
+	// Absolute paths: status shows them, and they mean the same after a
+	// change of working directory.
+	cfg.Socket, cfg.DataDir = absPath(cfg.Socket), absPath(cfg.DataDir)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := socketInUse(cfg.Socket); err != nil {
+	// The data directory's lock first: a second daemon on it must hear
+	// that, not about a device, port or socket the first one holds.
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("data directory %s: %w (choose another with --data-dir)", cfg.DataDir, err)
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
+	if err := socketInUse(cfg.Socket); err != nil {
+		return nil, err
 	}
 	// The socket before the devices: a socket that cannot be used must not
 	// leave segment directories behind.
@@ -110,7 +124,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			ops.close()
 		}
 	}()
-	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, health: newHealth(), ops: ops}
+	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, health: newHealth(), ops: ops, lock: lock}
 	p.setHMAT(inv)
 	d.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(peerCreds{}),
@@ -150,6 +164,18 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}
 	d.startOps()
 	return d, nil
+}
+
+// absPath is p made absolute; p itself if that fails (the daemon then
+// reports the path it could not use).
+func absPath(p string) string {
+	if p == "" {
+		return p
+	}
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
 }
 
 // sessionProbe makes the control plane ping a connection that has been
@@ -370,7 +396,7 @@ func (d *Daemon) Close() error {
 		if d.pool.cl != nil {
 			clErr = d.pool.cl.Shutdown()
 		}
-		d.closeErr = errors.Join(d.ops.close(), d.pool.close(), clErr)
+		d.closeErr = errors.Join(d.ops.close(), d.pool.close(), clErr, d.lock.Close())
 	})
 	return d.closeErr
 }

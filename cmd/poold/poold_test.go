@@ -293,3 +293,26 @@ func TestConfigFileAndFlagOverride(t *testing.T) {
 	}
 	_ = strconv.Itoa
 }
+
+// A second poold on a running one's data directory is told so first, with
+// the holder's pid, whatever else it would share (here the shared-memory
+// directory of its devices); and the directory is free again once the first
+// one stops.
+func TestSecondDaemonSameDataDir(t *testing.T) {
+	data := t.TempDir()
+	first := startDaemon(t, data, filepath.Join(shortDir(t), "p.sock"))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, poold, "--data-dir", data, "--socket", filepath.Join(shortDir(t), "q.sock"),
+		"--sysfs-root", "../../cxl/testdata/plain", "--emulate-cxl", "64MiB", "--local-size", "16MiB",
+		"--shm-dir", filepath.Join(data, "shm"), "--measure-tiers=false").CombinedOutput()
+	require.Error(t, err, "a second poold on the same --data-dir must not start: %s", out)
+	msg := lastLine(strings.TrimSpace(string(out)))
+	require.Contains(t, msg, "data directory "+data+" is in use by another poold (pid "+strconv.Itoa(first.cmd.Process.Pid)+")")
+	require.NotContains(t, msg, "--emulate-dir")
+	require.NotContains(t, msg, "--export-size")
+
+	require.NoError(t, first.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, first.cmd.Wait())
+	startDaemon(t, data, filepath.Join(shortDir(t), "q.sock"))
+}
