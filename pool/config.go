@@ -1,17 +1,12 @@
 package pool
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/farmem/farmem/internal/emulation"
 	"github.com/farmem/farmem/internal/paths"
@@ -291,14 +286,12 @@ func LoadConfig(path string, base Config) (Config, error) {
 	return ParseConfig(b, base)
 }
 
-// ParseConfig is LoadConfig on bytes.
+// ParseConfig is LoadConfig on bytes. An error names the line and key and
+// says what to write; base comes back unchanged with it.
 func ParseConfig(b []byte, base Config) (Config, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
 	c := base
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", ";")), " ")
-		return base, fmt.Errorf("%w: %s (see poold --help for the keys; each flag name is a key)", ErrConfig, msg)
+	if err := decodeConfig(b, &c); err != nil {
+		return base, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return c, nil
 }

@@ -10,7 +10,12 @@ import (
 	"github.com/farmem/farmem/cxl"
 	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/internal/extent"
+	"github.com/farmem/farmem/internal/size"
 )
+
+// sizeSetting names the setting that sizes each device poold makes itself
+// (by the device's name), for errors about its size.
+var sizeSetting = map[string]string{"emulated0": "emulate-cxl", "export0": "export-size", "dram": "local-size"}
 
 // discover reads the kernel's view of CXL memory and opens a device for
 // each usable piece, then the emulated and local devices the configuration
@@ -38,6 +43,10 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 		ext, err := extent.New(d.Capacity(), d.Align())
 		if err != nil {
 			d.Close()
+			if setting, ok := sizeSetting[d.Name()]; ok && d.Capacity() < d.Align() {
+				return fmt.Errorf("%w: %s %d is %s, less than one page of its memory (%s); write a size like 1GiB, or 0 to turn it off",
+					ErrConfig, setting, d.Capacity(), size.Size(d.Capacity()).Human(), size.Size(d.Align()).Human())
+			}
 			return fmt.Errorf("device %s: %w", d.Name(), err)
 		}
 		devs = append(devs, &dev{Device: d, tier: tier, ext: ext, usable: usable, note: note})

@@ -210,15 +210,29 @@ func TestConfigFile(t *testing.T) {
 	require.Equal(t, base, c)
 
 	for _, tc := range []struct{ in, want string }{
-		{"emulate-cxll: 1GiB\n", "emulate-cxll"},
-		{"emulate-cxl: lots\n", "not a byte size"},
-		{"lease-ttl: forever\n", "line 1"},
-		{"- a\n- b\n", "cannot unmarshal"},
-		{"node: [1, 2\n", "yaml"},
+		{"emulate-cxll: 1GiB\n", "line 1: unknown key emulate-cxll; did you mean emulate-cxl?"},
+		{"node: a\nlocal-sise: 1GiB\n", "line 2: unknown key local-sise; did you mean local-size?"},
+		{"sockett: /x\n", "unknown key sockett; did you mean socket?"},
+		{"colour: blue\n", "unknown key colour (the keys are poold's flag names: see poold --help)"},
+		{"emulate-cxl: lots\n", `line 1: emulate-cxl: "lots": not a byte size: write a whole number with an optional unit`},
+		{"lease-ttl: 10\n", `line 1: lease-ttl: write a duration like 10s or 500ms, not "10"`},
+		{"lease-ttl: forever\n", `lease-ttl: write a duration like 10s or 500ms, not "forever"`},
+		{"allow-devdax-fd: maybe\n", `allow-devdax-fd: write true or false, not "maybe"`},
+		{"max-name-len: ten\n", `max-name-len: write a whole number, not "ten"`},
+		{"node: [a, b]\n", "node: write one value, not a list"},
+		{"join: 10.0.0.1:7946\n", "join: write a list like [a, b]"},
+		{"allow-uids: [root]\n", "allow-uids: write a list of numeric ids like [0, 1000]"},
+		{"quotas: 1GiB\n", "quotas: write identities with a size per tier"},
+		{"node: a\nnode: b\n", "line 2: key node again (first on line 1); give each key once"},
+		{"- a\n- b\n", "line 1: the file must map keys to values"},
+		{"node: [1, 2\n", "yaml: line 1"},
 	} {
-		_, err := ParseConfig([]byte(tc.in), base)
+		c, err := ParseConfig([]byte(tc.in), base)
 		require.ErrorIs(t, err, ErrConfig, tc.in)
-		require.Contains(t, err.Error(), tc.want)
+		require.ErrorContains(t, err, tc.want)
+		require.NotContains(t, err.Error(), "pool.Config", "no Go types in messages")
+		require.NotContains(t, err.Error(), "unmarshal")
+		require.Equal(t, base, c)
 	}
 	_, err = LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"), base)
 	require.ErrorIs(t, err, ErrConfig)
@@ -278,6 +292,8 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("join: [10.0.0.1:7946, 10.0.0.2:7946]\ngossip: 10.0.0.3:7946\nlisten: 10.0.0.3:7950\n"))
 	f.Add([]byte("node: [\n"))
 	f.Add([]byte("unknown: 1\n"))
+	f.Add([]byte("node: a\nnode: b\nlease-ttl: 10\n"))
+	f.Add([]byte("- a\n- b\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		base := DefaultConfig()
 		c, err := ParseConfig(b, base)

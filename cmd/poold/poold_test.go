@@ -251,9 +251,10 @@ func TestStartupErrors(t *testing.T) {
 	}{
 		{"socket dir is a file", []string{"--socket", filepath.Join(file, "p.sock"), "--data-dir", t.TempDir()}, "--socket"},
 		{"data dir is a file", []string{"--socket", filepath.Join(shortDir(t), "p.sock"), "--data-dir", filepath.Join(file, "d")}, "data"},
-		{"unknown config key", []string{"--config", badCfg}, "sockett"},
+		{"unknown config key", []string{"--config", badCfg}, "line 2: unknown key sockett; did you mean socket?"},
 		{"missing config", []string{"--config", "/nonexistent/farmem.yaml"}, "farmem.yaml"},
 		{"bad size flag", []string{"--emulate-cxl", "big"}, "not a byte size"},
+		{"emulated device smaller than a page", []string{"--emulate-cxl", "10", "--shm-dir", t.TempDir(), "--socket", filepath.Join(shortDir(t), "p.sock"), "--data-dir", t.TempDir()}, "emulate-cxl 10 is 10 B, less than one page of its memory (4.0 KiB); write a size like 1GiB"},
 		{"bad ttl", []string{"--lease-ttl", "1ms", "--socket", filepath.Join(shortDir(t), "p.sock"), "--data-dir", t.TempDir()}, "lease-ttl"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
