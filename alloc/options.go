@@ -105,10 +105,38 @@ func WithFallback(tiers ...Tier) AllocOption {
 	}
 }
 
-// WithName gives the segment a unique name: other clients can Attach it,
-// and it outlives its creator's session until freed.
-func WithName(name string) AllocOption {
-	return func(r *poolv1.AllocRequest, _ *allocOptions) { r.Name = name }
+// WithName gives the segment a unique name: it outlives its creator's
+// session until freed, and clients of the creator's identity (uid:N on the
+// unix socket, cn:NAME of the client certificate over TLS) and of the
+// identities grants name can Attach it. Default grants: none, so only the
+// creator's identity (and administrators) can attach it, and only the
+// creator's identity and administrators can free it.
+func WithName(name string, grants ...Grant) AllocOption {
+	return func(r *poolv1.AllocRequest, _ *allocOptions) {
+		r.Name = name
+		for _, g := range grants {
+			g(r)
+		}
+	}
+}
+
+// Grant opens a named segment to identities besides its creator's (see
+// WithName). Grants are immutable values, safe to share.
+type Grant func(*poolv1.AllocRequest)
+
+// AllowIdentity lets the identities attach the named segment (read,
+// write, atomics), not free it. An identity is "uid:N" (a local process
+// of uid N), "gid:N" (a local process whose primary gid is N) or
+// "cn:NAME" (a client whose TLS certificate's common name is NAME); every
+// process with that identity gets the same rights. Alloc fails with
+// ErrInvalid for another form.
+func AllowIdentity(ids ...string) Grant {
+	return func(r *poolv1.AllocRequest) { r.Allow = append(r.Allow, ids...) }
+}
+
+// AllowFree lets the identities attach the named segment and free it too.
+func AllowFree(ids ...string) Grant {
+	return func(r *poolv1.AllocRequest) { r.AllowFree = append(r.AllowFree, ids...) }
 }
 
 // WithPersist keeps an unnamed segment after its creator's session ends,

@@ -64,14 +64,42 @@ func (d *Daemon) withIdentities(cs []*poolv1.ClientInfo) []*poolv1.ClientInfo {
 var nobody = &client{id: "\x00"}
 
 // viewer is who reads a listing or a Stat: the session's client, an
-// administrator without a session, or nobody for a session that ended
-// (listings and Stat answer it, without keys, as they did before sessions
-// were checked there: a peer reconciling right after a partition may still
-// name its old session).
+// administrator without a session, or nobody with the caller's identity
+// for a session that ended or a caller without a session that is no
+// administrator (listings and Stat answer it what its identity may
+// attach, without keys: a peer reconciling right after a partition may
+// still name its old session).
 func (s *service) viewer(ctx context.Context) caller {
 	c, err := s.caller(ctx)
 	if err != nil {
-		return caller{client: nobody}
+		c.client = nobody
 	}
 	return c
+}
+
+// callerOf resolves who makes a call that names session sid (or none),
+// from t, the identity its transport proved. A session's calls must come
+// from the identity its client id is bound to: a session id seen by
+// another identity is useless to it. A call without a session is an
+// administrator's when t's identity is one (Config.isAdmin); anyone else
+// is refused (ErrAccessDenied), and gets nobody with its identity.
+func (d *Daemon) callerOf(sid string, t caller) (caller, error) {
+	if sid == "" {
+		if !d.cfg.isAdmin(t.ident, t.gid, t.local) {
+			t.client = nobody
+			return t, fmt.Errorf("%w: a call without a session is an administrator's, and %s is not one (poold --admin names them); an application opens a session (alloc.Dial)", errs.ErrAccessDenied, t.ident)
+		}
+		return t, nil
+	}
+	c, err := d.pool.callerFor(sid)
+	if err != nil {
+		t.client = nobody
+		return t, err
+	}
+	if bound := d.pool.auth.identity(c.client.id); bound != t.ident {
+		t.client = nobody
+		return t, fmt.Errorf("%w: the session belongs to client %q of %s, and the call comes from %s", errs.ErrAccessDenied, c.client.id, bound, t.ident)
+	}
+	t.client = c.client
+	return t, nil
 }

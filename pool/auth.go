@@ -27,22 +27,28 @@ const (
 // uidIdentity is the identity of a local client.
 func uidIdentity(uid uint32) string { return fmt.Sprintf("uid:%d", uid) }
 
-// identityOf is the caller's identity from the gRPC peer of ctx: uid:N on
-// the unix socket, cn:NAME over mutual TLS, insecure on plaintext TCP.
-func identityOf(ctx context.Context) (ident string, uid uint32) {
+// identityOf is who the transport of the gRPC peer of ctx proved the
+// caller to be (its client unset): uid:N on the unix socket, cn:NAME over
+// mutual TLS, insecure on plaintext TCP; and the uid of a local caller.
+func identityOf(ctx context.Context) (c caller, uid uint32) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return identityInsecure, 0
+		return caller{ident: identityInsecure}, 0
 	}
 	switch ai := p.AuthInfo.(type) {
 	case peerInfo:
-		return uidIdentity(ai.UID), ai.UID
+		return localCaller(ai), ai.UID
 	case credentials.TLSInfo:
 		if cn := certs.Identity(ai.State); cn != "" {
-			return "cn:" + cn, 0
+			return caller{ident: "cn:" + cn}, 0
 		}
 	}
-	return identityInsecure, 0
+	return caller{ident: identityInsecure}, 0
+}
+
+// localCaller is a unix-socket peer's identity.
+func localCaller(p peerInfo) caller {
+	return caller{ident: uidIdentity(p.UID), gid: p.GID, local: true}
 }
 
 // allowLocal checks a local peer against the allow lists (Config.AllowUIDs,

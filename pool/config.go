@@ -125,6 +125,16 @@ type Config struct {
 	// AllowGIDs are gids whose processes may use the unix socket too.
 	// Default: none.
 	AllowGIDs IDList `yaml:"allow-gids"`
+	// Admins are the identities whose calls without a session are an
+	// administrator's: they see every segment and may free any, attach
+	// any name, allocate named and persistent segments for nobody's
+	// session, and drain nodes (memctl does all of this without a
+	// session). A call without a session from anyone else is refused.
+	// Entries: uid:N and gid:N (primary gid) on the unix socket, cn:NAME
+	// for a client certificate over TLS. With Insecure every plaintext
+	// TCP caller is one, since nothing is proved there. Default: uid:0
+	// and the daemon's own uid.
+	Admins Identities `yaml:"admins"`
 	// Quotas limits the bytes each identity may hold per tier (see
 	// Quotas); an allocation past one fails with ErrNoCapacity naming the
 	// quota. Identities: uid:N (unix socket), cn:NAME (TLS certificate),
@@ -185,6 +195,7 @@ func DefaultConfig() Config {
 		MeasureTiers:         true,
 		LogFormat:            "text",
 		AllowUIDs:            defaultAllowUIDs(),
+		Admins:               defaultAdmins(),
 		MaxSegmentsPerClient: 65536,
 		MaxNameLen:           MaxNameLen,
 		DataMaxInflight:      64,

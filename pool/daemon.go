@@ -295,14 +295,14 @@ func (d *Daemon) serveFD(c *net.UnixConn, peer peerInfo) {
 			}
 			return
 		}
-		if err := d.answerFD(c, req); err != nil {
+		if err := d.answerFD(c, peer, req); err != nil {
 			return
 		}
 	}
 }
 
-func (d *Daemon) answerFD(c *net.UnixConn, req fdpass.Request) error {
-	cl, err := d.pool.callerFor(req.Session)
+func (d *Daemon) answerFD(c *net.UnixConn, peer peerInfo, req fdpass.Request) error {
+	cl, err := d.callerOf(req.Session, localCaller(peer))
 	if err == nil && cl.client == nil {
 		err = fmt.Errorf("%w: descriptor requests need a session", errs.ErrAccessDenied)
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -365,6 +366,13 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 
 func (s *service) Drain(ctx context.Context, req *poolv1.DrainRequest) (*poolv1.DrainResponse, error) {
 	p := s.d.pool
+	c, err := s.caller(ctx)
+	if err == nil && c.client != nil && !strings.HasPrefix(c.id(), peerClientPrefix) {
+		err = fmt.Errorf("%w: draining is for administrators (poold --admin) and peer daemons, not %s", errs.ErrAccessDenied, c.ident)
+	}
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
 	if req.Node == "" || req.Node == s.d.cfg.Node {
 		p.mu.Lock()
 		p.draining = !req.Undo

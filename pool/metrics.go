@@ -94,7 +94,7 @@ func newMetrics() *metrics {
 	for _, r := range []string{"no_capacity", "invalid", "name_in_use", "unavailable", "canceled", "other"} {
 		m.allocFailures.WithLabelValues(r)
 	}
-	for _, op := range []string{"free", "attach", "descriptor"} {
+	for _, op := range []string{"free", "attach", "stat", "descriptor"} {
 		m.refusals.WithLabelValues(op)
 	}
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{

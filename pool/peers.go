@@ -200,6 +200,7 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 		Owner: c.id(), Persist: req.Persist, Epoch: seg.Epoch, Created: p.now().UTC(), Key: key.String(),
 		Home: m.Name, HomeID: seg.Id, DataAddr: seg.DataAddr,
 	}
+	r.grant(c, req)
 	if err := p.st.put(r); err != nil {
 		p.peers.freeLater(m.Name, seg.Id)
 		return nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)

@@ -107,9 +107,16 @@ type client struct {
 }
 
 // caller is who makes a control-plane call: a session's client, or an
-// administrator (a call without a session, e.g. memctl).
+// administrator (a call without a session from an identity in
+// Config.Admins, e.g. memctl as root).
 type caller struct {
 	client *client // nil for an administrator
+	// ident is the identity the transport proved (uid:N, cn:NAME,
+	// insecure); "" for the daemon's own calls.
+	ident string
+	// gid is the primary gid of a unix-socket caller (local).
+	gid   uint32
+	local bool
 }
 
 func (c caller) id() string {
@@ -145,6 +152,12 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 	p.nextID, p.idLimit = next, next
 	for _, r := range recs {
 		p.restore(r)
+		if p.migrateGrants(r) {
+			if err := p.st.put(r); err != nil {
+				p.st.close()
+				return nil, fmt.Errorf("metadata store: record the grants of segment %d: %w", r.ID, err)
+			}
+		}
 	}
 	p.sweepOrphans()
 	if err := p.startAuth(); err != nil {
@@ -258,6 +271,9 @@ type AllocRequest struct {
 	Fallback []poolv1.Tier
 	// HomeOnly places on this daemon's own memory (a peer asking).
 	HomeOnly bool
+	// Allow and AllowFree are identities besides the creator's that may
+	// attach a named segment, and attach and free it (see grants.go).
+	Allow, AllowFree []string
 }
 
 // tierOrder is the order in which a request tries tiers.
@@ -302,6 +318,9 @@ func (p *Pool) Alloc(ctx context.Context, c caller, req AllocRequest) (*record, 
 		return nil, fmt.Errorf("%w: size %d; ask for 1 byte to %d bytes", errs.ErrInvalid, req.Size, int64(MaxSegmentSize))
 	}
 	if err := validName(req.Name); err != nil {
+		return nil, err
+	}
+	if err := validGrants(req); err != nil {
 		return nil, err
 	}
 	for _, t := range append([]poolv1.Tier{req.Tier}, req.Fallback...) {
@@ -442,6 +461,7 @@ func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
 		ID: id, Name: req.Name, Tier: tierName(d.tier), Device: d.Name(), Offset: off, Extent: length,
 		Size: req.Size, Owner: c.id(), Persist: req.Persist, Epoch: 1, Created: p.now().UTC(),
 	}
+	r.grant(c, req)
 	if d.tier == poolv1.Tier_TIER_RDMA {
 		key, err := p.dp.export(id, b, r.Epoch, nil)
 		if err != nil {
@@ -520,8 +540,8 @@ func (p *Pool) Free(c caller, id uint64, name string) error {
 	if err != nil {
 		return err
 	}
-	if !mayUse(c, r) {
-		return fmt.Errorf("free segment %d: %w", r.ID, errs.ErrAccessDenied)
+	if !mayFree(c, r) {
+		return freeDenied(c, r)
 	}
 	// Out of the table while the removal commits outside p.mu (grouped
 	// with concurrent commits): nobody else frees, maps or reclaims it
@@ -590,7 +610,10 @@ func (p *Pool) Attach(c caller, name string) (*record, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.client != nil && !mayUse(c, r) {
+	if !mayAttach(c, r) {
+		return nil, attachDenied(c, r)
+	}
+	if !mayUse(c, r) {
 		next := *r
 		next.Attached = append(slices.Clone(r.Attached), c.client.id)
 		if err := p.st.put(&next); err != nil {

@@ -9,7 +9,7 @@ import (
 // refused logs and counts a control-plane request that was denied access
 // to a segment: one "access refused" line with the keys op, segment, name,
 // client, pid and err. Other errors (and nil) pass by silently; op is free,
-// attach or descriptor.
+// attach, stat or descriptor.
 func (d *Daemon) refused(op string, c caller, id uint64, name string, err error) {
 	if !errors.Is(err, errs.ErrAccessDenied) {
 		return
@@ -19,7 +19,7 @@ func (d *Daemon) refused(op string, c caller, id uint64, name string, err error)
 	if c.client != nil {
 		pid = c.client.pid
 	}
-	d.log.Warn("access refused", "op", op, "segment", id, "name", name, "client", c.id(), "pid", pid, "err", err)
+	d.log.Warn("access refused", "op", op, "segment", id, "name", name, "client", c.id(), "identity", c.ident, "pid", pid, "err", err)
 }
 
 // descriptorRefused reports a descriptor request that failed: an access

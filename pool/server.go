@@ -32,14 +32,16 @@ type service struct {
 
 var _ poolv1.PoolServer = (*service)(nil)
 
-// caller resolves the session named in the call's metadata.
+// caller resolves who makes the call: the session named in the call's
+// metadata, or an administrator (see Daemon.callerOf).
 func (s *service) caller(ctx context.Context) (caller, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	var sid string
 	if v := md.Get(SessionHeader); len(v) > 0 {
 		sid = v[0]
 	}
-	return s.d.pool.callerFor(sid)
+	t, _ := identityOf(ctx)
+	return s.d.callerOf(sid, t)
 }
 
 func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest, poolv1.SessionResponse]) error {
@@ -51,7 +53,8 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	if hello == nil || hello.ClientId == "" || len(hello.ClientId) > MaxNameLen || hello.ClientId == nobody.id {
 		return errs.ToStatus(fmt.Errorf("%w: a session starts with a Hello carrying a client id of 1 to %d bytes", errs.ErrInvalid, MaxNameLen))
 	}
-	ident, uid := identityOf(stream.Context())
+	t, uid := identityOf(stream.Context())
+	ident := t.ident
 	if err := s.d.bindSession(hello.ClientId, ident); err != nil {
 		return errs.ToStatus(err)
 	}
@@ -129,7 +132,7 @@ func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) 
 	if len(req.Name) > d.cfg.MaxNameLen {
 		return nil, fmt.Errorf("%w: segment name of %d bytes is longer than max-name-len %d; use a shorter name or raise --max-name-len (at most %d)", errs.ErrLimit, len(req.Name), d.cfg.MaxNameLen, MaxNameLen)
 	}
-	r, err := d.pool.Alloc(ctx, c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly})
+	r, err := d.pool.Alloc(ctx, c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree})
 	if err == nil && ctx.Err() != nil {
 		r, err = nil, d.abandoned(c, r, ctx.Err())
 	}
@@ -194,11 +197,16 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.ListResponse, error) {
 	c := s.viewer(ctx)
 	recs := s.d.pool.List()
-	out := &poolv1.ListResponse{Segments: make([]*poolv1.Segment, len(recs))}
-	for i, r := range recs {
-		out.Segments[i] = s.d.forCaller(c, r)
+	out := &poolv1.ListResponse{Segments: make([]*poolv1.Segment, 0, len(recs))}
+	for _, r := range recs {
+		if mayList(c, &r) {
+			out.Segments = append(out.Segments, s.d.forCaller(c, r))
+		}
 	}
 	if req.All && s.d.pool.cl != nil {
+		if c.client != nil {
+			return nil, errs.ToStatus(fmt.Errorf("%w: listing every node's segments is for administrators (poold --admin), not %s; list this node's", errs.ErrAccessDenied, c.ident))
+		}
 		all, err := s.listAll(ctx, out.Segments)
 		if err != nil {
 			return nil, errs.ToStatus(err)
@@ -220,6 +228,11 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
 	c := s.viewer(ctx)
 	r, err := s.d.pool.Stat(req.Id)
+	if err == nil && !mayList(c, &r) {
+		// Ids are not secrets, but what they hold is: nothing of it.
+		err = fmt.Errorf("segment %d: %w", req.Id, errs.ErrAccessDenied)
+		s.d.refused("stat", c, req.Id, "", err)
+	}
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
@@ -254,6 +267,7 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 		Id: r.ID, Name: r.Name, Device: r.Device, Node: d.cfg.Node, NumaNode: -1, Offset: r.Offset, Size: r.Size,
 		Owner: r.Owner, State: poolv1.SegmentState_SEGMENT_STATE_ACTIVE, Epoch: r.Epoch,
 		CreatedUnixMs: r.Created.UnixMilli(), Persist: r.Persist, Attached: r.Attached,
+		Creator: r.Creator, Allow: r.Allow, AllowFree: r.AllowFree,
 	}
 	seg.Tier, _ = ParseTier(r.Tier)
 	if r.Lost {

@@ -33,6 +33,14 @@ type record struct {
 	Home     string `json:"home,omitempty"`
 	HomeID   uint64 `json:"home_id,omitempty"`
 	DataAddr string `json:"data_addr,omitempty"`
+	// Who may attach and free a named segment (grants.go): the creator's
+	// identity and the identities it granted. Grants is set on every
+	// record written since grants exist; an older named record is
+	// migrated once at start (Pool.migrateGrants).
+	Creator   string   `json:"creator,omitempty"`
+	Allow     []string `json:"allow,omitempty"`
+	AllowFree []string `json:"allow_free,omitempty"`
+	Grants    bool     `json:"grants,omitempty"`
 }
 
 // pinned reports whether the segment outlives its owner's lease.

@@ -49,6 +49,11 @@ func (c *Config) validateSecurity() error {
 	case c.DataBusyPoll < 0 || c.DataBusyPoll > time.Millisecond:
 		return fmt.Errorf("%w: data-busy-poll %v: use 0 (off) to 1ms (default 50µs)", ErrConfig, c.DataBusyPoll)
 	}
+	for _, a := range c.Admins {
+		if err := validIdentity(a); err != nil {
+			return fmt.Errorf("%w: admins: %w", ErrConfig, err)
+		}
+	}
 	return c.Quotas.validate()
 }
 

@@ -12,12 +12,13 @@ import (
 
 func newAllocCmd(g *globals) *cobra.Command {
 	var (
-		sz   size.Size
-		tier string
-		name string
+		sz               size.Size
+		tier             string
+		name             string
+		allow, allowFree []string
 	)
 	cmd := &cobra.Command{
-		Use:   "alloc --size SIZE [--tier cxl] [--name NAME]",
+		Use:   "alloc --size SIZE [--tier cxl] [--name NAME [--allow IDENTITY,...] [--allow-free IDENTITY,...]]",
 		Short: "Allocate a segment that stays until 'memctl free'",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -27,7 +28,7 @@ func newAllocCmd(g *globals) *cobra.Command {
 			}
 			var seg *poolv1.Segment
 			err = g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
-				seg, err = c.Alloc(ctx, &poolv1.AllocRequest{Size: int64(sz), Tier: t, Name: name, Persist: true})
+				seg, err = c.Alloc(ctx, &poolv1.AllocRequest{Size: int64(sz), Tier: t, Name: name, Persist: true, Allow: allow, AllowFree: allowFree})
 				return err
 			})
 			if err != nil {
@@ -43,7 +44,9 @@ func newAllocCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().Var(&sz, "size", "segment size, e.g. 64MiB (required)")
 	cmd.Flags().StringVar(&tier, "tier", "any", "tier: local, cxl, rdma or any")
-	cmd.Flags().StringVar(&name, "name", "", "unique name other clients can attach")
+	cmd.Flags().StringVar(&name, "name", "", "unique name clients of the identities allowed can attach")
+	cmd.Flags().StringSliceVar(&allow, "allow", nil, "identities besides memctl's own that may attach the name: uid:N, gid:N (primary gid) or cn:NAME (client certificate), comma-separated")
+	cmd.Flags().StringSliceVar(&allowFree, "allow-free", nil, "identities that may attach the name and free it")
 	cmd.MarkFlagRequired("size")
 	return cmd
 }

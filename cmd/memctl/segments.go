@@ -33,7 +33,7 @@ func newSegmentsCmd(g *globals) *cobra.Command {
 				return g.printJSON(out)
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tNAME\tTIER\tKIND\tHARDWARE\tSIZE\tNODE\tDEVICE\tSTATE\tSHARERS\tOWNER")
+			fmt.Fprintln(w, "ID\tNAME\tTIER\tKIND\tHARDWARE\tSIZE\tNODE\tDEVICE\tSTATE\tSHARERS\tOWNER\tACCESS")
 			for _, s := range resp.Segments {
 				name := s.Name
 				if name == "" {
@@ -47,12 +47,32 @@ func newSegmentsCmd(g *globals) *cobra.Command {
 				if s.Sharers > 0 {
 					sharers = fmt.Sprint(s.Sharers)
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, name, tierName(s.Tier), s.Kind, reality(s.Emulated),
-					human(s.Size), s.Node, s.Device, stateName(s.State), sharers, owner)
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, name, tierName(s.Tier), s.Kind, reality(s.Emulated),
+					human(s.Size), s.Node, s.Device, stateName(s.State), sharers, owner, access(s))
 			}
 			return w.Flush()
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "every alive node's segments, cluster-wide")
 	return cmd
+}
+
+// access says who may attach a named segment: its creator's identity, then
+// each identity granted, "(free)" marking those that may also free it;
+// "-" for an unnamed segment, which only its owner reaches.
+func access(s *poolv1.Segment) string {
+	if s.Name == "" {
+		return "-"
+	}
+	out := s.Creator
+	if out == "" {
+		out = "(unknown creator)"
+	}
+	for _, id := range s.Allow {
+		out += " +" + id
+	}
+	for _, id := range s.AllowFree {
+		out += " +" + id + "(free)"
+	}
+	return out
 }

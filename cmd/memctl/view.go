@@ -84,6 +84,11 @@ type segmentJSON struct {
 	LeaseExpires string   `json:"lease_expires,omitempty"`
 	Created      string   `json:"created"`
 	Attached     []string `json:"attached,omitempty"`
+	// Creator is the identity that created a named segment; Allow and
+	// AllowFree the identities it granted attach, and attach and free.
+	Creator   string   `json:"creator,omitempty"`
+	Allow     []string `json:"allow,omitempty"`
+	AllowFree []string `json:"allow_free,omitempty"`
 	// Sharers counts the segment's shared attachments (alloc.Shared) that
 	// its home heard from within two leases.
 	Sharers uint32 `json:"sharers"`
@@ -94,7 +99,7 @@ func segmentView(s *poolv1.Segment) segmentJSON {
 		ID: s.Id, Name: s.Name, Tier: tierName(s.Tier), Size: s.Size, Emulated: s.Emulated, Node: s.Node,
 		Kind: s.Kind, Device: s.Device, NUMANode: s.NumaNode, Offset: s.Offset, State: stateName(s.State),
 		Owner: s.Owner, Persist: s.Persist, Created: time.UnixMilli(s.CreatedUnixMs).UTC().Format(time.RFC3339),
-		Attached: s.Attached, Sharers: s.Sharers,
+		Attached: s.Attached, Sharers: s.Sharers, Creator: s.Creator, Allow: s.Allow, AllowFree: s.AllowFree,
 	}
 	if s.LeaseExpiresUnixMs != 0 {
 		v.LeaseExpires = time.UnixMilli(s.LeaseExpiresUnixMs).UTC().Format(time.RFC3339Nano)

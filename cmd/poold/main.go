@@ -92,6 +92,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.BoolVar(&cfg.Insecure, "insecure", cfg.Insecure, "serve --listen and call peers in plaintext (anyone who reaches it can allocate and free); logs a warning, shown by memctl status")
 	f.Var(&cfg.AllowUIDs, "allow-uid", "uids allowed on the unix socket, comma-separated (default: root and this daemon's uid)")
 	f.Var(&cfg.AllowGIDs, "allow-gid", "gids allowed on the unix socket, comma-separated (default: none)")
+	f.Var(&cfg.Admins, "admin", "identities whose calls without a session are an administrator's (memctl): uid:N, gid:N or cn:NAME, comma-separated, repeatable; each adds to the list (default: uid:0 and this daemon's uid)")
 	f.Var(&cfg.Quotas, "quota", "bytes an identity may hold on a tier, IDENTITY/TIER=SIZE, repeatable, e.g. uid:1000/cxl=8GiB or default/rdma=4GiB")
 	f.IntVar(&cfg.MaxSegmentsPerClient, "max-segments-per-client", cfg.MaxSegmentsPerClient, "most segments one client id may hold (0: unlimited)")
 	f.IntVar(&cfg.MaxNameLen, "max-name-len", cfg.MaxNameLen, "longest segment name in bytes (1 to 255)")

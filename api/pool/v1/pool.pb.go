@@ -583,13 +583,18 @@ func (x *KeepAliveAck) GetLeaseExpiresUnixMs() int64 {
 }
 
 type AllocRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Size          int64                  `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
-	Tier          Tier                   `protobuf:"varint,2,opt,name=tier,proto3,enum=farmem.pool.v1.Tier" json:"tier,omitempty"`
-	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`                                          // optional, unique per daemon; named segments outlive their creator's session
-	Persist       bool                   `protobuf:"varint,4,opt,name=persist,proto3" json:"persist,omitempty"`                                   // keep the segment after the creator's session ends, until freed
-	Fallback      []Tier                 `protobuf:"varint,5,rep,packed,name=fallback,proto3,enum=farmem.pool.v1.Tier" json:"fallback,omitempty"` // tiers to try, in order, when `tier` has no capacity
-	HomeOnly      bool                   `protobuf:"varint,6,opt,name=home_only,json=homeOnly,proto3" json:"home_only,omitempty"`                 // place on this daemon's own memory; never forward to a peer (peer-to-peer calls)
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Size     int64                  `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	Tier     Tier                   `protobuf:"varint,2,opt,name=tier,proto3,enum=farmem.pool.v1.Tier" json:"tier,omitempty"`
+	Name     string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`                                          // optional, unique per daemon; named segments outlive their creator's session
+	Persist  bool                   `protobuf:"varint,4,opt,name=persist,proto3" json:"persist,omitempty"`                                   // keep the segment after the creator's session ends, until freed
+	Fallback []Tier                 `protobuf:"varint,5,rep,packed,name=fallback,proto3,enum=farmem.pool.v1.Tier" json:"fallback,omitempty"` // tiers to try, in order, when `tier` has no capacity
+	HomeOnly bool                   `protobuf:"varint,6,opt,name=home_only,json=homeOnly,proto3" json:"home_only,omitempty"`                 // place on this daemon's own memory; never forward to a peer (peer-to-peer calls)
+	// Identities besides the creator's that may attach a named segment
+	// ("uid:N", "gid:N", "cn:NAME"); allow_free may also free it. Only with
+	// a name.
+	Allow         []string `protobuf:"bytes,7,rep,name=allow,proto3" json:"allow,omitempty"`
+	AllowFree     []string `protobuf:"bytes,8,rep,name=allow_free,json=allowFree,proto3" json:"allow_free,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -664,6 +669,20 @@ func (x *AllocRequest) GetHomeOnly() bool {
 		return x.HomeOnly
 	}
 	return false
+}
+
+func (x *AllocRequest) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *AllocRequest) GetAllowFree() []string {
+	if x != nil {
+		return x.AllowFree
+	}
+	return nil
 }
 
 type FreeRequest struct {
@@ -967,7 +986,13 @@ type Segment struct {
 	// home's coherence directory heard from within the last two leases. Set
 	// on the home's own record, and on a record whose home is another node
 	// from that node's List (best effort: 0 when the home did not answer).
-	Sharers       uint32 `protobuf:"varint,25,opt,name=sharers,proto3" json:"sharers,omitempty"`
+	Sharers uint32 `protobuf:"varint,25,opt,name=sharers,proto3" json:"sharers,omitempty"`
+	// Who may attach a named segment: the creator's identity (uid:N,
+	// cn:NAME; empty for a record older than grants whose creator is not
+	// known), and the identities it granted; allow_free may free it too.
+	Creator       string   `protobuf:"bytes,26,opt,name=creator,proto3" json:"creator,omitempty"`
+	Allow         []string `protobuf:"bytes,27,rep,name=allow,proto3" json:"allow,omitempty"`
+	AllowFree     []string `protobuf:"bytes,28,rep,name=allow_free,json=allowFree,proto3" json:"allow_free,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1175,6 +1200,27 @@ func (x *Segment) GetSharers() uint32 {
 		return x.Sharers
 	}
 	return 0
+}
+
+func (x *Segment) GetCreator() string {
+	if x != nil {
+		return x.Creator
+	}
+	return ""
+}
+
+func (x *Segment) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *Segment) GetAllowFree() []string {
+	if x != nil {
+		return x.AllowFree
+	}
+	return nil
 }
 
 type TiersRequest struct {
@@ -2445,14 +2491,17 @@ const file_pool_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12'\n" +
 	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\"A\n" +
 	"\fKeepAliveAck\x121\n" +
-	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xc9\x01\n" +
+	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xfe\x01\n" +
 	"\fAllocRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12(\n" +
 	"\x04tier\x18\x02 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x18\n" +
 	"\apersist\x18\x04 \x01(\bR\apersist\x120\n" +
 	"\bfallback\x18\x05 \x03(\x0e2\x14.farmem.pool.v1.TierR\bfallback\x12\x1b\n" +
-	"\thome_only\x18\x06 \x01(\bR\bhomeOnly\"1\n" +
+	"\thome_only\x18\x06 \x01(\bR\bhomeOnly\x12\x14\n" +
+	"\x05allow\x18\a \x03(\tR\x05allow\x12\x1d\n" +
+	"\n" +
+	"allow_free\x18\b \x03(\tR\tallowFree\"1\n" +
 	"\vFreeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x0e\n" +
@@ -2464,7 +2513,7 @@ const file_pool_proto_rawDesc = "" +
 	"\fListResponse\x123\n" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xea\x05\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xb9\x06\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
@@ -2491,7 +2540,11 @@ const file_pool_proto_rawDesc = "" +
 	"\ttransport\x18\x16 \x01(\tR\ttransport\x125\n" +
 	"\binjected\x18\x17 \x01(\v2\x19.farmem.pool.v1.EmulationR\binjected\x12'\n" +
 	"\x0fdata_credential\x18\x18 \x01(\fR\x0edataCredential\x12\x18\n" +
-	"\asharers\x18\x19 \x01(\rR\asharers\"\x0e\n" +
+	"\asharers\x18\x19 \x01(\rR\asharers\x12\x18\n" +
+	"\acreator\x18\x1a \x01(\tR\acreator\x12\x14\n" +
+	"\x05allow\x18\x1b \x03(\tR\x05allow\x12\x1d\n" +
+	"\n" +
+	"allow_free\x18\x1c \x03(\tR\tallowFree\"\x0e\n" +
 	"\fTiersRequest\"?\n" +
 	"\rTiersResponse\x12.\n" +
 	"\x05tiers\x18\x01 \x03(\v2\x18.farmem.pool.v1.TierInfoR\x05tiers\"i\n" +
