@@ -233,29 +233,37 @@ func TestUnixSocketAllowList(t *testing.T) {
 		}
 		cfg := pooltest.Config(t)
 		pooltest.Start(t, cfg)
-		// nobody must reach the socket file for SO_PEERCRED to decide.
-		require.NoError(t, os.Chmod(filepath.Dir(cfg.Socket), 0o755))
-		require.NoError(t, os.Chmod(cfg.Socket, 0o777))
-		// The test binary lives in a directory only root may enter: nobody
-		// runs a copy.
-		self, err := os.Executable()
-		require.NoError(t, err)
-		dir := t.TempDir()
-		require.NoError(t, os.Chmod(dir, 0o777))
-		require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
-		bin, err := os.ReadFile(self)
-		require.NoError(t, err)
-		exe := filepath.Join(dir, "helper.test")
-		require.NoError(t, os.WriteFile(exe, bin, 0o755))
-		cmd := exec.CommandContext(t.Context(), exe, "-test.run=^TestPeerCredHelper$", "-test.v")
-		cmd.Env = append(os.Environ(), peerCredHelperEnv+"="+cfg.Socket, "TMPDIR="+dir, "HOME="+dir, "GOCOVERDIR="+dir)
-		cmd.Dir = dir
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-		out, err := cmd.CombinedOutput()
+		out, err := runAsNobody(t, cfg.Socket, "TestPeerCredHelper", peerCredHelperEnv)
 		require.NoError(t, err, "%s", out)
-		require.Contains(t, string(out), "uid 65534: ")
-		require.NotContains(t, string(out), "uid 65534: <nil>")
+		require.Contains(t, out, "uid 65534: ")
+		require.NotContains(t, out, "uid 65534: <nil>")
 	})
+}
+
+// runAsNobody runs one test of a copy of the test binary as uid and gid
+// 65534 (nobody), with env set to socket, and returns its output. The
+// caller must be root.
+func runAsNobody(t *testing.T, socket, test, env string) (string, error) {
+	// nobody must reach the socket file for SO_PEERCRED to decide.
+	require.NoError(t, os.Chmod(filepath.Dir(socket), 0o755))
+	require.NoError(t, os.Chmod(socket, 0o777))
+	// The test binary lives in a directory only root may enter: nobody
+	// runs a copy.
+	self, err := os.Executable()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o777))
+	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
+	bin, err := os.ReadFile(self)
+	require.NoError(t, err)
+	exe := filepath.Join(dir, "helper.test")
+	require.NoError(t, os.WriteFile(exe, bin, 0o755))
+	cmd := exec.CommandContext(t.Context(), exe, "-test.run=^"+test+"$", "-test.v")
+	cmd.Env = append(os.Environ(), env+"="+socket, "TMPDIR="+dir, "HOME="+dir, "GOCOVERDIR="+dir)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // TestQuotas: an identity's allocations stop at its quota with
