@@ -57,22 +57,23 @@ func newSegmentsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// access says who may attach a named segment: its creator's identity, then
-// each identity granted, "(free)" marking those that may also free it;
-// "-" for an unnamed segment, which only its owner reaches.
+// access says who may attach a named segment, in one word: its creator's
+// identity, then each identity granted, "(free)" marking those that may
+// also free it, e.g. "cn:app,+cn:app2,+cn:ops(free)"; "-" for an unnamed
+// segment, which only its owner reaches.
 func access(s *poolv1.Segment) string {
 	if s.Name == "" {
 		return "-"
 	}
 	out := s.Creator
 	if out == "" {
-		out = "(unknown creator)"
+		out = "(unknown-creator)"
 	}
 	for _, id := range s.Allow {
-		out += " +" + id
+		out += ",+" + id
 	}
 	for _, id := range s.AllowFree {
-		out += " +" + id + "(free)"
+		out += ",+" + id + "(free)"
 	}
 	return out
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -51,9 +53,40 @@ func TestSegmentsSharers(t *testing.T) {
 	out, _, code = memctl(t, cfg.Socket, "segments")
 	require.Zero(t, code)
 	require.Contains(t, out, "SHARERS")
-	require.Regexp(t, regexp.MustCompile(`(?m)^\d+\s+board\s.*\s2\s+\S+$`), out)
-	require.Regexp(t, regexp.MustCompile(`(?m)^\d+\s+plain\s.*\s-\s+\S+$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^\d+\s+board\s.*\s2\s+\S+\s+\S+$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^\d+\s+plain\s.*\s-\s+\S+\s+\S+$`), out)
 	for _, s := range segs {
 		require.NoError(t, s.Shared().Detach(ctx))
 	}
+}
+
+// TestSegmentsGrants: `memctl alloc --allow/--allow-free` grants a name to
+// other identities, `memctl segments` shows who may attach it (ACCESS;
+// creator, allow and allow_free in -o json), and a malformed identity is
+// refused with the forms that work.
+func TestSegmentsGrants(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	_, errOut, code := memctl(t, cfg.Socket, "alloc", "--size", "1MiB", "--tier", "cxl", "--name", "granted",
+		"--allow", "cn:app2,gid:100", "--allow-free", "cn:ops")
+	require.Zero(t, code, errOut)
+	me := "uid:" + strconv.Itoa(os.Getuid())
+
+	out, _, code := memctl(t, cfg.Socket, "segments", "-o", "json")
+	require.Zero(t, code)
+	var list []segmentJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &list))
+	require.Len(t, list, 1)
+	require.Equal(t, me, list[0].Creator)
+	require.Equal(t, []string{"cn:app2", "gid:100"}, list[0].Allow)
+	require.Equal(t, []string{"cn:ops"}, list[0].AllowFree)
+
+	out, _, code = memctl(t, cfg.Socket, "segments")
+	require.Zero(t, code)
+	require.Contains(t, out, "ACCESS")
+	require.Contains(t, out, me+",+cn:app2,+gid:100,+cn:ops(free)")
+
+	_, errOut, code = memctl(t, cfg.Socket, "alloc", "--size", "1MiB", "--name", "bad", "--allow", "app2")
+	require.NotZero(t, code)
+	require.Contains(t, errOut, `identity "app2": use uid:N or gid:N`)
 }
