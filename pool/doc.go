@@ -11,7 +11,10 @@
 // (Config.TLSCert, TLSKey, TLSCA) unless Config.Insecure. A session's
 // identity (uid:N or the certificate's cn:NAME) owns its client id; the
 // data plane admits connections presenting a live session's credential;
-// Config.Quotas and the per-client limits bound what an identity holds.
+// Config.Quotas and the per-client limits bound what an identity holds. A
+// named segment is attached only by its creator's identity and the
+// identities it granted (grants.go); a call without a session is an
+// administrator's only from an identity in Config.Admins.
 //
 // Use New (or Start) with a Config from DefaultConfig, Serve, and Close.
 // Daemon and Pool are safe for concurrent use; Config is a plain value.
