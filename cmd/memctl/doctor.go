@@ -356,6 +356,11 @@ func (r *doctorReport) rdma(inv *devices.Inventory) {
 		for _, p := range d.Ports {
 			r.RDMA = append(r.RDMA, doctorPort{Device: d.Name, Driver: d.Driver, Port: p.Number, Transport: p.Transport,
 				State: p.State, PhysState: p.PhysState, Netdev: p.Netdev, Rate: p.Rate})
+			if p.Active() && p.NeedsRDMACM() {
+				r.problem(fmt.Sprintf("RDMA port %s/%d is iWARP, which poold's verbs backend cannot use: iWARP connects queue pairs through RDMA-CM (librdmacm), and the backend connects them itself, as InfiniBand and RoCE allow; the rdma tier runs over the TCP fallback here", d.Name, p.Number),
+					"nothing to do for the TCP fallback; for one-sided RDMA give the host a RoCE or InfiniBand device"+softRoCE(p.Netdev))
+				continue
+			}
 			if p.Active() {
 				continue
 			}
@@ -381,6 +386,19 @@ func (r *doctorReport) rdma(inv *devices.Inventory) {
 	}
 }
 
+// hasIWARP reports whether the host has an active iWARP port.
+func (r *doctorReport) hasIWARP() bool {
+	return slices.ContainsFunc(r.RDMA, func(p doctorPort) bool { return p.Transport == devices.IWARP && p.State == "ACTIVE" })
+}
+
+// softRoCE suggests Soft-RoCE on netdev ("" when unknown).
+func softRoCE(netdev string) string {
+	if netdev == "" {
+		return ""
+	}
+	return fmt.Sprintf(", or Soft-RoCE on its interface: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev %s", netdev)
+}
+
 func orUnknown(s string) string {
 	if s == "" {
 		return "unknown"
@@ -400,6 +418,8 @@ func (r *doctorReport) poolChecks(inv *devices.Inventory) {
 		r.Pool.TransportReason = "poold serves no rdma tier (--export-size 0, and no peers)"
 	case r.Pool.Transport == "verbs":
 		r.Pool.TransportReason = "RDMA verbs: " + reason
+	case len(active) == 0 && r.hasIWARP():
+		r.Pool.TransportReason = "TCP fallback: the active RDMA ports are iWARP, which the verbs backend cannot use (they need RDMA-CM)"
 	case len(active) == 0:
 		r.Pool.TransportReason = "TCP fallback: no active RDMA port on this host"
 	case name == "verbs":

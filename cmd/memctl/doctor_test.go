@@ -144,10 +144,10 @@ func TestDoctorFixtures(t *testing.T) {
 				"dax0.0: system-ram, 256.0 MiB, node 1, region0", "node1: memory only (far memory)", "memory_tier22"},
 		},
 		{
-			name: "iWARP, all well", trees: []string{"cxl/testdata/plain", "rdma/devices/testdata/iwarp"}, hugepages: 64,
-			fixes: []string{},
+			name: "iWARP: not usable by the verbs backend", trees: []string{"cxl/testdata/plain", "rdma/devices/testdata/iwarp"}, hugepages: 64,
+			fixes: []string{"nothing to do for the TCP fallback; for one-sided RDMA give the host a RoCE or InfiniBand device, or Soft-RoCE on its interface: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev enp5s0f4"},
 			ports: []string{"cxgb4_0/1 iWARP ACTIVE"},
-			shown: []string{"No problems found."},
+			shown: []string{"cxgb4_0/1 is iWARP, which poold's verbs backend cannot use: iWARP connects queue pairs through RDMA-CM"},
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -209,4 +209,22 @@ func TestDoctorWithPool(t *testing.T) {
 	_, stderr, code := memctl(t, cfg.Socket, "doctor", "--dax-mode", "fsdax")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "use devdax or system-ram")
+}
+
+// TestDoctorIWARPWithPool: on a host whose only RDMA port is iWARP, doctor
+// says why poold's rdma tier runs over TCP (the verbs backend connects
+// queue pairs without RDMA-CM, which iWARP needs) and does not tell the
+// user to rebuild poold with verbs.
+func TestDoctorIWARPWithPool(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	root := sysfsTree(t, 64, "cxl/testdata/plain", "rdma/devices/testdata/iwarp")
+	r := doctorJSON(t, cfg.Socket, "--sysfs", root)
+	require.True(t, r.Pool.Reachable)
+	require.Equal(t, "tcp", r.Pool.Transport)
+	require.Equal(t, "TCP fallback: the active RDMA ports are iWARP, which the verbs backend cannot use (they need RDMA-CM)", r.Pool.TransportReason)
+	for _, f := range fixes(r) {
+		require.NotContains(t, f, "-tags verbs", "a verbs build cannot use iWARP")
+	}
+	require.Contains(t, strings.Join(fixes(r), "\n"), "RoCE or InfiniBand device")
 }

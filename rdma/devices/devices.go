@@ -77,6 +77,14 @@ type Port struct {
 // Active reports whether the port can carry traffic.
 func (p Port) Active() bool { return p.State == "ACTIVE" }
 
+// NeedsRDMACM reports whether the port's queue pairs can be connected only
+// through RDMA-CM: an iWARP port's connection is set up by the kernel's
+// iw_cm (an MPA handshake over TCP), not by moving a queue pair to RTR with
+// the peer's address as InfiniBand and RoCE allow. farmem's verbs backend
+// connects queue pairs that second way and does not use RDMA-CM, so it
+// cannot use such a port.
+func (p Port) NeedsRDMACM() bool { return p.Transport == IWARP }
+
 // Netdev is one network interface, class/net/<if>. A plain value.
 type Netdev struct {
 	// Name is the interface name, eth0.
@@ -91,11 +99,12 @@ type Netdev struct {
 	Driver string
 }
 
-// ActivePorts returns the active ports of every device, with their device.
+// ActivePorts returns the active ports of every device that the verbs
+// backend can use (not NeedsRDMACM), with their device.
 func (inv *Inventory) ActivePorts() (devs []Device, ports []Port) {
 	for _, d := range inv.Devices {
 		for _, p := range d.Ports {
-			if p.Active() {
+			if p.Active() && !p.NeedsRDMACM() {
 				devs, ports = append(devs, d), append(ports, p)
 			}
 		}
