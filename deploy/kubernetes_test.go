@@ -459,19 +459,33 @@ func TestDaemonSetConfig(t *testing.T) {
 	}
 
 	// Mutual TLS: the node's certificate, key and the CA come from the
-	// Secret mounted where the flags point.
-	secretVolume := map[string]string{}
-	for _, v := range ds.Spec.Template.Spec.Volumes {
-		if v.Secret != nil {
-			secretVolume[v.Name] = v.Secret.SecretName
-		}
-	}
+	// node's own host directory, read-only, so a pod holds only its node's
+	// key pair (a Secret with every node's keys would be in every pod).
 	require.False(t, cfg.Insecure, "the control plane serves mutual TLS")
+	readOnly := map[string]bool{}
+	for _, vm := range c.VolumeMounts {
+		readOnly[vm.MountPath] = vm.ReadOnly
+	}
 	for _, f := range []string{cfg.TLSCert, cfg.TLSKey, cfg.TLSCA} {
 		require.NotEmpty(t, f)
-		require.NotEmpty(t, secretVolume[mounts[path.Dir(f)]], "%s is in a Secret volume's mount", f)
+		dir := path.Dir(f)
+		require.Equal(t, "/etc/farmem/tls", hostPaths[mounts[dir]], "%s is in the host's /etc/farmem/tls", f)
+		require.True(t, readOnly[dir], "%s is mounted read-only", dir)
+	}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil && v.HostPath.Path == "/etc/farmem/tls" {
+			require.Equal(t, "Directory", v.HostPath.Type, "a node without its key pair does not start poold with an empty directory")
+		}
+		if v.Secret != nil {
+			require.NotContains(t, v.Secret.SecretName, "tls", "no Secret carries the nodes' key pairs")
+		}
 	}
 	require.Equal(t, "node-a.crt", path.Base(cfg.TLSCert), "each node presents its own certificate")
+	require.Equal(t, "node-a.key", path.Base(cfg.TLSKey), "each node uses its own key")
+
+	// Application pods need not run as root: the socket admits a gid.
+	require.NotEmpty(t, cfg.AllowGIDs, "allow-gids lets non-root application pods use the socket")
+	require.NotContains(t, cfg.AllowGIDs, uint32(0))
 
 	// The gossip seed is the headless service, which publishes pods before
 	// they are ready (a starting daemon must find the others).

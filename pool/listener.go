@@ -69,6 +69,13 @@ func listenUnix(path string) (*net.UnixListener, error) {
 		return nil, fmt.Errorf("socket %s: %w (choose another with --socket)", path, err)
 	}
 	l.SetUnlinkOnClose(true)
+	// Anyone may connect: who is served is decided per connection by the
+	// allow lists (SO_PEERCRED), so the file's mode must not refuse an
+	// allowed uid or gid before that check (a umask of 077 would).
+	if err := os.Chmod(path, 0o666); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
 	return l, nil
 }
 

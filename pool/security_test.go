@@ -244,9 +244,12 @@ func TestUnixSocketAllowList(t *testing.T) {
 // 65534 (nobody), with env set to socket, and returns its output. The
 // caller must be root.
 func runAsNobody(t *testing.T, socket, test, env string) (string, error) {
-	// nobody must reach the socket file for SO_PEERCRED to decide.
+	// nobody must reach the socket file for SO_PEERCRED to decide: the
+	// test's directory is root's, the socket is poold's, 0666.
 	require.NoError(t, os.Chmod(filepath.Dir(socket), 0o755))
-	require.NoError(t, os.Chmod(socket, 0o777))
+	fi, err := os.Stat(socket)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o666), fi.Mode().Perm(), "the allow list decides who is served, not the socket's mode")
 	// The test binary lives in a directory only root may enter: nobody
 	// runs a copy.
 	self, err := os.Executable()
