@@ -66,9 +66,9 @@ var nobody = &client{id: "\x00"}
 // viewer is who reads a listing or a Stat: the session's client, an
 // administrator without a session, or nobody with the caller's identity
 // for a session that ended or a caller without a session that is no
-// administrator (listings and Stat answer it what its identity may
-// attach, without keys: a peer reconciling right after a partition may
-// still name its old session).
+// administrator (listings and Stat answer it what its identity owns or
+// may attach, without keys: a peer reconciling right after a partition may
+// still name its old session; see visible).
 func (s *service) viewer(ctx context.Context) caller {
 	c, err := s.caller(ctx)
 	if err != nil {
@@ -102,4 +102,13 @@ func (d *Daemon) callerOf(sid string, t caller) (caller, error) {
 	}
 	t.client = c.client
 	return t, nil
+}
+
+// visible reports whether a listing or a Stat shows the segment to the
+// caller (mayList); a viewer without a live session (nobody) also sees the
+// segments its identity's client ids own, without keys: a peer daemon
+// whose session here ended (a partition, this daemon's restart) still
+// finds what it placed here when it reconciles.
+func (d *Daemon) visible(c caller, r *record) bool {
+	return mayList(c, r) || c.client == nobody && r.Owner != "" && c.ident != "" && d.pool.auth.identity(r.Owner) == c.ident
 }

@@ -142,6 +142,26 @@ func TestAttachGrants(t *testing.T) {
 		_, err = adm.Free(ctx, &poolv1.FreeRequest{Name: "by-admin"})
 		require.NoError(t, err)
 	})
+	t.Run("without a live session an identity sees what its client ids own", func(t *testing.T) {
+		gone := dial("app-3", "app")
+		kept, err := gone.alloc(t, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
+		require.NoError(t, err)
+		require.NoError(t, gone.s.Close())
+		ids := func(api poolv1.PoolClient) []uint64 {
+			resp, err := api.List(ctx, &poolv1.ListRequest{})
+			require.NoError(t, err)
+			var out []uint64
+			for _, s := range resp.Segments {
+				require.Empty(t, s.Key, "no keys without a session")
+				out = append(out, s.Id)
+			}
+			return out
+		}
+		require.Contains(t, ids(adminAPI(top, addr, "app")), kept.Id, "as a peer daemon reconciling after its session ended")
+		require.NotContains(t, ids(adminAPI(top, addr, "mallory")), kept.Id)
+		_, err = adminAPI(top, addr, "admin").Free(ctx, &poolv1.FreeRequest{Id: kept.Id})
+		require.NoError(t, err)
+	})
 	t.Run("a session id is useless to another identity", func(t *testing.T) {
 		_, sid, err := app.s.Call(ctx)
 		require.NoError(t, err)

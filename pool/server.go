@@ -199,7 +199,7 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 	recs := s.d.pool.List()
 	out := &poolv1.ListResponse{Segments: make([]*poolv1.Segment, 0, len(recs))}
 	for _, r := range recs {
-		if mayList(c, &r) {
+		if s.d.visible(c, &r) {
 			out.Segments = append(out.Segments, s.d.forCaller(c, r))
 		}
 	}
@@ -228,7 +228,7 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
 	c := s.viewer(ctx)
 	r, err := s.d.pool.Stat(req.Id)
-	if err == nil && !mayList(c, &r) {
+	if err == nil && !s.d.visible(c, &r) {
 		// Ids are not secrets, but what they hold is: nothing of it.
 		err = fmt.Errorf("segment %d: %w", req.Id, errs.ErrAccessDenied)
 		s.d.refused("stat", c, req.Id, "", err)
