@@ -408,7 +408,7 @@ func orUnknown(s string) string {
 
 // poolChecks compares what poold uses with what the host offers.
 func (r *doctorReport) poolChecks(inv *devices.Inventory) {
-	_, active := inv.ActivePorts()
+	_, active := inv.VerbsPorts()
 	name, reason := dialer.Preferred()
 	if !r.Pool.Reachable {
 		return

@@ -99,9 +99,9 @@ type Netdev struct {
 	Driver string
 }
 
-// ActivePorts returns the active ports of every device that the verbs
-// backend can use (not NeedsRDMACM), with their device.
-func (inv *Inventory) ActivePorts() (devs []Device, ports []Port) {
+// VerbsPorts returns the active ports that the verbs backend can use (not
+// NeedsRDMACM) of every device, with their device.
+func (inv *Inventory) VerbsPorts() (devs []Device, ports []Port) {
 	for _, d := range inv.Devices {
 		for _, p := range d.Ports {
 			if p.Active() && !p.NeedsRDMACM() {

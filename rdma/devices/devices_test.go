@@ -46,16 +46,19 @@ func TestDiscoverFixtures(t *testing.T) {
 			}
 			require.Equal(t, c.physical, phys)
 			require.Equal(t, c.operstate, states)
-			_, active := inv.ActivePorts()
+			_, active := inv.VerbsPorts()
 			want := 0
 			for _, d := range c.devices {
 				for _, p := range d.Ports {
-					if p.Active() {
+					if p.Active() && !p.NeedsRDMACM() {
 						want++
 					}
 				}
 			}
 			require.Len(t, active, want)
+			if c.tree == "iwarp" {
+				require.Empty(t, active, "an iWARP port needs RDMA-CM, which the verbs backend does not use")
+			}
 		})
 	}
 }
