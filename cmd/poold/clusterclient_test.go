@@ -68,6 +68,11 @@ func runRole(role string) int {
 	return 0
 }
 
+// appIdentity is the identity of a client that dials a tcp:// target with
+// the "app" certificate: a name created on the socket (as root) is granted
+// to it, or its attach is refused.
+const appIdentity = "cn:app"
+
 func dialTarget(ctx context.Context, opts ...alloc.DialOption) (*alloc.Client, error) {
 	if dir := os.Getenv(tlsEnv); dir != "" {
 		tc, err := alloc.LoadTLS(certs.CertFile(dir, "app"), certs.KeyFile(dir, "app"), certs.CAFile(dir))
@@ -90,7 +95,7 @@ func roleAllocShared(ctx context.Context) error {
 		return err
 	}
 	defer c.Close()
-	seg, err := c.Alloc(ctx, sharedSize, alloc.WithTier(alloc.TierRDMA), alloc.WithName(sharedName))
+	seg, err := c.Alloc(ctx, sharedSize, alloc.WithTier(alloc.TierRDMA), alloc.WithName(sharedName, alloc.AllowIdentity(appIdentity)))
 	if err != nil {
 		return err
 	}

@@ -78,7 +78,7 @@ func roleSharedCreate(ctx context.Context) error {
 		return err
 	}
 	defer c.Close()
-	seg, err := c.Alloc(ctx, 3*hotPageSize, alloc.WithName(os.Getenv(segEnv)), alloc.WithTier(alloc.TierRDMA))
+	seg, err := c.Alloc(ctx, 3*hotPageSize, alloc.WithName(os.Getenv(segEnv), alloc.AllowIdentity(appIdentity)), alloc.WithTier(alloc.TierRDMA))
 	if err != nil {
 		return err
 	}
