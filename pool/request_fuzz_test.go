@@ -14,7 +14,8 @@ import (
 // FuzzAllocRequest is the control plane's request validation under
 // arbitrary input: bytes decoded as an AllocRequest, as the descriptor
 // channel decodes them, then Alloc, Attach by the request's name, and
-// Free, for a client and for an administrator. No input panics; every
+// Free, for a client and for an administrator; grants only with a name
+// and of well-formed identities. No input panics; every
 // refusal matches one of the sentinels a client can act on; every
 // allocation is the segment asked for, inside its device, and freeing it
 // gives all capacity back. The seed corpus is testdata/fuzz/FuzzAllocRequest.
@@ -25,6 +26,8 @@ func FuzzAllocRequest(f *testing.F) {
 		{Size: 1 << 30, Tier: poolv1.Tier_TIER_CXL, Fallback: []poolv1.Tier{poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_RDMA}},
 		{Size: -1, Tier: 99, Name: "a b"},
 		{Size: 8192, HomeOnly: true},
+		{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "g", Allow: []string{"cn:app2", "gid:7"}, AllowFree: []string{"uid:0"}},
+		{Size: 4096, Allow: []string{"cn:app2"}},
 	} {
 		b, err := proto.Marshal(req)
 		require.NoError(f, err)
@@ -47,15 +50,17 @@ func FuzzAllocRequest(f *testing.F) {
 		if asAdmin {
 			c = admin()
 		}
-		r, err := p.Alloc(t.Context(), c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly})
+		r, err := p.Alloc(t.Context(), c, allocRequestOf(&req))
 		if err != nil {
-			if !errors.Is(err, errs.ErrInvalid) && !errors.Is(err, errs.ErrNoCapacity) && !errors.Is(err, errs.ErrExists) {
+			if !errors.Is(err, errs.ErrInvalid) && !errors.Is(err, errs.ErrNoCapacity) && !errors.Is(err, errs.ErrExists) && !errors.Is(err, errs.ErrLimit) {
 				t.Fatalf("Alloc(%v) refused with %v, which matches no sentinel", &req, err)
 			}
 			return
 		}
 		require.Equal(t, req.Size, r.Size)
 		require.Equal(t, req.Name, r.Name)
+		require.Equal(t, req.Allow, r.Allow)
+		require.Equal(t, req.AllowFree, r.AllowFree)
 		d := p.device(r.Device)
 		require.NotNil(t, d)
 		require.GreaterOrEqual(t, r.Extent, r.Size)

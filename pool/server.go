@@ -132,7 +132,7 @@ func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) 
 	if len(req.Name) > d.cfg.MaxNameLen {
 		return nil, fmt.Errorf("%w: segment name of %d bytes is longer than max-name-len %d; use a shorter name or raise --max-name-len (at most %d)", errs.ErrLimit, len(req.Name), d.cfg.MaxNameLen, MaxNameLen)
 	}
-	r, err := d.pool.Alloc(ctx, c, AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback, HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree})
+	r, err := d.pool.Alloc(ctx, c, allocRequestOf(req))
 	if err == nil && ctx.Err() != nil {
 		r, err = nil, d.abandoned(c, r, ctx.Err())
 	}
@@ -141,6 +141,12 @@ func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) 
 		return nil, err
 	}
 	return d.forCaller(c, *r), nil
+}
+
+// allocRequestOf is what an API request asks of Pool.Alloc.
+func allocRequestOf(req *poolv1.AllocRequest) AllocRequest {
+	return AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback,
+		HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree}
 }
 
 // abandoned frees a segment allocated for a caller that gave up meanwhile
