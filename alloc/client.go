@@ -212,7 +212,9 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 // Attach opens the named segment, which another client (or memctl) created
 // with WithName. With Shared it joins the segment as a shared segment whose
 // accesses are cached and kept coherent across hosts; without, accesses to
-// an rdma segment go to its home uncached.
+// an rdma segment go to its home uncached. It fails with ErrAccessDenied
+// unless this client's identity is the creator's or one the creator
+// granted (AllowIdentity, AllowFree), and attaching gives no right to free.
 func (c *Client) Attach(ctx context.Context, name string, opts ...AttachOption) (*Segment, error) {
 	var o attachOptions
 	for _, opt := range opts {

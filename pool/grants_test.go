@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/pooltest"
 	"github.com/farmem/farmem/internal/session"
@@ -43,7 +44,9 @@ func adminAPI(t *testing.T, addr, name string) poolv1.PoolClient {
 // List or Stat; attaching gives no right to free, a free grant does; a
 // second process with the creator's certificate has the creator's rights;
 // a call without a session is an administrator's only from an identity in
-// --admin; a session id is useless to another identity.
+// --admin; a peer daemon's session acts as its node certificate only (it
+// lists every segment without keys, and attaches no name not granted to
+// it); a session id is useless to another identity.
 func TestAttachGrants(t *testing.T) {
 	cfg := pooltest.Config(t)
 	cfg.Listen = "127.0.0.1:0"
@@ -161,6 +164,20 @@ func TestAttachGrants(t *testing.T) {
 		require.NotContains(t, ids(adminAPI(top, addr, "mallory")), kept.Id)
 		_, err = adminAPI(top, addr, "admin").Free(ctx, &poolv1.FreeRequest{Id: kept.Id})
 		require.NoError(t, err)
+	})
+	t.Run("a peer daemon acts as its own certificate only", func(t *testing.T) {
+		tc, err := certs.ForTest(top, "peer-x", true).Client()
+		require.NoError(t, err)
+		peer, err := dialSession(top, "tcp", addr, "poold/peer-x", tc)
+		require.NoError(t, err)
+		_, err = peer.api.Attach(peer.ctx(t), &poolv1.AttachRequest{Name: "app-secret"})
+		require.ErrorIs(t, errs.FromStatus(err), errs.ErrAccessDenied, "a node cannot claim a name for its clients")
+		require.ErrorContains(t, err, "has not granted cn:peer-x")
+		resp, err := peer.api.List(peer.ctx(t), &poolv1.ListRequest{})
+		require.Contains(t, names(t, resp, err), "app-secret", "a peer sees every segment's metadata")
+		for _, s := range resp.Segments {
+			require.Empty(t, s.Key, "and no key it may not use")
+		}
 	})
 	t.Run("a session id is useless to another identity", func(t *testing.T) {
 		_, sid, err := app.s.Call(ctx)
