@@ -108,7 +108,11 @@ type syncWriter struct {
 	w  *bytes.Buffer
 }
 
-func (s *syncWriter) Write(b []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.w.Write(b) }
+func (s *syncWriter) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(b)
+}
 
 // TestResourceErrorsBackOffAndRetry: EMFILE, ENFILE, ENOBUFS and ENOMEM
 // from accept make Accept pause 5ms, 10ms, 20ms ... (capped at 1s) and try
