@@ -31,12 +31,18 @@ type testServer struct {
 // startServer serves cfg on 127.0.0.1 until the test ends.
 func startServer(tb testing.TB, cfg ServerConfig) *testServer {
 	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(tb, err)
+	return serveOn(tb, cfg, l)
+}
+
+// serveOn serves cfg on l until the test ends.
+func serveOn(tb testing.TB, cfg ServerConfig, l net.Listener) *testServer {
+	tb.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
 	s := NewServer(cfg)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(l) }()
 	tb.Cleanup(func() {

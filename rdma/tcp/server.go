@@ -8,8 +8,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/farmem/farmem/internal/listener"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -170,9 +170,13 @@ func (s *Server) MarkLost(seg uint64) error {
 }
 
 // Serve accepts connections on l and serves each in its own goroutine until
-// Close is called (then it returns nil) or l fails (then it returns the
-// error). Serve closes l before it returns. Several Serve calls on different
-// listeners may run at once.
+// Close is called (then it returns nil) or l is closed by someone else
+// (then it returns the error). An accept that fails for want of resources
+// (EMFILE, ENFILE, ENOBUFS, ENOMEM) or for one aborted connection is
+// retried after a backoff (package internal/listener), never returned: a
+// flood of connections must not stop the data plane for good. Serve closes
+// l before it returns. Several Serve calls on different listeners may run
+// at once.
 func (s *Server) Serve(l net.Listener) error {
 	if s.cfgErr != nil {
 		l.Close()
@@ -184,18 +188,18 @@ func (s *Server) Serve(l net.Listener) error {
 		l.Close()
 		return fmt.Errorf("rdma/tcp: serve on %s: server is closed: %w", l.Addr(), rdma.ErrClosed)
 	}
-	s.listeners[l] = struct{}{}
+	al := listener.Wrap(l, listener.Config{Name: "rdma/tcp on " + l.Addr().String(), Logger: s.log})
+	s.listeners[al] = struct{}{}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.listeners, l)
+		delete(s.listeners, al)
 		s.mu.Unlock()
-		l.Close()
+		al.Close()
 	}()
 
-	var backoff time.Duration
 	for {
-		nc, err := l.Accept()
+		nc, err := al.Accept()
 		if err != nil {
 			s.mu.Lock()
 			closed := s.closed
@@ -203,16 +207,8 @@ func (s *Server) Serve(l net.Listener) error {
 			if closed {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				s.log.Warn("rdma/tcp: accept failed; retrying", "addr", l.Addr().String(), "err", err, "backoff", backoff)
-				time.Sleep(backoff)
-				continue
-			}
 			return fmt.Errorf("rdma/tcp: accept on %s: %w", l.Addr(), err)
 		}
-		backoff = 0
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()

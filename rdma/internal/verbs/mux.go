@@ -5,6 +5,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/farmem/farmem/internal/listener"
 )
 
 // muxListener shares one TCP listener between the verbs control protocol
@@ -27,6 +29,9 @@ type muxListener struct {
 }
 
 func newMux(l net.Listener, sniff time.Duration, onVerbs func(net.Conn, [4]byte)) *muxListener {
+	// The accept loop below ends at the first error Accept returns: let
+	// only closing do that, and retry the rest (EMFILE and the like).
+	l = listener.Wrap(l, listener.Config{Name: "rdma/verbs on " + l.Addr().String()})
 	m := &muxListener{Listener: l, onVerbs: onVerbs, sniff: sniff, conns: make(chan net.Conn), done: make(chan struct{}), sniffing: map[net.Conn]struct{}{}}
 	m.wg.Add(1)
 	go m.acceptLoop()
