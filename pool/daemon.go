@@ -35,9 +35,10 @@ type Daemon struct {
 	tcp  *grpc.Server // control plane for peers and memctl on Listen; nil without it
 	tcpL net.Listener
 
-	metrics *metrics // Prometheus instrumentation; see metrics.go
-	health  *health  // gRPC health service and readiness; see health.go
-	ops     *opsHTTP // /metrics, /healthz, /readyz on Config.Metrics; nil without it
+	metrics   *metrics   // Prometheus instrumentation; see metrics.go
+	listeners *listeners // every listener above, for readiness; see accepting.go
+	health    *health    // gRPC health service and readiness; see health.go
+	ops       *opsHTTP   // /metrics, /healthz, /readyz on Config.Metrics; nil without it
 
 	lock *os.File // the data directory's lock, held until Close
 
@@ -89,9 +90,10 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		return nil, err
 	}
 	m := newMetrics()
+	ls := newListeners(log, m.reg)
 	var dp *dataPlane
 	if cfg.ExportSize > 0 && cfg.DataListen != "" {
-		if dp, err = newDataPlane(cfg.DataListen, cfg.DataMaxInflight, cfg.DataBusyPoll, log, m.observeDataPlane); err != nil {
+		if dp, err = newDataPlane(cfg.DataListen, cfg.DataMaxInflight, cfg.DataBusyPoll, log, m.observeDataPlane, ls); err != nil {
 			for _, d := range devs {
 				d.Close()
 			}
@@ -115,7 +117,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if dp != nil {
 		m.reg.MustRegister(newCoherenceCollector(dp.coh))
 	}
-	ops, err := listenOps(cfg.Metrics)
+	ops, err := listenOps(cfg.Metrics, ls)
 	if err != nil {
 		return nil, err
 	}
@@ -124,22 +126,24 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			ops.close()
 		}
 	}()
-	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, health: newHealth(), ops: ops, lock: lock}
+	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, listeners: ls, health: newHealth(), ops: ops, lock: lock}
 	p.setHMAT(inv)
 	d.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(peerCreds{}),
+		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(sessionProbe(cfg.LeaseTTL)),
 	}, cfg.sim.grpc...)...)
 	poolv1.RegisterPoolServer(d.grpc, &service{d: d})
 	d.health.register(d.grpc)
-	d.mux = newMux(l, d.allow, d.serveFD, func(msg string, args ...any) { log.Warn(msg, args...) })
+	d.mux = newMux(ls.wrap(l, listenerUnix), d.allow, d.serveFD, func(msg string, args ...any) { log.Warn(msg, args...) })
 	if cfg.Listen != "" {
-		if d.tcpL, err = net.Listen("tcp", cfg.Listen); err != nil {
+		if d.tcpL, err = listenControl(cfg.Listen, ls, log); err != nil {
 			d.mux.shutdown()
-			return nil, fmt.Errorf("listen %s: %w (choose another with --listen)", cfg.Listen, err)
+			return nil, err
 		}
 		opts, err := cfg.tcpServerOptions(append([]grpc.ServerOption{
+			grpc.ConnectionTimeout(handshakeTimeout),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 			grpc.KeepaliveParams(sessionProbe(cfg.LeaseTTL)),
 		}, cfg.sim.grpc...)...)
@@ -223,8 +227,9 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 
 // Serve answers clients until Close. It returns nil after Close.
 func (d *Daemon) Serve() error {
-	d.wg.Add(1)
+	d.wg.Add(2)
 	go d.reapLoop()
+	go d.watchListeners()
 	if d.pool.dp != nil {
 		d.pool.dp.serve()
 	}

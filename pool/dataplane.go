@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/internal/device"
+	"github.com/farmem/farmem/internal/listener"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/dialer"
 	"github.com/farmem/farmem/rdma/tcp"
@@ -21,7 +22,7 @@ import (
 // once and registered under its access key. Safe for concurrent use.
 type dataPlane struct {
 	srv  *dialer.Server
-	l    net.Listener
+	l    *listener.Listener // retries accept errors; failing while it does (gossip withholds the tier)
 	addr string
 	log  *slog.Logger
 
@@ -36,7 +37,7 @@ type dataPlane struct {
 	wg   sync.WaitGroup
 }
 
-func newDataPlane(addr string, inflight int, busyPoll time.Duration, log *slog.Logger, observe func(tcp.Observation)) (*dataPlane, error) {
+func newDataPlane(addr string, inflight int, busyPoll time.Duration, log *slog.Logger, observe func(tcp.Observation), ls *listeners) (*dataPlane, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("data plane on %s: %w (choose another with --data-listen)", addr, err)
@@ -49,7 +50,7 @@ func newDataPlane(addr string, inflight int, busyPoll time.Duration, log *slog.L
 	if busyPoll == 0 {
 		cfg.BusyPoll = -1 // off; tcp's zero means its default
 	}
-	dp := &dataPlane{l: l, addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}}
+	dp := &dataPlane{l: ls.wrap(l, listenerData), addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}}
 	cfg.Authenticate = dp.authenticate
 	dp.coh = newCoherenceHost(log)
 	cfg.Message = dp.coh.message

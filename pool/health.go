@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -16,11 +17,15 @@ import (
 // health is what the daemon tells probes: the gRPC health service
 // (grpc.health.v1) on both control-plane servers, and the answers of the
 // HTTP /healthz and /readyz endpoints. The overall status ("") and the
-// farmem.pool.v1.Pool service are NOT_SERVING until Serve runs and again
-// from the moment Close begins. Safe for concurrent use.
+// farmem.pool.v1.Pool service are NOT_SERVING until Serve runs, while a
+// listener fails to accept (degrade), and from the moment Close begins.
+// Safe for concurrent use.
 type health struct {
 	srv     *grpchealth.Server
 	serving atomic.Bool
+
+	mu       sync.Mutex
+	degraded bool // a listener fails to accept
 }
 
 // healthServices are the service names whose status the health service reports.
@@ -43,9 +48,31 @@ func (h *health) register(s *grpc.Server) {
 
 // serve marks the daemon serving.
 func (h *health) serve() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.serving.Store(true)
+	h.publishLocked()
+}
+
+// degrade marks the daemon NOT_SERVING while failing holds, SERVING again
+// (if it serves) when it no longer does.
+func (h *health) degrade(failing bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.degraded == failing {
+		return
+	}
+	h.degraded = failing
+	h.publishLocked()
+}
+
+func (h *health) publishLocked() {
+	st := healthpb.HealthCheckResponse_SERVING
+	if !h.serving.Load() || h.degraded {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
 	for _, s := range healthServices {
-		h.srv.SetServingStatus(s, healthpb.HealthCheckResponse_SERVING)
+		h.srv.SetServingStatus(s, st)
 	}
 }
 
@@ -57,7 +84,8 @@ func (h *health) shutdown() {
 }
 
 // readiness checks what a client needs: the daemon serving its socket, the
-// metadata store open, the data plane up. It returns one line per check.
+// metadata store open, the data plane up, every listener accepting (not
+// backing off after EMFILE and the like). It returns one line per check.
 func (d *Daemon) readiness() (ready bool, report []string) {
 	ready = true
 	check := func(name string, ok bool, okText, failText string) {
@@ -79,6 +107,9 @@ func (d *Daemon) readiness() (ready bool, report []string) {
 		check("data-plane", true, "disabled (no rdma tier served by this node)", "")
 	default:
 		check("data-plane", serving && !closed, "serving on "+d.pool.dp.addr, "not serving")
+	}
+	for _, s := range d.listeners.statuses() {
+		check("listener "+s.Name, !s.Failing, s.String()+" on "+s.Addr, s.String()+" on "+s.Addr)
 	}
 	return ready, report
 }

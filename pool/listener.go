@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/farmem/farmem/internal/fdpass"
+	"github.com/farmem/farmem/internal/listener"
 )
 
 // peerInfo is what the daemon knows of the process at the other end of a
@@ -39,7 +40,7 @@ func (c *peerConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 // mux splits one unix socket between gRPC (HTTP/2 preface) and descriptor
 // passing (fdpass.Magic), and checks every peer against the allow list.
 type mux struct {
-	l       *net.UnixListener
+	l       *listener.Listener // retries accept errors such as EMFILE
 	grpc    chan net.Conn
 	fd      func(*net.UnixConn, peerInfo)
 	allow   func(peerInfo) error
@@ -89,7 +90,7 @@ func socketInUse(path string) error {
 	return fmt.Errorf("socket %s: another poold is listening there; stop it or choose another --socket", path)
 }
 
-func newMux(l *net.UnixListener, allow func(peerInfo) error, fd func(*net.UnixConn, peerInfo), onErr func(string, ...any)) *mux {
+func newMux(l *listener.Listener, allow func(peerInfo) error, fd func(*net.UnixConn, peerInfo), onErr func(string, ...any)) *mux {
 	m := &mux{l: l, grpc: make(chan net.Conn), fd: fd, allow: allow, onErr: onErr, done: make(chan struct{}), timeout: 10 * time.Second}
 	m.wg.Add(1)
 	go m.acceptLoop()
@@ -101,20 +102,22 @@ var http2Preface = []byte("PRI ")
 func (m *mux) acceptLoop() {
 	defer m.wg.Done()
 	for {
-		c, err := m.l.AcceptUnix()
+		nc, err := m.l.Accept()
 		if err != nil {
+			// m.l fails only once closed (see listener.Listener).
 			select {
 			case <-m.done:
-				return
 			default:
+				m.onErr("unix socket closed; no more local clients", "err", err)
+				m.shutdown()
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			m.onErr("accept on unix socket failed; no more local clients", "err", err)
-			m.shutdown()
 			return
+		}
+		c, ok := nc.(*net.UnixConn)
+		if !ok {
+			m.onErr("unix socket accepted a connection of another kind; closing it", "type", fmt.Sprintf("%T", nc))
+			nc.Close()
+			continue
 		}
 		m.wg.Add(1)
 		go func() {

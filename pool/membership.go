@@ -270,13 +270,21 @@ func (d *Daemon) watchMembers(events <-chan cluster.Event) {
 }
 
 // gossipTiers is what this node lends, per tier, for its gossip metadata.
+// While the data plane's listener fails to accept, the rdma tier shows no
+// free bytes, so that peers stop placing segments that no client could
+// reach (Pick skips a tier without room); it shows them again once the
+// listener accepts.
 func (p *Pool) gossipTiers() []cluster.TierFree {
 	var out []cluster.TierFree
+	unreachable := p.dp != nil && p.dp.l.Status().Failing
 	for _, ti := range p.tiers() {
 		if ti.Kind == "tcp" {
 			continue // peers' memory, not ours
 		}
 		name := tierName(ti.Tier)
+		if ti.Tier == poolv1.Tier_TIER_RDMA && unreachable {
+			ti.Free = 0
+		}
 		if i := slices.IndexFunc(out, func(t cluster.TierFree) bool { return t.Name == name }); i >= 0 {
 			out[i].Capacity += ti.Capacity
 			out[i].Free += ti.Free

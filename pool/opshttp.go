@@ -21,7 +21,7 @@ type opsHTTP struct {
 }
 
 // listenOps binds the metrics address; "" means no server (nil, nil).
-func listenOps(addr string) (*opsHTTP, error) {
+func listenOps(addr string, ls *listeners) (*opsHTTP, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -29,7 +29,7 @@ func listenOps(addr string) (*opsHTTP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics on %s: %w (choose another address with --metrics, or leave it empty for none)", addr, err)
 	}
-	return &opsHTTP{l: l}, nil
+	return &opsHTTP{l: ls.wrap(l, listenerMetrics)}, nil
 }
 
 // addr is the bound address ("" when off).

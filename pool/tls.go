@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/farmem/farmem/internal/certs"
 )
@@ -58,16 +59,17 @@ func (c *Config) validateSecurity() error {
 }
 
 // serverCreds are the TCP control plane's transport credentials: mutual
-// TLS, or nil with Insecure.
+// TLS, or plaintext with Insecure; either settles the listener's handshake
+// count (listenControl).
 func (c *Config) serverCreds() (grpc.ServerOption, error) {
 	if c.Insecure {
-		return nil, nil
+		return grpc.Creds(settlingCreds{insecure.NewCredentials()}), nil
 	}
 	tc, err := c.tlsFiles().Server()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	return grpc.Creds(credentials.NewTLS(tc)), nil
+	return grpc.Creds(settlingCreds{credentials.NewTLS(tc)}), nil
 }
 
 // peerTLS is what this daemon presents when it calls a peer: its node
@@ -90,8 +92,5 @@ func (c *Config) tcpServerOptions(extra ...grpc.ServerOption) ([]grpc.ServerOpti
 	if err != nil {
 		return nil, err
 	}
-	if creds != nil {
-		extra = append(slices.Clip(extra), creds)
-	}
-	return extra, nil
+	return append(slices.Clip(extra), creds), nil
 }

@@ -64,18 +64,20 @@ func (c Config) withDefaults() Config {
 // Status is what a Listener reports about its accepting. A value.
 type Status struct {
 	Name    string    // Config.Name
+	Addr    string    // the address it listens on
 	Failing bool      // a resource error within FailWindow and no accept since
 	Err     error     // the last resource error while Failing, else nil
 	Since   time.Time // when the current failing spell began (zero when not Failing)
 	Errors  uint64    // accept errors since New, of any kind
 }
 
-// String says what a readiness report shows for the listener.
+// String says how the listener fares, for a readiness report: "accepting"
+// or "accept failing since TIME: ERROR".
 func (s Status) String() string {
 	if !s.Failing {
-		return s.Name + ": accepting"
+		return "accepting"
 	}
-	return fmt.Sprintf("%s: accept failing since %s: %v", s.Name, s.Since.UTC().Format(time.RFC3339), s.Err)
+	return fmt.Sprintf("accept failing since %s: %v", s.Since.UTC().Format(time.RFC3339), s.Err)
 }
 
 // Listener is a net.Listener whose Accept retries instead of failing; see
@@ -204,7 +206,7 @@ func connError(err error) bool {
 func (l *Listener) Status() Status {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := Status{Name: l.cfg.Name, Errors: l.errors}
+	s := Status{Name: l.cfg.Name, Addr: l.Addr().String(), Errors: l.errors}
 	if l.lastErr != nil && l.now().Sub(l.lastErrAt) < l.cfg.FailWindow {
 		s.Failing, s.Err, s.Since = true, l.lastErr, l.since
 	}

@@ -181,13 +181,13 @@ func TestFailingExpires(t *testing.T) {
 	require.Eventually(t, func() bool { return l.Status().Errors == 1 }, 10*time.Second, time.Millisecond)
 	st := l.Status()
 	require.True(t, st.Failing)
-	require.Contains(t, st.String(), "data-plane: accept failing since")
+	require.Contains(t, st.String(), "accept failing since 2026-01-01T00:00:00Z")
 	require.Contains(t, st.String(), "too many open files")
 	clk.advance(3*time.Second - 6*time.Millisecond) // the error came before the 5ms sleep
 	require.True(t, l.Status().Failing)
 	clk.advance(2 * time.Millisecond)
 	require.False(t, l.Status().Failing)
-	require.Equal(t, "data-plane: accepting", l.Status().String())
+	require.Equal(t, "accepting", l.Status().String())
 	require.NoError(t, l.Close())
 	<-done
 }
