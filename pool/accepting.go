@@ -97,7 +97,7 @@ func listenControl(addr string, ls *listeners, log *slog.Logger) (net.Listener, 
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w (choose another with --listen)", addr, err)
 	}
-	h, err := listener.NewHandshakes(ls.wrap(l, listenerControl), listener.HandshakeLimits{
+	h, err := listener.NewHandshakes(ls.wrap(l, listenerControl), listener.Limits{
 		Name: listenerControl, Logger: log, Total: maxHandshakes, PerSource: maxHandshakesPerSource,
 	})
 	if err != nil {

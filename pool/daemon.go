@@ -136,7 +136,9 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}, cfg.sim.grpc...)...)
 	poolv1.RegisterPoolServer(d.grpc, &service{d: d})
 	d.health.register(d.grpc)
-	d.mux = newMux(ls.wrap(l, listenerUnix), d.allow, d.serveFD, func(msg string, args ...any) { log.Warn(msg, args...) })
+	if d.mux, err = newMux(ls.wrap(l, listenerUnix), d.allow, d.serveFD, func(msg string, args ...any) { log.Warn(msg, args...) }, log); err != nil {
+		return nil, err
+	}
 	if cfg.Listen != "" {
 		if d.tcpL, err = listenControl(cfg.Listen, ls, log); err != nil {
 			d.mux.shutdown()

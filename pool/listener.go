@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -28,18 +29,31 @@ type peerInfo struct {
 // AuthType implements credentials.AuthInfo.
 func (peerInfo) AuthType() string { return "unix-peercred" }
 
-// peerConn is an accepted connection whose first bytes the mux already read.
+// peerConn is an accepted connection whose first bytes the mux already
+// read. Closing it gives back its process's slot.
 type peerConn struct {
 	*net.UnixConn
-	r    io.Reader
-	peer peerInfo
+	r       io.Reader
+	peer    peerInfo
+	release func()
 }
 
 func (c *peerConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
+func (c *peerConn) Close() error {
+	c.release()
+	return c.UnixConn.Close()
+}
+
 // mux splits one unix socket between gRPC (HTTP/2 preface) and descriptor
-// passing (fdpass.Magic), and checks every peer against the allow list.
+// passing (fdpass.Magic), and checks every peer against the allow list. It
+// holds at most maxLocalConnsPerProcess connections of one process (and
+// maxLocalConns in all), refusing more at once: a local process that opens
+// connections by the thousand cannot take the descriptors other clients
+// need. A connection that says nothing is closed after timeout; one that
+// starts gRPC has ConnectionTimeout to finish its HTTP/2 handshake.
 type mux struct {
+	conns   *listener.Slots    // per process id
 	l       *listener.Listener // retries accept errors such as EMFILE
 	grpc    chan net.Conn
 	fd      func(*net.UnixConn, peerInfo)
@@ -90,12 +104,22 @@ func socketInUse(path string) error {
 	return fmt.Errorf("socket %s: another poold is listening there; stop it or choose another --socket", path)
 }
 
-func newMux(l *listener.Listener, allow func(peerInfo) error, fd func(*net.UnixConn, peerInfo), onErr func(string, ...any)) *mux {
-	m := &mux{l: l, grpc: make(chan net.Conn), fd: fd, allow: allow, onErr: onErr, done: make(chan struct{}), timeout: 10 * time.Second}
+func newMux(l *listener.Listener, allow func(peerInfo) error, fd func(*net.UnixConn, peerInfo), onErr func(string, ...any), log *slog.Logger) (*mux, error) {
+	conns, err := listener.NewSlots(listener.Limits{Name: listenerUnix, Logger: log, Total: maxLocalConns, PerSource: maxLocalConnsPerProcess})
+	if err != nil {
+		return nil, err
+	}
+	m := &mux{conns: conns, l: l, grpc: make(chan net.Conn), fd: fd, allow: allow, onErr: onErr, done: make(chan struct{}), timeout: 10 * time.Second}
 	m.wg.Add(1)
 	go m.acceptLoop()
-	return m
+	return m, nil
 }
+
+// Bounds of the unix socket's connections (see mux).
+const (
+	maxLocalConns           = 8192
+	maxLocalConnsPerProcess = 128
+)
 
 var http2Preface = []byte("PRI ")
 
@@ -141,26 +165,35 @@ func (m *mux) route(c *net.UnixConn) {
 		c.Close()
 		return
 	}
+	src := fmt.Sprintf("pid %d", peer.PID)
+	if !m.conns.Acquire(src) {
+		c.Close()
+		return
+	}
+	release := sync.OnceFunc(func() { m.conns.Release(src) })
 	head := make([]byte, 4)
 	c.SetReadDeadline(time.Now().Add(m.timeout))
 	if _, err := io.ReadFull(c, head); err != nil {
 		c.Close()
+		release()
 		return
 	}
 	c.SetReadDeadline(time.Time{})
 	switch {
 	case bytes.Equal(head, []byte(fdpass.Magic)):
 		m.fd(c, peer)
+		release()
 	case bytes.Equal(head, http2Preface):
-		pc := &peerConn{UnixConn: c, r: io.MultiReader(bytes.NewReader(head), c), peer: peer}
+		pc := &peerConn{UnixConn: c, r: io.MultiReader(bytes.NewReader(head), c), peer: peer, release: release}
 		select {
 		case m.grpc <- pc:
 		case <-m.done:
-			c.Close()
+			pc.Close()
 		}
 	default:
 		m.onErr("unknown protocol on unix socket; closing connection", "first-bytes", fmt.Sprintf("%q", head), "pid", peer.PID)
 		c.Close()
+		release()
 	}
 }
 

@@ -16,12 +16,13 @@
 // are counted through Config.OnError and logged at most once per LogEvery
 // with the number of errors suppressed meanwhile.
 //
-// A Handshakes listener bounds the connections whose handshake has not
-// finished yet (a TLS or HTTP/2 preface): in total and per source address,
-// refusing (closing) the ones beyond either limit at once, so that one
-// source opening thousands of idle connections cannot hold the descriptors
-// and goroutines that legitimate clients need. Settle marks a connection's
-// handshake finished.
+// Slots count what each source (an IP, a process) holds under a total and
+// a per-source limit. A Handshakes listener uses them to bound the
+// connections whose handshake has not finished yet (a TLS or HTTP/2
+// preface), refusing (closing) the ones beyond either limit at once, so
+// that one source opening thousands of idle connections cannot hold the
+// descriptors and goroutines that legitimate clients need; Settle marks a
+// connection's handshake finished.
 //
 // Every exported type is safe for concurrent use. The package needs no
 // particular OS; the errno classification is that of syscall on Unix.

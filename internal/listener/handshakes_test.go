@@ -15,7 +15,7 @@ func TestHandshakesBounded(t *testing.T) {
 	tl, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	refused := make(chan string, 10)
-	h, err := NewHandshakes(tl, HandshakeLimits{Name: "control-plane", Total: 3, PerSource: 2, OnRefuse: func(s string) { refused <- s }})
+	h, err := NewHandshakes(tl, Limits{Name: "control-plane", Total: 3, PerSource: 2, OnRefuse: func(s string) { refused <- s }})
 	require.NoError(t, err)
 	defer h.Close()
 	addr := tl.Addr().(*net.TCPAddr)
@@ -69,12 +69,12 @@ func TestHandshakesBounded(t *testing.T) {
 	require.True(t, samePeer(a2, s2))
 }
 
-// TestHandshakeLimitsChecked: limits out of range are refused with a
+// TestLimitsChecked: limits out of range are refused with a
 // message naming them.
-func TestHandshakeLimitsChecked(t *testing.T) {
-	for _, lim := range []HandshakeLimits{{Total: 1, PerSource: 1}, {Name: "x", Total: 0, PerSource: 0}, {Name: "x", Total: 2, PerSource: 3}} {
+func TestLimitsChecked(t *testing.T) {
+	for _, lim := range []Limits{{Total: 1, PerSource: 1}, {Name: "x", Total: 0, PerSource: 0}, {Name: "x", Total: 2, PerSource: 3}} {
 		_, err := NewHandshakes(newFake(), lim)
-		require.ErrorContains(t, err, "per source")
+		require.ErrorContains(t, err, "per source <= total")
 	}
 }
 
