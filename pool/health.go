@@ -109,7 +109,7 @@ func (d *Daemon) readiness() (ready bool, report []string) {
 		check("data-plane", serving && !closed, "serving on "+d.pool.dp.addr, "not serving")
 	}
 	for _, s := range d.listeners.statuses() {
-		check("listener "+s.Name, !s.Failing, s.String()+" on "+s.Addr, s.String()+" on "+s.Addr)
+		check("listener "+s.Name, !s.Failing, "accepting on "+s.Addr, s.String())
 	}
 	return ready, report
 }
