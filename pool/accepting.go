@@ -122,21 +122,6 @@ func (s settlingCreds) Clone() credentials.TransportCredentials {
 	return settlingCreds{s.TransportCredentials.Clone()}
 }
 
-// watchListeners keeps the gRPC health service NOT_SERVING while a
-// listener fails to accept, and SERVING again once they all accept.
-func (d *Daemon) watchListeners() {
-	defer d.wg.Done()
-	t := time.NewTicker(listenerCheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-d.stop:
-			return
-		case <-t.C:
-			d.health.degrade(d.listeners.anyFailing())
-		}
-	}
-}
-
-// listenerCheck is how often watchListeners looks.
+// listenerCheck is how often the daemon looks whether a listener fails to
+// accept, to tell the health service.
 const listenerCheck = 200 * time.Millisecond

@@ -230,8 +230,9 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 // Serve answers clients until Close. It returns nil after Close.
 func (d *Daemon) Serve() error {
 	d.wg.Add(2)
-	go d.reapLoop()
-	go d.watchListeners()
+	go d.every(min(d.cfg.LeaseTTL/4, time.Second), d.pool.reap)
+	// The health service is NOT_SERVING while a listener fails to accept.
+	go d.every(listenerCheck, func() { d.health.degrade(d.listeners.anyFailing()) })
 	if d.pool.dp != nil {
 		d.pool.dp.serve()
 	}
@@ -355,9 +356,9 @@ func (d *Daemon) answerFD(c *net.UnixConn, peer peerInfo, req fdpass.Request) er
 	return fdpass.WriteResponse(c, nil, b.File, b.Offset, b.Length, body)
 }
 
-func (d *Daemon) reapLoop() {
+// every calls fn each period until the daemon stops; a goroutine of d.wg.
+func (d *Daemon) every(period time.Duration, fn func()) {
 	defer d.wg.Done()
-	period := min(d.cfg.LeaseTTL/4, time.Second)
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
@@ -365,7 +366,7 @@ func (d *Daemon) reapLoop() {
 		case <-d.stop:
 			return
 		case <-t.C:
-			d.pool.reap()
+			fn()
 		}
 	}
 }

@@ -110,7 +110,9 @@ func (p *probes) rdmaGossiped(ctx context.Context) (capacity, free int64, err er
 }
 
 // flood dials addr every few milliseconds and keeps every connection open
-// until stop, so that the daemon's accept backlog is never empty.
+// until stop, so that the daemon's accept backlog is never empty. Its
+// connections come from 200 loopback addresses in turn, so that a limit per
+// source does not stop them before the descriptors run out.
 type flood struct {
 	stop  chan struct{}
 	done  chan struct{}
@@ -118,7 +120,7 @@ type flood struct {
 	conns []net.Conn
 }
 
-func startFlood(network, addr string, limit int) *flood {
+func startFlood(addr string, limit int) *flood {
 	f := &flood{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
@@ -128,7 +130,8 @@ func startFlood(network, addr string, limit int) *flood {
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
-			c, err := net.DialTimeout(network, addr, time.Second)
+			from := net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 1, byte(2+len(f.conns)%200))}}
+			c, err := from.Dial("tcp", addr)
 			if err != nil {
 				continue // backlog full: the daemon is as exhausted as it gets
 			}
@@ -187,7 +190,7 @@ func TestDescriptorExhaustion(t *testing.T) {
 	limit := uint64(openFDs(t, pid) + 16)
 	require.NoError(t, unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: old.Max}, nil))
 
-	f := startFlood("tcp", dataAddr, 3000)
+	f := startFlood(dataAddr, 3000)
 	defer f.end()
 	var body string
 	require.Eventually(t, func() bool {
@@ -227,12 +230,31 @@ func TestDescriptorExhaustion(t *testing.T) {
 		return err == nil && free == capacity
 	}, 10*time.Second, 50*time.Millisecond, "gossip offers the rdma tier again")
 
-	c, err := alloc.Dial(ctx, sock)
-	require.NoError(t, err)
+	serves(t, sock, alloc.TierRDMA)
+
+	// Every accept error counted; the log has far fewer warnings (one per
+	// second per listener at most, with the count left out).
+	_, metrics := p.get("/metrics")
+	errs := sampleValue(t, metrics, `farmem_accept_errors_total{listener="data-plane"}`)
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, d.cmd.Wait(), "exit status 0 on SIGTERM: %s", d.log)
+	warns := strings.Count(d.log.String(), `msg="accept failed; retrying" listener=data-plane`)
+	require.Positive(t, warns)
+	require.Greater(t, errs, float64(warns), "accept errors %v, warnings %d", errs, warns)
+	require.Contains(t, d.log.String(), `msg="accepting again" listener=data-plane`)
+}
+
+// serves checks that a new client of target allocates on tier, writes and
+// reads back, and frees.
+func serves(t *testing.T, target string, tier alloc.Tier, opts ...alloc.DialOption) {
+	t.Helper()
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, target, opts...)
+	require.NoError(t, err, "dial %s", target)
 	defer c.Close()
-	seg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA))
+	seg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(tier))
 	require.NoError(t, err)
-	require.Equal(t, alloc.TierRDMA, seg.Tier())
+	require.Equal(t, tier, seg.Tier())
 	want := bytes.Repeat([]byte("served again "), 100)
 	_, err = seg.WriteAt(want, 4096)
 	require.NoError(t, err)
@@ -240,18 +262,7 @@ func TestDescriptorExhaustion(t *testing.T) {
 	_, err = seg.ReadAt(got, 4096)
 	require.NoError(t, err)
 	require.Equal(t, want, got)
-
-	// Every accept error counted; the log has far fewer warnings (one per
-	// second per listener at most, with the count left out).
-	_, metrics := p.get("/metrics")
-	errs := sampleValue(t, metrics, `farmem_accept_errors_total{listener="data-plane"}`)
-	require.NoError(t, c.Close())
-	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, d.cmd.Wait(), "exit status 0 on SIGTERM: %s", d.log)
-	warns := strings.Count(d.log.String(), `msg="accept failed; retrying" listener=data-plane`)
-	require.Positive(t, warns)
-	require.Greater(t, errs, float64(warns), "accept errors %v, warnings %d", errs, warns)
-	require.Contains(t, d.log.String(), `msg="accepting again" listener=data-plane`)
+	require.NoError(t, seg.Free(ctx))
 }
 
 // sampleValue is the value of the metric line that starts with series.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"net"
 	"net/http"
@@ -94,7 +93,6 @@ func TestConnectionFlood(t *testing.T) {
 	d := startDaemon(t, data, sock, "--node", "n1", "--export-size", "16MiB", "--data-listen", freeAddr(t, "tcp"),
 		"--metrics", metricsAddr, "--listen", ctlAddr,
 		"--tls-cert", certs.CertFile(dir, "n1"), "--tls-key", certs.KeyFile(dir, "n1"), "--tls-ca", certs.CAFile(dir))
-	ctx := t.Context()
 	p := openProbes(t, sock, metricsAddr)
 	require.Eventually(t, func() bool { code, _ := p.get("/readyz"); return code == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
 	pid := d.cmd.Process.Pid
@@ -102,24 +100,6 @@ func TestConnectionFlood(t *testing.T) {
 	tc, err := alloc.LoadTLS(certs.CertFile(dir, "app"), certs.KeyFile(dir, "app"), certs.CAFile(dir))
 	require.NoError(t, err)
 
-	// serves checks that a new client of target allocates on tier, writes
-	// and reads back.
-	serves := func(target string, tier alloc.Tier, opts ...alloc.DialOption) {
-		t.Helper()
-		c, err := alloc.Dial(ctx, target, opts...)
-		require.NoError(t, err, "dial %s", target)
-		defer c.Close()
-		seg, err := c.Alloc(ctx, 64<<10, alloc.WithTier(tier))
-		require.NoError(t, err)
-		want := bytes.Repeat([]byte{0xa5}, 4096)
-		_, err = seg.WriteAt(want, 0)
-		require.NoError(t, err)
-		got := make([]byte, len(want))
-		_, err = seg.ReadAt(got, 0)
-		require.NoError(t, err)
-		require.Equal(t, want, got)
-		require.NoError(t, seg.Free(ctx))
-	}
 	alive := func() {
 		t.Helper()
 		require.NoError(t, d.cmd.Process.Signal(syscall.Signal(0)), "poold exited: %s", d.log)
@@ -151,13 +131,13 @@ func TestConnectionFlood(t *testing.T) {
 		conns := floodFrom(t, floodConns, func() (net.Conn, error) { return from.Dial("tcp", ctlAddr) }, []byte{0x16, 0x03, 0x01})
 		held := openFDs(t, pid)
 		require.Less(t, held, baseline+200, "poold holds %d descriptors for a flood from one IP, %d before it", held, baseline)
-		serves("tcp://"+ctlAddr, alloc.TierRDMA, alloc.WithTLS(tc))
+		serves(t, "tcp://"+ctlAddr, alloc.TierRDMA, alloc.WithTLS(tc))
 		alive()
 		closeAll(conns)
 	})
 
-	serves(sock, alloc.TierCXL)
-	serves("tcp://"+ctlAddr, alloc.TierRDMA, alloc.WithTLS(tc))
+	serves(t, sock, alloc.TierCXL)
+	serves(t, "tcp://"+ctlAddr, alloc.TierRDMA, alloc.WithTLS(tc))
 	alive()
 	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, d.cmd.Wait(), "exit status 0 on SIGTERM: %s", d.log)
