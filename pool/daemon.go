@@ -136,7 +136,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}, cfg.sim.grpc...)...)
 	poolv1.RegisterPoolServer(d.grpc, &service{d: d})
 	d.health.register(d.grpc)
-	if d.mux, err = newMux(ls.wrap(l, listenerUnix), d.allow, d.serveFD, func(msg string, args ...any) { log.Warn(msg, args...) }, log); err != nil {
+	if d.mux, err = newMux(ls.wrap(l, listenerUnix), d.allow, d.serveFD, log); err != nil {
 		return nil, err
 	}
 	if cfg.Listen != "" {

@@ -104,12 +104,12 @@ func socketInUse(path string) error {
 	return fmt.Errorf("socket %s: another poold is listening there; stop it or choose another --socket", path)
 }
 
-func newMux(l *listener.Listener, allow func(peerInfo) error, fd func(*net.UnixConn, peerInfo), onErr func(string, ...any), log *slog.Logger) (*mux, error) {
+func newMux(l *listener.Listener, allow func(peerInfo) error, fd func(*net.UnixConn, peerInfo), log *slog.Logger) (*mux, error) {
 	conns, err := listener.NewSlots(listener.Limits{Name: listenerUnix, Logger: log, Total: maxLocalConns, PerSource: maxLocalConnsPerProcess})
 	if err != nil {
 		return nil, err
 	}
-	m := &mux{conns: conns, l: l, grpc: make(chan net.Conn), fd: fd, allow: allow, onErr: onErr, done: make(chan struct{}), timeout: 10 * time.Second}
+	m := &mux{conns: conns, l: l, grpc: make(chan net.Conn), fd: fd, allow: allow, onErr: log.Warn, done: make(chan struct{}), timeout: 10 * time.Second}
 	m.wg.Add(1)
 	go m.acceptLoop()
 	return m, nil
