@@ -124,13 +124,16 @@ func dialConn(ctx context.Context, addr string, cred []byte) (net.Conn, error) {
 	nc.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
 	defer stop()
-	if _, err := nc.Write(appendHello(nil, Version, cred)); err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("rdma/tcp: handshake with %s: write hello: %w", addr, errors.Join(ctx.Err(), err))
-	}
+	// A server over its limits answers "busy" and resets the connection
+	// without reading the hello: the write may fail, and the reply, read
+	// anyway, says why.
+	_, werr := nc.Write(appendHello(nil, Version, cred))
 	var b [replySize]byte
 	if _, err := io.ReadFull(nc, b[:]); err != nil {
 		nc.Close()
+		if werr != nil {
+			return nil, fmt.Errorf("rdma/tcp: handshake with %s: write hello: %w", addr, errors.Join(ctx.Err(), werr))
+		}
 		return nil, fmt.Errorf("rdma/tcp: handshake with %s: read reply (is this a farmem data-plane port?): %w", addr, errors.Join(ctx.Err(), err))
 	}
 	r, err := decodeReply(b[:])
@@ -138,6 +141,9 @@ func dialConn(ctx context.Context, addr string, cred []byte) (net.Conn, error) {
 		err = replyError(addr, r)
 	} else {
 		err = fmt.Errorf("rdma/tcp: handshake with %s: %w", addr, err)
+	}
+	if err == nil && werr != nil {
+		err = fmt.Errorf("rdma/tcp: handshake with %s: write hello: %w", addr, werr)
 	}
 	if err != nil {
 		nc.Close()

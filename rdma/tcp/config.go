@@ -24,14 +24,37 @@ type ServerConfig struct {
 	// Unit: responses. Default: 64. Range 1..4096.
 	MaxInflightPerConn int
 
-	// MaxConns is the most client connections served at once; further
-	// clients are rejected with reason "busy". Unit: connections.
-	// Default: 4096.
+	// MaxConns is the most client connections open at once, counting
+	// those still in their handshake. It is checked when a connection is
+	// accepted: one over it is answered "busy" and closed at once, before
+	// anything is allocated for it. Unit: connections. Default: 4096.
 	MaxConns int
+
+	// MaxHandshakes is the most connections still in their handshake (hello
+	// not yet answered) at once, from all sources; one over it is refused
+	// as over MaxConns. A handshake holds its slot for one round trip, or
+	// for up to HandshakeTimeout when the client sends nothing. Unit:
+	// connections. Default: 1024.
+	MaxHandshakes int
+
+	// MaxHandshakesPerSource is the most connections in their handshake at
+	// once from one source address (one IPv4 address, or one IPv6 /64),
+	// so that a flood from one host cannot take the slots of MaxHandshakes
+	// from every other. Clients behind one NAT share it, but each holds a
+	// slot only for the round trip of its hello: it binds only when that
+	// many of them dial within the same round trip. Unit: connections.
+	// Default: 64.
+	MaxHandshakesPerSource int
 
 	// HandshakeTimeout bounds the hello/reply exchange of a new connection.
 	// Default: 5s.
 	HandshakeTimeout time.Duration
+
+	// FrameTimeout bounds how long an authenticated connection takes to
+	// deliver one request frame (header and payload) once its first byte
+	// has arrived; a client that stalls mid-frame is disconnected. Idle
+	// time between frames is not limited. Default: 10s.
+	FrameTimeout time.Duration
 
 	// WriteTimeout bounds one flush of responses; a client that stops
 	// reading for longer is disconnected. It also bounds how long such a
@@ -56,9 +79,17 @@ type ServerConfig struct {
 	// (50µs); negative: off (zero takes the default, as every field here).
 	BusyPoll time.Duration
 
-	// Logger receives connection-level events (rejected handshakes,
-	// malformed frames). Default: slog.Default().
+	// Logger receives connection-level events (refused connections and
+	// handshakes, malformed frames). Refusals are sampled: at most one
+	// warning per second per Refusal, saying how many were not logged
+	// since. Default: slog.Default().
 	Logger *slog.Logger
+
+	// Refused, when set, is called once per connection refused before or
+	// during its handshake, with the reason, for metrics. It must be quick
+	// and must not block; the accept loop and connection goroutines call
+	// it concurrently. Default: nil (off).
+	Refused func(Refusal)
 
 	// Observe, when set, is called once per operation whose response is
 	// queued, on the connection's goroutine, for metrics. It must be quick
@@ -81,13 +112,16 @@ type ServerConfig struct {
 // DefaultConfig returns the configuration with every default filled in.
 func DefaultConfig() ServerConfig {
 	return ServerConfig{
-		MaxInflightPerConn: 64,
-		MaxConns:           4096,
-		HandshakeTimeout:   5 * time.Second,
-		WriteTimeout:       10 * time.Second,
-		ReadBufferSize:     64 << 10,
-		BusyPoll:           DefaultBusyPoll,
-		Logger:             slog.Default(),
+		MaxInflightPerConn:     64,
+		MaxConns:               4096,
+		MaxHandshakes:          1024,
+		MaxHandshakesPerSource: 64,
+		HandshakeTimeout:       5 * time.Second,
+		FrameTimeout:           10 * time.Second,
+		WriteTimeout:           10 * time.Second,
+		ReadBufferSize:         64 << 10,
+		BusyPoll:               DefaultBusyPoll,
+		Logger:                 slog.Default(),
 	}
 }
 
@@ -99,6 +133,15 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	}
 	if c.MaxConns == 0 {
 		c.MaxConns = d.MaxConns
+	}
+	if c.MaxHandshakes == 0 {
+		c.MaxHandshakes = d.MaxHandshakes
+	}
+	if c.MaxHandshakesPerSource == 0 {
+		c.MaxHandshakesPerSource = d.MaxHandshakesPerSource
+	}
+	if c.FrameTimeout == 0 {
+		c.FrameTimeout = d.FrameTimeout
 	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout
@@ -127,6 +170,12 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("rdma/tcp: ServerConfig.MaxInflightPerConn is %d; use 1..4096 (default 64)", c.MaxInflightPerConn)
 	case c.MaxConns < 1:
 		return fmt.Errorf("rdma/tcp: ServerConfig.MaxConns is %d; use a positive count (default 4096)", c.MaxConns)
+	case c.MaxHandshakes < 1:
+		return fmt.Errorf("rdma/tcp: ServerConfig.MaxHandshakes is %d; use a positive count (default 1024)", c.MaxHandshakes)
+	case c.MaxHandshakesPerSource < 1:
+		return fmt.Errorf("rdma/tcp: ServerConfig.MaxHandshakesPerSource is %d; use a positive count (default 64)", c.MaxHandshakesPerSource)
+	case c.FrameTimeout < 0:
+		return fmt.Errorf("rdma/tcp: ServerConfig.FrameTimeout is %v; use a positive duration (default 10s)", c.FrameTimeout)
 	case c.HandshakeTimeout < 0:
 		return fmt.Errorf("rdma/tcp: ServerConfig.HandshakeTimeout is %v; use a positive duration (default 5s)", c.HandshakeTimeout)
 	case c.WriteTimeout < 0:

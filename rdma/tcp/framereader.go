@@ -14,6 +14,18 @@ type frameReader struct {
 	src  io.Reader
 	buf  []byte
 	r, w int
+
+	// partial, if set, is called before the socket is read for the rest
+	// of a frame that has begun to arrive: a header found incomplete, or a
+	// payload. The server uses it to bound how long a frame may take.
+	partial func()
+}
+
+// begun tells partial that the frame in progress is incomplete.
+func (f *frameReader) begun() {
+	if f.partial != nil {
+		f.partial()
+	}
 }
 
 func newFrameReader(src io.Reader, size int) *frameReader {
@@ -41,6 +53,9 @@ func (f *frameReader) nextLimit(n, limit int) ([]byte, error) {
 		}
 		end := min(len(f.buf), f.r+max(limit, n))
 		for f.w-f.r < n {
+			if f.w > f.r {
+				f.begun()
+			}
 			m, err := f.src.Read(f.buf[f.w:end])
 			f.w += m
 			if err != nil {
@@ -75,6 +90,7 @@ func (f *frameReader) readInto(p []byte) error {
 	if c == len(p) {
 		return nil
 	}
+	f.begun()
 	_, err := io.ReadFull(f.src, p[c:])
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
@@ -85,6 +101,9 @@ func (f *frameReader) readInto(p []byte) error {
 // discard consumes n bytes, reusing the buffer as scratch space.
 func (f *frameReader) discard(n int) error {
 	n -= len(f.take(n))
+	if n > 0 {
+		f.begun()
+	}
 	for n > 0 {
 		f.r, f.w = 0, 0
 		chunk := min(n, len(f.buf))

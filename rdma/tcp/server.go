@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -32,6 +33,12 @@ type Server struct {
 	lastFlush atomic.Pointer[srvConn] // the connection that flushed last, for busy polling
 	wg        sync.WaitGroup
 
+	// Connections in their handshake, in all and by source (admit.go);
+	// guarded by mu.
+	handshakes int
+	sources    map[netip.Prefix]int
+	sampler    logSampler // of refusal warnings
+
 	ctx    context.Context // ends when Close is called; given to Message
 	cancel context.CancelFunc
 }
@@ -48,6 +55,7 @@ func NewServer(cfg ServerConfig) *Server {
 		cfg:       cfg.withDefaults(),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*srvConn]struct{}),
+		sources:   make(map[netip.Prefix]int),
 	}
 	s.log = s.cfg.Logger
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -215,9 +223,12 @@ func (s *Server) Serve(l net.Listener) error {
 			nc.Close()
 			return nil
 		}
-		c := newSrvConn(s, nc)
-		s.conns[c] = struct{}{}
-		s.nconns.Add(1)
+		c, why := s.admit(nc)
+		if c == nil {
+			s.mu.Unlock()
+			s.refuse(nc, why)
+			continue
+		}
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go c.serve()

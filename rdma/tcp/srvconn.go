@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
+	"os"
 	"runtime/debug"
 	"sync/atomic"
 	"syscall"
@@ -44,28 +46,38 @@ type srvConn struct {
 	cut       atomic.Bool            // Revoke interrupted a streaming WRITE
 	status    uint16                 // status of the last response queued, for ServerConfig.Observe
 	lone      streak                 // flushes in a row that wrote one response
+	src       netip.Prefix           // source counted for MaxHandshakesPerSource, if valid
+
+	// Frame deadline: framing is set once the current request frame has
+	// begun to arrive and is not complete (its first byte came, so the
+	// rest must come within FrameTimeout); deadlined while a read deadline
+	// is set on the socket (it is cleared lazily, before an idle wait).
+	framing, deadlined bool
 }
 
+// newSrvConn returns a connection in its handshake: it holds no buffers
+// yet, so a connection that never authenticates costs only its goroutine.
 func newSrvConn(s *Server, nc net.Conn) *srvConn {
+	return &srvConn{s: s, nc: nc, log: s.log}
+}
+
+// setup allocates the buffers of an authenticated connection.
+func (c *srvConn) setup() {
+	s := c.s
 	max := s.cfg.MaxInflightPerConn
-	c := &srvConn{
-		s:      s,
-		nc:     nc,
-		log:    s.log,
-		remote: nc.RemoteAddr().String(),
-		hdrs:   make([]byte, max*respHeaderSize),
-		iov:    make([][]byte, 0, 2*max),
-		pinned: make([]*export, 0, max),
-	}
+	c.remote = c.nc.RemoteAddr().String()
+	c.hdrs = make([]byte, max*respHeaderSize)
+	c.iov = make([][]byte, 0, 2*max)
+	c.pinned = make([]*export, 0, max)
 	// A client that sends one request at a time sends the next one soon
 	// after each response: once a run of flushes has carried one response
 	// each, the connection busy-polls for the next request, unless another
 	// connection has flushed since (then the cores have work, and the
 	// clients' share of them is what brings the next request).
-	c.rd = newFrameReader(newBusyReader(nc, s.cfg.BusyPoll, func() bool {
+	c.rd = newFrameReader(newBusyReader(c.nc, s.cfg.BusyPoll, func() bool {
 		return c.lone.long() && s.lastFlush.Load() == c
 	}), s.cfg.ReadBufferSize)
-	return c
+	c.rd.partial = c.arm
 }
 
 // interrupt cuts off a WRITE payload that is streaming into a segment being
@@ -84,17 +96,30 @@ func (c *srvConn) serve() {
 	// recoverable panic in this goroutine; see copyGuarded.
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 
-	if err := c.handshake(); err != nil {
-		c.log.Warn("rdma/tcp: handshake failed; closing connection", "remote", c.remote, "err", err)
+	code, err := c.handshake()
+	c.s.shaken(c)
+	if err != nil {
+		if c.s.isClosed() || errors.Is(err, net.ErrClosed) {
+			c.log.Debug("rdma/tcp: handshake cut off by server close", "remote", c.nc.RemoteAddr().String(), "err", err)
+		} else {
+			c.s.refused(handshakeRefusal(code, err), c.nc.RemoteAddr(), err)
+		}
 		return
 	}
+	c.setup()
 	var h reqHeader
 	lastPayload := 0
 	for {
+		c.framing = false
 		if c.rd.buffered() < reqHeaderSize {
 			if err := c.flush(); err != nil {
 				c.closeWith("write responses", err)
 				return
+			}
+			if c.rd.buffered() == 0 && c.deadlined {
+				// An idle wait for the next frame is not limited.
+				c.deadlined = false
+				c.nc.SetReadDeadline(time.Time{})
 			}
 		}
 		// After a large WRITE payload another one is likely: read only its
@@ -129,32 +154,30 @@ func (c *srvConn) serve() {
 // closeWith logs why the connection is being closed. A connection closed by
 // Server.Close is not worth a warning.
 func (c *srvConn) closeWith(what string, err error) {
-	c.s.mu.Lock()
-	closed := c.s.closed
-	c.s.mu.Unlock()
 	level := slog.LevelWarn
-	if closed || errors.Is(err, net.ErrClosed) {
+	if c.s.isClosed() || errors.Is(err, net.ErrClosed) {
 		level = slog.LevelDebug
 	}
-	if c.cut.Load() {
+	switch {
+	case c.cut.Load():
 		what = "a segment was revoked while a WRITE payload was streaming into it"
+	case c.framing && errors.Is(err, os.ErrDeadlineExceeded):
+		what = fmt.Sprintf("a request frame did not complete within ServerConfig.FrameTimeout (%v) of its first byte", c.s.cfg.FrameTimeout)
 	}
 	c.log.Log(context.Background(), level, "rdma/tcp: closing connection", "remote", c.remote, "reason", what, "err", err)
 }
 
-func (c *srvConn) handshake() error {
+// handshake reads the client's hello and answers it; it returns the
+// reply code sent (or due) with the error that refused the client. The
+// admission limits were checked at accept (admit).
+func (c *srvConn) handshake() (uint16, error) {
 	cfg := &c.s.cfg
-	if cfg.HandshakeTimeout > 0 {
-		c.nc.SetDeadline(time.Now().Add(cfg.HandshakeTimeout))
-	}
+	c.nc.SetDeadline(time.Now().Add(cfg.HandshakeTimeout))
 	h, code, err := readHello(c.nc)
 	if err == nil && cfg.Authenticate != nil {
 		if aerr := cfg.Authenticate(h.cred); aerr != nil {
 			code, err = replyAuthFailed, fmt.Errorf("authenticate: %w", aerr)
 		}
-	}
-	if err == nil && c.s.nconns.Load() > int64(cfg.MaxConns) {
-		code, err = replyBusy, fmt.Errorf("%d connections open, limit is ServerConfig.MaxConns=%d", c.s.nconns.Load()-1, cfg.MaxConns)
 	}
 	var b [replySize]byte
 	encodeReply(b[:], reply{version: Version, code: code, maxPayload: MaxPayload})
@@ -162,9 +185,20 @@ func (c *srvConn) handshake() error {
 		err = fmt.Errorf("write reply: %w", werr)
 	}
 	if err != nil {
-		return err
+		return code, err
 	}
-	return c.nc.SetDeadline(time.Time{})
+	return code, c.nc.SetDeadline(time.Time{})
+}
+
+// arm starts the current frame's FrameTimeout, once per frame: called when
+// a read of the frame finds it incomplete, and before a payload is read
+// from the socket.
+func (c *srvConn) arm() {
+	if c.framing {
+		return
+	}
+	c.framing, c.deadlined = true, true
+	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.FrameTimeout))
 }
 
 func (c *srvConn) handle(h *reqHeader) error {
@@ -253,6 +287,11 @@ func (c *srvConn) read(h *reqHeader) error {
 // usable.
 func (c *srvConn) write(h *reqHeader) error {
 	n := int(h.payloadLen)
+	if c.rd.buffered() < n {
+		// Before the stream is announced: Revoke's interrupt must not be
+		// overwritten by this deadline.
+		c.arm()
+	}
 	e, st := c.pin(h, true)
 	if st == statusOK && !e.inRange(h.off, h.length) {
 		e.release()

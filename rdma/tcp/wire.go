@@ -288,7 +288,7 @@ func replyError(addr string, r reply) error {
 	case replyCredTooLong:
 		return fmt.Errorf("rdma/tcp: %s refused a credential over %d bytes: %w", addr, MaxCredential, rdma.ErrProtocol)
 	case replyBusy:
-		return fmt.Errorf("rdma/tcp: %s is at its connection limit; retry later or raise ServerConfig.MaxConns", addr)
+		return fmt.Errorf("rdma/tcp: %s is at its connection limit or handshake limits; retry later, or raise ServerConfig.MaxConns, MaxHandshakes or MaxHandshakesPerSource (poold --data-max-conns, --data-max-handshakes, --data-max-handshakes-per-source)", addr)
 	case replyShuttingDown:
 		return fmt.Errorf("rdma/tcp: %s is shutting down: %w", addr, rdma.ErrClosed)
 	default:

@@ -1,0 +1,214 @@
+package tcp
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Refusal is why the server refused a connection before or during its
+// handshake (ServerConfig.Refused). A plain value, safe to copy and compare.
+type Refusal uint8
+
+// The reasons a connection is refused.
+const (
+	// RefusedMaxConns: accepting it would exceed ServerConfig.MaxConns.
+	RefusedMaxConns Refusal = iota
+	// RefusedHandshakeLimit: ServerConfig.MaxHandshakes connections were
+	// in their handshake.
+	RefusedHandshakeLimit
+	// RefusedSourceLimit: ServerConfig.MaxHandshakesPerSource connections
+	// from its source address were in their handshake.
+	RefusedSourceLimit
+	// RefusedTimeout: its hello did not arrive within HandshakeTimeout.
+	RefusedTimeout
+	// RefusedBadHello: its hello was malformed, of an unknown version or
+	// with an over-long credential.
+	RefusedBadHello
+	// RefusedAuthFailed: Authenticate rejected its credential.
+	RefusedAuthFailed
+	// RefusedHangup: the client closed or reset the connection before the
+	// handshake was done.
+	RefusedHangup
+
+	numRefusals
+)
+
+// Refusals lists every Refusal, for metrics that start each at zero.
+func Refusals() []Refusal {
+	r := make([]Refusal, numRefusals)
+	for i := range r {
+		r[i] = Refusal(i)
+	}
+	return r
+}
+
+// String returns a short lower-case name, fit for a metric label.
+func (r Refusal) String() string {
+	switch r {
+	case RefusedMaxConns:
+		return "max_conns"
+	case RefusedHandshakeLimit:
+		return "handshake_limit"
+	case RefusedSourceLimit:
+		return "source_limit"
+	case RefusedTimeout:
+		return "timeout"
+	case RefusedBadHello:
+		return "bad_hello"
+	case RefusedAuthFailed:
+		return "auth_failed"
+	case RefusedHangup:
+		return "hangup"
+	default:
+		return "other"
+	}
+}
+
+// busyReply is the reply sent to a connection refused at accept; it is
+// static so that refusing allocates nothing.
+var busyReply = func() (b [replySize]byte) {
+	encodeReply(b[:], reply{version: Version, code: replyBusy, maxPayload: MaxPayload})
+	return b
+}()
+
+// sourceOf is the key MaxHandshakesPerSource counts by: the client's IPv4
+// address, or its IPv6 /64 (a host is usually given a whole /64). ok is
+// false for an address that is not IP (a test's pipe): it is not counted.
+func sourceOf(nc net.Conn) (src netip.Prefix, ok bool) {
+	ta, isTCP := nc.RemoteAddr().(*net.TCPAddr)
+	if !isTCP {
+		return netip.Prefix{}, false
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	src, err := ip.Prefix(bits)
+	return src, err == nil
+}
+
+// admit registers a just-accepted connection as in its handshake, or
+// returns the reason it must be refused. s.mu must be held.
+func (s *Server) admit(nc net.Conn) (*srvConn, Refusal) {
+	cfg := &s.cfg
+	src, counted := sourceOf(nc)
+	switch {
+	case len(s.conns) >= cfg.MaxConns:
+		return nil, RefusedMaxConns
+	case s.handshakes >= cfg.MaxHandshakes:
+		return nil, RefusedHandshakeLimit
+	case counted && s.sources[src] >= cfg.MaxHandshakesPerSource:
+		return nil, RefusedSourceLimit
+	}
+	c := newSrvConn(s, nc)
+	if counted {
+		c.src = src
+		s.sources[src]++
+	}
+	s.handshakes++
+	s.conns[c] = struct{}{}
+	s.nconns.Add(1)
+	return c, 0
+}
+
+// shaken releases c's handshake slots: its handshake is over, either way.
+func (s *Server) shaken(c *srvConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.handshakes--
+	if c.src.IsValid() {
+		if s.sources[c.src]--; s.sources[c.src] == 0 {
+			delete(s.sources, c.src)
+		}
+	}
+}
+
+// isClosed reports whether Close has been called.
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// refuse answers a connection refused at accept with a busy reply and
+// resets it: no goroutine, no buffer, no TIME_WAIT. The reply is 12 bytes
+// into a fresh socket's empty send buffer, so the write does not block.
+func (s *Server) refuse(nc net.Conn, why Refusal) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	nc.Write(busyReply[:])
+	nc.Close()
+	s.refused(why, nc.RemoteAddr(), nil)
+}
+
+// refused counts and logs (sampled) one refused connection.
+func (s *Server) refused(why Refusal, remote net.Addr, err error) {
+	if fn := s.cfg.Refused; fn != nil {
+		fn(why)
+	}
+	if n, ok := s.sampler.take(why, time.Now()); ok {
+		s.log.Warn("rdma/tcp: refused connection", "reason", why.String(), "remote", remote.String(),
+			"err", err, "limits", s.limitsHint(why), "suppressed", n)
+	}
+}
+
+// limitsHint names the setting behind a refusal, for the log.
+func (s *Server) limitsHint(why Refusal) string {
+	switch why {
+	case RefusedMaxConns:
+		return "MaxConns (poold --data-max-conns)"
+	case RefusedHandshakeLimit:
+		return "MaxHandshakes (poold --data-max-handshakes)"
+	case RefusedSourceLimit:
+		return "MaxHandshakesPerSource (poold --data-max-handshakes-per-source)"
+	case RefusedTimeout:
+		return "HandshakeTimeout"
+	default:
+		return ""
+	}
+}
+
+// handshakeRefusal classifies a failed handshake: its reply code and error.
+func handshakeRefusal(code uint16, err error) Refusal {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return RefusedTimeout
+	case code == replyAuthFailed:
+		return RefusedAuthFailed
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return RefusedHangup
+	default:
+		return RefusedBadHello
+	}
+}
+
+// logSampler lets through at most one log line per Refusal per second and
+// counts the lines it held back. Safe for concurrent use.
+type logSampler struct {
+	mu         sync.Mutex
+	last       [numRefusals]time.Time
+	suppressed [numRefusals]int
+}
+
+// take reports whether a line for r may be logged at now and, if so, how
+// many were suppressed since the last one.
+func (l *logSampler) take(r Refusal, now time.Time) (suppressed int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last[r].IsZero() && now.Sub(l.last[r]) < time.Second {
+		l.suppressed[r]++
+		return 0, false
+	}
+	n := l.suppressed[r]
+	l.last[r], l.suppressed[r] = now, 0
+	return n, true
+}
