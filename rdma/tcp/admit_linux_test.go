@@ -288,4 +288,3 @@ func TestRefusalLogSampled(t *testing.T) {
 	require.LessOrEqual(t, lines, secs)
 	require.Contains(t, logs.String(), "reason=source_limit")
 }
-
