@@ -161,6 +161,28 @@ type Config struct {
 	// requests do not come within it or the cores are busy. Default:
 	// 50µs. Zero: off. Range: 0 to 1ms.
 	DataBusyPoll time.Duration `yaml:"data-busy-poll"`
+	// DataMaxConns is the most data-plane connections open at once,
+	// counting those still in their handshake; one over it is refused at
+	// accept ("busy"). Unit: connections. Default: 4096.
+	DataMaxConns int `yaml:"data-max-conns"`
+	// DataMaxHandshakes is the most data-plane connections in their
+	// handshake (hello not yet answered) at once, from all sources; one
+	// over it is refused at accept, before anything is allocated for it.
+	// Unit: connections. Default: 1024. Range: 1 to data-max-conns.
+	DataMaxHandshakes int `yaml:"data-max-handshakes"`
+	// DataMaxHandshakesPerSource is the most data-plane connections in
+	// their handshake at once from one source address (an IPv4 address or
+	// an IPv6 /64), so a flood from one host cannot lock out the others.
+	// Clients behind one NAT share it, but each holds a slot only for the
+	// round trip of its hello. Unit: connections. Default: 64. Range: 1 to
+	// data-max-handshakes.
+	DataMaxHandshakesPerSource int `yaml:"data-max-handshakes-per-source"`
+	// DataFrameTimeout bounds how long an authenticated data-plane
+	// connection takes to deliver one request (header and payload) once
+	// its first byte arrived; a client stalled mid-request is disconnected.
+	// Idle time between requests is not limited. Default: 10s. Range:
+	// 100ms to 10m.
+	DataFrameTimeout time.Duration `yaml:"data-frame-timeout"`
 	// LogLevel is debug, info, warn or error. Default: info.
 	LogLevel string `yaml:"log-level"`
 	// LogFormat is text or json. Default: text.
@@ -203,6 +225,10 @@ func DefaultConfig() Config {
 		DataDir:              DefaultDataDir(),
 		Socket:               DefaultSocket(),
 	}
+	// The data plane's admission limits are its server's defaults.
+	dp := tcp.DefaultConfig()
+	c.DataMaxConns, c.DataMaxHandshakes = dp.MaxConns, dp.MaxHandshakes
+	c.DataMaxHandshakesPerSource, c.DataFrameTimeout = dp.MaxHandshakesPerSource, dp.FrameTimeout
 	return c
 }
 

@@ -93,7 +93,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	ls := newListeners(log, m.reg)
 	var dp *dataPlane
 	if cfg.ExportSize > 0 && cfg.DataListen != "" {
-		if dp, err = newDataPlane(cfg.DataListen, cfg.DataMaxInflight, cfg.DataBusyPoll, log, m.observeDataPlane, ls); err != nil {
+		if dp, err = newDataPlane(cfg.DataListen, dataPlaneConfig(cfg, log, m), ls); err != nil {
 			for _, d := range devs {
 				d.Close()
 			}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/internal/listener"
@@ -37,19 +36,33 @@ type dataPlane struct {
 	wg   sync.WaitGroup
 }
 
-func newDataPlane(addr string, inflight int, busyPoll time.Duration, log *slog.Logger, observe func(tcp.Observation), ls *listeners) (*dataPlane, error) {
+// dataPlaneConfig is the data plane's server configuration for cfg:
+// operations are observed and refusals counted by m.
+func dataPlaneConfig(cfg Config, log *slog.Logger, m *metrics) tcp.ServerConfig {
+	c := tcp.DefaultConfig()
+	c.Logger = log
+	c.Observe = m.observeDataPlane
+	c.Refused = m.refusedDataPlane
+	c.MaxInflightPerConn = cfg.DataMaxInflight
+	c.MaxConns = cfg.DataMaxConns
+	c.MaxHandshakes = cfg.DataMaxHandshakes
+	c.MaxHandshakesPerSource = cfg.DataMaxHandshakesPerSource
+	c.FrameTimeout = cfg.DataFrameTimeout
+	c.BusyPoll = cfg.DataBusyPoll
+	if cfg.DataBusyPoll == 0 {
+		c.BusyPoll = -1 // off; tcp's zero means its default
+	}
+	return c
+}
+
+// newDataPlane listens on addr and serves cfg's server there, with its
+// Authenticate and Message set to the pool's; ls watches its listener.
+func newDataPlane(addr string, cfg tcp.ServerConfig, ls *listeners) (*dataPlane, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("data plane on %s: %w (choose another with --data-listen)", addr, err)
 	}
-	cfg := tcp.DefaultConfig()
-	cfg.Logger = log
-	cfg.Observe = observe
-	cfg.MaxInflightPerConn = inflight
-	cfg.BusyPoll = busyPoll
-	if busyPoll == 0 {
-		cfg.BusyPoll = -1 // off; tcp's zero means its default
-	}
+	log := cfg.Logger
 	dp := &dataPlane{l: ls.wrap(l, listenerData), addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}}
 	cfg.Authenticate = dp.authenticate
 	dp.coh = newCoherenceHost(log)

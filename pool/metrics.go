@@ -51,6 +51,8 @@ type metrics struct {
 	dpBytes  [len(dataPlaneOps)]prometheus.Counter
 	dpDur    [len(dataPlaneOps)]prometheus.Observer
 	dpErrors *prometheus.CounterVec
+	// Children of farmem_dataplane_refused_connections_total, by reason.
+	dpRefused []prometheus.Counter
 }
 
 // newMetrics makes the registry with every family poold exports except
@@ -80,6 +82,10 @@ func newMetrics() *metrics {
 		m.dpOps[i] = ops.WithLabelValues(op, "rdma")
 		m.dpBytes[i] = bytes.WithLabelValues(op, "rdma")
 		m.dpDur[i] = dur.WithLabelValues(op, "rdma")
+	}
+	refused := f.counterVec("dataplane_refused_connections_total", "Data-plane connections refused at accept or in their handshake, by reason: max_conns, handshake_limit, source_limit (over --data-max-conns, --data-max-handshakes, --data-max-handshakes-per-source), timeout (no hello in time), bad_hello, auth_failed, hangup (the client left mid-handshake).", "reason")
+	for _, r := range tcp.Refusals() {
+		m.dpRefused = append(m.dpRefused, refused.WithLabelValues(r.String()))
 	}
 	for _, op := range dataPlaneOps[1:] {
 		for _, st := range []tcp.OpStatus{tcp.StatusAccessDenied, tcp.StatusOutOfRange, tcp.StatusLeaseExpired, tcp.StatusSegmentLost} {
@@ -206,6 +212,13 @@ func (m *metrics) observeDataPlane(o tcp.Observation) {
 	m.dpDur[i].Observe(o.Duration.Seconds())
 	if o.Status != tcp.StatusOK {
 		m.dpErrors.WithLabelValues(dataPlaneOps[i], "rdma", o.Status.String()).Inc()
+	}
+}
+
+// refusedDataPlane is the data plane's tcp.ServerConfig.Refused hook.
+func (m *metrics) refusedDataPlane(r tcp.Refusal) {
+	if int(r) < len(m.dpRefused) {
+		m.dpRefused[r].Inc()
 	}
 }
 

@@ -134,6 +134,7 @@ func TestMetrics(t *testing.T) {
 		"farmem_dataplane_bytes_total":                dto.MetricType_COUNTER,
 		"farmem_dataplane_operation_duration_seconds": dto.MetricType_HISTOGRAM,
 		"farmem_dataplane_errors_total":               dto.MetricType_COUNTER,
+		"farmem_dataplane_refused_connections_total":  dto.MetricType_COUNTER,
 		"farmem_cluster_members":                      dto.MetricType_GAUGE,
 		"farmem_emulated_latency_seconds":             dto.MetricType_GAUGE,
 		"farmem_build_info":                           dto.MetricType_GAUGE,

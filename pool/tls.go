@@ -49,6 +49,14 @@ func (c *Config) validateSecurity() error {
 		return fmt.Errorf("%w: data-max-inflight %d: use 1 to 4096 (default 64)", ErrConfig, c.DataMaxInflight)
 	case c.DataBusyPoll < 0 || c.DataBusyPoll > time.Millisecond:
 		return fmt.Errorf("%w: data-busy-poll %v: use 0 (off) to 1ms (default 50µs)", ErrConfig, c.DataBusyPoll)
+	case c.DataMaxConns < 1:
+		return fmt.Errorf("%w: data-max-conns %d: use a positive count (default 4096)", ErrConfig, c.DataMaxConns)
+	case c.DataMaxHandshakes < 1 || c.DataMaxHandshakes > c.DataMaxConns:
+		return fmt.Errorf("%w: data-max-handshakes %d: use 1 to data-max-conns (%d; default 1024)", ErrConfig, c.DataMaxHandshakes, c.DataMaxConns)
+	case c.DataMaxHandshakesPerSource < 1 || c.DataMaxHandshakesPerSource > c.DataMaxHandshakes:
+		return fmt.Errorf("%w: data-max-handshakes-per-source %d: use 1 to data-max-handshakes (%d; default 64)", ErrConfig, c.DataMaxHandshakesPerSource, c.DataMaxHandshakes)
+	case c.DataFrameTimeout < 100*time.Millisecond || c.DataFrameTimeout > 10*time.Minute:
+		return fmt.Errorf("%w: data-frame-timeout %v: use 100ms to 10m (default 10s)", ErrConfig, c.DataFrameTimeout)
 	}
 	for _, a := range c.Admins {
 		if err := validIdentity(a); err != nil {

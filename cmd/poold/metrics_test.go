@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -18,10 +17,7 @@ import (
 // answers 200 while it serves, /metrics has farmem families, and the log is
 // JSON with the startup events.
 func TestMetricsFlag(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	l.Close() // poold binds it next; another process taking it meanwhile fails the test, not silently
+	addr := freeAddr(t, "tcp")
 	data, sock := t.TempDir(), filepath.Join(shortDir(t), "p.sock")
 	d := startDaemon(t, data, sock, "--metrics", addr, "--log-format", "json")
 

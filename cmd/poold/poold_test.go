@@ -92,19 +92,26 @@ type daemon struct {
 
 func startDaemon(t *testing.T, data, socket string, extra ...string) *daemon {
 	t.Helper()
+	return startDaemonVia(t, nil, data, socket, extra...)
+}
+
+// startDaemonVia is startDaemon with poold run by the command wrap (such
+// as prlimit with its options), which must exec poold in its own process.
+func startDaemonVia(t *testing.T, wrap []string, data, socket string, extra ...string) *daemon {
+	t.Helper()
 	d := &daemon{socket: socket, data: data, log: new(bytes.Buffer)}
-	args := append([]string{"--data-dir", data, "--socket", socket, "--sysfs-root", "../../cxl/testdata/plain",
-		"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--lease-ttl", "1s", "--shm-dir", filepath.Join(data, "shm"), "--measure-tiers=false"}, extra...)
-	d.cmd = exec.Command(poold, args...)
+	argv := append(append(wrap[:len(wrap):len(wrap)], poold, "--data-dir", data, "--socket", socket, "--sysfs-root", "../../cxl/testdata/plain",
+		"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--lease-ttl", "1s", "--shm-dir", filepath.Join(data, "shm"), "--measure-tiers=false"), extra...)
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	require.NoError(t, d.cmd.Start())
 	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("poold log:\n%s", d.log)
-		}
 		if d.cmd.ProcessState == nil {
 			d.cmd.Process.Kill()
-			d.cmd.Wait()
+			d.cmd.Wait() // before d.log is read: Wait ends the copying into it
+		}
+		if t.Failed() {
+			t.Logf("poold log:\n%s", d.log)
 		}
 	})
 	// The socket file appears at bind, before listen: wait until it accepts.
