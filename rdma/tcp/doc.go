@@ -37,11 +37,21 @@
 //	2 BAD_VERSION     the server does not speak the client's version
 //	3 AUTH_FAILED     ServerConfig.Authenticate refused the credential
 //	4 CRED_TOO_LONG   the credential is longer than 4096 bytes
-//	5 BUSY            the server is at ServerConfig.MaxConns
+//	5 BUSY            the server is at ServerConfig.MaxConns, MaxHandshakes or MaxHandshakesPerSource
 //	6 SHUTTING_DOWN   the server is closing
 //	7 INTERNAL        the server failed for a reason of its own
 //
 // Any code but ACCEPT is followed by the server closing the connection.
+//
+// Admission (this server): a connection that would exceed MaxConns (open
+// connections, those in their handshake included), MaxHandshakes
+// (connections whose hello is not yet answered) or MaxHandshakesPerSource
+// (those from one IPv4 address or IPv6 /64) is sent BUSY at once, before
+// its hello is read, and reset; a client then fails to write its hello or
+// reads BUSY. A connection in its handshake holds no buffers, and its hello
+// must arrive within HandshakeTimeout. Once accepted, a request frame whose
+// first byte arrived must arrive whole within FrameTimeout, or the
+// connection is closed; idle time between frames is not limited.
 //
 // poold's data plane sets Authenticate: the credential is the 16 random
 // bytes its control plane issued to a live session (pool.v1 Welcome and
