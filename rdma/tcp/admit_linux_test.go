@@ -79,13 +79,16 @@ func TestHandshakesPerSource(t *testing.T) {
 	reads(t, before, r)
 	reads(t, dial(t, s.addr, WithConns(2)), r)
 
-	// Another connection from the flooding source is told it is refused.
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
-	nc, err := d.DialContext(t.Context(), "tcp", s.addr)
-	require.NoError(t, err)
-	defer nc.Close()
+	// Another connection from the flooding source is told it is refused
+	// (when the reset does not overtake the connect).
+	var nc net.Conn
+	for nc == nil {
+		if cs := idleConns(t, s.addr, "127.0.0.2", 1); len(cs) > 0 {
+			nc = cs[0]
+		}
+	}
 	var b [replySize]byte
-	_, err = io.ReadFull(nc, b[:])
+	_, err := io.ReadFull(nc, b[:])
 	require.NoError(t, err, "a refused connection gets a busy reply")
 	rep, err := decodeReply(b[:])
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/farmem/farmem/rdma"
@@ -115,7 +116,7 @@ func dialConn(ctx context.Context, addr string, cred []byte) (net.Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("rdma/tcp: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("rdma/tcp: dial %s: %w%s", addr, err, resetHint(err))
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -132,7 +133,7 @@ func dialConn(ctx context.Context, addr string, cred []byte) (net.Conn, error) {
 	if _, err := io.ReadFull(nc, b[:]); err != nil {
 		nc.Close()
 		if werr != nil {
-			return nil, fmt.Errorf("rdma/tcp: handshake with %s: write hello: %w", addr, errors.Join(ctx.Err(), werr))
+			return nil, fmt.Errorf("rdma/tcp: handshake with %s: write hello: %w%s", addr, errors.Join(ctx.Err(), werr), resetHint(werr))
 		}
 		return nil, fmt.Errorf("rdma/tcp: handshake with %s: read reply (is this a farmem data-plane port?): %w", addr, errors.Join(ctx.Err(), err))
 	}
@@ -158,6 +159,16 @@ func dialConn(ctx context.Context, addr string, cred []byte) (net.Conn, error) {
 		return nil, fmt.Errorf("rdma/tcp: handshake with %s: %w", addr, err)
 	}
 	return nc, nil
+}
+
+// resetHint explains a connection reset while dialing: a server over its
+// admission limits sends BUSY and resets at once, and the reset can
+// overtake the connect or the hello.
+func resetHint(err error) string {
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		return ""
+	}
+	return " (the server resets new connections while at its connection limit or handshake limits; retry later)"
 }
 
 // Addr returns the server address the client was dialed with.
