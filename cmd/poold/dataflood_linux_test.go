@@ -30,13 +30,14 @@ import (
 // Flood sizes: more idle connections than poold may open files (its hard
 // limit is set to floodHardLimit), from one source address, opened by
 // floodProcs processes (each under the same open-file limit) with
-// floodDialers goroutines each.
+// floodDialers goroutines each: many, because a dial whose SYN the kernel
+// drops (poold's accept queue full) waits a second or more to retry.
 const (
-	dataFloodConns     = 25000
+	dataFloodConns = 25000
 	floodHardLimit = 20000
 	floodSource    = "127.0.0.2"
 	floodProcs     = 3
-	floodDialers   = 4
+	floodDialers   = 32
 	readSamples    = 2000
 	readRounds     = 3
 	// floodCountEnv is the number of connections a flood role opens.
@@ -308,7 +309,7 @@ func floodDataPlane(t *testing.T, addr string) (stop func()) {
 }
 
 // roleFlood opens $FARMEM_TEST_FLOOD_CONNS connections to $FARMEM_TEST_TARGET
-// from floodSource, prints "held N reset M", keeps them open until its
+// from floodSource, prints how many it holds, keeps them open until its
 // standard input closes, then closes them.
 func roleFlood(ctx context.Context) error {
 	n, err := strconv.Atoi(os.Getenv(floodCountEnv))
@@ -316,21 +317,26 @@ func roleFlood(ctx context.Context) error {
 		return fmt.Errorf("%s: %w", floodCountEnv, err)
 	}
 	addr := os.Getenv(targetEnv)
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(floodSource)}, Timeout: 30 * time.Second}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(floodSource)}, Timeout: 10 * time.Second}
 	var (
-		mu     sync.Mutex
-		held   []net.Conn
-		reset  atomic.Int64
-		next   atomic.Int64
-		wg     sync.WaitGroup
-		failed = make(chan error, floodDialers)
+		mu       sync.Mutex
+		held     []net.Conn
+		reset    atomic.Int64
+		timedOut atomic.Int64
+		next     atomic.Int64
+		wg       sync.WaitGroup
+		failed   = make(chan error, floodDialers)
 	)
 	for range floodDialers {
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) {
 				nc, err := d.DialContext(ctx, "tcp", addr)
-				if errors.Is(err, syscall.ECONNRESET) {
+				switch {
+				case errors.Is(err, syscall.ECONNRESET):
 					reset.Add(1) // refused before the dial returned
+					continue
+				case errors.Is(err, os.ErrDeadlineExceeded):
+					timedOut.Add(1) // SYNs dropped: the accept queue stayed full
 					continue
 				}
 				if err != nil {
@@ -353,7 +359,7 @@ func roleFlood(ctx context.Context) error {
 	if err := <-failed; err != nil {
 		return err
 	}
-	fmt.Printf("held %d reset %d\n", len(held), reset.Load())
+	fmt.Printf("held %d reset %d timed out %d\n", len(held), reset.Load(), timedOut.Load())
 	_, err = io.Copy(io.Discard, os.Stdin)
 	return err
 }
