@@ -154,14 +154,22 @@ func (s *Server) refused(why Refusal, remote net.Addr, err error) {
 	if fn := s.cfg.Refused; fn != nil {
 		fn(why)
 	}
-	if n, ok := s.sampler.take(why, time.Now()); ok {
-		s.log.Warn("rdma/tcp: refused connection", "reason", why.String(), "remote", remote.String(),
-			"err", err, "limits", s.limitsHint(why), "suppressed", n)
+	n, ok := s.sampler.take(why, time.Now())
+	if !ok {
+		return
 	}
+	args := []any{"reason", why.String(), "remote", remote.String(), "suppressed_since_last", n}
+	if err != nil {
+		args = append(args, "err", err)
+	}
+	if setting := why.setting(); setting != "" {
+		args = append(args, "setting", setting)
+	}
+	s.log.Warn("rdma/tcp: refused connection", args...)
 }
 
-// limitsHint names the setting behind a refusal, for the log.
-func (s *Server) limitsHint(why Refusal) string {
+// setting names the setting behind a refusal, for the log.
+func (why Refusal) setting() string {
 	switch why {
 	case RefusedMaxConns:
 		return "MaxConns (poold --data-max-conns)"
