@@ -111,18 +111,18 @@ type ServerConfig struct {
 
 // DefaultConfig returns the configuration with every default filled in.
 func DefaultConfig() ServerConfig {
-	return ServerConfig{
-		MaxInflightPerConn:     64,
-		MaxConns:               4096,
-		MaxHandshakes:          1024,
-		MaxHandshakesPerSource: 64,
-		HandshakeTimeout:       5 * time.Second,
-		FrameTimeout:           10 * time.Second,
-		WriteTimeout:           10 * time.Second,
-		ReadBufferSize:         64 << 10,
-		BusyPoll:               DefaultBusyPoll,
-		Logger:                 slog.Default(),
+	c := ServerConfig{
+		MaxInflightPerConn: 64,
+		MaxConns:           4096,
+		HandshakeTimeout:   5 * time.Second,
+		WriteTimeout:       10 * time.Second,
+		ReadBufferSize:     64 << 10,
+		BusyPoll:           DefaultBusyPoll,
+		Logger:             slog.Default(),
 	}
+	c.MaxHandshakes, c.MaxHandshakesPerSource = 1024, 64
+	c.FrameTimeout = 10 * time.Second
+	return c
 }
 
 // withDefaults returns c with every zero field replaced by its default.
