@@ -31,6 +31,14 @@ var (
 	ErrUnaligned = errs.ErrUnaligned
 	// ErrUnavailable: poold cannot be reached; the call may be retried.
 	ErrUnavailable = errs.ErrUnavailable
+	// ErrIndeterminate: a WriteAt, CompareAndSwap64 or FetchAdd64 on an
+	// rdma segment may or may not have taken effect. The connection broke
+	// after the request was sent and the home could not say whether it ran
+	// (it restarted, or it no longer held this client's reply for it), so
+	// the call was not retried: a write or atomic is never applied twice.
+	// Read the memory to find out. errors.Is(err, ErrUnavailable) is also
+	// true for it.
+	ErrIndeterminate = errs.ErrIndeterminate
 	// ErrLimit: a request went past one of poold's limits (segments per
 	// client, name length); the message names it and how to raise it.
 	ErrLimit = errs.ErrLimit

@@ -42,6 +42,14 @@ var ErrClosed = errors.New("rdma: connection closed; dial again")
 // is closed; check that both hosts run compatible farmem versions.
 var ErrProtocol = errors.New("rdma: protocol error; check that both hosts run compatible farmem versions")
 
+// ErrIndeterminate means a WRITE, CAS or FADD that was retried with an
+// exactly-once ticket (Op.Once) may or may not have been applied: the
+// server no longer remembers the ticket's answer (it restarted, evicted the
+// session's reply cache, or the slot moved on), or the transport cannot
+// resend it safely (a verbs queue pair broke after it was posted). The
+// operation was not applied a second time. Read the memory to find out.
+var ErrIndeterminate = errors.New("rdma: outcome unknown: the operation may have been applied once and was not applied again; read the memory to find out")
+
 // ErrUnaligned means an atomic operation addressed an offset that is not a
 // multiple of 8. CompareAndSwap64 and FetchAdd64 need 8-byte aligned offsets.
 var ErrUnaligned = errors.New("rdma: atomic operation needs an 8-byte aligned offset")

@@ -135,6 +135,15 @@ type Op struct {
 	New uint64
 	// Delta is the addend for OpFetchAdd.
 	Delta uint64
+	// Once, when not nil, makes an OpWrite, OpCompareAndSwap or OpFetchAdd
+	// exactly-once: post the op again with the same Ticket (on a connection
+	// dialed with the ticket's Session) after a connection failure, and the
+	// server answers a retry of an op it already applied with the original
+	// result, or with ErrIndeterminate when it can no longer tell; it never
+	// applies the op twice. An OpWrite with a ticket carries at most one
+	// frame of the transport (rdma/tcp: MaxPayload bytes). Nil: the op is
+	// sent as is, and posting it again may apply it again.
+	Once *Ticket
 
 	// Prev is set by Do for atomics: the word's value before the op.
 	Prev uint64

@@ -34,3 +34,21 @@ var (
 	// ErrNotSupported: the host or build lacks the capability asked for.
 	ErrNotSupported = errors.New("not supported on this host or build")
 )
+
+// ErrIndeterminate: a write or atomic may or may not have taken effect, and
+// retrying it could apply it twice: the connection broke after the request
+// was sent and the home no longer remembers the answer (it restarted, or the
+// client's reply cache there was evicted or its slot reused). Read the
+// memory to find out, then decide. errors.Is(err, ErrUnavailable) is true
+// for it too, so callers that only check ErrUnavailable keep working.
+var ErrIndeterminate error = indeterminate{}
+
+// indeterminate is ErrIndeterminate's type: it also matches ErrUnavailable.
+type indeterminate struct{}
+
+func (indeterminate) Error() string {
+	return "outcome unknown: the operation may or may not have been applied and was not retried, so it is never applied twice; read the memory to find out"
+}
+
+// Is reports whether target is ErrUnavailable.
+func (indeterminate) Is(target error) bool { return target == ErrUnavailable }

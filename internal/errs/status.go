@@ -122,8 +122,11 @@ func (e *remoteError) Error() string { return e.msg }
 func (e *remoteError) Is(target error) bool { return target == e.sentinel }
 
 // Retryable reports whether err is one a caller may retry after a backoff:
-// the daemon was unreachable or restarting.
-func Retryable(err error) bool { return errors.Is(err, ErrUnavailable) }
+// the daemon was unreachable or restarting. An ErrIndeterminate is not:
+// retrying it blindly could apply a write or atomic twice.
+func Retryable(err error) bool {
+	return errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrIndeterminate)
+}
 
 // Reason names err's sentinel for protocols other than gRPC (descriptor
 // passing); "" for nil, "INTERNAL" for an error without a sentinel.

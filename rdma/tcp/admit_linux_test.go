@@ -195,7 +195,7 @@ func TestFrameTimeout(t *testing.T) {
 		nc, err := net.Dial("tcp", s.addr)
 		require.NoError(t, err)
 		t.Cleanup(func() { nc.Close() })
-		_, err = nc.Write(appendHello(nil, Version, nil))
+		_, err = nc.Write(appendHello(nil, hello{version: Version}))
 		require.NoError(t, err)
 		var b [replySize]byte
 		_, err = io.ReadFull(nc, b[:])

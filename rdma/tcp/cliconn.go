@@ -267,6 +267,12 @@ func (c *cliConn) writeBatch(batch []*op) error {
 			arg0:   o.arg0,
 			arg1:   o.arg1,
 		}
+		if o.once != nil {
+			h.flags, h.slot, h.seq = reqFlagOnce, o.once.Slot, o.once.Seq
+			if o.retry {
+				h.flags |= reqFlagRetry
+			}
+		}
 		switch o.kind {
 		case rdma.OpWrite:
 			h.payloadLen = h.length

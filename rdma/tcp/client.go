@@ -26,6 +26,7 @@ type options struct {
 	writeTimeout time.Duration
 	readBuffer   int
 	busyPoll     time.Duration
+	session      *rdma.Session
 }
 
 func defaultOptions() options {
@@ -69,6 +70,14 @@ func WithWriteTimeout(d time.Duration) Option { return func(o *options) { o.writ
 // off.
 func WithBusyPoll(d time.Duration) Option { return func(o *options) { o.busyPoll = d } }
 
+// WithSession sets the exactly-once session the client's handshakes
+// present: ops posted with a Ticket of this session (rdma.Op.Once) may be
+// posted again on another Client dialed with it, and are applied once. Use
+// one Session per server address, for every Client dialed to it. Default:
+// a fresh session for each Client (a retry on another Client then gets
+// ErrIndeterminate... never a second application: the session differs).
+func WithSession(s *rdma.Session) Option { return func(o *options) { o.session = s } }
+
 // Client is a connection to one server's exported memory over several TCP
 // connections. It implements rdma.Conn and is safe for concurrent use; every
 // call may run in parallel with every other.
@@ -82,6 +91,7 @@ func WithBusyPoll(d time.Duration) Option { return func(o *options) { o.busyPoll
 // p); Write reads p only while the call runs. Neither retains p.
 type Client struct {
 	addr      string
+	session   *rdma.Session
 	conns     []*cliConn
 	closeOnce sync.Once
 }
@@ -99,9 +109,12 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	if len(o.cred) > MaxCredential {
 		return nil, fmt.Errorf("rdma/tcp: dial %s: credential is %d bytes, the limit is %d", addr, len(o.cred), MaxCredential)
 	}
-	cl := &Client{addr: addr}
+	if o.session == nil {
+		o.session = rdma.NewSession()
+	}
+	cl := &Client{addr: addr, session: o.session}
 	for i := range o.conns {
-		nc, err := dialConn(ctx, addr, o.cred)
+		nc, err := dialConn(ctx, addr, o.cred, o.session)
 		if err != nil {
 			cl.Close()
 			return nil, err
@@ -111,8 +124,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	return cl, nil
 }
 
-// dialConn opens one connection and performs the handshake.
-func dialConn(ctx context.Context, addr string, cred []byte) (net.Conn, error) {
+// dialConn opens one connection and performs the handshake, opening sess
+// or resuming it if a server accepted it before.
+func dialConn(ctx context.Context, addr string, cred []byte, sess *rdma.Session) (net.Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -128,7 +142,7 @@ func dialConn(ctx context.Context, addr string, cred []byte) (net.Conn, error) {
 	// A server over its limits answers "busy" and resets the connection
 	// without reading the hello: the write may fail, and the reply, read
 	// anyway, says why.
-	_, werr := nc.Write(appendHello(nil, Version, cred))
+	_, werr := nc.Write(appendHello(nil, hello{version: Version, cred: cred, session: sess.ID(), resume: sess.Opened()}))
 	var b [replySize]byte
 	if _, err := io.ReadFull(nc, b[:]); err != nil {
 		nc.Close()
@@ -150,10 +164,15 @@ func dialConn(ctx context.Context, addr string, cred []byte) (net.Conn, error) {
 		nc.Close()
 		return nil, err
 	}
+	if r.version != Version {
+		nc.Close()
+		return nil, fmt.Errorf("rdma/tcp: handshake with %s: server accepted protocol version %d, this client speaks %d: %w", addr, r.version, Version, rdma.ErrProtocol)
+	}
 	if !stop() {
 		nc.Close()
 		return nil, ctx.Err()
 	}
+	sess.MarkOpened()
 	if err := nc.SetDeadline(time.Time{}); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("rdma/tcp: handshake with %s: %w", addr, err)
@@ -329,6 +348,17 @@ func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
 			continue
 		}
 		u.Err, u.Prev, u.Swapped = nil, 0, false
+		if u.Once != nil {
+			if u.Err = cl.checkOnce(u); u.Err != nil {
+				continue
+			}
+			o := getOp()
+			o.kind, o.region, o.off, o.buf = u.Kind, u.Region, uint64(u.Offset), u.Buf
+			o.arg0, o.arg1 = opArgs(u)
+			o.once, o.retry = u.Once, u.Once.Post()
+			parts = append(parts, part{o, u})
+			continue
+		}
 		switch u.Kind {
 		case rdma.OpRead, rdma.OpWrite:
 			if u.Err = check(u.Kind, u.Region, u.Offset, len(u.Buf)); u.Err != nil {
@@ -349,11 +379,7 @@ func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
 			}
 			o := getOp()
 			o.kind, o.region, o.off = u.Kind, u.Region, uint64(u.Offset)
-			if u.Kind == rdma.OpCompareAndSwap {
-				o.arg0, o.arg1 = u.Old, u.New
-			} else {
-				o.arg0 = u.Delta
-			}
+			o.arg0, o.arg1 = opArgs(u)
 			parts = append(parts, part{o, u})
 		default:
 			u.Err = &rdma.NotSupportedError{Feature: "tcp " + u.Kind.String(), Reason: "unknown op kind; use OpRead, OpWrite, OpCompareAndSwap or OpFetchAdd"}
@@ -384,6 +410,44 @@ func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
 		}
 	}
 	return nil
+}
+
+// checkOnce validates an exactly-once op: a WRITE of at most one frame or
+// an atomic, with a ticket of the client's session.
+func (cl *Client) checkOnce(u *rdma.Op) error {
+	n := len(u.Buf)
+	switch u.Kind {
+	case rdma.OpWrite:
+		if n > MaxPayload {
+			return fmt.Errorf("rdma/tcp: exactly-once WRITE of %d bytes at %d: one ticket covers at most MaxPayload (%d) bytes; split the write: %w", n, u.Offset, MaxPayload, rdma.ErrOutOfRange)
+		}
+	case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
+		n = 8
+	default:
+		return &rdma.NotSupportedError{Feature: "exactly-once " + u.Kind.String(), Reason: "only WRITE, CAS and FADD take a ticket; a READ can simply be retried"}
+	}
+	if err := check(u.Kind, u.Region, u.Offset, n); err != nil {
+		return err
+	}
+	if u.Once.Session() != cl.session {
+		if u.Once.Posted() { // it may have run on the ticket's own session
+			return fmt.Errorf("rdma/tcp: %s %s: the ticket was posted on another session than this client's; not sent again: %w", u.Kind, u.Region, rdma.ErrIndeterminate)
+		}
+		return &rdma.NotSupportedError{Feature: "a ticket of another session", Reason: "dial the client WithSession(ticket.Session())"}
+	}
+	return nil
+}
+
+// opArgs returns an atomic op's two wire arguments: Old and New for
+// OpCompareAndSwap, Delta for OpFetchAdd.
+func opArgs(u *rdma.Op) (uint64, uint64) {
+	switch u.Kind {
+	case rdma.OpCompareAndSwap:
+		return u.Old, u.New
+	case rdma.OpFetchAdd:
+		return u.Delta, 0
+	}
+	return 0, 0
 }
 
 // connOf returns the connection post put the op on.

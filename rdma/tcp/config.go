@@ -46,6 +46,14 @@ type ServerConfig struct {
 	// Default: 64.
 	MaxHandshakesPerSource int
 
+	// MaxSessions is the most client sessions whose exactly-once replies
+	// the server caches (protocol version 2): each holds the last answer of
+	// its rdma.SessionSlots slots, about 4 KiB. Opening one more evicts the
+	// least recently used; that client's retries of operations whose
+	// answers were lost then get INDETERMINATE (rdma.ErrIndeterminate),
+	// never a second application. Unit: sessions. Default: 1024.
+	MaxSessions int
+
 	// HandshakeTimeout bounds the hello/reply exchange of a new connection.
 	// Default: 5s.
 	HandshakeTimeout time.Duration
@@ -114,6 +122,7 @@ func DefaultConfig() ServerConfig {
 	c := ServerConfig{
 		MaxInflightPerConn: 64,
 		MaxConns:           4096,
+		MaxSessions:        1024,
 		HandshakeTimeout:   5 * time.Second,
 		WriteTimeout:       10 * time.Second,
 		ReadBufferSize:     64 << 10,
@@ -142,6 +151,9 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	}
 	if c.FrameTimeout == 0 {
 		c.FrameTimeout = d.FrameTimeout
+	}
+	if c.MaxSessions == 0 {
+		c.MaxSessions = d.MaxSessions
 	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout
@@ -176,6 +188,8 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("rdma/tcp: ServerConfig.MaxHandshakesPerSource is %d; use a positive count (default 64)", c.MaxHandshakesPerSource)
 	case c.FrameTimeout < 0:
 		return fmt.Errorf("rdma/tcp: ServerConfig.FrameTimeout is %v; use a positive duration (default 10s)", c.FrameTimeout)
+	case c.MaxSessions < 1:
+		return fmt.Errorf("rdma/tcp: ServerConfig.MaxSessions is %d; use a positive count (default 1024)", c.MaxSessions)
 	case c.HandshakeTimeout < 0:
 		return fmt.Errorf("rdma/tcp: ServerConfig.HandshakeTimeout is %v; use a positive duration (default 5s)", c.HandshakeTimeout)
 	case c.WriteTimeout < 0:

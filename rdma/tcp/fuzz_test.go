@@ -68,9 +68,10 @@ func FuzzDecodeResponse(f *testing.F) {
 // FuzzHandshake feeds both handshake decoders: the server's hello reader and
 // the client's reply decoder.
 func FuzzHandshake(f *testing.F) {
-	f.Add(appendHello(nil, Version, nil))
-	f.Add(appendHello(nil, Version, []byte("credential")))
-	f.Add(appendHello(nil, 7, []byte("x")))
+	f.Add(appendHello(nil, hello{version: 1, cred: []byte("credential")}))
+	f.Add(appendHello(nil, hello{version: Version, cred: nil}))
+	f.Add(appendHello(nil, hello{version: Version, cred: []byte("credential"), session: [sessionIDSize]byte{1, 2, 3}, resume: true}))
+	f.Add(appendHello(nil, hello{version: 7, cred: []byte("x")}))
 	var rb [replySize]byte
 	encodeReply(rb[:], reply{version: Version, maxPayload: MaxPayload})
 	f.Add(rb[:])
@@ -80,7 +81,7 @@ func FuzzHandshake(f *testing.F) {
 			if code != replyAccept || len(h.cred) > MaxCredential {
 				t.Fatalf("accepted a bad hello: code %d, %d-byte credential", code, len(h.cred))
 			}
-			if out := appendHello(nil, h.version, h.cred); !bytes.Equal(out, b[:len(out)]) {
+			if out := appendHello(nil, h); !bytes.Equal(out, b[:len(out)]) {
 				t.Fatalf("re-encoding differs:\n in %x\nout %x", b, out)
 			}
 		} else if code == replyAccept {

@@ -25,7 +25,7 @@ func rawConn(t *testing.T, addr string) net.Conn {
 // handshake performs a good handshake on a raw connection.
 func handshake(t *testing.T, nc net.Conn) {
 	t.Helper()
-	_, err := nc.Write(appendHello(nil, Version, nil))
+	_, err := nc.Write(appendHello(nil, hello{version: Version}))
 	require.NoError(t, err)
 	require.Equal(t, replyAccept, readReply(t, nc).code)
 }
@@ -68,20 +68,22 @@ func expectClosed(t *testing.T, nc net.Conn) {
 
 func TestMalformedHandshake(t *testing.T) {
 	s := startServer(t, ServerConfig{})
-	hello := appendHello(nil, Version, []byte("cred"))
+	hb := appendHello(nil, hello{version: Version, cred: []byte("cred")})
 	for _, tc := range []struct {
 		name string
 		send []byte
 		code int // -1: no reply expected
 	}{
-		{"bad magic", append([]byte("XXXX"), hello[4:]...), int(replyBadMagic)},
+		{"bad magic", append([]byte("XXXX"), hb[4:]...), int(replyBadMagic)},
 		{"http", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), int(replyBadMagic)},
-		{"version 0", appendHello(nil, 0, nil), int(replyBadVersion)},
-		{"version 2", appendHello(nil, 2, nil), int(replyBadVersion)},
-		{"reserved", func() []byte { b := bytes.Clone(hello); b[6] = 1; return b }(), int(replyBadMagic)},
-		{"credential too long", appendHello(nil, Version, make([]byte, MaxCredential+1))[:helloSize], int(replyCredTooLong)},
-		{"truncated", hello[:7], -1},
-		{"truncated credential", hello[:helloSize+2], -1},
+		{"version 0", appendHello(nil, hello{version: 0, cred: nil}), int(replyBadVersion)},
+		{"version 3", appendHello(nil, hello{version: 3, cred: nil}), int(replyBadVersion)},
+		{"undefined flag", func() []byte { b := bytes.Clone(hb); b[6] = 2; return b }(), int(replyBadMagic)},
+		{"resume flag in version 1", func() []byte { b := appendHello(nil, hello{version: 1}); b[6] = 1; return b }(), int(replyBadMagic)},
+		{"credential too long", appendHello(nil, hello{version: Version, cred: make([]byte, MaxCredential+1)})[:helloSize], int(replyCredTooLong)},
+		{"truncated", hb[:7], -1},
+		{"truncated credential", hb[:helloSize+2], -1},
+		{"truncated session id", hb[:len(hb)-3], -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nc := rawConn(t, s.addr)

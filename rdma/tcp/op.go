@@ -37,8 +37,10 @@ type op struct {
 	buf    []byte
 	arg0   uint64
 	arg1   uint64
-	req    []byte // MSG request payload; buf receives the response
-	n      int    // MSG response length
+	req    []byte       // MSG request payload; buf receives the response
+	n      int          // MSG response length
+	once   *rdma.Ticket // exactly-once ticket, or nil
+	retry  bool         // the ticket was posted before
 
 	conn  *cliConn // set by Client.post for Do
 	id    uint64
@@ -64,6 +66,7 @@ func getOp() *op {
 func (o *op) release() {
 	if o.refs.Add(-1) == 0 {
 		o.buf, o.req, o.n = nil, nil, 0
+		o.once, o.retry = nil, false
 		o.err = nil
 		o.conn = nil
 		o.prev, o.swapped = 0, false

@@ -21,9 +21,10 @@ type Server struct {
 	cfgErr error
 	log    *slog.Logger
 
-	expMu   sync.Mutex                         // serialises writers of exports
-	exports atomic.Pointer[map[uint64]*export] // copy on write; read per op without locks
-	fences  fences                             // segments fenced (Fence): their ops get LEASE_EXPIRED
+	expMu    sync.Mutex                         // serialises writers of exports
+	exports  atomic.Pointer[map[uint64]*export] // copy on write; read per op without locks
+	fences   fences                             // segments fenced (Fence): their ops get LEASE_EXPIRED
+	sessions *sessionTable                      // exactly-once reply cache
 
 	mu        sync.Mutex
 	closed    bool
@@ -58,6 +59,7 @@ func NewServer(cfg ServerConfig) *Server {
 		sources:   make(map[netip.Prefix]int),
 	}
 	s.log = s.cfg.Logger
+	s.sessions = newSessionTable(s.cfg.MaxSessions)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	m := make(map[uint64]*export)
 	s.exports.Store(&m)

@@ -53,6 +53,9 @@ type srvConn struct {
 	// rest must come within FrameTimeout); deadlined while a read deadline
 	// is set on the socket (it is cleared lazily, before an idle wait).
 	framing, deadlined bool
+	sess               *session // the client's exactly-once session; nil before version 2
+	record             *slot    // the slot whose request runs; respond caches its answer
+	recSeq             uint32   // the sequence number of that request
 }
 
 // newSrvConn returns a connection in its handshake: it holds no buffers
@@ -179,8 +182,15 @@ func (c *srvConn) handshake() (uint16, error) {
 			code, err = replyAuthFailed, fmt.Errorf("authenticate: %w", aerr)
 		}
 	}
+	version := uint16(maxVersion)
+	if code == replyAccept {
+		version = h.version
+		if h.version >= sessionVersion {
+			c.sess = c.s.sessions.open(sessionKey{cred: string(h.cred), id: h.session}, h.resume)
+		}
+	}
 	var b [replySize]byte
-	encodeReply(b[:], reply{version: Version, code: code, maxPayload: MaxPayload})
+	encodeReply(b[:], reply{version: version, code: code, maxPayload: MaxPayload})
 	if _, werr := c.nc.Write(b[:]); werr != nil && err == nil {
 		err = fmt.Errorf("write reply: %w", werr)
 	}
@@ -203,7 +213,10 @@ func (c *srvConn) arm() {
 
 func (c *srvConn) handle(h *reqHeader) error {
 	if h.flags != 0 {
-		return c.unsupported(h)
+		if h.flags&^reqFlagsKnown != 0 || h.flags&reqFlagOnce == 0 || c.sess == nil {
+			return c.unsupported(h)
+		}
+		return c.once(h)
 	}
 	switch h.op {
 	case opRead:
@@ -220,6 +233,42 @@ func (c *srvConn) handle(h *reqHeader) error {
 	default:
 		return c.unsupported(h)
 	}
+}
+
+// once runs an exactly-once request: it executes a sequence number the
+// slot has not run and caches the answer, answers a repeat of the slot's
+// last one from the cache, and answers INDETERMINATE when the slot moved on
+// or its history was lost. The slot stays locked while the request runs,
+// so a retry that overtakes its original on another connection waits for
+// it.
+func (c *srvConn) once(h *reqHeader) error {
+	if (h.op != opWrite && h.op != opCAS && h.op != opFADD) || int(h.slot) >= len(c.sess.slots) {
+		return c.unsupported(h)
+	}
+	c.s.sessions.touch(c.sess)
+	sl := &c.sess.slots[h.slot]
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	switch sl.decide(h.seq, h.flags&reqFlagRetry != 0) {
+	case replay:
+		if err := c.discard(int(h.payloadLen)); err != nil {
+			return err
+		}
+		return c.respond(h.id, sl.status, sl.flags, sl.value, nil, nil)
+	case indeterminate:
+		if err := c.discard(int(h.payloadLen)); err != nil {
+			return err
+		}
+		return c.respond(h.id, statusIndeterminate, 0, 0, nil, nil)
+	}
+	// A WRITE whose payload is cut short returns an error without an
+	// answer: nothing is cached, and a retry runs it again in full.
+	c.record, c.recSeq = sl, h.seq
+	defer func() { c.record = nil }()
+	if h.op == opWrite {
+		return c.write(h)
+	}
+	return c.atomic(h)
 }
 
 // unsupported skips the payload of an op this server does not know and
@@ -395,6 +444,10 @@ func (c *srvConn) atomic(h *reqHeader) error {
 // batch holding payload has been written.
 func (c *srvConn) respond(id uint64, status uint16, flags uint8, value uint64, payload []byte, pinned *export) error {
 	c.status = status
+	if c.record != nil {
+		c.record.record(c.recSeq, status, flags, value)
+		c.record = nil
+	}
 	hb := c.hdrs[c.npend*respHeaderSize : (c.npend+1)*respHeaderSize]
 	encodeResponse(hb, &respHeader{id: id, status: status, flags: flags, payloadLen: uint32(len(payload)), value: value})
 	c.iov = append(c.iov, hb)

@@ -47,6 +47,9 @@ const (
 	StatusUnaligned = OpStatus(statusUnaligned)
 	// StatusUnsupported: an opcode or flag this server does not know.
 	StatusUnsupported = OpStatus(statusUnsupported)
+	// StatusIndeterminate: an exactly-once retry whose answer the server
+	// no longer holds (the session's reply cache was evicted or lost).
+	StatusIndeterminate = OpStatus(statusIndeterminate)
 )
 
 // String returns a short lower-case name, fit for a metric label.
@@ -66,6 +69,8 @@ func (s OpStatus) String() string {
 		return "unaligned"
 	case StatusUnsupported:
 		return "unsupported"
+	case StatusIndeterminate:
+		return "indeterminate"
 	default:
 		return fmt.Sprintf("status_%d", uint16(s))
 	}

@@ -10,11 +10,15 @@ import (
 
 // Protocol constants. doc.go is the specification; keep the two in step.
 const (
-	// Version is the protocol version this package speaks.
-	Version = 1
+	// Version is the protocol version this package's client speaks.
+	// Version 2 adds the exactly-once session (hello session id, request
+	// flags ONCE and RETRY, status INDETERMINATE).
+	Version = 2
 	// minVersion and maxVersion bound the versions a server accepts.
 	minVersion = 1
-	maxVersion = 1
+	maxVersion = 2
+	// sessionVersion is the first version with sessions.
+	sessionVersion = 2
 
 	// MaxPayload is the largest payload one frame carries (16 MiB). The
 	// client splits larger reads and writes into several ops.
@@ -23,6 +27,7 @@ const (
 	MaxCredential = 4 << 10
 
 	helloSize      = 12
+	sessionIDSize  = 16
 	replySize      = 12
 	reqHeaderSize  = 80
 	respHeaderSize = 24
@@ -53,7 +58,25 @@ const (
 	statusUnaligned    uint16 = 5
 	statusProtocol     uint16 = 6
 	statusUnsupported  uint16 = 7
+	// statusIndeterminate answers an exactly-once retry whose outcome the
+	// server no longer knows (version 2).
+	statusIndeterminate uint16 = 8
 )
+
+// Request flags (version 2). Append only.
+const (
+	// reqFlagOnce: the request is exactly-once; bytes 10..11 hold its
+	// session slot and bytes 60..63 its sequence number.
+	reqFlagOnce uint8 = 1
+	// reqFlagRetry: the client sent this slot and sequence number before.
+	reqFlagRetry uint8 = 2
+	// reqFlagsKnown are the flags this server understands.
+	reqFlagsKnown = reqFlagOnce | reqFlagRetry
+)
+
+// helloFlagResume, in a version 2 hello, says that a server accepted the
+// session before: an unknown session is then one whose replies were lost.
+const helloFlagResume uint16 = 1
 
 // respFlagSwapped is set in a CAS response when the swap happened.
 const respFlagSwapped uint8 = 1
@@ -83,6 +106,8 @@ type reqHeader struct {
 	length     uint32
 	arg0       uint64
 	arg1       uint64
+	slot       uint16 // with reqFlagOnce
+	seq        uint32 // with reqFlagOnce
 }
 
 // encodeRequest writes h into b, which must hold reqHeaderSize bytes.
@@ -91,14 +116,14 @@ func encodeRequest(b []byte, h *reqHeader) {
 	le.PutUint64(b[0:], h.id)
 	b[8] = h.op
 	b[9] = h.flags
-	le.PutUint16(b[10:], 0)
+	le.PutUint16(b[10:], h.slot)
 	le.PutUint32(b[12:], h.payloadLen)
 	le.PutUint64(b[16:], h.seg)
 	copy(b[24:40], h.key[:])
 	le.PutUint64(b[40:], h.epoch)
 	le.PutUint64(b[48:], h.off)
 	le.PutUint32(b[56:], h.length)
-	le.PutUint32(b[60:], 0)
+	le.PutUint32(b[60:], h.seq)
 	le.PutUint64(b[64:], h.arg0)
 	le.PutUint64(b[72:], h.arg1)
 }
@@ -107,17 +132,19 @@ func encodeRequest(b []byte, h *reqHeader) {
 // closed, when the frame breaks a framing rule: reserved bytes set, a length
 // over MaxPayload, or a payload length that contradicts a known opcode.
 // Unknown opcodes and flags decode fine; the server answers them with
-// statusUnsupported after skipping their payload.
+// statusUnsupported after skipping their payload. With reqFlagOnce the
+// reserved fields carry the session slot and sequence number.
 func decodeRequest(b []byte, h *reqHeader) error {
 	if len(b) != reqHeaderSize {
 		return fmt.Errorf("request header is %d bytes, want %d: %w", len(b), reqHeaderSize, rdma.ErrProtocol)
 	}
-	if le.Uint16(b[10:]) != 0 || le.Uint32(b[60:]) != 0 {
+	h.flags = b[9]
+	h.slot, h.seq = le.Uint16(b[10:]), le.Uint32(b[60:])
+	if h.flags&reqFlagOnce == 0 && (h.slot != 0 || h.seq != 0) {
 		return fmt.Errorf("request header reserved bytes are not zero: %w", rdma.ErrProtocol)
 	}
 	h.id = le.Uint64(b[0:])
 	h.op = b[8]
-	h.flags = b[9]
 	h.payloadLen = le.Uint32(b[12:])
 	h.seg = le.Uint64(b[16:])
 	copy(h.key[:], b[24:40])
@@ -200,16 +227,28 @@ func decodeResponse(b []byte, h *respHeader) error {
 type hello struct {
 	version uint16
 	cred    []byte
+	// From version 2: the client's session and whether it resumes one a
+	// server accepted before.
+	session [sessionIDSize]byte
+	resume  bool
 }
 
-// appendHello appends the encoded hello to b.
-func appendHello(b []byte, version uint16, cred []byte) []byte {
-	var h [helloSize]byte
-	copy(h[0:4], magic[:])
-	le.PutUint16(h[4:], version)
-	le.PutUint32(h[8:], uint32(len(cred)))
-	b = append(b, h[:]...)
-	return append(b, cred...)
+// appendHello appends the encoded hello to b. From version 2 it carries
+// h.session and h.resume.
+func appendHello(b []byte, h hello) []byte {
+	var hb [helloSize]byte
+	copy(hb[0:4], magic[:])
+	le.PutUint16(hb[4:], h.version)
+	if h.resume && h.version >= sessionVersion {
+		le.PutUint16(hb[6:], helloFlagResume)
+	}
+	le.PutUint32(hb[8:], uint32(len(h.cred)))
+	b = append(b, hb[:]...)
+	b = append(b, h.cred...)
+	if h.version >= sessionVersion {
+		b = append(b, h.session[:]...)
+	}
+	return b
 }
 
 // readHello reads and checks a client hello. On a framing failure it returns
@@ -223,12 +262,17 @@ func readHello(r io.Reader) (hello, uint16, error) {
 		return hello{}, replyBadMagic, fmt.Errorf("hello magic is %q, want %q: %w", b[0:4], magic[:], rdma.ErrProtocol)
 	}
 	h := hello{version: le.Uint16(b[4:])}
-	if le.Uint16(b[6:]) != 0 {
-		return hello{}, replyBadMagic, fmt.Errorf("hello reserved bytes are not zero: %w", rdma.ErrProtocol)
-	}
 	if h.version < minVersion || h.version > maxVersion {
 		return h, replyBadVersion, fmt.Errorf("client speaks protocol version %d, this server speaks %d..%d: %w", h.version, minVersion, maxVersion, rdma.ErrProtocol)
 	}
+	flags, known := le.Uint16(b[6:]), uint16(0)
+	if h.version >= sessionVersion {
+		known = helloFlagResume
+	}
+	if flags&^known != 0 {
+		return hello{}, replyBadMagic, fmt.Errorf("hello flags %#x are not defined in version %d: %w", flags, h.version, rdma.ErrProtocol)
+	}
+	h.resume = flags&helloFlagResume != 0
 	n := le.Uint32(b[8:])
 	if n > MaxCredential {
 		return h, replyCredTooLong, fmt.Errorf("credential of %d bytes exceeds the %d-byte limit: %w", n, MaxCredential, rdma.ErrProtocol)
@@ -236,6 +280,11 @@ func readHello(r io.Reader) (hello, uint16, error) {
 	h.cred = make([]byte, n)
 	if _, err := io.ReadFull(r, h.cred); err != nil {
 		return h, replyBadMagic, fmt.Errorf("read %d-byte credential: %w", n, err)
+	}
+	if h.version >= sessionVersion {
+		if _, err := io.ReadFull(r, h.session[:]); err != nil {
+			return h, replyBadMagic, fmt.Errorf("read session id: %w", err)
+		}
 	}
 	return h, replyAccept, nil
 }
@@ -312,6 +361,8 @@ func statusError(status uint16, k rdma.OpKind, seg, off uint64, n int) error {
 		base = rdma.ErrUnaligned
 	case statusUnsupported:
 		base = &rdma.NotSupportedError{Feature: "tcp " + k.String(), Reason: "the server does not know this operation; upgrade it"}
+	case statusIndeterminate:
+		base = rdma.ErrIndeterminate
 	default:
 		base = rdma.ErrProtocol
 	}

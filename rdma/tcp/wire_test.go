@@ -45,7 +45,7 @@ func TestResponseRoundTrip(t *testing.T) {
 }
 
 func TestHelloRoundTrip(t *testing.T) {
-	b := appendHello(nil, Version, []byte("secret"))
+	b := appendHello(nil, hello{version: Version, cred: []byte("secret")})
 	h, code, err := readHello(bytes.NewReader(b))
 	require.NoError(t, err)
 	require.Equal(t, replyAccept, code)

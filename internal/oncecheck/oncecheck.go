@@ -1,0 +1,153 @@
+package oncecheck
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Target is what the workload runs against. Word 0 is the shared counter;
+// word g+1 belongs to goroutine g alone. Each method retries whatever its
+// transport may safely retry and returns an error only when the outcome is
+// final; Indeterminate tells the errors that leave it unknown.
+type Target interface {
+	// Add adds 1 to word 0 and returns its previous value.
+	Add(ctx context.Context) (prev uint64, err error)
+	// CAS swaps word w from old to new.
+	CAS(ctx context.Context, w int, old, new uint64) (prev uint64, swapped bool, err error)
+	// Load reads word w.
+	Load(ctx context.Context, w int) (uint64, error)
+	// Indeterminate reports whether err means the outcome is unknown.
+	Indeterminate(err error) bool
+}
+
+// Result counts the outcomes of a Run.
+type Result struct {
+	Adds, AddsIndeterminate               int
+	Swapped, NotSwapped, CASIndeterminate int
+}
+
+// Run does ops adds, spread over goroutines, then ops CAS, each goroutine
+// on its own word (every fourth with a wrong old value, so refusals are
+// exercised too), and checks every answer. Words 0..goroutines must start
+// at zero.
+func Run(t testing.TB, ctx context.Context, tg Target, ops, goroutines int) Result {
+	var (
+		mu    sync.Mutex
+		res   Result
+		prevs []uint64
+		wg    sync.WaitGroup
+	)
+	for g := range goroutines {
+		n := ops/goroutines + boolInt(g < ops%goroutines)
+		wg.Go(func() {
+			var mine []uint64
+			indet := 0
+			for range n {
+				prev, err := tg.Add(ctx)
+				if err != nil {
+					if !assert.Truef(t, tg.Indeterminate(err), "Add failed: %v", err) {
+						return
+					}
+					indet++
+					continue
+				}
+				mine = append(mine, prev)
+			}
+			mu.Lock()
+			prevs = append(prevs, mine...)
+			res.AddsIndeterminate += indet
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	require.False(t, t.Failed(), "the add run failed")
+	res.Adds = len(prevs)
+	counter, err := tg.Load(ctx, 0)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, counter, uint64(res.Adds), "successful adds lost")
+	require.LessOrEqual(t, counter, uint64(res.Adds+res.AddsIndeterminate), "an add was applied twice: %d successful, %d indeterminate", res.Adds, res.AddsIndeterminate)
+	slices.Sort(prevs)
+	for i, p := range prevs {
+		require.Less(t, p, counter, "an add saw a value past the final counter")
+		if i > 0 {
+			require.NotEqual(t, prevs[i-1], p, "two successful adds saw the same previous value")
+		}
+	}
+
+	for g := range goroutines {
+		n := ops/goroutines + boolInt(g < ops%goroutines)
+		w := g + 1
+		wg.Go(func() {
+			var r Result
+			cur := uint64(0) // the word's value: this goroutine is its only writer
+			for i := range n {
+				old, new := cur, cur+1
+				if i%4 == 3 {
+					old = cur + 1<<40 // wrong on purpose: must not swap
+				}
+				prev, swapped, err := tg.CAS(ctx, w, old, new)
+				switch {
+				case err != nil:
+					if !assert.Truef(t, tg.Indeterminate(err), "CAS failed: %v", err) {
+						return
+					}
+					r.CASIndeterminate++
+					v, err := tg.Load(ctx, w)
+					if !assert.NoError(t, err) {
+						return
+					}
+					if !assert.Contains(t, []uint64{cur, new}, v, "after an indeterminate CAS the word holds neither the old nor the new value") {
+						return
+					}
+					cur = v
+				case swapped:
+					if !assert.Equal(t, old, cur, "CAS with a wrong old value swapped") {
+						return
+					}
+					if !assert.Equal(t, cur, prev, "swapped CAS reports another previous value") {
+						return
+					}
+					r.Swapped++
+					cur = new
+				default:
+					// The word is cur unless this CAS (an earlier attempt of
+					// it) stored new: then prev would be new.
+					if !assert.Equal(t, cur, prev, "CAS reported not swapped, but the word held %d, not %d: its own first attempt stored it", prev, cur) {
+						return
+					}
+					if !assert.NotEqual(t, old, cur, "CAS with the right old value did not swap") {
+						return
+					}
+					r.NotSwapped++
+				}
+			}
+			v, err := tg.Load(ctx, w)
+			if !assert.NoError(t, err) {
+				return
+			}
+			if !assert.Equal(t, cur, v, "word %d after the CAS run", w) {
+				return
+			}
+			mu.Lock()
+			res.Swapped += r.Swapped
+			res.NotSwapped += r.NotSwapped
+			res.CASIndeterminate += r.CASIndeterminate
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	require.False(t, t.Failed(), "the CAS run failed")
+	return res
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

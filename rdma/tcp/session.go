@@ -1,0 +1,131 @@
+package tcp
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// sessionKey names a client session: the credential its connections
+// presented and the id the client chose. Keying by the credential too keeps
+// one client's connections from reaching another's replies even if they
+// learnt its id.
+type sessionKey struct {
+	cred string
+	id   [sessionIDSize]byte
+}
+
+// sessionTable is a server's reply cache: the exactly-once sessions of its
+// clients, at most max of them; opening one more evicts the least recently
+// used. It is safe for concurrent use.
+type sessionTable struct {
+	max  int
+	tick atomic.Uint64 // logical clock for least-recently-used eviction
+
+	mu sync.Mutex
+	m  map[sessionKey]*session
+}
+
+func newSessionTable(max int) *sessionTable {
+	return &sessionTable{max: max, m: make(map[sessionKey]*session)}
+}
+
+// session is one client session's reply cache: the last answer of each of
+// its slots. A connection keeps a pointer to it, so an evicted session
+// stays usable by the connections that opened it; a connection that
+// resumes it later finds it gone and answers its retries INDETERMINATE.
+type session struct {
+	lastUsed atomic.Uint64
+	slots    [rdma.SessionSlots]slot
+}
+
+// slot is the reply cache of one session slot. mu is held while the slot's
+// request executes, so a retry that arrives on another connection while the
+// original still runs waits for the original's answer.
+type slot struct {
+	mu     sync.Mutex
+	known  bool   // seq is the slot's last executed sequence number
+	seq    uint32 // last sequence number executed on the slot
+	status uint16 // its answer
+	flags  uint8
+	value  uint64
+}
+
+// open returns the session of key, creating it if the table lacks it. A new
+// session's slots are known (nothing executed yet) unless the client
+// resumes a session a server accepted before: then this server lost its
+// replies (it restarted, or evicted the session), and a retry on a slot
+// that has not executed anything since is INDETERMINATE.
+func (t *sessionTable) open(key sessionKey, resume bool) *session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.m[key]
+	if s == nil {
+		if len(t.m) >= t.max {
+			t.evictOldest()
+		}
+		s = &session{}
+		for i := range s.slots {
+			s.slots[i].known = !resume
+		}
+		t.m[key] = s
+	}
+	t.touch(s)
+	return s
+}
+
+// evictOldest drops the least recently used session; t.mu is held. The
+// scan is linear, and runs only when a session is opened at a full table.
+func (t *sessionTable) evictOldest() {
+	var (
+		oldest    sessionKey
+		oldestUse uint64
+		found     bool
+	)
+	for k, s := range t.m {
+		if u := s.lastUsed.Load(); !found || u < oldestUse {
+			oldest, oldestUse, found = k, u, true
+		}
+	}
+	if found {
+		delete(t.m, oldest)
+	}
+}
+
+// touch marks s as used now.
+func (t *sessionTable) touch(s *session) { s.lastUsed.Store(t.tick.Add(1)) }
+
+// verdict is what a server does with an exactly-once request.
+type verdict uint8
+
+const (
+	execute       verdict = iota // run it and cache its answer
+	replay                       // answer from the cache: it ran before
+	indeterminate                // it may have run; the answer is gone
+)
+
+// decide says what to do with a request for seq on the slot; retry is the
+// request's RETRY flag. The caller holds sl.mu.
+func (sl *slot) decide(seq uint32, retry bool) verdict {
+	if !sl.known {
+		if retry {
+			return indeterminate
+		}
+		return execute
+	}
+	switch d := int32(seq - sl.seq); {
+	case d == 0:
+		return replay
+	case d < 0: // the slot moved on: a stale duplicate
+		return indeterminate
+	default: // the slot's history is known, and seq did not run
+		return execute
+	}
+}
+
+// record caches the answer of seq; the caller holds sl.mu.
+func (sl *slot) record(seq uint32, status uint16, flags uint8, value uint64) {
+	sl.known, sl.seq = true, seq
+	sl.status, sl.flags, sl.value = status, flags, value
+}
