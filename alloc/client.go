@@ -41,8 +41,12 @@ type Client struct {
 	fdMu sync.Mutex                  // serializes calls on the descriptor channel
 	fd   atomic.Pointer[fdpass.Conn] // the descriptor channel; nil until needed
 
-	mu     sync.Mutex
-	data   map[string]rdma.Conn // data-plane connections by address
+	mu   sync.Mutex
+	data map[string]rdma.Conn // data-plane connections by address
+	// onces holds the exactly-once session towards each data-plane
+	// address; it outlives the connections, so a write or atomic retried
+	// on a new connection is answered from the home's reply cache.
+	onces  map[string]*rdma.Session
 	segs   map[*Segment]struct{}
 	closed bool
 }
@@ -78,7 +82,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		ctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	c := &Client{socket: path, network: network, opts: o, emulate: emulate, segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}}
+	c := &Client{socket: path, network: network, opts: o, emulate: emulate, segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}, onces: map[string]*rdma.Session{}}
 	c.sess, err = session.Dial(ctx, network, path, session.Options{
 		ClientID: o.clientID, ClientName: o.clientName,
 		OnEvents: c.segmentEvents,

@@ -18,6 +18,9 @@ type dialOptions struct {
 	opTimeout  time.Duration
 	emulate    *string // WithEmulateLatency's spec, parsed by Dial
 	busyPoll   time.Duration
+	// dataAddr, when set, maps a data-plane address to the one dialed;
+	// tests route the data plane through a fault-injecting proxy with it.
+	dataAddr func(string) string
 }
 
 // WithEmulateLatency sets latency emulation for this client, overriding

@@ -49,6 +49,7 @@ var answers = []struct{ from, to error }{
 	{rdma.ErrLeaseExpired, ErrLeaseExpired},
 	{rdma.ErrUnaligned, ErrUnaligned},
 	{rdma.ErrNotSupported, ErrNotSupported},
+	{rdma.ErrIndeterminate, ErrIndeterminate},
 }
 
 // rdmaErr maps a data-plane error to farmem's sentinels, keeping both
@@ -84,8 +85,13 @@ func (c *Client) dataConn(ctx context.Context, addr string, cred []byte) (rdma.C
 		c.mu.Unlock()
 		return dc, nil
 	}
+	once := c.onceSession(addr)
 	c.mu.Unlock()
-	dc, _, err := dialer.Dial(ctx, addr, cred, tcp.WithBusyPoll(c.opts.busyPoll))
+	dialAddr := addr
+	if c.opts.dataAddr != nil {
+		dialAddr = c.opts.dataAddr(addr)
+	}
+	dc, _, err := dialer.Dial(ctx, dialAddr, cred, tcp.WithBusyPoll(c.opts.busyPoll), tcp.WithSession(once))
 	if err != nil {
 		return nil, err
 	}
@@ -103,6 +109,17 @@ func (c *Client) dataConn(ctx context.Context, addr string, cred []byte) (rdma.C
 	return dc, nil
 }
 
+// onceSession returns the exactly-once session towards addr, making it;
+// c.mu is held.
+func (c *Client) onceSession(addr string) *rdma.Session {
+	s := c.onces[addr]
+	if s == nil {
+		s = rdma.NewSession()
+		c.onces[addr] = s
+	}
+	return s
+}
+
 // dropDataConn forgets a broken connection so the next operation redials.
 func (c *Client) dropDataConn(addr string, dc rdma.Conn) {
 	c.mu.Lock()
@@ -113,23 +130,41 @@ func (c *Client) dropDataConn(addr string, dc rdma.Conn) {
 	dc.Close()
 }
 
-// remoteOp runs fn against the segment's home, redialing (and asking the
-// daemon where the segment is now) while the home is unreachable, until fn
+// remoteOp runs op against the segment's home, redialing (and asking the
+// daemon where the segment is now) while the home is unreachable, until it
 // succeeds, the home refuses, the segment is reported lost, or the
-// operation timeout passes.
-func (s *Segment) remoteOp(fn func(ctx context.Context, conn rdma.Conn, r rdma.Region) error) error {
+// operation timeout passes. A read is simply posted again. A write or
+// atomic holds a ticket of the exactly-once session towards the home, and
+// every retry posts the same ticket, so the home applies it once; when
+// that cannot be known (the home lost the ticket's reply, moved to another
+// address, or the timeout passed after the op was sent) the answer is
+// ErrIndeterminate, never a second application.
+func (s *Segment) remoteOp(op *rdma.Op) error {
 	r := s.remote
 	s.c.mu.Lock()
 	lost := r.lost
 	s.c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(lost, s.c.opts.opTimeout)
 	defer cancel()
+	op.Region = r.region
+	defer func() {
+		if op.Once != nil {
+			op.Once.Release()
+		}
+	}()
 	backoff := 20 * time.Millisecond
 	for {
 		addr, cred := s.dataAddr()
-		conn, err := s.c.dataConn(ctx, addr, cred)
+		err := s.ticket(ctx, op, addr)
+		if errors.Is(err, rdma.ErrIndeterminate) {
+			return rdmaErr(err)
+		}
+		var conn rdma.Conn
 		if err == nil {
-			err = fn(ctx, conn, r.region)
+			conn, err = s.c.dataConn(ctx, addr, cred)
+		}
+		if err == nil {
+			err = post(ctx, conn, op)
 			if err == nil || final(err) {
 				return rdmaErr(err)
 			}
@@ -141,6 +176,9 @@ func (s *Segment) remoteOp(fn func(ctx context.Context, conn rdma.Conn, r rdma.R
 			if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) {
 				return fmt.Errorf("segment %d on %s: %w", s.info.Id, s.info.Node, cause)
 			}
+			if op.Once != nil && op.Once.Posted() {
+				return fmt.Errorf("segment %d on %s: %s at %d sent, but the home was unreachable for %s after: %w (%w)", s.info.Id, s.info.Node, op.Kind, op.Offset, s.c.opts.opTimeout, ErrIndeterminate, err)
+			}
 			return fmt.Errorf("segment %d on %s: home unreachable for %s: %w (%w; retry, or wait for the pool to report the segment lost)", s.info.Id, s.info.Node, s.c.opts.opTimeout, err, ErrUnavailable)
 		}
 		select {
@@ -151,6 +189,43 @@ func (s *Segment) remoteOp(fn func(ctx context.Context, conn rdma.Conn, r rdma.R
 		backoff = min(backoff*2, 500*time.Millisecond)
 		s.refresh(ctx)
 	}
+}
+
+// post runs op on conn: a read through Read (no batch to set up), the
+// others through Do, which carries their tickets.
+func post(ctx context.Context, conn rdma.Conn, op *rdma.Op) error {
+	if op.Kind == rdma.OpRead {
+		return conn.Read(ctx, op.Region, op.Offset, op.Buf)
+	}
+	return conn.Do(ctx, op)
+}
+
+// ticket gives a write or atomic a ticket of the exactly-once session
+// towards addr. A ticket of another address's session (the home moved:
+// it restarted) that was already posted makes the outcome unknown.
+func (s *Segment) ticket(ctx context.Context, op *rdma.Op, addr string) error {
+	if op.Kind == rdma.OpRead || (op.Kind == rdma.OpFetchAdd && op.Delta == 0) { // Load64: idempotent
+		return nil
+	}
+	s.c.mu.Lock()
+	sess := s.c.onceSession(addr)
+	s.c.mu.Unlock()
+	if op.Once != nil {
+		if op.Once.Session() == sess {
+			return nil
+		}
+		if op.Once.Posted() {
+			return fmt.Errorf("segment %d: %s at %d was sent to the home's old address, which is gone: %w", s.info.Id, op.Kind, op.Offset, rdma.ErrIndeterminate)
+		}
+		op.Once.Release()
+		op.Once = nil
+	}
+	t, err := sess.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	op.Once = t
+	return nil
 }
 
 // dataAddr is where the segment's home serves it and the credential its
@@ -207,9 +282,7 @@ func (s *Segment) remoteReadAt(p []byte, off int64) (int, error) {
 	}
 	n := int(min(int64(len(p)), size-off))
 	if n > 0 {
-		if err := s.remoteOp(func(ctx context.Context, c rdma.Conn, r rdma.Region) error {
-			return c.Read(ctx, r, off, p[:n])
-		}); err != nil {
+		if err := s.remoteOp(&rdma.Op{Kind: rdma.OpRead, Offset: off, Buf: p[:n]}); err != nil {
 			return 0, err
 		}
 	}
@@ -219,34 +292,31 @@ func (s *Segment) remoteReadAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
+// remoteWriteAt writes p in pieces of at most one data-plane frame, each
+// exactly once; a failed piece ends the write (the earlier ones are in).
 func (s *Segment) remoteWriteAt(p []byte, off int64) (int, error) {
 	size := s.info.Size
 	if off < 0 || off > size || int64(len(p)) > size-off {
 		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, size, ErrOutOfRange)
 	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	if err := s.remoteOp(func(ctx context.Context, c rdma.Conn, r rdma.Region) error {
-		return c.Write(ctx, r, off, p)
-	}); err != nil {
-		return 0, err
+	for done := 0; done < len(p); {
+		n := min(len(p)-done, tcp.MaxPayload)
+		if err := s.remoteOp(&rdma.Op{Kind: rdma.OpWrite, Offset: off + int64(done), Buf: p[done : done+n]}); err != nil {
+			return done, err
+		}
+		done += n
 	}
 	return len(p), nil
 }
 
 func (s *Segment) remoteFetchAdd(off int64, delta uint64) (prev uint64, err error) {
-	err = s.remoteOp(func(ctx context.Context, c rdma.Conn, r rdma.Region) (err error) {
-		prev, err = c.FetchAdd64(ctx, r, off, delta)
-		return err
-	})
-	return prev, err
+	op := rdma.Op{Kind: rdma.OpFetchAdd, Offset: off, Delta: delta}
+	err = s.remoteOp(&op)
+	return op.Prev, err
 }
 
 func (s *Segment) remoteCAS(off int64, old, new uint64) (prev uint64, swapped bool, err error) {
-	err = s.remoteOp(func(ctx context.Context, c rdma.Conn, r rdma.Region) (err error) {
-		prev, swapped, err = c.CompareAndSwap64(ctx, r, off, old, new)
-		return err
-	})
-	return prev, swapped, err
+	op := rdma.Op{Kind: rdma.OpCompareAndSwap, Offset: off, Old: old, New: new}
+	err = s.remoteOp(&op)
+	return op.Prev, op.Swapped, err
 }
