@@ -13,8 +13,18 @@ import (
 // transport's name with the connection. A transport this host or build
 // lacks is skipped (errors.Is(err, rdma.ErrNotSupported)). opts apply
 // to the tcp transport.
+//
+// Atomics on a segment must be atomic with each other whichever transport
+// carries them, and the home's CPU executes those of tcp peers: a verbs
+// connection whose device's atomics are not atomic with the CPU's (not
+// IBV_ATOMIC_GLOB) sends its atomics over a tcp connection of its own.
 func Dial(ctx context.Context, addr string, cred []byte, opts ...tcp.Option) (rdma.Conn, string, error) {
-	conn, t, err := rdma.Pick(ctx, addr, cred, verbs.Transport{}, tcp.NewTransport(opts...))
+	tt := tcp.NewTransport(opts...)
+	conn, t, err := rdma.Pick(ctx, addr, cred, verbs.Transport{}, tt)
+	if err != nil {
+		return nil, "", err
+	}
+	conn, err = routeAtomics(conn, func() (rdma.Conn, error) { return tt.Dial(ctx, addr, cred) })
 	if err != nil {
 		return nil, "", err
 	}

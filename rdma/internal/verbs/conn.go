@@ -428,8 +428,17 @@ func (c *Conn) check(ctx context.Context, st *opState) error {
 	if op.Offset < 0 || uint64(op.Offset) > info.size || uint64(n) > info.size-uint64(op.Offset) {
 		return fmt.Errorf("rdma/verbs: %s of %d bytes at offset %d of %s (size %d): %w", op.Kind, n, op.Offset, op.Region, info.size, rdma.ErrOutOfRange)
 	}
+	if op.Once != nil && op.Kind != rdma.OpRead && op.Once.Post() {
+		// RC retransmits exactly once within a queue pair; a new queue
+		// pair cannot tell whether the old one's work request ran.
+		return fmt.Errorf("rdma/verbs: %s at offset %d of %s was posted before on a queue pair that failed, and may have run; not posted again: %w", op.Kind, op.Offset, op.Region, rdma.ErrIndeterminate)
+	}
 	return nil
 }
+
+// AtomicScope reports what the device's atomics are atomic with
+// (ibv_device_attr.atomic_cap).
+func (c *Conn) AtomicScope() AtomicScope { return c.dev.atomicScope() }
 
 // segment returns the cached address and rkey of the region's segment,
 // resolving it over the control connection when unknown or when the caller

@@ -313,6 +313,17 @@ func openDevice() (*device, error) {
 	return d, nil
 }
 
+// atomicScope maps the device's atomic_cap.
+func (d *device) atomicScope() AtomicScope {
+	switch d.d.atomic_cap {
+	case C.IBV_ATOMIC_GLOB:
+		return AtomicGlobal
+	case C.IBV_ATOMIC_HCA:
+		return AtomicHCA
+	}
+	return AtomicNone
+}
+
 // localInfo describes this side of a queue pair.
 func (d *device) localInfo(qpn, psn uint32) qpInfo {
 	q := qpInfo{QPN: qpn, PSN: psn, LID: uint16(d.d.lid), MTU: uint8(d.d.mtu), GRH: 1}
