@@ -20,7 +20,7 @@
 //
 // Two transports implement these interfaces: rdma/tcp, a TCP fallback of the
 // same one-sided protocol that works everywhere, and rdma/internal/verbs, a
-// libibverbs backend built with the `verbs` tag (a stub for now).
+// libibverbs backend built with the `verbs` tag.
 //
 // # Semantics
 //
@@ -31,6 +31,26 @@
 // 8-byte aligned offsets are atomic, and they are atomic with respect to each
 // other and to the host's own sync/atomic operations on that memory. Atomic
 // values use the byte order of the host that exports the memory.
+//
+// Atomics are atomic across transports too: the exporting host's CPU runs
+// the atomics of tcp peers, so a verbs connection runs atomics on its RDMA
+// device only when the device's atomics are atomic with the CPU's
+// (IBV_ATOMIC_GLOB); otherwise rdma/dialer sends them over a tcp connection
+// (see verbs.AtomicsOnDevice).
+//
+// # Exactly once
+//
+// A Write, CompareAndSwap64 or FetchAdd64 whose connection breaks after it
+// was sent may or may not have run. Posting it again (Conn.Do) with the same
+// [Ticket] of a [Session] in Op.Once makes the retry exactly-once: rdma/tcp
+// keeps a bounded reply cache per session at the server and answers a
+// retried ticket with the original result; when that answer is gone (server
+// restarted, session evicted, slot reused) the retry fails with
+// [ErrIndeterminate] and is not applied. Within one verbs queue pair RC's own
+// retransmission is exactly-once, but a work request cannot be re-posted
+// safely on a new queue pair: the verbs Conn answers a ticket posted a
+// second time with ErrIndeterminate instead. Reads are idempotent and are
+// simply retried.
 //
 // # Concurrency
 //

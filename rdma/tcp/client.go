@@ -74,8 +74,7 @@ func WithBusyPoll(d time.Duration) Option { return func(o *options) { o.busyPoll
 // present: ops posted with a Ticket of this session (rdma.Op.Once) may be
 // posted again on another Client dialed with it, and are applied once. Use
 // one Session per server address, for every Client dialed to it. Default:
-// a fresh session for each Client (a retry on another Client then gets
-// ErrIndeterminate... never a second application: the session differs).
+// a fresh session for each Client, whose tickets then work on it alone.
 func WithSession(s *rdma.Session) Option { return func(o *options) { o.session = s } }
 
 // Client is a connection to one server's exported memory over several TCP

@@ -4,7 +4,8 @@
 // without an RDMA NIC. Server implements rdma.Exporter, Client implements
 // rdma.Conn and Transport implements rdma.Transport.
 //
-// This comment is the protocol specification. Version 1.
+// This comment is the protocol specification. Version 2; servers still
+// serve version 1 clients, which lack only exactly-once sessions.
 //
 // # Connection and handshake
 //
@@ -13,12 +14,16 @@
 // reply. All integers on the wire are little-endian; all headers have a
 // fixed size.
 //
-//	hello (client → server), 12 bytes + credential:
-//	+--------+--------+--------+----------------+- - - - - - - - - -+
-//	| magic  |version |reserved| credential len | credential bytes  |
-//	|"FMRD" 4| u16    | u16 = 0| u32 ≤ 4096     | (len bytes)       |
-//	+--------+--------+--------+----------------+- - - - - - - - - -+
+//	hello (client → server), 12 bytes + credential (+ session id from version 2):
+//	+--------+--------+--------+----------------+- - - - - - - - - -+- - - - - - - -+
+//	| magic  |version | flags  | credential len | credential bytes  | session id    |
+//	|"FMRD" 4| u16    | u16    | u32 ≤ 4096     | (len bytes)       | 16 bytes (v2) |
+//	+--------+--------+--------+----------------+- - - - - - - - - -+- - - - - - - -+
 //	0        4        6        8                12
+//
+// Hello flags: none in version 1 (the field is reserved, 0); in version 2
+// bit 0 RESUME says a server accepted this session id before (see
+// Sessions). Other bits set are BAD_MAGIC.
 //
 //	reply (server → client), 12 bytes:
 //	+--------+--------+--------+----------------+
@@ -29,8 +34,11 @@
 //
 // Versioning (as in hashicorp/memberlist): the client sends the version it
 // speaks; a server that speaks it answers code 0 (accept) with that version;
-// otherwise it answers BAD_VERSION with the version it speaks and closes the
-// connection. Reply codes (append only, never renumbered):
+// otherwise it answers BAD_VERSION with the newest version it speaks and
+// closes the connection. This server speaks versions 1 and 2; this client
+// speaks 2 only, so against a version 1 server Dial fails with an error
+// matching rdma.ErrNotSupported that names both versions: upgrade the
+// server. Reply codes (append only, never renumbered):
 //
 //	0 ACCEPT          the connection is open for requests
 //	1 BAD_MAGIC       the hello is malformed (wrong magic, reserved bits set, truncated)
@@ -72,7 +80,7 @@
 //	+---------------------------------------------------------------+
 //	|                     request id (u64)                       0  |
 //	+---------------+---------------+-------------------------------+
-//	| opcode (u8) 8 | flags (u8)  9 |      reserved (u16) = 0    10 |
+//	| opcode (u8) 8 | flags (u8)  9 | slot (u16) (ONCE; else 0)  10 |
 //	+---------------+---------------+-------------------------------+
 //	|                 payload len (u32) ≤ 16 MiB                 12 |
 //	+---------------------------------------------------------------+
@@ -84,7 +92,7 @@
 //	+---------------------------------------------------------------+
 //	|                     offset (u64)                           48 |
 //	+-------------------------------+-------------------------------+
-//	| length (u32) ≤ 16 MiB      56 | reserved (u32) = 0         60 |
+//	| length (u32) ≤ 16 MiB      56 | seq (u32) (ONCE; else 0)   60 |
 //	+-------------------------------+-------------------------------+
 //	|                     arg0 (u64)                             64 |
 //	+---------------------------------------------------------------+
@@ -107,11 +115,51 @@
 //	         keeps such calls on a connection of their own. A server without
 //	         the hook answers UNSUPPORTED.
 //
-// No flag is defined in version 1; a request with flags set, or with an
-// opcode the server does not know, is answered UNSUPPORTED after its payload
-// has been skipped, so newer clients can probe older servers. Atomics need
-// offset to be a multiple of 8 and operate on the word in the byte order of
-// the exporting host.
+// Request flags (append only; none in version 1):
+//
+//	bit 0 ONCE    (v2) the request is exactly-once: slot and seq name it
+//	              in the connection's session; WRITE, CAS and FADD only
+//	bit 1 RETRY   (v2) with ONCE: the client sent this slot and seq before
+//
+// A request with a flag the connection's version does not define, RETRY
+// without ONCE, ONCE on another opcode or with a slot ≥ 128, or an opcode
+// the server does not know, is answered UNSUPPORTED after its payload has
+// been skipped, so newer clients can probe older servers. Without ONCE the
+// slot and seq fields are reserved and must be 0. Atomics need offset to be
+// a multiple of 8 and operate on the word in the byte order of the
+// exporting host.
+//
+// # Sessions (version 2): exactly-once writes and atomics
+//
+// A client that lost a connection after sending a WRITE, CAS or FADD cannot
+// tell whether it ran; sending it again could apply it twice (a second
+// fetch-and-add, or a CAS that finds its own first store and reports
+// "not swapped"). Version 2 borrows NFSv4.1's session slot table. The
+// client picks a random 16-byte session id per server and presents it in
+// every hello (RESUME once a server accepted it); the server keys the
+// session by (credential, id), so it outlives connections. A session has
+// 128 slots (rdma.SessionSlots); a client keeps at most one operation per
+// slot in flight and numbers the operations of a slot 1, 2, 3... (seq,
+// wrapping). The server keeps, per slot, the last seq it ran and that
+// request's response header (status, flags, value): a bounded reply cache,
+// 128 answers per session, at most ServerConfig.MaxSessions sessions (least
+// recently used evicted). For a request with ONCE, under the slot's lock:
+//
+//	seq = slot's last               → the cached answer (payload skipped)
+//	seq after the slot's last       → run it; cache its answer
+//	seq before the slot's last      → INDETERMINATE (a stale duplicate)
+//	slot's history unknown, RETRY   → INDETERMINATE
+//	slot's history unknown, no RETRY → run it; cache its answer
+//
+// A slot's history is unknown when its session was created by a RESUME
+// hello: this server never saw it, or evicted it, or restarted since. A
+// session created by a hello without RESUME starts with every slot at seq
+// 0. A retry that arrives while its original still runs on another
+// connection waits for the original's answer. A WRITE whose payload is cut
+// off caches nothing, so its retry runs in full. The client moves a slot to
+// its next seq only once it has the answer (or gave up), which tells the
+// server the cached answer is no longer needed. rdma.Op.Once carries the
+// ticket (slot and seq); rdma.Session is the client's table.
 //
 // # Responses
 //
@@ -145,6 +193,9 @@
 //	5 UNALIGNED       rdma.ErrUnaligned: atomic at an offset not a multiple of 8
 //	6 PROTOCOL        rdma.ErrProtocol
 //	7 UNSUPPORTED     rdma.ErrNotSupported: unknown opcode or flags
+//	8 INDETERMINATE   rdma.ErrIndeterminate (v2): an exactly-once request
+//	                  whose earlier run the server can neither confirm nor
+//	                  rule out; it was not run again
 //
 // The server checks, in this order, key (constant-time), segment state,
 // epoch, alignment and bounds (overflow-safe: offset ≤ size and
@@ -153,7 +204,7 @@
 // # Limits and framing errors
 //
 // A payload or length over 16 MiB (MaxPayload), reserved bytes that are not
-// zero, a payload length that contradicts a known opcode, or a stream that
+// zero (slot and seq without ONCE), a payload length that contradicts a known opcode, or a stream that
 // ends inside a frame are framing errors: the receiver logs the reason and
 // closes the connection without touching memory for that frame. Clients
 // split larger reads and writes into several requests.

@@ -77,6 +77,22 @@
 //
 // # Atomics
 //
+// A device's atomics are used only when its atomic_cap is IBV_ATOMIC_GLOB
+// (atomic with the host CPU's atomics too): the exporting host's CPU runs
+// the atomics of tcp peers on the same words, and with IBV_ATOMIC_HCA (what
+// rxe reports) the two can interleave and lose an update. Conn.AtomicScope
+// reports the capability and AtomicsOnDevice decides; rdma/dialer sends
+// the atomics of any other device over a tcp connection to the same data
+// plane, where the home's CPU runs them.
+//
+// Exactly once: RC retransmission applies a work request once within a
+// queue pair, but when a queue pair fails nobody can tell whether its
+// outstanding WRITE or atomic ran, and a new queue pair cannot ask. A write
+// or atomic with an exactly-once ticket (rdma.Op.Once) that was posted
+// before is therefore not posted again: it fails with
+// rdma.ErrIndeterminate. (Atomics routed over tcp get the tcp transport's
+// reply cache, which answers such a retry.)
+//
 // The fetched value is written back in the byte order the provider uses;
 // rxe (Soft-RoCE) and the exporter's host agree on host order, which is
 // what rdma.Conn promises.
