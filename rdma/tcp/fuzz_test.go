@@ -18,6 +18,7 @@ func FuzzDecodeRequest(f *testing.F) {
 		{id: 3, op: opCAS, length: 8, arg0: 1, arg1: 2},
 		{id: 4, op: opFADD, length: 8, arg0: 7},
 		{id: 5, op: 99, flags: 1, payloadLen: 3},
+		{id: 6, op: opFADD, flags: reqFlagOnce | reqFlagRetry, slot: 3, seq: 9, length: 8, arg0: 1},
 	} {
 		b := make([]byte, reqHeaderSize)
 		encodeRequest(b, &h)
@@ -44,6 +45,7 @@ func FuzzDecodeResponse(f *testing.F) {
 		{id: 1, status: statusOK, payloadLen: 4096},
 		{id: 2, status: statusOK, flags: respFlagSwapped, value: 9},
 		{id: 3, status: statusLeaseExpired},
+		{id: 4, status: statusIndeterminate},
 	} {
 		b := make([]byte, respHeaderSize)
 		encodeResponse(b, &h)
