@@ -341,6 +341,9 @@ type part struct {
 // ops; its Err is the first of theirs. If ctx ends, unfinished ops get
 // ctx.Err() with the same buffer guarantees as Read and Write.
 func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
+	if len(ops) == 1 && ops[0] != nil && oneFrame(ops[0]) {
+		return cl.one(ctx, ops[0])
+	}
 	parts := make([]part, 0, len(ops))
 	for _, u := range ops {
 		if u == nil {
@@ -409,6 +412,51 @@ func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
 		}
 	}
 	return nil
+}
+
+// oneFrame reports whether u travels as one wire op.
+func oneFrame(u *rdma.Op) bool {
+	switch u.Kind {
+	case rdma.OpRead, rdma.OpWrite:
+		return len(u.Buf) <= MaxPayload
+	case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
+		return true
+	}
+	return false
+}
+
+// one runs a lone op of one wire frame as Write and FetchAdd64 do, without
+// setting up a batch: what a Do of one write or atomic with a ticket costs.
+func (cl *Client) one(ctx context.Context, u *rdma.Op) error {
+	u.Err, u.Prev, u.Swapped = nil, 0, false
+	n := len(u.Buf)
+	if u.Kind == rdma.OpCompareAndSwap || u.Kind == rdma.OpFetchAdd {
+		n = 8
+	}
+	if u.Once != nil {
+		u.Err = cl.checkOnce(u)
+	} else {
+		u.Err = check(u.Kind, u.Region, u.Offset, n)
+	}
+	if u.Err != nil {
+		return u.Err
+	}
+	o := getOp()
+	o.kind, o.region, o.off, o.buf = u.Kind, u.Region, uint64(u.Offset), u.Buf
+	o.arg0, o.arg1 = opArgs(u)
+	if u.Once != nil {
+		o.once, o.retry = u.Once, u.Once.Post()
+	}
+	err := cl.run(ctx, o)
+	if err == nil {
+		err = o.err
+	}
+	if err == nil {
+		u.Prev, u.Swapped = o.prev, o.swapped
+	}
+	o.release()
+	u.Err = err
+	return err
 }
 
 // checkOnce validates an exactly-once op: a WRITE of at most one frame or
