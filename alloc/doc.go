@@ -31,5 +31,14 @@
 // Errors are farmem's sentinels (ErrNoCapacity, ErrOutOfRange, ...), tested
 // with errors.Is; the daemon's message, saying what to do, is kept.
 //
+// Remote (rdma) segments are reached over a data-plane connection to their
+// home that the client redials when it breaks, retrying the call within
+// WithOpTimeout. Reads are retried as they are; WriteAt, CompareAndSwap64
+// and Add64 carry an operation id that the home remembers, so a retry is
+// answered with the first run's result and never applied twice. When the
+// home cannot tell (it restarted, or forgot this client's answers), the
+// call returns ErrIndeterminate, which also matches ErrUnavailable: the
+// operation may have run once; read the memory to find out.
+//
 // Needs Linux for local segments (memfd, mmap, SCM_RIGHTS).
 package alloc
