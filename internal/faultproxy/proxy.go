@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// Config says where a Proxy forwards and how it breaks connections.
+// Config says where a Proxy forwards and how it breaks connections. A
+// plain value; ReplyBudget may be called from several goroutines.
 type Config struct {
 	// Target is the host:port that connections are forwarded to.
 	Target string
@@ -23,6 +24,7 @@ type Config struct {
 }
 
 // Proxy forwards connections accepted on a loopback port to Config.Target.
+// It is safe for concurrent use.
 type Proxy struct {
 	cfg Config
 	ln  net.Listener

@@ -13,7 +13,8 @@ import (
 // Target is what the workload runs against. Word 0 is the shared counter;
 // word g+1 belongs to goroutine g alone. Each method retries whatever its
 // transport may safely retry and returns an error only when the outcome is
-// final; Indeterminate tells the errors that leave it unknown.
+// final; Indeterminate tells the errors that leave it unknown. Run calls
+// the methods from several goroutines at once.
 type Target interface {
 	// Add adds 1 to word 0 and returns its previous value.
 	Add(ctx context.Context) (prev uint64, err error)
@@ -25,7 +26,7 @@ type Target interface {
 	Indeterminate(err error) bool
 }
 
-// Result counts the outcomes of a Run.
+// Result counts the outcomes of a Run. A plain value.
 type Result struct {
 	Adds, AddsIndeterminate               int
 	Swapped, NotSwapped, CASIndeterminate int

@@ -1,7 +1,7 @@
 package verbs
 
 // AtomicScope is what a device's RDMA atomics are atomic with: its
-// ibv_device_attr.atomic_cap.
+// ibv_device_attr.atomic_cap. A plain value.
 type AtomicScope int
 
 // The scopes, as libibverbs names them.
