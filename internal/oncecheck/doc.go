@@ -6,7 +6,9 @@
 // indeterminate adds, that successful adds saw distinct previous values
 // (each one linearizes at its own point), and that every CAS's answer is
 // what its owner, the only writer of its word, must see: a CAS that says it
-// did not swap really did not store.
+// did not swap really did not store. A last, short run of reads and CAS on
+// one shared word is checked for linearizability with porcupine
+// (coherence/lincheck).
 //
 // Run is safe to call from one test at a time per Target; it runs its own
 // goroutines and waits for them. Any OS.

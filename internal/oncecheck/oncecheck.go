@@ -2,12 +2,16 @@ package oncecheck
 
 import (
 	"context"
+	"os"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/coherence/lincheck"
 )
 
 // Target is what the workload runs against. Word 0 is the shared counter;
@@ -34,8 +38,9 @@ type Result struct {
 
 // Run does ops adds, spread over goroutines, then ops CAS, each goroutine
 // on its own word (every fourth with a wrong old value, so refusals are
-// exercised too), and checks every answer. Words 0..goroutines must start
-// at zero.
+// exercised too), and checks every answer; then a short run of reads and
+// CAS on one shared word whose history must be linearizable. Words
+// 0..goroutines+1 must start at zero.
 func Run(t testing.TB, ctx context.Context, tg Target, ops, goroutines int) Result {
 	var (
 		mu    sync.Mutex
@@ -143,7 +148,50 @@ func Run(t testing.TB, ctx context.Context, tg Target, ops, goroutines int) Resu
 	}
 	wg.Wait()
 	require.False(t, t.Failed(), "the CAS run failed")
+	linearizable(t, ctx, tg, min(ops/20, 2000), goroutines)
 	return res
+}
+
+// linearizable has the goroutines read and increment one shared word,
+// goroutines+1, with CAS (ops in all), records the history and checks it
+// with porcupine: a CAS applied twice, or reported not swapped although it
+// stored, leaves a history no order of the operations explains.
+func linearizable(t testing.TB, ctx context.Context, tg Target, ops, goroutines int) {
+	w := goroutines + 1
+	rec := lincheck.NewRecorder()
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for range ops / goroutines / 2 {
+				call := rec.Now()
+				v, err := tg.Load(ctx, w)
+				if !assert.NoError(t, err) {
+					return
+				}
+				rec.Add(g, lincheck.Input{Kind: lincheck.Read, Key: w}, lincheck.Output{Value: v}, call)
+				in := lincheck.Input{Kind: lincheck.CAS, Key: w, Old: v, New: v + 1}
+				call = rec.Now()
+				_, swapped, err := tg.CAS(ctx, w, v, v+1)
+				if err != nil {
+					if !assert.Truef(t, tg.Indeterminate(err), "CAS failed: %v", err) {
+						return
+					}
+					rec.AddUnknown(g, in, call)
+					continue
+				}
+				rec.Add(g, in, lincheck.Output{Swapped: swapped}, call)
+			}
+		})
+	}
+	wg.Wait()
+	require.False(t, t.Failed(), "the shared CAS run failed")
+	dir := os.Getenv("FARMEM_KEEP_HISTORIES") // as the other lincheck tests
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	ok, path, err := lincheck.Check(rec.Ops(), 30*time.Second, dir)
+	require.NoError(t, err)
+	require.True(t, ok, "the shared CAS history is not linearizable (or the check timed out): %s", path)
 }
 
 func boolInt(b bool) int {

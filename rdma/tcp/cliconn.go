@@ -126,7 +126,7 @@ func (c *cliConn) register(ctx context.Context, o *op, block bool) (bool, error)
 		}
 	}
 	o.slot = s
-	o.id = uint64(c.gen.Add(1))<<32 | uint64(s)
+	o.id.Store(uint64(c.gen.Add(1))<<32 | uint64(s))
 	o.state.Store(opQueued)
 	o.refs.Add(2)
 	c.slots[s].Store(o)
@@ -257,7 +257,7 @@ func (c *cliConn) writeBatch(batch []*op) error {
 			continue // cancelled by its caller, or failed by fail
 		}
 		h = reqHeader{
-			id:     o.id,
+			id:     o.id.Load(),
 			op:     uint8(o.kind),
 			seg:    o.region.Segment,
 			key:    o.region.Key,

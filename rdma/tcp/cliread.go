@@ -184,7 +184,7 @@ func (c *cliConn) readOne(leadCtx context.Context) error {
 	if int(s) < len(c.slots) {
 		o = c.slots[s].Load()
 	}
-	if o == nil || o.id != h.id {
+	if o == nil || o.id.Load() != h.id {
 		return fmt.Errorf("response for unknown request id %#x: %w", h.id, rdma.ErrProtocol)
 	}
 	if !c.slots[s].CompareAndSwap(o, nil) {

@@ -42,8 +42,8 @@ type op struct {
 	once   *rdma.Ticket // exactly-once ticket, or nil
 	retry  bool         // the ticket was posted before
 
-	conn  *cliConn // set by Client.post for Do
-	id    uint64
+	conn  *cliConn      // set by Client.post for Do
+	id    atomic.Uint64 // atomic: a reader may load a stale op from a slot that fail just swept, whose next use sets it
 	slot  uint32
 	state atomic.Uint32
 	refs  atomic.Int32
