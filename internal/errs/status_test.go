@@ -41,3 +41,16 @@ func TestUnknownAndPlain(t *testing.T) {
 	require.True(t, Retryable(FromStatus(status.Error(codes.Unavailable, "x"))))
 	require.ErrorIs(t, FromStatus(status.Error(codes.NotFound, "x")), ErrNotFound)
 }
+
+// TestIndeterminate: ErrIndeterminate matches ErrUnavailable too, wrapped
+// or not, so callers that check only ErrUnavailable still see a failure to
+// reach the home; but it is not Retryable, since retrying could apply the
+// operation twice.
+func TestIndeterminate(t *testing.T) {
+	err := fmt.Errorf("segment 7: %w", ErrIndeterminate)
+	require.ErrorIs(t, err, ErrIndeterminate)
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.NotErrorIs(t, ErrUnavailable, ErrIndeterminate)
+	require.False(t, Retryable(err))
+	require.True(t, Retryable(fmt.Errorf("x: %w", ErrUnavailable)))
+}
