@@ -153,6 +153,10 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 		}
 	}()
 	backoff := 20 * time.Millisecond
+	// A connection that broke under the op is redialed at once, the first
+	// time after each wait: a home that dropped one connection usually
+	// takes the next; one that keeps failing gets the backoff.
+	quick := true
 	for {
 		addr, cred := s.dataAddr()
 		err := s.ticket(ctx, op, addr)
@@ -170,6 +174,10 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 			}
 			if ctx.Err() == nil {
 				s.c.dropDataConn(addr, conn)
+				if quick {
+					quick = false
+					continue
+				}
 			}
 		}
 		if ctx.Err() != nil {
@@ -187,6 +195,7 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 500*time.Millisecond)
+		quick = true
 		s.refresh(ctx)
 	}
 }
