@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -43,6 +44,8 @@ type Daemon struct {
 	lock *os.File // the data directory's lock, held until Close
 
 	stop      chan struct{}
+	failOnce  sync.Once
+	failErr   atomic.Pointer[error] // why the daemon stopped itself (fail); nil while it serves
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
@@ -263,12 +266,27 @@ func (d *Daemon) Serve() error {
 		}()
 	}
 	err := d.grpc.Serve(grpcListener{d.mux})
+	if failed := d.failErr.Load(); failed != nil {
+		return *failed
+	}
 	select {
 	case <-d.stop:
 		return nil
 	default:
 		return err
 	}
+}
+
+// fail stops serving because the daemon cannot run as configured (its
+// node name is taken in the cluster): Serve returns err, and Close then
+// shuts gossip down without a leave, which would speak for the name's
+// rightful holder too.
+func (d *Daemon) fail(err error) {
+	d.failOnce.Do(func() {
+		d.log.Error("stopping", "err", err)
+		d.failErr.Store(&err)
+		d.grpc.Stop()
+	})
 }
 
 // Config returns the configuration the daemon runs with.
@@ -376,7 +394,7 @@ func (d *Daemon) every(period time.Duration, fn func()) {
 func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
 		d.health.shutdown()
-		if d.pool.cl != nil {
+		if d.pool.cl != nil && d.failErr.Load() == nil {
 			if err := d.pool.cl.Leave(2 * time.Second); err != nil {
 				d.log.Warn("leave the cluster", "err", err)
 			}

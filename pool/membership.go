@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -134,6 +135,13 @@ func (d *Daemon) joinSeeds() bool {
 			d.log.Info("joined the cluster", "contacted", n, "seeds", d.cfg.Join)
 			return true
 		}
+		if errors.Is(err, cluster.ErrNameConflict) {
+			// Peers keep the member that held the name first and never
+			// see this one: serving on would place nothing here and
+			// leave every rdma allocation on loopback.
+			d.fail(fmt.Errorf("refusing to join the cluster: %w", err))
+			return false
+		}
 		d.log.Warn("cannot join the cluster yet; retrying", "seeds", d.cfg.Join, "err", err)
 		select {
 		case <-stopped.Done():
@@ -207,7 +215,12 @@ func (d *Daemon) rejoinSeeds() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if n, err := d.pool.cl.Join(ctx, missing); err == nil && n > 0 {
+	n, err := d.pool.cl.Join(ctx, missing)
+	switch {
+	case errors.Is(err, cluster.ErrNameConflict):
+		// This node joined first; the other one is told to stop.
+		d.log.Error("a node at a seed uses this node's name", "err", err)
+	case err == nil && n > 0:
 		d.log.Info("rejoined seeds", "seeds", missing, "contacted", n)
 	}
 }
@@ -369,7 +382,21 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 		}
 		return 0
 	})
-	return &poolv1.NodesResponse{Nodes: out}, nil
+	return &poolv1.NodesResponse{Nodes: out, NameConflicts: p.nameConflicts()}, nil
+}
+
+// nameConflicts lists the node names this daemon saw gossiped from two
+// addresses at once.
+func (p *Pool) nameConflicts() []*poolv1.NameConflict {
+	if p.cl == nil {
+		return nil
+	}
+	var out []*poolv1.NameConflict
+	for _, c := range p.cl.Conflicts() {
+		out = append(out, &poolv1.NameConflict{Name: c.Name, KnownAddr: c.Known, ClaimantAddr: c.Claimant, Self: c.Self,
+			FirstUnixMs: c.First.UnixMilli(), LastUnixMs: c.Last.UnixMilli(), Count: c.Count})
+	}
+	return out
 }
 
 func (s *service) Drain(ctx context.Context, req *poolv1.DrainRequest) (*poolv1.DrainResponse, error) {

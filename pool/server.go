@@ -264,6 +264,7 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 		Segments: int64(len(p.List())), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
 		Clients: s.d.withIdentities(p.clientInfos()), Ops: s.d.metrics.tierOps(),
 		Insecure: s.d.cfg.Insecure && s.d.cfg.Listen != "", Quotas: p.quotaUsage(),
+		NameConflicts: p.nameConflicts(),
 	}, nil
 }
 

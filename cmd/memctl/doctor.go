@@ -165,10 +165,16 @@ func (r *doctorReport) askPool(g *globals) {
 	pg := *g
 	pg.timeout = min(g.timeout, doctorTimeout)
 	var tiers []*poolv1.TierInfo
+	var conflicts []*poolv1.NameConflict
 	err := pg.call(func(ctx context.Context, c poolv1.PoolClient) error {
 		resp, err := c.Tiers(ctx, &poolv1.TiersRequest{})
+		if err != nil {
+			return err
+		}
+		tiers = resp.Tiers
+		nodes, err := c.Nodes(ctx, &poolv1.NodesRequest{})
 		if err == nil {
-			tiers = resp.Tiers
+			conflicts = nodes.NameConflicts
 		}
 		return err
 	})
@@ -178,6 +184,9 @@ func (r *doctorReport) askPool(g *globals) {
 		return
 	}
 	r.Pool.Reachable, r.Pool.Tiers = true, tiers
+	for _, c := range conflicts {
+		r.problem(conflictProblem(c))
+	}
 	for _, t := range tiers {
 		line := fmt.Sprintf("%s: %s (%s) on %s, %s free of %s, read %s", tierName(t.Tier), t.Kind, strings.ToLower(reality(t.Emulated)),
 			strings.Join(t.Devices, ","), human(t.Free), human(t.Capacity), readLatency(t))

@@ -70,6 +70,7 @@ func newNodesCmd(g *globals) *cobra.Command {
 				}
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", name, state, dash(n.GossipAddr), dash(n.GRPCAddr), dash(n.DataAddr), strings.Join(free, ", "))
 			}
+			printConflicts(w, resp.NameConflicts)
 			return w.Flush()
 		},
 	}

@@ -37,6 +37,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 					"socket": st.Socket, "sessions": st.Sessions, "segments": st.Segments,
 					"lease_ttl_ms": st.LeaseTtlMs, "tiers": tiers,
 					"insecure": st.Insecure, "quotas": quotasJSON(st.Quotas),
+					"name_conflicts": conflictsJSON(st.NameConflicts),
 				})
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
@@ -44,6 +45,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "socket %s, data %s, %d sessions, %d segments, lease TTL %s\n\n", st.Socket, st.DataDir, st.Sessions, st.Segments, time.Duration(st.LeaseTtlMs)*time.Millisecond)
 			printTiers(w, st.Tiers)
 			printSecurity(w, st)
+			printConflicts(w, st.NameConflicts)
 			return w.Flush()
 		},
 	}

@@ -62,6 +62,9 @@ type Cluster struct {
 	seq     uint64
 	// reapedAt is when reapLocked last walked members; guarded by mu.
 	reapedAt time.Time
+	// nameClashes and selfClaims record name conflicts (conflict.go); guarded by mu.
+	nameClashes conflictTable
+	selfClaims  uint64
 
 	dropped   atomic.Uint64
 	conflicts atomic.Uint64
@@ -182,6 +185,12 @@ func newNetTransport(cfg Config, mc *memberlist.Config) (*memberlist.NetTranspor
 // answered. Seeds equal to this node's own address are skipped; with no
 // seeds left Join returns (0, nil): the node forms a cluster of its own.
 //
+// When a seed's view holds a live member with this node's name at another
+// address, Join returns a *NameConflictError (ErrNameConflict) at once:
+// memberlist keeps that member and ignores this node, so it would never
+// be seen by its peers. The caller should stop this node (Shutdown, not
+// Leave: a leave under a contested name is about the other node too).
+//
 // Join tries every seed once per round and returns after the first round
 // in which any seed answered; seeds that failed are logged. When none
 // answered it retries with backoff (100 ms doubling to 5 s) until ctx ends,
@@ -216,10 +225,16 @@ func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 			if ctx.Err() != nil {
 				break
 			}
+			mark := c.selfClaimMark()
 			k, err := c.ml.Join([]string{s})
 			n += k
 			if err != nil {
 				errs = append(errs, err)
+			}
+			// The push/pull with the seed merged its view synchronously: a
+			// live member with this node's name shows up as a conflict now.
+			if holder, clash := c.selfConflictSince(mark); clash {
+				return n, &NameConflictError{Name: c.name, Holder: holder, Self: self}
 			}
 		}
 		if n > 0 {

@@ -84,9 +84,10 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 }
 
 // NotifyConflict: another node claims a known name at another address.
-// memberlist logs it; count it for Stats.
-func (d *delegate) NotifyConflict(_, _ *memberlist.Node) {
-	d.c.conflicts.Add(1)
+// memberlist logs it and keeps the member it knows; record it for Stats,
+// Conflicts and Join.
+func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
+	d.c.onConflict(existing, other)
 }
 
 // msgLeave is the first byte of a leave announcement:

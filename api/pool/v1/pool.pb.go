@@ -1713,7 +1713,10 @@ type StatusResponse struct {
 	Insecure bool `protobuf:"varint,13,opt,name=insecure,proto3" json:"insecure,omitempty"`
 	// Bytes each identity holds per tier, beside its quota (quotas in the
 	// configuration); identities without segments and quota are left out.
-	Quotas        []*QuotaUsage `protobuf:"bytes,14,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	Quotas []*QuotaUsage `protobuf:"bytes,14,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	// Node names this daemon saw claimed by two addresses at once (empty in a
+	// healthy cluster): a node started with another node's --node name.
+	NameConflicts []*NameConflict `protobuf:"bytes,15,rep,name=name_conflicts,json=nameConflicts,proto3" json:"name_conflicts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1846,6 +1849,107 @@ func (x *StatusResponse) GetQuotas() []*QuotaUsage {
 	return nil
 }
 
+func (x *StatusResponse) GetNameConflicts() []*NameConflict {
+	if x != nil {
+		return x.NameConflicts
+	}
+	return nil
+}
+
+// NameConflict is one node name gossiped from two addresses: memberlist
+// keeps the member it knew (known_addr) and ignores the other (claimant_addr).
+type NameConflict struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	KnownAddr     string                 `protobuf:"bytes,2,opt,name=known_addr,json=knownAddr,proto3" json:"known_addr,omitempty"`          // gossip address of the member kept under name
+	ClaimantAddr  string                 `protobuf:"bytes,3,opt,name=claimant_addr,json=claimantAddr,proto3" json:"claimant_addr,omitempty"` // gossip address of the node that also claimed it
+	Self          bool                   `protobuf:"varint,4,opt,name=self,proto3" json:"self,omitempty"`                                    // name is the reporting daemon's own name
+	FirstUnixMs   int64                  `protobuf:"varint,5,opt,name=first_unix_ms,json=firstUnixMs,proto3" json:"first_unix_ms,omitempty"`
+	LastUnixMs    int64                  `protobuf:"varint,6,opt,name=last_unix_ms,json=lastUnixMs,proto3" json:"last_unix_ms,omitempty"`
+	Count         uint64                 `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NameConflict) Reset() {
+	*x = NameConflict{}
+	mi := &file_pool_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NameConflict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NameConflict) ProtoMessage() {}
+
+func (x *NameConflict) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NameConflict.ProtoReflect.Descriptor instead.
+func (*NameConflict) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *NameConflict) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NameConflict) GetKnownAddr() string {
+	if x != nil {
+		return x.KnownAddr
+	}
+	return ""
+}
+
+func (x *NameConflict) GetClaimantAddr() string {
+	if x != nil {
+		return x.ClaimantAddr
+	}
+	return ""
+}
+
+func (x *NameConflict) GetSelf() bool {
+	if x != nil {
+		return x.Self
+	}
+	return false
+}
+
+func (x *NameConflict) GetFirstUnixMs() int64 {
+	if x != nil {
+		return x.FirstUnixMs
+	}
+	return 0
+}
+
+func (x *NameConflict) GetLastUnixMs() int64 {
+	if x != nil {
+		return x.LastUnixMs
+	}
+	return 0
+}
+
+func (x *NameConflict) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 // QuotaUsage is what one identity holds on one tier, and its quota.
 type QuotaUsage struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1859,7 +1963,7 @@ type QuotaUsage struct {
 
 func (x *QuotaUsage) Reset() {
 	*x = QuotaUsage{}
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +1975,7 @@ func (x *QuotaUsage) String() string {
 func (*QuotaUsage) ProtoMessage() {}
 
 func (x *QuotaUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +1988,7 @@ func (x *QuotaUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaUsage.ProtoReflect.Descriptor instead.
 func (*QuotaUsage) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{23}
+	return file_pool_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *QuotaUsage) GetIdentity() string {
@@ -1935,7 +2039,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2051,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2064,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{24}
+	return file_pool_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ClientInfo) GetId() string {
@@ -2045,7 +2149,7 @@ type TierOps struct {
 
 func (x *TierOps) Reset() {
 	*x = TierOps{}
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2161,7 @@ func (x *TierOps) String() string {
 func (*TierOps) ProtoMessage() {}
 
 func (x *TierOps) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2174,7 @@ func (x *TierOps) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierOps.ProtoReflect.Descriptor instead.
 func (*TierOps) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{25}
+	return file_pool_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TierOps) GetTier() Tier {
@@ -2137,7 +2241,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2253,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2266,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{26}
+	return file_pool_proto_rawDescGZIP(), []int{27}
 }
 
 // NodeInfo is one cluster member.
@@ -2182,7 +2286,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2298,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2311,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{27}
+	return file_pool_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -2277,7 +2381,7 @@ type NodeTier struct {
 
 func (x *NodeTier) Reset() {
 	*x = NodeTier{}
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2289,7 +2393,7 @@ func (x *NodeTier) String() string {
 func (*NodeTier) ProtoMessage() {}
 
 func (x *NodeTier) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2302,7 +2406,7 @@ func (x *NodeTier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTier.ProtoReflect.Descriptor instead.
 func (*NodeTier) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{28}
+	return file_pool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodeTier) GetTier() string {
@@ -2329,13 +2433,14 @@ func (x *NodeTier) GetFree() int64 {
 type NodesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nodes         []*NodeInfo            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	NameConflicts []*NameConflict        `protobuf:"bytes,2,rep,name=name_conflicts,json=nameConflicts,proto3" json:"name_conflicts,omitempty"` // as in StatusResponse
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_pool_proto_msgTypes[29]
+	mi := &file_pool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2452,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[29]
+	mi := &file_pool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,12 +2465,19 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{29}
+	return file_pool_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodesResponse) GetNodes() []*NodeInfo {
 	if x != nil {
 		return x.Nodes
+	}
+	return nil
+}
+
+func (x *NodesResponse) GetNameConflicts() []*NameConflict {
+	if x != nil {
+		return x.NameConflicts
 	}
 	return nil
 }
@@ -2380,7 +2492,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2392,7 +2504,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2405,7 +2517,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{30}
+	return file_pool_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -2430,7 +2542,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_pool_proto_msgTypes[31]
+	mi := &file_pool_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +2554,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[31]
+	mi := &file_pool_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +2567,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{31}
+	return file_pool_proto_rawDescGZIP(), []int{32}
 }
 
 var File_pool_proto protoreflect.FileDescriptor
@@ -2579,7 +2691,7 @@ const file_pool_proto_rawDesc = "" +
 	"latency_ns\x18\x01 \x01(\x03R\tlatencyNs\x12#\n" +
 	"\rbandwidth_bps\x18\x02 \x01(\x03R\fbandwidthBps\"\x15\n" +
 	"\x13MeasureTiersRequest\"\x0f\n" +
-	"\rStatusRequest\"\xe6\x03\n" +
+	"\rStatusRequest\"\xab\x04\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12&\n" +
@@ -2596,7 +2708,18 @@ const file_pool_proto_rawDesc = "" +
 	"\aclients\x18\v \x03(\v2\x1a.farmem.pool.v1.ClientInfoR\aclients\x12)\n" +
 	"\x03ops\x18\f \x03(\v2\x17.farmem.pool.v1.TierOpsR\x03ops\x12\x1a\n" +
 	"\binsecure\x18\r \x01(\bR\binsecure\x122\n" +
-	"\x06quotas\x18\x0e \x03(\v2\x1a.farmem.pool.v1.QuotaUsageR\x06quotas\"\x92\x01\n" +
+	"\x06quotas\x18\x0e \x03(\v2\x1a.farmem.pool.v1.QuotaUsageR\x06quotas\x12C\n" +
+	"\x0ename_conflicts\x18\x0f \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\"\xd6\x01\n" +
+	"\fNameConflict\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"known_addr\x18\x02 \x01(\tR\tknownAddr\x12#\n" +
+	"\rclaimant_addr\x18\x03 \x01(\tR\fclaimantAddr\x12\x12\n" +
+	"\x04self\x18\x04 \x01(\bR\x04self\x12\"\n" +
+	"\rfirst_unix_ms\x18\x05 \x01(\x03R\vfirstUnixMs\x12 \n" +
+	"\flast_unix_ms\x18\x06 \x01(\x03R\n" +
+	"lastUnixMs\x12\x14\n" +
+	"\x05count\x18\a \x01(\x04R\x05count\"\x92\x01\n" +
 	"\n" +
 	"QuotaUsage\x12\x1a\n" +
 	"\bidentity\x18\x01 \x01(\tR\bidentity\x12(\n" +
@@ -2641,9 +2764,10 @@ const file_pool_proto_rawDesc = "" +
 	"\bNodeTier\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x03R\bcapacity\x12\x12\n" +
-	"\x04free\x18\x03 \x01(\x03R\x04free\"?\n" +
+	"\x04free\x18\x03 \x01(\x03R\x04free\"\x84\x01\n" +
 	"\rNodesResponse\x12.\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x18.farmem.pool.v1.NodeInfoR\x05nodes\"6\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x18.farmem.pool.v1.NodeInfoR\x05nodes\x12C\n" +
+	"\x0ename_conflicts\x18\x02 \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\"6\n" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04undo\x18\x02 \x01(\bR\x04undo\"\x0f\n" +
@@ -2684,7 +2808,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
@@ -2711,15 +2835,16 @@ var file_pool_proto_goTypes = []any{
 	(*MeasureTiersRequest)(nil), // 22: farmem.pool.v1.MeasureTiersRequest
 	(*StatusRequest)(nil),       // 23: farmem.pool.v1.StatusRequest
 	(*StatusResponse)(nil),      // 24: farmem.pool.v1.StatusResponse
-	(*QuotaUsage)(nil),          // 25: farmem.pool.v1.QuotaUsage
-	(*ClientInfo)(nil),          // 26: farmem.pool.v1.ClientInfo
-	(*TierOps)(nil),             // 27: farmem.pool.v1.TierOps
-	(*NodesRequest)(nil),        // 28: farmem.pool.v1.NodesRequest
-	(*NodeInfo)(nil),            // 29: farmem.pool.v1.NodeInfo
-	(*NodeTier)(nil),            // 30: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),       // 31: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),        // 32: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),       // 33: farmem.pool.v1.DrainResponse
+	(*NameConflict)(nil),        // 25: farmem.pool.v1.NameConflict
+	(*QuotaUsage)(nil),          // 26: farmem.pool.v1.QuotaUsage
+	(*ClientInfo)(nil),          // 27: farmem.pool.v1.ClientInfo
+	(*TierOps)(nil),             // 28: farmem.pool.v1.TierOps
+	(*NodesRequest)(nil),        // 29: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),            // 30: farmem.pool.v1.NodeInfo
+	(*NodeTier)(nil),            // 31: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),       // 32: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),        // 33: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),       // 34: farmem.pool.v1.DrainResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	3,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -2742,40 +2867,42 @@ var file_pool_proto_depIdxs = []int32{
 	19, // 17: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
 	19, // 18: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
 	20, // 19: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	26, // 20: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
-	27, // 21: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
-	25, // 22: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
-	0,  // 23: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
-	0,  // 24: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	30, // 25: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	29, // 26: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	2,  // 27: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	9,  // 28: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	10, // 29: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	12, // 30: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	13, // 31: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	15, // 32: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	17, // 33: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	23, // 34: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	28, // 35: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	32, // 36: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	22, // 37: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	5,  // 38: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	16, // 39: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	11, // 40: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	16, // 41: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	14, // 42: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	16, // 43: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	18, // 44: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	24, // 45: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	31, // 46: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	33, // 47: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	18, // 48: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	38, // [38:49] is the sub-list for method output_type
-	27, // [27:38] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	27, // 20: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	28, // 21: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	26, // 22: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
+	25, // 23: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	0,  // 24: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 25: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
+	31, // 26: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	30, // 27: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	25, // 28: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	2,  // 29: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	9,  // 30: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	10, // 31: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	12, // 32: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	13, // 33: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	15, // 34: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	17, // 35: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	23, // 36: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	29, // 37: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	33, // 38: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	22, // 39: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	5,  // 40: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	16, // 41: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	11, // 42: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	16, // 43: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	14, // 44: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	16, // 45: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	18, // 46: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	24, // 47: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	32, // 48: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	34, // 49: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	18, // 50: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	40, // [40:51] is the sub-list for method output_type
+	29, // [29:40] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -2798,7 +2925,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
