@@ -218,7 +218,17 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 // accesses are cached and kept coherent across hosts; without, accesses to
 // an rdma segment go to its home uncached. It fails with ErrAccessDenied
 // unless this client's identity is the creator's or one the creator
-// granted (AllowIdentity, AllowFree), and attaching gives no right to free.
+// granted (AllowIdentity, AllowFree).
+//
+// The attachment lets this client map the segment (also by id, with Open)
+// until it gives it up: Segment.Close unmaps it here and gives the
+// attachment up, leaving the segment to its owner. Segment.Free instead
+// deletes the segment for everyone (owner and every other attacher) when
+// this client may free it, that is when its identity is the creator's (on
+// the unix socket: the same uid) or was granted AllowFree; attaching alone
+// gives no right to free, and such a Free fails with ErrAccessDenied.
+// Client.Close unmaps it and keeps the attachment, so that a client with
+// the same WithClientID can Open it again.
 func (c *Client) Attach(ctx context.Context, name string, opts ...AttachOption) (*Segment, error) {
 	var o attachOptions
 	for _, opt := range opts {
@@ -371,6 +381,35 @@ func (c *Client) free(ctx context.Context, s *Segment) error {
 	return c.freeReq(ctx, &poolv1.FreeRequest{Id: s.info.Id})
 }
 
+// detach forgets a segment that Segment.Close retired and gives up the
+// client's attachment to it on the daemon, unless the client owns it or
+// holds it open through another Segment value. A segment freed meanwhile
+// has nothing left to give up.
+func (c *Client) detach(ctx context.Context, s *Segment) error {
+	c.mu.Lock()
+	delete(c.segs, s)
+	held := false
+	for o := range c.segs {
+		held = held || o.info.Id == s.info.Id
+	}
+	c.mu.Unlock()
+	if held || s.info.Owner == c.opts.clientID {
+		return nil
+	}
+	cctx, _, err := c.callCtx(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = c.api.Detach(cctx, &poolv1.DetachRequest{Id: s.info.Id})
+	if err = errs.FromStatus(err); errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("segment %d: give up the attachment: %w", s.info.Id, err)
+	}
+	return nil
+}
+
 // Close ends the session and unmaps every segment the client still holds
 // (their memory stays with the daemon until freed or their lease ends).
 // It is idempotent.
@@ -388,7 +427,9 @@ func (c *Client) Close() error {
 	c.data = nil
 	c.mu.Unlock()
 	for s := range segs {
-		s.retire()
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.timeout)
+		s.retire(ctx) // their memory stays with the daemon: nothing to report
+		cancel()
 	}
 	var err error
 	if fd != nil {

@@ -31,6 +31,11 @@ type remote struct {
 // newRemote describes a segment the daemon placed on the rdma tier.
 func newRemote(info *poolv1.Segment) (*remote, error) {
 	var key rdma.Key
+	if len(info.Key) == 0 && info.DataAddr != "" {
+		// The daemon withholds the key from a client that may not use the
+		// segment (Stat shows it, Open cannot reach it).
+		return nil, fmt.Errorf("segment %d: %w: this client neither allocated it nor holds an attachment; attach it by name first", info.Id, ErrAccessDenied)
+	}
 	if len(info.Key) != len(key) || info.DataAddr == "" {
 		return nil, fmt.Errorf("segment %d: the daemon gave no data-plane address or key for an rdma segment: %w", info.Id, ErrSegmentLost)
 	}

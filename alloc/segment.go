@@ -16,7 +16,8 @@ import (
 
 // Segment is one far-memory allocation. It is safe for concurrent use:
 // ReadAt, WriteAt and the atomics may run in parallel with each other (and
-// with Free, which makes them fail with ErrClosed rather than crash).
+// with Free and Close, which make them fail with ErrClosed rather than
+// crash).
 // Concurrent writes to overlapping bytes race as they would in any memory;
 // use the 64-bit atomics to coordinate.
 type Segment struct {
@@ -308,44 +309,71 @@ func (s *Segment) Add64(off int64, delta uint64) (v uint64, err error) {
 }
 
 // newMapped is a load/store segment mapped from f.
+// Its pages are its own when it has its own memory file (an emulated
+// device's file, a DRAM or NUMA memfd); a devdax segment shares the
+// device's.
 func newMapped(c *Client, info *poolv1.Segment, mem []byte, f *os.File) *Segment {
-	own := info.Kind == "emulated" && memoryBacked(f)
-	return &Segment{c: c, info: info, mem: mem, ownPages: own, guard: info.Kind != "dram" && !own}
+	own := (info.Kind == "emulated" || info.Kind == "dram" || info.Kind == "numa") && memoryBacked(f)
+	guard := info.Kind == "numa" || info.Kind != "dram" && !own
+	return &Segment{c: c, info: info, mem: mem, ownPages: own, guard: guard}
 }
 
-// Free unmaps the segment and releases it on the daemon. Calls on the
-// segment then return ErrClosed; a slice from Bytes must not be used.
-// Freeing twice returns ErrClosed. A shared attachment is detached first
-// (its modified pages written back), then the segment freed for every
-// sharer.
+// Free unmaps the segment and releases it on the daemon, for everyone:
+// the memory returns to the pool and the name (if any) is gone. That holds
+// for a segment this client attached (Attach) as for one it allocated,
+// when it may free it (see Client.Attach; else ErrAccessDenied), so an
+// attacher that means only to stop using a segment calls Close instead.
+// Calls on the segment then return ErrClosed; a slice from Bytes must not
+// be used. Freeing twice, or after Close, returns ErrClosed. A shared
+// attachment is detached first (its modified pages written back), then the
+// segment freed for every sharer.
 func (s *Segment) Free(ctx context.Context) error {
-	if !s.closed.CompareAndSwap(false, true) {
+	ok, derr := s.retire(ctx)
+	if !ok {
 		return fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+	}
+	return errors.Join(derr, s.c.free(ctx, s))
+}
+
+// Close lets go of the segment without freeing it: it unmaps the segment
+// in this process and, for a segment this client attached by name, gives
+// the attachment up on the daemon, so that this client can no longer map
+// or free it; the segment and its bytes stay for its owner and other
+// attachers. On a segment this client allocated, Close unmaps it and
+// leaves it to its lifetime: a named or persistent segment stays until
+// freed, an unnamed one until the client's session ends (reopen it with
+// Client.Open meanwhile). A shared attachment is detached first, its
+// modified pages written back.
+//
+// Afterwards every call on the segment returns ErrClosed, also one that
+// runs concurrently with Close (it never faults), and a slice from Bytes
+// must not be used. Close is idempotent: a second Close, or Close after
+// Free, returns nil. It waits up to the client's WithTimeout for the daemon.
+func (s *Segment) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.c.opts.timeout)
+	defer cancel()
+	ok, derr := s.retire(ctx)
+	if !ok {
+		return nil
+	}
+	return errors.Join(derr, s.c.detach(ctx, s))
+}
+
+// retire marks the segment closed and unmaps it without freeing it; ok is
+// false when it was closed already. What a shared attachment cannot hand
+// back within ctx is lost, as on a crash, and reported in err.
+func (s *Segment) retire(ctx context.Context) (ok bool, err error) {
+	if !s.closed.CompareAndSwap(false, true) {
+		return false, nil
 	}
 	retireMapping(s.mem, s.ownPages)
 	if s.remote != nil {
 		s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
 	}
-	var derr error
 	if s.shared != nil {
-		derr = s.shared.Detach(ctx)
+		err = s.shared.Detach(ctx)
 	}
-	return errors.Join(derr, s.c.free(ctx, s))
-}
-
-// retire unmaps the segment without freeing it (Client.Close).
-func (s *Segment) retire() {
-	if s.closed.CompareAndSwap(false, true) {
-		retireMapping(s.mem, s.ownPages)
-		if s.remote != nil {
-			s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
-		}
-		if s.shared != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), s.c.opts.timeout)
-			s.shared.Detach(ctx) // what it cannot hand back is lost, as on a crash
-			cancel()
-		}
-	}
+	return true, err
 }
 
 // retireGrace is how long a retired mapping's address range stays

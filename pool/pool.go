@@ -625,6 +625,33 @@ func (p *Pool) Attach(c caller, name string) (*record, error) {
 	return &cp, nil
 }
 
+// Detach withdraws the caller's attachment to a segment (its client id
+// from Attached), so that the caller may no longer map or free it; the
+// segment stays for its owner and other attachers. Nothing to withdraw
+// (the caller owns the segment, or never attached it) is not an error.
+func (p *Pool) Detach(c caller, id uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, "")
+	if err != nil {
+		return err
+	}
+	if c.client == nil {
+		return nil
+	}
+	i := slices.Index(r.Attached, c.client.id)
+	if i < 0 {
+		return nil
+	}
+	next := *r
+	next.Attached = slices.Delete(slices.Clone(r.Attached), i, i+1)
+	if err := p.st.put(&next); err != nil {
+		return fmt.Errorf("detach segment %d: commit to the metadata store: %w", id, err)
+	}
+	*r = next
+	return nil
+}
+
 // Stat returns a copy of one segment.
 func (p *Pool) Stat(id uint64) (record, error) {
 	p.mu.Lock()

@@ -200,6 +200,17 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 	return s.d.forCaller(c, *r), nil
 }
 
+func (s *service) Detach(ctx context.Context, req *poolv1.DetachRequest) (*poolv1.DetachResponse, error) {
+	c, err := s.caller(ctx)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	if err := s.d.pool.Detach(c, req.Id); err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &poolv1.DetachResponse{}, nil
+}
+
 func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.ListResponse, error) {
 	c := s.viewer(ctx)
 	recs := s.d.pool.List()

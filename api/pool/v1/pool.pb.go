@@ -2570,6 +2570,86 @@ func (*DrainResponse) Descriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{32}
 }
 
+type DetachRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DetachRequest) Reset() {
+	*x = DetachRequest{}
+	mi := &file_pool_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DetachRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DetachRequest) ProtoMessage() {}
+
+func (x *DetachRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DetachRequest.ProtoReflect.Descriptor instead.
+func (*DetachRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DetachRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type DetachResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DetachResponse) Reset() {
+	*x = DetachResponse{}
+	mi := &file_pool_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DetachResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DetachResponse) ProtoMessage() {}
+
+func (x *DetachResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DetachResponse.ProtoReflect.Descriptor instead.
+func (*DetachResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{34}
+}
+
 var File_pool_proto protoreflect.FileDescriptor
 
 const file_pool_proto_rawDesc = "" +
@@ -2771,7 +2851,10 @@ const file_pool_proto_rawDesc = "" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04undo\x18\x02 \x01(\bR\x04undo\"\x0f\n" +
-	"\rDrainResponse*I\n" +
+	"\rDrainResponse\"\x1f\n" +
+	"\rDetachRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\x10\n" +
+	"\x0eDetachResponse*I\n" +
 	"\x04Tier\x12\x14\n" +
 	"\x10TIER_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -2781,7 +2864,7 @@ const file_pool_proto_rawDesc = "" +
 	"\fSegmentState\x12\x1d\n" +
 	"\x19SEGMENT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SEGMENT_STATE_ACTIVE\x10\x01\x12\x16\n" +
-	"\x12SEGMENT_STATE_LOST\x10\x022\x8b\x06\n" +
+	"\x12SEGMENT_STATE_LOST\x10\x022\xd4\x06\n" +
 	"\x04Pool\x12N\n" +
 	"\aSession\x12\x1e.farmem.pool.v1.SessionRequest\x1a\x1f.farmem.pool.v1.SessionResponse(\x010\x01\x12>\n" +
 	"\x05Alloc\x12\x1c.farmem.pool.v1.AllocRequest\x1a\x17.farmem.pool.v1.Segment\x12A\n" +
@@ -2793,7 +2876,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x06Status\x12\x1d.farmem.pool.v1.StatusRequest\x1a\x1e.farmem.pool.v1.StatusResponse\x12D\n" +
 	"\x05Nodes\x12\x1c.farmem.pool.v1.NodesRequest\x1a\x1d.farmem.pool.v1.NodesResponse\x12D\n" +
 	"\x05Drain\x12\x1c.farmem.pool.v1.DrainRequest\x1a\x1d.farmem.pool.v1.DrainResponse\x12R\n" +
-	"\fMeasureTiers\x12#.farmem.pool.v1.MeasureTiersRequest\x1a\x1d.farmem.pool.v1.TiersResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
+	"\fMeasureTiers\x12#.farmem.pool.v1.MeasureTiersRequest\x1a\x1d.farmem.pool.v1.TiersResponse\x12G\n" +
+	"\x06Detach\x12\x1d.farmem.pool.v1.DetachRequest\x1a\x1e.farmem.pool.v1.DetachResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
 
 var (
 	file_pool_proto_rawDescOnce sync.Once
@@ -2808,7 +2892,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
@@ -2845,6 +2929,8 @@ var file_pool_proto_goTypes = []any{
 	(*NodesResponse)(nil),       // 32: farmem.pool.v1.NodesResponse
 	(*DrainRequest)(nil),        // 33: farmem.pool.v1.DrainRequest
 	(*DrainResponse)(nil),       // 34: farmem.pool.v1.DrainResponse
+	(*DetachRequest)(nil),       // 35: farmem.pool.v1.DetachRequest
+	(*DetachResponse)(nil),      // 36: farmem.pool.v1.DetachResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	3,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -2887,19 +2973,21 @@ var file_pool_proto_depIdxs = []int32{
 	29, // 37: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
 	33, // 38: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
 	22, // 39: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	5,  // 40: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	16, // 41: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	11, // 42: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	16, // 43: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	14, // 44: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	16, // 45: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	18, // 46: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	24, // 47: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	32, // 48: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	34, // 49: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	18, // 50: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	40, // [40:51] is the sub-list for method output_type
-	29, // [29:40] is the sub-list for method input_type
+	35, // 40: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	5,  // 41: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	16, // 42: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	11, // 43: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	16, // 44: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	14, // 45: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	16, // 46: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	18, // 47: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	24, // 48: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	32, // 49: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	34, // 50: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	18, // 51: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	36, // 52: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	41, // [41:53] is the sub-list for method output_type
+	29, // [29:41] is the sub-list for method input_type
 	29, // [29:29] is the sub-list for extension type_name
 	29, // [29:29] is the sub-list for extension extendee
 	0,  // [0:29] is the sub-list for field type_name
@@ -2925,7 +3013,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   33,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,6 +39,7 @@ const (
 	Pool_Nodes_FullMethodName        = "/farmem.pool.v1.Pool/Nodes"
 	Pool_Drain_FullMethodName        = "/farmem.pool.v1.Pool/Drain"
 	Pool_MeasureTiers_FullMethodName = "/farmem.pool.v1.Pool/MeasureTiers"
+	Pool_Detach_FullMethodName       = "/farmem.pool.v1.Pool/Detach"
 )
 
 // PoolClient is the client API for Pool service.
@@ -71,6 +72,10 @@ type PoolClient interface {
 	// MeasureTiers measures every tier now (as at start) and returns the
 	// tiers with the fresh figures.
 	MeasureTiers(ctx context.Context, in *MeasureTiersRequest, opts ...grpc.CallOption) (*TiersResponse, error)
+	// Detach gives up the calling client's attachment to a segment (from
+	// Attach) without freeing it; the segment stays for its owner. A no-op
+	// for the segment's owner and for a client that holds no attachment.
+	Detach(ctx context.Context, in *DetachRequest, opts ...grpc.CallOption) (*DetachResponse, error)
 }
 
 type poolClient struct {
@@ -194,6 +199,16 @@ func (c *poolClient) MeasureTiers(ctx context.Context, in *MeasureTiersRequest, 
 	return out, nil
 }
 
+func (c *poolClient) Detach(ctx context.Context, in *DetachRequest, opts ...grpc.CallOption) (*DetachResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DetachResponse)
+	err := c.cc.Invoke(ctx, Pool_Detach_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServer is the server API for Pool service.
 // All implementations must embed UnimplementedPoolServer
 // for forward compatibility.
@@ -224,6 +239,10 @@ type PoolServer interface {
 	// MeasureTiers measures every tier now (as at start) and returns the
 	// tiers with the fresh figures.
 	MeasureTiers(context.Context, *MeasureTiersRequest) (*TiersResponse, error)
+	// Detach gives up the calling client's attachment to a segment (from
+	// Attach) without freeing it; the segment stays for its owner. A no-op
+	// for the segment's owner and for a client that holds no attachment.
+	Detach(context.Context, *DetachRequest) (*DetachResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
 
@@ -266,6 +285,9 @@ func (UnimplementedPoolServer) Drain(context.Context, *DrainRequest) (*DrainResp
 }
 func (UnimplementedPoolServer) MeasureTiers(context.Context, *MeasureTiersRequest) (*TiersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MeasureTiers not implemented")
+}
+func (UnimplementedPoolServer) Detach(context.Context, *DetachRequest) (*DetachResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Detach not implemented")
 }
 func (UnimplementedPoolServer) mustEmbedUnimplementedPoolServer() {}
 func (UnimplementedPoolServer) testEmbeddedByValue()              {}
@@ -475,6 +497,24 @@ func _Pool_MeasureTiers_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Pool_Detach_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DetachRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).Detach(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_Detach_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).Detach(ctx, req.(*DetachRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Pool_ServiceDesc is the grpc.ServiceDesc for Pool service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -521,6 +561,10 @@ var Pool_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MeasureTiers",
 			Handler:    _Pool_MeasureTiers_Handler,
+		},
+		{
+			MethodName: "Detach",
+			Handler:    _Pool_Detach_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
