@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/cxl"
 	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/internal/extent"
+	"github.com/farmem/farmem/internal/paths"
 	"github.com/farmem/farmem/internal/size"
 )
 
@@ -122,6 +124,16 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 	}
 	if len(devs) == 0 {
 		return fail(errors.New("no memory to serve: no CXL memory found, emulation and the local tier are disabled; set --emulate-cxl or --local-size"))
+	}
+	// Name this data directory in the shared-memory directory, so that one
+	// left behind by a pool whose data directory is gone can be found and
+	// removed (memctl doctor).
+	if shm := cfg.shmDir(); shm != cfg.DataDir {
+		if _, err := os.Stat(shm); err == nil {
+			if err := paths.WriteShmOwner(shm, cfg.DataDir); err != nil {
+				log.Warn("record the data directory in the shared-memory directory", "err", err)
+			}
+		}
 	}
 	return inv, devs, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/cxl"
+	"github.com/farmem/farmem/internal/paths"
 	"github.com/farmem/farmem/rdma/devices"
 	"github.com/farmem/farmem/rdma/dialer"
 )
@@ -30,8 +31,9 @@ func newDoctorCmd(g *globals) *cobra.Command {
 		Long: `Explain the host in one screen: CXL memdevs, regions, DAX devices and their
 modes, memory-only NUMA nodes and their memory tiers, the firmware's HMAT
 figures beside what poold measured, huge pages, RDMA devices (InfiniBand,
-RoCE or iWARP as each reports it) with their port state, and what poold uses,
-what it does not use and why. Each problem comes with the command that fixes
+RoCE or iWARP as each reports it) with their port state, poold's
+shared-memory directories (those no running poold uses, with the command
+that removes them), and what poold uses, what it does not use and why. Each problem comes with the command that fixes
 it. poold is asked over --socket (or --addr); when it does not answer, doctor
 says so and reports on the host alone.`,
 		Args: cobra.NoArgs,
@@ -50,6 +52,7 @@ says so and reports on the host alone.`,
 		},
 	}
 	cmd.Flags().StringVar(&o.sysfs, "sysfs", "/sys", "where to read the kernel's view (sysfs root)")
+	cmd.Flags().StringVar(&o.shmRoot, "shm-root", paths.ShmRoot, "where to look for poold's shared-memory directories (farmem-*): doctor lists those no running poold uses, with the command that removes them")
 	cmd.Flags().StringVar(&o.daxMode, "dax-mode", "", "the mode you mean DAX devices to be in, devdax (poold maps /dev/daxX.Y) or system-ram (a memory-only NUMA node); doctor flags devices in the other mode")
 	return cmd
 }
@@ -58,6 +61,7 @@ says so and reports on the host alone.`,
 type doctorOptions struct {
 	sysfs   string
 	daxMode string
+	shmRoot string
 }
 
 // doctorReport is what doctor found; -o json prints it as is.
@@ -71,6 +75,7 @@ type doctorReport struct {
 	RDMA      []doctorPort   `json:"rdma_ports"`
 	Netdevs   []doctorNetdev `json:"netdevs"`
 	Pool      doctorPool     `json:"poold"`
+	Shm       []paths.ShmDir `json:"shm_dirs"`
 	Problems  []doctorIssue  `json:"problems"`
 	// Notes are facts worth knowing that need no fix.
 	Notes []string `json:"notes"`
@@ -157,6 +162,7 @@ func diagnose(g *globals, o doctorOptions) *doctorReport {
 	r.hugePages(o.sysfs)
 	r.rdma(rinv)
 	r.poolChecks(rinv)
+	r.shm(o.shmRoot)
 	return r
 }
 

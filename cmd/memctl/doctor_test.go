@@ -152,7 +152,7 @@ func TestDoctorFixtures(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			root := sysfsTree(t, c.hugepages, c.trees...)
-			r := doctorJSON(t, noPool, append([]string{"--sysfs", root}, c.args...)...)
+			r := doctorJSON(t, noPool, append([]string{"--sysfs", root, "--shm-root", root}, c.args...)...)
 			require.False(t, r.Pool.Reachable)
 			require.Contains(t, strings.Join(r.Notes, "\n"), "poold did not answer")
 			require.Equal(t, c.fixes, fixes(r))
@@ -162,7 +162,7 @@ func TestDoctorFixtures(t *testing.T) {
 			}
 			require.Equal(t, c.ports, ports)
 
-			out, stderr, code := memctl(t, noPool, append([]string{"doctor", "--sysfs", root}, c.args...)...)
+			out, stderr, code := memctl(t, noPool, append([]string{"doctor", "--sysfs", root, "--shm-root", root}, c.args...)...)
 			require.Zero(t, code, stderr)
 			for _, s := range c.shown {
 				require.Contains(t, out, s)
@@ -188,7 +188,7 @@ func TestDoctorWithPool(t *testing.T) {
 
 	var r doctorReport
 	require.Eventually(t, func() bool {
-		r = doctorJSON(t, cfg.Socket, "--sysfs", root)
+		r = doctorJSON(t, cfg.Socket, "--sysfs", root, "--shm-root", root)
 		return strings.Contains(strings.Join(r.Notes, "\n"), "emulation only adds latency")
 	}, 30*time.Second, 100*time.Millisecond, "doctor never noted the injected latency below the measured one")
 	require.True(t, r.Pool.Reachable)
@@ -200,7 +200,7 @@ func TestDoctorWithPool(t *testing.T) {
 		"modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0",
 	}, fixes(r))
 
-	out, _, code := memctl(t, cfg.Socket, "doctor", "--sysfs", root)
+	out, _, code := memctl(t, cfg.Socket, "doctor", "--sysfs", root, "--shm-root", root)
 	require.Zero(t, code)
 	require.Contains(t, out, "rdma transport  tcp: TCP fallback")
 	require.Contains(t, out, "not used by poold")
@@ -219,7 +219,7 @@ func TestDoctorIWARPWithPool(t *testing.T) {
 	cfg := pooltest.Config(t)
 	pooltest.Start(t, cfg)
 	root := sysfsTree(t, 64, "cxl/testdata/plain", "rdma/devices/testdata/iwarp")
-	r := doctorJSON(t, cfg.Socket, "--sysfs", root)
+	r := doctorJSON(t, cfg.Socket, "--sysfs", root, "--shm-root", root)
 	require.True(t, r.Pool.Reachable)
 	require.Equal(t, "tcp", r.Pool.Transport)
 	require.Equal(t, "TCP fallback: the active RDMA ports are iWARP, which the verbs backend cannot use (they need RDMA-CM)", r.Pool.TransportReason)

@@ -60,6 +60,11 @@ func printDoctor(out io.Writer, r *doctorReport) {
 	list("Huge pages", lines(r.HugePages))
 	list("RDMA ports", lines(r.RDMA))
 	list("Interfaces", lines(r.Netdevs))
+	var shm []string
+	for _, d := range r.Shm {
+		shm = append(shm, shmLine(d))
+	}
+	list("Shared memory", shm)
 
 	fmt.Fprintln(w, "poold")
 	if !r.Pool.Reachable {
