@@ -117,7 +117,7 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 		if err != nil {
 			return fail(fmt.Errorf("rdma tier memory in %s: %w (or disable it with --export-size 0)", dir, err))
 		}
-		if err := add(d, poolv1.Tier_TIER_RDMA, true, "loopback: this host's own memory through its own data plane over TCP on 127.0.0.1 — no RDMA NIC and no peer, so it stands in for remote memory"); err != nil {
+		if err := add(d, poolv1.Tier_TIER_RDMA, true, ""); err != nil {
 			return fail(err)
 		}
 		devs[len(devs)-1].kind, devs[len(devs)-1].emulated = "loopback", true

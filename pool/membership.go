@@ -312,10 +312,36 @@ func (p *Pool) gossipTiers() []cluster.TierFree {
 // peers offer.
 func (p *Pool) allTiers() []*poolv1.TierInfo {
 	out := p.tiers()
-	if pt := p.peerTier(); pt != nil {
+	pt := p.peerTier()
+	for _, ti := range out {
+		if ti.Tier == poolv1.Tier_TIER_RDMA && ti.Kind == "loopback" {
+			ti.Note = joinNote(loopbackNote(pt), ti.Note)
+		}
+	}
+	if pt != nil {
 		out = append(out, pt)
 	}
 	return out
+}
+
+// loopbackNote says what the loopback rdma tier (this host's own lent
+// memory) stands for, given the peers' rdma tier as membership has it now
+// (nil: no alive peer offers rdma memory).
+func loopbackNote(peers *poolv1.TierInfo) string {
+	const what = "loopback: this host's own memory through its own data plane over TCP on 127.0.0.1"
+	if peers == nil {
+		return what + " — no peer offers rdma memory now, so it stands in for remote memory"
+	}
+	return fmt.Sprintf("%s, lent to peers; rdma allocations here go to a peer first (%d alive with rdma memory: %s) and land here only when none can take them",
+		what, len(peers.Devices), strings.Join(peers.Devices, ", "))
+}
+
+// joinNote joins two notes with "; ", either of which may be empty.
+func joinNote(a, b string) string {
+	if a == "" || b == "" {
+		return a + b
+	}
+	return a + "; " + b
 }
 
 // peerTier describes the rdma tier that the alive peers offer.
@@ -326,6 +352,7 @@ func (p *Pool) peerTier() *poolv1.TierInfo {
 	transport, why := dialer.Preferred()
 	ti := &poolv1.TierInfo{Tier: poolv1.Tier_TIER_RDMA, Kind: "tcp", Transport: transport, NumaNode: -1,
 		Note: "memory of peer hosts through their data planes; transport " + transport + ": " + why}
+	var unusable []string
 	for _, m := range p.cl.Members() {
 		if m.Name == p.cfg.Node || m.State != cluster.StateAlive || m.MetaErr != nil {
 			continue
@@ -334,12 +361,18 @@ func (p *Pool) peerTier() *poolv1.TierInfo {
 			ti.Capacity += t.Capacity
 			if m.Usable() {
 				ti.Free += t.Free
+			} else {
+				unusable = append(unusable, m.Name)
 			}
 			ti.Devices = append(ti.Devices, m.Name)
 		}
 	}
 	if len(ti.Devices) == 0 {
 		return nil
+	}
+	if len(unusable) > 0 {
+		ti.Note += fmt.Sprintf("; draining or leaving, so their free bytes are left out of FREE: %s ('memctl drain --undo NODE' takes a drained node back)",
+			strings.Join(unusable, ", "))
 	}
 	p.addInjected(ti)
 	p.mu.Lock()

@@ -68,7 +68,11 @@ func newNodesCmd(g *globals) *cobra.Command {
 				for _, t := range n.Tiers {
 					free = append(free, fmt.Sprintf("%s %s/%s", t.Tier, human(t.Free), human(t.Capacity)))
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", name, state, dash(n.GossipAddr), dash(n.GRPCAddr), dash(n.DataAddr), strings.Join(free, ", "))
+				freeText := strings.Join(free, ", ")
+				if n.Draining && freeText != "" {
+					freeText += " (draining: takes no new segments)"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", name, state, dash(n.GossipAddr), dash(n.GRPCAddr), dash(n.DataAddr), freeText)
 			}
 			printConflicts(w, resp.NameConflicts)
 			return w.Flush()
