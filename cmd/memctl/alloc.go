@@ -12,7 +12,7 @@ import (
 
 func newAllocCmd(g *globals) *cobra.Command {
 	var (
-		sz               size.Size
+		sz               sizeFlag
 		tier             string
 		name             string
 		allow, allowFree []string
@@ -28,7 +28,7 @@ func newAllocCmd(g *globals) *cobra.Command {
 			}
 			var seg *poolv1.Segment
 			err = g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
-				seg, err = c.Alloc(ctx, &poolv1.AllocRequest{Size: int64(sz), Tier: t, Name: name, Persist: true, Allow: allow, AllowFree: allowFree})
+				seg, err = c.Alloc(ctx, &poolv1.AllocRequest{Size: int64(sz.Size), Tier: t, Name: name, Persist: true, Allow: allow, AllowFree: allowFree})
 				return err
 			})
 			if err != nil {
@@ -49,6 +49,17 @@ func newAllocCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringSliceVar(&allowFree, "allow-free", nil, "identities that may attach the name and free it")
 	cmd.MarkFlagRequired("size")
 	return cmd
+}
+
+// sizeFlag is a byte-size flag with no default: its help shows none
+// (pflag would print "(default 0B)" beside "(required)").
+type sizeFlag struct{ size.Size }
+
+func (f *sizeFlag) String() string {
+	if f.Size == 0 {
+		return ""
+	}
+	return f.Size.String()
 }
 
 func parseTier(s string) (poolv1.Tier, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -119,4 +120,12 @@ func TestNoDaemon(t *testing.T) {
 	require.Contains(t, stderr, "start it with 'poold'")
 	require.Equal(t, 1, strings.Count(stderr, "\n"))
 	require.NotContains(t, stderr, "goroutine")
+}
+
+// alloc's help shows --size as required, with no default beside it.
+func TestAllocHelpNoDefaultSize(t *testing.T) {
+	out, stderr, code := memctl(t, filepath.Join(t.TempDir(), "none.sock"), "alloc", "--help")
+	require.Zero(t, code, stderr)
+	require.Contains(t, out, "segment size, e.g. 64MiB (required)\n")
+	require.NotContains(t, out, "(default 0B)")
 }
