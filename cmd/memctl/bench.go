@@ -8,9 +8,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -80,7 +82,10 @@ ratio to farmem's matching tier: network servers to farmem-rdma, memory to
 farmem-dram, and farmem-cxl and farmem-dram to farmem-rdma.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBench(cmd.Context(), g, &f, cmd.ErrOrStderr())
+			// Ctrl-C ends the run early, and the segments are still freed.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return runBench(ctx, g, &f, cmd.ErrOrStderr())
 		},
 	}
 	fl := cmd.Flags()
@@ -201,11 +206,12 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, stderr io.Writer) 
 	}
 	defer client.Close()
 
-	systems, err := benchSystems(ctx, g, f, client, st, maxSize, stderr)
+	systems, segs, err := benchSystems(ctx, g, f, client, st, maxSize, stderr)
 	defer func() {
 		for _, s := range systems {
 			s.Close()
 		}
+		freeSegments(segs, g.timeout, stderr)
 	}()
 	if err != nil {
 		return err
@@ -236,13 +242,15 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, stderr io.Writer) 
 }
 
 // benchSystems allocates a segment per tier and starts the systems to
-// compare with. The segments are freed when the client closes.
-func benchSystems(ctx context.Context, g *globals, f *benchFlags, client *alloc.Client, st *poolv1.StatusResponse, maxSize int, stderr io.Writer) ([]bench.System, error) {
+// compare with. It returns what it started and allocated also with an
+// error: the caller closes the systems and frees the segments.
+func benchSystems(ctx context.Context, g *globals, f *benchFlags, client *alloc.Client, st *poolv1.StatusResponse, maxSize int, stderr io.Writer) ([]bench.System, []*alloc.Segment, error) {
 	var systems []bench.System
+	var segs []*alloc.Segment
 	for _, name := range f.tiers {
 		i := slices.IndexFunc(benchTiers, func(t benchTier) bool { return t.flag == name })
 		if i < 0 {
-			return systems, fmt.Errorf("--tiers %q: use cxl, local or rdma", name)
+			return systems, segs, fmt.Errorf("--tiers %q: use cxl, local or rdma", name)
 		}
 		bt := benchTiers[i]
 		seg, err := client.Alloc(ctx, int64(bench.Keys*maxSize), alloc.WithTier(bt.tier))
@@ -250,33 +258,47 @@ func benchSystems(ctx context.Context, g *globals, f *benchFlags, client *alloc.
 			fmt.Fprintf(stderr, "memctl bench: skipping the %s tier: %v\n", bt.flag, err)
 			continue
 		}
+		segs = append(segs, seg)
 		systems = append(systems, bench.NewFarmem(bt.system, seg, daemonPID(g, st, seg)))
 	}
 	if !f.compare {
-		return systems, nil
+		return systems, segs, nil
 	}
 	systems = append(systems, bench.NewMemory())
 	servers, err := startServers(f.inProcess, maxSize)
 	systems = append(systems, servers...)
 	if err != nil {
-		return systems, err
+		return systems, segs, err
 	}
 	maxDepth := slices.Max(f.depths)
 	if f.memcached != "" {
 		m, err := bench.NewMemcached(ctx, f.memcached, maxDepth)
 		if err != nil {
-			return systems, err
+			return systems, segs, err
 		}
 		systems = append(systems, m)
 	}
 	if f.redis != "" {
 		r, err := bench.NewRedis(ctx, f.redis, maxDepth)
 		if err != nil {
-			return systems, err
+			return systems, segs, err
 		}
 		systems = append(systems, r)
 	}
-	return systems, nil
+	return systems, segs, nil
+}
+
+// freeSegments frees the bench's segments at once rather than leave them
+// to the lease, within timeout even when the run was interrupted; what it
+// cannot free it names (the lease reclaims it).
+func freeSegments(segs []*alloc.Segment, timeout time.Duration, stderr io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for _, s := range segs {
+		if err := s.Free(ctx); err != nil {
+			fmt.Fprintf(stderr, "memctl bench: free segment %d: %v (its lease reclaims it)\n", s.ID(), err)
+		}
+	}
 }
 
 // startServers starts tcp-raw and grpc, each in a child process running

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -140,4 +142,38 @@ func TestBenchServe(t *testing.T) {
 	_, stderr, code := memctl(t, pooltest.SocketPath(t), "bench-serve", "smtp")
 	require.NotZero(t, code)
 	require.Contains(t, stderr, "tcp-raw or grpc")
+}
+
+// bench frees its segments when it ends: after a run, after a run that
+// failed, and after one that was interrupted (its context ended, as Ctrl-C
+// ends it), none waits for the lease.
+func TestBenchFreesItsSegments(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.LeaseTTL = time.Minute // a segment left behind would stay for the whole test
+	pooltest.Start(t, cfg)
+	segments := func() float64 {
+		out, stderr, code := memctl(t, cfg.Socket, "status", "-o", "json")
+		require.Zero(t, code, stderr)
+		var st map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &st))
+		return st["segments"].(float64)
+	}
+	short := []string{"bench", "--ops", "read", "--sizes", "64", "--depths", "1", "--duration", "10ms", "--rounds", "1"}
+
+	_, stderr, code := memctl(t, cfg.Socket, short...)
+	require.Zero(t, code, stderr)
+	require.Zero(t, segments(), "after a run")
+
+	_, stderr, code = memctl(t, cfg.Socket, append(short, "--compare", "--memcached", "127.0.0.1:1", "--servers-in-process")...)
+	require.NotZero(t, code)
+	require.Contains(t, stderr, "memcached at 127.0.0.1:1")
+	require.Zero(t, segments(), "after a run that failed")
+
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	var out, errOut strings.Builder
+	code = runContext(ctx, []string{"--socket", cfg.Socket, "bench", "--ops", "read", "--sizes", "64", "--depths", "1", "--duration", "1m", "--rounds", "1"}, &out, &errOut)
+	require.NotZero(t, code, "an interrupted run fails")
+	require.Contains(t, errOut.String(), "context canceled")
+	require.Zero(t, segments(), "after an interrupted run")
 }

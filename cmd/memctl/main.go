@@ -25,11 +25,17 @@ func main() {
 // run executes memctl with args and returns the exit code; errors are one
 // line on stderr.
 func run(args []string, stdout, stderr io.Writer) int {
+	return runContext(context.Background(), args, stdout, stderr)
+}
+
+// runContext is run with a context that commands which run for long (bench)
+// stop at.
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRoot(stdout)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	if err := root.Execute(); err != nil {
+	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(stderr, "memctl: %v\n", err)
 		return 1
 	}
