@@ -103,3 +103,39 @@ func TestCacheSemantics(t *testing.T) {
 	_, ok := c.Get(nil, "never set")
 	require.False(t, ok)
 }
+
+// A target missed under other settings than the measured configuration
+// says so on its line, naming the settings; under the measured
+// configuration a miss is a plain "NOT met".
+func TestVerdictNamesUnmeasuredSettings(t *testing.T) {
+	results := func() []result {
+		return []result{
+			{Name: "spillcache", HeapInuse: 50 << 20, GCCPUSeconds: 1, GetsPerSec: 1e5, Spill: &CacheStats{}},
+			{Name: "otter", HeapInuse: 100 << 20, GCCPUSeconds: 1, GetsPerSec: 1e6},
+		}
+	}
+	quick := measured
+	quick.keys, quick.duration, quick.warmup, quick.cxl, quick.rdma, quick.threads = 200_000, 3*time.Second, time.Second, -1, -1, 2
+	require.NoError(t, quick.check())
+	var out bytes.Buffer
+	report(&out, quick, results())
+	require.Contains(t, out.String(), "Go heap in use   0.500x  (target <= 0.10)  NOT met, but this run's settings are not the measured configuration (-keys 200000 -duration 3s -warmup 1s; measured: -keys 1000000 -hotset 0.05 -hotops 0.99)\n")
+
+	full := measured
+	full.threads = 2
+	require.NoError(t, full.check())
+	require.Empty(t, full.unlikeMeasured())
+	out.Reset()
+	report(&out, full, results())
+	require.Contains(t, out.String(), "Go heap in use   0.500x  (target <= 0.10)  NOT met\n")
+}
+
+// The progress line goes only to a terminal: a buffer gets no \r.
+func TestNoProgressOffTerminal(t *testing.T) {
+	var out, status bytes.Buffer
+	err := run(t.Context(), &out, &status, config{keys: 3000, value: 64, skew: 0.99, reads: 0.9, duration: 600 * time.Millisecond, warmup: 10 * time.Millisecond,
+		threads: 1, compare: []string{"fastcache"}, noSpill: true, json: true, progress: true})
+	require.NoError(t, err)
+	require.NotContains(t, status.String(), "\r")
+	require.False(t, isTerminal(&status))
+}
