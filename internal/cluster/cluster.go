@@ -62,9 +62,11 @@ type Cluster struct {
 	seq     uint64
 	// reapedAt is when reapLocked last walked members; guarded by mu.
 	reapedAt time.Time
-	// nameClashes and selfClaims record name conflicts (conflict.go); guarded by mu.
-	nameClashes conflictTable
-	selfClaims  uint64
+	// nameClashes, selfClaims and lastClaimant record name conflicts
+	// (conflict.go); guarded by mu.
+	nameClashes  conflictTable
+	selfClaims   uint64
+	lastClaimant string
 
 	dropped   atomic.Uint64
 	conflicts atomic.Uint64

@@ -85,6 +85,7 @@ func (c *Cluster) onConflict(existing, other *memberlist.Node) {
 	self := existing.Name == c.name
 	if self {
 		c.selfClaims++
+		c.lastClaimant = other.Address()
 	}
 	c.nameClashes.note(existing.Name, existing.Address(), other.Address(), self, c.now())
 }
@@ -107,19 +108,11 @@ func (c *Cluster) Conflicts() []Conflict {
 	return out
 }
 
-// selfConflictSince returns the holder of this node's name if, since mark
-// (a count from selfClaims), a seed's view showed a live member with this
-// node's name at another address.
+// selfConflictSince returns the address that last claimed this node's name
+// if any claim came after mark (a count from selfClaimMark): during Join,
+// the live member that holds the name in the seed's view.
 func (c *Cluster) selfConflictSince(mark uint64) (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.selfClaims == mark {
-		return "", false
-	}
-	for i := len(c.nameClashes) - 1; i >= 0; i-- {
-		if n := c.nameClashes[i]; n.Self {
-			return n.Claimant, true
-		}
-	}
-	return "", false
+	return c.lastClaimant, c.selfClaims != mark
 }

@@ -33,6 +33,13 @@
 // announcement only after it declared the node dead reports EventDead, then
 // EventLeave. StateSuspect is never reported.
 //
+// Names are identities. memberlist keeps the first live member it knows
+// under a name and ignores any other address that claims it (logging
+// "Conflicting address"); the claimant believes it joined while no peer ever
+// lists it. Join therefore returns a *NameConflictError (ErrNameConflict,
+// naming the holder's address) when the seed's view holds a live member with
+// this node's name, and every node records the claims it sees (Conflicts).
+//
 // A SetMeta that changes nothing but free bytes (what every allocation
 // does) is gossiped as a capacity update of about 50 bytes instead of a new
 // Meta, which memberlist would send as a 190-byte alive message: gossip
