@@ -27,8 +27,8 @@ func (r *doctorReport) shm(root string) {
 			r.problem(fmt.Sprintf("shared-memory directory %s holds %s, no running poold uses it, and it does not name its data directory (an older poold made it)", d.Path, size),
 				"rm -rf "+shellQuote(d.Path)+"  # unless you will start that old pool again: its segments' bytes are there")
 		case paths.ShmStopped:
-			r.Notes = append(r.Notes, fmt.Sprintf("%s holds %s for the stopped poold with data directory %s: its segments come back when it starts; to retire that pool: rm -rf %s %s",
-				d.Path, size, d.DataDir, shellQuote(d.Path), shellQuote(d.DataDir)))
+			r.Notes = append(r.Notes, fmt.Sprintf("%s holds %s for the stopped poold with data directory %s: its segments come back when it starts; to retire that pool: poold --retire --data-dir %s --shm-dir %s",
+				d.Path, size, d.DataDir, shellQuote(d.DataDir), shellQuote(d.Path)))
 		}
 	}
 }

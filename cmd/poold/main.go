@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -41,6 +42,7 @@ func newCommand(args []string) *cobra.Command {
 		cfg, cfgErr = pool.LoadConfig(path, cfg)
 	}
 	var configFile string
+	var retire bool
 	cmd := &cobra.Command{
 		Use:   "poold",
 		Short: "farmem's far-memory pool daemon",
@@ -58,12 +60,16 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 			if cfgErr != nil {
 				return cfgErr
 			}
+			if retire {
+				return runRetire(cfg, cmd.OutOrStdout())
+			}
 			return run(cfg)
 		},
 	}
 	cmd.SetArgs(args)
 	f := cmd.Flags()
 	f.StringVar(&configFile, "config", "", "YAML file with any of these settings (keys are the flag names)")
+	f.BoolVar(&retire, "retire", false, "remove this stopped pool for good, then exit: its segment files in shared memory and its segment table (the data directory's other files stay); refused while a poold uses them")
 	f.StringVar(&cfg.Node, "node", cfg.Node, "this daemon's name")
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the metadata store and the emulated device's files")
 	f.StringVar(&cfg.Socket, "socket", cfg.Socket, "unix socket for local clients (FARMEM_SOCKET sets the default)")
@@ -116,6 +122,22 @@ func newLogger(cfg pool.Config) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// runRetire removes a stopped pool (pool.Retire) and says what it removed
+// and what it left.
+func runRetire(cfg pool.Config, out io.Writer) error {
+	removed, kept, err := pool.Retire(cfg)
+	for _, p := range removed {
+		fmt.Fprintf(out, "removed %s\n", p)
+	}
+	for _, p := range kept {
+		fmt.Fprintf(out, "kept %s (given with --emulate-dir or --numa-dir, or holds other files: remove it yourself if it is no longer needed)\n", p)
+	}
+	if err == nil && len(removed) == 0 {
+		fmt.Fprintf(out, "nothing to remove for --data-dir %s\n", cfg.DataDir)
+	}
+	return err
 }
 
 func run(cfg pool.Config) error {

@@ -87,13 +87,9 @@ func ScanShm(root, locks string) ([]ShmDir, error) {
 		}
 		return nil, fmt.Errorf("read %s: %w", root, err)
 	}
-	b, err := os.ReadFile(locks)
+	held, err := readLocks(locks)
 	if err != nil {
-		return nil, fmt.Errorf("read the kernel's lock table %s: %w; cannot tell which directories a running poold uses", locks, err)
-	}
-	held, err := ParseLocks(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", locks, err)
+		return nil, fmt.Errorf("%w; cannot tell which directories a running poold uses", err)
 	}
 	var out []ShmDir
 	for _, e := range es {
@@ -108,32 +104,13 @@ func ScanShm(root, locks string) ([]ShmDir, error) {
 // inspectShm sizes one directory, finds who holds its locks and reads its owner.
 func inspectShm(dir string, held map[FileID]int) ShmDir {
 	d := ShmDir{Path: dir, State: ShmStopped}
-	unsure := false
-	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			unsure = true
-			return nil
-		}
-		if e.IsDir() {
-			return nil
-		}
-		id, blocks, err := fileID(p)
-		if err != nil {
-			unsure = true
-			return nil
-		}
-		d.Bytes += blocks
-		if e.Name() == lockName {
-			if pid, ok := held[id]; ok {
-				d.State, d.PID = ShmInUse, pid
-			}
-		}
-		return nil
-	})
-	if d.State == ShmInUse {
+	pid, bytes, sure := walkLocks(dir, held)
+	d.Bytes = bytes
+	switch {
+	case pid != 0:
+		d.State, d.PID = ShmInUse, pid
 		return d
-	}
-	if unsure {
+	case !sure:
 		d.State = ShmInUse // cannot tell: treat as used
 		return d
 	}
@@ -148,6 +125,62 @@ func inspectShm(dir string, held map[FileID]int) ShmDir {
 		}
 	}
 	return d
+}
+
+// walkLocks walks dir: the pid holding one of its lock files (0: none), the
+// bytes its files take, and false when part of it could not be read.
+func walkLocks(dir string, held map[FileID]int) (pid int, size int64, sure bool) {
+	sure = true
+	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			sure = false
+			return nil
+		}
+		if e.IsDir() {
+			return nil
+		}
+		id, blocks, err := fileID(p)
+		if err != nil {
+			sure = false
+			return nil
+		}
+		size += blocks
+		if e.Name() == lockName {
+			if holder, ok := held[id]; ok {
+				pid = holder
+			}
+		}
+		return nil
+	})
+	return pid, size, sure
+}
+
+// HeldBy returns the pid of a process that holds a lock file under dir
+// (a running poold's device), 0 when none, according to locks (the
+// kernel's lock table). An error means it cannot tell: treat dir as used.
+func HeldBy(dir, locks string) (int, error) {
+	held, err := readLocks(locks)
+	if err != nil {
+		return 0, fmt.Errorf("%w; cannot tell whether a running poold uses %s", err, dir)
+	}
+	pid, _, sure := walkLocks(dir, held)
+	if pid == 0 && !sure {
+		return 0, fmt.Errorf("cannot read all of %s; cannot tell whether a running poold uses it", dir)
+	}
+	return pid, nil
+}
+
+// readLocks reads and parses the kernel's lock table at path.
+func readLocks(path string) (map[FileID]int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read the kernel's lock table %s: %w", path, err)
+	}
+	held, err := ParseLocks(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return held, nil
 }
 
 // FileID names a file as the kernel's lock table does: the device's major
