@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
 )
 
 // rdmaNotes returns the notes of d's loopback rdma tier and of its peers'
@@ -48,8 +49,11 @@ func TestTierNotesFollowMembership(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond, "a's loopback note never named its peer: %q", loopback)
 	require.NotContains(t, loopback, "no peer")
 
-	_, err = (&service{d: b}).Drain(t.Context(), &poolv1.DrainRequest{})
-	require.NoError(t, err)
+	// b drains itself, as the Drain call does for an administrator.
+	b.pool.mu.Lock()
+	b.pool.draining = true
+	b.pool.mu.Unlock()
+	require.NoError(t, b.pool.cl.SetMeta(func(m *cluster.Meta) { m.Draining = true }))
 	var free int64
 	require.Eventually(t, func() bool {
 		_, peers, free = rdmaNotes(t, a)
