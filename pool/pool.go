@@ -18,6 +18,7 @@ import (
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/extent"
 	"github.com/farmem/farmem/internal/session"
+	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -411,11 +412,17 @@ func (p *Pool) place(c caller, t poolv1.Tier, req AllocRequest) (*record, []stri
 			p.usage.add(r)
 			return r, nil, nil
 		}
-		if !errors.Is(err, extent.ErrNoSpace) {
+		// No room on this device, by its accounting (extent) or its backing
+		// filesystem (device): the next device or tier may have it.
+		if !errors.Is(err, errs.ErrNoCapacity) {
 			return nil, nil, err
 		}
-		st := d.ext.Stats()
-		tried = append(tried, fmt.Sprintf("%s (%s): largest free extent %d of %d free bytes", tierName(t), d.Name(), st.LargestFree, st.Free))
+		if errors.Is(err, extent.ErrNoSpace) {
+			st := d.ext.Stats()
+			tried = append(tried, fmt.Sprintf("%s (%s): largest free extent %s of %s free", tierName(t), d.Name(), size.Size(st.LargestFree).Human(), size.Size(st.Free).Human()))
+		} else {
+			tried = append(tried, fmt.Sprintf("%s (%s): %v", tierName(t), d.Name(), err))
+		}
 	}
 	if !seen {
 		tried = append(tried, fmt.Sprintf("%s: %s", tierName(t), p.whyNoTier(t)))

@@ -1,6 +1,10 @@
 package device
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/farmem/farmem/internal/size"
+)
 
 // Emulated is an emulated CXL device: ordinary memory standing in for CXL
 // on hosts without it, always labelled emulated. Each segment is one file,
@@ -108,7 +112,7 @@ func (e *Emulated) Create(id uint64, off, length int64) (Backing, error) {
 			if e.Huge() {
 				fix = "reserve more huge pages (sysctl vm.nr_hugepages) or lower the device capacity"
 			}
-			return Backing{}, fmt.Errorf("device %s: segment %#x: reserve %d bytes in %s: %w: %w; %s", e.name, id, length, e.dir.dir, ErrNoSpace, err, fix)
+			return Backing{}, fmt.Errorf("device %s: segment %#x: reserve %s in %s (%s free there): %w: %w; %s", e.name, id, size.Size(length).Human(), e.dir.dir, e.dir.freeHuman(), ErrNoSpace, err, fix)
 		}
 		return Backing{}, fmt.Errorf("device %s: segment %#x: reserve %d bytes in %s: %w", e.name, id, length, e.dir.dir, err)
 	}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/internal/errs"
 )
 
 func TestNewEmulatedBadInput(t *testing.T) {
@@ -107,7 +109,9 @@ func TestEmulatedNoSpace(t *testing.T) {
 	d := openDevice(t, func() (Device, error) { return NewEmulated("emulated0", dir, 64<<20) })
 	_, err := d.Create(1, 0, 8<<20)
 	require.ErrorIs(t, err, ErrNoSpace)
+	require.ErrorIs(t, err, errs.ErrNoCapacity, "the daemon tries the caller's next tier on it")
 	require.ErrorContains(t, err, dir)
+	require.ErrorContains(t, err, "needs 8.0 MiB", "sizes for people")
 	b, err := d.Create(2, 0, 256<<10)
 	require.NoError(t, err)
 	require.NoError(t, b.File.Close())

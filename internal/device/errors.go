@@ -1,6 +1,10 @@
 package device
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/farmem/farmem/internal/errs"
+)
 
 // Sentinel errors. Every error a device returns wraps one of these (test with
 // errors.Is), and its message names the device, the segment and the value at
@@ -22,8 +26,9 @@ var (
 
 	// ErrNoSpace reports that the filesystem or NUMA node backing the device
 	// has no room for the segment, even though the device's capacity
-	// accounting allowed it.
-	ErrNoSpace = errors.New("no space left on the backing memory")
+	// accounting allowed it. It matches errs.ErrNoCapacity too, so the
+	// daemon tries the caller's next tier and reports it as capacity.
+	ErrNoSpace = errs.Sub(errs.ErrNoCapacity, "no space left on the backing memory")
 
 	// ErrNotSupported reports a feature this system does not provide: any
 	// device outside Linux, or a kernel without NUMA support. Errors that

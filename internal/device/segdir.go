@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/farmem/farmem/internal/size"
 )
 
 // fsKind is the sort of filesystem a segment directory lives on.
@@ -91,8 +93,8 @@ func (d *segmentDir) create(id uint64, length int64) (*os.File, error) {
 	// segment; it cannot see other segments' untouched pages, so a full
 	// filesystem can still surface later as a fault on first touch.
 	if info, err := statFS(d.dir); err == nil && info.avail >= 0 && info.avail < length {
-		return nil, fmt.Errorf("device %s: segment %#x needs %d bytes but %s has %d bytes free; free space there, enlarge it (mount -o remount,size=...), or lower the device capacity: %w",
-			d.dev, id, length, d.dir, info.avail, ErrNoSpace)
+		return nil, fmt.Errorf("device %s: segment %#x needs %s but the filesystem of %s has %s free; free space there, enlarge it (mount -o remount,size=...), or lower the device capacity: %w",
+			d.dev, id, size.Size(length).Human(), d.dir, size.Size(info.avail).Human(), ErrNoSpace)
 	}
 	p := d.path(id)
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -106,11 +108,24 @@ func (d *segmentDir) create(id uint64, length int64) (*os.File, error) {
 		_ = f.Close()
 		_ = os.Remove(p)
 		if isNoSpace(err) {
-			return nil, fmt.Errorf("device %s: segment %#x: size %s to %d bytes: %w: %w", d.dev, id, p, length, ErrNoSpace, err)
+			return nil, fmt.Errorf("device %s: segment %#x: size %s to %s: %w: %w", d.dev, id, p, size.Size(length).Human(), ErrNoSpace, err)
 		}
 		return nil, fmt.Errorf("device %s: segment %#x: size %s to %d bytes: %w", d.dev, id, p, length, err)
 	}
 	return f, nil
+}
+
+// freeHuman is the space available in the directory's filesystem, for
+// messages: "unknown" when statfs fails, "no limit" when it reports none.
+func (d *segmentDir) freeHuman() string {
+	info, err := statFS(d.dir)
+	switch {
+	case err != nil:
+		return "unknown"
+	case info.avail < 0:
+		return "no limit"
+	}
+	return size.Size(info.avail).Human()
 }
 
 // open returns the existing file for id, checking that it still has the

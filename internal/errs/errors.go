@@ -52,3 +52,21 @@ func (indeterminate) Error() string {
 
 // Is reports whether target is ErrUnavailable.
 func (indeterminate) Is(target error) bool { return target == ErrUnavailable }
+
+// Sub returns a new sentinel with its own message that also matches parent
+// with errors.Is. A package names its own condition with it (the device's
+// full filesystem, the extent allocator's missing free extent) and every
+// caller still handles it as the farmem sentinel it is (ErrNoCapacity),
+// without a mapping at each package boundary.
+func Sub(parent error, msg string) error { return &subError{msg: msg, parent: parent} }
+
+// subError is a sentinel made by Sub: immutable, compared by identity.
+type subError struct {
+	msg    string
+	parent error
+}
+
+func (e *subError) Error() string { return e.msg }
+
+// Unwrap returns the parent sentinel, so errors.Is matches both.
+func (e *subError) Unwrap() error { return e.parent }

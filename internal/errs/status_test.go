@@ -54,3 +54,17 @@ func TestIndeterminate(t *testing.T) {
 	require.False(t, Retryable(err))
 	require.True(t, Retryable(fmt.Errorf("x: %w", ErrUnavailable)))
 }
+
+// TestSub: a package's own sentinel made with Sub matches itself and its
+// parent, and crosses the wire as the parent.
+func TestSub(t *testing.T) {
+	full := Sub(ErrNoCapacity, "no space left on the backing memory")
+	err := fmt.Errorf("device emulated0: segment 0x5: %w", full)
+	require.ErrorIs(t, err, full)
+	require.ErrorIs(t, err, ErrNoCapacity)
+	require.NotErrorIs(t, err, Sub(ErrNoCapacity, "no space left on the backing memory"), "compared by identity")
+	require.Equal(t, "device emulated0: segment 0x5: no space left on the backing memory", err.Error())
+	st := ToStatus(err)
+	require.Equal(t, codes.ResourceExhausted, status.Code(st))
+	require.ErrorIs(t, FromStatus(st), ErrNoCapacity)
+}

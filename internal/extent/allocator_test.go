@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/farmem/farmem/internal/errs"
 )
 
 func TestMain(m *testing.M) {
@@ -223,8 +225,9 @@ func TestNoSpaceError(t *testing.T) {
 	_, err = a.Alloc(3*page - 1)
 	require.ErrorAs(t, err, &nse)
 	require.Equal(t, NoSpaceError{Requested: 3 * page, LargestFree: page, Free: 2 * page}, *nse)
-	require.Contains(t, err.Error(), "only 8192 bytes free")
+	require.Contains(t, err.Error(), "only 8.0 KiB free")
 	require.NotErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, errs.ErrNoCapacity, "the daemon tries the next tier on it")
 }
 
 func TestStatsFragmentation(t *testing.T) {

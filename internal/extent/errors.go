@@ -3,6 +3,9 @@ package extent
 import (
 	"errors"
 	"fmt"
+
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/size"
 )
 
 // ErrInvalid reports an argument that can never succeed: a non-positive or
@@ -12,8 +15,8 @@ var ErrInvalid = errors.New("extent: invalid argument")
 
 // ErrNoSpace reports that no free extent is large enough for an allocation.
 // The error returned by [Allocator.Alloc] is a [*NoSpaceError] carrying the
-// requested and the largest free length.
-var ErrNoSpace = errors.New("extent: no free extent large enough")
+// requested and the largest free length. It matches errs.ErrNoCapacity too.
+var ErrNoSpace = errs.Sub(errs.ErrNoCapacity, "extent: no free extent large enough")
 
 // ErrOverlap reports that [Allocator.Reserve] was asked for a range that is
 // already, at least in part, allocated.
@@ -41,12 +44,13 @@ type NoSpaceError struct {
 // Error implements error.
 func (e *NoSpaceError) Error() string {
 	if e.Free >= e.Requested {
-		return fmt.Sprintf("extent: no free extent of %d bytes: largest free extent is %d bytes of %d free (fragmented); free other extents or allocate a smaller length",
-			e.Requested, e.LargestFree, e.Free)
+		return fmt.Sprintf("extent: no free extent of %s: largest free extent is %s of %s free (fragmented); free other extents or allocate a smaller length",
+			size.Size(e.Requested).Human(), size.Size(e.LargestFree).Human(), size.Size(e.Free).Human())
 	}
-	return fmt.Sprintf("extent: no free extent of %d bytes: only %d bytes free (largest extent %d); free extents or use another device",
-		e.Requested, e.Free, e.LargestFree)
+	return fmt.Sprintf("extent: no free extent of %s: only %s free (largest extent %s); free extents or use another device",
+		size.Size(e.Requested).Human(), size.Size(e.Free).Human(), size.Size(e.LargestFree).Human())
 }
 
-// Is reports whether target is [ErrNoSpace].
-func (e *NoSpaceError) Is(target error) bool { return target == ErrNoSpace }
+// Unwrap returns [ErrNoSpace], so errors.Is matches it and, through it,
+// errs.ErrNoCapacity.
+func (e *NoSpaceError) Unwrap() error { return ErrNoSpace }
