@@ -146,7 +146,7 @@ func (a *auth) bind(clientID, ident string) error {
 			}
 		}
 		return b.Put([]byte(clientID), []byte(ident))
-	})
+	}, false)
 	if err != nil {
 		a.mu.Lock()
 		delete(a.bound, clientID)

@@ -84,8 +84,9 @@ func (h *health) shutdown() {
 }
 
 // readiness checks what a client needs: the daemon serving its socket, the
-// metadata store open, the data plane up, every listener accepting (not
-// backing off after EMFILE and the like). It returns one line per check.
+// metadata store open and committing with its reserve for frees in place,
+// the data plane up, every listener accepting (not backing off after EMFILE
+// and the like). It returns one line per check.
 func (d *Daemon) readiness() (ready bool, report []string) {
 	ready = true
 	check := func(name string, ok bool, okText, failText string) {
@@ -101,7 +102,13 @@ func (d *Daemon) readiness() (ready bool, report []string) {
 	d.pool.mu.Lock()
 	closed := d.pool.closed
 	d.pool.mu.Unlock()
-	check("store", !closed, "metadata store open in "+d.cfg.DataDir, "metadata store closed")
+	switch {
+	case closed:
+		check("store", false, "", "metadata store closed")
+	default:
+		err := d.pool.st.health()
+		check("store", err == nil, "metadata store open in "+d.cfg.DataDir, fmt.Sprint(err))
+	}
 	switch {
 	case d.pool.dp == nil:
 		check("data-plane", true, "disabled (no rdma tier served by this node)", "")

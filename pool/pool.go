@@ -413,8 +413,9 @@ func (p *Pool) place(c caller, t poolv1.Tier, req AllocRequest) (*record, []stri
 			return r, nil, nil
 		}
 		// No room on this device, by its accounting (extent) or its backing
-		// filesystem (device): the next device or tier may have it.
-		if !errors.Is(err, errs.ErrNoCapacity) {
+		// filesystem (device): the next device or tier may have it. A full
+		// metadata store is the node's, not the device's.
+		if !errors.Is(err, errs.ErrNoCapacity) || errors.Is(err, errMetadataFull) {
 			return nil, nil, err
 		}
 		if errors.Is(err, extent.ErrNoSpace) {

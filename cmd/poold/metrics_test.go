@@ -20,17 +20,7 @@ func TestMetricsFlag(t *testing.T) {
 	addr := freeAddr(t, "tcp")
 	data, sock := t.TempDir(), filepath.Join(shortDir(t), "p.sock")
 	d := startDaemon(t, data, sock, "--metrics", addr, "--log-format", "json")
-
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
-	get := func(path string) (int, string) {
-		resp, err := hc.Get("http://" + addr + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return httpGet(addr, path) }
 	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
 	code, body := get("/metrics")
 	require.Equal(t, http.StatusOK, code)
@@ -50,4 +40,17 @@ func TestMetricsFlag(t *testing.T) {
 	require.Equal(t, addr, msgs["metrics and health endpoints"]["addr"])
 	require.Contains(t, msgs["poold serving"], "cxl")
 	require.Contains(t, msgs, "shutting down")
+}
+
+// httpGet fetches http://addr/path: the status code and body, or 0 and
+// the error.
+func httpGet(addr, path string) (int, string) {
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	resp, err := hc.Get("http://" + addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
