@@ -35,7 +35,7 @@ func TestMetadataFullFilesystem(t *testing.T) {
 	d := startDaemon(t, data, sock, "--metrics", addr, "--shm-dir", shm)
 	// The socket accepts before the store is open: wait for readiness.
 	require.Eventually(t, func() bool { code, _ := httpGet(addr, "/readyz"); return code == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
-	filler := testfs.FillFS(t, data, 96<<10)
+	filler := testfs.FillFS(t, data, 96*size.KiB)
 
 	conn, err := session.Channel("unix", sock)
 	require.NoError(t, err)

@@ -30,11 +30,11 @@ func SmallFS(t testing.TB, sz size.Size) string {
 // FillFS writes a file in dir that leaves about leave bytes of its
 // filesystem available, and returns its path (remove it to give the room
 // back).
-func FillFS(t testing.TB, dir string, leave int64) string {
+func FillFS(t testing.TB, dir string, leave size.Size) string {
 	t.Helper()
 	var st unix.Statfs_t
 	require.NoError(t, unix.Statfs(dir, &st))
-	n := int64(st.Bavail)*int64(st.Bsize) - leave
+	n := int64(st.Bavail)*int64(st.Bsize) - int64(leave)
 	p, err := os.CreateTemp(dir, "filler")
 	require.NoError(t, err)
 	defer p.Close()
