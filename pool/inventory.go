@@ -87,8 +87,12 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 		log.Info("using memory-only NUMA node", "node", n.ID, "capacity", capacity)
 	}
 	foundCXL := len(devs) > 0
+	sizes := newBudget(log)
 	if cfg.EmulateCXL > 0 && (!foundCXL || cfg.ForceEmulate) {
 		dir := cfg.emulateDir()
+		if err := sizes.claimDir("emulate-cxl", int64(cfg.EmulateCXL), dir, "emulate-dir"); err != nil {
+			return fail(err)
+		}
 		d, err := device.NewEmulated("emulated0", dir, int64(cfg.EmulateCXL))
 		if err != nil {
 			return fail(fmt.Errorf("emulated CXL device in %s: %w (choose another directory with --emulate-dir, or --emulate-cxl 0)", dir, err))
@@ -103,6 +107,9 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 		log.Info("using an emulated CXL device", "dir", dir, "capacity", int64(cfg.EmulateCXL), "reason", map[bool]string{false: "no CXL memory found", true: "--force-emulate"}[foundCXL])
 	}
 	if cfg.LocalSize > 0 {
+		if err := sizes.claimRAM("local-size", int64(cfg.LocalSize)); err != nil {
+			return fail(err)
+		}
 		d, err := device.NewDRAM(int64(cfg.LocalSize))
 		if err != nil {
 			return fail(fmt.Errorf("local DRAM tier: %w", err))
@@ -113,6 +120,9 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 	}
 	if cfg.ExportSize > 0 && cfg.DataListen != "" {
 		dir := filepath.Join(cfg.shmDir(), "export")
+		if err := sizes.claimDir("export-size", int64(cfg.ExportSize), dir, "shm-dir"); err != nil {
+			return fail(err)
+		}
 		d, err := device.NewEmulated("export0", dir, int64(cfg.ExportSize))
 		if err != nil {
 			return fail(fmt.Errorf("rdma tier memory in %s: %w (or disable it with --export-size 0)", dir, err))

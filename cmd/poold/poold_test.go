@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -87,7 +88,32 @@ type daemon struct {
 	cmd    *exec.Cmd
 	socket string
 	data   string
-	log    *bytes.Buffer
+	log    *syncBuffer
+}
+
+// syncBuffer is a buffer the process's output goroutine writes while the
+// test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Len()
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func startDaemon(t *testing.T, data, socket string, extra ...string) *daemon {
@@ -99,7 +125,7 @@ func startDaemon(t *testing.T, data, socket string, extra ...string) *daemon {
 // as prlimit with its options), which must exec poold in its own process.
 func startDaemonVia(t *testing.T, wrap []string, data, socket string, extra ...string) *daemon {
 	t.Helper()
-	d := &daemon{socket: socket, data: data, log: new(bytes.Buffer)}
+	d := &daemon{socket: socket, data: data, log: new(syncBuffer)}
 	argv := append(append(wrap[:len(wrap):len(wrap)], poold, "--data-dir", data, "--socket", socket, "--sysfs-root", "../../cxl/testdata/plain",
 		"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--lease-ttl", "1s", "--shm-dir", filepath.Join(data, "shm"), "--measure-tiers=false"), extra...)
 	d.cmd = exec.Command(argv[0], argv[1:]...)
