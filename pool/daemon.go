@@ -252,7 +252,7 @@ func (d *Daemon) Serve() error {
 	for _, t := range d.pool.tiers() {
 		tiers = append(tiers, tierName(t.Tier), fmt.Sprintf("%s emulated=%v capacity=%d", t.Kind, t.Emulated, t.Capacity))
 	}
-	d.log.Info("poold serving", append([]any{"node", d.cfg.Node, "socket", d.cfg.Socket, "data-dir", d.cfg.DataDir, "segments", len(d.pool.List())}, tiers...)...)
+	d.log.Info("poold serving", append([]any{"node", d.cfg.Node, "socket", d.cfg.Socket, "data-dir", d.cfg.DataDir, "segments", d.pool.segmentCount()}, tiers...)...)
 	d.health.serve()
 	if d.cfg.MeasureTiers {
 		d.wg.Add(1)

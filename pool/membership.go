@@ -473,27 +473,3 @@ func (s *service) Drain(ctx context.Context, req *poolv1.DrainRequest) (*poolv1.
 	}
 	return &poolv1.DrainResponse{}, nil
 }
-
-// listAll gathers every alive node's segments.
-func (s *service) listAll(ctx context.Context, own []*poolv1.Segment) ([]*poolv1.Segment, error) {
-	out := own
-	for _, m := range s.d.pool.cl.Members() {
-		if m.Name == s.d.cfg.Node || m.State != cluster.StateAlive || m.MetaErr != nil || m.Meta.GRPCAddr == "" {
-			continue
-		}
-		pc, err := s.d.pool.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
-		if err != nil {
-			return nil, err
-		}
-		cctx, _, err := pc.Call(ctx)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := pc.API().List(cctx, &poolv1.ListRequest{})
-		if err != nil {
-			return nil, fmt.Errorf("list on %s: %w", m.Name, errs.FromStatus(err))
-		}
-		out = append(out, resp.Segments...)
-	}
-	return out, nil
-}

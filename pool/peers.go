@@ -205,7 +205,7 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 		p.peers.freeLater(m.Name, seg.Id)
 		return nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
 	}
-	p.segs[id] = r
+	p.link(r)
 	p.usage.add(r)
 	if r.Name != "" {
 		p.names[r.Name] = id
@@ -358,7 +358,7 @@ func (p *Pool) reconcile(ctx context.Context, node string) (held map[uint64]bool
 	if err != nil {
 		return nil, false
 	}
-	resp, err := pc.API().List(cctx, &poolv1.ListRequest{})
+	segs, err := poolv1.ListAll(cctx, pc.API(), &poolv1.ListRequest{})
 	if err != nil {
 		return nil, false
 	}
@@ -372,7 +372,7 @@ func (p *Pool) reconcile(ctx context.Context, node string) (held map[uint64]bool
 	}
 	p.mu.Unlock()
 	held = map[uint64]bool{}
-	for _, seg := range resp.Segments {
+	for _, seg := range segs {
 		if seg.Owner != peerClientPrefix+p.cfg.Node {
 			continue
 		}

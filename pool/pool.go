@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 	"unicode"
 
+	"github.com/google/btree"
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/device"
@@ -56,6 +56,7 @@ type Pool struct {
 	mu       sync.Mutex
 	devs     []*dev
 	segs     map[uint64]*record
+	order    *btree.BTreeG[uint64] // the ids in segs, for listing in pages (listing.go)
 	names    map[string]uint64
 	clients  map[string]*client
 	sessions map[string]*sessionState
@@ -133,7 +134,7 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 	p := &Pool{
 		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs, dp: dp,
 		peers: &peers{self: cfg.Node, log: log, conns: map[string]*session.Conn{}, stop: make(chan struct{})},
-		segs:  map[uint64]*record{}, names: map[string]uint64{},
+		segs:  map[uint64]*record{}, order: btree.NewOrderedG[uint64](32), names: map[string]uint64{},
 		clients: map[string]*client{}, sessions: map[string]*sessionState{}, pendingRemote: map[string]int{},
 	}
 	defer func() {
@@ -197,7 +198,7 @@ func (p *Pool) sweepOrphans() {
 // restore puts a stored record back: its extent reserved, its device
 // checked, its owner given one lease TTL to come back.
 func (p *Pool) restore(r *record) {
-	p.segs[r.ID] = r
+	p.link(r)
 	p.usage.add(r)
 	if r.Name != "" {
 		p.names[r.Name] = r.ID
@@ -378,7 +379,7 @@ func (p *Pool) allocLocal(c caller, t poolv1.Tier, req AllocRequest) (*record, [
 		p.unplace(r)
 		return nil, nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
 	}
-	p.segs[r.ID] = r
+	p.link(r)
 	p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
 	cp := *r // the table's record changes under p.mu; callers get a copy
 	return &cp, nil, nil
@@ -559,7 +560,7 @@ func (p *Pool) Free(c caller, id uint64, name string) error {
 	err = p.st.delete(r.ID)
 	p.mu.Lock()
 	if err != nil {
-		p.segs[r.ID] = r
+		p.link(r)
 		if r.Name != "" {
 			p.names[r.Name] = r.ID
 		}
@@ -569,9 +570,16 @@ func (p *Pool) Free(c caller, id uint64, name string) error {
 	return nil
 }
 
+// link puts a record in the table (not its name: callers do).
+func (p *Pool) link(r *record) {
+	p.segs[r.ID] = r
+	p.order.ReplaceOrInsert(r.ID)
+}
+
 // unlink takes a record out of the table, not the store.
 func (p *Pool) unlink(r *record) {
 	delete(p.segs, r.ID)
+	p.order.Delete(r.ID)
 	if r.Name != "" && p.names[r.Name] == r.ID {
 		delete(p.names, r.Name)
 	}
@@ -673,14 +681,31 @@ func (p *Pool) Stat(id uint64) (record, error) {
 
 // List returns copies of every segment, by id.
 func (p *Pool) List() []record {
+	recs, _ := p.listPage(0, 0)
+	return recs
+}
+
+// listPage returns copies of up to limit segments (0: no limit) with ids
+// above after, by id, and whether more follow.
+func (p *Pool) listPage(after uint64, limit int) (recs []record, more bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]record, 0, len(p.segs))
-	for _, r := range p.segs {
-		out = append(out, *r)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
+	p.order.AscendGreaterOrEqual(after+1, func(id uint64) bool {
+		if limit > 0 && len(recs) == limit {
+			more = true
+			return false
+		}
+		recs = append(recs, *p.segs[id])
+		return true
+	})
+	return recs, more
+}
+
+// segmentCount is the number of segments in the table.
+func (p *Pool) segmentCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.segs)
 }
 
 // leaseExpiry is when an unpinned segment will be reclaimed if its owner

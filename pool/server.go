@@ -211,37 +211,6 @@ func (s *service) Detach(ctx context.Context, req *poolv1.DetachRequest) (*poolv
 	return &poolv1.DetachResponse{}, nil
 }
 
-func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.ListResponse, error) {
-	c := s.viewer(ctx)
-	recs := s.d.pool.List()
-	out := &poolv1.ListResponse{Segments: make([]*poolv1.Segment, 0, len(recs))}
-	for _, r := range recs {
-		if s.d.visible(c, &r) {
-			out.Segments = append(out.Segments, s.d.forCaller(c, r))
-		}
-	}
-	if req.All && s.d.pool.cl != nil {
-		if c.client != nil {
-			return nil, errs.ToStatus(fmt.Errorf("%w: listing every node's segments is for administrators (poold --admin), not %s; list this node's", errs.ErrAccessDenied, c.ident))
-		}
-		all, err := s.listAll(ctx, out.Segments)
-		if err != nil {
-			return nil, errs.ToStatus(err)
-		}
-		out.Segments = all
-	}
-	if !strings.HasPrefix(c.id(), peerClientPrefix) {
-		// Sharer counts are for people (memctl); a daemon asking (an
-		// owner's reconciliation, or another node's listAll) needs only
-		// this node's records, whose own counts are already set. Filling
-		// them for a peer made every such List ask every node in turn, and
-		// those asks fill theirs again: at 200 simulated hosts the fill
-		// phase spent its CPU on List storms after each new peer session.
-		s.fillSharers(ctx, out.Segments, req.All && s.d.pool.cl != nil)
-	}
-	return out, nil
-}
-
 func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
 	c := s.viewer(ctx)
 	r, err := s.d.pool.Stat(req.Id)
@@ -272,7 +241,7 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 	return &poolv1.StatusResponse{
 		Version: Version, Node: s.d.cfg.Node, StartedUnixMs: p.started.UnixMilli(), Pid: int64(os.Getpid()),
 		DataDir: s.d.cfg.DataDir, Socket: s.d.cfg.Socket, Tiers: p.allTiers(), Sessions: int64(p.sessionCount()),
-		Segments: int64(len(p.List())), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
+		Segments: int64(p.segmentCount()), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
 		Clients: s.d.withIdentities(p.clientInfos()), Ops: s.d.metrics.tierOps(),
 		Insecure: s.d.cfg.Insecure && s.d.cfg.Listen != "", Quotas: p.quotaUsage(),
 		NameConflicts: p.nameConflicts(),

@@ -67,11 +67,11 @@ func (g *globals) completeSegments(_ *cobra.Command, args []string, _ string) ([
 	}
 	var out []string
 	g.completionCall(func(ctx context.Context, c poolv1.PoolClient) error {
-		resp, err := c.List(ctx, &poolv1.ListRequest{})
+		segs, err := poolv1.ListAll(ctx, c, &poolv1.ListRequest{})
 		if err != nil {
 			return err
 		}
-		for _, s := range resp.Segments {
+		for _, s := range segs {
 			v := s.Name
 			if v == "" {
 				v = strconv.FormatUint(s.Id, 10)

@@ -15,26 +15,29 @@ func newSegmentsCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "segments",
 		Short: "List the segments the daemon holds",
+		Long: `List the segments the daemon holds (with --all, every alive node's), by
+id (by node, then id, with --all). memctl fetches them in pages of 1000, so
+a table of any size lists; --timeout bounds the whole listing.`,
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			var resp *poolv1.ListResponse
+			var segs []*poolv1.Segment
 			err := g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
-				resp, err = c.List(ctx, &poolv1.ListRequest{All: all})
+				segs, err = poolv1.ListAll(ctx, c, &poolv1.ListRequest{All: all})
 				return err
 			})
 			if err != nil {
 				return err
 			}
 			if g.output == "json" {
-				out := make([]segmentJSON, len(resp.Segments))
-				for i, s := range resp.Segments {
+				out := make([]segmentJSON, len(segs))
+				for i, s := range segs {
 					out[i] = segmentView(s)
 				}
 				return g.printJSON(out)
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tNAME\tTIER\tKIND\tHARDWARE\tSIZE\tNODE\tDEVICE\tSTATE\tSHARERS\tOWNER\tACCESS")
-			for _, s := range resp.Segments {
+			for _, s := range segs {
 				name := s.Name
 				if name == "" {
 					name = "-"

@@ -6,11 +6,16 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/farmem/farmem/alloc"
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/internal/session"
+	"github.com/farmem/farmem/internal/size"
 )
 
 // TestSegmentsSharers: `memctl segments` counts a shared segment's
@@ -89,4 +94,39 @@ func TestSegmentsGrants(t *testing.T) {
 	_, errOut, code = memctl(t, cfg.Socket, "alloc", "--size", "1MiB", "--name", "bad", "--allow", "app2")
 	require.NotZero(t, code)
 	require.Contains(t, errOut, `identity "app2": use uid:N or gid:N`)
+}
+
+// TestSegmentsPaged: `memctl segments` lists a table of 100,000 segments,
+// more than one gRPC message holds, page by page, each once, in id order;
+// a client from before paging (no page_size) gets what fits in one message
+// and a token for the rest.
+func TestSegmentsPaged(t *testing.T) {
+	const n = 100_000
+	cfg := pooltest.Config(t)
+	cfg.EmulateCXL = n * 4 * size.KiB
+	cfg.ExportSize, cfg.LocalSize = 0, 0
+	pooltest.Start(t, cfg)
+	start := time.Now()
+	pooltest.Fill(t, cfg.Socket, n, 4096, poolv1.Tier_TIER_CXL)
+	t.Logf("allocating %d segments took %s", n, time.Since(start))
+
+	start = time.Now()
+	out, errOut, code := memctl(t, cfg.Socket, "segments", "-o", "json")
+	t.Logf("memctl segments -o json with %d segments took %s (%d bytes of JSON)", n, time.Since(start), len(out))
+	require.Zero(t, code, errOut)
+	var list []segmentJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &list))
+	require.Len(t, list, n)
+	for i := 1; i < n; i++ {
+		require.Less(t, list[i-1].ID, list[i].ID, "in id order, each once")
+	}
+
+	conn, err := session.Channel("unix", cfg.Socket)
+	require.NoError(t, err)
+	defer conn.Close()
+	resp, err := poolv1.NewPoolClient(conn).List(t.Context(), &poolv1.ListRequest{})
+	require.NoError(t, err, "an old client's List fits in one message")
+	require.NotEmpty(t, resp.NextPageToken)
+	require.Less(t, proto.Size(resp), 4<<20)
+	t.Logf("a List without page_size returns %d segments (%d bytes)", len(resp.Segments), proto.Size(resp))
 }

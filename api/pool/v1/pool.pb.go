@@ -817,9 +817,20 @@ func (x *AttachRequest) GetName() string {
 	return ""
 }
 
+// ListRequest asks for one page of segments, in a stable order: by node
+// name with all, then by id. Page with page_token until next_page_token
+// is empty.
 type ListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	All           bool                   `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"` // every alive node's segments, not just this daemon's
+	state protoimpl.MessageState `protogen:"open.v1"`
+	All   bool                   `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"` // every alive node's segments, not just this daemon's
+	// page_size is the most segments in the response: 0 asks for as many as
+	// fit in one response (clients from before paging send 0 and receive up
+	// to some 3 MiB of segments, the rest behind next_page_token); above
+	// 5000 counts as 5000. A page may hold fewer (it stays under 3 MiB).
+	PageSize uint32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is a previous response's next_page_token; "" starts at the
+	// first segment.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -861,9 +872,27 @@ func (x *ListRequest) GetAll() bool {
 	return false
 }
 
+func (x *ListRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Segments      []*Segment             `protobuf:"bytes,1,rep,name=segments,proto3" json:"segments,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Segments []*Segment             `protobuf:"bytes,1,rep,name=segments,proto3" json:"segments,omitempty"`
+	// next_page_token continues the listing after this page; "" when it is
+	// the last one. Segments allocated meanwhile with a higher id (or on a
+	// later node) show up on later pages; freed ones do not.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -903,6 +932,13 @@ func (x *ListResponse) GetSegments() []*Segment {
 		return x.Segments
 	}
 	return nil
+}
+
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type StatRequest struct {
@@ -2699,11 +2735,15 @@ const file_pool_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x0e\n" +
 	"\fFreeResponse\"#\n" +
 	"\rAttachRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x1f\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"[\n" +
 	"\vListRequest\x12\x10\n" +
-	"\x03all\x18\x01 \x01(\bR\x03all\"C\n" +
+	"\x03all\x18\x01 \x01(\bR\x03all\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"k\n" +
 	"\fListResponse\x123\n" +
-	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\"\x1d\n" +
+	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"\xb9\x06\n" +
 	"\aSegment\x12\x0e\n" +
