@@ -11,7 +11,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/google/btree"
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/device"
@@ -20,6 +19,7 @@ import (
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/rdma"
+	"github.com/google/btree"
 )
 
 // Limits on requests, each with a clear error when exceeded.

@@ -18,7 +18,7 @@ func newSegmentsCmd(g *globals) *cobra.Command {
 		Long: `List the segments the daemon holds (with --all, every alive node's), by
 id (by node, then id, with --all). memctl fetches them in pages of 1000, so
 a table of any size lists; --timeout bounds the whole listing.`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			var segs []*poolv1.Segment
 			err := g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
