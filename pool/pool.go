@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/google/btree"
+
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/device"
@@ -19,7 +21,6 @@ import (
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/rdma"
-	"github.com/google/btree"
 )
 
 // Limits on requests, each with a clear error when exceeded.
