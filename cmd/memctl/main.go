@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -114,7 +115,7 @@ func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error 
 		}
 		return fmt.Errorf("no poold is listening at %s; start it with 'poold' (or point --socket / FARMEM_SOCKET at its socket)", addr)
 	}
-	return err
+	return withCLIAdvice(err)
 }
 
 // tlsAdvice says, per TLS problem, which memctl flags to change.
@@ -143,6 +144,33 @@ func (g *globals) tcpUnavailable(addr string) error {
 	}
 	return fmt.Errorf("no poold answers at %s; is its --listen address right?", addr)
 }
+
+// cliNoCapacity is what a person at the command line can do about
+// ErrNoCapacity, in memctl's flags.
+const cliNoCapacity = "no capacity: free segments ('memctl free'), ask for a smaller --size, or pick another --tier (see 'memctl tiers')"
+
+// withCLIAdvice replaces the client library's advice in a capacity error
+// (alloc.WithFallback) with memctl's; the error still matches its sentinel.
+func withCLIAdvice(err error) error {
+	if !errors.Is(err, errs.ErrNoCapacity) {
+		return err
+	}
+	msg := err.Error()
+	if lib := errs.ErrNoCapacity.Error(); strings.Contains(msg, lib) {
+		msg = strings.Replace(msg, lib, cliNoCapacity, 1)
+	}
+	return &advisedError{msg: msg, err: err}
+}
+
+// advisedError is an error with its message rewritten for memctl's user.
+type advisedError struct {
+	msg string
+	err error
+}
+
+func (e *advisedError) Error() string { return e.msg }
+
+func (e *advisedError) Unwrap() error { return e.err }
 
 // printJSON writes v indented.
 func (g *globals) printJSON(v any) error {

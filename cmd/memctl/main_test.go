@@ -93,7 +93,7 @@ func TestErrors(t *testing.T) {
 		{"unknown id", []string{"free", "999"}, "not found"},
 		{"bad size", []string{"alloc", "--size", "lots"}, "not a byte size"},
 		{"zero size", []string{"alloc", "--size", "0"}, "size 0"},
-		{"too large", []string{"alloc", "--size", "1TiB"}, "no capacity"},
+		{"too large", []string{"alloc", "--size", "1TiB"}, "or pick another --tier"},
 		{"bad tier", []string{"alloc", "--size", "1MiB", "--tier", "fast"}, "--tier"},
 		{"missing size", []string{"alloc"}, "size"},
 		{"bad output", []string{"tiers", "-o", "xml"}, "-o"},
@@ -108,6 +108,7 @@ func TestErrors(t *testing.T) {
 			}
 			require.NotZero(t, code)
 			require.Contains(t, stderr, tc.want)
+			require.NotContains(t, stderr, "alloc.WithFallback", "advice in memctl's flags, not the library's")
 			require.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %q", stderr)
 		})
 	}
