@@ -232,7 +232,7 @@ func (s *service) listAll(ctx context.Context, own []*poolv1.Segment) ([]*poolv1
 		if err != nil {
 			return nil, err
 		}
-		segs, err := poolv1.ListAll(cctx, pc.API(), &poolv1.ListRequest{})
+		segs, err := poolv1.ListAll(cctx, pc.API(), &poolv1.ListRequest{}, 0)
 		if err != nil {
 			return nil, fmt.Errorf("list on %s: %w", m.Name, errs.FromStatus(err))
 		}

@@ -53,7 +53,7 @@ func TestListEveryNodePaged(t *testing.T) {
 	require.Len(t, first.Segments, 2)
 	require.NotEmpty(t, first.NextPageToken)
 
-	segs, err := poolv1.ListAll(t.Context(), api, &poolv1.ListRequest{All: true, PageSize: 2})
+	segs, err := poolv1.ListAll(t.Context(), api, &poolv1.ListRequest{All: true, PageSize: 2}, 0)
 	require.NoError(t, err)
 	var got []at
 	for _, s := range segs {

@@ -358,7 +358,7 @@ func (p *Pool) reconcile(ctx context.Context, node string) (held map[uint64]bool
 	if err != nil {
 		return nil, false
 	}
-	segs, err := poolv1.ListAll(cctx, pc.API(), &poolv1.ListRequest{})
+	segs, err := poolv1.ListAll(cctx, pc.API(), &poolv1.ListRequest{}, 0)
 	if err != nil {
 		return nil, false
 	}

@@ -67,7 +67,7 @@ func (g *globals) completeSegments(_ *cobra.Command, args []string, _ string) ([
 	}
 	var out []string
 	g.completionCall(func(ctx context.Context, c poolv1.PoolClient) error {
-		segs, err := poolv1.ListAll(ctx, c, &poolv1.ListRequest{})
+		segs, err := poolv1.ListAll(ctx, c, &poolv1.ListRequest{}, 0)
 		if err != nil {
 			return err
 		}

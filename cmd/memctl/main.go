@@ -97,6 +97,12 @@ func (g *globals) target() (network, addr string, err error) {
 // into one line that says how to start the daemon, or, over TCP, what TLS
 // setting keeps memctl out.
 func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error {
+	return g.callWithin(g.timeout, fn)
+}
+
+// callWithin is call with a deadline d for the whole of fn; 0 sets none,
+// for an fn that bounds each of its calls itself (a listing page by page).
+func (g *globals) callWithin(d time.Duration, fn func(context.Context, poolv1.PoolClient) error) error {
 	network, addr, err := g.target()
 	if err != nil {
 		return err
@@ -106,7 +112,10 @@ func (g *globals) call(fn func(context.Context, poolv1.PoolClient) error) error 
 		return err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if d > 0 {
+		ctx, cancel = context.WithTimeout(ctx, d)
+	}
 	defer cancel()
 	err = errs.FromStatus(fn(ctx, poolv1.NewPoolClient(conn)))
 	if errors.Is(err, errs.ErrUnavailable) {

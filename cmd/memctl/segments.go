@@ -17,12 +17,12 @@ func newSegmentsCmd(g *globals) *cobra.Command {
 		Short: "List the segments the daemon holds",
 		Long: `List the segments the daemon holds (with --all, every alive node's), by
 id (by node, then id, with --all). memctl fetches them in pages of 1000, so
-a table of any size lists; --timeout bounds the whole listing.`,
+a table of any size lists; --timeout bounds each page.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			var segs []*poolv1.Segment
-			err := g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
-				segs, err = poolv1.ListAll(ctx, c, &poolv1.ListRequest{All: all})
+			err := g.callWithin(0, func(ctx context.Context, c poolv1.PoolClient) (err error) {
+				segs, err = poolv1.ListAll(ctx, c, &poolv1.ListRequest{All: all}, g.timeout)
 				return err
 			})
 			if err != nil {

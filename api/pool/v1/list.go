@@ -3,6 +3,7 @@ package poolv1
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc"
 )
@@ -12,16 +13,22 @@ const ListPageSize = 1000
 
 // ListAll calls List page after page, starting from req (its PageToken,
 // "" for the first segment), and returns every segment in the daemon's
-// order. A req without a PageSize asks for ListPageSize. It stops at the
-// first error. req is not modified.
-func ListAll(ctx context.Context, c PoolClient, req *ListRequest, opts ...grpc.CallOption) ([]*Segment, error) {
+// order. A req without a PageSize asks for ListPageSize. Each page's call
+// has perPage to answer (0: ctx alone bounds them). It stops at the first
+// error. req is not modified.
+func ListAll(ctx context.Context, c PoolClient, req *ListRequest, perPage time.Duration, opts ...grpc.CallOption) ([]*Segment, error) {
 	page := &ListRequest{All: req.All, PageSize: req.PageSize, PageToken: req.PageToken}
 	if page.PageSize == 0 {
 		page.PageSize = ListPageSize
 	}
 	var out []*Segment
 	for {
-		resp, err := c.List(ctx, page, opts...)
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if perPage > 0 {
+			pctx, cancel = context.WithTimeout(ctx, perPage)
+		}
+		resp, err := c.List(pctx, page, opts...)
+		cancel()
 		if err != nil {
 			return nil, err
 		}
