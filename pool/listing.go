@@ -95,7 +95,7 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 		if tok.node != "" && tok.node != s.d.cfg.Node {
 			return nil, errs.ToStatus(fmt.Errorf("%w: page_token %q is from node %s's listing, not this node's (%s); start again without one", errs.ErrInvalid, req.PageToken, tok.node, s.d.cfg.Node))
 		}
-		if _, next, more := s.listOwn(c, pg, tok.id); more {
+		if next, more := s.listOwn(c, pg, tok.id); more {
 			pg.resp.NextPageToken = pageToken{node: s.d.cfg.Node, id: next}.String()
 		}
 	}
@@ -112,9 +112,9 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 }
 
 // listOwn adds this node's segments with ids above after that the caller
-// may see to pg until it is full: how many it added, the id to continue
-// after, and whether some were left out.
-func (s *service) listOwn(c caller, pg *page, after uint64) (added int, next uint64, more bool) {
+// may see to pg until it is full: the id to continue after, and whether
+// some were left out.
+func (s *service) listOwn(c caller, pg *page, after uint64) (next uint64, more bool) {
 	limit := 0
 	if pg.limit > 0 {
 		limit = pg.limit - len(pg.resp.Segments)
@@ -124,13 +124,12 @@ func (s *service) listOwn(c caller, pg *page, after uint64) (added int, next uin
 	for _, r := range recs {
 		if s.d.visible(c, &r) {
 			if !pg.add(s.d.forCaller(c, r)) {
-				return added, next, true
+				return next, true
 			}
-			added++
 		}
 		next = r.ID
 	}
-	return added, next, more
+	return next, more
 }
 
 // listEveryNode fills pg with every alive node's segments from tok on, by
@@ -155,7 +154,7 @@ func (s *service) listEveryNode(ctx context.Context, c caller, pg *page, tok pag
 		}
 		var more bool
 		if m.Name == s.d.cfg.Node {
-			_, after, more = s.listOwn(c, pg, after)
+			after, more = s.listOwn(c, pg, after)
 		} else {
 			added, peerMore, err := s.listPeer(ctx, m, pg, after)
 			if err != nil {
