@@ -2,14 +2,12 @@ package pool
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,26 +16,16 @@ import (
 	"github.com/farmem/farmem/alloc"
 	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/internal/syncbuf"
 )
 
 // logBuffer collects a daemon's JSON log lines; safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type logBuffer struct{ syncbuf.Buffer }
 
 // events returns every line logged so far, decoded.
 func (l *logBuffer) events(t *testing.T) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	raw := l.b.String()
-	l.mu.Unlock()
+	raw := l.String()
 	var out []map[string]any
 	sc := bufio.NewScanner(strings.NewReader(raw))
 	sc.Buffer(nil, 1<<20)

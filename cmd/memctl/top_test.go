@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/farmem/farmem/alloc"
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/internal/syncbuf"
 )
 
 // withClient starts a daemon with one client that holds an rdma and a cxl
@@ -115,27 +114,9 @@ func TestTopOnceJSON(t *testing.T) {
 	require.Contains(t, out, `"lease_expires"`)
 }
 
-// syncBuffer is a bytes.Buffer written and read by different goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 func TestTopStreams(t *testing.T) {
 	s, _ := withClient(t)
-	var out syncBuffer
+	var out syncbuf.Buffer
 	g := &globals{socket: s, output: "table", timeout: 10 * time.Second, out: &out}
 	ctx, cancel := context.WithCancel(context.Background())
 	tp := &top{g: g, interval: 20 * time.Millisecond}

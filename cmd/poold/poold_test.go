@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/syncbuf"
 )
 
 // poold and memctl are the binaries built once for these tests.
@@ -88,32 +87,7 @@ type daemon struct {
 	cmd    *exec.Cmd
 	socket string
 	data   string
-	log    *syncBuffer
-}
-
-// syncBuffer is a buffer the process's output goroutine writes while the
-// test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) Len() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Len()
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	log    *syncbuf.Buffer
 }
 
 func startDaemon(t *testing.T, data, socket string, extra ...string) *daemon {
@@ -125,7 +99,7 @@ func startDaemon(t *testing.T, data, socket string, extra ...string) *daemon {
 // as prlimit with its options), which must exec poold in its own process.
 func startDaemonVia(t *testing.T, wrap []string, data, socket string, extra ...string) *daemon {
 	t.Helper()
-	d := &daemon{socket: socket, data: data, log: new(syncBuffer)}
+	d := &daemon{socket: socket, data: data, log: new(syncbuf.Buffer)}
 	argv := append(append(wrap[:len(wrap):len(wrap)], poold, "--data-dir", data, "--socket", socket, "--sysfs-root", "../../cxl/testdata/plain",
 		"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--lease-ttl", "1s", "--shm-dir", filepath.Join(data, "shm"), "--measure-tiers=false"), extra...)
 	d.cmd = exec.Command(argv[0], argv[1:]...)

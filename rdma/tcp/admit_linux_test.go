@@ -3,14 +3,12 @@
 package tcp
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/farmem/farmem/internal/syncbuf"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -240,24 +239,6 @@ func TestFrameTimeout(t *testing.T) {
 	})
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestRefusalLogSampled(t *testing.T) {
 	var l logSampler
 	t0 := time.Unix(1000, 0)
@@ -277,7 +258,7 @@ func TestRefusalLogSampled(t *testing.T) {
 
 	// Through a server: a flood of 300 refused connections logs at most
 	// one line per second it lasts, per reason.
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	var rc refusalCounter
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	s := startServer(t, ServerConfig{MaxHandshakesPerSource: 1, Logger: log, Refused: rc.hook})
