@@ -277,6 +277,10 @@ func (d *Daemon) watchMembers(events <-chan cluster.Event) {
 			case cluster.EventLeave:
 				d.log.Info("node left", "node", name)
 				d.pool.homeChanged(name, false)
+				// Its session only held a lease there for segments now
+				// marked lost; a returning node gets a fresh one, checked
+				// against its certificate again.
+				d.pool.peers.drop(name)
 			}
 		}
 	}

@@ -9,9 +9,11 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/session"
@@ -34,6 +36,9 @@ type peers struct {
 
 	mu    sync.Mutex
 	conns map[string]*session.Conn
+	// refused holds the nodes whose certificate or Welcome named another
+	// node, until refuseFor passes or the node announces another address.
+	refused map[string]refusal
 
 	// epochs counts the membership changes of each node that homeChanged
 	// handled, so that an overtaken one does not apply its verdict.
@@ -46,7 +51,27 @@ type peers struct {
 	stop chan struct{}
 }
 
-// get returns the session with node, dialing it at addr.
+// refuseFor is how long a node refused for its name is neither dialed
+// nor chosen for placements, unless it announces another address.
+const refuseFor = 30 * time.Second
+
+// refusal is why and when a node was refused (peers.refuse).
+type refusal struct {
+	addr   string
+	err    error
+	at     time.Time
+	logged time.Time // last log line about it: at most one a refuseFor
+}
+
+// errPeerRefused marks a peer whose certificate, or whose answer, names
+// another node than the one dialed.
+var errPeerRefused = fmt.Errorf("%w: the peer is not the node it was dialed as", errs.ErrAccessDenied)
+
+// get returns the session with node, dialing it at addr. With TLS the
+// peer's certificate must name node (certs.CheckName), and with or
+// without it the daemon must answer as node (Welcome.node): a gossip
+// member announcing another node's address under a name of its own gets
+// no session, so nothing this daemon does for it reaches that node.
 func (ps *peers) get(ctx context.Context, node, addr string) (*session.Conn, error) {
 	ps.mu.Lock()
 	if ps.done {
@@ -57,17 +82,40 @@ func (ps *peers) get(ctx context.Context, node, addr string) (*session.Conn, err
 		ps.mu.Unlock()
 		return c, nil
 	}
+	if r, ok := ps.refused[node]; ok && r.addr == addr && time.Since(r.at) < refuseFor {
+		ps.mu.Unlock()
+		return nil, fmt.Errorf("peer %s at %s: %w: %w", node, addr, errPeerRefused, r.err)
+	}
 	ps.mu.Unlock()
+	var tc *tls.Config
+	var wrongName atomic.Pointer[error]
+	if ps.tls != nil {
+		tc = ps.tls.Clone()
+		tc.VerifyConnection = func(cs tls.ConnectionState) error {
+			err := certs.CheckName(cs, node)
+			if err != nil {
+				wrongName.Store(&err)
+			}
+			return err
+		}
+	}
 	c, err := session.Dial(ctx, "tcp", addr, session.Options{
-		ClientID: peerClientPrefix + ps.self, ClientName: "poold " + ps.self, TLS: ps.tls,
+		ClientID: peerClientPrefix + ps.self, ClientName: "poold " + ps.self, TLS: tc,
 		OnUp: func(string) {
 			if ps.onUp != nil {
 				go ps.onUp(node)
 			}
 		},
 	})
+	if e := wrongName.Load(); e != nil {
+		return nil, ps.refuse(node, addr, "peer refused: its certificate does not name it", *e)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("peer %s at %s: %w", node, addr, err)
+	}
+	if got := c.Node(); got != node {
+		c.Close()
+		return nil, ps.refuse(node, addr, "peer refused: it answers as another node", fmt.Errorf("the daemon at %s answers as node %q", addr, got))
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
@@ -82,8 +130,53 @@ func (ps *peers) get(ctx context.Context, node, addr string) (*session.Conn, err
 		}
 		old.Close()
 	}
+	delete(ps.refused, node)
 	ps.conns[node] = c
 	return c, nil
+}
+
+// refuse records that node, dialed at addr, is not who it says, logs it
+// (at most once a refuseFor per node: a rogue member must not flood the
+// log), and returns the error for the caller.
+func (ps *peers) refuse(node, addr, msg string, why error) error {
+	now := time.Now()
+	ps.mu.Lock()
+	if ps.refused == nil {
+		ps.refused = map[string]refusal{}
+	}
+	r := ps.refused[node]
+	log := r.addr != addr || now.Sub(r.logged) >= refuseFor
+	r.addr, r.err, r.at = addr, why, now
+	if log {
+		r.logged = now
+	}
+	ps.refused[node] = r
+	ps.mu.Unlock()
+	if log {
+		ps.log.Warn(msg, "node", node, "addr", addr, "err", why)
+	}
+	return fmt.Errorf("peer %s at %s: %w: %w", node, addr, errPeerRefused, why)
+}
+
+// isRefused reports whether node, announcing addr, was refused within
+// refuseFor: placements do not choose it.
+func (ps *peers) isRefused(node, addr string) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	r, ok := ps.refused[node]
+	return ok && r.addr == addr && time.Since(r.at) < refuseFor
+}
+
+// drop closes the session with node, if any: the node left or was
+// forgotten, or it answered as another node.
+func (ps *peers) drop(node string) {
+	ps.mu.Lock()
+	c := ps.conns[node]
+	delete(ps.conns, node)
+	ps.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
 }
 
 // conn returns the existing session with node, if any.
@@ -98,6 +191,10 @@ func (ps *peers) conn(node string) *session.Conn {
 func (ps *peers) freeLater(node string, homeID uint64) {
 	c := ps.conn(node)
 	if c == nil {
+		return
+	}
+	if got := c.Node(); got != node {
+		ps.log.Warn("not freeing a segment at a peer that answers as another node", "node", node, "answers-as", got, "segment", homeID)
 		return
 	}
 	ps.mu.Lock()
@@ -154,11 +251,7 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 	if why != "" {
 		return nil, fmt.Errorf("%w: %s", errNoPeer, why)
 	}
-	m, err := cluster.Pick(p.cl.Members(), tierName(poolv1.Tier_TIER_RDMA), req.Size, p.cfg.Node, nil)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errNoPeer, err)
-	}
-	pc, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+	m, pc, err := p.pickPeer(ctx, req.Size)
 	if err != nil {
 		return nil, err
 	}
@@ -213,6 +306,26 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 	p.log.Debug("alloc on peer", "segment", id, "node", m.Name, "home-id", seg.Id, "size", r.Size)
 	cp := *r
 	return &cp, nil
+}
+
+// pickPeer chooses a peer for size bytes by free capacity, among the
+// members not refused for their name, and returns its session; a member
+// refused while dialing it is left out and another chosen.
+func (p *Pool) pickPeer(ctx context.Context, size int64) (cluster.Member, *session.Conn, error) {
+	for {
+		members := slices.DeleteFunc(p.cl.Members(), func(m cluster.Member) bool {
+			return p.peers.isRefused(m.Name, m.Meta.GRPCAddr)
+		})
+		m, err := cluster.Pick(members, tierName(poolv1.Tier_TIER_RDMA), size, p.cfg.Node, nil)
+		if err != nil {
+			return m, nil, fmt.Errorf("%w: %w", errNoPeer, err)
+		}
+		pc, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+		if errors.Is(err, errPeerRefused) && ctx.Err() == nil {
+			continue // now refused, so left out
+		}
+		return m, pc, err
+	}
 }
 
 // reconcileRetry is the first pause before homeChanged asks a home again.
@@ -362,6 +475,19 @@ func (p *Pool) reconcile(ctx context.Context, node string) (held map[uint64]bool
 	if err != nil {
 		return nil, false
 	}
+	// The answer must come from node itself: freeing what another node
+	// lists, against the records of node, frees live segments of that
+	// other node's.
+	if got := pc.Node(); got != node {
+		p.refuseAnswer(node, pc, fmt.Errorf("its session answers as node %q", got))
+		return nil, false
+	}
+	for _, seg := range segs {
+		if seg.Owner == peerClientPrefix+p.cfg.Node && seg.Node != node {
+			p.refuseAnswer(node, pc, fmt.Errorf("it lists segment %d as held by node %q", seg.Id, seg.Node))
+			return nil, false
+		}
+	}
 	p.mu.Lock()
 	pending := p.pendingRemote[node]
 	known := map[uint64]bool{}
@@ -393,7 +519,9 @@ func (p *Pool) reconcile(ctx context.Context, node string) (held map[uint64]bool
 // answer never came back (the call timed out after the peer had allocated);
 // the session keeps it leased, so without a sweep it stayed until the
 // session next came up, for good on a steady one (the scale simulation
-// found two after a 200-host run). It returns early when ctx ends.
+// found two after a 200-host run). Only alive members are asked; the
+// sessions of nodes that left or that the cluster forgot are dropped. It
+// returns early when ctx ends.
 func (p *Pool) sweepPeers(ctx context.Context) {
 	p.peers.mu.Lock()
 	nodes := slices.Collect(maps.Keys(p.peers.conns))
@@ -402,8 +530,27 @@ func (p *Pool) sweepPeers(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if p.cl != nil {
+			m, ok := p.cl.Member(node)
+			if !ok || m.State == cluster.StateLeft {
+				// Forgotten or departed: its session only held a lease
+				// there for segments already marked lost.
+				p.peers.drop(node)
+				continue
+			}
+			if m.State != cluster.StateAlive {
+				continue
+			}
+		}
 		p.reconcile(ctx, node)
 	}
+}
+
+// refuseAnswer drops the session with node whose answer came from another
+// node, and refuses node for a while (peers.refuse logs it).
+func (p *Pool) refuseAnswer(node string, pc *session.Conn, why error) {
+	p.peers.drop(node)
+	_ = p.peers.refuse(node, pc.Addr(), "peer refused: it answers as another node", why)
 }
 
 // nextEpoch starts a new change of node's state; epoch tells whether a

@@ -148,6 +148,18 @@ func TestRefused(t *testing.T) {
 		_, err = handshake(t, srv, cl)
 		require.Error(t, err)
 	})
+	t.Run("server certificate of another node", func(t *testing.T) {
+		cl, err := InDir(dir, "app").Client()
+		require.NoError(t, err)
+		cl.ServerName = "127.0.0.1" // the address checks out: a's certificate lists it
+		cl.VerifyConnection = func(cs tls.ConnectionState) error { return CheckName(cs, "evil2") }
+		_, err = handshake(t, srv, cl)
+		require.ErrorIs(t, err, ErrWrongName)
+		require.ErrorContains(t, err, `expected node "evil2", and the certificate's common name is "a"`)
+		cl.VerifyConnection = func(cs tls.ConnectionState) error { return CheckName(cs, "a") }
+		_, err = handshake(t, srv, cl)
+		require.NoError(t, err)
+	})
 	t.Run("client certificate cannot serve", func(t *testing.T) {
 		bad, err := InDir(dir, "app").Server()
 		require.NoError(t, err)

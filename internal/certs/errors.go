@@ -10,3 +10,7 @@ var ErrInvalid = errors.New("certs: invalid option")
 // together (a key that is not the certificate's, a CA file without a
 // certificate). The message names the file.
 var ErrLoad = errors.New("certs: cannot load TLS files")
+
+// ErrWrongName marks a peer whose certificate does not name the node it
+// was dialed as.
+var ErrWrongName = errors.New("certs: the certificate names another node")

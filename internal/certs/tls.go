@@ -100,3 +100,18 @@ func Identity(cs tls.ConnectionState) string {
 	}
 	return cs.VerifiedChains[0][0].Subject.CommonName
 }
+
+// CheckName reports an error matching ErrWrongName unless the peer
+// certificate of cs names node: a node's name is its certificate's
+// subject common name (Init writes the node name there, and as a DNS
+// name). Use it in tls.Config.VerifyConnection, which runs after the chain
+// is verified, when dialing a peer known by its name.
+func CheckName(cs tls.ConnectionState, node string) error {
+	if len(cs.PeerCertificates) == 0 {
+		return fmt.Errorf("%w: expected node %q, and the peer presented no certificate", ErrWrongName, node)
+	}
+	if cn := cs.PeerCertificates[0].Subject.CommonName; cn != node {
+		return fmt.Errorf("%w: expected node %q, and the certificate's common name is %q; give each node the certificate made for its name ('memctl certs init --nodes %s')", ErrWrongName, node, cn, node)
+	}
+	return nil
+}

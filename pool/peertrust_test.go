@@ -1,0 +1,178 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/alloc"
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/session"
+)
+
+// TestForgedPeerFreesNothing replays the attack of a gossip member that
+// announces a real node's control and data addresses under a name of its
+// own ("evil2"): a daemon that talked to b under the name evil2 placed
+// segments there, then took every segment it had on b for an orphan of
+// evil2 and freed them. Now the certificate must name the node dialed, so
+// evil2 is refused (and logged) and never chosen, and a session that
+// somehow answers under another node's name frees nothing: every segment a
+// recorded under b stays active on b with its contents. Without TLS
+// (--insecure) the daemon's answer (Welcome.node) still tells that b is
+// not evil2, which stops a mistaken or misconfigured member, not an
+// attacker who runs a daemon of its own.
+func TestForgedPeerFreesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name, refusal string
+		insecure      bool
+	}{
+		{"tls", "peer refused: its certificate does not name it", false},
+		{"insecure", "peer refused: it answers as another node", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { forgedPeer(t, tc.insecure, tc.refusal) })
+	}
+}
+
+func forgedPeer(t *testing.T, insecure bool, refusal string) {
+	var logA logBuffer
+	node := func(name string) Config {
+		cfg := clusterNodeConfig(t, name)
+		if insecure {
+			cfg.TLSCert, cfg.TLSKey, cfg.TLSCA, cfg.Insecure = "", "", "", true
+		}
+		return cfg
+	}
+	cfgA := node("a")
+	a, err := Start(cfgA, slog.New(slog.NewJSONHandler(&logA, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	require.NoError(t, err)
+	defer a.Close()
+	cfgB := node("b")
+	cfgB.Join = []string{seedOf(t, a)}
+	b, err := Start(cfgB, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	ctx := t.Context()
+
+	owner, err := alloc.Dial(ctx, cfgA.Socket, alloc.WithClientID("forged-peer-victim"))
+	require.NoError(t, err)
+	defer owner.Close()
+	// Segments on b, one of them named, each with its own contents.
+	var onB []*alloc.Segment
+	require.Eventually(t, func() bool {
+		var opts []alloc.AllocOption
+		if len(onB) == 0 {
+			opts = append(opts, alloc.WithName("forged-peer-named"))
+		}
+		seg, err := owner.Alloc(ctx, 4096, append(opts, alloc.WithTier(alloc.TierRDMA))...)
+		require.NoError(t, err)
+		if seg.Node() != "b" {
+			require.NoError(t, seg.Free(ctx))
+			return false
+		}
+		_, err = seg.WriteAt(contents(seg.ID()), 0)
+		require.NoError(t, err)
+		onB = append(onB, seg)
+		return len(onB) == 4
+	}, 30*time.Second, 20*time.Millisecond)
+
+	// The rogue: a gossip member named evil2 announcing b's addresses and
+	// far more free memory than anyone, so that placement prefers it.
+	bm := b.pool.cl.Self().Meta
+	rc := cluster.DefaultConfig()
+	rc.Name, rc.BindAddr, rc.BindPort, rc.Profile = "evil2", "127.0.0.1", 0, cluster.ProfileLocal
+	rogue, err := cluster.New(rc, cluster.Meta{Proto: protoVersion, GRPCAddr: bm.GRPCAddr, DataAddr: bm.DataAddr,
+		Tiers: []cluster.TierFree{{Name: "rdma", Capacity: 1 << 40, Free: 1 << 40}}})
+	require.NoError(t, err)
+	defer rogue.Shutdown()
+	_, err = rogue.Join(ctx, []string{seedOf(t, a)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		m, ok := a.pool.cl.Member("evil2")
+		return ok && m.State == cluster.StateAlive
+	}, 10*time.Second, 10*time.Millisecond)
+
+	// Placements while evil2 is a member: none is recorded under evil2.
+	for range 8 {
+		seg, err := owner.Alloc(ctx, 4096, alloc.WithTier(alloc.TierRDMA))
+		require.NoError(t, err)
+		require.NotEqual(t, "evil2", seg.Node())
+		_, err = seg.WriteAt(contents(seg.ID()), 0)
+		require.NoError(t, err)
+		if seg.Node() == "b" {
+			onB = append(onB, seg)
+		}
+	}
+	logA.waitEvent(t, refusal, map[string]any{"node": "evil2", "addr": bm.GRPCAddr})
+
+	// Everything that reconciles asks evil2 and every peer again.
+	_, ok := a.pool.reconcile(ctx, "evil2")
+	require.True(t, ok)
+	a.pool.sweepPeers(ctx)
+
+	// A session with b that a holds under another node's name (as the
+	// old code opened one) must not free b's segments either.
+	impostor, err := session.Dial(ctx, "tcp", bm.GRPCAddr, session.Options{ClientID: peerClientPrefix + "a", TLS: a.pool.peers.tls})
+	require.NoError(t, err)
+	a.pool.peers.mu.Lock()
+	a.pool.peers.conns["evil3"] = impostor
+	a.pool.peers.mu.Unlock()
+	_, ok = a.pool.reconcile(ctx, "evil3")
+	require.False(t, ok, "a List answered by b under the name evil3 is refused")
+	a.pool.peers.mu.Lock()
+	_, kept := a.pool.peers.conns["evil3"]
+	a.pool.peers.mu.Unlock()
+	require.False(t, kept, "the session that answered under another name is dropped")
+	a.pool.sweepPeers(ctx)
+	a.pool.peers.wg.Wait() // the frees reconcile started, if any
+
+	// Every segment a recorded under b is active on b, contents intact.
+	a.pool.mu.Lock()
+	var homed []record
+	for _, r := range a.pool.segs {
+		require.NotEqual(t, "evil2", r.Home)
+		if r.Home == "b" {
+			homed = append(homed, *r)
+		}
+	}
+	a.pool.mu.Unlock()
+	require.Len(t, homed, len(onB))
+	for _, r := range homed {
+		require.False(t, r.Lost, "segment %d", r.ID)
+		at, err := b.pool.Stat(r.HomeID)
+		require.NoError(t, err, "segment %d (at b %d) was freed", r.ID, r.HomeID)
+		require.False(t, at.Lost)
+	}
+	for _, seg := range onB {
+		got := make([]byte, 64)
+		_, err := seg.ReadAt(got, 0)
+		require.NoError(t, err, "segment %d", seg.ID())
+		require.True(t, bytes.Equal(contents(seg.ID()), got), "segment %d", seg.ID())
+	}
+	resp, err := a.pool.peers.conn("b").API().List(sessionCtx(t, a, "b"), &poolv1.ListRequest{})
+	require.NoError(t, err)
+	active := 0
+	for _, s := range resp.Segments {
+		if s.Owner == peerClientPrefix+"a" && s.State == poolv1.SegmentState_SEGMENT_STATE_ACTIVE {
+			active++
+		}
+	}
+	require.Equal(t, len(onB), active, "b holds every segment of a's, and no more")
+}
+
+// contents is what the test writes into segment id: 64 bytes naming it.
+func contents(id uint64) []byte {
+	return fmt.Appendf(nil, "%-64s", fmt.Sprintf("segment %d", id))
+}
+
+// sessionCtx is a call context on d's session with its peer node.
+func sessionCtx(t *testing.T, d *Daemon, node string) context.Context {
+	ctx, _, err := d.pool.peers.conn(node).Call(t.Context())
+	require.NoError(t, err)
+	return ctx
+}
