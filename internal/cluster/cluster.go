@@ -38,6 +38,8 @@ type Cluster struct {
 	name  string
 	boot  uint64
 	ml    *memberlist.Memberlist
+	kr    *memberlist.Keyring // nil: gossip in plaintext
+	keyMu sync.Mutex          // serializes keyring changes
 	tr    *countingTransport
 	bcast *memberlist.TransmitLimitedQueue
 	ctr   counters
@@ -123,6 +125,17 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	mc.AdvertiseAddr = cfg.AdvertiseAddr
 	mc.AdvertisePort = cfg.AdvertisePort
 	mc.Logger = memberlistLogger(cfg.Logger)
+	if len(cfg.Keys) > 0 {
+		kr, err := memberlist.NewKeyring(cfg.Keys[1:], cfg.Keys[0])
+		if err != nil {
+			return fail(fmt.Errorf("%w: node %q: %v", ErrBadKey, cfg.Name, err))
+		}
+		// Every packet and stream sealed, and only sealed ones accepted
+		// (memberlist's defaults, stated: a node without a key must not
+		// get in).
+		c.kr, mc.Keyring = kr, kr
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
 	d := &delegate{c}
 	mc.Delegate, mc.Events, mc.Conflict = d, d, d
 	c.reapAfter = mc.GossipToTheDeadTime

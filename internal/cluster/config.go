@@ -93,6 +93,12 @@ type Config struct {
 	// most of its CPU on it (docs/scale.md).
 	NoCompression bool
 
+	// Keys is the gossip keyring, the primary first (see ParseKeys): each
+	// 16, 24 or 32 bytes. With keys, every gossip packet and stream is
+	// sealed with AES-GCM and only sealed ones are accepted. Default nil:
+	// plaintext gossip, which anyone who reaches the port can join.
+	Keys [][]byte
+
 	// EventBuffer is the number of events each subscriber's channel holds
 	// before the oldest is dropped (count). Default 256.
 	EventBuffer int
@@ -159,6 +165,11 @@ func (c Config) Validate() error {
 	} {
 		if d.v < 0 {
 			return bad("%s is %v; use a positive duration, or 0 for the default", d.name, d.v)
+		}
+	}
+	for i, k := range c.Keys {
+		if err := CheckKey(k); err != nil {
+			return fmt.Errorf("%w: Keys[%d]: %w", ErrInvalidConfig, i, err)
 		}
 	}
 	if c.SuspicionMult < 0 {

@@ -48,6 +48,14 @@
 // tens of rounds (capacity.go, docs/scale.md). Members show a node's Meta
 // with its newest capacity update applied.
 //
+// # Keys
+//
+// With Config.Keys, memberlist seals every gossip packet and stream with
+// AES-GCM under the primary key and drops whatever no key of the keyring
+// opens, plaintext included: a node without a key is not admitted and its
+// packets change nothing. InstallKey, UseKey and RemoveKey rotate the keys
+// without downtime (keyring.go); ParseKeys reads a key file.
+//
 // SetMeta returns once the new Meta is this node's state in memberlist (or
 // its capacity update is queued) and queued for gossip; it does not wait for
 // peers, because memberlist v0.7.0's

@@ -12,6 +12,12 @@ import (
 // names the field and the value; fix the daemon configuration.
 var ErrInvalidConfig = errors.New("cluster: invalid configuration")
 
+// ErrBadKey means a gossip key or key file cannot be used: a key that is
+// not base64 of 16, 24 or 32 bytes, an empty file, too many keys, or a
+// keyring change that would leave the node unable to gossip. The wrapping
+// error names the line or the key's fingerprint.
+var ErrBadKey = errors.New("cluster: bad gossip key")
+
 // ErrInvalidMeta means a Meta value breaks a limit of the gossip encoding
 // (tier name, address, tier count, negative or inconsistent byte counts). The
 // wrapping error names the field; SetMeta and New refuse such a Meta and keep
