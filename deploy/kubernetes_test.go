@@ -487,6 +487,16 @@ func TestDaemonSetConfig(t *testing.T) {
 	require.NotEmpty(t, cfg.AllowGIDs, "allow-gids lets non-root application pods use the socket")
 	require.NotContains(t, cfg.AllowGIDs, uint32(0))
 
+	// The gossip key, one for the whole cluster, comes from a Secret.
+	gossipSecret := ""
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Secret != nil && v.Name == mounts[path.Dir(cfg.GossipKeyFile)] {
+			gossipSecret = v.Secret.SecretName
+		}
+	}
+	require.False(t, cfg.GossipInsecure, "gossip is sealed")
+	require.NotEmpty(t, gossipSecret, "the gossip key %q is in a Secret volume's mount", cfg.GossipKeyFile)
+
 	// The gossip seed is the headless service, which publishes pods before
 	// they are ready (a starting daemon must find the others).
 	require.Len(t, m.services, 1)

@@ -74,6 +74,20 @@ type Config struct {
 	// GossipProfile tunes failure detection: lan (default), local (fast,
 	// for one machine and tests) or wan.
 	GossipProfile string `yaml:"gossip-profile"`
+	// GossipKeyFile names the gossip key file: base64 keys of 16, 24 or 32
+	// bytes, one a line, the first the primary ('memctl certs init' writes
+	// gossip.key). Every gossip packet is then sealed with AES-GCM and a
+	// node without the key is not admitted. Keys changed with 'memctl
+	// keyring' are kept in DataDir/gossip.keyring, which wins over this
+	// file at the next start (keys only in this file are added). Required
+	// with Gossip when the control plane has TLS, unless GossipInsecure.
+	// Default: "".
+	GossipKeyFile string `yaml:"gossip-key-file"`
+	// GossipInsecure gossips in plaintext although the control plane has
+	// TLS: anyone who reaches the gossip port can join and announce
+	// capacity. It logs a warning at start and memctl status shows it.
+	// Default: false.
+	GossipInsecure bool `yaml:"gossip-insecure"`
 	// LeaseTTL is how long a client's unnamed segments outlive its last session. Default: 10s.
 	LeaseTTL time.Duration `yaml:"lease-ttl"`
 	// AllowDevdaxFD lets the daemon hand a whole devdax device's descriptor to
@@ -265,8 +279,14 @@ func (c *Config) Validate() error {
 	if c.Gossip != "" && c.Listen == "" {
 		return fmt.Errorf("%w: gossip needs listen: peers reach this daemon's control plane at --listen ADDR", ErrConfig)
 	}
-	if (len(c.Join) > 0 || c.GossipProfile != "") && c.Gossip == "" {
-		return fmt.Errorf("%w: join and gossip-profile need gossip: set --gossip ADDR", ErrConfig)
+	if (len(c.Join) > 0 || c.GossipProfile != "" || c.GossipKeyFile != "" || c.GossipInsecure) && c.Gossip == "" {
+		return fmt.Errorf("%w: join, gossip-profile, gossip-key-file and gossip-insecure need gossip: set --gossip ADDR", ErrConfig)
+	}
+	switch {
+	case c.GossipKeyFile != "" && c.GossipInsecure:
+		return fmt.Errorf("%w: gossip-key-file and gossip-insecure are both set; choose one", ErrConfig)
+	case c.Gossip != "" && c.GossipKeyFile == "" && !c.GossipInsecure && !c.Insecure:
+		return fmt.Errorf("%w: gossip with a TLS control plane needs a gossip key: set gossip-key-file (make one with 'memctl certs init --dir DIR --nodes %s', which writes DIR/gossip.key, or 'head -c 32 /dev/urandom | base64 > gossip.key'), or set gossip-insecure to gossip in plaintext", ErrConfig, c.Node)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

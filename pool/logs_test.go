@@ -83,6 +83,7 @@ func clusterNodeConfig(t *testing.T, node string) Config {
 	cfg.Listen = "127.0.0.1:0"
 	tf := certs.ForTest(t, node, true)
 	cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = tf.Cert, tf.Key, tf.CA
+	cfg.GossipKeyFile = certs.GossipKeyFile(filepath.Dir(tf.CA))
 	cfg.Gossip = "127.0.0.1:0"
 	cfg.GossipProfile = "local"
 	dir, err := os.MkdirTemp("", "fm")

@@ -35,6 +35,12 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 	cc := cluster.DefaultConfig()
 	cc.Name, cc.BindAddr, cc.BindPort, cc.Logger = d.cfg.Node, host, pn, d.log
 	cc.Profile, cc.Join = d.cfg.GossipProfile, d.cfg.Join
+	if cc.Keys, err = d.cfg.gossipKeys(); err != nil {
+		return err
+	}
+	if cc.Keys == nil {
+		d.log.Warn("gossip without a key (--gossip-insecure, or --insecure without --gossip-key-file): anyone who reaches the gossip port can join the cluster and announce capacity; use it only on a trusted network", "gossip", d.cfg.Gossip)
+	}
 	if d.cfg.sim.cluster != nil {
 		if err := d.cfg.sim.cluster(&cc); err != nil {
 			return fmt.Errorf("gossip on %s: %w", d.cfg.Gossip, err)

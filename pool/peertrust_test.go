@@ -82,10 +82,14 @@ func forgedPeer(t *testing.T, insecure bool, refusal string) {
 	}, 30*time.Second, 20*time.Millisecond)
 
 	// The rogue: a gossip member named evil2 announcing b's addresses and
-	// far more free memory than anyone, so that placement prefers it.
+	// far more free memory than anyone, so that placement prefers it. It
+	// has the gossip key (an insider, or a leaked key): the key admits a
+	// node to gossip, only a certificate makes it a peer.
 	bm := b.pool.cl.Self().Meta
 	rc := cluster.DefaultConfig()
 	rc.Name, rc.BindAddr, rc.BindPort, rc.Profile = "evil2", "127.0.0.1", 0, cluster.ProfileLocal
+	rc.Keys, err = cfgA.gossipKeys()
+	require.NoError(t, err)
 	rogue, err := cluster.New(rc, cluster.Meta{Proto: protoVersion, GRPCAddr: bm.GRPCAddr, DataAddr: bm.DataAddr,
 		Tiers: []cluster.TierFree{{Name: "rdma", Capacity: 1 << 40, Free: 1 << 40}}})
 	require.NoError(t, err)

@@ -250,6 +250,13 @@ func TestValidate(t *testing.T) {
 		{"short ttl", func(c *Config) { c.LeaseTTL = time.Millisecond }, "lease-ttl"},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, "log-level"},
 		{"log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
+		{"gossip with TLS and no key", func(c *Config) {
+			c.Gossip, c.Listen, c.TLSCert, c.TLSKey, c.TLSCA = "127.0.0.1:0", "127.0.0.1:0", "c", "k", "ca"
+		}, "gossip with a TLS control plane needs a gossip key: set gossip-key-file"},
+		{"gossip key and insecure gossip", func(c *Config) {
+			c.Gossip, c.Listen, c.Insecure, c.GossipKeyFile, c.GossipInsecure = "127.0.0.1:0", "127.0.0.1:0", true, "k", true
+		}, "gossip-key-file and gossip-insecure are both set"},
+		{"gossip key without gossip", func(c *Config) { c.GossipKeyFile = "k" }, "need gossip"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

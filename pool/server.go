@@ -244,7 +244,8 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 		Segments: int64(p.segmentCount()), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
 		Clients: s.d.withIdentities(p.clientInfos()), Ops: s.d.metrics.tierOps(),
 		Insecure: s.d.cfg.Insecure && s.d.cfg.Listen != "", Quotas: p.quotaUsage(),
-		NameConflicts: p.nameConflicts(),
+		NameConflicts:  p.nameConflicts(),
+		GossipInsecure: s.d.cfg.Gossip != "" && s.d.cfg.GossipKeyFile == "",
 	}, nil
 }
 

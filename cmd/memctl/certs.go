@@ -58,9 +58,12 @@ func newCertsCmd(g *globals) *cobra.Command {
 		Long: `init creates, in --dir, a small certificate authority (ca.crt, ca.key)
 unless the directory holds one already, and signs with it a certificate and
 key per node (NAME.crt, NAME.key: for poold --tls-cert/--tls-key, valid for
-the node name, localhost, 127.0.0.1 and the IPs given) and per client (for
+the node name, localhost, 127.0.0.1 and the IPs given; its common name is
+the node name, which peers check) and per client (for
 memctl --tls-cert or alloc.LoadTLS; the common name is the identity poold
-sees). Keys are ECDSA P-256, written with mode 0600. Give every poold
+sees). Keys are ECDSA P-256, written with mode 0600. With nodes it also
+writes the cluster's gossip key (gossip.key, 32 random bytes in base64, for
+poold --gossip-key-file) unless the directory holds one. Give every poold
 --tls-ca DIR/ca.crt. Keep ca.key off the nodes: it signs new identities.
 
   memctl certs init --dir /etc/farmem/tls --nodes a=10.0.0.5,b=10.0.0.6 --clients admin`,
@@ -111,10 +114,13 @@ func quotasJSON(qs []*poolv1.QuotaUsage) []quotaJSON {
 }
 
 // printSecurity adds to memctl status a warning for a plaintext TCP
-// control plane and each identity's usage beside its quota.
+// control plane or gossip, and each identity's usage beside its quota.
 func printSecurity(w io.Writer, st *poolv1.StatusResponse) {
 	if st.Insecure {
 		fmt.Fprintln(w, "\nWARNING: the TCP control plane serves without TLS (--insecure): anyone who reaches it can allocate and free")
+	}
+	if st.GossipInsecure {
+		fmt.Fprintln(w, "\nWARNING: gossip is not sealed (no --gossip-key-file): anyone who reaches the gossip port can join the cluster and announce capacity")
 	}
 	if len(st.Quotas) == 0 {
 		return

@@ -37,7 +37,8 @@ func newStatusCmd(g *globals) *cobra.Command {
 					"socket": st.Socket, "sessions": st.Sessions, "segments": st.Segments,
 					"lease_ttl_ms": st.LeaseTtlMs, "tiers": tiers,
 					"insecure": st.Insecure, "quotas": quotasJSON(st.Quotas),
-					"name_conflicts": conflictsJSON(st.NameConflicts),
+					"name_conflicts":  conflictsJSON(st.NameConflicts),
+					"gossip_insecure": st.GossipInsecure,
 				})
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)

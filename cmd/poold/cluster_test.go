@@ -80,6 +80,7 @@ func startPools(t *testing.T, c *testcluster.Cluster) []*poolNode {
 			"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--export-size", "128MiB",
 			"--sysfs-root", "../../cxl/testdata/plain", "--measure-tiers=false",
 			"--tls-cert", certs.CertFile(certDir, n.name), "--tls-key", certs.KeyFile(certDir, n.name), "--tls-ca", certs.CAFile(certDir),
+			"--gossip-key-file", certs.GossipKeyFile(certDir),
 		}
 		// FARMEM_TEST_LOG_LEVEL=debug shows sessions and gossip in the
 		// daemons' output, which a failing test prints.

@@ -85,6 +85,8 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.StringVar(&cfg.Gossip, "gossip", cfg.Gossip, "gossip (memberlist) address ip:port to find peers, e.g. 10.0.0.5:7946 (default: no cluster)")
 	f.StringSliceVar(&cfg.Join, "join", cfg.Join, "peers' gossip addresses to join, host:port[,...]")
 	f.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "failure-detection timing: lan (default), local or wan")
+	f.StringVar(&cfg.GossipKeyFile, "gossip-key-file", cfg.GossipKeyFile, "gossip keys, base64 of 16, 24 or 32 bytes, one a line, the first the primary: gossip sealed with AES-GCM, nodes without the key not admitted ('memctl certs init' writes gossip.key); required with --gossip and TLS")
+	f.BoolVar(&cfg.GossipInsecure, "gossip-insecure", cfg.GossipInsecure, "gossip in plaintext although the control plane has TLS (anyone who reaches the gossip port can join); logs a warning, shown by memctl status")
 	f.StringVar(&cfg.NUMADir, "numa-dir", cfg.NUMADir, "tmpfs directory for segments on memory-only NUMA nodes (default: a per-daemon directory in /dev/shm)")
 	f.Var(&cfg.LocalSize, "local-size", "capacity of the local DRAM tier (0 disables)")
 	f.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long a client's unnamed segments outlive its last session")

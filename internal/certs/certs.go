@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -75,6 +76,32 @@ func KeyFile(dir, name string) string { return filepath.Join(dir, name+".key") }
 
 func caKeyFile(dir string) string { return filepath.Join(dir, "ca.key") }
 
+// GossipKeyFile is the cluster's gossip key in dir (poold
+// --gossip-key-file): base64 of 32 random bytes on one line.
+func GossipKeyFile(dir string) string { return filepath.Join(dir, "gossip.key") }
+
+// makeGossipKey writes a gossip key in dir unless one is there, and
+// returns the files written.
+func makeGossipKey(dir string) ([]string, error) {
+	path := GossipKeyFile(dir)
+	if _, err := os.Stat(path); err == nil {
+		return nil, nil
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, fmt.Errorf("certs: gossip key: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("certs: write %s: %w", path, err)
+	}
+	_, err = f.WriteString(base64.StdEncoding.EncodeToString(key) + "\n")
+	if err = errors.Join(err, f.Close()); err != nil {
+		return nil, fmt.Errorf("certs: write %s: %w", path, err)
+	}
+	return []string{path}, nil
+}
+
 func checkName(name string) error {
 	if name == "" || len(name) > 64 || name == "ca" {
 		return fmt.Errorf("%w: name %q: use 1 to 64 characters, and not \"ca\"", ErrInvalid, name)
@@ -90,7 +117,8 @@ func checkName(name string) error {
 
 // Init makes, in dir, a CA (ca.crt, ca.key) unless dir holds one already,
 // and signs with it a certificate and key (NAME.crt, NAME.key) for every
-// node and client. Keys are ECDSA P-256, written with mode 0600. An
+// node and client. With nodes, it also makes the cluster's gossip key
+// (gossip.key, see GossipKeyFile) unless dir holds one. Keys are ECDSA P-256, written with mode 0600. An
 // existing certificate of the same name is replaced. It returns the files
 // written.
 func Init(dir string, o InitOptions) ([]string, error) {
@@ -128,6 +156,13 @@ func Init(dir string, o InitOptions) ([]string, error) {
 	ca, caKey, written, err := loadOrMakeCA(dir, o.Validity)
 	if err != nil {
 		return nil, err
+	}
+	if len(o.Nodes) > 0 {
+		files, err := makeGossipKey(dir)
+		if err != nil {
+			return nil, err
+		}
+		written = append(written, files...)
 	}
 	for _, n := range o.Nodes {
 		tmpl := leafTemplate(n.Name, o.Validity, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)

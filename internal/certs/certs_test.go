@@ -83,8 +83,14 @@ func TestInitAndHandshake(t *testing.T) {
 	dir := t.TempDir()
 	files, err := Init(dir, InitOptions{Nodes: []Node{{Name: "a"}, {Name: "b", IPs: []net.IP{net.ParseIP("10.0.0.6")}}}, Clients: []string{"app"}})
 	require.NoError(t, err)
-	require.Len(t, files, 8) // ca + 3 pairs
-	fi, err := os.Stat(KeyFile(dir, "app"))
+	require.Len(t, files, 9) // ca + gossip.key + 3 pairs
+	require.Contains(t, files, GossipKeyFile(dir))
+	gk, err := os.ReadFile(GossipKeyFile(dir))
+	require.NoError(t, err)
+	fi, err := os.Stat(GossipKeyFile(dir))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	fi, err = os.Stat(KeyFile(dir, "app"))
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 
@@ -105,9 +111,13 @@ func TestInitAndHandshake(t *testing.T) {
 		})
 	}
 
-	// A second Init keeps the CA: old and new certificates chain to it.
-	_, err = Init(dir, InitOptions{Clients: []string{"late"}})
+	// A second Init keeps the CA (old and new certificates chain to it)
+	// and the gossip key.
+	_, err = Init(dir, InitOptions{Clients: []string{"late"}, Nodes: []Node{{Name: "c"}}})
 	require.NoError(t, err)
+	gk2, err := os.ReadFile(GossipKeyFile(dir))
+	require.NoError(t, err)
+	require.Equal(t, gk, gk2)
 	cl, err := InDir(dir, "late").Client()
 	require.NoError(t, err)
 	cl.ServerName = "b"

@@ -133,6 +133,62 @@ func (SegmentState) EnumDescriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{1}
 }
 
+// KeyringOp is what Keyring does; install, use and remove take a key.
+type KeyringOp int32
+
+const (
+	KeyringOp_KEYRING_OP_UNSPECIFIED KeyringOp = 0
+	KeyringOp_KEYRING_OP_LIST        KeyringOp = 1 // each node's keys, by fingerprint, the primary first
+	KeyringOp_KEYRING_OP_INSTALL     KeyringOp = 2 // accept gossip sealed with the key
+	KeyringOp_KEYRING_OP_USE         KeyringOp = 3 // seal gossip with the key (it must be installed)
+	KeyringOp_KEYRING_OP_REMOVE      KeyringOp = 4 // stop accepting the key (it must not be the primary)
+)
+
+// Enum value maps for KeyringOp.
+var (
+	KeyringOp_name = map[int32]string{
+		0: "KEYRING_OP_UNSPECIFIED",
+		1: "KEYRING_OP_LIST",
+		2: "KEYRING_OP_INSTALL",
+		3: "KEYRING_OP_USE",
+		4: "KEYRING_OP_REMOVE",
+	}
+	KeyringOp_value = map[string]int32{
+		"KEYRING_OP_UNSPECIFIED": 0,
+		"KEYRING_OP_LIST":        1,
+		"KEYRING_OP_INSTALL":     2,
+		"KEYRING_OP_USE":         3,
+		"KEYRING_OP_REMOVE":      4,
+	}
+)
+
+func (x KeyringOp) Enum() *KeyringOp {
+	p := new(KeyringOp)
+	*p = x
+	return p
+}
+
+func (x KeyringOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyringOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_pool_proto_enumTypes[2].Descriptor()
+}
+
+func (KeyringOp) Type() protoreflect.EnumType {
+	return &file_pool_proto_enumTypes[2]
+}
+
+func (x KeyringOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyringOp.Descriptor instead.
+func (KeyringOp) EnumDescriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{2}
+}
+
 type SessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -1753,8 +1809,12 @@ type StatusResponse struct {
 	// Node names this daemon saw claimed by two addresses at once (empty in a
 	// healthy cluster): a node started with another node's --node name.
 	NameConflicts []*NameConflict `protobuf:"bytes,15,rep,name=name_conflicts,json=nameConflicts,proto3" json:"name_conflicts,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The daemon gossips without a key (poold --gossip-insecure, or
+	// --insecure without --gossip-key-file): anyone who reaches the gossip
+	// port can join the cluster and announce capacity.
+	GossipInsecure bool `protobuf:"varint,16,opt,name=gossip_insecure,json=gossipInsecure,proto3" json:"gossip_insecure,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1890,6 +1950,13 @@ func (x *StatusResponse) GetNameConflicts() []*NameConflict {
 		return x.NameConflicts
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetGossipInsecure() bool {
+	if x != nil {
+		return x.GossipInsecure
+	}
+	return false
 }
 
 // NameConflict is one node name gossiped from two addresses: memberlist
@@ -2686,6 +2753,172 @@ func (*DetachResponse) Descriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{34}
 }
 
+type KeyringRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Op            KeyringOp              `protobuf:"varint,1,opt,name=op,proto3,enum=farmem.pool.v1.KeyringOp" json:"op,omitempty"`
+	Key           []byte                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`      // 16, 24 or 32 bytes
+	Local         bool                   `protobuf:"varint,3,opt,name=local,proto3" json:"local,omitempty"` // this daemon only; not forwarded to the other nodes
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyringRequest) Reset() {
+	*x = KeyringRequest{}
+	mi := &file_pool_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyringRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyringRequest) ProtoMessage() {}
+
+func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
+func (*KeyringRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *KeyringRequest) GetOp() KeyringOp {
+	if x != nil {
+		return x.Op
+	}
+	return KeyringOp_KEYRING_OP_UNSPECIFIED
+}
+
+func (x *KeyringRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *KeyringRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+type KeyringResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeKeyring         `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyringResponse) Reset() {
+	*x = KeyringResponse{}
+	mi := &file_pool_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyringResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyringResponse) ProtoMessage() {}
+
+func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
+func (*KeyringResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *KeyringResponse) GetNodes() []*NodeKeyring {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// NodeKeyring is one node's keyring, or why it could not be reached or
+// changed.
+type NodeKeyring struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Fingerprints  []string               `protobuf:"bytes,2,rep,name=fingerprints,proto3" json:"fingerprints,omitempty"` // first 8 bytes of each key's SHA-256, hex; the primary first
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeKeyring) Reset() {
+	*x = NodeKeyring{}
+	mi := &file_pool_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeKeyring) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeKeyring) ProtoMessage() {}
+
+func (x *NodeKeyring) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeKeyring.ProtoReflect.Descriptor instead.
+func (*NodeKeyring) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *NodeKeyring) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeKeyring) GetFingerprints() []string {
+	if x != nil {
+		return x.Fingerprints
+	}
+	return nil
+}
+
+func (x *NodeKeyring) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_pool_proto protoreflect.FileDescriptor
 
 const file_pool_proto_rawDesc = "" +
@@ -2811,7 +3044,7 @@ const file_pool_proto_rawDesc = "" +
 	"latency_ns\x18\x01 \x01(\x03R\tlatencyNs\x12#\n" +
 	"\rbandwidth_bps\x18\x02 \x01(\x03R\fbandwidthBps\"\x15\n" +
 	"\x13MeasureTiersRequest\"\x0f\n" +
-	"\rStatusRequest\"\xab\x04\n" +
+	"\rStatusRequest\"\xd4\x04\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12&\n" +
@@ -2829,7 +3062,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x03ops\x18\f \x03(\v2\x17.farmem.pool.v1.TierOpsR\x03ops\x12\x1a\n" +
 	"\binsecure\x18\r \x01(\bR\binsecure\x122\n" +
 	"\x06quotas\x18\x0e \x03(\v2\x1a.farmem.pool.v1.QuotaUsageR\x06quotas\x12C\n" +
-	"\x0ename_conflicts\x18\x0f \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\"\xd6\x01\n" +
+	"\x0ename_conflicts\x18\x0f \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\x12'\n" +
+	"\x0fgossip_insecure\x18\x10 \x01(\bR\x0egossipInsecure\"\xd6\x01\n" +
 	"\fNameConflict\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -2894,7 +3128,17 @@ const file_pool_proto_rawDesc = "" +
 	"\rDrainResponse\"\x1f\n" +
 	"\rDetachRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"\x10\n" +
-	"\x0eDetachResponse*I\n" +
+	"\x0eDetachResponse\"c\n" +
+	"\x0eKeyringRequest\x12)\n" +
+	"\x02op\x18\x01 \x01(\x0e2\x19.farmem.pool.v1.KeyringOpR\x02op\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
+	"\x05local\x18\x03 \x01(\bR\x05local\"D\n" +
+	"\x0fKeyringResponse\x121\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1b.farmem.pool.v1.NodeKeyringR\x05nodes\"[\n" +
+	"\vNodeKeyring\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\"\n" +
+	"\ffingerprints\x18\x02 \x03(\tR\ffingerprints\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error*I\n" +
 	"\x04Tier\x12\x14\n" +
 	"\x10TIER_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -2904,7 +3148,13 @@ const file_pool_proto_rawDesc = "" +
 	"\fSegmentState\x12\x1d\n" +
 	"\x19SEGMENT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SEGMENT_STATE_ACTIVE\x10\x01\x12\x16\n" +
-	"\x12SEGMENT_STATE_LOST\x10\x022\xd4\x06\n" +
+	"\x12SEGMENT_STATE_LOST\x10\x02*\x7f\n" +
+	"\tKeyringOp\x12\x1a\n" +
+	"\x16KEYRING_OP_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
+	"\x12KEYRING_OP_INSTALL\x10\x02\x12\x12\n" +
+	"\x0eKEYRING_OP_USE\x10\x03\x12\x15\n" +
+	"\x11KEYRING_OP_REMOVE\x10\x042\xa0\a\n" +
 	"\x04Pool\x12N\n" +
 	"\aSession\x12\x1e.farmem.pool.v1.SessionRequest\x1a\x1f.farmem.pool.v1.SessionResponse(\x010\x01\x12>\n" +
 	"\x05Alloc\x12\x1c.farmem.pool.v1.AllocRequest\x1a\x17.farmem.pool.v1.Segment\x12A\n" +
@@ -2917,7 +3167,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x05Nodes\x12\x1c.farmem.pool.v1.NodesRequest\x1a\x1d.farmem.pool.v1.NodesResponse\x12D\n" +
 	"\x05Drain\x12\x1c.farmem.pool.v1.DrainRequest\x1a\x1d.farmem.pool.v1.DrainResponse\x12R\n" +
 	"\fMeasureTiers\x12#.farmem.pool.v1.MeasureTiersRequest\x1a\x1d.farmem.pool.v1.TiersResponse\x12G\n" +
-	"\x06Detach\x12\x1d.farmem.pool.v1.DetachRequest\x1a\x1e.farmem.pool.v1.DetachResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
+	"\x06Detach\x12\x1d.farmem.pool.v1.DetachRequest\x1a\x1e.farmem.pool.v1.DetachResponse\x12J\n" +
+	"\aKeyring\x12\x1e.farmem.pool.v1.KeyringRequest\x1a\x1f.farmem.pool.v1.KeyringResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
 
 var (
 	file_pool_proto_rawDescOnce sync.Once
@@ -2931,106 +3182,114 @@ func file_pool_proto_rawDescGZIP() []byte {
 	return file_pool_proto_rawDescData
 }
 
-var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
-	(*SessionRequest)(nil),      // 2: farmem.pool.v1.SessionRequest
-	(*Hello)(nil),               // 3: farmem.pool.v1.Hello
-	(*KeepAlive)(nil),           // 4: farmem.pool.v1.KeepAlive
-	(*SessionResponse)(nil),     // 5: farmem.pool.v1.SessionResponse
-	(*SegmentEvents)(nil),       // 6: farmem.pool.v1.SegmentEvents
-	(*Welcome)(nil),             // 7: farmem.pool.v1.Welcome
-	(*KeepAliveAck)(nil),        // 8: farmem.pool.v1.KeepAliveAck
-	(*AllocRequest)(nil),        // 9: farmem.pool.v1.AllocRequest
-	(*FreeRequest)(nil),         // 10: farmem.pool.v1.FreeRequest
-	(*FreeResponse)(nil),        // 11: farmem.pool.v1.FreeResponse
-	(*AttachRequest)(nil),       // 12: farmem.pool.v1.AttachRequest
-	(*ListRequest)(nil),         // 13: farmem.pool.v1.ListRequest
-	(*ListResponse)(nil),        // 14: farmem.pool.v1.ListResponse
-	(*StatRequest)(nil),         // 15: farmem.pool.v1.StatRequest
-	(*Segment)(nil),             // 16: farmem.pool.v1.Segment
-	(*TiersRequest)(nil),        // 17: farmem.pool.v1.TiersRequest
-	(*TiersResponse)(nil),       // 18: farmem.pool.v1.TiersResponse
-	(*Latency)(nil),             // 19: farmem.pool.v1.Latency
-	(*TierInfo)(nil),            // 20: farmem.pool.v1.TierInfo
-	(*Emulation)(nil),           // 21: farmem.pool.v1.Emulation
-	(*MeasureTiersRequest)(nil), // 22: farmem.pool.v1.MeasureTiersRequest
-	(*StatusRequest)(nil),       // 23: farmem.pool.v1.StatusRequest
-	(*StatusResponse)(nil),      // 24: farmem.pool.v1.StatusResponse
-	(*NameConflict)(nil),        // 25: farmem.pool.v1.NameConflict
-	(*QuotaUsage)(nil),          // 26: farmem.pool.v1.QuotaUsage
-	(*ClientInfo)(nil),          // 27: farmem.pool.v1.ClientInfo
-	(*TierOps)(nil),             // 28: farmem.pool.v1.TierOps
-	(*NodesRequest)(nil),        // 29: farmem.pool.v1.NodesRequest
-	(*NodeInfo)(nil),            // 30: farmem.pool.v1.NodeInfo
-	(*NodeTier)(nil),            // 31: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),       // 32: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),        // 33: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),       // 34: farmem.pool.v1.DrainResponse
-	(*DetachRequest)(nil),       // 35: farmem.pool.v1.DetachRequest
-	(*DetachResponse)(nil),      // 36: farmem.pool.v1.DetachResponse
+	(KeyringOp)(0),              // 2: farmem.pool.v1.KeyringOp
+	(*SessionRequest)(nil),      // 3: farmem.pool.v1.SessionRequest
+	(*Hello)(nil),               // 4: farmem.pool.v1.Hello
+	(*KeepAlive)(nil),           // 5: farmem.pool.v1.KeepAlive
+	(*SessionResponse)(nil),     // 6: farmem.pool.v1.SessionResponse
+	(*SegmentEvents)(nil),       // 7: farmem.pool.v1.SegmentEvents
+	(*Welcome)(nil),             // 8: farmem.pool.v1.Welcome
+	(*KeepAliveAck)(nil),        // 9: farmem.pool.v1.KeepAliveAck
+	(*AllocRequest)(nil),        // 10: farmem.pool.v1.AllocRequest
+	(*FreeRequest)(nil),         // 11: farmem.pool.v1.FreeRequest
+	(*FreeResponse)(nil),        // 12: farmem.pool.v1.FreeResponse
+	(*AttachRequest)(nil),       // 13: farmem.pool.v1.AttachRequest
+	(*ListRequest)(nil),         // 14: farmem.pool.v1.ListRequest
+	(*ListResponse)(nil),        // 15: farmem.pool.v1.ListResponse
+	(*StatRequest)(nil),         // 16: farmem.pool.v1.StatRequest
+	(*Segment)(nil),             // 17: farmem.pool.v1.Segment
+	(*TiersRequest)(nil),        // 18: farmem.pool.v1.TiersRequest
+	(*TiersResponse)(nil),       // 19: farmem.pool.v1.TiersResponse
+	(*Latency)(nil),             // 20: farmem.pool.v1.Latency
+	(*TierInfo)(nil),            // 21: farmem.pool.v1.TierInfo
+	(*Emulation)(nil),           // 22: farmem.pool.v1.Emulation
+	(*MeasureTiersRequest)(nil), // 23: farmem.pool.v1.MeasureTiersRequest
+	(*StatusRequest)(nil),       // 24: farmem.pool.v1.StatusRequest
+	(*StatusResponse)(nil),      // 25: farmem.pool.v1.StatusResponse
+	(*NameConflict)(nil),        // 26: farmem.pool.v1.NameConflict
+	(*QuotaUsage)(nil),          // 27: farmem.pool.v1.QuotaUsage
+	(*ClientInfo)(nil),          // 28: farmem.pool.v1.ClientInfo
+	(*TierOps)(nil),             // 29: farmem.pool.v1.TierOps
+	(*NodesRequest)(nil),        // 30: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),            // 31: farmem.pool.v1.NodeInfo
+	(*NodeTier)(nil),            // 32: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),       // 33: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),        // 34: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),       // 35: farmem.pool.v1.DrainResponse
+	(*DetachRequest)(nil),       // 36: farmem.pool.v1.DetachRequest
+	(*DetachResponse)(nil),      // 37: farmem.pool.v1.DetachResponse
+	(*KeyringRequest)(nil),      // 38: farmem.pool.v1.KeyringRequest
+	(*KeyringResponse)(nil),     // 39: farmem.pool.v1.KeyringResponse
+	(*NodeKeyring)(nil),         // 40: farmem.pool.v1.NodeKeyring
 }
 var file_pool_proto_depIdxs = []int32{
-	3,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
-	4,  // 1: farmem.pool.v1.SessionRequest.keep_alive:type_name -> farmem.pool.v1.KeepAlive
-	7,  // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
-	8,  // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
-	6,  // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
+	4,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
+	5,  // 1: farmem.pool.v1.SessionRequest.keep_alive:type_name -> farmem.pool.v1.KeepAlive
+	8,  // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
+	9,  // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
+	7,  // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
 	0,  // 5: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
 	0,  // 6: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
-	16, // 7: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
+	17, // 7: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
 	0,  // 8: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
 	1,  // 9: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
-	21, // 10: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
-	20, // 11: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	22, // 10: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
+	21, // 11: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
 	0,  // 12: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
-	19, // 13: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
-	19, // 14: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
-	19, // 15: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
-	21, // 16: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
-	19, // 17: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
-	19, // 18: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
-	20, // 19: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	27, // 20: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
-	28, // 21: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
-	26, // 22: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
-	25, // 23: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	20, // 13: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
+	20, // 14: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
+	20, // 15: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
+	22, // 16: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
+	20, // 17: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
+	20, // 18: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
+	21, // 19: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	28, // 20: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	29, // 21: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	27, // 22: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
+	26, // 23: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
 	0,  // 24: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
 	0,  // 25: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	31, // 26: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	30, // 27: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	25, // 28: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	2,  // 29: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	9,  // 30: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	10, // 31: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	12, // 32: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	13, // 33: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	15, // 34: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	17, // 35: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	23, // 36: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	29, // 37: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	33, // 38: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	22, // 39: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	35, // 40: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	5,  // 41: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	16, // 42: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	11, // 43: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	16, // 44: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	14, // 45: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	16, // 46: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	18, // 47: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	24, // 48: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	32, // 49: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	34, // 50: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	18, // 51: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	36, // 52: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	41, // [41:53] is the sub-list for method output_type
-	29, // [29:41] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	32, // 26: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	31, // 27: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	26, // 28: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	2,  // 29: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
+	40, // 30: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
+	3,  // 31: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	10, // 32: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	11, // 33: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	13, // 34: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	14, // 35: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	16, // 36: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	18, // 37: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	24, // 38: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	30, // 39: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	34, // 40: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	23, // 41: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	36, // 42: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	38, // 43: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	6,  // 44: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	17, // 45: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	12, // 46: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	17, // 47: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	15, // 48: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	17, // 49: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	19, // 50: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	25, // 51: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	33, // 52: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	35, // 53: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	19, // 54: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	37, // 55: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	39, // 56: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	44, // [44:57] is the sub-list for method output_type
+	31, // [31:44] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -3052,8 +3311,8 @@ func file_pool_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   35,
+			NumEnums:      3,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,6 +40,7 @@ const (
 	Pool_Drain_FullMethodName        = "/farmem.pool.v1.Pool/Drain"
 	Pool_MeasureTiers_FullMethodName = "/farmem.pool.v1.Pool/MeasureTiers"
 	Pool_Detach_FullMethodName       = "/farmem.pool.v1.Pool/Detach"
+	Pool_Keyring_FullMethodName      = "/farmem.pool.v1.Pool/Keyring"
 )
 
 // PoolClient is the client API for Pool service.
@@ -76,6 +77,9 @@ type PoolClient interface {
 	// Attach) without freeing it; the segment stays for its owner. A no-op
 	// for the segment's owner and for a client that holds no attachment.
 	Detach(ctx context.Context, in *DetachRequest, opts ...grpc.CallOption) (*DetachResponse, error)
+	// Keyring lists or changes the gossip keyring of every alive node
+	// (forwarded to each over its control plane), or of this daemon only.
+	Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error)
 }
 
 type poolClient struct {
@@ -209,6 +213,16 @@ func (c *poolClient) Detach(ctx context.Context, in *DetachRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *poolClient) Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyringResponse)
+	err := c.cc.Invoke(ctx, Pool_Keyring_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServer is the server API for Pool service.
 // All implementations must embed UnimplementedPoolServer
 // for forward compatibility.
@@ -243,6 +257,9 @@ type PoolServer interface {
 	// Attach) without freeing it; the segment stays for its owner. A no-op
 	// for the segment's owner and for a client that holds no attachment.
 	Detach(context.Context, *DetachRequest) (*DetachResponse, error)
+	// Keyring lists or changes the gossip keyring of every alive node
+	// (forwarded to each over its control plane), or of this daemon only.
+	Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
 
@@ -288,6 +305,9 @@ func (UnimplementedPoolServer) MeasureTiers(context.Context, *MeasureTiersReques
 }
 func (UnimplementedPoolServer) Detach(context.Context, *DetachRequest) (*DetachResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Detach not implemented")
+}
+func (UnimplementedPoolServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
 }
 func (UnimplementedPoolServer) mustEmbedUnimplementedPoolServer() {}
 func (UnimplementedPoolServer) testEmbeddedByValue()              {}
@@ -515,6 +535,24 @@ func _Pool_Detach_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Pool_Keyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeyringRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).Keyring(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_Keyring_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).Keyring(ctx, req.(*KeyringRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Pool_ServiceDesc is the grpc.ServiceDesc for Pool service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -565,6 +603,10 @@ var Pool_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Detach",
 			Handler:    _Pool_Detach_Handler,
+		},
+		{
+			MethodName: "Keyring",
+			Handler:    _Pool_Keyring_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
