@@ -249,6 +249,8 @@ func TestSIGTERMStopsCleanly(t *testing.T) {
 func TestStartupErrors(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "file")
 	require.NoError(t, os.WriteFile(file, []byte("x"), 0o600))
+	shortKey := filepath.Join(t.TempDir(), "short.key")
+	require.NoError(t, os.WriteFile(shortKey, []byte("AAAAAAAAAAAAAAAAAAAAAAAAAAA=\n"), 0o600))
 	badCfg := filepath.Join(t.TempDir(), "bad.yaml")
 	require.NoError(t, os.WriteFile(badCfg, []byte("emulate-cxl: 1GiB\nsockett: /x\n"), 0o600))
 	for _, tc := range []struct {
@@ -263,6 +265,8 @@ func TestStartupErrors(t *testing.T) {
 		{"bad size flag", []string{"--emulate-cxl", "big"}, "not a byte size"},
 		{"emulated device smaller than a page", []string{"--emulate-cxl", "10", "--shm-dir", t.TempDir(), "--socket", filepath.Join(shortDir(t), "p.sock"), "--data-dir", t.TempDir()}, "emulate-cxl 10 is 10 B, less than one page of its memory (4.0 KiB); write a size like 1GiB"},
 		{"bad ttl", []string{"--lease-ttl", "1ms", "--socket", filepath.Join(shortDir(t), "p.sock"), "--data-dir", t.TempDir()}, "lease-ttl"},
+		{"gossip key of the wrong size", append(tlsGossipArgs(t, "n"), "--gossip-key-file", shortKey), "gossip key of 20 bytes; use 16, 24 or 32 bytes"},
+		{"tls gossip without a key", tlsGossipArgs(t, "n"), "needs a gossip key: set gossip-key-file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

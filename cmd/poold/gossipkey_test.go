@@ -1,0 +1,126 @@
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/certs"
+)
+
+// tlsGossipArgs are the flags of node name with a TLS control plane and
+// gossip on free loopback ports, its certificate made in a directory of
+// the test's (certs.Init, which also writes gossip.key there).
+func tlsGossipArgs(t *testing.T, name string) []string {
+	return tlsGossip(t, name).args()
+}
+
+// gossipNode is where one daemon of these tests keeps things.
+type gossipNode struct {
+	name, sock, data, gossip, certs string
+}
+
+func tlsGossip(t *testing.T, name string) gossipNode {
+	n := gossipNode{name: name, sock: filepath.Join(shortDir(t), "p.sock"), data: t.TempDir(),
+		gossip: "127.0.0.1:" + strconv.Itoa(freePort(t)), certs: certDir(t)}
+	_, err := certs.Init(n.certs, certs.InitOptions{Nodes: []certs.Node{{Name: name}}})
+	require.NoError(t, err)
+	return n
+}
+
+func (n gossipNode) args() []string {
+	return []string{"--node", n.name, "--socket", n.sock, "--data-dir", n.data,
+		"--listen", "127.0.0.1:0", "--gossip", n.gossip, "--gossip-profile", "local",
+		"--tls-cert", certs.CertFile(n.certs, n.name), "--tls-key", certs.KeyFile(n.certs, n.name), "--tls-ca", certs.CAFile(n.certs)}
+}
+
+// certDir is one certificate directory per test: its daemons share the CA
+// and the gossip key.
+func certDir(t *testing.T) string {
+	if d, ok := certDirs[t.Name()]; ok {
+		return d
+	}
+	d := t.TempDir()
+	certDirs[t.Name()] = d
+	t.Cleanup(func() { delete(certDirs, t.Name()) })
+	return d
+}
+
+var certDirs = map[string]string{}
+
+// freePort is a loopback port free a moment ago (UDP and TCP: gossip
+// binds both).
+func freePort(t *testing.T) int {
+	for {
+		l, err := net.ListenPacket("udp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := l.LocalAddr().(*net.UDPAddr).Port
+		l.Close()
+		if tl, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+			tl.Close()
+			return port
+		}
+	}
+}
+
+// TestKeylessNodeNotAdmitted runs three poold binaries: a and b with the
+// gossip key that certs init wrote, c with --gossip-insecure and the most
+// memory to lend. memctl nodes on a and b never lists c, and no placement
+// lands on it.
+func TestKeylessNodeNotAdmitted(t *testing.T) {
+	start := func(name string, extra ...string) (*daemon, gossipNode) {
+		n := tlsGossip(t, name)
+		// startDaemon's own flags come first; these override them.
+		return startDaemon(t, n.data, n.sock, append(n.args(), extra...)...), n
+	}
+	key := certs.GossipKeyFile(certDir(t))
+	a, na := start("a", "--gossip-key-file", key, "--export-size", "64MiB")
+	b, _ := start("b", "--gossip-key-file", key, "--export-size", "64MiB", "--join", na.gossip)
+	_, _ = start("c", "--gossip-insecure", "--export-size", "512MiB", "--join", na.gossip)
+
+	nodes := func(sock string) []string {
+		out, err := exec.Command(memctl, "--socket", sock, "nodes", "-o", "json").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		var ns []struct {
+			Name  string `json:"name"`
+			State string `json:"state"`
+		}
+		require.NoError(t, json.Unmarshal(out, &ns), "%s", out)
+		var names []string
+		for _, n := range ns {
+			if n.State == "alive" {
+				names = append(names, n.Name)
+			}
+		}
+		return names
+	}
+	require.Eventually(t, func() bool { return len(nodes(a.socket)) == 2 && len(nodes(b.socket)) == 2 }, 30*time.Second, 50*time.Millisecond)
+
+	ctx := t.Context()
+	client, err := alloc.Dial(ctx, a.socket, alloc.WithClientID("keyless-test"))
+	require.NoError(t, err)
+	defer client.Close()
+	onB := 0
+	require.Eventually(t, func() bool {
+		seg, err := client.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA))
+		require.NoError(t, err)
+		require.NotEqual(t, "c", seg.Node())
+		if seg.Node() == "b" {
+			onB++
+		}
+		return onB == 8
+	}, 30*time.Second, 20*time.Millisecond)
+	for _, d := range []*daemon{a, b} {
+		require.ElementsMatch(t, []string{"a", "b"}, nodes(d.socket), "c gossips without the key")
+	}
+	out, err := exec.Command(memctl, "--socket", a.socket, "status").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NotContains(t, string(out), "gossip is not sealed")
+}
