@@ -15,6 +15,11 @@
 // named segment is attached only by its creator's identity and the
 // identities it granted (grants.go); a call without a session is an
 // administrator's only from an identity in Config.Admins.
+// Peers: a node's name is its certificate's common name, checked both when
+// dialing a peer and when accepting one, and a peer must answer under the
+// name it was dialed by; reconcile frees at a peer only what that peer
+// lists as its own (peers.go). Gossip is sealed with the keyring of
+// Config.GossipKeyFile, changed by the Keyring call (keyring.go).
 //
 // Use New (or Start) with a Config from DefaultConfig, Serve, and Close.
 // Daemon and Pool are safe for concurrent use; Config is a plain value.

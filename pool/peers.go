@@ -310,10 +310,12 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 
 // pickPeer chooses a peer for size bytes by free capacity, among the
 // members not refused for their name, and returns its session; a member
-// refused while dialing it is left out and another chosen.
+// refused while dialing it is left out and another chosen, each member
+// at most once.
 func (p *Pool) pickPeer(ctx context.Context, size int64) (cluster.Member, *session.Conn, error) {
-	for {
-		members := slices.DeleteFunc(p.cl.Members(), func(m cluster.Member) bool {
+	all := p.cl.Members()
+	for range len(all) {
+		members := slices.DeleteFunc(slices.Clone(all), func(m cluster.Member) bool {
 			return p.peers.isRefused(m.Name, m.Meta.GRPCAddr)
 		})
 		m, err := cluster.Pick(members, tierName(poolv1.Tier_TIER_RDMA), size, p.cfg.Node, nil)
@@ -326,6 +328,7 @@ func (p *Pool) pickPeer(ctx context.Context, size int64) (cluster.Member, *sessi
 		}
 		return m, pc, err
 	}
+	return cluster.Member{}, nil, fmt.Errorf("%w: every member was refused for its name", errNoPeer)
 }
 
 // reconcileRetry is the first pause before homeChanged asks a home again.

@@ -8,6 +8,8 @@
 // The identity of a TLS peer is its certificate's common name: Identity
 // reads it from a verified connection, and poold records it as the owner
 // identity of the segments that peer allocates.
+// A node's name is its certificate's common name too: CheckName refuses a
+// peer dialed as one node that presents another's certificate.
 //
 // Everything is the standard library (crypto/x509, crypto/ecdsa,
 // crypto/tls). Functions are safe for concurrent use; Init writes files and
