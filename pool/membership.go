@@ -411,6 +411,9 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 	for _, m := range p.cl.Members() {
 		n := &poolv1.NodeInfo{Name: m.Name, State: cluster.StateString(m.State), GossipAddr: m.Addr,
 			GrpcAddr: m.Meta.GRPCAddr, DataAddr: m.Meta.DataAddr, Draining: m.Meta.Draining, Self: m.Name == s.d.cfg.Node}
+		if why := p.peers.refusal(m.Name, m.Meta.GRPCAddr); why != nil {
+			n.Refused = why.Error()
+		}
 		for _, t := range m.Meta.Tiers {
 			n.Tiers = append(n.Tiers, &poolv1.NodeTier{Tier: t.Name, Capacity: t.Capacity, Free: t.Free})
 		}

@@ -82,11 +82,10 @@ func (ps *peers) get(ctx context.Context, node, addr string) (*session.Conn, err
 		ps.mu.Unlock()
 		return c, nil
 	}
-	if r, ok := ps.refused[node]; ok && r.addr == addr && time.Since(r.at) < refuseFor {
-		ps.mu.Unlock()
-		return nil, fmt.Errorf("peer %s at %s: %w: %w", node, addr, errPeerRefused, r.err)
-	}
 	ps.mu.Unlock()
+	if why := ps.refusal(node, addr); why != nil {
+		return nil, fmt.Errorf("peer %s at %s: %w: %w", node, addr, errPeerRefused, why)
+	}
 	var tc *tls.Config
 	var wrongName atomic.Pointer[error]
 	if ps.tls != nil {
@@ -160,11 +159,17 @@ func (ps *peers) refuse(node, addr, msg string, why error) error {
 
 // isRefused reports whether node, announcing addr, was refused within
 // refuseFor: placements do not choose it.
-func (ps *peers) isRefused(node, addr string) bool {
+func (ps *peers) isRefused(node, addr string) bool { return ps.refusal(node, addr) != nil }
+
+// refusal is why node, announcing addr, was refused within refuseFor;
+// nil if it was not.
+func (ps *peers) refusal(node, addr string) error {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	r, ok := ps.refused[node]
-	return ok && r.addr == addr && time.Since(r.at) < refuseFor
+	if r, ok := ps.refused[node]; ok && r.addr == addr && time.Since(r.at) < refuseFor {
+		return r.err
+	}
+	return nil
 }
 
 // drop closes the session with node, if any: the node left or was

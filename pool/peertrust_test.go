@@ -113,6 +113,15 @@ func forgedPeer(t *testing.T, insecure bool, refusal string) {
 		}
 	}
 	logA.waitEvent(t, refusal, map[string]any{"node": "evil2", "addr": bm.GRPCAddr})
+	nodes, err := keyringAPI(t, a).Nodes(ctx, &poolv1.NodesRequest{})
+	require.NoError(t, err)
+	for _, n := range nodes.Nodes {
+		if n.Name == "evil2" {
+			require.Contains(t, n.Refused, `"b"`, "memctl nodes says why evil2 is refused: b answered")
+		} else {
+			require.Empty(t, n.Refused, n.Name)
+		}
+	}
 
 	// Everything that reconciles asks evil2 and every peer again.
 	_, ok := a.pool.reconcile(ctx, "evil2")

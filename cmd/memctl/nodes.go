@@ -20,6 +20,7 @@ type nodeJSON struct {
 	GossipAddr string         `json:"gossip_addr,omitempty"`
 	GRPCAddr   string         `json:"grpc_addr,omitempty"`
 	DataAddr   string         `json:"data_addr,omitempty"`
+	Refused    string         `json:"refused,omitempty"` // why this daemon refuses it as a peer
 	Tiers      []nodeTierJSON `json:"tiers"`
 }
 
@@ -46,7 +47,7 @@ func newNodesCmd(g *globals) *cobra.Command {
 			out := make([]nodeJSON, len(resp.Nodes))
 			for i, n := range resp.Nodes {
 				out[i] = nodeJSON{Name: n.Name, State: n.State, Self: n.Self, Draining: n.Draining,
-					GossipAddr: n.GossipAddr, GRPCAddr: n.GrpcAddr, DataAddr: n.DataAddr, Tiers: []nodeTierJSON{}}
+					GossipAddr: n.GossipAddr, GRPCAddr: n.GrpcAddr, DataAddr: n.DataAddr, Refused: n.Refused, Tiers: []nodeTierJSON{}}
 				for _, t := range n.Tiers {
 					out[i].Tiers = append(out[i].Tiers, nodeTierJSON{Tier: t.Tier, Capacity: t.Capacity, Free: t.Free})
 				}
@@ -63,6 +64,9 @@ func newNodesCmd(g *globals) *cobra.Command {
 				}
 				if n.Draining {
 					state += ",draining"
+				}
+				if n.Refused != "" {
+					state += ",refused" // -o json says why
 				}
 				var free []string
 				for _, t := range n.Tiers {

@@ -2374,15 +2374,18 @@ func (*NodesRequest) Descriptor() ([]byte, []int) {
 
 // NodeInfo is one cluster member.
 type NodeInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	State         string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"` // alive, suspect, dead, left
-	GossipAddr    string                 `protobuf:"bytes,3,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
-	GrpcAddr      string                 `protobuf:"bytes,4,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
-	DataAddr      string                 `protobuf:"bytes,5,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
-	Draining      bool                   `protobuf:"varint,6,opt,name=draining,proto3" json:"draining,omitempty"`
-	Self          bool                   `protobuf:"varint,7,opt,name=self,proto3" json:"self,omitempty"`
-	Tiers         []*NodeTier            `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	State      string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"` // alive, suspect, dead, left
+	GossipAddr string                 `protobuf:"bytes,3,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	GrpcAddr   string                 `protobuf:"bytes,4,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	DataAddr   string                 `protobuf:"bytes,5,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	Draining   bool                   `protobuf:"varint,6,opt,name=draining,proto3" json:"draining,omitempty"`
+	Self       bool                   `protobuf:"varint,7,opt,name=self,proto3" json:"self,omitempty"`
+	Tiers      []*NodeTier            `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	// Why this daemon refuses the node as a peer, if it does: its
+	// certificate, or its answer, names another node. Placements skip it.
+	Refused       string `protobuf:"bytes,9,opt,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2471,6 +2474,13 @@ func (x *NodeInfo) GetTiers() []*NodeTier {
 		return x.Tiers
 	}
 	return nil
+}
+
+func (x *NodeInfo) GetRefused() string {
+	if x != nil {
+		return x.Refused
+	}
+	return ""
 }
 
 type NodeTier struct {
@@ -3104,7 +3114,7 @@ const file_pool_proto_rawDesc = "" +
 	"read_bytes\x18\a \x01(\x03R\treadBytes\x12\x1f\n" +
 	"\vwrite_bytes\x18\b \x01(\x03R\n" +
 	"writeBytes\"\x0e\n" +
-	"\fNodesRequest\"\xef\x01\n" +
+	"\fNodesRequest\"\x89\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1f\n" +
@@ -3114,7 +3124,8 @@ const file_pool_proto_rawDesc = "" +
 	"\tdata_addr\x18\x05 \x01(\tR\bdataAddr\x12\x1a\n" +
 	"\bdraining\x18\x06 \x01(\bR\bdraining\x12\x12\n" +
 	"\x04self\x18\a \x01(\bR\x04self\x12.\n" +
-	"\x05tiers\x18\b \x03(\v2\x18.farmem.pool.v1.NodeTierR\x05tiers\"N\n" +
+	"\x05tiers\x18\b \x03(\v2\x18.farmem.pool.v1.NodeTierR\x05tiers\x12\x18\n" +
+	"\arefused\x18\t \x01(\tR\arefused\"N\n" +
 	"\bNodeTier\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x03R\bcapacity\x12\x12\n" +
