@@ -65,7 +65,10 @@ func (s *service) Keyring(ctx context.Context, req *poolv1.KeyringRequest) (*poo
 	}
 	p := s.d.pool
 	if p.cl == nil {
-		return nil, errs.ToStatus(fmt.Errorf("%w: this daemon gossips with nobody (no --gossip); there is no keyring", errs.ErrInvalid))
+		if req.Op == poolv1.KeyringOp_KEYRING_OP_LIST {
+			return &poolv1.KeyringResponse{Nodes: []*poolv1.NodeKeyring{{Node: s.d.cfg.Node}}}, nil // no gossip, no keys
+		}
+		return nil, errs.ToStatus(fmt.Errorf("%w: this daemon gossips with nobody (no --gossip); there is no keyring to change", errs.ErrInvalid))
 	}
 	if req.Op != poolv1.KeyringOp_KEYRING_OP_LIST {
 		if err := cluster.CheckKey(req.Key); err != nil {

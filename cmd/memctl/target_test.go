@@ -40,6 +40,7 @@ func TestRelativeSocket(t *testing.T) {
 		{[]string{"top", "--once", "--interval", "10ms"}, "test-node"},
 		{[]string{"bench", "--duration", "5ms", "--rounds", "1", "--ops", "read", "--sizes", "64", "--depths", "1", "--tiers", "cxl"}, "farmem-cxl"},
 		{[]string{"doctor"}, "rdma transport"}, // shown only when poold answers
+		{[]string{"keyring", "list"}, "test-node"}, // no gossip: no keys
 		{[]string{"__complete", "drain", ""}, "test-node"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -50,7 +51,7 @@ func TestRelativeSocket(t *testing.T) {
 	}
 
 	dials := map[string]bool{"status": true, "tiers": true, "alloc": true, "segments": true, "free": true, "nodes": true,
-		"drain": true, "top": true, "bench": true, "doctor": true}
+		"drain": true, "top": true, "bench": true, "doctor": true, "keyring": true}
 	for _, c := range newRoot(os.Stdout).Commands() {
 		switch c.Name() {
 		case "certs", "completion", "bench-serve", "help":
