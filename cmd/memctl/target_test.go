@@ -39,7 +39,7 @@ func TestRelativeSocket(t *testing.T) {
 		{[]string{"drain", "test-node", "--undo"}, "accepts placements again"},
 		{[]string{"top", "--once", "--interval", "10ms"}, "test-node"},
 		{[]string{"bench", "--duration", "5ms", "--rounds", "1", "--ops", "read", "--sizes", "64", "--depths", "1", "--tiers", "cxl"}, "farmem-cxl"},
-		{[]string{"doctor"}, "rdma transport"}, // shown only when poold answers
+		{[]string{"doctor"}, "rdma transport"},     // shown only when poold answers
 		{[]string{"keyring", "list"}, "test-node"}, // no gossip: no keys
 		{[]string{"__complete", "drain", ""}, "test-node"},
 	} {
