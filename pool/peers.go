@@ -172,8 +172,8 @@ func (ps *peers) refusal(node, addr string) error {
 	return nil
 }
 
-// drop closes the session with node, if any: the node left or was
-// forgotten, or it answered as another node.
+// drop closes the session with node, if any: the node left,
+// or it answered as another node.
 func (ps *peers) drop(node string) {
 	ps.mu.Lock()
 	c := ps.conns[node]
@@ -528,7 +528,7 @@ func (p *Pool) reconcile(ctx context.Context, node string) (held map[uint64]bool
 // the session keeps it leased, so without a sweep it stayed until the
 // session next came up, for good on a steady one (the scale simulation
 // found two after a 200-host run). Only alive members are asked; the
-// sessions of nodes that left or that the cluster forgot are dropped. It
+// sessions of nodes that left are dropped (a dead node's session stays). It
 // returns early when ctx ends.
 func (p *Pool) sweepPeers(ctx context.Context) {
 	p.peers.mu.Lock()
@@ -540,13 +540,16 @@ func (p *Pool) sweepPeers(ctx context.Context) {
 		}
 		if p.cl != nil {
 			m, ok := p.cl.Member(node)
-			if !ok || m.State == cluster.StateLeft {
-				// Forgotten or departed: its session only held a lease
-				// there for segments already marked lost.
+			if ok && m.State == cluster.StateLeft {
+				// Departed: its session only held a lease there for
+				// segments already marked lost.
 				p.peers.drop(node)
 				continue
 			}
-			if m.State != cluster.StateAlive {
+			if !ok || m.State != cluster.StateAlive {
+				// Dead, or dead long enough to be forgotten: the session
+				// stays, so that its lease holds the segments there if
+				// the node was only cut off from gossip and comes back.
 				continue
 			}
 		}
