@@ -21,6 +21,11 @@ type Config struct {
 	// budget are not delivered: whatever requests they answer reached the
 	// target, but their replies are lost. Default: nil (no limit).
 	ReplyBudget func() int
+	// Record, when set, is called with every chunk of bytes the proxy
+	// forwards, fromClient saying its direction, before it is delivered;
+	// p is valid only during the call. It is called from both directions'
+	// goroutines of every connection concurrently. Default: nil.
+	Record func(fromClient bool, p []byte)
 }
 
 // Proxy forwards connections accepted on a loopback port to Config.Target.
@@ -98,15 +103,19 @@ func (p *Proxy) accept() {
 // were copied (budget > 0); then it kills the pair.
 func (p *Proxy) forward(pr *pair, src, dst net.Conn, budget int) {
 	defer p.wg.Done()
+	var r io.Reader = src
+	if rec := p.cfg.Record; rec != nil {
+		r = recorder{r: src, rec: rec, fromClient: src == pr.client}
+	}
 	var err error
 	if budget > 0 {
-		_, err = io.CopyN(dst, src, int64(budget))
+		_, err = io.CopyN(dst, r, int64(budget))
 		if err == nil {
 			p.kill(pr)
 			return
 		}
 	} else {
-		_, err = io.Copy(dst, src)
+		_, err = io.Copy(dst, r)
 	}
 	// One side ended (or was killed): end the other so both copies stop.
 	if !errors.Is(err, net.ErrClosed) {
@@ -189,4 +198,19 @@ func (p *Proxy) Close() error {
 	p.KillAll()
 	p.wg.Wait()
 	return err
+}
+
+// recorder hands what it reads to Config.Record.
+type recorder struct {
+	r          io.Reader
+	rec        func(fromClient bool, p []byte)
+	fromClient bool
+}
+
+func (r recorder) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.rec(r.fromClient, p[:n])
+	}
+	return n, err
 }

@@ -140,11 +140,15 @@ func (s *Server) isClosed() bool {
 // refuse answers a connection refused at accept with a busy reply and
 // resets it: no goroutine, no buffer, no TIME_WAIT. The reply is 12 bytes
 // into a fresh socket's empty send buffer, so the write does not block.
+// Over TLS the reset alone answers (a TLS client could not read a reply
+// sent before the handshake).
 func (s *Server) refuse(nc net.Conn, why Refusal) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetLinger(0)
 	}
-	nc.Write(busyReply[:])
+	if s.cfg.TLS == nil {
+		nc.Write(busyReply[:])
+	}
 	nc.Close()
 	s.refused(why, nc.RemoteAddr(), nil)
 }

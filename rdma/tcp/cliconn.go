@@ -26,6 +26,7 @@ type cliConn struct {
 	idx int
 	nc  net.Conn
 	rd  *frameReader
+	out batchWriter // owned by the holder of the flush role
 
 	slots []atomic.Pointer[op]
 	free  chan uint32
@@ -83,7 +84,8 @@ func newCliConn(cl *Client, idx int, nc net.Conn, o *options) *cliConn {
 	}
 	// A caller whose op is alone on the connection has nothing else to do
 	// for the whole round trip: it busy-polls (see lead).
-	c.rd = newFrameReader(newBusyReader(nc, o.busyPoll, func() bool { return c.spin }), o.readBuffer)
+	c.rd = newFrameReader(pollingReader(nc, o.busyPoll, func() bool { return c.spin }), o.readBuffer)
+	c.out = newBatchWriter(nc)
 	c.cond.L = &c.mu
 	c.rdToken <- struct{}{}
 	for i := range o.maxInflight {
@@ -301,7 +303,7 @@ func (c *cliConn) writeBatch(batch []*op) error {
 			}
 		}
 		c.nb = iov
-		_, err = c.nb.WriteTo(c.nc)
+		err = c.out.write(&c.nb)
 		c.nb = nil
 	}
 	clear(iov) // drop references to caller buffers

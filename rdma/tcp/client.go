@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ type options struct {
 	readBuffer   int
 	busyPoll     time.Duration
 	session      *rdma.Session
+	tls          *tls.Config
 }
 
 func defaultOptions() options {
@@ -77,6 +79,13 @@ func WithBusyPoll(d time.Duration) Option { return func(o *options) { o.busyPoll
 // a fresh session for each Client, whose tickets then work on it alone.
 func WithSession(s *rdma.Session) Option { return func(o *options) { o.session = s } }
 
+// WithTLS makes every connection run a TLS handshake with cfg before its
+// hello, against a server whose ServerConfig.TLS is set: cfg must say how
+// to verify the server (RootCAs and ServerName, a name its certificate
+// holds). Busy polling (WithBusyPoll) works under it. Default: nil
+// (plaintext).
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
 // Client is a connection to one server's exported memory over several TCP
 // connections. It implements rdma.Conn and is safe for concurrent use; every
 // call may run in parallel with every other.
@@ -113,7 +122,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	}
 	cl := &Client{addr: addr, session: o.session}
 	for i := range o.conns {
-		nc, err := dialConn(ctx, addr, o.cred, o.session)
+		nc, err := dialConn(ctx, addr, o.cred, o.session, o.tls)
 		if err != nil {
 			cl.Close()
 			return nil, err
@@ -123,9 +132,10 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	return cl, nil
 }
 
-// dialConn opens one connection and performs the handshake, opening sess
-// or resuming it if a server accepted it before.
-func dialConn(ctx context.Context, addr string, cred []byte, sess *rdma.Session) (net.Conn, error) {
+// dialConn opens one connection, over TLS with tc when set, and performs
+// the handshake, opening sess or resuming it if a server accepted it
+// before.
+func dialConn(ctx context.Context, addr string, cred []byte, sess *rdma.Session, tc *tls.Config) (net.Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -138,6 +148,14 @@ func dialConn(ctx context.Context, addr string, cred []byte, sess *rdma.Session)
 	nc.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
 	defer stop()
+	if tc != nil {
+		tlsConn := tls.Client(&polledConn{Conn: nc}, tc)
+		if err := tlsConn.Handshake(); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("rdma/tcp: TLS handshake with %s (does it serve TLS, with a certificate the client's CA and server name accept?): %w%s", addr, errors.Join(ctx.Err(), err), resetHint(err))
+		}
+		nc = tlsConn
+	}
 	// A server over its limits answers "busy" and resets the connection
 	// without reading the hello: the write may fail, and the reply, read
 	// anyway, says why.

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"time"
@@ -16,6 +17,16 @@ type ServerConfig struct {
 	// single-host development. It may be called concurrently.
 	// Default: nil.
 	Authenticate func(cred []byte) error
+
+	// TLS, when set, makes every connection run a TLS handshake with it
+	// before the hello (bounded by HandshakeTimeout), and carries the
+	// protocol over TLS from then on: the credential, keys and data are
+	// then neither readable nor replayable on the wire. It should have
+	// MinVersion tls.VersionTLS13; clients dial with WithTLS. BusyPoll
+	// works under it: the socket is polled, records decrypted as they
+	// arrive. Connections refused at accept are reset without the busy
+	// reply. Default: nil (plaintext).
+	TLS *tls.Config
 
 	// MaxInflightPerConn is the most responses one connection holds before
 	// they are flushed to the socket in one vectored write. Responses are

@@ -265,7 +265,7 @@ func (s *Server) Close() error {
 		}
 	}
 	for c := range s.conns {
-		c.nc.Close()
+		c.sock.Close()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()

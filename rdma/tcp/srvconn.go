@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -30,8 +31,10 @@ const flushBytes = 256 << 10
 // of a small op; batching is the same either way.
 type srvConn struct {
 	s      *Server
-	nc     net.Conn
+	sock   net.Conn // the TCP socket: closed and interrupted from other goroutines
+	nc     net.Conn // sock, or the TLS connection over it once handshake ran
 	rd     *frameReader
+	out    batchWriter
 	log    *slog.Logger
 	remote string
 
@@ -61,7 +64,7 @@ type srvConn struct {
 // newSrvConn returns a connection in its handshake: it holds no buffers
 // yet, so a connection that never authenticates costs only its goroutine.
 func newSrvConn(s *Server, nc net.Conn) *srvConn {
-	return &srvConn{s: s, nc: nc, log: s.log}
+	return &srvConn{s: s, sock: nc, nc: nc, log: s.log}
 }
 
 // setup allocates the buffers of an authenticated connection.
@@ -77,9 +80,10 @@ func (c *srvConn) setup() {
 	// each, the connection busy-polls for the next request, unless another
 	// connection has flushed since (then the cores have work, and the
 	// clients' share of them is what brings the next request).
-	c.rd = newFrameReader(newBusyReader(c.nc, s.cfg.BusyPoll, func() bool {
+	c.rd = newFrameReader(pollingReader(c.nc, s.cfg.BusyPoll, func() bool {
 		return c.lone.long() && s.lastFlush.Load() == c
 	}), s.cfg.ReadBufferSize)
+	c.out = newBatchWriter(c.nc)
 	c.rd.partial = c.arm
 }
 
@@ -87,13 +91,13 @@ func (c *srvConn) setup() {
 // revoked; the connection is then closed.
 func (c *srvConn) interrupt() {
 	c.cut.Store(true)
-	c.nc.SetReadDeadline(time.Now())
+	c.sock.SetReadDeadline(time.Now())
 }
 
 func (c *srvConn) serve() {
 	defer c.s.wg.Done()
 	defer c.s.dropConn(c)
-	defer c.nc.Close()
+	defer c.sock.Close()
 	defer c.unpin()
 	// A SIGBUS on mapped memory (truncated file, poisoned line) becomes a
 	// recoverable panic in this goroutine; see copyGuarded.
@@ -170,12 +174,20 @@ func (c *srvConn) closeWith(what string, err error) {
 	c.log.Log(context.Background(), level, "rdma/tcp: closing connection", "remote", c.remote, "reason", what, "err", err)
 }
 
-// handshake reads the client's hello and answers it; it returns the
-// reply code sent (or due) with the error that refused the client. The
-// admission limits were checked at accept (admit).
+// handshake runs the TLS handshake (with ServerConfig.TLS), then reads
+// the client's hello and answers it; it returns the reply code sent (or
+// due) with the error that refused the client. HandshakeTimeout bounds
+// both. The admission limits were checked at accept (admit).
 func (c *srvConn) handshake() (uint16, error) {
 	cfg := &c.s.cfg
 	c.nc.SetDeadline(time.Now().Add(cfg.HandshakeTimeout))
+	if cfg.TLS != nil {
+		tc := tls.Server(&polledConn{Conn: c.sock}, cfg.TLS)
+		if err := tc.Handshake(); err != nil {
+			return replyBadMagic, fmt.Errorf("TLS handshake: %w", err)
+		}
+		c.nc = tc
+	}
 	h, code, err := readHello(c.nc)
 	if err == nil && cfg.Authenticate != nil {
 		if aerr := cfg.Authenticate(h.cred); aerr != nil {
@@ -480,7 +492,7 @@ func (c *srvConn) flush() error {
 		}
 	}
 	c.nb = c.iov
-	_, err := c.nb.WriteTo(c.nc)
+	err := c.out.write(&c.nb)
 	c.nb = nil
 	clear(c.iov)
 	c.iov = c.iov[:0]
