@@ -5,3 +5,11 @@ package alloc
 func WithDataAddr(f func(string) string) DialOption {
 	return func(o *dialOptions) { o.dataAddr = f }
 }
+
+// DataSecrets returns what the data plane's handshake and requests carry
+// for s: the credential presented and the segment's access key.
+func DataSecrets(s *Segment) (cred, key []byte) {
+	_, cred, _ = s.dataAddr()
+	k := s.remote.region.Key
+	return cred, k[:]
+}

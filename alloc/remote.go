@@ -2,6 +2,8 @@ package alloc
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +24,9 @@ type remote struct {
 	// cred is what the data plane's handshake asks for (from the daemon,
 	// renewed by refresh); guarded by Client.mu. Empty: the session's own.
 	cred []byte
+	// tls verifies the home when it serves its data plane over TLS (nil:
+	// plaintext); guarded by Client.mu, renewed by refresh.
+	tls *tls.Config
 	// lost is cancelled, with cause ErrSegmentLost, while the daemon reports
 	// the home lost; a restored segment gets a fresh one.
 	lost   context.Context
@@ -40,9 +45,36 @@ func newRemote(info *poolv1.Segment) (*remote, error) {
 		return nil, fmt.Errorf("segment %d: the daemon gave no data-plane address or key for an rdma segment: %w", info.Id, ErrSegmentLost)
 	}
 	copy(key[:], info.Key)
-	r := &remote{region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr, cred: info.DataCredential}
+	tc, err := dataTLS(info)
+	if err != nil {
+		return nil, err
+	}
+	r := &remote{region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr, cred: info.DataCredential, tls: tc}
 	r.lost, r.cancel = context.WithCancelCause(context.Background())
 	return r, nil
+}
+
+// dataTLS is how a client verifies the home of an rdma segment that the
+// daemon says is served over TLS: the CA the daemon gave and the home's
+// node name, which the home's certificate holds. Nil for plaintext.
+func dataTLS(info *poolv1.Segment) (*tls.Config, error) {
+	if !info.DataTls {
+		return nil, nil
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(info.DataTlsCa) || info.DataServerName == "" {
+		return nil, fmt.Errorf("segment %d: the daemon says its home %s serves TLS but gave no CA certificate (%d bytes) or server name %q to verify it with; upgrade the daemon: %w",
+			info.Id, info.DataAddr, len(info.DataTlsCa), info.DataServerName, ErrNotSupported)
+	}
+	return &tls.Config{RootCAs: roots, ServerName: info.DataServerName, MinVersion: tls.VersionTLS13}, nil
+}
+
+// tlsOption passes tc to the tcp transport when the home serves TLS.
+func tlsOption(tc *tls.Config) []tcp.Option {
+	if tc == nil {
+		return nil
+	}
+	return []tcp.Option{tcp.WithTLS(tc)}
 }
 
 // answers maps the data plane's refusals (the home answered; retrying will
@@ -80,7 +112,7 @@ func final(err error) bool {
 }
 
 // dataConn returns the cached data-plane connection to addr, dialing it.
-func (c *Client) dataConn(ctx context.Context, addr string, cred []byte) (rdma.Conn, error) {
+func (c *Client) dataConn(ctx context.Context, addr string, cred []byte, tc *tls.Config) (rdma.Conn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -96,7 +128,7 @@ func (c *Client) dataConn(ctx context.Context, addr string, cred []byte) (rdma.C
 	if c.opts.dataAddr != nil {
 		dialAddr = c.opts.dataAddr(addr)
 	}
-	dc, _, err := dialer.Dial(ctx, dialAddr, cred, tcp.WithBusyPoll(c.opts.busyPoll), tcp.WithSession(once))
+	dc, _, err := dialer.Dial(ctx, dialAddr, cred, append(tlsOption(tc), tcp.WithBusyPoll(c.opts.busyPoll), tcp.WithSession(once))...)
 	if err != nil {
 		return nil, err
 	}
@@ -163,14 +195,14 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 	// takes the next; one that keeps failing gets the backoff.
 	quick := true
 	for {
-		addr, cred := s.dataAddr()
+		addr, cred, tc := s.dataAddr()
 		err := s.ticket(ctx, op, addr)
 		if errors.Is(err, rdma.ErrIndeterminate) {
 			return rdmaErr(err)
 		}
 		var conn rdma.Conn
 		if err == nil {
-			conn, err = s.c.dataConn(ctx, addr, cred)
+			conn, err = s.c.dataConn(ctx, addr, cred, tc)
 		}
 		if err == nil {
 			err = post(ctx, conn, op)
@@ -242,16 +274,17 @@ func (s *Segment) ticket(ctx context.Context, op *rdma.Op, addr string) error {
 	return nil
 }
 
-// dataAddr is where the segment's home serves it and the credential its
-// handshake takes: the daemon's for this segment, else the session's own.
-func (s *Segment) dataAddr() (string, []byte) {
+// dataAddr is where the segment's home serves it, the credential its
+// handshake takes (the daemon's for this segment, else the session's own)
+// and how to verify the home over TLS (nil: plaintext).
+func (s *Segment) dataAddr() (string, []byte, *tls.Config) {
 	s.c.mu.Lock()
-	addr, cred := s.remote.addr, s.remote.cred
+	addr, cred, tc := s.remote.addr, s.remote.cred, s.remote.tls
 	s.c.mu.Unlock()
 	if len(cred) == 0 {
 		cred = s.c.sess.DataCredential()
 	}
-	return addr, cred
+	return addr, cred, tc
 }
 
 // refresh asks the daemon where the segment's home serves it now (a
@@ -265,8 +298,12 @@ func (s *Segment) refresh(ctx context.Context) {
 	if err != nil || info.DataAddr == "" {
 		return
 	}
+	tc, err := dataTLS(info)
+	if err != nil {
+		return
+	}
 	s.c.mu.Lock()
-	s.remote.addr = info.DataAddr
+	s.remote.addr, s.remote.tls = info.DataAddr, tc
 	if len(info.DataCredential) > 0 { // a restarted home issued a new one
 		s.remote.cred = info.DataCredential
 	}

@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -99,7 +100,7 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 	if err != nil {
 		return nil, err
 	}
-	link, err := dialShared(ctx, info.DataAddr, info.DataCredential, r.region, uint32(cfg.PageSize), c.opts.busyPoll)
+	link, err := dialShared(ctx, info.DataAddr, info.DataCredential, r.tls, r.region, uint32(cfg.PageSize), c.opts.busyPoll)
 	if err != nil {
 		return nil, fmt.Errorf("attach %q shared: %w", name, rdmaErr(err))
 	}
@@ -126,6 +127,7 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 type sharedLink struct {
 	addr     string
 	cred     []byte
+	tls      *tls.Config // verifies the home over TLS; nil: plaintext
 	region   rdma.Region
 	pageSize uint32
 	pollBuf  []byte // the poll's answers; one poller at a time
@@ -146,8 +148,8 @@ const (
 
 var _ coherence.Link = (*sharedLink)(nil)
 
-func dialShared(ctx context.Context, addr string, cred []byte, r rdma.Region, pageSize uint32, busyPoll time.Duration) (*sharedLink, error) {
-	l := &sharedLink{addr: addr, cred: cred, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20), busyPoll: busyPoll}
+func dialShared(ctx context.Context, addr string, cred []byte, tc *tls.Config, r rdma.Region, pageSize uint32, busyPoll time.Duration) (*sharedLink, error) {
+	l := &sharedLink{addr: addr, cred: cred, tls: tc, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20), busyPoll: busyPoll}
 	for which := range numLinkConns {
 		if _, err := l.conn(ctx, which); err != nil {
 			l.close()
@@ -167,7 +169,7 @@ func (l *sharedLink) conn(ctx context.Context, which int) (*tcp.Client, error) {
 	}
 	p := &l.conns[which]
 	if *p == nil {
-		c, err := tcp.Dial(ctx, l.addr, tcp.WithConns(1), tcp.WithCredential(l.cred), tcp.WithBusyPoll(l.busyPoll))
+		c, err := tcp.Dial(ctx, l.addr, append(tlsOption(l.tls), tcp.WithConns(1), tcp.WithCredential(l.cred), tcp.WithBusyPoll(l.busyPoll))...)
 		if err != nil {
 			return nil, err
 		}

@@ -132,6 +132,13 @@ type Config struct {
 	// anyone who reaches Listen can allocate and free. It logs a warning at
 	// start and memctl status shows it. Default: false.
 	Insecure bool `yaml:"insecure"`
+	// DataInsecure serves the data plane (rdma tier over TCP) in plaintext
+	// although the control plane has TLS: credentials, keys and data
+	// cross the network readable, and a captured handshake can be
+	// replayed. It logs a warning at start and memctl status shows it.
+	// Without control-plane TLS the data plane is plaintext anyway.
+	// Default: false (TLS 1.3 with the node certificate).
+	DataInsecure bool `yaml:"data-insecure"`
 	// AllowUIDs are the uids of local processes that may use the unix
 	// socket (checked with SO_PEERCRED). Their segments belong to the
 	// identity uid:N. Default: root (0) and the daemon's own uid.

@@ -29,6 +29,7 @@ import (
 type Daemon struct {
 	cfg  Config
 	log  *slog.Logger
+	data dataSecurity // the data plane's TLS, and the CA clients verify homes with
 	pool *Pool
 	inv  *cxl.Inventory
 	mux  *mux
@@ -94,9 +95,13 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}
 	m := newMetrics()
 	ls := newListeners(log, m.reg)
+	sec, err := cfg.dataSecurity()
+	if err != nil {
+		return nil, err
+	}
 	var dp *dataPlane
 	if cfg.ExportSize > 0 && cfg.DataListen != "" {
-		if dp, err = newDataPlane(cfg.DataListen, dataPlaneConfig(cfg, log, m), ls); err != nil {
+		if dp, err = newDataPlane(cfg.DataListen, dataPlaneConfig(cfg, log, m), sec, ls); err != nil {
 			for _, d := range devs {
 				d.Close()
 			}
@@ -129,7 +134,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			ops.close()
 		}
 	}()
-	d := &Daemon{cfg: cfg, log: log, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, listeners: ls, health: newHealth(), ops: ops, lock: lock}
+	d := &Daemon{cfg: cfg, log: log, data: sec, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, listeners: ls, health: newHealth(), ops: ops, lock: lock}
 	p.setHMAT(inv)
 	d.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(peerCreds{}),
@@ -162,6 +167,9 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		d.health.register(d.tcp)
 		if cfg.Insecure {
 			log.Warn("control plane on TCP without TLS (--insecure): anyone who reaches it can allocate and free; use it only on a trusted network", "listen", d.tcpL.Addr().String())
+		}
+		if cfg.DataInsecure && dp != nil {
+			log.Warn("data plane without TLS (--data-insecure): credentials, keys and data cross the network readable, and a captured handshake can be replayed; use it only on a trusted network", "data_listen", dp.addr)
 		}
 	}
 	if cfg.Gossip != "" {

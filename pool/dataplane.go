@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,7 @@ type dataPlane struct {
 	l    *listener.Listener // retries accept errors; failing while it does (gossip withholds the tier)
 	addr string
 	log  *slog.Logger
+	tls  *tls.Config // verifies this node's data plane for its own dials; nil: plaintext
 
 	// auth checks a connection's handshake credential (see auth.go);
 	// until the pool sets it, every connection is refused.
@@ -56,14 +58,16 @@ func dataPlaneConfig(cfg Config, log *slog.Logger, m *metrics) tcp.ServerConfig 
 }
 
 // newDataPlane listens on addr and serves cfg's server there, with its
-// Authenticate and Message set to the pool's; ls watches its listener.
-func newDataPlane(addr string, cfg tcp.ServerConfig, ls *listeners) (*dataPlane, error) {
+// Authenticate and Message set to the pool's and over TLS as sec says; ls
+// watches its listener.
+func newDataPlane(addr string, cfg tcp.ServerConfig, sec dataSecurity, ls *listeners) (*dataPlane, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("data plane on %s: %w (choose another with --data-listen)", addr, err)
 	}
 	log := cfg.Logger
-	dp := &dataPlane{l: ls.wrap(l, listenerData), addr: l.Addr().String(), log: log, maps: map[uint64]*device.Mapping{}}
+	dp := &dataPlane{l: ls.wrap(l, listenerData), addr: l.Addr().String(), log: log, tls: sec.client, maps: map[uint64]*device.Mapping{}}
+	cfg.TLS = sec.server
 	cfg.Authenticate = dp.authenticate
 	dp.coh = newCoherenceHost(log)
 	cfg.Message = dp.coh.message

@@ -24,7 +24,7 @@ func newServingPool(t *testing.T) (*Pool, *time.Time) {
 	log := slog.New(slog.DiscardHandler)
 	_, devs, err := discover(cfg, log)
 	require.NoError(t, err)
-	dp, err := newDataPlane(cfg.DataListen, tcp.ServerConfig{Logger: log, BusyPoll: -1}, nil)
+	dp, err := newDataPlane(cfg.DataListen, tcp.ServerConfig{Logger: log, BusyPoll: -1}, dataSecurity{}, nil)
 	require.NoError(t, err)
 	p, err := newPool(cfg, log, devs, dp)
 	require.NoError(t, err)

@@ -175,7 +175,7 @@ func (p *Pool) measureLoopback(ctx context.Context, b device.Backing) (*measurem
 	defer p.dp.revoke(probeID)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(p.auth.self))
+	conn, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(p.auth.self), tcp.WithTLS(p.dp.tls))
 	if err != nil {
 		return nil, err
 	}

@@ -246,7 +246,18 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 		Insecure: s.d.cfg.Insecure && s.d.cfg.Listen != "", Quotas: p.quotaUsage(),
 		NameConflicts:  p.nameConflicts(),
 		GossipInsecure: s.d.cfg.Gossip != "" && s.d.cfg.GossipKeyFile == "",
+		DataSecurity:   s.d.data.note,
 	}, nil
+}
+
+// dataTLS tells a client of an rdma segment whether its home serves the
+// data plane over TLS, and how to verify it: this node's CA (one CA signs
+// every node of a cluster) and the home's node name, which its certificate
+// holds.
+func (d *Daemon) dataTLS(seg *poolv1.Segment, on bool, home string) {
+	if on {
+		seg.DataTls, seg.DataTlsCa, seg.DataServerName = true, d.data.ca, home
+	}
 }
 
 // segmentProto describes a record for the API.
@@ -269,9 +280,11 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 		key, _ := rdma.ParseKey(r.Key)
 		seg.Node, seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = r.Home, r.DataAddr, key[:], r.HomeID, "tcp"
 		seg.Kind, seg.Device = "tcp", "peer:"+r.Home
+		d.dataTLS(seg, r.DataTLS, r.Home)
 	case r.Key != "" && d.pool.dp != nil:
 		key, _ := rdma.ParseKey(r.Key)
 		seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = d.pool.dp.addr, key[:], r.ID, "tcp"
+		d.dataTLS(seg, d.pool.dp.tls != nil, d.cfg.Node)
 		if strings.HasPrefix(r.Owner, peerClientPrefix) {
 			seg.Kind, seg.Emulated = "lent", false // this host's memory, lent to a peer
 		}

@@ -93,6 +93,46 @@ func (c *Config) peerTLS() (*tls.Config, error) {
 	return tc, nil
 }
 
+// dataSecurity is how the data plane protects what it carries: the
+// server's TLS configuration (the node certificate, TLS 1.3; no client
+// certificate is asked, since application clients have none: the
+// credential in the hello authenticates them), a client configuration
+// that verifies this node under its name (for its own loopback dials),
+// and the CA certificate (PEM) clients verify homes with; the CA is set
+// whenever the control plane has TLS, also with DataInsecure, so that this
+// node's clients can verify peers that serve TLS. Nil configurations:
+// plaintext, which note explains for memctl status.
+type dataSecurity struct {
+	server, client *tls.Config
+	ca             []byte
+	note           string // "tls", or "plaintext (why)"
+}
+
+func (c *Config) dataSecurity() (dataSecurity, error) {
+	f := c.tlsFiles()
+	if c.Listen == "" || c.Insecure || f.IsZero() {
+		return dataSecurity{note: "plaintext (the control plane has no TLS: no --listen, or --insecure)"}, nil
+	}
+	ca, err := os.ReadFile(c.TLSCA)
+	if err != nil {
+		return dataSecurity{}, fmt.Errorf("%w: data plane TLS: %w", ErrConfig, err)
+	}
+	if c.DataInsecure {
+		return dataSecurity{ca: ca, note: "plaintext (--data-insecure)"}, nil
+	}
+	srv, err := f.Server()
+	if err != nil {
+		return dataSecurity{}, fmt.Errorf("%w: data plane TLS: %w", ErrConfig, err)
+	}
+	srv.ClientAuth, srv.ClientCAs = tls.NoClientCert, nil
+	cli, err := f.Client()
+	if err != nil {
+		return dataSecurity{}, fmt.Errorf("%w: data plane TLS: %w", ErrConfig, err)
+	}
+	cli.Certificates, cli.ServerName = nil, c.Node
+	return dataSecurity{server: srv, client: cli, ca: ca, note: "tls"}, nil
+}
+
 // tcpServerOptions are the TCP control plane's gRPC options: its
 // credentials, then extra.
 func (c *Config) tcpServerOptions(extra ...grpc.ServerOption) ([]grpc.ServerOption, error) {

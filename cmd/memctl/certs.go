@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -114,13 +115,19 @@ func quotasJSON(qs []*poolv1.QuotaUsage) []quotaJSON {
 }
 
 // printSecurity adds to memctl status a warning for a plaintext TCP
-// control plane or gossip, and each identity's usage beside its quota.
+// control plane or gossip, how the data plane is protected (a warning
+// for --data-insecure) and each identity's usage beside its quota.
 func printSecurity(w io.Writer, st *poolv1.StatusResponse) {
 	if st.Insecure {
 		fmt.Fprintln(w, "\nWARNING: the TCP control plane serves without TLS (--insecure): anyone who reaches it can allocate and free")
 	}
 	if st.GossipInsecure {
 		fmt.Fprintln(w, "\nWARNING: gossip is not sealed (no --gossip-key-file): anyone who reaches the gossip port can join the cluster and announce capacity")
+	}
+	if strings.Contains(st.DataSecurity, "--data-insecure") {
+		fmt.Fprintln(w, "\nWARNING: the data plane serves without TLS (--data-insecure): credentials, keys and data cross the network readable")
+	} else if st.DataSecurity != "" {
+		fmt.Fprintf(w, "\ndata plane: %s\n", st.DataSecurity)
 	}
 	if len(st.Quotas) == 0 {
 		return

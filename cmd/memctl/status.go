@@ -36,7 +36,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 					"started": time.UnixMilli(st.StartedUnixMs).UTC().Format(time.RFC3339), "data_dir": st.DataDir,
 					"socket": st.Socket, "sessions": st.Sessions, "segments": st.Segments,
 					"lease_ttl_ms": st.LeaseTtlMs, "tiers": tiers,
-					"insecure": st.Insecure, "quotas": quotasJSON(st.Quotas),
+					"insecure": st.Insecure, "data_security": st.DataSecurity, "quotas": quotasJSON(st.Quotas),
 					"name_conflicts":  conflictsJSON(st.NameConflicts),
 					"gossip_insecure": st.GossipInsecure,
 				})

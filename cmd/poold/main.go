@@ -98,6 +98,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "the private key of --tls-cert (PEM)")
 	f.StringVar(&cfg.TLSCA, "tls-ca", cfg.TLSCA, "CA certificate (PEM) that clients' and peers' certificates must chain to")
 	f.BoolVar(&cfg.Insecure, "insecure", cfg.Insecure, "serve --listen and call peers in plaintext (anyone who reaches it can allocate and free); logs a warning, shown by memctl status")
+	f.BoolVar(&cfg.DataInsecure, "data-insecure", cfg.DataInsecure, "serve the data plane (rdma tier over TCP) in plaintext although --listen has TLS (credentials, keys and data readable on the wire); logs a warning, shown by memctl status")
 	f.Var(&cfg.AllowUIDs, "allow-uid", "uids allowed on the unix socket, comma-separated (default: root and this daemon's uid)")
 	f.Var(&cfg.AllowGIDs, "allow-gid", "gids allowed on the unix socket, comma-separated (default: none)")
 	f.Var(&cfg.Admins, "admin", "identities whose calls without a session are an administrator's (memctl): uid:N, gid:N or cn:NAME, comma-separated, repeatable; each adds to the list (default: uid:0 and this daemon's uid)")

@@ -7,10 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"io"
-	"net"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,29 +32,6 @@ func tlsConfigs(tb testing.TB) (srv, cli *tls.Config) {
 	srv = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS13}
 	cli = &tls.Config{RootCAs: roots, ServerName: "home", MinVersion: tls.VersionTLS13}
 	return srv, cli
-}
-
-// capture is what a recording proxy saw, per direction. Safe for
-// concurrent use.
-type capture struct {
-	mu               sync.Mutex
-	fromClient, back bytes.Buffer
-}
-
-func (c *capture) record(fromClient bool, p []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if fromClient {
-		c.fromClient.Write(p)
-	} else {
-		c.back.Write(p)
-	}
-}
-
-func (c *capture) bytes() (fromClient, back []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return bytes.Clone(c.fromClient.Bytes()), bytes.Clone(c.back.Bytes())
 }
 
 // TestTLSCaptureAndReplay: a recording proxy between a client and the
@@ -89,8 +63,8 @@ func TestTLSCaptureAndReplay(t *testing.T) {
 			}
 			s := startServer(t, cfg)
 			mem, r := s.export(t, 7, 1<<20)
-			var cap capture
-			p, err := faultproxy.Start(faultproxy.Config{Target: s.addr, Record: cap.record})
+			var rec faultproxy.Recording
+			p, err := faultproxy.Start(faultproxy.Config{Target: s.addr, Record: rec.Record})
 			require.NoError(t, err)
 			t.Cleanup(func() { p.Close() })
 
@@ -104,7 +78,7 @@ func TestTLSCaptureAndReplay(t *testing.T) {
 			require.Equal(t, pattern, got)
 			require.NoError(t, c.Close())
 
-			sent, back := cap.bytes()
+			sent, back := rec.Bytes()
 			wire := append(sent, back...)
 			found := func(b []byte) bool { return bytes.Contains(wire, b) }
 			patternSeen := false
@@ -118,7 +92,8 @@ func TestTLSCaptureAndReplay(t *testing.T) {
 			// The victim's data changes after the capture; a replay of the
 			// client's bytes must not write the old pattern back.
 			clear(mem[4096 : 4096+len(pattern)])
-			replayed := replayBytes(t, s.addr, sent)
+			replayed, err := faultproxy.Replay(s.addr, sent, 2*time.Second)
+			require.NoError(t, err)
 			restored := bytes.Equal(mem[4096:4096+len(pattern)], pattern)
 			require.Equal(t, !tc.secure, restored, "replay rewrote the segment")
 			if tc.secure {
@@ -127,20 +102,6 @@ func TestTLSCaptureAndReplay(t *testing.T) {
 			}
 		})
 	}
-}
-
-// replayBytes sends b to addr as a new connection and returns what comes back
-// until the server closes it or goes quiet.
-func replayBytes(tb testing.TB, addr string, b []byte) []byte {
-	tb.Helper()
-	nc, err := net.Dial("tcp", addr)
-	require.NoError(tb, err)
-	defer nc.Close()
-	go nc.Write(b) // the server may stop reading: do not block on it
-	nc.SetReadDeadline(time.Now().Add(2 * time.Second))
-	var out bytes.Buffer
-	io.Copy(&out, nc)
-	return out.Bytes()
 }
 
 // TestTLSRefusesUnverifiedServer: a client whose TLS configuration does not

@@ -1082,11 +1082,19 @@ type Segment struct {
 	// Who may attach a named segment: the creator's identity (uid:N,
 	// cn:NAME; empty for a record older than grants whose creator is not
 	// known), and the identities it granted; allow_free may free it too.
-	Creator       string   `protobuf:"bytes,26,opt,name=creator,proto3" json:"creator,omitempty"`
-	Allow         []string `protobuf:"bytes,27,rep,name=allow,proto3" json:"allow,omitempty"`
-	AllowFree     []string `protobuf:"bytes,28,rep,name=allow_free,json=allowFree,proto3" json:"allow_free,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Creator   string   `protobuf:"bytes,26,opt,name=creator,proto3" json:"creator,omitempty"`
+	Allow     []string `protobuf:"bytes,27,rep,name=allow,proto3" json:"allow,omitempty"`
+	AllowFree []string `protobuf:"bytes,28,rep,name=allow_free,json=allowFree,proto3" json:"allow_free,omitempty"`
+	// For rdma segments: the home serves its data plane over TLS 1.3; the
+	// client verifies the home's certificate against data_tls_ca (PEM) under
+	// the name data_server_name (the home's node name, which its node
+	// certificate holds). Unset: plaintext (poold --data-insecure, or a
+	// control plane without TLS).
+	DataTls        bool   `protobuf:"varint,29,opt,name=data_tls,json=dataTls,proto3" json:"data_tls,omitempty"`
+	DataTlsCa      []byte `protobuf:"bytes,30,opt,name=data_tls_ca,json=dataTlsCa,proto3" json:"data_tls_ca,omitempty"`
+	DataServerName string `protobuf:"bytes,31,opt,name=data_server_name,json=dataServerName,proto3" json:"data_server_name,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Segment) Reset() {
@@ -1313,6 +1321,27 @@ func (x *Segment) GetAllowFree() []string {
 		return x.AllowFree
 	}
 	return nil
+}
+
+func (x *Segment) GetDataTls() bool {
+	if x != nil {
+		return x.DataTls
+	}
+	return false
+}
+
+func (x *Segment) GetDataTlsCa() []byte {
+	if x != nil {
+		return x.DataTlsCa
+	}
+	return nil
+}
+
+func (x *Segment) GetDataServerName() string {
+	if x != nil {
+		return x.DataServerName
+	}
+	return ""
 }
 
 type TiersRequest struct {
@@ -1813,8 +1842,11 @@ type StatusResponse struct {
 	// --insecure without --gossip-key-file): anyone who reaches the gossip
 	// port can join the cluster and announce capacity.
 	GossipInsecure bool `protobuf:"varint,16,opt,name=gossip_insecure,json=gossipInsecure,proto3" json:"gossip_insecure,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How this daemon's data plane protects what it carries: "tls", or
+	// "plaintext" with the reason (--data-insecure, no control-plane TLS).
+	DataSecurity  string `protobuf:"bytes,17,opt,name=data_security,json=dataSecurity,proto3" json:"data_security,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1957,6 +1989,13 @@ func (x *StatusResponse) GetGossipInsecure() bool {
 		return x.GossipInsecure
 	}
 	return false
+}
+
+func (x *StatusResponse) GetDataSecurity() string {
+	if x != nil {
+		return x.DataSecurity
+	}
+	return ""
 }
 
 // NameConflict is one node name gossiped from two addresses: memberlist
@@ -2988,7 +3027,7 @@ const file_pool_proto_rawDesc = "" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xb9\x06\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\x9e\a\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
@@ -3019,7 +3058,10 @@ const file_pool_proto_rawDesc = "" +
 	"\acreator\x18\x1a \x01(\tR\acreator\x12\x14\n" +
 	"\x05allow\x18\x1b \x03(\tR\x05allow\x12\x1d\n" +
 	"\n" +
-	"allow_free\x18\x1c \x03(\tR\tallowFree\"\x0e\n" +
+	"allow_free\x18\x1c \x03(\tR\tallowFree\x12\x19\n" +
+	"\bdata_tls\x18\x1d \x01(\bR\adataTls\x12\x1e\n" +
+	"\vdata_tls_ca\x18\x1e \x01(\fR\tdataTlsCa\x12(\n" +
+	"\x10data_server_name\x18\x1f \x01(\tR\x0edataServerName\"\x0e\n" +
 	"\fTiersRequest\"?\n" +
 	"\rTiersResponse\x12.\n" +
 	"\x05tiers\x18\x01 \x03(\v2\x18.farmem.pool.v1.TierInfoR\x05tiers\"i\n" +
@@ -3054,7 +3096,7 @@ const file_pool_proto_rawDesc = "" +
 	"latency_ns\x18\x01 \x01(\x03R\tlatencyNs\x12#\n" +
 	"\rbandwidth_bps\x18\x02 \x01(\x03R\fbandwidthBps\"\x15\n" +
 	"\x13MeasureTiersRequest\"\x0f\n" +
-	"\rStatusRequest\"\xd4\x04\n" +
+	"\rStatusRequest\"\xf9\x04\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12&\n" +
@@ -3073,7 +3115,8 @@ const file_pool_proto_rawDesc = "" +
 	"\binsecure\x18\r \x01(\bR\binsecure\x122\n" +
 	"\x06quotas\x18\x0e \x03(\v2\x1a.farmem.pool.v1.QuotaUsageR\x06quotas\x12C\n" +
 	"\x0ename_conflicts\x18\x0f \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\x12'\n" +
-	"\x0fgossip_insecure\x18\x10 \x01(\bR\x0egossipInsecure\"\xd6\x01\n" +
+	"\x0fgossip_insecure\x18\x10 \x01(\bR\x0egossipInsecure\x12#\n" +
+	"\rdata_security\x18\x11 \x01(\tR\fdataSecurity\"\xd6\x01\n" +
 	"\fNameConflict\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
