@@ -67,6 +67,22 @@
 // ends; the connection is checked once, at the handshake, and every
 // request on it is still checked against its segment's key.
 //
+// # TLS
+//
+// With ServerConfig.TLS (and WithTLS on the client) every connection runs a
+// TLS handshake (1.3; the server presents its certificate, the client
+// verifies it and presents none) before the hello, and everything above
+// then flows inside TLS, so neither the credential, nor keys, nor data can
+// be read off the wire, and a recorded connection cannot be replayed (a
+// replayed handshake fails). HandshakeTimeout bounds both handshakes; a
+// connection refused at admission is only reset (a TLS client cannot read
+// a BUSY sent before TLS). The credential stays a bearer secret inside the
+// session (it is not bound to it). Costs and how they are kept down:
+// responses and requests are gathered into full 16 KiB records, a batch's
+// records leave in one write(2) and the socket is read 64 KiB at a time
+// (crypto/tls alone makes one system call per record); busy polling polls
+// the socket under TLS and decrypts records as they arrive.
+//
 // # Requests
 //
 // After the handshake the client sends request frames and the server sends
