@@ -3,13 +3,13 @@ package alloc
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/dialer"
@@ -61,12 +61,12 @@ func dataTLS(info *poolv1.Segment) (*tls.Config, error) {
 	if !info.DataTls {
 		return nil, nil
 	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(info.DataTlsCa) || info.DataServerName == "" {
-		return nil, fmt.Errorf("segment %d: the daemon says its home %s serves TLS but gave no CA certificate (%d bytes) or server name %q to verify it with; upgrade the daemon: %w",
-			info.Id, info.DataAddr, len(info.DataTlsCa), info.DataServerName, ErrNotSupported)
+	tc, err := certs.Verifier(info.DataTlsCa, info.DataServerName)
+	if err != nil {
+		return nil, fmt.Errorf("segment %d: the daemon says its home %s serves TLS but gave nothing to verify it with (%w); upgrade the daemon: %w",
+			info.Id, info.DataAddr, err, ErrNotSupported)
 	}
-	return &tls.Config{RootCAs: roots, ServerName: info.DataServerName, MinVersion: tls.VersionTLS13}, nil
+	return tc, nil
 }
 
 // tlsOption passes tc to the tcp transport when the home serves TLS.

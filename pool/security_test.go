@@ -18,6 +18,7 @@ import (
 
 	"github.com/farmem/farmem/alloc"
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/pooltest"
 	"github.com/farmem/farmem/internal/session"
@@ -55,9 +56,16 @@ func (c *client) alloc(t *testing.T, req *poolv1.AllocRequest) (*poolv1.Segment,
 	return seg, errs.FromStatus(err)
 }
 
-// data dials the daemon's data plane with cred.
-func data(t *testing.T, addr string, cred []byte) (*tcp.Client, error) {
-	dc, err := tcp.Dial(t.Context(), addr, tcp.WithCredential(cred))
+// data dials the data plane of seg's home with cred, over TLS when seg
+// says its home serves TLS.
+func data(t *testing.T, seg *poolv1.Segment, cred []byte) (*tcp.Client, error) {
+	opts := []tcp.Option{tcp.WithCredential(cred)}
+	if seg.DataTls {
+		tc, err := certs.Verifier(seg.DataTlsCa, seg.DataServerName)
+		require.NoError(t, err)
+		opts = append(opts, tcp.WithTLS(tc))
+	}
+	dc, err := tcp.Dial(t.Context(), seg.DataAddr, opts...)
 	if err == nil {
 		t.Cleanup(func() { dc.Close() })
 	}
@@ -86,7 +94,7 @@ func TestMaliciousClient(t *testing.T) {
 	vseg, err := victim.alloc(t, &poolv1.AllocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
 	require.NoError(t, err)
 	require.Len(t, vseg.DataCredential, 16, "a session's rdma segment comes with its data-plane credential")
-	vdc, err := data(t, vseg.DataAddr, vseg.DataCredential)
+	vdc, err := data(t, vseg, vseg.DataCredential)
 	require.NoError(t, err)
 	want := make([]byte, n)
 	rand.Read(want)
@@ -94,7 +102,7 @@ func TestMaliciousClient(t *testing.T) {
 
 	mseg, err := mallory.alloc(t, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA})
 	require.NoError(t, err)
-	mdc, err := data(t, mseg.DataAddr, mseg.DataCredential)
+	mdc, err := data(t, mseg, mseg.DataCredential)
 	require.NoError(t, err)
 	own := region(mseg)
 
@@ -169,17 +177,17 @@ func TestMaliciousClient(t *testing.T) {
 		junk := make([]byte, 16)
 		rand.Read(junk)
 		for name, cred := range map[string][]byte{"none": nil, "random": junk, "short": junk[:8], "the segment key": vseg.Key} {
-			_, err := data(t, vseg.DataAddr, cred)
+			_, err := data(t, vseg, cred)
 			require.ErrorIs(t, err, rdma.ErrAccessDenied, name)
 		}
 		gone, err := dialSession(t, "unix", cfg.Socket, "short-lived", nil)
 		require.NoError(t, err)
 		cred := gone.s.DataCredential()
-		_, err = data(t, vseg.DataAddr, cred)
+		_, err = data(t, vseg, cred)
 		require.NoError(t, err, "a live session's credential is accepted")
 		require.NoError(t, gone.s.Close())
 		require.Eventually(t, func() bool {
-			_, err := data(t, vseg.DataAddr, cred)
+			_, err := data(t, vseg, cred)
 			return errors.Is(err, rdma.ErrAccessDenied)
 		}, 10*time.Second, 10*time.Millisecond, "an ended session's credential is refused")
 	})
@@ -399,7 +407,7 @@ func TestTLSControlPlane(t *testing.T) {
 	require.NoError(t, err)
 	seg, err := app.alloc(t, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA})
 	require.NoError(t, err)
-	dc, err := data(t, seg.DataAddr, seg.DataCredential)
+	dc, err := data(t, seg, seg.DataCredential)
 	require.NoError(t, err)
 	require.NoError(t, dc.Write(t.Context(), region(seg), 0, []byte("hello")))
 

@@ -125,11 +125,10 @@ func (c *Config) dataSecurity() (dataSecurity, error) {
 		return dataSecurity{}, fmt.Errorf("%w: data plane TLS: %w", ErrConfig, err)
 	}
 	srv.ClientAuth, srv.ClientCAs = tls.NoClientCert, nil
-	cli, err := f.Client()
+	cli, err := certs.Verifier(ca, c.Node)
 	if err != nil {
 		return dataSecurity{}, fmt.Errorf("%w: data plane TLS: %w", ErrConfig, err)
 	}
-	cli.Certificates, cli.ServerName = nil, c.Node
 	return dataSecurity{server: srv, client: cli, ca: ca, note: "tls"}, nil
 }
 

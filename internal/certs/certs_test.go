@@ -213,3 +213,39 @@ func TestFilesCheck(t *testing.T) {
 	_, err = Files{Cert: "/nonexistent/c", Key: "/nonexistent/k", CA: "/nonexistent/a"}.Server()
 	require.ErrorIs(t, err, ErrLoad)
 }
+
+// TestVerifier: a client without a certificate accepts a server whose
+// certificate chains to the CA and names the node it expects, and refuses
+// another node's certificate and another CA; unusable input is ErrLoad.
+func TestVerifier(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	_, err := Init(dir, InitOptions{Nodes: []Node{{Name: "a"}, {Name: "b"}}})
+	require.NoError(t, err)
+	_, err = Init(other, InitOptions{Nodes: []Node{{Name: "a"}}})
+	require.NoError(t, err)
+	ca, err := os.ReadFile(CAFile(dir))
+	require.NoError(t, err)
+	otherCA, err := os.ReadFile(CAFile(other))
+	require.NoError(t, err)
+	srv, err := InDir(dir, "a").Server()
+	require.NoError(t, err)
+	srv.ClientAuth = tls.NoClientCert
+
+	for _, tc := range []struct {
+		name   string
+		ca     []byte
+		server string
+		ok     bool
+	}{{"its node", ca, "a", true}, {"another node", ca, "b", false}, {"another CA", otherCA, "a", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl, err := Verifier(tc.ca, tc.server)
+			require.NoError(t, err)
+			_, err = handshake(t, srv, cl)
+			require.Equal(t, tc.ok, err == nil, "handshake: %v", err)
+		})
+	}
+	_, err = Verifier([]byte("not PEM"), "a")
+	require.ErrorIs(t, err, ErrLoad)
+	_, err = Verifier(ca, "")
+	require.ErrorIs(t, err, ErrLoad)
+}

@@ -92,6 +92,21 @@ func (f Files) Client() (*tls.Config, error) {
 	}, nil
 }
 
+// Verifier is the TLS configuration of a client that presents no
+// certificate and accepts only a server whose certificate chains to the
+// CA in caPEM and names serverName (TLS 1.3 only): how a data-plane client
+// verifies a segment's home, given the CA and the home's node name.
+func Verifier(caPEM []byte, serverName string) (*tls.Config, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("%w: the CA given (%d bytes) holds no PEM certificate", ErrLoad, len(caPEM))
+	}
+	if serverName == "" {
+		return nil, fmt.Errorf("%w: no server name to verify the server's certificate against", ErrLoad)
+	}
+	return &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS13}, nil
+}
+
 // Identity is the common name of the verified peer certificate of a TLS
 // connection, "" when the peer presented none.
 func Identity(cs tls.ConnectionState) string {
