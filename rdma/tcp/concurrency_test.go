@@ -20,77 +20,81 @@ import (
 
 // TestConcurrentClients runs several clients with many goroutines each; every
 // goroutine owns a slice of the segment and checks what it wrote, and all
-// of them bump one shared counter with FADD and CAS.
+// of them bump one shared counter with FADD and CAS. In plaintext and over
+// TLS.
 func TestConcurrentClients(t *testing.T) {
-	s := startServer(t, ServerConfig{MaxInflightPerConn: 8})
-	const (
-		clients    = 3
-		goroutines = 8
-		rounds     = 200
-		chunk      = 1024
-	)
-	mem, r := s.export(t, 1, 8+clients*goroutines*chunk)
-	var wg sync.WaitGroup
-	errs := make(chan error, clients*goroutines)
-	for ci := range clients {
-		c := dial(t, s.addr, WithMaxInflight(4))
-		for g := range goroutines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx := context.Background()
-				off := int64(8 + (ci*goroutines+g)*chunk)
-				w := make([]byte, chunk)
-				rd := make([]byte, chunk)
-				for i := range rounds {
-					for j := range w {
-						w[j] = byte(ci + g + i + j)
-					}
-					if err := c.Write(ctx, r, off, w); err != nil {
-						errs <- err
-						return
-					}
-					if err := c.Read(ctx, r, off, rd); err != nil {
-						errs <- err
-						return
-					}
-					if !bytes.Equal(w, rd) {
-						errs <- fmt.Errorf("client %d goroutine %d round %d: read back different bytes", ci, g, i)
-						return
-					}
-					if i%2 == 0 {
-						if _, err := c.FetchAdd64(ctx, r, 0, 1); err != nil {
+	overBoth(t, func(t *testing.T, cfg ServerConfig, opts []Option) {
+		cfg.MaxInflightPerConn = 8
+		s := startServer(t, cfg)
+		const (
+			clients    = 3
+			goroutines = 8
+			rounds     = 200
+			chunk      = 1024
+		)
+		mem, r := s.export(t, 1, 8+clients*goroutines*chunk)
+		var wg sync.WaitGroup
+		errs := make(chan error, clients*goroutines)
+		for ci := range clients {
+			c := dial(t, s.addr, append(opts, WithMaxInflight(4))...)
+			for g := range goroutines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ctx := context.Background()
+					off := int64(8 + (ci*goroutines+g)*chunk)
+					w := make([]byte, chunk)
+					rd := make([]byte, chunk)
+					for i := range rounds {
+						for j := range w {
+							w[j] = byte(ci + g + i + j)
+						}
+						if err := c.Write(ctx, r, off, w); err != nil {
 							errs <- err
 							return
 						}
-						continue
-					}
-					for {
-						cur := make([]byte, 8)
-						if err := c.Read(ctx, r, 0, cur); err != nil {
+						if err := c.Read(ctx, r, off, rd); err != nil {
 							errs <- err
 							return
 						}
-						old := binary.NativeEndian.Uint64(cur)
-						_, ok, err := c.CompareAndSwap64(ctx, r, 0, old, old+1)
-						if err != nil {
-							errs <- err
+						if !bytes.Equal(w, rd) {
+							errs <- fmt.Errorf("client %d goroutine %d round %d: read back different bytes", ci, g, i)
 							return
 						}
-						if ok {
-							break
+						if i%2 == 0 {
+							if _, err := c.FetchAdd64(ctx, r, 0, 1); err != nil {
+								errs <- err
+								return
+							}
+							continue
+						}
+						for {
+							cur := make([]byte, 8)
+							if err := c.Read(ctx, r, 0, cur); err != nil {
+								errs <- err
+								return
+							}
+							old := binary.NativeEndian.Uint64(cur)
+							_, ok, err := c.CompareAndSwap64(ctx, r, 0, old, old+1)
+							if err != nil {
+								errs <- err
+								return
+							}
+							if ok {
+								break
+							}
 						}
 					}
-				}
-			}()
+				}()
+			}
 		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	require.EqualValues(t, clients*goroutines*rounds, binary.NativeEndian.Uint64(mem[0:]))
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		require.EqualValues(t, clients*goroutines*rounds, binary.NativeEndian.Uint64(mem[0:]))
+	})
 }
 
 // hammer runs ops against r from several goroutines until stop is closed and
@@ -197,35 +201,38 @@ func TestRevokeCutsStreamingWrite(t *testing.T) {
 }
 
 // TestServerCloseWhileBusy: clients in the middle of ops see ErrClosed and
-// no call hangs.
+// no call hangs, in plaintext and over TLS.
 func TestServerCloseWhileBusy(t *testing.T) {
-	s := NewServer(ServerConfig{Logger: quietLogger()})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(l) }()
-	mem := mapMem(t, 256<<10)
-	key, err := s.Export(1, mem, 0)
-	require.NoError(t, err)
-	r := rdma.Region{Segment: 1, Key: key}
+	overBoth(t, func(t *testing.T, cfg ServerConfig, opts []Option) {
+		cfg.Logger = quietLogger()
+		s := NewServer(cfg)
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		served := make(chan error, 1)
+		go func() { served <- s.Serve(l) }()
+		mem := mapMem(t, 256<<10)
+		key, err := s.Export(1, mem, 0)
+		require.NoError(t, err)
+		r := rdma.Region{Segment: 1, Key: key}
 
-	c := dial(t, l.Addr().String())
-	stop := make(chan struct{})
-	wait := hammer(c, r, len(mem), stop)
-	time.Sleep(50 * time.Millisecond)
-	within(t, "server Close under load", func() { require.NoError(t, s.Close()) })
-	require.NoError(t, <-served)
-	var errs []error
-	within(t, "clients after server Close", func() { errs = wait() })
-	close(stop)
-	require.NotEmpty(t, errs)
-	for _, err := range errs {
-		require.True(t, isClosedish(err), "unexpected error %v", err)
-	}
-	err = c.Read(t.Context(), r, 0, make([]byte, 8))
-	require.ErrorIs(t, err, rdma.ErrClosed)
-	require.NoError(t, s.Revoke(1))
-	require.NoError(t, s.Close(), "Close is idempotent")
+		c := dial(t, l.Addr().String(), opts...)
+		stop := make(chan struct{})
+		wait := hammer(c, r, len(mem), stop)
+		time.Sleep(50 * time.Millisecond)
+		within(t, "server Close under load", func() { require.NoError(t, s.Close()) })
+		require.NoError(t, <-served)
+		var errs []error
+		within(t, "clients after server Close", func() { errs = wait() })
+		close(stop)
+		require.NotEmpty(t, errs)
+		for _, err := range errs {
+			require.True(t, isClosedish(err), "unexpected error %v", err)
+		}
+		err = c.Read(t.Context(), r, 0, make([]byte, 8))
+		require.ErrorIs(t, err, rdma.ErrClosed)
+		require.NoError(t, s.Revoke(1))
+		require.NoError(t, s.Close(), "Close is idempotent")
+	})
 }
 
 // TestClientCloseWhileBusy: Close fails the ops in flight with ErrClosed.
@@ -435,72 +442,75 @@ func TestCancelLeader(t *testing.T) {
 // every error must be the deadline, successful reads must return what the
 // goroutine last wrote successfully, and (under -race) no buffer may be
 // touched after its call returned: each goroutine reuses its buffers at once.
+// In plaintext and over TLS (whose reads a deadline interrupts mid-record).
 func TestRandomDeadlines(t *testing.T) {
-	s := startServer(t, ServerConfig{})
-	const (
-		goroutines = 8
-		chunk      = 8 << 10
-	)
-	_, r := s.export(t, 1, goroutines*chunk)
-	// One connection: the server applies one connection's requests in order,
-	// so a write abandoned in flight lands before the goroutine's next one.
-	c := dial(t, s.addr, WithConns(1), WithMaxInflight(4))
-	var (
-		wg       sync.WaitGroup
-		timeouts atomic.Int64
-	)
-	errs := make(chan error, goroutines)
-	for g := range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			off := int64(g * chunk)
-			w := make([]byte, chunk)
-			rd := make([]byte, chunk)
-			var known byte // value of the whole chunk, 0 = unknown
-			for i := range 300 {
-				timeout := time.Duration(1<<(i%13)) * time.Microsecond // 1 µs .. 4 ms
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
-				var err error
-				if i%2 == 0 {
-					v := byte(i%250 + 1)
-					for j := range w {
-						w[j] = v
+	overBoth(t, func(t *testing.T, cfg ServerConfig, opts []Option) {
+		s := startServer(t, cfg)
+		const (
+			goroutines = 8
+			chunk      = 8 << 10
+		)
+		_, r := s.export(t, 1, goroutines*chunk)
+		// One connection: the server applies one connection's requests in order,
+		// so a write abandoned in flight lands before the goroutine's next one.
+		c := dial(t, s.addr, append(opts, WithConns(1), WithMaxInflight(4))...)
+		var (
+			wg       sync.WaitGroup
+			timeouts atomic.Int64
+		)
+		errs := make(chan error, goroutines)
+		for g := range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				off := int64(g * chunk)
+				w := make([]byte, chunk)
+				rd := make([]byte, chunk)
+				var known byte // value of the whole chunk, 0 = unknown
+				for i := range 300 {
+					timeout := time.Duration(1<<(i%13)) * time.Microsecond // 1 µs .. 4 ms
+					ctx, cancel := context.WithTimeout(context.Background(), timeout)
+					var err error
+					if i%2 == 0 {
+						v := byte(i%250 + 1)
+						for j := range w {
+							w[j] = v
+						}
+						err = c.Write(ctx, r, off, w)
+						known = 0
+						if err == nil {
+							known = v
+						}
+						clear(w) // reuse the buffer at once
+					} else {
+						err = c.Read(ctx, r, off, rd)
+						if err == nil && known != 0 && !bytes.Equal(rd, bytes.Repeat([]byte{known}, chunk)) {
+							err = fmt.Errorf("goroutine %d read back the wrong bytes", g)
+						}
+						clear(rd)
 					}
-					err = c.Write(ctx, r, off, w)
-					known = 0
-					if err == nil {
-						known = v
+					cancel()
+					if errors.Is(err, context.DeadlineExceeded) {
+						timeouts.Add(1)
+					} else if err != nil {
+						errs <- err
+						return
 					}
-					clear(w) // reuse the buffer at once
-				} else {
-					err = c.Read(ctx, r, off, rd)
-					if err == nil && known != 0 && !bytes.Equal(rd, bytes.Repeat([]byte{known}, chunk)) {
-						err = fmt.Errorf("goroutine %d read back the wrong bytes", g)
-					}
-					clear(rd)
 				}
-				cancel()
-				if errors.Is(err, context.DeadlineExceeded) {
-					timeouts.Add(1)
-				} else if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	within(t, "ops with random deadlines", wg.Wait)
-	t.Logf("%d of %d ops timed out", timeouts.Load(), goroutines*300)
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	// The connection pool is healthy afterwards.
-	require.NoError(t, c.Read(t.Context(), r, 0, make([]byte, 8)))
-	for _, cc := range c.conns {
-		require.Eventually(t, func() bool { return cc.inflight() == 0 }, 10*time.Second, time.Millisecond)
-	}
+			}()
+		}
+		within(t, "ops with random deadlines", wg.Wait)
+		t.Logf("%d of %d ops timed out", timeouts.Load(), goroutines*300)
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		// The connection pool is healthy afterwards.
+		require.NoError(t, c.Read(t.Context(), r, 0, make([]byte, 8)))
+		for _, cc := range c.conns {
+			require.Eventually(t, func() bool { return cc.inflight() == 0 }, 10*time.Second, time.Millisecond)
+		}
+	})
 }
 
 // TestAbandonedOpsGoBackToThePool makes sure cancelled ops do not leak slots:

@@ -34,6 +34,14 @@ func tlsConfigs(tb testing.TB) (srv, cli *tls.Config) {
 	return srv, cli
 }
 
+// overBoth runs fn in plaintext and over TLS, with the server
+// configuration to start from and the client options that go with it.
+func overBoth(t *testing.T, fn func(t *testing.T, cfg ServerConfig, opts []Option)) {
+	srv, cli := tlsConfigs(t)
+	t.Run("plaintext", func(t *testing.T) { fn(t, ServerConfig{}, nil) })
+	t.Run("tls", func(t *testing.T) { fn(t, ServerConfig{TLS: srv}, []Option{WithTLS(cli)}) })
+}
+
 // TestTLSCaptureAndReplay: a recording proxy between a client and the
 // data plane captures a write of a random pattern and its read-back. Over
 // TLS the capture holds neither the credential, nor the segment's key, nor
