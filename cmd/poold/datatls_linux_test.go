@@ -1,11 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -70,7 +70,7 @@ func TestDataPlaneTLSFlags(t *testing.T) {
 			require.NoError(t, c.Close())
 			require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
 			d.cmd.Wait() // ends the copying into d.log
-			require.Equal(t, tc.security != "tls", bytes.Contains(d.log.Bytes(), []byte("data plane without TLS (--data-insecure)")), "the start-up warning")
+			require.Equal(t, tc.security != "tls", strings.Contains(d.log.String(), "data plane without TLS (--data-insecure)"), "the start-up warning")
 		})
 	}
 }
