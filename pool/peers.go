@@ -293,10 +293,11 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 		p.peers.freeLater(m.Name, seg.Id)
 		return nil, err
 	}
+	dataTLS := seg.DataTls
 	r := &record{
 		ID: id, Name: req.Name, Tier: tierName(poolv1.Tier_TIER_RDMA), Device: "peer", Size: req.Size,
 		Owner: c.id(), Persist: req.Persist, Epoch: seg.Epoch, Created: p.now().UTC(), Key: key.String(),
-		Home: m.Name, HomeID: seg.Id, DataAddr: seg.DataAddr, DataTLS: seg.DataTls,
+		Home: m.Name, HomeID: seg.Id, DataAddr: seg.DataAddr, DataTLS: &dataTLS,
 	}
 	r.grant(c, req)
 	if err := p.st.put(r); err != nil {

@@ -280,7 +280,13 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 		key, _ := rdma.ParseKey(r.Key)
 		seg.Node, seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = r.Home, r.DataAddr, key[:], r.HomeID, "tcp"
 		seg.Kind, seg.Device = "tcp", "peer:"+r.Home
-		d.dataTLS(seg, r.DataTLS, r.Home)
+		// A record older than the field: the home is taken to serve as
+		// this node does (one configuration for the cluster).
+		on := d.data.server != nil
+		if r.DataTLS != nil {
+			on = *r.DataTLS
+		}
+		d.dataTLS(seg, on, r.Home)
 	case r.Key != "" && d.pool.dp != nil:
 		key, _ := rdma.ParseKey(r.Key)
 		seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = d.pool.dp.addr, key[:], r.ID, "tcp"

@@ -38,7 +38,9 @@ type record struct {
 	Home     string `json:"home,omitempty"`
 	HomeID   uint64 `json:"home_id,omitempty"`
 	DataAddr string `json:"data_addr,omitempty"`
-	DataTLS  bool   `json:"data_tls,omitempty"` // the home serves its data plane over TLS
+	// Whether the home serves its data plane over TLS, as it said when it
+	// placed the segment; nil in records written before homes said so.
+	DataTLS *bool `json:"data_tls,omitempty"`
 	// Who may attach and free a named segment (grants.go): the creator's
 	// identity and the identities it granted. Grants is set on every
 	// record written since grants exist; an older named record is
