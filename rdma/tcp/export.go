@@ -1,8 +1,11 @@
 package tcp
 
 import (
+	"errors"
+	"io"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"github.com/farmem/farmem/rdma"
@@ -107,6 +110,29 @@ func copyGuarded(dst, src []byte) (n int, fault bool) {
 		}
 	}()
 	return copy(dst, src), false
+}
+
+// errFault is the error of a read or write whose buffer in a mapping
+// faulted while crypto/tls copied it (a plain socket's read or write
+// fails with EFAULT instead).
+var errFault = errors.New("memory fault in a mapped segment")
+
+// readGuarded reads len(dst) bytes from r into dst and reports a memory
+// fault in dst instead of crashing: the kernel's EFAULT when r is a
+// socket, a recovered fault when crypto/tls copies into dst. A fault
+// leaves r's stream at an unknown place: the caller closes it. The calling
+// goroutine must have SetPanicOnFault(true).
+func readGuarded(r io.Reader, dst []byte) (fault bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			if !isFault(p) {
+				panic(p)
+			}
+			fault, err = true, errFault
+		}
+	}()
+	_, err = io.ReadFull(r, dst)
+	return errors.Is(err, syscall.EFAULT), err
 }
 
 // casGuarded is a compare-and-swap that returns the previous value.

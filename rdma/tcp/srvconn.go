@@ -13,7 +13,6 @@ import (
 	"os"
 	"runtime/debug"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -388,10 +387,7 @@ func (c *srvConn) write(h *reqHeader) error {
 			err = c.flush()
 		}
 		if err == nil {
-			_, err = io.ReadFull(c.nc, dst[k:])
-			if errors.Is(err, syscall.EFAULT) {
-				fault = true
-			}
+			fault, err = readGuarded(c.nc, dst[k:])
 		}
 	}
 	c.streaming.Store(nil)

@@ -124,16 +124,27 @@ func newBatchWriter(nc net.Conn) batchWriter {
 	return batchWriter{nc: nc, bw: bufio.NewWriterSize(nc, maxRecord), pc: pc}
 }
 
-// write writes and consumes nb.
-func (w batchWriter) write(nb *net.Buffers) error {
+// write writes and consumes nb. A payload in a mapping that faults while
+// crypto/tls seals it is errFault (on a plain socket, writev's EFAULT):
+// the connection must then be closed. The calling goroutine must have
+// SetPanicOnFault(true) when nb holds mapped memory.
+func (w batchWriter) write(nb *net.Buffers) (err error) {
 	if w.bw == nil {
-		_, err := nb.WriteTo(w.nc)
+		_, err = nb.WriteTo(w.nc)
 		return err
 	}
+	defer func() {
+		if p := recover(); p != nil {
+			if !isFault(p) {
+				panic(p)
+			}
+			err = errFault
+		}
+	}()
 	if w.pc != nil {
 		w.pc.cork()
 	}
-	_, err := nb.WriteTo(w.bw)
+	_, err = nb.WriteTo(w.bw)
 	if err == nil {
 		err = w.bw.Flush()
 	}
