@@ -94,3 +94,15 @@ func TestMeasureTiersCloseEarly(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, d.Close())
 }
+
+// TestMeasureTiersOverTLS: the probe of the rdma tier dials the daemon's
+// own data plane, which serves TLS here, and verifies the node's
+// certificate as clients do.
+func TestMeasureTiersOverTLS(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.Listen = "127.0.0.1:0"
+	pooltest.TLS(t, &cfg)
+	d := pooltest.Start(t, cfg)
+	require.NoError(t, d.MeasureTiers(t.Context()))
+	measuredTiers(t, cfg.Socket, poolv1.Tier_TIER_RDMA)
+}
