@@ -14,6 +14,7 @@ import (
 
 	"github.com/farmem/farmem/alloc"
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/internal/testcluster"
 	"github.com/farmem/farmem/rdma"
@@ -90,6 +91,14 @@ func roleFenceWriter(ctx context.Context) error {
 			fmt.Println(prefix+"err", err)
 		}
 	}
+	var rawTLS []tcp.Option
+	if info.DataTls { // the home serves TLS: the direct write verifies it as the library does
+		tc, err := certs.Verifier(info.DataTlsCa, info.DataServerName)
+		if err != nil {
+			return err
+		}
+		rawTLS = []tcp.Option{tcp.WithTLS(tc)}
+	}
 	var raw *tcp.Client
 	for {
 		_, err := seg.WriteAt(b, 0)
@@ -99,7 +108,7 @@ func roleFenceWriter(ctx context.Context) error {
 			if fresh, err := stat(wctx); err == nil && len(fresh.DataCredential) > 0 {
 				info.DataCredential = fresh.DataCredential
 			}
-			raw, err = tcp.Dial(wctx, info.DataAddr, tcp.WithCredential(info.DataCredential))
+			raw, err = tcp.Dial(wctx, info.DataAddr, append([]tcp.Option{tcp.WithCredential(info.DataCredential)}, rawTLS...)...)
 		}
 		if raw != nil {
 			err = raw.Write(wctx, region, 0, b)
