@@ -146,7 +146,8 @@ func dialConn(ctx context.Context, addr string, cred []byte, sess *rdma.Session,
 		deadline = time.Now().Add(10 * time.Second)
 	}
 	nc.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
+	raw := nc // the socket, below TLS: what a cancelled ctx interrupts
+	stop := context.AfterFunc(ctx, func() { raw.SetDeadline(time.Now()) })
 	defer stop()
 	if tc != nil {
 		tlsConn := tls.Client(&polledConn{Conn: nc}, tc)
