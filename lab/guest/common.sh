@@ -7,9 +7,12 @@ mkdir -p $OUT
 
 # poold_start NAME ARGS...: start a poold whose socket, data and shm dirs
 # are /tmp/NAME*, log in $OUT/NAME.log; wait until its socket answers.
+# The guests have 2 GiB of RAM, so /dev/shm holds a little under 1 GiB:
+# poold refuses its default 1 GiB export there, and the rdma tier's memory
+# is 64 MiB unless ARGS say otherwise (a later flag wins).
 poold_start() {
 	n=$1; shift
-	$POOLD --socket /tmp/$n.sock --data-dir /tmp/$n.data --shm-dir /dev/shm/$n "$@" >> $OUT/$n.log 2>&1 &
+	$POOLD --socket /tmp/$n.sock --data-dir /tmp/$n.data --shm-dir /dev/shm/$n --export-size 64MiB "$@" >> $OUT/$n.log 2>&1 &
 	eval "PID_$n=$!"
 	for i in $(seq 1 100); do
 		$B/memctl --socket /tmp/$n.sock status >/dev/null 2>&1 && return 0
