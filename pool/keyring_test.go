@@ -45,14 +45,8 @@ func randomKey(t *testing.T) []byte {
 // placement; one with a key of the wrong size does not start.
 func TestGossipKeyAdmitsOnlyKeyHolders(t *testing.T) {
 	cfgA := clusterNodeConfig(t, "a")
-	a, err := Start(cfgA, nil)
-	require.NoError(t, err)
-	defer a.Close()
-	cfgB := clusterNodeConfig(t, "b")
-	cfgB.Join = []string{seedOf(t, a)}
-	b, err := Start(cfgB, nil)
-	require.NoError(t, err)
-	defer b.Close()
+	a := startNode(t, cfgA)
+	b := startNode(t, clusterNodeConfig(t, "b"), a)
 	cfgC := clusterNodeConfig(t, "c")
 	cfgC.GossipKeyFile, cfgC.GossipInsecure = "", true
 	cfgC.ExportSize *= 4 // the most free memory: placement would prefer it

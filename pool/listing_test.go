@@ -18,14 +18,8 @@ import (
 // within and between nodes; a node refuses a page token from another
 // node's own listing.
 func TestListEveryNodePaged(t *testing.T) {
-	a, err := Start(clusterNodeConfig(t, "a"), nil)
-	require.NoError(t, err)
-	defer a.Close()
-	cfgB := clusterNodeConfig(t, "b")
-	cfgB.Join = []string{seedOf(t, a)}
-	b, err := Start(cfgB, nil)
-	require.NoError(t, err)
-	defer b.Close()
+	a := startNode(t, clusterNodeConfig(t, "a"))
+	b := startNode(t, clusterNodeConfig(t, "b"), a)
 	require.Eventually(t, func() bool {
 		m, ok := a.pool.cl.Member("b")
 		return ok && m.State == cluster.StateAlive && m.Meta.GRPCAddr != ""

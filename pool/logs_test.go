@@ -101,6 +101,18 @@ func seedOf(t *testing.T, d *Daemon) string {
 	return seed
 }
 
+// startNode starts a daemon with cfg, joined to the gossip of join (none:
+// it starts its own cluster), and closes it when the test ends.
+func startNode(t *testing.T, cfg Config, join ...*Daemon) *Daemon {
+	for _, j := range join {
+		cfg.Join = append(cfg.Join, seedOf(t, j))
+	}
+	d, err := Start(cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
 // TestEventLogs runs two daemons with JSON logs and checks that each
 // significant event is one line with its stable keys: serving with the
 // tiers found, a node joining and leaving, segments lost with their home,

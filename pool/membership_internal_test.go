@@ -57,11 +57,7 @@ func TestAnnounceBeforeJoin(t *testing.T) {
 	a, err := Start(cfgA, nil)
 	require.NoError(t, err)
 	defer a.Close()
-	cfgB := clusterNodeConfig(t, "b")
-	cfgB.Join = []string{seedOf(t, a)}
-	b, err := Start(cfgB, nil)
-	require.NoError(t, err)
-	defer b.Close()
+	b := startNode(t, clusterNodeConfig(t, "b"), a)
 
 	cxlFree := func(m cluster.Member) int64 {
 		tf, _ := m.Meta.Tier("cxl")

@@ -38,11 +38,7 @@ func TestTierNotesFollowMembership(t *testing.T) {
 	require.Contains(t, loopback, "no peer offers rdma memory now")
 	require.Empty(t, peers)
 
-	cfgB := clusterNodeConfig(t, "b")
-	cfgB.Join = []string{seedOf(t, a)}
-	b, err := Start(cfgB, nil)
-	require.NoError(t, err)
-	defer b.Close()
+	b := startNode(t, clusterNodeConfig(t, "b"), a)
 	require.Eventually(t, func() bool {
 		loopback, _, _ = rdmaNotes(t, a)
 		return strings.Contains(loopback, "go to a peer first (1 alive with rdma memory: b)")
