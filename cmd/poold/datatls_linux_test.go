@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -39,19 +38,7 @@ func TestDataPlaneTLSFlags(t *testing.T) {
 				"--tls-ca", certs.CAFile(dir)}, tc.extra...)...)
 
 			ctx := t.Context()
-			c, err := alloc.Dial(ctx, sock)
-			require.NoError(t, err)
-			defer c.Close()
-			seg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA))
-			require.NoError(t, err)
-			want := make([]byte, 64<<10)
-			rand.Read(want)
-			_, err = seg.WriteAt(want, 0)
-			require.NoError(t, err)
-			got := make([]byte, len(want))
-			_, err = seg.ReadAt(got, 0)
-			require.NoError(t, err)
-			require.Equal(t, want, got)
+			serves(t, sock, alloc.TierRDMA) // through the data plane, over loopback
 
 			// A plaintext client with no credential: refused by the data
 			// plane itself (AUTH_FAILED) only when it speaks plaintext.
@@ -66,8 +53,6 @@ func TestDataPlaneTLSFlags(t *testing.T) {
 			}
 			require.NoError(t, memctlJSON(ctx, sock, &st, "status"))
 			require.Equal(t, tc.security, st.DataSecurity)
-			require.NoError(t, seg.Free(ctx))
-			require.NoError(t, c.Close())
 			require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
 			d.cmd.Wait() // ends the copying into d.log
 			require.Equal(t, tc.security != "tls", strings.Contains(d.log.String(), "data plane without TLS (--data-insecure)"), "the start-up warning")
