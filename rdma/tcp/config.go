@@ -130,58 +130,44 @@ type ServerConfig struct {
 
 // DefaultConfig returns the configuration with every default filled in.
 func DefaultConfig() ServerConfig {
-	c := ServerConfig{
-		MaxInflightPerConn: 64,
-		MaxConns:           4096,
-		MaxSessions:        1024,
-		HandshakeTimeout:   5 * time.Second,
-		WriteTimeout:       10 * time.Second,
-		ReadBufferSize:     64 << 10,
-		BusyPoll:           DefaultBusyPoll,
-		Logger:             slog.Default(),
+	return ServerConfig{
+		MaxInflightPerConn:     64,
+		MaxConns:               4096,
+		MaxHandshakes:          1024,
+		MaxHandshakesPerSource: 64,
+		FrameTimeout:           10 * time.Second,
+		MaxSessions:            1024,
+		HandshakeTimeout:       5 * time.Second,
+		WriteTimeout:           10 * time.Second,
+		ReadBufferSize:         64 << 10,
+		BusyPoll:               DefaultBusyPoll,
+		Logger:                 slog.Default(),
 	}
-	c.MaxHandshakes, c.MaxHandshakesPerSource = 1024, 64
-	c.FrameTimeout = 10 * time.Second
-	return c
 }
 
 // withDefaults returns c with every zero field replaced by its default.
 func (c ServerConfig) withDefaults() ServerConfig {
 	d := DefaultConfig()
-	if c.MaxInflightPerConn == 0 {
-		c.MaxInflightPerConn = d.MaxInflightPerConn
-	}
-	if c.MaxConns == 0 {
-		c.MaxConns = d.MaxConns
-	}
-	if c.MaxHandshakes == 0 {
-		c.MaxHandshakes = d.MaxHandshakes
-	}
-	if c.MaxHandshakesPerSource == 0 {
-		c.MaxHandshakesPerSource = d.MaxHandshakesPerSource
-	}
-	if c.FrameTimeout == 0 {
-		c.FrameTimeout = d.FrameTimeout
-	}
-	if c.MaxSessions == 0 {
-		c.MaxSessions = d.MaxSessions
-	}
-	if c.HandshakeTimeout == 0 {
-		c.HandshakeTimeout = d.HandshakeTimeout
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = d.WriteTimeout
-	}
-	if c.ReadBufferSize == 0 {
-		c.ReadBufferSize = d.ReadBufferSize
-	}
-	if c.BusyPoll == 0 {
-		c.BusyPoll = d.BusyPoll
-	}
-	if c.Logger == nil {
-		c.Logger = d.Logger
-	}
+	orDefault(&c.MaxInflightPerConn, d.MaxInflightPerConn)
+	orDefault(&c.MaxConns, d.MaxConns)
+	orDefault(&c.MaxHandshakes, d.MaxHandshakes)
+	orDefault(&c.MaxHandshakesPerSource, d.MaxHandshakesPerSource)
+	orDefault(&c.FrameTimeout, d.FrameTimeout)
+	orDefault(&c.MaxSessions, d.MaxSessions)
+	orDefault(&c.HandshakeTimeout, d.HandshakeTimeout)
+	orDefault(&c.WriteTimeout, d.WriteTimeout)
+	orDefault(&c.ReadBufferSize, d.ReadBufferSize)
+	orDefault(&c.BusyPoll, d.BusyPoll)
+	orDefault(&c.Logger, d.Logger)
 	return c
+}
+
+// orDefault sets *v to d when *v is its type's zero value.
+func orDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
 }
 
 // Validate reports the first field that is out of range (zero fields are
