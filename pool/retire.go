@@ -30,7 +30,7 @@ func Retire(cfg Config) (removed, kept []string, err error) {
 	if err := socketInUse(cfg.Socket); err != nil {
 		return nil, nil, fmt.Errorf("retire: %w", err)
 	}
-	table := filepath.Join(cfg.DataDir, "segments.db")
+	table := filepath.Join(cfg.DataDir, storeFileName)
 	var db *bolt.DB
 	if _, err := os.Stat(table); err == nil {
 		// Holding the table's lock keeps a poold from starting meanwhile.
@@ -89,6 +89,10 @@ func Retire(cfg Config) (removed, kept []string, err error) {
 			return removed, kept, fmt.Errorf("retire: remove %s: %w", table, err)
 		}
 		removed = append(removed, table)
+		reserve := filepath.Join(cfg.DataDir, reserveFileName)
+		if err := os.Remove(reserve); err == nil {
+			removed = append(removed, reserve)
+		}
 	}
 	return removed, kept, nil
 }

@@ -109,8 +109,10 @@ const (
 	// sixty commits on a full filesystem, while bbolt recycles the pages
 	// earlier removals freed.
 	reserveSize = 256 << 10
+	// storeFileName is the segment table in the data directory.
+	storeFileName = "segments.db"
 	// reserveFileName is the reserve file in the data directory.
-	reserveFileName = "segments.db.reserve"
+	reserveFileName = storeFileName + ".reserve"
 	// roomPages is how many free pages bbolt must hold, while the reserve
 	// is out, before a change other than a removal may commit (see
 	// roomWithoutReserve): a put rewrites a leaf and its branches (and may
@@ -125,7 +127,7 @@ func openStore(dir string, fsync bool) (*store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w (choose another with --data-dir)", dir, err)
 	}
-	path := filepath.Join(dir, "segments.db")
+	path := filepath.Join(dir, storeFileName)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: !fsync, NoFreelistSync: true})
 	if err != nil {
 		if isNoSpace(err) {

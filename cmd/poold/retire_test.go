@@ -55,7 +55,7 @@ func TestRetire(t *testing.T) {
 
 	out, err = retire()
 	require.NoError(t, err, out)
-	for _, p := range []string{filepath.Join(shm, "export"), filepath.Join(shm, "emulated-cxl"), shm, filepath.Join(data, "segments.db")} {
+	for _, p := range []string{filepath.Join(shm, "export"), filepath.Join(shm, "emulated-cxl"), shm, filepath.Join(data, "segments.db"), filepath.Join(data, "segments.db.reserve")} {
 		require.Contains(t, out, "removed "+p+"\n")
 	}
 	require.NoDirExists(t, shm)

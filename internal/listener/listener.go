@@ -213,9 +213,6 @@ func (l *Listener) Status() Status {
 	return s
 }
 
-// Name is Config.Name.
-func (l *Listener) Name() string { return l.cfg.Name }
-
 // Close stops Accept, also one that is backing off, and closes the wrapped
 // listener. It is idempotent; later calls return nil.
 func (l *Listener) Close() (err error) {
