@@ -211,17 +211,6 @@ func watchRSS(t *testing.T, pid int) (peak func() int64) {
 	return peak
 }
 
-// requireAlive fails the test if the process has exited.
-func requireAlive(t *testing.T, pid int) {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	require.NoError(t, err, "poold is gone")
-	// The state follows the command name in parentheses.
-	i := strings.LastIndexByte(string(b), ')')
-	require.Positive(t, i)
-	require.NotContains(t, []string{"Z", "X"}, strings.Fields(string(b[i+1:]))[0], "poold exited")
-}
-
 // rdmaClient dials poold and allocates a 1 MiB rdma-tier segment served
 // over its data plane.
 func rdmaClient(t *testing.T, ctx context.Context, sock string) (*alloc.Client, *alloc.Segment) {

@@ -215,8 +215,7 @@ func TestDescriptorExhaustion(t *testing.T) {
 		_, body = p.get("/readyz")
 		return strings.Contains(body, "FAIL listener unix-socket: accept failing since")
 	}, 20*time.Second, 50*time.Millisecond, "readyz after a local dial: %s", body)
-	require.NoError(t, d.cmd.Process.Signal(syscall.Signal(0)), "poold exited under exhaustion: %s", d.log)
-	require.Nil(t, d.cmd.ProcessState)
+	requireAlive(t, d.cmd.Process.Pid)
 
 	f.end()
 	require.Eventually(t, func() bool {

@@ -121,7 +121,7 @@ func TestConnectionFlood(t *testing.T) {
 
 	alive := func() {
 		t.Helper()
-		require.NoError(t, d.cmd.Process.Signal(syscall.Signal(0)), "poold exited: %s", d.log)
+		requireAlive(t, pid)
 		code, body := p.get("/readyz")
 		require.Equal(t, http.StatusOK, code, body)
 	}

@@ -31,7 +31,8 @@ func TestSameNodeNameRefused(t *testing.T) {
 	}
 	a := startDaemon(t, t.TempDir(), filepath.Join(shortDir(t), "a.sock"), cluster(gossipA)...)
 	gossipB := loopbackAddr(t)
-	b := startDaemon(t, t.TempDir(), filepath.Join(shortDir(t), "b.sock"), append(cluster(gossipB), "--join", gossipA)...)
+	// It may exit before its socket is ever seen answering: not waited for.
+	b := launchDaemon(t, nil, t.TempDir(), filepath.Join(shortDir(t), "b.sock"), append(cluster(gossipB), "--join", gossipA)...)
 
 	exited := make(chan error, 1)
 	go func() { exited <- b.cmd.Wait() }()
@@ -71,5 +72,5 @@ func TestSameNodeNameRefused(t *testing.T) {
 	require.Len(t, st.Conflicts, 1)
 	require.Equal(t, gossipB, st.Conflicts[0].Claimant)
 	require.True(t, st.Conflicts[0].Self)
-	require.Nil(t, a.cmd.ProcessState, "the holder keeps running")
+	requireAlive(t, a.cmd.Process.Pid) // the holder keeps running
 }

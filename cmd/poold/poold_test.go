@@ -99,6 +99,22 @@ func startDaemon(t *testing.T, data, socket string, extra ...string) *daemon {
 // as prlimit with its options), which must exec poold in its own process.
 func startDaemonVia(t *testing.T, wrap []string, data, socket string, extra ...string) *daemon {
 	t.Helper()
+	d := launchDaemon(t, wrap, data, socket, extra...)
+	// The socket file appears at bind, before listen: wait until it accepts.
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("unix", socket)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "poold did not listen on its socket: %s", d.log)
+	return d
+}
+
+// launchDaemon starts poold as startDaemonVia does, without waiting for it
+// to serve: for a poold that is meant to exit by itself.
+func launchDaemon(t *testing.T, wrap []string, data, socket string, extra ...string) *daemon {
+	t.Helper()
 	d := &daemon{socket: socket, data: data, log: new(syncbuf.Buffer)}
 	argv := append(append(wrap[:len(wrap):len(wrap)], poold, "--data-dir", data, "--socket", socket, "--sysfs-root", "../../cxl/testdata/plain",
 		"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--lease-ttl", "1s", "--shm-dir", filepath.Join(data, "shm"), "--measure-tiers=false"), extra...)
@@ -114,20 +130,24 @@ func startDaemonVia(t *testing.T, wrap []string, data, socket string, extra ...s
 			t.Logf("poold log:\n%s", d.log)
 		}
 	})
-	// The socket file appears at bind, before listen: wait until it accepts.
-	require.Eventually(t, func() bool {
-		c, err := net.Dial("unix", socket)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	}, 10*time.Second, 20*time.Millisecond, "poold did not listen on its socket: %s", d.log)
 	return d
 }
 
 func (d *daemon) kill9(t *testing.T) {
 	require.NoError(t, d.cmd.Process.Signal(syscall.SIGKILL))
 	d.cmd.Wait()
+}
+
+// requireAlive fails the test if the process has exited, also when it is
+// a zombie not yet reaped (which a signal 0 would still reach).
+func requireAlive(t *testing.T, pid int) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err, "poold is gone")
+	// The state follows the command name in parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	require.Positive(t, i)
+	require.NotContains(t, []string{"Z", "X"}, strings.Fields(string(b[i+1:]))[0], "poold exited")
 }
 
 func shortDir(t *testing.T) string {
