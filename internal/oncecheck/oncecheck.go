@@ -107,7 +107,11 @@ func Run(t testing.TB, ctx context.Context, tg Target, ops, goroutines int) Resu
 					if !assert.NoError(t, err) {
 						return
 					}
-					if !assert.Contains(t, []uint64{cur, new}, v, "after an indeterminate CAS the word holds neither the old nor the new value") {
+					can := []uint64{cur}
+					if old == cur { // only a CAS with the right old value may have stored
+						can = append(can, new)
+					}
+					if !assert.Contains(t, can, v, "after an indeterminate CAS (old %d, word %d) the word holds %d", old, cur, v) {
 						return
 					}
 					cur = v
@@ -148,6 +152,12 @@ func Run(t testing.TB, ctx context.Context, tg Target, ops, goroutines int) Resu
 	}
 	wg.Wait()
 	require.False(t, t.Failed(), "the CAS run failed")
+	// A run whose every operation was indeterminate checks nothing: most
+	// must have had an answer, and both CAS outcomes must have occurred.
+	require.Greater(t, res.Adds, res.AddsIndeterminate, "adds: %+v", res)
+	require.Greater(t, res.Swapped+res.NotSwapped, res.CASIndeterminate, "CAS: %+v", res)
+	require.Positive(t, res.Swapped, "CAS: %+v", res)
+	require.Positive(t, res.NotSwapped, "CAS: %+v", res)
 	linearizable(t, ctx, tg, min(ops/20, 2000), goroutines)
 	return res
 }

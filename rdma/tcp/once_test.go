@@ -165,7 +165,13 @@ func TestOnceReplay(t *testing.T) {
 		require.NoError(t, err)
 		op.Once = tk
 		require.NoError(t, cl.Do(t.Context(), &op))
+		first := op
+		op.Prev, op.Swapped = 0, false
 		require.NoError(t, cl.Do(t.Context(), &op), "retry of %s", op.Kind)
+		// A CAS run again would answer not swapped (the word is new now);
+		// a retry answered from the cache repeats the first answer.
+		require.Equal(t, first.Prev, op.Prev, "retry of %s", op.Kind)
+		require.Equal(t, first.Swapped, op.Swapped, "retry of %s", op.Kind)
 		tk.Release()
 	}
 	require.EqualValues(t, 9, binary.NativeEndian.Uint64(mem))
@@ -282,7 +288,7 @@ func TestSessionTableBound(t *testing.T) {
 	require.False(t, resumed.slots[0].known, "a resumed session the table lost must have unknown slots")
 	require.True(t, tb.open(key(5), false).slots[0].known)
 	require.Len(t, tb.m, 3)
-	require.NotEqual(t, tb.open(sessionKey{cred: "other", id: key(5).id}, false), tb.m[key(5)], "another credential is another session")
+	require.NotSame(t, tb.open(sessionKey{cred: "other", id: key(5).id}, false), tb.m[key(5)], "another credential is another session")
 }
 
 // TestVersions: a version 1 client is still served, without sessions (its
