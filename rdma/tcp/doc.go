@@ -159,7 +159,10 @@
 // wrapping). The server keeps, per slot, the last seq it ran and that
 // request's response header (status, flags, value): a bounded reply cache,
 // 128 answers per session, at most ServerConfig.MaxSessions sessions (least
-// recently used evicted). For a request with ONCE, under the slot's lock:
+// recently used evicted, use counted when a connection sends its first
+// ONCE request and when it ends). A server keeps a session only once a
+// connection of it sends a ONCE request: a client that only reads takes no
+// place. For a request with ONCE, under the slot's lock:
 //
 //	seq = slot's last               → the cached answer (payload skipped)
 //	seq after the slot's last       → run it; cache its answer

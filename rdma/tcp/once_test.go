@@ -178,6 +178,31 @@ func TestOnceReplay(t *testing.T) {
 	require.Equal(t, "once", string(mem[8:12]))
 }
 
+// TestReadersTakeNoSession: a client that only reads takes no place in
+// the session table, so it cannot push out a session whose retry then
+// would be answered INDETERMINATE: the retry is answered from the cache.
+func TestReadersTakeNoSession(t *testing.T) {
+	s := startServer(t, ServerConfig{MaxSessions: 1})
+	mem, r := s.export(t, 1, 4096)
+	sess := rdma.NewSession()
+	tk, err := sess.Acquire(t.Context())
+	require.NoError(t, err)
+	defer tk.Release()
+	op := rdma.Op{Kind: rdma.OpFetchAdd, Region: r, Delta: 1, Once: tk}
+	cl := dial(t, s.addr, WithSession(sess))
+	require.NoError(t, cl.Do(t.Context(), &op))
+	require.NoError(t, cl.Close())
+	for range 3 { // each dial without WithSession has a session id of its own
+		rd := dial(t, s.addr)
+		require.NoError(t, rd.Read(t.Context(), r, 0, make([]byte, 8)))
+		require.NoError(t, rd.Close())
+	}
+	op.Prev = 7
+	require.NoError(t, dial(t, s.addr, WithSession(sess)).Do(t.Context(), &op))
+	require.Zero(t, op.Prev, "the retry is answered from the cache")
+	require.EqualValues(t, 1, binary.NativeEndian.Uint64(mem))
+}
+
 // TestOnceIndeterminate: when the server no longer holds the session's
 // replies (evicted by other sessions, or the server restarted), a retry is
 // answered ErrIndeterminate and not applied; a fresh ticket still runs.
@@ -188,8 +213,15 @@ func TestOnceIndeterminate(t *testing.T) {
 		// segment 1 under key but lacks the session's replies.
 		lose func(t *testing.T, s *testServer, mem []byte, key rdma.Key) string
 	}{
-		{"evicted", func(t *testing.T, s *testServer, _ []byte, _ rdma.Key) string {
-			dial(t, s.addr) // a second session: MaxSessions is 1
+		{"evicted", func(t *testing.T, s *testServer, _ []byte, key rdma.Key) string {
+			// A second session (MaxSessions is 1) that posts an
+			// exactly-once op: a session takes its place at its first.
+			other := rdma.NewSession()
+			tk, err := other.Acquire(t.Context())
+			require.NoError(t, err)
+			defer tk.Release()
+			op := rdma.Op{Kind: rdma.OpFetchAdd, Region: rdma.Region{Segment: 1, Key: key, Epoch: 1}, Offset: 8, Delta: 1, Once: tk}
+			require.NoError(t, dial(t, s.addr, WithSession(other)).Do(t.Context(), &op))
 			return s.addr
 		}},
 		{"server restarted", func(t *testing.T, _ *testServer, mem []byte, key rdma.Key) string {

@@ -14,6 +14,8 @@ import (
 	"runtime/debug"
 	"sync/atomic"
 	"time"
+
+	"github.com/farmem/farmem/rdma"
 )
 
 // flushBytes is the payload volume after which pending responses are flushed
@@ -55,9 +57,11 @@ type srvConn struct {
 	// rest must come within FrameTimeout); deadlined while a read deadline
 	// is set on the socket (it is cleared lazily, before an idle wait).
 	framing, deadlined bool
-	sess               *session // the client's exactly-once session; nil before version 2
-	record             *slot    // the slot whose request runs; respond caches its answer
-	recSeq             uint32   // the sequence number of that request
+	sess               *session    // the client's exactly-once session, opened by its first ONCE request
+	sessKey            *sessionKey // the session the hello named; nil before version 2
+	sessResume         bool        // the hello resumed sessKey (see sessionTable.open)
+	record             *slot       // the slot whose request runs; respond caches its answer
+	recSeq             uint32      // the sequence number of that request
 }
 
 // newSrvConn returns a connection in its handshake: it holds no buffers
@@ -113,6 +117,13 @@ func (c *srvConn) serve() {
 		return
 	}
 	c.setup()
+	defer func() {
+		if c.sess != nil {
+			// Most recently used as the connection ends, which is when
+			// its client may come back to resume it.
+			c.s.sessions.touch(c.sess)
+		}
+	}()
 	var h reqHeader
 	lastPayload := 0
 	for {
@@ -197,7 +208,9 @@ func (c *srvConn) handshake() (uint16, error) {
 	if code == replyAccept {
 		version = h.version
 		if h.version >= sessionVersion {
-			c.sess = c.s.sessions.open(sessionKey{cred: string(h.cred), id: h.session}, h.resume)
+			// Opened at the first ONCE request, so that a client that only
+			// reads takes no place in the table.
+			c.sessKey, c.sessResume = &sessionKey{cred: string(h.cred), id: h.session}, h.resume
 		}
 	}
 	var b [replySize]byte
@@ -224,7 +237,7 @@ func (c *srvConn) arm() {
 
 func (c *srvConn) handle(h *reqHeader) error {
 	if h.flags != 0 {
-		if h.flags&^reqFlagsKnown != 0 || h.flags&reqFlagOnce == 0 || c.sess == nil {
+		if h.flags&^reqFlagsKnown != 0 || h.flags&reqFlagOnce == 0 || c.sessKey == nil {
 			return c.unsupported(h)
 		}
 		return c.once(h)
@@ -253,10 +266,14 @@ func (c *srvConn) handle(h *reqHeader) error {
 // so a retry that overtakes its original on another connection waits for
 // it.
 func (c *srvConn) once(h *reqHeader) error {
-	if (h.op != opWrite && h.op != opCAS && h.op != opFADD) || int(h.slot) >= len(c.sess.slots) {
+	if (h.op != opWrite && h.op != opCAS && h.op != opFADD) || int(h.slot) >= rdma.SessionSlots {
 		return c.unsupported(h)
 	}
-	c.s.sessions.touch(c.sess)
+	if c.sess == nil {
+		// open marks it used, and the connection's end does again: use is
+		// counted per connection, so requests share no counter.
+		c.sess = c.s.sessions.open(*c.sessKey, c.sessResume)
+	}
 	sl := &c.sess.slots[h.slot]
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
