@@ -185,20 +185,22 @@ func (h *coherenceHost) sharersOf(seg uint64) int {
 
 // fillSharers sets the sharer count of the listed segments whose home is
 // another node (their Device is "peer:NODE") from the home's own record,
-// found among segs when they list every node, else by listing the other
-// nodes. Best effort: a home that does not answer leaves 0.
+// found among segs when they list every node, else by listing the nodes
+// that are homes of segs. Best effort: a home that does not answer leaves 0.
 func (s *service) fillSharers(ctx context.Context, segs []*poolv1.Segment, everyNode bool) {
-	remote := false
+	nodes := map[string]bool{}
 	for _, sg := range segs {
-		remote = remote || strings.HasPrefix(sg.Device, "peer:")
+		if node, ok := strings.CutPrefix(sg.Device, "peer:"); ok {
+			nodes[node] = true
+		}
 	}
-	if !remote {
+	if len(nodes) == 0 {
 		return
 	}
 	homes := segs
 	if !everyNode && s.d.pool.cl != nil {
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		others, err := s.listAll(lctx, nil)
+		others, err := s.listNodes(lctx, nodes)
 		cancel()
 		if err != nil {
 			s.d.log.Debug("sharer counts: list the homes", "err", err)

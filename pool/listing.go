@@ -215,12 +215,12 @@ func (s *service) listPeer(ctx context.Context, m cluster.Member, pg *page, afte
 	}
 }
 
-// listAll gathers every alive node's segments: own, then each peer's,
-// page by page.
-func (s *service) listAll(ctx context.Context, own []*poolv1.Segment) ([]*poolv1.Segment, error) {
-	out := own
+// listNodes gathers the segments of the alive peers named in nodes, page
+// by page.
+func (s *service) listNodes(ctx context.Context, nodes map[string]bool) ([]*poolv1.Segment, error) {
+	var out []*poolv1.Segment
 	for _, m := range s.d.pool.cl.Members() {
-		if m.Name == s.d.cfg.Node || m.State != cluster.StateAlive || m.MetaErr != nil || m.Meta.GRPCAddr == "" {
+		if !nodes[m.Name] || m.Name == s.d.cfg.Node || m.State != cluster.StateAlive || m.MetaErr != nil || m.Meta.GRPCAddr == "" {
 			continue
 		}
 		pc, err := s.d.pool.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
