@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -33,10 +32,4 @@ func statSpace(path string) (sp fsSpace, ok bool, err error) {
 // String says the space for people: "1.2 MiB available of 2.0 MiB".
 func (sp fsSpace) String() string {
 	return size.Size(sp.avail).Human() + " available of " + size.Size(sp.total).Human()
-}
-
-// isNoSpace reports whether err is the kernel saying a filesystem or a
-// quota is full.
-func isNoSpace(err error) bool {
-	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
 }

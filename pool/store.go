@@ -13,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/size"
 )
@@ -130,7 +131,7 @@ func openStore(dir string, fsync bool) (*store, error) {
 	path := filepath.Join(dir, storeFileName)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: !fsync, NoFreelistSync: true})
 	if err != nil {
-		if isNoSpace(err) {
+		if device.IsNoSpace(err) {
 			return nil, fmt.Errorf("metadata store %s: %w", path, fullError(dir, err))
 		}
 		return nil, fmt.Errorf("metadata store %s: %w (is another poold using this --data-dir?)", path, err)
@@ -146,7 +147,7 @@ func openStore(dir string, fsync bool) (*store, error) {
 	})
 	if err != nil {
 		db.Close()
-		if isNoSpace(err) {
+		if device.IsNoSpace(err) {
 			err = fullError(dir, err)
 		}
 		return nil, fmt.Errorf("metadata store %s: %w", path, err)
@@ -338,7 +339,7 @@ func (s *store) committed(err error) error {
 // the kernel said so, or (bbolt formats some errors without wrapping) the
 // filesystem has less room left than the reserve.
 func (s *store) spaceFailure(err error) bool {
-	if isNoSpace(err) {
+	if device.IsNoSpace(err) {
 		return true
 	}
 	sp, ok, serr := statSpace(filepath.Dir(s.path))

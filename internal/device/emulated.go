@@ -107,7 +107,7 @@ func (e *Emulated) Create(id uint64, off, length int64) (Backing, error) {
 	if err := reserve(f, length); err != nil {
 		_ = f.Close()
 		_ = e.dir.remove(id)
-		if isNoSpace(err) {
+		if IsNoSpace(err) {
 			fix := "free space there or lower the device capacity"
 			if e.Huge() {
 				fix = "reserve more huge pages (sysctl vm.nr_hugepages) or lower the device capacity"

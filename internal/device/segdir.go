@@ -107,7 +107,7 @@ func (d *segmentDir) create(id uint64, length int64) (*os.File, error) {
 	if err := f.Truncate(length); err != nil {
 		_ = f.Close()
 		_ = os.Remove(p)
-		if isNoSpace(err) {
+		if IsNoSpace(err) {
 			return nil, fmt.Errorf("device %s: segment %#x: size %s to %s: %w: %w", d.dev, id, p, size.Size(length).Human(), ErrNoSpace, err)
 		}
 		return nil, fmt.Errorf("device %s: segment %#x: size %s to %d bytes: %w", d.dev, id, p, length, err)

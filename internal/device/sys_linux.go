@@ -38,8 +38,8 @@ func statFS(dir string) (fsInfo, error) {
 	return info, nil
 }
 
-// isNoSpace reports whether err means the filesystem is full.
-func isNoSpace(err error) bool {
+// IsNoSpace reports whether err means the filesystem or a quota is full.
+func IsNoSpace(err error) bool {
 	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) || errors.Is(err, unix.EFBIG)
 }
 
@@ -87,7 +87,7 @@ func createMemfd(name string, size int64) (*os.File, error) {
 	f := os.NewFile(uintptr(fd), "memfd:"+name)
 	if err := unix.Ftruncate(fd, size); err != nil {
 		_ = f.Close()
-		if isNoSpace(err) {
+		if IsNoSpace(err) {
 			return nil, fmt.Errorf("size memfd %s to %d bytes: %w: %w", name, size, ErrNoSpace, err)
 		}
 		return nil, fmt.Errorf("size memfd %s to %d bytes: %w", name, size, err)

@@ -14,7 +14,8 @@ func supported(what string) error {
 
 func statFS(string) (fsInfo, error) { return fsInfo{}, supported("statfs") }
 
-func isNoSpace(error) bool { return false }
+// IsNoSpace reports whether err means the filesystem or a quota is full.
+func IsNoSpace(error) bool { return false }
 
 func reserve(*os.File, int64) error { return supported("fallocate") }
 
