@@ -204,7 +204,15 @@ func (s *store) health() error {
 
 // refillLocked makes the reserve again if it is out and room is back.
 func (s *store) refillLocked() {
-	if s.reserveOut && s.makeReserve() == nil {
+	if !s.reserveOut {
+		return
+	}
+	// A statfs first: while the filesystem is full, writing the file
+	// (and removing what it got) on every commit would be wasted work.
+	if sp, ok, err := statSpace(filepath.Dir(s.path)); err == nil && ok && sp.avail < reserveSize {
+		return
+	}
+	if s.makeReserve() == nil {
 		s.reserveOut = false
 	}
 }
@@ -280,8 +288,7 @@ func (s *store) commit(group []*change) {
 // and bbolt has no free pages to put them on.
 func (s *store) commitOne(c *change) error {
 	s.mu.Lock()
-	s.refillLocked()
-	out := s.reserveOut
+	out := s.reserveOut // refilled after commits that succeed, and by health
 	s.mu.Unlock()
 	if out && !c.removal && !s.roomWithoutReserve() {
 		return fmt.Errorf("metadata store %s: %w", s.path, fullError(filepath.Dir(s.path), errors.New("the rest is kept for frees")))
