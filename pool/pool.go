@@ -153,13 +153,17 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 		return nil, fmt.Errorf("metadata store: %w", err)
 	}
 	p.nextID, p.idLimit = next, next
+	var migrated []*record
 	for _, r := range recs {
 		p.restore(r)
 		if p.migrateGrants(r) {
-			if err := p.st.put(r); err != nil {
-				p.st.close()
-				return nil, fmt.Errorf("metadata store: record the grants of segment %d: %w", r.ID, err)
-			}
+			migrated = append(migrated, r)
+		}
+	}
+	if len(migrated) > 0 { // one commit for all, not an fsync each
+		if err := p.st.put(migrated...); err != nil {
+			p.st.close()
+			return nil, fmt.Errorf("metadata store: record the grants of %d named segments: %w", len(migrated), err)
 		}
 	}
 	p.sweepOrphans()

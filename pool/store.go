@@ -386,14 +386,24 @@ func (s *store) reserveIDs(next uint64) error {
 	}, false)
 }
 
-// put commits one record.
-func (s *store) put(r *record) error {
-	v, err := json.Marshal(r)
-	if err != nil {
-		return err
+// put commits records, in one transaction.
+func (s *store) put(rs ...*record) error {
+	vs := make([][]byte, len(rs))
+	for i, r := range rs {
+		v, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		vs[i] = v
 	}
 	return s.update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSegments).Put(idKey(r.ID), v)
+		b := tx.Bucket(bucketSegments)
+		for i, r := range rs {
+			if err := b.Put(idKey(r.ID), vs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
 	}, false)
 }
 
