@@ -10,8 +10,9 @@ import (
 
 // fsSpace is what statfs says about the filesystem holding a path.
 type fsSpace struct {
-	total int64 // bytes in the filesystem
-	avail int64 // bytes an unprivileged writer may still use
+	total int64     // bytes in the filesystem
+	avail int64     // bytes an unprivileged writer may still use
+	fsid  unix.Fsid // which filesystem it is
 }
 
 // statSpace returns the space of the filesystem holding path. A
@@ -26,7 +27,7 @@ func statSpace(path string) (sp fsSpace, ok bool, err error) {
 		return fsSpace{}, false, nil
 	}
 	bs := int64(st.Bsize)
-	return fsSpace{total: int64(st.Blocks) * bs, avail: int64(st.Bavail) * bs}, true, nil
+	return fsSpace{total: int64(st.Blocks) * bs, avail: int64(st.Bavail) * bs, fsid: st.Fsid}, true, nil
 }
 
 // String says the space for people: "1.2 MiB available of 2.0 MiB".

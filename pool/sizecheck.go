@@ -50,19 +50,16 @@ func (c *claims) add(flag string, sz int64) (int64, string) {
 // the space may come back, and an Alloc that finds it short fails with
 // ErrNoCapacity.
 func (b *budget) claimDir(flag string, sz int64, dir, dirFlag string) error {
-	at := existingParent(dir)
-	var st unix.Statfs_t
-	if err := unix.Statfs(at, &st); err != nil || st.Blocks == 0 {
+	sp, ok, err := statSpace(existingParent(dir))
+	if err != nil || !ok {
 		return nil // no limit to check against (statfs fails, or hugetlbfs without size=)
 	}
-	c := b.byFS[st.Fsid]
+	c := b.byFS[sp.fsid]
 	if c == nil {
 		c = &claims{}
-		b.byFS[st.Fsid] = c
+		b.byFS[sp.fsid] = c
 	}
 	sum, flags := c.add(flag, sz)
-	bs := int64(st.Bsize)
-	sp := fsSpace{total: int64(st.Blocks) * bs, avail: int64(st.Bavail) * bs}
 	switch {
 	case sum > sp.total:
 		return fmt.Errorf("%w: %s: %s in all, more than the filesystem holding %s (%s) can ever hold; lower --%s or point --%s at a larger filesystem",
