@@ -25,23 +25,6 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 )
 
-// freeAddr returns a loopback address with a port nobody listens on now;
-// poold binds it next (another process taking it meanwhile fails the
-// test, not silently).
-func freeAddr(t *testing.T, network string) string {
-	t.Helper()
-	if network == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer c.Close()
-		return c.LocalAddr().String()
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // openFDs counts the descriptors process pid holds.
 func openFDs(t *testing.T, pid int) int {
 	t.Helper()
@@ -174,7 +157,7 @@ func TestDescriptorExhaustion(t *testing.T) {
 	data, sock := t.TempDir(), filepath.Join(shortDir(t), "p.sock")
 	dataAddr, metricsAddr := freeAddr(t, "tcp"), freeAddr(t, "tcp")
 	d := startDaemon(t, data, sock, "--export-size", "16MiB", "--data-listen", dataAddr, "--metrics", metricsAddr,
-		"--listen", freeAddr(t, "tcp"), "--insecure", "--gossip", freeAddr(t, "udp"), "--gossip-profile", "local")
+		"--listen", freeAddr(t, "tcp"), "--insecure", "--gossip", freeAddr(t, "gossip"), "--gossip-profile", "local")
 	ctx := t.Context()
 	p := openProbes(t, sock, metricsAddr)
 	require.Eventually(t, func() bool { code, _ := p.get("/readyz"); return code == http.StatusOK }, 10*time.Second, 20*time.Millisecond)

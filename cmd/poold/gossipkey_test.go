@@ -2,10 +2,8 @@ package main
 
 import (
 	"encoding/json"
-	"net"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -29,7 +27,7 @@ type gossipNode struct {
 
 func tlsGossip(t *testing.T, name string) gossipNode {
 	n := gossipNode{name: name, sock: filepath.Join(shortDir(t), "p.sock"), data: t.TempDir(),
-		gossip: "127.0.0.1:" + strconv.Itoa(freePort(t)), certs: certDir(t)}
+		gossip: freeAddr(t, "gossip"), certs: certDir(t)}
 	_, err := certs.Init(n.certs, certs.InitOptions{Nodes: []certs.Node{{Name: name}}})
 	require.NoError(t, err)
 	return n
@@ -54,21 +52,6 @@ func certDir(t *testing.T) string {
 }
 
 var certDirs = map[string]string{}
-
-// freePort is a loopback port free a moment ago (UDP and TCP: gossip
-// binds both).
-func freePort(t *testing.T) int {
-	for {
-		l, err := net.ListenPacket("udp", "127.0.0.1:0")
-		require.NoError(t, err)
-		port := l.LocalAddr().(*net.UDPAddr).Port
-		l.Close()
-		if tl, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
-			tl.Close()
-			return port
-		}
-	}
-}
 
 // TestKeylessNodeNotAdmitted runs three poold binaries: a and b with the
 // gossip key that certs init wrote, c with --gossip-insecure and the most

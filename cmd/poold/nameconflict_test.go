@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -12,25 +11,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// loopbackAddr is a 127.0.0.1 address whose port was free a moment ago.
-func loopbackAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // A second poold under the first one's --node name refuses to join, names
 // the holder's address and the flag to change, and exits non-zero; the
 // first keeps running and memctl status, nodes and doctor show the claim.
 func TestSameNodeNameRefused(t *testing.T) {
-	gossipA := loopbackAddr(t)
+	gossipA := freeAddr(t, "gossip")
 	cluster := func(gossip string) []string {
 		return []string{"--node", "twin", "--gossip", gossip, "--gossip-profile", "local",
-			"--listen", loopbackAddr(t), "--insecure", "--data-listen", loopbackAddr(t), "--export-size", "16MiB"}
+			"--listen", freeAddr(t, "tcp"), "--insecure", "--data-listen", freeAddr(t, "tcp"), "--export-size", "16MiB"}
 	}
 	a := startDaemon(t, t.TempDir(), filepath.Join(shortDir(t), "a.sock"), cluster(gossipA)...)
-	gossipB := loopbackAddr(t)
+	gossipB := freeAddr(t, "gossip")
 	// It may exit before its socket is ever seen answering: not waited for.
 	b := launchDaemon(t, nil, t.TempDir(), filepath.Join(shortDir(t), "b.sock"), append(cluster(gossipB), "--join", gossipA)...)
 

@@ -150,6 +150,33 @@ func requireAlive(t *testing.T, pid int) {
 	require.NotContains(t, []string{"Z", "X"}, strings.Fields(string(b[i+1:]))[0], "poold exited")
 }
 
+// freeAddr returns a loopback address with a port nobody listens on now,
+// for network "tcp", "udp", or "gossip" (free for both, as memberlist binds
+// both); poold binds it next (another process taking it meanwhile fails
+// the test, not silently).
+func freeAddr(t *testing.T, network string) string {
+	t.Helper()
+	for {
+		if network == "tcp" {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			defer l.Close()
+			return l.Addr().String()
+		}
+		c, err := net.ListenPacket("udp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addr := c.LocalAddr().String()
+		c.Close()
+		if network == "udp" {
+			return addr
+		}
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return addr
+		}
+	}
+}
+
 func shortDir(t *testing.T) string {
 	dir, err := os.MkdirTemp("", "fm")
 	require.NoError(t, err)
