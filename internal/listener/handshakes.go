@@ -43,14 +43,31 @@ func (h *Handshakes) Accept() (net.Conn, error) {
 // Pending returns the number of connections in their handshake.
 func (h *Handshakes) Pending() int { return h.slots.Held() }
 
-// source is the address a connection's slot is counted under: its IP, or
+// Source is the source a limit per source counts a connection from a by:
+// its IPv4 address, or its IPv6 /64 (a host is usually given a whole /64).
+// ok is false for an address that is not TCP (a test's pipe).
+func Source(a net.Addr) (src netip.Prefix, ok bool) {
+	ta, isTCP := a.(*net.TCPAddr)
+	if !isTCP {
+		return netip.Prefix{}, false
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	src, err := ip.Prefix(bits)
+	return src, err == nil
+}
+
+// source is the key a connection's slot is counted under: its Source, or
 // the network name for addresses without one.
 func source(a net.Addr) string {
+	if src, ok := Source(a); ok {
+		return src.Addr().String()
+	}
 	if a == nil {
 		return ""
-	}
-	if ap, err := netip.ParseAddrPort(a.String()); err == nil {
-		return ap.Addr().Unmap().String()
 	}
 	return a.Network()
 }

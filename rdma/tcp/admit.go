@@ -4,11 +4,12 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/farmem/farmem/internal/listener"
 )
 
 // Refusal is why the server refused a connection before or during its
@@ -77,28 +78,11 @@ var busyReply = func() (b [replySize]byte) {
 	return b
 }()
 
-// sourceOf is the key MaxHandshakesPerSource counts by: the client's IPv4
-// address, or its IPv6 /64 (a host is usually given a whole /64). ok is
-// false for an address that is not IP (a test's pipe): it is not counted.
-func sourceOf(nc net.Conn) (src netip.Prefix, ok bool) {
-	ta, isTCP := nc.RemoteAddr().(*net.TCPAddr)
-	if !isTCP {
-		return netip.Prefix{}, false
-	}
-	ip := ta.AddrPort().Addr().Unmap()
-	bits := 32
-	if ip.Is6() {
-		bits = 64
-	}
-	src, err := ip.Prefix(bits)
-	return src, err == nil
-}
-
 // admit registers a just-accepted connection as in its handshake, or
 // returns the reason it must be refused. s.mu must be held.
 func (s *Server) admit(nc net.Conn) (*srvConn, Refusal) {
 	cfg := &s.cfg
-	src, counted := sourceOf(nc)
+	src, counted := listener.Source(nc.RemoteAddr())
 	switch {
 	case len(s.conns) >= cfg.MaxConns:
 		return nil, RefusedMaxConns
