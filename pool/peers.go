@@ -319,18 +319,19 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 // refused while dialing it is left out and another chosen, each member
 // at most once.
 func (p *Pool) pickPeer(ctx context.Context, size int64) (cluster.Member, *session.Conn, error) {
-	all := p.cl.Members()
-	for range len(all) {
-		members := slices.DeleteFunc(slices.Clone(all), func(m cluster.Member) bool {
-			return p.peers.isRefused(m.Name, m.Meta.GRPCAddr)
-		})
+	members := slices.DeleteFunc(p.cl.Members(), func(m cluster.Member) bool {
+		return p.peers.isRefused(m.Name, m.Meta.GRPCAddr)
+	})
+	for len(members) > 0 {
 		m, err := cluster.Pick(members, tierName(poolv1.Tier_TIER_RDMA), size, p.cfg.Node, nil)
 		if err != nil {
 			return m, nil, fmt.Errorf("%w: %w", errNoPeer, err)
 		}
 		pc, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
 		if errors.Is(err, errPeerRefused) && ctx.Err() == nil {
-			continue // now refused, so left out
+			// Refused now: left out, the others are still fine.
+			members = slices.DeleteFunc(members, func(o cluster.Member) bool { return o.Name == m.Name })
+			continue
 		}
 		return m, pc, err
 	}
