@@ -104,7 +104,7 @@ type scaleResult struct {
 // random hosts allocate rdma segments (placed on peers), free them and
 // die; hosts drain; a partition splits the cluster in two and heals; a
 // host crashes and reboots. It prints what it measured and checks the
-// bounds of issue 9: a capacity change reaches every host within 10 gossip
+// bounds docs/scale.md states: a capacity change reaches every host within 10 gossip
 // rounds; the rdma tier's used fraction is at most 1.10 times the mean on
 // every host; a crashed host's segments are reported lost on every host
 // within 1 s of the first failure detection; nothing else is lost.

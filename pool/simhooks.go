@@ -7,7 +7,7 @@ import (
 )
 
 // simHooks let this package's tests run hundreds of daemons in one process
-// (scale_test.go) through the daemon's own code: the zero value is what
+// (scale_linux_test.go, simcluster_linux_test.go) through the daemon's own code: the zero value is what
 // poold runs, and no flag or YAML key sets them. They are a plain value,
 // copied with the Config.
 type simHooks struct {

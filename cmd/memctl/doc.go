@@ -1,6 +1,27 @@
-// Command memctl is farmem's admin CLI: it shows a poold's status, tiers
-// and segments, and allocates and frees segments; top watches tiers, clients
-// and operation rates live; keyring lists and rotates the gossip keys of
-// every node; completion writes shell completion scripts.
-// Every command that prints data takes -o json.
+// Command memctl is farmem's admin CLI. Against one poold (its unix socket,
+// or --addr with mutual TLS):
+//
+//   - status, tiers, segments: the daemon's version and node, each memory
+//     tier (what backs it, real or emulated, capacity, free, latency), and
+//     the segments it holds;
+//   - alloc and free: allocate a segment that stays until freed, free one by
+//     id or name;
+//   - nodes: the cluster's members, their state, addresses and free memory;
+//   - drain NODE: stop new placements on a node (--undo reverses it);
+//   - keyring: list and rotate the gossip keys of every node;
+//   - top: tiers, clients and operation rates, refreshed in place;
+//   - bench: each tier's latency, throughput and CPU per operation, with
+//     --compare beside memcached, Redis, gRPC and raw TCP (bench-serve, a
+//     hidden command, serves those comparison servers);
+//
+// and on this host alone:
+//
+//   - doctor: what far memory and RDMA this host has, and how to fix what
+//     is wrong;
+//   - certs init: a CA and node and client certificates for mutual TLS and a
+//     gossip key;
+//   - completion: shell completion scripts.
+//
+// Every command that prints data takes -o json. TestDocNamesEveryCommand
+// keeps this list complete.
 package main

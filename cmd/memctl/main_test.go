@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -129,4 +131,17 @@ func TestAllocHelpNoDefaultSize(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.Contains(t, out, "segment size, e.g. 64MiB (required)\n")
 	require.NotContains(t, out, "(default 0B)")
+}
+
+// TestDocNamesEveryCommand: the package comment (doc.go), which godoc shows
+// as memctl's overview, names every command the CLI has.
+func TestDocNamesEveryCommand(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	for _, c := range newRoot(io.Discard).Commands() {
+		if c.Name() == "help" {
+			continue
+		}
+		require.Containsf(t, string(src), c.Name(), "doc.go does not mention 'memctl %s'", c.Name())
+	}
 }

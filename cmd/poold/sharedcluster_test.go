@@ -16,7 +16,7 @@ import (
 	"github.com/farmem/farmem/internal/testcluster"
 )
 
-// TestSharedSegmentThreeHosts is issue 7's check: three poolds in three
+// TestSharedSegmentThreeHosts checks shared segments across hosts: three poolds in three
 // test hosts, the segment's home on one of them, a sharer process on every
 // host (each attached with alloc.Shared through the node that keeps the
 // name), doing reads, writes and compare-and-swaps on four words of three

@@ -15,7 +15,7 @@
 // them; on the raw TCP server they share one pipelined connection.
 //
 // Report turns results into rows (Row), sets ratios against farmem's
-// matching tier (Compare), checks issue 10's targets (Targets), prints a
+// matching tier (Compare), checks the README's targets (Targets), prints a
 // table (WriteTable) and plots latency CDFs (PlotCDF, PNG or SVG via
 // gonum.org/v1/plot).
 //

@@ -113,7 +113,7 @@ func Compare(rows []Row) {
 	}
 }
 
-// Target is one of issue 10's benchmark targets, checked on one run.
+// Target is one of the benchmark targets the README states, checked on one run.
 type Target struct {
 	// Name says what is compared, Want the bound, Value the measured ratio.
 	Name  string
@@ -176,7 +176,7 @@ func WriteTable(w io.Writer, rows []Row) error {
 	if len(ts) == 0 {
 		return nil
 	}
-	fmt.Fprintln(w, "\nTargets (issue 10), ratios from this run:")
+	fmt.Fprintln(w, "\nTargets, ratios from this run:")
 	for _, t := range ts {
 		verdict := "met"
 		if !t.OK {

@@ -513,7 +513,7 @@ func TestRandomDeadlines(t *testing.T) {
 	})
 }
 
-// TestAbandonedOpsGoBackToThePool makes sure cancelled ops do not leak slots:
+// TestAbandonedOpsKeepSlots makes sure cancelled ops do not leak slots:
 // after many timeouts the connection still has all its slots.
 func TestAbandonedOpsKeepSlots(t *testing.T) {
 	ss := startStallServer(t)
