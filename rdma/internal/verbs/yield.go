@@ -29,10 +29,10 @@ var clockBase = time.Now()
 // through the Go scheduler. After 10 ms of that, sysmon takes its P away
 // in the middle of a C call (as it would preempt a goroutine that runs too
 // long), hands the P to another thread and then wakes every 20 µs for a
-// while; polling continuously, that repeats every 10 ms. In the lab's
-// guest it took a fifth of a CPU, moved the polling goroutine between
-// threads and doubled the 99th percentile of a 64 B READ. A yield every
-// few milliseconds keeps sysmon asleep. A yield may itself move the
+// while; polling continuously, that repeats every 10 ms, which costs
+// about a fifth of a CPU, moves the polling goroutine between threads and
+// doubles the 99th percentile of a 64 B READ. A yield every few
+// milliseconds keeps sysmon asleep. A yield may itself move the
 // goroutine to another thread (it wakes an idle one, which can take the
 // goroutine first), so it is rationed by time, not by count; the clock
 // is read once per yieldPolls crossings, so where a clock read is a
