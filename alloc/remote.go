@@ -77,34 +77,17 @@ func tlsOption(tc *tls.Config) []tcp.Option {
 	return []tcp.Option{tcp.WithTLS(tc)}
 }
 
-// answers maps the data plane's refusals (the home answered; retrying will
-// not help) to farmem's sentinels.
-var answers = []struct{ from, to error }{
-	{rdma.ErrAccessDenied, ErrAccessDenied},
-	{rdma.ErrOutOfRange, ErrOutOfRange},
-	{rdma.ErrSegmentLost, ErrSegmentLost},
-	{rdma.ErrLeaseExpired, ErrLeaseExpired},
-	{rdma.ErrUnaligned, ErrUnaligned},
-	{rdma.ErrNotSupported, ErrNotSupported},
-	{rdma.ErrIndeterminate, ErrIndeterminate},
-}
+// refusals are the answers a home gives instead of doing an operation:
+// retrying will not change them. The data plane's errors match these
+// farmem sentinels themselves (rdma.ErrAccessDenied is an
+// ErrAccessDenied); any other error is a failure to reach the home.
+var refusals = []error{ErrAccessDenied, ErrOutOfRange, ErrSegmentLost, ErrLeaseExpired, ErrUnaligned, ErrNotSupported, ErrIndeterminate}
 
-// rdmaErr maps a data-plane error to farmem's sentinels, keeping both
-// matchable with errors.Is.
-func rdmaErr(err error) error {
-	for _, m := range answers {
-		if errors.Is(err, m.from) {
-			return fmt.Errorf("%w (%w)", m.to, err)
-		}
-	}
-	return err
-}
-
-// final reports whether a data-plane error is the answer (the home refused
-// the operation) rather than a failure to reach the home.
+// final reports whether a data-plane error is the home's answer rather
+// than a failure to reach it.
 func final(err error) bool {
-	for _, m := range answers {
-		if errors.Is(err, m.from) {
+	for _, r := range refusals {
+		if errors.Is(err, r) {
 			return true
 		}
 	}
@@ -197,8 +180,8 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 	for {
 		addr, cred, tc := s.dataAddr()
 		err := s.ticket(ctx, op, addr)
-		if errors.Is(err, rdma.ErrIndeterminate) {
-			return rdmaErr(err)
+		if errors.Is(err, ErrIndeterminate) {
+			return err
 		}
 		var conn rdma.Conn
 		if err == nil {
@@ -207,7 +190,7 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 		if err == nil {
 			err = post(ctx, conn, op)
 			if err == nil || final(err) {
-				return rdmaErr(err)
+				return err
 			}
 			if ctx.Err() == nil {
 				s.c.dropDataConn(addr, conn)

@@ -102,7 +102,7 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 	}
 	link, err := dialShared(ctx, info.DataAddr, info.DataCredential, r.tls, r.region, uint32(cfg.PageSize), c.opts.busyPoll)
 	if err != nil {
-		return nil, fmt.Errorf("attach %q shared: %w", name, rdmaErr(err))
+		return nil, fmt.Errorf("attach %q shared: %w", name, err)
 	}
 	sh, err := coherence.NewSharer(cfg, info.Size, link, nil)
 	if err != nil {

@@ -242,10 +242,11 @@ func (ps *peers) close() {
 }
 
 // allocRemote places a segment on a peer chosen by free capacity and
-// records it here; errNoPeer when no peer can take it.
+// records it here; an error matching cluster.ErrNoPeer when no peer can
+// take it.
 func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*record, error) {
 	if p.cl == nil {
-		return nil, errNoPeer
+		return nil, fmt.Errorf("%w: this daemon gossips with nobody", cluster.ErrNoPeer)
 	}
 	p.mu.Lock()
 	why, err := p.admit(c, poolv1.Tier_TIER_RDMA, req.Size)
@@ -254,7 +255,7 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 		return nil, err
 	}
 	if why != "" {
-		return nil, fmt.Errorf("%w: %s", errNoPeer, why)
+		return nil, fmt.Errorf("%w: %s", cluster.ErrNoPeer, why)
 	}
 	m, pc, err := p.pickPeer(ctx, req.Size)
 	if err != nil {
@@ -325,7 +326,7 @@ func (p *Pool) pickPeer(ctx context.Context, size int64) (cluster.Member, *sessi
 	for len(members) > 0 {
 		m, err := cluster.Pick(members, tierName(poolv1.Tier_TIER_RDMA), size, p.cfg.Node, nil)
 		if err != nil {
-			return m, nil, fmt.Errorf("%w: %w", errNoPeer, err)
+			return m, nil, err
 		}
 		pc, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
 		if errors.Is(err, errPeerRefused) && ctx.Err() == nil {
@@ -335,15 +336,11 @@ func (p *Pool) pickPeer(ctx context.Context, size int64) (cluster.Member, *sessi
 		}
 		return m, pc, err
 	}
-	return cluster.Member{}, nil, fmt.Errorf("%w: every member was refused for its name", errNoPeer)
+	return cluster.Member{}, nil, fmt.Errorf("%w: every member was refused for its name", cluster.ErrNoPeer)
 }
 
 // reconcileRetry is the first pause before homeChanged asks a home again.
 const reconcileRetry = 200 * time.Millisecond
-
-// errNoPeer says that no peer can take a placement (none alive, all
-// draining or full); the caller falls back to its own memory.
-var errNoPeer = errors.New("no peer can take it")
 
 // homeChanged marks the segments homed on node lost (down) or asks the
 // home which of them it still holds for this node and marks those

@@ -353,7 +353,7 @@ func (p *Pool) Alloc(ctx context.Context, c caller, req AllocRequest) (*record, 
 			if err == nil {
 				return r, nil
 			}
-			if !errors.Is(err, errNoPeer) {
+			if !errors.Is(err, cluster.ErrNoPeer) {
 				p.log.Warn("placement on a peer failed; trying this host's own memory", "err", err)
 			}
 			tried = append(tried, "rdma on peers: "+err.Error())
@@ -753,7 +753,7 @@ func (p *Pool) Backing(c caller, id uint64) (device.Backing, error) {
 		if errors.Is(err, device.ErrLost) {
 			r.Lost = true
 			p.log.Warn("segment lost: its memory is gone", "segment", r.ID, "device", r.Device, "err", err)
-			return device.Backing{}, fmt.Errorf("segment %d: %w", id, errs.ErrSegmentLost)
+			return device.Backing{}, fmt.Errorf("segment %d: %w", id, err) // matches errs.ErrSegmentLost
 		}
 		return device.Backing{}, err
 	}

@@ -3,39 +3,51 @@ package rdma
 import (
 	"errors"
 	"fmt"
+
+	"github.com/farmem/farmem/internal/errs"
 )
+
+// The sentinels for conditions an application acts on are made with
+// errs.Sub: each keeps its own message and also matches the farmem sentinel
+// of the same meaning (errors.Is(err, alloc.ErrAccessDenied) holds for an
+// rdma.ErrAccessDenied), so no caller maps them. ErrProtocol, ErrNotExported
+// and ErrAlreadyExported stay this package's own: they report a broken peer
+// or a misuse of an Exporter by the daemon, never an answer to an
+// application.
 
 // ErrAccessDenied means the key does not match an exported segment: the key is
 // wrong, or the segment was revoked or never exported on that host. Ask the
 // segment's home for a fresh Region.
-var ErrAccessDenied = errors.New("rdma: access denied: the key does not match a segment exported by that host; the segment may have been revoked or freed, fetch a fresh region from its home")
+var ErrAccessDenied = errs.Sub(errs.ErrAccessDenied, "rdma: access denied: the key does not match a segment exported by that host; the segment may have been revoked or freed, fetch a fresh region from its home")
 
 // ErrOutOfRange means an operation addressed bytes outside the segment (or an
 // offset so large that offset+length overflows). Check the offset and length
 // against the segment size.
-var ErrOutOfRange = errors.New("rdma: offset or length out of range for the segment; check offset+length against the segment size")
+var ErrOutOfRange = errs.Sub(errs.ErrOutOfRange, "rdma: offset or length out of range for the segment; check offset+length against the segment size")
 
 // ErrSegmentLost means the memory behind the segment is gone (the device
 // faulted, the home host died, or its daemon dropped the segment). Its
 // contents cannot be recovered; allocate a new segment.
-var ErrSegmentLost = errors.New("rdma: segment lost: its memory is gone and its contents cannot be recovered; allocate a new segment")
+var ErrSegmentLost = errs.Sub(errs.ErrSegmentLost, "rdma: segment lost: its memory is gone and its contents cannot be recovered; allocate a new segment")
 
 // ErrNotSupported means a transport or feature is not available on this host
 // or build. It is matched with errors.Is; the concrete error is usually a
 // *NotSupportedError that says what is missing. Transport pickers fall back to
 // the next transport on this error.
-var ErrNotSupported = errors.New("rdma: not supported")
+var ErrNotSupported = errs.Sub(errs.ErrNotSupported, "rdma: not supported")
 
 // ErrLeaseExpired means the operation carried a lease epoch older than the
 // segment's current one: another holder took the segment over (fencing).
 // Renew the lease with the segment's home to get the current epoch.
-var ErrLeaseExpired = errors.New("rdma: lease expired: the region's epoch is older than the segment's current epoch; renew the lease to get the current epoch")
+var ErrLeaseExpired = errs.Sub(errs.ErrLeaseExpired, "rdma: lease expired: the region's epoch is older than the segment's current epoch; renew the lease to get the current epoch")
 
 // ErrClosed means the connection or server was closed, locally or by the
 // peer, before the operation completed. Whether a cancelled write reached
 // the remote memory is unknown; dial again and retry if the operation is
-// idempotent.
-var ErrClosed = errors.New("rdma: connection closed; dial again")
+// idempotent. It matches errs.ErrUnavailable (the home is out of reach over
+// this connection), not errs.ErrClosed, which says the caller closed its
+// own client or segment.
+var ErrClosed = errs.Sub(errs.ErrUnavailable, "rdma: connection closed; dial again")
 
 // ErrProtocol means the peer sent bytes that do not follow the wire protocol
 // (bad magic, unknown version, malformed or oversized frame). The connection
@@ -48,11 +60,12 @@ var ErrProtocol = errors.New("rdma: protocol error; check that both hosts run co
 // session's reply cache, or the slot moved on), or the transport cannot
 // resend it safely (a verbs queue pair broke after it was posted). The
 // operation was not applied a second time. Read the memory to find out.
-var ErrIndeterminate = errors.New("rdma: outcome unknown: the operation may have been applied once and was not applied again; read the memory to find out")
+// Like errs.ErrIndeterminate it also matches errs.ErrUnavailable.
+var ErrIndeterminate = errs.Sub(errs.ErrIndeterminate, "rdma: outcome unknown: the operation may have been applied once and was not applied again; read the memory to find out")
 
 // ErrUnaligned means an atomic operation addressed an offset that is not a
 // multiple of 8. CompareAndSwap64 and FetchAdd64 need 8-byte aligned offsets.
-var ErrUnaligned = errors.New("rdma: atomic operation needs an 8-byte aligned offset")
+var ErrUnaligned = errs.Sub(errs.ErrUnaligned, "rdma: atomic operation needs an 8-byte aligned offset")
 
 // ErrNotExported means an exporter was asked to revoke, re-epoch or mark a
 // segment id that it does not export (never exported, or already revoked).
@@ -81,5 +94,6 @@ func (e *NotSupportedError) Error() string {
 	return fmt.Sprintf("rdma: %s not supported: %s", e.Feature, e.Reason)
 }
 
-// Is reports whether target is ErrNotSupported.
-func (e *NotSupportedError) Is(target error) bool { return target == ErrNotSupported }
+// Is reports whether target is ErrNotSupported or the farmem sentinel it
+// matches.
+func (e *NotSupportedError) Is(target error) bool { return errors.Is(ErrNotSupported, target) }

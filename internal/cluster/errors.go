@@ -8,6 +8,12 @@ import (
 	"github.com/farmem/farmem/internal/errs"
 )
 
+// ErrNoPeer is the one condition a client acts on and matches
+// errs.ErrNoCapacity. The others stay this package's own: they report the
+// daemon's configuration, keys and gossip, which the daemon handles itself
+// or wraps in the farmem sentinel of its request (errs.ErrInvalid for a
+// keyring change) where one reaches a client.
+
 // ErrInvalidConfig means a Config field is out of range. The wrapping error
 // names the field and the value; fix the daemon configuration.
 var ErrInvalidConfig = errors.New("cluster: invalid configuration")
@@ -55,10 +61,10 @@ var ErrNoSeed = errors.New("cluster: no seed reachable; check the seed addresses
 // SetMeta again.
 var ErrUpdateLost = errors.New("cluster: memberlist dropped the metadata update while the node refuted suspicions (is it overloaded?); call SetMeta again")
 
-// ErrNoPeer means Pick found no member that can take the allocation. The
-// concrete error is a *NoPeerError that says why; it also matches
-// errs.ErrNoCapacity so the daemon maps it to the same gRPC code.
-var ErrNoPeer = errors.New("cluster: no peer can take the allocation")
+// ErrNoPeer means no member can take the allocation. The error Pick
+// returns is a *NoPeerError that says why. It matches errs.ErrNoCapacity,
+// so the daemon reports it as capacity when no other tier has room.
+var ErrNoPeer = errs.Sub(errs.ErrNoCapacity, "cluster: no peer can take the allocation")
 
 // NoPeerReason says why Pick found no member.
 type NoPeerReason uint8
@@ -128,7 +134,6 @@ func (e *NoPeerError) Error() string {
 	return b.String()
 }
 
-// Is reports ErrNoPeer and errs.ErrNoCapacity as matches.
-func (e *NoPeerError) Is(target error) bool {
-	return target == ErrNoPeer || target == errs.ErrNoCapacity
-}
+// Unwrap returns ErrNoPeer, so errors.Is matches it and, through it,
+// errs.ErrNoCapacity.
+func (e *NoPeerError) Unwrap() error { return ErrNoPeer }

@@ -87,6 +87,9 @@ func TestPickErrorSaysWhatToDo(t *testing.T) {
 	_, err := Pick([]Member{peer("a", "rdma", 100, 10), peer("b", "rdma", 100, 40)}, "rdma", 64, "", nil)
 	require.EqualError(t, err, `cluster: no peer for 64 bytes on tier "rdma": no peer has enough free bytes (2 peers offer it, most free 40 bytes on b); free segments or ask for less`)
 	require.True(t, errors.Is(err, ErrNoPeer))
+	// The daemon wraps ErrNoPeer itself when it has no peers to ask; that
+	// is capacity too.
+	require.ErrorIs(t, fmt.Errorf("%w: this daemon gossips with nobody", ErrNoPeer), errs.ErrNoCapacity)
 }
 
 func TestPickSpreadsEvenly(t *testing.T) {

@@ -8,7 +8,11 @@ import (
 
 // Sentinel errors. Every error a device returns wraps one of these (test with
 // errors.Is), and its message names the device, the segment and the value at
-// fault, and says what to do.
+// fault, and says what to do. The ones for conditions a client acts on are
+// made with errs.Sub and match the farmem sentinel of the same meaning, so
+// the daemon hands them on without mapping them. ErrInvalid, ErrUnaligned
+// and ErrInUse stay this package's own: they report the daemon's misuse of a
+// device or its configuration, never a bad request of a client.
 var (
 	// ErrInvalid reports an argument the device cannot use: a negative or
 	// zero length, an extent beyond the device's capacity, a missing or
@@ -21,8 +25,9 @@ var (
 
 	// ErrLost reports a segment whose contents did not survive (a memfd
 	// after a daemon restart, a segment file removed or truncated by someone
-	// else). The segment must be freed; its data is gone.
-	ErrLost = errors.New("segment contents lost")
+	// else). The segment must be freed; its data is gone. It matches
+	// errs.ErrSegmentLost.
+	ErrLost = errs.Sub(errs.ErrSegmentLost, "segment contents lost")
 
 	// ErrNoSpace reports that the filesystem or NUMA node backing the device
 	// has no room for the segment, even though the device's capacity
@@ -32,11 +37,14 @@ var (
 
 	// ErrNotSupported reports a feature this system does not provide: any
 	// device outside Linux, or a kernel without NUMA support. Errors that
-	// match it are capability errors, and callers fall back on them.
-	ErrNotSupported = errors.New("not supported on this system")
+	// match it are capability errors, and callers fall back on them. It
+	// matches errs.ErrNotSupported.
+	ErrNotSupported = errs.Sub(errs.ErrNotSupported, "not supported on this system")
 
-	// ErrClosed reports use of a device or mapping after Close.
-	ErrClosed = errors.New("device closed")
+	// ErrClosed reports use of a device or mapping after Close: the daemon
+	// is shutting down. It matches errs.ErrUnavailable, since a client
+	// reaches the restarted daemon's device again.
+	ErrClosed = errs.Sub(errs.ErrUnavailable, "device closed")
 
 	// ErrInUse reports a segment directory that another device instance (in
 	// this or another process, usually a second poold) already holds.
@@ -54,5 +62,6 @@ func (e *notSupportedError) Error() string {
 	return "device: " + e.feature + " is not supported: " + e.reason
 }
 
-// Is reports whether target is ErrNotSupported, so callers can fall back.
-func (e *notSupportedError) Is(target error) bool { return target == ErrNotSupported }
+// Is reports whether target is ErrNotSupported or the farmem sentinel it
+// matches, so callers can fall back.
+func (e *notSupportedError) Is(target error) bool { return errors.Is(ErrNotSupported, target) }

@@ -8,6 +8,11 @@ import (
 	"github.com/farmem/farmem/internal/size"
 )
 
+// ErrNoSpace is the one condition a client acts on and matches
+// errs.ErrNoCapacity; ErrInvalid, ErrOverlap and ErrNotAllocated stay this
+// package's own: they report the daemon's misuse of its allocator (a bug or
+// a corrupt segment table), never a bad request of a client.
+
 // ErrInvalid reports an argument that can never succeed: a non-positive or
 // misaligned value, an alignment that is not a power of two, a length whose
 // rounding overflows int64, or a range outside the device.
