@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -163,6 +164,13 @@ func TestBadRequests(t *testing.T) {
 	}
 	_, err := alloc.ParseTier("fast")
 	require.ErrorIs(t, err, alloc.ErrInvalid)
+	require.ErrorContains(t, err, `unknown tier "fast"; use local, cxl, rdma or any`)
+	for _, tier := range []alloc.Tier{alloc.TierAny, alloc.TierLocal, alloc.TierCXL, alloc.TierRDMA} {
+		got, err := alloc.ParseTier(strings.ToUpper(tier.String()))
+		require.NoError(t, err)
+		require.Equal(t, tier, got)
+	}
+	require.Equal(t, "tier(17)", alloc.Tier(17).String())
 
 	// Nothing leaked: both tiers still have all their capacity.
 	tiers, err := c.Tiers(ctx)

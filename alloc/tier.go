@@ -2,9 +2,9 @@ package alloc
 
 import (
 	"fmt"
-	"strings"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 // Tier is a class of memory. The zero value is TierAny. A plain value, safe for concurrent use.
@@ -23,24 +23,22 @@ const (
 	TierRDMA
 )
 
-var tierNames = [...]string{"any", "local", "cxl", "rdma"}
-
 // String returns any, local, cxl or rdma.
 func (t Tier) String() string {
-	if t >= 0 && int(t) < len(tierNames) {
-		return tierNames[t]
+	if t < TierAny || t > TierRDMA {
+		return fmt.Sprintf("tier(%d)", int(t))
 	}
-	return fmt.Sprintf("tier(%d)", int(t))
+	return tier.Name(t.proto())
 }
 
-// ParseTier reads a tier name as String prints it.
+// ParseTier reads a tier name as String prints it, in any letter case. An
+// unknown name is an error matching ErrInvalid that lists the valid ones.
 func ParseTier(s string) (Tier, error) {
-	for i, n := range tierNames {
-		if strings.EqualFold(s, n) {
-			return Tier(i), nil
-		}
+	t, err := tier.Parse(s)
+	if err != nil {
+		return 0, err
 	}
-	return 0, fmt.Errorf("%w: unknown tier %q; use local, cxl, rdma or any", ErrInvalid, s)
+	return tierFromProto(t), nil
 }
 
 func (t Tier) proto() poolv1.Tier {

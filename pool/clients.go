@@ -4,6 +4,7 @@ import (
 	"sort"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 // clientInfos describes, for Status, every client that has a session or
@@ -52,10 +53,10 @@ func (p *Pool) clientInfos() []*poolv1.ClientInfo {
 // are the counters /metrics exports, so the two never disagree.
 func (m *metrics) tierOps() []*poolv1.TierOps {
 	byTier := map[string]*poolv1.TierOps{}
-	tier := func(name string) *poolv1.TierOps {
+	opsOf := func(name string) *poolv1.TierOps {
 		t := byTier[name]
 		if t == nil {
-			pt, err := ParseTier(name)
+			pt, err := tier.Parse(name)
 			if err != nil {
 				return nil
 			}
@@ -64,8 +65,8 @@ func (m *metrics) tierOps() []*poolv1.TierOps {
 		}
 		return t
 	}
-	for _, name := range knownTiers {
-		tier(name)
+	for _, t := range tier.Memory() {
+		opsOf(tierName(t))
 	}
 	if m == nil {
 		return sortedTierOps(byTier)
@@ -79,7 +80,7 @@ func (m *metrics) tierOps() []*poolv1.TierOps {
 			for _, l := range mt.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			t := tier(labels["tier"])
+			t := opsOf(labels["tier"])
 			if t == nil {
 				continue
 			}

@@ -13,16 +13,13 @@ import (
 
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/tier"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // metricsNamespace prefixes every farmem metric family.
 const metricsNamespace = "farmem"
-
-// knownTiers are the tier label values every per-tier counter starts with,
-// so that a family exists (at zero) before its first event.
-var knownTiers = []string{"local", "cxl", "rdma"}
 
 // dataPlaneOps are the op label values of the data-plane families, indexed
 // by rdma.OpKind; index 0 counts opcodes the server does not know.
@@ -92,9 +89,11 @@ func newMetrics() *metrics {
 			m.dpErrors.WithLabelValues(op, "rdma", st.String())
 		}
 	}
-	for _, t := range knownTiers {
-		m.allocs.WithLabelValues(t)
-		m.frees.WithLabelValues(t)
+	// Every per-tier counter starts at zero, so its family exists before
+	// its first event.
+	for _, t := range tier.Memory() {
+		m.allocs.WithLabelValues(tierName(t))
+		m.frees.WithLabelValues(tierName(t))
 	}
 	m.reclaims.WithLabelValues(reasonLabel("lease expired"))
 	for _, r := range []string{"no_capacity", "invalid", "name_in_use", "unavailable", "canceled", "other"} {
@@ -225,8 +224,8 @@ func (m *metrics) refusedDataPlane(r tcp.Refusal) {
 // emulatedLatency is the latency injected into accesses to tier by
 // Config.EmulateLatency (0: none), which farmem_emulated_latency_seconds
 // reports.
-func emulatedLatency(cfg Config, tier string) time.Duration {
-	t, err := ParseTier(tier)
+func emulatedLatency(cfg Config, name string) time.Duration {
+	t, err := tier.Parse(name)
 	if err != nil {
 		return 0
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/farmem/farmem/internal/extent"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/internal/tier"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -943,27 +944,6 @@ func (p *Pool) closeDevices() error {
 	return err
 }
 
-// tierName is the short name used in records, flags and listings.
-func tierName(t poolv1.Tier) string {
-	switch t {
-	case poolv1.Tier_TIER_LOCAL:
-		return "local"
-	case poolv1.Tier_TIER_CXL:
-		return "cxl"
-	case poolv1.Tier_TIER_RDMA:
-		return "rdma"
-	case poolv1.Tier_TIER_UNSPECIFIED:
-		return "any"
-	}
-	return fmt.Sprintf("tier(%d)", t)
-}
-
-// ParseTier is the inverse of the tier names: local, cxl, rdma or any.
-func ParseTier(s string) (poolv1.Tier, error) {
-	for _, t := range []poolv1.Tier{poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_CXL, poolv1.Tier_TIER_RDMA, poolv1.Tier_TIER_UNSPECIFIED} {
-		if tierName(t) == s {
-			return t, nil
-		}
-	}
-	return 0, fmt.Errorf("%w: unknown tier %q; use local, cxl, rdma or any", errs.ErrInvalid, s)
-}
+// tierName is the tier's canonical name, used in records, flags, metrics
+// and listings.
+func tierName(t poolv1.Tier) string { return tier.Name(t) }

@@ -12,6 +12,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 // Quotas limits the bytes an identity may hold per tier: identity ("uid:N",
@@ -72,10 +73,17 @@ func (q Quotas) validate() error {
 		if id == "" {
 			return fmt.Errorf("%w: quotas: an empty identity; use uid:N, cn:NAME, insecure or default", ErrConfig)
 		}
-		for t, n := range tiers {
-			if pt, err := ParseTier(t); err != nil || pt == poolv1.Tier_TIER_UNSPECIFIED {
-				return fmt.Errorf("%w: quotas.%s: unknown tier %q; use local, cxl or rdma", ErrConfig, id, t)
+		seen := map[poolv1.Tier]string{}
+		for _, t := range slices.Sorted(maps.Keys(tiers)) {
+			n := tiers[t]
+			pt, err := tier.ParseMemory(t)
+			if err != nil {
+				return fmt.Errorf("%w: quotas.%s: %w", ErrConfig, id, err)
 			}
+			if prev, ok := seen[pt]; ok {
+				return fmt.Errorf("%w: quotas.%s: %q and %q name the same tier; keep one", ErrConfig, id, prev, t)
+			}
+			seen[pt] = t
 			if n <= 0 {
 				return fmt.Errorf("%w: quotas.%s.%s is %d; give a positive size (leave the tier out for no quota)", ErrConfig, id, t, n)
 			}
@@ -84,13 +92,16 @@ func (q Quotas) validate() error {
 	return nil
 }
 
-// limit is ident's quota on tier and the entry it comes from; 0 for none.
-func (q Quotas) limit(ident, tier string) (int64, string) {
-	if n, ok := q[ident][tier]; ok {
-		return int64(n), ident
-	}
-	if n, ok := q[identityDefault][tier]; ok {
-		return int64(n), identityDefault
+// limit is ident's quota on tier t and the entry it comes from; 0 for
+// none. An entry names its tier in any letter case, as tier.ParseMemory
+// reads it.
+func (q Quotas) limit(ident string, t poolv1.Tier) (int64, string) {
+	for _, id := range []string{ident, identityDefault} {
+		for name, n := range q[id] {
+			if pt, err := tier.ParseMemory(name); err == nil && pt == t {
+				return int64(n), id
+			}
+		}
 	}
 	return 0, ""
 }
@@ -164,7 +175,7 @@ func (p *Pool) admit(c caller, t poolv1.Tier, n int64) (why string, err error) {
 		}
 	}
 	ident := p.auth.identity(c.client.id)
-	quota, entry := p.cfg.Quotas.limit(ident, tier)
+	quota, entry := p.cfg.Quotas.limit(ident, t)
 	if quota == 0 {
 		return "", nil
 	}
@@ -194,9 +205,9 @@ func (p *Pool) quotaUsage() []*poolv1.QuotaUsage {
 	}
 	var out []*poolv1.QuotaUsage
 	for _, ident := range slices.Sorted(maps.Keys(byIdent)) {
-		for _, t := range []poolv1.Tier{poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_CXL, poolv1.Tier_TIER_RDMA} {
+		for _, t := range tier.Memory() {
 			_, used := p.usage.of(byIdent[ident], tierName(t))
-			quota, entry := p.cfg.Quotas.limit(ident, tierName(t))
+			quota, entry := p.cfg.Quotas.limit(ident, t)
 			if used == 0 && (quota == 0 || entry != ident) {
 				continue
 			}

@@ -282,7 +282,7 @@ func runAsNobody(t *testing.T, socket, test, env string) (string, error) {
 // Status shows usage beside quota; freeing makes room again.
 func TestQuotas(t *testing.T) {
 	cfg := pooltest.Config(t)
-	require.NoError(t, cfg.Quotas.Set("default/cxl=1MiB"))
+	require.NoError(t, cfg.Quotas.Set("default/CXL=1MiB")) // tier names in any letter case, printed in lower case
 	ident := "uid:" + strconv.Itoa(os.Getuid())
 	require.NoError(t, cfg.Quotas.Set(ident+"/local=2MiB"))
 	cfg.Metrics = "127.0.0.1:0"
@@ -379,7 +379,9 @@ func TestLimits(t *testing.T) {
 		{"no one allowed", func(c *pool.Config) { c.AllowUIDs = nil }, "allow-uids"},
 		{"listen without tls", func(c *pool.Config) { c.Listen = "127.0.0.1:0" }, "mutual TLS"},
 		{"half tls", func(c *pool.Config) { c.Listen, c.TLSCert = "127.0.0.1:0", "x.crt" }, "tls-key"},
-		{"quota tier", func(c *pool.Config) { c.Quotas = pool.Quotas{"default": {"disk": 1}} }, "unknown tier"},
+		{"quota tier", func(c *pool.Config) { c.Quotas = pool.Quotas{"default": {"disk": 1}} }, `unknown tier "disk"; use local, cxl or rdma`},
+		{"quota any tier", func(c *pool.Config) { c.Quotas = pool.Quotas{"default": {"any": 1}} }, `unknown tier "any"`},
+		{"quota tier twice", func(c *pool.Config) { c.Quotas = pool.Quotas{"default": {"cxl": 1, "CXL": 2}} }, `"CXL" and "cxl" name the same tier`},
 		{"quota size", func(c *pool.Config) { c.Quotas = pool.Quotas{"default": {"cxl": 0}} }, "positive size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/tier"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -268,7 +269,7 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 		CreatedUnixMs: r.Created.UnixMilli(), Persist: r.Persist, Attached: r.Attached,
 		Creator: r.Creator, Allow: r.Allow, AllowFree: r.AllowFree,
 	}
-	seg.Tier, _ = ParseTier(r.Tier)
+	seg.Tier, _ = tier.Parse(r.Tier)
 	if r.Lost {
 		seg.State = poolv1.SegmentState_SEGMENT_STATE_LOST
 	}

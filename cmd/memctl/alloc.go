@@ -8,12 +8,13 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 func newAllocCmd(g *globals) *cobra.Command {
 	var (
 		sz               sizeFlag
-		tier             string
+		tierFlag         string
 		name             string
 		allow, allowFree []string
 	)
@@ -22,9 +23,9 @@ func newAllocCmd(g *globals) *cobra.Command {
 		Short: "Allocate a segment that stays until 'memctl free'",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			t, err := parseTier(tier)
+			t, err := tier.Parse(tierFlag)
 			if err != nil {
-				return err
+				return fmt.Errorf("--tier: %w", err)
 			}
 			var seg *poolv1.Segment
 			err = g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
@@ -38,12 +39,12 @@ func newAllocCmd(g *globals) *cobra.Command {
 				return g.printJSON(segmentView(seg))
 			}
 			fmt.Fprintf(g.out, "allocated segment %d: %s on %s (%s, %s, device %s, node %s)\n", seg.Id, human(seg.Size),
-				tierName(seg.Tier), seg.Kind, reality(seg.Emulated), seg.Device, seg.Node)
+				tier.Name(seg.Tier), seg.Kind, reality(seg.Emulated), seg.Device, seg.Node)
 			return nil
 		},
 	}
 	cmd.Flags().Var(&sz, "size", "segment size, e.g. 64MiB (required)")
-	cmd.Flags().StringVar(&tier, "tier", "any", "tier: local, cxl, rdma or any")
+	cmd.Flags().StringVar(&tierFlag, "tier", "any", "tier: local, cxl, rdma or any")
 	cmd.Flags().StringVar(&name, "name", "", "unique name clients of the identities allowed can attach")
 	cmd.Flags().StringSliceVar(&allow, "allow", nil, "identities besides memctl's own that may attach the name: uid:N, gid:N (primary gid) or cn:NAME (client certificate), comma-separated")
 	cmd.Flags().StringSliceVar(&allowFree, "allow-free", nil, "identities that may attach the name and free it")
@@ -60,16 +61,4 @@ func (f *sizeFlag) String() string {
 		return ""
 	}
 	return f.Size.String()
-}
-
-func parseTier(s string) (poolv1.Tier, error) {
-	if s == "any" {
-		return poolv1.Tier_TIER_UNSPECIFIED, nil
-	}
-	for v := range poolv1.Tier_name {
-		if t := poolv1.Tier(v); t != poolv1.Tier_TIER_UNSPECIFIED && tierName(t) == s {
-			return t, nil
-		}
-	}
-	return 0, fmt.Errorf("--tier %q: use local, cxl, rdma or any", s)
 }

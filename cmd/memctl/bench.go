@@ -43,17 +43,17 @@ type benchFlags struct {
 	busyPoll  time.Duration
 }
 
-// benchTier is a farmem tier as --tiers names it and as rows show it.
+// benchTier is a farmem tier and the system name its rows show.
 type benchTier struct {
-	flag, system string
-	tier         alloc.Tier
+	system string
+	tier   alloc.Tier
 }
 
 // benchTiers names farmem's tiers as bench rows show them.
 var benchTiers = []benchTier{
-	{"cxl", "farmem-cxl", alloc.TierCXL},
-	{"local", "farmem-dram", alloc.TierLocal},
-	{"rdma", "farmem-rdma", alloc.TierRDMA},
+	{"farmem-cxl", alloc.TierCXL},
+	{"farmem-dram", alloc.TierLocal},
+	{"farmem-rdma", alloc.TierRDMA},
 }
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -248,14 +248,15 @@ func benchSystems(ctx context.Context, g *globals, f *benchFlags, client *alloc.
 	var systems []bench.System
 	var segs []*alloc.Segment
 	for _, name := range f.tiers {
-		i := slices.IndexFunc(benchTiers, func(t benchTier) bool { return t.flag == name })
-		if i < 0 {
+		t, err := alloc.ParseTier(name)
+		i := slices.IndexFunc(benchTiers, func(bt benchTier) bool { return bt.tier == t })
+		if err != nil || i < 0 {
 			return systems, segs, fmt.Errorf("--tiers %q: use cxl, local or rdma", name)
 		}
 		bt := benchTiers[i]
 		seg, err := client.Alloc(ctx, int64(bench.Keys*maxSize), alloc.WithTier(bt.tier))
 		if err != nil {
-			fmt.Fprintf(stderr, "memctl bench: skipping the %s tier: %v\n", bt.flag, err)
+			fmt.Fprintf(stderr, "memctl bench: skipping the %s tier: %v\n", bt.tier, err)
 			continue
 		}
 		segs = append(segs, seg)

@@ -14,6 +14,7 @@ import (
 	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 // channel is the gRPC channel to poold: the unix socket, or --addr over
@@ -109,7 +110,7 @@ type quotaJSON struct {
 func quotasJSON(qs []*poolv1.QuotaUsage) []quotaJSON {
 	out := make([]quotaJSON, len(qs))
 	for i, q := range qs {
-		out[i] = quotaJSON{Identity: q.Identity, Tier: tierName(q.Tier), UsedBytes: q.UsedBytes, QuotaBytes: q.QuotaBytes}
+		out[i] = quotaJSON{Identity: q.Identity, Tier: tier.Name(q.Tier), UsedBytes: q.UsedBytes, QuotaBytes: q.QuotaBytes}
 	}
 	return out
 }
@@ -138,6 +139,6 @@ func printSecurity(w io.Writer, st *poolv1.StatusResponse) {
 		if q.QuotaBytes > 0 {
 			quota = size.Size(q.QuotaBytes).Human()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", q.Identity, tierName(q.Tier), size.Size(q.UsedBytes).Human(), quota)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", q.Identity, tier.Name(q.Tier), size.Size(q.UsedBytes).Human(), quota)
 	}
 }

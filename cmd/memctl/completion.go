@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 // addCompletions teaches the shell completion scripts (cobra's "memctl
@@ -34,7 +35,7 @@ func addCompletions(root *cobra.Command, g *globals) {
 	for _, c := range root.Commands() {
 		switch c.Name() {
 		case "alloc":
-			c.RegisterFlagCompletionFunc("tier", fixedCompletions("any", "local", "cxl", "rdma"))
+			c.RegisterFlagCompletionFunc("tier", fixedCompletions(tier.Names()...))
 			c.RegisterFlagCompletionFunc("size", fixedCompletions("1MiB", "64MiB", "1GiB"))
 			c.RegisterFlagCompletionFunc("name", cobra.NoFileCompletions)
 		case "free":
@@ -76,7 +77,7 @@ func (g *globals) completeSegments(_ *cobra.Command, args []string, _ string) ([
 			if v == "" {
 				v = strconv.FormatUint(s.Id, 10)
 			}
-			out = append(out, fmt.Sprintf("%s\t%s on %s", v, human(s.Size), tierName(s.Tier)))
+			out = append(out, fmt.Sprintf("%s\t%s on %s", v, human(s.Size), tier.Name(s.Tier)))
 		}
 		return nil
 	})

@@ -15,6 +15,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/cxl"
 	"github.com/farmem/farmem/internal/paths"
+	"github.com/farmem/farmem/internal/tier"
 	"github.com/farmem/farmem/rdma/devices"
 	"github.com/farmem/farmem/rdma/dialer"
 )
@@ -194,7 +195,7 @@ func (r *doctorReport) askPool(g *globals) {
 		r.problem(conflictProblem(c))
 	}
 	for _, t := range tiers {
-		line := fmt.Sprintf("%s: %s (%s) on %s, %s free of %s, read %s", tierName(t.Tier), t.Kind, strings.ToLower(reality(t.Emulated)),
+		line := fmt.Sprintf("%s: %s (%s) on %s, %s free of %s, read %s", tier.Name(t.Tier), t.Kind, strings.ToLower(reality(t.Emulated)),
 			strings.Join(t.Devices, ","), human(t.Free), human(t.Capacity), readLatency(t))
 		r.Pool.TierLines = append(r.Pool.TierLines, line)
 		if t.Tier == poolv1.Tier_TIER_RDMA && r.Pool.Transport == "" {
@@ -207,7 +208,7 @@ func (r *doctorReport) askPool(g *globals) {
 func (r *doctorReport) usedBy(name string) string {
 	for _, t := range r.Pool.Tiers {
 		if slices.Contains(t.Devices, name) {
-			return tierName(t.Tier)
+			return tier.Name(t.Tier)
 		}
 	}
 	return ""
@@ -449,7 +450,7 @@ func (r *doctorReport) poolChecks(inv *devices.Inventory) {
 			continue
 		}
 		if inj, real := time.Duration(t.Injected.LatencyNs), time.Duration(t.MeasuredReadLatency.P50Ns); real > inj {
-			r.Notes = append(r.Notes, fmt.Sprintf("%s: injected latency %s is below what the tier really takes (%s measured): emulation only adds latency, so calls stay at the real cost", tierName(t.Tier), inj, real))
+			r.Notes = append(r.Notes, fmt.Sprintf("%s: injected latency %s is below what the tier really takes (%s measured): emulation only adds latency, so calls stay at the real cost", tier.Name(t.Tier), inj, real))
 		}
 	}
 }

@@ -47,9 +47,10 @@ func TestCommands(t *testing.T) {
 	require.Equal(t, true, seg["emulated"])
 	require.Equal(t, "test-node", seg["node"])
 
-	out, _, code = memctl(t, s, "alloc", "--size", "1MiB", "--tier", "local")
+	out, _, code = memctl(t, s, "alloc", "--size", "1MiB", "--tier", "Local") // tier names in any letter case
 	require.Zero(t, code)
 	require.Contains(t, out, "allocated segment")
+	require.Contains(t, out, "on local (")
 
 	out, _, code = memctl(t, s, "segments", "-o", "json")
 	require.Zero(t, code)
@@ -96,7 +97,7 @@ func TestErrors(t *testing.T) {
 		{"bad size", []string{"alloc", "--size", "lots"}, "not a byte size"},
 		{"zero size", []string{"alloc", "--size", "0"}, "size 0"},
 		{"too large", []string{"alloc", "--size", "1TiB"}, "or pick another --tier"},
-		{"bad tier", []string{"alloc", "--size", "1MiB", "--tier", "fast"}, "--tier"},
+		{"bad tier", []string{"alloc", "--size", "1MiB", "--tier", "fast"}, `--tier: unknown tier "fast"; use local, cxl, rdma or any`},
 		{"missing size", []string{"alloc"}, "size"},
 		{"bad output", []string{"tiers", "-o", "xml"}, "-o"},
 		{"duplicate name", []string{"alloc", "--size", "1MiB", "--name", "dup"}, ""},

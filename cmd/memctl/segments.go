@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 func newSegmentsCmd(g *globals) *cobra.Command {
@@ -50,7 +51,7 @@ a table of any size lists; --timeout bounds each page.`,
 				if s.Sharers > 0 {
 					sharers = fmt.Sprint(s.Sharers)
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, name, tierName(s.Tier), s.Kind, reality(s.Emulated),
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, name, tier.Name(s.Tier), s.Kind, reality(s.Emulated),
 					human(s.Size), s.Node, s.Device, stateName(s.State), sharers, owner, access(s))
 			}
 			return w.Flush()

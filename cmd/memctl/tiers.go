@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 // measureTimeout is the least time memctl tiers --measure waits: the
@@ -103,12 +104,12 @@ func readLatency(t *poolv1.TierInfo) string {
 func printTiers(w *tabwriter.Writer, tiers []*poolv1.TierInfo) {
 	fmt.Fprintln(w, "TIER\tKIND\tHARDWARE\tCAPACITY\tFREE\tSEGMENTS\tREAD LATENCY\tDEVICES")
 	for _, t := range tiers {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", tierName(t.Tier), t.Kind, reality(t.Emulated),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", tier.Name(t.Tier), t.Kind, reality(t.Emulated),
 			human(t.Capacity), human(t.Free), t.Segments, readLatency(t), strings.Join(t.Devices, ","))
 	}
 	for _, t := range tiers {
 		if t.Note != "" {
-			fmt.Fprintf(w, "\n%s: %s", tierName(t.Tier), t.Note)
+			fmt.Fprintf(w, "\n%s: %s", tier.Name(t.Tier), t.Note)
 		}
 	}
 	fmt.Fprintln(w)

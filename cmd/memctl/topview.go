@@ -8,6 +8,7 @@ import (
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 // topView is one refresh of memctl top, as -o json prints it.
@@ -121,7 +122,7 @@ func newTopView(prev, cur *topSample, interval time.Duration) *topView {
 		return nil
 	}
 	for _, t := range st.Tiers {
-		tt := topTier{Tier: tierName(t.Tier), Kind: t.Kind, Emulated: t.Emulated, Capacity: t.Capacity,
+		tt := topTier{Tier: tier.Name(t.Tier), Kind: t.Kind, Emulated: t.Emulated, Capacity: t.Capacity,
 			Used: t.Capacity - t.Free, Free: t.Free, Segments: t.Segments, Totals: opsView(opsOf(st, t.Tier))}
 		if comparable {
 			tt.Rates = rates(opsView(opsOf(prev.st, t.Tier)), tt.Totals, dt)

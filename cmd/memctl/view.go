@@ -6,6 +6,7 @@ import (
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 // tierJSON is a tier as -o json prints it.
@@ -54,7 +55,7 @@ func latency(l *poolv1.Latency) *latencyJSON {
 
 func tierView(t *poolv1.TierInfo) tierJSON {
 	v := tierJSON{
-		Tier: tierName(t.Tier), Kind: t.Kind, Emulated: t.Emulated, Capacity: t.Capacity, Free: t.Free,
+		Tier: tier.Name(t.Tier), Kind: t.Kind, Emulated: t.Emulated, Capacity: t.Capacity, Free: t.Free,
 		Segments: t.Segments, Devices: t.Devices, Fragmentation: t.Fragmentation, Transport: t.Transport,
 		ReadLatency: latency(t.ReadLatency), WriteLatency: latency(t.WriteLatency), HMATRead: latency(t.HmatReadLatency),
 		ReadBandwidth: t.ReadBandwidthBps, WriteBandwidth: t.WriteBandwidthBps, Note: t.Note,
@@ -96,7 +97,7 @@ type segmentJSON struct {
 
 func segmentView(s *poolv1.Segment) segmentJSON {
 	v := segmentJSON{
-		ID: s.Id, Name: s.Name, Tier: tierName(s.Tier), Size: s.Size, Emulated: s.Emulated, Node: s.Node,
+		ID: s.Id, Name: s.Name, Tier: tier.Name(s.Tier), Size: s.Size, Emulated: s.Emulated, Node: s.Node,
 		Kind: s.Kind, Device: s.Device, NUMANode: s.NumaNode, Offset: s.Offset, State: stateName(s.State),
 		Owner: s.Owner, Persist: s.Persist, Created: time.UnixMilli(s.CreatedUnixMs).UTC().Format(time.RFC3339),
 		Attached: s.Attached, Sharers: s.Sharers, Creator: s.Creator, Allow: s.Allow, AllowFree: s.AllowFree,
@@ -105,10 +106,6 @@ func segmentView(s *poolv1.Segment) segmentJSON {
 		v.LeaseExpires = time.UnixMilli(s.LeaseExpiresUnixMs).UTC().Format(time.RFC3339Nano)
 	}
 	return v
-}
-
-func tierName(t poolv1.Tier) string {
-	return strings.ToLower(strings.TrimPrefix(t.String(), "TIER_"))
 }
 
 func stateName(s poolv1.SegmentState) string {

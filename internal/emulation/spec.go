@@ -1,6 +1,7 @@
 package emulation
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/internal/tier"
 )
 
 // MaxLatency is the largest latency a spec may inject: far above any
@@ -46,12 +48,6 @@ func (t Target) String() string {
 	return s
 }
 
-// tiers are the tiers a spec may name, in the order String writes them.
-var tiers = []struct {
-	name string
-	tier poolv1.Tier
-}{{"local", poolv1.Tier_TIER_LOCAL}, {"cxl", poolv1.Tier_TIER_CXL}, {"rdma", poolv1.Tier_TIER_RDMA}}
-
 // Spec is a target per tier, as --emulate-latency writes it. The zero value
 // injects nothing. A tier can be named with a zero target ("cxl=0"), which
 // turns emulation off for it when the spec overrides another (see
@@ -87,9 +83,9 @@ func Parse(s string) (Spec, error) {
 		if !ok {
 			return bad("no TIER= before the latency", "TIER=LATENCY, e.g. cxl="+item)
 		}
-		t, ok := tierByName(strings.ToLower(name))
-		if !ok {
-			return bad(fmt.Sprintf("unknown tier %q", name), "local, cxl or rdma before the =, e.g. cxl="+val)
+		t, terr := tier.ParseMemory(name)
+		if unknown := (*tier.UnknownError)(nil); errors.As(terr, &unknown) {
+			return bad(fmt.Sprintf("unknown tier %q", name), unknown.Valid()+" before the =, e.g. cxl="+val)
 		}
 		if sp.named[t] {
 			return bad(fmt.Sprintf("tier %s is given twice", name), "each tier once")
@@ -107,15 +103,6 @@ func Parse(s string) (Spec, error) {
 		sp.targets[t], sp.named[t] = target, true
 	}
 	return sp, nil
-}
-
-func tierByName(name string) (poolv1.Tier, bool) {
-	for _, t := range tiers {
-		if t.name == name {
-			return t.tier, true
-		}
-	}
-	return 0, false
 }
 
 // problem is a reason and what to write instead, before Parse adds the item.
@@ -239,9 +226,9 @@ func (s Spec) Zero() bool {
 // tiers in the order local, cxl, rdma.
 func (s Spec) String() string {
 	var parts []string
-	for _, t := range tiers {
-		if s.named[t.tier] {
-			parts = append(parts, t.name+"="+s.targets[t.tier].String())
+	for _, t := range tier.Memory() {
+		if s.named[t] {
+			parts = append(parts, tier.Name(t)+"="+s.targets[t].String())
 		}
 	}
 	return strings.Join(parts, ",")
