@@ -1,0 +1,278 @@
+// This file holds placement: an Alloc request checked, its tiers tried in
+// order, an extent and an id reserved on a device and committed.
+
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"unicode"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/extent"
+	"github.com/farmem/farmem/internal/size"
+)
+
+// AllocRequest is what a caller asks of Alloc. A plain value.
+type AllocRequest struct {
+	// Size is the segment's size in bytes, 1 to MaxSegmentSize.
+	Size int64
+	// Tier is the tier asked for; TIER_UNSPECIFIED lets placement choose.
+	Tier poolv1.Tier
+	// Name, when set, makes the segment attachable by other clients and
+	// pins it: it outlives its owner's lease until freed.
+	Name string
+	// Persist pins an unnamed segment the same way.
+	Persist bool
+	// Fallback lists tiers to try, in order, when Tier is full.
+	Fallback []poolv1.Tier
+	// HomeOnly places on this daemon's own memory (a peer asking).
+	HomeOnly bool
+	// Allow and AllowFree are identities besides the creator's that may
+	// attach a named segment, and attach and free it (see grants.go).
+	Allow, AllowFree []string
+}
+
+// tierOrder is the order in which a request tries tiers.
+func tierOrder(req AllocRequest) []poolv1.Tier {
+	first := []poolv1.Tier{req.Tier}
+	if req.Tier == poolv1.Tier_TIER_UNSPECIFIED {
+		first = []poolv1.Tier{poolv1.Tier_TIER_CXL, poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_RDMA}
+	}
+	var out []poolv1.Tier
+	for _, t := range append(first, req.Fallback...) {
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func validName(name string) error {
+	if len(name) > MaxNameLen {
+		return fmt.Errorf("%w: name of %d bytes is longer than %d", errs.ErrInvalid, len(name), MaxNameLen)
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("%w: name %q has a space or unprintable character; use letters, digits and punctuation", errs.ErrInvalid, name)
+		}
+	}
+	return nil
+}
+
+func validTier(t poolv1.Tier) error {
+	if _, ok := poolv1.Tier_name[int32(t)]; !ok {
+		return fmt.Errorf("%w: unknown tier %d; use local, cxl, rdma or any", errs.ErrInvalid, t)
+	}
+	return nil
+}
+
+// Alloc places a new segment and commits it before returning. For the rdma
+// tier it tries peers first (chosen by free capacity), then this daemon's
+// own exported memory.
+func (p *Pool) Alloc(ctx context.Context, c caller, req AllocRequest) (*record, error) {
+	if req.Size <= 0 || req.Size > MaxSegmentSize {
+		return nil, fmt.Errorf("%w: size %d; ask for 1 byte to %d bytes", errs.ErrInvalid, req.Size, int64(MaxSegmentSize))
+	}
+	if err := validName(req.Name); err != nil {
+		return nil, err
+	}
+	if err := validGrants(req); err != nil {
+		return nil, err
+	}
+	for _, t := range append([]poolv1.Tier{req.Tier}, req.Fallback...) {
+		if err := validTier(t); err != nil {
+			return nil, err
+		}
+	}
+	if c.client == nil && !req.Persist && req.Name == "" {
+		return nil, fmt.Errorf("%w: a call without a session must ask for a named or persistent segment, or nothing would keep it alive", errs.ErrInvalid)
+	}
+	if req.HomeOnly {
+		p.mu.Lock()
+		draining := p.draining
+		p.mu.Unlock()
+		if draining {
+			return nil, fmt.Errorf("alloc on %s: %w: the node is draining ('memctl drain --undo %s' accepts placements again)", p.cfg.Node, errs.ErrNoCapacity, p.cfg.Node)
+		}
+	}
+	var tried []string
+	for _, t := range tierOrder(req) {
+		if t == poolv1.Tier_TIER_RDMA && !req.HomeOnly && p.cl != nil {
+			r, err := p.allocRemote(ctx, c, req)
+			if err == nil {
+				return r, nil
+			}
+			if !errors.Is(err, cluster.ErrNoPeer) {
+				p.log.Warn("placement on a peer failed; trying this host's own memory", "err", err)
+			}
+			tried = append(tried, "rdma on peers: "+err.Error())
+		}
+		r, why, err := p.allocLocal(c, t, req)
+		if r != nil || err != nil {
+			return r, err
+		}
+		tried = append(tried, why...)
+	}
+	return nil, fmt.Errorf("alloc %d bytes: %w; tried %s", req.Size, errs.ErrNoCapacity, strings.Join(tried, "; "))
+}
+
+// allocLocal places a segment on one of this daemon's devices of tier t,
+// or says why none could take it. The placement is made under p.mu and
+// committed outside it, so that concurrent allocations share a metadata
+// commit (see store); until the commit is done the segment is in no
+// listing, and its name and extent are taken.
+func (p *Pool) allocLocal(c caller, t poolv1.Tier, req AllocRequest) (*record, []string, error) {
+	r, tried, err := p.place(c, t, req)
+	if r == nil {
+		return nil, tried, err
+	}
+	err = p.st.put(r)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.unplace(r)
+		return nil, nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
+	}
+	p.link(r)
+	p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
+	cp := *r // the table's record changes under p.mu; callers get a copy
+	return &cp, nil, nil
+}
+
+// place reserves an extent, an id and the name for a new segment on a
+// device of tier t and creates its backing, not yet committed.
+func (p *Pool) place(c caller, t poolv1.Tier, req AllocRequest) (*record, []string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, nil, fmt.Errorf("alloc: %w", errs.ErrUnavailable)
+	}
+	if req.Name != "" {
+		if _, ok := p.names[req.Name]; ok {
+			return nil, nil, fmt.Errorf("alloc %q: %w", req.Name, errs.ErrExists)
+		}
+	}
+	if why, err := p.admit(c, t, req.Size); err != nil || why != "" {
+		return nil, []string{why}, err
+	}
+	var tried []string
+	seen := false
+	for _, d := range p.devs {
+		if d.tier != t || !d.usable {
+			continue
+		}
+		seen = true
+		r, err := p.allocOn(c, d, req)
+		if err == nil {
+			p.usage.add(r)
+			return r, nil, nil
+		}
+		// No room on this device, by its accounting (extent) or its backing
+		// filesystem (device): the next device or tier may have it. A full
+		// metadata store is the node's, not the device's.
+		if !errors.Is(err, errs.ErrNoCapacity) || errors.Is(err, errMetadataFull) {
+			return nil, nil, err
+		}
+		if errors.Is(err, extent.ErrNoSpace) {
+			st := d.ext.Stats()
+			tried = append(tried, fmt.Sprintf("%s (%s): largest free extent %s of %s free", tierName(t), d.Name(), size.Size(st.LargestFree).Human(), size.Size(st.Free).Human()))
+		} else {
+			tried = append(tried, fmt.Sprintf("%s (%s): %v", tierName(t), d.Name(), err))
+		}
+	}
+	if !seen {
+		tried = append(tried, fmt.Sprintf("%s: %s", tierName(t), p.whyNoTier(t)))
+	}
+	return nil, tried, nil
+}
+
+// whyNoTier explains a tier that has no usable device.
+func (p *Pool) whyNoTier(t poolv1.Tier) string {
+	for _, d := range p.devs {
+		if d.tier == t && !d.usable {
+			return d.note
+		}
+	}
+	switch t {
+	case poolv1.Tier_TIER_RDMA:
+		return "this daemon offers no rdma tier (no peers and no loopback data plane)"
+	case poolv1.Tier_TIER_LOCAL:
+		return "the local tier is disabled (--local-size 0)"
+	case poolv1.Tier_TIER_CXL:
+		return "no CXL memory found and emulation is disabled (--emulate-cxl 0)"
+	}
+	return "no device"
+}
+
+func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
+	off, err := d.ext.Alloc(req.Size)
+	if err != nil {
+		return nil, err
+	}
+	length := roundUp(req.Size, d.Align())
+	id, err := p.newID()
+	if err != nil {
+		d.ext.Free(off, length)
+		return nil, err
+	}
+	b, err := d.Create(id, off, length)
+	if err != nil {
+		d.ext.Free(off, length)
+		return nil, fmt.Errorf("alloc on %s: %w", d.Name(), err)
+	}
+	r := &record{
+		ID: id, Name: req.Name, Tier: tierName(d.tier), Device: d.Name(), Offset: off, Extent: length,
+		Size: req.Size, Owner: c.id(), Persist: req.Persist, Epoch: 1, Created: p.now().UTC(),
+	}
+	r.grant(c, req)
+	if d.tier == poolv1.Tier_TIER_RDMA {
+		key, err := p.dp.export(id, b, r.Epoch, nil)
+		if err != nil {
+			b.File.Close()
+			d.Remove(id, off, length)
+			d.ext.Free(off, length)
+			return nil, fmt.Errorf("alloc: export on the data plane: %w", err)
+		}
+		r.Key = key.String()
+	}
+	b.File.Close()
+	if r.Name != "" {
+		p.names[r.Name] = id
+	}
+	return r, nil
+}
+
+// unplace undoes a placement whose commit failed.
+func (p *Pool) unplace(r *record) {
+	p.usage.sub(r)
+	if r.Key != "" {
+		p.dp.revoke(r.ID)
+	}
+	if r.Name != "" && p.names[r.Name] == r.ID {
+		delete(p.names, r.Name)
+	}
+	d := p.device(r.Device)
+	d.Remove(r.ID, r.Offset, r.Extent)
+	d.ext.Free(r.Offset, r.Extent)
+}
+
+func roundUp(n, align int64) int64 { return (n + align - 1) / align * align }
+
+// newID hands out a segment id that is durable as used.
+func (p *Pool) newID() (uint64, error) {
+	if p.nextID >= p.idLimit {
+		if err := p.st.reserveIDs(p.nextID + idBlock); err != nil {
+			return 0, fmt.Errorf("reserve segment ids: %w", err)
+		}
+		p.idLimit = p.nextID + idBlock
+	}
+	id := p.nextID
+	p.nextID++
+	return id, nil
+}

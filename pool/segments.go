@@ -1,0 +1,239 @@
+// This file holds the segment table's operations after placement: lookup,
+// Free and reclaim, Attach and Detach, Stat and listing, and Backing.
+
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/device"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// lookup finds a segment by id or, when id is 0, by name.
+func (p *Pool) lookup(id uint64, name string) (*record, error) {
+	if id == 0 {
+		var ok bool
+		if id, ok = p.names[name]; !ok {
+			return nil, fmt.Errorf("segment %q: %w (see 'memctl segments')", name, errs.ErrNotFound)
+		}
+	}
+	r, ok := p.segs[id]
+	if !ok {
+		return nil, fmt.Errorf("segment %d: %w (see 'memctl segments')", id, errs.ErrNotFound)
+	}
+	return r, nil
+}
+
+// mayUse reports whether the caller may map, free or stat-with-memory the segment.
+func mayUse(c caller, r *record) bool {
+	if c.client == nil {
+		return true
+	}
+	return r.Owner == c.client.id || slices.Contains(r.Attached, c.client.id)
+}
+
+// Free releases a segment: committed, then its backing removed and its
+// extent returned.
+func (p *Pool) Free(c caller, id uint64, name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, name)
+	if err != nil {
+		return err
+	}
+	if !mayFree(c, r) {
+		return freeDenied(c, r)
+	}
+	// Out of the table while the removal commits outside p.mu (grouped
+	// with concurrent commits): nobody else frees, maps or reclaims it
+	// meanwhile. A crash before the commit leaves it whole, as never freed.
+	p.unlink(r)
+	p.mu.Unlock()
+	err = p.st.delete(r.ID)
+	p.mu.Lock()
+	if err != nil {
+		p.link(r)
+		if r.Name != "" {
+			p.names[r.Name] = r.ID
+		}
+		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
+	}
+	p.release(r, "freed")
+	return nil
+}
+
+// link puts a record in the table (not its name: callers do).
+func (p *Pool) link(r *record) {
+	p.segs[r.ID] = r
+	p.order.ReplaceOrInsert(r.ID)
+}
+
+// unlink takes a record out of the table, not the store.
+func (p *Pool) unlink(r *record) {
+	delete(p.segs, r.ID)
+	p.order.Delete(r.ID)
+	if r.Name != "" && p.names[r.Name] == r.ID {
+		delete(p.names, r.Name)
+	}
+}
+
+func (p *Pool) freeLocked(r *record, reason string) error {
+	if err := p.st.delete(r.ID); err != nil {
+		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
+	}
+	p.unlink(r)
+	p.release(r, reason)
+	return nil
+}
+
+// release returns a record's memory once its removal is committed: the
+// data plane fences it, its backing goes and its extent is free again.
+func (p *Pool) release(r *record, reason string) {
+	p.usage.sub(r)
+	if r.Home != "" {
+		p.peers.freeLater(r.Home, r.HomeID)
+	} else if r.Key != "" && p.dp != nil {
+		p.dp.fence(r.ID)
+	}
+	if d := p.device(r.Device); d != nil && r.Home == "" {
+		if err := d.Remove(r.ID, r.Offset, r.Extent); err != nil {
+			p.log.Error("remove segment backing", "segment", r.ID, "device", r.Device, "err", err)
+		}
+		if err := d.ext.Free(r.Offset, r.Extent); err != nil && !r.Lost {
+			p.log.Error("return extent", "segment", r.ID, "device", r.Device, "err", err)
+		}
+	}
+	p.metrics.released(r, reason)
+	p.log.Debug("segment released", "segment", r.ID, "reason", reason, "size", r.Size, "owner", r.Owner)
+}
+
+// Attach gives the caller access to a named segment.
+func (p *Pool) Attach(c caller, name string) (*record, error) {
+	if name == "" {
+		return nil, fmt.Errorf("%w: attach needs a segment name", errs.ErrInvalid)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(0, name)
+	if err != nil {
+		return nil, err
+	}
+	if !mayAttach(c, r) {
+		return nil, attachDenied(c, r)
+	}
+	if !mayUse(c, r) {
+		next := *r
+		next.Attached = append(slices.Clone(r.Attached), c.client.id)
+		if err := p.st.put(&next); err != nil {
+			return nil, fmt.Errorf("attach %q: commit to the metadata store: %w", name, err)
+		}
+		*r = next
+	}
+	cp := *r
+	return &cp, nil
+}
+
+// Detach withdraws the caller's attachment to a segment (its client id
+// from Attached), so that the caller may no longer map or free it; the
+// segment stays for its owner and other attachers. Nothing to withdraw
+// (the caller owns the segment, or never attached it) is not an error.
+func (p *Pool) Detach(c caller, id uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, "")
+	if err != nil {
+		return err
+	}
+	if c.client == nil {
+		return nil
+	}
+	i := slices.Index(r.Attached, c.client.id)
+	if i < 0 {
+		return nil
+	}
+	next := *r
+	next.Attached = slices.Delete(slices.Clone(r.Attached), i, i+1)
+	if err := p.st.put(&next); err != nil {
+		return fmt.Errorf("detach segment %d: commit to the metadata store: %w", id, err)
+	}
+	*r = next
+	return nil
+}
+
+// Stat returns a copy of one segment.
+func (p *Pool) Stat(id uint64) (record, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, "")
+	if err != nil {
+		return record{}, err
+	}
+	return *r, nil
+}
+
+// List returns copies of every segment, by id.
+func (p *Pool) List() []record {
+	recs, _ := p.listPage(0, 0)
+	return recs
+}
+
+// listPage returns copies of up to limit segments (0: no limit) with ids
+// above after, by id, and whether more follow.
+func (p *Pool) listPage(after uint64, limit int) (recs []record, more bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.order.AscendGreaterOrEqual(after+1, func(id uint64) bool {
+		if limit > 0 && len(recs) == limit {
+			more = true
+			return false
+		}
+		recs = append(recs, *p.segs[id])
+		return true
+	})
+	return recs, more
+}
+
+// segmentCount is the number of segments in the table.
+func (p *Pool) segmentCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.segs)
+}
+
+// Backing opens a segment's memory for a caller that may use it.
+func (p *Pool) Backing(c caller, id uint64) (device.Backing, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, "")
+	if err != nil {
+		return device.Backing{}, err
+	}
+	if !mayUse(c, r) {
+		return device.Backing{}, fmt.Errorf("segment %d: %w", id, errs.ErrAccessDenied)
+	}
+	if r.Lost {
+		return device.Backing{}, fmt.Errorf("segment %d on %s: %w", id, r.Device, errs.ErrSegmentLost)
+	}
+	d := p.device(r.Device)
+	if d.tier == poolv1.Tier_TIER_RDMA {
+		return device.Backing{}, fmt.Errorf("segment %d is on the rdma tier, reached through the data plane at its key, not mapped: %w", id, errs.ErrAccessDenied)
+	}
+	if d.SharesFD() && !p.cfg.AllowDevdaxFD {
+		return device.Backing{}, fmt.Errorf("segment %d is on devdax device %s, whose descriptor reaches every segment: %w; start poold with --allow-devdax-fd to hand it out", id, d.Name(), errs.ErrAccessDenied)
+	}
+	b, err := d.Open(r.ID, r.Offset, r.Extent)
+	if err != nil {
+		if errors.Is(err, device.ErrLost) {
+			r.Lost = true
+			p.log.Warn("segment lost: its memory is gone", "segment", r.ID, "device", r.Device, "err", err)
+			return device.Backing{}, fmt.Errorf("segment %d: %w", id, err) // matches errs.ErrSegmentLost
+		}
+		return device.Backing{}, err
+	}
+	b.Length = r.Size
+	return b, nil
+}

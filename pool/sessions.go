@@ -1,0 +1,165 @@
+// This file holds clients, their sessions and leases: who calls, the
+// notices queued for a session, and the reclaim of expired leases.
+
+package pool
+
+import (
+	"fmt"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// client is one application identity with its sessions and lease.
+type client struct {
+	id       string
+	name     string
+	pid      int64
+	uid      uint32
+	sessions int
+	expires  time.Time // when sessions == 0: when its unpinned segments are reclaimed
+}
+
+// caller is who makes a control-plane call: a session's client, or an
+// administrator (a call without a session from an identity in
+// Config.Admins, e.g. memctl as root).
+type caller struct {
+	client *client // nil for an administrator
+	// ident is the identity the transport proved (uid:N, cn:NAME,
+	// insecure); "" for the daemon's own calls.
+	ident string
+	// gid is the primary gid of a unix-socket caller (local).
+	gid   uint32
+	local bool
+}
+
+func (c caller) id() string {
+	if c.client == nil {
+		return ""
+	}
+	return c.client.id
+}
+
+// sessionState is one live session: its client and the notices queued for it.
+type sessionState struct {
+	client *client
+	events chan *poolv1.SegmentEvents
+}
+
+// openSession starts (or resumes) a client's session and returns the
+// channel on which the client's segment notices arrive.
+func (p *Pool) openSession(sessionID, clientID, name string, pid int64, uid uint32) <-chan *poolv1.SegmentEvents {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.clients[clientID]
+	if c == nil {
+		c = &client{id: clientID}
+		p.clients[clientID] = c
+	}
+	c.name, c.pid, c.uid = name, pid, uid
+	c.sessions++
+	st := &sessionState{client: c, events: make(chan *poolv1.SegmentEvents, 64)}
+	p.sessions[sessionID] = st
+	return st.events
+}
+
+// notifyLocked queues segment notices for every session of each owner; a
+// session whose queue is full misses them (its next operation finds out).
+func (p *Pool) notifyLocked(byOwner map[string]*poolv1.SegmentEvents) {
+	for _, st := range p.sessions {
+		ev := byOwner[st.client.id]
+		if ev == nil {
+			continue
+		}
+		select {
+		case st.events <- ev:
+		default:
+			p.log.Warn("segment notice dropped: client not reading its session", "client", st.client.id)
+		}
+	}
+}
+
+// closeSession ends a session; the client's lease runs out one TTL after
+// its last session ends.
+func (p *Pool) closeSession(sessionID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.sessions[sessionID]
+	if st == nil {
+		return
+	}
+	c := st.client
+	delete(p.sessions, sessionID)
+	c.sessions--
+	if c.sessions == 0 {
+		c.expires = p.now().Add(p.cfg.LeaseTTL)
+	}
+}
+
+// callerFor resolves a session id ("" for an administrator).
+func (p *Pool) callerFor(sessionID string) (caller, error) {
+	if sessionID == "" {
+		return caller{}, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.sessions[sessionID]
+	if st == nil {
+		return caller{}, fmt.Errorf("session %q: %w (the session ended; the client reconnects by itself)", sessionID, errs.ErrLeaseExpired)
+	}
+	return caller{client: st.client}, nil
+}
+
+// reap reclaims the unpinned segments of clients whose lease ran out.
+func (p *Pool) reap() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	for id, c := range p.clients {
+		if c.sessions > 0 || now.Before(c.expires) {
+			continue
+		}
+		var n int
+		var bytes int64
+		for _, r := range p.segs {
+			if r.Owner == id && !r.pinned() {
+				if err := p.freeLocked(r, "lease expired"); err != nil {
+					p.log.Error("reclaim", "segment", r.ID, "err", err)
+					continue
+				}
+				n++
+				bytes += r.Size
+			}
+		}
+		delete(p.clients, id)
+		if segs, _ := p.usage.of([]string{id}, ""); segs == 0 {
+			p.auth.forget(id)
+		}
+		p.metrics.leaseExpired()
+		if n > 0 {
+			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes)
+		}
+	}
+}
+
+// sessionCount is the number of live sessions.
+func (p *Pool) sessionCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.sessions)
+}
+
+// leaseExpiry is when an unpinned segment will be reclaimed if its owner
+// stays away; zero while the owner holds a session, or for pinned segments.
+func (p *Pool) leaseExpiry(r *record) time.Time {
+	if r.pinned() {
+		return time.Time{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.clients[r.Owner]; c != nil && c.sessions == 0 {
+		return c.expires
+	}
+	return time.Time{}
+}
