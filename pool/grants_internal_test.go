@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -56,8 +55,8 @@ func TestGrantsMigration(t *testing.T) {
 	require.Equal(t, []string{"cn:reader"}, got.Allow)
 
 	err = p.st.db.View(func(tx *bolt.Tx) error {
-		var r record
-		require.NoError(t, json.Unmarshal(tx.Bucket(bucketSegments).Get(idKey(shared.ID)), &r))
+		r, _, err := decodeRecord(tx.Bucket(bucketSegments).Get(idKey(shared.ID)))
+		require.NoError(t, err)
 		require.Equal(t, "uid:1000", r.Creator, "the migration is committed")
 		return nil
 	})

@@ -140,7 +140,7 @@ func (m *metrics) allocDone(r *record, err error) {
 		m.allocFailures.WithLabelValues(allocFailureReason(err)).Inc()
 		return
 	}
-	m.allocs.WithLabelValues(r.Tier).Inc()
+	m.allocs.WithLabelValues(tierName(r.Tier)).Inc()
 }
 
 // allocFailureReason is the reason label of a failed Alloc.
@@ -166,7 +166,7 @@ func (m *metrics) released(r *record, reason string) {
 	if m == nil {
 		return
 	}
-	m.frees.WithLabelValues(r.Tier).Inc()
+	m.frees.WithLabelValues(tierName(r.Tier)).Inc()
 	if reason != "freed" {
 		m.reclaims.WithLabelValues(reasonLabel(reason)).Inc()
 	}
@@ -287,8 +287,8 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		if r.Lost {
 			state = "lost"
 		}
-		segs[[2]string{r.Tier, state}]++
-		tiers[r.Tier] = true
+		segs[[2]string{tierName(r.Tier), state}]++
+		tiers[tierName(r.Tier)] = true
 	}
 	sessions := len(p.sessions)
 	p.mu.Unlock()

@@ -296,8 +296,8 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 	}
 	dataTLS := seg.DataTls
 	r := &record{
-		ID: id, Name: req.Name, Tier: tierName(poolv1.Tier_TIER_RDMA), Device: "peer", Size: req.Size,
-		Owner: c.id(), Persist: req.Persist, Epoch: seg.Epoch, Created: p.now().UTC(), Key: key.String(),
+		ID: id, Name: req.Name, Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: req.Size,
+		Owner: c.id(), Persist: req.Persist, Epoch: seg.Epoch, Created: p.now().UTC(), Key: key,
 		Home: m.Name, HomeID: seg.Id, DataAddr: seg.DataAddr, DataTLS: &dataTLS,
 	}
 	r.grant(c, req)

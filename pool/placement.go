@@ -227,7 +227,7 @@ func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
 		return nil, fmt.Errorf("alloc on %s: %w", d.Name(), err)
 	}
 	r := &record{
-		ID: id, Name: req.Name, Tier: tierName(d.tier), Device: d.Name(), Offset: off, Extent: length,
+		ID: id, Name: req.Name, Tier: d.tier, Device: d.Name(), Offset: off, Extent: length,
 		Size: req.Size, Owner: c.id(), Persist: req.Persist, Epoch: 1, Created: p.now().UTC(),
 	}
 	r.grant(c, req)
@@ -239,7 +239,7 @@ func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
 			d.ext.Free(off, length)
 			return nil, fmt.Errorf("alloc: export on the data plane: %w", err)
 		}
-		r.Key = key.String()
+		r.Key = key
 	}
 	b.File.Close()
 	if r.Name != "" {
@@ -251,7 +251,7 @@ func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
 // unplace undoes a placement whose commit failed.
 func (p *Pool) unplace(r *record) {
 	p.usage.sub(r)
-	if r.Key != "" {
+	if !r.Key.IsZero() {
 		p.dp.revoke(r.ID)
 	}
 	if r.Name != "" && p.names[r.Name] == r.ID {

@@ -17,7 +17,6 @@ import (
 	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/internal/extent"
 	"github.com/farmem/farmem/internal/session"
-	"github.com/farmem/farmem/rdma"
 )
 
 // Limits on requests, each with a clear error when exceeded.
@@ -114,10 +113,13 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 		return nil, err
 	}
 	p.auth.st = p.st
-	recs, next, err := p.st.load()
+	recs, next, rewritten, err := p.st.load()
 	if err != nil {
 		p.st.close()
 		return nil, fmt.Errorf("metadata store: %w", err)
+	}
+	if rewritten > 0 {
+		p.log.Info("rewrote segment records in the current schema", "records", rewritten, "version", recordVersion)
 	}
 	p.nextID, p.idLimit = next, next
 	var migrated []*record
@@ -194,7 +196,7 @@ func (p *Pool) restore(r *record) {
 			p.log.Warn("segment lost: contents did not survive the restart", "segment", r.ID, "device", r.Device, "err", err)
 			break
 		}
-		if r.Key != "" {
+		if !r.Key.IsZero() {
 			err = p.reexport(r, b)
 		}
 		b.File.Close()
@@ -213,11 +215,8 @@ func (p *Pool) reexport(r *record, b device.Backing) error {
 	if p.dp == nil {
 		return errors.New("the data plane is disabled")
 	}
-	key, err := rdma.ParseKey(r.Key)
-	if err != nil {
-		return err
-	}
-	_, err = p.dp.export(r.ID, b, r.Epoch, &key)
+	key := r.Key
+	_, err := p.dp.export(r.ID, b, r.Epoch, &key)
 	return err
 }
 

@@ -134,7 +134,7 @@ func (u *usage) change(r *record, sign int) {
 		u.byOwner[r.Owner] = o
 	}
 	o.segments += sign
-	o.bytes[r.Tier] += int64(sign) * r.Size
+	o.bytes[tierName(r.Tier)] += int64(sign) * r.Size
 	if o.segments <= 0 {
 		delete(u.byOwner, r.Owner)
 	}

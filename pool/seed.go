@@ -1,11 +1,12 @@
 package pool
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 )
 
 // SeedSegments writes n persistent segments of 4 KiB into the metadata
@@ -21,7 +22,7 @@ func SeedSegments(dataDir string, n int, home string) ([]uint64, error) {
 		return nil, err
 	}
 	defer st.close()
-	_, next, err := st.load()
+	_, next, _, err := st.load()
 	if err != nil {
 		return nil, err
 	}
@@ -31,10 +32,10 @@ func SeedSegments(dataDir string, n int, home string) ([]uint64, error) {
 		b := tx.Bucket(bucketSegments)
 		for i := range ids {
 			r := &record{
-				ID: next + uint64(i), Tier: "rdma", Device: "peer", Extent: 4096, Size: 4096, Persist: true, Epoch: 1,
+				ID: next + uint64(i), Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Extent: 4096, Size: 4096, Persist: true, Epoch: 1,
 				Created: created, Home: home, HomeID: uint64(i + 1), DataAddr: "127.0.0.1:1",
 			}
-			v, err := json.Marshal(r)
+			v, err := encodeRecord(r)
 			if err != nil {
 				return err
 			}

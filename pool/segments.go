@@ -96,7 +96,7 @@ func (p *Pool) release(r *record, reason string) {
 	p.usage.sub(r)
 	if r.Home != "" {
 		p.peers.freeLater(r.Home, r.HomeID)
-	} else if r.Key != "" && p.dp != nil {
+	} else if !r.Key.IsZero() && p.dp != nil {
 		p.dp.fence(r.ID)
 	}
 	if d := p.device(r.Device); d != nil && r.Home == "" {

@@ -15,8 +15,6 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
-	"github.com/farmem/farmem/internal/tier"
-	"github.com/farmem/farmem/rdma"
 )
 
 // SessionHeader is the gRPC metadata key that names the caller's session.
@@ -269,7 +267,7 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 		CreatedUnixMs: r.Created.UnixMilli(), Persist: r.Persist, Attached: r.Attached,
 		Creator: r.Creator, Allow: r.Allow, AllowFree: r.AllowFree,
 	}
-	seg.Tier, _ = tier.Parse(r.Tier)
+	seg.Tier = r.Tier
 	if r.Lost {
 		seg.State = poolv1.SegmentState_SEGMENT_STATE_LOST
 	}
@@ -278,7 +276,7 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 	}
 	switch {
 	case r.Home != "":
-		key, _ := rdma.ParseKey(r.Key)
+		key := r.Key
 		seg.Node, seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = r.Home, r.DataAddr, key[:], r.HomeID, "tcp"
 		seg.Kind, seg.Device = "tcp", "peer:"+r.Home
 		// A record older than the field: the home is taken to serve as
@@ -288,8 +286,8 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 			on = *r.DataTLS
 		}
 		d.dataTLS(seg, on, r.Home)
-	case r.Key != "" && d.pool.dp != nil:
-		key, _ := rdma.ParseKey(r.Key)
+	case !r.Key.IsZero() && d.pool.dp != nil:
+		key := r.Key
 		seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = d.pool.dp.addr, key[:], r.ID, "tcp"
 		d.dataTLS(seg, d.pool.dp.tls != nil, d.cfg.Node)
 		if strings.HasPrefix(r.Owner, peerClientPrefix) {

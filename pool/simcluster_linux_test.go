@@ -827,7 +827,7 @@ func (sc *simCluster) orphans() int {
 		p := h.daemon().pool
 		p.mu.Lock()
 		for _, r := range p.segs {
-			if r.Home != "" || r.Tier != "rdma" || r.pinned() {
+			if r.Home != "" || r.Tier != poolv1.Tier_TIER_RDMA || r.pinned() {
 				continue
 			}
 			if peerName, ok := strings.CutPrefix(r.Owner, peerClientPrefix); ok {

@@ -2,11 +2,11 @@ package pool
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,43 +17,6 @@ import (
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/size"
 )
-
-// record is one segment as the metadata store keeps it.
-type record struct {
-	ID       uint64    `json:"id"`
-	Name     string    `json:"name,omitempty"`
-	Tier     string    `json:"tier"`
-	Device   string    `json:"device"`
-	Offset   int64     `json:"offset"`
-	Extent   int64     `json:"extent"` // bytes reserved on the device (Size rounded up to its alignment)
-	Size     int64     `json:"size"`   // bytes the client asked for
-	Owner    string    `json:"owner"`
-	Persist  bool      `json:"persist,omitempty"`
-	Epoch    uint64    `json:"epoch"`
-	Created  time.Time `json:"created"`
-	Attached []string  `json:"attached,omitempty"`
-	Lost     bool      `json:"lost,omitempty"`
-	Key      string    `json:"key,omitempty"` // rdma access key (hex) of an exported segment
-	// A segment placed on a peer: its home node, its id there, and the
-	// home's data-plane address.
-	Home     string `json:"home,omitempty"`
-	HomeID   uint64 `json:"home_id,omitempty"`
-	DataAddr string `json:"data_addr,omitempty"`
-	// Whether the home serves its data plane over TLS, as it said when it
-	// placed the segment; nil in records written before homes said so.
-	DataTLS *bool `json:"data_tls,omitempty"`
-	// Who may attach and free a named segment (grants.go): the creator's
-	// identity and the identities it granted. Grants is set on every
-	// record written since grants exist; an older named record is
-	// migrated once at start (Pool.migrateGrants).
-	Creator   string   `json:"creator,omitempty"`
-	Allow     []string `json:"allow,omitempty"`
-	AllowFree []string `json:"allow_free,omitempty"`
-	Grants    bool     `json:"grants,omitempty"`
-}
-
-// pinned reports whether the segment outlives its owner's lease.
-func (r *record) pinned() bool { return r.Persist || r.Name != "" }
 
 var (
 	bucketSegments = []byte("segments")
@@ -355,27 +318,58 @@ func (s *store) spaceFailure(err error) bool {
 
 func idKey(id uint64) []byte { return binary.BigEndian.AppendUint64(nil, id) }
 
-// load returns every segment and the next unused id.
-func (s *store) load() ([]*record, uint64, error) {
-	var recs []*record
-	next := uint64(1)
-	err := s.db.View(func(tx *bolt.Tx) error {
+// load returns every segment and the next unused id. Records in an older
+// form are rewritten in the current one, all in one transaction, before it
+// returns; migrated is how many.
+func (s *store) load() (recs []*record, next uint64, migrated int, err error) {
+	next = 1
+	type stale struct {
+		key []byte
+		r   *record
+	}
+	var old []stale // records in an older form
+	err = s.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketMeta).Get(keyNextID); len(v) == 8 {
 			next = binary.BigEndian.Uint64(v)
 		}
 		return tx.Bucket(bucketSegments).ForEach(func(k, v []byte) error {
-			r := new(record)
-			if err := json.Unmarshal(v, r); err != nil {
+			r, legacy, err := decodeRecord(v)
+			if err != nil {
 				return fmt.Errorf("segment record %x: %w", k, err)
 			}
 			recs = append(recs, r)
+			if legacy { // k is bbolt's only while the transaction lasts
+				old = append(old, stale{slices.Clone(k), r})
+			}
 			if r.ID >= next {
 				next = r.ID + 1
 			}
 			return nil
 		})
 	})
-	return recs, next, err
+	if err != nil || len(old) == 0 {
+		return recs, next, 0, err
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSegments)
+		for _, o := range old {
+			v, err := encodeRecord(o.r)
+			if err != nil {
+				return err
+			}
+			if err := b.Put(o.key, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		if device.IsNoSpace(err) {
+			err = fullError(filepath.Dir(s.path), err)
+		}
+		return nil, 0, 0, fmt.Errorf("rewrite %d segment records in schema version %d: %w", len(old), recordVersion, err)
+	}
+	return recs, next, len(old), nil
 }
 
 // reserveIDs makes ids below next durable as used, so that an id is never
@@ -390,7 +384,7 @@ func (s *store) reserveIDs(next uint64) error {
 func (s *store) put(rs ...*record) error {
 	vs := make([][]byte, len(rs))
 	for i, r := range rs {
-		v, err := json.Marshal(r)
+		v, err := encodeRecord(r)
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/internal/testfs"
@@ -35,7 +36,7 @@ func TestStoreGroupCommit(t *testing.T) {
 						results[i] = st.update(func(*bolt.Tx) error { return bad }, false)
 						return
 					}
-					results[i] = st.put(&record{ID: uint64(i + 1), Tier: "cxl"})
+					results[i] = st.put(&record{ID: uint64(i + 1), Tier: poolv1.Tier_TIER_CXL})
 				})
 			}
 			wg.Wait()
@@ -55,7 +56,7 @@ func TestStoreGroupCommit(t *testing.T) {
 			st, err = openStore(dir, fsync)
 			require.NoError(t, err)
 			defer st.close()
-			recs, _, err := st.load()
+			recs, _, _, err := st.load()
 			require.NoError(t, err)
 			var got []uint64
 			for _, r := range recs {
@@ -85,7 +86,7 @@ func TestStoreFullFilesystem(t *testing.T) {
 	var live []uint64
 	var full error
 	for id := uint64(1); full == nil; id++ {
-		if full = st.put(&record{ID: id, Name: strings.Repeat("n", 100) + fmt.Sprint(id), Tier: "cxl"}); full == nil {
+		if full = st.put(&record{ID: id, Name: strings.Repeat("n", 100) + fmt.Sprint(id), Tier: poolv1.Tier_TIER_CXL}); full == nil {
 			live = append(live, id)
 		}
 	}
@@ -109,7 +110,7 @@ func TestStoreFullFilesystem(t *testing.T) {
 
 	next := live[len(live)-1] + 1
 	for range 8 {
-		require.NoError(t, st.put(&record{ID: next, Tier: "cxl"}), "a put on the pages the removal freed")
+		require.NoError(t, st.put(&record{ID: next, Tier: poolv1.Tier_TIER_CXL}), "a put on the pages the removal freed")
 		kept = append(kept, next)
 		next++
 	}
@@ -122,7 +123,7 @@ func TestStoreFullFilesystem(t *testing.T) {
 	require.NoError(t, st.close())
 	st, err = openStore(dir, true)
 	require.NoError(t, err)
-	recs, _, err := st.load()
+	recs, _, _, err := st.load()
 	require.NoError(t, err)
 	var got []uint64
 	for _, r := range recs {

@@ -1,0 +1,351 @@
+// This file holds the segment record and its encoding in the metadata
+// store: a versioned binary form, and the JSON form of stores written
+// before records had a version, which the store rewrites on open.
+
+package pool
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/tier"
+	"github.com/farmem/farmem/rdma"
+)
+
+// record is one segment as the segment table holds it.
+type record struct {
+	ID      uint64
+	Name    string
+	Tier    poolv1.Tier
+	Device  string
+	Offset  int64
+	Extent  int64 // bytes reserved on the device (Size rounded up to its alignment)
+	Size    int64 // bytes the client asked for
+	Owner   string
+	Persist bool
+	Epoch   uint64
+	Created time.Time // UTC, without a monotonic reading
+	// Attached lists the client ids that attached the segment by name.
+	Attached []string
+	Lost     bool
+	// Key is the rdma access key of an exported segment, zero for others
+	// (no exporter issues the zero key).
+	Key rdma.Key
+	// A segment placed on a peer: its home node, its id there, and the
+	// home's data-plane address.
+	Home     string
+	HomeID   uint64
+	DataAddr string
+	// Whether the home serves its data plane over TLS, as it said when it
+	// placed the segment; nil in records written before homes said so.
+	DataTLS *bool
+	// Who may attach and free a named segment (grants.go): the creator's
+	// identity and the identities it granted. Grants is set on every
+	// record written since grants exist; an older named record is
+	// migrated once at start (core.migrateGrants).
+	Creator   string
+	Allow     []string
+	AllowFree []string
+	Grants    bool
+}
+
+// pinned reports whether the segment outlives its owner's lease.
+func (r *record) pinned() bool { return r.Persist || r.Name != "" }
+
+// The record's form in the segments bucket, under its id as 8 big-endian
+// bytes: these fields in this order, with no padding and nothing after.
+//
+//	version     1 byte, recordVersion
+//	id          uv
+//	flags       uv, the flag bits below
+//	tier        1 byte, the poolv1.Tier number
+//	name        str
+//	device      str
+//	owner       str
+//	offset      v
+//	extent      v
+//	size        v
+//	epoch       uv
+//	created     v seconds since 1970 UTC, then uv nanoseconds (below 1e9)
+//	attached    list
+//	key         16 bytes, only when flagKey is set
+//	home        str
+//	home id     uv
+//	data addr   str
+//	creator     str
+//	allow       list
+//	allow free  list
+//
+// uv is an unsigned varint and v a signed (zig-zag) varint, as
+// encoding/binary writes them; str is a uv length and that many bytes; list
+// is a uv count and that many strs.
+//
+// Version 0 is the JSON object that stores written before the version
+// byte hold (legacyRecord); its first byte is '{'. A change of fields or
+// of their form takes the next version number; a poold refuses a record of
+// a version it does not know (errRecordVersion), and rewrites version 0
+// records in the current form when it opens the store (store.load).
+const recordVersion = 1
+
+// The flags field's bits.
+const (
+	flagPersist = 1 << iota
+	flagLost
+	flagGrants
+	flagKey        // the key follows the attached list
+	flagDataTLSSet // DataTLS is not nil ...
+	flagDataTLS    // ... and this is its value
+	flagsKnown     = flagDataTLS<<1 - 1
+)
+
+var (
+	// errRecordVersion is a segment record written by a newer poold.
+	errRecordVersion = errs.Sub(errs.ErrNotSupported, "segment record of a newer schema version")
+	// errRecordCorrupt is a segment record that does not decode.
+	errRecordCorrupt = errs.Sub(errs.ErrInvalid, "corrupt segment record")
+)
+
+// encodeRecord returns the record's current form.
+func encodeRecord(r *record) ([]byte, error) {
+	if _, ok := poolv1.Tier_name[int32(r.Tier)]; !ok || r.Tier < 0 || r.Tier > 0xff {
+		return nil, fmt.Errorf("segment record %d: %w: unknown tier %d", r.ID, errs.ErrInvalid, r.Tier)
+	}
+	var flags uint64
+	set := func(bit uint64, on bool) {
+		if on {
+			flags |= bit
+		}
+	}
+	set(flagPersist, r.Persist)
+	set(flagLost, r.Lost)
+	set(flagGrants, r.Grants)
+	set(flagKey, !r.Key.IsZero())
+	set(flagDataTLSSet, r.DataTLS != nil)
+	set(flagDataTLS, r.DataTLS != nil && *r.DataTLS)
+	b := []byte{recordVersion}
+	b = binary.AppendUvarint(b, r.ID)
+	b = binary.AppendUvarint(b, flags)
+	b = append(b, byte(r.Tier))
+	b = appendString(b, r.Name)
+	b = appendString(b, r.Device)
+	b = appendString(b, r.Owner)
+	b = binary.AppendVarint(b, r.Offset)
+	b = binary.AppendVarint(b, r.Extent)
+	b = binary.AppendVarint(b, r.Size)
+	b = binary.AppendUvarint(b, r.Epoch)
+	b = binary.AppendVarint(b, r.Created.Unix())
+	b = binary.AppendUvarint(b, uint64(r.Created.Nanosecond()))
+	b = appendList(b, r.Attached)
+	if flags&flagKey != 0 {
+		b = append(b, r.Key[:]...)
+	}
+	b = appendString(b, r.Home)
+	b = binary.AppendUvarint(b, r.HomeID)
+	b = appendString(b, r.DataAddr)
+	b = appendString(b, r.Creator)
+	b = appendList(b, r.Allow)
+	b = appendList(b, r.AllowFree)
+	return b, nil
+}
+
+func appendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+func appendList(b []byte, l []string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(l)))
+	for _, s := range l {
+		b = appendString(b, s)
+	}
+	return b
+}
+
+// decodeRecord reads a record in any form this poold knows; legacy reports
+// that it was in the JSON form of version 0, to be rewritten. An error
+// matches errRecordVersion (a newer poold wrote it) or errRecordCorrupt.
+func decodeRecord(v []byte) (r *record, legacy bool, err error) {
+	switch {
+	case len(v) == 0:
+		return nil, false, fmt.Errorf("%w: empty", errRecordCorrupt)
+	case v[0] == '{':
+		r, err := decodeLegacy(v)
+		return r, true, err
+	case v[0] != recordVersion:
+		return nil, false, fmt.Errorf("%w: version %d, and this poold reads versions 0 to %d; upgrade poold to the release that wrote this --data-dir, or a newer one",
+			errRecordVersion, v[0], recordVersion)
+	}
+	d := recordDecoder{b: v[1:]}
+	r = &record{ID: d.uvarint()}
+	flags := d.uvarint()
+	tierNum := d.byte()
+	r.Name, r.Device, r.Owner = d.string(), d.string(), d.string()
+	r.Offset, r.Extent, r.Size = d.varint(), d.varint(), d.varint()
+	r.Epoch = d.uvarint()
+	sec, nsec := d.varint(), d.uvarint()
+	r.Attached = d.list()
+	if flags&flagKey != 0 {
+		d.bytes(r.Key[:])
+	}
+	r.Home, r.HomeID, r.DataAddr = d.string(), d.uvarint(), d.string()
+	r.Creator, r.Allow, r.AllowFree = d.string(), d.list(), d.list()
+	switch {
+	case d.err != nil:
+		return nil, false, fmt.Errorf("%w: %v", errRecordCorrupt, d.err)
+	case len(d.b) > 0:
+		return nil, false, fmt.Errorf("%w: %d bytes after the last field", errRecordCorrupt, len(d.b))
+	case flags&^flagsKnown != 0:
+		return nil, false, fmt.Errorf("%w: unknown flags %#x", errRecordCorrupt, flags&^flagsKnown)
+	case flags&flagKey != 0 && r.Key.IsZero():
+		return nil, false, fmt.Errorf("%w: the zero rdma key", errRecordCorrupt)
+	case nsec >= uint64(time.Second):
+		return nil, false, fmt.Errorf("%w: creation time with %d nanoseconds", errRecordCorrupt, nsec)
+	}
+	if _, ok := poolv1.Tier_name[int32(tierNum)]; !ok {
+		return nil, false, fmt.Errorf("%w: unknown tier %d", errRecordCorrupt, tierNum)
+	}
+	r.Tier = poolv1.Tier(tierNum)
+	r.Created = time.Unix(sec, int64(nsec)).UTC()
+	r.Persist, r.Lost, r.Grants = flags&flagPersist != 0, flags&flagLost != 0, flags&flagGrants != 0
+	if flags&flagDataTLSSet != 0 {
+		tls := flags&flagDataTLS != 0
+		r.DataTLS = &tls
+	}
+	return r, false, nil
+}
+
+// recordDecoder reads a record's fields; after the first error every read
+// returns a zero value and err keeps the error.
+type recordDecoder struct {
+	b   []byte
+	err error
+}
+
+func (d *recordDecoder) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%s cut short or malformed", what)
+		d.b = nil
+	}
+}
+
+func (d *recordDecoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("an unsigned varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *recordDecoder) varint() int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("a varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *recordDecoder) byte() byte {
+	if len(d.b) < 1 {
+		d.fail("a byte")
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *recordDecoder) bytes(dst []byte) {
+	if len(d.b) < len(dst) {
+		d.fail(fmt.Sprintf("%d bytes", len(dst)))
+		return
+	}
+	d.b = d.b[copy(dst, d.b):]
+}
+
+// string reads a length and that many bytes; the length is checked
+// against what is left, so a corrupt one allocates nothing.
+func (d *recordDecoder) string() string {
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail("a string")
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+// list reads a count and that many strings; nil for none. Each string
+// takes at least one byte, which bounds the count by what is left.
+func (d *recordDecoder) list() []string {
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail("a list")
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	l := make([]string, 0, n)
+	for range n {
+		l = append(l, d.string())
+	}
+	return l
+}
+
+// legacyRecord is the JSON form of version 0, with the tier as its name
+// and the key as hex digits.
+type legacyRecord struct {
+	ID        uint64    `json:"id"`
+	Name      string    `json:"name,omitempty"`
+	Tier      string    `json:"tier"`
+	Device    string    `json:"device"`
+	Offset    int64     `json:"offset"`
+	Extent    int64     `json:"extent"`
+	Size      int64     `json:"size"`
+	Owner     string    `json:"owner"`
+	Persist   bool      `json:"persist,omitempty"`
+	Epoch     uint64    `json:"epoch"`
+	Created   time.Time `json:"created"`
+	Attached  []string  `json:"attached,omitempty"`
+	Lost      bool      `json:"lost,omitempty"`
+	Key       string    `json:"key,omitempty"`
+	Home      string    `json:"home,omitempty"`
+	HomeID    uint64    `json:"home_id,omitempty"`
+	DataAddr  string    `json:"data_addr,omitempty"`
+	DataTLS   *bool     `json:"data_tls,omitempty"`
+	Creator   string    `json:"creator,omitempty"`
+	Allow     []string  `json:"allow,omitempty"`
+	AllowFree []string  `json:"allow_free,omitempty"`
+	Grants    bool      `json:"grants,omitempty"`
+}
+
+func decodeLegacy(v []byte) (*record, error) {
+	var l legacyRecord
+	if err := json.Unmarshal(v, &l); err != nil {
+		return nil, fmt.Errorf("%w: version 0 (JSON): %v", errRecordCorrupt, err)
+	}
+	t, err := tier.Parse(l.Tier)
+	if err != nil {
+		return nil, fmt.Errorf("%w: version 0 (JSON) record %d: %v", errRecordCorrupt, l.ID, err)
+	}
+	var key rdma.Key
+	if l.Key != "" {
+		if key, err = rdma.ParseKey(l.Key); err != nil || key.IsZero() {
+			return nil, fmt.Errorf("%w: version 0 (JSON) record %d: key %q", errRecordCorrupt, l.ID, l.Key)
+		}
+	}
+	return &record{
+		ID: l.ID, Name: l.Name, Tier: t, Device: l.Device, Offset: l.Offset, Extent: l.Extent, Size: l.Size,
+		Owner: l.Owner, Persist: l.Persist, Epoch: l.Epoch, Created: l.Created.UTC(), Attached: l.Attached, Lost: l.Lost,
+		Key: key, Home: l.Home, HomeID: l.HomeID, DataAddr: l.DataAddr, DataTLS: l.DataTLS,
+		Creator: l.Creator, Allow: l.Allow, AllowFree: l.AllowFree, Grants: l.Grants,
+	}, nil
+}

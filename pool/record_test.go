@@ -1,0 +1,186 @@
+package pool
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+)
+
+// v0Records are the segments in testdata/store-v0/segments.db, which the
+// JSON writer of version 0 wrote (see the README there).
+func v0Records(t testing.TB) []*record {
+	at := time.Date(2026, 12, 4, 10, 11, 12, 345678901, time.UTC)
+	key := func(s string) rdma.Key {
+		k, err := rdma.ParseKey(s)
+		require.NoError(t, err)
+		return k
+	}
+	yes, no := true, false
+	return []*record{
+		{ID: 1, Tier: poolv1.Tier_TIER_CXL, Device: "cxl-emu0", Offset: 0, Extent: 2 << 20, Size: 4096, Owner: "client-a", Epoch: 1, Created: at},
+		{ID: 2, Name: "shared-cache", Tier: poolv1.Tier_TIER_LOCAL, Device: "local0", Offset: 2 << 20, Extent: 4 << 20, Size: 3 << 20, Owner: "client-a", Epoch: 1, Created: at.Add(time.Second),
+			Attached: []string{"client-b", "client-c"}, Creator: "uid:1000", Allow: []string{"uid:1001", "cn:web"}, AllowFree: []string{"uid:1001"}, Grants: true},
+		{ID: 3, Tier: poolv1.Tier_TIER_RDMA, Device: "export0", Offset: 4096, Extent: 8192, Size: 8000, Owner: "client-b", Persist: true, Epoch: 3, Created: at.Add(2 * time.Second),
+			Key: key("00112233445566778899aabbccddeeff")},
+		{ID: 4, Name: "remote-tls", Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: 1 << 20, Owner: "client-c", Epoch: 2, Created: at.Add(3 * time.Second),
+			Key: key("ffeeddccbbaa99887766554433221100"), Home: "node-b", HomeID: 77, DataAddr: "10.0.0.2:7947", DataTLS: &yes, Creator: "cn:app", Grants: true},
+		{ID: 5, Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: 65536, Owner: "client-c", Epoch: 1, Created: at.Add(4 * time.Second),
+			Key: key("0102030405060708090a0b0c0d0e0f10"), Home: "node-c", HomeID: 9, DataAddr: "[fd00::3]:7947", DataTLS: &no},
+		{ID: 6, Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: 100, Owner: "client-d", Epoch: 1, Created: at.Add(5 * time.Second),
+			Key: key("a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"), Home: "node-d", HomeID: 1, DataAddr: "10.0.0.4:7947"},
+		{ID: 1030, Name: "pre-grants", Tier: poolv1.Tier_TIER_CXL, Device: "dax0.0", Offset: 6 << 20, Extent: 2 << 20, Size: 2 << 20, Epoch: 5, Created: at.Add(6 * time.Second), Lost: true},
+	}
+}
+
+// rawRecords returns the segments bucket's values by key.
+func rawRecords(t *testing.T, st *store) map[string][]byte {
+	out := map[string][]byte{}
+	require.NoError(t, st.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSegments).ForEach(func(k, v []byte) error {
+			out[string(k)] = bytes.Clone(v)
+			return nil
+		})
+	}))
+	return out
+}
+
+// TestStoreMigratesV0: a store the JSON writer of version 0 wrote opens with
+// every segment as it was, its records rewritten in the current form in the
+// same open, and opens again unchanged.
+func TestStoreMigratesV0(t *testing.T) {
+	old, err := os.ReadFile(filepath.Join("testdata", "store-v0", storeFileName))
+	require.NoError(t, err)
+	require.Contains(t, string(old), `"tier":"local"`, "the fixture holds version 0 records")
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, storeFileName), old, 0o600))
+
+	want := v0Records(t)
+	st, err := openStore(dir, true)
+	require.NoError(t, err)
+	recs, next, rewritten, err := st.load()
+	require.NoError(t, err)
+	require.Equal(t, want, recs)
+	require.Equal(t, uint64(2048), next, "next-id kept")
+	require.Equal(t, len(want), rewritten)
+	raw := rawRecords(t, st)
+	require.Len(t, raw, len(want))
+	for k, v := range raw {
+		require.Equal(t, byte(recordVersion), v[0], "record %x rewritten", k)
+	}
+	require.NoError(t, st.close())
+
+	st, err = openStore(dir, true)
+	require.NoError(t, err)
+	defer st.close()
+	recs, next, rewritten, err = st.load()
+	require.NoError(t, err)
+	require.Equal(t, want, recs)
+	require.Equal(t, uint64(2048), next)
+	require.Zero(t, rewritten, "nothing left to rewrite")
+	require.Equal(t, raw, rawRecords(t, st))
+}
+
+// TestRecordRoundTrip: every field survives the encoding, and the form is
+// smaller than the JSON it replaces.
+func TestRecordRoundTrip(t *testing.T) {
+	for _, r := range append(v0Records(t), &record{}, &record{ID: 1<<64 - 1, Offset: -1, Created: time.Time{}}) {
+		v, err := encodeRecord(r)
+		require.NoError(t, err)
+		back, legacy, err := decodeRecord(v)
+		require.NoError(t, err)
+		require.False(t, legacy)
+		require.Equal(t, r, back)
+	}
+	r := v0Records(t)[3]
+	v, err := encodeRecord(r)
+	require.NoError(t, err)
+	old, err := os.ReadFile(filepath.Join("testdata", "store-v0", storeFileName))
+	require.NoError(t, err)
+	i := bytes.Index(old, []byte(`{"id":4,`))
+	require.GreaterOrEqual(t, i, 0)
+	j := bytes.IndexByte(old[i:], '}')
+	t.Logf("record 4: %d bytes, %d as JSON", len(v), j+1)
+	require.Less(t, len(v), j+1)
+}
+
+// TestRecordRefused: a record of a newer version is refused with an error
+// that says to upgrade poold, and a store holding one does not open;
+// corrupt records fail with errRecordCorrupt; neither panics.
+func TestRecordRefused(t *testing.T) {
+	v, err := encodeRecord(v0Records(t)[1])
+	require.NoError(t, err)
+	newer := append([]byte{recordVersion + 1}, v[1:]...)
+	_, _, err = decodeRecord(newer)
+	require.ErrorIs(t, err, errRecordVersion)
+	require.ErrorIs(t, err, errs.ErrNotSupported)
+	require.ErrorContains(t, err, "upgrade poold")
+
+	for name, b := range map[string][]byte{
+		"empty":          nil,
+		"cut short":      v[:len(v)-1],
+		"trailing bytes": append(bytes.Clone(v), 0),
+		"unknown tier":   append([]byte{recordVersion, 1, 0, 9}, v[4:]...),
+		"unknown flag":   append([]byte{recordVersion, 1, 0x40}, v[3:]...),
+		"json garbage":   []byte(`{"id":`),
+		"json tier":      []byte(`{"id":1,"tier":"fast"}`),
+		"json key":       []byte(`{"id":1,"tier":"cxl","key":"zz"}`),
+	} {
+		_, _, err := decodeRecord(b)
+		require.ErrorIs(t, err, errRecordCorrupt, name)
+	}
+
+	dir := t.TempDir()
+	st, err := openStore(dir, false)
+	require.NoError(t, err)
+	require.NoError(t, st.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSegments).Put(idKey(2), newer)
+	}))
+	_, _, _, err = st.load()
+	require.ErrorIs(t, err, errRecordVersion)
+	require.NoError(t, st.close())
+}
+
+// FuzzDecodeRecord: a stored record either decodes to one whose current
+// form decodes to the same, or fails with errRecordVersion or
+// errRecordCorrupt; never a panic.
+func FuzzDecodeRecord(f *testing.F) {
+	for _, r := range v0Records(f) {
+		v, err := encodeRecord(r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(v)
+	}
+	f.Add([]byte(`{"id":3,"tier":"rdma","device":"export0","key":"00112233445566778899aabbccddeeff","data_tls":true,"attached":[]}`))
+	f.Fuzz(func(t *testing.T, v []byte) {
+		r, _, err := decodeRecord(v)
+		if err != nil {
+			if !errors.Is(err, errRecordVersion) && !errors.Is(err, errRecordCorrupt) {
+				t.Fatalf("decodeRecord(%q): %v matches neither errRecordVersion nor errRecordCorrupt", v, err)
+			}
+			return
+		}
+		enc, err := encodeRecord(r)
+		if err != nil {
+			t.Fatalf("decodeRecord(%q) = %+v, which does not encode: %v", v, r, err)
+		}
+		back, legacy, err := decodeRecord(enc)
+		if err != nil || legacy {
+			t.Fatalf("decodeRecord(%q) = %+v, whose form %q decodes to %v, %v", v, r, enc, legacy, err)
+		}
+		again, err := encodeRecord(back)
+		if err != nil || !bytes.Equal(enc, again) {
+			t.Fatalf("decodeRecord(%q) = %+v encodes to %q, which decodes to %+v encoding to %q (%v)", v, r, enc, back, again, err)
+		}
+	})
+}
