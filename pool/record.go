@@ -104,9 +104,9 @@ const (
 
 var (
 	// errRecordVersion is a segment record written by a newer poold.
-	errRecordVersion = errs.Sub(errs.ErrNotSupported, "segment record of a newer schema version")
+	errRecordVersion = errs.Sub(errs.ErrNotSupported, "written by a newer poold")
 	// errRecordCorrupt is a segment record that does not decode.
-	errRecordCorrupt = errs.Sub(errs.ErrInvalid, "corrupt segment record")
+	errRecordCorrupt = errs.Sub(errs.ErrInvalid, "corrupt")
 )
 
 // encodeRecord returns the record's current form.
@@ -175,7 +175,7 @@ func decodeRecord(v []byte) (r *record, legacy bool, err error) {
 		r, err := decodeLegacy(v)
 		return r, true, err
 	case v[0] != recordVersion:
-		return nil, false, fmt.Errorf("%w: version %d, and this poold reads versions 0 to %d; upgrade poold to the release that wrote this --data-dir, or a newer one",
+		return nil, false, fmt.Errorf("%w: schema version %d, and this poold reads versions 0 to %d; upgrade poold to the release that wrote this --data-dir, or a newer one",
 			errRecordVersion, v[0], recordVersion)
 	}
 	d := recordDecoder{b: v[1:]}

@@ -139,15 +139,18 @@ func TestRecordRefused(t *testing.T) {
 		require.ErrorIs(t, err, errRecordCorrupt, name)
 	}
 
-	dir := t.TempDir()
-	st, err := openStore(dir, false)
+	// A daemon whose store holds one does not start, and says why.
+	cfg := testConfig(t)
+	st, err := openStore(cfg.DataDir, false)
 	require.NoError(t, err)
+	require.NoError(t, st.put(v0Records(t)[0]))
 	require.NoError(t, st.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSegments).Put(idKey(2), newer)
 	}))
-	_, _, _, err = st.load()
-	require.ErrorIs(t, err, errRecordVersion)
 	require.NoError(t, st.close())
+	_, err = New(cfg, nil)
+	require.ErrorIs(t, err, errRecordVersion)
+	require.ErrorContains(t, err, "upgrade poold")
 }
 
 // FuzzDecodeRecord: a stored record either decodes to one whose current
