@@ -18,7 +18,7 @@ func (d *Daemon) bindSession(clientID, ident string) error {
 		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
 		return err
 	}
-	if err := d.pool.auth.bind(clientID, ident); err != nil {
+	if err := d.pool.credentials().bind(clientID, ident); err != nil {
 		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
 		return err
 	}
@@ -42,19 +42,19 @@ func (d *Daemon) forCaller(c caller, r record) *poolv1.Segment {
 		return seg
 	}
 	if r.Home != "" {
-		if pc := d.pool.peers.conn(r.Home); pc != nil {
+		if pc := d.pool.peerConns().conn(r.Home); pc != nil {
 			seg.DataCredential = pc.DataCredential()
 		}
 		return seg
 	}
-	seg.DataCredential = d.pool.auth.credOf(c.client.id)
+	seg.DataCredential = d.pool.credentials().credOf(c.client.id)
 	return seg
 }
 
 // withIdentities fills in each client's identity.
 func (d *Daemon) withIdentities(cs []*poolv1.ClientInfo) []*poolv1.ClientInfo {
 	for _, ci := range cs {
-		ci.Identity = d.pool.auth.identity(ci.Id)
+		ci.Identity = d.pool.credentials().identity(ci.Id)
 	}
 	return cs
 }
@@ -96,7 +96,7 @@ func (d *Daemon) callerOf(sid string, t caller) (caller, error) {
 		t.client = nobody
 		return t, err
 	}
-	if bound := d.pool.auth.identity(c.client.id); bound != t.ident {
+	if bound := d.pool.credentials().identity(c.client.id); bound != t.ident {
 		t.client = nobody
 		return t, fmt.Errorf("%w: the session belongs to client %q of %s, and the call comes from %s", errs.ErrAccessDenied, c.client.id, bound, t.ident)
 	}
@@ -110,5 +110,5 @@ func (d *Daemon) callerOf(sid string, t caller) (caller, error) {
 // whose session here ended (a partition, this daemon's restart) still
 // finds what it placed here when it reconciles.
 func (d *Daemon) visible(c caller, r *record) bool {
-	return mayList(c, r) || c.client == nobody && r.Owner != "" && c.ident != "" && d.pool.auth.identity(r.Owner) == c.ident
+	return mayList(c, r) || c.client == nobody && r.Owner != "" && c.ident != "" && d.pool.credentials().identity(r.Owner) == c.ident
 }

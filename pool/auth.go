@@ -254,7 +254,7 @@ func (dp *dataPlane) authenticate(cred []byte) error {
 // startAuth connects the data plane's handshake check to the sessions'
 // credentials, issues the daemon's own (for its tier probe), and takes the
 // node certificate for calls to peers.
-func (p *Pool) startAuth() error {
+func (p *core) startAuth() error {
 	tc, err := p.cfg.peerTLS()
 	if err != nil {
 		return err

@@ -12,7 +12,7 @@ import (
 // pinned (named or persistent) segments stay. Segments an administrator
 // allocated (memctl alloc) have no owner and are in no client's counts.
 // Sorted by bytes held, most first, then by id.
-func (p *Pool) clientInfos() []*poolv1.ClientInfo {
+func (p *core) clientInfos() []*poolv1.ClientInfo {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	byID := make(map[string]*poolv1.ClientInfo, len(p.clients))

@@ -198,7 +198,7 @@ func (s *service) fillSharers(ctx context.Context, segs []*poolv1.Segment, every
 		return
 	}
 	homes := segs
-	if !everyNode && s.d.pool.cl != nil {
+	if !everyNode && s.d.pool.gossip() != nil {
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		others, err := s.listNodes(lctx, nodes)
 		cancel()

@@ -30,7 +30,7 @@ type Daemon struct {
 	cfg  Config
 	log  *slog.Logger
 	data dataSecurity // the data plane's TLS, and the CA clients verify homes with
-	pool *Pool
+	pool *core
 	inv  *cxl.Inventory
 	mux  *mux
 	grpc *grpc.Server
@@ -108,7 +108,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
-	p, err := newPool(cfg, log, devs, dp)
+	p, err := newCore(cfg, log, devs, dp, m)
 	if err != nil {
 		if dp != nil {
 			dp.close()
@@ -120,7 +120,6 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			p.close()
 		}
 	}()
-	p.metrics = m
 	m.reg.MustRegister(newQuotaCollector(p))
 	if dp != nil {
 		m.reg.MustRegister(newCoherenceCollector(dp.coh))
@@ -244,8 +243,8 @@ func (d *Daemon) Serve() error {
 	go d.every(min(d.cfg.LeaseTTL/4, time.Second), d.pool.reap)
 	// The health service is NOT_SERVING while a listener fails to accept.
 	go d.every(listenerCheck, func() { d.health.degrade(d.listeners.anyFailing()) })
-	if d.pool.dp != nil {
-		d.pool.dp.serve()
+	if dp := d.pool.data(); dp != nil {
+		dp.serve()
 	}
 	if d.tcp != nil {
 		d.wg.Add(1)
@@ -268,7 +267,7 @@ func (d *Daemon) Serve() error {
 			defer d.wg.Done()
 			ctx, cancel := untilClosed(context.Background(), d.stop)
 			defer cancel()
-			if err := d.measureTiers(ctx); err != nil && ctx.Err() == nil {
+			if err := d.pool.measureTiers(ctx); err != nil && ctx.Err() == nil {
 				d.log.Warn("measure tiers", "err", err)
 			}
 		}()
@@ -402,8 +401,8 @@ func (d *Daemon) every(period time.Duration, fn func()) {
 func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
 		d.health.shutdown()
-		if d.pool.cl != nil && d.failErr.Load() == nil {
-			if err := d.pool.cl.Leave(2 * time.Second); err != nil {
+		if cl := d.pool.gossip(); cl != nil && d.failErr.Load() == nil {
+			if err := cl.Leave(2 * time.Second); err != nil {
 				d.log.Warn("leave the cluster", "err", err)
 			}
 		}
@@ -427,8 +426,8 @@ func (d *Daemon) Close() error {
 		d.mux.wg.Wait()
 		d.wg.Wait()
 		var clErr error
-		if d.pool.cl != nil {
-			clErr = d.pool.cl.Shutdown()
+		if cl := d.pool.gossip(); cl != nil {
+			clErr = cl.Shutdown()
 		}
 		d.closeErr = errors.Join(d.ops.close(), d.pool.close(), clErr, d.lock.Close())
 	})

@@ -15,9 +15,9 @@ import (
 	"github.com/farmem/farmem/rdma/tcp"
 )
 
-// newServingPool is a Pool whose rdma tier is served on a loopback data
+// newServingPool is a core whose rdma tier is served on a loopback data
 // plane, on a clock the test moves.
-func newServingPool(t *testing.T) (*Pool, *time.Time) {
+func newServingPool(t *testing.T) (*core, *time.Time) {
 	cfg := testConfig(t)
 	cfg.ExportSize = 16 * size.MiB
 	cfg.DataListen = "127.0.0.1:0"
@@ -26,7 +26,7 @@ func newServingPool(t *testing.T) (*Pool, *time.Time) {
 	require.NoError(t, err)
 	dp, err := newDataPlane(cfg.DataListen, tcp.ServerConfig{Logger: log, BusyPoll: -1}, dataSecurity{}, nil)
 	require.NoError(t, err)
-	p, err := newPool(cfg, log, devs, dp)
+	p, err := newCore(cfg, log, devs, dp, nil)
 	require.NoError(t, err)
 	dp.serve()
 	t.Cleanup(func() { require.NoError(t, p.close()) })
@@ -53,7 +53,7 @@ func TestFencing(t *testing.T) {
 	oldC, err := p.callerFor("s-old")
 	require.NoError(t, err)
 	const n = 64 << 10
-	r1, err := p.Alloc(ctx, oldC, AllocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
+	r1, err := p.Alloc(ctx, oldC, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
 	require.NoError(t, err)
 	c, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(p.auth.self))
 	require.NoError(t, err)
@@ -76,7 +76,7 @@ func TestFencing(t *testing.T) {
 	p.openSession("s-new", "new", "new", 2, 0)
 	newC, err := p.callerFor("s-new")
 	require.NoError(t, err)
-	r2, err := p.Alloc(ctx, newC, AllocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
+	r2, err := p.Alloc(ctx, newC, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
 	require.NoError(t, err)
 	require.Equal(t, [2]any{r1.Device, r1.Offset}, [2]any{r2.Device, r2.Offset}, "the extent is reused")
 	require.NotEqual(t, r1.ID, r2.ID)

@@ -86,7 +86,7 @@ func matches(grants []string, ident string, gid uint32, local bool) bool {
 }
 
 // validGrants checks an allocation's grants: identities, and only with a name.
-func validGrants(req AllocRequest) error {
+func validGrants(req allocRequest) error {
 	if len(req.Allow)+len(req.AllowFree) > 0 && req.Name == "" {
 		return fmt.Errorf("%w: allow and allow-free grant access to a name; give the segment a name (alloc.WithName)", errs.ErrInvalid)
 	}
@@ -156,7 +156,7 @@ func attachDenied(c caller, r *record) error {
 // that had already attached it is granted attach; so sharing that worked
 // before goes on, and nobody new gets in without a grant. It reports
 // whether the record changed (to be committed once).
-func (p *Pool) migrateGrants(r *record) bool {
+func (p *core) migrateGrants(r *record) bool {
 	if r.Name == "" || r.Grants {
 		return false
 	}
@@ -174,7 +174,7 @@ func (p *Pool) migrateGrants(r *record) bool {
 }
 
 // grant records the creator's identity and the request's grants.
-func (r *record) grant(c caller, req AllocRequest) {
+func (r *record) grant(c caller, req allocRequest) {
 	r.Creator, r.Allow, r.AllowFree, r.Grants = c.ident, req.Allow, req.AllowFree, true
 }
 

@@ -25,9 +25,9 @@ func TestGrantsMigration(t *testing.T) {
 	p.openSession("s1", "app", "app", 1, 1000)
 	app, err := p.callerFor("s1")
 	require.NoError(t, err)
-	shared, err := p.Alloc(t.Context(), app, AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared"})
+	shared, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared"})
 	require.NoError(t, err)
-	orphan, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "orphan"})
+	orphan, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "orphan"})
 	require.NoError(t, err)
 	require.NoError(t, p.close())
 

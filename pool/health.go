@@ -99,21 +99,19 @@ func (d *Daemon) readiness() (ready bool, report []string) {
 	}
 	serving := d.health.serving.Load()
 	check("serving", serving, "control plane on "+d.cfg.Socket, "not serving: starting or shutting down")
-	d.pool.mu.Lock()
-	closed := d.pool.closed
-	d.pool.mu.Unlock()
+	closed := d.pool.isClosed()
 	switch {
 	case closed:
 		check("store", false, "", "metadata store closed")
 	default:
-		err := d.pool.st.health()
+		err := d.pool.storeHealth()
 		check("store", err == nil, "metadata store open in "+d.cfg.DataDir, fmt.Sprint(err))
 	}
-	switch {
-	case d.pool.dp == nil:
+	switch dp := d.pool.data(); {
+	case dp == nil:
 		check("data-plane", true, "disabled (no rdma tier served by this node)", "")
 	default:
-		check("data-plane", serving && !closed, "serving on "+d.pool.dp.addr, "not serving")
+		check("data-plane", serving && !closed, "serving on "+dp.addr, "not serving")
 	}
 	for _, s := range d.listeners.statuses() {
 		check("listener "+s.Name, !s.Failing, "accepting on "+s.Addr, s.String())

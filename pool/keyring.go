@@ -63,8 +63,8 @@ func (s *service) Keyring(ctx context.Context, req *poolv1.KeyringRequest) (*poo
 	if err := s.d.mayChangeKeyring(ctx); err != nil {
 		return nil, errs.ToStatus(err)
 	}
-	p := s.d.pool
-	if p.cl == nil {
+	cl := s.d.pool.gossip()
+	if cl == nil {
 		if req.Op == poolv1.KeyringOp_KEYRING_OP_LIST {
 			return &poolv1.KeyringResponse{Nodes: []*poolv1.NodeKeyring{{Node: s.d.cfg.Node}}}, nil // no gossip, no keys
 		}
@@ -80,7 +80,7 @@ func (s *service) Keyring(ctx context.Context, req *poolv1.KeyringRequest) (*poo
 		return out, nil
 	}
 	fwd := &poolv1.KeyringRequest{Op: req.Op, Key: req.Key, Local: true}
-	for _, m := range p.cl.Members() {
+	for _, m := range cl.Members() {
 		if m.Name == s.d.cfg.Node {
 			continue
 		}
@@ -105,7 +105,7 @@ func (s *service) Keyring(ctx context.Context, req *poolv1.KeyringRequest) (*poo
 
 // forwardKeyring asks member m to apply req to its own keyring.
 func (d *Daemon) forwardKeyring(ctx context.Context, m cluster.Member, req *poolv1.KeyringRequest) (*poolv1.KeyringResponse, error) {
-	pc, err := d.pool.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+	pc, err := d.pool.peerConns().get(ctx, m.Name, m.Meta.GRPCAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +120,7 @@ func (d *Daemon) forwardKeyring(ctx context.Context, m cluster.Member, req *pool
 // keyringHere applies req to this daemon's keyring, keeps the result in
 // the data directory, and describes the keyring (or the failure).
 func (d *Daemon) keyringHere(req *poolv1.KeyringRequest) *poolv1.NodeKeyring {
-	cl := d.pool.cl
+	cl := d.pool.gossip()
 	nk := &poolv1.NodeKeyring{Node: d.cfg.Node}
 	var err error
 	switch req.Op {
@@ -159,8 +159,8 @@ func (d *Daemon) mayChangeKeyring(ctx context.Context) error {
 	if d.cfg.isAdmin(c.ident, c.gid, c.local) {
 		return nil
 	}
-	if node, ok := strings.CutPrefix(c.ident, "cn:"); ok && d.pool.cl != nil {
-		if _, member := d.pool.cl.Member(node); member {
+	if node, ok := strings.CutPrefix(c.ident, "cn:"); ok && d.pool.gossip() != nil {
+		if _, member := d.pool.gossip().Member(node); member {
 			return nil
 		}
 	}

@@ -83,7 +83,7 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 		return nil, errs.ToStatus(err)
 	}
 	pg := &page{resp: &poolv1.ListResponse{}, limit: pageLimit(req.PageSize)}
-	everyNode := req.All && s.d.pool.cl != nil
+	everyNode := req.All && s.d.pool.gossip() != nil
 	if everyNode {
 		if c.client != nil {
 			return nil, errs.ToStatus(fmt.Errorf("%w: listing every node's segments is for administrators (poold --admin), not %s; list this node's", errs.ErrAccessDenied, c.ident))
@@ -138,7 +138,7 @@ func (s *service) listOwn(c caller, pg *page, after uint64) (next uint64, more b
 // segment.
 func (s *service) listEveryNode(ctx context.Context, c caller, pg *page, tok pageToken) error {
 	nodes := []cluster.Member{{Name: s.d.cfg.Node}}
-	for _, m := range s.d.pool.cl.Members() {
+	for _, m := range s.d.pool.gossip().Members() {
 		if m.Name != s.d.cfg.Node && m.State == cluster.StateAlive && m.MetaErr == nil && m.Meta.GRPCAddr != "" {
 			nodes = append(nodes, m)
 		}
@@ -178,7 +178,7 @@ func (s *service) listEveryNode(ctx context.Context, c caller, pg *page, tok pag
 // page, until pg is full or m has no more: how many it added, and whether
 // m has segments left out.
 func (s *service) listPeer(ctx context.Context, m cluster.Member, pg *page, after uint64) (added int, more bool, err error) {
-	pc, err := s.d.pool.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+	pc, err := s.d.pool.peerConns().get(ctx, m.Name, m.Meta.GRPCAddr)
 	if err != nil {
 		return 0, false, err
 	}
@@ -219,11 +219,11 @@ func (s *service) listPeer(ctx context.Context, m cluster.Member, pg *page, afte
 // by page.
 func (s *service) listNodes(ctx context.Context, nodes map[string]bool) ([]*poolv1.Segment, error) {
 	var out []*poolv1.Segment
-	for _, m := range s.d.pool.cl.Members() {
+	for _, m := range s.d.pool.gossip().Members() {
 		if !nodes[m.Name] || m.Name == s.d.cfg.Node || m.State != cluster.StateAlive || m.MetaErr != nil || m.Meta.GRPCAddr == "" {
 			continue
 		}
-		pc, err := s.d.pool.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+		pc, err := s.d.pool.peerConns().get(ctx, m.Name, m.Meta.GRPCAddr)
 		if err != nil {
 			return nil, err
 		}

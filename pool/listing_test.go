@@ -32,7 +32,7 @@ func TestListEveryNodePaged(t *testing.T) {
 	var want []at
 	for _, d := range []*Daemon{a, b} {
 		for range 5 {
-			r, err := d.pool.Alloc(context.Background(), caller{}, AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+			r, err := d.pool.Alloc(context.Background(), caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 			require.NoError(t, err)
 			want = append(want, at{d.cfg.Node, r.ID})
 		}

@@ -48,14 +48,13 @@ func latency(r probe.Result) *poolv1.Latency {
 // ends; a tier that cannot be measured keeps its previous figures.
 // Measurements run one at a time; call it before Close.
 func (d *Daemon) MeasureTiers(ctx context.Context) error {
-	return d.measureTiers(ctx)
+	return d.pool.measureTiers(ctx)
 }
 
 // measureTiers probes each load/store tier on a temporary segment of its
 // first device with room, and the rdma tier through this daemon's own data
 // plane (loopback).
-func (d *Daemon) measureTiers(ctx context.Context) error {
-	p := d.pool
+func (p *core) measureTiers(ctx context.Context) error {
 	p.probeMu.Lock()
 	defer p.probeMu.Unlock()
 	var errs []error
@@ -87,7 +86,7 @@ func (d *Daemon) measureTiers(ctx context.Context) error {
 			// The measurement is of the real memory; say what clients get.
 			attrs = append(attrs, "injected", tg.String())
 		}
-		d.log.Info("measured tier", attrs...)
+		p.log.Info("measured tier", attrs...)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -97,7 +96,7 @@ func (d *Daemon) measureTiers(ctx context.Context) error {
 
 // measureDevice takes a temporary segment on dv, probes it and frees it.
 // It returns nil, nil when dv has too little free space to be worth it.
-func (p *Pool) measureDevice(ctx context.Context, dv *dev) (_ *measurement, err error) {
+func (p *core) measureDevice(ctx context.Context, dv *dev) (_ *measurement, err error) {
 	remote := dv.tier == poolv1.Tier_TIER_RDMA
 	if remote && p.dp == nil {
 		return nil, nil
@@ -167,7 +166,7 @@ func measureMemory(mem []byte) (*measurement, error) {
 
 // measureLoopback exports b on the data plane under probeID and measures
 // one-sided operations on it over TCP from this process.
-func (p *Pool) measureLoopback(ctx context.Context, b device.Backing) (*measurement, error) {
+func (p *core) measureLoopback(ctx context.Context, b device.Backing) (*measurement, error) {
 	key, err := p.dp.export(probeID, b, 1, nil)
 	if err != nil {
 		return nil, err
@@ -189,7 +188,7 @@ func (p *Pool) measureLoopback(ctx context.Context, b device.Backing) (*measurem
 
 // setHMAT records, per tier, the firmware's read latency of the NUMA node
 // backing its first device that has one.
-func (p *Pool) setHMAT(inv *cxl.Inventory) {
+func (p *core) setHMAT(inv *cxl.Inventory) {
 	if inv == nil {
 		return
 	}
@@ -213,7 +212,7 @@ func (p *Pool) setHMAT(inv *cxl.Inventory) {
 
 // addMeasured fills ti's latency and bandwidth from what was measured and
 // what the firmware reports. p.mu must be held.
-func (p *Pool) addMeasured(ti *poolv1.TierInfo) {
+func (p *core) addMeasured(ti *poolv1.TierInfo) {
 	if m := p.measured[ti.Tier]; m != nil {
 		ti.ReadLatency, ti.WriteLatency = m.read, m.write
 		ti.ReadBandwidthBps, ti.WriteBandwidthBps = m.readBps, m.writeBps
@@ -224,7 +223,7 @@ func (p *Pool) addMeasured(ti *poolv1.TierInfo) {
 
 // injected is the latency emulation of tier t (Config.EmulateLatency),
 // false when there is none.
-func (p *Pool) injected(t poolv1.Tier) (emulation.Target, bool) {
+func (p *core) injected(t poolv1.Tier) (emulation.Target, bool) {
 	tg, _ := p.cfg.EmulateLatency.Target(t)
 	return tg, !tg.Zero()
 }
@@ -236,7 +235,7 @@ func emulationProto(t emulation.Target) *poolv1.Emulation {
 // addInjected labels ti's latencies as injected when its tier has latency
 // emulation, keeping what was measured of the real memory beside them:
 // an injected figure is never shown as a measurement.
-func (p *Pool) addInjected(ti *poolv1.TierInfo) {
+func (p *core) addInjected(ti *poolv1.TierInfo) {
 	tg, ok := p.injected(ti.Tier)
 	if !ok {
 		return

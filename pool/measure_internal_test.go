@@ -29,7 +29,7 @@ func TestHMAT(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, poolv1.Tier_TIER_CXL, devs[0].tier)
 	devs[0].Device = onNode{devs[0].Device, 1}
-	p, err := newPool(cfg, slog.New(slog.DiscardHandler), devs, nil)
+	p, err := newCore(cfg, slog.New(slog.DiscardHandler), devs, nil, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, p.close()) })
 	p.setHMAT(inv)

@@ -47,15 +47,14 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 		}
 	}
 	meta := cluster.Meta{Proto: protoVersion, GRPCAddr: grpcAddr, Tiers: d.pool.gossipTiers()}
-	if d.pool.dp != nil {
-		meta.DataAddr = d.pool.dp.addr
+	if dp := d.pool.data(); dp != nil {
+		meta.DataAddr = dp.addr
 	}
 	cl, err := cluster.New(cc, meta)
 	if err != nil {
 		return fmt.Errorf("gossip on %s: %w", d.cfg.Gossip, err)
 	}
-	d.pool.cl = cl
-	d.pool.peers.onUp = func(node string) { d.pool.homeChanged(node, true) }
+	d.pool.useGossip(cl)
 	events, unsubscribe := cl.Subscribe()
 	d.wg.Add(2)
 	go func() {
@@ -118,7 +117,7 @@ func (d *Daemon) joinLoop() {
 		if !capacityMoved(last, tiers) {
 			continue
 		}
-		if err := d.pool.cl.SetMeta(func(m *cluster.Meta) { m.Tiers = tiers }); err != nil {
+		if err := d.pool.gossip().SetMeta(func(m *cluster.Meta) { m.Tiers = tiers }); err != nil {
 			d.log.Debug("gossip metadata update", "err", err)
 			continue
 		}
@@ -134,7 +133,7 @@ func (d *Daemon) joinSeeds() bool {
 	backoff := 200 * time.Millisecond
 	for {
 		ctx, cancelT := context.WithTimeout(stopped, 5*time.Second)
-		n, err := d.pool.cl.Join(ctx, d.cfg.Join)
+		n, err := d.pool.gossip().Join(ctx, d.cfg.Join)
 		cancelT()
 		if err == nil {
 			// n is 0 when the only seed is this node itself.
@@ -159,7 +158,7 @@ func (d *Daemon) joinSeeds() bool {
 }
 
 // sweepTicks is how many announceTicks apart joinLoop sweeps its peers for
-// orphaned segments (Pool.sweepPeers): 30 s, one List per peer session.
+// orphaned segments (core.sweepPeers): 30 s, one List per peer session.
 const sweepTicks = 300
 
 // announceTick is how often joinLoop compares this node's capacity with
@@ -205,7 +204,7 @@ func capacityMoved(last, tiers []cluster.TierFree) bool {
 // so a partition longer than that would otherwise never heal.
 func (d *Daemon) rejoinSeeds() {
 	alive := map[string]bool{}
-	for _, m := range d.pool.cl.Members() {
+	for _, m := range d.pool.gossip().Members() {
 		if m.State == cluster.StateAlive {
 			alive[m.Addr] = true
 		}
@@ -221,7 +220,7 @@ func (d *Daemon) rejoinSeeds() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	n, err := d.pool.cl.Join(ctx, missing)
+	n, err := d.pool.gossip().Join(ctx, missing)
 	switch {
 	case errors.Is(err, cluster.ErrNameConflict):
 		// This node joined first; the other one is told to stop.
@@ -286,7 +285,7 @@ func (d *Daemon) watchMembers(events <-chan cluster.Event) {
 				// Its session only held a lease there for segments now
 				// marked lost; a returning node gets a fresh one, checked
 				// against its certificate again.
-				d.pool.peers.drop(name)
+				d.pool.peerConns().drop(name)
 			}
 		}
 	}
@@ -297,7 +296,7 @@ func (d *Daemon) watchMembers(events <-chan cluster.Event) {
 // free bytes, so that peers stop placing segments that no client could
 // reach (Pick skips a tier without room); it shows them again once the
 // listener accepts.
-func (p *Pool) gossipTiers() []cluster.TierFree {
+func (p *core) gossipTiers() []cluster.TierFree {
 	var out []cluster.TierFree
 	unreachable := p.dp != nil && p.dp.l.Status().Failing
 	for _, ti := range p.tiers() {
@@ -320,7 +319,7 @@ func (p *Pool) gossipTiers() []cluster.TierFree {
 
 // allTiers is this daemon's tiers and, in a cluster, the rdma tier its
 // peers offer.
-func (p *Pool) allTiers() []*poolv1.TierInfo {
+func (p *core) allTiers() []*poolv1.TierInfo {
 	out := p.tiers()
 	pt := p.peerTier()
 	for _, ti := range out {
@@ -355,7 +354,7 @@ func joinNote(a, b string) string {
 }
 
 // peerTier describes the rdma tier that the alive peers offer.
-func (p *Pool) peerTier() *poolv1.TierInfo {
+func (p *core) peerTier() *poolv1.TierInfo {
 	if p.cl == nil {
 		return nil
 	}
@@ -397,21 +396,22 @@ func (p *Pool) peerTier() *poolv1.TierInfo {
 
 func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.NodesResponse, error) {
 	p := s.d.pool
-	if p.cl == nil {
+	cl := p.gossip()
+	if cl == nil {
 		self := &poolv1.NodeInfo{Name: s.d.cfg.Node, State: "alive", Self: true}
 		for _, t := range p.gossipTiers() {
 			self.Tiers = append(self.Tiers, &poolv1.NodeTier{Tier: t.Name, Capacity: t.Capacity, Free: t.Free})
 		}
-		if p.dp != nil {
-			self.DataAddr = p.dp.addr
+		if dp := p.data(); dp != nil {
+			self.DataAddr = dp.addr
 		}
 		return &poolv1.NodesResponse{Nodes: []*poolv1.NodeInfo{self}}, nil
 	}
 	var out []*poolv1.NodeInfo
-	for _, m := range p.cl.Members() {
+	for _, m := range cl.Members() {
 		n := &poolv1.NodeInfo{Name: m.Name, State: cluster.StateString(m.State), GossipAddr: m.Addr,
 			GrpcAddr: m.Meta.GRPCAddr, DataAddr: m.Meta.DataAddr, Draining: m.Meta.Draining, Self: m.Name == s.d.cfg.Node}
-		if why := p.peers.refusal(m.Name, m.Meta.GRPCAddr); why != nil {
+		if why := p.peerConns().refusal(m.Name, m.Meta.GRPCAddr); why != nil {
 			n.Refused = why.Error()
 		}
 		for _, t := range m.Meta.Tiers {
@@ -433,7 +433,7 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 
 // nameConflicts lists the node names this daemon saw gossiped from two
 // addresses at once.
-func (p *Pool) nameConflicts() []*poolv1.NameConflict {
+func (p *core) nameConflicts() []*poolv1.NameConflict {
 	if p.cl == nil {
 		return nil
 	}
@@ -454,26 +454,25 @@ func (s *service) Drain(ctx context.Context, req *poolv1.DrainRequest) (*poolv1.
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
+	cl := p.gossip()
 	if req.Node == "" || req.Node == s.d.cfg.Node {
-		p.mu.Lock()
-		p.draining = !req.Undo
-		p.mu.Unlock()
-		if p.cl != nil {
-			if err := p.cl.SetMeta(func(m *cluster.Meta) { m.Draining = !req.Undo }); err != nil {
+		p.setDraining(!req.Undo)
+		if cl != nil {
+			if err := cl.SetMeta(func(m *cluster.Meta) { m.Draining = !req.Undo }); err != nil {
 				return nil, errs.ToStatus(err)
 			}
 		}
 		s.d.log.Info("drain", "node", s.d.cfg.Node, "draining", !req.Undo)
 		return &poolv1.DrainResponse{}, nil
 	}
-	if p.cl == nil {
+	if cl == nil {
 		return nil, errs.ToStatus(fmt.Errorf("node %q: %w (this daemon is in no cluster)", req.Node, errs.ErrNotFound))
 	}
-	m, ok := p.cl.Member(req.Node)
+	m, ok := cl.Member(req.Node)
 	if !ok || m.State != cluster.StateAlive {
 		return nil, errs.ToStatus(fmt.Errorf("node %q: %w among the alive members; see 'memctl nodes'", req.Node, errs.ErrNotFound))
 	}
-	pc, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+	pc, err := p.peerConns().get(ctx, m.Name, m.Meta.GRPCAddr)
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}

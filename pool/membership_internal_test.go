@@ -68,7 +68,7 @@ func TestAnnounceBeforeJoin(t *testing.T) {
 		return ok && m.State == cluster.StateAlive && cxlFree(m) > 0
 	}, 20*time.Second, 20*time.Millisecond, "b never listed a alive")
 
-	_, err = a.pool.Alloc(context.Background(), caller{}, AllocRequest{Size: 4 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	_, err = a.pool.Alloc(context.Background(), caller{}, allocRequest{Size: 4 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 	require.NoError(t, err)
 	want := gossipFree(a.pool, "cxl")
 	require.Eventually(t, func() bool {
@@ -78,7 +78,7 @@ func TestAnnounceBeforeJoin(t *testing.T) {
 }
 
 // gossipFree is the free bytes of tier that p gossips; -1 without it.
-func gossipFree(p *Pool, tier string) int64 {
+func gossipFree(p *core, tier string) int64 {
 	for _, t := range p.gossipTiers() {
 		if t.Name == tier {
 			return t.Free

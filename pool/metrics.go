@@ -28,8 +28,8 @@ var dataPlaneOps = [...]string{0: "other", rdma.OpRead: "read", rdma.OpWrite: "w
 // metrics is one daemon's Prometheus instrumentation, on a registry of its
 // own (several daemons may run in one process). Counters are fed by hooks
 // on the daemon's paths; gauges of state (capacity, segments, sessions,
-// members) are read from the Pool at scrape time by poolCollector. Safe for
-// concurrent use; a nil *metrics ignores every event (a Pool built without
+// members) are read from the core at scrape time by poolCollector. Safe for
+// concurrent use; a nil *metrics ignores every event (a core built without
 // a Daemon, as unit tests do).
 type metrics struct {
 	reg *prometheus.Registry
@@ -53,7 +53,7 @@ type metrics struct {
 }
 
 // newMetrics makes the registry with every family poold exports except
-// those read from the Pool, which watch adds.
+// those read from the core, which watch adds.
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	f := promFactory{m.reg}
@@ -127,7 +127,7 @@ func (f promFactory) counterVec(name, help string, labels ...string) *prometheus
 }
 
 // watch adds the families read from p at scrape time.
-func (m *metrics) watch(p *Pool) {
+func (m *metrics) watch(p *core) {
 	m.reg.MustRegister(&poolCollector{p: p})
 }
 
@@ -233,9 +233,9 @@ func emulatedLatency(cfg Config, name string) time.Duration {
 	return tg.Latency
 }
 
-// poolCollector reads the Pool's state at scrape time, so the gauges are
+// poolCollector reads the core's state at scrape time, so the gauges are
 // never stale and cost nothing between scrapes.
-type poolCollector struct{ p *Pool }
+type poolCollector struct{ p *core }
 
 var (
 	deviceLabels  = []string{"tier", "device", "kind", "emulated"}
@@ -263,10 +263,13 @@ func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
-	p := c.p
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+	c.p.collect(func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
+	})
+}
+
+// collect reports the core's gauges (the descriptors above) to gauge.
+func (p *core) collect(gauge func(d *prometheus.Desc, v float64, labels ...string)) {
 	p.mu.Lock()
 	tiers := map[string]bool{}
 	for _, d := range p.devs {

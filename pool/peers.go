@@ -244,7 +244,7 @@ func (ps *peers) close() {
 // allocRemote places a segment on a peer chosen by free capacity and
 // records it here; an error matching cluster.ErrNoPeer when no peer can
 // take it.
-func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*record, error) {
+func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest) (*record, error) {
 	if p.cl == nil {
 		return nil, fmt.Errorf("%w: this daemon gossips with nobody", cluster.ErrNoPeer)
 	}
@@ -319,7 +319,7 @@ func (p *Pool) allocRemote(ctx context.Context, c caller, req AllocRequest) (*re
 // members not refused for their name, and returns its session; a member
 // refused while dialing it is left out and another chosen, each member
 // at most once.
-func (p *Pool) pickPeer(ctx context.Context, size int64) (cluster.Member, *session.Conn, error) {
+func (p *core) pickPeer(ctx context.Context, size int64) (cluster.Member, *session.Conn, error) {
 	members := slices.DeleteFunc(p.cl.Members(), func(m cluster.Member) bool {
 		return p.peers.isRefused(m.Name, m.Meta.GRPCAddr)
 	})
@@ -359,7 +359,7 @@ const reconcileRetry = 200 * time.Millisecond
 // Only records that existed before the home was asked are judged: a
 // segment placed there while the List was under way is missing from its
 // answer but alive, and judging it marked it lost for good.
-func (p *Pool) homeChanged(node string, up bool) {
+func (p *core) homeChanged(node string, up bool) {
 	epoch := p.peers.nextEpoch(node)
 	asked := map[*record]bool{}
 	p.mu.Lock()
@@ -454,7 +454,7 @@ func (p *Pool) homeChanged(node string, up bool) {
 // there. ok is false when node could not be asked; without a session and
 // without segments homed on node there is nothing to ask: held is nil and
 // ok true.
-func (p *Pool) reconcile(ctx context.Context, node string) (held map[uint64]bool, ok bool) {
+func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	pc := p.peers.conn(node)
@@ -529,7 +529,7 @@ func (p *Pool) reconcile(ctx context.Context, node string) (held map[uint64]bool
 // found two after a 200-host run). Only alive members are asked; the
 // sessions of nodes that left are dropped (a dead node's session stays). It
 // returns early when ctx ends.
-func (p *Pool) sweepPeers(ctx context.Context) {
+func (p *core) sweepPeers(ctx context.Context) {
 	p.peers.mu.Lock()
 	nodes := slices.Collect(maps.Keys(p.peers.conns))
 	p.peers.mu.Unlock()
@@ -558,7 +558,7 @@ func (p *Pool) sweepPeers(ctx context.Context) {
 
 // refuseAnswer drops the session with node whose answer came from another
 // node, and refuses node for a while (peers.refuse logs it).
-func (p *Pool) refuseAnswer(node string, pc *session.Conn, why error) {
+func (p *core) refuseAnswer(node string, pc *session.Conn, why error) {
 	p.peers.drop(node)
 	_ = p.peers.refuse(node, pc.Addr(), "peer refused: it answers as another node", why)
 }

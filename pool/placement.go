@@ -18,8 +18,8 @@ import (
 	"github.com/farmem/farmem/internal/size"
 )
 
-// AllocRequest is what a caller asks of Alloc. A plain value.
-type AllocRequest struct {
+// allocRequest is what a caller asks of Alloc. A plain value.
+type allocRequest struct {
 	// Size is the segment's size in bytes, 1 to MaxSegmentSize.
 	Size int64
 	// Tier is the tier asked for; TIER_UNSPECIFIED lets placement choose.
@@ -39,7 +39,7 @@ type AllocRequest struct {
 }
 
 // tierOrder is the order in which a request tries tiers.
-func tierOrder(req AllocRequest) []poolv1.Tier {
+func tierOrder(req allocRequest) []poolv1.Tier {
 	first := []poolv1.Tier{req.Tier}
 	if req.Tier == poolv1.Tier_TIER_UNSPECIFIED {
 		first = []poolv1.Tier{poolv1.Tier_TIER_CXL, poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_RDMA}
@@ -75,7 +75,7 @@ func validTier(t poolv1.Tier) error {
 // Alloc places a new segment and commits it before returning. For the rdma
 // tier it tries peers first (chosen by free capacity), then this daemon's
 // own exported memory.
-func (p *Pool) Alloc(ctx context.Context, c caller, req AllocRequest) (*record, error) {
+func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, error) {
 	if req.Size <= 0 || req.Size > MaxSegmentSize {
 		return nil, fmt.Errorf("%w: size %d; ask for 1 byte to %d bytes", errs.ErrInvalid, req.Size, int64(MaxSegmentSize))
 	}
@@ -127,7 +127,7 @@ func (p *Pool) Alloc(ctx context.Context, c caller, req AllocRequest) (*record, 
 // committed outside it, so that concurrent allocations share a metadata
 // commit (see store); until the commit is done the segment is in no
 // listing, and its name and extent are taken.
-func (p *Pool) allocLocal(c caller, t poolv1.Tier, req AllocRequest) (*record, []string, error) {
+func (p *core) allocLocal(c caller, t poolv1.Tier, req allocRequest) (*record, []string, error) {
 	r, tried, err := p.place(c, t, req)
 	if r == nil {
 		return nil, tried, err
@@ -147,7 +147,7 @@ func (p *Pool) allocLocal(c caller, t poolv1.Tier, req AllocRequest) (*record, [
 
 // place reserves an extent, an id and the name for a new segment on a
 // device of tier t and creates its backing, not yet committed.
-func (p *Pool) place(c caller, t poolv1.Tier, req AllocRequest) (*record, []string, error) {
+func (p *core) place(c caller, t poolv1.Tier, req allocRequest) (*record, []string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -193,7 +193,7 @@ func (p *Pool) place(c caller, t poolv1.Tier, req AllocRequest) (*record, []stri
 }
 
 // whyNoTier explains a tier that has no usable device.
-func (p *Pool) whyNoTier(t poolv1.Tier) string {
+func (p *core) whyNoTier(t poolv1.Tier) string {
 	for _, d := range p.devs {
 		if d.tier == t && !d.usable {
 			return d.note
@@ -210,7 +210,7 @@ func (p *Pool) whyNoTier(t poolv1.Tier) string {
 	return "no device"
 }
 
-func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
+func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 	off, err := d.ext.Alloc(req.Size)
 	if err != nil {
 		return nil, err
@@ -249,7 +249,7 @@ func (p *Pool) allocOn(c caller, d *dev, req AllocRequest) (*record, error) {
 }
 
 // unplace undoes a placement whose commit failed.
-func (p *Pool) unplace(r *record) {
+func (p *core) unplace(r *record) {
 	p.usage.sub(r)
 	if !r.Key.IsZero() {
 		p.dp.revoke(r.ID)
@@ -265,7 +265,7 @@ func (p *Pool) unplace(r *record) {
 func roundUp(n, align int64) int64 { return (n + align - 1) / align * align }
 
 // newID hands out a segment id that is durable as used.
-func (p *Pool) newID() (uint64, error) {
+func (p *core) newID() (uint64, error) {
 	if p.nextID >= p.idLimit {
 		if err := p.st.reserveIDs(p.nextID + idBlock); err != nil {
 			return 0, fmt.Errorf("reserve segment ids: %w", err)

@@ -33,18 +33,19 @@ const (
 	restartGrace = 2 * time.Second
 )
 
-// Pool is the daemon's core: the devices, their extent allocators, the
-// segment table and the clients' leases. It is safe for concurrent use; one
-// mutex serializes changes, and every change is committed to the metadata
-// store before the call returns.
-type Pool struct {
+// core is what the Daemon serves: the devices, their extent allocators,
+// the segment table, the clients' sessions and leases, and the peers it
+// places on. The Daemon reaches it only through its methods. It is safe
+// for concurrent use; one mutex serializes changes, and every change is
+// committed to the metadata store before the call returns.
+type core struct {
 	cfg     Config
 	log     *slog.Logger
 	st      *store
 	dp      *dataPlane       // serves rdma-tier segments; nil when disabled
 	cl      *cluster.Cluster // gossip membership; nil without --gossip
 	peers   *peers
-	metrics *metrics // nil when the Pool runs without a Daemon
+	metrics *metrics // nil when the core runs without a Daemon
 	auth    auth     // client ids' identities, data-plane credentials (auth.go)
 	usage   usage    // segments and bytes per owner, for quotas and limits (quota.go)
 	started time.Time
@@ -95,11 +96,12 @@ func (d *dev) kindName() string {
 
 func (d *dev) isEmulated() bool { return d.emulated || d.Emulated() }
 
-// newPool opens the store, takes the devices and rebuilds the segment table.
-// It owns devs from then on, closing them on failure.
-func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool, err error) {
-	p := &Pool{
-		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs, dp: dp,
+// newCore opens the store, takes the devices and rebuilds the segment
+// table. It owns devs from then on, closing them on failure. dp and m may
+// be nil (no data plane; no metrics, as in tests without a Daemon).
+func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metrics) (_ *core, err error) {
+	p := &core{
+		cfg: cfg, log: log, started: time.Now(), now: time.Now, devs: devs, dp: dp, metrics: m,
 		peers: &peers{self: cfg.Node, log: log, conns: map[string]*session.Conn{}, stop: make(chan struct{})},
 		segs:  map[uint64]*record{}, order: btree.NewOrderedG[uint64](32), names: map[string]uint64{},
 		clients: map[string]*client{}, sessions: map[string]*sessionState{}, pendingRemote: map[string]int{},
@@ -145,7 +147,7 @@ func newPool(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane) (_ *Pool,
 
 // sweepOrphans removes segment files that no record names: a crash between
 // a device's Create and the table commit leaves one behind.
-func (p *Pool) sweepOrphans() {
+func (p *core) sweepOrphans() {
 	for _, d := range p.devs {
 		lister, ok := d.Device.(interface{ Segments() ([]uint64, error) })
 		if !ok {
@@ -171,7 +173,7 @@ func (p *Pool) sweepOrphans() {
 
 // restore puts a stored record back: its extent reserved, its device
 // checked, its owner given one lease TTL to come back.
-func (p *Pool) restore(r *record) {
+func (p *core) restore(r *record) {
 	p.link(r)
 	p.usage.add(r)
 	if r.Name != "" {
@@ -211,7 +213,7 @@ func (p *Pool) restore(r *record) {
 }
 
 // reexport registers a restored rdma segment under the key its owner holds.
-func (p *Pool) reexport(r *record, b device.Backing) error {
+func (p *core) reexport(r *record, b device.Backing) error {
 	if p.dp == nil {
 		return errors.New("the data plane is disabled")
 	}
@@ -220,7 +222,7 @@ func (p *Pool) reexport(r *record, b device.Backing) error {
 	return err
 }
 
-func (p *Pool) device(name string) *dev {
+func (p *core) device(name string) *dev {
 	for _, d := range p.devs {
 		if d.Name() == name {
 			return d
@@ -229,8 +231,53 @@ func (p *Pool) device(name string) *dev {
 	return nil
 }
 
+// The Daemon reaches the core's parts through the methods below. Each part
+// is safe for concurrent use on its own; the cluster is set once, before
+// the daemon serves (useGossip).
+
+// gossip is the cluster the core places segments on; nil without --gossip.
+func (p *core) gossip() *cluster.Cluster { return p.cl }
+
+// useGossip makes cl the cluster the core places on: peers that come back
+// get their segments' state back (homeChanged).
+func (p *core) useGossip(cl *cluster.Cluster) {
+	p.cl = cl
+	p.peers.onUp = func(node string) { p.homeChanged(node, true) }
+}
+
+// data is the data plane serving rdma-tier segments; nil when disabled.
+func (p *core) data() *dataPlane { return p.dp }
+
+// credentials binds client ids to identities and issues the data-plane
+// credentials of sessions.
+func (p *core) credentials() *auth { return &p.auth }
+
+// peerConns is the control-plane sessions with peer daemons.
+func (p *core) peerConns() *peers { return p.peers }
+
+// startTime is when the core was made.
+func (p *core) startTime() time.Time { return p.started }
+
+// isClosed reports whether close has run.
+func (p *core) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// storeHealth is nil while the metadata store commits and holds its
+// reserve, else why not (store.health).
+func (p *core) storeHealth() error { return p.st.health() }
+
+// setDraining turns placements for peers off (memctl drain) or on again.
+func (p *core) setDraining(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.draining = on
+}
+
 // close closes the store and the devices; it is idempotent.
-func (p *Pool) close() error {
+func (p *core) close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -247,7 +294,7 @@ func (p *Pool) close() error {
 	return errors.Join(err, p.closeDevices(), p.st.close())
 }
 
-func (p *Pool) closeDevices() error {
+func (p *core) closeDevices() error {
 	var err error
 	for i := len(p.devs) - 1; i >= 0; i-- {
 		err = errors.Join(err, p.devs[i].Close())

@@ -58,10 +58,10 @@ func testConfig(t testing.TB) Config {
 	return cfg
 }
 
-func newTestPool(t testing.TB, cfg Config) *Pool {
+func newTestPool(t testing.TB, cfg Config) *core {
 	_, devs, err := discover(cfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	p, err := newPool(cfg, slog.New(slog.DiscardHandler), devs, nil)
+	p, err := newCore(cfg, slog.New(slog.DiscardHandler), devs, nil, nil)
 	require.NoError(t, err)
 	return p
 }
@@ -71,9 +71,9 @@ func admin() caller { return caller{} }
 func TestRestartKeepsSegments(t *testing.T) {
 	cfg := testConfig(t)
 	p := newTestPool(t, cfg)
-	cxlSeg, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 5000, Tier: poolv1.Tier_TIER_CXL, Name: "a"})
+	cxlSeg, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 5000, Tier: poolv1.Tier_TIER_CXL, Name: "a"})
 	require.NoError(t, err)
-	localSeg, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Persist: true})
+	localSeg, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Persist: true})
 	require.NoError(t, err)
 	b, err := p.Backing(admin(), cxlSeg.ID)
 	require.NoError(t, err)
@@ -101,7 +101,7 @@ func TestRestartKeepsSegments(t *testing.T) {
 	require.ErrorIs(t, err, errs.ErrSegmentLost)
 
 	// The extents are reserved again: new segments do not overlap them, and ids are not reused.
-	n, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	n, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 	require.NoError(t, err)
 	require.Greater(t, n.ID, localSeg.ID)
 	require.GreaterOrEqual(t, n.Offset, cxlSeg.Offset+cxlSeg.Extent)
@@ -124,9 +124,9 @@ func TestLeaseReap(t *testing.T) {
 	p.openSession("s1", "app", "app", 1, 0)
 	c, err := p.callerFor("s1")
 	require.NoError(t, err)
-	_, err = p.Alloc(t.Context(), c, AllocRequest{Size: 1 << 20})
+	_, err = p.Alloc(t.Context(), c, allocRequest{Size: 1 << 20})
 	require.NoError(t, err)
-	_, err = p.Alloc(t.Context(), c, AllocRequest{Size: 1 << 20, Name: "kept"})
+	_, err = p.Alloc(t.Context(), c, allocRequest{Size: 1 << 20, Name: "kept"})
 	require.NoError(t, err)
 
 	p.closeSession("s1")
@@ -176,7 +176,7 @@ func TestDevdaxFromFixture(t *testing.T) {
 		require.False(t, tiers[0].Emulated)
 		require.Zero(t, tiers[0].Free)
 		require.Contains(t, tiers[0].Note, "--allow-devdax-fd")
-		_, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+		_, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 		require.ErrorIs(t, err, errs.ErrNoCapacity)
 		require.Contains(t, err.Error(), "--allow-devdax-fd")
 	})
@@ -185,7 +185,7 @@ func TestDevdaxFromFixture(t *testing.T) {
 		cfg.AllowDevdaxFD = true
 		p := newTestPool(t, cfg)
 		defer p.close()
-		r, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+		r, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 		require.NoError(t, err)
 		require.Equal(t, dx.Name, r.Device)
 		require.Zero(t, r.Offset%int64(dx.Align))
@@ -320,7 +320,7 @@ func FuzzParseConfig(f *testing.F) {
 func TestOrphanedFilesSwept(t *testing.T) {
 	cfg := testConfig(t)
 	p := newTestPool(t, cfg)
-	r, err := p.Alloc(t.Context(), admin(), AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	r, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 	require.NoError(t, err)
 	// A crash between Create and the commit: a file no record names.
 	d := p.device(r.Device)

@@ -108,7 +108,7 @@ func (q Quotas) limit(ident string, t poolv1.Tier) (int64, string) {
 
 // usage counts, per owner (client id), the segments it holds and their
 // bytes per tier, for quotas and the per-client segment limit. It is safe
-// for concurrent use; the Pool updates it as segments come and go.
+// for concurrent use; the core updates it as segments come and go.
 type usage struct {
 	mu      sync.Mutex
 	byOwner map[string]*ownerUsage
@@ -164,7 +164,7 @@ func (u *usage) of(owners []string, tier string) (segments int, bytes int64) {
 // quota on t (a reason to try the next tier, returned as why; the caller
 // ends with ErrNoCapacity naming it). Administrators (no session) are not
 // limited.
-func (p *Pool) admit(c caller, t poolv1.Tier, n int64) (why string, err error) {
+func (p *core) admit(c caller, t poolv1.Tier, n int64) (why string, err error) {
 	if c.client == nil {
 		return "", nil
 	}
@@ -190,7 +190,7 @@ func (p *Pool) admit(c caller, t poolv1.Tier, n int64) (why string, err error) {
 // quotaUsage lists, for Status, what each identity holds per tier beside
 // its quota: identities that hold something or have a quota of their own,
 // sorted by identity and tier.
-func (p *Pool) quotaUsage() []*poolv1.QuotaUsage {
+func (p *core) quotaUsage() []*poolv1.QuotaUsage {
 	p.auth.load()
 	p.auth.mu.Lock()
 	byIdent := map[string][]string{}

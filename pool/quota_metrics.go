@@ -5,13 +5,13 @@ import "github.com/prometheus/client_golang/prometheus"
 // quotaCollector exports each identity's bytes per tier beside its quota
 // (the rows of Status.quotas) as farmem_quota_used_bytes and
 // farmem_quota_bytes. It reads the pool at scrape time; safe for
-// concurrent use as the Pool is.
+// concurrent use as the core is.
 type quotaCollector struct {
-	p           *Pool
+	p           *core
 	used, quota *prometheus.Desc
 }
 
-func newQuotaCollector(p *Pool) *quotaCollector {
+func newQuotaCollector(p *core) *quotaCollector {
 	labels := []string{"identity", "tier"}
 	return &quotaCollector{
 		p:     p,

@@ -12,7 +12,7 @@ import (
 )
 
 // FuzzAllocRequest is the control plane's request validation under
-// arbitrary input: bytes decoded as an AllocRequest, as the descriptor
+// arbitrary input: bytes decoded as an allocRequest, as the descriptor
 // channel decodes them, then Alloc, Attach by the request's name, and
 // Free, for a client and for an administrator; grants only with a name
 // and of well-formed identities. No input panics; every

@@ -655,13 +655,13 @@ func measureSegmentMemory(t *testing.T, res *scaleResult) {
 	// The home's share alone: k segments it holds for an administrator.
 	h0, db0 := heap(), dbSize(home)
 	for range k {
-		_, err := home.pool.Alloc(ctx, caller{}, AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true, HomeOnly: true})
+		_, err := home.pool.Alloc(ctx, caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true, HomeOnly: true})
 		require.NoError(t, err)
 	}
 	h1, db1 := heap(), dbSize(home)
 	// Both shares: k segments the owner places on the home.
 	for range k {
-		r, err := owner.pool.Alloc(ctx, caller{}, AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
+		r, err := owner.pool.Alloc(ctx, caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
 		require.NoError(t, err)
 		require.Equal(t, home.cfg.Node, r.Home)
 	}
@@ -687,7 +687,7 @@ func TestSweepFreesOrphans(t *testing.T) {
 	require.NoError(t, err)
 	owner, home := sc.hosts[0].daemon(), sc.hosts[1].daemon()
 	ctx := t.Context()
-	kept, err := owner.pool.Alloc(ctx, caller{}, AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
+	kept, err := owner.pool.Alloc(ctx, caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
 	require.NoError(t, err)
 	require.Equal(t, home.cfg.Node, kept.Home)
 

@@ -14,7 +14,7 @@ import (
 )
 
 // lookup finds a segment by id or, when id is 0, by name.
-func (p *Pool) lookup(id uint64, name string) (*record, error) {
+func (p *core) lookup(id uint64, name string) (*record, error) {
 	if id == 0 {
 		var ok bool
 		if id, ok = p.names[name]; !ok {
@@ -38,7 +38,7 @@ func mayUse(c caller, r *record) bool {
 
 // Free releases a segment: committed, then its backing removed and its
 // extent returned.
-func (p *Pool) Free(c caller, id uint64, name string) error {
+func (p *core) Free(c caller, id uint64, name string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, err := p.lookup(id, name)
@@ -67,13 +67,13 @@ func (p *Pool) Free(c caller, id uint64, name string) error {
 }
 
 // link puts a record in the table (not its name: callers do).
-func (p *Pool) link(r *record) {
+func (p *core) link(r *record) {
 	p.segs[r.ID] = r
 	p.order.ReplaceOrInsert(r.ID)
 }
 
 // unlink takes a record out of the table, not the store.
-func (p *Pool) unlink(r *record) {
+func (p *core) unlink(r *record) {
 	delete(p.segs, r.ID)
 	p.order.Delete(r.ID)
 	if r.Name != "" && p.names[r.Name] == r.ID {
@@ -81,7 +81,7 @@ func (p *Pool) unlink(r *record) {
 	}
 }
 
-func (p *Pool) freeLocked(r *record, reason string) error {
+func (p *core) freeLocked(r *record, reason string) error {
 	if err := p.st.delete(r.ID); err != nil {
 		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
 	}
@@ -92,7 +92,7 @@ func (p *Pool) freeLocked(r *record, reason string) error {
 
 // release returns a record's memory once its removal is committed: the
 // data plane fences it, its backing goes and its extent is free again.
-func (p *Pool) release(r *record, reason string) {
+func (p *core) release(r *record, reason string) {
 	p.usage.sub(r)
 	if r.Home != "" {
 		p.peers.freeLater(r.Home, r.HomeID)
@@ -112,7 +112,7 @@ func (p *Pool) release(r *record, reason string) {
 }
 
 // Attach gives the caller access to a named segment.
-func (p *Pool) Attach(c caller, name string) (*record, error) {
+func (p *core) Attach(c caller, name string) (*record, error) {
 	if name == "" {
 		return nil, fmt.Errorf("%w: attach needs a segment name", errs.ErrInvalid)
 	}
@@ -141,7 +141,7 @@ func (p *Pool) Attach(c caller, name string) (*record, error) {
 // from Attached), so that the caller may no longer map or free it; the
 // segment stays for its owner and other attachers. Nothing to withdraw
 // (the caller owns the segment, or never attached it) is not an error.
-func (p *Pool) Detach(c caller, id uint64) error {
+func (p *core) Detach(c caller, id uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, err := p.lookup(id, "")
@@ -165,7 +165,7 @@ func (p *Pool) Detach(c caller, id uint64) error {
 }
 
 // Stat returns a copy of one segment.
-func (p *Pool) Stat(id uint64) (record, error) {
+func (p *core) Stat(id uint64) (record, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, err := p.lookup(id, "")
@@ -176,14 +176,14 @@ func (p *Pool) Stat(id uint64) (record, error) {
 }
 
 // List returns copies of every segment, by id.
-func (p *Pool) List() []record {
+func (p *core) List() []record {
 	recs, _ := p.listPage(0, 0)
 	return recs
 }
 
 // listPage returns copies of up to limit segments (0: no limit) with ids
 // above after, by id, and whether more follow.
-func (p *Pool) listPage(after uint64, limit int) (recs []record, more bool) {
+func (p *core) listPage(after uint64, limit int) (recs []record, more bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.order.AscendGreaterOrEqual(after+1, func(id uint64) bool {
@@ -198,14 +198,14 @@ func (p *Pool) listPage(after uint64, limit int) (recs []record, more bool) {
 }
 
 // segmentCount is the number of segments in the table.
-func (p *Pool) segmentCount() int {
+func (p *core) segmentCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.segs)
 }
 
 // Backing opens a segment's memory for a caller that may use it.
-func (p *Pool) Backing(c caller, id uint64) (device.Backing, error) {
+func (p *core) Backing(c caller, id uint64) (device.Backing, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, err := p.lookup(id, "")

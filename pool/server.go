@@ -23,7 +23,7 @@ const SessionHeader = "farmem-session"
 // Version is poold's version, shown by memctl status.
 var Version = "0.1.0-dev"
 
-// service implements the gRPC Pool service over a Pool.
+// service implements the gRPC Pool service over the core.
 type service struct {
 	poolv1.UnimplementedPoolServer
 	d *Daemon
@@ -58,8 +58,8 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 		return errs.ToStatus(err)
 	}
 	sid := newSessionID()
-	cred := s.d.pool.auth.issue(sid, hello.ClientId, ident)
-	defer s.d.pool.auth.revoke(cred)
+	cred := s.d.pool.credentials().issue(sid, hello.ClientId, ident)
+	defer s.d.pool.credentials().revoke(cred)
 	events := s.d.pool.openSession(sid, hello.ClientId, hello.ClientName, hello.Pid, uid)
 	defer s.d.pool.closeSession(sid)
 	s.d.log.Debug("session opened", "session", sid, "client", hello.ClientId, "name", hello.ClientName, "pid", hello.Pid)
@@ -142,9 +142,9 @@ func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) 
 	return d.forCaller(c, *r), nil
 }
 
-// allocRequestOf is what an API request asks of Pool.Alloc.
-func allocRequestOf(req *poolv1.AllocRequest) AllocRequest {
-	return AllocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback,
+// allocRequestOf is what an API request asks of core.Alloc.
+func allocRequestOf(req *poolv1.AllocRequest) allocRequest {
+	return allocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback,
 		HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree}
 }
 
@@ -238,7 +238,7 @@ func (s *service) MeasureTiers(ctx context.Context, _ *poolv1.MeasureTiersReques
 func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.StatusResponse, error) {
 	p := s.d.pool
 	return &poolv1.StatusResponse{
-		Version: Version, Node: s.d.cfg.Node, StartedUnixMs: p.started.UnixMilli(), Pid: int64(os.Getpid()),
+		Version: Version, Node: s.d.cfg.Node, StartedUnixMs: p.startTime().UnixMilli(), Pid: int64(os.Getpid()),
 		DataDir: s.d.cfg.DataDir, Socket: s.d.cfg.Socket, Tiers: p.allTiers(), Sessions: int64(p.sessionCount()),
 		Segments: int64(p.segmentCount()), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
 		Clients: s.d.withIdentities(p.clientInfos()), Ops: s.d.metrics.tierOps(),
@@ -265,9 +265,9 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 		Id: r.ID, Name: r.Name, Device: r.Device, Node: d.cfg.Node, NumaNode: -1, Offset: r.Offset, Size: r.Size,
 		Owner: r.Owner, State: poolv1.SegmentState_SEGMENT_STATE_ACTIVE, Epoch: r.Epoch,
 		CreatedUnixMs: r.Created.UnixMilli(), Persist: r.Persist, Attached: r.Attached,
-		Creator: r.Creator, Allow: r.Allow, AllowFree: r.AllowFree,
+		Creator: r.Creator, Allow: r.Allow, AllowFree: r.AllowFree, Tier: r.Tier,
 	}
-	seg.Tier = r.Tier
+	dp := d.pool.data()
 	if r.Lost {
 		seg.State = poolv1.SegmentState_SEGMENT_STATE_LOST
 	}
@@ -286,10 +286,10 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 			on = *r.DataTLS
 		}
 		d.dataTLS(seg, on, r.Home)
-	case !r.Key.IsZero() && d.pool.dp != nil:
+	case !r.Key.IsZero() && dp != nil:
 		key := r.Key
-		seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = d.pool.dp.addr, key[:], r.ID, "tcp"
-		d.dataTLS(seg, d.pool.dp.tls != nil, d.cfg.Node)
+		seg.DataAddr, seg.Key, seg.HomeId, seg.Transport = dp.addr, key[:], r.ID, "tcp"
+		d.dataTLS(seg, dp.tls != nil, d.cfg.Node)
 		if strings.HasPrefix(r.Owner, peerClientPrefix) {
 			seg.Kind, seg.Emulated = "lent", false // this host's memory, lent to a peer
 		}
@@ -300,8 +300,8 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 	if t := d.pool.leaseExpiry(&r); !t.IsZero() {
 		seg.LeaseExpiresUnixMs = t.UnixMilli()
 	}
-	if r.Home == "" && d.pool.dp != nil {
-		seg.Sharers = uint32(d.pool.dp.coh.sharersOf(r.ID))
+	if r.Home == "" && dp != nil {
+		seg.Sharers = uint32(dp.coh.sharersOf(r.ID))
 	}
 	return seg
 }

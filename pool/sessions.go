@@ -49,7 +49,7 @@ type sessionState struct {
 
 // openSession starts (or resumes) a client's session and returns the
 // channel on which the client's segment notices arrive.
-func (p *Pool) openSession(sessionID, clientID, name string, pid int64, uid uint32) <-chan *poolv1.SegmentEvents {
+func (p *core) openSession(sessionID, clientID, name string, pid int64, uid uint32) <-chan *poolv1.SegmentEvents {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := p.clients[clientID]
@@ -66,7 +66,7 @@ func (p *Pool) openSession(sessionID, clientID, name string, pid int64, uid uint
 
 // notifyLocked queues segment notices for every session of each owner; a
 // session whose queue is full misses them (its next operation finds out).
-func (p *Pool) notifyLocked(byOwner map[string]*poolv1.SegmentEvents) {
+func (p *core) notifyLocked(byOwner map[string]*poolv1.SegmentEvents) {
 	for _, st := range p.sessions {
 		ev := byOwner[st.client.id]
 		if ev == nil {
@@ -82,7 +82,7 @@ func (p *Pool) notifyLocked(byOwner map[string]*poolv1.SegmentEvents) {
 
 // closeSession ends a session; the client's lease runs out one TTL after
 // its last session ends.
-func (p *Pool) closeSession(sessionID string) {
+func (p *core) closeSession(sessionID string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.sessions[sessionID]
@@ -98,7 +98,7 @@ func (p *Pool) closeSession(sessionID string) {
 }
 
 // callerFor resolves a session id ("" for an administrator).
-func (p *Pool) callerFor(sessionID string) (caller, error) {
+func (p *core) callerFor(sessionID string) (caller, error) {
 	if sessionID == "" {
 		return caller{}, nil
 	}
@@ -112,7 +112,7 @@ func (p *Pool) callerFor(sessionID string) (caller, error) {
 }
 
 // reap reclaims the unpinned segments of clients whose lease ran out.
-func (p *Pool) reap() {
+func (p *core) reap() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
@@ -144,7 +144,7 @@ func (p *Pool) reap() {
 }
 
 // sessionCount is the number of live sessions.
-func (p *Pool) sessionCount() int {
+func (p *core) sessionCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.sessions)
@@ -152,7 +152,7 @@ func (p *Pool) sessionCount() int {
 
 // leaseExpiry is when an unpinned segment will be reclaimed if its owner
 // stays away; zero while the owner holds a session, or for pinned segments.
-func (p *Pool) leaseExpiry(r *record) time.Time {
+func (p *core) leaseExpiry(r *record) time.Time {
 	if r.pinned() {
 		return time.Time{}
 	}

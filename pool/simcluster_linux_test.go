@@ -424,7 +424,7 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 	// Timed from the start of the Alloc (normally a millisecond), so a
 	// slow Alloc is counted, not hidden.
 	start := time.Now()
-	r, err := d.pool.Alloc(context.Background(), caller{}, AllocRequest{Size: 256 << 10, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	r, err := d.pool.Alloc(context.Background(), caller{}, allocRequest{Size: 256 << 10, Tier: poolv1.Tier_TIER_CXL, Persist: true})
 	if err != nil {
 		return simConvergence{}, err
 	}

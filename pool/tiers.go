@@ -9,7 +9,7 @@ import (
 )
 
 // tiers summarizes devices per tier.
-func (p *Pool) tiers() []*poolv1.TierInfo {
+func (p *core) tiers() []*poolv1.TierInfo {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	byTier := map[poolv1.Tier]*poolv1.TierInfo{}
