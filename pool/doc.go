@@ -21,8 +21,40 @@
 // lists as its own (peers.go). Gossip is sealed with the keyring of
 // Config.GossipKeyFile, changed by the Keyring call (keyring.go).
 //
+// Layout. Two halves with one boundary: the Daemon (daemon.go) serves the
+// core (an unexported type, pool.go) and reaches it only through the
+// core's methods, never its fields.
+//
+// The core, by concern:
+//   - pool.go: its state, its start from the segment table (restore, the
+//     orphan sweep), the accessors the Daemon uses, close.
+//   - placement.go: Alloc, tiers tried in order, extents and ids reserved.
+//   - segments.go: lookup, Free and reclaim, Attach, Detach, Stat,
+//     listing pages, Backing.
+//   - sessions.go: clients, sessions, callers, lease expiry and the reaper.
+//   - tiers.go: tier names (tierName, ParseTier) and the per-tier summary.
+//   - grants.go, quota.go, clients.go: who may attach and free, quotas
+//     and limits, client descriptions.
+//   - peers.go: placement on peers and reconciling with them; membership.go
+//     holds the cluster's side (gossip metadata, members coming and going).
+//   - record.go and store.go: the segment record and its versioned binary
+//     form (a JSON form of older stores is rewritten on open), and the
+//     bbolt store with grouped commits and its reserve for full
+//     filesystems.
+//   - inventory.go, sizecheck.go, fsspace.go: devices found and sized;
+//     measure.go: the tier probe.
+//   - dataplane.go, coherence.go, auth.go: the data plane, shared segments'
+//     directories, identities and data-plane credentials.
+//
+// The Daemon: server.go (the gRPC service), access.go and refusal.go (who
+// may do what, and the record of refusals), listing.go, keyring.go,
+// health.go, metrics.go, opshttp.go, accepting.go and listener.go
+// (listeners and their limits), tls.go, config.go and configfile.go,
+// datadir*.go (the data directory's lock), retire.go.
+//
 // Use New (or Start) with a Config from DefaultConfig, Serve, and Close.
-// Daemon and Pool are safe for concurrent use; Config is a plain value.
+// Daemon is safe for concurrent use, as the core is; Config is a plain
+// value.
 //
 // Linux only at run time (memfd, mmap, SCM_RIGHTS, SO_PEERCRED); it builds
 // elsewhere, where the devices return ErrNotSupported.
