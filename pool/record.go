@@ -234,21 +234,18 @@ func (d *recordDecoder) fail(what string) {
 func (d *recordDecoder) uvarint() uint64 {
 	v, n := binary.Uvarint(d.b)
 	if n <= 0 {
-		d.fail("an unsigned varint")
+		d.fail("a varint")
 		return 0
 	}
 	d.b = d.b[n:]
 	return v
 }
 
+// varint reads a signed varint: zig-zag over an unsigned one, as
+// binary.AppendVarint writes it.
 func (d *recordDecoder) varint() int64 {
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail("a varint")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
+	u := d.uvarint()
+	return int64(u>>1) ^ -int64(u&1)
 }
 
 func (d *recordDecoder) byte() byte {
