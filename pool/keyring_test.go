@@ -85,7 +85,7 @@ func TestGossipKeyAdmitsOnlyKeyHolders(t *testing.T) {
 		}
 		require.ElementsMatch(t, []string{"a", "b"}, names, "c gossips without the key")
 	}
-	require.Len(t, c.pool.cl.Members(), 1, "c heard of nobody")
+	require.Len(t, c.pool.gossip().Members(), 1, "c heard of nobody")
 
 	bad := clusterNodeConfig(t, "d")
 	bad.GossipKeyFile = filepath.Join(t.TempDir(), "short.key")
@@ -123,11 +123,11 @@ func TestKeyringRotationWithANodeDown(t *testing.T) {
 	cfgB.Join, cfgC.Join = []string{seed}, []string{seed}
 	b, c := start(cfgB), start(cfgC)
 	alive := func(d *Daemon, name string) bool {
-		m, ok := d.pool.cl.Member(name)
+		m, ok := d.pool.gossip().Member(name)
 		return ok && m.State == cluster.StateAlive
 	}
 	require.Eventually(t, func() bool { return alive(a, "b") && alive(a, "c") && alive(b, "c") }, 30*time.Second, 10*time.Millisecond)
-	cAddr := c.pool.cl.Self().Addr
+	cAddr := c.pool.gossip().Self().Addr
 	require.NoError(t, c.Close())
 	require.Eventually(t, func() bool { return !alive(a, "c") && !alive(b, "c") }, 30*time.Second, 10*time.Millisecond)
 
@@ -174,8 +174,8 @@ func TestKeyringRotationWithANodeDown(t *testing.T) {
 	// a restarts: its kept keyring (the new key) wins over the key file,
 	// which still names the old one, and it is back with b and c.
 	require.NoError(t, a.Close())
-	cfgA.Join = []string{b.pool.cl.Self().Addr}
+	cfgA.Join = []string{b.pool.gossip().Self().Addr}
 	a = start(cfgA)
-	require.Equal(t, [][]byte{fresh}, a.pool.cl.Keys(), "the removed key does not come back from the key file")
+	require.Equal(t, [][]byte{fresh}, a.pool.gossip().Keys(), "the removed key does not come back from the key file")
 	require.Eventually(t, func() bool { return alive(a, "b") && alive(a, "c") }, 30*time.Second, 10*time.Millisecond)
 }

@@ -21,7 +21,7 @@ func TestListEveryNodePaged(t *testing.T) {
 	a := startNode(t, clusterNodeConfig(t, "a"))
 	b := startNode(t, clusterNodeConfig(t, "b"), a)
 	require.Eventually(t, func() bool {
-		m, ok := a.pool.cl.Member("b")
+		m, ok := a.pool.gossip().Member("b")
 		return ok && m.State == cluster.StateAlive && m.Meta.GRPCAddr != ""
 	}, 20*time.Second, 20*time.Millisecond, "a never listed b alive")
 

@@ -97,7 +97,7 @@ func clusterNodeConfig(t *testing.T, node string) Config {
 // another node to join.
 func seedOf(t *testing.T, d *Daemon) string {
 	var seed string
-	require.Eventually(t, func() bool { seed = d.pool.cl.Self().Addr; return seed != "" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { seed = d.pool.gossip().Self().Addr; return seed != "" }, 10*time.Second, 10*time.Millisecond)
 	return seed
 }
 

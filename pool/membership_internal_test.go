@@ -64,7 +64,7 @@ func TestAnnounceBeforeJoin(t *testing.T) {
 		return tf.Free
 	}
 	require.Eventually(t, func() bool {
-		m, ok := b.pool.cl.Member("a")
+		m, ok := b.pool.gossip().Member("a")
 		return ok && m.State == cluster.StateAlive && cxlFree(m) > 0
 	}, 20*time.Second, 20*time.Millisecond, "b never listed a alive")
 
@@ -72,7 +72,7 @@ func TestAnnounceBeforeJoin(t *testing.T) {
 	require.NoError(t, err)
 	want := gossipFree(a.pool, "cxl")
 	require.Eventually(t, func() bool {
-		m, ok := b.pool.cl.Member("a")
+		m, ok := b.pool.gossip().Member("a")
 		return ok && cxlFree(m) == want
 	}, 20*time.Second, 20*time.Millisecond, "b never saw a's cxl free bytes move to %d", want)
 }

@@ -85,7 +85,7 @@ func forgedPeer(t *testing.T, insecure bool, refusal string) {
 	// far more free memory than anyone, so that placement prefers it. It
 	// has the gossip key (an insider, or a leaked key): the key admits a
 	// node to gossip, only a certificate makes it a peer.
-	bm := b.pool.cl.Self().Meta
+	bm := b.pool.gossip().Self().Meta
 	rc := cluster.DefaultConfig()
 	rc.Name, rc.BindAddr, rc.BindPort, rc.Profile = "evil2", "127.0.0.1", 0, cluster.ProfileLocal
 	rc.Keys, err = cfgA.gossipKeys()
@@ -97,7 +97,7 @@ func forgedPeer(t *testing.T, insecure bool, refusal string) {
 	_, err = rogue.Join(ctx, []string{seedOf(t, a)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		m, ok := a.pool.cl.Member("evil2")
+		m, ok := a.pool.gossip().Member("evil2")
 		return ok && m.State == cluster.StateAlive
 	}, 10*time.Second, 10*time.Millisecond)
 
@@ -167,7 +167,7 @@ func forgedPeer(t *testing.T, insecure bool, refusal string) {
 		require.NoError(t, err, "segment %d", seg.ID())
 		require.True(t, bytes.Equal(contents(seg.ID()), got), "segment %d", seg.ID())
 	}
-	resp, err := a.pool.peers.conn("b").API().List(sessionCtx(t, a, "b"), &poolv1.ListRequest{})
+	resp, err := a.pool.peerConns().conn("b").API().List(sessionCtx(t, a, "b"), &poolv1.ListRequest{})
 	require.NoError(t, err)
 	active := 0
 	for _, s := range resp.Segments {
@@ -185,7 +185,7 @@ func contents(id uint64) []byte {
 
 // sessionCtx is a call context on d's session with its peer node.
 func sessionCtx(t *testing.T, d *Daemon, node string) context.Context {
-	ctx, _, err := d.pool.peers.conn(node).Call(t.Context())
+	ctx, _, err := d.pool.peerConns().conn(node).Call(t.Context())
 	require.NoError(t, err)
 	return ctx
 }
