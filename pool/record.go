@@ -333,10 +333,10 @@ func decodeLegacy(v []byte) (*record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: version 0 (JSON) record %d: %v", errRecordCorrupt, l.ID, err)
 	}
-	var key rdma.Key
+	var key rdma.Key // all zeros, as version 0 wrote it, is no key too
 	if l.Key != "" {
-		if key, err = rdma.ParseKey(l.Key); err != nil || key.IsZero() {
-			return nil, fmt.Errorf("%w: version 0 (JSON) record %d: key %q", errRecordCorrupt, l.ID, l.Key)
+		if key, err = rdma.ParseKey(l.Key); err != nil {
+			return nil, fmt.Errorf("%w: version 0 (JSON) record %d: %v", errRecordCorrupt, l.ID, err)
 		}
 	}
 	return &record{
