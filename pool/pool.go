@@ -1,5 +1,6 @@
-// This file holds the pool core: its state, its start from the segment
-// table (restore, orphan sweep), its devices and its close.
+// This file holds the core: its state, its start from the segment table
+// (restore, orphan sweep), its devices, the accessors through which the
+// Daemon reaches its parts, and its close.
 
 package pool
 
