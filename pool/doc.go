@@ -32,7 +32,7 @@
 //   - segments.go: lookup, Free and reclaim, Attach, Detach, Stat,
 //     listing pages, Backing.
 //   - sessions.go: clients, sessions, callers, lease expiry and the reaper.
-//   - tiers.go: tier names (tierName, ParseTier) and the per-tier summary.
+//   - tiers.go: the per-tier summary of the devices, and tierName.
 //   - grants.go, quota.go, clients.go: who may attach and free, quotas
 //     and limits, client descriptions.
 //   - peers.go: placement on peers and reconciling with them; membership.go
