@@ -148,13 +148,13 @@ func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 // Alloc allocates a segment of size bytes. See WithTier, WithName,
 // WithFallback, WithPersist and WithPopulate.
 func (c *Client) Alloc(ctx context.Context, size int64, opts ...AllocOption) (*Segment, error) {
-	req := &poolv1.AllocRequest{Size: size}
-	var ao allocOptions
+	var ao allocConfig
 	for _, opt := range opts {
-		opt(req, &ao)
+		opt(&ao)
 	}
-	if len(ao.badTier) > 0 {
-		return nil, fmt.Errorf("%w: unknown tier %s; use TierLocal, TierCXL, TierRDMA or TierAny", ErrInvalid, ao.badTier[0])
+	req, err := ao.request(size)
+	if err != nil {
+		return nil, err
 	}
 	cctx, sid, err := c.callCtx(ctx)
 	if err != nil {
@@ -179,7 +179,7 @@ func (c *Client) Alloc(ctx context.Context, size int64, opts ...AllocOption) (*S
 
 // allocFast allocates over the descriptor channel: one unix-socket round
 // trip that returns the segment's description with its descriptor.
-func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocRequest, ao allocOptions) (*Segment, error) {
+func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocRequest, ao allocConfig) (*Segment, error) {
 	body, err := proto.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -245,7 +245,7 @@ func (c *Client) Attach(ctx context.Context, name string, opts ...AttachOption) 
 	if o.shared != nil {
 		return c.attachShared(ctx, info, *o.shared)
 	}
-	return c.open(ctx, sid, info, allocOptions{})
+	return c.open(ctx, sid, info, allocConfig{})
 }
 
 // Tiers describes the tiers the daemon offers.
@@ -266,7 +266,7 @@ func (c *Client) Tiers(ctx context.Context) ([]TierInfo, error) {
 }
 
 // open maps a segment the daemon described.
-func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao allocOptions) (*Segment, error) {
+func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao allocConfig) (*Segment, error) {
 	if info.State == poolv1.SegmentState_SEGMENT_STATE_LOST {
 		return nil, fmt.Errorf("segment %d: %w", info.Id, ErrSegmentLost)
 	}
@@ -472,7 +472,7 @@ func (c *Client) Open(ctx context.Context, id uint64) (*Segment, error) {
 	if err != nil {
 		return nil, errs.FromStatus(err)
 	}
-	return c.open(ctx, sid, info, allocOptions{})
+	return c.open(ctx, sid, info, allocConfig{})
 }
 
 // tlsFor is the TLS configuration of a connection over network: cfg over

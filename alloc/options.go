@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"crypto/tls"
+	"fmt"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -77,33 +78,55 @@ func WithClientName(name string) DialOption { return func(o *dialOptions) { o.cl
 func WithDialTimeout(d time.Duration) DialOption { return func(o *dialOptions) { o.timeout = d } }
 
 // AllocOption configures one Alloc. Options are immutable values, safe to share.
-type AllocOption func(*poolv1.AllocRequest, *allocOptions)
+type AllocOption func(*allocConfig)
 
-type allocOptions struct {
-	populate bool
-	badTier  []Tier // tiers named that do not exist
+// allocConfig is what an Alloc's options ask for; request turns it into
+// the daemon's request.
+type allocConfig struct {
+	tier      Tier
+	fallback  []Tier
+	name      string
+	allow     []string // identities that may attach the named segment
+	allowFree []string // identities that may attach and free it
+	persist   bool
+	populate  bool
+	badTier   []Tier // tiers named that do not exist
 }
 
-func (o *allocOptions) tier(t Tier) poolv1.Tier {
+// checked returns t, noting it when it names no tier.
+func (o *allocConfig) checked(t Tier) Tier {
 	if t < TierAny || t > TierRDMA {
 		o.badTier = append(o.badTier, t)
 	}
-	return t.proto()
+	return t
+}
+
+// request is the daemon's request for a segment of size bytes as o asks,
+// or ErrInvalid when an option named a tier that does not exist.
+func (o *allocConfig) request(size int64) (*poolv1.AllocRequest, error) {
+	if len(o.badTier) > 0 {
+		return nil, fmt.Errorf("%w: unknown tier %s; use TierLocal, TierCXL, TierRDMA or TierAny", ErrInvalid, o.badTier[0])
+	}
+	r := &poolv1.AllocRequest{Size: size, Tier: o.tier.proto(), Name: o.name, Allow: o.allow, AllowFree: o.allowFree, Persist: o.persist}
+	for _, t := range o.fallback {
+		r.Fallback = append(r.Fallback, t.proto())
+	}
+	return r, nil
 }
 
 // WithTier asks for a tier. Default: TierAny. A caller that asks for a tier
 // gets that tier or ErrNoCapacity, never silently another, unless it also
 // passes WithFallback.
 func WithTier(t Tier) AllocOption {
-	return func(r *poolv1.AllocRequest, o *allocOptions) { r.Tier = o.tier(t) }
+	return func(o *allocConfig) { o.tier = o.checked(t) }
 }
 
 // WithFallback lists tiers to try, in order, when the asked tier is full.
 // The returned segment's Tier says which one it got.
 func WithFallback(tiers ...Tier) AllocOption {
-	return func(r *poolv1.AllocRequest, o *allocOptions) {
+	return func(o *allocConfig) {
 		for _, t := range tiers {
-			r.Fallback = append(r.Fallback, o.tier(t))
+			o.fallback = append(o.fallback, o.checked(t))
 		}
 	}
 }
@@ -115,17 +138,17 @@ func WithFallback(tiers ...Tier) AllocOption {
 // creator's identity (and administrators) can attach it, and only the
 // creator's identity and administrators can free it.
 func WithName(name string, grants ...Grant) AllocOption {
-	return func(r *poolv1.AllocRequest, _ *allocOptions) {
-		r.Name = name
+	return func(o *allocConfig) {
+		o.name = name
 		for _, g := range grants {
-			g(r)
+			g(o)
 		}
 	}
 }
 
 // Grant opens a named segment to identities besides its creator's (see
 // WithName). Grants are immutable values, safe to share.
-type Grant func(*poolv1.AllocRequest)
+type Grant func(*allocConfig)
 
 // AllowIdentity lets the identities attach the named segment (read,
 // write, atomics), not free it. An identity is "uid:N" (a local process
@@ -134,23 +157,23 @@ type Grant func(*poolv1.AllocRequest)
 // process with that identity gets the same rights. Alloc fails with
 // ErrInvalid for another form.
 func AllowIdentity(ids ...string) Grant {
-	return func(r *poolv1.AllocRequest) { r.Allow = append(r.Allow, ids...) }
+	return func(o *allocConfig) { o.allow = append(o.allow, ids...) }
 }
 
 // AllowFree lets the identities attach the named segment and free it too.
 func AllowFree(ids ...string) Grant {
-	return func(r *poolv1.AllocRequest) { r.AllowFree = append(r.AllowFree, ids...) }
+	return func(o *allocConfig) { o.allowFree = append(o.allowFree, ids...) }
 }
 
 // WithPersist keeps an unnamed segment after its creator's session ends,
 // until freed. Default: false; the segment is reclaimed one lease TTL after
 // its creator goes away.
 func WithPersist() AllocOption {
-	return func(r *poolv1.AllocRequest, _ *allocOptions) { r.Persist = true }
+	return func(o *allocConfig) { o.persist = true }
 }
 
 // WithPopulate faults the whole segment in at map time, paying for page
 // faults once instead of on first touch. Default: false.
 func WithPopulate() AllocOption {
-	return func(_ *poolv1.AllocRequest, o *allocOptions) { o.populate = true }
+	return func(o *allocConfig) { o.populate = true }
 }
