@@ -19,6 +19,7 @@ import (
 	"github.com/farmem/farmem/internal/emulation"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/fdpass"
+	"github.com/farmem/farmem/internal/mmap"
 	"github.com/farmem/farmem/internal/paths"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
@@ -199,13 +200,13 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 		return c.open(ctx, sid, info, ao) // an rdma segment: no descriptor
 	}
 	defer resp.File.Close()
-	mem, err := mapShared(resp.File, resp.Offset, resp.Length, ao.populate)
+	mem, err := mmap.Shared(resp.File, resp.Offset, resp.Length, ao.populate)
 	if err == nil {
 		var s *Segment
 		if s, err = c.track(newMapped(c, info, mem, resp.File)); err == nil {
 			return s, nil
 		}
-		unmapNow(mem)
+		mmap.Unmap(mem)
 	}
 	if _, ferr := c.fdCall(ctx, fdpass.Request{Op: fdpass.OpFree, Session: sid, Segment: info.Id}); ferr != nil {
 		err = errors.Join(err, ferr)
@@ -282,13 +283,13 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 		return nil, err
 	}
 	defer resp.File.Close()
-	mem, err := mapShared(resp.File, resp.Offset, resp.Length, ao.populate)
+	mem, err := mmap.Shared(resp.File, resp.Offset, resp.Length, ao.populate)
 	if err != nil {
 		return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
 	}
 	s, err := c.track(newMapped(c, info, mem, resp.File))
 	if err != nil {
-		unmapNow(mem)
+		mmap.Unmap(mem)
 	}
 	return s, err
 }

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/mmap"
 )
 
 // Segment is one far-memory allocation. It is safe for concurrent use:
@@ -313,7 +314,7 @@ func (s *Segment) Add64(off int64, delta uint64) (v uint64, err error) {
 // device's file, a DRAM or NUMA memfd); a devdax segment shares the
 // device's.
 func newMapped(c *Client, info *poolv1.Segment, mem []byte, f *os.File) *Segment {
-	own := (info.Kind == "emulated" || info.Kind == "dram" || info.Kind == "numa") && memoryBacked(f)
+	own := (info.Kind == "emulated" || info.Kind == "dram" || info.Kind == "numa") && mmap.MemoryBacked(f)
 	guard := info.Kind == "numa" || info.Kind != "dram" && !own
 	return &Segment{c: c, info: info, mem: mem, ownPages: own, guard: guard}
 }
@@ -366,7 +367,7 @@ func (s *Segment) retire(ctx context.Context) (ok bool, err error) {
 	if !s.closed.CompareAndSwap(false, true) {
 		return false, nil
 	}
-	retireMapping(s.mem, s.ownPages)
+	mmap.Retire(s.mem, retireGrace, s.ownPages)
 	if s.remote != nil {
 		s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
 	}

@@ -5,6 +5,8 @@ import (
 	"math/bits"
 	"os"
 	"sync"
+
+	"github.com/farmem/farmem/internal/mmap"
 )
 
 // Devdax is a DAX character device (/dev/daxX.Y), typically CXL memory in
@@ -135,7 +137,7 @@ func (d *Devdax) zero(id uint64, off, length int64) error {
 		return fmt.Errorf("device %s: segment %#x: map extent offset %d length %d to zero it: %w", d.name, id, off, length, err)
 	}
 	err = guardFault(fmt.Sprintf("%s: zero segment %#x", d.name, id), func() { clear(b) })
-	if uerr := munmap(b); uerr != nil && err == nil {
+	if uerr := mmap.Unmap(b); uerr != nil && err == nil {
 		err = fmt.Errorf("device %s: segment %#x: %w", d.name, id, uerr)
 	}
 	return err

@@ -19,7 +19,8 @@
 // extent (offset and length, multiples of Device.Align) to Create, Open and
 // Remove. A device returns the segment as a Backing: a file descriptor and
 // the segment's offset in it. The daemon passes the descriptor to clients
-// over a unix socket (SCM_RIGHTS); clients and the daemon map it with Map.
+// over a unix socket (SCM_RIGHTS); the daemon maps it with Map, the client
+// library with internal/mmap, which Map and the devices use too.
 // The device never sits between a process and its mapped memory.
 //
 // Devices record nothing about segments beyond what their files hold: the

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"sync"
+
+	"github.com/farmem/farmem/internal/mmap"
 )
 
 // MapOptions tunes Map. The zero value maps lazily: pages fault in on first
@@ -70,7 +72,7 @@ func (m *Mapping) Close() error {
 	if m.region == nil {
 		return nil
 	}
-	err := munmap(m.region)
+	err := mmap.Unmap(m.region)
 	m.region = nil
 	if err != nil {
 		return fmt.Errorf("device: unmap: %w", err)

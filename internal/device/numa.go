@@ -3,6 +3,8 @@ package device
 import (
 	"fmt"
 	"os"
+
+	"github.com/farmem/farmem/internal/mmap"
 )
 
 // maxNode bounds the NUMA node numbers the device accepts (the kernel's
@@ -161,7 +163,7 @@ func bindFile(f *os.File, length int64, node int) error {
 	if err == nil {
 		err = populate(b, node)
 	}
-	if uerr := munmap(b); uerr != nil && err == nil {
+	if uerr := mmap.Unmap(b); uerr != nil && err == nil {
 		err = uerr
 	}
 	return err

@@ -9,6 +9,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/internal/mmap"
 )
 
 // supported reports whether what can run here: always on Linux.
@@ -133,30 +135,12 @@ func lockFile(path string) (*os.File, error) {
 }
 
 // mmapFile maps length bytes of f from off (page aligned), shared and
-// read-write, optionally pre-faulted.
+// read-write, optionally pre-faulted; a mapping the memory cannot hold is
+// ErrNoSpace.
 func mmapFile(f *os.File, off, length int64, populate bool) ([]byte, error) {
-	if length <= 0 || length > math.MaxInt {
-		return nil, fmt.Errorf("mmap length %d out of range: %w", length, ErrInvalid)
+	b, err := mmap.Shared(f, off, length, populate)
+	if errors.Is(err, unix.ENOMEM) {
+		return nil, fmt.Errorf("%w: %w (on hugetlbfs: reserve more huge pages with sysctl vm.nr_hugepages)", ErrNoSpace, err)
 	}
-	flags := unix.MAP_SHARED
-	if populate {
-		flags |= unix.MAP_POPULATE
-	}
-	var b []byte
-	err := withFd(f, func(fd int) error {
-		var err error
-		b, err = unix.Mmap(fd, off, int(length), unix.PROT_READ|unix.PROT_WRITE, flags)
-		return err
-	})
-	if err != nil {
-		if errors.Is(err, unix.ENOMEM) {
-			return nil, fmt.Errorf("mmap %d bytes at offset %d: %w (on hugetlbfs: reserve more huge pages with sysctl vm.nr_hugepages): %w",
-				length, off, ErrNoSpace, err)
-		}
-		return nil, fmt.Errorf("mmap %d bytes at offset %d: %w", length, off, err)
-	}
-	return b, nil
+	return b, err
 }
-
-// munmap unmaps a region that mmapFile returned.
-func munmap(b []byte) error { return unix.Munmap(b) }

@@ -27,8 +27,6 @@ func lockFile(string) (*os.File, error) { return nil, supported("flock") }
 
 func mmapFile(*os.File, int64, int64, bool) ([]byte, error) { return nil, supported("shared mappings") }
 
-func munmap([]byte) error { return supported("munmap") }
-
 func mbind([]byte, int) error { return supported("mbind") }
 
 func probeNode(int) error { return supported("NUMA binding") }
