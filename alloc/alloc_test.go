@@ -101,16 +101,45 @@ func TestAllocEachTier(t *testing.T) {
 	}
 }
 
+// TestReaderAtContract: every backend (mapped cxl and local, remote rdma,
+// a shared attachment, and latency emulation wrapped around mapped and
+// remote) answers the same way at and past the segment's ends, for
+// unaligned atomics, and once closed.
 func TestReaderAtContract(t *testing.T) {
-	for _, tier := range []alloc.Tier{alloc.TierCXL, alloc.TierRDMA} {
-		t.Run(tier.String(), func(t *testing.T) { testReaderAtContract(t, tier) })
+	cfg, c := startPool(t)
+	emu := dial(t, cfg.Socket, alloc.WithEmulateLatency("cxl=1us,rdma=1us"))
+	for _, tc := range []struct {
+		name string
+		open func(t *testing.T) *alloc.Segment
+	}{
+		{"cxl", allocOn(c, alloc.TierCXL)},
+		{"local", allocOn(c, alloc.TierLocal)},
+		{"rdma", allocOn(c, alloc.TierRDMA)},
+		{"emulated-cxl", allocOn(emu, alloc.TierCXL)},
+		{"emulated-rdma", allocOn(emu, alloc.TierRDMA)},
+		{"shared", func(t *testing.T) *alloc.Segment {
+			_, err := c.Alloc(t.Context(), 100, alloc.WithName("contract"), alloc.WithTier(alloc.TierRDMA))
+			require.NoError(t, err)
+			seg, err := c.Attach(t.Context(), "contract", alloc.Shared())
+			require.NoError(t, err)
+			require.NotNil(t, seg.Shared())
+			return seg
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testReaderAtContract(t, tc.open(t)) })
 	}
 }
 
-func testReaderAtContract(t *testing.T, tier alloc.Tier) {
-	_, c := startPool(t)
-	seg, err := c.Alloc(t.Context(), 100, alloc.WithTier(tier))
-	require.NoError(t, err)
+// allocOn allocates a 100-byte segment on tier with c.
+func allocOn(c *alloc.Client, tier alloc.Tier) func(t *testing.T) *alloc.Segment {
+	return func(t *testing.T) *alloc.Segment {
+		seg, err := c.Alloc(t.Context(), 100, alloc.WithTier(tier))
+		require.NoError(t, err)
+		return seg
+	}
+}
+
+func testReaderAtContract(t *testing.T, seg *alloc.Segment) {
 	p := make([]byte, 10)
 	n, err := seg.ReadAt(p, 95)
 	require.Equal(t, 5, n)
@@ -135,6 +164,34 @@ func testReaderAtContract(t *testing.T, tier alloc.Tier) {
 	require.ErrorIs(t, err, alloc.ErrOutOfRange)
 	_, err = seg.CompareAndSwap64(-8, 0, 1)
 	require.ErrorIs(t, err, alloc.ErrOutOfRange)
+
+	n, err = seg.WriteAt([]byte("contract"), 88)
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+	v, err := seg.Add64(88, 1)
+	require.NoError(t, err)
+	require.NoError(t, seg.Store64(80, v))
+	swapped, err := seg.CompareAndSwap64(80, v, v+1)
+	require.NoError(t, err)
+	require.True(t, swapped)
+	got, err := seg.Load64(80)
+	require.NoError(t, err)
+	require.Equal(t, v+1, got)
+
+	require.NoError(t, seg.Close())
+	_, err = seg.ReadAt(p, 0)
+	require.ErrorIs(t, err, alloc.ErrClosed)
+	_, err = seg.WriteAt(p, 0)
+	require.ErrorIs(t, err, alloc.ErrClosed)
+	_, err = seg.Load64(0)
+	require.ErrorIs(t, err, alloc.ErrClosed)
+	require.ErrorIs(t, seg.Store64(0, 1), alloc.ErrClosed)
+	_, err = seg.CompareAndSwap64(0, 0, 1)
+	require.ErrorIs(t, err, alloc.ErrClosed)
+	_, err = seg.Add64(0, 1)
+	require.ErrorIs(t, err, alloc.ErrClosed)
+	_, ok := seg.Bytes()
+	require.False(t, ok)
 }
 
 func TestBadRequests(t *testing.T) {

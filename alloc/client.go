@@ -203,7 +203,7 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 	mem, err := mmap.Shared(resp.File, resp.Offset, resp.Length, ao.populate)
 	if err == nil {
 		var s *Segment
-		if s, err = c.track(newMapped(c, info, mem, resp.File)); err == nil {
+		if s, err = c.track(c.newSegment(info, newMapped(info, mem, resp.File))); err == nil {
 			return s, nil
 		}
 		mmap.Unmap(mem)
@@ -272,11 +272,11 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 		return nil, fmt.Errorf("segment %d: %w", info.Id, ErrSegmentLost)
 	}
 	if info.Tier == poolv1.Tier_TIER_RDMA {
-		r, err := newRemote(info)
+		r, err := newRemote(c, info)
 		if err != nil {
 			return nil, err
 		}
-		return c.track(&Segment{c: c, info: info, remote: r, slow: true})
+		return c.track(c.newSegment(info, r))
 	}
 	resp, err := c.getFD(ctx, sid, info.Id)
 	if err != nil {
@@ -287,7 +287,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 	if err != nil {
 		return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
 	}
-	s, err := c.track(newMapped(c, info, mem, resp.File))
+	s, err := c.track(c.newSegment(info, newMapped(info, mem, resp.File)))
 	if err != nil {
 		mmap.Unmap(mem)
 	}
@@ -297,7 +297,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 // track adds a segment to those the client closes, with the latency
 // emulation of its tier.
 func (c *Client) track(s *Segment) (*Segment, error) {
-	s.withEmulation(c.injected(s.info.Tier, s.info.Injected))
+	s.be = withEmulation(s.be, c.injected(s.info.Tier, s.info.Injected))
 	if err := c.register(s); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package alloc
 
 import (
+	"context"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -57,30 +58,58 @@ func (c *Client) overrideTier(ti TierInfo) TierInfo {
 	return ti
 }
 
-// emulated is a segment's latency emulation: the injector, and the same
-// segment without emulation, whose calls it times. Calls reach plain only
-// through the emulated segment, which checks first that it is not freed.
+// emulated is latency emulation as a decorator: it times each call of the
+// backend it wraps from its start and waits out the rest of the target
+// for the bytes moved. Bytes (direct loads and stores) passes through
+// unslowed; retire is the wrapped backend's.
 type emulated struct {
-	in    emulation.Injector
-	plain *Segment
+	in   emulation.Injector
+	next backend
 }
 
-// emulate makes call, on the segment without emulation, take the target
-// for n bytes: timed from before the call to after the wait.
-func emulate[T any](e *emulated, n int, call func(*Segment) (T, error)) (T, error) {
-	start := time.Now()
-	v, err := call(e.plain)
-	e.in.Wait(start, n)
-	return v, err
-}
+var _ backend = (*emulated)(nil)
 
-// withEmulation gives s the emulation of target: a view of the same memory
-// (or remote region) without it, for the timed calls.
-func (s *Segment) withEmulation(target emulation.Target) {
-	s.slow = s.slow || s.remote != nil
+// withEmulation is be with the emulation of target, or be itself for none.
+func withEmulation(be backend, target emulation.Target) backend {
 	if target.Zero() {
-		return
+		return be
 	}
-	plain := &Segment{c: s.c, info: s.info, mem: s.mem, remote: s.remote, guard: s.guard, slow: s.remote != nil}
-	s.emu, s.slow = &emulated{in: emulation.NewInjector(target), plain: plain}, true
+	return &emulated{in: emulation.NewInjector(target), next: be}
 }
+
+// Each call defers the wait with its start time taken as the defer runs,
+// before the wrapped call.
+
+func (e *emulated) readAt(p []byte, off int64) (int, error) {
+	defer e.in.Wait(time.Now(), len(p))
+	return e.next.readAt(p, off)
+}
+
+func (e *emulated) writeAt(p []byte, off int64) (int, error) {
+	defer e.in.Wait(time.Now(), len(p))
+	return e.next.writeAt(p, off)
+}
+
+func (e *emulated) load64(off int64) (uint64, error) {
+	defer e.in.Wait(time.Now(), 8)
+	return e.next.load64(off)
+}
+
+func (e *emulated) store64(off int64, v uint64) error {
+	defer e.in.Wait(time.Now(), 8)
+	return e.next.store64(off, v)
+}
+
+func (e *emulated) compareAndSwap64(off int64, old, new uint64) (bool, error) {
+	defer e.in.Wait(time.Now(), 8)
+	return e.next.compareAndSwap64(off, old, new)
+}
+
+func (e *emulated) add64(off int64, delta uint64) (uint64, error) {
+	defer e.in.Wait(time.Now(), 8)
+	return e.next.add64(off, delta)
+}
+
+func (e *emulated) bytes() []byte { return e.next.bytes() }
+
+func (e *emulated) retire(ctx context.Context) error { return e.next.retire(ctx) }

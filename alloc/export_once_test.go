@@ -9,7 +9,8 @@ func WithDataAddr(f func(string) string) DialOption {
 // DataSecrets returns what the data plane's handshake and requests carry
 // for s: the credential presented and the segment's access key.
 func DataSecrets(s *Segment) (cred, key []byte) {
-	_, cred, _ = s.dataAddr()
-	k := s.remote.region.Key
+	r := s.base().(*remote)
+	_, cred, _ = r.dataAddr()
+	k := r.region.Key
 	return cred, k[:]
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -16,9 +15,12 @@ import (
 	"github.com/farmem/farmem/rdma/tcp"
 )
 
-// remote is how a segment on the rdma tier is reached: one-sided operations
-// on its home's data plane.
+// remote is the backend of a segment on the rdma tier: one-sided
+// operations on its home's data plane (an rdma.Conn of whichever transport
+// rdma/dialer picked), retried across redials within WithOpTimeout.
 type remote struct {
+	c      *Client
+	info   *poolv1.Segment // immutable
 	region rdma.Region
 	addr   string // the home's data plane; guarded by Client.mu
 	// cred is what the data plane's handshake asks for (from the daemon,
@@ -33,8 +35,10 @@ type remote struct {
 	cancel context.CancelCauseFunc
 }
 
-// newRemote describes a segment the daemon placed on the rdma tier.
-func newRemote(info *poolv1.Segment) (*remote, error) {
+var _ backend = (*remote)(nil)
+
+// newRemote is the backend of a segment the daemon placed on the rdma tier.
+func newRemote(c *Client, info *poolv1.Segment) (*remote, error) {
 	var key rdma.Key
 	if len(info.Key) == 0 && info.DataAddr != "" {
 		// The daemon withholds the key from a client that may not use the
@@ -49,7 +53,7 @@ func newRemote(info *poolv1.Segment) (*remote, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &remote{region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr, cred: info.DataCredential, tls: tc}
+	r := &remote{c: c, info: info, region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr, cred: info.DataCredential, tls: tc}
 	r.lost, r.cancel = context.WithCancelCause(context.Background())
 	return r, nil
 }
@@ -150,7 +154,7 @@ func (c *Client) dropDataConn(addr string, dc rdma.Conn) {
 	dc.Close()
 }
 
-// remoteOp runs op against the segment's home, redialing (and asking the
+// op runs op against the segment's home, redialing (and asking the
 // daemon where the segment is now) while the home is unreachable, until it
 // succeeds, the home refuses, the segment is reported lost, or the
 // operation timeout passes. A read is simply posted again. A write or
@@ -159,12 +163,11 @@ func (c *Client) dropDataConn(addr string, dc rdma.Conn) {
 // that cannot be known (the home lost the ticket's reply, moved to another
 // address, or the timeout passed after the op was sent) the answer is
 // ErrIndeterminate, never a second application.
-func (s *Segment) remoteOp(op *rdma.Op) error {
-	r := s.remote
-	s.c.mu.Lock()
+func (r *remote) op(op *rdma.Op) error {
+	r.c.mu.Lock()
 	lost := r.lost
-	s.c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(lost, s.c.opts.opTimeout)
+	r.c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(lost, r.c.opts.opTimeout)
 	defer cancel()
 	op.Region = r.region
 	defer func() {
@@ -178,14 +181,14 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 	// takes the next; one that keeps failing gets the backoff.
 	quick := true
 	for {
-		addr, cred, tc := s.dataAddr()
-		err := s.ticket(ctx, op, addr)
+		addr, cred, tc := r.dataAddr()
+		err := r.ticket(ctx, op, addr)
 		if errors.Is(err, ErrIndeterminate) {
 			return err
 		}
 		var conn rdma.Conn
 		if err == nil {
-			conn, err = s.c.dataConn(ctx, addr, cred, tc)
+			conn, err = r.c.dataConn(ctx, addr, cred, tc)
 		}
 		if err == nil {
 			err = post(ctx, conn, op)
@@ -193,7 +196,7 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 				return err
 			}
 			if ctx.Err() == nil {
-				s.c.dropDataConn(addr, conn)
+				r.c.dropDataConn(addr, conn)
 				if quick {
 					quick = false
 					continue
@@ -202,12 +205,12 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 		}
 		if ctx.Err() != nil {
 			if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) {
-				return fmt.Errorf("segment %d on %s: %w", s.info.Id, s.info.Node, cause)
+				return fmt.Errorf("segment %d on %s: %w", r.info.Id, r.info.Node, cause)
 			}
 			if op.Once != nil && op.Once.Posted() {
-				return fmt.Errorf("segment %d on %s: %s at %d sent, but the home was unreachable for %s after: %w (%w)", s.info.Id, s.info.Node, op.Kind, op.Offset, s.c.opts.opTimeout, ErrIndeterminate, err)
+				return fmt.Errorf("segment %d on %s: %s at %d sent, but the home was unreachable for %s after: %w (%w)", r.info.Id, r.info.Node, op.Kind, op.Offset, r.c.opts.opTimeout, ErrIndeterminate, err)
 			}
-			return fmt.Errorf("segment %d on %s: home unreachable for %s: %w (%w; retry, or wait for the pool to report the segment lost)", s.info.Id, s.info.Node, s.c.opts.opTimeout, err, ErrUnavailable)
+			return fmt.Errorf("segment %d on %s: home unreachable for %s: %w (%w; retry, or wait for the pool to report the segment lost)", r.info.Id, r.info.Node, r.c.opts.opTimeout, err, ErrUnavailable)
 		}
 		select {
 		case <-ctx.Done():
@@ -216,7 +219,7 @@ func (s *Segment) remoteOp(op *rdma.Op) error {
 		}
 		backoff = min(backoff*2, 500*time.Millisecond)
 		quick = true
-		s.refresh(ctx)
+		r.refresh(ctx)
 	}
 }
 
@@ -232,19 +235,19 @@ func post(ctx context.Context, conn rdma.Conn, op *rdma.Op) error {
 // ticket gives a write or atomic a ticket of the exactly-once session
 // towards addr. A ticket of another address's session (the home moved:
 // it restarted) that was already posted makes the outcome unknown.
-func (s *Segment) ticket(ctx context.Context, op *rdma.Op, addr string) error {
+func (r *remote) ticket(ctx context.Context, op *rdma.Op, addr string) error {
 	if op.Kind == rdma.OpRead || (op.Kind == rdma.OpFetchAdd && op.Delta == 0) { // Load64: idempotent
 		return nil
 	}
-	s.c.mu.Lock()
-	sess := s.c.onceSession(addr)
-	s.c.mu.Unlock()
+	r.c.mu.Lock()
+	sess := r.c.onceSession(addr)
+	r.c.mu.Unlock()
 	if op.Once != nil {
 		if op.Once.Session() == sess {
 			return nil
 		}
 		if op.Once.Posted() {
-			return fmt.Errorf("segment %d: %s at %d was sent to the home's old address, which is gone: %w", s.info.Id, op.Kind, op.Offset, rdma.ErrIndeterminate)
+			return fmt.Errorf("segment %d: %s at %d was sent to the home's old address, which is gone: %w", r.info.Id, op.Kind, op.Offset, rdma.ErrIndeterminate)
 		}
 		op.Once.Release()
 		op.Once = nil
@@ -260,24 +263,24 @@ func (s *Segment) ticket(ctx context.Context, op *rdma.Op, addr string) error {
 // dataAddr is where the segment's home serves it, the credential its
 // handshake takes (the daemon's for this segment, else the session's own)
 // and how to verify the home over TLS (nil: plaintext).
-func (s *Segment) dataAddr() (string, []byte, *tls.Config) {
-	s.c.mu.Lock()
-	addr, cred, tc := s.remote.addr, s.remote.cred, s.remote.tls
-	s.c.mu.Unlock()
+func (r *remote) dataAddr() (string, []byte, *tls.Config) {
+	r.c.mu.Lock()
+	addr, cred, tc := r.addr, r.cred, r.tls
+	r.c.mu.Unlock()
 	if len(cred) == 0 {
-		cred = s.c.sess.DataCredential()
+		cred = r.c.sess.DataCredential()
 	}
 	return addr, cred, tc
 }
 
 // refresh asks the daemon where the segment's home serves it now (a
 // restarted home may listen on another port).
-func (s *Segment) refresh(ctx context.Context) {
-	cctx, _, err := s.c.callCtx(ctx)
+func (r *remote) refresh(ctx context.Context) {
+	cctx, _, err := r.c.callCtx(ctx)
 	if err != nil {
 		return
 	}
-	info, err := s.c.api.Stat(cctx, &poolv1.StatRequest{Id: s.info.Id})
+	info, err := r.c.api.Stat(cctx, &poolv1.StatRequest{Id: r.info.Id})
 	if err != nil || info.DataAddr == "" {
 		return
 	}
@@ -285,57 +288,51 @@ func (s *Segment) refresh(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	s.c.mu.Lock()
-	s.remote.addr, s.remote.tls = info.DataAddr, tc
+	r.c.mu.Lock()
+	r.addr, r.tls = info.DataAddr, tc
 	if len(info.DataCredential) > 0 { // a restarted home issued a new one
-		s.remote.cred = info.DataCredential
+		r.cred = info.DataCredential
 	}
-	s.c.mu.Unlock()
+	r.c.mu.Unlock()
 }
 
-// setLost marks the segment lost (or reachable again) as the daemon reports.
+// setLost marks the segment lost (or reachable again) as the daemon
+// reports: an rdma segment's calls then fail with ErrSegmentLost instead
+// of retrying. Other backends learn of a loss from their memory or home.
 func (s *Segment) setLost(lost bool) {
-	if s.remote == nil {
-		return
+	if r, ok := s.base().(*remote); ok {
+		r.setLost(lost)
 	}
-	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
+}
+
+func (r *remote) setLost(lost bool) {
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
 	if lost {
-		s.remote.cancel(fmt.Errorf("the home node %s of segment %d is gone: %w", s.info.Node, s.info.Id, errs.ErrSegmentLost))
+		r.cancel(fmt.Errorf("the home node %s of segment %d is gone: %w", r.info.Node, r.info.Id, errs.ErrSegmentLost))
 		return
 	}
-	if s.remote.lost.Err() != nil {
-		s.remote.lost, s.remote.cancel = context.WithCancelCause(context.Background())
+	if r.lost.Err() != nil {
+		r.lost, r.cancel = context.WithCancelCause(context.Background())
 	}
 }
 
-func (s *Segment) remoteReadAt(p []byte, off int64) (int, error) {
-	size := s.info.Size
-	if off < 0 || off > size {
-		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, size, ErrOutOfRange)
+func (r *remote) readAt(p []byte, off int64) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
 	}
-	n := int(min(int64(len(p)), size-off))
-	if n > 0 {
-		if err := s.remoteOp(&rdma.Op{Kind: rdma.OpRead, Offset: off, Buf: p[:n]}); err != nil {
-			return 0, err
-		}
+	if err := r.op(&rdma.Op{Kind: rdma.OpRead, Offset: off, Buf: p}); err != nil {
+		return 0, err
 	}
-	if n < len(p) {
-		return n, io.EOF
-	}
-	return n, nil
+	return len(p), nil
 }
 
-// remoteWriteAt writes p in pieces of at most one data-plane frame, each
+// writeAt writes p in pieces of at most one data-plane frame, each
 // exactly once; a failed piece ends the write (the earlier ones are in).
-func (s *Segment) remoteWriteAt(p []byte, off int64) (int, error) {
-	size := s.info.Size
-	if off < 0 || off > size || int64(len(p)) > size-off {
-		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, size, ErrOutOfRange)
-	}
+func (r *remote) writeAt(p []byte, off int64) (int, error) {
 	for done := 0; done < len(p); {
 		n := min(len(p)-done, tcp.MaxPayload)
-		if err := s.remoteOp(&rdma.Op{Kind: rdma.OpWrite, Offset: off + int64(done), Buf: p[done : done+n]}); err != nil {
+		if err := r.op(&rdma.Op{Kind: rdma.OpWrite, Offset: off + int64(done), Buf: p[done : done+n]}); err != nil {
 			return done, err
 		}
 		done += n
@@ -343,14 +340,51 @@ func (s *Segment) remoteWriteAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-func (s *Segment) remoteFetchAdd(off int64, delta uint64) (prev uint64, err error) {
+// load64 is a fetch-and-add of 0, which the home runs with its CPU's
+// atomics like every other atomic on the word.
+func (r *remote) load64(off int64) (uint64, error) { return r.fetchAdd(off, 0) }
+
+// store64 swaps v in against the value it last saw until the swap holds.
+func (r *remote) store64(off int64, v uint64) error {
+	cur, err := r.fetchAdd(off, 0)
+	for err == nil {
+		var swapped bool
+		if cur, swapped, err = r.cas(off, cur, v); swapped {
+			return nil
+		}
+	}
+	return err
+}
+
+func (r *remote) compareAndSwap64(off int64, old, new uint64) (bool, error) {
+	_, swapped, err := r.cas(off, old, new)
+	return swapped, err
+}
+
+func (r *remote) add64(off int64, delta uint64) (uint64, error) {
+	prev, err := r.fetchAdd(off, delta)
+	return prev + delta, err
+}
+
+func (r *remote) fetchAdd(off int64, delta uint64) (prev uint64, err error) {
 	op := rdma.Op{Kind: rdma.OpFetchAdd, Offset: off, Delta: delta}
-	err = s.remoteOp(&op)
+	err = r.op(&op)
 	return op.Prev, err
 }
 
-func (s *Segment) remoteCAS(off int64, old, new uint64) (prev uint64, swapped bool, err error) {
+func (r *remote) cas(off int64, old, new uint64) (prev uint64, swapped bool, err error) {
 	op := rdma.Op{Kind: rdma.OpCompareAndSwap, Offset: off, Old: old, New: new}
-	err = s.remoteOp(&op)
+	err = r.op(&op)
 	return op.Prev, op.Swapped, err
+}
+
+func (r *remote) bytes() []byte { return nil }
+
+// retire fails the calls still retrying with ErrClosed.
+func (r *remote) retire(context.Context) error {
+	r.c.mu.Lock()
+	cancel := r.cancel
+	r.c.mu.Unlock()
+	cancel(fmt.Errorf("segment %d: %w", r.info.Id, ErrClosed))
+	return nil
 }

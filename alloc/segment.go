@@ -5,14 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"runtime/debug"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
-	"github.com/farmem/farmem/internal/mmap"
 )
 
 // Segment is one far-memory allocation. It is safe for concurrent use:
@@ -21,33 +17,22 @@ import (
 // crash).
 // Concurrent writes to overlapping bytes race as they would in any memory;
 // use the 64-bit atomics to coordinate.
+//
+// A Segment makes the checks every kind of segment shares (closed, offset
+// and length within the segment, an atomic's alignment) and hands the
+// access to its backend: mapped memory, a remote home, or a shared
+// attachment, possibly wrapped in latency emulation (see backend).
 type Segment struct {
 	c      *Client
 	info   *poolv1.Segment // immutable
-	mem    []byte          // the mapping of a load/store segment; never changes
-	remote *remote         // how an rdma segment is reached; nil for load/store tiers
-	// guard is set when the mapping can fault (real CXL memory with a
-	// poisoned line, a file on a disk filesystem): copies then turn faults
-	// into errors. Local DRAM (a memfd sealed against resizing) and an
-	// emulated device's own file on tmpfs or hugetlbfs (its pages reserved
-	// when the daemon created it) cannot fault short of the machine's own
-	// memory failing, as the Go heap could, and are not guarded.
-	guard bool
-	// ownPages is set when the mapped pages belong to the segment alone
-	// (its own file, unlinked by the daemon when freed): Free then leaves
-	// the mapping readable for retireGrace, so a copy that raced Free
-	// finishes on pages no one else can get, instead of faulting.
-	ownPages bool
-	// slow sends ReadAt, WriteAt and the atomics off the local fast path:
-	// set for rdma segments and for segments with latency emulation, so
-	// that a local segment without emulation pays no more than before.
-	slow bool
-	// emu is the latency emulation of the segment's calls; nil for none.
-	emu *emulated
-	// shared is the coherent attachment of a segment attached with Shared;
-	// the byte and atomic calls go to it (slow is set).
-	shared *SharedSegment
+	size   int64           // info.Size, beside be for the range checks
+	be     backend         // how the bytes are reached; never changes
 	closed atomic.Bool
+}
+
+// newSegment is the segment info describes, reached through be.
+func (c *Client) newSegment(info *poolv1.Segment, be backend) *Segment {
+	return &Segment{c: c, info: info, size: info.Size, be: be}
 }
 
 // ID is the segment's id on its daemon.
@@ -79,10 +64,10 @@ func (s *Segment) Node() string { return s.info.Node }
 // WriteAt and atomics (the daemon's --emulate-latency for its tier, or the
 // client's WithEmulateLatency); zero for none. It never applies to Bytes.
 func (s *Segment) Injected() Injected {
-	if s.emu == nil {
-		return Injected{}
+	if e, ok := s.be.(*emulated); ok {
+		return Injected(e.in.Target())
 	}
-	return Injected(s.emu.in.Target())
+	return Injected{}
 }
 
 // Bytes returns the segment's memory for direct loads and stores on
@@ -92,102 +77,56 @@ func (s *Segment) Injected() Injected {
 // the caller's to guard (see runtime/debug.SetPanicOnFault). Latency
 // emulation cannot slow direct access through this slice.
 func (s *Segment) Bytes() ([]byte, bool) {
-	if s.mem == nil || s.closed.Load() {
+	if s.closed.Load() {
 		return nil, false
 	}
-	return s.mem, true
+	mem := s.be.bytes()
+	return mem, mem != nil
 }
 
-// faultGuard turns a memory fault during a copy into ErrSegmentLost.
-// Callers: old := debug.SetPanicOnFault(true); defer faultGuard(old, &err).
-func faultGuard(old bool, err *error) {
-	debug.SetPanicOnFault(old)
-	if r := recover(); r != nil {
-		f, ok := r.(interface{ Addr() uintptr })
-		if !ok {
-			panic(r)
-		}
-		*err = fmt.Errorf("memory fault at %#x (the segment was freed, or its backing truncated or poisoned): %w", f.Addr(), ErrSegmentLost)
-	}
-}
+func (s *Segment) errClosed() error { return fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed) }
 
 // ReadAt implements io.ReaderAt: it reads len(p) bytes at off, returning
 // io.EOF with a short count at the end of the segment. With latency
 // emulation on the segment's tier the call takes the injected latency plus
 // len(p)/bandwidth (see WithEmulateLatency).
-func (s *Segment) ReadAt(p []byte, off int64) (n int, err error) {
-	mem := s.mem
+func (s *Segment) ReadAt(p []byte, off int64) (int, error) {
 	if s.closed.Load() {
-		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+		return 0, s.errClosed()
 	}
-	if s.slow {
-		if sh := s.shared; sh != nil {
-			return sh.ReadAt(p, off)
+	if off < 0 || off > s.size {
+		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, s.size, ErrOutOfRange)
+	}
+	if rest := s.size - off; int64(len(p)) > rest {
+		n, err := s.be.readAt(p[:rest], off)
+		if err == nil {
+			err = io.EOF
 		}
-		if e := s.emu; e != nil {
-			return emulate(e, len(p), func(q *Segment) (int, error) { return q.ReadAt(p, off) })
-		}
-		return s.remoteReadAt(p, off)
+		return n, err
 	}
-	if off < 0 || off > int64(len(mem)) {
-		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, len(mem), ErrOutOfRange)
-	}
-	if s.guard {
-		return guardedCopy(p, mem[off:])
-	}
-	n = copy(p, mem[off:])
-	if n < len(p) {
-		err = io.EOF
-	}
-	return n, err
-}
-
-// guardedCopy is ReadAt's copy for memory that can fault.
-func guardedCopy(p, mem []byte) (n int, err error) {
-	old := debug.SetPanicOnFault(true)
-	defer faultGuard(old, &err)
-	n = copy(p, mem)
-	if n < len(p) {
-		err = io.EOF
-	}
-	return n, err
+	return s.be.readAt(p, off)
 }
 
 // WriteAt implements io.WriterAt. A write that would run past the end of
 // the segment writes nothing and returns ErrOutOfRange. Latency emulation
 // applies as to ReadAt.
-func (s *Segment) WriteAt(p []byte, off int64) (n int, err error) {
-	mem := s.mem
+func (s *Segment) WriteAt(p []byte, off int64) (int, error) {
 	if s.closed.Load() {
-		return 0, fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+		return 0, s.errClosed()
 	}
-	if s.slow {
-		if sh := s.shared; sh != nil {
-			return sh.WriteAt(p, off)
-		}
-		if e := s.emu; e != nil {
-			return emulate(e, len(p), func(q *Segment) (int, error) { return q.WriteAt(p, off) })
-		}
-		return s.remoteWriteAt(p, off)
+	if off < 0 || off > s.size || int64(len(p)) > s.size-off {
+		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, s.size, ErrOutOfRange)
 	}
-	if off < 0 || off > int64(len(mem)) || int64(len(p)) > int64(len(mem))-off {
-		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, len(mem), ErrOutOfRange)
-	}
-	if !s.guard {
-		return copy(mem[off:], p), nil
-	}
-	old := debug.SetPanicOnFault(true)
-	defer faultGuard(old, &err)
-	return copy(mem[off:], p), nil
+	return s.be.writeAt(p, off)
 }
 
 // checkWord checks an atomic's offset.
 func (s *Segment) checkWord(off int64) error {
 	if s.closed.Load() {
-		return fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+		return s.errClosed()
 	}
-	if off < 0 || off > s.info.Size-8 {
-		return fmt.Errorf("atomic at %d of segment %d (size %d): %w", off, s.info.Id, s.info.Size, ErrOutOfRange)
+	if off < 0 || off > s.size-8 {
+		return fmt.Errorf("atomic at %d of segment %d (size %d): %w", off, s.info.Id, s.size, ErrOutOfRange)
 	}
 	if off%8 != 0 {
 		return fmt.Errorf("atomic at %d of segment %d: %w", off, s.info.Id, ErrUnaligned)
@@ -195,128 +134,38 @@ func (s *Segment) checkWord(off int64) error {
 	return nil
 }
 
-// word returns the 8-byte word at off of a mapped segment for an atomic.
-func (s *Segment) word(off int64) (*uint64, error) {
-	if err := s.checkWord(off); err != nil {
-		return nil, err
-	}
-	// The mapping is page aligned, so an 8-aligned offset is an 8-aligned address.
-	return (*uint64)(unsafe.Pointer(&s.mem[off])), nil
-}
-
 // Load64 atomically loads the 8-byte word at off (a multiple of 8). Latency
 // emulation applies to the atomics as to ReadAt, with a size of 8 bytes.
-func (s *Segment) Load64(off int64) (v uint64, err error) {
-	if s.slow {
-		if sh := s.shared; sh != nil {
-			return sh.Load64(off)
-		}
-		if e := s.emu; e != nil {
-			return emulate(e, 8, func(q *Segment) (uint64, error) { return q.Load64(off) })
-		}
-		if err := s.checkWord(off); err != nil {
-			return 0, err
-		}
-		return s.remoteFetchAdd(off, 0)
-	}
-	w, err := s.word(off)
-	if err != nil {
+func (s *Segment) Load64(off int64) (uint64, error) {
+	if err := s.checkWord(off); err != nil {
 		return 0, err
 	}
-	old := debug.SetPanicOnFault(true)
-	defer faultGuard(old, &err)
-	return atomic.LoadUint64(w), nil
+	return s.be.load64(off)
 }
 
 // Store64 atomically stores v at off (a multiple of 8).
-func (s *Segment) Store64(off int64, v uint64) (err error) {
-	if s.slow {
-		if sh := s.shared; sh != nil {
-			return sh.Store64(off, v)
-		}
-		if e := s.emu; e != nil {
-			_, err := emulate(e, 8, func(q *Segment) (struct{}, error) { return struct{}{}, q.Store64(off, v) })
-			return err
-		}
-		if err := s.checkWord(off); err != nil {
-			return err
-		}
-		cur, err := s.remoteFetchAdd(off, 0)
-		for err == nil {
-			var swapped bool
-			if cur, swapped, err = s.remoteCAS(off, cur, v); swapped {
-				return nil
-			}
-		}
+func (s *Segment) Store64(off int64, v uint64) error {
+	if err := s.checkWord(off); err != nil {
 		return err
 	}
-	w, err := s.word(off)
-	if err != nil {
-		return err
-	}
-	old := debug.SetPanicOnFault(true)
-	defer faultGuard(old, &err)
-	atomic.StoreUint64(w, v)
-	return nil
+	return s.be.store64(off, v)
 }
 
 // CompareAndSwap64 atomically replaces the word at off with new if it
 // holds old, reporting whether it did.
-func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (swapped bool, err error) {
-	if s.slow {
-		if sh := s.shared; sh != nil {
-			return sh.CompareAndSwap64(off, old, new)
-		}
-		if e := s.emu; e != nil {
-			return emulate(e, 8, func(q *Segment) (bool, error) { return q.CompareAndSwap64(off, old, new) })
-		}
-		if err := s.checkWord(off); err != nil {
-			return false, err
-		}
-		_, swapped, err = s.remoteCAS(off, old, new)
-		return swapped, err
-	}
-	w, err := s.word(off)
-	if err != nil {
+func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (bool, error) {
+	if err := s.checkWord(off); err != nil {
 		return false, err
 	}
-	prev := debug.SetPanicOnFault(true)
-	defer faultGuard(prev, &err)
-	return atomic.CompareAndSwapUint64(w, old, new), nil
+	return s.be.compareAndSwap64(off, old, new)
 }
 
 // Add64 atomically adds delta to the word at off and returns the new value.
-func (s *Segment) Add64(off int64, delta uint64) (v uint64, err error) {
-	if s.slow {
-		if sh := s.shared; sh != nil {
-			return sh.Add64(off, delta)
-		}
-		if e := s.emu; e != nil {
-			return emulate(e, 8, func(q *Segment) (uint64, error) { return q.Add64(off, delta) })
-		}
-		if err := s.checkWord(off); err != nil {
-			return 0, err
-		}
-		prev, err := s.remoteFetchAdd(off, delta)
-		return prev + delta, err
-	}
-	w, err := s.word(off)
-	if err != nil {
+func (s *Segment) Add64(off int64, delta uint64) (uint64, error) {
+	if err := s.checkWord(off); err != nil {
 		return 0, err
 	}
-	old := debug.SetPanicOnFault(true)
-	defer faultGuard(old, &err)
-	return atomic.AddUint64(w, delta), nil
-}
-
-// newMapped is a load/store segment mapped from f.
-// Its pages are its own when it has its own memory file (an emulated
-// device's file, a DRAM or NUMA memfd); a devdax segment shares the
-// device's.
-func newMapped(c *Client, info *poolv1.Segment, mem []byte, f *os.File) *Segment {
-	own := (info.Kind == "emulated" || info.Kind == "dram" || info.Kind == "numa") && mmap.MemoryBacked(f)
-	guard := info.Kind == "numa" || info.Kind != "dram" && !own
-	return &Segment{c: c, info: info, mem: mem, ownPages: own, guard: guard}
+	return s.be.add64(off, delta)
 }
 
 // Free unmaps the segment and releases it on the daemon, for everyone:
@@ -331,7 +180,7 @@ func newMapped(c *Client, info *poolv1.Segment, mem []byte, f *os.File) *Segment
 func (s *Segment) Free(ctx context.Context) error {
 	ok, derr := s.retire(ctx)
 	if !ok {
-		return fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed)
+		return s.errClosed()
 	}
 	return errors.Join(derr, s.c.free(ctx, s))
 }
@@ -367,14 +216,7 @@ func (s *Segment) retire(ctx context.Context) (ok bool, err error) {
 	if !s.closed.CompareAndSwap(false, true) {
 		return false, nil
 	}
-	mmap.Retire(s.mem, retireGrace, s.ownPages)
-	if s.remote != nil {
-		s.remote.cancel(fmt.Errorf("segment %d: %w", s.info.Id, ErrClosed))
-	}
-	if s.shared != nil {
-		err = s.shared.Detach(ctx)
-	}
-	return true, err
+	return true, s.be.retire(ctx)
 }
 
 // retireGrace is how long a retired mapping's address range stays

@@ -96,7 +96,7 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 		return nil, fmt.Errorf("attach %q shared: the segment is on the %s tier; shared segments live on the rdma tier (allocate with alloc.WithTier(alloc.TierRDMA)): %w",
 			name, tierFromProto(info.Tier), ErrNotSupported)
 	}
-	r, err := newRemote(info)
+	r, err := newRemote(c, info)
 	if err != nil {
 		return nil, err
 	}
@@ -110,9 +110,10 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 		return nil, fmt.Errorf("attach %q shared: %w", name, err)
 	}
 	sh.SetOpTimeout(c.opts.opTimeout)
-	seg := &Segment{c: c, info: info, slow: true, shared: &SharedSegment{info: info, sh: sh, link: link}}
+	ss := &SharedSegment{info: info, sh: sh, link: link}
+	seg := c.newSegment(info, sharedBackend{ss})
 	if err := c.register(seg); err != nil {
-		seg.shared.abandon()
+		ss.abandon()
 		return nil, err
 	}
 	return seg, nil
@@ -254,7 +255,30 @@ func (l *sharedLink) close() {
 
 // Shared returns the segment's shared attachment (Sync, Stats, Detach), or
 // nil when it was not attached with Shared.
-func (s *Segment) Shared() *SharedSegment { return s.shared }
+func (s *Segment) Shared() *SharedSegment {
+	if b, ok := s.base().(sharedBackend); ok {
+		return b.SharedSegment
+	}
+	return nil
+}
+
+// sharedBackend is a shared attachment as its Segment's backend: the
+// Segment's calls go to the attachment's cache, and retiring the Segment
+// detaches it (its modified pages written back).
+type sharedBackend struct{ *SharedSegment }
+
+var _ backend = sharedBackend{}
+
+func (b sharedBackend) readAt(p []byte, off int64) (int, error)  { return b.ReadAt(p, off) }
+func (b sharedBackend) writeAt(p []byte, off int64) (int, error) { return b.WriteAt(p, off) }
+func (b sharedBackend) load64(off int64) (uint64, error)         { return b.Load64(off) }
+func (b sharedBackend) store64(off int64, v uint64) error        { return b.Store64(off, v) }
+func (b sharedBackend) compareAndSwap64(off int64, old, new uint64) (bool, error) {
+	return b.CompareAndSwap64(off, old, new)
+}
+func (b sharedBackend) add64(off int64, delta uint64) (uint64, error) { return b.Add64(off, delta) }
+func (b sharedBackend) bytes() []byte                                 { return nil }
+func (b sharedBackend) retire(ctx context.Context) error              { return b.Detach(ctx) }
 
 // ID is the segment's id on its home.
 func (s *SharedSegment) ID() uint64 { return s.info.Id }

@@ -1,0 +1,51 @@
+package alloc
+
+import "context"
+
+// backend is how a Segment reaches its bytes. There are three, one per way
+// memory is reached, and a decorator:
+//
+//   - mapped: load/store memory mapped into this process (local DRAM, CXL,
+//     emulated CXL); calls are copies and CPU atomics on the mapping.
+//   - remote: an rdma segment, reached with one-sided operations on its
+//     home's data plane (rdma.Conn), retried across redials.
+//   - sharedBackend: a coherent shared attachment (Attach with Shared),
+//     whose pages are cached here under the coherence protocol, carried as
+//     messages on the rdma transport.
+//   - emulated wraps any of them with injected latency (the "emulated"
+//     figures of a tier, WithEmulateLatency).
+//
+// Segment makes the checks common to every backend before it calls one:
+// the segment is not closed, the bytes lie within the segment (ReadAt
+// passes only the part of p that does, and adds io.EOF itself), and an
+// atomic's offset is within it and a multiple of 8. A backend's methods
+// trust their arguments. Implementations are safe for concurrent use.
+type backend interface {
+	// readAt fills p, which lies within the segment, from off, returning
+	// how many bytes it read before an error.
+	readAt(p []byte, off int64) (int, error)
+	// writeAt stores p, which lies within the segment, at off, returning
+	// how many bytes it wrote before an error.
+	writeAt(p []byte, off int64) (int, error)
+	// load64, store64, compareAndSwap64 and add64 are the 64-bit atomics
+	// on the word at off; add64 returns the new value.
+	load64(off int64) (uint64, error)
+	store64(off int64, v uint64) error
+	compareAndSwap64(off int64, old, new uint64) (bool, error)
+	add64(off int64, delta uint64) (uint64, error)
+	// bytes is the memory for direct loads and stores, nil when the backend
+	// reaches it over a network.
+	bytes() []byte
+	// retire ends the backend's use of the memory when the segment is freed
+	// or closed (once; calls that raced it fail rather than fault), handing
+	// back within ctx whatever it holds for the home.
+	retire(ctx context.Context) error
+}
+
+// base is the segment's backend without its latency emulation.
+func (s *Segment) base() backend {
+	if e, ok := s.be.(*emulated); ok {
+		return e.next
+	}
+	return s.be
+}

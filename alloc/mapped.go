@@ -1,0 +1,115 @@
+package alloc
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"sync/atomic"
+	"unsafe"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/mmap"
+)
+
+// mapped is the backend of a load/store segment: its memory mapped into
+// this process from the descriptor the daemon passed (local DRAM, CXL,
+// emulated CXL). Reads and writes are copies, the atomics are the CPU's.
+type mapped struct {
+	mem []byte // the mapping; never changes
+	// guard is set when the mapping can fault (real CXL memory with a
+	// poisoned line, a file on a disk filesystem): copies then turn faults
+	// into errors. Local DRAM (a memfd sealed against resizing) and an
+	// emulated device's own file on tmpfs or hugetlbfs (its pages reserved
+	// when the daemon created it) cannot fault short of the machine's own
+	// memory failing, as the Go heap could, and are not guarded.
+	guard bool
+	// ownPages is set when the mapped pages belong to the segment alone
+	// (its own file, unlinked by the daemon when freed): retire then leaves
+	// the mapping readable for retireGrace, so a copy that raced Free
+	// finishes on pages no one else can get, instead of faulting.
+	ownPages bool
+}
+
+var _ backend = (*mapped)(nil)
+
+// newMapped is the backend of a load/store segment mapped from f. Its
+// pages are its own when it has its own memory file (an emulated device's
+// file, a DRAM or NUMA memfd); a devdax segment shares the device's.
+func newMapped(info *poolv1.Segment, mem []byte, f *os.File) *mapped {
+	own := (info.Kind == "emulated" || info.Kind == "dram" || info.Kind == "numa") && mmap.MemoryBacked(f)
+	guard := info.Kind == "numa" || info.Kind != "dram" && !own
+	return &mapped{mem: mem, ownPages: own, guard: guard}
+}
+
+// faultGuard turns a memory fault during a copy into ErrSegmentLost.
+// Callers: old := debug.SetPanicOnFault(true); defer faultGuard(old, &err).
+func faultGuard(old bool, err *error) {
+	debug.SetPanicOnFault(old)
+	if r := recover(); r != nil {
+		f, ok := r.(interface{ Addr() uintptr })
+		if !ok {
+			panic(r)
+		}
+		*err = fmt.Errorf("memory fault at %#x (the segment was freed, or its backing truncated or poisoned): %w", f.Addr(), ErrSegmentLost)
+	}
+}
+
+// guardedCopy is copy for memory that can fault.
+func guardedCopy(dst, src []byte) (n int, err error) {
+	old := debug.SetPanicOnFault(true)
+	defer faultGuard(old, &err)
+	return copy(dst, src), nil
+}
+
+func (m *mapped) readAt(p []byte, off int64) (int, error) {
+	if m.guard {
+		return guardedCopy(p, m.mem[off:])
+	}
+	return copy(p, m.mem[off:]), nil
+}
+
+func (m *mapped) writeAt(p []byte, off int64) (int, error) {
+	if m.guard {
+		return guardedCopy(m.mem[off:], p)
+	}
+	return copy(m.mem[off:], p), nil
+}
+
+// word is the 8-byte word at off. The mapping is page aligned, so an
+// 8-aligned offset is an 8-aligned address.
+func (m *mapped) word(off int64) *uint64 { return (*uint64)(unsafe.Pointer(&m.mem[off])) }
+
+func (m *mapped) load64(off int64) (v uint64, err error) {
+	old := debug.SetPanicOnFault(true)
+	defer faultGuard(old, &err)
+	return atomic.LoadUint64(m.word(off)), nil
+}
+
+func (m *mapped) store64(off int64, v uint64) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer faultGuard(old, &err)
+	atomic.StoreUint64(m.word(off), v)
+	return nil
+}
+
+func (m *mapped) compareAndSwap64(off int64, old, new uint64) (swapped bool, err error) {
+	prev := debug.SetPanicOnFault(true)
+	defer faultGuard(prev, &err)
+	return atomic.CompareAndSwapUint64(m.word(off), old, new), nil
+}
+
+func (m *mapped) add64(off int64, delta uint64) (v uint64, err error) {
+	old := debug.SetPanicOnFault(true)
+	defer faultGuard(old, &err)
+	return atomic.AddUint64(m.word(off), delta), nil
+}
+
+func (m *mapped) bytes() []byte { return m.mem }
+
+// retire gives the mapping up (see mmap.Retire): a copy that raced it
+// finishes on the segment's own pages or faults into an error.
+func (m *mapped) retire(context.Context) error {
+	mmap.Retire(m.mem, retireGrace, m.ownPages)
+	return nil
+}
