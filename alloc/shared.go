@@ -13,6 +13,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/coherence"
 	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/dialer"
 	"github.com/farmem/farmem/rdma/tcp"
 )
 
@@ -100,7 +101,7 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 	if err != nil {
 		return nil, err
 	}
-	link, err := dialShared(ctx, info.DataAddr, info.DataCredential, r.tls, r.region, uint32(cfg.PageSize), c.opts.busyPoll)
+	link, err := dialShared(ctx, info.DataAddr, r.region, uint32(cfg.PageSize), c.linkDialer(info.DataAddr, info.DataCredential, r.tls))
 	if err != nil {
 		return nil, fmt.Errorf("attach %q shared: %w", name, err)
 	}
@@ -119,23 +120,23 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 	return seg, nil
 }
 
-// sharedLink carries coherence messages over the data plane's MSG opcode
-// on three connections, as the home may hold a request's connection: the
-// long poll on one, ReadReq and WriteReq (which the home answers with the
-// grant once the invalidations are acknowledged) on another, and the
-// acknowledgements, write-backs and releases, which the home answers at
-// once, on a third, so that they never queue behind a held request.
+// sharedLink carries coherence messages as the data plane's messages
+// (rdma.Conn.Message, the MSG opcode of rdma/tcp) on three connections of
+// whichever transport rdma/dialer picks, as the home may hold a request's
+// connection: the long poll on one, ReadReq and WriteReq (which the home
+// answers with the grant once the invalidations are acknowledged) on
+// another, and the acknowledgements, write-backs and releases, which the
+// home answers at once, on a third, so that they never queue behind a
+// held request.
 type sharedLink struct {
 	addr     string
-	cred     []byte
-	tls      *tls.Config // verifies the home over TLS; nil: plaintext
+	dial     func(context.Context) (rdma.Conn, error)
 	region   rdma.Region
 	pageSize uint32
 	pollBuf  []byte // the poll's answers; one poller at a time
-	busyPoll time.Duration
 
 	mu     sync.Mutex
-	conns  [numLinkConns]*tcp.Client // nil after a failure: redialed on next use
+	conns  [numLinkConns]rdma.Conn // nil after a failure: redialed on next use
 	closed bool
 }
 
@@ -149,8 +150,19 @@ const (
 
 var _ coherence.Link = (*sharedLink)(nil)
 
-func dialShared(ctx context.Context, addr string, cred []byte, tc *tls.Config, r rdma.Region, pageSize uint32, busyPoll time.Duration) (*sharedLink, error) {
-	l := &sharedLink{addr: addr, cred: cred, tls: tc, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20), busyPoll: busyPoll}
+// linkDialer dials one connection of a shared segment's link to the home
+// at addr, presenting cred: one tcp connection (not a pool, since the home
+// may hold it), verified with tc when the home serves TLS.
+func (c *Client) linkDialer(addr string, cred []byte, tc *tls.Config) func(context.Context) (rdma.Conn, error) {
+	opts := append(tlsOption(tc), tcp.WithConns(1), tcp.WithBusyPoll(c.opts.busyPoll))
+	return func(ctx context.Context) (rdma.Conn, error) {
+		conn, _, err := dialer.Dial(ctx, addr, cred, opts...)
+		return conn, err
+	}
+}
+
+func dialShared(ctx context.Context, addr string, r rdma.Region, pageSize uint32, dial func(context.Context) (rdma.Conn, error)) (*sharedLink, error) {
+	l := &sharedLink{addr: addr, dial: dial, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20)}
 	for which := range numLinkConns {
 		if _, err := l.conn(ctx, which); err != nil {
 			l.close()
@@ -162,7 +174,7 @@ func dialShared(ctx context.Context, addr string, cred []byte, tc *tls.Config, r
 
 // conn returns connection which, dialing it if a failure dropped it (the
 // home's daemon restarted, say).
-func (l *sharedLink) conn(ctx context.Context, which int) (*tcp.Client, error) {
+func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -170,7 +182,7 @@ func (l *sharedLink) conn(ctx context.Context, which int) (*tcp.Client, error) {
 	}
 	p := &l.conns[which]
 	if *p == nil {
-		c, err := tcp.Dial(ctx, l.addr, append(tlsOption(l.tls), tcp.WithConns(1), tcp.WithCredential(l.cred), tcp.WithBusyPoll(l.busyPoll))...)
+		c, err := l.dial(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -180,7 +192,7 @@ func (l *sharedLink) conn(ctx context.Context, which int) (*tcp.Client, error) {
 }
 
 // drop forgets a failed connection.
-func (l *sharedLink) drop(c *tcp.Client) {
+func (l *sharedLink) drop(c rdma.Conn) {
 	l.mu.Lock()
 	for i, cc := range l.conns {
 		if cc == c {

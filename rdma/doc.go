@@ -13,14 +13,25 @@
 //     holders by epoch.
 //   - [Conn], the client side: Read, Write, CompareAndSwap64, FetchAdd64 and
 //     the batch form Do, which posts several [Op] work requests and waits
-//     for all their completions once (like ibv_post_send + ibv_poll_cq).
+//     for all their completions once (like ibv_post_send + ibv_poll_cq);
+//     and Message, the one two-sided operation, which hands a request to
+//     the exporting host's message handler and returns its answer (the
+//     coherence protocol of shared segments rides it).
 //   - [Transport] and [Pick], which try transports in order and fall back to
 //     the next one when a transport reports [ErrNotSupported] (no RDMA NIC,
 //     binary built without the verbs tag).
 //
 // Two transports implement these interfaces: rdma/tcp, a TCP fallback of the
 // same one-sided protocol that works everywhere, and rdma/internal/verbs, a
-// libibverbs backend built with the `verbs` tag.
+// libibverbs backend built with the `verbs` tag. Code outside rdma/ dials
+// through rdma/dialer, which picks verbs where it works and tcp otherwise.
+//
+// Messages: rdma/tcp carries them as its MSG opcode. The verbs Conn cannot
+// (its control protocol has no message and its queue pair carries only
+// one-sided work requests) and fails Message with an error matching
+// [ErrNotSupported]; the connection rdma/dialer returns for verbs sends its
+// messages over a tcp connection to the same data plane instead, so a
+// caller of Conn.Message works on either transport.
 //
 // # Semantics
 //

@@ -69,6 +69,15 @@ type Conn interface {
 	// and Err are set; Do returns the first non-nil Op.Err in argument
 	// order, or nil.
 	Do(ctx context.Context, ops ...*Op) error
+	// Message is the one two-sided operation: it hands req to the message
+	// handler of the host exporting r (the coherence directory of a shared
+	// segment) and reads its answer into resp, returning the answer's
+	// length. The handler may hold the call (a long poll), and with it the
+	// operations queued behind it, so a caller that may be held uses a
+	// connection of its own. A transport bounds req and resp (rdma/tcp:
+	// MaxMessage) and refuses larger with ErrOutOfRange; one that cannot
+	// carry messages fails with an error matching ErrNotSupported.
+	Message(ctx context.Context, r Region, req, resp []byte) (int, error)
 	// Close releases the connection. Operations in flight fail with
 	// ErrClosed. Close is idempotent.
 	Close() error

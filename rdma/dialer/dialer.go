@@ -18,13 +18,16 @@ import (
 // carries them, and the home's CPU executes those of tcp peers: a verbs
 // connection whose device's atomics are not atomic with the CPU's (not
 // IBV_ATOMIC_GLOB) sends its atomics over a tcp connection of its own.
+// Messages (Conn.Message, which the verbs control protocol lacks) go over
+// that tcp connection too, dialed on the first message if the atomics did
+// not need it.
 func Dial(ctx context.Context, addr string, cred []byte, opts ...tcp.Option) (rdma.Conn, string, error) {
 	tt := tcp.NewTransport(opts...)
 	conn, t, err := rdma.Pick(ctx, addr, cred, verbs.Transport{}, tt)
 	if err != nil {
 		return nil, "", err
 	}
-	conn, err = routeAtomics(conn, func() (rdma.Conn, error) { return tt.Dial(ctx, addr, cred) })
+	conn, err = split(ctx, conn, func(ctx context.Context) (rdma.Conn, error) { return tt.Dial(ctx, addr, cred) })
 	if err != nil {
 		return nil, "", err
 	}

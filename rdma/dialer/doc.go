@@ -5,7 +5,10 @@
 //
 //   - [Dial] (client side) tries verbs first and falls back to tcp when verbs
 //     reports rdma.ErrNotSupported: no device here, a build without the tag,
-//     or a peer whose data plane serves only tcp.
+//     or a peer whose data plane serves only tcp. A verbs connection sends
+//     over a tcp connection of its own what the device cannot carry:
+//     messages (rdma.Conn.Message) always, atomics unless the device's are
+//     atomic with the CPU's.
 //   - [Server] (exporting side) serves both transports on one TCP port.
 //   - [Preferred] says which transport this host uses and why, for
 //     `memctl tiers` and logs.

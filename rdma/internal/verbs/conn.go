@@ -262,6 +262,18 @@ func (c *Conn) release() {
 	}
 }
 
+// errNoMessage says why a verbs connection carries no message.
+var errNoMessage = &rdma.NotSupportedError{
+	Feature: "MSG over verbs",
+	Reason:  "the verbs control protocol has no message and the queue pair carries only one-sided work requests; rdma/dialer sends messages over a tcp connection to the same data plane",
+}
+
+// Message fails with an error matching rdma.ErrNotSupported: see the
+// package doc, "Messages".
+func (c *Conn) Message(context.Context, rdma.Region, []byte, []byte) (int, error) {
+	return 0, errNoMessage
+}
+
 // Close closes the connection; operations in flight fail with ErrClosed.
 // Close is idempotent.
 func (c *Conn) Close() error {

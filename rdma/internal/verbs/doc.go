@@ -97,6 +97,15 @@
 // rxe (Soft-RoCE) and the exporter's host agree on host order, which is
 // what rdma.Conn promises.
 //
+// # Messages
+//
+// Conn.Message (rdma.Conn's two-sided MSG, which carries the coherence
+// protocol of shared segments) fails with an error matching
+// rdma.ErrNotSupported: the control protocol above has no message and the
+// queue pair carries only one-sided work requests. rdma/dialer sends the
+// messages of a verbs connection over a tcp connection to the same data
+// plane, as it does atomics the device cannot run.
+//
 // # Concurrency
 //
 // Transport, Conn and Server are safe for concurrent use.

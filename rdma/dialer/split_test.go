@@ -15,6 +15,7 @@ import (
 type fakeConn struct {
 	name   string
 	got    []rdma.OpKind
+	msgs   int // Message calls
 	closed bool
 }
 
@@ -51,6 +52,11 @@ func (f *fakeConn) Do(_ context.Context, ops ...*rdma.Op) error {
 	return nil
 }
 
+func (f *fakeConn) Message(_ context.Context, _ rdma.Region, req, resp []byte) (int, error) {
+	f.msgs++
+	return copy(resp, req), nil
+}
+
 func (f *fakeConn) Close() error { f.closed = true; return nil }
 
 // deviceConn is a verbs connection whose device reports scope.
@@ -61,10 +67,20 @@ type deviceConn struct {
 
 func (d *deviceConn) AtomicScope() verbs.AtomicScope { return d.scope }
 
-// TestRouteAtomics: atomics stay on the device only when its atomics are
+// dialOnce returns a dialTCP that hands out c and counts its calls.
+func dialOnce(c rdma.Conn, dials *int) func(context.Context) (rdma.Conn, error) {
+	return func(context.Context) (rdma.Conn, error) {
+		*dials++
+		return c, nil
+	}
+}
+
+// TestSplit: atomics stay on the device only when its atomics are
 // atomic with the CPU's (IBV_ATOMIC_GLOB); otherwise they go over tcp,
 // where the home's CPU runs them, and reads and writes stay on the device.
-func TestRouteAtomics(t *testing.T) {
+// Messages, which the verbs control protocol lacks, always go over tcp,
+// dialed on the first message when the atomics did not need it.
+func TestSplit(t *testing.T) {
 	for _, tc := range []struct {
 		scope    verbs.AtomicScope
 		onDevice bool
@@ -75,10 +91,11 @@ func TestRouteAtomics(t *testing.T) {
 	} {
 		dev := &deviceConn{fakeConn: fakeConn{name: "device"}, scope: tc.scope}
 		tcpc := &fakeConn{name: "tcp"}
-		conn, err := routeAtomics(dev, func() (rdma.Conn, error) { return tcpc, nil })
+		var dials int
+		ctx := t.Context()
+		conn, err := split(ctx, dev, dialOnce(tcpc, &dials))
 		require.NoError(t, err)
 		require.Equal(t, tc.onDevice, verbs.AtomicsOnDevice(tc.scope))
-		ctx := t.Context()
 		_, err = conn.FetchAdd64(ctx, rdma.Region{}, 0, 1)
 		require.NoError(t, err)
 		_, _, err = conn.CompareAndSwap64(ctx, rdma.Region{}, 0, 0, 1)
@@ -90,29 +107,43 @@ func TestRouteAtomics(t *testing.T) {
 		require.NoError(t, err)
 		atomics := []rdma.OpKind{rdma.OpFetchAdd, rdma.OpCompareAndSwap, rdma.OpFetchAdd, rdma.OpCompareAndSwap}
 		if tc.onDevice {
-			require.Same(t, rdma.Conn(dev), conn)
+			require.Zero(t, dials, "no tcp connection before a message")
+			require.Equal(t, []rdma.OpKind{rdma.OpFetchAdd, rdma.OpCompareAndSwap, rdma.OpWrite, rdma.OpRead, rdma.OpFetchAdd, rdma.OpWrite, rdma.OpCompareAndSwap}, dev.got)
 			require.Empty(t, tcpc.got)
-			continue
+		} else {
+			require.Equal(t, 1, dials)
+			require.Equal(t, atomics, tcpc.got, "scope %d: atomics over tcp", tc.scope)
+			require.Equal(t, []rdma.OpKind{rdma.OpWrite, rdma.OpRead, rdma.OpWrite}, dev.got, "scope %d: reads and writes on the device", tc.scope)
+			ops := []*rdma.Op{{Kind: rdma.OpWrite}, {Kind: rdma.OpFetchAdd}}
+			require.ErrorContains(t, conn.Do(ctx, ops...), "tcp refused", "the tcp side's error is returned")
 		}
-		require.Equal(t, atomics, tcpc.got, "scope %d: atomics over tcp", tc.scope)
-		require.Equal(t, []rdma.OpKind{rdma.OpWrite, rdma.OpRead, rdma.OpWrite}, dev.got, "scope %d: reads and writes on the device", tc.scope)
-		ops := []*rdma.Op{{Kind: rdma.OpWrite}, {Kind: rdma.OpFetchAdd}}
-		require.ErrorContains(t, conn.Do(ctx, ops...), "tcp refused", "the tcp side's error is returned")
+		resp := make([]byte, 4)
+		for range 2 {
+			n, err := conn.Message(ctx, rdma.Region{}, []byte("ping"), resp)
+			require.NoError(t, err)
+			require.Equal(t, "ping", string(resp[:n]))
+		}
+		require.Equal(t, 2, tcpc.msgs, "scope %d: messages over tcp", tc.scope)
+		require.Zero(t, dev.msgs)
+		require.Equal(t, 1, dials, "one tcp connection, dialed once")
 		require.NoError(t, conn.Close())
 		require.True(t, dev.closed && tcpc.closed)
+		_, err = conn.Message(ctx, rdma.Region{}, nil, resp)
+		require.ErrorIs(t, err, rdma.ErrClosed, "no redial after Close")
 	}
 }
 
-// TestRouteAtomicsDialFails: when the tcp connection for atomics cannot be
-// dialed, the device connection is closed and the error returned.
-func TestRouteAtomicsDialFails(t *testing.T) {
+// TestSplitDialFails: when the tcp connection for atomics cannot be
+// dialed, the device connection is closed and the error returned; a tcp
+// connection is returned as it is.
+func TestSplitDialFails(t *testing.T) {
 	dev := &deviceConn{scope: verbs.AtomicHCA}
 	boom := errors.New("no tcp")
-	_, err := routeAtomics(dev, func() (rdma.Conn, error) { return nil, boom })
+	_, err := split(t.Context(), dev, func(context.Context) (rdma.Conn, error) { return nil, boom })
 	require.ErrorIs(t, err, boom)
 	require.True(t, dev.closed)
 	tcpc := &fakeConn{}
-	conn, err := routeAtomics(tcpc, func() (rdma.Conn, error) { t.Fatal("dialed for a tcp connection"); return nil, nil })
+	conn, err := split(t.Context(), tcpc, func(context.Context) (rdma.Conn, error) { t.Fatal("dialed for a tcp connection"); return nil, nil })
 	require.NoError(t, err)
 	require.Same(t, rdma.Conn(tcpc), conn)
 }
