@@ -8,28 +8,46 @@
 //	_, err = seg.WriteAt(data, 0)                  // or io.WriterAt / io.ReaderAt
 //	err = seg.Free(ctx)
 //
-// Local segments are mapped into the application's address space from a
-// file descriptor the daemon passes over its unix socket: reads and writes
-// never go through the daemon. ReadAt, WriteAt and the atomics turn a
-// memory fault (a truncated backing file, a poisoned CXL line) into an
-// error; a slice from Bytes is the application's to guard.
+// # How a Segment reaches its memory
+//
+// Every call on a Segment is checked the same way first: a closed (freed)
+// segment returns ErrClosed, bytes outside Size ErrOutOfRange (a ReadAt
+// that runs past the end reads what is there and returns io.EOF), an
+// atomic at an offset that is not a multiple of 8 ErrUnaligned. The call
+// then goes to the segment's backend, chosen by its tier and how it was
+// attached:
+//
+//   - Mapped (TierLocal, TierCXL): the segment is mapped into the
+//     application's address space from a file descriptor the daemon passes
+//     over its unix socket (internal/mmap), so reads and writes never go
+//     through the daemon. ReadAt and WriteAt are copies, the atomics the
+//     CPU's; on memory that can fault (real CXL, a file on a disk) a copy
+//     turns a fault (a truncated backing file, a poisoned CXL line) into
+//     ErrSegmentLost. Bytes returns the mapping itself; a slice from it is
+//     the application's to guard. Free and Close retire the mapping: a
+//     call that raced them fails rather than touch memory reused since.
+//   - Remote (TierRDMA): one-sided reads, writes and atomics on the home's
+//     data plane, over a connection per home that rdma/dialer dials (verbs
+//     where this build and host have an RDMA device, else tcp), retried as
+//     described below. Bytes returns false.
+//   - Shared (Attach with Shared, an rdma segment): the attachment's cache,
+//     kept coherent by package coherence, whose messages travel as
+//     rdma.Conn messages on three connections to the home dialed through
+//     rdma/dialer, so either transport carries them. Bytes returns false;
+//     Free and Close detach first, writing modified pages back.
 //
 // Latency emulation (poold --emulate-latency, or WithEmulateLatency for one
-// client) makes ReadAt, WriteAt and the 64-bit atomics of a tier take a
-// target latency plus size/bandwidth, e.g. CXL at 200 ns or RDMA at 2 µs on
-// a host with neither, calibrated so the whole call takes the target.
-// Direct loads and stores through Bytes cannot be slowed: code that uses
+// client) wraps the mapped or remote backend of a segment on an emulated
+// tier (not a shared attachment): ReadAt, WriteAt and the 64-bit atomics
+// take a target latency plus size/bandwidth, e.g. CXL at 200 ns or RDMA at
+// 2 µs on a host with neither, calibrated so the whole call takes the
+// target; calls the checks refuse return at once. Direct loads and stores through Bytes cannot be slowed: code that uses
 // Bytes runs at the speed of the real memory behind it, and a program that
 // wants to see emulated costs must go through ReadAt/WriteAt. Injected
 // latency is always reported as "injected" (TierInfo, Segment.Injected),
 // never as a measurement.
 //
-// Concurrency: Client and Segment are safe for concurrent use. A slice
-// returned by Segment.Bytes is valid until the segment is freed or the
-// client closed; using it after that is a use-after-free.
-//
-// Errors are farmem's sentinels (ErrNoCapacity, ErrOutOfRange, ...), tested
-// with errors.Is; the daemon's message, saying what to do, is kept.
+// # Retries on remote segments
 //
 // Remote (rdma) segments are reached over a data-plane connection to their
 // home that the client redials when it breaks, retrying the call within
@@ -39,6 +57,15 @@
 // home cannot tell (it restarted, or forgot this client's answers), the
 // call returns ErrIndeterminate, which also matches ErrUnavailable: the
 // operation may have run once; read the memory to find out.
+//
+// # Concurrency, errors, OS
+//
+// Client and Segment and Segment are safe for concurrent use. A slice
+// returned by Segment.Bytes is valid until the segment is freed or the
+// client closed; using it after that is a use-after-free.
+//
+// Errors are farmem's sentinels (ErrNoCapacity, ErrOutOfRange, ...), tested
+// with errors.Is; the daemon's message, saying what to do, is kept.
 //
 // Needs Linux for local segments (memfd, mmap, SCM_RIGHTS).
 package alloc
