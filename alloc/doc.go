@@ -41,11 +41,11 @@
 // tier (not a shared attachment): ReadAt, WriteAt and the 64-bit atomics
 // take a target latency plus size/bandwidth, e.g. CXL at 200 ns or RDMA at
 // 2 µs on a host with neither, calibrated so the whole call takes the
-// target; calls the checks refuse return at once. Direct loads and stores through Bytes cannot be slowed: code that uses
-// Bytes runs at the speed of the real memory behind it, and a program that
-// wants to see emulated costs must go through ReadAt/WriteAt. Injected
-// latency is always reported as "injected" (TierInfo, Segment.Injected),
-// never as a measurement.
+// target; calls the checks refuse return at once. Direct loads and stores
+// through Bytes cannot be slowed: code that uses Bytes runs at the speed of
+// the real memory behind it, and a program that wants to see emulated
+// costs must go through ReadAt/WriteAt. Injected latency is always reported
+// as "injected" (TierInfo, Segment.Injected), never as a measurement.
 //
 // # Retries on remote segments
 //
@@ -60,7 +60,7 @@
 //
 // # Concurrency, errors, OS
 //
-// Client and Segment and Segment are safe for concurrent use. A slice
+// Client and Segment are safe for concurrent use. A slice
 // returned by Segment.Bytes is valid until the segment is freed or the
 // client closed; using it after that is a use-after-free.
 //
