@@ -97,12 +97,18 @@ func (s *Segment) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 || off > s.size {
 		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, s.size, ErrOutOfRange)
 	}
-	if rest := s.size - off; int64(len(p)) > rest {
-		n, err := s.be.readAt(p[:rest], off)
+	if int64(len(p)) > s.size-off {
+		n, err := s.be.readAt(p[:s.size-off], off)
 		if err == nil {
 			err = io.EOF
 		}
 		return n, err
+	}
+	switch b := s.be.(type) { // direct calls on the hot paths: see mapped
+	case *mapped:
+		return b.readAt(p, off)
+	case *guarded:
+		return b.readAt(p, off)
 	}
 	return s.be.readAt(p, off)
 }
@@ -116,6 +122,12 @@ func (s *Segment) WriteAt(p []byte, off int64) (int, error) {
 	}
 	if off < 0 || off > s.size || int64(len(p)) > s.size-off {
 		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, s.size, ErrOutOfRange)
+	}
+	switch b := s.be.(type) { // direct calls on the hot paths: see mapped
+	case *mapped:
+		return b.writeAt(p, off)
+	case *guarded:
+		return b.writeAt(p, off)
 	}
 	return s.be.writeAt(p, off)
 }
