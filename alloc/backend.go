@@ -6,7 +6,9 @@ import "context"
 // memory is reached, and a decorator:
 //
 //   - mapped: load/store memory mapped into this process (local DRAM, CXL,
-//     emulated CXL); calls are copies and CPU atomics on the mapping.
+//     emulated CXL); calls are copies and CPU atomics on the mapping, and
+//     guarded is the same for memory that can fault, whose copies turn a
+//     fault into an error.
 //   - remote: an rdma segment, reached with one-sided operations on its
 //     home's data plane (rdma.Conn), retried across redials.
 //   - sharedBackend: a coherent shared attachment (Attach with Shared),
