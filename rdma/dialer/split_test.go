@@ -75,12 +75,12 @@ func dialOnce(c rdma.Conn, dials *int) func(context.Context) (rdma.Conn, error) 
 	}
 }
 
-// TestSplit: atomics stay on the device only when its atomics are
+// TestRouteAtomics: atomics stay on the device only when its atomics are
 // atomic with the CPU's (IBV_ATOMIC_GLOB); otherwise they go over tcp,
 // where the home's CPU runs them, and reads and writes stay on the device.
 // Messages, which the verbs control protocol lacks, always go over tcp,
 // dialed on the first message when the atomics did not need it.
-func TestSplit(t *testing.T) {
+func TestRouteAtomics(t *testing.T) {
 	for _, tc := range []struct {
 		scope    verbs.AtomicScope
 		onDevice bool
@@ -133,10 +133,10 @@ func TestSplit(t *testing.T) {
 	}
 }
 
-// TestSplitDialFails: when the tcp connection for atomics cannot be
+// TestRouteAtomicsDialFails: when the tcp connection for atomics cannot be
 // dialed, the device connection is closed and the error returned; a tcp
 // connection is returned as it is.
-func TestSplitDialFails(t *testing.T) {
+func TestRouteAtomicsDialFails(t *testing.T) {
 	dev := &deviceConn{scope: verbs.AtomicHCA}
 	boom := errors.New("no tcp")
 	_, err := split(t.Context(), dev, func(context.Context) (rdma.Conn, error) { return nil, boom })
