@@ -21,7 +21,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func dial(t *testing.T, socket string, opts ...alloc.DialOption) *alloc.Client {
+func dial(t testing.TB, socket string, opts ...alloc.DialOption) *alloc.Client {
 	t.Helper()
 	c, err := alloc.Dial(t.Context(), socket, opts...)
 	require.NoError(t, err)
@@ -29,7 +29,7 @@ func dial(t *testing.T, socket string, opts ...alloc.DialOption) *alloc.Client {
 	return c
 }
 
-func startPool(t *testing.T) (pool.Config, *alloc.Client) {
+func startPool(t testing.TB) (pool.Config, *alloc.Client) {
 	cfg := pooltest.Config(t)
 	pooltest.Start(t, cfg)
 	return cfg, dial(t, cfg.Socket)
@@ -179,7 +179,15 @@ func testReaderAtContract(t *testing.T, seg *alloc.Segment) {
 	require.Equal(t, v+1, got)
 
 	require.NoError(t, seg.Close())
-	_, err = seg.ReadAt(p, 0)
+	requireClosed(t, seg)
+}
+
+// requireClosed checks that every call on seg fails with ErrClosed and
+// Bytes has nothing.
+func requireClosed(t *testing.T, seg *alloc.Segment) {
+	t.Helper()
+	p := make([]byte, 8)
+	_, err := seg.ReadAt(p, 0)
 	require.ErrorIs(t, err, alloc.ErrClosed)
 	_, err = seg.WriteAt(p, 0)
 	require.ErrorIs(t, err, alloc.ErrClosed)

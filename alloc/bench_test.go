@@ -80,11 +80,7 @@ func BenchmarkReadAt64(b *testing.B) {
 }
 
 func benchReadAt64(b *testing.B, tier alloc.Tier) {
-	cfg := pooltest.Config(b)
-	pooltest.Start(b, cfg)
-	c, err := alloc.Dial(b.Context(), cfg.Socket)
-	require.NoError(b, err)
-	defer c.Close()
+	_, c := startPool(b)
 	const n = 1 << 20
 	seg, err := c.Alloc(b.Context(), n, alloc.WithTier(tier), alloc.WithPopulate())
 	require.NoError(b, err)

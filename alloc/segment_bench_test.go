@@ -6,7 +6,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/alloc"
-	"github.com/farmem/farmem/internal/pooltest"
 )
 
 // BenchmarkSegmentIO times one 64-byte ReadAt, WriteAt and Add64 on a
@@ -15,11 +14,7 @@ import (
 // It is the per-call cost of Segment's dispatch plus the access itself;
 // compare two builds with benchstat.
 func BenchmarkSegmentIO(b *testing.B) {
-	cfg := pooltest.Config(b)
-	pooltest.Start(b, cfg)
-	c, err := alloc.Dial(b.Context(), cfg.Socket)
-	require.NoError(b, err)
-	defer c.Close()
+	_, c := startPool(b)
 	const n = 1 << 20
 	p := make([]byte, 64)
 	for _, tier := range []alloc.Tier{alloc.TierCXL, alloc.TierLocal, alloc.TierRDMA} {
