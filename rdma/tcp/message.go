@@ -21,8 +21,9 @@ const opKindMessage = rdma.OpKind(opMsg)
 // MaxMessage is the largest MSG request or response (16 MiB, MaxPayload).
 const MaxMessage = MaxPayload
 
-// Message sends req to the Message hook of the server for region r and
-// reads its answer into resp, returning the answer's length. An answer
+// Message implements rdma.Conn.Message with the MSG opcode: it sends req to
+// the Message hook of the server for region r and reads its answer into
+// resp, returning the answer's length. An answer
 // longer than resp fails the connection with ErrProtocol; size resp for the
 // largest answer the protocol above allows. A server whose hook blocks (a
 // long poll) holds up every op behind it on that connection, so such calls
