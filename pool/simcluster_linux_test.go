@@ -421,6 +421,7 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 			}
 		}
 	}
+	g0 := sc.gossipSnapshot(h)
 	// Timed from the start of the Alloc (normally a millisecond), so a
 	// slow Alloc is counted, not hidden.
 	start := time.Now()
@@ -462,7 +463,7 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 		}
 		if left > 0 && time.Since(start) > timeout {
 			return simConvergence{}, fmt.Errorf("%d of %d hosts have not seen %s's capacity change after %v: %s",
-				left, len(observers), h.name, timeout, sc.explainUnseen(h, observers, seen, want, before))
+				left, len(observers), h.name, timeout, sc.explainUnseen(h, observers, seen, want, before, g0))
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -471,17 +472,48 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 	return simConvergence{all: seen[len(seen)-1], each: seen}, nil
 }
 
+// simGossip is what a capacity change's diagnosis compares before and
+// after: the changed host's gossip counters, the network's drops, and the
+// messages every running host's memberlist dropped on receipt.
+type simGossip struct {
+	host         cluster.Stats
+	net          memnet.Stats
+	handoffDrops uint64
+}
+
+func (sc *simCluster) gossipSnapshot(h *simHost) simGossip {
+	g := simGossip{host: h.daemon().pool.cl.Stats(), net: sc.net.Stats()}
+	for _, o := range sc.up() {
+		g.handoffDrops += o.daemon().pool.cl.Stats().HandoffDrops
+	}
+	return g
+}
+
 // explainUnseen says, for a capacity change that did not spread, what the
 // changed host gossips of itself and what the observers that did not see
 // it show instead: the host's state and cxl free bytes in their views, and
-// whether they applied a change since the snapshot before it.
-func (sc *simCluster) explainUnseen(h *simHost, observers []*simHost, seen []time.Duration, want int64, before []time.Time) string {
+// whether they applied a change since the snapshot before it. It says
+// since the change (g0) how often the host's own capacity updates went
+// out, how often memberlist offered room for them and how much, what its
+// queue holds, and what the network and the receivers dropped: an update
+// that never left, one starved by memberlist's own messages, and a wave
+// lost to drops read differently.
+func (sc *simCluster) explainUnseen(h *simHost, observers []*simHost, seen []time.Duration, want int64, before []time.Time, g0 simGossip) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s gossips cxl free %d (want %d)", h.name, gossipFree(h.daemon().pool, "cxl"), want)
 	if m, ok := h.daemon().pool.cl.Member(h.name); ok {
 		t, _ := m.Meta.Tier("cxl")
 		fmt.Fprintf(&b, "; its own view: state %v, cxl free %d", m.State, t.Free)
 	}
+	g1 := sc.gossipSnapshot(h)
+	calls := g1.host.BroadcastCalls - g0.host.BroadcastCalls
+	room := uint64(0)
+	if calls > 0 {
+		room = (g1.host.BroadcastRoom - g0.host.BroadcastRoom) / calls
+	}
+	fmt.Fprintf(&b, "; since the change it sent its capacity updates %d times, memberlist offered room %d times (%d bytes on average), its queue holds %d (health score %d); the network dropped %d of %d packets, memberlists dropped %d on receipt",
+		g1.host.CapacitySends-g0.host.CapacitySends, calls, room, g1.host.Broadcasts, g1.host.HealthScore,
+		g1.net.Dropped-g0.net.Dropped, g1.net.Packets-g0.net.Packets, g1.handoffDrops-g0.handoffDrops)
 	views := map[string]int{}
 	for i, o := range observers {
 		od := o.daemon()

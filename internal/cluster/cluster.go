@@ -55,6 +55,7 @@ type Cluster struct {
 	updMu   sync.Mutex             // serializes memberlist.UpdateNode, which reads its own node unlocked
 	meta    Meta                   // own metadata; guarded by metaMu
 	capSeq  uint64                 // sequence number of the last capacity update; guarded by metaMu
+	ownCap  atomic.Pointer[byte]   // first byte of the newest own capacity update queued, to count its sends
 	enc     atomic.Pointer[[]byte] // own metadata encoded, read by memberlist
 	now     func() time.Time       // clock for Since and reaping
 	alive   atomic.Int64           // members Alive or Suspect, self included
@@ -124,7 +125,7 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	mc.BindPort = cfg.BindPort
 	mc.AdvertiseAddr = cfg.AdvertiseAddr
 	mc.AdvertisePort = cfg.AdvertisePort
-	mc.Logger = memberlistLogger(cfg.Logger)
+	mc.Logger = memberlistLogger(cfg.Logger, &c.ctr.handoffDrops)
 	if len(cfg.Keys) > 0 {
 		kr, err := memberlist.NewKeyring(cfg.Keys[1:], cfg.Keys[0])
 		if err != nil {
@@ -329,7 +330,9 @@ func (c *Cluster) SetMeta(fn func(*Meta)) error {
 		}
 		c.metaMu.Unlock()
 		c.onCapacity(u)
-		c.bcast.QueueBroadcast(&gossipBroadcast{key: "cap/" + c.name, msg: u.encode()})
+		msg := u.encode()
+		c.ownCap.Store(&msg[0])
+		c.bcast.QueueBroadcast(&gossipBroadcast{key: "cap/" + c.name, msg: msg})
 		return err
 	}
 	c.enc.Store(&enc)
@@ -541,6 +544,21 @@ type Stats struct {
 	EventsDropped uint64 // events dropped from full subscriber buffers, all subscriptions
 	NameConflicts uint64 // times another node claimed this node's name (or a peer's) at another address
 	HealthScore   int    // memberlist's self-assessed health, 0 = healthy; higher slows probing
+
+	// Broadcasts is how many leave announcements and capacity updates
+	// wait in this node's queue for gossip now.
+	Broadcasts int
+	// BroadcastCalls counts the gossip packets to which memberlist offered
+	// room for them (it fills each packet with its own messages first and
+	// offers none when no room is left); BroadcastRoom sums the bytes
+	// offered.
+	BroadcastCalls, BroadcastRoom uint64
+	// CapacitySends counts the times one of this node's own capacity
+	// updates went into a gossip packet.
+	CapacitySends uint64
+	// HandoffDrops counts gossip messages memberlist dropped on receipt
+	// because its handler queue was full (the node could not keep up).
+	HandoffDrops uint64
 }
 
 // Stats returns counters since New.
@@ -578,6 +596,11 @@ func (c *Cluster) Stats() Stats {
 	s.EventsDropped = c.dropped.Load()
 	s.NameConflicts = c.conflicts.Load()
 	s.HealthScore = c.ml.GetHealthScore()
+	s.Broadcasts = c.bcast.NumQueued()
+	s.BroadcastCalls = c.ctr.broadcastCalls.Load()
+	s.BroadcastRoom = c.ctr.broadcastRoom.Load()
+	s.CapacitySends = c.ctr.capacitySends.Load()
+	s.HandoffDrops = c.ctr.handoffDrops.Load()
 	return s
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,9 +102,13 @@ func TestMemberlistLogLevels(t *testing.T) {
 		})
 	}
 	var buf bytes.Buffer
-	l := memberlistLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	var drops atomic.Uint64
+	l := memberlistLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})), &drops)
 	l.Printf("[DEBUG] memberlist: hidden")
 	l.Printf("[WARN] memberlist: shown %d", 1)
 	require.NotContains(t, buf.String(), "hidden")
 	require.Contains(t, buf.String(), `level=WARN msg="shown 1" component=memberlist`)
+	require.Zero(t, drops.Load())
+	l.Printf("[WARN] memberlist: handler queue full, dropping message (%d) %s", 8, "from=127.1.0.2:7946")
+	require.Equal(t, uint64(1), drops.Load(), "a dropped gossip message is counted")
 }

@@ -48,7 +48,17 @@ func (d *delegate) NotifyMsg(b []byte) {
 // GetBroadcasts hands queued leave announcements and capacity updates to
 // memberlist's gossip, in the room its own messages leave in a packet.
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
-	return d.c.bcast.GetBroadcasts(overhead, limit)
+	d.c.ctr.broadcastCalls.Add(1)
+	d.c.ctr.broadcastRoom.Add(uint64(limit))
+	msgs := d.c.bcast.GetBroadcasts(overhead, limit)
+	if own := d.c.ownCap.Load(); own != nil {
+		for _, m := range msgs {
+			if len(m) > 0 && &m[0] == own {
+				d.c.ctr.capacitySends.Add(1)
+			}
+		}
+	}
+	return msgs
 }
 
 // LocalState adds the leave announcements and capacity updates this node

@@ -5,16 +5,26 @@ import (
 	"context"
 	"log"
 	"log/slog"
+	"sync/atomic"
 )
 
 // memberlistLogger returns a *log.Logger for memberlist that forwards each
 // line to l at the level memberlist wrote in its prefix ("[DEBUG]", "[INFO]",
-// "[WARN]", "[ERR]").
-func memberlistLogger(l *slog.Logger) *log.Logger {
-	return log.New(slogWriter{l}, "", 0)
+// "[WARN]", "[ERR]"). It counts in handoffDrops (which may be nil) the
+// gossip messages memberlist dropped because its handler queue was full:
+// memberlist reports those only in its log.
+func memberlistLogger(l *slog.Logger, handoffDrops *atomic.Uint64) *log.Logger {
+	return log.New(slogWriter{l, handoffDrops}, "", 0)
 }
 
-type slogWriter struct{ l *slog.Logger }
+type slogWriter struct {
+	l            *slog.Logger
+	handoffDrops *atomic.Uint64
+}
+
+// handoffFull is what memberlist logs when it drops a gossip message
+// because its handler queue is full.
+var handoffFull = []byte("handler queue full")
 
 var levelPrefixes = []struct {
 	prefix string
@@ -29,6 +39,9 @@ var levelPrefixes = []struct {
 
 func (w slogWriter) Write(p []byte) (int, error) {
 	n := len(p)
+	if w.handoffDrops != nil && bytes.Contains(p, handoffFull) {
+		w.handoffDrops.Add(1)
+	}
 	line, level := parseLogLine(p)
 	if w.l.Enabled(context.Background(), level) {
 		w.l.Log(context.Background(), level, line, "component", "memberlist")

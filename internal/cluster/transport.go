@@ -16,6 +16,10 @@ type counters struct {
 	streams                    atomic.Uint64
 	streamBytesOut             atomic.Uint64
 	streamBytesIn              atomic.Uint64
+	handoffDrops               atomic.Uint64 // see Stats
+	broadcastCalls             atomic.Uint64
+	broadcastRoom              atomic.Uint64
+	capacitySends              atomic.Uint64
 }
 
 // countingTransport wraps the node's transport to count gossip bytes. One
