@@ -70,7 +70,7 @@ func TestCapacityUpdatesApplyInOrder(t *testing.T) {
 	c := bareCluster("me")
 	clock := time.Unix(1000, 0)
 	c.now = func() time.Time { return clock }
-	c.bcast = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 2 }, RetransmitMult: 1}
+	c.bcast = newBroadcastQueue(func() int { return 1 }, 1, time.Second)
 	events, unsub := c.Subscribe()
 	defer unsub()
 	d := &delegate{c}

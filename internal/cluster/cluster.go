@@ -41,7 +41,7 @@ type Cluster struct {
 	kr    *memberlist.Keyring // nil: gossip in plaintext
 	keyMu sync.Mutex          // serializes keyring changes
 	tr    *countingTransport
-	bcast *memberlist.TransmitLimitedQueue
+	bcast *broadcastQueue
 	ctr   counters
 	// reapAfter is memberlist's GossipToTheDeadTime: dead and left members
 	// are dropped from the table this long after their state changed.
@@ -55,7 +55,6 @@ type Cluster struct {
 	updMu   sync.Mutex             // serializes memberlist.UpdateNode, which reads its own node unlocked
 	meta    Meta                   // own metadata; guarded by metaMu
 	capSeq  uint64                 // sequence number of the last capacity update; guarded by metaMu
-	ownCap  atomic.Pointer[byte]   // first byte of the newest own capacity update queued, to count its sends
 	enc     atomic.Pointer[[]byte] // own metadata encoded, read by memberlist
 	now     func() time.Time       // clock for Since and reaping
 	alive   atomic.Int64           // members Alive or Suspect, self included
@@ -140,10 +139,8 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	d := &delegate{c}
 	mc.Delegate, mc.Events, mc.Conflict = d, d, d
 	c.reapAfter = mc.GossipToTheDeadTime
-	c.bcast = &memberlist.TransmitLimitedQueue{
-		NumNodes:       func() int { return int(c.alive.Load()) },
-		RetransmitMult: mc.RetransmitMult,
-	}
+	c.bcast = newBroadcastQueue(func() int { return retransmits(mc.RetransmitMult, int(c.alive.Load())) },
+		mc.GossipNodes, mc.GossipInterval)
 
 	inner := cfg.Transport
 	if inner == nil {
@@ -330,9 +327,7 @@ func (c *Cluster) SetMeta(fn func(*Meta)) error {
 		}
 		c.metaMu.Unlock()
 		c.onCapacity(u)
-		msg := u.encode()
-		c.ownCap.Store(&msg[0])
-		c.bcast.QueueBroadcast(&gossipBroadcast{key: "cap/" + c.name, msg: msg})
+		c.bcast.queue(&gossipBroadcast{key: "cap/" + c.name, msg: u.encode(), seq: u.seq}, true)
 		return err
 	}
 	c.enc.Store(&enc)
@@ -479,7 +474,7 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 		c.publishLocked(EventUpdate, r.m.clone())
 	}
 	c.mu.Unlock()
-	c.bcast.QueueBroadcast(&gossipBroadcast{key: "leave/" + c.name, msg: encodeLeave(c.name, c.boot), sent: sent})
+	c.bcast.queue(&gossipBroadcast{key: "leave/" + c.name, msg: encodeLeave(c.name, c.boot), sent: sent}, false)
 	if c.alive.Load() > 1 {
 		t := time.NewTimer(timeout / 2)
 		select {
@@ -554,8 +549,9 @@ type Stats struct {
 	// offered.
 	BroadcastCalls, BroadcastRoom uint64
 	// CapacitySends counts the times one of this node's own capacity
-	// updates went into a gossip packet.
-	CapacitySends uint64
+	// updates went into a gossip packet; CapacityRepairs the times the
+	// node sent its newest one again after its wave (broadcast.go).
+	CapacitySends, CapacityRepairs uint64
 	// HandoffDrops counts gossip messages memberlist dropped on receipt
 	// because its handler queue was full (the node could not keep up).
 	HandoffDrops uint64
@@ -596,7 +592,7 @@ func (c *Cluster) Stats() Stats {
 	s.EventsDropped = c.dropped.Load()
 	s.NameConflicts = c.conflicts.Load()
 	s.HealthScore = c.ml.GetHealthScore()
-	s.Broadcasts = c.bcast.NumQueued()
+	s.Broadcasts, s.CapacityRepairs = c.bcast.stats()
 	s.BroadcastCalls = c.ctr.broadcastCalls.Load()
 	s.BroadcastRoom = c.ctr.broadcastRoom.Load()
 	s.CapacitySends = c.ctr.capacitySends.Load()

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"encoding/binary"
-	"sync"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -36,12 +35,12 @@ func (d *delegate) NodeMeta(limit int) []byte {
 func (d *delegate) NotifyMsg(b []byte) {
 	if name, boot, ok := decodeLeave(b); ok {
 		if d.c.onLeave(name, boot) {
-			d.c.bcast.QueueBroadcast(&gossipBroadcast{key: "leave/" + name, msg: append([]byte(nil), b...)})
+			d.c.bcast.queue(&gossipBroadcast{key: "leave/" + name, msg: append([]byte(nil), b...)}, false)
 		}
 		return
 	}
 	if u, ok := decodeCapacity(b); ok && d.c.onCapacity(u) {
-		d.c.bcast.QueueBroadcast(&gossipBroadcast{key: "cap/" + u.name, msg: append([]byte(nil), b...)})
+		d.c.bcast.queue(&gossipBroadcast{key: "cap/" + u.name, msg: append([]byte(nil), b...), seq: u.seq}, false)
 	}
 }
 
@@ -50,14 +49,8 @@ func (d *delegate) NotifyMsg(b []byte) {
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	d.c.ctr.broadcastCalls.Add(1)
 	d.c.ctr.broadcastRoom.Add(uint64(limit))
-	msgs := d.c.bcast.GetBroadcasts(overhead, limit)
-	if own := d.c.ownCap.Load(); own != nil {
-		for _, m := range msgs {
-			if len(m) > 0 && &m[0] == own {
-				d.c.ctr.capacitySends.Add(1)
-			}
-		}
-	}
+	msgs, own := d.c.bcast.get(overhead, limit)
+	d.c.ctr.capacitySends.Add(uint64(own))
 	return msgs
 }
 
@@ -173,32 +166,5 @@ func decodePushState(b []byte, leave func(name string, boot uint64), capacity fu
 	}
 	if r.err == nil && len(r.b) > 0 {
 		decodeCapacitySet(&r, capacity)
-	}
-}
-
-// gossipBroadcast is a leave announcement or a capacity update in the
-// broadcast queue. A newer message with the same key (kind and node)
-// replaces an older one.
-type gossipBroadcast struct {
-	key  string
-	msg  []byte
-	sent chan struct{} // closed when memberlist is done sending it; may be nil
-	once sync.Once
-}
-
-var _ memberlist.NamedBroadcast = (*gossipBroadcast)(nil)
-
-func (b *gossipBroadcast) Name() string { return b.key }
-
-func (b *gossipBroadcast) Invalidates(o memberlist.Broadcast) bool {
-	ob, ok := o.(*gossipBroadcast)
-	return ok && ob.key == b.key
-}
-
-func (b *gossipBroadcast) Message() []byte { return b.msg }
-
-func (b *gossipBroadcast) Finished() {
-	if b.sent != nil {
-		b.once.Do(func() { close(b.sent) })
 	}
 }

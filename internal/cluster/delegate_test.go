@@ -98,7 +98,7 @@ func TestLeaveAnnouncementAfterDeathTurnsDeadIntoLeft(t *testing.T) {
 
 func TestLeaveAnnouncementBeforeDeathGivesLeft(t *testing.T) {
 	c := bareCluster("me")
-	c.bcast = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 2 }, RetransmitMult: 1}
+	c.bcast = newBroadcastQueue(func() int { return 1 }, 1, time.Second)
 	events, unsub := c.Subscribe()
 	defer unsub()
 	raw, err := encodeMeta(testMeta("x"), stamp{boot: 5})

@@ -33,7 +33,7 @@ var ErrRefused = errors.New("memnet: connection refused")
 type Stats struct {
 	Packets        uint64 // packets queued to a receiver
 	PacketBytes    uint64 // their payload bytes
-	Dropped        uint64 // packets dropped: no receiver, cut link, or full queue
+	Dropped        uint64 // packets dropped: no receiver, cut link, filter, or full queue
 	Streams        uint64 // stream connections accepted
 	DialsRefused   uint64 // dials refused or timed out
 	OpenTransports int    // transports not shut down
@@ -48,6 +48,7 @@ type Network struct {
 	byAddr map[string]*Transport  // open transports
 	addrOf map[string]string      // name -> address, stable for the Network's life
 	cut    map[[2]string]struct{} // directed (from name, to name) pairs that drop traffic
+	filter atomic.Pointer[func(from, to string, packet []byte) bool]
 
 	packets, packetBytes, dropped, streams, refused atomic.Uint64
 }
@@ -127,6 +128,20 @@ func (n *Network) Heal() {
 	clear(n.cut)
 }
 
+// Filter drops every packet for which drop returns true, given the
+// sending and the receiving node's names and the packet's bytes; nil
+// removes the filter. drop is called concurrently and must not keep the
+// packet. Streams are not filtered. Tests use it to lose particular
+// gossip messages without cutting a link, which failure detection would
+// notice.
+func (n *Network) Filter(drop func(from, to string, packet []byte) bool) {
+	if drop == nil {
+		n.filter.Store(nil)
+		return
+	}
+	n.filter.Store(&drop)
+}
+
 // Stats returns the counters so far.
 func (n *Network) Stats() Stats {
 	n.mu.RLock()
@@ -196,6 +211,10 @@ func (t *Transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, e
 	}
 	dst := t.net.route(t.name, a.Addr)
 	if dst == nil || dst.closed() {
+		t.net.dropped.Add(1)
+		return now, nil
+	}
+	if drop := t.net.filter.Load(); drop != nil && (*drop)(t.name, dst.name, b) {
 		t.net.dropped.Add(1)
 		return now, nil
 	}

@@ -169,6 +169,23 @@ func TestCutAndHeal(t *testing.T) {
 	require.Equal(t, "healed", string((<-b.PacketCh()).Buf))
 }
 
+func TestFilterDropsChosenPackets(t *testing.T) {
+	n := New(0)
+	a, b := newPair(t, n)
+	n.Filter(func(from, to string, p []byte) bool { return from == "a" && to == "b" && string(p) == "lose" })
+	_, _ = a.WriteTo([]byte("lose"), b.Addr())
+	_, _ = a.WriteTo([]byte("keep"), b.Addr())
+	_, _ = b.WriteTo([]byte("lose"), a.Addr()) // the other direction
+	require.Equal(t, "keep", string((<-b.PacketCh()).Buf))
+	require.Equal(t, "lose", string((<-a.PacketCh()).Buf))
+	require.Equal(t, uint64(1), n.Stats().Dropped)
+
+	n.Filter(nil)
+	_, _ = a.WriteTo([]byte("lose"), b.Addr())
+	require.Equal(t, "lose", string((<-b.PacketCh()).Buf))
+	require.Equal(t, uint64(1), n.Stats().Dropped)
+}
+
 func TestConcurrentTransports(t *testing.T) {
 	n := New(0)
 	var wg sync.WaitGroup

@@ -1,0 +1,195 @@
+package cluster
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"time"
+)
+
+// broadcastQueue holds the leave announcements and capacity updates this
+// node gossips and hands them to memberlist's gossip packets, in the room
+// its own messages leave: the fewest transmissions first and, among those,
+// the most recently queued first, each until it has gone out limit() times
+// (memberlist's retransmit limit, RetransmitMult*ceil(log10(nodes+1))).
+// A message replaces the queued one with the same key, unless that one is
+// a newer capacity update.
+//
+// It replaces memberlist.TransmitLimitedQueue, which (v0.7.0) loses
+// messages without a trace: it orders them in a btree by transmissions,
+// length and an id, and restarts its ids at 1 whenever it runs empty for
+// a moment (after every packet that took all it held), so a new message
+// can get the id of one still queued, and once the two have been sent
+// equally often, the tree holds only one of them. Capacity updates all
+// have about the same length; at 200 simulated hosts a node's own update
+// vanished so before its first transmission, and no node heard of the
+// change until a push/pull minutes later (docs/scale.md).
+//
+// The queue also repairs a lost wave of the node's own newest capacity
+// update, which is what every placement on this node depends on: gossip
+// sends it only to limit() random peers, and if those all lose it (their
+// receive queues overflowed while the process stalled) no node passes it
+// on and push/pull, which memberlist spaces out to minutes at a few
+// hundred nodes, is the only repair. So once an update has gone out
+// limit() times, the queue sends it again to fanout peers (one gossip
+// round's worth) repairRounds[i] gossip rounds later, for each i, unless a
+// newer update replaced it. A peer that already has the update ignores it
+// and does not pass it on, so a repair costs fanout small packets' worth
+// of bytes; a peer that missed the wave applies it and starts the
+// epidemic again.
+//
+// Safe for concurrent use.
+type broadcastQueue struct {
+	limit  func() int    // transmissions per message
+	fanout int           // peers per gossip round (memberlist's GossipNodes)
+	round  time.Duration // the gossip interval
+	now    func() time.Time
+
+	mu    sync.Mutex
+	items map[string]*queued
+	stamp uint64    // increases with every queued message
+	sort  []*queued // get's scratch space
+
+	// own is this node's newest capacity update; repairs counts the
+	// repairs done for it and repairAt is when the next is due (zero
+	// while the update is queued).
+	own      *gossipBroadcast
+	repairs  int
+	repairAt time.Time
+	repaired uint64 // repairs done, all updates
+}
+
+// repairRounds are the gossip rounds, after an own capacity update's last
+// transmission and after each repair's, until the next repair: about 1 s,
+// 4 s and 16 s later at the lan profile's 200 ms.
+var repairRounds = []int{5, 20, 80}
+
+// queued is one message in a broadcastQueue.
+type queued struct {
+	b         *gossipBroadcast
+	transmits int    // times sent so far
+	stamp     uint64 // queue order: higher is newer
+}
+
+func newBroadcastQueue(limit func() int, fanout int, round time.Duration) *broadcastQueue {
+	return &broadcastQueue{limit: limit, fanout: max(fanout, 1), round: round, now: time.Now, items: make(map[string]*queued)}
+}
+
+// retransmits is memberlist's retransmit limit for a cluster of n nodes.
+func retransmits(mult, n int) int {
+	return mult * int(math.Ceil(math.Log10(float64(n+1))))
+}
+
+// queue adds b, replacing a queued message with the same key unless that
+// one is a capacity update with a higher sequence number (then b is
+// dropped: concurrent callers may queue updates out of order). own marks
+// this node's own capacity update, which the queue repairs.
+func (q *broadcastQueue) queue(b *gossipBroadcast, own bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	old := q.items[b.key]
+	if (old != nil && old.b.seq > b.seq) || (own && q.own != nil && q.own.seq > b.seq) {
+		b.finished()
+		return
+	}
+	if old != nil {
+		old.b.finished()
+	}
+	if own {
+		q.own, q.repairs, q.repairAt = b, 0, time.Time{}
+	}
+	q.push(b, 0)
+}
+
+// push queues b as already sent transmits times. Caller holds q.mu.
+func (q *broadcastQueue) push(b *gossipBroadcast, transmits int) {
+	q.stamp++
+	q.items[b.key] = &queued{b: b, transmits: transmits, stamp: q.stamp}
+}
+
+// get returns the messages to add to a gossip packet: as many as fit in
+// limit bytes with overhead bytes each. own counts those that are this
+// node's own capacity updates.
+func (q *broadcastQueue) get(overhead, limit int) (msgs [][]byte, own int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.repairLocked()
+	if len(q.items) == 0 {
+		return nil, 0
+	}
+	all := q.sort[:0]
+	for _, it := range q.items {
+		all = append(all, it)
+	}
+	slices.SortFunc(all, func(a, b *queued) int {
+		if c := cmp.Compare(a.transmits, b.transmits); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.stamp, a.stamp)
+	})
+	sends := q.limit()
+	used := 0
+	for _, it := range all {
+		n := overhead + len(it.b.msg)
+		if used+n > limit {
+			continue // a smaller one may fit
+		}
+		used += n
+		msgs = append(msgs, it.b.msg)
+		if it.b == q.own {
+			own++
+		}
+		if it.transmits++; it.transmits >= sends {
+			delete(q.items, it.b.key)
+			it.b.finished()
+			if it.b == q.own && q.repairs < len(repairRounds) {
+				q.repairAt = q.now().Add(time.Duration(repairRounds[q.repairs]) * q.round)
+			}
+		}
+	}
+	clear(all)
+	q.sort = all[:0]
+	return msgs, own
+}
+
+// repairLocked queues the own capacity update again when a repair is due:
+// for fanout transmissions. Caller holds q.mu.
+func (q *broadcastQueue) repairLocked() {
+	if q.repairAt.IsZero() || q.now().Before(q.repairAt) {
+		return
+	}
+	q.repairAt = time.Time{}
+	if _, queued := q.items[q.own.key]; queued {
+		return
+	}
+	q.repairs++
+	q.repaired++
+	q.push(q.own, max(q.limit()-q.fanout, 0))
+}
+
+// stats returns how many messages are queued and how many repairs of own
+// capacity updates the queue made.
+func (q *broadcastQueue) stats() (queued int, repaired uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items), q.repaired
+}
+
+// gossipBroadcast is a leave announcement or a capacity update in the
+// broadcast queue. A newer message with the same key (kind and node)
+// replaces an older one.
+type gossipBroadcast struct {
+	key  string
+	msg  []byte
+	seq  uint64        // a capacity update's sequence number; 0 for a leave announcement
+	sent chan struct{} // closed when the queue is done with it; may be nil
+	once sync.Once
+}
+
+// finished closes b.sent, once.
+func (b *gossipBroadcast) finished() {
+	if b.sent != nil {
+		b.once.Do(func() { close(b.sent) })
+	}
+}
