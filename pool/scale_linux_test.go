@@ -178,7 +178,8 @@ func TestScale(t *testing.T) {
 			h := up[rnd.IntN(len(up))]
 			c, err := sc.measureConvergence(h, time.Minute)
 			require.NoError(t, err, label)
-			t.Logf("%s: %s's change seen by every host after %.1f rounds, by half after %.1f", label, h.name, rounds(c.all), rounds(c.each[len(c.each)/2]))
+			t.Logf("%s: %s's change seen by every host after %.1f rounds, by half after %.1f (meanwhile it sent its capacity updates %d times; memberlist offered room %d times, %d bytes on average)",
+				label, h.name, rounds(c.all), rounds(c.each[len(c.each)/2]), c.sends, c.offers, c.room)
 			out = append(out, c)
 			time.Sleep(sc.gossip * 3)
 		}

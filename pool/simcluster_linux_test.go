@@ -395,6 +395,10 @@ func rdmaUse(d *Daemon) (capacity, used int64) {
 type simConvergence struct {
 	all  time.Duration   // until the last host saw it
 	each []time.Duration // per observing host, sorted
+	// The changed host's gossip until every host saw the change: how
+	// often its capacity updates went out, and how often memberlist
+	// offered room for them in a packet and how much on average.
+	sends, offers, room uint64
 }
 
 // measureConvergence changes h's cxl capacity (clients of the simulation
@@ -469,7 +473,13 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 	}
 	seen = slices.DeleteFunc(seen, func(d time.Duration) bool { return d < 0 })
 	slices.Sort(seen)
-	return simConvergence{all: seen[len(seen)-1], each: seen}, nil
+	c := simConvergence{all: seen[len(seen)-1], each: seen}
+	s1 := d.pool.cl.Stats()
+	c.sends, c.offers = s1.CapacitySends-g0.host.CapacitySends, s1.BroadcastCalls-g0.host.BroadcastCalls
+	if c.offers > 0 {
+		c.room = (s1.BroadcastRoom - g0.host.BroadcastRoom) / c.offers
+	}
+	return c, nil
 }
 
 // simGossip is what a capacity change's diagnosis compares before and
