@@ -197,7 +197,8 @@ func TestScale(t *testing.T) {
 	idleB1, _ := sc.gossipTotals()
 	res.GossipIdleBytesPerHostSec = float64(idleB1-idleB0) / float64(n) / time.Since(idle0).Seconds()
 	res.QuietConvMaxRounds, res.QuietConvMedRounds, res.QuietConvMaxSeconds = convStats(quiet, rounds)
-	t.Logf("quiet: a capacity change reaches every host in %.1f rounds at most (median %.1f)", res.QuietConvMaxRounds, res.QuietConvMedRounds)
+	t.Logf("quiet: a capacity change reaches every host in %.1f rounds at most (median %.1f); gossip meanwhile %.0f B/s per host",
+		res.QuietConvMaxRounds, res.QuietConvMedRounds, res.GossipIdleBytesPerHostSec)
 
 	// The workload: clients fill the pool, then churn.
 	var capTotal int64
