@@ -48,6 +48,21 @@
 // tens of rounds (capacity.go, docs/scale.md). Members show a node's Meta
 // with its newest capacity update applied.
 //
+// Capacity updates and leave announcements wait in the Cluster's own
+// broadcast queue (broadcast.go), not in memberlist's TransmitLimitedQueue,
+// which (v0.7.0) can replace a queued message by another without a trace
+// once its ids restart. Each message goes out memberlist's retransmit limit
+// of times, RetransmitMult*ceil(log10(nodes+1)) (12 at 200 nodes), and
+// every node that finds it news does the same. A wave that dies at the
+// start (every peer the origin reached dropped it) would wait for a
+// push/pull, which memberlist spaces out to minutes at a few hundred
+// nodes; so the origin sends its newest capacity update again, to one
+// gossip round's peers, 5, 20 and 80 rounds after its wave. Peers that
+// have it ignore it and do not pass it on: a repair costs a few small
+// packets per change and nothing while capacity stands still. Stats counts
+// the queue, the room memberlist leaves it, the node's own sends and
+// repairs, and the messages memberlist dropped on receipt.
+//
 // # Keys
 //
 // With Config.Keys, memberlist seals every gossip packet and stream with
