@@ -399,6 +399,9 @@ type simConvergence struct {
 	// often its capacity updates went out, and how often memberlist
 	// offered room for them in a packet and how much on average.
 	sends, offers, room uint64
+	// Meanwhile in the whole cluster: gossip messages memberlists dropped
+	// on receipt, and the resyncs that followed.
+	drops, resyncs uint64
 }
 
 // measureConvergence changes h's cxl capacity (clients of the simulation
@@ -474,10 +477,14 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 	seen = slices.DeleteFunc(seen, func(d time.Duration) bool { return d < 0 })
 	slices.Sort(seen)
 	c := simConvergence{all: seen[len(seen)-1], each: seen}
-	s1 := d.pool.cl.Stats()
-	c.sends, c.offers = s1.CapacitySends-g0.host.CapacitySends, s1.BroadcastCalls-g0.host.BroadcastCalls
+	g1 := sc.gossipSnapshot(h)
+	c.sends, c.offers = g1.host.CapacitySends-g0.host.CapacitySends, g1.host.BroadcastCalls-g0.host.BroadcastCalls
 	if c.offers > 0 {
-		c.room = (s1.BroadcastRoom - g0.host.BroadcastRoom) / c.offers
+		c.room = (g1.host.BroadcastRoom - g0.host.BroadcastRoom) / c.offers
+	}
+	c.drops = g1.handoffDrops - g0.handoffDrops
+	for name, s := range g1.each {
+		c.resyncs += s.Resyncs - g0.each[name].Resyncs
 	}
 	return c, nil
 }
@@ -489,12 +496,15 @@ type simGossip struct {
 	host         cluster.Stats
 	net          memnet.Stats
 	handoffDrops uint64
+	each         map[string]cluster.Stats // every running host's
 }
 
 func (sc *simCluster) gossipSnapshot(h *simHost) simGossip {
-	g := simGossip{host: h.daemon().pool.cl.Stats(), net: sc.net.Stats()}
+	g := simGossip{host: h.daemon().pool.cl.Stats(), net: sc.net.Stats(), each: map[string]cluster.Stats{}}
 	for _, o := range sc.up() {
-		g.handoffDrops += o.daemon().pool.cl.Stats().HandoffDrops
+		s := o.daemon().pool.cl.Stats()
+		g.handoffDrops += s.HandoffDrops
+		g.each[o.name] = s
 	}
 	return g
 }
@@ -540,6 +550,16 @@ func (sc *simCluster) explainUnseen(h *simHost, observers []*simHost, seen []tim
 	}
 	b.WriteString("; the views that did not see it:\n")
 	b.WriteString(kindLines(views, 5))
+	// A few hosts that missed it: what their own memberlist dropped, and
+	// whether they resynced.
+	var few []string
+	for i, o := range observers {
+		if seen[i] == 0 && len(few) < 5 {
+			s0, s1 := g0.each[o.name], g1.each[o.name]
+			few = append(few, fmt.Sprintf("%s dropped %d on receipt and resynced %d times", o.name, s1.HandoffDrops-s0.HandoffDrops, s1.Resyncs-s0.Resyncs))
+		}
+	}
+	b.WriteString("\n" + strings.Join(few, "; "))
 	return b.String()
 }
 

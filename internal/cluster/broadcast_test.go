@@ -157,46 +157,8 @@ func TestBroadcastQueueRepairsOwnUpdate(t *testing.T) {
 // the change. Failure detection sees nothing amiss (no link is cut), so
 // no refutation carries the new Meta either.
 func TestLostCapacityWaveIsRepaired(t *testing.T) {
-	const nodes = 20
 	n := memnet.New(0)
-	cs := make([]*Cluster, nodes)
-	for i := range cs {
-		name := fmt.Sprintf("n%d", i)
-		tr, err := n.NewTransport(name)
-		require.NoError(t, err)
-		cfg := fastConfig(name)
-		cfg.Transport = tr
-		cfg.NoCompression = true // so that the filter finds the update in the packets
-		// Without push/pull, gossip alone must reach every node: the lan
-		// profile's 4 (poold's default) instead of the local profile's 2,
-		// with which an epidemic among 20 nodes misses one every few runs.
-		cfg.PushPullInterval, cfg.RetransmitMult = time.Hour, 4
-		// Probes piggyback broadcasts too; a lost probe must not turn
-		// into a suspicion before the filter is gone.
-		cfg.ProbeInterval, cfg.ProbeTimeout = 5*time.Second, 2*time.Second
-		c, err := New(cfg, testMeta(name))
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, c.Shutdown()) })
-		cs[i] = c
-	}
-	// Without push/pull a node may miss a later node's join, which gossip
-	// sends only a few times: a second push/pull with the seed, which
-	// knows them all by then, completes every table.
-	for range 2 {
-		for _, c := range cs[1:] {
-			_, err := c.Join(t.Context(), []string{cs[0].Self().Addr})
-			require.NoError(t, err)
-		}
-	}
-	waitFor(t, "every node sees every node alive", func() bool {
-		for _, c := range cs {
-			if c.Stats().Alive != nodes {
-				return false
-			}
-		}
-		return true
-	})
-
+	cs := startGossipOnlyCluster(t, n, 20)
 	origin := cs[7]
 	const want = 33 << 30
 	// What cs[0] last got from memberlist for the origin: its Meta as the
@@ -208,9 +170,7 @@ func TestLostCapacityWaveIsRepaired(t *testing.T) {
 	}
 	before := raw()
 	s0 := origin.Stats()
-	// Any packet from the origin that carries one of its capacity updates:
-	// the type byte, the boot and the name start each.
-	mark := string(capUpdate{name: origin.name, boot: origin.boot}.encode()[:1+8+1+len(origin.name)])
+	mark := capacityMark(origin)
 	n.Filter(func(from, _ string, p []byte) bool {
 		return from == origin.name && strings.Contains(string(p), mark)
 	})

@@ -48,6 +48,7 @@ type Cluster struct {
 	reapAfter time.Duration
 
 	state  atomic.Int32 // running, leaving, closed
+	resync resyncer     // push/pulls after dropped gossip (resync.go)
 	lifeMu sync.Mutex   // serializes Leave and Shutdown
 	done   chan struct{}
 
@@ -124,7 +125,7 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	mc.BindPort = cfg.BindPort
 	mc.AdvertiseAddr = cfg.AdvertiseAddr
 	mc.AdvertisePort = cfg.AdvertisePort
-	mc.Logger = memberlistLogger(cfg.Logger, &c.ctr.handoffDrops)
+	mc.Logger = memberlistLogger(cfg.Logger, c.onHandoffDrop)
 	if len(cfg.Keys) > 0 {
 		kr, err := memberlist.NewKeyring(cfg.Keys[1:], cfg.Keys[0])
 		if err != nil {
@@ -508,6 +509,7 @@ func (c *Cluster) Shutdown() error {
 	// memberlist shuts the transport down first; tr.Shutdown is then a no-op
 	// returning that result, or does the job if memberlist could not.
 	err := errors.Join(c.ml.Shutdown(), c.tr.Shutdown())
+	c.stopResync()
 	close(c.done)
 	c.mu.Lock()
 	for s := range c.subs {
@@ -553,8 +555,9 @@ type Stats struct {
 	// node sent its newest one again after its wave (broadcast.go).
 	CapacitySends, CapacityRepairs uint64
 	// HandoffDrops counts gossip messages memberlist dropped on receipt
-	// because its handler queue was full (the node could not keep up).
-	HandoffDrops uint64
+	// because its handler queue was full (the node could not keep up);
+	// Resyncs the push/pulls the node started after such drops (resync.go).
+	HandoffDrops, Resyncs uint64
 }
 
 // Stats returns counters since New.
@@ -597,6 +600,7 @@ func (c *Cluster) Stats() Stats {
 	s.BroadcastRoom = c.ctr.broadcastRoom.Load()
 	s.CapacitySends = c.ctr.capacitySends.Load()
 	s.HandoffDrops = c.ctr.handoffDrops.Load()
+	s.Resyncs = c.ctr.resyncs.Load()
 	return s
 }
 

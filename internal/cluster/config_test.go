@@ -103,7 +103,7 @@ func TestMemberlistLogLevels(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	var drops atomic.Uint64
-	l := memberlistLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})), &drops)
+	l := memberlistLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})), func() { drops.Add(1) })
 	l.Printf("[DEBUG] memberlist: hidden")
 	l.Printf("[WARN] memberlist: shown %d", 1)
 	require.NotContains(t, buf.String(), "hidden")

@@ -88,6 +88,57 @@ func startMemCluster(t *testing.T, n *memnet.Network, count int) []*Cluster {
 	return cs
 }
 
+// startGossipOnlyCluster starts nodes n0..n(count-1) whose capacity
+// updates travel by gossip alone: push/pull once an hour, probes rare
+// enough that a lost probe (they piggyback broadcasts) does not become a
+// suspicion within a test, and no compression, so that a memnet filter
+// finds messages in packets. It returns once every node sees every node.
+func startGossipOnlyCluster(t *testing.T, n *memnet.Network, count int) []*Cluster {
+	t.Helper()
+	cs := make([]*Cluster, count)
+	for i := range cs {
+		name := fmt.Sprintf("n%d", i)
+		tr, err := n.NewTransport(name)
+		require.NoError(t, err)
+		cfg := fastConfig(name)
+		cfg.Transport = tr
+		cfg.NoCompression = true
+		// Without push/pull, gossip alone must reach every node: the lan
+		// profile's 4 (poold's default) instead of the local profile's 2,
+		// with which an epidemic among 20 nodes misses one every few runs.
+		cfg.PushPullInterval, cfg.RetransmitMult = time.Hour, 4
+		cfg.ProbeInterval, cfg.ProbeTimeout = 5*time.Second, 2*time.Second
+		c, err := New(cfg, testMeta(name))
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Shutdown()) })
+		cs[i] = c
+	}
+	// Without push/pull a node may miss a later node's join, which gossip
+	// sends only a few times: a second push/pull with the seed, which
+	// knows them all by then, completes every table.
+	for range 2 {
+		for _, c := range cs[1:] {
+			_, err := c.Join(t.Context(), []string{cs[0].Self().Addr})
+			require.NoError(t, err)
+		}
+	}
+	waitFor(t, "every node sees every node alive", func() bool {
+		for _, c := range cs {
+			if c.Stats().Alive != count {
+				return false
+			}
+		}
+		return true
+	})
+	return cs
+}
+
+// capacityMark is how every capacity update of c starts (type byte, boot,
+// name), to find them in packets.
+func capacityMark(c *Cluster) string {
+	return string(capUpdate{name: c.name, boot: c.boot}.encode()[:1+8+1+len(c.name)])
+}
+
 // waitFor polls cond until it holds or patience runs out.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()

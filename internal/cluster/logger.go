@@ -5,21 +5,20 @@ import (
 	"context"
 	"log"
 	"log/slog"
-	"sync/atomic"
 )
 
 // memberlistLogger returns a *log.Logger for memberlist that forwards each
 // line to l at the level memberlist wrote in its prefix ("[DEBUG]", "[INFO]",
-// "[WARN]", "[ERR]"). It counts in handoffDrops (which may be nil) the
-// gossip messages memberlist dropped because its handler queue was full:
-// memberlist reports those only in its log.
-func memberlistLogger(l *slog.Logger, handoffDrops *atomic.Uint64) *log.Logger {
-	return log.New(slogWriter{l, handoffDrops}, "", 0)
+// "[WARN]", "[ERR]"). It calls onDrop (unless nil) for each gossip message
+// memberlist dropped because its handler queue was full: memberlist
+// reports those only in its log. onDrop must not block.
+func memberlistLogger(l *slog.Logger, onDrop func()) *log.Logger {
+	return log.New(slogWriter{l, onDrop}, "", 0)
 }
 
 type slogWriter struct {
-	l            *slog.Logger
-	handoffDrops *atomic.Uint64
+	l      *slog.Logger
+	onDrop func()
 }
 
 // handoffFull is what memberlist logs when it drops a gossip message
@@ -39,8 +38,8 @@ var levelPrefixes = []struct {
 
 func (w slogWriter) Write(p []byte) (int, error) {
 	n := len(p)
-	if w.handoffDrops != nil && bytes.Contains(p, handoffFull) {
-		w.handoffDrops.Add(1)
+	if w.onDrop != nil && bytes.Contains(p, handoffFull) {
+		w.onDrop()
 	}
 	line, level := parseLogLine(p)
 	if w.l.Enabled(context.Background(), level) {

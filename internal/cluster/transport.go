@@ -20,6 +20,7 @@ type counters struct {
 	broadcastCalls             atomic.Uint64
 	broadcastRoom              atomic.Uint64
 	capacitySends              atomic.Uint64
+	resyncs                    atomic.Uint64
 }
 
 // countingTransport wraps the node's transport to count gossip bytes. One
