@@ -59,9 +59,14 @@
 // nodes; so the origin sends its newest capacity update again, to one
 // gossip round's peers, 5, 20 and 80 rounds after its wave. Peers that
 // have it ignore it and do not pass it on: a repair costs a few small
-// packets per change and nothing while capacity stands still. Stats counts
-// the queue, the room memberlist leaves it, the node's own sends and
-// repairs, and the messages memberlist dropped on receipt.
+// packets per change and nothing while capacity stands still. A node that
+// missed a wave itself, because its memberlist dropped messages on receipt
+// (its handler queue was full), resyncs: 1 s after the first such drop,
+// and at most every 10 s, it exchanges state with one random peer by
+// push/pull, which carries every node's newest capacity update
+// (resync.go). Stats counts the queue, the room memberlist leaves it, the
+// node's own sends and repairs, the messages memberlist dropped on receipt
+// and the resyncs.
 //
 // # Keys
 //
