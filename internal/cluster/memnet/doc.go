@@ -19,7 +19,10 @@
 //   - each node name gets one address (127.1.x.y:7946) for the lifetime of
 //     the Network, so a node that is shut down and started again under the
 //     same name comes back at the same address, like a restarted daemon;
-//   - Cut and Heal drop traffic between chosen nodes to simulate partitions.
+//   - Cut and Heal drop traffic between chosen nodes to simulate partitions;
+//   - Filter drops chosen packets (by sender, receiver and content), to lose
+//     particular gossip messages without a partition that failure detection
+//     would notice.
 //
 // Addresses look like loopback addresses but no socket is ever opened.
 //
