@@ -670,6 +670,16 @@ func (w *simWorkload) closeClients() {
 	}
 }
 
+// halted reports whether halt was called.
+func (w *simWorkload) halted() bool {
+	select {
+	case <-w.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 func (w *simWorkload) wait() bool {
 	select {
 	case <-w.stop:
@@ -715,9 +725,14 @@ func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
 			}
 		}
 		if rnd.IntN(2) == 0 { // a clean exit frees first
-			for len(c.segs) > 0 {
+			// Each Free may wait out its timeout when daemons do not
+			// answer; once the workload halts (a failed check ends the
+			// test) the client stops freeing and dies instead.
+			for len(c.segs) > 0 && !w.halted() {
 				w.free(c, len(c.segs)-1, true)
 			}
+		}
+		if len(c.segs) == 0 {
 			w.exits.Add(1)
 		} else { // dies: its lease runs out and its daemon reclaims
 			w.deaths.Add(1)
