@@ -15,10 +15,11 @@ import (
 // or a misuse of an Exporter by the daemon, never an answer to an
 // application.
 
-// ErrAccessDenied means the key does not match an exported segment: the key is
-// wrong, or the segment was revoked or never exported on that host. Ask the
-// segment's home for a fresh Region.
-var ErrAccessDenied = errs.Sub(errs.ErrAccessDenied, "rdma: access denied: the key does not match a segment exported by that host; the segment may have been revoked or freed, fetch a fresh region from its home")
+// ErrAccessDenied means the key does not match an exported segment (the key
+// is wrong, or the segment was revoked or never exported on that host), or
+// the connection's principal may not use the segment (tcp Server.Allow).
+// Ask the segment's home for a fresh Region.
+var ErrAccessDenied = errs.Sub(errs.ErrAccessDenied, "rdma: access denied: the key does not match a segment exported by that host, or the connection's credential is not one of its owner's or attachers'; the segment may have been revoked, freed or detached: fetch a fresh region from its home")
 
 // ErrOutOfRange means an operation addressed bytes outside the segment (or an
 // offset so large that offset+length overflows). Check the offset and length

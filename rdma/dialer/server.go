@@ -100,6 +100,13 @@ func (s *Server) Fence(seg uint64) error {
 	return err
 }
 
+// Allow sets who may operate on the segment over the tcp transport (see
+// tcp.Server.Allow). Verbs peers read and write registered memory without
+// this host's CPU, so only the segment's rkey guards it there.
+func (s *Server) Allow(seg uint64, principals []string) error {
+	return s.tcp.Allow(seg, principals)
+}
+
 // SetEpoch raises the segment's epoch on every transport.
 func (s *Server) SetEpoch(seg, epoch uint64) error {
 	return s.both(func(e rdma.Exporter) error { return e.SetEpoch(seg, epoch) })

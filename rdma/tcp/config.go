@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"time"
@@ -17,6 +18,16 @@ type ServerConfig struct {
 	// single-host development. It may be called concurrently.
 	// Default: nil.
 	Authenticate func(cred []byte) error
+
+	// Identify, when set, is called instead of Authenticate: it checks the
+	// hello's credential together with the client certificate the TLS
+	// session verified (nil without TLS, or when the client presented
+	// none; ask for one with TLS.ClientAuth tls.VerifyClientCertIfGiven)
+	// and names the principal the connection acts for. Segments given a
+	// principal set (Server.Allow) serve only connections whose principal
+	// is in it. A non-nil error rejects the connection with AUTH_FAILED.
+	// It may be called concurrently. Default: nil.
+	Identify func(cred []byte, cert *x509.Certificate) (principal string, err error)
 
 	// TLS, when set, makes every connection run a TLS handshake with it
 	// before the hello (bounded by HandshakeTimeout), and carries the

@@ -61,23 +61,37 @@
 // first byte arrived must arrive whole within FrameTimeout, or the
 // connection is closed; idle time between frames is not limited.
 //
-// poold's data plane sets Authenticate: the credential is the 16 random
-// bytes its control plane issued to a live session (pool.v1 Welcome and
-// Segment data_credential), refused with AUTH_FAILED once that session
-// ends; the connection is checked once, at the handshake, and every
-// request on it is still checked against its segment's key.
+// Principals: a server with ServerConfig.Identify takes from it the
+// principal a hello's credential names (Identify also sees the client
+// certificate the TLS session verified, if the client presented one), and
+// serves a segment given a principal set (Server.Allow) only to
+// connections whose principal is in it: any other gets ACCESS_DENIED, also
+// with the right key. Each connection remembers the last segment and set
+// it passed, so a run of requests on one segment costs two pointer
+// comparisons; a new set takes effect on the next request.
+//
+// poold's data plane sets Identify: the credential is the 16 random bytes
+// its control plane issued to a live session, or delegated over a peer
+// daemon's session to one of that daemon's clients (pool.v1 Welcome,
+// Segment data_credential, Delegate), refused with AUTH_FAILED once that
+// session ends or when the connection's client certificate names another
+// identity than the one it was issued to; the credential is checked once,
+// at the handshake, and every request is checked against its segment's key
+// and principals (the owner's and attachers' client ids).
 //
 // # TLS
 //
 // With ServerConfig.TLS (and WithTLS on the client) every connection runs a
 // TLS handshake (1.3; the server presents its certificate, the client
-// verifies it and presents none) before the hello, and everything above
+// verifies it and may present its own) before the hello, and everything above
 // then flows inside TLS, so neither the credential, nor keys, nor data can
 // be read off the wire, and a recorded connection cannot be replayed (a
 // replayed handshake fails). HandshakeTimeout bounds both handshakes; a
 // connection refused at admission is only reset (a TLS client cannot read
-// a BUSY sent before TLS). The credential stays a bearer secret inside the
-// session (it is not bound to it). Costs and how they are kept down:
+// a BUSY sent before TLS). A client may present a certificate (the server
+// asks with TLS.ClientAuth tls.VerifyClientCertIfGiven), which Identify
+// then checks against the credential; without one, the credential is a
+// bearer secret inside the session. Costs and how they are kept down:
 // responses and requests are gathered into full 16 KiB records, a batch's
 // records leave in one write(2) and the socket is read 64 KiB at a time
 // (crypto/tls alone makes one system call per record); busy polling polls
@@ -201,7 +215,7 @@
 // only) and the rdma errors they map to:
 //
 //	0 OK
-//	1 ACCESS_DENIED   rdma.ErrAccessDenied: unknown segment, wrong key, revoked
+//	1 ACCESS_DENIED   rdma.ErrAccessDenied: unknown segment, wrong key, revoked, principal not allowed
 //	2 OUT_OF_RANGE    rdma.ErrOutOfRange: offset+length past the segment end
 //	3 SEGMENT_LOST    rdma.ErrSegmentLost: the segment's memory is gone
 //	4 LEASE_EXPIRED   rdma.ErrLeaseExpired: WRITE, CAS or FADD with an epoch

@@ -28,6 +28,9 @@ type export struct {
 	epoch atomic.Uint64
 	state atomic.Uint32
 	refs  atomic.Int64
+	// allowed is who may operate on the segment (Server.Allow); nil:
+	// every authenticated connection.
+	allowed atomic.Pointer[principals]
 
 	drainOnce sync.Once
 	drained   chan struct{}

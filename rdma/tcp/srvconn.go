@@ -62,6 +62,13 @@ type srvConn struct {
 	sessResume         bool        // the hello resumed sessKey (see sessionTable.open)
 	record             *slot       // the slot whose request runs; respond caches its answer
 	recSeq             uint32      // the sequence number of that request
+
+	// The principal the hello's credential names (ServerConfig.Identify),
+	// and the last export and principal set it was found in (permits).
+	principal  string
+	identified bool
+	okExport   *export
+	okSet      *principals
 }
 
 // newSrvConn returns a connection in its handshake: it holds no buffers
@@ -199,8 +206,8 @@ func (c *srvConn) handshake() (uint16, error) {
 		c.nc = tc
 	}
 	h, code, err := readHello(c.nc)
-	if err == nil && cfg.Authenticate != nil {
-		if aerr := cfg.Authenticate(h.cred); aerr != nil {
+	if err == nil {
+		if aerr := c.identify(h.cred, c.peerCert()); aerr != nil {
 			code, err = replyAuthFailed, fmt.Errorf("authenticate: %w", aerr)
 		}
 	}
@@ -328,6 +335,9 @@ func (c *srvConn) pin(h *reqHeader, mutating bool) (*export, uint16) {
 		if e == nil && c.s.fences.has(h.seg, h.key) {
 			return nil, statusLeaseExpired
 		}
+		return nil, statusAccessDenied
+	}
+	if !c.permits(e) {
 		return nil, statusAccessDenied
 	}
 	if st := e.acquire(); st != statusOK {

@@ -1,0 +1,81 @@
+package tcp
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// Principals: with ServerConfig.Identify set, each connection acts for the
+// principal its hello's credential was issued to, and a segment exported
+// with a principal set (Allow) serves only connections whose principal is
+// in it; any other gets ACCESS_DENIED, also with the right key. A segment
+// never given a set serves every authenticated connection (its key alone
+// guards it).
+
+// principals is an immutable set of principals; an export points to the
+// current one, replaced as a whole by Allow.
+type principals map[string]struct{}
+
+// Allow sets who may operate on segment seg: only connections whose
+// principal (ServerConfig.Identify) is in names. It replaces the previous
+// set; connections pass the new one from their next request. An empty
+// names admits nobody but keeps the segment exported.
+func (s *Server) Allow(seg uint64, names []string) error {
+	e := s.lookup(seg)
+	if e == nil {
+		return fmt.Errorf("rdma/tcp: allow principals on segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	set := make(principals, len(names))
+	for _, n := range names {
+		set[n] = struct{}{}
+	}
+	e.allowed.Store(&set)
+	return nil
+}
+
+// permits reports whether the connection's principal may operate on e. It
+// remembers the last set it checked e against, so that a run of requests
+// on one segment costs one atomic load and two pointer comparisons.
+func (c *srvConn) permits(e *export) bool {
+	set := e.allowed.Load()
+	if set == nil || e == c.okExport && set == c.okSet {
+		return true
+	}
+	if _, ok := (*set)[c.principal]; !ok || !c.identified {
+		return false
+	}
+	c.okExport, c.okSet = e, set
+	return true
+}
+
+// identify runs ServerConfig.Identify (else Authenticate) on a hello's
+// credential with the client certificate the TLS session verified (nil
+// without TLS or when the client presented none).
+func (c *srvConn) identify(cred []byte, cert *x509.Certificate) error {
+	cfg := &c.s.cfg
+	if cfg.Identify != nil {
+		p, err := cfg.Identify(cred, cert)
+		if err != nil {
+			return err
+		}
+		c.principal, c.identified = p, true
+		return nil
+	}
+	if cfg.Authenticate != nil {
+		return cfg.Authenticate(cred)
+	}
+	return nil
+}
+
+// peerCert is the client certificate the TLS session verified, if any.
+func (c *srvConn) peerCert() *x509.Certificate {
+	if tc, ok := c.nc.(*tls.Conn); ok {
+		if ch := tc.ConnectionState().VerifiedChains; len(ch) > 0 && len(ch[0]) > 0 {
+			return ch[0][0]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,159 @@
+package tcp
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/internal/certs"
+	"github.com/farmem/farmem/rdma"
+)
+
+// namedCreds is an Identify that takes the credential for the principal's
+// name, as tests' stand-in for poold's credential table.
+func namedCreds(cred []byte, _ *x509.Certificate) (string, error) {
+	if len(cred) == 0 {
+		return "", errors.New("no credential")
+	}
+	return string(cred), nil
+}
+
+// TestAllowPrincipals: a segment given a principal set serves only
+// connections whose principal is in it, also with the right key; a new
+// set takes effect on a connection's next request (the connection's
+// cache of its last check does not outlive it); a segment given no set
+// serves every connection.
+func TestAllowPrincipals(t *testing.T) {
+	overBoth(t, func(t *testing.T, cfg ServerConfig, opts []Option) {
+		cfg.Identify = namedCreds
+		s := startServer(t, cfg)
+		_, r := s.export(t, 1, 4096)
+		_, open := s.export(t, 2, 4096)
+		require.NoError(t, s.Allow(1, []string{"alice"}))
+		alice := dial(t, s.addr, append(opts, WithCredential([]byte("alice")))...)
+		bob := dial(t, s.addr, append(opts, WithCredential([]byte("bob")))...)
+		ctx := t.Context()
+		buf := make([]byte, 8)
+
+		require.NoError(t, alice.Write(ctx, r, 0, []byte("alice's!")))
+		require.ErrorIs(t, bob.Read(ctx, r, 0, buf), rdma.ErrAccessDenied)
+		require.ErrorIs(t, bob.Write(ctx, r, 0, []byte("bob was!")), rdma.ErrAccessDenied)
+		_, _, err := bob.CompareAndSwap64(ctx, r, 0, 0, 1)
+		require.ErrorIs(t, err, rdma.ErrAccessDenied)
+		require.NoError(t, alice.Read(ctx, r, 0, buf))
+		require.Equal(t, "alice's!", string(buf))
+
+		require.NoError(t, s.Allow(1, []string{"bob"}))
+		require.ErrorIs(t, alice.Read(ctx, r, 0, buf), rdma.ErrAccessDenied)
+		require.NoError(t, bob.Read(ctx, r, 0, buf))
+
+		require.NoError(t, alice.Read(ctx, open, 0, buf))
+		require.NoError(t, bob.Read(ctx, open, 0, buf))
+		require.ErrorIs(t, s.Allow(3, nil), rdma.ErrNotExported)
+	})
+}
+
+// TestIdentifySeesClientCertificate: over TLS with client certificates
+// asked for, Identify gets the certificate the client presented (nil when
+// it presented none), so the caller can bind a credential to it.
+func TestIdentifySeesClientCertificate(t *testing.T) {
+	srv, cli := tlsConfigs(t)
+	withCert, roots := clientCert(t, "app")
+	srv = srv.Clone()
+	srv.ClientAuth, srv.ClientCAs = tls.VerifyClientCertIfGiven, roots
+	var mu sync.Mutex
+	seen := map[string]bool{} // the common names Identify got ("none": no certificate)
+	s := startServer(t, ServerConfig{TLS: srv, Identify: func(cred []byte, cert *x509.Certificate) (string, error) {
+		name := "none"
+		if cert != nil {
+			name = cert.Subject.CommonName
+		}
+		mu.Lock()
+		seen[name] = true
+		mu.Unlock()
+		if name != "none" && name != string(cred) {
+			return "", fmt.Errorf("credential of %s over a certificate of %s", cred, name)
+		}
+		return string(cred), nil
+	}})
+	saw := func() map[string]bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(seen)
+	}
+	dial(t, s.addr, WithTLS(cli), WithCredential([]byte("app")))
+	require.Equal(t, map[string]bool{"none": true}, saw())
+	cc := cli.Clone()
+	cc.Certificates = withCert.Certificates
+	dial(t, s.addr, WithTLS(cc), WithCredential([]byte("app")))
+	require.Equal(t, map[string]bool{"none": true, "app": true}, saw())
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err := Dial(ctx, s.addr, WithTLS(cc), WithCredential([]byte("mallory")))
+	require.ErrorIs(t, err, rdma.ErrAccessDenied)
+}
+
+// clientCert is a client certificate for name of the test's CA (the one
+// tlsConfigs uses), and that CA as a pool.
+func clientCert(tb testing.TB, name string) (*tls.Config, *x509.CertPool) {
+	tb.Helper()
+	c, err := certs.ForTest(tb, name, false).Client()
+	require.NoError(tb, err)
+	return c, c.RootCAs
+}
+
+// BenchmarkPrincipalCost measures 4 KiB reads on a segment given a
+// principal set (Identify and Allow, as poold serves every segment) beside
+// one without (the key alone), in the same run, each round on both in
+// turn: p50 at one in flight and reads/s at 16 in flight, as ratios
+// checked/unchecked (medians of the rounds' ratios; run with
+// -benchtime=5x or more).
+func BenchmarkPrincipalCost(b *testing.B) {
+	sides := make([]costSide, 2) // unchecked, checked
+	for i, cfg := range []ServerConfig{{}, {Identify: namedCreds}} {
+		s := startServer(b, cfg)
+		_, r := s.export(b, 1, 64<<20)
+		if cfg.Identify != nil {
+			require.NoError(b, s.Allow(1, []string{"owner", "attacher-1", "attacher-2"}))
+		}
+		sides[i] = costSide{c: dial(b, s.addr, WithCredential([]byte("attacher-2"))), r: r}
+	}
+	small := make([][]byte, 16)
+	for i := range small {
+		small[i] = make([]byte, 4<<10)
+	}
+	const latOps, rateOps = 2000, 20_000
+	ctx := context.Background()
+	var lat, rate [2][]float64
+	b.ResetTimer()
+	for round := range b.N {
+		for k := range 2 {
+			i := (round + k) % 2
+			s := sides[i]
+			d := make([]time.Duration, 0, latOps)
+			for range latOps {
+				t0 := time.Now()
+				if err := s.c.Read(ctx, s.r, 0, small[0]); err != nil {
+					b.Fatal(err)
+				}
+				d = append(d, time.Since(t0))
+			}
+			lat[i] = append(lat[i], float64(p50(d)))
+			rate[i] = append(rate[i], rateOps/parallelReads(b, s.c, s.r, small, rateOps).Seconds())
+		}
+	}
+	b.StopTimer()
+	ratio := medianRatio
+	b.ReportMetric(median(lat[0]), "key-only-p50-ns")
+	b.ReportMetric(median(lat[1]), "checked-p50-ns")
+	b.ReportMetric(ratio(lat), "p50-ratio")
+	b.ReportMetric(ratio(rate), "rate-ratio")
+}
