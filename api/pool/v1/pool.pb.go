@@ -649,8 +649,11 @@ type AllocRequest struct {
 	// Identities besides the creator's that may attach a named segment
 	// ("uid:N", "gid:N", "cn:NAME"); allow_free may also free it. Only with
 	// a name.
-	Allow         []string `protobuf:"bytes,7,rep,name=allow,proto3" json:"allow,omitempty"`
-	AllowFree     []string `protobuf:"bytes,8,rep,name=allow_free,json=allowFree,proto3" json:"allow_free,omitempty"`
+	Allow     []string `protobuf:"bytes,7,rep,name=allow,proto3" json:"allow,omitempty"`
+	AllowFree []string `protobuf:"bytes,8,rep,name=allow_free,json=allowFree,proto3" json:"allow_free,omitempty"`
+	// On a peer daemon's call: the client id (at that daemon) the segment is
+	// for; its delegated credential may operate on it (see Delegate).
+	ForClient     string `protobuf:"bytes,9,opt,name=for_client,json=forClient,proto3" json:"for_client,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -739,6 +742,13 @@ func (x *AllocRequest) GetAllowFree() []string {
 		return x.AllowFree
 	}
 	return nil
+}
+
+func (x *AllocRequest) GetForClient() string {
+	if x != nil {
+		return x.ForClient
+	}
+	return ""
 }
 
 type FreeRequest struct {
@@ -2968,6 +2978,203 @@ func (x *NodeKeyring) GetError() string {
 	return ""
 }
 
+// DelegateRequest names a client of the calling peer daemon and the
+// identity that daemon's transport proved for it (uid:N, cn:NAME).
+type DelegateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Identity      string                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DelegateRequest) Reset() {
+	*x = DelegateRequest{}
+	mi := &file_pool_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DelegateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DelegateRequest) ProtoMessage() {}
+
+func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DelegateRequest.ProtoReflect.Descriptor instead.
+func (*DelegateRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *DelegateRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *DelegateRequest) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
+type DelegateResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	DataCredential []byte                 `protobuf:"bytes,1,opt,name=data_credential,json=dataCredential,proto3" json:"data_credential,omitempty"` // 16 bytes
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *DelegateResponse) Reset() {
+	*x = DelegateResponse{}
+	mi := &file_pool_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DelegateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DelegateResponse) ProtoMessage() {}
+
+func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DelegateResponse.ProtoReflect.Descriptor instead.
+func (*DelegateResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DelegateResponse) GetDataCredential() []byte {
+	if x != nil {
+		return x.DataCredential
+	}
+	return nil
+}
+
+// AuthorizeRequest names segments the calling peer daemon placed here (at
+// most 4096; ids this daemon no longer holds are skipped) and one of its
+// clients.
+type AuthorizeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []uint64               `protobuf:"varint,1,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	ClientId      string                 `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Withdraw      bool                   `protobuf:"varint,3,opt,name=withdraw,proto3" json:"withdraw,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthorizeRequest) Reset() {
+	*x = AuthorizeRequest{}
+	mi := &file_pool_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthorizeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthorizeRequest) ProtoMessage() {}
+
+func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthorizeRequest.ProtoReflect.Descriptor instead.
+func (*AuthorizeRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *AuthorizeRequest) GetIds() []uint64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *AuthorizeRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *AuthorizeRequest) GetWithdraw() bool {
+	if x != nil {
+		return x.Withdraw
+	}
+	return false
+}
+
+type AuthorizeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthorizeResponse) Reset() {
+	*x = AuthorizeResponse{}
+	mi := &file_pool_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthorizeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthorizeResponse) ProtoMessage() {}
+
+func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
+func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{41}
+}
+
 var File_pool_proto protoreflect.FileDescriptor
 
 const file_pool_proto_rawDesc = "" +
@@ -3001,7 +3208,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12'\n" +
 	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\"A\n" +
 	"\fKeepAliveAck\x121\n" +
-	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xfe\x01\n" +
+	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\x9d\x02\n" +
 	"\fAllocRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12(\n" +
 	"\x04tier\x18\x02 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12\x12\n" +
@@ -3011,7 +3218,9 @@ const file_pool_proto_rawDesc = "" +
 	"\thome_only\x18\x06 \x01(\bR\bhomeOnly\x12\x14\n" +
 	"\x05allow\x18\a \x03(\tR\x05allow\x12\x1d\n" +
 	"\n" +
-	"allow_free\x18\b \x03(\tR\tallowFree\"1\n" +
+	"allow_free\x18\b \x03(\tR\tallowFree\x12\x1d\n" +
+	"\n" +
+	"for_client\x18\t \x01(\tR\tforClient\"1\n" +
 	"\vFreeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x0e\n" +
@@ -3192,7 +3401,17 @@ const file_pool_proto_rawDesc = "" +
 	"\vNodeKeyring\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\"\n" +
 	"\ffingerprints\x18\x02 \x03(\tR\ffingerprints\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error*I\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"J\n" +
+	"\x0fDelegateRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1a\n" +
+	"\bidentity\x18\x02 \x01(\tR\bidentity\";\n" +
+	"\x10DelegateResponse\x12'\n" +
+	"\x0fdata_credential\x18\x01 \x01(\fR\x0edataCredential\"]\n" +
+	"\x10AuthorizeRequest\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\x04R\x03ids\x12\x1b\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1a\n" +
+	"\bwithdraw\x18\x03 \x01(\bR\bwithdraw\"\x13\n" +
+	"\x11AuthorizeResponse*I\n" +
 	"\x04Tier\x12\x14\n" +
 	"\x10TIER_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -3208,7 +3427,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
 	"\x12KEYRING_OP_INSTALL\x10\x02\x12\x12\n" +
 	"\x0eKEYRING_OP_USE\x10\x03\x12\x15\n" +
-	"\x11KEYRING_OP_REMOVE\x10\x042\xa0\a\n" +
+	"\x11KEYRING_OP_REMOVE\x10\x042\xc1\b\n" +
 	"\x04Pool\x12N\n" +
 	"\aSession\x12\x1e.farmem.pool.v1.SessionRequest\x1a\x1f.farmem.pool.v1.SessionResponse(\x010\x01\x12>\n" +
 	"\x05Alloc\x12\x1c.farmem.pool.v1.AllocRequest\x1a\x17.farmem.pool.v1.Segment\x12A\n" +
@@ -3222,7 +3441,9 @@ const file_pool_proto_rawDesc = "" +
 	"\x05Drain\x12\x1c.farmem.pool.v1.DrainRequest\x1a\x1d.farmem.pool.v1.DrainResponse\x12R\n" +
 	"\fMeasureTiers\x12#.farmem.pool.v1.MeasureTiersRequest\x1a\x1d.farmem.pool.v1.TiersResponse\x12G\n" +
 	"\x06Detach\x12\x1d.farmem.pool.v1.DetachRequest\x1a\x1e.farmem.pool.v1.DetachResponse\x12J\n" +
-	"\aKeyring\x12\x1e.farmem.pool.v1.KeyringRequest\x1a\x1f.farmem.pool.v1.KeyringResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
+	"\aKeyring\x12\x1e.farmem.pool.v1.KeyringRequest\x1a\x1f.farmem.pool.v1.KeyringResponse\x12M\n" +
+	"\bDelegate\x12\x1f.farmem.pool.v1.DelegateRequest\x1a .farmem.pool.v1.DelegateResponse\x12P\n" +
+	"\tAuthorize\x12 .farmem.pool.v1.AuthorizeRequest\x1a!.farmem.pool.v1.AuthorizeResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
 
 var (
 	file_pool_proto_rawDescOnce sync.Once
@@ -3237,7 +3458,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
@@ -3280,6 +3501,10 @@ var file_pool_proto_goTypes = []any{
 	(*KeyringRequest)(nil),      // 38: farmem.pool.v1.KeyringRequest
 	(*KeyringResponse)(nil),     // 39: farmem.pool.v1.KeyringResponse
 	(*NodeKeyring)(nil),         // 40: farmem.pool.v1.NodeKeyring
+	(*DelegateRequest)(nil),     // 41: farmem.pool.v1.DelegateRequest
+	(*DelegateResponse)(nil),    // 42: farmem.pool.v1.DelegateResponse
+	(*AuthorizeRequest)(nil),    // 43: farmem.pool.v1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),   // 44: farmem.pool.v1.AuthorizeResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	4,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -3326,21 +3551,25 @@ var file_pool_proto_depIdxs = []int32{
 	23, // 41: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
 	36, // 42: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
 	38, // 43: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	6,  // 44: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	17, // 45: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	12, // 46: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	17, // 47: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	15, // 48: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	17, // 49: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	19, // 50: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	25, // 51: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	33, // 52: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	35, // 53: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	19, // 54: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	37, // 55: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	39, // 56: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	44, // [44:57] is the sub-list for method output_type
-	31, // [31:44] is the sub-list for method input_type
+	41, // 44: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	43, // 45: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	6,  // 46: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	17, // 47: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	12, // 48: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	17, // 49: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	15, // 50: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	17, // 51: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	19, // 52: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	25, // 53: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	33, // 54: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	35, // 55: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	19, // 56: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	37, // 57: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	39, // 58: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	42, // 59: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	44, // 60: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	46, // [46:61] is the sub-list for method output_type
+	31, // [31:46] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name
 	31, // [31:31] is the sub-list for extension extendee
 	0,  // [0:31] is the sub-list for field type_name
@@ -3366,7 +3595,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   38,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

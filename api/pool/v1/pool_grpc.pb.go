@@ -41,6 +41,8 @@ const (
 	Pool_MeasureTiers_FullMethodName = "/farmem.pool.v1.Pool/MeasureTiers"
 	Pool_Detach_FullMethodName       = "/farmem.pool.v1.Pool/Detach"
 	Pool_Keyring_FullMethodName      = "/farmem.pool.v1.Pool/Keyring"
+	Pool_Delegate_FullMethodName     = "/farmem.pool.v1.Pool/Delegate"
+	Pool_Authorize_FullMethodName    = "/farmem.pool.v1.Pool/Authorize"
 )
 
 // PoolClient is the client API for Pool service.
@@ -80,6 +82,16 @@ type PoolClient interface {
 	// Keyring lists or changes the gossip keyring of every alive node
 	// (forwarded to each over its control plane), or of this daemon only.
 	Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error)
+	// Delegate issues, on a peer daemon's session only, a data-plane
+	// credential for one client of that daemon: its data-plane connections
+	// act for that client alone (the segments the daemon placed here for it
+	// or attached it to, see Authorize), and it is withdrawn when the
+	// session ends.
+	Delegate(ctx context.Context, in *DelegateRequest, opts ...grpc.CallOption) (*DelegateResponse, error)
+	// Authorize adds (or with withdraw removes) a client of the calling peer
+	// daemon to those whose delegated credentials may operate on segments
+	// that daemon placed here.
+	Authorize(ctx context.Context, in *AuthorizeRequest, opts ...grpc.CallOption) (*AuthorizeResponse, error)
 }
 
 type poolClient struct {
@@ -223,6 +235,26 @@ func (c *poolClient) Keyring(ctx context.Context, in *KeyringRequest, opts ...gr
 	return out, nil
 }
 
+func (c *poolClient) Delegate(ctx context.Context, in *DelegateRequest, opts ...grpc.CallOption) (*DelegateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DelegateResponse)
+	err := c.cc.Invoke(ctx, Pool_Delegate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *poolClient) Authorize(ctx context.Context, in *AuthorizeRequest, opts ...grpc.CallOption) (*AuthorizeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AuthorizeResponse)
+	err := c.cc.Invoke(ctx, Pool_Authorize_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServer is the server API for Pool service.
 // All implementations must embed UnimplementedPoolServer
 // for forward compatibility.
@@ -260,6 +292,16 @@ type PoolServer interface {
 	// Keyring lists or changes the gossip keyring of every alive node
 	// (forwarded to each over its control plane), or of this daemon only.
 	Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error)
+	// Delegate issues, on a peer daemon's session only, a data-plane
+	// credential for one client of that daemon: its data-plane connections
+	// act for that client alone (the segments the daemon placed here for it
+	// or attached it to, see Authorize), and it is withdrawn when the
+	// session ends.
+	Delegate(context.Context, *DelegateRequest) (*DelegateResponse, error)
+	// Authorize adds (or with withdraw removes) a client of the calling peer
+	// daemon to those whose delegated credentials may operate on segments
+	// that daemon placed here.
+	Authorize(context.Context, *AuthorizeRequest) (*AuthorizeResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
 
@@ -308,6 +350,12 @@ func (UnimplementedPoolServer) Detach(context.Context, *DetachRequest) (*DetachR
 }
 func (UnimplementedPoolServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
+}
+func (UnimplementedPoolServer) Delegate(context.Context, *DelegateRequest) (*DelegateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Delegate not implemented")
+}
+func (UnimplementedPoolServer) Authorize(context.Context, *AuthorizeRequest) (*AuthorizeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Authorize not implemented")
 }
 func (UnimplementedPoolServer) mustEmbedUnimplementedPoolServer() {}
 func (UnimplementedPoolServer) testEmbeddedByValue()              {}
@@ -553,6 +601,42 @@ func _Pool_Keyring_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Pool_Delegate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DelegateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).Delegate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_Delegate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).Delegate(ctx, req.(*DelegateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Pool_Authorize_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AuthorizeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).Authorize(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_Authorize_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).Authorize(ctx, req.(*AuthorizeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Pool_ServiceDesc is the grpc.ServiceDesc for Pool service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -607,6 +691,14 @@ var Pool_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Keyring",
 			Handler:    _Pool_Keyring_Handler,
+		},
+		{
+			MethodName: "Delegate",
+			Handler:    _Pool_Delegate_Handler,
+		},
+		{
+			MethodName: "Authorize",
+			Handler:    _Pool_Authorize_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
