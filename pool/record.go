@@ -51,6 +51,9 @@ type record struct {
 	Allow     []string
 	AllowFree []string
 	Grants    bool
+	// On a segment a peer daemon placed here: the clients of that daemon
+	// whose delegated credentials may use it (delegate.go).
+	Delegates []string
 }
 
 // pinned reports whether the segment outlives its owner's lease.
@@ -79,6 +82,7 @@ func (r *record) pinned() bool { return r.Persist || r.Name != "" }
 //	creator     str
 //	allow       list
 //	allow free  list
+//	delegates   list (from version 2)
 //
 // uv is an unsigned varint and v a signed (zig-zag) varint, as
 // encoding/binary writes them; str is a uv length and that many bytes; list
@@ -88,8 +92,10 @@ func (r *record) pinned() bool { return r.Persist || r.Name != "" }
 // byte hold (legacyRecord); its first byte is '{'. A change of fields or
 // of their form takes the next version number; a poold refuses a record of
 // a version it does not know (errRecordVersion), and rewrites version 0
-// records in the current form when it opens the store (store.load).
-const recordVersion = 1
+// records in the current form when it opens the store (store.load);
+// version 1 records (without delegates) are read as they are and written
+// in the current form when they next change.
+const recordVersion = 2
 
 // The flags field's bits.
 const (
@@ -149,6 +155,7 @@ func encodeRecord(r *record) ([]byte, error) {
 	b = appendString(b, r.Creator)
 	b = appendList(b, r.Allow)
 	b = appendList(b, r.AllowFree)
+	b = appendList(b, r.Delegates)
 	return b, nil
 }
 
@@ -174,7 +181,7 @@ func decodeRecord(v []byte) (r *record, legacy bool, err error) {
 	case v[0] == '{':
 		r, err := decodeLegacy(v)
 		return r, true, err
-	case v[0] != recordVersion:
+	case v[0] != 1 && v[0] != recordVersion:
 		return nil, false, fmt.Errorf("%w: schema version %d, and this poold reads versions 0 to %d; upgrade poold to the release that wrote this --data-dir, or a newer one",
 			errRecordVersion, v[0], recordVersion)
 	}
@@ -192,6 +199,9 @@ func decodeRecord(v []byte) (r *record, legacy bool, err error) {
 	}
 	r.Home, r.HomeID, r.DataAddr = d.string(), d.uvarint(), d.string()
 	r.Creator, r.Allow, r.AllowFree = d.string(), d.list(), d.list()
+	if v[0] >= 2 {
+		r.Delegates = d.list()
+	}
 	switch {
 	case d.err != nil:
 		return nil, false, fmt.Errorf("%w: %v", errRecordCorrupt, d.err)

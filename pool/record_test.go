@@ -187,3 +187,25 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestRecordDelegates: version 2 carries a record's delegates; a version 1
+// record (no delegates field) still reads, as one with none.
+func TestRecordDelegates(t *testing.T) {
+	r := &record{ID: 7, Owner: peerClientPrefix + "a", Delegates: []string{"app-1", "app-2"}}
+	v, err := encodeRecord(r)
+	require.NoError(t, err)
+	back, _, err := decodeRecord(v)
+	require.NoError(t, err)
+	require.Equal(t, r, back)
+
+	r.Delegates = nil
+	v, err = encodeRecord(r)
+	require.NoError(t, err)
+	v1 := append([]byte{1}, v[1:len(v)-1]...) // version 1: no delegates count
+	back, legacy, err := decodeRecord(v1)
+	require.NoError(t, err)
+	require.False(t, legacy)
+	require.Equal(t, r, back)
+	_, _, err = decodeRecord(append(v1, 0))
+	require.ErrorIs(t, err, errRecordCorrupt, "a version 1 record has nothing after allow free")
+}
