@@ -18,6 +18,9 @@ func (d *Daemon) bindSession(clientID, ident string) error {
 		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
 		return err
 	}
+	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && strings.Contains(node, "/") {
+		return fmt.Errorf("%w: client id %q: ids poold/NODE/... name clients of peer daemons (delegated credentials); choose another", errs.ErrInvalid, clientID)
+	}
 	if err := d.pool.credentials().bind(clientID, ident); err != nil {
 		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
 		return err
@@ -27,9 +30,11 @@ func (d *Daemon) bindSession(clientID, ident string) error {
 
 // forCaller describes a segment for a caller: one who may use it (owner,
 // attacher, administrator) gets its access key and, for an rdma segment,
-// the data-plane credential of its home; anyone else gets neither, so a
-// listing or a Stat never hands out another client's key.
-func (d *Daemon) forCaller(c caller, r record) *poolv1.Segment {
+// its own data-plane credential at the segment's home (its session's
+// here, one the home delegated to it elsewhere: delegate.go); anyone else
+// gets neither, so a listing or a Stat never hands out another client's
+// key.
+func (d *Daemon) forCaller(ctx context.Context, c caller, r record) *poolv1.Segment {
 	seg := d.segmentProto(r)
 	if c.client == nil {
 		return seg
@@ -42,9 +47,7 @@ func (d *Daemon) forCaller(c caller, r record) *poolv1.Segment {
 		return seg
 	}
 	if r.Home != "" {
-		if pc := d.pool.peerConns().conn(r.Home); pc != nil {
-			seg.DataCredential = pc.DataCredential()
-		}
+		seg.DataCredential = d.delegatedCred(ctx, r.Home, c.client.id)
 		return seg
 	}
 	seg.DataCredential = d.pool.credentials().credOf(c.client.id)

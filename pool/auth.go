@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"fmt"
 	"slices"
 	"sync"
@@ -78,10 +79,16 @@ type auth struct {
 	creds     map[string]dataCred
 	// byClient is the latest live credential of each client id.
 	byClient map[string][]byte
+	// delegated counts the credentials each peer session holds for its
+	// clients (at most maxDelegated).
+	delegated map[string]int
 }
 
 // dataCred is a data-plane credential: 128 random bits issued to one
-// session, accepted until the session ends.
+// session, or delegated over a peer's session to one of its clients, and
+// accepted until that session ends. client is the principal the data plane
+// checks segments against (a client id, or a delegated principal), and
+// identity the one its certificate must name when a connection presents one.
 type dataCred struct {
 	session  string
 	client   string
@@ -93,6 +100,7 @@ func (a *auth) load() {
 		a.bound = map[string]string{}
 		a.creds = map[string]dataCred{}
 		a.byClient = map[string][]byte{}
+		a.delegated = map[string]int{}
 		if a.st == nil {
 			return
 		}
@@ -203,52 +211,110 @@ func (a *auth) issue(session, clientID, ident string) []byte {
 	return b
 }
 
-// revoke withdraws a session's credential: new data-plane connections
-// presenting it are refused.
-func (a *auth) revoke(cred []byte) {
+// revokeSession withdraws the credentials of a session and those
+// delegated over it: new data-plane connections presenting them are
+// refused.
+func (a *auth) revokeSession(session string) {
 	a.load()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	c, ok := a.creds[string(cred)]
-	if !ok {
-		return
-	}
-	delete(a.creds, string(cred))
-	if string(a.byClient[c.client]) != string(cred) {
-		return
-	}
-	delete(a.byClient, c.client)
-	for k, o := range a.creds { // another live session of the client
-		if o.client == c.client {
-			a.byClient[c.client] = []byte(k)
-			break
+	delete(a.delegated, session)
+	for k, c := range a.creds {
+		if c.session != session {
+			continue
+		}
+		delete(a.creds, k)
+		if string(a.byClient[c.client]) == k {
+			delete(a.byClient, c.client)
 		}
 	}
+	for k, o := range a.creds { // another live session of each client
+		if _, ok := a.byClient[o.client]; !ok {
+			a.byClient[o.client] = []byte(k)
+		}
+	}
+}
+
+// delegate issues the credential of principal, a client of the peer
+// daemon whose session this is, with the identity the peer proved for it;
+// asked again, it returns the same one.
+func (a *auth) delegate(session, principal, ident string) ([]byte, error) {
+	a.load()
+	a.mu.Lock()
+	for k, c := range a.creds {
+		if c.session == session && c.client == principal {
+			a.mu.Unlock()
+			return []byte(k), nil
+		}
+	}
+	if a.delegated[session] >= maxDelegated {
+		a.mu.Unlock()
+		return nil, fmt.Errorf("%w: the peer session holds %d delegated credentials already, the most one may", errs.ErrLimit, maxDelegated)
+	}
+	a.delegated[session]++
+	a.mu.Unlock()
+	return a.issue(session, principal, ident), nil
+}
+
+// identify is the data plane's check of a handshake (rdma/tcp
+// ServerConfig.Identify): the credential must be a live session's, and
+// when the connection presents a client certificate it must name the
+// identity the credential was issued for. It returns the credential's
+// principal.
+func (a *auth) identify(cred []byte, cert *x509.Certificate) (string, error) {
+	c, err := a.lookup(cred)
+	if err != nil {
+		return "", err
+	}
+	if cert != nil && c.identity != "cn:"+cert.Subject.CommonName {
+		return "", fmt.Errorf("%w: the data-plane credential was issued to %s (client %q) and the connection's certificate names cn:%s; present your own credential over your own certificate", errs.ErrAccessDenied, c.identity, c.client, cert.Subject.CommonName)
+	}
+	return c.client, nil
 }
 
 // authenticate is the data plane's check of a handshake credential
 // (rdma/tcp ServerConfig.Authenticate).
 func (a *auth) authenticate(cred []byte) error {
-	a.load()
-	if len(cred) != 16 {
-		return fmt.Errorf("%w: data-plane credential of %d bytes; present the 16-byte credential of a live session (Welcome.data_credential)", errs.ErrAccessDenied, len(cred))
-	}
-	a.mu.Lock()
-	_, ok := a.creds[string(cred)]
-	a.mu.Unlock()
-	if ok {
-		return nil
-	}
-	return fmt.Errorf("%w: the data-plane credential is no live session's (it ended, or it was never issued); reconnect to poold for a fresh one", errs.ErrAccessDenied)
+	_, err := a.lookup(cred)
+	return err
 }
 
-// authenticate is the data plane's handshake check.
+// lookup finds a live credential.
+func (a *auth) lookup(cred []byte) (dataCred, error) {
+	a.load()
+	if len(cred) != 16 {
+		return dataCred{}, fmt.Errorf("%w: data-plane credential of %d bytes; present the 16-byte credential of a live session (Welcome.data_credential)", errs.ErrAccessDenied, len(cred))
+	}
+	a.mu.Lock()
+	c, ok := a.creds[string(cred)]
+	a.mu.Unlock()
+	if ok {
+		return c, nil
+	}
+	return dataCred{}, fmt.Errorf("%w: the data-plane credential is no live session's (it ended, or it was never issued); reconnect to poold for a fresh one", errs.ErrAccessDenied)
+}
+
+// authenticate is the data plane's handshake check for verbs peers.
 func (dp *dataPlane) authenticate(cred []byte) error {
-	check := dp.auth.Load()
-	if check == nil {
+	a := dp.creds.Load()
+	if a == nil {
 		return fmt.Errorf("%w: the daemon is starting; retry", errs.ErrUnavailable)
 	}
-	return (*check)(cred)
+	return a.authenticate(cred)
+}
+
+// identify is the data plane's handshake check for tcp clients; a refusal
+// for a certificate that names another identity is logged.
+func (dp *dataPlane) identify(cred []byte, cert *x509.Certificate) (string, error) {
+	a := dp.creds.Load()
+	if a == nil {
+		return "", fmt.Errorf("%w: the daemon is starting; retry", errs.ErrUnavailable)
+	}
+	p, err := a.identify(cred, cert)
+	if err != nil && cert != nil {
+		dp.log.Warn("data-plane connection refused", "certificate", "cn:"+cert.Subject.CommonName, "err", err)
+	}
+	return p, err
 }
 
 // startAuth connects the data plane's handshake check to the sessions'
@@ -262,8 +328,7 @@ func (p *core) startAuth() error {
 	p.peers.tls = tc
 	p.auth.self = p.auth.issue("", "", "poold")
 	if p.dp != nil {
-		check := p.auth.authenticate
-		p.dp.auth.Store(&check)
+		p.dp.creds.Store(&p.auth)
 	}
 	return nil
 }

@@ -27,9 +27,9 @@ type dataPlane struct {
 	log  *slog.Logger
 	tls  *tls.Config // verifies this node's data plane for its own dials; nil: plaintext
 
-	// auth checks a connection's handshake credential (see auth.go);
+	// creds checks a connection's handshake credential (see auth.go);
 	// until the pool sets it, every connection is refused.
-	auth atomic.Pointer[func([]byte) error]
+	creds atomic.Pointer[auth]
 
 	coh *coherenceHost // shared segments' directories (coherence.go)
 
@@ -68,7 +68,8 @@ func newDataPlane(addr string, cfg tcp.ServerConfig, sec dataSecurity, ls *liste
 	log := cfg.Logger
 	dp := &dataPlane{l: ls.wrap(l, listenerData), addr: l.Addr().String(), log: log, tls: sec.client, maps: map[uint64]*device.Mapping{}}
 	cfg.TLS = sec.server
-	cfg.Authenticate = dp.authenticate
+	cfg.Authenticate = dp.authenticate // verbs
+	cfg.Identify = dp.identify
 	dp.coh = newCoherenceHost(log)
 	cfg.Message = dp.coh.message
 	dp.srv = dialer.NewServer(cfg)

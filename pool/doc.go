@@ -10,7 +10,11 @@
 // AllowGIDs (SO_PEERCRED); the TCP control plane requires mutual TLS
 // (Config.TLSCert, TLSKey, TLSCA) unless Config.Insecure. A session's
 // identity (uid:N or the certificate's cn:NAME) owns its client id; the
-// data plane admits connections presenting a live session's credential;
+// data plane admits connections presenting a live credential (a session's
+// own, or one a peer's session had delegated to its client, delegate.go;
+// a connection's client certificate, if any, must name the identity the
+// credential was issued to) and serves each segment only to the
+// credentials of its owner and attachers;
 // Config.Quotas and the per-client limits bound what an identity holds. A
 // named segment is attached only by its creator's identity and the
 // identities it granted (grants.go); a call without a session is an

@@ -55,9 +55,14 @@ func TestFencing(t *testing.T) {
 	const n = 64 << 10
 	r1, err := p.Alloc(ctx, oldC, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
 	require.NoError(t, err)
-	c, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(p.auth.self))
-	require.NoError(t, err)
-	defer c.Close()
+	// Each client reaches its own segments with its own credential.
+	dial := func(session, client string) *tcp.Client {
+		c, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(p.auth.issue(session, client, client)))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	c := dial("s-old", "old")
 	old := region(t, r1)
 	require.NoError(t, c.Write(ctx, old, 0, bytes.Repeat([]byte{0xAA}, n)))
 
@@ -83,7 +88,9 @@ func TestFencing(t *testing.T) {
 	want := make([]byte, n)
 	rand.Read(want)
 	fresh := region(t, r2)
-	require.NoError(t, c.Write(ctx, fresh, 0, want))
+	cNew := dial("s-new", "new")
+	require.NoError(t, cNew.Write(ctx, fresh, 0, want))
+	require.ErrorIs(t, c.Read(ctx, fresh, 0, make([]byte, 8)), rdma.ErrAccessDenied, "the old client's credential does not reach the new owner's segment")
 
 	for _, tc := range []struct {
 		name string
@@ -99,22 +106,22 @@ func TestFencing(t *testing.T) {
 		})
 	}
 	got := make([]byte, n)
-	require.NoError(t, c.Read(ctx, fresh, 0, got))
+	require.NoError(t, cNew.Read(ctx, fresh, 0, got))
 	require.Equal(t, want, got, "the new owner's bytes are intact")
 
 	// The epoch check itself: a raised epoch fences writes carrying the
 	// old one, and reads go on.
 	require.NoError(t, p.dp.srv.SetEpoch(r2.ID, r2.Epoch+1))
-	require.ErrorIs(t, c.Write(ctx, fresh, 0, []byte{1}), rdma.ErrLeaseExpired)
-	_, err = c.FetchAdd64(ctx, fresh, 0, 1)
+	require.ErrorIs(t, cNew.Write(ctx, fresh, 0, []byte{1}), rdma.ErrLeaseExpired)
+	_, err = cNew.FetchAdd64(ctx, fresh, 0, 1)
 	require.ErrorIs(t, err, rdma.ErrLeaseExpired)
-	require.NoError(t, c.Read(ctx, fresh, 0, got))
+	require.NoError(t, cNew.Read(ctx, fresh, 0, got))
 	require.Equal(t, want, got)
 	next := fresh
 	next.Epoch++
-	require.NoError(t, c.Write(ctx, next, 0, want[:8]))
+	require.NoError(t, cNew.Write(ctx, next, 0, want[:8]))
 
 	// A free fences the segment too.
 	require.NoError(t, p.Free(newC, r2.ID, ""))
-	require.ErrorIs(t, c.Write(ctx, next, 0, want[:8]), rdma.ErrLeaseExpired)
+	require.ErrorIs(t, cNew.Write(ctx, next, 0, want[:8]), rdma.ErrLeaseExpired)
 }

@@ -95,7 +95,7 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 		if tok.node != "" && tok.node != s.d.cfg.Node {
 			return nil, errs.ToStatus(fmt.Errorf("%w: page_token %q is from node %s's listing, not this node's (%s); start again without one", errs.ErrInvalid, req.PageToken, tok.node, s.d.cfg.Node))
 		}
-		if next, more := s.listOwn(c, pg, tok.id); more {
+		if next, more := s.listOwn(ctx, c, pg, tok.id); more {
 			pg.resp.NextPageToken = pageToken{node: s.d.cfg.Node, id: next}.String()
 		}
 	}
@@ -114,7 +114,7 @@ func (s *service) List(ctx context.Context, req *poolv1.ListRequest) (*poolv1.Li
 // listOwn adds this node's segments with ids above after that the caller
 // may see to pg until it is full: the id to continue after, and whether
 // some were left out.
-func (s *service) listOwn(c caller, pg *page, after uint64) (next uint64, more bool) {
+func (s *service) listOwn(ctx context.Context, c caller, pg *page, after uint64) (next uint64, more bool) {
 	limit := 0
 	if pg.limit > 0 {
 		limit = pg.limit - len(pg.resp.Segments)
@@ -123,7 +123,7 @@ func (s *service) listOwn(c caller, pg *page, after uint64) (next uint64, more b
 	next = after
 	for _, r := range recs {
 		if s.d.visible(c, &r) {
-			if !pg.add(s.d.forCaller(c, r)) {
+			if !pg.add(s.d.forCaller(ctx, c, r)) {
 				return next, true
 			}
 		}
@@ -154,7 +154,7 @@ func (s *service) listEveryNode(ctx context.Context, c caller, pg *page, tok pag
 		}
 		var more bool
 		if m.Name == s.d.cfg.Node {
-			after, more = s.listOwn(c, pg, after)
+			after, more = s.listOwn(ctx, c, pg, after)
 		} else {
 			added, peerMore, err := s.listPeer(ctx, m, pg, after)
 			if err != nil {

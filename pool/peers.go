@@ -275,7 +275,7 @@ func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest) (*re
 		p.pendingRemote[m.Name]--
 		p.mu.Unlock()
 	}()
-	seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: req.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
+	seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: req.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: c.id()})
 	if err != nil {
 		return nil, fmt.Errorf("alloc on peer %s: %w", m.Name, errs.FromStatus(err))
 	}

@@ -36,6 +36,9 @@ type allocRequest struct {
 	// Allow and AllowFree are identities besides the creator's that may
 	// attach a named segment, and attach and free it (see grants.go).
 	Allow, AllowFree []string
+	// ForClient is the client of the peer daemon that asks (HomeOnly) the
+	// segment is for: its delegated credential may use it (delegate.go).
+	ForClient string
 }
 
 // tierOrder is the order in which a request tries tiers.
@@ -231,6 +234,7 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 		Size: req.Size, Owner: c.id(), Persist: req.Persist, Epoch: 1, Created: p.now().UTC(),
 	}
 	r.grant(c, req)
+	r.Delegates = delegatesOf(c, req)
 	if d.tier == poolv1.Tier_TIER_RDMA {
 		key, err := p.dp.export(id, b, r.Epoch, nil)
 		if err != nil {
@@ -240,6 +244,7 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 			return nil, fmt.Errorf("alloc: export on the data plane: %w", err)
 		}
 		r.Key = key
+		p.allowData(r)
 	}
 	b.File.Close()
 	if r.Name != "" {

@@ -52,6 +52,10 @@ type core struct {
 	started time.Time
 	now     func() time.Time
 
+	// deleg holds the credentials peers delegated to this daemon's
+	// clients (delegate.go).
+	deleg delegations
+
 	mu       sync.Mutex
 	devs     []*dev
 	segs     map[uint64]*record
@@ -219,8 +223,11 @@ func (p *core) reexport(r *record, b device.Backing) error {
 		return errors.New("the data plane is disabled")
 	}
 	key := r.Key
-	_, err := p.dp.export(r.ID, b, r.Epoch, &key)
-	return err
+	if _, err := p.dp.export(r.ID, b, r.Epoch, &key); err != nil {
+		return err
+	}
+	p.allowData(r)
+	return nil
 }
 
 func (p *core) device(name string) *dev {

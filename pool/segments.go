@@ -132,6 +132,7 @@ func (p *core) Attach(c caller, name string) (*record, error) {
 			return nil, fmt.Errorf("attach %q: commit to the metadata store: %w", name, err)
 		}
 		*r = next
+		p.allowData(r)
 	}
 	cp := *r
 	return &cp, nil
@@ -161,6 +162,7 @@ func (p *core) Detach(c caller, id uint64) error {
 		return fmt.Errorf("detach segment %d: commit to the metadata store: %w", id, err)
 	}
 	*r = next
+	p.allowData(r)
 	return nil
 }
 

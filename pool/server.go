@@ -34,13 +34,17 @@ var _ poolv1.PoolServer = (*service)(nil)
 // caller resolves who makes the call: the session named in the call's
 // metadata, or an administrator (see Daemon.callerOf).
 func (s *service) caller(ctx context.Context) (caller, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	var sid string
-	if v := md.Get(SessionHeader); len(v) > 0 {
-		sid = v[0]
-	}
 	t, _ := identityOf(ctx)
-	return s.d.callerOf(sid, t)
+	return s.d.callerOf(sessionOf(ctx), t)
+}
+
+// sessionOf is the session a call's metadata names ("" for none).
+func sessionOf(ctx context.Context) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get(SessionHeader); len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest, poolv1.SessionResponse]) error {
@@ -59,7 +63,7 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	}
 	sid := newSessionID()
 	cred := s.d.pool.credentials().issue(sid, hello.ClientId, ident)
-	defer s.d.pool.credentials().revoke(cred)
+	defer s.d.pool.credentials().revokeSession(sid)
 	events := s.d.pool.openSession(sid, hello.ClientId, hello.ClientName, hello.Pid, uid)
 	defer s.d.pool.closeSession(sid)
 	s.d.log.Debug("session opened", "session", sid, "client", hello.ClientId, "name", hello.ClientName, "pid", hello.Pid)
@@ -139,13 +143,13 @@ func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) 
 	if err != nil {
 		return nil, err
 	}
-	return d.forCaller(c, *r), nil
+	return d.forCaller(ctx, c, *r), nil
 }
 
 // allocRequestOf is what an API request asks of core.Alloc.
 func allocRequestOf(req *poolv1.AllocRequest) allocRequest {
 	return allocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback,
-		HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree}
+		HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree, ForClient: req.ForClient}
 }
 
 // abandoned frees a segment allocated for a caller that gave up meanwhile
@@ -192,11 +196,14 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 		return nil, errs.ToStatus(err)
 	}
 	r, err := s.d.pool.Attach(c, req.Name)
+	if err == nil {
+		err = s.d.authorizeAtHome(ctx, r, c.id(), false)
+	}
 	if err != nil {
 		s.d.refused("attach", c, 0, req.Name, err)
 		return nil, errs.ToStatus(err)
 	}
-	return s.d.forCaller(c, *r), nil
+	return s.d.forCaller(ctx, c, *r), nil
 }
 
 func (s *service) Detach(ctx context.Context, req *poolv1.DetachRequest) (*poolv1.DetachResponse, error) {
@@ -206,6 +213,11 @@ func (s *service) Detach(ctx context.Context, req *poolv1.DetachRequest) (*poolv
 	}
 	if err := s.d.pool.Detach(c, req.Id); err != nil {
 		return nil, errs.ToStatus(err)
+	}
+	if r, err := s.d.pool.Stat(req.Id); err == nil && !mayUse(c, &r) {
+		if err := s.d.authorizeAtHome(ctx, &r, c.id(), true); err != nil {
+			s.d.log.Warn("detach: the home keeps the client's access until this daemon's session there ends", "err", err)
+		}
 	}
 	return &poolv1.DetachResponse{}, nil
 }
@@ -221,7 +233,7 @@ func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Se
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
-	return s.d.forCaller(c, r), nil
+	return s.d.forCaller(ctx, c, r), nil
 }
 
 func (s *service) Tiers(ctx context.Context, _ *poolv1.TiersRequest) (*poolv1.TiersResponse, error) {

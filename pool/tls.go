@@ -124,7 +124,7 @@ func (c *Config) dataSecurity() (dataSecurity, error) {
 	if err != nil {
 		return dataSecurity{}, fmt.Errorf("%w: data plane TLS: %w", ErrConfig, err)
 	}
-	srv.ClientAuth, srv.ClientCAs = tls.NoClientCert, nil
+	srv.ClientAuth = tls.VerifyClientCertIfGiven
 	cli, err := certs.Verifier(ca, c.Node)
 	if err != nil {
 		return dataSecurity{}, fmt.Errorf("%w: data plane TLS: %w", ErrConfig, err)

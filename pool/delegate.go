@@ -1,0 +1,307 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/session"
+)
+
+// Per-client data-plane credentials. At a segment's home every data-plane
+// credential names a principal: the client id of the session it was issued
+// to, or, for a credential delegated to a peer daemon's client, the peer's
+// client id and the client's ("poold/A/app"). The data plane serves a
+// segment only to connections whose principal is the segment's owner, one
+// of its attachers, or a client of the owning peer that the peer placed
+// it for or attached to it (record.Delegates); every other credential is
+// refused with ACCESS_DENIED, also with the segment's key.
+//
+// A daemon that places a segment on peer B for its client asks B, over
+// its peer session, for a credential delegated to that client (Delegate)
+// and hands the client that one, never its own peer credential. B
+// withdraws it when that peer session ends.
+
+// delegatedPrincipal is the principal of a credential delegated to client
+// of the peer daemon whose client id here is peer. Client ids of this form
+// are refused for sessions (bindSession), so no session can act for one.
+func delegatedPrincipal(peer, client string) string { return peer + "/" + client }
+
+// principals is who may operate on a segment homed here over the data
+// plane: its owner, its attachers, and the clients of its owning peer
+// that the peer named (record.Delegates).
+func (r *record) principals() []string {
+	out := make([]string, 0, 1+len(r.Attached)+len(r.Delegates))
+	out = append(out, r.Owner)
+	out = append(out, r.Attached...)
+	for _, d := range r.Delegates {
+		out = append(out, delegatedPrincipal(r.Owner, d))
+	}
+	return out
+}
+
+// allowData gives the data plane the principals of a segment it exports
+// here; a record homed elsewhere, or not on the rdma tier, has none.
+func (p *core) allowData(r *record) {
+	if p.dp == nil || r.Key.IsZero() || r.Home != "" {
+		return
+	}
+	if err := p.dp.srv.Allow(r.ID, r.principals()); err != nil {
+		p.log.Error("set who may use a segment on the data plane", "segment", r.ID, "err", err)
+	}
+}
+
+// delegatesOf is whom a placement names besides its owner: the client of
+// the peer daemon that asks (AllocRequest.ForClient).
+func delegatesOf(c caller, req allocRequest) []string {
+	if req.ForClient == "" || !isPeer(c) {
+		return nil
+	}
+	return []string{req.ForClient}
+}
+
+// isPeer reports whether the caller is a peer daemon's session.
+func isPeer(c caller) bool { return strings.HasPrefix(c.id(), peerClientPrefix) }
+
+// maxDelegated is the most credentials one peer session may hold for its
+// clients at once: a peer asks once per client of its own, so this bounds
+// only a peer gone wrong.
+const maxDelegated = 1 << 16
+
+// validDelegation checks a peer's Delegate or Authorize request: a client
+// id as a session's (1 to MaxNameLen bytes, not a peer's or a delegated
+// principal) and, for Delegate, the identity the peer proved for it.
+func validDelegation(client, identity string, needIdentity bool) error {
+	if client == "" || len(client) > MaxNameLen || client == nobody.id || strings.HasPrefix(client, peerClientPrefix) {
+		return fmt.Errorf("%w: delegated client id %q: use the client id of 1 to %d bytes of one of the calling daemon's clients", errs.ErrInvalid, client, MaxNameLen)
+	}
+	if !needIdentity || identity == identityInsecure {
+		return nil
+	}
+	return validIdentity(identity)
+}
+
+// Delegate issues a credential for one client of the calling peer daemon
+// (see the package comment above); only a peer daemon's session may ask.
+func (s *service) Delegate(ctx context.Context, req *poolv1.DelegateRequest) (*poolv1.DelegateResponse, error) {
+	c, err := s.caller(ctx)
+	if err == nil && !isPeer(c) {
+		err = fmt.Errorf("%w: only a peer daemon's session may ask for delegated credentials, and the caller is %s", errs.ErrAccessDenied, c.ident)
+	}
+	if err == nil {
+		err = validDelegation(req.ClientId, req.Identity, true)
+	}
+	if err != nil {
+		s.d.refused("delegate", c, 0, req.ClientId, err)
+		return nil, errs.ToStatus(err)
+	}
+	cred, err := s.d.pool.credentials().delegate(sessionOf(ctx), delegatedPrincipal(c.client.id, req.ClientId), req.Identity)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &poolv1.DelegateResponse{DataCredential: cred}, nil
+}
+
+// Authorize adds or withdraws a client of the calling peer daemon on a
+// segment that daemon placed here.
+func (s *service) Authorize(ctx context.Context, req *poolv1.AuthorizeRequest) (*poolv1.AuthorizeResponse, error) {
+	c, err := s.caller(ctx)
+	if err == nil && !isPeer(c) {
+		err = fmt.Errorf("%w: only the peer daemon that placed a segment may authorize its clients on it, and the caller is %s", errs.ErrAccessDenied, c.ident)
+	}
+	if err == nil {
+		err = s.d.pool.authorizeRequest(c, req)
+	}
+	if err != nil {
+		s.d.refused("authorize", c, 0, req.ClientId, err)
+		return nil, errs.ToStatus(err)
+	}
+	return &poolv1.AuthorizeResponse{}, nil
+}
+
+// authorizeRequest checks a peer's Authorize request and applies it to
+// each segment it names that is still here.
+func (p *core) authorizeRequest(c caller, req *poolv1.AuthorizeRequest) error {
+	if err := validDelegation(req.ClientId, "", false); err != nil {
+		return err
+	}
+	if len(req.Ids) > maxAuthorizeIDs {
+		return fmt.Errorf("%w: authorize names %d segments; at most %d per call", errs.ErrLimit, len(req.Ids), maxAuthorizeIDs)
+	}
+	for _, id := range req.Ids {
+		if err := p.authorize(c, id, req.ClientId, req.Withdraw); err != nil && !errors.Is(err, errs.ErrNotFound) {
+			return err // not found: freed here meanwhile, nothing to authorize
+		}
+	}
+	return nil
+}
+
+// maxAuthorizeIDs is the most segments one Authorize call names.
+const maxAuthorizeIDs = 4096
+
+// authorize adds client to (or withdraws it from) the delegates of segment
+// id, which the calling peer must own.
+func (p *core) authorize(c caller, id uint64, client string, withdraw bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, "")
+	if err != nil {
+		return err
+	}
+	if r.Owner != c.id() {
+		return fmt.Errorf("authorize on segment %d: %w: it belongs to %s, not to the caller %s", id, errs.ErrAccessDenied, r.Owner, c.id())
+	}
+	i := slices.Index(r.Delegates, client)
+	if withdraw == (i < 0) {
+		return nil
+	}
+	next := *r
+	if withdraw {
+		next.Delegates = slices.Delete(slices.Clone(r.Delegates), i, i+1)
+	} else {
+		if len(r.Delegates) >= maxGrants {
+			return fmt.Errorf("authorize on segment %d: %w: %d clients already; at most %d per segment", id, errs.ErrLimit, len(r.Delegates), maxGrants)
+		}
+		next.Delegates = append(slices.Clone(r.Delegates), client)
+	}
+	if err := p.st.put(&next); err != nil {
+		return fmt.Errorf("authorize on segment %d: commit to the metadata store: %w", id, err)
+	}
+	*r = next
+	p.allowData(r)
+	return nil
+}
+
+// delegations caches, per home node, the credentials that home delegated
+// to this daemon's clients, with the peer session they belong to: a new
+// session (the old one ended, and the home withdrew them) starts afresh.
+// It is safe for concurrent use.
+type delegations struct {
+	mu    sync.Mutex
+	homes map[string]*homeCreds
+}
+
+// delegated is the credentials peers delegated to this daemon's clients.
+func (p *core) delegated() *delegations { return &p.deleg }
+
+type homeCreds struct {
+	session string
+	creds   map[string][]byte // client id -> credential
+}
+
+// get is client's cached credential at home under session, if any.
+func (ds *delegations) get(home, session, client string) []byte {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if h := ds.homes[home]; h != nil && h.session == session {
+		return h.creds[client]
+	}
+	return nil
+}
+
+// put caches client's credential at home under session.
+func (ds *delegations) put(home, session, client string, cred []byte) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if ds.homes == nil {
+		ds.homes = map[string]*homeCreds{}
+	}
+	h := ds.homes[home]
+	if h == nil || h.session != session {
+		h = &homeCreds{session: session, creds: map[string][]byte{}}
+		ds.homes[home] = h
+	}
+	h.creds[client] = cred
+}
+
+// delegateTimeout bounds asking a home for a delegated credential, so that
+// a Stat or a listing is not held up by a home that does not answer.
+const delegateTimeout = 5 * time.Second
+
+// delegatedCred is the credential home delegated to this daemon's client,
+// asked for over the peer session with home when none is cached; nil
+// (logged) when the home cannot give one, or this daemon has no session
+// with it at the moment: the client then cannot reach the segment (it asks
+// again when its connection is refused), rather than being handed this
+// daemon's own credential.
+func (d *Daemon) delegatedCred(ctx context.Context, home, client string) []byte {
+	pc := d.pool.peerConns().conn(home)
+	if pc == nil || pc.DataCredential() == nil {
+		return nil // no session with home now: nothing to wait for in a listing
+	}
+	ctx, cancel := context.WithTimeout(ctx, delegateTimeout)
+	defer cancel()
+	cctx, sid, err := pc.Call(ctx)
+	if err == nil {
+		if cred := d.pool.delegated().get(home, sid, client); cred != nil {
+			return cred
+		}
+		var resp *poolv1.DelegateResponse
+		resp, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Identity: d.pool.credentials().identity(client)})
+		if err == nil {
+			err = d.authorizeAll(cctx, pc, client, d.pool.usableAt(home, client))
+		}
+		if err == nil {
+			d.pool.delegated().put(home, sid, client, resp.DataCredential)
+			return resp.DataCredential
+		}
+		err = errs.FromStatus(err)
+	}
+	d.log.Warn("no data-plane credential from a segment's home for a client; it cannot reach its segments there until the home answers", "home", home, "client", client, "err", err)
+	return nil
+}
+
+// authorizeAll tells a home, in calls of at most maxAuthorizeIDs, that
+// client may use the segments ids this daemon placed there: on a new
+// session with the home, before handing the client its credential, so
+// that a home whose records name no client (placed before it recorded
+// them, or an authorization lost) serves the client what it holds.
+func (d *Daemon) authorizeAll(ctx context.Context, pc *session.Conn, client string, ids []uint64) error {
+	for chunk := range slices.Chunk(ids, maxAuthorizeIDs) {
+		if _, err := pc.API().Authorize(ctx, &poolv1.AuthorizeRequest{Ids: chunk, ClientId: client}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// usableAt is the ids at home of the segments placed there that client
+// owns or attached.
+func (p *core) usableAt(home, client string) []uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []uint64
+	for _, r := range p.segs {
+		if r.Home == home && (r.Owner == client || slices.Contains(r.Attached, client)) {
+			ids = append(ids, r.HomeID)
+		}
+	}
+	return ids
+}
+
+// authorizeAtHome tells the home of a segment placed on a peer that
+// client attached it (or, with withdraw, detached it).
+func (d *Daemon) authorizeAtHome(ctx context.Context, r *record, client string, withdraw bool) error {
+	if r.Home == "" || client == "" || client == r.Owner {
+		return nil
+	}
+	pc := d.pool.peerConns().conn(r.Home)
+	if pc == nil {
+		return fmt.Errorf("segment %d: %w: no session with its home %s; retry when it is reachable", r.ID, errs.ErrUnavailable, r.Home)
+	}
+	cctx, _, err := pc.Call(ctx)
+	if err == nil {
+		_, err = pc.API().Authorize(cctx, &poolv1.AuthorizeRequest{Ids: []uint64{r.HomeID}, ClientId: client, Withdraw: withdraw})
+		err = errs.FromStatus(err)
+	}
+	if err != nil {
+		return fmt.Errorf("segment %d: its home %s did not record client %q (withdraw %v): %w", r.ID, r.Home, client, withdraw, err)
+	}
+	return nil
+}

@@ -1,0 +1,84 @@
+package pool
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// FuzzDelegateRequest feeds a peer's Delegate and Authorize requests, as
+// their bytes arrive, to validation and then to the credential table and
+// the segment table of a pool where that peer owns one segment: every
+// refusal is a sentinel; a delegated credential identifies as the peer's
+// client and nothing else; an authorization changes only that segment's
+// delegates, and only as asked.
+func FuzzDelegateRequest(f *testing.F) {
+	for _, m := range []proto.Message{
+		&poolv1.DelegateRequest{ClientId: "app", Identity: "cn:app"},
+		&poolv1.DelegateRequest{ClientId: "app", Identity: "uid:1000"},
+		&poolv1.DelegateRequest{ClientId: "poold/b", Identity: "cn:b"},
+		&poolv1.DelegateRequest{ClientId: "", Identity: "insecure"},
+		&poolv1.AuthorizeRequest{Ids: []uint64{1}, ClientId: "app"},
+		&poolv1.AuthorizeRequest{Ids: []uint64{1, 99}, ClientId: "app", Withdraw: true},
+		&poolv1.AuthorizeRequest{Ids: []uint64{99}, ClientId: "x"},
+	} {
+		b, err := proto.Marshal(m)
+		require.NoError(f, err)
+		_, authorize := m.(*poolv1.AuthorizeRequest)
+		f.Add(b, authorize)
+	}
+	cfg := testConfig(f)
+	cfg.MetadataFsync = false
+	p := newTestPool(f, cfg)
+	f.Cleanup(func() { p.close() })
+	const peer = peerClientPrefix + "a"
+	p.openSession("s", peer, "poold a", 1, 0)
+	c, err := p.callerFor("s")
+	require.NoError(f, err)
+	seg, err := p.Alloc(f.Context(), c, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, HomeOnly: true, ForClient: "app"})
+	require.NoError(f, err)
+	require.Equal(f, []string{"app"}, seg.Delegates)
+
+	f.Fuzz(func(t *testing.T, b []byte, authorize bool) {
+		if authorize {
+			var req poolv1.AuthorizeRequest
+			if proto.Unmarshal(b, &req) != nil {
+				return
+			}
+			before, _ := p.Stat(seg.ID)
+			err := p.authorizeRequest(c, &req)
+			after, _ := p.Stat(seg.ID)
+			if err != nil {
+				if !errors.Is(err, errs.ErrInvalid) && !errors.Is(err, errs.ErrLimit) && !errors.Is(err, errs.ErrAccessDenied) {
+					t.Fatalf("Authorize(%v) refused with %v, which matches no sentinel", &req, err)
+				}
+				require.Equal(t, before.Delegates, after.Delegates)
+				return
+			}
+			if slices.Contains(req.Ids, seg.ID) {
+				require.Equal(t, !req.Withdraw, slices.Contains(after.Delegates, req.ClientId))
+			}
+			return
+		}
+		var req poolv1.DelegateRequest
+		if proto.Unmarshal(b, &req) != nil {
+			return
+		}
+		if err := validDelegation(req.ClientId, req.Identity, true); err != nil {
+			require.ErrorIs(t, err, errs.ErrInvalid)
+			return
+		}
+		principal := delegatedPrincipal(peer, req.ClientId)
+		cred, err := p.auth.delegate("s", principal, req.Identity)
+		require.NoError(t, err)
+		got, err := p.auth.identify(cred, nil)
+		require.NoError(t, err)
+		require.Equal(t, principal, got)
+	})
+}
