@@ -476,6 +476,16 @@ func (c *Client) Open(ctx context.Context, id uint64) (*Segment, error) {
 	return c.open(ctx, sid, info, allocConfig{})
 }
 
+// dataCerts is the client certificate this client presents on homes' data
+// planes: its control-plane certificate over tcp, none over a unix socket
+// (its identity there is its uid, which no certificate names).
+func (c *Client) dataCerts() []tls.Certificate {
+	if tc := tlsFor(c.network, c.opts.tls); tc != nil {
+		return tc.Certificates
+	}
+	return nil
+}
+
 // tlsFor is the TLS configuration of a connection over network: cfg over
 // tcp, none over a unix socket (the daemon checks its peer's uid there).
 func tlsFor(network string, cfg *tls.Config) *tls.Config {

@@ -37,7 +37,8 @@ type remote struct {
 
 var _ backend = (*remote)(nil)
 
-// newRemote is the backend of a segment the daemon placed on the rdma tier.
+// newRemote is the backend of a segment the daemon placed on the rdma tier;
+// it presents c's client certificate to the home (see dataTLS).
 func newRemote(c *Client, info *poolv1.Segment) (*remote, error) {
 	var key rdma.Key
 	if len(info.Key) == 0 && info.DataAddr != "" {
@@ -49,7 +50,7 @@ func newRemote(c *Client, info *poolv1.Segment) (*remote, error) {
 		return nil, fmt.Errorf("segment %d: the daemon gave no data-plane address or key for an rdma segment: %w", info.Id, ErrSegmentLost)
 	}
 	copy(key[:], info.Key)
-	tc, err := dataTLS(info)
+	tc, err := dataTLS(info, c.dataCerts())
 	if err != nil {
 		return nil, err
 	}
@@ -60,8 +61,11 @@ func newRemote(c *Client, info *poolv1.Segment) (*remote, error) {
 
 // dataTLS is how a client verifies the home of an rdma segment that the
 // daemon says is served over TLS: the CA the daemon gave and the home's
-// node name, which the home's certificate holds. Nil for plaintext.
-func dataTLS(info *poolv1.Segment) (*tls.Config, error) {
+// node name, which the home's certificate holds; and the client
+// certificate it presents there (own, that of its control-plane
+// connection, if any), which the home checks names the identity its
+// data-plane credential was issued to. Nil for plaintext.
+func dataTLS(info *poolv1.Segment, own []tls.Certificate) (*tls.Config, error) {
 	if !info.DataTls {
 		return nil, nil
 	}
@@ -70,6 +74,7 @@ func dataTLS(info *poolv1.Segment) (*tls.Config, error) {
 		return nil, fmt.Errorf("segment %d: the daemon says its home %s serves TLS but gave nothing to verify it with (%w); upgrade the daemon: %w",
 			info.Id, info.DataAddr, err, ErrNotSupported)
 	}
+	tc.Certificates = own
 	return tc, nil
 }
 
@@ -284,7 +289,7 @@ func (r *remote) refresh(ctx context.Context) {
 	if err != nil || info.DataAddr == "" {
 		return
 	}
-	tc, err := dataTLS(info)
+	tc, err := dataTLS(info, r.c.dataCerts())
 	if err != nil {
 		return
 	}
