@@ -126,31 +126,7 @@ func BenchmarkPrincipalCost(b *testing.B) {
 		}
 		sides[i] = costSide{c: dial(b, s.addr, WithCredential([]byte("attacher-2"))), r: r}
 	}
-	small := make([][]byte, 16)
-	for i := range small {
-		small[i] = make([]byte, 4<<10)
-	}
-	const latOps, rateOps = 2000, 20_000
-	ctx := context.Background()
-	var lat, rate [2][]float64
-	b.ResetTimer()
-	for round := range b.N {
-		for k := range 2 {
-			i := (round + k) % 2
-			s := sides[i]
-			d := make([]time.Duration, 0, latOps)
-			for range latOps {
-				t0 := time.Now()
-				if err := s.c.Read(ctx, s.r, 0, small[0]); err != nil {
-					b.Fatal(err)
-				}
-				d = append(d, time.Since(t0))
-			}
-			lat[i] = append(lat[i], float64(p50(d)))
-			rate[i] = append(rate[i], rateOps/parallelReads(b, s.c, s.r, small, rateOps).Seconds())
-		}
-	}
-	b.StopTimer()
+	lat, rate, _ := costRounds(b, sides, nil)
 	ratio := medianRatio
 	b.ReportMetric(median(lat[0]), "key-only-p50-ns")
 	b.ReportMetric(median(lat[1]), "checked-p50-ns")
