@@ -77,14 +77,7 @@ func startMemCluster(t *testing.T, n *memnet.Network, count int) []*Cluster {
 		require.NoError(t, err)
 		require.Equal(t, 1, reached)
 	}
-	waitFor(t, "every node sees every node alive", func() bool {
-		for _, c := range cs {
-			if c.Stats().Alive != count {
-				return false
-			}
-		}
-		return true
-	})
+	waitAllAlive(t, cs)
 	return cs
 }
 
@@ -122,15 +115,21 @@ func startGossipOnlyCluster(t *testing.T, n *memnet.Network, count int) []*Clust
 			require.NoError(t, err)
 		}
 	}
+	waitAllAlive(t, cs)
+	return cs
+}
+
+// waitAllAlive waits until every node of cs sees every node alive.
+func waitAllAlive(t *testing.T, cs []*Cluster) {
+	t.Helper()
 	waitFor(t, "every node sees every node alive", func() bool {
 		for _, c := range cs {
-			if c.Stats().Alive != count {
+			if c.Stats().Alive != len(cs) {
 				return false
 			}
 		}
 		return true
 	})
-	return cs
 }
 
 // capacityMark is how every capacity update of c starts (type byte, boot,
