@@ -402,12 +402,13 @@ func (c *Cache) evictHot(sh *shard, si int) {
 }
 
 // demote writes an entry into tier ti, making room there first; past the
-// last tier the entry is dropped.
-func (c *Cache) demote(sh *shard, si, ti int, key string, val []byte, h uint64) {
+// last tier the entry is dropped. It returns the tier and record the entry
+// landed in, tier -1 when it was dropped or its write failed.
+func (c *Cache) demote(sh *shard, si, ti int, key string, val []byte, h uint64) (int8, alloc.Ref) {
 	n := recordHeader + len(key) + len(val)
 	if ti >= len(c.tiers) || n > alloc.MaxObjectSize {
 		c.dropped.Add(1)
-		return
+		return -1, 0
 	}
 	t := c.tiers[ti]
 	fs := &sh.far[ti]
@@ -425,8 +426,7 @@ func (c *Cache) demote(sh *shard, si, ti int, key string, val []byte, h uint64) 
 	}
 	if err != nil {
 		c.log.Warn("spillcache: tier full, entry moves on", "tier", t.level, "err", err)
-		c.demote(sh, si, ti+1, key, val, h)
-		return
+		return c.demote(sh, si, ti+1, key, val, h)
 	}
 	if b, berr := t.arena.Bytes(r); berr == nil {
 		putRecord(b, key, val)
@@ -441,12 +441,13 @@ func (c *Cache) demote(sh *shard, si, ti int, key string, val []byte, h uint64) 
 		t.arena.Free(r)
 		c.lost.Add(1)
 		c.log.Warn("spillcache: writing a far entry failed", "tier", t.level, "err", err)
-		return
+		return -1, 0
 	}
 	t.table.insert(t.table.region(si), h, r)
 	fs.count++
 	fs.bytes += slot
 	c.demoted.Add(1)
+	return int8(ti), r
 }
 
 func putRecord(b []byte, key string, val []byte) {
@@ -489,7 +490,16 @@ func (c *Cache) evictFar(sh *shard, si, ti int) {
 			key := unsafe.String(unsafe.SliceData(fs.move), len(kb))
 			val = fs.move[len(kb):]
 			c.dropFar(sh, si, ti, b)
-			c.demote(sh, si, ti+1, key, val, w&hashMask)
+			nt, nr := c.demote(sh, si, ti+1, key, val, w&hashMask)
+			// A record that is a hot entry's unchanged copy stays its copy
+			// where it lands: else the entry, taken for dirty, would write a
+			// second record when it leaves the heap, and a Set or Delete
+			// would leave the moved one behind, stale.
+			if i, ok := sh.hot[key]; ok {
+				if e := &sh.entries[i]; int(e.farTier) == ti && e.far == r {
+					e.farTier, e.far = nt, nr
+				}
+			}
 		} else {
 			c.dropFar(sh, si, ti, b)
 			c.dropped.Add(1)

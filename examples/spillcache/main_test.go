@@ -104,6 +104,44 @@ func TestCacheSemantics(t *testing.T) {
 	require.False(t, ok)
 }
 
+// TestFarCopyFollowsItsRecord moves a hot entry's far copy down a tier and
+// checks it stays the entry's one copy: counted once, dropped by a Set, gone
+// after a Delete. One shard, a heap for one entry, cxl for one record.
+func TestFarCopyFollowsItsRecord(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	cl, err := alloc.Dial(t.Context(), cfg.Socket)
+	require.NoError(t, err)
+	defer cl.Close()
+	v1, v2 := bytes.Repeat([]byte{1}, 100), bytes.Repeat([]byte{2}, 100)
+	slot := int64(alloc.SizeClass(recordHeader + 1 + len(v1)))
+	c, err := NewCache(t.Context(), cl, Options{HotBytes: 150, CXLBytes: slot, RDMABytes: 4 * slot, Shards: 1, RecordBytes: 1 + len(v1)})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close(context.Background())) }()
+
+	c.Set("a", v1)
+	c.Set("b", v1) // a leaves the heap for cxl
+	v, l := c.GetLevel(nil, "a")
+	require.Equal(t, LevelCXL, l)
+	require.Equal(t, v1, v)
+	// Promoting a pushed b to cxl, which moved a's record, its hot copy, to rdma.
+	st := c.Stats()
+	require.Equal(t, [numLevels]int64{1, 1, 1}, st.Entries)
+	require.Equal(t, int64(1), st.Copies, "the moved record is still a's copy")
+
+	c.Set("a", v2)
+	st = c.Stats()
+	require.Equal(t, [numLevels]int64{1, 1, 0}, st.Entries, "a Set frees the moved copy")
+	require.Zero(t, st.Copies)
+
+	c.Delete("a")
+	_, ok := c.Get(nil, "a")
+	require.False(t, ok, "a deleted key leaves no record behind")
+	v, l = c.GetLevel(nil, "b")
+	require.Equal(t, LevelCXL, l)
+	require.Equal(t, v1, v)
+}
+
 // A target missed under other settings than the measured configuration
 // says so on its line, naming the settings; under the measured
 // configuration a miss is a plain "NOT met".
