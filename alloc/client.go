@@ -44,6 +44,9 @@ type Client struct {
 
 	mu   sync.Mutex
 	data map[string]rdma.Conn // data-plane connections by address
+	// dataGen counts the data-plane connections dropped (and Close): a
+	// segment's cached connection is good while it is unchanged.
+	dataGen atomic.Uint64
 	// onces holds the exactly-once session towards each data-plane
 	// address; it outlives the connections, so a write or atomic retried
 	// on a new connection is answered from the home's reply cache.
@@ -426,6 +429,7 @@ func (c *Client) Close() error {
 	fd := c.fd.Swap(nil) // a call blocked on it fails at once
 	data := c.data
 	c.data = nil
+	c.dataGen.Add(1)
 	c.mu.Unlock()
 	for s := range segs {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.timeout)

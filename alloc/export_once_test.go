@@ -10,7 +10,7 @@ func WithDataAddr(f func(string) string) DialOption {
 // for s: the credential presented and the segment's access key.
 func DataSecrets(s *Segment) (cred, key []byte) {
 	r := s.base().(*remote)
-	_, cred, _ = r.dataAddr()
+	cred = r.credential(r.plane.Load())
 	k := r.region.Key
 	return cred, k[:]
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -18,21 +19,66 @@ import (
 // remote is the backend of a segment on the rdma tier: one-sided
 // operations on its home's data plane (an rdma.Conn of whichever transport
 // rdma/dialer picked), retried across redials within WithOpTimeout.
+//
+// The per-operation path takes no client-wide lock: where the home serves
+// the segment, whether it is lost, and the connection last used are each
+// an atomic pointer of the segment's own, replaced whole when they change.
 type remote struct {
 	c      *Client
 	info   *poolv1.Segment // immutable
 	region rdma.Region
-	addr   string // the home's data plane; guarded by Client.mu
+	// plane is where the home serves the segment and how to reach it;
+	// refresh replaces it.
+	plane atomic.Pointer[plane]
+	// lost is cancelled, with cause ErrSegmentLost, while the daemon reports
+	// the home lost; a restored segment gets a fresh one. Replaced under
+	// Client.mu, so that setLost and retire do not race.
+	lost atomic.Pointer[lostCtx]
+	// route is the data-plane connection the last operation used, valid
+	// while the client has dropped no connection since (Client.dataGen).
+	route atomic.Pointer[route]
+}
+
+// plane is where a segment's home serves its data plane. Immutable.
+type plane struct {
+	addr string
 	// cred is what the data plane's handshake asks for (from the daemon,
-	// renewed by refresh); guarded by Client.mu. Empty: the session's own.
+	// renewed by refresh). Empty: the session's own.
 	cred []byte
 	// tls verifies the home when it serves its data plane over TLS (nil:
-	// plaintext); guarded by Client.mu, renewed by refresh.
+	// plaintext).
 	tls *tls.Config
-	// lost is cancelled, with cause ErrSegmentLost, while the daemon reports
-	// the home lost; a restored segment gets a fresh one.
-	lost   context.Context
+}
+
+// credential is what the handshake of the home at p presents: the
+// daemon's credential for this segment, else the session's own.
+func (r *remote) credential(p *plane) []byte {
+	if len(p.cred) == 0 {
+		return r.c.sess.DataCredential()
+	}
+	return p.cred
+}
+
+// lostCtx is a context cancelled when the segment is lost or retired, and
+// its cancel function. Immutable.
+type lostCtx struct {
+	ctx    context.Context
 	cancel context.CancelCauseFunc
+}
+
+func newLostCtx() *lostCtx {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &lostCtx{ctx, cancel}
+}
+
+// route is a cached data-plane connection: the address, the client's
+// connection generation when it was looked up, the connection and the
+// exactly-once session towards the address. Immutable.
+type route struct {
+	addr string
+	gen  uint64
+	conn rdma.Conn
+	sess *rdma.Session
 }
 
 var _ backend = (*remote)(nil)
@@ -54,8 +100,9 @@ func newRemote(c *Client, info *poolv1.Segment) (*remote, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &remote{c: c, info: info, region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr, cred: info.DataCredential, tls: tc}
-	r.lost, r.cancel = context.WithCancelCause(context.Background())
+	r := &remote{c: c, info: info, region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}}
+	r.plane.Store(&plane{addr: info.DataAddr, cred: info.DataCredential, tls: tc})
+	r.lost.Store(newLostCtx())
 	return r, nil
 }
 
@@ -103,18 +150,19 @@ func final(err error) bool {
 	return false
 }
 
-// dataConn returns the cached data-plane connection to addr, dialing it.
-func (c *Client) dataConn(ctx context.Context, addr string, cred []byte, tc *tls.Config) (rdma.Conn, error) {
+// dataConn returns the cached data-plane connection to addr, dialing it,
+// and the exactly-once session towards addr.
+func (c *Client) dataConn(ctx context.Context, addr string, cred []byte, tc *tls.Config) (rdma.Conn, *rdma.Session, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, fmt.Errorf("client: %w", ErrClosed)
-	}
-	if dc := c.data[addr]; dc != nil {
-		c.mu.Unlock()
-		return dc, nil
+		return nil, nil, fmt.Errorf("client: %w", ErrClosed)
 	}
 	once := c.onceSession(addr)
+	if dc := c.data[addr]; dc != nil {
+		c.mu.Unlock()
+		return dc, once, nil
+	}
 	c.mu.Unlock()
 	dialAddr := addr
 	if c.opts.dataAddr != nil {
@@ -122,20 +170,20 @@ func (c *Client) dataConn(ctx context.Context, addr string, cred []byte, tc *tls
 	}
 	dc, _, err := dialer.Dial(ctx, dialAddr, cred, append(tlsOption(tc), tcp.WithBusyPoll(c.opts.busyPoll), tcp.WithSession(once))...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		dc.Close()
-		return nil, fmt.Errorf("client: %w", ErrClosed)
+		return nil, nil, fmt.Errorf("client: %w", ErrClosed)
 	}
 	if old := c.data[addr]; old != nil {
 		dc.Close()
-		return old, nil
+		return old, once, nil
 	}
 	c.data[addr] = dc
-	return dc, nil
+	return dc, once, nil
 }
 
 // onceSession returns the exactly-once session towards addr, making it;
@@ -149,73 +197,106 @@ func (c *Client) onceSession(addr string) *rdma.Session {
 	return s
 }
 
-// dropDataConn forgets a broken connection so the next operation redials.
+// dropDataConn forgets a broken connection so the next operation redials;
+// the new generation makes every segment's cached route look it up again.
 func (c *Client) dropDataConn(addr string, dc rdma.Conn) {
 	c.mu.Lock()
 	if c.data[addr] == dc {
 		delete(c.data, addr)
 	}
+	c.dataGen.Add(1)
 	c.mu.Unlock()
 	dc.Close()
 }
 
-// op runs op against the segment's home, redialing (and asking the
-// daemon where the segment is now) while the home is unreachable, until it
-// succeeds, the home refuses, the segment is reported lost, or the
-// operation timeout passes. A read is simply posted again. A write or
-// atomic holds a ticket of the exactly-once session towards the home, and
-// every retry posts the same ticket, so the home applies it once; when
-// that cannot be known (the home lost the ticket's reply, moved to another
-// address, or the timeout passed after the op was sent) the answer is
-// ErrIndeterminate, never a second application.
+// connect returns the connection to the home at p and the exactly-once
+// session towards it: the segment's cached route while the client has
+// dropped no connection since it was looked up, else the client's.
+func (r *remote) connect(ctx context.Context, p *plane) (*route, error) {
+	gen := r.c.dataGen.Load()
+	if rt := r.route.Load(); rt != nil && rt.gen == gen && rt.addr == p.addr {
+		return rt, nil
+	}
+	conn, sess, err := r.c.dataConn(ctx, p.addr, r.credential(p), p.tls)
+	if err != nil {
+		return nil, err
+	}
+	// gen was read before the lookup: a drop that raced it leaves the
+	// route stale, to be looked up again by the next operation.
+	rt := &route{addr: p.addr, gen: gen, conn: conn, sess: sess}
+	r.route.Store(rt)
+	return rt, nil
+}
+
+// op runs one operation against the segment's home: run without a
+// caller's context.
 func (r *remote) op(op *rdma.Op) error {
-	r.c.mu.Lock()
-	lost := r.lost
-	r.c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(lost, r.c.opts.opTimeout)
+	return r.run(context.Background(), []*rdma.Op{op})
+}
+
+// run runs ops against the segment's home, posted together, redialing
+// (and asking the daemon where the segment is now) while the home is
+// unreachable, until all succeed, the home refuses one, the segment is
+// reported lost, ctx ends, or the operation timeout passes. A read is
+// simply posted again. A write or atomic holds a ticket of the
+// exactly-once session towards the home, and every retry posts the same
+// ticket, so the home applies it once; when that cannot be known (the home
+// lost the ticket's reply, moved to another address, or the time ran out
+// after the op was sent) the answer is ErrIndeterminate, never a second
+// application. Ops that could not get a ticket (the session's slots are
+// taken) wait for a later round.
+func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
+	ctx, cancel := context.WithTimeout(r.lost.Load().ctx, r.c.opts.opTimeout)
 	defer cancel()
-	op.Region = r.region
+	if caller.Done() != nil {
+		defer context.AfterFunc(caller, cancel)()
+	}
+	for _, op := range ops {
+		op.Region = r.region
+	}
 	defer func() {
-		if op.Once != nil {
-			op.Once.Release()
+		for _, op := range ops {
+			if op.Once != nil {
+				op.Once.Release()
+			}
 		}
 	}()
 	backoff := 20 * time.Millisecond
-	// A connection that broke under the op is redialed at once, the first
+	// A connection that broke under the ops is redialed at once, the first
 	// time after each wait: a home that dropped one connection usually
 	// takes the next; one that keeps failing gets the backoff.
 	quick := true
+	pending := ops
+	var err error
 	for {
-		addr, cred, tc := r.dataAddr()
-		err := r.ticket(ctx, op, addr)
-		if errors.Is(err, ErrIndeterminate) {
-			return err
-		}
-		var conn rdma.Conn
-		if err == nil {
-			conn, err = r.c.dataConn(ctx, addr, cred, tc)
-		}
-		if err == nil {
-			err = post(ctx, conn, op)
-			if err == nil || final(err) {
+		p := r.plane.Load()
+		var rt *route
+		if rt, err = r.connect(ctx, p); err == nil {
+			var ready []*rdma.Op
+			if ready, err = r.tickets(ctx, pending, rt.sess); errors.Is(err, ErrIndeterminate) {
 				return err
 			}
-			if ctx.Err() == nil {
-				r.c.dropDataConn(addr, conn)
-				if quick {
-					quick = false
-					continue
+			if err == nil {
+				err = post(ctx, rt.conn, ready)
+				if err == nil || final(err) {
+					pending = unfinished(pending)
+					if err != nil || len(pending) == 0 {
+						return err
+					}
+					continue // the ops that waited for a ticket
+				}
+				pending = unfinished(pending)
+				if ctx.Err() == nil {
+					r.c.dropDataConn(p.addr, rt.conn)
+					if quick {
+						quick = false
+						continue
+					}
 				}
 			}
 		}
 		if ctx.Err() != nil {
-			if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) {
-				return fmt.Errorf("segment %d on %s: %w", r.info.Id, r.info.Node, cause)
-			}
-			if op.Once != nil && op.Once.Posted() {
-				return fmt.Errorf("segment %d on %s: %s at %d sent, but the home was unreachable for %s after: %w (%w)", r.info.Id, r.info.Node, op.Kind, op.Offset, r.c.opts.opTimeout, ErrIndeterminate, err)
-			}
-			return fmt.Errorf("segment %d on %s: home unreachable for %s: %w (%w; retry, or wait for the pool to report the segment lost)", r.info.Id, r.info.Node, r.c.opts.opTimeout, err, ErrUnavailable)
+			return r.timedOut(caller, ctx, pending, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -228,54 +309,121 @@ func (r *remote) op(op *rdma.Op) error {
 	}
 }
 
-// post runs op on conn: a read through Read (no batch to set up), the
-// others through Do, which carries their tickets.
-func post(ctx context.Context, conn rdma.Conn, op *rdma.Op) error {
-	if op.Kind == rdma.OpRead {
-		return conn.Read(ctx, op.Region, op.Offset, op.Buf)
+// timedOut is the error of ops that ctx ended before they were done, with
+// err the last failure to reach the home.
+func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) {
+		return fmt.Errorf("segment %d on %s: %w", r.info.Id, r.info.Node, cause)
 	}
-	return conn.Do(ctx, op)
+	why := fmt.Sprintf("the home was unreachable for %s", r.c.opts.opTimeout)
+	if caller.Err() != nil {
+		why, err = "the caller's context ended", caller.Err()
+	}
+	for _, op := range pending {
+		if op.Once != nil && op.Once.Posted() {
+			return fmt.Errorf("segment %d on %s: %s at %d sent, but %s after: %w (%w)", r.info.Id, r.info.Node, op.Kind, op.Offset, why, ErrIndeterminate, err)
+		}
+	}
+	if caller.Err() != nil {
+		return fmt.Errorf("segment %d on %s: %s: %w", r.info.Id, r.info.Node, why, err)
+	}
+	return fmt.Errorf("segment %d on %s: home unreachable for %s: %w (%w; retry, or wait for the pool to report the segment lost)", r.info.Id, r.info.Node, r.c.opts.opTimeout, err, ErrUnavailable)
 }
 
-// ticket gives a write or atomic a ticket of the exactly-once session
-// towards addr. A ticket of another address's session (the home moved:
-// it restarted) that was already posted makes the outcome unknown.
-func (r *remote) ticket(ctx context.Context, op *rdma.Op, addr string) error {
-	if op.Kind == rdma.OpRead || (op.Kind == rdma.OpFetchAdd && op.Delta == 0) { // Load64: idempotent
-		return nil
+// unfinished keeps the ops of pending that have not succeeded: those that
+// failed and those never posted (Err set by tickets). A finished op's
+// ticket goes back to the session at once, for the ops still waiting for
+// one. It copies only when some finished, so a lone op costs no allocation.
+func unfinished(pending []*rdma.Op) []*rdma.Op {
+	var left []*rdma.Op
+	for i, op := range pending {
+		if op.Err != nil {
+			if left != nil {
+				left = append(left, op)
+			}
+			continue
+		}
+		if op.Once != nil {
+			op.Once.Release()
+			op.Once = nil
+		}
+		if left == nil {
+			left = append(make([]*rdma.Op, 0, len(pending)), pending[:i]...)
+		}
 	}
-	r.c.mu.Lock()
-	sess := r.c.onceSession(addr)
-	r.c.mu.Unlock()
-	if op.Once != nil {
-		if op.Once.Session() == sess {
-			return nil
+	if left == nil {
+		return pending
+	}
+	return left
+}
+
+// errWaiting marks an op that got no ticket this round.
+var errWaiting = errors.New("alloc: waiting for an exactly-once slot")
+
+// post runs ops on conn: a lone read through Read (no batch to set up),
+// the rest through Do, which carries their tickets. Each op's Err is set.
+func post(ctx context.Context, conn rdma.Conn, ops []*rdma.Op) error {
+	if len(ops) == 1 && ops[0].Kind == rdma.OpRead {
+		op := ops[0]
+		op.Err = conn.Read(ctx, op.Region, op.Offset, op.Buf)
+		return op.Err
+	}
+	return conn.Do(ctx, ops...)
+}
+
+// tickets gives each write or atomic of pending a ticket of sess, the
+// exactly-once session towards the home, and returns the ops ready to post;
+// the others have Err errWaiting. It waits for a slot only while none of
+// pending holds one (so two batches never wait for each other's slots),
+// else takes what is free. A ticket of another address's session (the
+// home moved: it restarted) that was already posted makes the outcome
+// unknown.
+func (r *remote) tickets(ctx context.Context, pending []*rdma.Op, sess *rdma.Session) ([]*rdma.Op, error) {
+	held := false
+	for _, op := range pending {
+		if op.Once == nil || op.Once.Session() == sess {
+			held = held || op.Once != nil
+			continue
 		}
 		if op.Once.Posted() {
-			return fmt.Errorf("segment %d: %s at %d was sent to the home's old address, which is gone: %w", r.info.Id, op.Kind, op.Offset, rdma.ErrIndeterminate)
+			return nil, fmt.Errorf("segment %d: %s at %d was sent to the home's old address, which is gone: %w", r.info.Id, op.Kind, op.Offset, rdma.ErrIndeterminate)
 		}
 		op.Once.Release()
 		op.Once = nil
 	}
-	t, err := sess.Acquire(ctx)
-	if err != nil {
-		return err
+	var ready []*rdma.Op
+	for i, op := range pending {
+		if op.Once == nil && exactlyOnce(op) {
+			if !held {
+				t, err := sess.Acquire(ctx)
+				if err != nil {
+					return nil, err
+				}
+				op.Once, held = t, true
+			} else if t, ok := sess.TryAcquire(); ok {
+				op.Once = t
+			} else {
+				op.Err = errWaiting
+				if ready == nil {
+					ready = append(make([]*rdma.Op, 0, len(pending)), pending[:i]...)
+				}
+				continue
+			}
+		}
+		if ready != nil {
+			ready = append(ready, op)
+		}
 	}
-	op.Once = t
-	return nil
+	if ready == nil {
+		return pending, nil
+	}
+	return ready, nil
 }
 
-// dataAddr is where the segment's home serves it, the credential its
-// handshake takes (the daemon's for this segment, else the session's own)
-// and how to verify the home over TLS (nil: plaintext).
-func (r *remote) dataAddr() (string, []byte, *tls.Config) {
-	r.c.mu.Lock()
-	addr, cred, tc := r.addr, r.cred, r.tls
-	r.c.mu.Unlock()
-	if len(cred) == 0 {
-		cred = r.c.sess.DataCredential()
-	}
-	return addr, cred, tc
+// exactlyOnce reports whether op needs a ticket: a write or an atomic
+// other than Load64's fetch-and-add of 0, which is idempotent.
+func exactlyOnce(op *rdma.Op) bool {
+	return op.Kind != rdma.OpRead && (op.Kind != rdma.OpFetchAdd || op.Delta != 0)
 }
 
 // refresh asks the daemon where the segment's home serves it now (a
@@ -293,11 +441,12 @@ func (r *remote) refresh(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	r.c.mu.Lock()
-	r.addr, r.tls = info.DataAddr, tc
+	r.c.mu.Lock() // one refresh at a time: each keeps the other's credential
+	cred := r.plane.Load().cred
 	if len(info.DataCredential) > 0 { // a restarted home issued a new one
-		r.cred = info.DataCredential
+		cred = info.DataCredential
 	}
+	r.plane.Store(&plane{addr: info.DataAddr, cred: cred, tls: tc})
 	r.c.mu.Unlock()
 }
 
@@ -313,12 +462,13 @@ func (s *Segment) setLost(lost bool) {
 func (r *remote) setLost(lost bool) {
 	r.c.mu.Lock()
 	defer r.c.mu.Unlock()
+	l := r.lost.Load()
 	if lost {
-		r.cancel(fmt.Errorf("the home node %s of segment %d is gone: %w", r.info.Node, r.info.Id, errs.ErrSegmentLost))
+		l.cancel(fmt.Errorf("the home node %s of segment %d is gone: %w", r.info.Node, r.info.Id, errs.ErrSegmentLost))
 		return
 	}
-	if r.lost.Err() != nil {
-		r.lost, r.cancel = context.WithCancelCause(context.Background())
+	if l.ctx.Err() != nil {
+		r.lost.Store(newLostCtx())
 	}
 }
 
@@ -388,8 +538,8 @@ func (r *remote) bytes() []byte { return nil }
 // retire fails the calls still retrying with ErrClosed.
 func (r *remote) retire(context.Context) error {
 	r.c.mu.Lock()
-	cancel := r.cancel
+	l := r.lost.Load()
 	r.c.mu.Unlock()
-	cancel(fmt.Errorf("segment %d: %w", r.info.Id, ErrClosed))
+	l.cancel(fmt.Errorf("segment %d: %w", r.info.Id, ErrClosed))
 	return nil
 }

@@ -57,11 +57,29 @@ func (s *Session) MarkOpened() { s.opened.Store(true) }
 func (s *Session) Acquire(ctx context.Context) (*Ticket, error) {
 	select {
 	case slot := <-s.free:
-		s.seqs[slot]++
-		return &Ticket{s: s, Slot: slot, Seq: s.seqs[slot]}, nil
+		return s.take(slot), nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("rdma: all %d exactly-once slots of the session are in use: %w", SessionSlots, ctx.Err())
 	}
+}
+
+// TryAcquire is Acquire without the wait: it returns false when every slot
+// is taken. A caller that already holds tickets takes more with it, so that
+// it never waits for a slot while holding others (two such callers could
+// each wait for the other's).
+func (s *Session) TryAcquire() (*Ticket, bool) {
+	select {
+	case slot := <-s.free:
+		return s.take(slot), true
+	default:
+		return nil, false
+	}
+}
+
+// take is the ticket of a slot just taken off the free list.
+func (s *Session) take(slot uint16) *Ticket {
+	s.seqs[slot]++
+	return &Ticket{s: s, Slot: slot, Seq: s.seqs[slot]}
 }
 
 // Ticket names one exactly-once operation: the slot it holds in its
