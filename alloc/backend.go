@@ -19,7 +19,8 @@ import "context"
 //
 // Segment makes the checks common to every backend before it calls one:
 // the segment is not closed, the bytes lie within the segment (ReadAt
-// passes only the part of p that does, and adds io.EOF itself), and an
+// passes only the part of p that does, and adds io.EOF itself; a batch is
+// checked whole, see ReadBatch), and an
 // atomic's offset is within it and a multiple of 8. A backend's methods
 // trust their arguments. Implementations are safe for concurrent use.
 type backend interface {
@@ -29,6 +30,11 @@ type backend interface {
 	// writeAt stores p, which lies within the segment, at off, returning
 	// how many bytes it wrote before an error.
 	writeAt(p []byte, off int64) (int, error)
+	// readBatch and writeBatch do every span of a batch, each of which lies
+	// within the segment, the spans of a write not overlapping; nil means
+	// all were done.
+	readBatch(ctx context.Context, spans []Span) error
+	writeBatch(ctx context.Context, spans []Span) error
 	// load64, store64, compareAndSwap64 and add64 are the 64-bit atomics
 	// on the word at off; add64 returns the new value.
 	load64(off int64) (uint64, error)

@@ -246,6 +246,9 @@ func (r *remote) op(op *rdma.Op) error {
 // application. Ops that could not get a ticket (the session's slots are
 // taken) wait for a later round.
 func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
+	if err := caller.Err(); err != nil {
+		return fmt.Errorf("segment %d: %w", r.info.Id, err)
+	}
 	ctx, cancel := context.WithTimeout(r.lost.Load().ctx, r.c.opts.opTimeout)
 	defer cancel()
 	if caller.Done() != nil {
