@@ -240,6 +240,59 @@ func ExampleSegment_ReadAt() {
 	// rdma: "tail" <nil>
 }
 
+// ReadBatch reads many ranges of a segment in one call: on the rdma tier
+// they travel to the home together and cost about one round trip. The
+// batch is checked whole first: one span out of range refuses it all.
+func ExampleSegment_ReadBatch() {
+	socket, stop := examplePool()
+	defer stop()
+	ctx := context.Background()
+	c, err := alloc.Dial(ctx, socket)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	seg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer seg.Free(ctx)
+
+	// Three records, written in one call.
+	err = seg.WriteBatch(ctx, []alloc.Span{
+		{Off: 0, Buf: []byte("alpha")},
+		{Off: 4096, Buf: []byte("bravo")},
+		{Off: 500_000, Buf: []byte("charlie")},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	spans := []alloc.Span{
+		{Off: 0, Buf: make([]byte, 5)},
+		{Off: 4096, Buf: make([]byte, 5)},
+		{Off: 500_000, Buf: make([]byte, 7)},
+	}
+	if err := seg.ReadBatch(ctx, spans); err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, sp := range spans {
+		fmt.Printf("%d: %s\n", sp.Off, sp.Buf)
+	}
+
+	bad := append(spans, alloc.Span{Off: seg.Size() - 2, Buf: make([]byte, 4)})
+	err = seg.ReadBatch(ctx, bad)
+	fmt.Println("past the end: out of range", errors.Is(err, alloc.ErrOutOfRange))
+	// Output:
+	// 0: alpha
+	// 4096: bravo
+	// 500000: charlie
+	// past the end: out of range true
+}
+
 // An Arena keeps many small objects in far-memory segments, named by Ref
 // rather than by pointer, so that the garbage collector never scans them.
 func ExampleArena() {
