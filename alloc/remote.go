@@ -228,10 +228,19 @@ func (r *remote) connect(ctx context.Context, p *plane) (*route, error) {
 	return rt, nil
 }
 
-// op runs one operation against the segment's home: run without a
-// caller's context.
-func (r *remote) op(op *rdma.Op) error {
-	return r.run(context.Background(), []*rdma.Op{op})
+// op runs one operation against the segment's home (run without a
+// caller's context) and returns it with its results.
+func (r *remote) op(op rdma.Op) (rdma.Op, error) {
+	s := &single{op: op}
+	s.list[0] = &s.op
+	err := r.run(context.Background(), s.list[:])
+	return s.op, err
+}
+
+// single is one op and the list of it that run takes, allocated together.
+type single struct {
+	op   rdma.Op
+	list [1]*rdma.Op
 }
 
 // run runs ops against the segment's home, posted together, redialing
@@ -336,28 +345,31 @@ func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err e
 // unfinished keeps the ops of pending that have not succeeded: those that
 // failed and those never posted (Err set by tickets). A finished op's
 // ticket goes back to the session at once, for the ops still waiting for
-// one. It copies only when some finished, so a lone op costs no allocation.
+// one. It allocates only when some finished and some did not, so a lone
+// op costs none.
 func unfinished(pending []*rdma.Op) []*rdma.Op {
-	var left []*rdma.Op
-	for i, op := range pending {
+	left := 0
+	for _, op := range pending {
 		if op.Err != nil {
-			if left != nil {
-				left = append(left, op)
-			}
-			continue
-		}
-		if op.Once != nil {
+			left++
+		} else if op.Once != nil {
 			op.Once.Release()
 			op.Once = nil
 		}
-		if left == nil {
-			left = append(make([]*rdma.Op, 0, len(pending)), pending[:i]...)
-		}
 	}
-	if left == nil {
+	switch left {
+	case 0:
+		return nil
+	case len(pending):
 		return pending
 	}
-	return left
+	keep := make([]*rdma.Op, 0, left)
+	for _, op := range pending {
+		if op.Err != nil {
+			keep = append(keep, op)
+		}
+	}
+	return keep
 }
 
 // errWaiting marks an op that got no ticket this round.
@@ -479,7 +491,7 @@ func (r *remote) readAt(p []byte, off int64) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if err := r.op(&rdma.Op{Kind: rdma.OpRead, Offset: off, Buf: p}); err != nil {
+	if _, err := r.op(rdma.Op{Kind: rdma.OpRead, Offset: off, Buf: p}); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -490,7 +502,7 @@ func (r *remote) readAt(p []byte, off int64) (int, error) {
 func (r *remote) writeAt(p []byte, off int64) (int, error) {
 	for done := 0; done < len(p); {
 		n := min(len(p)-done, tcp.MaxPayload)
-		if err := r.op(&rdma.Op{Kind: rdma.OpWrite, Offset: off + int64(done), Buf: p[done : done+n]}); err != nil {
+		if _, err := r.op(rdma.Op{Kind: rdma.OpWrite, Offset: off + int64(done), Buf: p[done : done+n]}); err != nil {
 			return done, err
 		}
 		done += n
@@ -525,14 +537,12 @@ func (r *remote) add64(off int64, delta uint64) (uint64, error) {
 }
 
 func (r *remote) fetchAdd(off int64, delta uint64) (prev uint64, err error) {
-	op := rdma.Op{Kind: rdma.OpFetchAdd, Offset: off, Delta: delta}
-	err = r.op(&op)
+	op, err := r.op(rdma.Op{Kind: rdma.OpFetchAdd, Offset: off, Delta: delta})
 	return op.Prev, err
 }
 
 func (r *remote) cas(off int64, old, new uint64) (prev uint64, swapped bool, err error) {
-	op := rdma.Op{Kind: rdma.OpCompareAndSwap, Offset: off, Old: old, New: new}
-	err = r.op(&op)
+	op, err := r.op(rdma.Op{Kind: rdma.OpCompareAndSwap, Offset: off, Old: old, New: new})
 	return op.Prev, op.Swapped, err
 }
 
