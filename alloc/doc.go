@@ -47,6 +47,11 @@
 // costs must go through ReadAt/WriteAt. Injected latency is always reported
 // as "injected" (TierInfo, Segment.Injected), never as a measurement.
 //
+// ReadBatch and WriteBatch move many ranges (Spans) in one call, checked
+// whole before any is done: copies on the mapped backend, the ops posted
+// together on one connection (rdma.Conn.Do) on the remote one, span by
+// span on a shared attachment; emulation applies once per batch.
+//
 // # Retries on remote segments
 //
 // Remote (rdma) segments are reached over a data-plane connection to their
@@ -60,7 +65,8 @@
 //
 // # Concurrency, errors, OS
 //
-// Client and Segment are safe for concurrent use. A slice
+// Client and Segment are safe for concurrent use; an operation on a remote
+// segment takes no client-wide lock unless it has to (re)dial. A slice
 // returned by Segment.Bytes is valid until the segment is freed or the
 // client closed; using it after that is a use-after-free.
 //
