@@ -54,14 +54,15 @@ type Sharer struct {
 	link  Link
 	size  int64
 
-	mu      sync.RWMutex // RLock: a cached read (the fast path); Lock: everything else
-	cache   *Cache
-	fast    []atomic.Uint32 // per page: fastRead or fastWrite while usable without the clock
-	hot     map[uint32]bool // pages whose fast flag may be set
-	lastReq []time.Time     // per page: when its request was last sent
-	changed chan struct{}   // closed (and replaced) whenever a grant arrives
-	lostErr error           // data lost in the background, reported by Sync
-	handing inflight        // InvAcks carrying data on their way: Sync waits for them
+	mu       sync.RWMutex // RLock: a cached read (the fast path); Lock: everything else
+	cache    *Cache
+	fast     []atomic.Uint32 // per page: fastRead or fastWrite while usable without the clock
+	hot      map[uint32]bool // pages whose fast flag may be set
+	lastReq  []time.Time     // per page: when its request was last sent
+	renewing map[uint32]bool // owned pages whose renewal (a write-back) is on its way
+	changed  chan struct{}   // closed (and replaced) whenever a grant arrives
+	lostErr  error           // data lost in the background, reported by Sync
+	handing  inflight        // InvAcks carrying data on their way: Sync waits for them
 
 	hits, misses, requests, invs, wbs, waits atomic.Uint64
 	opTimeout                                atomic.Int64 // see SetOpTimeout
@@ -91,7 +92,7 @@ func NewSharer(cfg Config, size int64, link Link, clock Clock) (*Sharer, error) 
 	}
 	s := &Sharer{cfg: cfg, clock: clock, link: link, size: size, cache: c,
 		lastReq: make([]time.Time, c.Pages()), changed: make(chan struct{}),
-		fast: make([]atomic.Uint32, c.Pages()), hot: map[uint32]bool{}}
+		fast: make([]atomic.Uint32, c.Pages()), hot: map[uint32]bool{}, renewing: map[uint32]bool{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(2)
 	go s.pollLoop()
@@ -366,11 +367,15 @@ func (s *Sharer) call(ctx context.Context, m Message) (Message, error) {
 		if errors.Is(err, ErrSegmentLost) {
 			return Message{}, err
 		}
-		if ctx.Err() != nil {
+		var serr error
+		if ctx.Err() == nil {
+			serr = s.sleep(ctx, backoff)
+		}
+		if ctx.Err() != nil { // also when it ended during the backoff
 			return Message{}, fmt.Errorf("coherence: %s for page %d: the home did not answer: %w (%w)", m.Kind, m.Page, err, ErrUnavailable)
 		}
-		if err := s.sleep(ctx, backoff); err != nil {
-			return Message{}, err
+		if serr != nil {
+			return Message{}, serr
 		}
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}
@@ -543,8 +548,7 @@ func (s *Sharer) pollLoop() {
 	}
 }
 
-// keepLoop renews the leases of owned pages (writing their data back) a
-// half lease before they run out.
+// keepLoop ticks the keeper every sixteenth of a lease until Close.
 func (s *Sharer) keepLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.Lease / 16)
@@ -555,23 +559,52 @@ func (s *Sharer) keepLoop() {
 			return
 		case <-t.C:
 		}
-		s.mu.Lock()
-		now := s.clock.Now()
-		s.settleAll(now)
-		pages, _ := s.cache.Owned()
-		var due []uint32
-		for _, pg := range pages {
-			if e := s.cache.Expiry(pg); now.Before(e) && e.Sub(now) < s.cfg.Lease/2 {
-				due = append(due, pg)
-			}
-		}
-		s.mu.Unlock()
-		if err := s.writeBack(s.ctx, due, KeepModified, false); err != nil && !errors.Is(err, ErrClosed) {
-			s.mu.Lock()
-			s.lostErr = errors.Join(s.lostErr, err)
-			s.mu.Unlock()
+		s.keep()
+	}
+}
+
+// keep is one tick of the keeper: it clears the fast flags of pages whose
+// leases are about to run out, and renews the leases of owned pages
+// (writing their data back) a half lease before they run out. The renewals
+// run in a goroutine of their own, one per page at a time, bounded by the
+// half lease left: a home that does not answer (a partition) must not hold
+// up the tick, since the fast path honours leases only as long as the
+// ticks go on.
+func (s *Sharer) keep() {
+	s.mu.Lock()
+	now := s.clock.Now()
+	s.settleAll(now)
+	pages, _ := s.cache.Owned()
+	var due []uint32
+	for _, pg := range pages {
+		if e := s.cache.Expiry(pg); now.Before(e) && e.Sub(now) < s.cfg.Lease/2 && !s.renewing[pg] {
+			s.renewing[pg] = true
+			due = append(due, pg)
 		}
 	}
+	s.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Lease/2)
+		err := s.writeBack(ctx, due, KeepModified, false)
+		// A renewal the home did not answer in time (or cut short by
+		// Close) loses nothing by itself: the page's next operation or
+		// Sync finds its lease run out and reports the writes lost then.
+		record := err != nil && (ctx.Err() == nil || errors.Is(err, ErrLeaseExpired))
+		cancel()
+		s.mu.Lock()
+		for _, pg := range due {
+			delete(s.renewing, pg)
+		}
+		if record {
+			s.lostErr = errors.Join(s.lostErr, err)
+		}
+		s.mu.Unlock()
+	}()
 }
 
 // writeBack sends a WriteBack of each owned page in pages (only the dirty
@@ -683,7 +716,8 @@ func (s *Sharer) Abandon() {
 // by the keeper, which ticks every sixteenth of a lease, a quarter lease
 // before the lease runs out. So a cached access costs a read lock and the
 // copy; the lease is still honoured as long as the keeper is not held up
-// for more than 3/16 of a lease (about 190 ms with the default lease).
+// for more than 3/16 of a lease (about 190 ms with the default lease). So
+// the keeper's tick never waits for the network: renewals run beside it.
 const (
 	fastNone  uint32 = 0
 	fastRead  uint32 = 1

@@ -1,0 +1,107 @@
+package coherence
+
+import (
+	"context"
+	"encoding/binary"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// manualClock is a Clock the test moves by hand.
+type manualClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *manualClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// renewWatch is a memLink that signals each WriteBack it is asked to carry.
+type renewWatch struct {
+	*memLink
+	wb chan struct{}
+}
+
+func (l renewWatch) Call(ctx context.Context, m Message) (Message, error) {
+	if m.Kind == WriteBack {
+		select {
+		case l.wb <- struct{}{}:
+		default:
+		}
+	}
+	return l.memLink.Call(ctx, m)
+}
+
+// TestPartitionedSharerServesNoExpiredCopy: a sharer cut off from its home
+// while it holds one page shared and owns another. The renewal of the owned
+// page cannot get through; meanwhile the shared page's lease runs out and
+// another sharer writes it. The cut-off sharer must not serve its expired
+// copy from the fast path, neither during the partition nor once it heals.
+func TestPartitionedSharerServesNoExpiredCopy(t *testing.T) {
+	cfg := Config{PageSize: 512, Lease: 160 * time.Millisecond} // the keeper ticks every 10 ms
+	clk := &manualClock{t: time.Unix(1000, 0)}
+	home, err := NewHome(cfg, make([]byte, 2*cfg.PageSize), clk)
+	require.NoError(t, err)
+	defer home.Close()
+	la := renewWatch{memLink: &memLink{home: home}, wb: make(chan struct{}, 1)}
+	a, err := NewSharer(cfg, int64(2*cfg.PageSize), la, clk)
+	require.NoError(t, err)
+	b, err := NewSharer(cfg, int64(2*cfg.PageSize), &memLink{home: home}, clk)
+	require.NoError(t, err)
+	ctx := t.Context()
+	word := func(v uint64) []byte { return binary.LittleEndian.AppendUint64(nil, v) }
+
+	// a holds page 0 shared and page 1 modified, both until t0+lease.
+	v, err := a.Load64(ctx, 0)
+	require.NoError(t, err)
+	require.Zero(t, v)
+	_, err = a.WriteAt(ctx, word(7), int64(cfg.PageSize))
+	require.NoError(t, err)
+
+	la.down.Store(true)
+	// Past the half lease the keeper renews page 1; the home does not answer.
+	clk.add(cfg.Lease * 6 / 10)
+	select {
+	case <-la.wb:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the keeper sent no renewal of the owned page past its half lease")
+	}
+	// Past the lease: the home gives page 0 to b, which writes it.
+	clk.add(cfg.Lease*4/10 + time.Millisecond)
+	_, err = b.WriteAt(ctx, word(5), 0)
+	require.NoError(t, err)
+	// The keeper's next tick ends the fast path of a's expired copy (a
+	// stuck renewal must not hold it up; give it far more than a tick).
+	for deadline := time.Now().Add(5 * time.Second); a.fast[0].Load() != fastNone && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	v, err = a.Load64(short, 0)
+	cancel()
+	require.Error(t, err, "read %d from the copy whose lease ran out while cut off from the home", v)
+	require.ErrorIs(t, err, ErrUnavailable)
+
+	la.down.Store(false)
+	clk.add(cfg.Lease / 8) // the request sent while cut off is due to be sent again
+	v, err = a.Load64(ctx, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 5, v, "once the partition healed, the sharer read its expired copy, not b's write")
+
+	require.NoError(t, b.Close(ctx))
+	if err := a.Close(ctx); err != nil {
+		require.ErrorIs(t, err, ErrLeaseExpired, "only the write to page 1 may be reported lost")
+	}
+}
