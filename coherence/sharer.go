@@ -566,10 +566,10 @@ func (s *Sharer) keepLoop() {
 // keep is one tick of the keeper: it clears the fast flags of pages whose
 // leases are about to run out, and renews the leases of owned pages
 // (writing their data back) a half lease before they run out. The renewals
-// run in a goroutine of their own, one per page at a time, bounded by the
-// half lease left: a home that does not answer (a partition) must not hold
-// up the tick, since the fast path honours leases only as long as the
-// ticks go on.
+// run in a goroutine of their own, one per page at a time, each retried
+// for up to a lease (a late renewal still keeps a page nobody else asked
+// for): a home that does not answer (a partition) must not hold up the
+// tick, since the fast path honours leases only as long as the ticks go on.
 func (s *Sharer) keep() {
 	s.mu.Lock()
 	now := s.clock.Now()
@@ -589,7 +589,7 @@ func (s *Sharer) keep() {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Lease/2)
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Lease)
 		err := s.writeBack(ctx, due, KeepModified, false)
 		// A renewal the home did not answer in time (or cut short by
 		// Close) loses nothing by itself: the page's next operation or
