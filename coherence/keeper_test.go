@@ -96,7 +96,9 @@ func TestPartitionedSharerServesNoExpiredCopy(t *testing.T) {
 
 	la.down.Store(false)
 	clk.add(cfg.Lease / 8) // the request sent while cut off is due to be sent again
-	v, err = a.Load64(ctx, 0)
+	healed, cancel := context.WithTimeout(ctx, 10*time.Second)
+	v, err = a.Load64(healed, 0)
+	cancel()
 	require.NoError(t, err)
 	require.EqualValues(t, 5, v, "once the partition healed, the sharer read its expired copy, not b's write")
 
