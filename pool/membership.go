@@ -14,7 +14,6 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
-	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma/dialer"
 )
 
@@ -46,7 +45,9 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 			return fmt.Errorf("gossip on %s: %w", d.cfg.Gossip, err)
 		}
 	}
-	meta := cluster.Meta{Proto: protoVersion, GRPCAddr: grpcAddr, Tiers: d.pool.gossipTiers()}
+	// A drain kept in the store is announced from the first gossip on, so
+	// that peers never see free space here that placements would refuse.
+	meta := cluster.Meta{Proto: protoVersion, GRPCAddr: grpcAddr, Draining: !d.pool.draining().IsZero(), Tiers: d.pool.gossipTiers()}
 	if dp := d.pool.data(); dp != nil {
 		meta.DataAddr = dp.addr
 	}
@@ -398,7 +399,8 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 	p := s.d.pool
 	cl := p.gossip()
 	if cl == nil {
-		self := &poolv1.NodeInfo{Name: s.d.cfg.Node, State: "alive", Self: true}
+		since := p.draining()
+		self := &poolv1.NodeInfo{Name: s.d.cfg.Node, State: "alive", Self: true, Draining: !since.IsZero(), DrainingSinceUnixMs: unixMs(since)}
 		for _, t := range p.gossipTiers() {
 			self.Tiers = append(self.Tiers, &poolv1.NodeTier{Tier: t.Name, Capacity: t.Capacity, Free: t.Free})
 		}
@@ -411,6 +413,9 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 	for _, m := range cl.Members() {
 		n := &poolv1.NodeInfo{Name: m.Name, State: cluster.StateString(m.State), GossipAddr: m.Addr,
 			GrpcAddr: m.Meta.GRPCAddr, DataAddr: m.Meta.DataAddr, Draining: m.Meta.Draining, Self: m.Name == s.d.cfg.Node}
+		if n.Self {
+			n.DrainingSinceUnixMs = unixMs(p.draining())
+		}
 		if why := p.peerConns().refusal(m.Name, m.Meta.GRPCAddr); why != nil {
 			n.Refused = why.Error()
 		}
@@ -443,45 +448,4 @@ func (p *core) nameConflicts() []*poolv1.NameConflict {
 			FirstUnixMs: c.First.UnixMilli(), LastUnixMs: c.Last.UnixMilli(), Count: c.Count})
 	}
 	return out
-}
-
-func (s *service) Drain(ctx context.Context, req *poolv1.DrainRequest) (*poolv1.DrainResponse, error) {
-	p := s.d.pool
-	c, err := s.caller(ctx)
-	if err == nil && c.client != nil && !strings.HasPrefix(c.id(), peerClientPrefix) {
-		err = fmt.Errorf("%w: draining is for administrators (poold --admin) and peer daemons, not %s", errs.ErrAccessDenied, c.ident)
-	}
-	if err != nil {
-		return nil, errs.ToStatus(err)
-	}
-	cl := p.gossip()
-	if req.Node == "" || req.Node == s.d.cfg.Node {
-		p.setDraining(!req.Undo)
-		if cl != nil {
-			if err := cl.SetMeta(func(m *cluster.Meta) { m.Draining = !req.Undo }); err != nil {
-				return nil, errs.ToStatus(err)
-			}
-		}
-		s.d.log.Info("drain", "node", s.d.cfg.Node, "draining", !req.Undo)
-		return &poolv1.DrainResponse{}, nil
-	}
-	if cl == nil {
-		return nil, errs.ToStatus(fmt.Errorf("node %q: %w (this daemon is in no cluster)", req.Node, errs.ErrNotFound))
-	}
-	m, ok := cl.Member(req.Node)
-	if !ok || m.State != cluster.StateAlive {
-		return nil, errs.ToStatus(fmt.Errorf("node %q: %w among the alive members; see 'memctl nodes'", req.Node, errs.ErrNotFound))
-	}
-	pc, err := p.peerConns().get(ctx, m.Name, m.Meta.GRPCAddr)
-	if err != nil {
-		return nil, errs.ToStatus(err)
-	}
-	cctx, _, err := pc.Call(ctx)
-	if err != nil {
-		return nil, errs.ToStatus(err)
-	}
-	if _, err := pc.API().Drain(cctx, &poolv1.DrainRequest{Node: m.Name, Undo: req.Undo}); err != nil {
-		return nil, err
-	}
-	return &poolv1.DrainResponse{}, nil
 }

@@ -238,16 +238,18 @@ func emulatedLatency(cfg Config, name string) time.Duration {
 type poolCollector struct{ p *core }
 
 var (
-	deviceLabels  = []string{"tier", "device", "kind", "emulated"}
-	capacityDesc  = promDesc("tier_capacity_bytes", "Capacity of a device, in bytes.", deviceLabels...)
-	usedDesc      = promDesc("tier_used_bytes", "Bytes of a device held by segments (extents, rounded up to the device's alignment).", deviceLabels...)
-	freeDesc      = promDesc("tier_free_bytes", "Free bytes of a device.", deviceLabels...)
-	segmentsDesc  = promDesc("segments", "Segments in this node's table, by tier and state (active or lost).", "tier", "state")
-	sessionsDesc  = promDesc("sessions", "Live client sessions.")
-	membersDesc   = promDesc("cluster_members", "Cluster members by state, this node included; a node in no cluster counts itself alive.", "state")
-	emuLatDesc    = promDesc("emulated_latency_seconds", "Latency injected into accesses to a tier by latency emulation (0: none).", "tier")
-	memberStates  = []string{"alive", "suspect", "dead", "left"}
-	segmentStates = []string{"active", "lost"}
+	deviceLabels   = []string{"tier", "device", "kind", "emulated"}
+	capacityDesc   = promDesc("tier_capacity_bytes", "Capacity of a device, in bytes.", deviceLabels...)
+	usedDesc       = promDesc("tier_used_bytes", "Bytes of a device held by segments (extents, rounded up to the device's alignment).", deviceLabels...)
+	freeDesc       = promDesc("tier_free_bytes", "Free bytes of a device.", deviceLabels...)
+	segmentsDesc   = promDesc("segments", "Segments in this node's table, by tier and state (active or lost).", "tier", "state")
+	sessionsDesc   = promDesc("sessions", "Live client sessions.")
+	membersDesc    = promDesc("cluster_members", "Cluster members by state, this node included; a node in no cluster counts itself alive.", "state")
+	emuLatDesc     = promDesc("emulated_latency_seconds", "Latency injected into accesses to a tier by latency emulation (0: none).", "tier")
+	drainingDesc   = promDesc("draining", "1 while this node drains (memctl drain: no new placements for peers; its segments stay; kept across restarts until memctl drain --undo), else 0.")
+	drainSinceDesc = promDesc("draining_since_timestamp_seconds", "Unix time this node began to drain; 0 while it is not draining.")
+	memberStates   = []string{"alive", "suspect", "dead", "left"}
+	segmentStates  = []string{"active", "lost"}
 )
 
 func promDesc(name, help string, labels ...string) *prometheus.Desc {
@@ -256,7 +258,7 @@ func promDesc(name, help string, labels ...string) *prometheus.Desc {
 
 // Describe implements prometheus.Collector.
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{capacityDesc, usedDesc, freeDesc, segmentsDesc, sessionsDesc, membersDesc, emuLatDesc} {
+	for _, d := range []*prometheus.Desc{capacityDesc, usedDesc, freeDesc, segmentsDesc, sessionsDesc, membersDesc, emuLatDesc, drainingDesc, drainSinceDesc} {
 		ch <- d
 	}
 }
@@ -294,6 +296,7 @@ func (p *core) collect(gauge func(d *prometheus.Desc, v float64, labels ...strin
 		tiers[tierName(r.Tier)] = true
 	}
 	sessions := len(p.sessions)
+	drainSince := p.drainSince
 	p.mu.Unlock()
 
 	for t := range tiers {
@@ -303,6 +306,13 @@ func (p *core) collect(gauge func(d *prometheus.Desc, v float64, labels ...strin
 		gauge(emuLatDesc, emulatedLatency(p.cfg, t).Seconds(), t)
 	}
 	gauge(sessionsDesc, float64(sessions))
+	if drainSince.IsZero() {
+		gauge(drainingDesc, 0)
+		gauge(drainSinceDesc, 0)
+	} else {
+		gauge(drainingDesc, 1)
+		gauge(drainSinceDesc, float64(drainSince.UnixMilli())/1e3)
+	}
 	members := map[string]int{}
 	if p.cl == nil {
 		members["alive"] = 1

@@ -63,7 +63,9 @@ type core struct {
 	names    map[string]uint64
 	clients  map[string]*client
 	sessions map[string]*sessionState
-	draining bool // no new placements for peers (memctl drain)
+	// drainSince is when memctl drain stopped placements for peers on this
+	// node; zero while it takes them (drain.go).
+	drainSince time.Time
 	// pendingRemote counts allocations on each peer not yet recorded here.
 	pendingRemote map[string]int
 	nextID        uint64
@@ -129,6 +131,13 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 		p.log.Info("rewrote segment records in the current schema", "records", rewritten, "version", recordVersion)
 	}
 	p.nextID, p.idLimit = next, next
+	if p.drainSince, err = p.st.drainSince(); err != nil {
+		p.st.close()
+		return nil, fmt.Errorf("metadata store: %w", err)
+	}
+	if !p.drainSince.IsZero() {
+		p.log.Info("draining, as memctl drain left it: no new placements for peers until 'memctl drain --undo'", "node", cfg.Node, "since", p.drainSince.UTC().Format(time.RFC3339))
+	}
 	var migrated []*record
 	for _, r := range recs {
 		p.restore(r)
@@ -276,13 +285,6 @@ func (p *core) isClosed() bool {
 // storeHealth is nil while the metadata store commits and holds its
 // reserve, else why not (store.health).
 func (p *core) storeHealth() error { return p.st.health() }
-
-// setDraining turns placements for peers off (memctl drain) or on again.
-func (p *core) setDraining(on bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.draining = on
-}
 
 // close closes the store and the devices; it is idempotent.
 func (p *core) close() error {

@@ -255,9 +255,10 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 		Segments: int64(p.segmentCount()), LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(),
 		Clients: s.d.withIdentities(p.clientInfos()), Ops: s.d.metrics.tierOps(),
 		Insecure: s.d.cfg.Insecure && s.d.cfg.Listen != "", Quotas: p.quotaUsage(),
-		NameConflicts:  p.nameConflicts(),
-		GossipInsecure: s.d.cfg.Gossip != "" && s.d.cfg.GossipKeyFile == "",
-		DataSecurity:   s.d.data.note,
+		NameConflicts:       p.nameConflicts(),
+		GossipInsecure:      s.d.cfg.Gossip != "" && s.d.cfg.GossipKeyFile == "",
+		DataSecurity:        s.d.data.note,
+		DrainingSinceUnixMs: unixMs(p.draining()),
 	}, nil
 }
 

@@ -46,9 +46,9 @@ func TestTierNotesFollowMembership(t *testing.T) {
 	require.NotContains(t, loopback, "no peer")
 
 	// b drains itself, as the Drain call does for an administrator.
-	b.pool.mu.Lock()
-	b.pool.draining = true
-	b.pool.mu.Unlock()
+	_, changed, err := b.pool.setDraining(true)
+	require.NoError(t, err)
+	require.True(t, changed)
 	require.NoError(t, b.pool.cl.SetMeta(func(m *cluster.Meta) { m.Draining = true }))
 	var free int64
 	require.Eventually(t, func() bool {

@@ -13,15 +13,18 @@ import (
 
 // nodeJSON is a cluster member as -o json prints it.
 type nodeJSON struct {
-	Name       string         `json:"name"`
-	State      string         `json:"state"`
-	Self       bool           `json:"self"`
-	Draining   bool           `json:"draining"`
-	GossipAddr string         `json:"gossip_addr,omitempty"`
-	GRPCAddr   string         `json:"grpc_addr,omitempty"`
-	DataAddr   string         `json:"data_addr,omitempty"`
-	Refused    string         `json:"refused,omitempty"` // why this daemon refuses it as a peer
-	Tiers      []nodeTierJSON `json:"tiers"`
+	Name     string `json:"name"`
+	State    string `json:"state"`
+	Self     bool   `json:"self"`
+	Draining bool   `json:"draining"`
+	// DrainingSince is when the node began to drain (RFC 3339); known for
+	// the answering daemon's own node only, as gossip carries just the flag.
+	DrainingSince string         `json:"draining_since,omitempty"`
+	GossipAddr    string         `json:"gossip_addr,omitempty"`
+	GRPCAddr      string         `json:"grpc_addr,omitempty"`
+	DataAddr      string         `json:"data_addr,omitempty"`
+	Refused       string         `json:"refused,omitempty"` // why this daemon refuses it as a peer
+	Tiers         []nodeTierJSON `json:"tiers"`
 }
 
 type nodeTierJSON struct {
@@ -48,6 +51,9 @@ func newNodesCmd(g *globals) *cobra.Command {
 			for i, n := range resp.Nodes {
 				out[i] = nodeJSON{Name: n.Name, State: n.State, Self: n.Self, Draining: n.Draining,
 					GossipAddr: n.GossipAddr, GRPCAddr: n.GrpcAddr, DataAddr: n.DataAddr, Refused: n.Refused, Tiers: []nodeTierJSON{}}
+				if n.DrainingSinceUnixMs != 0 {
+					out[i].DrainingSince = rfc3339(n.DrainingSinceUnixMs)
+				}
 				for _, t := range n.Tiers {
 					out[i].Tiers = append(out[i].Tiers, nodeTierJSON{Tier: t.Tier, Capacity: t.Capacity, Free: t.Free})
 				}
@@ -73,8 +79,12 @@ func newNodesCmd(g *globals) *cobra.Command {
 					free = append(free, fmt.Sprintf("%s %s/%s", t.Tier, human(t.Free), human(t.Capacity)))
 				}
 				freeText := strings.Join(free, ", ")
-				if n.Draining && freeText != "" {
-					freeText += " (draining: takes no new segments)"
+				if n.Draining {
+					freeText += " (draining: takes no new segments; its segments stay"
+					if n.DrainingSince != "" {
+						freeText += "; since " + n.DrainingSince
+					}
+					freeText = strings.TrimSpace(freeText + ")")
 				}
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", name, state, dash(n.GossipAddr), dash(n.GRPCAddr), dash(n.DataAddr), freeText)
 			}

@@ -33,17 +33,21 @@ func newStatusCmd(g *globals) *cobra.Command {
 				}
 				return g.printJSON(map[string]any{
 					"version": st.Version, "node": st.Node, "pid": st.Pid, "uptime_seconds": int64(uptime.Seconds()),
-					"started": time.UnixMilli(st.StartedUnixMs).UTC().Format(time.RFC3339), "data_dir": st.DataDir,
+					"started": rfc3339(st.StartedUnixMs), "data_dir": st.DataDir,
 					"socket": st.Socket, "sessions": st.Sessions, "segments": st.Segments,
 					"lease_ttl_ms": st.LeaseTtlMs, "tiers": tiers,
 					"insecure": st.Insecure, "data_security": st.DataSecurity, "quotas": quotasJSON(st.Quotas),
 					"name_conflicts":  conflictsJSON(st.NameConflicts),
 					"gossip_insecure": st.GossipInsecure,
+					"draining":        st.DrainingSinceUnixMs != 0, "draining_since": optRFC3339(st.DrainingSinceUnixMs),
 				})
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "poold %s on node %s (pid %d), up %s\n", st.Version, st.Node, st.Pid, uptime)
 			fmt.Fprintf(w, "socket %s, data %s, %d sessions, %d segments, lease TTL %s\n\n", st.Socket, st.DataDir, st.Sessions, st.Segments, time.Duration(st.LeaseTtlMs)*time.Millisecond)
+			if st.DrainingSinceUnixMs != 0 {
+				fmt.Fprintf(w, "node %s is %s\n\n", st.Node, drainingText(st.DrainingSinceUnixMs))
+			}
 			printTiers(w, st.Tiers)
 			printSecurity(w, st)
 			printConflicts(w, st.NameConflicts)

@@ -1854,9 +1854,12 @@ type StatusResponse struct {
 	GossipInsecure bool `protobuf:"varint,16,opt,name=gossip_insecure,json=gossipInsecure,proto3" json:"gossip_insecure,omitempty"`
 	// How this daemon's data plane protects what it carries: "tls", or
 	// "plaintext" with the reason (--data-insecure, no control-plane TLS).
-	DataSecurity  string `protobuf:"bytes,17,opt,name=data_security,json=dataSecurity,proto3" json:"data_security,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DataSecurity string `protobuf:"bytes,17,opt,name=data_security,json=dataSecurity,proto3" json:"data_security,omitempty"`
+	// When this node began to drain (memctl drain: no new placements; kept
+	// across restarts until memctl drain --undo); 0 while it is not draining.
+	DrainingSinceUnixMs int64 `protobuf:"varint,18,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -2006,6 +2009,13 @@ func (x *StatusResponse) GetDataSecurity() string {
 		return x.DataSecurity
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetDrainingSinceUnixMs() int64 {
+	if x != nil {
+		return x.DrainingSinceUnixMs
+	}
+	return 0
 }
 
 // NameConflict is one node name gossiped from two addresses: memberlist
@@ -2434,9 +2444,12 @@ type NodeInfo struct {
 	Tiers      []*NodeTier            `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	// Why this daemon refuses the node as a peer, if it does: its
 	// certificate, or its answer, names another node. Placements skip it.
-	Refused       string `protobuf:"bytes,9,opt,name=refused,proto3" json:"refused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Refused string `protobuf:"bytes,9,opt,name=refused,proto3" json:"refused,omitempty"`
+	// When the node began to drain; set for the answering node itself (the
+	// gossip carries only the draining flag), 0 otherwise.
+	DrainingSinceUnixMs int64 `protobuf:"varint,10,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -2530,6 +2543,13 @@ func (x *NodeInfo) GetRefused() string {
 		return x.Refused
 	}
 	return ""
+}
+
+func (x *NodeInfo) GetDrainingSinceUnixMs() int64 {
+	if x != nil {
+		return x.DrainingSinceUnixMs
+	}
+	return 0
 }
 
 type NodeTier struct {
@@ -2697,7 +2717,13 @@ func (x *DrainRequest) GetUndo() bool {
 }
 
 type DrainResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Node                string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                                                               // the node that drains, or stopped draining
+	Draining            bool                   `protobuf:"varint,2,opt,name=draining,proto3" json:"draining,omitempty"`                                                      // its state now
+	DrainingSinceUnixMs int64                  `protobuf:"varint,3,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"` // when it began to drain; 0 when not draining
+	// false: the node was in that state already and nothing changed (a second
+	// drain keeps its first since; an undo of a node not draining does nothing).
+	Changed       bool `protobuf:"varint,4,opt,name=changed,proto3" json:"changed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2730,6 +2756,34 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *DrainResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *DrainResponse) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *DrainResponse) GetDrainingSinceUnixMs() int64 {
+	if x != nil {
+		return x.DrainingSinceUnixMs
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
 }
 
 type DetachRequest struct {
@@ -3305,7 +3359,7 @@ const file_pool_proto_rawDesc = "" +
 	"latency_ns\x18\x01 \x01(\x03R\tlatencyNs\x12#\n" +
 	"\rbandwidth_bps\x18\x02 \x01(\x03R\fbandwidthBps\"\x15\n" +
 	"\x13MeasureTiersRequest\"\x0f\n" +
-	"\rStatusRequest\"\xf9\x04\n" +
+	"\rStatusRequest\"\xae\x05\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12&\n" +
@@ -3325,7 +3379,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x06quotas\x18\x0e \x03(\v2\x1a.farmem.pool.v1.QuotaUsageR\x06quotas\x12C\n" +
 	"\x0ename_conflicts\x18\x0f \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\x12'\n" +
 	"\x0fgossip_insecure\x18\x10 \x01(\bR\x0egossipInsecure\x12#\n" +
-	"\rdata_security\x18\x11 \x01(\tR\fdataSecurity\"\xd6\x01\n" +
+	"\rdata_security\x18\x11 \x01(\tR\fdataSecurity\x123\n" +
+	"\x16draining_since_unix_ms\x18\x12 \x01(\x03R\x13drainingSinceUnixMs\"\xd6\x01\n" +
 	"\fNameConflict\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -3366,7 +3421,7 @@ const file_pool_proto_rawDesc = "" +
 	"read_bytes\x18\a \x01(\x03R\treadBytes\x12\x1f\n" +
 	"\vwrite_bytes\x18\b \x01(\x03R\n" +
 	"writeBytes\"\x0e\n" +
-	"\fNodesRequest\"\x89\x02\n" +
+	"\fNodesRequest\"\xbe\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1f\n" +
@@ -3377,7 +3432,9 @@ const file_pool_proto_rawDesc = "" +
 	"\bdraining\x18\x06 \x01(\bR\bdraining\x12\x12\n" +
 	"\x04self\x18\a \x01(\bR\x04self\x12.\n" +
 	"\x05tiers\x18\b \x03(\v2\x18.farmem.pool.v1.NodeTierR\x05tiers\x12\x18\n" +
-	"\arefused\x18\t \x01(\tR\arefused\"N\n" +
+	"\arefused\x18\t \x01(\tR\arefused\x123\n" +
+	"\x16draining_since_unix_ms\x18\n" +
+	" \x01(\x03R\x13drainingSinceUnixMs\"N\n" +
 	"\bNodeTier\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x03R\bcapacity\x12\x12\n" +
@@ -3387,8 +3444,12 @@ const file_pool_proto_rawDesc = "" +
 	"\x0ename_conflicts\x18\x02 \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\"6\n" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
-	"\x04undo\x18\x02 \x01(\bR\x04undo\"\x0f\n" +
-	"\rDrainResponse\"\x1f\n" +
+	"\x04undo\x18\x02 \x01(\bR\x04undo\"\x8e\x01\n" +
+	"\rDrainResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1a\n" +
+	"\bdraining\x18\x02 \x01(\bR\bdraining\x123\n" +
+	"\x16draining_since_unix_ms\x18\x03 \x01(\x03R\x13drainingSinceUnixMs\x12\x18\n" +
+	"\achanged\x18\x04 \x01(\bR\achanged\"\x1f\n" +
 	"\rDetachRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"\x10\n" +
 	"\x0eDetachResponse\"c\n" +
