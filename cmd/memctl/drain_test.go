@@ -1,0 +1,71 @@
+package main
+
+import (
+	"encoding/json"
+	"regexp"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/internal/pooltest"
+)
+
+// memctl drain says what a drain does and does not do, keeps the first
+// start of a repeated drain, holds across a daemon restart, says that an
+// undo of a node not draining changed nothing, and names the known node
+// when asked for another; status and nodes show the drain and its start.
+func TestDrainMessages(t *testing.T) {
+	cfg := pooltest.Config(t)
+	d := pooltest.Start(t, cfg)
+	s := cfg.Socket
+	run := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := memctl(t, s, args...)
+		require.Zero(t, code, "memctl %v: %s", args, errOut)
+		return out
+	}
+
+	out := run("drain", "test-node")
+	m := regexp.MustCompile(`^test-node is draining since (\S+) \(\S+ ago\): no new placements; its segments stay \(moving them off is not built yet\)\n$`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	since := m[1]
+	require.Contains(t, run("drain", "test-node"), "test-node was already draining since "+since)
+
+	// A restarted daemon drains on, since the same time.
+	require.NoError(t, d.Close())
+	pooltest.Start(t, cfg)
+	require.Contains(t, run("status"), "node test-node is draining since "+since)
+	var st struct {
+		Draining bool    `json:"draining"`
+		Since    *string `json:"draining_since"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(run("status", "-o", "json")), &st))
+	require.True(t, st.Draining)
+	require.Equal(t, since, *st.Since)
+	var nodes []nodeJSON
+	require.NoError(t, json.Unmarshal([]byte(run("nodes", "-o", "json")), &nodes))
+	require.Len(t, nodes, 1)
+	require.True(t, nodes[0].Draining)
+	require.Equal(t, since, nodes[0].DrainingSince)
+	require.Contains(t, run("nodes"), "alive,draining")
+
+	require.Equal(t, "test-node accepts placements again\n", run("drain", "test-node", "--undo"))
+	require.Equal(t, "test-node was not draining; nothing to undo\n", run("drain", "test-node", "--undo"))
+	var undo struct {
+		Draining, Changed bool
+		Since             *string `json:"draining_since"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(run("drain", "test-node", "--undo", "-o", "json")), &undo))
+	require.False(t, undo.Draining)
+	require.False(t, undo.Changed)
+	require.Nil(t, undo.Since)
+	st.Since = nil
+	require.NoError(t, json.Unmarshal([]byte(run("status", "-o", "json")), &st))
+	require.False(t, st.Draining)
+	require.Nil(t, st.Since)
+	require.NotContains(t, run("status"), "draining")
+
+	_, errOut, code := memctl(t, s, "drain", "nope")
+	require.NotZero(t, code)
+	require.Contains(t, errOut, `node "nope": not found: this daemon is in no cluster; its only node is "test-node"`)
+}
