@@ -56,10 +56,25 @@ func (p *core) draining() time.Time {
 	return p.drainSince
 }
 
-// setDraining turns placements for peers off (on: the node drains) or on
-// again, committing the change before it takes effect. It returns the
-// drain's start (zero when not draining) and whether anything changed: a
-// drain of a draining node keeps its first start.
+// drain turns placements for peers off (on: the node drains) or on again:
+// it commits the change, applies it, and gossips it. It returns the drain's
+// start (zero when not draining) and whether anything changed: a drain of
+// a draining node keeps its first start.
+func (p *core) drain(on bool) (since time.Time, changed bool, err error) {
+	p.drainMu.Lock()
+	defer p.drainMu.Unlock()
+	if since, changed, err = p.setDraining(on); err != nil {
+		return since, changed, err
+	}
+	if cl := p.gossip(); cl != nil {
+		if err := cl.SetMeta(func(m *cluster.Meta) { m.Draining, m.DrainingSince = on, unixMs(since) }); err != nil {
+			return since, changed, fmt.Errorf("gossip the drain of %s (it is recorded and applied; run the command again): %w", p.cfg.Node, err)
+		}
+	}
+	return since, changed, nil
+}
+
+// setDraining commits and applies the drain state that drain gossips.
 func (p *core) setDraining(on bool) (since time.Time, changed bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -90,14 +105,9 @@ func (s *service) Drain(ctx context.Context, req *poolv1.DrainRequest) (*poolv1.
 	}
 	cl := p.gossip()
 	if req.Node == "" || req.Node == s.d.cfg.Node {
-		since, changed, err := p.setDraining(!req.Undo)
+		since, changed, err := p.drain(!req.Undo)
 		if err != nil {
 			return nil, errs.ToStatus(err)
-		}
-		if cl != nil {
-			if err := cl.SetMeta(func(m *cluster.Meta) { m.Draining = !req.Undo }); err != nil {
-				return nil, errs.ToStatus(err)
-			}
 		}
 		if changed {
 			s.d.log.Info("drain", "node", s.d.cfg.Node, "draining", !req.Undo)

@@ -47,7 +47,8 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 	}
 	// A drain kept in the store is announced from the first gossip on, so
 	// that peers never see free space here that placements would refuse.
-	meta := cluster.Meta{Proto: protoVersion, GRPCAddr: grpcAddr, Draining: !d.pool.draining().IsZero(), Tiers: d.pool.gossipTiers()}
+	since := d.pool.draining()
+	meta := cluster.Meta{Proto: protoVersion, GRPCAddr: grpcAddr, Draining: !since.IsZero(), DrainingSince: unixMs(since), Tiers: d.pool.gossipTiers()}
 	if dp := d.pool.data(); dp != nil {
 		meta.DataAddr = dp.addr
 	}
@@ -412,10 +413,8 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 	var out []*poolv1.NodeInfo
 	for _, m := range cl.Members() {
 		n := &poolv1.NodeInfo{Name: m.Name, State: cluster.StateString(m.State), GossipAddr: m.Addr,
-			GrpcAddr: m.Meta.GRPCAddr, DataAddr: m.Meta.DataAddr, Draining: m.Meta.Draining, Self: m.Name == s.d.cfg.Node}
-		if n.Self {
-			n.DrainingSinceUnixMs = unixMs(p.draining())
-		}
+			GrpcAddr: m.Meta.GRPCAddr, DataAddr: m.Meta.DataAddr, Draining: m.Meta.Draining, DrainingSinceUnixMs: m.Meta.DrainingSince,
+			Self: m.Name == s.d.cfg.Node}
 		if why := p.peerConns().refusal(m.Name, m.Meta.GRPCAddr); why != nil {
 			n.Refused = why.Error()
 		}

@@ -66,6 +66,9 @@ type core struct {
 	// drainSince is when memctl drain stopped placements for peers on this
 	// node; zero while it takes them (drain.go).
 	drainSince time.Time
+	// drainMu orders drains and undos, so that the gossip ends as the
+	// store does (held without mu, around both).
+	drainMu sync.Mutex
 	// pendingRemote counts allocations on each peer not yet recorded here.
 	pendingRemote map[string]int
 	nextID        uint64

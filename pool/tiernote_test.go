@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
-	"github.com/farmem/farmem/internal/cluster"
 )
 
 // rdmaNotes returns the notes of d's loopback rdma tier and of its peers'
@@ -46,10 +45,9 @@ func TestTierNotesFollowMembership(t *testing.T) {
 	require.NotContains(t, loopback, "no peer")
 
 	// b drains itself, as the Drain call does for an administrator.
-	_, changed, err := b.pool.setDraining(true)
+	_, changed, err := b.pool.drain(true)
 	require.NoError(t, err)
 	require.True(t, changed)
-	require.NoError(t, b.pool.cl.SetMeta(func(m *cluster.Meta) { m.Draining = true }))
 	var free int64
 	require.Eventually(t, func() bool {
 		_, peers, free = rdmaNotes(t, a)

@@ -17,8 +17,8 @@ type nodeJSON struct {
 	State    string `json:"state"`
 	Self     bool   `json:"self"`
 	Draining bool   `json:"draining"`
-	// DrainingSince is when the node began to drain (RFC 3339); known for
-	// the answering daemon's own node only, as gossip carries just the flag.
+	// DrainingSince is when the node began to drain (RFC 3339), as the
+	// node gossips it; empty when it is not draining.
 	DrainingSince string         `json:"draining_since,omitempty"`
 	GossipAddr    string         `json:"gossip_addr,omitempty"`
 	GRPCAddr      string         `json:"grpc_addr,omitempty"`
@@ -81,7 +81,7 @@ func newNodesCmd(g *globals) *cobra.Command {
 				freeText := strings.Join(free, ", ")
 				if n.Draining {
 					freeText += " (draining: takes no new segments; its segments stay"
-					if n.DrainingSince != "" {
+					if n.DrainingSince != "" { // a poold that predates the field gossips none
 						freeText += "; since " + n.DrainingSince
 					}
 					freeText = strings.TrimSpace(freeText + ")")

@@ -125,8 +125,8 @@ func TestDrainSurvivesRestart(t *testing.T) {
 		require.NoError(t, err, why)
 		require.Equal(t, "a", node, "%s: a's rdma segment goes to its own memory, not to b", why)
 	}
-	require.Eventually(t, func() bool { n, err := nodeSeen(t, a.socket, "b"); return err == nil && n.Draining },
-		30*time.Second, 50*time.Millisecond, "a never saw b drain")
+	require.Eventually(t, func() bool { n, err := nodeSeen(t, a.socket, "b"); return err == nil && n.Draining && n.Since == since },
+		30*time.Second, 50*time.Millisecond, "a never saw b drain since %s", since)
 	noPlacementOnB("b drains")
 
 	// kill -9 and restart: b drains on, and says so from its first gossip.
@@ -155,6 +155,7 @@ func TestDrainSurvivesRestart(t *testing.T) {
 			return false
 		}
 		require.True(t, n.Draining, "a sees the restarted b not draining: %+v", n)
+		require.Equal(t, since, n.Since, "b gossips its drain's start")
 		return true
 	}, 30*time.Second, 10*time.Millisecond, "a never saw b come back")
 	noPlacementOnB("b drains after its restart")
@@ -178,6 +179,7 @@ func TestDrainSurvivesRestart(t *testing.T) {
 	n, err := nodeSeen(t, a.socket, "b")
 	require.NoError(t, err)
 	require.False(t, n.Draining)
+	require.Empty(t, n.Since)
 
 	_, errOut, ok = memctlText(t, a.socket, "drain", "zz")
 	require.False(t, ok, "draining a node nobody knows must fail")

@@ -130,6 +130,7 @@ func fuzzSeeds() [][]byte {
 		full.Tiers = append(full.Tiers, TierFree{Name: "tier-" + string(rune('a'+i)), Capacity: 1 << 62, Free: 1 << 61})
 	}
 	add(full, 3)
+	add(Meta{Proto: 1, Draining: true, DrainingSince: 1_733_366_400_000}, 0) // draining since, after a capacity sequence of 0
 	good := seeds[1]
 	seeds = append(seeds,
 		good[:len(good)/2],                                      // truncated in a tier

@@ -44,11 +44,14 @@ type TierFree struct {
 // A Meta is a value, but Tiers is a slice: Members, Member, Self and events
 // hand out copies whose Tiers the caller owns and may modify.
 type Meta struct {
-	Proto    uint32     // farmem protocol version the node speaks
-	GRPCAddr string     // host:port of the node's gRPC control plane (TCP); "" = not serving yet
-	DataAddr string     // host:port of the node's data plane; "" = not serving yet
-	Draining bool       // no new placements on this node (Pick skips it)
-	Tiers    []TierFree // per tier capacity and free bytes, unique names, at most MaxTiers
+	Proto    uint32 // farmem protocol version the node speaks
+	GRPCAddr string // host:port of the node's gRPC control plane (TCP); "" = not serving yet
+	DataAddr string // host:port of the node's data plane; "" = not serving yet
+	Draining bool   // no new placements on this node (Pick skips it)
+	// DrainingSince is when the node began to drain, in Unix milliseconds;
+	// 0 when it is not draining (or its writer predates the field).
+	DrainingSince int64
+	Tiers         []TierFree // per tier capacity and free bytes, unique names, at most MaxTiers
 }
 
 // Tier returns the entry for the named tier.
@@ -75,6 +78,9 @@ func (m Meta) Validate() error {
 	}
 	if err := validateAddr("DataAddr", m.DataAddr); err != nil {
 		return err
+	}
+	if m.DrainingSince < 0 {
+		return fmt.Errorf("%w: draining since %d ms, want >= 0", ErrInvalidMeta, m.DrainingSince)
 	}
 	if len(m.Tiers) > MaxTiers {
 		return fmt.Errorf("%w: %d tiers, at most %d", ErrInvalidMeta, len(m.Tiers), MaxTiers)
@@ -154,9 +160,10 @@ type stamp struct {
 //	| 1 byte  | 1 byte| big endian| uvarint| uvarint+len | uvarint+len | uvarint| uvarint+len, uvarint, uvarint | uvarint |
 //	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+---------+
 //
-// cap seq was appended later: it is left out when 0, and readers that
-// predate it ignore it. Bytes after it are reserved for fields appended
-// later and ignored.
+// Appended later, after the tiers: cap seq (uvarint), then draining since
+// (uvarint, Unix ms). Each is left out when 0 and nothing follows it, and
+// readers that predate a field ignore it. Bytes after them are reserved for
+// fields appended later and ignored.
 func encodeMeta(m Meta, st stamp) ([]byte, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
@@ -177,8 +184,11 @@ func encodeMeta(m Meta, st stamp) ([]byte, error) {
 		b = binary.AppendUvarint(b, uint64(t.Capacity))
 		b = binary.AppendUvarint(b, uint64(t.Free))
 	}
-	if st.capSeq != 0 {
+	if st.capSeq != 0 || m.DrainingSince != 0 {
 		b = binary.AppendUvarint(b, st.capSeq)
+	}
+	if m.DrainingSince != 0 {
+		b = binary.AppendUvarint(b, uint64(m.DrainingSince))
 	}
 	if len(b) > memberlist.MetaMaxSize {
 		return nil, fmt.Errorf("%w: %d bytes (%d tiers, addresses of %d and %d bytes)",
@@ -267,6 +277,9 @@ func decodeMeta(b []byte) (Meta, stamp, error) {
 	}
 	if r.err == nil && len(r.b) > 0 {
 		st.capSeq = r.uvarint("capacity sequence", math.MaxUint64)
+	}
+	if r.err == nil && len(r.b) > 0 {
+		m.DrainingSince = int64(r.uvarint("draining since", math.MaxInt64))
 	}
 	if r.err != nil {
 		return Meta{}, stamp{}, r.err

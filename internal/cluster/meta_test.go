@@ -139,11 +139,39 @@ func TestDecodeMetaIsForwardCompatible(t *testing.T) {
 	require.NoError(t, err, "a writer that predates the capacity sequence")
 	require.Equal(t, testMeta("n"), old)
 	b[1] |= 0x80                               // a flag from a newer version
-	b = append(b, 0x05, 0x01, 0x02, 0x03, 'x') // capacity sequence 5, then fields appended by a newer version
+	b = append(b, 0x05, 0x01, 0x02, 0x03, 'x') // capacity sequence 5, draining since 1, then fields appended by a newer version
 	got, st, err := decodeMeta(b)
 	require.NoError(t, err)
 	require.Equal(t, stamp{boot: 9, capSeq: 5}, st)
-	require.Equal(t, testMeta("n"), got)
+	want := testMeta("n")
+	want.DrainingSince = 1
+	require.Equal(t, want, got)
+}
+
+// A drain's start travels after the capacity sequence, which is then
+// written even when 0; a reader that predates the field ignores it.
+func TestMetaDrainingSince(t *testing.T) {
+	m := testMeta("n")
+	m.Draining, m.DrainingSince = true, 1_733_366_400_000
+	for _, seq := range []uint64{0, 7} {
+		b, err := encodeMeta(m, stamp{boot: 9, capSeq: seq})
+		require.NoError(t, err)
+		got, st, err := decodeMeta(b)
+		require.NoError(t, err)
+		require.Equal(t, m, got)
+		require.Equal(t, stamp{boot: 9, capSeq: seq}, st)
+		plain, err := encodeMeta(testMeta("n"), stamp{boot: 9, capSeq: seq})
+		require.NoError(t, err)
+		plain[1] |= flagDraining
+		n := len(plain)
+		if seq == 0 {
+			n++ // the sequence, written for the field after it
+		}
+		require.Equal(t, plain, b[:len(plain)], "the fields before it are laid out as before")
+		require.Equal(t, binary.AppendUvarint(nil, uint64(m.DrainingSince)), b[n:])
+	}
+	m.DrainingSince = -1
+	require.ErrorIs(t, m.Validate(), ErrInvalidMeta)
 }
 
 func TestMetaCloneSharesNothing(t *testing.T) {

@@ -2445,8 +2445,8 @@ type NodeInfo struct {
 	// Why this daemon refuses the node as a peer, if it does: its
 	// certificate, or its answer, names another node. Placements skip it.
 	Refused string `protobuf:"bytes,9,opt,name=refused,proto3" json:"refused,omitempty"`
-	// When the node began to drain; set for the answering node itself (the
-	// gossip carries only the draining flag), 0 otherwise.
+	// When the node began to drain, as it gossips it; 0 when it is not
+	// draining (or its poold predates the field).
 	DrainingSinceUnixMs int64 `protobuf:"varint,10,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
