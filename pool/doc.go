@@ -40,7 +40,8 @@
 //   - grants.go, quota.go, clients.go: who may attach and free, quotas
 //     and limits, client descriptions.
 //   - peers.go: placement on peers and reconciling with them; membership.go
-//     holds the cluster's side (gossip metadata, members coming and going).
+//     holds the cluster's side (gossip metadata, members coming and going);
+//     drain.go the drain (no placements for peers), kept in the store.
 //   - record.go and store.go: the segment record and its versioned binary
 //     form (a JSON form of older stores is rewritten on open), and the
 //     bbolt store with grouped commits and its reserve for full

@@ -33,7 +33,7 @@ func (s *store) drainSince() (since time.Time, err error) {
 		case len(v) == 8:
 			since = time.UnixMilli(int64(binary.BigEndian.Uint64(v)))
 		default:
-			return fmt.Errorf("drain record of %d bytes, want 8 (delete the key %q of bucket %q, or run 'memctl drain NODE' again)", len(v), keyDrainSince, bucketMeta)
+			return fmt.Errorf("drain record %q of %d bytes, want 8: %s is damaged; restore the data directory from a backup", keyDrainSince, len(v), s.path)
 		}
 		return nil
 	})

@@ -7,7 +7,8 @@
 //   - alloc and free: allocate a segment that stays until freed, free one by
 //     id or name;
 //   - nodes: the cluster's members, their state, addresses and free memory;
-//   - drain NODE: stop new placements on a node (--undo reverses it);
+//   - drain NODE: stop new placements on a node, across its restarts, until
+//     --undo; its segments stay;
 //   - keyring: list and rotate the gossip keys of every node;
 //   - top: tiers, clients and operation rates, refreshed in place;
 //   - bench: each tier's latency, throughput and CPU per operation, with
