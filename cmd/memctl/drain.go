@@ -33,6 +33,9 @@ func newDrainCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if resp.Node == "" { // a poold that predates the answer's fields: it did as asked
+				resp = &poolv1.DrainResponse{Node: args[0], Draining: !undo, Changed: true}
+			}
 			if g.output == "json" {
 				return g.printJSON(map[string]any{"node": resp.Node, "draining": resp.Draining, "changed": resp.Changed,
 					"draining_since": optRFC3339(resp.DrainingSinceUnixMs)})
@@ -54,8 +57,12 @@ func newDrainCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// drainingText describes a drain that began at sinceMs (Unix ms).
+// drainingText describes a drain that began at sinceMs (Unix ms; 0 when
+// the daemon did not say).
 func drainingText(sinceMs int64) string {
+	if sinceMs == 0 {
+		return "draining: " + drainEffect
+	}
 	return fmt.Sprintf("draining since %s (%s ago): %s", rfc3339(sinceMs),
 		time.Since(time.UnixMilli(sinceMs)).Round(time.Second), drainEffect)
 }
