@@ -35,6 +35,11 @@ var (
 	ErrNotSupported = errors.New("not supported on this host or build")
 )
 
+// ErrOverBudget: no tier the caller accepts reads as fast as its budget asks
+// (alloc.WithMaxLatency, alloc.WithMinBandwidth). It matches ErrNoCapacity
+// too: no tier the caller accepts can take the request.
+var ErrOverBudget = Sub(ErrNoCapacity, "over budget: no tier meets the read latency or bandwidth asked for; relax the budget, or run where a faster tier exists")
+
 // ErrIndeterminate: a write or atomic may or may not have taken effect, and
 // retrying it could apply it twice: the connection broke after the request
 // was sent and the home no longer remembers the answer (it restarted, or the

@@ -14,12 +14,14 @@ import (
 const domain = "farmem.dev"
 
 // table is the one mapping between sentinels and the wire: the gRPC code a
-// generic client sees, and the reason farmem clients map back exactly.
+// generic client sees, and the reason farmem clients map back exactly. A
+// sentinel made by Sub comes before its parent, which it also matches.
 var table = []struct {
 	err    error
 	code   codes.Code
 	reason string
 }{
+	{ErrOverBudget, codes.ResourceExhausted, "OVER_BUDGET"},
 	{ErrNoCapacity, codes.ResourceExhausted, "NO_CAPACITY"},
 	{ErrOutOfRange, codes.OutOfRange, "OUT_OF_RANGE"},
 	{ErrNotFound, codes.NotFound, "NOT_FOUND"},
@@ -103,7 +105,8 @@ func FromStatus(err error) error {
 		return &remoteError{msg: "pool unavailable: " + strings.TrimSpace(msg), sentinel: ErrUnavailable}
 	}
 	for _, e := range table {
-		if e.code == st.Code() {
+		// A bare code names the general condition, never a Sub of it.
+		if e.code == st.Code() && errors.Unwrap(e.err) == nil {
 			return &remoteError{msg: msg, sentinel: e.err}
 		}
 	}
@@ -119,7 +122,7 @@ type remoteError struct {
 
 func (e *remoteError) Error() string { return e.msg }
 
-func (e *remoteError) Is(target error) bool { return target == e.sentinel }
+func (e *remoteError) Is(target error) bool { return errors.Is(e.sentinel, target) }
 
 // Retryable reports whether err is one a caller may retry after a backoff:
 // the daemon was unreachable or restarting. An ErrIndeterminate is not:

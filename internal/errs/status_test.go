@@ -23,7 +23,7 @@ func TestRoundTrip(t *testing.T) {
 			require.ErrorIs(t, back, e.err)
 			require.Contains(t, back.Error(), "alloc 5 GiB on cxl")
 			for _, other := range table {
-				if other.err != e.err {
+				if !errors.Is(e.err, other.err) { // a Sub matches its parent too
 					require.NotErrorIs(t, back, other.err)
 				}
 			}
@@ -67,4 +67,19 @@ func TestSub(t *testing.T) {
 	st := ToStatus(err)
 	require.Equal(t, codes.ResourceExhausted, status.Code(st))
 	require.ErrorIs(t, FromStatus(st), ErrNoCapacity)
+}
+
+// TestOverBudget: ErrOverBudget crosses the wire as itself, still matching
+// its parent ErrNoCapacity, while a plain ErrNoCapacity, or a bare
+// ResourceExhausted code from a generic server, does not become it.
+func TestOverBudget(t *testing.T) {
+	back := FromStatus(ToStatus(fmt.Errorf("alloc 4096 bytes: %w", ErrOverBudget)))
+	require.ErrorIs(t, back, ErrOverBudget)
+	require.ErrorIs(t, back, ErrNoCapacity)
+	require.Equal(t, "OVER_BUDGET", Reason(back))
+	require.NotErrorIs(t, FromStatus(ToStatus(ErrNoCapacity)), ErrOverBudget)
+	bare := FromStatus(status.Error(codes.ResourceExhausted, "full"))
+	require.ErrorIs(t, bare, ErrNoCapacity)
+	require.NotErrorIs(t, bare, ErrOverBudget)
+	require.ErrorIs(t, FromReason("OVER_BUDGET", "x"), ErrNoCapacity)
 }
