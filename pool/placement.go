@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"unicode"
 
@@ -39,21 +38,9 @@ type allocRequest struct {
 	// ForClient is the client of the peer daemon that asks (HomeOnly) the
 	// segment is for: its delegated credential may use it (delegate.go).
 	ForClient string
-}
-
-// tierOrder is the order in which a request tries tiers.
-func tierOrder(req allocRequest) []poolv1.Tier {
-	first := []poolv1.Tier{req.Tier}
-	if req.Tier == poolv1.Tier_TIER_UNSPECIFIED {
-		first = []poolv1.Tier{poolv1.Tier_TIER_CXL, poolv1.Tier_TIER_LOCAL, poolv1.Tier_TIER_RDMA}
-	}
-	var out []poolv1.Tier
-	for _, t := range append(first, req.Fallback...) {
-		if !slices.Contains(out, t) {
-			out = append(out, t)
-		}
-	}
-	return out
+	// MaxReadLatencyNs and MinReadBandwidthBps are a budget: only tiers
+	// that meet it are tried (budget.go). 0: no bound.
+	MaxReadLatencyNs, MinReadBandwidthBps int64
 }
 
 func validName(name string) error {
@@ -104,11 +91,19 @@ func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, 
 			return nil, fmt.Errorf("alloc on %s: %w: the node is draining ('memctl drain --undo %s' accepts placements again)", p.cfg.Node, errs.ErrNoCapacity, p.cfg.Node)
 		}
 	}
+	pl, err := p.planFor(req)
+	if err != nil {
+		return nil, err
+	}
 	var tried []string
-	for _, t := range tierOrder(req) {
+	for _, t := range pl.order {
 		if t == poolv1.Tier_TIER_RDMA && !req.HomeOnly && p.cl != nil {
 			r, err := p.allocRemote(ctx, c, req)
 			if err == nil {
+				r.placement = pl.placement(t, tried)
+				if r.placement.ReadLatency != nil {
+					r.placement.Reason += "; rdma's figures are this host's own data plane's: the peer's are not measured"
+				}
 				return r, nil
 			}
 			if !errors.Is(err, cluster.ErrNoPeer) {
@@ -117,6 +112,9 @@ func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, 
 			tried = append(tried, "rdma on peers: "+err.Error())
 		}
 		r, why, err := p.allocLocal(c, t, req)
+		if r != nil {
+			r.placement = pl.placement(t, tried)
+		}
 		if r != nil || err != nil {
 			return r, err
 		}

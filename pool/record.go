@@ -54,6 +54,9 @@ type record struct {
 	// On a segment a peer daemon placed here: the clients of that daemon
 	// whose delegated credentials may use it (delegate.go).
 	Delegates []string
+	// placement is why Alloc chose the tier, set on the copy Alloc
+	// returns and never stored.
+	placement *poolv1.Placement
 }
 
 // pinned reports whether the segment outlives its owner's lease.

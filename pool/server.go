@@ -143,13 +143,16 @@ func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) 
 	if err != nil {
 		return nil, err
 	}
-	return d.forCaller(ctx, c, *r), nil
+	seg := d.forCaller(ctx, c, *r)
+	seg.Placement = r.placement
+	return seg, nil
 }
 
 // allocRequestOf is what an API request asks of core.Alloc.
 func allocRequestOf(req *poolv1.AllocRequest) allocRequest {
 	return allocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback,
-		HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree, ForClient: req.ForClient}
+		HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree, ForClient: req.ForClient,
+		MaxReadLatencyNs: req.MaxReadLatencyNs, MinReadBandwidthBps: req.MinReadBandwidthBps}
 }
 
 // abandoned frees a segment allocated for a caller that gave up meanwhile

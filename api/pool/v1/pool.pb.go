@@ -653,9 +653,15 @@ type AllocRequest struct {
 	AllowFree []string `protobuf:"bytes,8,rep,name=allow_free,json=allowFree,proto3" json:"allow_free,omitempty"`
 	// On a peer daemon's call: the client id (at that daemon) the segment is
 	// for; its delegated credential may operate on it (see Delegate).
-	ForClient     string `protobuf:"bytes,9,opt,name=for_client,json=forClient,proto3" json:"for_client,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ForClient string `protobuf:"bytes,9,opt,name=for_client,json=forClient,proto3" json:"for_client,omitempty"`
+	// A budget: place only on a tier whose read latency p50 is at most
+	// max_read_latency_ns and whose read bandwidth is at least
+	// min_read_bandwidth_bps, the cheapest such tier first (README, Tiers);
+	// 0 for no bound. Negative values are refused (INVALID).
+	MaxReadLatencyNs    int64 `protobuf:"varint,10,opt,name=max_read_latency_ns,json=maxReadLatencyNs,proto3" json:"max_read_latency_ns,omitempty"`
+	MinReadBandwidthBps int64 `protobuf:"varint,11,opt,name=min_read_bandwidth_bps,json=minReadBandwidthBps,proto3" json:"min_read_bandwidth_bps,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *AllocRequest) Reset() {
@@ -749,6 +755,20 @@ func (x *AllocRequest) GetForClient() string {
 		return x.ForClient
 	}
 	return ""
+}
+
+func (x *AllocRequest) GetMaxReadLatencyNs() int64 {
+	if x != nil {
+		return x.MaxReadLatencyNs
+	}
+	return 0
+}
+
+func (x *AllocRequest) GetMinReadBandwidthBps() int64 {
+	if x != nil {
+		return x.MinReadBandwidthBps
+	}
+	return 0
 }
 
 type FreeRequest struct {
@@ -1103,8 +1123,11 @@ type Segment struct {
 	DataTls        bool   `protobuf:"varint,29,opt,name=data_tls,json=dataTls,proto3" json:"data_tls,omitempty"`
 	DataTlsCa      []byte `protobuf:"bytes,30,opt,name=data_tls_ca,json=dataTlsCa,proto3" json:"data_tls_ca,omitempty"`
 	DataServerName string `protobuf:"bytes,31,opt,name=data_server_name,json=dataServerName,proto3" json:"data_server_name,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Why the segment is on its tier: set in the reply to Alloc, unset
+	// elsewhere (the decision is not stored).
+	Placement     *Placement `protobuf:"bytes,32,opt,name=placement,proto3" json:"placement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Segment) Reset() {
@@ -1354,6 +1377,102 @@ func (x *Segment) GetDataServerName() string {
 	return ""
 }
 
+func (x *Segment) GetPlacement() *Placement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+// Placement is how Alloc chose a segment's tier: the figures it judged the
+// tier by and the budget they were held against.
+type Placement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tier's read latency placement judged by: injected where the tier
+	// has latency emulation, else measured, else the firmware's (hmat);
+	// unset when none is known.
+	ReadLatency         *Latency `protobuf:"bytes,1,opt,name=read_latency,json=readLatency,proto3" json:"read_latency,omitempty"`
+	ReadBandwidthBps    int64    `protobuf:"varint,2,opt,name=read_bandwidth_bps,json=readBandwidthBps,proto3" json:"read_bandwidth_bps,omitempty"`         // 0: not known
+	ReadBandwidthSource string   `protobuf:"bytes,3,opt,name=read_bandwidth_source,json=readBandwidthSource,proto3" json:"read_bandwidth_source,omitempty"` // measured or injected; "" when not known
+	MaxReadLatencyNs    int64    `protobuf:"varint,4,opt,name=max_read_latency_ns,json=maxReadLatencyNs,proto3" json:"max_read_latency_ns,omitempty"`       // the request's budget; 0: none
+	MinReadBandwidthBps int64    `protobuf:"varint,5,opt,name=min_read_bandwidth_bps,json=minReadBandwidthBps,proto3" json:"min_read_bandwidth_bps,omitempty"`
+	Reason              string   `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"` // one line a person reads
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *Placement) Reset() {
+	*x = Placement{}
+	mi := &file_pool_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Placement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Placement) ProtoMessage() {}
+
+func (x *Placement) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Placement.ProtoReflect.Descriptor instead.
+func (*Placement) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Placement) GetReadLatency() *Latency {
+	if x != nil {
+		return x.ReadLatency
+	}
+	return nil
+}
+
+func (x *Placement) GetReadBandwidthBps() int64 {
+	if x != nil {
+		return x.ReadBandwidthBps
+	}
+	return 0
+}
+
+func (x *Placement) GetReadBandwidthSource() string {
+	if x != nil {
+		return x.ReadBandwidthSource
+	}
+	return ""
+}
+
+func (x *Placement) GetMaxReadLatencyNs() int64 {
+	if x != nil {
+		return x.MaxReadLatencyNs
+	}
+	return 0
+}
+
+func (x *Placement) GetMinReadBandwidthBps() int64 {
+	if x != nil {
+		return x.MinReadBandwidthBps
+	}
+	return 0
+}
+
+func (x *Placement) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type TiersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1362,7 +1481,7 @@ type TiersRequest struct {
 
 func (x *TiersRequest) Reset() {
 	*x = TiersRequest{}
-	mi := &file_pool_proto_msgTypes[15]
+	mi := &file_pool_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1493,7 @@ func (x *TiersRequest) String() string {
 func (*TiersRequest) ProtoMessage() {}
 
 func (x *TiersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[15]
+	mi := &file_pool_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1506,7 @@ func (x *TiersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TiersRequest.ProtoReflect.Descriptor instead.
 func (*TiersRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{15}
+	return file_pool_proto_rawDescGZIP(), []int{16}
 }
 
 type TiersResponse struct {
@@ -1399,7 +1518,7 @@ type TiersResponse struct {
 
 func (x *TiersResponse) Reset() {
 	*x = TiersResponse{}
-	mi := &file_pool_proto_msgTypes[16]
+	mi := &file_pool_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1530,7 @@ func (x *TiersResponse) String() string {
 func (*TiersResponse) ProtoMessage() {}
 
 func (x *TiersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[16]
+	mi := &file_pool_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1543,7 @@ func (x *TiersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TiersResponse.ProtoReflect.Descriptor instead.
 func (*TiersResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{16}
+	return file_pool_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TiersResponse) GetTiers() []*TierInfo {
@@ -1447,7 +1566,7 @@ type Latency struct {
 
 func (x *Latency) Reset() {
 	*x = Latency{}
-	mi := &file_pool_proto_msgTypes[17]
+	mi := &file_pool_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +1578,7 @@ func (x *Latency) String() string {
 func (*Latency) ProtoMessage() {}
 
 func (x *Latency) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[17]
+	mi := &file_pool_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +1591,7 @@ func (x *Latency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Latency.ProtoReflect.Descriptor instead.
 func (*Latency) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{17}
+	return file_pool_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Latency) GetP50Ns() int64 {
@@ -1535,7 +1654,7 @@ type TierInfo struct {
 
 func (x *TierInfo) Reset() {
 	*x = TierInfo{}
-	mi := &file_pool_proto_msgTypes[18]
+	mi := &file_pool_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1666,7 @@ func (x *TierInfo) String() string {
 func (*TierInfo) ProtoMessage() {}
 
 func (x *TierInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[18]
+	mi := &file_pool_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1679,7 @@ func (x *TierInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierInfo.ProtoReflect.Descriptor instead.
 func (*TierInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{18}
+	return file_pool_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TierInfo) GetTier() Tier {
@@ -1709,7 +1828,7 @@ type Emulation struct {
 
 func (x *Emulation) Reset() {
 	*x = Emulation{}
-	mi := &file_pool_proto_msgTypes[19]
+	mi := &file_pool_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1840,7 @@ func (x *Emulation) String() string {
 func (*Emulation) ProtoMessage() {}
 
 func (x *Emulation) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[19]
+	mi := &file_pool_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1853,7 @@ func (x *Emulation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Emulation.ProtoReflect.Descriptor instead.
 func (*Emulation) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{19}
+	return file_pool_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Emulation) GetLatencyNs() int64 {
@@ -1759,7 +1878,7 @@ type MeasureTiersRequest struct {
 
 func (x *MeasureTiersRequest) Reset() {
 	*x = MeasureTiersRequest{}
-	mi := &file_pool_proto_msgTypes[20]
+	mi := &file_pool_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +1890,7 @@ func (x *MeasureTiersRequest) String() string {
 func (*MeasureTiersRequest) ProtoMessage() {}
 
 func (x *MeasureTiersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[20]
+	mi := &file_pool_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +1903,7 @@ func (x *MeasureTiersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MeasureTiersRequest.ProtoReflect.Descriptor instead.
 func (*MeasureTiersRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{20}
+	return file_pool_proto_rawDescGZIP(), []int{21}
 }
 
 type StatusRequest struct {
@@ -1795,7 +1914,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_pool_proto_msgTypes[21]
+	mi := &file_pool_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +1926,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[21]
+	mi := &file_pool_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +1939,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{21}
+	return file_pool_proto_rawDescGZIP(), []int{22}
 }
 
 type StatusResponse struct {
@@ -1864,7 +1983,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_pool_proto_msgTypes[22]
+	mi := &file_pool_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +1995,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[22]
+	mi := &file_pool_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +2008,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{22}
+	return file_pool_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -2035,7 +2154,7 @@ type NameConflict struct {
 
 func (x *NameConflict) Reset() {
 	*x = NameConflict{}
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2166,7 @@ func (x *NameConflict) String() string {
 func (*NameConflict) ProtoMessage() {}
 
 func (x *NameConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2179,7 @@ func (x *NameConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NameConflict.ProtoReflect.Descriptor instead.
 func (*NameConflict) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{23}
+	return file_pool_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NameConflict) GetName() string {
@@ -2125,7 +2244,7 @@ type QuotaUsage struct {
 
 func (x *QuotaUsage) Reset() {
 	*x = QuotaUsage{}
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2137,7 +2256,7 @@ func (x *QuotaUsage) String() string {
 func (*QuotaUsage) ProtoMessage() {}
 
 func (x *QuotaUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2150,7 +2269,7 @@ func (x *QuotaUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaUsage.ProtoReflect.Descriptor instead.
 func (*QuotaUsage) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{24}
+	return file_pool_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *QuotaUsage) GetIdentity() string {
@@ -2201,7 +2320,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2213,7 +2332,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2226,7 +2345,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{25}
+	return file_pool_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ClientInfo) GetId() string {
@@ -2311,7 +2430,7 @@ type TierOps struct {
 
 func (x *TierOps) Reset() {
 	*x = TierOps{}
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2323,7 +2442,7 @@ func (x *TierOps) String() string {
 func (*TierOps) ProtoMessage() {}
 
 func (x *TierOps) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2336,7 +2455,7 @@ func (x *TierOps) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierOps.ProtoReflect.Descriptor instead.
 func (*TierOps) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{26}
+	return file_pool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TierOps) GetTier() Tier {
@@ -2403,7 +2522,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2534,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2547,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{27}
+	return file_pool_proto_rawDescGZIP(), []int{28}
 }
 
 // NodeInfo is one cluster member.
@@ -2454,7 +2573,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2466,7 +2585,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2479,7 +2598,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{28}
+	return file_pool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -2563,7 +2682,7 @@ type NodeTier struct {
 
 func (x *NodeTier) Reset() {
 	*x = NodeTier{}
-	mi := &file_pool_proto_msgTypes[29]
+	mi := &file_pool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2575,7 +2694,7 @@ func (x *NodeTier) String() string {
 func (*NodeTier) ProtoMessage() {}
 
 func (x *NodeTier) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[29]
+	mi := &file_pool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2588,7 +2707,7 @@ func (x *NodeTier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTier.ProtoReflect.Descriptor instead.
 func (*NodeTier) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{29}
+	return file_pool_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodeTier) GetTier() string {
@@ -2622,7 +2741,7 @@ type NodesResponse struct {
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2634,7 +2753,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2647,7 +2766,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{30}
+	return file_pool_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NodesResponse) GetNodes() []*NodeInfo {
@@ -2674,7 +2793,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_pool_proto_msgTypes[31]
+	mi := &file_pool_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +2805,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[31]
+	mi := &file_pool_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +2818,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{31}
+	return file_pool_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -2730,7 +2849,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_pool_proto_msgTypes[32]
+	mi := &file_pool_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2742,7 +2861,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[32]
+	mi := &file_pool_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2755,7 +2874,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{32}
+	return file_pool_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DrainResponse) GetNode() string {
@@ -2795,7 +2914,7 @@ type DetachRequest struct {
 
 func (x *DetachRequest) Reset() {
 	*x = DetachRequest{}
-	mi := &file_pool_proto_msgTypes[33]
+	mi := &file_pool_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +2926,7 @@ func (x *DetachRequest) String() string {
 func (*DetachRequest) ProtoMessage() {}
 
 func (x *DetachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[33]
+	mi := &file_pool_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +2939,7 @@ func (x *DetachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachRequest.ProtoReflect.Descriptor instead.
 func (*DetachRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{33}
+	return file_pool_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DetachRequest) GetId() uint64 {
@@ -2838,7 +2957,7 @@ type DetachResponse struct {
 
 func (x *DetachResponse) Reset() {
 	*x = DetachResponse{}
-	mi := &file_pool_proto_msgTypes[34]
+	mi := &file_pool_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2850,7 +2969,7 @@ func (x *DetachResponse) String() string {
 func (*DetachResponse) ProtoMessage() {}
 
 func (x *DetachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[34]
+	mi := &file_pool_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2863,7 +2982,7 @@ func (x *DetachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachResponse.ProtoReflect.Descriptor instead.
 func (*DetachResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{34}
+	return file_pool_proto_rawDescGZIP(), []int{35}
 }
 
 type KeyringRequest struct {
@@ -2877,7 +2996,7 @@ type KeyringRequest struct {
 
 func (x *KeyringRequest) Reset() {
 	*x = KeyringRequest{}
-	mi := &file_pool_proto_msgTypes[35]
+	mi := &file_pool_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2889,7 +3008,7 @@ func (x *KeyringRequest) String() string {
 func (*KeyringRequest) ProtoMessage() {}
 
 func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[35]
+	mi := &file_pool_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2902,7 +3021,7 @@ func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
 func (*KeyringRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{35}
+	return file_pool_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *KeyringRequest) GetOp() KeyringOp {
@@ -2935,7 +3054,7 @@ type KeyringResponse struct {
 
 func (x *KeyringResponse) Reset() {
 	*x = KeyringResponse{}
-	mi := &file_pool_proto_msgTypes[36]
+	mi := &file_pool_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3066,7 @@ func (x *KeyringResponse) String() string {
 func (*KeyringResponse) ProtoMessage() {}
 
 func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[36]
+	mi := &file_pool_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3079,7 @@ func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
 func (*KeyringResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{36}
+	return file_pool_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *KeyringResponse) GetNodes() []*NodeKeyring {
@@ -2983,7 +3102,7 @@ type NodeKeyring struct {
 
 func (x *NodeKeyring) Reset() {
 	*x = NodeKeyring{}
-	mi := &file_pool_proto_msgTypes[37]
+	mi := &file_pool_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3114,7 @@ func (x *NodeKeyring) String() string {
 func (*NodeKeyring) ProtoMessage() {}
 
 func (x *NodeKeyring) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[37]
+	mi := &file_pool_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3127,7 @@ func (x *NodeKeyring) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeKeyring.ProtoReflect.Descriptor instead.
 func (*NodeKeyring) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{37}
+	return file_pool_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *NodeKeyring) GetNode() string {
@@ -3044,7 +3163,7 @@ type DelegateRequest struct {
 
 func (x *DelegateRequest) Reset() {
 	*x = DelegateRequest{}
-	mi := &file_pool_proto_msgTypes[38]
+	mi := &file_pool_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3056,7 +3175,7 @@ func (x *DelegateRequest) String() string {
 func (*DelegateRequest) ProtoMessage() {}
 
 func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[38]
+	mi := &file_pool_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3069,7 +3188,7 @@ func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateRequest.ProtoReflect.Descriptor instead.
 func (*DelegateRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{38}
+	return file_pool_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DelegateRequest) GetClientId() string {
@@ -3095,7 +3214,7 @@ type DelegateResponse struct {
 
 func (x *DelegateResponse) Reset() {
 	*x = DelegateResponse{}
-	mi := &file_pool_proto_msgTypes[39]
+	mi := &file_pool_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3107,7 +3226,7 @@ func (x *DelegateResponse) String() string {
 func (*DelegateResponse) ProtoMessage() {}
 
 func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[39]
+	mi := &file_pool_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3120,7 +3239,7 @@ func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateResponse.ProtoReflect.Descriptor instead.
 func (*DelegateResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{39}
+	return file_pool_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DelegateResponse) GetDataCredential() []byte {
@@ -3144,7 +3263,7 @@ type AuthorizeRequest struct {
 
 func (x *AuthorizeRequest) Reset() {
 	*x = AuthorizeRequest{}
-	mi := &file_pool_proto_msgTypes[40]
+	mi := &file_pool_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3156,7 +3275,7 @@ func (x *AuthorizeRequest) String() string {
 func (*AuthorizeRequest) ProtoMessage() {}
 
 func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[40]
+	mi := &file_pool_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3169,7 +3288,7 @@ func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{40}
+	return file_pool_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AuthorizeRequest) GetIds() []uint64 {
@@ -3201,7 +3320,7 @@ type AuthorizeResponse struct {
 
 func (x *AuthorizeResponse) Reset() {
 	*x = AuthorizeResponse{}
-	mi := &file_pool_proto_msgTypes[41]
+	mi := &file_pool_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3213,7 +3332,7 @@ func (x *AuthorizeResponse) String() string {
 func (*AuthorizeResponse) ProtoMessage() {}
 
 func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[41]
+	mi := &file_pool_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3226,7 +3345,7 @@ func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{41}
+	return file_pool_proto_rawDescGZIP(), []int{42}
 }
 
 var File_pool_proto protoreflect.FileDescriptor
@@ -3262,7 +3381,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12'\n" +
 	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\"A\n" +
 	"\fKeepAliveAck\x121\n" +
-	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\x9d\x02\n" +
+	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\x81\x03\n" +
 	"\fAllocRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12(\n" +
 	"\x04tier\x18\x02 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12\x12\n" +
@@ -3274,7 +3393,10 @@ const file_pool_proto_rawDesc = "" +
 	"\n" +
 	"allow_free\x18\b \x03(\tR\tallowFree\x12\x1d\n" +
 	"\n" +
-	"for_client\x18\t \x01(\tR\tforClient\"1\n" +
+	"for_client\x18\t \x01(\tR\tforClient\x12-\n" +
+	"\x13max_read_latency_ns\x18\n" +
+	" \x01(\x03R\x10maxReadLatencyNs\x123\n" +
+	"\x16min_read_bandwidth_bps\x18\v \x01(\x03R\x13minReadBandwidthBps\"1\n" +
 	"\vFreeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x0e\n" +
@@ -3290,7 +3412,7 @@ const file_pool_proto_rawDesc = "" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\x9e\a\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xd7\a\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
@@ -3324,7 +3446,15 @@ const file_pool_proto_rawDesc = "" +
 	"allow_free\x18\x1c \x03(\tR\tallowFree\x12\x19\n" +
 	"\bdata_tls\x18\x1d \x01(\bR\adataTls\x12\x1e\n" +
 	"\vdata_tls_ca\x18\x1e \x01(\fR\tdataTlsCa\x12(\n" +
-	"\x10data_server_name\x18\x1f \x01(\tR\x0edataServerName\"\x0e\n" +
+	"\x10data_server_name\x18\x1f \x01(\tR\x0edataServerName\x127\n" +
+	"\tplacement\x18  \x01(\v2\x19.farmem.pool.v1.PlacementR\tplacement\"\xa5\x02\n" +
+	"\tPlacement\x12:\n" +
+	"\fread_latency\x18\x01 \x01(\v2\x17.farmem.pool.v1.LatencyR\vreadLatency\x12,\n" +
+	"\x12read_bandwidth_bps\x18\x02 \x01(\x03R\x10readBandwidthBps\x122\n" +
+	"\x15read_bandwidth_source\x18\x03 \x01(\tR\x13readBandwidthSource\x12-\n" +
+	"\x13max_read_latency_ns\x18\x04 \x01(\x03R\x10maxReadLatencyNs\x123\n" +
+	"\x16min_read_bandwidth_bps\x18\x05 \x01(\x03R\x13minReadBandwidthBps\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x0e\n" +
 	"\fTiersRequest\"?\n" +
 	"\rTiersResponse\x12.\n" +
 	"\x05tiers\x18\x01 \x03(\v2\x18.farmem.pool.v1.TierInfoR\x05tiers\"i\n" +
@@ -3519,7 +3649,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
@@ -3539,33 +3669,34 @@ var file_pool_proto_goTypes = []any{
 	(*ListResponse)(nil),        // 15: farmem.pool.v1.ListResponse
 	(*StatRequest)(nil),         // 16: farmem.pool.v1.StatRequest
 	(*Segment)(nil),             // 17: farmem.pool.v1.Segment
-	(*TiersRequest)(nil),        // 18: farmem.pool.v1.TiersRequest
-	(*TiersResponse)(nil),       // 19: farmem.pool.v1.TiersResponse
-	(*Latency)(nil),             // 20: farmem.pool.v1.Latency
-	(*TierInfo)(nil),            // 21: farmem.pool.v1.TierInfo
-	(*Emulation)(nil),           // 22: farmem.pool.v1.Emulation
-	(*MeasureTiersRequest)(nil), // 23: farmem.pool.v1.MeasureTiersRequest
-	(*StatusRequest)(nil),       // 24: farmem.pool.v1.StatusRequest
-	(*StatusResponse)(nil),      // 25: farmem.pool.v1.StatusResponse
-	(*NameConflict)(nil),        // 26: farmem.pool.v1.NameConflict
-	(*QuotaUsage)(nil),          // 27: farmem.pool.v1.QuotaUsage
-	(*ClientInfo)(nil),          // 28: farmem.pool.v1.ClientInfo
-	(*TierOps)(nil),             // 29: farmem.pool.v1.TierOps
-	(*NodesRequest)(nil),        // 30: farmem.pool.v1.NodesRequest
-	(*NodeInfo)(nil),            // 31: farmem.pool.v1.NodeInfo
-	(*NodeTier)(nil),            // 32: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),       // 33: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),        // 34: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),       // 35: farmem.pool.v1.DrainResponse
-	(*DetachRequest)(nil),       // 36: farmem.pool.v1.DetachRequest
-	(*DetachResponse)(nil),      // 37: farmem.pool.v1.DetachResponse
-	(*KeyringRequest)(nil),      // 38: farmem.pool.v1.KeyringRequest
-	(*KeyringResponse)(nil),     // 39: farmem.pool.v1.KeyringResponse
-	(*NodeKeyring)(nil),         // 40: farmem.pool.v1.NodeKeyring
-	(*DelegateRequest)(nil),     // 41: farmem.pool.v1.DelegateRequest
-	(*DelegateResponse)(nil),    // 42: farmem.pool.v1.DelegateResponse
-	(*AuthorizeRequest)(nil),    // 43: farmem.pool.v1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),   // 44: farmem.pool.v1.AuthorizeResponse
+	(*Placement)(nil),           // 18: farmem.pool.v1.Placement
+	(*TiersRequest)(nil),        // 19: farmem.pool.v1.TiersRequest
+	(*TiersResponse)(nil),       // 20: farmem.pool.v1.TiersResponse
+	(*Latency)(nil),             // 21: farmem.pool.v1.Latency
+	(*TierInfo)(nil),            // 22: farmem.pool.v1.TierInfo
+	(*Emulation)(nil),           // 23: farmem.pool.v1.Emulation
+	(*MeasureTiersRequest)(nil), // 24: farmem.pool.v1.MeasureTiersRequest
+	(*StatusRequest)(nil),       // 25: farmem.pool.v1.StatusRequest
+	(*StatusResponse)(nil),      // 26: farmem.pool.v1.StatusResponse
+	(*NameConflict)(nil),        // 27: farmem.pool.v1.NameConflict
+	(*QuotaUsage)(nil),          // 28: farmem.pool.v1.QuotaUsage
+	(*ClientInfo)(nil),          // 29: farmem.pool.v1.ClientInfo
+	(*TierOps)(nil),             // 30: farmem.pool.v1.TierOps
+	(*NodesRequest)(nil),        // 31: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),            // 32: farmem.pool.v1.NodeInfo
+	(*NodeTier)(nil),            // 33: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),       // 34: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),        // 35: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),       // 36: farmem.pool.v1.DrainResponse
+	(*DetachRequest)(nil),       // 37: farmem.pool.v1.DetachRequest
+	(*DetachResponse)(nil),      // 38: farmem.pool.v1.DetachResponse
+	(*KeyringRequest)(nil),      // 39: farmem.pool.v1.KeyringRequest
+	(*KeyringResponse)(nil),     // 40: farmem.pool.v1.KeyringResponse
+	(*NodeKeyring)(nil),         // 41: farmem.pool.v1.NodeKeyring
+	(*DelegateRequest)(nil),     // 42: farmem.pool.v1.DelegateRequest
+	(*DelegateResponse)(nil),    // 43: farmem.pool.v1.DelegateResponse
+	(*AuthorizeRequest)(nil),    // 44: farmem.pool.v1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),   // 45: farmem.pool.v1.AuthorizeResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	4,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -3578,62 +3709,64 @@ var file_pool_proto_depIdxs = []int32{
 	17, // 7: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
 	0,  // 8: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
 	1,  // 9: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
-	22, // 10: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
-	21, // 11: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	0,  // 12: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
-	20, // 13: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
-	20, // 14: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
-	20, // 15: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
-	22, // 16: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
-	20, // 17: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
-	20, // 18: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
-	21, // 19: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	28, // 20: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
-	29, // 21: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
-	27, // 22: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
-	26, // 23: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	0,  // 24: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
-	0,  // 25: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	32, // 26: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	31, // 27: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	26, // 28: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	2,  // 29: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
-	40, // 30: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
-	3,  // 31: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	10, // 32: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	11, // 33: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	13, // 34: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	14, // 35: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	16, // 36: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	18, // 37: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	24, // 38: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	30, // 39: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	34, // 40: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	23, // 41: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	36, // 42: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	38, // 43: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	41, // 44: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	43, // 45: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	6,  // 46: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	17, // 47: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	12, // 48: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	17, // 49: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	15, // 50: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	17, // 51: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	19, // 52: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	25, // 53: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	33, // 54: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	35, // 55: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	19, // 56: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	37, // 57: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	39, // 58: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	42, // 59: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	44, // 60: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	46, // [46:61] is the sub-list for method output_type
-	31, // [31:46] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	23, // 10: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
+	18, // 11: farmem.pool.v1.Segment.placement:type_name -> farmem.pool.v1.Placement
+	21, // 12: farmem.pool.v1.Placement.read_latency:type_name -> farmem.pool.v1.Latency
+	22, // 13: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	0,  // 14: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
+	21, // 15: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
+	21, // 16: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
+	21, // 17: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
+	23, // 18: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
+	21, // 19: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
+	21, // 20: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
+	22, // 21: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	29, // 22: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	30, // 23: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	28, // 24: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
+	27, // 25: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	0,  // 26: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 27: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
+	33, // 28: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	32, // 29: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	27, // 30: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	2,  // 31: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
+	41, // 32: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
+	3,  // 33: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	10, // 34: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	11, // 35: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	13, // 36: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	14, // 37: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	16, // 38: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	19, // 39: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	25, // 40: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	31, // 41: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	35, // 42: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	24, // 43: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	37, // 44: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	39, // 45: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	42, // 46: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	44, // 47: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	6,  // 48: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	17, // 49: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	12, // 50: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	17, // 51: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	15, // 52: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	17, // 53: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	20, // 54: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	26, // 55: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	34, // 56: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	36, // 57: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	20, // 58: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	38, // 59: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	40, // 60: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	43, // 61: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	45, // 62: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	48, // [48:63] is the sub-list for method output_type
+	33, // [33:48] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -3656,7 +3789,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   42,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
