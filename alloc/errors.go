@@ -11,6 +11,10 @@ import (
 var (
 	// ErrNoCapacity: no tier the caller accepts has room for the request.
 	ErrNoCapacity = errs.ErrNoCapacity
+	// ErrOverBudget: no tier the caller accepts meets its WithMaxLatency or
+	// WithMinBandwidth; the message names the best tier and its figures.
+	// errors.Is(err, ErrNoCapacity) is true for it too.
+	ErrOverBudget = errs.ErrOverBudget
 	// ErrOutOfRange: an offset or length falls outside the segment, or overflows.
 	ErrOutOfRange = errs.ErrOutOfRange
 	// ErrNotFound: no segment has that id or name.

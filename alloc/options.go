@@ -91,6 +91,9 @@ type allocConfig struct {
 	persist   bool
 	populate  bool
 	badTier   []Tier // tiers named that do not exist
+	// The budget, nil when not asked for (WithMaxLatency, WithMinBandwidth).
+	maxLatency   *time.Duration
+	minBandwidth *int64
 }
 
 // checked returns t, noting it when it names no tier.
@@ -108,6 +111,18 @@ func (o *allocConfig) request(size int64) (*poolv1.AllocRequest, error) {
 		return nil, fmt.Errorf("%w: unknown tier %s; use TierLocal, TierCXL, TierRDMA or TierAny", ErrInvalid, o.badTier[0])
 	}
 	r := &poolv1.AllocRequest{Size: size, Tier: o.tier.proto(), Name: o.name, Allow: o.allow, AllowFree: o.allowFree, Persist: o.persist}
+	if d := o.maxLatency; d != nil {
+		if *d <= 0 {
+			return nil, fmt.Errorf("%w: WithMaxLatency(%s): a latency budget must be positive, e.g. 2*time.Microsecond; leave the option out for none", ErrInvalid, *d)
+		}
+		r.MaxReadLatencyNs = d.Nanoseconds()
+	}
+	if b := o.minBandwidth; b != nil {
+		if *b <= 0 {
+			return nil, fmt.Errorf("%w: WithMinBandwidth(%d): a bandwidth budget must be positive bytes per second, e.g. 1e9; leave the option out for none", ErrInvalid, *b)
+		}
+		r.MinReadBandwidthBps = *b
+	}
 	for _, t := range o.fallback {
 		r.Fallback = append(r.Fallback, t.proto())
 	}
@@ -129,6 +144,31 @@ func WithFallback(tiers ...Tier) AllocOption {
 			o.fallback = append(o.fallback, o.checked(t))
 		}
 	}
+}
+
+// WithMaxLatency places the segment only on a tier whose read latency
+// p50 is at most d, the cheapest such tier first: rdma (memory other hosts
+// spare), then cxl, then local DRAM, the most precious (README, Tiers). A
+// tier is judged by the figure memctl tiers shows: the injected latency
+// where poold emulates one (--emulate-latency; a client's own
+// WithEmulateLatency does not change placement), else what poold measured
+// at start, else the firmware's (HMAT); a tier without a figure meets no
+// budget. With WithTier the named tier and its fallbacks are tried in
+// their order, those over budget left out. When no tier meets it, Alloc
+// fails with ErrOverBudget (which matches ErrNoCapacity too), naming the
+// best tier and its latency. Segment.Placement says what the segment was
+// judged by. Zero or negative d: ErrInvalid. Default: no bound.
+func WithMaxLatency(d time.Duration) AllocOption {
+	return func(o *allocConfig) { o.maxLatency = &d }
+}
+
+// WithMinBandwidth places the segment only on a tier whose read bandwidth
+// is at least bps bytes per second: the injected cap where poold emulates
+// one and it is lower, else what poold measured. It combines with
+// WithMaxLatency (both must hold) and otherwise works as it does. Zero or
+// negative bps: ErrInvalid. Default: no bound.
+func WithMinBandwidth(bps int64) AllocOption {
+	return func(o *allocConfig) { o.minBandwidth = &bps }
 }
 
 // WithName gives the segment a unique name: it outlives its creator's

@@ -264,13 +264,14 @@ func (pl plan) byLatency(ts []poolv1.Tier) ([]poolv1.Tier, string) {
 }
 
 // overBudget is the error for a request whose budget no tier of asked
-// meets: it names the best of them, by the bound asked (latency first),
-// and every tier's figures.
+// meets: it names the best of those with the figures the budget bounds
+// (by latency when it bounds latency, else by bandwidth), and lists every
+// tier's figures.
 func (pl plan) overBudget(sz int64, asked []poolv1.Tier) error {
-	best := poolv1.Tier_TIER_UNSPECIFIED
+	best, found := poolv1.Tier_TIER_UNSPECIFIED, false
 	better := func(a, b figure) bool {
 		if pl.budget.maxLatencyNs > 0 {
-			return a.lat != nil && (b.lat == nil || a.lat.P50Ns < b.lat.P50Ns)
+			return a.lat.P50Ns < b.lat.P50Ns
 		}
 		return a.bps > b.bps
 	}
@@ -278,16 +279,16 @@ func (pl plan) overBudget(sz int64, asked []poolv1.Tier) error {
 	for _, t := range asked {
 		f := pl.figs[t]
 		all = append(all, tierName(t)+" "+f.String())
-		if best == poolv1.Tier_TIER_UNSPECIFIED || better(f, pl.figs[best]) {
-			best = t
+		if pl.budget.known(f) && (!found || better(f, pl.figs[best])) {
+			best, found = t, true
 		}
 	}
-	if f := pl.figs[best]; pl.budget.known(f) {
-		return fmt.Errorf("alloc %d bytes with %s: %w; the best tier, %s, %s (all tiers: %s)",
-			sz, pl.budget, errs.ErrOverBudget, tierName(best), pl.budget.miss(f), strings.Join(all, "; "))
+	if !found {
+		return fmt.Errorf("alloc %d bytes with %s: %w; no tier of %s has that figure measured (%s; poold measures its tiers at start unless --measure-tiers=false, 'memctl tiers --measure' measures now)",
+			sz, pl.budget, errs.ErrOverBudget, tierList(asked), strings.Join(all, "; "))
 	}
-	return fmt.Errorf("alloc %d bytes with %s: %w; no tier of %s has that figure measured (poold measures its tiers at start unless --measure-tiers=false; 'memctl tiers --measure' measures now)",
-		sz, pl.budget, errs.ErrOverBudget, tierList(asked))
+	return fmt.Errorf("alloc %d bytes with %s: %w; the best tier, %s, %s (all tiers: %s)",
+		sz, pl.budget, errs.ErrOverBudget, tierName(best), pl.budget.miss(pl.figs[best]), strings.Join(all, "; "))
 }
 
 // placement says why r's tier was chosen: its figures, the budget and
