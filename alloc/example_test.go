@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/farmem/farmem/alloc"
 	"github.com/farmem/farmem/internal/size"
@@ -17,7 +19,11 @@ import (
 // where a program would dial its host's daemon with alloc.Dial(ctx, ""):
 // 64 MiB each of emulated CXL, local DRAM and rdma (over loopback, the
 // daemon having no peers), on temporary directories that stop removes.
-func examplePool() (socket string, stop func()) {
+func examplePool() (socket string, stop func()) { return examplePoolWith(nil) }
+
+// examplePoolWith is examplePool with set, when not nil, changing the
+// daemon's configuration.
+func examplePoolWith(set func(*pool.Config)) (socket string, stop func()) {
 	dir, err := os.MkdirTemp("", "fmex")
 	if err != nil {
 		panic(fmt.Sprintf("example pool: %v", err))
@@ -35,6 +41,9 @@ func examplePool() (socket string, stop func()) {
 	cfg.ShmDir = shm
 	cfg.Socket = filepath.Join(dir, "poold.sock")
 	cfg.EmulateCXL, cfg.LocalSize, cfg.ExportSize = 64*size.MiB, 64*size.MiB, 64*size.MiB
+	if set != nil {
+		set(&cfg)
+	}
 	d, err := pool.Start(cfg, nil)
 	if err != nil {
 		panic(fmt.Sprintf("example pool: %v", err))
@@ -138,6 +147,44 @@ func ExampleClient_Alloc() {
 	// rdma: 1024 KiB, kind loopback, emulated true, load/store false, read back "hello from rdma"
 	// 1 GiB on cxl: true
 	// first 48 MiB on local then on cxl
+}
+
+// WithMaxLatency places a segment by what reading it costs: on the
+// cheapest tier (rdma, then cxl, then local DRAM) whose read latency p50
+// fits. Here poold emulates cxl at 300ns and rdma at 5µs, so the figures
+// are known exactly; a host's poold measures its tiers at start, and
+// 'memctl tiers' shows the figures placement goes by.
+func ExampleWithMaxLatency() {
+	socket, stop := examplePoolWith(func(cfg *pool.Config) {
+		if err := cfg.EmulateLatency.Set("cxl=300ns,rdma=5us"); err != nil {
+			panic(err)
+		}
+	})
+	defer stop()
+	ctx := context.Background()
+	c, err := alloc.Dial(ctx, socket)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+
+	// rdma is over 2µs; cxl fits and is cheaper than local DRAM.
+	seg, err := c.Alloc(ctx, 1<<20, alloc.WithMaxLatency(2*time.Microsecond))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer seg.Free(ctx)
+	p, _ := seg.Placement()
+	fmt.Printf("on %s, judged by %dns p50 (%s) against %s\n", p.Tier, p.ReadLatency.P50Ns, p.ReadLatency.Source, p.MaxLatency)
+
+	// No tier asked for fits: the error names the best one and its latency.
+	_, err = c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierCXL), alloc.WithMaxLatency(100*time.Nanosecond))
+	fmt.Println("over budget:", errors.Is(err, alloc.ErrOverBudget), strings.Contains(err.Error(), "the best tier, cxl, reads in 300ns p50 (injected)"))
+	// Output:
+	// on cxl, judged by 300ns p50 (injected) against 2µs
+	// over budget: true true
 }
 
 // Attach opens a segment another client created with a name: two processes
