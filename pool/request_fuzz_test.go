@@ -28,6 +28,8 @@ func FuzzAllocRequest(f *testing.F) {
 		{Size: 8192, HomeOnly: true},
 		{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "g", Allow: []string{"cn:app2", "gid:7"}, AllowFree: []string{"uid:0"}},
 		{Size: 4096, Allow: []string{"cn:app2"}},
+		{Size: 4096, MaxReadLatencyNs: 2000},
+		{Size: 4096, Tier: poolv1.Tier_TIER_CXL, MaxReadLatencyNs: -5, MinReadBandwidthBps: -1},
 	} {
 		b, err := proto.Marshal(req)
 		require.NoError(f, err)
@@ -61,6 +63,7 @@ func FuzzAllocRequest(f *testing.F) {
 		require.Equal(t, req.Name, r.Name)
 		require.Equal(t, req.Allow, r.Allow)
 		require.Equal(t, req.AllowFree, r.AllowFree)
+		require.NotNil(t, r.placement, "every placement says why")
 		d := p.device(r.Device)
 		require.NotNil(t, d)
 		require.GreaterOrEqual(t, r.Extent, r.Size)
