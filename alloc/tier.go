@@ -12,7 +12,9 @@ type Tier int
 
 // The tiers.
 const (
-	// TierAny lets the daemon choose: cxl first, then local, then rdma.
+	// TierAny lets the daemon choose: the fastest tier by read latency
+	// first, tiers within 25% of each other the cheaper first (rdma, cxl,
+	// local); cxl, local, rdma before poold has measured its tiers.
 	TierAny Tier = iota
 	// TierLocal is DRAM of this host, the reference point.
 	TierLocal

@@ -34,7 +34,7 @@ const (
 type Tier int32
 
 const (
-	Tier_TIER_UNSPECIFIED Tier = 0 // any tier: the daemon prefers cxl, then local, then rdma
+	Tier_TIER_UNSPECIFIED Tier = 0 // any tier: the daemon takes the fastest by read latency (cxl, local, rdma before it has measured)
 	Tier_TIER_LOCAL       Tier = 1 // DRAM of this host, the reference point
 	Tier_TIER_CXL         Tier = 2 // CXL Type-3 memory (devdax, memory-only NUMA node) or its emulation
 	Tier_TIER_RDMA        Tier = 3 // memory of a remote (or loopback) poold through the data plane
