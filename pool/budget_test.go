@@ -17,14 +17,15 @@ import (
 // TestBudgetOnTheWire checks placement by budget at the daemon's API, as
 // any client (memctl, another language) sees it: a negative bound is
 // INVALID, a budget no tier meets is RESOURCE_EXHAUSTED carrying
-// ErrOverBudget, and the reply's Placement names the figure the tier was
+// ErrOverBudget (counted as over_budget, not no_capacity), and the reply's Placement names the figure the tier was
 // judged by and the budget.
 func TestBudgetOnTheWire(t *testing.T) {
 	cfg := pooltest.Config(t)
 	var err error
 	cfg.EmulateLatency, err = emulation.Parse("cxl=300ns,rdma=5us")
 	require.NoError(t, err)
-	pooltest.Start(t, cfg)
+	cfg.Metrics = "127.0.0.1:0"
+	d := pooltest.Start(t, cfg)
 	conn, err := session.Channel("unix", cfg.Socket)
 	require.NoError(t, err)
 	defer conn.Close()
@@ -45,6 +46,9 @@ func TestBudgetOnTheWire(t *testing.T) {
 	require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(err))
 	require.ErrorIs(t, errs.FromStatus(err), errs.ErrOverBudget)
 	require.ErrorContains(t, err, "the best tier, cxl, reads in 300ns p50 (injected), over 100ns")
+	fams := scrape(t, d)
+	require.Equal(t, 1.0, sample(t, fams, "farmem_alloc_failures_total", map[string]string{"reason": "over_budget"}))
+	require.Zero(t, sample(t, fams, "farmem_alloc_failures_total", map[string]string{"reason": "no_capacity"}))
 
 	seg, err := alloc(&poolv1.AllocRequest{MaxReadLatencyNs: 1000})
 	require.NoError(t, err)

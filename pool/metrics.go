@@ -96,7 +96,7 @@ func newMetrics() *metrics {
 		m.frees.WithLabelValues(tierName(t))
 	}
 	m.reclaims.WithLabelValues(reasonLabel("lease expired"))
-	for _, r := range []string{"no_capacity", "invalid", "name_in_use", "unavailable", "canceled", "other"} {
+	for _, r := range []string{"over_budget", "no_capacity", "invalid", "name_in_use", "unavailable", "canceled", "other"} {
 		m.allocFailures.WithLabelValues(r)
 	}
 	for _, op := range []string{"free", "attach", "stat", "descriptor"} {
@@ -146,6 +146,8 @@ func (m *metrics) allocDone(r *record, err error) {
 // allocFailureReason is the reason label of a failed Alloc.
 func allocFailureReason(err error) string {
 	switch {
+	case errors.Is(err, errs.ErrOverBudget): // before ErrNoCapacity, which it matches
+		return "over_budget"
 	case errors.Is(err, errs.ErrNoCapacity):
 		return "no_capacity"
 	case errors.Is(err, errs.ErrInvalid):
