@@ -124,7 +124,7 @@ func TestMaxLatencyMeasured(t *testing.T) {
 
 	p = allocPlaced(t, c)
 	require.LessOrEqual(t, float64(p50[p.Tier]), 1.25*float64(fastest.ReadLatency.P50Ns), p.Reason)
-	require.Contains(t, p.Reason, "fastest read latency first")
+	require.Contains(t, p.Reason, "fastest read latency p50 first")
 
 	_, err = c.Alloc(t.Context(), 4096, alloc.WithMaxLatency(time.Nanosecond))
 	require.ErrorIs(t, err, alloc.ErrOverBudget)

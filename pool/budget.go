@@ -252,16 +252,23 @@ func (pl plan) byLatency(ts []poolv1.Tier) ([]poolv1.Tier, string) {
 		slices.SortStableFunc(group, byCost)
 		out, known = append(out, group...), known[n:]
 	}
-	var figs []string
-	for _, t := range out {
-		figs = append(figs, fmt.Sprintf("%s %s", tierName(t), pl.figs[t]))
+	var why strings.Builder
+	why.WriteString(byLatencyWhy)
+	for i, t := range out {
+		if i > 0 {
+			why.WriteString(", ")
+		}
+		why.WriteString(tierName(t) + " " + time.Duration(p50(t)).String())
 	}
-	why := fmt.Sprintf("fastest read latency first, within %d%% the cheaper first: %s", int(math.Round((sameSpeed-1)*100)), strings.Join(figs, ", "))
 	if len(unknown) > 0 {
-		why += "; not measured: " + tierList(unknown)
+		why.WriteString("; not measured: " + tierList(unknown))
 	}
-	return append(out, unknown...), why
+	return append(out, unknown...), why.String()
 }
+
+// byLatencyWhy begins the reason of a TierAny placement without a budget;
+// the tiers' read latencies p50 follow.
+var byLatencyWhy = fmt.Sprintf("fastest read latency p50 first, within %d%% the cheaper first: ", int(math.Round((sameSpeed-1)*100)))
 
 // overBudget is the error for a request whose budget no tier of asked
 // meets: it names the best of those with the figures the budget bounds
