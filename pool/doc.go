@@ -32,7 +32,9 @@
 // The core, by concern:
 //   - pool.go: its state, its start from the segment table (restore, the
 //     orphan sweep), the accessors the Daemon uses, close.
-//   - placement.go: Alloc, tiers tried in order, extents and ids reserved.
+//   - placement.go: Alloc, tiers tried in order, extents and ids reserved;
+//     budget.go: the order itself, by the tiers' read figures and a
+//     request's budget, and the Placement a reply carries.
 //   - segments.go: lookup, Free and reclaim, Attach, Detach, Stat,
 //     listing pages, Backing.
 //   - sessions.go: clients, sessions, callers, lease expiry and the reaper.

@@ -4,7 +4,8 @@
 //   - status, tiers, segments: the daemon's version and node, each memory
 //     tier (what backs it, real or emulated, capacity, free, latency), and
 //     the segments it holds;
-//   - alloc and free: allocate a segment that stays until freed, free one by
+//   - alloc and free: allocate a segment that stays until freed (on the
+//     cheapest tier within --max-latency, --min-bandwidth), free one by
 //     id or name;
 //   - nodes: the cluster's members, their state, addresses and free memory;
 //   - drain NODE: stop new placements on a node, across its restarts, until
