@@ -57,6 +57,11 @@ type DaxDevice struct {
 	// host physical range holds its resource; empty for other DAX devices
 	// (hmem, plain NVDIMM namespaces).
 	Region string
+	// Persistent reports memory the kernel presents as persistent, whose
+	// contents outlive a power loss: a device in a pmem CXL region, or any
+	// device below libnvdimm (a pmem namespace, its path under ndbusN).
+	// False for a ram region's devices and other DAX devices (hmem).
+	Persistent bool
 }
 
 // daxDevices reads the dax bus; regionPaths maps each CXL region to its

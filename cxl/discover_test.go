@@ -586,3 +586,24 @@ func TestDiscoverFIFONeverBlocks(t *testing.T) {
 	require.Len(t, inv.Problems, 1)
 	require.ErrorIs(t, inv.Problems[0], ErrUnreadable)
 }
+
+// TestDaxPersistent: a dax device is persistent memory in a pmem CXL
+// region or below libnvdimm (a plain NVDIMM namespace has no CXL region),
+// and volatile in a ram region or elsewhere (hmem).
+func TestDaxPersistent(t *testing.T) {
+	inv := &Inventory{
+		Regions: []Region{{Name: "region0", Mode: ModeRAM}, {Name: "region1", Mode: ModePMEM}},
+		Dax: []DaxDevice{
+			{Name: "dax0.0", Path: "devices/platform/ACPI0017:00/root0/decoder0.0/region0/dax_region0/dax0.0", Region: "region0"},
+			{Name: "dax1.0", Path: "devices/platform/ACPI0017:00/root0/nvdimm-bridge0/ndbus0/region1/dax1.0/dax1.0", Region: "region1"},
+			{Name: "dax2.0", Path: "devices/LNXSYSTM:00/LNXSYBUS:00/ACPI0012:00/ndbus1/region2/dax2.0/dax2.0"},
+			{Name: "dax3.0", Path: "devices/platform/hmem.0/dax3.0"},
+		},
+	}
+	link(inv)
+	got := map[string]bool{}
+	for _, d := range inv.Dax {
+		got[d.Name] = d.Persistent
+	}
+	require.Equal(t, map[string]bool{"dax0.0": false, "dax1.0": true, "dax2.0": true, "dax3.0": false}, got)
+}

@@ -1,6 +1,9 @@
 package cxl
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 // Inventory is what one Discover call found. It is a plain value owned by
 // the caller: safe for concurrent reads, not for concurrent mutation. Slices
@@ -46,7 +49,8 @@ func (fsys FS) Discover() (*Inventory, error) {
 
 // link fills in the cross references that need more than one kind of object:
 // a region's dax devices, a decoder's region, a region's mode on kernels
-// older than 6.3 (taken from its endpoint decoders).
+// older than 6.3 (taken from its endpoint decoders), whether a dax device
+// is persistent memory.
 func link(inv *Inventory) {
 	// A pmem region's dax devices sit below libnvdimm, not below the
 	// region; their host physical address says which region holds them.
@@ -91,6 +95,25 @@ func link(inv *Inventory) {
 			}
 		}
 	}
+	modes := make(map[string]MemMode, len(inv.Regions))
+	for _, r := range inv.Regions {
+		modes[r.Name] = r.Mode
+	}
+	for i := range inv.Dax {
+		dax := &inv.Dax[i]
+		dax.Persistent = modes[dax.Region] == ModePMEM || underNVDIMM(dax.Path)
+	}
+}
+
+// underNVDIMM reports whether a device path lies below a libnvdimm bus
+// (ndbusN), where only persistent memory namespaces live.
+func underNVDIMM(path string) bool {
+	for elem := range strings.SplitSeq(path, "/") {
+		if strings.HasPrefix(elem, "ndbus") {
+			return true
+		}
+	}
+	return false
 }
 
 // Err joins the problems into one error, nil when there are none.

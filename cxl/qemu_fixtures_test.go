@@ -102,6 +102,7 @@ func TestQEMUFixtures(t *testing.T) {
 			require.NotEmpty(t, node(0).CPUs)
 
 			require.Equal(t, tc.dax, dx.Mode)
+			require.Equal(t, tc.mode == ModePMEM, dx.Persistent, "a pmem region's device is persistent memory, a ram region's is not")
 			if tc.mode == ModeRAM {
 				require.EqualValues(t, 256<<20, dx.Size, "no namespace info block")
 			}

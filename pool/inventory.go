@@ -72,7 +72,8 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 		if err := add(d, poolv1.Tier_TIER_CXL, cfg.AllowDevdaxFD, note); err != nil {
 			return fail(err)
 		}
-		log.Info("using CXL devdax device", "device", dx.Name, "size", dx.Size, "align", align, "region", dx.Region, "node", dx.TargetNode, "handed-out", cfg.AllowDevdaxFD)
+		devs[len(devs)-1].powerSafe = dx.Persistent
+		log.Info("using CXL devdax device", "device", dx.Name, "size", dx.Size, "align", align, "region", dx.Region, "node", dx.TargetNode, "handed-out", cfg.AllowDevdaxFD, "persistent", dx.Persistent)
 	}
 	for _, n := range inv.FarNodes() {
 		capacity := int64(n.MemFree) &^ (1<<21 - 1)

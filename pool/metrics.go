@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -250,6 +251,7 @@ var (
 	emuLatDesc     = promDesc("emulated_latency_seconds", "Latency injected into accesses to a tier by latency emulation (0: none).", "tier")
 	drainingDesc   = promDesc("draining", "1 while this node drains (memctl drain: no new placements for peers; its segments stay; kept across restarts until memctl drain --undo), else 0.")
 	drainSinceDesc = promDesc("draining_since_timestamp_seconds", "Unix time this node began to drain; 0 while it is not draining.")
+	commitsDesc    = promDesc("metadata_commits_total", "Commits to a file of the metadata store, and whether each is fsynced: segments.db holds the records of segments on persistent memory or on peers, segments-volatile.db those of segments in volatile memory.", "file", "fsync")
 	memberStates   = []string{"alive", "suspect", "dead", "left"}
 	segmentStates  = []string{"active", "lost"}
 )
@@ -260,7 +262,7 @@ func promDesc(name, help string, labels ...string) *prometheus.Desc {
 
 // Describe implements prometheus.Collector.
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{capacityDesc, usedDesc, freeDesc, segmentsDesc, sessionsDesc, membersDesc, emuLatDesc, drainingDesc, drainSinceDesc} {
+	for _, d := range []*prometheus.Desc{capacityDesc, usedDesc, freeDesc, segmentsDesc, sessionsDesc, membersDesc, emuLatDesc, drainingDesc, drainSinceDesc, commitsDesc} {
 		ch <- d
 	}
 }
@@ -270,6 +272,9 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	c.p.collect(func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	})
+	for _, f := range c.p.st.files() {
+		ch <- prometheus.MustNewConstMetric(commitsDesc, prometheus.CounterValue, float64(f.commits.Load()), filepath.Base(f.path), strconv.FormatBool(!f.db.NoSync))
+	}
 }
 
 // collect reports the core's gauges (the descriptors above) to gauge.

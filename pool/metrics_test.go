@@ -137,6 +137,7 @@ func TestMetrics(t *testing.T) {
 		"farmem_dataplane_refused_connections_total":  dto.MetricType_COUNTER,
 		"farmem_cluster_members":                      dto.MetricType_GAUGE,
 		"farmem_emulated_latency_seconds":             dto.MetricType_GAUGE,
+		"farmem_metadata_commits_total":               dto.MetricType_COUNTER,
 		"farmem_build_info":                           dto.MetricType_GAUGE,
 		"go_goroutines":                               dto.MetricType_GAUGE,
 	}

@@ -229,7 +229,7 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 	}
 	r := &record{
 		ID: id, Name: req.Name, Tier: d.tier, Device: d.Name(), Offset: off, Extent: length,
-		Size: req.Size, Owner: c.id(), Persist: req.Persist, Epoch: 1, Created: p.now().UTC(),
+		Size: req.Size, Owner: c.id(), Persist: req.Persist, Epoch: 1, Created: p.now().UTC(), Volatile: !d.powerSafe,
 	}
 	r.grant(c, req)
 	r.Delegates = delegatesOf(c, req)

@@ -95,6 +95,9 @@ type dev struct {
 	// export device shows how it is reached: loopback, tcp).
 	kind     string
 	emulated bool // shown as emulated although the device is not (loopback rdma)
+	// powerSafe: the device's contents survive a power loss (persistent
+	// memory), so its segments' records are fsynced (see store).
+	powerSafe bool
 }
 
 func (d *dev) kindName() string {
@@ -125,6 +128,9 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 		return nil, err
 	}
 	p.auth.st = p.st
+	if p.st.dropped {
+		p.log.Info("the host restarted since poold last ran: the records of segments in volatile memory are gone, as their contents are", "file", p.st.volatile.path)
+	}
 	recs, next, rewritten, err := p.st.load()
 	if err != nil {
 		p.st.close()

@@ -18,6 +18,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/size"
+	"github.com/farmem/farmem/internal/testfs"
 )
 
 // TestMain checks that no goroutine outlives the tests. memberlist's
@@ -154,18 +155,7 @@ func TestDevdaxFromFixture(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.SysfsRoot = "../cxl/testdata/devdax"
 	cfg.DevRoot = t.TempDir()
-	// Stand a regular file in for /dev/dax0.0 (a char device here would need the hardware).
-	inv, _, err := discover(cfg, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	daxes := inv.DevdaxDevices()
-	require.NotEmpty(t, daxes)
-	dx := daxes[0]
-	path := filepath.Join(cfg.DevRoot, dx.DevPath)
-	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
-	f, err := os.Create(path)
-	require.NoError(t, err)
-	require.NoError(t, f.Truncate(int64(dx.Size)))
-	f.Close()
+	dx := testfs.DevdaxStandIns(t, cfg.SysfsRoot, cfg.DevRoot)[0]
 
 	t.Run("not handed out by default", func(t *testing.T) {
 		p := newTestPool(t, cfg)
@@ -193,6 +183,42 @@ func TestDevdaxFromFixture(t *testing.T) {
 		require.NoError(t, err)
 		b.File.Close()
 	})
+}
+
+// TestRecordDurabilityFollowsDevice: a segment on persistent memory (a
+// pmem region's devdax device) has its record fsynced, one on a ram
+// region's devdax device or on local DRAM in the volatile file, and each
+// comes back from its file after a restart.
+func TestRecordDurabilityFollowsDevice(t *testing.T) {
+	for _, tc := range []struct {
+		fixture  string
+		volatile bool
+	}{{"devdax", true}, {"qemu-devdax", false}} {
+		t.Run(tc.fixture, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.SysfsRoot = filepath.Join("../cxl/testdata", tc.fixture)
+			cfg.DevRoot = t.TempDir()
+			cfg.AllowDevdaxFD = true
+			testfs.DevdaxStandIns(t, cfg.SysfsRoot, cfg.DevRoot)
+			p := newTestPool(t, cfg)
+			cxlSeg, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+			require.NoError(t, err)
+			require.Equal(t, "dax0.0", cxlSeg.Device)
+			require.Equal(t, tc.volatile, cxlSeg.Volatile)
+			local, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Persist: true})
+			require.NoError(t, err)
+			require.True(t, local.Volatile)
+			require.NoError(t, p.close())
+
+			p = newTestPool(t, cfg)
+			defer p.close()
+			for _, want := range []*record{cxlSeg, local} {
+				got, err := p.Stat(want.ID)
+				require.NoError(t, err)
+				require.Equal(t, want.Volatile, got.Volatile, "segment %d on %s", want.ID, want.Device)
+			}
+		})
+	}
 }
 
 func TestConfigFile(t *testing.T) {

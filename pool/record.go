@@ -57,6 +57,10 @@ type record struct {
 	// placement is why Alloc chose the tier, set on the copy Alloc
 	// returns and never stored.
 	placement *poolv1.Placement
+	// Volatile: the segment's contents cannot survive a power loss, so
+	// its record is in the store's unsynced file (see store). Not
+	// encoded: the file that holds the record says it.
+	Volatile bool
 }
 
 // pinned reports whether the segment outlives its owner's lease.

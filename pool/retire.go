@@ -16,7 +16,8 @@ import (
 // Retire removes a stopped pool for good (poold --retire): the segment
 // files it keeps in memory — the segment directories in its shared-memory
 // directory (export/, emulated-cxl/, numa/), then that directory when
-// nothing else is left in it — and its segment table (segments.db), whose
+// nothing else is left in it — and its segment table (segments.db and
+// segments-volatile.db, with their reserve files), whose
 // segments would otherwise all come back lost. It refuses while a poold
 // answers on cfg.Socket, holds the segment table, or holds a lock in a
 // directory it would remove. The data directory and anything else in it
@@ -85,13 +86,13 @@ func Retire(cfg Config) (removed, kept []string, err error) {
 		if err != nil {
 			return removed, kept, fmt.Errorf("retire: close %s: %w", table, err)
 		}
-		if err := os.Remove(table); err != nil {
-			return removed, kept, fmt.Errorf("retire: remove %s: %w", table, err)
-		}
-		removed = append(removed, table)
-		reserve := filepath.Join(cfg.DataDir, reserveFileName)
-		if err := os.Remove(reserve); err == nil {
-			removed = append(removed, reserve)
+		for _, p := range storeFiles(cfg.DataDir) {
+			switch err := os.Remove(p); {
+			case err == nil:
+				removed = append(removed, p)
+			case !errors.Is(err, fs.ErrNotExist):
+				return removed, kept, fmt.Errorf("retire: remove %s: %w", p, err)
+			}
 		}
 	}
 	return removed, kept, nil

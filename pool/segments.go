@@ -53,7 +53,7 @@ func (p *core) Free(c caller, id uint64, name string) error {
 	// meanwhile. A crash before the commit leaves it whole, as never freed.
 	p.unlink(r)
 	p.mu.Unlock()
-	err = p.st.delete(r.ID)
+	err = p.st.delete(r)
 	p.mu.Lock()
 	if err != nil {
 		p.link(r)
@@ -82,7 +82,7 @@ func (p *core) unlink(r *record) {
 }
 
 func (p *core) freeLocked(r *record, reason string) error {
-	if err := p.st.delete(r.ID); err != nil {
+	if err := p.st.delete(r); err != nil {
 		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
 	}
 	p.unlink(r)

@@ -1,13 +1,17 @@
 package pool
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
+	"iter"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -22,11 +26,52 @@ var (
 	bucketSegments = []byte("segments")
 	bucketMeta     = []byte("meta")
 	keyNextID      = []byte("next-id")
+	// keyVolatileBoot, in the fsynced file's meta bucket, is the host's
+	// boot id when the volatile file was started.
+	keyVolatileBoot = []byte("volatile-boot")
 )
 
-// store is the durable segment table: every change is committed before the
-// daemon acknowledges it, and fsynced too unless Config.MetadataFsync was
-// turned off. It is safe for concurrent use.
+// store is the metadata store: the segment table, the segment id counter
+// and the identities bound to client ids, in two bbolt files in the data
+// directory. Every change is committed before the daemon acknowledges it.
+//
+// The durability of a segment's record matches its memory's. The records
+// of segments whose contents survive a power loss — on persistent memory
+// (a devdax device of a pmem region), or homed on a peer, another host —
+// are in the embedded storeFile, segments.db, fsynced at each commit
+// unless Config.MetadataFsync was turned off; so are the id counter and the
+// identities (the storeFile's own db and update serve them). The records
+// of segments in volatile memory (DRAM, emulated CXL, a NUMA node, a ram
+// region's devdax device, the rdma export device) are in the volatile
+// file, segments-volatile.db, committed without an fsync: a commit reaches
+// the page cache, which outlives a kill of the daemon but not a crash of
+// the host, and neither do those segments' contents. A third choice, an
+// unsynced bucket in segments.db, would put the fsynced records at risk:
+// bbolt reuses the pages an older, synced transaction still points to, so
+// an unsynced commit that a power loss cuts short can leave that
+// transaction's tree torn.
+//
+// The volatile file is trusted only on the boot of the host that wrote it:
+// segments.db keeps the boot id it was started on, and a poold that finds
+// another boot id removes the file before opening it, so that a file a
+// crash may have left half-written is never read (its segments are gone
+// with their memory). A record is in one file for its whole life
+// (record.Volatile says which): a segment's durability is its device's,
+// which does not change. Where the host's boot id cannot be read, the
+// volatile file is fsynced as segments.db is.
+//
+// It is safe for concurrent use.
+type store struct {
+	*storeFile
+	volatile *storeFile
+	// dropped: the volatile file of an earlier boot of the host was
+	// removed at open.
+	dropped bool
+}
+
+// storeFile is one bbolt file of the store. Every change is committed
+// before the caller returns, and fsynced too unless it was opened with
+// noSync. It is safe for concurrent use.
 //
 // Commits are grouped: a caller that finds no commit running runs one with
 // every change queued so far, and callers that arrive meanwhile wait and are
@@ -38,17 +83,20 @@ var (
 // matching errs.ErrNoCapacity that names the filesystem. Removals (frees,
 // reclaims) must commit even then, since they are how the pool gets room
 // back, and bbolt writes a changed page to a new place before it frees the
-// old one: a removal may need a few new pages. The store keeps a reserve
-// file of reserveSize bytes in the data directory for them: a removal that
-// fails for space deletes it and commits again. The reserve is made again
-// once the filesystem has room; until then other changes commit only while
-// bbolt has free pages of its own (left by removals) or the filesystem has
-// half the reserve's room, so that they do not eat the room the next
-// removal needs, and health reports the store degraded.
-type store struct {
+// old one: a removal may need a few new pages. The file has a reserve file
+// of reserveSize bytes beside it for them: a removal that fails for space
+// deletes it and commits again. The reserve is made again once the
+// filesystem has room; until then other changes commit only while bbolt
+// has free pages of its own (left by removals) or the filesystem has half
+// the reserve's room, so that they do not eat the room the next removal
+// needs, and health reports the store degraded.
+type storeFile struct {
 	db      *bolt.DB
 	path    string // the bbolt file
 	reserve string // the reserve file
+	// commits counts the transactions committed; each was fsynced unless
+	// db.NoSync.
+	commits atomic.Uint64
 
 	mu      sync.Mutex
 	queue   []*change
@@ -69,14 +117,16 @@ type change struct {
 }
 
 const (
-	// reserveSize is the reserve file's size: room for the pages of some
+	// reserveSize is each reserve file's size: room for the pages of some
 	// sixty commits on a full filesystem, while bbolt recycles the pages
 	// earlier removals freed.
 	reserveSize = 256 << 10
-	// storeFileName is the segment table in the data directory.
+	// storeFileName is the fsynced file in the data directory.
 	storeFileName = "segments.db"
-	// reserveFileName is the reserve file in the data directory.
-	reserveFileName = storeFileName + ".reserve"
+	// volatileFileName is the volatile file in the data directory.
+	volatileFileName = "segments-volatile.db"
+	// reserveSuffix names a file's reserve file after it.
+	reserveSuffix = ".reserve"
 	// roomPages is how many free pages bbolt must hold, while the reserve
 	// is out, before a change other than a removal may commit (see
 	// roomWithoutReserve): a put rewrites a leaf and its branches (and may
@@ -84,22 +134,92 @@ const (
 	roomPages = 16
 )
 
+// storeFiles are the files of the store in a data directory, each followed
+// by its reserve file.
+func storeFiles(dir string) []string {
+	var out []string
+	for _, name := range []string{storeFileName, volatileFileName} {
+		out = append(out, filepath.Join(dir, name), filepath.Join(dir, name+reserveSuffix))
+	}
+	return out
+}
+
 // errMetadataFull is the metadata store's filesystem out of space.
 var errMetadataFull = errs.Sub(errs.ErrNoCapacity, "no space for the metadata store")
 
+// openStore opens the store in dir, fsyncing segments.db if fsync
+// (Config.MetadataFsync).
 func openStore(dir string, fsync bool) (*store, error) {
+	return openStoreBoot(dir, fsync, bootID())
+}
+
+// openStoreBoot is openStore on the host boot boot ("" for unknown).
+func openStoreBoot(dir string, fsync bool, boot string) (_ *store, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w (choose another with --data-dir)", dir, err)
 	}
-	path := filepath.Join(dir, storeFileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: !fsync, NoFreelistSync: true})
+	durable, err := openStoreFile(filepath.Join(dir, storeFileName), !fsync)
+	if err != nil {
+		return nil, err
+	}
+	s := &store{storeFile: durable}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	volatileSync := fsync && boot == ""
+	if boot != "" {
+		if s.dropped, err = s.startBoot(boot); err != nil {
+			return nil, fmt.Errorf("metadata store %s: record the host's boot id: %w", durable.path, err)
+		}
+	}
+	if s.volatile, err = openStoreFile(filepath.Join(dir, volatileFileName), !volatileSync); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// startBoot removes the volatile file if it was started on another boot of
+// the host (or its start was not recorded), then records this boot in
+// segments.db; dropped reports a removed file.
+func (s *store) startBoot(boot string) (dropped bool, err error) {
+	var was string
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		was = string(tx.Bucket(bucketMeta).Get(keyVolatileBoot))
+		return nil
+	}); err != nil {
+		return false, err
+	}
+	if was == boot {
+		return false, nil
+	}
+	path := filepath.Join(filepath.Dir(s.path), volatileFileName)
+	for _, p := range []string{path, path + reserveSuffix} {
+		switch err := os.Remove(p); {
+		case err == nil:
+			dropped = dropped || p == path
+		case !errors.Is(err, fs.ErrNotExist):
+			return false, fmt.Errorf("remove %s, written before the host restarted: %w", p, err)
+		}
+	}
+	return dropped, s.update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keyVolatileBoot, []byte(boot))
+	}, false)
+}
+
+// openStoreFile opens (or makes) one file of the store, with its buckets
+// and its reserve file.
+func openStoreFile(path string, noSync bool) (*storeFile, error) {
+	dir := filepath.Dir(path)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: noSync, NoFreelistSync: true})
 	if err != nil {
 		if device.IsNoSpace(err) {
 			return nil, fmt.Errorf("metadata store %s: %w", path, fullError(dir, err))
 		}
 		return nil, fmt.Errorf("metadata store %s: %w (is another poold using this --data-dir?)", path, err)
 	}
-	s := &store{db: db, path: path, reserve: filepath.Join(dir, reserveFileName)}
+	f := &storeFile{db: db, path: path, reserve: path + reserveSuffix}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketSegments, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -115,8 +235,8 @@ func openStore(dir string, fsync bool) (*store, error) {
 		}
 		return nil, fmt.Errorf("metadata store %s: %w", path, err)
 	}
-	s.reserveOut = s.makeReserve() != nil
-	return s, nil
+	f.reserveOut = f.makeReserve() != nil
+	return f, nil
 }
 
 // fullError says that the filesystem holding dir is full, and what to do.
@@ -130,53 +250,53 @@ func fullError(dir string, cause error) error {
 
 // makeReserve writes the reserve file in full (fallocate, so that its
 // blocks are the filesystem's, not a hole), or removes what it wrote.
-func (s *store) makeReserve() error {
-	f, err := os.OpenFile(s.reserve, os.O_RDWR|os.O_CREATE, 0o600)
+func (f *storeFile) makeReserve() error {
+	file, err := os.OpenFile(f.reserve, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
 	}
-	err = unix.Fallocate(int(f.Fd()), 0, 0, reserveSize)
+	err = unix.Fallocate(int(file.Fd()), 0, 0, reserveSize)
 	if errors.Is(err, unix.EOPNOTSUPP) {
-		_, err = f.WriteAt(make([]byte, reserveSize), 0)
+		_, err = file.WriteAt(make([]byte, reserveSize), 0)
 	}
 	if err == nil {
-		err = f.Sync()
+		err = file.Sync()
 	}
-	err = errors.Join(err, f.Close())
+	err = errors.Join(err, file.Close())
 	if err != nil {
-		os.Remove(s.reserve)
+		os.Remove(f.reserve)
 	}
 	return err
 }
 
-// health is nil when the store commits and holds its reserve, else why not.
+// health is nil when the file commits and holds its reserve, else why not.
 // It makes the reserve again when the filesystem has room by now.
-func (s *store) health() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.refillLocked()
+func (f *storeFile) health() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refillLocked()
 	switch {
-	case s.fault != nil:
-		return fmt.Errorf("metadata store %s cannot commit: %w", s.path, s.fault)
-	case s.reserveOut:
+	case f.fault != nil:
+		return fmt.Errorf("metadata store %s cannot commit: %w", f.path, f.fault)
+	case f.reserveOut:
 		return fmt.Errorf("metadata store %s: its reserve for frees (%s) is missing: %w; allocations commit only while it has free pages of its own",
-			s.path, size.Size(reserveSize).Human(), fullError(filepath.Dir(s.path), errors.New("no room for "+s.reserve)))
+			f.path, size.Size(reserveSize).Human(), fullError(filepath.Dir(f.path), errors.New("no room for "+f.reserve)))
 	}
 	return nil
 }
 
 // refillLocked makes the reserve again if it is out and room is back.
-func (s *store) refillLocked() {
-	if !s.reserveOut {
+func (f *storeFile) refillLocked() {
+	if !f.reserveOut {
 		return
 	}
 	// A statfs first: while the filesystem is full, writing the file
 	// (and removing what it got) on every commit would be wasted work.
-	if sp, ok, err := statSpace(filepath.Dir(s.path)); err == nil && ok && sp.avail < reserveSize {
+	if sp, ok, err := statSpace(filepath.Dir(f.path)); err == nil && ok && sp.avail < reserveSize {
 		return
 	}
-	if s.makeReserve() == nil {
-		s.reserveOut = false
+	if f.makeReserve() == nil {
+		f.reserveOut = false
 	}
 }
 
@@ -184,35 +304,35 @@ func (s *store) refillLocked() {
 // only touch its own keys: it may run in one transaction with others', and
 // again on its own when another in its group fails. A removal (fn only
 // deletes) may use the reserve (see store).
-func (s *store) update(fn func(*bolt.Tx) error, removal bool) error {
+func (f *storeFile) update(fn func(*bolt.Tx) error, removal bool) error {
 	c := &change{fn: fn, removal: removal, done: make(chan error, 1), lead: make(chan struct{}, 1)}
-	s.mu.Lock()
-	s.queue = append(s.queue, c)
-	if !s.running {
-		s.running = true
+	f.mu.Lock()
+	f.queue = append(f.queue, c)
+	if !f.running {
+		f.running = true
 		c.lead <- struct{}{}
 	}
-	s.mu.Unlock()
+	f.mu.Unlock()
 	for {
 		select {
 		case err := <-c.done:
 			return err
 		case <-c.lead:
 			// c is queued, so the group holds it: one commit and c is done.
-			s.mu.Lock()
-			group := s.queue
-			s.queue = nil
-			s.mu.Unlock()
-			s.commit(group)
+			f.mu.Lock()
+			group := f.queue
+			f.queue = nil
+			f.mu.Unlock()
+			f.commit(group)
 			// Hand the next group to one of its own callers rather than
 			// commit it here: no caller waits for more than two commits.
-			s.mu.Lock()
-			if len(s.queue) > 0 {
-				s.queue[0].lead <- struct{}{}
+			f.mu.Lock()
+			if len(f.queue) > 0 {
+				f.queue[0].lead <- struct{}{}
 			} else {
-				s.running = false
+				f.running = false
 			}
-			s.mu.Unlock()
+			f.mu.Unlock()
 		}
 	}
 }
@@ -220,12 +340,12 @@ func (s *store) update(fn func(*bolt.Tx) error, removal bool) error {
 // commit runs a group in one transaction; when that fails, or the reserve
 // is out, it runs each change in a transaction of its own, so that one bad
 // change fails alone and removals can use the reserve.
-func (s *store) commit(group []*change) {
-	s.mu.Lock()
-	degraded := s.reserveOut
-	s.mu.Unlock()
+func (f *storeFile) commit(group []*change) {
+	f.mu.Lock()
+	degraded := f.reserveOut
+	f.mu.Unlock()
 	if len(group) > 1 && !degraded {
-		err := s.db.Update(func(tx *bolt.Tx) error {
+		err := f.tx(func(tx *bolt.Tx) error {
 			for _, c := range group {
 				if err := c.fn(tx); err != nil {
 					return err
@@ -234,7 +354,7 @@ func (s *store) commit(group []*change) {
 			return nil
 		})
 		if err == nil {
-			s.committed(nil)
+			f.committed(nil)
 			for _, c := range group {
 				c.done <- nil
 			}
@@ -242,65 +362,74 @@ func (s *store) commit(group []*change) {
 		}
 	}
 	for _, c := range group {
-		c.done <- s.commitOne(c)
+		c.done <- f.commitOne(c)
 	}
 }
 
 // commitOne commits one change, using the reserve for a removal that
 // fails for space, and holding other changes back while the reserve is out
 // and bbolt has no free pages to put them on.
-func (s *store) commitOne(c *change) error {
-	s.mu.Lock()
-	out := s.reserveOut // refilled after commits that succeed, and by health
-	s.mu.Unlock()
-	if out && !c.removal && !s.roomWithoutReserve() {
-		return fmt.Errorf("metadata store %s: %w", s.path, fullError(filepath.Dir(s.path), errors.New("the rest is kept for frees")))
+func (f *storeFile) commitOne(c *change) error {
+	f.mu.Lock()
+	out := f.reserveOut // refilled after commits that succeed, and by health
+	f.mu.Unlock()
+	if out && !c.removal && !f.roomWithoutReserve() {
+		return fmt.Errorf("metadata store %s: %w", f.path, fullError(filepath.Dir(f.path), errors.New("the rest is kept for frees")))
 	}
-	err := s.db.Update(c.fn)
-	if err != nil && c.removal && s.spaceFailure(err) && s.useReserve() {
-		err = s.db.Update(c.fn)
+	err := f.tx(c.fn)
+	if err != nil && c.removal && f.spaceFailure(err) && f.useReserve() {
+		err = f.tx(c.fn)
 	}
-	return s.committed(err)
+	return f.committed(err)
+}
+
+// tx commits one transaction, counted in commits.
+func (f *storeFile) tx(fn func(*bolt.Tx) error) error {
+	err := f.db.Update(fn)
+	if err == nil {
+		f.commits.Add(1)
+	}
+	return err
 }
 
 // roomWithoutReserve reports whether a change other than a removal may
 // commit while the reserve is out: bbolt has free pages of its own to put
 // it on, or the filesystem still has half the reserve's room (the other
 // half stays for removals).
-func (s *store) roomWithoutReserve() bool {
-	if st := s.db.Stats(); st.FreePageN+st.PendingPageN >= roomPages {
+func (f *storeFile) roomWithoutReserve() bool {
+	if st := f.db.Stats(); st.FreePageN+st.PendingPageN >= roomPages {
 		return true
 	}
-	sp, ok, err := statSpace(filepath.Dir(s.path))
+	sp, ok, err := statSpace(filepath.Dir(f.path))
 	return err == nil && (!ok || sp.avail >= reserveSize/2)
 }
 
 // useReserve deletes the reserve file so that a removal finds room; false
 // when it was out already.
-func (s *store) useReserve() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.reserveOut {
+func (f *storeFile) useReserve() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reserveOut {
 		return false
 	}
-	s.reserveOut = true
-	return os.Remove(s.reserve) == nil
+	f.reserveOut = true
+	return os.Remove(f.reserve) == nil
 }
 
 // committed records a commit's outcome for health and returns the error
 // for the caller: one that failed for space matches errs.ErrNoCapacity.
-func (s *store) committed(err error) error {
-	if err != nil && s.spaceFailure(err) {
-		err = fmt.Errorf("metadata store %s: %w", s.path, fullError(filepath.Dir(s.path), err))
+func (f *storeFile) committed(err error) error {
+	if err != nil && f.spaceFailure(err) {
+		err = fmt.Errorf("metadata store %s: %w", f.path, fullError(filepath.Dir(f.path), err))
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	switch {
 	case err == nil:
-		s.fault = nil
-		s.refillLocked()
+		f.fault = nil
+		f.refillLocked()
 	case errors.Is(err, errs.ErrNoCapacity):
-		s.fault = err
+		f.fault = err
 	}
 	return err
 }
@@ -308,30 +437,70 @@ func (s *store) committed(err error) error {
 // spaceFailure reports whether a failed commit failed for want of space:
 // the kernel said so, or (bbolt formats some errors without wrapping) the
 // filesystem has less room left than the reserve.
-func (s *store) spaceFailure(err error) bool {
+func (f *storeFile) spaceFailure(err error) bool {
 	if device.IsNoSpace(err) {
 		return true
 	}
-	sp, ok, serr := statSpace(filepath.Dir(s.path))
+	sp, ok, serr := statSpace(filepath.Dir(f.path))
 	return serr == nil && ok && sp.avail < reserveSize
 }
 
 func idKey(id uint64) []byte { return binary.BigEndian.AppendUint64(nil, id) }
 
-// load returns every segment and the next unused id. Records in an older
-// form are rewritten in the current one, all in one transaction, before it
-// returns; migrated is how many.
+// load returns every segment, in the order of their ids, and the next
+// unused id. Records in an older form are rewritten in the current one,
+// each file's in one transaction, before it returns; migrated is how many.
 func (s *store) load() (recs []*record, next uint64, migrated int, err error) {
 	next = 1
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyNextID); len(v) == 8 {
+			next = binary.BigEndian.Uint64(v)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("metadata store %s: %w", s.path, err)
+	}
+	for _, f := range s.files() {
+		rs, n, err := f.load()
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("metadata store %s: %w", f.path, err)
+		}
+		for _, r := range rs {
+			r.Volatile = f == s.volatile
+			next = max(next, r.ID+1)
+		}
+		recs = append(recs, rs...)
+		migrated += n
+	}
+	slices.SortFunc(recs, func(a, b *record) int { return cmp.Compare(a.ID, b.ID) })
+	for i := 1; i < len(recs); i++ {
+		if recs[i].ID == recs[i-1].ID {
+			return nil, 0, 0, fmt.Errorf("segment %d: %w: it has a record in both %s and %s; move %s aside to keep the fsynced records only",
+				recs[i].ID, errRecordCorrupt, s.path, s.volatile.path, s.volatile.path)
+		}
+	}
+	return recs, next, migrated, nil
+}
+
+// files are the store's files, the fsynced one first; volatile is nil
+// only while openStoreBoot runs.
+func (s *store) files() []*storeFile {
+	if s.volatile == nil {
+		return []*storeFile{s.storeFile}
+	}
+	return []*storeFile{s.storeFile, s.volatile}
+}
+
+// load returns the file's segments, rewriting those in an older form in
+// the current one; migrated is how many.
+func (f *storeFile) load() (recs []*record, migrated int, err error) {
 	type stale struct {
 		key []byte
 		r   *record
 	}
 	var old []stale // records in an older form
-	err = s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyNextID); len(v) == 8 {
-			next = binary.BigEndian.Uint64(v)
-		}
+	err = f.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSegments).ForEach(func(k, v []byte) error {
 			r, legacy, err := decodeRecord(v)
 			if err != nil {
@@ -341,16 +510,13 @@ func (s *store) load() (recs []*record, next uint64, migrated int, err error) {
 			if legacy { // k is bbolt's only while the transaction lasts
 				old = append(old, stale{slices.Clone(k), r})
 			}
-			if r.ID >= next {
-				next = r.ID + 1
-			}
 			return nil
 		})
 	})
 	if err != nil || len(old) == 0 {
-		return recs, next, 0, err
+		return recs, 0, err
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = f.tx(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSegments)
 		for _, o := range old {
 			v, err := encodeRecord(o.r)
@@ -365,11 +531,11 @@ func (s *store) load() (recs []*record, next uint64, migrated int, err error) {
 	})
 	if err != nil {
 		if device.IsNoSpace(err) {
-			err = fullError(filepath.Dir(s.path), err)
+			err = fullError(filepath.Dir(f.path), err)
 		}
-		return nil, 0, 0, fmt.Errorf("rewrite %d segment records in schema version %d: %w", len(old), recordVersion, err)
+		return nil, 0, fmt.Errorf("rewrite %d segment records in schema version %d: %w", len(old), recordVersion, err)
 	}
-	return recs, next, len(old), nil
+	return recs, len(old), nil
 }
 
 // reserveIDs makes ids below next durable as used, so that an id is never
@@ -380,38 +546,94 @@ func (s *store) reserveIDs(next uint64) error {
 	}, false)
 }
 
-// put commits records, in one transaction.
+// put commits records: those of each file in one transaction, the
+// fsynced file's first.
 func (s *store) put(rs ...*record) error {
-	vs := make([][]byte, len(rs))
-	for i, r := range rs {
-		v, err := encodeRecord(r)
+	for f, rs := range s.byFile(rs) {
+		vs := make([][]byte, len(rs))
+		for i, r := range rs {
+			v, err := encodeRecord(r)
+			if err != nil {
+				return err
+			}
+			vs[i] = v
+		}
+		err := f.update(func(tx *bolt.Tx) error {
+			b := tx.Bucket(bucketSegments)
+			for i, r := range rs {
+				if err := b.Put(idKey(r.ID), vs[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, false)
 		if err != nil {
 			return err
 		}
-		vs[i] = v
 	}
-	return s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketSegments)
-		for i, r := range rs {
-			if err := b.Put(idKey(r.ID), vs[i]); err != nil {
-				return err
-			}
-		}
-		return nil
-	}, false)
+	return nil
 }
 
-// delete commits the removal of some records.
-func (s *store) delete(ids ...uint64) error {
-	return s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketSegments)
-		for _, id := range ids {
-			if err := b.Delete(idKey(id)); err != nil {
-				return err
+// delete commits the removal of some records, from each file in one
+// transaction.
+func (s *store) delete(rs ...*record) error {
+	for f, rs := range s.byFile(rs) {
+		err := f.update(func(tx *bolt.Tx) error {
+			b := tx.Bucket(bucketSegments)
+			for _, r := range rs {
+				if err := b.Delete(idKey(r.ID)); err != nil {
+					return err
+				}
 			}
+			return nil
+		}, true)
+		if err != nil {
+			return err
 		}
-		return nil
-	}, true)
+	}
+	return nil
 }
 
-func (s *store) close() error { return s.db.Close() }
+// byFile yields the file that holds each group of rs (record.Volatile) and
+// the group, the fsynced file's first; none for an empty group.
+func (s *store) byFile(rs []*record) iter.Seq2[*storeFile, []*record] {
+	return func(yield func(*storeFile, []*record) bool) {
+		var durable, volatile []*record
+		for _, r := range rs {
+			if r.Volatile {
+				volatile = append(volatile, r)
+			} else {
+				durable = append(durable, r)
+			}
+		}
+		for _, g := range []struct {
+			f  *storeFile
+			rs []*record
+		}{{s.storeFile, durable}, {s.volatile, volatile}} {
+			if len(g.rs) > 0 && !yield(g.f, g.rs) {
+				return
+			}
+		}
+	}
+}
+
+// health is nil when both files commit and hold their reserves, else why
+// not.
+func (s *store) health() error {
+	var out []error
+	for _, f := range s.files() {
+		out = append(out, f.health())
+	}
+	return errors.Join(out...)
+}
+
+// close closes the files, the volatile one first.
+func (s *store) close() error {
+	files := s.files()
+	slices.Reverse(files)
+	var out []error
+	for _, f := range files {
+		out = append(out, f.db.Close())
+	}
+	return errors.Join(out...)
+}

@@ -3,11 +3,13 @@ package testfs
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/farmem/farmem/cxl"
 	"github.com/farmem/farmem/internal/size"
 )
 
@@ -48,4 +50,26 @@ func FillFS(t testing.TB, dir string, leave size.Size) string {
 func Resize(t testing.TB, dir string, sz size.Size) {
 	t.Helper()
 	require.NoError(t, unix.Mount("farmem-test", dir, "tmpfs", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d", int64(sz))))
+}
+
+// DevdaxStandIns makes, under devRoot, a sparse regular file for each
+// devdax device of the sysfs tree at sysfsRoot (a fixture under
+// cxl/testdata), of the device's size, where poold started with that tree
+// and --dev-root devRoot opens the device: a character device would need
+// the hardware. It returns the devices.
+func DevdaxStandIns(t testing.TB, sysfsRoot, devRoot string) []cxl.DaxDevice {
+	t.Helper()
+	fs, err := cxl.NewFS(sysfsRoot)
+	require.NoError(t, err)
+	inv, err := fs.Discover()
+	require.NoError(t, err)
+	daxes := inv.DevdaxDevices()
+	require.NotEmpty(t, daxes, "no devdax device in %s", sysfsRoot)
+	for _, dx := range daxes {
+		path := filepath.Join(devRoot, dx.DevPath)
+		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+		require.NoError(t, os.WriteFile(path, nil, 0o600))
+		require.NoError(t, os.Truncate(path, int64(dx.Size)))
+	}
+	return daxes
 }
