@@ -95,13 +95,17 @@ type Config struct {
 	// trusts every local client with all of them. Default: false, and devdax
 	// segments cannot be mapped by clients until it is set.
 	AllowDevdaxFD bool `yaml:"allow-devdax-fd"`
-	// MetadataFsync makes every metadata commit (allocation, free, name,
-	// attach) wait for fsync before the reply, so the segment table
+	// MetadataFsync makes every commit (allocation, free, name, attach) of
+	// a segment whose contents survive a power loss — on persistent memory,
+	// or on a peer — wait for fsync before the reply, so its record
 	// survives a power loss or kernel crash as well as a crash of poold.
-	// Concurrent commits share one fsync. Default: true. Turning it off is
-	// unsafe: commits then only reach the kernel before the reply, which
-	// survives kill -9 of poold but not a host crash, after which an
-	// acknowledged allocation or free can be missing from the table.
+	// Concurrent commits share one fsync. Records of segments in volatile
+	// memory are never fsynced: they survive a crash of poold, and go with
+	// their contents when the host restarts (see store). Default: true.
+	// Turning it off is unsafe: commits then only reach the kernel before
+	// the reply, which survives kill -9 of poold but not a host crash,
+	// after which an acknowledged allocation or free can be missing from
+	// the table.
 	MetadataFsync bool `yaml:"metadata-fsync"`
 	// MeasureTiers makes the daemon measure each tier it offers (load
 	// latency, bandwidth; one-sided reads for the rdma tier) in the

@@ -47,7 +47,9 @@
 //   - record.go and store.go: the segment record and its versioned binary
 //     form (a JSON form of older stores is rewritten on open), and the
 //     bbolt store with grouped commits and its reserve for full
-//     filesystems.
+//     filesystems: an fsynced file for the records of segments that
+//     survive a power loss and an unsynced one, trusted only on the boot
+//     that wrote it, for those in volatile memory.
 //   - inventory.go, sizecheck.go, fsspace.go: devices found and sized;
 //     measure.go: the tier probe.
 //   - dataplane.go, coherence.go, auth.go: the data plane, shared segments'
