@@ -54,7 +54,7 @@ func TestGrantsMigration(t *testing.T) {
 	require.Empty(t, got.Creator)
 	require.Equal(t, []string{"cn:reader"}, got.Allow)
 
-	err = p.st.db.View(func(tx *bolt.Tx) error {
+	err = p.st.fileFor(shared).db.View(func(tx *bolt.Tx) error {
 		r, _, err := decodeRecord(tx.Bucket(bucketSegments).Get(idKey(shared.ID)))
 		require.NoError(t, err)
 		require.Equal(t, "uid:1000", r.Creator, "the migration is committed")

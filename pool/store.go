@@ -594,27 +594,30 @@ func (s *store) delete(rs ...*record) error {
 	return nil
 }
 
-// byFile yields the file that holds each group of rs (record.Volatile) and
-// the group, the fsynced file's first; none for an empty group.
+// byFile yields each file that holds some of rs and those records, the
+// fsynced file's first.
 func (s *store) byFile(rs []*record) iter.Seq2[*storeFile, []*record] {
 	return func(yield func(*storeFile, []*record) bool) {
-		var durable, volatile []*record
-		for _, r := range rs {
-			if r.Volatile {
-				volatile = append(volatile, r)
-			} else {
-				durable = append(durable, r)
+		for _, f := range s.files() {
+			var group []*record
+			for _, r := range rs {
+				if s.fileFor(r) == f {
+					group = append(group, r)
+				}
 			}
-		}
-		for _, g := range []struct {
-			f  *storeFile
-			rs []*record
-		}{{s.storeFile, durable}, {s.volatile, volatile}} {
-			if len(g.rs) > 0 && !yield(g.f, g.rs) {
+			if len(group) > 0 && !yield(f, group) {
 				return
 			}
 		}
 	}
+}
+
+// fileFor is the file that holds r's record (record.Volatile).
+func (s *store) fileFor(r *record) *storeFile {
+	if r.Volatile {
+		return s.volatile
+	}
+	return s.storeFile
 }
 
 // health is nil when both files commit and hold their reserves, else why
