@@ -37,10 +37,11 @@ var (
 //
 // The durability of a segment's record matches its memory's. The records
 // of segments whose contents survive a power loss — on persistent memory
-// (a devdax device of a pmem region), or homed on a peer, another host —
-// are in the embedded storeFile, segments.db, fsynced at each commit
-// unless Config.MetadataFsync was turned off; so are the id counter and the
-// identities (the storeFile's own db and update serve them). The records
+// (a devdax device of a pmem region or an NVDIMM namespace), or homed on a
+// peer, another host — are in the embedded storeFile, segments.db,
+// fsynced at each commit unless Config.MetadataFsync was turned off; so
+// are the id counter and the identities (the storeFile's own db and update
+// serve them). The records
 // of segments in volatile memory (DRAM, emulated CXL, a NUMA node, a ram
 // region's devdax device, the rdma export device) are in the volatile
 // file, segments-volatile.db, committed without an fsync: a commit reaches
@@ -300,10 +301,10 @@ func (f *storeFile) refillLocked() {
 	}
 }
 
-// update commits fn, grouped with concurrent updates (see store). fn must
-// only touch its own keys: it may run in one transaction with others', and
-// again on its own when another in its group fails. A removal (fn only
-// deletes) may use the reserve (see store).
+// update commits fn, grouped with concurrent updates (see storeFile). fn
+// must only touch its own keys: it may run in one transaction with
+// others', and again on its own when another in its group fails. A removal
+// (fn only deletes) may use the reserve (see storeFile).
 func (f *storeFile) update(fn func(*bolt.Tx) error, removal bool) error {
 	c := &change{fn: fn, removal: removal, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	f.mu.Lock()
