@@ -148,12 +148,21 @@ func run(cfg pool.Config) error {
 		return err
 	}
 	log := newLogger(cfg)
+	// Signals are caught from before New: its socket accepts while it still
+	// opens the devices and the metadata store, and a SIGTERM meanwhile
+	// must stop poold cleanly once they are open, not kill it halfway.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	d, err := pool.New(cfg, log)
 	if err != nil {
 		return err
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case s := <-sig:
+		log.Info("shutting down", "signal", s.String())
+		return d.Close()
+	default:
+	}
 	go func() {
 		s := <-sig
 		log.Info("shutting down", "signal", s.String())
