@@ -105,6 +105,8 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 		if err := add(d, poolv1.Tier_TIER_CXL, true, note); err != nil {
 			return fail(err)
 		}
+		// Files on a disk filesystem outlive a reboot: their records must too.
+		devs[len(devs)-1].powerSafe = d.SurvivesReboot()
 		log.Info("using an emulated CXL device", "dir", dir, "capacity", int64(cfg.EmulateCXL), "reason", map[bool]string{false: "no CXL memory found", true: "--force-emulate"}[foundCXL])
 	}
 	if cfg.LocalSize > 0 {

@@ -95,8 +95,9 @@ type dev struct {
 	// export device shows how it is reached: loopback, tcp).
 	kind     string
 	emulated bool // shown as emulated although the device is not (loopback rdma)
-	// powerSafe: the device's contents survive a power loss (persistent
-	// memory), so its segments' records are fsynced (see store).
+	// powerSafe: the device's contents outlive the host's memory
+	// (persistent memory, or an emulated device's files on a disk
+	// filesystem), so its segments' records are fsynced (see store).
 	powerSafe bool
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
@@ -217,6 +218,40 @@ func TestRecordDurabilityFollowsDevice(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, want.Volatile, got.Volatile, "segment %d on %s", want.ID, want.Device)
 			}
+		})
+	}
+}
+
+// TestEmulatedRecordDurabilityFollowsFilesystem: an emulated CXL
+// device's segment records are volatile where its files are memory (tmpfs,
+// hugetlbfs: gone at a reboot) and fsynced where its files are on a disk
+// filesystem, which keeps them across a reboot; each comes back from its
+// file after a restart.
+func TestEmulatedRecordDurabilityFollowsFilesystem(t *testing.T) {
+	dirs := map[string]string{"temp": t.TempDir()}
+	if shm, err := os.MkdirTemp("/dev/shm", "fm-emu"); err == nil {
+		t.Cleanup(func() { os.RemoveAll(shm) })
+		dirs["shm"] = shm
+	}
+	for name, dir := range dirs {
+		t.Run(name, func(t *testing.T) {
+			var st unix.Statfs_t
+			require.NoError(t, unix.Statfs(dir, &st))
+			memory := st.Type == unix.TMPFS_MAGIC || st.Type == unix.HUGETLBFS_MAGIC
+			cfg := testConfig(t)
+			cfg.EmulateDir = dir
+			p := newTestPool(t, cfg)
+			seg, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+			require.NoError(t, err)
+			require.Equal(t, "emulated0", seg.Device)
+			require.Equal(t, memory, seg.Volatile, "files in %s (filesystem magic %#x)", dir, st.Type)
+			require.NoError(t, p.close())
+
+			p = newTestPool(t, cfg)
+			defer p.close()
+			got, err := p.Stat(seg.ID)
+			require.NoError(t, err)
+			require.Equal(t, memory, got.Volatile)
 		})
 	}
 }

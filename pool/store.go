@@ -42,8 +42,9 @@ var (
 // fsynced at each commit unless Config.MetadataFsync was turned off; so
 // are the id counter and the identities (the storeFile's own db and update
 // serve them). The records
-// of segments in volatile memory (DRAM, emulated CXL, a NUMA node, a ram
-// region's devdax device, the rdma export device) are in the volatile
+// of segments in volatile memory (DRAM, emulated CXL on tmpfs or
+// hugetlbfs, a NUMA node, a ram region's devdax device, the rdma export
+// device) are in the volatile
 // file, segments-volatile.db, committed without an fsync: a commit reaches
 // the page cache, which outlives a kill of the daemon but not a crash of
 // the host, and neither do those segments' contents. A third choice, an

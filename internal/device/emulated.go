@@ -83,6 +83,11 @@ func (e *Emulated) SharesFD() bool { return false }
 // Persistent returns true: segment files outlive the daemon.
 func (e *Emulated) Persistent() bool { return true }
 
+// SurvivesReboot reports whether the segments' files outlive a host reboot:
+// true on a disk filesystem (the page cache is written back at a clean
+// shutdown), false on tmpfs and hugetlbfs, which are memory.
+func (e *Emulated) SurvivesReboot() bool { return e.dir.fs.kind == fsOther }
+
 // Huge reports whether the directory is on hugetlbfs.
 func (e *Emulated) Huge() bool { return e.dir.fs.kind == fsHugetlbfs }
 
