@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/rdma"
-	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // MaxBatch is the most spans one ReadBatch or WriteBatch takes; a longer
@@ -176,11 +175,7 @@ func (r *remote) readBatch(ctx context.Context, spans []Span) error {
 func (r *remote) writeBatch(ctx context.Context, spans []Span) error {
 	ops := make([]rdma.Op, 0, len(spans))
 	for _, sp := range spans {
-		for done := 0; done < len(sp.Buf); {
-			n := min(len(sp.Buf)-done, tcp.MaxPayload)
-			ops = append(ops, rdma.Op{Kind: rdma.OpWrite, Offset: sp.Off + int64(done), Buf: sp.Buf[done : done+n]})
-			done += n
-		}
+		ops = slices.AppendSeq(ops, writeFrames(sp.Off, sp.Buf))
 	}
 	return r.runAll(ctx, ops)
 }

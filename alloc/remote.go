@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"iter"
 	"sync/atomic"
 	"time"
 
@@ -500,14 +501,28 @@ func (r *remote) readAt(p []byte, off int64) (int, error) {
 // writeAt writes p in pieces of at most one data-plane frame, each
 // exactly once; a failed piece ends the write (the earlier ones are in).
 func (r *remote) writeAt(p []byte, off int64) (int, error) {
-	for done := 0; done < len(p); {
-		n := min(len(p)-done, tcp.MaxPayload)
-		if _, err := r.op(rdma.Op{Kind: rdma.OpWrite, Offset: off + int64(done), Buf: p[done : done+n]}); err != nil {
+	done := 0
+	for op := range writeFrames(off, p) {
+		if _, err := r.op(op); err != nil {
 			return done, err
 		}
-		done += n
+		done += len(op.Buf)
 	}
 	return len(p), nil
+}
+
+// writeFrames yields the writes of p at off, one per data-plane frame: an
+// exactly-once write covers one frame.
+func writeFrames(off int64, p []byte) iter.Seq[rdma.Op] {
+	return func(yield func(rdma.Op) bool) {
+		for done := 0; done < len(p); {
+			n := min(len(p)-done, tcp.MaxPayload)
+			if !yield(rdma.Op{Kind: rdma.OpWrite, Offset: off + int64(done), Buf: p[done : done+n]}) {
+				return
+			}
+			done += n
+		}
+	}
 }
 
 // load64 is a fetch-and-add of 0, which the home runs with its CPU's
