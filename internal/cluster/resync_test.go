@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -44,4 +45,17 @@ func TestDroppedGossipIsResynced(t *testing.T) {
 	s := victim.Stats()
 	require.Equal(t, uint64(2), s.HandoffDrops)
 	require.Equal(t, uint64(1), s.Resyncs)
+}
+
+// TestHandoffDropLineIsSeen: the line memberlist v0.7.0 logs when its
+// handler queue is full (net.go, ingestPacket: "[WARN] memberlist: handler
+// queue full, dropping message (%d) %s") reaches onDrop through the logger
+// the Cluster gives memberlist, once per line, and other lines do not.
+// A memberlist upgrade that rewords it must update handoffFull.
+func TestHandoffDropLineIsSeen(t *testing.T) {
+	var drops int
+	l := memberlistLogger(slog.New(slog.DiscardHandler), func() { drops++ })
+	l.Printf("[WARN] memberlist: handler queue full, dropping message (%d) %s", 8, "from=10.0.0.7:7946")
+	l.Printf("[DEBUG] memberlist: Stream connection %s", "from=10.0.0.7:7946")
+	require.Equal(t, 1, drops)
 }
