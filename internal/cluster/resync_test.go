@@ -48,9 +48,10 @@ func TestDroppedGossipIsResynced(t *testing.T) {
 }
 
 // TestHandoffDropLineIsSeen: the line memberlist v0.7.0 logs when its
-// handler queue is full (net.go, ingestPacket: "[WARN] memberlist: handler
-// queue full, dropping message (%d) %s") reaches onDrop through the logger
-// the Cluster gives memberlist, once per line, and other lines do not.
+// handler queue is full (in memberlist's net.go, ingestPacket: "[WARN]
+// memberlist: handler queue full, dropping message (%d) %s") reaches
+// onDrop through the logger the Cluster gives memberlist, once per line,
+// and other lines do not.
 // A memberlist upgrade that rewords it must update handoffFull.
 func TestHandoffDropLineIsSeen(t *testing.T) {
 	var drops int
