@@ -189,6 +189,61 @@ func (KeyringOp) EnumDescriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{2}
 }
 
+type MoveOutPhase int32
+
+const (
+	MoveOutPhase_MOVE_OUT_TRACK  MoveOutPhase = 0 // start recording which chunks writes change
+	MoveOutPhase_MOVE_OUT_DIRTY  MoveOutPhase = 1 // answer (and clear) the chunks changed since the last call
+	MoveOutPhase_MOVE_OUT_SEAL   MoveOutPhase = 2 // refuse writes and atomics (reads go on), wait for those in flight, answer the last chunks
+	MoveOutPhase_MOVE_OUT_COMMIT MoveOutPhase = 3 // the segment lives elsewhere now: withdraw it (operations answer MOVED) and free it
+	MoveOutPhase_MOVE_OUT_ABORT  MoveOutPhase = 4 // the move is abandoned: unseal, stop tracking
+)
+
+// Enum value maps for MoveOutPhase.
+var (
+	MoveOutPhase_name = map[int32]string{
+		0: "MOVE_OUT_TRACK",
+		1: "MOVE_OUT_DIRTY",
+		2: "MOVE_OUT_SEAL",
+		3: "MOVE_OUT_COMMIT",
+		4: "MOVE_OUT_ABORT",
+	}
+	MoveOutPhase_value = map[string]int32{
+		"MOVE_OUT_TRACK":  0,
+		"MOVE_OUT_DIRTY":  1,
+		"MOVE_OUT_SEAL":   2,
+		"MOVE_OUT_COMMIT": 3,
+		"MOVE_OUT_ABORT":  4,
+	}
+)
+
+func (x MoveOutPhase) Enum() *MoveOutPhase {
+	p := new(MoveOutPhase)
+	*p = x
+	return p
+}
+
+func (x MoveOutPhase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MoveOutPhase) Descriptor() protoreflect.EnumDescriptor {
+	return file_pool_proto_enumTypes[3].Descriptor()
+}
+
+func (MoveOutPhase) Type() protoreflect.EnumType {
+	return &file_pool_proto_enumTypes[3]
+}
+
+func (x MoveOutPhase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MoveOutPhase.Descriptor instead.
+func (MoveOutPhase) EnumDescriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{3}
+}
+
 type SessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -2784,9 +2839,14 @@ func (x *NodesResponse) GetNameConflicts() []*NameConflict {
 }
 
 type DrainRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Undo          bool                   `protobuf:"varint,2,opt,name=undo,proto3" json:"undo,omitempty"` // accept placements again
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Undo  bool                   `protobuf:"varint,2,opt,name=undo,proto3" json:"undo,omitempty"` // accept placements again
+	// evacuate: also move every segment homed on the node to other hosts
+	// (kept with the drain, resumed after a restart, until undo).
+	Evacuate bool `protobuf:"varint,3,opt,name=evacuate,proto3" json:"evacuate,omitempty"`
+	// query: change nothing, only answer the node's state and progress.
+	Query         bool `protobuf:"varint,4,opt,name=query,proto3" json:"query,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2835,6 +2895,20 @@ func (x *DrainRequest) GetUndo() bool {
 	return false
 }
 
+func (x *DrainRequest) GetEvacuate() bool {
+	if x != nil {
+		return x.Evacuate
+	}
+	return false
+}
+
+func (x *DrainRequest) GetQuery() bool {
+	if x != nil {
+		return x.Query
+	}
+	return false
+}
+
 type DrainResponse struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	Node                string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                                                               // the node that drains, or stopped draining
@@ -2842,7 +2916,9 @@ type DrainResponse struct {
 	DrainingSinceUnixMs int64                  `protobuf:"varint,3,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"` // when it began to drain; 0 when not draining
 	// false: the node was in that state already and nothing changed (a second
 	// drain keeps its first since; an undo of a node not draining does nothing).
-	Changed       bool `protobuf:"varint,4,opt,name=changed,proto3" json:"changed,omitempty"`
+	Changed       bool        `protobuf:"varint,4,opt,name=changed,proto3" json:"changed,omitempty"`
+	Evacuating    bool        `protobuf:"varint,5,opt,name=evacuating,proto3" json:"evacuating,omitempty"`
+	Evacuation    *Evacuation `protobuf:"bytes,6,opt,name=evacuation,proto3" json:"evacuation,omitempty"` // progress while evacuating (or after it ended)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2905,6 +2981,131 @@ func (x *DrainResponse) GetChanged() bool {
 	return false
 }
 
+func (x *DrainResponse) GetEvacuating() bool {
+	if x != nil {
+		return x.Evacuating
+	}
+	return false
+}
+
+func (x *DrainResponse) GetEvacuation() *Evacuation {
+	if x != nil {
+		return x.Evacuation
+	}
+	return nil
+}
+
+// Evacuation is the progress of a draining node's evacuation.
+type Evacuation struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SegmentsMoved  uint32                 `protobuf:"varint,1,opt,name=segments_moved,json=segmentsMoved,proto3" json:"segments_moved,omitempty"`
+	SegmentsLeft   uint32                 `protobuf:"varint,2,opt,name=segments_left,json=segmentsLeft,proto3" json:"segments_left,omitempty"`
+	BytesMoved     uint64                 `protobuf:"varint,3,opt,name=bytes_moved,json=bytesMoved,proto3" json:"bytes_moved,omitempty"`
+	BytesLeft      uint64                 `protobuf:"varint,4,opt,name=bytes_left,json=bytesLeft,proto3" json:"bytes_left,omitempty"`
+	BytesPerSecond float64                `protobuf:"fixed64,5,opt,name=bytes_per_second,json=bytesPerSecond,proto3" json:"bytes_per_second,omitempty"` // over the evacuation so far
+	EtaMs          int64                  `protobuf:"varint,6,opt,name=eta_ms,json=etaMs,proto3" json:"eta_ms,omitempty"`                               // at that rate; 0 when done or unknown
+	SegmentsFailed uint32                 `protobuf:"varint,7,opt,name=segments_failed,json=segmentsFailed,proto3" json:"segments_failed,omitempty"`    // moves that failed in the last pass (retried)
+	// Why segments cannot leave (e.g. no other host has room); empty while
+	// the evacuation progresses or when it is done.
+	Stuck         string `protobuf:"bytes,8,opt,name=stuck,proto3" json:"stuck,omitempty"`
+	Done          bool   `protobuf:"varint,9,opt,name=done,proto3" json:"done,omitempty"` // nothing homed here is left to move
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Evacuation) Reset() {
+	*x = Evacuation{}
+	mi := &file_pool_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Evacuation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Evacuation) ProtoMessage() {}
+
+func (x *Evacuation) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Evacuation.ProtoReflect.Descriptor instead.
+func (*Evacuation) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *Evacuation) GetSegmentsMoved() uint32 {
+	if x != nil {
+		return x.SegmentsMoved
+	}
+	return 0
+}
+
+func (x *Evacuation) GetSegmentsLeft() uint32 {
+	if x != nil {
+		return x.SegmentsLeft
+	}
+	return 0
+}
+
+func (x *Evacuation) GetBytesMoved() uint64 {
+	if x != nil {
+		return x.BytesMoved
+	}
+	return 0
+}
+
+func (x *Evacuation) GetBytesLeft() uint64 {
+	if x != nil {
+		return x.BytesLeft
+	}
+	return 0
+}
+
+func (x *Evacuation) GetBytesPerSecond() float64 {
+	if x != nil {
+		return x.BytesPerSecond
+	}
+	return 0
+}
+
+func (x *Evacuation) GetEtaMs() int64 {
+	if x != nil {
+		return x.EtaMs
+	}
+	return 0
+}
+
+func (x *Evacuation) GetSegmentsFailed() uint32 {
+	if x != nil {
+		return x.SegmentsFailed
+	}
+	return 0
+}
+
+func (x *Evacuation) GetStuck() string {
+	if x != nil {
+		return x.Stuck
+	}
+	return ""
+}
+
+func (x *Evacuation) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
 type DetachRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2914,7 +3115,7 @@ type DetachRequest struct {
 
 func (x *DetachRequest) Reset() {
 	*x = DetachRequest{}
-	mi := &file_pool_proto_msgTypes[34]
+	mi := &file_pool_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2926,7 +3127,7 @@ func (x *DetachRequest) String() string {
 func (*DetachRequest) ProtoMessage() {}
 
 func (x *DetachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[34]
+	mi := &file_pool_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2939,7 +3140,7 @@ func (x *DetachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachRequest.ProtoReflect.Descriptor instead.
 func (*DetachRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{34}
+	return file_pool_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DetachRequest) GetId() uint64 {
@@ -2957,7 +3158,7 @@ type DetachResponse struct {
 
 func (x *DetachResponse) Reset() {
 	*x = DetachResponse{}
-	mi := &file_pool_proto_msgTypes[35]
+	mi := &file_pool_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2969,7 +3170,7 @@ func (x *DetachResponse) String() string {
 func (*DetachResponse) ProtoMessage() {}
 
 func (x *DetachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[35]
+	mi := &file_pool_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2982,7 +3183,7 @@ func (x *DetachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachResponse.ProtoReflect.Descriptor instead.
 func (*DetachResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{35}
+	return file_pool_proto_rawDescGZIP(), []int{36}
 }
 
 type KeyringRequest struct {
@@ -2996,7 +3197,7 @@ type KeyringRequest struct {
 
 func (x *KeyringRequest) Reset() {
 	*x = KeyringRequest{}
-	mi := &file_pool_proto_msgTypes[36]
+	mi := &file_pool_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3008,7 +3209,7 @@ func (x *KeyringRequest) String() string {
 func (*KeyringRequest) ProtoMessage() {}
 
 func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[36]
+	mi := &file_pool_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3021,7 +3222,7 @@ func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
 func (*KeyringRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{36}
+	return file_pool_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *KeyringRequest) GetOp() KeyringOp {
@@ -3054,7 +3255,7 @@ type KeyringResponse struct {
 
 func (x *KeyringResponse) Reset() {
 	*x = KeyringResponse{}
-	mi := &file_pool_proto_msgTypes[37]
+	mi := &file_pool_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3267,7 @@ func (x *KeyringResponse) String() string {
 func (*KeyringResponse) ProtoMessage() {}
 
 func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[37]
+	mi := &file_pool_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3280,7 @@ func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
 func (*KeyringResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{37}
+	return file_pool_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *KeyringResponse) GetNodes() []*NodeKeyring {
@@ -3102,7 +3303,7 @@ type NodeKeyring struct {
 
 func (x *NodeKeyring) Reset() {
 	*x = NodeKeyring{}
-	mi := &file_pool_proto_msgTypes[38]
+	mi := &file_pool_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3114,7 +3315,7 @@ func (x *NodeKeyring) String() string {
 func (*NodeKeyring) ProtoMessage() {}
 
 func (x *NodeKeyring) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[38]
+	mi := &file_pool_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3127,7 +3328,7 @@ func (x *NodeKeyring) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeKeyring.ProtoReflect.Descriptor instead.
 func (*NodeKeyring) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{38}
+	return file_pool_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NodeKeyring) GetNode() string {
@@ -3163,7 +3364,7 @@ type DelegateRequest struct {
 
 func (x *DelegateRequest) Reset() {
 	*x = DelegateRequest{}
-	mi := &file_pool_proto_msgTypes[39]
+	mi := &file_pool_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3175,7 +3376,7 @@ func (x *DelegateRequest) String() string {
 func (*DelegateRequest) ProtoMessage() {}
 
 func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[39]
+	mi := &file_pool_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3188,7 +3389,7 @@ func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateRequest.ProtoReflect.Descriptor instead.
 func (*DelegateRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{39}
+	return file_pool_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DelegateRequest) GetClientId() string {
@@ -3214,7 +3415,7 @@ type DelegateResponse struct {
 
 func (x *DelegateResponse) Reset() {
 	*x = DelegateResponse{}
-	mi := &file_pool_proto_msgTypes[40]
+	mi := &file_pool_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3226,7 +3427,7 @@ func (x *DelegateResponse) String() string {
 func (*DelegateResponse) ProtoMessage() {}
 
 func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[40]
+	mi := &file_pool_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3239,7 +3440,7 @@ func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateResponse.ProtoReflect.Descriptor instead.
 func (*DelegateResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{40}
+	return file_pool_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DelegateResponse) GetDataCredential() []byte {
@@ -3263,7 +3464,7 @@ type AuthorizeRequest struct {
 
 func (x *AuthorizeRequest) Reset() {
 	*x = AuthorizeRequest{}
-	mi := &file_pool_proto_msgTypes[41]
+	mi := &file_pool_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3275,7 +3476,7 @@ func (x *AuthorizeRequest) String() string {
 func (*AuthorizeRequest) ProtoMessage() {}
 
 func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[41]
+	mi := &file_pool_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3288,7 +3489,7 @@ func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{41}
+	return file_pool_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AuthorizeRequest) GetIds() []uint64 {
@@ -3320,7 +3521,7 @@ type AuthorizeResponse struct {
 
 func (x *AuthorizeResponse) Reset() {
 	*x = AuthorizeResponse{}
-	mi := &file_pool_proto_msgTypes[42]
+	mi := &file_pool_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3332,7 +3533,7 @@ func (x *AuthorizeResponse) String() string {
 func (*AuthorizeResponse) ProtoMessage() {}
 
 func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[42]
+	mi := &file_pool_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3345,7 +3546,283 @@ func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{42}
+	return file_pool_proto_rawDescGZIP(), []int{43}
+}
+
+// MoveRequest names a segment by id or name (of the callee's records) or,
+// from a draining home, by that home and the segment's id there; and where
+// it goes: a node, a tier, or, with neither, wherever placement picks.
+type MoveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	ToNode        string                 `protobuf:"bytes,3,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	ToTier        Tier                   `protobuf:"varint,4,opt,name=to_tier,json=toTier,proto3,enum=farmem.pool.v1.Tier" json:"to_tier,omitempty"` // TIER_UNSPECIFIED: keep the tier
+	Home          string                 `protobuf:"bytes,5,opt,name=home,proto3" json:"home,omitempty"`
+	HomeId        uint64                 `protobuf:"varint,6,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveRequest) Reset() {
+	*x = MoveRequest{}
+	mi := &file_pool_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveRequest) ProtoMessage() {}
+
+func (x *MoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
+func (*MoveRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *MoveRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *MoveRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetToNode() string {
+	if x != nil {
+		return x.ToNode
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetToTier() Tier {
+	if x != nil {
+		return x.ToTier
+	}
+	return Tier_TIER_UNSPECIFIED
+}
+
+func (x *MoveRequest) GetHome() string {
+	if x != nil {
+		return x.Home
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetHomeId() uint64 {
+	if x != nil {
+		return x.HomeId
+	}
+	return 0
+}
+
+type MoveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Segment       *Segment               `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`                             // the segment where it is now
+	FromNode      string                 `protobuf:"bytes,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`           // its home before the move
+	BytesCopied   uint64                 `protobuf:"varint,3,opt,name=bytes_copied,json=bytesCopied,proto3" json:"bytes_copied,omitempty"` // bytes copied, the re-copied dirty chunks included
+	Rounds        uint32                 `protobuf:"varint,4,opt,name=rounds,proto3" json:"rounds,omitempty"`                              // copy rounds before the switch-over
+	PauseUs       int64                  `protobuf:"varint,5,opt,name=pause_us,json=pauseUs,proto3" json:"pause_us,omitempty"`             // how long writes waited for the switch-over
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveResponse) Reset() {
+	*x = MoveResponse{}
+	mi := &file_pool_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveResponse) ProtoMessage() {}
+
+func (x *MoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
+func (*MoveResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *MoveResponse) GetSegment() *Segment {
+	if x != nil {
+		return x.Segment
+	}
+	return nil
+}
+
+func (x *MoveResponse) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *MoveResponse) GetBytesCopied() uint64 {
+	if x != nil {
+		return x.BytesCopied
+	}
+	return 0
+}
+
+func (x *MoveResponse) GetRounds() uint32 {
+	if x != nil {
+		return x.Rounds
+	}
+	return 0
+}
+
+func (x *MoveResponse) GetPauseUs() int64 {
+	if x != nil {
+		return x.PauseUs
+	}
+	return 0
+}
+
+type MoveOutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HomeId        uint64                 `protobuf:"varint,1,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"` // the segment's id at the callee
+	Phase         MoveOutPhase           `protobuf:"varint,2,opt,name=phase,proto3,enum=farmem.pool.v1.MoveOutPhase" json:"phase,omitempty"`
+	Chunk         int64                  `protobuf:"varint,3,opt,name=chunk,proto3" json:"chunk,omitempty"` // TRACK: bytes a chunk, a power of two from 4096
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveOutRequest) Reset() {
+	*x = MoveOutRequest{}
+	mi := &file_pool_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveOutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveOutRequest) ProtoMessage() {}
+
+func (x *MoveOutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveOutRequest.ProtoReflect.Descriptor instead.
+func (*MoveOutRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *MoveOutRequest) GetHomeId() uint64 {
+	if x != nil {
+		return x.HomeId
+	}
+	return 0
+}
+
+func (x *MoveOutRequest) GetPhase() MoveOutPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return MoveOutPhase_MOVE_OUT_TRACK
+}
+
+func (x *MoveOutRequest) GetChunk() int64 {
+	if x != nil {
+		return x.Chunk
+	}
+	return 0
+}
+
+type MoveOutResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// DIRTY, SEAL: the changed chunks, a bitmap (bit i of byte i/8 is chunk i).
+	Dirty         []byte `protobuf:"bytes,1,opt,name=dirty,proto3" json:"dirty,omitempty"`
+	DirtyChunks   uint32 `protobuf:"varint,2,opt,name=dirty_chunks,json=dirtyChunks,proto3" json:"dirty_chunks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveOutResponse) Reset() {
+	*x = MoveOutResponse{}
+	mi := &file_pool_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveOutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveOutResponse) ProtoMessage() {}
+
+func (x *MoveOutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveOutResponse.ProtoReflect.Descriptor instead.
+func (*MoveOutResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *MoveOutResponse) GetDirty() []byte {
+	if x != nil {
+		return x.Dirty
+	}
+	return nil
+}
+
+func (x *MoveOutResponse) GetDirtyChunks() uint32 {
+	if x != nil {
+		return x.DirtyChunks
+	}
+	return 0
 }
 
 var File_pool_proto protoreflect.FileDescriptor
@@ -3571,15 +4048,36 @@ const file_pool_proto_rawDesc = "" +
 	"\x04free\x18\x03 \x01(\x03R\x04free\"\x84\x01\n" +
 	"\rNodesResponse\x12.\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x18.farmem.pool.v1.NodeInfoR\x05nodes\x12C\n" +
-	"\x0ename_conflicts\x18\x02 \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\"6\n" +
+	"\x0ename_conflicts\x18\x02 \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\"h\n" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
-	"\x04undo\x18\x02 \x01(\bR\x04undo\"\x8e\x01\n" +
+	"\x04undo\x18\x02 \x01(\bR\x04undo\x12\x1a\n" +
+	"\bevacuate\x18\x03 \x01(\bR\bevacuate\x12\x14\n" +
+	"\x05query\x18\x04 \x01(\bR\x05query\"\xea\x01\n" +
 	"\rDrainResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1a\n" +
 	"\bdraining\x18\x02 \x01(\bR\bdraining\x123\n" +
 	"\x16draining_since_unix_ms\x18\x03 \x01(\x03R\x13drainingSinceUnixMs\x12\x18\n" +
-	"\achanged\x18\x04 \x01(\bR\achanged\"\x1f\n" +
+	"\achanged\x18\x04 \x01(\bR\achanged\x12\x1e\n" +
+	"\n" +
+	"evacuating\x18\x05 \x01(\bR\n" +
+	"evacuating\x12:\n" +
+	"\n" +
+	"evacuation\x18\x06 \x01(\v2\x1a.farmem.pool.v1.EvacuationR\n" +
+	"evacuation\"\xac\x02\n" +
+	"\n" +
+	"Evacuation\x12%\n" +
+	"\x0esegments_moved\x18\x01 \x01(\rR\rsegmentsMoved\x12#\n" +
+	"\rsegments_left\x18\x02 \x01(\rR\fsegmentsLeft\x12\x1f\n" +
+	"\vbytes_moved\x18\x03 \x01(\x04R\n" +
+	"bytesMoved\x12\x1d\n" +
+	"\n" +
+	"bytes_left\x18\x04 \x01(\x04R\tbytesLeft\x12(\n" +
+	"\x10bytes_per_second\x18\x05 \x01(\x01R\x0ebytesPerSecond\x12\x15\n" +
+	"\x06eta_ms\x18\x06 \x01(\x03R\x05etaMs\x12'\n" +
+	"\x0fsegments_failed\x18\a \x01(\rR\x0esegmentsFailed\x12\x14\n" +
+	"\x05stuck\x18\b \x01(\tR\x05stuck\x12\x12\n" +
+	"\x04done\x18\t \x01(\bR\x04done\"\x1f\n" +
 	"\rDetachRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"\x10\n" +
 	"\x0eDetachResponse\"c\n" +
@@ -3602,7 +4100,27 @@ const file_pool_proto_rawDesc = "" +
 	"\x03ids\x18\x01 \x03(\x04R\x03ids\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1a\n" +
 	"\bwithdraw\x18\x03 \x01(\bR\bwithdraw\"\x13\n" +
-	"\x11AuthorizeResponse*I\n" +
+	"\x11AuthorizeResponse\"\xa6\x01\n" +
+	"\vMoveRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x17\n" +
+	"\ato_node\x18\x03 \x01(\tR\x06toNode\x12-\n" +
+	"\ato_tier\x18\x04 \x01(\x0e2\x14.farmem.pool.v1.TierR\x06toTier\x12\x12\n" +
+	"\x04home\x18\x05 \x01(\tR\x04home\x12\x17\n" +
+	"\ahome_id\x18\x06 \x01(\x04R\x06homeId\"\xb4\x01\n" +
+	"\fMoveResponse\x121\n" +
+	"\asegment\x18\x01 \x01(\v2\x17.farmem.pool.v1.SegmentR\asegment\x12\x1b\n" +
+	"\tfrom_node\x18\x02 \x01(\tR\bfromNode\x12!\n" +
+	"\fbytes_copied\x18\x03 \x01(\x04R\vbytesCopied\x12\x16\n" +
+	"\x06rounds\x18\x04 \x01(\rR\x06rounds\x12\x19\n" +
+	"\bpause_us\x18\x05 \x01(\x03R\apauseUs\"s\n" +
+	"\x0eMoveOutRequest\x12\x17\n" +
+	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x122\n" +
+	"\x05phase\x18\x02 \x01(\x0e2\x1c.farmem.pool.v1.MoveOutPhaseR\x05phase\x12\x14\n" +
+	"\x05chunk\x18\x03 \x01(\x03R\x05chunk\"J\n" +
+	"\x0fMoveOutResponse\x12\x14\n" +
+	"\x05dirty\x18\x01 \x01(\fR\x05dirty\x12!\n" +
+	"\fdirty_chunks\x18\x02 \x01(\rR\vdirtyChunks*I\n" +
 	"\x04Tier\x12\x14\n" +
 	"\x10TIER_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -3618,7 +4136,13 @@ const file_pool_proto_rawDesc = "" +
 	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
 	"\x12KEYRING_OP_INSTALL\x10\x02\x12\x12\n" +
 	"\x0eKEYRING_OP_USE\x10\x03\x12\x15\n" +
-	"\x11KEYRING_OP_REMOVE\x10\x042\xc1\b\n" +
+	"\x11KEYRING_OP_REMOVE\x10\x04*r\n" +
+	"\fMoveOutPhase\x12\x12\n" +
+	"\x0eMOVE_OUT_TRACK\x10\x00\x12\x12\n" +
+	"\x0eMOVE_OUT_DIRTY\x10\x01\x12\x11\n" +
+	"\rMOVE_OUT_SEAL\x10\x02\x12\x13\n" +
+	"\x0fMOVE_OUT_COMMIT\x10\x03\x12\x12\n" +
+	"\x0eMOVE_OUT_ABORT\x10\x042\xd0\t\n" +
 	"\x04Pool\x12N\n" +
 	"\aSession\x12\x1e.farmem.pool.v1.SessionRequest\x1a\x1f.farmem.pool.v1.SessionResponse(\x010\x01\x12>\n" +
 	"\x05Alloc\x12\x1c.farmem.pool.v1.AllocRequest\x1a\x17.farmem.pool.v1.Segment\x12A\n" +
@@ -3634,7 +4158,9 @@ const file_pool_proto_rawDesc = "" +
 	"\x06Detach\x12\x1d.farmem.pool.v1.DetachRequest\x1a\x1e.farmem.pool.v1.DetachResponse\x12J\n" +
 	"\aKeyring\x12\x1e.farmem.pool.v1.KeyringRequest\x1a\x1f.farmem.pool.v1.KeyringResponse\x12M\n" +
 	"\bDelegate\x12\x1f.farmem.pool.v1.DelegateRequest\x1a .farmem.pool.v1.DelegateResponse\x12P\n" +
-	"\tAuthorize\x12 .farmem.pool.v1.AuthorizeRequest\x1a!.farmem.pool.v1.AuthorizeResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
+	"\tAuthorize\x12 .farmem.pool.v1.AuthorizeRequest\x1a!.farmem.pool.v1.AuthorizeResponse\x12A\n" +
+	"\x04Move\x12\x1b.farmem.pool.v1.MoveRequest\x1a\x1c.farmem.pool.v1.MoveResponse\x12J\n" +
+	"\aMoveOut\x12\x1e.farmem.pool.v1.MoveOutRequest\x1a\x1f.farmem.pool.v1.MoveOutResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
 
 var (
 	file_pool_proto_rawDescOnce sync.Once
@@ -3648,125 +4174,139 @@ func file_pool_proto_rawDescGZIP() []byte {
 	return file_pool_proto_rawDescData
 }
 
-var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
 	(KeyringOp)(0),              // 2: farmem.pool.v1.KeyringOp
-	(*SessionRequest)(nil),      // 3: farmem.pool.v1.SessionRequest
-	(*Hello)(nil),               // 4: farmem.pool.v1.Hello
-	(*KeepAlive)(nil),           // 5: farmem.pool.v1.KeepAlive
-	(*SessionResponse)(nil),     // 6: farmem.pool.v1.SessionResponse
-	(*SegmentEvents)(nil),       // 7: farmem.pool.v1.SegmentEvents
-	(*Welcome)(nil),             // 8: farmem.pool.v1.Welcome
-	(*KeepAliveAck)(nil),        // 9: farmem.pool.v1.KeepAliveAck
-	(*AllocRequest)(nil),        // 10: farmem.pool.v1.AllocRequest
-	(*FreeRequest)(nil),         // 11: farmem.pool.v1.FreeRequest
-	(*FreeResponse)(nil),        // 12: farmem.pool.v1.FreeResponse
-	(*AttachRequest)(nil),       // 13: farmem.pool.v1.AttachRequest
-	(*ListRequest)(nil),         // 14: farmem.pool.v1.ListRequest
-	(*ListResponse)(nil),        // 15: farmem.pool.v1.ListResponse
-	(*StatRequest)(nil),         // 16: farmem.pool.v1.StatRequest
-	(*Segment)(nil),             // 17: farmem.pool.v1.Segment
-	(*Placement)(nil),           // 18: farmem.pool.v1.Placement
-	(*TiersRequest)(nil),        // 19: farmem.pool.v1.TiersRequest
-	(*TiersResponse)(nil),       // 20: farmem.pool.v1.TiersResponse
-	(*Latency)(nil),             // 21: farmem.pool.v1.Latency
-	(*TierInfo)(nil),            // 22: farmem.pool.v1.TierInfo
-	(*Emulation)(nil),           // 23: farmem.pool.v1.Emulation
-	(*MeasureTiersRequest)(nil), // 24: farmem.pool.v1.MeasureTiersRequest
-	(*StatusRequest)(nil),       // 25: farmem.pool.v1.StatusRequest
-	(*StatusResponse)(nil),      // 26: farmem.pool.v1.StatusResponse
-	(*NameConflict)(nil),        // 27: farmem.pool.v1.NameConflict
-	(*QuotaUsage)(nil),          // 28: farmem.pool.v1.QuotaUsage
-	(*ClientInfo)(nil),          // 29: farmem.pool.v1.ClientInfo
-	(*TierOps)(nil),             // 30: farmem.pool.v1.TierOps
-	(*NodesRequest)(nil),        // 31: farmem.pool.v1.NodesRequest
-	(*NodeInfo)(nil),            // 32: farmem.pool.v1.NodeInfo
-	(*NodeTier)(nil),            // 33: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),       // 34: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),        // 35: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),       // 36: farmem.pool.v1.DrainResponse
-	(*DetachRequest)(nil),       // 37: farmem.pool.v1.DetachRequest
-	(*DetachResponse)(nil),      // 38: farmem.pool.v1.DetachResponse
-	(*KeyringRequest)(nil),      // 39: farmem.pool.v1.KeyringRequest
-	(*KeyringResponse)(nil),     // 40: farmem.pool.v1.KeyringResponse
-	(*NodeKeyring)(nil),         // 41: farmem.pool.v1.NodeKeyring
-	(*DelegateRequest)(nil),     // 42: farmem.pool.v1.DelegateRequest
-	(*DelegateResponse)(nil),    // 43: farmem.pool.v1.DelegateResponse
-	(*AuthorizeRequest)(nil),    // 44: farmem.pool.v1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),   // 45: farmem.pool.v1.AuthorizeResponse
+	(MoveOutPhase)(0),           // 3: farmem.pool.v1.MoveOutPhase
+	(*SessionRequest)(nil),      // 4: farmem.pool.v1.SessionRequest
+	(*Hello)(nil),               // 5: farmem.pool.v1.Hello
+	(*KeepAlive)(nil),           // 6: farmem.pool.v1.KeepAlive
+	(*SessionResponse)(nil),     // 7: farmem.pool.v1.SessionResponse
+	(*SegmentEvents)(nil),       // 8: farmem.pool.v1.SegmentEvents
+	(*Welcome)(nil),             // 9: farmem.pool.v1.Welcome
+	(*KeepAliveAck)(nil),        // 10: farmem.pool.v1.KeepAliveAck
+	(*AllocRequest)(nil),        // 11: farmem.pool.v1.AllocRequest
+	(*FreeRequest)(nil),         // 12: farmem.pool.v1.FreeRequest
+	(*FreeResponse)(nil),        // 13: farmem.pool.v1.FreeResponse
+	(*AttachRequest)(nil),       // 14: farmem.pool.v1.AttachRequest
+	(*ListRequest)(nil),         // 15: farmem.pool.v1.ListRequest
+	(*ListResponse)(nil),        // 16: farmem.pool.v1.ListResponse
+	(*StatRequest)(nil),         // 17: farmem.pool.v1.StatRequest
+	(*Segment)(nil),             // 18: farmem.pool.v1.Segment
+	(*Placement)(nil),           // 19: farmem.pool.v1.Placement
+	(*TiersRequest)(nil),        // 20: farmem.pool.v1.TiersRequest
+	(*TiersResponse)(nil),       // 21: farmem.pool.v1.TiersResponse
+	(*Latency)(nil),             // 22: farmem.pool.v1.Latency
+	(*TierInfo)(nil),            // 23: farmem.pool.v1.TierInfo
+	(*Emulation)(nil),           // 24: farmem.pool.v1.Emulation
+	(*MeasureTiersRequest)(nil), // 25: farmem.pool.v1.MeasureTiersRequest
+	(*StatusRequest)(nil),       // 26: farmem.pool.v1.StatusRequest
+	(*StatusResponse)(nil),      // 27: farmem.pool.v1.StatusResponse
+	(*NameConflict)(nil),        // 28: farmem.pool.v1.NameConflict
+	(*QuotaUsage)(nil),          // 29: farmem.pool.v1.QuotaUsage
+	(*ClientInfo)(nil),          // 30: farmem.pool.v1.ClientInfo
+	(*TierOps)(nil),             // 31: farmem.pool.v1.TierOps
+	(*NodesRequest)(nil),        // 32: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),            // 33: farmem.pool.v1.NodeInfo
+	(*NodeTier)(nil),            // 34: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),       // 35: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),        // 36: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),       // 37: farmem.pool.v1.DrainResponse
+	(*Evacuation)(nil),          // 38: farmem.pool.v1.Evacuation
+	(*DetachRequest)(nil),       // 39: farmem.pool.v1.DetachRequest
+	(*DetachResponse)(nil),      // 40: farmem.pool.v1.DetachResponse
+	(*KeyringRequest)(nil),      // 41: farmem.pool.v1.KeyringRequest
+	(*KeyringResponse)(nil),     // 42: farmem.pool.v1.KeyringResponse
+	(*NodeKeyring)(nil),         // 43: farmem.pool.v1.NodeKeyring
+	(*DelegateRequest)(nil),     // 44: farmem.pool.v1.DelegateRequest
+	(*DelegateResponse)(nil),    // 45: farmem.pool.v1.DelegateResponse
+	(*AuthorizeRequest)(nil),    // 46: farmem.pool.v1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),   // 47: farmem.pool.v1.AuthorizeResponse
+	(*MoveRequest)(nil),         // 48: farmem.pool.v1.MoveRequest
+	(*MoveResponse)(nil),        // 49: farmem.pool.v1.MoveResponse
+	(*MoveOutRequest)(nil),      // 50: farmem.pool.v1.MoveOutRequest
+	(*MoveOutResponse)(nil),     // 51: farmem.pool.v1.MoveOutResponse
 }
 var file_pool_proto_depIdxs = []int32{
-	4,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
-	5,  // 1: farmem.pool.v1.SessionRequest.keep_alive:type_name -> farmem.pool.v1.KeepAlive
-	8,  // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
-	9,  // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
-	7,  // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
+	5,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
+	6,  // 1: farmem.pool.v1.SessionRequest.keep_alive:type_name -> farmem.pool.v1.KeepAlive
+	9,  // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
+	10, // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
+	8,  // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
 	0,  // 5: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
 	0,  // 6: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
-	17, // 7: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
+	18, // 7: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
 	0,  // 8: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
 	1,  // 9: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
-	23, // 10: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
-	18, // 11: farmem.pool.v1.Segment.placement:type_name -> farmem.pool.v1.Placement
-	21, // 12: farmem.pool.v1.Placement.read_latency:type_name -> farmem.pool.v1.Latency
-	22, // 13: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	24, // 10: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
+	19, // 11: farmem.pool.v1.Segment.placement:type_name -> farmem.pool.v1.Placement
+	22, // 12: farmem.pool.v1.Placement.read_latency:type_name -> farmem.pool.v1.Latency
+	23, // 13: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
 	0,  // 14: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
-	21, // 15: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
-	21, // 16: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
-	21, // 17: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
-	23, // 18: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
-	21, // 19: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
-	21, // 20: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
-	22, // 21: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	29, // 22: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
-	30, // 23: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
-	28, // 24: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
-	27, // 25: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	22, // 15: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
+	22, // 16: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
+	22, // 17: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
+	24, // 18: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
+	22, // 19: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
+	22, // 20: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
+	23, // 21: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	30, // 22: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	31, // 23: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	29, // 24: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
+	28, // 25: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
 	0,  // 26: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
 	0,  // 27: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	33, // 28: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	32, // 29: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	27, // 30: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	2,  // 31: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
-	41, // 32: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
-	3,  // 33: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	10, // 34: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	11, // 35: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	13, // 36: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	14, // 37: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	16, // 38: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	19, // 39: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	25, // 40: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	31, // 41: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	35, // 42: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	24, // 43: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	37, // 44: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	39, // 45: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	42, // 46: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	44, // 47: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	6,  // 48: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	17, // 49: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	12, // 50: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	17, // 51: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	15, // 52: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	17, // 53: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	20, // 54: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	26, // 55: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	34, // 56: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	36, // 57: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	20, // 58: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	38, // 59: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	40, // 60: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	43, // 61: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	45, // 62: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	48, // [48:63] is the sub-list for method output_type
-	33, // [33:48] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	34, // 28: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	33, // 29: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	28, // 30: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	38, // 31: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	2,  // 32: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
+	43, // 33: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
+	0,  // 34: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
+	18, // 35: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
+	3,  // 36: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
+	4,  // 37: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	11, // 38: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	12, // 39: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	14, // 40: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	15, // 41: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	17, // 42: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	20, // 43: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	26, // 44: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	32, // 45: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	36, // 46: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	25, // 47: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	39, // 48: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	41, // 49: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	44, // 50: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	46, // 51: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	48, // 52: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
+	50, // 53: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
+	7,  // 54: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	18, // 55: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	13, // 56: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	18, // 57: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	16, // 58: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	18, // 59: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	21, // 60: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	27, // 61: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	35, // 62: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	37, // 63: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	21, // 64: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	40, // 65: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	42, // 66: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	45, // 67: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	47, // 68: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	49, // 69: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	51, // 70: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	54, // [54:71] is the sub-list for method output_type
+	37, // [37:54] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -3788,8 +4328,8 @@ func file_pool_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   43,
+			NumEnums:      4,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,6 +43,8 @@ const (
 	Pool_Keyring_FullMethodName      = "/farmem.pool.v1.Pool/Keyring"
 	Pool_Delegate_FullMethodName     = "/farmem.pool.v1.Pool/Delegate"
 	Pool_Authorize_FullMethodName    = "/farmem.pool.v1.Pool/Authorize"
+	Pool_Move_FullMethodName         = "/farmem.pool.v1.Pool/Move"
+	Pool_MoveOut_FullMethodName      = "/farmem.pool.v1.Pool/MoveOut"
 )
 
 // PoolClient is the client API for Pool service.
@@ -92,6 +94,15 @@ type PoolClient interface {
 	// daemon to those whose delegated credentials may operate on segments
 	// that daemon placed here.
 	Authorize(ctx context.Context, in *AuthorizeRequest, opts ...grpc.CallOption) (*AuthorizeResponse, error)
+	// Move moves a segment to another home (or tier) while it is in use: it
+	// keeps its id, name, size and bytes. Asked of the daemon that holds the
+	// segment's record (the one that placed it); a draining home asks each
+	// placing peer to move what it holds (MoveRequest.home, home_id).
+	Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*MoveResponse, error)
+	// MoveOut, on a peer daemon's session only, is one step of moving a
+	// segment away from this home (the callee) while the caller copies it:
+	// track writes, report what changed, seal, commit, or abort.
+	MoveOut(ctx context.Context, in *MoveOutRequest, opts ...grpc.CallOption) (*MoveOutResponse, error)
 }
 
 type poolClient struct {
@@ -255,6 +266,26 @@ func (c *poolClient) Authorize(ctx context.Context, in *AuthorizeRequest, opts .
 	return out, nil
 }
 
+func (c *poolClient) Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*MoveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveResponse)
+	err := c.cc.Invoke(ctx, Pool_Move_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *poolClient) MoveOut(ctx context.Context, in *MoveOutRequest, opts ...grpc.CallOption) (*MoveOutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveOutResponse)
+	err := c.cc.Invoke(ctx, Pool_MoveOut_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServer is the server API for Pool service.
 // All implementations must embed UnimplementedPoolServer
 // for forward compatibility.
@@ -302,6 +333,15 @@ type PoolServer interface {
 	// daemon to those whose delegated credentials may operate on segments
 	// that daemon placed here.
 	Authorize(context.Context, *AuthorizeRequest) (*AuthorizeResponse, error)
+	// Move moves a segment to another home (or tier) while it is in use: it
+	// keeps its id, name, size and bytes. Asked of the daemon that holds the
+	// segment's record (the one that placed it); a draining home asks each
+	// placing peer to move what it holds (MoveRequest.home, home_id).
+	Move(context.Context, *MoveRequest) (*MoveResponse, error)
+	// MoveOut, on a peer daemon's session only, is one step of moving a
+	// segment away from this home (the callee) while the caller copies it:
+	// track writes, report what changed, seal, commit, or abort.
+	MoveOut(context.Context, *MoveOutRequest) (*MoveOutResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
 
@@ -356,6 +396,12 @@ func (UnimplementedPoolServer) Delegate(context.Context, *DelegateRequest) (*Del
 }
 func (UnimplementedPoolServer) Authorize(context.Context, *AuthorizeRequest) (*AuthorizeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Authorize not implemented")
+}
+func (UnimplementedPoolServer) Move(context.Context, *MoveRequest) (*MoveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Move not implemented")
+}
+func (UnimplementedPoolServer) MoveOut(context.Context, *MoveOutRequest) (*MoveOutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MoveOut not implemented")
 }
 func (UnimplementedPoolServer) mustEmbedUnimplementedPoolServer() {}
 func (UnimplementedPoolServer) testEmbeddedByValue()              {}
@@ -637,6 +683,42 @@ func _Pool_Authorize_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Pool_Move_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).Move(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_Move_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).Move(ctx, req.(*MoveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Pool_MoveOut_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveOutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).MoveOut(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_MoveOut_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).MoveOut(ctx, req.(*MoveOutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Pool_ServiceDesc is the grpc.ServiceDesc for Pool service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -699,6 +781,14 @@ var Pool_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Authorize",
 			Handler:    _Pool_Authorize_Handler,
+		},
+		{
+			MethodName: "Move",
+			Handler:    _Pool_Move_Handler,
+		},
+		{
+			MethodName: "MoveOut",
+			Handler:    _Pool_MoveOut_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
