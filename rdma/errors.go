@@ -64,6 +64,14 @@ var ErrProtocol = errors.New("rdma: protocol error; check that both hosts run co
 // Like errs.ErrIndeterminate it also matches errs.ErrUnavailable.
 var ErrIndeterminate = errs.Sub(errs.ErrIndeterminate, "rdma: outcome unknown: the operation may have been applied once and was not applied again; read the memory to find out")
 
+// ErrMoved means the segment moved to another home, or is switching over
+// to one: the operation was not applied. Ask the segment's daemon where it
+// lives now (its Stat) and send the operation there; alloc does this
+// itself. It matches errs.ErrUnavailable (the segment is out of reach at
+// that address), so a caller that gives up retries as for an unreachable
+// home.
+var ErrMoved = errs.Sub(errs.ErrUnavailable, "rdma: segment moved: the operation was not applied; ask the segment's daemon where it lives now and retry there")
+
 // ErrUnaligned means an atomic operation addressed an offset that is not a
 // multiple of 8. CompareAndSwap64 and FetchAdd64 need 8-byte aligned offsets.
 var ErrUnaligned = errs.Sub(errs.ErrUnaligned, "rdma: atomic operation needs an 8-byte aligned offset")

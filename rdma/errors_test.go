@@ -31,6 +31,7 @@ func TestSentinelsMatchFarmem(t *testing.T) {
 		{"not supported error", &rdma.NotSupportedError{Feature: "verbs transport", Reason: "no device"}, errs.ErrNotSupported},
 		{"closed", rdma.ErrClosed, errs.ErrUnavailable},
 		{"indeterminate", rdma.ErrIndeterminate, errs.ErrIndeterminate},
+		{"moved", rdma.ErrMoved, errs.ErrUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := fmt.Errorf("rdma/tcp: read segment 3: %w", tc.err)

@@ -229,6 +229,14 @@
 //	8 INDETERMINATE   rdma.ErrIndeterminate (v2): an exactly-once request
 //	                  whose earlier run the server can neither confirm nor
 //	                  rule out; it was not run again
+//	9 MOVED           rdma.ErrMoved: the segment moved to another home
+//	                  (Server.MoveAway), or its move is switching over
+//	                  (Server.Seal: WRITE, CAS and FADD, and READ by any
+//	                  principal but the mover's); the op was not applied.
+//	                  A client asks the segment's daemon where it lives now
+//	                  and sends the op there (with a new exactly-once
+//	                  ticket: the refusal is final for this one). Clients
+//	                  older than this status see PROTOCOL.
 //
 // The server checks, in this order, key (constant-time), segment state,
 // epoch, alignment and bounds (overflow-safe: offset ≤ size and

@@ -16,6 +16,9 @@ const (
 	stateLive    uint32 = 0
 	stateLost    uint32 = 1
 	stateRevoked uint32 = 2
+	// stateSealed: a move's switch-over (Server.Seal): mutating ops answer
+	// MOVED; reads go on for the sealing principal only.
+	stateSealed uint32 = 3
 )
 
 // export is one registered segment. Operations pin it with acquire/release;
@@ -28,6 +31,14 @@ type export struct {
 	epoch atomic.Uint64
 	state atomic.Uint32
 	refs  atomic.Int64
+	// writers counts the pins of mutating ops (WRITE, CAS, FADD), which
+	// Seal waits out.
+	writers atomic.Int64
+	// reader is the principal whose reads a sealed export still serves.
+	reader atomic.Pointer[string]
+	// dirty records the chunks mutating ops changed while a move copies
+	// the segment (Server.Track); nil when nobody tracks.
+	dirty atomic.Pointer[dirtyMap]
 	// allowed is who may operate on the segment (Server.Allow); nil:
 	// every authenticated connection.
 	allowed atomic.Pointer[principals]
@@ -42,22 +53,41 @@ func newExport(seg uint64, mem []byte, key rdma.Key, epoch uint64) *export {
 	return e
 }
 
-// acquire pins the export for one operation. It returns statusOK and the pin,
-// or an error status and no pin. The increment comes before the state load
-// and Revoke stores the state before loading refs, so (sequentially
-// consistent atomics) either this op sees the revocation or Revoke sees the pin.
-func (e *export) acquire() uint16 {
+// acquire pins the export for one operation, a mutating one (WRITE, CAS,
+// FADD) counted among the writers too. It returns statusOK and the pin, or
+// an error status and no pin. The increments come before the state load,
+// and Revoke and Seal store the state before loading refs or writers, so
+// (sequentially consistent atomics) either this op sees the new state or
+// they see the pin.
+func (e *export) acquire(mutating bool) uint16 {
 	e.refs.Add(1)
+	if mutating {
+		e.writers.Add(1)
+	}
 	switch e.state.Load() {
 	case stateLive:
 		return statusOK
+	case stateSealed:
+		if !mutating {
+			return statusOK // pin checks the principal
+		}
+		e.unpin(mutating)
+		return statusMoved
 	case stateLost:
-		e.release()
+		e.unpin(mutating)
 		return statusSegmentLost
 	default:
-		e.release()
+		e.unpin(mutating)
 		return statusAccessDenied
 	}
+}
+
+// unpin drops the pin acquire took.
+func (e *export) unpin(mutating bool) {
+	if mutating {
+		e.writers.Add(-1)
+	}
+	e.release()
 }
 
 // release drops one pin and wakes Revoke when it was the last.

@@ -14,25 +14,33 @@ import (
 // ErrLeaseExpired; it is refused either way.
 const MaxFenced = 1 << 14
 
-// fences remembers the keys of fenced segments, in a ring. Safe for
+// fences remembers the keys of fenced and moved-away segments, in a ring,
+// with the status an operation naming one with its key gets. Safe for
 // concurrent use; operations consult it only when their segment is not
 // exported, so the hot path takes no lock.
 type fences struct {
 	mu   sync.Mutex
-	keys map[uint64]rdma.Key
+	keys map[uint64]fence
 	ring []uint64
 	next int
 }
 
-func (f *fences) add(seg uint64, key rdma.Key) {
+// fence is a withdrawn segment's key and the status its operations get:
+// LEASE_EXPIRED (Fence) or MOVED (MoveAway).
+type fence struct {
+	key    rdma.Key
+	status uint16
+}
+
+func (f *fences) add(seg uint64, key rdma.Key, status uint16) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.keys == nil {
-		f.keys = make(map[uint64]rdma.Key)
+		f.keys = make(map[uint64]fence)
 		f.ring = make([]uint64, MaxFenced)
 	}
 	if _, ok := f.keys[seg]; ok {
-		f.keys[seg] = key
+		f.keys[seg] = fence{key, status}
 		return
 	}
 	if old := f.ring[f.next]; old != 0 {
@@ -40,15 +48,20 @@ func (f *fences) add(seg uint64, key rdma.Key) {
 	}
 	f.ring[f.next] = seg
 	f.next = (f.next + 1) % len(f.ring)
-	f.keys[seg] = key
+	f.keys[seg] = fence{key, status}
 }
 
-// has reports whether seg was fenced under key (constant-time compare).
-func (f *fences) has(seg uint64, key rdma.Key) bool {
+// status is the answer to an operation on seg under key when seg was
+// withdrawn under that key (constant-time compare); ok is false when it
+// was not.
+func (f *fences) status(seg uint64, key rdma.Key) (status uint16, ok bool) {
 	f.mu.Lock()
-	k, ok := f.keys[seg]
+	fc, ok := f.keys[seg]
 	f.mu.Unlock()
-	return ok && subtle.ConstantTimeCompare(k[:], key[:]) == 1
+	if !ok || subtle.ConstantTimeCompare(fc.key[:], key[:]) != 1 {
+		return 0, false
+	}
+	return fc.status, true
 }
 
 // forget drops seg, exported again under the same id.
@@ -80,6 +93,6 @@ func (s *Server) Fence(seg uint64) error {
 	}
 	// Remembered before the revocation, so an operation never finds the
 	// segment neither exported nor fenced.
-	s.fences.add(seg, e.key)
+	s.fences.add(seg, e.key, statusLeaseExpired)
 	return s.Revoke(seg)
 }

@@ -65,13 +65,19 @@ func TestFencesForgetOldest(t *testing.T) {
 	var f fences
 	k := rdma.Key{1}
 	for seg := uint64(1); seg <= MaxFenced+1; seg++ {
-		f.add(seg, k)
+		f.add(seg, k, statusLeaseExpired)
 	}
-	require.False(t, f.has(1, k), "the oldest is forgotten")
-	require.True(t, f.has(2, k))
-	require.True(t, f.has(MaxFenced+1, k))
-	require.False(t, f.has(2, rdma.Key{2}), "another key is not the fenced one")
+	require.False(t, fenced(&f, 1, k), "the oldest is forgotten")
+	require.True(t, fenced(&f, 2, k))
+	require.True(t, fenced(&f, MaxFenced+1, k))
+	require.False(t, fenced(&f, 2, rdma.Key{2}), "another key is not the fenced one")
 	f.forget(2)
-	require.False(t, f.has(2, k))
+	require.False(t, fenced(&f, 2, k))
 	require.Len(t, f.keys, MaxFenced-1)
+}
+
+// fenced reports whether f remembers seg under key.
+func fenced(f *fences, seg uint64, key rdma.Key) bool {
+	_, ok := f.status(seg, key)
+	return ok
 }

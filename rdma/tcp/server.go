@@ -137,13 +137,7 @@ func (s *Server) Revoke(seg uint64) error {
 	// A WRITE whose payload is still arriving pins e for as long as its
 	// client takes; cut it off. streaming is stored before the conn re-checks
 	// e.state, and e.state was stored above before this load.
-	s.mu.Lock()
-	for c := range s.conns {
-		if c.streaming.Load() == e {
-			c.interrupt()
-		}
-	}
-	s.mu.Unlock()
+	s.interruptStreams(e)
 	<-e.drained
 	return nil
 }

@@ -328,26 +328,36 @@ func (c *srvConn) discard(n int) error {
 
 // pin checks the key, state and (for mutating ops) epoch of h's segment and
 // pins it. The key comparison is constant-time. A segment that was fenced
-// answers LEASE_EXPIRED to its own key, ACCESS_DENIED to any other.
+// answers LEASE_EXPIRED to its own key, one that moved away (or is
+// sealed for its move's switch-over) MOVED; any other key gets
+// ACCESS_DENIED. A mutating op's pin is dropped with unpin(true).
 func (c *srvConn) pin(h *reqHeader, mutating bool) (*export, uint16) {
 	e := c.s.lookup(h.seg)
 	if e == nil || subtle.ConstantTimeCompare(e.key[:], h.key[:]) != 1 {
-		if e == nil && c.s.fences.has(h.seg, h.key) {
-			return nil, statusLeaseExpired
+		if e == nil {
+			if st, ok := c.s.fences.status(h.seg, h.key); ok {
+				return nil, st
+			}
 		}
 		return nil, statusAccessDenied
 	}
 	if !c.permits(e) {
 		return nil, statusAccessDenied
 	}
-	if st := e.acquire(); st != statusOK {
-		if st == statusAccessDenied && c.s.fences.has(h.seg, h.key) {
-			st = statusLeaseExpired // revoked by a Fence in progress
+	if st := e.acquire(mutating); st != statusOK {
+		if st == statusAccessDenied {
+			if fst, ok := c.s.fences.status(h.seg, h.key); ok {
+				st = fst // revoked by a Fence or MoveAway in progress
+			}
 		}
 		return nil, st
 	}
+	if !mutating && e.state.Load() == stateSealed && !e.readableBy(c.principal) {
+		e.unpin(false)
+		return nil, statusMoved
+	}
 	if mutating && h.epoch < e.epoch.Load() {
-		e.release()
+		e.unpin(true)
 		return nil, statusLeaseExpired
 	}
 	return e, statusOK
@@ -381,16 +391,16 @@ func (c *srvConn) write(h *reqHeader) error {
 	}
 	e, st := c.pin(h, true)
 	if st == statusOK && !e.inRange(h.off, h.length) {
-		e.release()
+		e.unpin(true)
 		st = statusOutOfRange
 	}
 	if st == statusOK {
 		// Announce the stream before re-checking the state; Revoke stores
 		// the state before it looks for streaming connections.
 		c.streaming.Store(e)
-		if e.state.Load() != stateLive {
+		if es := e.state.Load(); es != stateLive && es != stateSealed {
 			c.streaming.Store(nil)
-			e.release()
+			e.unpin(true)
 			st = statusAccessDenied
 		}
 	}
@@ -418,11 +428,14 @@ func (c *srvConn) write(h *reqHeader) error {
 		}
 	}
 	c.streaming.Store(nil)
+	if !fault {
+		e.changed(h.off, uint64(n))
+	}
 	if fault {
 		e.state.CompareAndSwap(stateLive, stateLost)
 		c.log.Error("rdma/tcp: memory fault writing segment; marked lost", "segment", e.seg, "offset", h.off, "length", n)
 	}
-	e.release()
+	e.unpin(true)
 	if c.cut.Load() {
 		return fmt.Errorf("segment %d was revoked while a %d-byte WRITE payload was streaming into it", e.seg, n)
 	}
@@ -444,11 +457,11 @@ func (c *srvConn) atomic(h *reqHeader) error {
 		return c.respond(h.id, st, 0, 0, nil, nil)
 	}
 	if h.off%8 != 0 {
-		e.release()
+		e.unpin(true)
 		return c.respond(h.id, statusUnaligned, 0, 0, nil, nil)
 	}
 	if !e.inRange(h.off, 8) {
-		e.release()
+		e.unpin(true)
 		return c.respond(h.id, statusOutOfRange, 0, 0, nil, nil)
 	}
 	var (
@@ -464,10 +477,11 @@ func (c *srvConn) atomic(h *reqHeader) error {
 	if fault {
 		e.state.CompareAndSwap(stateLive, stateLost)
 		c.log.Error("rdma/tcp: memory fault on atomic; marked segment lost", "segment", e.seg, "offset", h.off)
-		e.release()
+		e.unpin(true)
 		return c.respond(h.id, statusSegmentLost, 0, 0, nil, nil)
 	}
-	e.release()
+	e.changed(h.off, 8)
+	e.unpin(true)
 	var flags uint8
 	if swapped {
 		flags = respFlagSwapped

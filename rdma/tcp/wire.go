@@ -61,6 +61,10 @@ const (
 	// statusIndeterminate answers an exactly-once retry whose outcome the
 	// server no longer knows (version 2).
 	statusIndeterminate uint16 = 8
+	// statusMoved answers an op on a segment that moved to another home,
+	// or is being switched over to one (Server.Seal, MoveAway): it was not
+	// applied; the client asks where the segment lives now.
+	statusMoved uint16 = 9
 )
 
 // Request flags (version 2). Append only.
@@ -363,6 +367,8 @@ func statusError(status uint16, k rdma.OpKind, seg, off uint64, n int) error {
 		base = &rdma.NotSupportedError{Feature: "tcp " + k.String(), Reason: "the server does not know this operation; upgrade it"}
 	case statusIndeterminate:
 		base = rdma.ErrIndeterminate
+	case statusMoved:
+		base = rdma.ErrMoved
 	default:
 		base = rdma.ErrProtocol
 	}

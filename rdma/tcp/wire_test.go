@@ -70,6 +70,7 @@ func TestStatusErrors(t *testing.T) {
 		statusUnaligned:    rdma.ErrUnaligned,
 		statusProtocol:     rdma.ErrProtocol,
 		statusUnsupported:  rdma.ErrNotSupported,
+		statusMoved:        rdma.ErrMoved,
 		999:                rdma.ErrProtocol,
 	} {
 		err := statusError(status, rdma.OpRead, 1, 2, 3)
