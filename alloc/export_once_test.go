@@ -10,7 +10,8 @@ func WithDataAddr(f func(string) string) DialOption {
 // for s: the credential presented and the segment's access key.
 func DataSecrets(s *Segment) (cred, key []byte) {
 	r := s.base().(*remote)
-	cred = r.credential(r.plane.Load())
-	k := r.region.Key
+	p := r.plane.Load()
+	cred = r.credential(p)
+	k := p.region.Key
 	return cred, k[:]
 }

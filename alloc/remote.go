@@ -25,11 +25,10 @@ import (
 // the segment, whether it is lost, and the connection last used are each
 // an atomic pointer of the segment's own, replaced whole when they change.
 type remote struct {
-	c      *Client
-	info   *poolv1.Segment // immutable
-	region rdma.Region
+	c    *Client
+	info *poolv1.Segment // immutable: the segment as it was opened
 	// plane is where the home serves the segment and how to reach it;
-	// refresh replaces it.
+	// refresh replaces it (the home restarted, or the segment moved).
 	plane atomic.Pointer[plane]
 	// lost is cancelled, with cause ErrSegmentLost, while the daemon reports
 	// the home lost; a restored segment gets a fresh one. Replaced under
@@ -42,7 +41,9 @@ type remote struct {
 
 // plane is where a segment's home serves its data plane. Immutable.
 type plane struct {
-	addr string
+	node   string      // the home's node name
+	region rdma.Region // the segment at the home: its id there, key, epoch
+	addr   string
 	// cred is what the data plane's handshake asks for (from the daemon,
 	// renewed by refresh). Empty: the session's own.
 	cred []byte
@@ -101,8 +102,8 @@ func newRemote(c *Client, info *poolv1.Segment) (*remote, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &remote{c: c, info: info, region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}}
-	r.plane.Store(&plane{addr: info.DataAddr, cred: info.DataCredential, tls: tc})
+	r := &remote{c: c, info: info}
+	r.plane.Store(&plane{node: info.Node, region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr, cred: info.DataCredential, tls: tc})
 	r.lost.Store(newLostCtx())
 	return r, nil
 }
@@ -264,9 +265,6 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 	if caller.Done() != nil {
 		defer context.AfterFunc(caller, cancel)()
 	}
-	for _, op := range ops {
-		op.Region = r.region
-	}
 	defer func() {
 		for _, op := range ops {
 			if op.Once != nil {
@@ -279,10 +277,14 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 	// time after each wait: a home that dropped one connection usually
 	// takes the next; one that keeps failing gets the backoff.
 	quick := true
+	follow := movedWait
 	pending := ops
 	var err error
 	for {
 		p := r.plane.Load()
+		for _, op := range pending {
+			op.Region = p.region
+		}
 		var rt *route
 		if rt, err = r.connect(ctx, p); err == nil {
 			var ready []*rdma.Op
@@ -291,6 +293,13 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 			}
 			if err == nil {
 				err = post(ctx, rt.conn, ready)
+				if moved(ready) && !final(err) {
+					pending = unfinished(pending)
+					if err = r.follow(ctx, p, &follow); err != nil {
+						return r.timedOut(caller, ctx, pending, err)
+					}
+					continue
+				}
 				if err == nil || final(err) {
 					pending = unfinished(pending)
 					if err != nil || len(pending) == 0 {
@@ -325,8 +334,9 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 // timedOut is the error of ops that ctx ended before they were done, with
 // err the last failure to reach the home.
 func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err error) error {
+	node := r.plane.Load().node
 	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) {
-		return fmt.Errorf("segment %d on %s: %w", r.info.Id, r.info.Node, cause)
+		return fmt.Errorf("segment %d on %s: %w", r.info.Id, node, cause)
 	}
 	why := fmt.Sprintf("the home was unreachable for %s", r.c.opts.opTimeout)
 	if caller.Err() != nil {
@@ -334,13 +344,58 @@ func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err e
 	}
 	for _, op := range pending {
 		if op.Once != nil && op.Once.Posted() {
-			return fmt.Errorf("segment %d on %s: %s at %d sent, but %s after: %w (%w)", r.info.Id, r.info.Node, op.Kind, op.Offset, why, ErrIndeterminate, err)
+			return fmt.Errorf("segment %d on %s: %s at %d sent, but %s after: %w (%w)", r.info.Id, node, op.Kind, op.Offset, why, ErrIndeterminate, err)
 		}
 	}
 	if caller.Err() != nil {
-		return fmt.Errorf("segment %d on %s: %s: %w", r.info.Id, r.info.Node, why, err)
+		return fmt.Errorf("segment %d on %s: %s: %w", r.info.Id, node, why, err)
 	}
 	return fmt.Errorf("segment %d on %s: home unreachable for %s: %w (%w; retry, or wait for the pool to report the segment lost)", r.info.Id, r.info.Node, r.c.opts.opTimeout, err, ErrUnavailable)
+}
+
+// movedWait is the first wait for the daemon to name a moved segment's new
+// home (its switch-over is under way); it doubles to movedWaitMax.
+const (
+	movedWait    = 250 * time.Microsecond
+	movedWaitMax = 20 * time.Millisecond
+)
+
+// moved reports whether any of ops was refused because the segment moved
+// (or is switching over to a new home). Such an op was not applied: its
+// ticket goes back to its session, and the op takes a new one wherever
+// the segment lives now.
+func moved(ops []*rdma.Op) bool {
+	found := false
+	for _, op := range ops {
+		if errors.Is(op.Err, rdma.ErrMoved) {
+			found = true
+			if op.Once != nil {
+				op.Once.Release()
+				op.Once = nil
+			}
+		}
+	}
+	return found
+}
+
+// follow finds where a moved segment lives now: it asks the daemon
+// (refresh), and while the daemon still names the home at old (the
+// switch-over has not committed yet) it waits *wait, doubling it up to
+// movedWaitMax; it returns when the next round may run, or with the
+// context's error.
+func (r *remote) follow(ctx context.Context, old *plane, wait *time.Duration) error {
+	r.refresh(ctx)
+	if p := r.plane.Load(); p.addr != old.addr || p.region != old.region {
+		*wait = movedWait
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("the segment is moving and its daemon named no new home in time: %w", rdma.ErrMoved)
+	case <-time.After(*wait):
+	}
+	*wait = min(2**wait, movedWaitMax)
+	return nil
 }
 
 // unfinished keeps the ops of pending that have not succeeded: those that
@@ -443,7 +498,8 @@ func exactlyOnce(op *rdma.Op) bool {
 }
 
 // refresh asks the daemon where the segment's home serves it now (a
-// restarted home may listen on another port).
+// restarted home may listen on another port; a moved segment has another
+// home, id there and key).
 func (r *remote) refresh(ctx context.Context) {
 	cctx, _, err := r.c.callCtx(ctx)
 	if err != nil {
@@ -458,11 +514,16 @@ func (r *remote) refresh(ctx context.Context) {
 		return
 	}
 	r.c.mu.Lock() // one refresh at a time: each keeps the other's credential
-	cred := r.plane.Load().cred
+	old := r.plane.Load()
+	next := &plane{node: info.Node, region: old.region, addr: info.DataAddr, cred: old.cred, tls: tc}
 	if len(info.DataCredential) > 0 { // a restarted home issued a new one
-		cred = info.DataCredential
+		next.cred = info.DataCredential
 	}
-	r.plane.Store(&plane{addr: info.DataAddr, cred: cred, tls: tc})
+	if len(info.Key) == len(next.region.Key) && info.HomeId != 0 { // the segment moved
+		next.region = rdma.Region{Segment: info.HomeId, Epoch: info.Epoch}
+		copy(next.region.Key[:], info.Key)
+	}
+	r.plane.Store(next)
 	r.c.mu.Unlock()
 }
 
@@ -480,7 +541,7 @@ func (r *remote) setLost(lost bool) {
 	defer r.c.mu.Unlock()
 	l := r.lost.Load()
 	if lost {
-		l.cancel(fmt.Errorf("the home node %s of segment %d is gone: %w", r.info.Node, r.info.Id, errs.ErrSegmentLost))
+		l.cancel(fmt.Errorf("the home node %s of segment %d is gone: %w", r.plane.Load().node, r.info.Id, errs.ErrSegmentLost))
 		return
 	}
 	if l.ctx.Err() != nil {

@@ -57,8 +57,14 @@ func (s *Segment) Kind() string { return s.info.Kind }
 // Device names the device the segment is on.
 func (s *Segment) Device() string { return s.info.Device }
 
-// Node names the host whose memory holds the segment.
-func (s *Segment) Node() string { return s.info.Node }
+// Node names the host whose memory holds the segment: for a segment on
+// the rdma tier its home now, which a move changes.
+func (s *Segment) Node() string {
+	if r, ok := s.base().(*remote); ok {
+		return r.plane.Load().node
+	}
+	return s.info.Node
+}
 
 // Injected is the latency emulation applied to the segment's ReadAt,
 // WriteAt and atomics (the daemon's --emulate-latency for its tier, or the

@@ -101,7 +101,7 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 	if err != nil {
 		return nil, err
 	}
-	link, err := dialShared(ctx, info.DataAddr, r.region, uint32(cfg.PageSize), c.linkDialer(info.DataAddr, info.DataCredential, r.plane.Load().tls))
+	link, err := dialShared(ctx, info.DataAddr, r.plane.Load().region, uint32(cfg.PageSize), c.linkDialer(info.DataAddr, info.DataCredential, r.plane.Load().tls))
 	if err != nil {
 		return nil, fmt.Errorf("attach %q shared: %w", name, err)
 	}
