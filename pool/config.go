@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/emulation"
 	"github.com/farmem/farmem/internal/paths"
 	"github.com/farmem/farmem/internal/size"
@@ -69,6 +70,11 @@ type Config struct {
 	// find peers and lend them memory. Default: "" (no cluster). The
 	// memberlist default port is 7946.
 	Gossip string `yaml:"gossip"`
+	// Zone is this node's failure domain (a rack, a power feed, a cloud
+	// zone), gossiped to peers: the copies of a redundant segment go to
+	// distinct zones while there are enough. 1 to 63 bytes of [a-z0-9._-].
+	// Default: "" (no zone: every node its own domain).
+	Zone string `yaml:"zone"`
 	// Join lists peers' gossip addresses (host:port) to join at start.
 	Join []string `yaml:"join"`
 	// GossipProfile tunes failure detection: lan (default), local (fast,
@@ -283,6 +289,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: local-size %d is negative", ErrConfig, c.LocalSize)
 	case c.LeaseTTL < 100*time.Millisecond:
 		return fmt.Errorf("%w: lease-ttl %s is below the 100ms minimum", ErrConfig, c.LeaseTTL)
+	}
+	if c.Zone != "" {
+		if err := cluster.ValidZone(c.Zone); err != nil {
+			return fmt.Errorf("%w: %w; set --zone to a name such as rack-3", ErrConfig, err)
+		}
 	}
 	if err := c.validateSecurity(); err != nil {
 		return err

@@ -318,6 +318,7 @@ func TestValidate(t *testing.T) {
 			c.Gossip, c.Listen, c.Insecure, c.GossipKeyFile, c.GossipInsecure = "127.0.0.1:0", "127.0.0.1:0", true, "k", true
 		}, "gossip-key-file and gossip-insecure are both set"},
 		{"gossip key without gossip", func(c *Config) { c.GossipKeyFile = "k" }, "need gossip"},
+		{"zone", func(c *Config) { c.Zone = "Rack 3" }, "set --zone"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

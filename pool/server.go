@@ -262,6 +262,7 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 		GossipInsecure:      s.d.cfg.Gossip != "" && s.d.cfg.GossipKeyFile == "",
 		DataSecurity:        s.d.data.note,
 		DrainingSinceUnixMs: unixMs(p.draining()),
+		Zone:                s.d.cfg.Zone,
 	}, nil
 }
 

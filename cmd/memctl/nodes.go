@@ -16,6 +16,7 @@ type nodeJSON struct {
 	Name     string `json:"name"`
 	State    string `json:"state"`
 	Self     bool   `json:"self"`
+	Zone     string `json:"zone,omitempty"` // its failure domain (poold --zone)
 	Draining bool   `json:"draining"`
 	// DrainingSince is when the node began to drain (RFC 3339), as the
 	// node gossips it; empty when it is not draining.
@@ -49,7 +50,7 @@ func newNodesCmd(g *globals) *cobra.Command {
 			}
 			out := make([]nodeJSON, len(resp.Nodes))
 			for i, n := range resp.Nodes {
-				out[i] = nodeJSON{Name: n.Name, State: n.State, Self: n.Self, Draining: n.Draining,
+				out[i] = nodeJSON{Name: n.Name, State: n.State, Self: n.Self, Zone: n.Zone, Draining: n.Draining,
 					GossipAddr: n.GossipAddr, GRPCAddr: n.GrpcAddr, DataAddr: n.DataAddr, Refused: n.Refused, Tiers: []nodeTierJSON{}}
 				if n.DrainingSinceUnixMs != 0 {
 					out[i].DrainingSince = rfc3339(n.DrainingSinceUnixMs)
@@ -62,7 +63,7 @@ func newNodesCmd(g *globals) *cobra.Command {
 				return g.printJSON(out)
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tSTATE\tGOSSIP\tCONTROL\tDATA\tFREE")
+			fmt.Fprintln(w, "NAME\tSTATE\tZONE\tGOSSIP\tCONTROL\tDATA\tFREE")
 			for _, n := range out {
 				name, state := n.Name, n.State
 				if n.Self {
@@ -86,7 +87,7 @@ func newNodesCmd(g *globals) *cobra.Command {
 					}
 					freeText = strings.TrimSpace(freeText + ")")
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", name, state, dash(n.GossipAddr), dash(n.GRPCAddr), dash(n.DataAddr), freeText)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, state, dash(n.Zone), dash(n.GossipAddr), dash(n.GRPCAddr), dash(n.DataAddr), freeText)
 			}
 			printConflicts(w, resp.NameConflicts)
 			return w.Flush()

@@ -40,10 +40,15 @@ func newStatusCmd(g *globals) *cobra.Command {
 					"name_conflicts":  conflictsJSON(st.NameConflicts),
 					"gossip_insecure": st.GossipInsecure,
 					"draining":        st.DrainingSinceUnixMs != 0, "draining_since": optRFC3339(st.DrainingSinceUnixMs),
+					"zone": st.Zone,
 				})
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "poold %s on node %s (pid %d), up %s\n", st.Version, st.Node, st.Pid, uptime)
+			zone := ""
+			if st.Zone != "" {
+				zone = ", zone " + st.Zone
+			}
+			fmt.Fprintf(w, "poold %s on node %s%s (pid %d), up %s\n", st.Version, st.Node, zone, st.Pid, uptime)
 			fmt.Fprintf(w, "socket %s, data %s, %d sessions, %d segments, lease TTL %s\n\n", st.Socket, st.DataDir, st.Sessions, st.Segments, time.Duration(st.LeaseTtlMs)*time.Millisecond)
 			if st.DrainingSinceUnixMs != 0 {
 				fmt.Fprintf(w, "node %s is %s\n\n", st.Node, drainingText(st.DrainingSinceUnixMs))

@@ -81,6 +81,7 @@ func startPools(t *testing.T, c *testcluster.Cluster) []*poolNode {
 			"--sysfs-root", "../../cxl/testdata/plain", "--measure-tiers=false",
 			"--tls-cert", certs.CertFile(certDir, n.name), "--tls-key", certs.KeyFile(certDir, n.name), "--tls-ca", certs.CAFile(certDir),
 			"--gossip-key-file", certs.GossipKeyFile(certDir),
+			"--zone", zoneOf(i),
 		}
 		// FARMEM_TEST_LOG_LEVEL=debug shows sessions and gossip in the
 		// daemons' output, which a failing test prints.
@@ -96,6 +97,9 @@ func startPools(t *testing.T, c *testcluster.Cluster) []*poolNode {
 	t.Cleanup(func() { checkNoRace(t, nodes) })
 	return nodes
 }
+
+// zoneOf is the zone startPools gives the i-th node: two racks.
+func zoneOf(i int) string { return fmt.Sprintf("rack-%d", i%2) }
 
 // start runs the node's poold and waits until its socket answers.
 func (n *poolNode) start(t *testing.T) {
@@ -186,6 +190,7 @@ func memctlJSON(ctx context.Context, sock string, v any, args ...string) error {
 type nodeView struct {
 	Name  string `json:"name"`
 	State string `json:"state"`
+	Zone  string `json:"zone"`
 	Tiers []struct {
 		Tier     string `json:"tier"`
 		Capacity int64  `json:"capacity"`
@@ -278,6 +283,7 @@ func waitLine(t *testing.T, p *testcluster.Process, from int, timeout time.Durat
 	t.Helper()
 	start := time.Now()
 	deadline := start.Add(timeout)
+	exited := false // seen exited: its output is complete, and was read once more
 	for {
 		out := p.Output()
 		if from > len(out) {
@@ -295,7 +301,11 @@ func waitLine(t *testing.T, p *testcluster.Process, from int, timeout time.Durat
 		}
 		select {
 		case <-p.Done():
-			t.Fatalf("%s exited (%v) before the line the test waits for; its output:\n%s", p, p.Wait(), p.Output())
+			if exited {
+				t.Fatalf("%s exited (%v) before the line the test waits for; its output:\n%s", p, p.Wait(), p.Output())
+			}
+			exited = true // it may have printed the line just before it exited
+			continue
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -350,6 +360,12 @@ func TestClusterJoinAndRemoteOps(t *testing.T) {
 	nodes := startPools(t, c)
 	a, cc := nodes[0], nodes[2]
 	waitAllAlive(t, nodes)
+	var views []nodeView
+	require.NoError(t, memctlJSON(t.Context(), a.sock, &views, "nodes"))
+	require.Len(t, views, len(nodes))
+	for i, v := range views {
+		require.Equal(t, zoneOf(i), v.Zone, "node %s's zone, gossiped", v.Name)
+	}
 
 	creator := startClient(t, a.host, "alloc-shared", a.sock)
 	home := readyNode(t, creator)

@@ -20,6 +20,8 @@ const (
 	MaxTierName = 16
 	// MaxAddr is the longest GRPCAddr or DataAddr in bytes.
 	MaxAddr = 255
+	// MaxZone is the longest zone name in bytes.
+	MaxZone = 63
 )
 
 // metaVersion is the first byte of the encoding. It changes only when old
@@ -52,6 +54,10 @@ type Meta struct {
 	// 0 when it is not draining (or its writer predates the field).
 	DrainingSince int64
 	Tiers         []TierFree // per tier capacity and free bytes, unique names, at most MaxTiers
+	// Zone is the node's failure domain (a rack, a power feed, a cloud
+	// zone): copies of a redundant segment go to distinct zones while
+	// there are enough. "" is no zone given. Names as ValidZone allows.
+	Zone string
 }
 
 // Tier returns the entry for the named tier.
@@ -85,6 +91,11 @@ func (m Meta) Validate() error {
 	if len(m.Tiers) > MaxTiers {
 		return fmt.Errorf("%w: %d tiers, at most %d", ErrInvalidMeta, len(m.Tiers), MaxTiers)
 	}
+	if m.Zone != "" {
+		if err := ValidZone(m.Zone); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidMeta, err)
+		}
+	}
 	for i, t := range m.Tiers {
 		if err := validateTierName(t.Name); err != nil {
 			return fmt.Errorf("%w: tier %d: %w", ErrInvalidMeta, i, err)
@@ -112,6 +123,21 @@ func validateTierName(name string) error {
 		c := name[i]
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
 			return fmt.Errorf("name %q: byte %d is not one of [a-z0-9._-]", name, i)
+		}
+	}
+	return nil
+}
+
+// ValidZone checks a zone name: 1 to MaxZone bytes of [a-z0-9._-], so that
+// a zone received by gossip is safe to print and to use as a metric label.
+func ValidZone(zone string) error {
+	if zone == "" || len(zone) > MaxZone {
+		return fmt.Errorf("zone %q must be 1..%d bytes", zone, MaxZone)
+	}
+	for i := 0; i < len(zone); i++ {
+		c := zone[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("zone %q: byte %d is not one of [a-z0-9._-]", zone, i)
 		}
 	}
 	return nil
@@ -161,8 +187,8 @@ type stamp struct {
 //	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+---------+
 //
 // Appended later, after the tiers: cap seq (uvarint), then draining since
-// (uvarint, Unix ms). Each is left out when 0 and nothing follows it, and
-// readers that predate a field ignore it. Bytes after them are reserved for
+// (uvarint, Unix ms), then zone (uvarint+len). Each is left out when 0 (or
+// empty) and nothing follows it, and readers that predate a field ignore it. Bytes after them are reserved for
 // fields appended later and ignored.
 func encodeMeta(m Meta, st stamp) ([]byte, error) {
 	if err := m.Validate(); err != nil {
@@ -184,11 +210,14 @@ func encodeMeta(m Meta, st stamp) ([]byte, error) {
 		b = binary.AppendUvarint(b, uint64(t.Capacity))
 		b = binary.AppendUvarint(b, uint64(t.Free))
 	}
-	if st.capSeq != 0 || m.DrainingSince != 0 {
+	if st.capSeq != 0 || m.DrainingSince != 0 || m.Zone != "" {
 		b = binary.AppendUvarint(b, st.capSeq)
 	}
-	if m.DrainingSince != 0 {
+	if m.DrainingSince != 0 || m.Zone != "" {
 		b = binary.AppendUvarint(b, uint64(m.DrainingSince))
+	}
+	if m.Zone != "" {
+		b = appendString(b, m.Zone)
 	}
 	if len(b) > memberlist.MetaMaxSize {
 		return nil, fmt.Errorf("%w: %d bytes (%d tiers, addresses of %d and %d bytes)",
@@ -280,6 +309,9 @@ func decodeMeta(b []byte) (Meta, stamp, error) {
 	}
 	if r.err == nil && len(r.b) > 0 {
 		m.DrainingSince = int64(r.uvarint("draining since", math.MaxInt64))
+	}
+	if r.err == nil && len(r.b) > 0 {
+		m.Zone = r.str("zone", MaxZone)
 	}
 	if r.err != nil {
 		return Meta{}, stamp{}, r.err

@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -138,14 +139,38 @@ func TestDecodeMetaIsForwardCompatible(t *testing.T) {
 	old, _, err := decodeMeta(b)
 	require.NoError(t, err, "a writer that predates the capacity sequence")
 	require.Equal(t, testMeta("n"), old)
-	b[1] |= 0x80                               // a flag from a newer version
-	b = append(b, 0x05, 0x01, 0x02, 0x03, 'x') // capacity sequence 5, draining since 1, then fields appended by a newer version
+	b[1] |= 0x80                                    // a flag from a newer version
+	b = append(b, 0x05, 0x01, 0x01, 'z', 0x03, 'x') // capacity sequence 5, draining since 1, zone "z", then fields appended by a newer version
 	got, st, err := decodeMeta(b)
 	require.NoError(t, err)
 	require.Equal(t, stamp{boot: 9, capSeq: 5}, st)
 	want := testMeta("n")
-	want.DrainingSince = 1
+	want.DrainingSince, want.Zone = 1, "z"
 	require.Equal(t, want, got)
+}
+
+// A zone travels after the drain's start, which is then written (0 when not
+// draining), and a bad zone is refused on both sides.
+func TestMetaZone(t *testing.T) {
+	m := testMeta("n")
+	m.Zone = "rack-7.eu-west"
+	b, err := encodeMeta(m, stamp{boot: 9})
+	require.NoError(t, err)
+	got, _, err := decodeMeta(b)
+	require.NoError(t, err)
+	require.Equal(t, m, got)
+	plain, err := encodeMeta(testMeta("n"), stamp{boot: 9})
+	require.NoError(t, err)
+	require.Equal(t, plain, b[:len(plain)], "the fields before it are laid out as before")
+	require.Equal(t, append([]byte{0, 0, byte(len(m.Zone))}, m.Zone...), b[len(plain):])
+	for _, bad := range []string{"Rack", "a b", "zone\n", strings.Repeat("z", MaxZone+1)} {
+		m.Zone = bad
+		require.ErrorIs(t, m.Validate(), ErrInvalidMeta, bad)
+		require.Error(t, ValidZone(bad))
+		_, _, err := decodeMeta(append(slices.Clone(plain), append([]byte{0, 0, byte(len(bad))}, bad...)...))
+		require.ErrorIs(t, err, ErrBadMeta, bad)
+	}
+	require.NoError(t, ValidZone(strings.Repeat("z", MaxZone)))
 }
 
 // A drain's start travels after the capacity sequence, which is then

@@ -2031,7 +2031,8 @@ type StatusResponse struct {
 	DataSecurity string `protobuf:"bytes,17,opt,name=data_security,json=dataSecurity,proto3" json:"data_security,omitempty"`
 	// When this node began to drain (memctl drain: no new placements; kept
 	// across restarts until memctl drain --undo); 0 while it is not draining.
-	DrainingSinceUnixMs int64 `protobuf:"varint,18,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"`
+	DrainingSinceUnixMs int64  `protobuf:"varint,18,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"`
+	Zone                string `protobuf:"bytes,19,opt,name=zone,proto3" json:"zone,omitempty"` // this node's failure domain (poold --zone); empty: none
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -2190,6 +2191,13 @@ func (x *StatusResponse) GetDrainingSinceUnixMs() int64 {
 		return x.DrainingSinceUnixMs
 	}
 	return 0
+}
+
+func (x *StatusResponse) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
 }
 
 // NameConflict is one node name gossiped from two addresses: memberlist
@@ -2622,8 +2630,11 @@ type NodeInfo struct {
 	// When the node began to drain, as it gossips it; 0 when it is not
 	// draining (or its poold predates the field).
 	DrainingSinceUnixMs int64 `protobuf:"varint,10,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The node's failure domain (poold --zone), as it gossips it; empty when
+	// it names none.
+	Zone          string `protobuf:"bytes,11,opt,name=zone,proto3" json:"zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -2724,6 +2735,13 @@ func (x *NodeInfo) GetDrainingSinceUnixMs() int64 {
 		return x.DrainingSinceUnixMs
 	}
 	return 0
+}
+
+func (x *NodeInfo) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
 }
 
 type NodeTier struct {
@@ -3966,7 +3984,7 @@ const file_pool_proto_rawDesc = "" +
 	"latency_ns\x18\x01 \x01(\x03R\tlatencyNs\x12#\n" +
 	"\rbandwidth_bps\x18\x02 \x01(\x03R\fbandwidthBps\"\x15\n" +
 	"\x13MeasureTiersRequest\"\x0f\n" +
-	"\rStatusRequest\"\xae\x05\n" +
+	"\rStatusRequest\"\xc2\x05\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12&\n" +
@@ -3987,7 +4005,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x0ename_conflicts\x18\x0f \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\x12'\n" +
 	"\x0fgossip_insecure\x18\x10 \x01(\bR\x0egossipInsecure\x12#\n" +
 	"\rdata_security\x18\x11 \x01(\tR\fdataSecurity\x123\n" +
-	"\x16draining_since_unix_ms\x18\x12 \x01(\x03R\x13drainingSinceUnixMs\"\xd6\x01\n" +
+	"\x16draining_since_unix_ms\x18\x12 \x01(\x03R\x13drainingSinceUnixMs\x12\x12\n" +
+	"\x04zone\x18\x13 \x01(\tR\x04zone\"\xd6\x01\n" +
 	"\fNameConflict\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -4028,7 +4047,7 @@ const file_pool_proto_rawDesc = "" +
 	"read_bytes\x18\a \x01(\x03R\treadBytes\x12\x1f\n" +
 	"\vwrite_bytes\x18\b \x01(\x03R\n" +
 	"writeBytes\"\x0e\n" +
-	"\fNodesRequest\"\xbe\x02\n" +
+	"\fNodesRequest\"\xd2\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1f\n" +
@@ -4041,7 +4060,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x05tiers\x18\b \x03(\v2\x18.farmem.pool.v1.NodeTierR\x05tiers\x12\x18\n" +
 	"\arefused\x18\t \x01(\tR\arefused\x123\n" +
 	"\x16draining_since_unix_ms\x18\n" +
-	" \x01(\x03R\x13drainingSinceUnixMs\"N\n" +
+	" \x01(\x03R\x13drainingSinceUnixMs\x12\x12\n" +
+	"\x04zone\x18\v \x01(\tR\x04zone\"N\n" +
 	"\bNodeTier\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x03R\bcapacity\x12\x12\n" +
