@@ -246,6 +246,7 @@ func (d *Daemon) Serve() error {
 	if dp := d.pool.data(); dp != nil {
 		dp.serve()
 	}
+	d.pool.resumeMoves()
 	if d.tcp != nil {
 		d.wg.Add(1)
 		go func() {

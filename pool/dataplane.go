@@ -118,6 +118,16 @@ func (dp *dataPlane) revoke(id uint64) { dp.withdraw(id, dp.srv.Revoke) }
 // and a client that still holds its key is then told ErrLeaseExpired.
 func (dp *dataPlane) fence(id uint64) { dp.withdraw(id, dp.srv.Fence) }
 
+// The steps of moving a segment away from this home (moveout.go): track
+// which chunks writes change, take the changed ones, seal against writes,
+// (reads too, but reader's: the mover's), undo the seal, and withdraw the segment for good once it lives
+// elsewhere, after which operations with its key answer MOVED.
+func (dp *dataPlane) track(id uint64, chunk int64) error   { return dp.srv.Track(id, chunk) }
+func (dp *dataPlane) dirty(id uint64) ([]byte, int, error) { return dp.srv.Dirty(id) }
+func (dp *dataPlane) seal(id uint64, reader string) error  { return dp.srv.Seal(id, reader) }
+func (dp *dataPlane) unseal(id uint64) error               { return dp.srv.Unseal(id) }
+func (dp *dataPlane) moveAway(id uint64)                   { dp.withdraw(id, dp.srv.MoveAway) }
+
 func (dp *dataPlane) withdraw(id uint64, how func(uint64) error) {
 	dp.mu.Lock()
 	m := dp.maps[id]

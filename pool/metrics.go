@@ -51,6 +51,8 @@ type metrics struct {
 	dpErrors *prometheus.CounterVec
 	// Children of farmem_dataplane_refused_connections_total, by reason.
 	dpRefused []prometheus.Counter
+
+	moves *moveMetrics // live moves (move.go)
 }
 
 // newMetrics makes the registry with every family poold exports except
@@ -65,6 +67,7 @@ func newMetrics() *metrics {
 	m.renewals = f.counter("lease_renewals_total", "Session keep-alives received: each renews its client's lease.")
 	m.expiries = f.counter("lease_expiries_total", "Client leases that ran out (their unpinned segments are then reclaimed).")
 	m.refusals = f.counterVec("access_denied_total", "Control-plane requests refused access to a segment, by operation.", "op")
+	m.moves = newMoveMetrics(f)
 	ops := f.counterVec("dataplane_operations_total", "One-sided operations served by the data plane, by op and tier (failed ones included).", "op", "tier")
 	bytes := f.counterVec("dataplane_bytes_total", "Payload bytes moved by the data plane, by op and tier.", "op", "tier")
 	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -316,12 +316,12 @@ func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest) (*re
 }
 
 // pickPeer chooses a peer for size bytes by free capacity, among the
-// members not refused for their name, and returns its session; a member
-// refused while dialing it is left out and another chosen, each member
-// at most once.
-func (p *core) pickPeer(ctx context.Context, size int64) (cluster.Member, *session.Conn, error) {
+// members not refused for their name nor named in skip, and returns its
+// session; a member refused while dialing it is left out and another
+// chosen, each member at most once.
+func (p *core) pickPeer(ctx context.Context, size int64, skip ...string) (cluster.Member, *session.Conn, error) {
 	members := slices.DeleteFunc(p.cl.Members(), func(m cluster.Member) bool {
-		return p.peers.isRefused(m.Name, m.Meta.GRPCAddr)
+		return p.peers.isRefused(m.Name, m.Meta.GRPCAddr) || slices.Contains(skip, m.Name)
 	})
 	for len(members) > 0 {
 		m, err := cluster.Pick(members, tierName(poolv1.Tier_TIER_RDMA), size, p.cfg.Node, nil)
@@ -504,6 +504,7 @@ func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool
 		}
 	}
 	p.mu.Unlock()
+	p.moving.held(node, known)
 	held = map[uint64]bool{}
 	for _, seg := range segs {
 		if seg.Owner != peerClientPrefix+p.cfg.Node {

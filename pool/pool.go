@@ -55,6 +55,10 @@ type core struct {
 	// deleg holds the credentials peers delegated to this daemon's
 	// clients (delegate.go).
 	deleg delegations
+	// moving is the live moves under way or left to finish (move.go);
+	// leftMoves those the last run left, until Serve resumes them.
+	moving    moves
+	leftMoves []intent
 
 	mu       sync.Mutex
 	devs     []*dev
@@ -162,6 +166,10 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 		}
 	}
 	p.sweepOrphans()
+	if err := p.loadMoves(); err != nil {
+		p.st.close()
+		return nil, fmt.Errorf("metadata store: %w", err)
+	}
 	if err := p.startAuth(); err != nil {
 		p.st.close()
 		return nil, err
@@ -246,6 +254,9 @@ func (p *core) reexport(r *record, b device.Backing) error {
 		return err
 	}
 	p.allowData(r)
+	if r.Sealed {
+		return p.resealData(r)
+	}
 	return nil
 }
 

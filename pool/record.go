@@ -57,6 +57,11 @@ type record struct {
 	// placement is why Alloc chose the tier, set on the copy Alloc
 	// returns and never stored.
 	placement *poolv1.Placement
+	// Sealed: a move of this segment away from this home is at its
+	// switch-over (MoveOut SEAL): operations answer MOVED (but the
+	// mover's reads) until the mover commits or aborts, also after a
+	// restart (moveout.go).
+	Sealed bool
 	// Volatile: the segment's contents cannot survive a power loss, so
 	// its record is in the store's unsynced file (see store). Not
 	// encoded: the file that holds the record says it.
@@ -91,6 +96,9 @@ func (r *record) pinned() bool { return r.Persist || r.Name != "" }
 //	allow free  list
 //	delegates   list (from version 2)
 //
+// Version 3 added the flag flagSealed; a version 1 or 2 record with it set
+// is corrupt.
+//
 // uv is an unsigned varint and v a signed (zig-zag) varint, as
 // encoding/binary writes them; str is a uv length and that many bytes; list
 // is a uv count and that many strs.
@@ -100,9 +108,9 @@ func (r *record) pinned() bool { return r.Persist || r.Name != "" }
 // of their form takes the next version number; a poold refuses a record of
 // a version it does not know (errRecordVersion), and rewrites version 0
 // records in the current form when it opens the store (store.load);
-// version 1 records (without delegates) are read as they are and written
-// in the current form when they next change.
-const recordVersion = 2
+// version 1 and 2 records (without delegates, without the sealed flag) are
+// read as they are and written in the current form when they next change.
+const recordVersion = 3
 
 // The flags field's bits.
 const (
@@ -112,7 +120,8 @@ const (
 	flagKey        // the key follows the attached list
 	flagDataTLSSet // DataTLS is not nil ...
 	flagDataTLS    // ... and this is its value
-	flagsKnown     = flagDataTLS<<1 - 1
+	flagSealed     // a move away from this home is at its switch-over
+	flagsKnown     = flagSealed<<1 - 1
 )
 
 var (
@@ -139,6 +148,7 @@ func encodeRecord(r *record) ([]byte, error) {
 	set(flagKey, !r.Key.IsZero())
 	set(flagDataTLSSet, r.DataTLS != nil)
 	set(flagDataTLS, r.DataTLS != nil && *r.DataTLS)
+	set(flagSealed, r.Sealed)
 	b := []byte{recordVersion}
 	b = binary.AppendUvarint(b, r.ID)
 	b = binary.AppendUvarint(b, flags)
@@ -188,7 +198,7 @@ func decodeRecord(v []byte) (r *record, legacy bool, err error) {
 	case v[0] == '{':
 		r, err := decodeLegacy(v)
 		return r, true, err
-	case v[0] != 1 && v[0] != recordVersion:
+	case v[0] < 1 || v[0] > recordVersion:
 		return nil, false, fmt.Errorf("%w: schema version %d, and this poold reads versions 0 to %d; upgrade poold to the release that wrote this --data-dir, or a newer one",
 			errRecordVersion, v[0], recordVersion)
 	}
@@ -209,13 +219,17 @@ func decodeRecord(v []byte) (r *record, legacy bool, err error) {
 	if v[0] >= 2 {
 		r.Delegates = d.list()
 	}
+	known := uint64(flagsKnown)
+	if v[0] < 3 {
+		known = flagSealed - 1
+	}
 	switch {
 	case d.err != nil:
 		return nil, false, fmt.Errorf("%w: %v", errRecordCorrupt, d.err)
 	case len(d.b) > 0:
 		return nil, false, fmt.Errorf("%w: %d bytes after the last field", errRecordCorrupt, len(d.b))
-	case flags&^flagsKnown != 0:
-		return nil, false, fmt.Errorf("%w: unknown flags %#x", errRecordCorrupt, flags&^flagsKnown)
+	case flags&^known != 0:
+		return nil, false, fmt.Errorf("%w: unknown flags %#x in a version %d record", errRecordCorrupt, flags&^known, v[0])
 	case flags&flagKey != 0 && r.Key.IsZero():
 		return nil, false, fmt.Errorf("%w: the zero rdma key", errRecordCorrupt)
 	case nsec >= uint64(time.Second):
@@ -227,6 +241,7 @@ func decodeRecord(v []byte) (r *record, legacy bool, err error) {
 	r.Tier = poolv1.Tier(tierNum)
 	r.Created = time.Unix(sec, int64(nsec)).UTC()
 	r.Persist, r.Lost, r.Grants = flags&flagPersist != 0, flags&flagLost != 0, flags&flagGrants != 0
+	r.Sealed = flags&flagSealed != 0
 	if flags&flagDataTLSSet != 0 {
 		tls := flags&flagDataTLS != 0
 		r.DataTLS = &tls

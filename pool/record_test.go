@@ -93,7 +93,9 @@ func TestStoreMigratesV0(t *testing.T) {
 // TestRecordRoundTrip: every field survives the encoding, and the form is
 // smaller than the JSON it replaces.
 func TestRecordRoundTrip(t *testing.T) {
-	for _, r := range append(v0Records(t), &record{}, &record{ID: 1<<64 - 1, Offset: -1, Created: time.Time{}}) {
+	sealed := *v0Records(t)[2]
+	sealed.Sealed = true
+	for _, r := range append(v0Records(t), &record{}, &record{ID: 1<<64 - 1, Offset: -1, Created: time.Time{}}, &sealed) {
 		v, err := encodeRecord(r)
 		require.NoError(t, err)
 		back, legacy, err := decodeRecord(v)
@@ -130,7 +132,8 @@ func TestRecordRefused(t *testing.T) {
 		"cut short":      v[:len(v)-1],
 		"trailing bytes": append(bytes.Clone(v), 0),
 		"unknown tier":   append([]byte{recordVersion, 1, 0, 9}, v[4:]...),
-		"unknown flag":   append([]byte{recordVersion, 1, 0x40}, v[3:]...),
+		"unknown flag":   append([]byte{recordVersion, 1, 0x80, 0x01}, v[3:]...),
+		"sealed in v2":   append([]byte{2, 1, 0x40}, v[3:]...),
 		"json garbage":   []byte(`{"id":`),
 		"json tier":      []byte(`{"id":1,"tier":"fast"}`),
 		"json key":       []byte(`{"id":1,"tier":"cxl","key":"zz"}`),

@@ -1,0 +1,794 @@
+// This file holds the origin side of a live move (docs/MOVE.md): the
+// daemon that placed an rdma segment on a peer copies it to another peer
+// while its clients use it, and switches its record over.
+
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/certs"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/session"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// Tunables of the copy.
+const (
+	// moveChunk is the unit the source tracks writes in.
+	moveChunk = 64 << 10
+	// moveRead is the most bytes one read of the copy asks for.
+	moveRead = 1 << 20
+	// moveInflight is how many reads (each followed by its write) the
+	// copy keeps in flight.
+	moveInflight = 4
+	// moveSettled is the dirty chunk count at which the copy seals: the
+	// last round, with writes waiting, copies at most this many.
+	moveSettled = 4
+	// moveMaxRounds bounds the rounds of dirty chunks before the seal, for
+	// a segment written faster than it is copied.
+	moveMaxRounds = 8
+	// moveStepTimeout bounds one MoveOut step, Alloc or Free at a home.
+	moveStepTimeout = 10 * time.Second
+)
+
+// errMoveBusy is a Move of a segment that is moving already.
+var errMoveBusy = errs.Sub(errs.ErrUnavailable, "a move of this segment is under way")
+
+// moves are the moves this daemon drives or still has to finish, by the
+// segment's id here. Safe for concurrent use.
+type moves struct {
+	mu sync.Mutex
+	m  map[uint64]*intent
+}
+
+// begin registers a move of segment id; false when one is under way.
+func (ms *moves) begin(id uint64) bool {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.m == nil {
+		ms.m = map[uint64]*intent{}
+	}
+	if _, ok := ms.m[id]; ok {
+		return false
+	}
+	ms.m[id] = &intent{ID: id}
+	return true
+}
+
+// set records where the move of in.ID stands.
+func (ms *moves) set(in intent) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.m == nil {
+		ms.m = map[uint64]*intent{}
+	}
+	ms.m[in.ID] = &in
+}
+
+// end forgets the move of segment id.
+func (ms *moves) end(id uint64) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	delete(ms.m, id)
+}
+
+// held adds to known the ids at node of segments no record here names
+// that a move keeps: the target's copy until the switch-over, and the
+// source's after it until the source lets it go. Reconcile frees
+// neither.
+func (ms *moves) held(node string, known map[uint64]bool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, in := range ms.m {
+		switch {
+		case in.Switched && in.From == node:
+			known[in.FromID] = true
+		case !in.Switched && !in.undoing && in.To == node:
+			known[in.ToID] = true
+		}
+	}
+}
+
+// moveResult is what a move did.
+type moveResult struct {
+	rec    record // the segment's record after the move
+	from   string
+	bytes  int64
+	rounds int
+	pause  time.Duration // from the seal to the switch-over committed
+}
+
+// Move moves a segment to another home while its clients use it.
+func (s *service) Move(ctx context.Context, req *poolv1.MoveRequest) (*poolv1.MoveResponse, error) {
+	c, err := s.caller(ctx)
+	var resp *poolv1.MoveResponse
+	if err == nil {
+		resp, err = s.d.move(ctx, c, req)
+	}
+	if err != nil {
+		s.d.refused("move", c, req.Id, req.Name, err)
+		return nil, errs.ToStatus(err)
+	}
+	return resp, nil
+}
+
+// move runs a move for c, counts and logs it.
+func (d *Daemon) move(ctx context.Context, c caller, req *poolv1.MoveRequest) (*poolv1.MoveResponse, error) {
+	res, err := d.pool.move(ctx, c, req, d.data.ca)
+	d.metrics.moveDone(res, err)
+	if err != nil {
+		return nil, err
+	}
+	d.log.Info("segment moved", "segment", res.rec.ID, "from", res.from, "to", res.rec.Home,
+		"bytes", res.bytes, "rounds", res.rounds, "pause", res.pause)
+	return &poolv1.MoveResponse{Segment: d.forCaller(ctx, c, res.rec), FromNode: res.from,
+		BytesCopied: uint64(res.bytes), Rounds: uint32(res.rounds), PauseUs: res.pause.Microseconds()}, nil
+}
+
+// move moves the segment req names to the home it names (or one placement
+// picks): see docs/MOVE.md. ca verifies homes that serve their data plane
+// over TLS.
+func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, ca []byte) (moveResult, error) {
+	r, err := p.moveSubject(c, req)
+	if err != nil {
+		return moveResult{}, err
+	}
+	src, err := p.homeSession(ctx, r.Home, "source")
+	if err != nil {
+		p.moving.end(r.ID)
+		return moveResult{}, fmt.Errorf("move segment %d: %w", r.ID, err)
+	}
+	to, dst, err := p.moveTarget(ctx, req.ToNode, r)
+	if err != nil {
+		p.moving.end(r.ID)
+		return moveResult{}, fmt.Errorf("move segment %d: %w", r.ID, err)
+	}
+	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, ca: ca}
+	return m.run(ctx)
+}
+
+// moveSubject finds the segment req names, checks that c may move it and
+// that it can move, and registers its move.
+func (p *core) moveSubject(c caller, req *poolv1.MoveRequest) (record, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var r *record
+	var err error
+	if req.Home != "" {
+		if !isPeer(c) || c.id() != peerClientPrefix+req.Home {
+			return record{}, fmt.Errorf("move segment %d of node %s: %w: only that node's daemon may ask by its id there, and the caller is %s", req.HomeId, req.Home, errs.ErrAccessDenied, c.ident)
+		}
+		for _, x := range p.segs {
+			if x.Home == req.Home && x.HomeID == req.HomeId {
+				r = x
+				break
+			}
+		}
+		if r == nil {
+			return record{}, fmt.Errorf("segment %d of node %s: %w: no record here names it", req.HomeId, req.Home, errs.ErrNotFound)
+		}
+	} else {
+		if req.Id == 0 && req.Name == "" {
+			return record{}, fmt.Errorf("%w: move needs a segment id or name", errs.ErrInvalid)
+		}
+		if r, err = p.lookup(req.Id, req.Name); err != nil {
+			return record{}, err
+		}
+		if !mayUse(c, r) && !mayFree(c, r) {
+			return record{}, fmt.Errorf("move segment %d: %w: only its owner, its attachers, identities granted the free right and administrators may move it, not %s", r.ID, errs.ErrAccessDenied, c.ident)
+		}
+	}
+	if err := movable(r, req.ToTier, p.cfg.Node); err != nil {
+		return record{}, err
+	}
+	if !p.moving.begin(r.ID) {
+		return record{}, fmt.Errorf("move segment %d: %w; wait for it to end", r.ID, errMoveBusy)
+	}
+	return *r, nil
+}
+
+// movable checks that r can move live to tier (unspecified: its own).
+func movable(r *record, tier poolv1.Tier, self string) error {
+	switch {
+	case r.Tier != poolv1.Tier_TIER_RDMA || tier != poolv1.Tier_TIER_UNSPECIFIED && tier != poolv1.Tier_TIER_RDMA:
+		to := tierName(tier)
+		if tier == poolv1.Tier_TIER_UNSPECIFIED {
+			to = tierName(r.Tier)
+		}
+		return fmt.Errorf("move segment %d from the %s tier to the %s tier: %w: only rdma segments move live; a load/store segment (cxl, local) is mapped into its applications, which would keep using the old memory, so it is not moved: allocate a new segment on the tier you want, copy the bytes in the application, and free the old one",
+			r.ID, tierName(r.Tier), to, errs.ErrInvalid)
+	case r.Home == "":
+		return fmt.Errorf("move segment %d: %w: it is homed on this node (%s) for this node's own clients, and only segments placed on a peer move; allocate a new one and copy", r.ID, errs.ErrNotSupported, self)
+	case r.Lost:
+		return fmt.Errorf("move segment %d: its home %s is unreachable: %w", r.ID, r.Home, errs.ErrSegmentLost)
+	}
+	return nil
+}
+
+// homeSession is the session with node, an alive member; role names it in
+// errors.
+func (p *core) homeSession(ctx context.Context, node, role string) (*session.Conn, error) {
+	if p.cl == nil {
+		return nil, fmt.Errorf("%s node %q: %w: this daemon gossips with nobody", role, node, errs.ErrUnavailable)
+	}
+	m, ok := p.cl.Member(node)
+	if !ok || m.State != cluster.StateAlive || m.Meta.GRPCAddr == "" {
+		state := "unknown"
+		if ok {
+			state = cluster.StateString(m.State)
+		}
+		return nil, fmt.Errorf("%s node %q is %s: %w; retry once it is back", role, node, state, errs.ErrUnavailable)
+	}
+	return p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+}
+
+// moveTarget is the node a segment moves to and the session with it: the
+// node named, or, for "", one placement picks among the alive members
+// other than this node and the segment's home.
+func (p *core) moveTarget(ctx context.Context, node string, r record) (string, *session.Conn, error) {
+	if node == "" {
+		m, pc, err := p.pickPeer(ctx, r.Size, r.Home)
+		if err != nil {
+			return "", nil, fmt.Errorf("no peer to move %d bytes to: %w", r.Size, err)
+		}
+		return m.Name, pc, nil
+	}
+	switch node {
+	case r.Home:
+		return "", nil, fmt.Errorf("%w: the segment lives on %s already; name another node with --to", errs.ErrInvalid, node)
+	case p.cfg.Node:
+		return "", nil, fmt.Errorf("%w: %s is this node, which places its clients' rdma segments on peers; name a peer with --to", errs.ErrInvalid, node)
+	}
+	m, ok := p.cl.Member(node)
+	if !ok || m.State != cluster.StateAlive {
+		return "", nil, unknownNode(node, m, ok, p.cl.Members())
+	}
+	if m.Meta.Draining {
+		return "", nil, fmt.Errorf("node %q: %w: it is draining and takes no new segments ('memctl drain %s --undo' ends that); name another node or none", node, errs.ErrUnavailable, node)
+	}
+	t, ok := m.Meta.Tier(tierName(poolv1.Tier_TIER_RDMA))
+	if !ok || t.Free < r.Size {
+		return "", nil, fmt.Errorf("node %q has %d bytes free on the rdma tier for a segment of %d bytes: %w", node, t.Free, r.Size, errs.ErrNoCapacity)
+	}
+	pc, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+	return node, pc, err
+}
+
+// mover is one move under way at this origin.
+type mover struct {
+	p        *core
+	rec      record // the segment as it was when the move began
+	src, dst *session.Conn
+	to       string
+	ca       []byte
+	in       intent
+	res      moveResult
+	copied   atomic.Int64 // bytes copied so far (res.bytes at the end)
+
+	// The data-plane connections and regions of the copy.
+	srcConn, dstConn rdma.Conn
+	srcReg, dstReg   rdma.Region
+}
+
+// run allocates the target, copies, and switches over; on a failure before
+// the switch-over it leaves the segment at the source and frees the target.
+func (m *mover) run(ctx context.Context) (res moveResult, err error) {
+	p, r := m.p, m.rec
+	m.res.from = r.Home
+	defer func() {
+		res = m.res
+		res.bytes = m.copied.Load()
+	}()
+	p.mu.Lock()
+	p.pendingRemote[m.to]++ // the target's copy is no orphan for reconcile
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.pendingRemote[m.to]--
+		p.mu.Unlock()
+	}()
+	seg, err := m.step(ctx, m.dst, func(ctx context.Context) (*poolv1.Segment, error) {
+		return m.dst.API().Alloc(ctx, &poolv1.AllocRequest{Size: r.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: r.Owner})
+	})
+	if err != nil {
+		p.moving.end(r.ID)
+		return m.res, fmt.Errorf("move segment %d: alloc on %s: %w", r.ID, m.to, err)
+	}
+	m.in = intent{ID: r.ID, From: r.Home, FromID: r.HomeID, To: m.to, ToID: seg.Id}
+	p.moving.set(m.in)
+	if err := p.st.putIntent(m.in); err != nil {
+		p.freeAt(m.to, seg.Id)
+		p.moving.end(r.ID)
+		return m.res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			p.abortMove(m.in, err)
+		}
+	}()
+	if err := m.authorize(ctx, r.Attached, seg.Id, false); err != nil {
+		return m.res, err
+	}
+	if err := m.connect(ctx, seg); err != nil {
+		return m.res, err
+	}
+	defer m.srcConn.Close()
+	defer m.dstConn.Close()
+	if _, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_TRACK); err != nil {
+		return m.res, err
+	}
+	if err := m.copyAll(ctx); err != nil {
+		return m.res, err
+	}
+	dirty, err := m.settle(ctx)
+	if err != nil {
+		return m.res, err
+	}
+	sealed := time.Now()
+	last, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_SEAL)
+	if err != nil {
+		return m.res, err
+	}
+	orBitmap(dirty, last.Dirty)
+	if err := m.copyChunks(ctx, dirty); err != nil {
+		return m.res, err
+	}
+	m.res.rounds++
+	if err := m.switchOver(seg); err != nil {
+		return m.res, err
+	}
+	m.res.pause = time.Since(sealed)
+	p.finishMove(m.in)
+	return m.res, nil
+}
+
+// step runs one call at a home with a bounded time.
+func (m *mover) step(ctx context.Context, pc *session.Conn, call func(context.Context) (*poolv1.Segment, error)) (*poolv1.Segment, error) {
+	ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+	defer cancel()
+	cctx, _, err := pc.Call(ctx)
+	if err != nil {
+		return nil, err
+	}
+	seg, err := call(cctx)
+	return seg, errs.FromStatus(err)
+}
+
+// moveOut runs one MoveOut step at the source.
+func (m *mover) moveOut(ctx context.Context, phase poolv1.MoveOutPhase) (*poolv1.MoveOutResponse, error) {
+	resp, err := moveOutAt(ctx, m.src, m.rec.HomeID, phase)
+	if err != nil {
+		return nil, fmt.Errorf("move segment %d: %s at the source %s: %w", m.rec.ID, phase, m.rec.Home, err)
+	}
+	return resp, nil
+}
+
+// moveOutAt asks pc's node for one MoveOut step on its segment id.
+func moveOutAt(ctx context.Context, pc *session.Conn, id uint64, phase poolv1.MoveOutPhase) (*poolv1.MoveOutResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+	defer cancel()
+	cctx, _, err := pc.Call(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := pc.API().MoveOut(cctx, &poolv1.MoveOutRequest{HomeId: id, Phase: phase, Chunk: moveChunk})
+	return resp, errs.FromStatus(err)
+}
+
+// authorize tells the target that the clients may (or, with withdraw, may
+// no longer) use its copy id, as they may the segment.
+func (m *mover) authorize(ctx context.Context, clients []string, id uint64, withdraw bool) error {
+	for _, a := range clients {
+		_, err := m.step(ctx, m.dst, func(ctx context.Context) (*poolv1.Segment, error) {
+			_, err := m.dst.API().Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: a, Withdraw: withdraw})
+			return nil, err
+		})
+		if err != nil {
+			return fmt.Errorf("move segment %d: authorize client %q on %s: %w", m.rec.ID, a, m.to, err)
+		}
+	}
+	return nil
+}
+
+// connect dials the source's and the target's data planes with this
+// daemon's credentials there: it owns both segments.
+func (m *mover) connect(ctx context.Context, seg *poolv1.Segment) error {
+	r := m.rec
+	srcTLS := r.DataTLS == nil && len(m.ca) > 0 || r.DataTLS != nil && *r.DataTLS
+	var err error
+	if m.srcConn, err = m.dial(ctx, r.Home, r.DataAddr, srcTLS, m.src); err != nil {
+		return err
+	}
+	if m.dstConn, err = m.dial(ctx, m.to, seg.DataAddr, seg.DataTls, m.dst); err != nil {
+		m.srcConn.Close()
+		return err
+	}
+	var key rdma.Key
+	copy(key[:], seg.Key)
+	m.srcReg = rdma.Region{Segment: r.HomeID, Key: r.Key, Epoch: r.Epoch}
+	m.dstReg = rdma.Region{Segment: seg.Id, Key: key, Epoch: seg.Epoch}
+	return nil
+}
+
+// dial connects to node's data plane at addr, one connection (the copy's
+// writes keep their order), over TLS when the node serves it.
+func (m *mover) dial(ctx context.Context, node, addr string, useTLS bool, pc *session.Conn) (rdma.Conn, error) {
+	opts := []tcp.Option{tcp.WithCredential(pc.DataCredential()), tcp.WithConns(1)}
+	if useTLS {
+		tc, err := certs.Verifier(m.ca, node)
+		if err != nil {
+			return nil, fmt.Errorf("move segment %d: verify the data plane of %s: %w", m.rec.ID, node, err)
+		}
+		opts = append(opts, tcp.WithTLS(tc))
+	}
+	c, err := tcp.Dial(ctx, addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("move segment %d: data plane of %s at %s: %w", m.rec.ID, node, addr, err)
+	}
+	return c, nil
+}
+
+// copyAll copies the whole segment.
+func (m *mover) copyAll(ctx context.Context) error {
+	n := (m.rec.Size + moveChunk - 1) / moveChunk
+	all := make([]byte, (n+7)/8)
+	for i := range n {
+		all[i/8] |= 1 << (i % 8)
+	}
+	if err := m.copyChunks(ctx, all); err != nil {
+		return err
+	}
+	m.res.rounds++
+	return nil
+}
+
+// settle copies the chunks written since the last round while each round
+// leaves fewer and more than moveSettled remain, at most moveMaxRounds
+// times; it returns the chunks of the last report, not copied yet.
+func (m *mover) settle(ctx context.Context) ([]byte, error) {
+	prev := -1
+	for range moveMaxRounds {
+		resp, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_DIRTY)
+		if err != nil {
+			return nil, err
+		}
+		n := int(resp.DirtyChunks)
+		if n <= moveSettled || prev >= 0 && n >= prev {
+			return resp.Dirty, nil
+		}
+		if err := m.copyChunks(ctx, resp.Dirty); err != nil {
+			return nil, err
+		}
+		m.res.rounds++
+		prev = n
+	}
+	resp, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_DIRTY)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Dirty, nil
+}
+
+// copyChunks copies the chunks set in bitmap, runs of them in reads of up
+// to moveRead bytes, moveInflight at a time; the first failure ends it.
+func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	work := make(chan [2]int64)
+	var wg sync.WaitGroup
+	for range moveInflight {
+		wg.Go(func() {
+			buf := make([]byte, moveRead)
+			for span := range work {
+				if err := m.copySpan(ctx, buf[:span[1]-span[0]], span[0]); err != nil {
+					cancel(err)
+				}
+			}
+		})
+	}
+	for span := range spans(bitmap, m.rec.Size) {
+		select {
+		case work <- span:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return fmt.Errorf("move segment %d: copy from %s to %s: %w", m.rec.ID, m.rec.Home, m.to, err)
+	}
+	return nil
+}
+
+// copySpan copies len(buf) bytes at off, source to target.
+func (m *mover) copySpan(ctx context.Context, buf []byte, off int64) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err := m.srcConn.Read(ctx, m.srcReg, off, buf); err != nil {
+		return fmt.Errorf("read %d bytes at %d: %w", len(buf), off, err)
+	}
+	if err := m.dstConn.Write(ctx, m.dstReg, off, buf); err != nil {
+		return fmt.Errorf("write %d bytes at %d: %w", len(buf), off, err)
+	}
+	m.copied.Add(int64(len(buf)))
+	return nil
+}
+
+// spans yields the byte ranges [start, end) of the runs of chunks set in
+// bitmap, cut at size and into pieces of at most moveRead bytes.
+func spans(bitmap []byte, size int64) func(func([2]int64) bool) {
+	return func(yield func([2]int64) bool) {
+		start := int64(-1)
+		flush := func(end int64) bool {
+			for start < end {
+				e := min(start+moveRead, end)
+				if !yield([2]int64{start, e}) {
+					return false
+				}
+				start = e
+			}
+			start = -1
+			return true
+		}
+		for i, b := range bitmap {
+			for bit := range 8 {
+				off := (int64(i)*8 + int64(bit)) * moveChunk
+				if off >= size {
+					break
+				}
+				switch set := b&(1<<bit) != 0; {
+				case set && start < 0:
+					start = off
+				case !set && start >= 0:
+					if !flush(off) {
+						return
+					}
+				}
+			}
+		}
+		if start >= 0 {
+			flush(size)
+		}
+	}
+}
+
+// orBitmap sets in dst every bit set in src (dst is as long as any report).
+func orBitmap(dst, src []byte) {
+	for i := range min(len(dst), len(src)) {
+		dst[i] |= src[i]
+	}
+}
+
+// switchOver commits the record that names the target: the switch-over.
+// The record may have changed meanwhile (attachers); it must still be the
+// segment at the source.
+func (m *mover) switchOver(seg *poolv1.Segment) error {
+	p := m.p
+	p.mu.Lock()
+	cur, ok := p.segs[m.rec.ID]
+	if !ok || cur.Home != m.rec.Home || cur.HomeID != m.rec.HomeID {
+		p.mu.Unlock()
+		return fmt.Errorf("move segment %d: %w: it was freed during the move", m.rec.ID, errs.ErrNotFound)
+	}
+	next := *cur
+	var key rdma.Key
+	copy(key[:], seg.Key)
+	dataTLS := seg.DataTls
+	next.Home, next.HomeID, next.Key, next.Epoch, next.DataAddr, next.DataTLS, next.Lost = m.to, seg.Id, key, seg.Epoch, seg.DataAddr, &dataTLS, false
+	err := p.st.switchMove(&next, m.in)
+	if err == nil {
+		*cur = next
+		m.res.rec = next
+		m.in.Switched = true
+		p.moving.set(m.in)
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("move segment %d: commit the switch-over: %w", m.rec.ID, err)
+	}
+	// Attachments made or withdrawn during the move: the target learns
+	// them now (a client refused meanwhile asks Stat again and retries).
+	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
+	defer cancel()
+	added := slices.DeleteFunc(slices.Clone(next.Attached), func(a string) bool { return slices.Contains(m.rec.Attached, a) })
+	gone := slices.DeleteFunc(slices.Clone(m.rec.Attached), func(a string) bool { return slices.Contains(next.Attached, a) })
+	for _, e := range []error{m.authorize(ctx, added, seg.Id, false), m.authorize(ctx, gone, seg.Id, true)} {
+		if e != nil {
+			p.log.Warn("moved segment: an attachment made during the move is not at the new home yet; the client retries", "segment", m.rec.ID, "err", e)
+		}
+	}
+	return nil
+}
+
+// finishMove tells the source of a switched move to let the segment go and
+// forgets the intent; when the source cannot be told now, it is told later
+// (resolveLater).
+func (p *core) finishMove(in intent) {
+	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
+	defer cancel()
+	if err := p.resolve(ctx, in); err != nil {
+		p.log.Warn("moved segment: its old home is to let it go; retrying", "segment", in.ID, "node", in.From, "err", err)
+		p.resolveLater(in)
+		return
+	}
+	p.moving.end(in.ID)
+}
+
+// abortMove undoes a move that failed before its switch-over: the source
+// unseals and stops tracking, the target's copy is freed, the intent goes.
+// What cannot be done now is retried (resolveLater).
+func (p *core) abortMove(in intent, why error) {
+	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
+	defer cancel()
+	if err := p.resolve(ctx, in); err != nil {
+		p.log.Warn("failed move: the old home is to unseal the segment; retrying", "segment", in.ID, "node", in.From, "move-err", why, "err", err)
+		p.resolveLater(in)
+		return
+	}
+	p.moving.end(in.ID)
+}
+
+// resolve finishes a move intent: a switched one by the source's COMMIT,
+// another by the source's ABORT and a free of the target's copy; then the
+// intent goes. A source or target that holds the segment no more has
+// nothing left to do.
+func (p *core) resolve(ctx context.Context, in intent) error {
+	phase := poolv1.MoveOutPhase_MOVE_OUT_ABORT
+	if in.Switched {
+		phase = poolv1.MoveOutPhase_MOVE_OUT_COMMIT
+	}
+	src, err := p.homeSession(ctx, in.From, "source")
+	if err == nil {
+		_, err = moveOutAt(ctx, src, in.FromID, phase)
+	}
+	if err != nil && !errors.Is(err, errs.ErrNotFound) {
+		return fmt.Errorf("%s at %s: %w", phase, in.From, err)
+	}
+	if !in.Switched {
+		in.undoing = true // the target's copy is an orphan now
+		p.moving.set(in)
+		p.freeAt(in.To, in.ToID)
+	}
+	if err := p.st.deleteIntent(in.ID); err != nil {
+		return fmt.Errorf("remove the move intent: %w", err)
+	}
+	return nil
+}
+
+// freeAt frees segment id at node, now if it can be asked, else when the
+// session with it is back; a node that stays away reclaims it when this
+// daemon's lease there ends.
+func (p *core) freeAt(node string, id uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
+	defer cancel()
+	pc, err := p.homeSession(ctx, node, "target")
+	if err == nil {
+		var cctx context.Context
+		if cctx, _, err = pc.Call(ctx); err == nil {
+			_, err = pc.API().Free(cctx, &poolv1.FreeRequest{Id: id})
+			err = errs.FromStatus(err)
+		}
+	}
+	if err != nil && !errors.Is(err, errs.ErrNotFound) {
+		p.log.Warn("free the copy of a failed move; its node reclaims it when this daemon's lease there ends", "node", node, "segment", id, "err", err)
+		p.peers.freeLater(node, id)
+	}
+}
+
+// resolveLater retries resolve in the background, backing off from a
+// second to 30 s, until it succeeds or the daemon closes (a restarted
+// daemon resumes from the intent).
+func (p *core) resolveLater(in intent) {
+	ps := p.peers
+	ps.mu.Lock()
+	if ps.done {
+		ps.mu.Unlock()
+		return
+	}
+	ps.wg.Add(1)
+	ps.mu.Unlock()
+	p.moving.set(in)
+	go func() {
+		defer ps.wg.Done()
+		for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+			select {
+			case <-ps.stop:
+				return
+			case <-time.After(wait):
+			}
+			ctx, cancel := untilClosed(context.Background(), ps.stop)
+			ctx, cancel2 := context.WithTimeout(ctx, moveStepTimeout)
+			err := p.resolve(ctx, in)
+			cancel2()
+			cancel()
+			if err == nil {
+				p.log.Info("move finished after a retry", "segment", in.ID, "from", in.From, "to", in.To, "switched", in.Switched)
+				p.moving.end(in.ID)
+				return
+			}
+			p.log.Debug("finish a move: retrying", "segment", in.ID, "err", err)
+		}
+	}()
+}
+
+// loadMoves takes the moves a previous run of this daemon left (their
+// intents in the store) at start, before any peer is asked what it holds:
+// a move whose record names the target switched over; any other is to be
+// undone. resumeMoves finishes them.
+func (p *core) loadMoves() error {
+	ins, err := p.st.intents()
+	if err != nil {
+		return fmt.Errorf("the moves the last run left: %w", err)
+	}
+	for _, in := range ins {
+		if r, ok := p.segs[in.ID]; ok && r.Home == in.To && r.HomeID == in.ToID {
+			in.Switched = true
+		}
+		p.moving.set(in)
+		p.leftMoves = append(p.leftMoves, in)
+	}
+	return nil
+}
+
+// resumeMoves finishes, in the background, the moves loadMoves found.
+func (p *core) resumeMoves() {
+	for _, in := range p.leftMoves {
+		p.log.Info("finishing a move the last run left", "segment", in.ID, "from", in.From, "to", in.To, "switched", in.Switched)
+		p.resolveLater(in)
+	}
+	p.leftMoves = nil
+}
+
+// moveMetrics counts moves (metrics.go registers them).
+type moveMetrics struct {
+	moves *prometheus.CounterVec
+	bytes prometheus.Counter
+	pause prometheus.Histogram
+}
+
+func newMoveMetrics(f promFactory) *moveMetrics {
+	mm := &moveMetrics{
+		moves: f.counterVec("moves_total", "Live moves of segments this daemon drove, by result (ok, failed).", "result"),
+		bytes: f.counter("move_bytes_total", "Bytes copied by live moves, the re-copied dirty chunks included."),
+		pause: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "move_pause_seconds",
+			Help: "Switch-over pause of each live move: from the seal of the source (writes wait) to the commit of the new home.",
+			// 100µs to 6.5 s.
+			Buckets: prometheus.ExponentialBuckets(100e-6, 3, 11),
+		}),
+	}
+	f.reg.MustRegister(mm.pause)
+	mm.moves.WithLabelValues("ok")
+	mm.moves.WithLabelValues("failed")
+	return mm
+}
+
+// moveDone counts one Move call's outcome.
+func (m *metrics) moveDone(res moveResult, err error) {
+	if m == nil {
+		return
+	}
+	m.moves.bytes.Add(float64(res.bytes))
+	if err != nil {
+		m.moves.moves.WithLabelValues("failed").Inc()
+		return
+	}
+	m.moves.moves.WithLabelValues("ok").Inc()
+	m.moves.pause.Observe(res.pause.Seconds())
+}

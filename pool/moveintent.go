@@ -1,0 +1,146 @@
+// This file holds the origin's durable record of a live move under way
+// (docs/MOVE.md): the move intent, kept in segments.db's meta bucket from
+// the target's allocation until the source has let the segment go, so that
+// a restarted origin finishes or undoes what it left.
+
+package pool
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// intentPrefix starts the meta bucket's keys of move intents, each followed
+// by the segment's id as 8 big-endian bytes.
+var intentPrefix = []byte("move/")
+
+// intent is one move under way, as the origin keeps it.
+type intent struct {
+	ID       uint64 // the segment's id here
+	From     string // the source: the home it leaves
+	FromID   uint64 // its id there
+	To       string // the target: the home it goes to
+	ToID     uint64 // its id there
+	Switched bool   // the record names the target; the source is to COMMIT
+	// undoing: the move failed and the target's copy is being freed (not
+	// stored: a restarted daemon undoes it again).
+	undoing bool
+}
+
+// intentVersion is the form encodeIntent writes:
+//
+//	version   1 byte, intentVersion
+//	id        uv
+//	switched  1 byte, 0 or 1
+//	from      str
+//	from id   uv
+//	to        str
+//	to id     uv
+//
+// with uv and str as in the segment record (record.go).
+const intentVersion = 1
+
+// errIntentCorrupt is a move intent that does not decode.
+var errIntentCorrupt = errs.Sub(errs.ErrInvalid, "corrupt move intent")
+
+func encodeIntent(in intent) []byte {
+	b := []byte{intentVersion}
+	b = binary.AppendUvarint(b, in.ID)
+	sw := byte(0)
+	if in.Switched {
+		sw = 1
+	}
+	b = append(b, sw)
+	b = appendString(b, in.From)
+	b = binary.AppendUvarint(b, in.FromID)
+	b = appendString(b, in.To)
+	b = binary.AppendUvarint(b, in.ToID)
+	return b
+}
+
+// decodeIntent reads what encodeIntent wrote; an error matches
+// errIntentCorrupt (or errRecordVersion for a newer form).
+func decodeIntent(v []byte) (intent, error) {
+	if len(v) == 0 {
+		return intent{}, fmt.Errorf("%w: empty", errIntentCorrupt)
+	}
+	if v[0] != intentVersion {
+		return intent{}, fmt.Errorf("%w: move intent version %d, and this poold reads version %d; upgrade poold", errRecordVersion, v[0], intentVersion)
+	}
+	d := recordDecoder{b: v[1:]}
+	var in intent
+	in.ID = d.uvarint()
+	sw := d.byte()
+	in.From, in.FromID = d.string(), d.uvarint()
+	in.To, in.ToID = d.string(), d.uvarint()
+	switch {
+	case d.err != nil:
+		return intent{}, fmt.Errorf("%w: %v", errIntentCorrupt, d.err)
+	case len(d.b) > 0:
+		return intent{}, fmt.Errorf("%w: %d bytes after the last field", errIntentCorrupt, len(d.b))
+	case sw > 1:
+		return intent{}, fmt.Errorf("%w: switched byte %d", errIntentCorrupt, sw)
+	case in.From == "" || in.To == "":
+		return intent{}, fmt.Errorf("%w: no source or target node", errIntentCorrupt)
+	}
+	in.Switched = sw == 1
+	return in, nil
+}
+
+func intentKey(id uint64) []byte { return binary.BigEndian.AppendUint64(bytes.Clone(intentPrefix), id) }
+
+// putIntent commits a move intent (in segments.db: the records of segments
+// placed on peers are there).
+func (s *store) putIntent(in intent) error {
+	v := encodeIntent(in)
+	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(intentKey(in.ID), v) }, false)
+}
+
+// deleteIntent commits the end of a move.
+func (s *store) deleteIntent(id uint64) error {
+	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(intentKey(id)) }, true)
+}
+
+// switchMove commits the switch-over of a move in one transaction: the
+// record that names the target, and the intent marked switched (the source
+// is still to let the segment go). r is a record of a segment on a peer,
+// which segments.db holds.
+func (s *store) switchMove(r *record, in intent) error {
+	if s.fileFor(r) != s.storeFile {
+		return fmt.Errorf("segment %d: %w: a moved segment's record must be in %s", r.ID, errs.ErrInvalid, s.path)
+	}
+	v, err := encodeRecord(r)
+	if err != nil {
+		return err
+	}
+	in.Switched = true
+	iv := encodeIntent(in)
+	return s.update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketSegments).Put(idKey(r.ID), v); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(intentKey(in.ID), iv)
+	}, false)
+}
+
+// intents returns the move intents left in the store.
+func (s *store) intents() ([]intent, error) {
+	var out []intent
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketMeta).Cursor()
+		for k, v := c.Seek(intentPrefix); k != nil && bytes.HasPrefix(k, intentPrefix); k, v = c.Next() {
+			in, err := decodeIntent(v)
+			if err != nil {
+				return fmt.Errorf("%s %x: %w", s.path, k, err)
+			}
+			out = append(out, in)
+		}
+		return nil
+	})
+	return out, err
+}

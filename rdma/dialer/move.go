@@ -1,0 +1,38 @@
+package dialer
+
+import (
+	"fmt"
+
+	"github.com/farmem/farmem/rdma"
+)
+
+// The steps of moving a segment away from this host (tcp.Server.Track,
+// Dirty, Seal, Unseal, MoveAway). Only the tcp transport sees the writes it
+// serves: a verbs peer writes registered memory without this host's CPU, so
+// a segment cannot be tracked while the verbs transport serves, and Track
+// refuses with an error matching rdma.ErrNotSupported.
+
+// Track starts recording which chunks of chunk bytes writes and atomics
+// change on the segment.
+func (s *Server) Track(seg uint64, chunk int64) error {
+	if s.verbs != nil {
+		return fmt.Errorf("rdma/dialer: track writes to segment %d: %w: verbs peers write it without this host's CPU (%s)", seg, rdma.ErrNotSupported, s.reason)
+	}
+	return s.tcp.Track(seg, chunk)
+}
+
+// Dirty returns the chunks changed since Track or the last Dirty, as a
+// bitmap (bit i of byte i/8 is chunk i), and how many; it clears them.
+func (s *Server) Dirty(seg uint64) ([]byte, int, error) { return s.tcp.Dirty(seg) }
+
+// Seal refuses new operations on the segment with rdma.ErrMoved, reads by
+// reader (the mover's principal) excepted, and waits until no write or
+// atomic is in flight.
+func (s *Server) Seal(seg uint64, reader string) error { return s.tcp.Seal(seg, reader) }
+
+// Unseal undoes Seal and stops tracking.
+func (s *Server) Unseal(seg uint64) error { return s.tcp.Unseal(seg) }
+
+// MoveAway withdraws the segment as Fence does, and every later operation
+// naming it with its key answers rdma.ErrMoved.
+func (s *Server) MoveAway(seg uint64) error { return s.tcp.MoveAway(seg) }
