@@ -106,7 +106,7 @@ func (r *metaReader) capBody() capUpdate {
 // that a capacity update can carry the change.
 func freeOnly(a, b Meta) bool {
 	if a.Proto != b.Proto || a.GRPCAddr != b.GRPCAddr || a.DataAddr != b.DataAddr ||
-		a.Draining != b.Draining || a.DrainingSince != b.DrainingSince || len(a.Tiers) != len(b.Tiers) {
+		a.Draining != b.Draining || a.DrainingSince != b.DrainingSince || a.Evacuating != b.Evacuating || len(a.Tiers) != len(b.Tiers) {
 		return false
 	}
 	for i, t := range b.Tiers {

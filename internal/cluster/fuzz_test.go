@@ -132,6 +132,7 @@ func fuzzSeeds() [][]byte {
 	add(full, 3)
 	add(Meta{Proto: 1, Draining: true, DrainingSince: 1_733_366_400_000}, 0) // draining since, after a capacity sequence of 0
 	add(Meta{Proto: 1, Zone: "rack-1"}, 0)                                   // a zone, after a drain's start of 0
+	add(Meta{Proto: 1, Draining: true, DrainingSince: 1_733_366_400_000, Evacuating: true}, 4)
 	good := seeds[1]
 	seeds = append(seeds,
 		good[:len(good)/2],                                      // truncated in a tier

@@ -31,7 +31,11 @@ const metaVersion = 1
 
 // Flag bits of the encoding's second byte. Unknown bits are ignored so that a
 // newer node can add flags without breaking older readers.
-const flagDraining = 1 << 0
+const (
+	flagDraining = 1 << 0
+	// flagEvacuating came later: a reader that predates it sees a drain.
+	flagEvacuating = 1 << 1
+)
 
 // TierFree is one tier's capacity as a node gossips it. A value; safe to copy.
 type TierFree struct {
@@ -53,7 +57,10 @@ type Meta struct {
 	// DrainingSince is when the node began to drain, in Unix milliseconds;
 	// 0 when it is not draining (or its writer predates the field).
 	DrainingSince int64
-	Tiers         []TierFree // per tier capacity and free bytes, unique names, at most MaxTiers
+	// Evacuating: the draining node moves its segments to other nodes
+	// (memctl drain --evacuate); a node sets it only with Draining.
+	Evacuating bool
+	Tiers      []TierFree // per tier capacity and free bytes, unique names, at most MaxTiers
 	// Zone is the node's failure domain (a rack, a power feed, a cloud
 	// zone): copies of a redundant segment go to distinct zones while
 	// there are enough. "" is no zone given. Names as ValidZone allows.
@@ -186,6 +193,7 @@ type stamp struct {
 //	| 1 byte  | 1 byte| big endian| uvarint| uvarint+len | uvarint+len | uvarint| uvarint+len, uvarint, uvarint | uvarint |
 //	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+---------+
 //
+// Flags: bit 0 draining, bit 1 evacuating (added later).
 // Appended later, after the tiers: cap seq (uvarint), then draining since
 // (uvarint, Unix ms), then zone (uvarint+len). Each is left out when 0 (or
 // empty) and nothing follows it, and readers that predate a field ignore it. Bytes after them are reserved for
@@ -198,6 +206,9 @@ func encodeMeta(m Meta, st stamp) ([]byte, error) {
 	var flags byte
 	if m.Draining {
 		flags |= flagDraining
+	}
+	if m.Evacuating {
+		flags |= flagEvacuating
 	}
 	b = append(b, metaVersion, flags)
 	b = binary.BigEndian.AppendUint64(b, st.boot)
@@ -289,6 +300,7 @@ func decodeMeta(b []byte) (Meta, stamp, error) {
 		return m, stamp{}, fmt.Errorf("%w: %d bytes, the header alone is 10", ErrBadMeta, len(b))
 	}
 	m.Draining = b[1]&flagDraining != 0
+	m.Evacuating = b[1]&flagEvacuating != 0
 	st := stamp{boot: binary.BigEndian.Uint64(b[2:10])}
 	r := metaReader{b: b[10:]}
 	m.Proto = uint32(r.uvarint("proto", math.MaxUint32))

@@ -199,6 +199,34 @@ func TestMetaDrainingSince(t *testing.T) {
 	require.ErrorIs(t, m.Validate(), ErrInvalidMeta)
 }
 
+// TestMetaEvacuating: the evacuation is one more flag bit, after the
+// drain's; the rest of the encoding is as without it, and a reader that
+// predates the bit (which ignores unknown bits) reads a drain.
+func TestMetaEvacuating(t *testing.T) {
+	m := testMeta("n")
+	m.Draining, m.DrainingSince, m.Evacuating = true, 1_733_366_400_000, true
+	b, err := encodeMeta(m, stamp{boot: 9, capSeq: 3})
+	require.NoError(t, err)
+	got, _, err := decodeMeta(b)
+	require.NoError(t, err)
+	require.Equal(t, m, got)
+	require.Equal(t, byte(flagDraining|flagEvacuating), b[1])
+	m.Evacuating = false
+	plain, err := encodeMeta(m, stamp{boot: 9, capSeq: 3})
+	require.NoError(t, err)
+	plain[1] |= flagEvacuating
+	require.Equal(t, plain, b, "only the flag bit differs")
+	old := slices.Clone(b)
+	old[1] &^= flagEvacuating
+	got, _, err = decodeMeta(old)
+	require.NoError(t, err)
+	require.True(t, got.Draining)
+	require.False(t, got.Evacuating)
+	evac := got.Clone()
+	evac.Evacuating = true
+	require.False(t, freeOnly(got, evac), "a change of the flag is no free-bytes-only change: a capacity update cannot carry it")
+}
+
 func TestMetaCloneSharesNothing(t *testing.T) {
 	m := testMeta("n")
 	c := m.Clone()
