@@ -2033,8 +2033,12 @@ type StatusResponse struct {
 	// across restarts until memctl drain --undo); 0 while it is not draining.
 	DrainingSinceUnixMs int64  `protobuf:"varint,18,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"`
 	Zone                string `protobuf:"bytes,19,opt,name=zone,proto3" json:"zone,omitempty"` // this node's failure domain (poold --zone); empty: none
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The node evacuates (memctl drain --evacuate): the drain moves its
+	// segments off; evacuation is the progress.
+	Evacuating    bool        `protobuf:"varint,20,opt,name=evacuating,proto3" json:"evacuating,omitempty"`
+	Evacuation    *Evacuation `protobuf:"bytes,21,opt,name=evacuation,proto3" json:"evacuation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -2198,6 +2202,20 @@ func (x *StatusResponse) GetZone() string {
 		return x.Zone
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetEvacuating() bool {
+	if x != nil {
+		return x.Evacuating
+	}
+	return false
+}
+
+func (x *StatusResponse) GetEvacuation() *Evacuation {
+	if x != nil {
+		return x.Evacuation
+	}
+	return nil
 }
 
 // NameConflict is one node name gossiped from two addresses: memberlist
@@ -2632,7 +2650,10 @@ type NodeInfo struct {
 	DrainingSinceUnixMs int64 `protobuf:"varint,10,opt,name=draining_since_unix_ms,json=drainingSinceUnixMs,proto3" json:"draining_since_unix_ms,omitempty"`
 	// The node's failure domain (poold --zone), as it gossips it; empty when
 	// it names none.
-	Zone          string `protobuf:"bytes,11,opt,name=zone,proto3" json:"zone,omitempty"`
+	Zone string `protobuf:"bytes,11,opt,name=zone,proto3" json:"zone,omitempty"`
+	// The node evacuates its segments (memctl drain --evacuate), as it
+	// gossips it.
+	Evacuating    bool `protobuf:"varint,12,opt,name=evacuating,proto3" json:"evacuating,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2742,6 +2763,13 @@ func (x *NodeInfo) GetZone() string {
 		return x.Zone
 	}
 	return ""
+}
+
+func (x *NodeInfo) GetEvacuating() bool {
+	if x != nil {
+		return x.Evacuating
+	}
+	return false
 }
 
 type NodeTier struct {
@@ -3025,10 +3053,16 @@ type Evacuation struct {
 	SegmentsFailed uint32                 `protobuf:"varint,7,opt,name=segments_failed,json=segmentsFailed,proto3" json:"segments_failed,omitempty"`    // moves that failed in the last pass (retried)
 	// Why segments cannot leave (e.g. no other host has room); empty while
 	// the evacuation progresses or when it is done.
-	Stuck         string `protobuf:"bytes,8,opt,name=stuck,proto3" json:"stuck,omitempty"`
-	Done          bool   `protobuf:"varint,9,opt,name=done,proto3" json:"done,omitempty"` // nothing homed here is left to move
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Stuck string `protobuf:"bytes,8,opt,name=stuck,proto3" json:"stuck,omitempty"`
+	Done  bool   `protobuf:"varint,9,opt,name=done,proto3" json:"done,omitempty"` // nothing homed here is left to move
+	// Segments of applications on the node itself (held for its own
+	// clients, not for peers): evacuation does not move them; they leave
+	// with their applications.
+	SegmentsStaying uint32 `protobuf:"varint,10,opt,name=segments_staying,json=segmentsStaying,proto3" json:"segments_staying,omitempty"`
+	BytesStaying    uint64 `protobuf:"varint,11,opt,name=bytes_staying,json=bytesStaying,proto3" json:"bytes_staying,omitempty"`
+	SinceUnixMs     int64  `protobuf:"varint,12,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"` // when the evacuation began
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Evacuation) Reset() {
@@ -3122,6 +3156,27 @@ func (x *Evacuation) GetDone() bool {
 		return x.Done
 	}
 	return false
+}
+
+func (x *Evacuation) GetSegmentsStaying() uint32 {
+	if x != nil {
+		return x.SegmentsStaying
+	}
+	return 0
+}
+
+func (x *Evacuation) GetBytesStaying() uint64 {
+	if x != nil {
+		return x.BytesStaying
+	}
+	return 0
+}
+
+func (x *Evacuation) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
 }
 
 type DetachRequest struct {
@@ -3984,7 +4039,7 @@ const file_pool_proto_rawDesc = "" +
 	"latency_ns\x18\x01 \x01(\x03R\tlatencyNs\x12#\n" +
 	"\rbandwidth_bps\x18\x02 \x01(\x03R\fbandwidthBps\"\x15\n" +
 	"\x13MeasureTiersRequest\"\x0f\n" +
-	"\rStatusRequest\"\xc2\x05\n" +
+	"\rStatusRequest\"\x9e\x06\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12&\n" +
@@ -4006,7 +4061,13 @@ const file_pool_proto_rawDesc = "" +
 	"\x0fgossip_insecure\x18\x10 \x01(\bR\x0egossipInsecure\x12#\n" +
 	"\rdata_security\x18\x11 \x01(\tR\fdataSecurity\x123\n" +
 	"\x16draining_since_unix_ms\x18\x12 \x01(\x03R\x13drainingSinceUnixMs\x12\x12\n" +
-	"\x04zone\x18\x13 \x01(\tR\x04zone\"\xd6\x01\n" +
+	"\x04zone\x18\x13 \x01(\tR\x04zone\x12\x1e\n" +
+	"\n" +
+	"evacuating\x18\x14 \x01(\bR\n" +
+	"evacuating\x12:\n" +
+	"\n" +
+	"evacuation\x18\x15 \x01(\v2\x1a.farmem.pool.v1.EvacuationR\n" +
+	"evacuation\"\xd6\x01\n" +
 	"\fNameConflict\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -4047,7 +4108,7 @@ const file_pool_proto_rawDesc = "" +
 	"read_bytes\x18\a \x01(\x03R\treadBytes\x12\x1f\n" +
 	"\vwrite_bytes\x18\b \x01(\x03R\n" +
 	"writeBytes\"\x0e\n" +
-	"\fNodesRequest\"\xd2\x02\n" +
+	"\fNodesRequest\"\xf2\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1f\n" +
@@ -4061,7 +4122,10 @@ const file_pool_proto_rawDesc = "" +
 	"\arefused\x18\t \x01(\tR\arefused\x123\n" +
 	"\x16draining_since_unix_ms\x18\n" +
 	" \x01(\x03R\x13drainingSinceUnixMs\x12\x12\n" +
-	"\x04zone\x18\v \x01(\tR\x04zone\"N\n" +
+	"\x04zone\x18\v \x01(\tR\x04zone\x12\x1e\n" +
+	"\n" +
+	"evacuating\x18\f \x01(\bR\n" +
+	"evacuating\"N\n" +
 	"\bNodeTier\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x03R\bcapacity\x12\x12\n" +
@@ -4084,7 +4148,7 @@ const file_pool_proto_rawDesc = "" +
 	"evacuating\x12:\n" +
 	"\n" +
 	"evacuation\x18\x06 \x01(\v2\x1a.farmem.pool.v1.EvacuationR\n" +
-	"evacuation\"\xac\x02\n" +
+	"evacuation\"\xa0\x03\n" +
 	"\n" +
 	"Evacuation\x12%\n" +
 	"\x0esegments_moved\x18\x01 \x01(\rR\rsegmentsMoved\x12#\n" +
@@ -4097,7 +4161,11 @@ const file_pool_proto_rawDesc = "" +
 	"\x06eta_ms\x18\x06 \x01(\x03R\x05etaMs\x12'\n" +
 	"\x0fsegments_failed\x18\a \x01(\rR\x0esegmentsFailed\x12\x14\n" +
 	"\x05stuck\x18\b \x01(\tR\x05stuck\x12\x12\n" +
-	"\x04done\x18\t \x01(\bR\x04done\"\x1f\n" +
+	"\x04done\x18\t \x01(\bR\x04done\x12)\n" +
+	"\x10segments_staying\x18\n" +
+	" \x01(\rR\x0fsegmentsStaying\x12#\n" +
+	"\rbytes_staying\x18\v \x01(\x04R\fbytesStaying\x12\"\n" +
+	"\rsince_unix_ms\x18\f \x01(\x03R\vsinceUnixMs\"\x1f\n" +
 	"\rDetachRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"\x10\n" +
 	"\x0eDetachResponse\"c\n" +
@@ -4277,56 +4345,57 @@ var file_pool_proto_depIdxs = []int32{
 	31, // 23: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
 	29, // 24: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
 	28, // 25: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	0,  // 26: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
-	0,  // 27: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	34, // 28: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	33, // 29: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	28, // 30: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	38, // 31: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
-	2,  // 32: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
-	43, // 33: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
-	0,  // 34: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
-	18, // 35: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
-	3,  // 36: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
-	4,  // 37: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	11, // 38: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	12, // 39: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	14, // 40: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	15, // 41: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	17, // 42: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	20, // 43: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	26, // 44: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	32, // 45: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	36, // 46: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	25, // 47: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	39, // 48: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	41, // 49: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	44, // 50: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	46, // 51: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	48, // 52: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
-	50, // 53: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
-	7,  // 54: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	18, // 55: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	13, // 56: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	18, // 57: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	16, // 58: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	18, // 59: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	21, // 60: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	27, // 61: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	35, // 62: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	37, // 63: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	21, // 64: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	40, // 65: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	42, // 66: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	45, // 67: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	47, // 68: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	49, // 69: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	51, // 70: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	54, // [54:71] is the sub-list for method output_type
-	37, // [37:54] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	38, // 26: farmem.pool.v1.StatusResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	0,  // 27: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 28: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
+	34, // 29: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	33, // 30: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	28, // 31: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	38, // 32: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	2,  // 33: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
+	43, // 34: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
+	0,  // 35: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
+	18, // 36: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
+	3,  // 37: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
+	4,  // 38: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	11, // 39: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	12, // 40: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	14, // 41: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	15, // 42: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	17, // 43: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	20, // 44: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	26, // 45: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	32, // 46: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	36, // 47: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	25, // 48: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	39, // 49: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	41, // 50: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	44, // 51: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	46, // 52: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	48, // 53: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
+	50, // 54: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
+	7,  // 55: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	18, // 56: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	13, // 57: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	18, // 58: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	16, // 59: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	18, // 60: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	21, // 61: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	27, // 62: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	35, // 63: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	37, // 64: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	21, // 65: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	40, // 66: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	42, // 67: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	45, // 68: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	47, // 69: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	49, // 70: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	51, // 71: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	55, // [55:72] is the sub-list for method output_type
+	38, // [38:55] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
