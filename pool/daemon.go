@@ -262,6 +262,7 @@ func (d *Daemon) Serve() error {
 	}
 	d.log.Info("poold serving", append([]any{"node", d.cfg.Node, "socket", d.cfg.Socket, "data-dir", d.cfg.DataDir, "segments", d.pool.segmentCount()}, tiers...)...)
 	d.health.serve()
+	d.pool.resumeEvacuation()
 	if d.cfg.MeasureTiers {
 		d.wg.Add(1)
 		go func() {

@@ -47,8 +47,9 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 	}
 	// A drain kept in the store is announced from the first gossip on, so
 	// that peers never see free space here that placements would refuse.
-	since := d.pool.draining()
-	meta := cluster.Meta{Proto: protoVersion, GRPCAddr: grpcAddr, Draining: !since.IsZero(), DrainingSince: unixMs(since), Tiers: d.pool.gossipTiers(), Zone: d.cfg.Zone}
+	ds := d.pool.drainState()
+	meta := cluster.Meta{Proto: protoVersion, GRPCAddr: grpcAddr, Draining: !ds.since.IsZero(), DrainingSince: unixMs(ds.since),
+		Evacuating: !ds.evacSince.IsZero(), Tiers: d.pool.gossipTiers(), Zone: d.cfg.Zone}
 	if dp := d.pool.data(); dp != nil {
 		meta.DataAddr = dp.addr
 	}
@@ -400,8 +401,9 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 	p := s.d.pool
 	cl := p.gossip()
 	if cl == nil {
-		since := p.draining()
-		self := &poolv1.NodeInfo{Name: s.d.cfg.Node, State: "alive", Self: true, Draining: !since.IsZero(), DrainingSinceUnixMs: unixMs(since), Zone: s.d.cfg.Zone}
+		ds := p.drainState()
+		self := &poolv1.NodeInfo{Name: s.d.cfg.Node, State: "alive", Self: true, Draining: !ds.since.IsZero(), DrainingSinceUnixMs: unixMs(ds.since),
+			Evacuating: !ds.evacSince.IsZero(), Zone: s.d.cfg.Zone}
 		for _, t := range p.gossipTiers() {
 			self.Tiers = append(self.Tiers, &poolv1.NodeTier{Tier: t.Name, Capacity: t.Capacity, Free: t.Free})
 		}
@@ -414,7 +416,7 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 	for _, m := range cl.Members() {
 		n := &poolv1.NodeInfo{Name: m.Name, State: cluster.StateString(m.State), GossipAddr: m.Addr,
 			GrpcAddr: m.Meta.GRPCAddr, DataAddr: m.Meta.DataAddr, Draining: m.Meta.Draining, DrainingSinceUnixMs: m.Meta.DrainingSince,
-			Self: m.Name == s.d.cfg.Node, Zone: m.Meta.Zone}
+			Evacuating: m.Meta.Evacuating, Self: m.Name == s.d.cfg.Node, Zone: m.Meta.Zone}
 		if why := p.peerConns().refusal(m.Name, m.Meta.GRPCAddr); why != nil {
 			n.Refused = why.Error()
 		}

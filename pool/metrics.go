@@ -254,6 +254,8 @@ var (
 	emuLatDesc     = promDesc("emulated_latency_seconds", "Latency injected into accesses to a tier by latency emulation (0: none).", "tier")
 	drainingDesc   = promDesc("draining", "1 while this node drains (memctl drain: no new placements for peers; its segments stay; kept across restarts until memctl drain --undo), else 0.")
 	drainSinceDesc = promDesc("draining_since_timestamp_seconds", "Unix time this node began to drain; 0 while it is not draining.")
+	evacSegsDesc   = promDesc("evacuation_segments_left", "Segments peers placed on this node that its evacuation (memctl drain --evacuate) has yet to move; 0 while it does not evacuate.")
+	evacBytesDesc  = promDesc("evacuation_bytes_left", "Bytes of the segments counted by farmem_evacuation_segments_left.")
 	commitsDesc    = promDesc("metadata_commits_total", "Commits to a file of the metadata store, and whether each is fsynced: segments.db holds the records of segments on persistent memory or on peers, segments-volatile.db those of segments in volatile memory.", "file", "fsync")
 	memberStates   = []string{"alive", "suspect", "dead", "left"}
 	segmentStates  = []string{"active", "lost"}
@@ -265,7 +267,7 @@ func promDesc(name, help string, labels ...string) *prometheus.Desc {
 
 // Describe implements prometheus.Collector.
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{capacityDesc, usedDesc, freeDesc, segmentsDesc, sessionsDesc, membersDesc, emuLatDesc, drainingDesc, drainSinceDesc, commitsDesc} {
+	for _, d := range []*prometheus.Desc{capacityDesc, usedDesc, freeDesc, segmentsDesc, sessionsDesc, membersDesc, emuLatDesc, drainingDesc, drainSinceDesc, evacSegsDesc, evacBytesDesc, commitsDesc} {
 		ch <- d
 	}
 }
@@ -306,7 +308,7 @@ func (p *core) collect(gauge func(d *prometheus.Desc, v float64, labels ...strin
 		tiers[tierName(r.Tier)] = true
 	}
 	sessions := len(p.sessions)
-	drainSince := p.drainSince
+	drainSince := p.drained.since
 	p.mu.Unlock()
 
 	for t := range tiers {
@@ -323,6 +325,12 @@ func (p *core) collect(gauge func(d *prometheus.Desc, v float64, labels ...strin
 		gauge(drainingDesc, 1)
 		gauge(drainSinceDesc, float64(drainSince.UnixMilli())/1e3)
 	}
+	var evSegs, evBytes float64
+	if ev := p.evac.progress(); ev != nil {
+		evSegs, evBytes = float64(ev.SegmentsLeft), float64(ev.BytesLeft)
+	}
+	gauge(evacSegsDesc, evSegs)
+	gauge(evacBytesDesc, evBytes)
 	members := map[string]int{}
 	if p.cl == nil {
 		members["alive"] = 1

@@ -85,7 +85,7 @@ func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, 
 	}
 	if req.HomeOnly {
 		p.mu.Lock()
-		draining := !p.drainSince.IsZero()
+		draining := !p.drained.since.IsZero()
 		p.mu.Unlock()
 		if draining {
 			return nil, fmt.Errorf("alloc on %s: %w: the node is draining ('memctl drain --undo %s' accepts placements again)", p.cfg.Node, errs.ErrNoCapacity, p.cfg.Node)

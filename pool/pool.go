@@ -67,9 +67,13 @@ type core struct {
 	names    map[string]uint64
 	clients  map[string]*client
 	sessions map[string]*sessionState
-	// drainSince is when memctl drain stopped placements for peers on this
-	// node; zero while it takes them (drain.go).
-	drainSince time.Time
+	// drained is when memctl drain stopped placements for peers on this
+	// node (zero while it takes them) and when it began to evacuate
+	// (drain.go).
+	drained drainState
+	// evac moves the segments peers placed here to other nodes while the
+	// node evacuates (evacuate.go).
+	evac *evacuator
 	// drainMu orders drains and undos, so that the gossip ends as the
 	// store does (held without mu, around both).
 	drainMu sync.Mutex
@@ -145,12 +149,14 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 		p.log.Info("rewrote segment records in the current schema", "records", rewritten, "version", recordVersion)
 	}
 	p.nextID, p.idLimit = next, next
-	if p.drainSince, err = p.st.drainSince(); err != nil {
+	if p.drained, err = p.st.drainState(); err != nil {
 		p.st.close()
 		return nil, fmt.Errorf("metadata store: %w", err)
 	}
-	if !p.drainSince.IsZero() {
-		p.log.Info("draining, as memctl drain left it: no new placements for peers until 'memctl drain --undo'", "node", cfg.Node, "since", p.drainSince.UTC().Format(time.RFC3339))
+	p.evac = newEvacuator(p)
+	if since := p.drained.since; !since.IsZero() {
+		p.log.Info("draining, as memctl drain left it: no new placements for peers until 'memctl drain --undo'", "node", cfg.Node,
+			"since", since.UTC().Format(time.RFC3339), "evacuating", !p.drained.evacSince.IsZero())
 	}
 	var migrated []*record
 	for _, r := range recs {
@@ -316,6 +322,7 @@ func (p *core) close() error {
 	}
 	p.closed = true
 	p.mu.Unlock()
+	p.evac.close()
 	p.peers.close()
 	p.mu.Lock()
 	var err error

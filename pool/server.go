@@ -252,6 +252,7 @@ func (s *service) MeasureTiers(ctx context.Context, _ *poolv1.MeasureTiersReques
 
 func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.StatusResponse, error) {
 	p := s.d.pool
+	ds := p.drainState()
 	return &poolv1.StatusResponse{
 		Version: Version, Node: s.d.cfg.Node, StartedUnixMs: p.startTime().UnixMilli(), Pid: int64(os.Getpid()),
 		DataDir: s.d.cfg.DataDir, Socket: s.d.cfg.Socket, Tiers: p.allTiers(), Sessions: int64(p.sessionCount()),
@@ -261,8 +262,10 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 		NameConflicts:       p.nameConflicts(),
 		GossipInsecure:      s.d.cfg.Gossip != "" && s.d.cfg.GossipKeyFile == "",
 		DataSecurity:        s.d.data.note,
-		DrainingSinceUnixMs: unixMs(p.draining()),
+		DrainingSinceUnixMs: unixMs(ds.since),
 		Zone:                s.d.cfg.Zone,
+		Evacuating:          !ds.evacSince.IsZero(),
+		Evacuation:          p.evac.progress(),
 	}, nil
 }
 

@@ -45,7 +45,7 @@ func TestTierNotesFollowMembership(t *testing.T) {
 	require.NotContains(t, loopback, "no peer")
 
 	// b drains itself, as the Drain call does for an administrator.
-	_, changed, err := b.pool.drain(true)
+	_, changed, err := b.pool.drain(true, false)
 	require.NoError(t, err)
 	require.True(t, changed)
 	var free int64

@@ -1,0 +1,365 @@
+// This file holds the evacuator: while the node evacuates (memctl drain
+// --evacuate), it asks the daemon that placed each segment here (its
+// origin, the node after the peer prefix of the record's owner) to move the
+// segment to another home (Move, docs/MOVE.md), a few at a time, retries
+// what fails with a backoff, and keeps the progress that memctl drain and
+// memctl status show. Segments of this node's own applications are not
+// moved: they leave with their applications.
+
+package pool
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/size"
+)
+
+// Evacuation limits.
+const (
+	// evacMoves is how many moves the evacuator runs at once: enough to
+	// overlap one move's round trips with another's copy, few enough that
+	// the applications' own operations keep most of the data plane.
+	evacMoves = 3
+	// evacRetry is the first pause before a failed move is asked again;
+	// it doubles with each failure of the segment, up to evacRetryMax.
+	evacRetry    = 250 * time.Millisecond
+	evacRetryMax = 10 * time.Second
+	// evacScan is how often the evacuator looks for segments to move
+	// while none is due (new ones, retries whose pause ended).
+	evacScan = 250 * time.Millisecond
+	// evacMoveTime bounds one move: evacMoveBase plus the segment's size
+	// at evacMoveRate.
+	evacMoveBase = 30 * time.Second
+	evacMoveRate = 4 << 20 // bytes a second
+	// evacStuckTries is how many moves of a segment must fail in a row
+	// before the evacuation counts it as stuck: one failure is often
+	// passing (a target that went away), and is retried first.
+	evacStuckTries = 2
+)
+
+// evacuator runs the evacuation of this node while it evacuates. It is
+// safe for concurrent use.
+type evacuator struct {
+	p *core
+	// move asks origin to move the segment with homeID here elsewhere;
+	// core.moveAway, replaced in tests.
+	move func(ctx context.Context, origin string, homeID uint64) error
+
+	mu     sync.Mutex
+	run    *evacRun // the running evacuation; nil while none runs
+	closed bool
+}
+
+// evacRun is one run of the evacuation: from its start (a drain
+// --evacuate, or the daemon's start while evacuating) to its stop (undo,
+// close). Its fields are guarded by evacuator.mu.
+type evacRun struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	started time.Time // when this run began, for the rate
+	ended   time.Time // when nothing was left to move; zero before
+	moved   int       // segments moved by this run
+	bytes   int64     // their bytes
+	busy    map[uint64]bool
+	failed  map[uint64]*evacFailure // by id here, until the segment leaves
+}
+
+// evacFailure is the last failed move of one segment.
+type evacFailure struct {
+	origin string
+	size   int64
+	err    error
+	tries  int
+	next   time.Time // when it is asked again
+}
+
+// evacItem is one segment to move: its id here, size and origin.
+type evacItem struct {
+	id     uint64
+	size   int64
+	origin string
+}
+
+func newEvacuator(p *core) *evacuator {
+	e := &evacuator{p: p}
+	e.move = p.moveAway
+	return e
+}
+
+// start runs the evacuation unless it runs already or the evacuator is
+// closed.
+func (e *evacuator) start() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.run != nil || e.closed {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &evacRun{cancel: cancel, done: make(chan struct{}), started: e.p.now(),
+		busy: map[uint64]bool{}, failed: map[uint64]*evacFailure{}}
+	e.run = r
+	go e.loop(ctx, r)
+}
+
+// stop ends the running evacuation, if any, and waits for its moves: a
+// move under way is canceled (the origin aborts it; the segment stays
+// here, whole).
+func (e *evacuator) stop() {
+	e.mu.Lock()
+	r := e.run
+	e.run = nil
+	e.mu.Unlock()
+	if r != nil {
+		r.cancel()
+		<-r.done
+	}
+}
+
+// close stops the evacuation for good (the daemon stops).
+func (e *evacuator) close() {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	e.stop()
+}
+
+// loop moves the segments peers placed here, evacMoves at a time, until
+// ctx ends.
+func (e *evacuator) loop(ctx context.Context, r *evacRun) {
+	defer close(r.done)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	results := make(chan struct{}, evacMoves)
+	tick := time.NewTicker(evacScan)
+	defer tick.Stop()
+	for {
+		for _, it := range e.due(r) {
+			wg.Go(func() {
+				err := e.moveOne(ctx, it)
+				e.finish(r, it, err)
+				select { // a wake-up: one waiting is enough
+				case results <- struct{}{}:
+				default:
+				}
+			})
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-results:
+		case <-tick.C:
+		}
+	}
+}
+
+// due marks busy and returns the segments to move now: those not moving
+// and not waiting for a retry, up to evacMoves moving at once.
+func (e *evacuator) due(r *evacRun) []evacItem {
+	items, _, _ := e.p.peerHeld()
+	now := e.p.now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(items) == 0 && r.ended.IsZero() && len(r.busy) == 0 {
+		r.ended = now
+		e.p.log.Info("evacuation done: no segment of a peer is left here", "node", e.p.cfg.Node,
+			"moved", r.moved, "bytes", r.bytes, "took", now.Sub(r.started).Round(time.Millisecond))
+	}
+	var out []evacItem
+	for _, it := range items {
+		if len(r.busy)+len(out) >= evacMoves {
+			break
+		}
+		if f := r.failed[it.id]; r.busy[it.id] || f != nil && now.Before(f.next) {
+			continue
+		}
+		out = append(out, it)
+	}
+	for _, it := range out {
+		r.busy[it.id] = true
+	}
+	if len(out) > 0 {
+		r.ended = time.Time{}
+	}
+	return out
+}
+
+// moveOne asks the segment's origin to move it, within a time that grows
+// with its size.
+func (e *evacuator) moveOne(ctx context.Context, it evacItem) error {
+	ctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size/evacMoveRate)*time.Second)
+	defer cancel()
+	return e.move(ctx, it.origin, it.id)
+}
+
+// finish records the outcome of a move.
+func (e *evacuator) finish(r *evacRun, it evacItem, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(r.busy, it.id)
+	if err == nil {
+		delete(r.failed, it.id)
+		r.moved++
+		r.bytes += it.size
+		e.p.log.Debug("evacuated a segment", "segment", it.id, "origin", it.origin, "size", it.size)
+		return
+	}
+	if e.run != r {
+		return // stopped: the run's account is gone with it
+	}
+	f := r.failed[it.id]
+	if f == nil {
+		f = &evacFailure{origin: it.origin, size: it.size}
+		r.failed[it.id] = f
+		e.p.log.Info("evacuation: a move failed; retrying", "segment", it.id, "origin", it.origin, "size", it.size, "err", err)
+	}
+	f.err = err
+	f.tries++
+	f.next = e.p.now().Add(min(evacRetry<<min(f.tries-1, 16), evacRetryMax))
+}
+
+// peerHeld lists the segments peers placed here (their owner is a peer
+// daemon's client id), oldest id first, and counts the others, which stay.
+func (p *core) peerHeld() (items []evacItem, staying int, stayingBytes int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.segs {
+		switch origin, ok := strings.CutPrefix(r.Owner, peerClientPrefix); {
+		case r.Home != "":
+			// Held on a peer for a client here: not on this host.
+		case ok:
+			items = append(items, evacItem{id: r.ID, size: r.Size, origin: origin})
+		default:
+			staying++
+			stayingBytes += r.Size
+		}
+	}
+	slices.SortFunc(items, func(a, b evacItem) int { return cmp.Compare(a.id, b.id) })
+	return items, staying, stayingBytes
+}
+
+// progress returns the evacuation's progress; nil while it does not run.
+func (e *evacuator) progress() *poolv1.Evacuation {
+	items, staying, stayingBytes := e.p.peerHeld()
+	since := e.p.drainState().evacSince
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r := e.run
+	if r == nil {
+		return nil
+	}
+	ev := &poolv1.Evacuation{SegmentsMoved: uint32(r.moved), BytesMoved: uint64(r.bytes),
+		SegmentsStaying: uint32(staying), BytesStaying: uint64(stayingBytes), SinceUnixMs: unixMs(since)}
+	var failed []*evacFailure // failed again after a retry
+	for _, it := range items {
+		ev.SegmentsLeft++
+		ev.BytesLeft += uint64(it.size)
+		if f := r.failed[it.id]; f != nil {
+			ev.SegmentsFailed++
+			if f.tries >= evacStuckTries {
+				failed = append(failed, f)
+			}
+		}
+	}
+	ev.Done = len(items) == 0
+	end := e.p.now()
+	if !r.ended.IsZero() {
+		end = r.ended
+	}
+	if secs := end.Sub(r.started).Seconds(); secs > 0 && r.bytes > 0 {
+		ev.BytesPerSecond = float64(r.bytes) / secs
+		if !ev.Done {
+			ev.EtaMs = int64(float64(ev.BytesLeft) / ev.BytesPerSecond * 1e3)
+		}
+	}
+	if len(items) > 0 && len(failed) == len(items) { // every one failed again
+		ev.Stuck = stuckReason(e.p.cfg.Node, failed)
+	}
+	return ev
+}
+
+// stuckReason says why none of the segments left can move, from the last
+// failure of each: grouped by cause, with what to do.
+func stuckReason(node string, failed []*evacFailure) string {
+	var noRoom, unsupported int
+	var largest int64
+	down := map[string]int{}
+	other := map[string]error{}
+	for _, f := range failed {
+		switch {
+		case errors.Is(f.err, errs.ErrNoCapacity):
+			noRoom++
+			largest = max(largest, f.size)
+		case errors.Is(f.err, errOriginDown):
+			down[f.origin]++
+		case errors.Is(f.err, errs.ErrNotSupported):
+			unsupported++
+			other[f.origin] = f.err
+		default:
+			other[f.origin] = f.err
+		}
+	}
+	var why []string
+	if noRoom > 0 {
+		why = append(why, fmt.Sprintf("no other host has room for %s (%s); add capacity or undo the drain ('memctl drain %s --undo')",
+			size.Size(largest).Human(), waiting(noRoom), node))
+	}
+	for _, o := range slices.Sorted(maps.Keys(down)) {
+		why = append(why, fmt.Sprintf("origin %s is unreachable (%s): they move once its poold is back", o, waiting(down[o])))
+	}
+	for _, o := range slices.Sorted(maps.Keys(other)) {
+		why = append(why, fmt.Sprintf("origin %s: %v", o, other[o]))
+	}
+	return strings.Join(why, "; ")
+}
+
+// waiting says how many segments wait, for stuckReason.
+func waiting(n int) string {
+	if n == 1 {
+		return "1 segment waits"
+	}
+	return fmt.Sprintf("%d segments wait", n)
+}
+
+// errOriginDown marks a move whose origin is not an alive member.
+var errOriginDown = errs.Sub(errs.ErrUnavailable, "the segment's origin is not alive")
+
+// moveAway asks origin, over this daemon's peer session with it, to move
+// the segment it placed here with id homeID to another home.
+func (p *core) moveAway(ctx context.Context, origin string, homeID uint64) error {
+	if p.cl == nil {
+		return fmt.Errorf("%w: node %s is in no cluster", errOriginDown, p.cfg.Node)
+	}
+	m, ok := p.cl.Member(origin)
+	if !ok || m.State != cluster.StateAlive {
+		state := "unknown"
+		if ok {
+			state = cluster.StateString(m.State)
+		}
+		return fmt.Errorf("%w: node %s is %s", errOriginDown, origin, state)
+	}
+	pc, err := p.peers.get(ctx, origin, m.Meta.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errOriginDown, err)
+	}
+	cctx, _, err := pc.Call(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errOriginDown, err)
+	}
+	_, err = pc.API().Move(cctx, &poolv1.MoveRequest{Home: p.cfg.Node, HomeId: homeID})
+	if err = errs.FromStatus(err); errors.Is(err, errs.ErrNotSupported) {
+		return fmt.Errorf("its poold cannot move segments (%w); upgrade it", err)
+	}
+	return err
+}

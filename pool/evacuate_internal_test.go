@@ -1,0 +1,139 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// fakeOrigins stands in for the origins' Move: each origin answers with
+// the error its function returns; nil moves the segment away, as the
+// source's commit does (the record here is freed).
+type fakeOrigins struct {
+	p  *core
+	mu sync.Mutex
+	// answer is what origin answers for the segment with homeID.
+	answer map[string]func(homeID uint64) error
+	calls  map[string]int
+}
+
+func (f *fakeOrigins) move(_ context.Context, origin string, homeID uint64) error {
+	f.mu.Lock()
+	f.calls[origin]++
+	fn := f.answer[origin]
+	f.mu.Unlock()
+	if err := fn(homeID); err != nil {
+		return err
+	}
+	return f.p.Free(admin(), homeID, "")
+}
+
+func (f *fakeOrigins) count(origin string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[origin]
+}
+
+func (f *fakeOrigins) set(origin string, fn func(uint64) error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.answer[origin] = fn
+}
+
+// peerSegment places a segment of size bytes here for the peer daemon
+// origin, as its Alloc on this home does.
+func peerSegment(t *testing.T, p *core, origin string, size int64) uint64 {
+	t.Helper()
+	r, err := p.Alloc(t.Context(), caller{client: &client{id: peerClientPrefix + origin}}, allocRequest{Size: size, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	require.NoError(t, err)
+	return r.ID
+}
+
+// TestEvacuatorProgressAndStuck runs the evacuator against fake origins:
+// it moves what its origins move (one after a transient failure, retried),
+// counts the segments of this node's own clients as staying, reports a
+// segment whose origin is down and then one that no host has room for as
+// stuck, with the reason and what to do; it stops at the undo, resumes
+// from the store after a restart, and stops at close (goleak in TestMain).
+func TestEvacuatorProgressAndStuck(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	f := &fakeOrigins{p: p, answer: map[string]func(uint64) error{}, calls: map[string]int{}}
+	p.evac.move = f.move
+	a1 := peerSegment(t, p, "a", 1<<20)
+	a2 := peerSegment(t, p, "a", 2<<20)
+	c1 := peerSegment(t, p, "c", 1<<20)
+	_, err := p.Alloc(t.Context(), caller{client: &client{id: "app"}}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Persist: true})
+	require.NoError(t, err)
+
+	failedOnce := map[uint64]bool{}
+	f.set("a", func(id uint64) error {
+		if id == a2 && !failedOnce[id] {
+			failedOnce[id] = true
+			return fmt.Errorf("move: %w: the target went away", errs.ErrUnavailable)
+		}
+		return nil
+	})
+	f.set("c", func(uint64) error { return fmt.Errorf("%w: node c is dead", errOriginDown) })
+
+	require.Nil(t, p.evac.progress(), "no progress while not evacuating")
+	ds, changed, err := p.drain(true, true)
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.False(t, ds.evacSince.IsZero())
+	var ev *poolv1.Evacuation
+	require.Eventually(t, func() bool { ev = p.evac.progress(); return ev.Stuck != "" && ev.SegmentsMoved == 2 }, 10*time.Second, 10*time.Millisecond)
+	require.GreaterOrEqual(t, f.count("c"), evacStuckTries, "c was asked again before it counts as stuck")
+	require.EqualValues(t, 2, ev.SegmentsMoved, "%+v", ev)
+	require.EqualValues(t, 3<<20, ev.BytesMoved)
+	require.EqualValues(t, 1, ev.SegmentsLeft)
+	require.EqualValues(t, 1<<20, ev.BytesLeft)
+	require.EqualValues(t, 1, ev.SegmentsFailed)
+	require.EqualValues(t, 1, ev.SegmentsStaying, "the local client's segment leaves with its application")
+	require.EqualValues(t, 4096, ev.BytesStaying)
+	require.False(t, ev.Done)
+	require.Positive(t, ev.BytesPerSecond)
+	require.Positive(t, ev.EtaMs)
+	require.Equal(t, unixMs(ds.evacSince), ev.SinceUnixMs)
+	require.Equal(t, "origin c is unreachable (1 segment waits): they move once its poold is back", ev.Stuck)
+	require.True(t, failedOnce[a2], "a's transient failure happened and was retried")
+	_, err = p.lookup(a1, "")
+	require.ErrorIs(t, err, errs.ErrNotFound, "a moved segment is gone from here")
+
+	// The last host with room is draining: every answer is no capacity.
+	f.set("c", func(uint64) error {
+		return &cluster.NoPeerError{Tier: "rdma", Size: 1 << 20, Reason: cluster.AllDraining, Alive: 2}
+	})
+	require.Eventually(t, func() bool { ev = p.evac.progress(); return ev.Stuck != "" && ev.Stuck[0] == 'n' }, 20*time.Second, 10*time.Millisecond, "%+v", ev)
+	require.Equal(t, "no other host has room for 1.0 MiB (1 segment waits); add capacity or undo the drain ('memctl drain n1 --undo')", ev.Stuck)
+
+	// A restart resumes the evacuation from the store; the undo stops it.
+	require.NoError(t, p.close())
+	p = newTestPool(t, cfg)
+	defer p.close()
+	f.p = p
+	p.evac.move = f.move
+	require.Nil(t, p.evac.progress(), "nothing runs before the daemon serves")
+	p.resumeEvacuation()
+	f.set("c", func(uint64) error { return nil })
+	require.Eventually(t, func() bool { ev = p.evac.progress(); return ev.Done }, 10*time.Second, 10*time.Millisecond)
+	require.EqualValues(t, 1, ev.SegmentsMoved, "this run's moves")
+	require.Empty(t, ev.Stuck)
+	require.Zero(t, ev.EtaMs)
+	_, err = p.lookup(c1, "")
+	require.ErrorIs(t, err, errs.ErrNotFound)
+
+	_, changed, err = p.drain(false, false)
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Nil(t, p.evac.progress(), "the undo ends the evacuation")
+	require.Equal(t, drainState{}, p.drainState())
+}
