@@ -252,7 +252,7 @@ var (
 	sessionsDesc   = promDesc("sessions", "Live client sessions.")
 	membersDesc    = promDesc("cluster_members", "Cluster members by state, this node included; a node in no cluster counts itself alive.", "state")
 	emuLatDesc     = promDesc("emulated_latency_seconds", "Latency injected into accesses to a tier by latency emulation (0: none).", "tier")
-	drainingDesc   = promDesc("draining", "1 while this node drains (memctl drain: no new placements for peers; its segments stay; kept across restarts until memctl drain --undo), else 0.")
+	drainingDesc   = promDesc("draining", "1 while this node drains (memctl drain: no new placements for peers; its segments stay unless it evacuates; kept across restarts until memctl drain --undo), else 0.")
 	drainSinceDesc = promDesc("draining_since_timestamp_seconds", "Unix time this node began to drain; 0 while it is not draining.")
 	evacSegsDesc   = promDesc("evacuation_segments_left", "Segments peers placed on this node that its evacuation (memctl drain --evacuate) has yet to move; 0 while it does not evacuate.")
 	evacBytesDesc  = promDesc("evacuation_bytes_left", "Bytes of the segments counted by farmem_evacuation_segments_left.")

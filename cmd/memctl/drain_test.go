@@ -26,7 +26,7 @@ func TestDrainMessages(t *testing.T) {
 	}
 
 	out := run("drain", "test-node")
-	m := regexp.MustCompile(`^test-node is draining since (\S+) \(\S+ ago\): no new placements; its segments stay \(moving them off is not built yet\)\n$`).FindStringSubmatch(out)
+	m := regexp.MustCompile(`^test-node is draining since (\S+) \(\S+ ago\): no new placements; its segments stay unless --evacuate moves them\n$`).FindStringSubmatch(out)
 	require.NotNil(t, m, out)
 	since := m[1]
 	require.Contains(t, run("drain", "test-node"), "test-node was already draining since "+since)
@@ -68,4 +68,21 @@ func TestDrainMessages(t *testing.T) {
 	_, errOut, code := memctl(t, s, "drain", "nope")
 	require.NotZero(t, code)
 	require.Contains(t, errOut, `node "nope": not found: this daemon is in no cluster; its only node is "test-node"`)
+
+	// Evacuation needs other hosts, and contradicting flags are refused
+	// before anything is asked.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"drain", "test-node", "--evacuate"}, "invalid argument: node test-node is in no cluster (poold without --gossip): there is no other host to evacuate to"},
+		{[]string{"drain", "test-node", "--undo", "--evacuate"}, "invalid argument: --undo ends the drain and its evacuation; drop --evacuate and --wait"},
+		{[]string{"drain", "test-node", "--wait"}, "invalid argument: --wait waits for an evacuation; add --evacuate"},
+		{[]string{"drain", "test-node", "--evacuate", "--wait", "--stuck-grace", "0s"}, "invalid argument: --stuck-grace 0s: give a positive duration, e.g. 30s"},
+	} {
+		_, errOut, code = memctl(t, s, tc.args...)
+		require.NotZero(t, code, "%v", tc.args)
+		require.Contains(t, errOut, tc.want, "%v", tc.args)
+	}
+	require.NotContains(t, run("status"), "draining", "a refused evacuation drains nothing")
 }

@@ -20,12 +20,15 @@ type nodeJSON struct {
 	Draining bool   `json:"draining"`
 	// DrainingSince is when the node began to drain (RFC 3339), as the
 	// node gossips it; empty when it is not draining.
-	DrainingSince string         `json:"draining_since,omitempty"`
-	GossipAddr    string         `json:"gossip_addr,omitempty"`
-	GRPCAddr      string         `json:"grpc_addr,omitempty"`
-	DataAddr      string         `json:"data_addr,omitempty"`
-	Refused       string         `json:"refused,omitempty"` // why this daemon refuses it as a peer
-	Tiers         []nodeTierJSON `json:"tiers"`
+	DrainingSince string `json:"draining_since,omitempty"`
+	// Evacuating: the node moves its segments to other nodes (memctl
+	// drain --evacuate), as it gossips it.
+	Evacuating bool           `json:"evacuating"`
+	GossipAddr string         `json:"gossip_addr,omitempty"`
+	GRPCAddr   string         `json:"grpc_addr,omitempty"`
+	DataAddr   string         `json:"data_addr,omitempty"`
+	Refused    string         `json:"refused,omitempty"` // why this daemon refuses it as a peer
+	Tiers      []nodeTierJSON `json:"tiers"`
 }
 
 type nodeTierJSON struct {
@@ -50,7 +53,7 @@ func newNodesCmd(g *globals) *cobra.Command {
 			}
 			out := make([]nodeJSON, len(resp.Nodes))
 			for i, n := range resp.Nodes {
-				out[i] = nodeJSON{Name: n.Name, State: n.State, Self: n.Self, Zone: n.Zone, Draining: n.Draining,
+				out[i] = nodeJSON{Name: n.Name, State: n.State, Self: n.Self, Zone: n.Zone, Draining: n.Draining, Evacuating: n.Evacuating,
 					GossipAddr: n.GossipAddr, GRPCAddr: n.GrpcAddr, DataAddr: n.DataAddr, Refused: n.Refused, Tiers: []nodeTierJSON{}}
 				if n.DrainingSinceUnixMs != 0 {
 					out[i].DrainingSince = rfc3339(n.DrainingSinceUnixMs)
@@ -72,6 +75,9 @@ func newNodesCmd(g *globals) *cobra.Command {
 				if n.Draining {
 					state += ",draining"
 				}
+				if n.Evacuating {
+					state += ",evacuating"
+				}
 				if n.Refused != "" {
 					state += ",refused" // -o json says why
 				}
@@ -80,8 +86,13 @@ func newNodesCmd(g *globals) *cobra.Command {
 					free = append(free, fmt.Sprintf("%s %s/%s", t.Tier, human(t.Free), human(t.Capacity)))
 				}
 				freeText := strings.Join(free, ", ")
-				if n.Draining {
+				switch {
+				case n.Draining && n.Evacuating:
+					freeText += " (draining: takes no new segments; evacuating: its segments move to other nodes"
+				case n.Draining:
 					freeText += " (draining: takes no new segments; its segments stay"
+				}
+				if n.Draining {
 					if n.DrainingSince != "" { // a poold that predates the field gossips none
 						freeText += "; since " + n.DrainingSince
 					}

@@ -40,7 +40,8 @@ func newStatusCmd(g *globals) *cobra.Command {
 					"name_conflicts":  conflictsJSON(st.NameConflicts),
 					"gossip_insecure": st.GossipInsecure,
 					"draining":        st.DrainingSinceUnixMs != 0, "draining_since": optRFC3339(st.DrainingSinceUnixMs),
-					"zone": st.Zone,
+					"zone":       st.Zone,
+					"evacuating": st.Evacuating, "evacuation": evacuationJSON(st.Evacuation),
 				})
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
@@ -51,7 +52,11 @@ func newStatusCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "poold %s on node %s%s (pid %d), up %s\n", st.Version, st.Node, zone, st.Pid, uptime)
 			fmt.Fprintf(w, "socket %s, data %s, %d sessions, %d segments, lease TTL %s\n\n", st.Socket, st.DataDir, st.Sessions, st.Segments, time.Duration(st.LeaseTtlMs)*time.Millisecond)
 			if st.DrainingSinceUnixMs != 0 {
-				fmt.Fprintf(w, "node %s is %s\n\n", st.Node, drainingText(st.DrainingSinceUnixMs))
+				fmt.Fprintf(w, "node %s is %s\n", st.Node, drainingText(st.DrainingSinceUnixMs, st.Evacuating))
+				if st.Evacuating {
+					fmt.Fprintln(w, evacuationText(st.Node, st.Evacuation))
+				}
+				fmt.Fprintln(w)
 			}
 			printTiers(w, st.Tiers)
 			printSecurity(w, st)

@@ -117,7 +117,7 @@ func TestDrainSurvivesRestart(t *testing.T) {
 	out, errOut, ok := memctlText(t, a.socket, "drain", "b")
 	require.True(t, ok, errOut)
 	require.Contains(t, out, "b was already draining since "+since)
-	require.Contains(t, out, "no new placements; its segments stay (moving them off is not built yet)")
+	require.Contains(t, out, "no new placements; its segments stay unless --evacuate moves them")
 
 	noPlacementOnB := func(why string) {
 		t.Helper()
