@@ -272,7 +272,7 @@ func (e *evacuator) progress() *poolv1.Evacuation {
 			}
 		}
 	}
-	ev.Done = len(items) == 0
+	ev.Done = len(items) == 0 && len(r.busy) == 0 // a move's answer counted too
 	end := e.p.now()
 	if !r.ended.IsZero() {
 		end = r.ended
@@ -292,10 +292,10 @@ func (e *evacuator) progress() *poolv1.Evacuation {
 // stuckReason says why none of the segments left can move, from the last
 // failure of each: grouped by cause, with what to do.
 func stuckReason(node string, failed []*evacFailure) string {
-	var noRoom, unsupported int
+	var noRoom int
 	var largest int64
 	down := map[string]int{}
-	other := map[string]error{}
+	other := map[string][]string{} // origins by error
 	for _, f := range failed {
 		switch {
 		case errors.Is(f.err, errs.ErrNoCapacity):
@@ -303,11 +303,10 @@ func stuckReason(node string, failed []*evacFailure) string {
 			largest = max(largest, f.size)
 		case errors.Is(f.err, errOriginDown):
 			down[f.origin]++
-		case errors.Is(f.err, errs.ErrNotSupported):
-			unsupported++
-			other[f.origin] = f.err
 		default:
-			other[f.origin] = f.err
+			if msg := f.err.Error(); !slices.Contains(other[msg], f.origin) {
+				other[msg] = append(other[msg], f.origin)
+			}
 		}
 	}
 	var why []string
@@ -318,8 +317,14 @@ func stuckReason(node string, failed []*evacFailure) string {
 	for _, o := range slices.Sorted(maps.Keys(down)) {
 		why = append(why, fmt.Sprintf("origin %s is unreachable (%s): they move once its poold is back", o, waiting(down[o])))
 	}
-	for _, o := range slices.Sorted(maps.Keys(other)) {
-		why = append(why, fmt.Sprintf("origin %s: %v", o, other[o]))
+	for _, msg := range slices.Sorted(maps.Keys(other)) {
+		origins := other[msg]
+		slices.Sort(origins)
+		label := "origin "
+		if len(origins) > 1 {
+			label = "origins "
+		}
+		why = append(why, label+strings.Join(origins, ", ")+": "+msg)
 	}
 	return strings.Join(why, "; ")
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -46,6 +47,19 @@ func (f *fakeOrigins) set(origin string, fn func(uint64) error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.answer[origin] = fn
+}
+
+// evacGauges returns farmem_evacuation_segments_left and _bytes_left.
+func evacGauges(p *core) (v [2]float64) {
+	p.collect(func(d *prometheus.Desc, x float64, _ ...string) {
+		switch d {
+		case evacSegsDesc:
+			v[0] = x
+		case evacBytesDesc:
+			v[1] = x
+		}
+	})
+	return v
 }
 
 // peerSegment places a segment of size bytes here for the peer daemon
@@ -105,6 +119,7 @@ func TestEvacuatorProgressAndStuck(t *testing.T) {
 	require.Equal(t, unixMs(ds.evacSince), ev.SinceUnixMs)
 	require.Equal(t, "origin c is unreachable (1 segment waits): they move once its poold is back", ev.Stuck)
 	require.True(t, failedOnce[a2], "a's transient failure happened and was retried")
+	require.Equal(t, [2]float64{1, 1 << 20}, evacGauges(p), "farmem_evacuation_segments_left, _bytes_left")
 	_, err = p.lookup(a1, "")
 	require.ErrorIs(t, err, errs.ErrNotFound, "a moved segment is gone from here")
 
@@ -135,5 +150,21 @@ func TestEvacuatorProgressAndStuck(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, changed)
 	require.Nil(t, p.evac.progress(), "the undo ends the evacuation")
+	require.Equal(t, [2]float64{0, 0}, evacGauges(p))
 	require.Equal(t, drainState{}, p.drainState())
+}
+
+// stuckReason groups the causes: no room (with the largest segment), each
+// origin that is down, and each other error with the origins that gave it.
+func TestStuckReason(t *testing.T) {
+	old := fmt.Errorf("its poold cannot move segments (%w); upgrade it", errs.ErrNotSupported)
+	got := stuckReason("d", []*evacFailure{
+		{origin: "a", size: 64 << 20, err: fmt.Errorf("move: %w", errs.ErrNoCapacity)},
+		{origin: "b", size: 1 << 20, err: &cluster.NoPeerError{Reason: cluster.NotEnoughFree}},
+		{origin: "c", err: fmt.Errorf("%w: node c is dead", errOriginDown)},
+		{origin: "f", err: old}, {origin: "e", err: old}, {origin: "e", err: old},
+	})
+	require.Equal(t, "no other host has room for 64.0 MiB (2 segments wait); add capacity or undo the drain ('memctl drain d --undo'); "+
+		"origin c is unreachable (1 segment waits): they move once its poold is back; "+
+		"origins e, f: its poold cannot move segments (not supported on this host or build); upgrade it", got)
 }

@@ -54,8 +54,9 @@ type poolNode struct {
 }
 
 // startPools starts one poold per host of c, named a, b, c, ...; all but
-// the first join the first.
-func startPools(t *testing.T, c *testcluster.Cluster) []*poolNode {
+// the first join the first. extra is appended to each poold's arguments
+// (a flag given again there overrides the default above it).
+func startPools(t *testing.T, c *testcluster.Cluster, extra ...string) []*poolNode {
 	t.Helper()
 	seed := c.Hosts[0].Addr.String()
 	// One CA per cluster: node certificates with each host's address (peers
@@ -88,6 +89,7 @@ func startPools(t *testing.T, c *testcluster.Cluster) []*poolNode {
 		if lv := os.Getenv("FARMEM_TEST_LOG_LEVEL"); lv != "" {
 			n.args = append(n.args, "--log-level", lv)
 		}
+		n.args = append(n.args, extra...)
 		if i > 0 {
 			n.args = append(n.args, "--join", seed+":7946")
 		}
