@@ -43,7 +43,9 @@
 //     and limits, client descriptions.
 //   - peers.go: placement on peers and reconciling with them; membership.go
 //     holds the cluster's side (gossip metadata, members coming and going);
-//     drain.go the drain (no placements for peers), kept in the store.
+//     drain.go the drain (no placements for peers), kept in the store;
+//     evacuate.go the evacuator, which asks each segment's origin to move
+//     it off a node that evacuates.
 //   - record.go and store.go: the segment record and its versioned binary
 //     form (a JSON form of older stores is rewritten on open), and the
 //     bbolt store with grouped commits and its reserve for full

@@ -9,7 +9,7 @@
 //     id or name;
 //   - nodes: the cluster's members, their state, addresses and free memory;
 //   - drain NODE: stop new placements on a node, across its restarts, until
-//     --undo; its segments stay;
+//     --undo; --evacuate also moves its segments off (--wait: until done);
 //   - keyring: list and rotate the gossip keys of every node;
 //   - top: tiers, clients and operation rates, refreshed in place;
 //   - bench: each tier's latency, throughput and CPU per operation, with

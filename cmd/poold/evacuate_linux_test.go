@@ -251,5 +251,9 @@ func TestEvacuateResumesAfterKill9(t *testing.T) {
 	out := evacuate(t, l.nodes[0], l.target)
 	to := time.Now()
 	t.Logf("after the restart:\n%s", out)
-	l.checkNothingLost(t, l.results(t, from, to), true)
+	rs := l.results(t, from, to)
+	for i, r := range rs {
+		t.Logf("client %d: %d operations, %d of unknown outcome (in flight at the kill)", i, r.Ops, r.Indeterminate)
+	}
+	l.checkNothingLost(t, rs, true)
 }
