@@ -52,9 +52,10 @@ const (
 // safe for concurrent use.
 type evacuator struct {
 	p *core
-	// move asks origin to move the segment with homeID here elsewhere;
-	// core.moveAway, replaced in tests.
-	move func(ctx context.Context, origin string, homeID uint64) error
+	// move asks origin to move the segment with homeID here elsewhere and
+	// returns how long writes waited for its switch-over; core.moveAway,
+	// replaced in tests.
+	move func(ctx context.Context, origin string, homeID uint64) (time.Duration, error)
 
 	mu     sync.Mutex
 	run    *evacRun // the running evacuation; nil while none runs
@@ -68,10 +69,11 @@ type evacRun struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	started time.Time // when this run began, for the rate
-	ended   time.Time // when nothing was left to move; zero before
-	moved   int       // segments moved by this run
-	bytes   int64     // their bytes
+	started time.Time       // when this run began, for the rate
+	ended   time.Time       // when nothing was left to move; zero before
+	moved   int             // segments moved by this run
+	bytes   int64           // their bytes
+	pauses  []time.Duration // their switch-overs' pauses, as the origins measured them
 	busy    map[uint64]bool
 	failed  map[uint64]*evacFailure // by id here, until the segment leaves
 }
@@ -147,8 +149,8 @@ func (e *evacuator) loop(ctx context.Context, r *evacRun) {
 	for {
 		for _, it := range e.due(r) {
 			wg.Go(func() {
-				err := e.moveOne(ctx, it)
-				e.finish(r, it, err)
+				pause, err := e.moveOne(ctx, it)
+				e.finish(r, it, pause, err)
 				select { // a wake-up: one waiting is enough
 				case results <- struct{}{}:
 				default:
@@ -174,7 +176,8 @@ func (e *evacuator) due(r *evacRun) []evacItem {
 	if len(items) == 0 && r.ended.IsZero() && len(r.busy) == 0 {
 		r.ended = now
 		e.p.log.Info("evacuation done: no segment of a peer is left here", "node", e.p.cfg.Node,
-			"moved", r.moved, "bytes", r.bytes, "took", now.Sub(r.started).Round(time.Millisecond))
+			"moved", r.moved, "bytes", r.bytes, "took", now.Sub(r.started).Round(time.Millisecond),
+			"pause-p50", percentile(r.pauses, 50), "pause-p99", percentile(r.pauses, 99), "pause-max", percentile(r.pauses, 100))
 	}
 	var out []evacItem
 	for _, it := range items {
@@ -197,14 +200,14 @@ func (e *evacuator) due(r *evacRun) []evacItem {
 
 // moveOne asks the segment's origin to move it, within a time that grows
 // with its size.
-func (e *evacuator) moveOne(ctx context.Context, it evacItem) error {
+func (e *evacuator) moveOne(ctx context.Context, it evacItem) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size/evacMoveRate)*time.Second)
 	defer cancel()
 	return e.move(ctx, it.origin, it.id)
 }
 
 // finish records the outcome of a move.
-func (e *evacuator) finish(r *evacRun, it evacItem, err error) {
+func (e *evacuator) finish(r *evacRun, it evacItem, pause time.Duration, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(r.busy, it.id)
@@ -212,6 +215,7 @@ func (e *evacuator) finish(r *evacRun, it evacItem, err error) {
 		delete(r.failed, it.id)
 		r.moved++
 		r.bytes += it.size
+		r.pauses = append(r.pauses, pause)
 		e.p.log.Debug("evacuated a segment", "segment", it.id, "origin", it.origin, "size", it.size)
 		return
 	}
@@ -342,9 +346,9 @@ var errOriginDown = errs.Sub(errs.ErrUnavailable, "the segment's origin is not a
 
 // moveAway asks origin, over this daemon's peer session with it, to move
 // the segment it placed here with id homeID to another home.
-func (p *core) moveAway(ctx context.Context, origin string, homeID uint64) error {
+func (p *core) moveAway(ctx context.Context, origin string, homeID uint64) (time.Duration, error) {
 	if p.cl == nil {
-		return fmt.Errorf("%w: node %s is in no cluster", errOriginDown, p.cfg.Node)
+		return 0, fmt.Errorf("%w: node %s is in no cluster", errOriginDown, p.cfg.Node)
 	}
 	m, ok := p.cl.Member(origin)
 	if !ok || m.State != cluster.StateAlive {
@@ -352,19 +356,31 @@ func (p *core) moveAway(ctx context.Context, origin string, homeID uint64) error
 		if ok {
 			state = cluster.StateString(m.State)
 		}
-		return fmt.Errorf("%w: node %s is %s", errOriginDown, origin, state)
+		return 0, fmt.Errorf("%w: node %s is %s", errOriginDown, origin, state)
 	}
 	pc, err := p.peers.get(ctx, origin, m.Meta.GRPCAddr)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errOriginDown, err)
+		return 0, fmt.Errorf("%w: %w", errOriginDown, err)
 	}
 	cctx, _, err := pc.Call(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errOriginDown, err)
+		return 0, fmt.Errorf("%w: %w", errOriginDown, err)
 	}
-	_, err = pc.API().Move(cctx, &poolv1.MoveRequest{Home: p.cfg.Node, HomeId: homeID})
+	resp, err := pc.API().Move(cctx, &poolv1.MoveRequest{Home: p.cfg.Node, HomeId: homeID})
 	if err = errs.FromStatus(err); errors.Is(err, errs.ErrNotSupported) {
-		return fmt.Errorf("its poold cannot move segments (%w); upgrade it", err)
+		return 0, fmt.Errorf("its poold cannot move segments (%w); upgrade it", err)
+	} else if err != nil {
+		return 0, err
 	}
-	return err
+	return time.Duration(resp.PauseUs) * time.Microsecond, nil
+}
+
+// percentile is the p-th percentile of ds (p 100: the largest); 0 for
+// none. It sorts ds.
+func percentile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[min(len(ds)*p/100, len(ds)-1)]
 }

@@ -26,15 +26,15 @@ type fakeOrigins struct {
 	calls  map[string]int
 }
 
-func (f *fakeOrigins) move(_ context.Context, origin string, homeID uint64) error {
+func (f *fakeOrigins) move(_ context.Context, origin string, homeID uint64) (time.Duration, error) {
 	f.mu.Lock()
 	f.calls[origin]++
 	fn := f.answer[origin]
 	f.mu.Unlock()
 	if err := fn(homeID); err != nil {
-		return err
+		return 0, err
 	}
-	return f.p.Free(admin(), homeID, "")
+	return time.Millisecond, f.p.Free(admin(), homeID, "")
 }
 
 func (f *fakeOrigins) count(origin string) int {

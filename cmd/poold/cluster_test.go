@@ -146,6 +146,13 @@ func waitFor(t *testing.T, interval time.Duration, cond func() (ok bool, saw str
 	}
 }
 
+// output is what the node's current poold printed so far.
+func (n *poolNode) output() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.proc.Output()
+}
+
 // kill9 kills the node's poold as a power loss would and waits for it.
 func (n *poolNode) kill9(t *testing.T) {
 	t.Helper()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -181,8 +182,10 @@ func TestEvacuateUnderLoad(t *testing.T) {
 	}
 	segSize := total / evacSegments / evacSlot * evacSlot
 	export := max(int64(128<<20), 2*total)
+	began := time.Now()
 	c := testcluster.New(t, testcluster.Options{Hosts: 4})
 	l := startEvacLoad(t, c, []int{22, 21, 21}, segSize, "--export-size", strconv.FormatInt(export, 10))
+	t.Logf("setup took %v", time.Since(began).Round(time.Millisecond))
 	l.startWork(t)
 	time.Sleep(2 * time.Second) // the baseline
 
@@ -220,7 +223,18 @@ func TestEvacuateUnderLoad(t *testing.T) {
 		l.target.name, stream/1e6, evacRate/stream)
 	t.Logf("applications: %.0f ops/s before, %.0f ops/s during (ratio %.2f); p99 %d µs before, %d µs during; slowest op during %d µs",
 		before, during, during/before, p99Before, p99During, maxDuring)
+	// The switch-overs' pauses, as the origins measured them, from the
+	// evacuating daemon's last line about it.
+	var pauses []string
+	waitFor(t, 50*time.Millisecond, func() (bool, string) {
+		pauses = pauseRE.FindStringSubmatch(l.target.output())
+		return pauses != nil, "no 'evacuation done' line with the pauses in the output of " + l.target.name
+	})
+	t.Logf("switch-over pauses (writes waiting): p50 %s, p99 %s, max %s", pauses[1], pauses[2], pauses[3])
 }
+
+// pauseRE finds the pauses in the evacuator's "evacuation done" log line.
+var pauseRE = regexp.MustCompile(`evacuation done.* pause-p50=(\S+) pause-p99=(\S+) pause-max=(\S+)`)
 
 // TestEvacuateResumesAfterKill9: the evacuating poold is killed with
 // SIGKILL once it has moved a segment, and started again: the evacuation
