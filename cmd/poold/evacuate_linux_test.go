@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -78,12 +79,18 @@ func (l *evacCluster) setDrained(t *testing.T, nodes []*poolNode, on bool) {
 		require.True(t, ok, errOut)
 	}
 	for _, viewer := range l.nodes {
-		for _, n := range nodes {
-			waitFor(t, 50*time.Millisecond, func() (bool, string) {
-				v, err := nodeSeen(t, viewer.sock, n.name)
-				return err == nil && v.Draining == on, fmt.Sprintf("%s sees %s as %+v (%v), want draining %v", viewer.name, n.name, v, err, on)
-			})
-		}
+		waitFor(t, 50*time.Millisecond, func() (bool, string) {
+			var seen []drainNodeView
+			if err := memctlJSON(t.Context(), viewer.sock, &seen, "nodes"); err != nil {
+				return false, err.Error()
+			}
+			for _, n := range nodes {
+				if !slices.ContainsFunc(seen, func(v drainNodeView) bool { return v.Name == n.name && v.Draining == on }) {
+					return false, fmt.Sprintf("%s sees %+v, want %s draining %v", viewer.name, seen, n.name, on)
+				}
+			}
+			return true, ""
+		})
 	}
 }
 
