@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/pooltest"
 )
 
@@ -85,4 +86,26 @@ func TestDrainMessages(t *testing.T) {
 		require.Contains(t, errOut, tc.want, "%v", tc.args)
 	}
 	require.NotContains(t, run("status"), "draining", "a refused evacuation drains nothing")
+}
+
+// The evacuation's lines: progress with its rate and ETA, failures being
+// retried, a stuck evacuation with its reason, the end, and the segments
+// of the node's own applications, which stay.
+func TestEvacuationText(t *testing.T) {
+	for _, tc := range []struct {
+		ev   *poolv1.Evacuation
+		want string
+	}{
+		{nil, "d: the evacuation is starting"},
+		{&poolv1.Evacuation{SegmentsMoved: 3, BytesMoved: 3 << 20, SegmentsLeft: 5, BytesLeft: 5 << 20, BytesPerSecond: 2.5e6, EtaMs: 2100},
+			"d: moved 3 segments (3.0 MiB), left 5 (5.0 MiB), 2.5 MB/s, ETA 2s"},
+		{&poolv1.Evacuation{SegmentsLeft: 5, BytesLeft: 5 << 20, SegmentsFailed: 2},
+			"d: moved 0 segments (0 B), left 5 (5.0 MiB), 0.0 MB/s, ETA unknown, 2 failed (retrying)"},
+		{&poolv1.Evacuation{SegmentsLeft: 1, BytesLeft: 64 << 20, SegmentsFailed: 1, Stuck: "no other host has room for 64.0 MiB (1 segment waits)"},
+			"d: 1 segments (64.0 MiB) left to move, stuck: no other host has room for 64.0 MiB (1 segment waits)"},
+		{&poolv1.Evacuation{SegmentsMoved: 64, BytesMoved: 1 << 30, BytesPerSecond: 29.5e6, Done: true, SegmentsStaying: 2, BytesStaying: 8 << 20},
+			"d is evacuated: no segment of a peer is left on it (moved 64 segments, 1.0 GiB, at 29.5 MB/s); 2 segments (8.0 MiB) of d's own applications stay (they leave with their applications)"},
+	} {
+		require.Equal(t, tc.want, evacuationText("d", tc.ev))
+	}
 }
