@@ -48,6 +48,13 @@ func startEvacLoad(t *testing.T, c *testcluster.Cluster, per []int, size int64, 
 	l.target = l.nodes[len(l.nodes)-1]
 	dir := t.TempDir()
 	l.gate, l.stop = filepath.Join(dir, "go"), filepath.Join(dir, "stop")
+	alive := map[string]string{}
+	for _, n := range l.nodes {
+		alive[n.name] = "alive"
+	}
+	for _, n := range l.nodes {
+		n.waitStates(t, alive) // else a client's daemon may not know the target yet
+	}
 	others := l.nodes[:len(l.nodes)-1]
 	l.setDrained(t, others, true)
 	for i, n := range others {
