@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 	}
 	poold, memctl = filepath.Join(dir, "poold"), filepath.Join(dir, "memctl")
 	for _, b := range []struct{ out, pkg string }{{poold, "."}, {memctl, "../memctl"}} {
-		out, err := exec.Command("go", "build", "-race", "-o", b.out, b.pkg).CombinedOutput()
+		out, err := exec.Command("go", append(append([]string{"build"}, raceFlags...), "-o", b.out, b.pkg)...).CombinedOutput()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", b.pkg, err, out)
 			os.RemoveAll(dir)
