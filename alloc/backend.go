@@ -14,6 +14,8 @@ import "context"
 //   - sharedBackend: a coherent shared attachment (Attach with Shared),
 //     whose pages are cached here under the coherence protocol, carried as
 //     messages on the rdma transport.
+//   - readahead wraps the remote backend of a segment this client holds
+//     alone with read-ahead (see Segment.Prefetch).
 //   - emulated wraps any of them with injected latency (the "emulated"
 //     figures of a tier, WithEmulateLatency).
 //
@@ -41,6 +43,9 @@ type backend interface {
 	store64(off int64, v uint64) error
 	compareAndSwap64(off int64, old, new uint64) (bool, error)
 	add64(off int64, delta uint64) (uint64, error)
+	// prefetch is Segment.Prefetch's hint for [off, off+n), which lies
+	// within the segment; it does not wait for the bytes.
+	prefetch(off, n int64)
 	// bytes is the memory for direct loads and stores, nil when the backend
 	// reaches it over a network.
 	bytes() []byte
@@ -50,10 +55,15 @@ type backend interface {
 	retire(ctx context.Context) error
 }
 
-// base is the segment's backend without its latency emulation.
+// base is the segment's backend without its latency emulation and
+// read-ahead.
 func (s *Segment) base() backend {
-	if e, ok := s.be.(*emulated); ok {
-		return e.next
+	be := s.be
+	if e, ok := be.(*emulated); ok {
+		be = e.next
 	}
-	return s.be
+	if ra, ok := be.(*readahead); ok {
+		return ra.r
+	}
+	return be
 }

@@ -53,6 +53,8 @@ type Client struct {
 	onces  map[string]*rdma.Session
 	segs   map[*Segment]struct{}
 	closed bool
+
+	prefetch prefetchCounters // read-ahead on rdma segments (Stats)
 }
 
 // Dial connects to the poold at target and opens a session. target is ""
@@ -164,6 +166,7 @@ func (c *Client) Alloc(ctx context.Context, size int64, opts ...AllocOption) (*S
 	if err != nil {
 		return nil, err
 	}
+	ao.fresh = true
 	if c.network == "unix" {
 		return c.allocFast(ctx, sid, req, ao)
 	}
@@ -278,6 +281,9 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 		r, err := newRemote(c, info)
 		if err != nil {
 			return nil, err
+		}
+		if ao.fresh && heldAlone(info) && !c.opts.noReadAhead {
+			return c.track(c.newSegment(info, newReadahead(r, &c.prefetch)))
 		}
 		return c.track(c.newSegment(info, r))
 	}

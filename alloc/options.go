@@ -22,6 +22,8 @@ type dialOptions struct {
 	// dataAddr, when set, maps a data-plane address to the one dialed;
 	// tests route the data plane through a fault-injecting proxy with it.
 	dataAddr func(string) string
+	// noReadAhead turns read-ahead off (WithReadAhead).
+	noReadAhead bool
 }
 
 // WithEmulateLatency sets latency emulation for this client, overriding
@@ -94,6 +96,9 @@ type allocConfig struct {
 	// The budget, nil when not asked for (WithMaxLatency, WithMinBandwidth).
 	maxLatency   *time.Duration
 	minBandwidth *int64
+	// fresh is set by Alloc: the segment is this client's new allocation
+	// (not attached or reopened), which read-ahead needs (heldAlone).
+	fresh bool
 }
 
 // checked returns t, noting it when it names no tier.

@@ -93,3 +93,17 @@ func MemoryBacked(f *os.File) bool {
 	t := uint32(st.Type)
 	return t == uint32(unix.TMPFS_MAGIC) || t == uint32(unix.HUGETLBFS_MAGIC)
 }
+
+// WillNeed tells the kernel that b, part of a mapping that Shared
+// returned, will be read soon (madvise MADV_WILLNEED on the pages that
+// hold it), so it can start paging them in; a hint whose failure (b's
+// mapping already gone) changes nothing and is not reported.
+func WillNeed(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	page := uintptr(os.Getpagesize())
+	start := uintptr(unsafe.Pointer(&b[0]))
+	first := start &^ (page - 1)
+	unix.Syscall(unix.SYS_MADVISE, first, start+uintptr(len(b))-first, unix.MADV_WILLNEED)
+}

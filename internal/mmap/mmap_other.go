@@ -20,3 +20,6 @@ func Retire([]byte, time.Duration, bool) {}
 
 // MemoryBacked is false outside Linux.
 func MemoryBacked(*os.File) bool { return false }
+
+// WillNeed does nothing outside Linux.
+func WillNeed([]byte) {}

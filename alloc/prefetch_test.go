@@ -1,0 +1,252 @@
+package alloc_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/alloc"
+)
+
+// pattern is n bytes whose every 8-byte word holds its own offset plus
+// salt, so a read shows where its bytes came from.
+func pattern(n int, salt uint64) []byte { return patternAt(0, n, salt) }
+
+// patternAt is the n bytes at off of a pattern.
+func patternAt(off int64, n int, salt uint64) []byte {
+	b := make([]byte, n)
+	for i := 0; i+8 <= n; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], uint64(off)+uint64(i)+salt)
+	}
+	return b
+}
+
+// rdmaSegment allocates an rdma segment of n bytes on c holding
+// pattern(n, salt), freed when t ends.
+func rdmaSegment(t *testing.T, c *alloc.Client, n int, salt uint64, opts ...alloc.AllocOption) (*alloc.Segment, []byte) {
+	t.Helper()
+	seg, err := c.Alloc(t.Context(), int64(n), append([]alloc.AllocOption{alloc.WithTier(alloc.TierRDMA)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { seg.Free(t.Context()) })
+	want := pattern(n, salt)
+	_, err = seg.WriteAt(want, 0)
+	require.NoError(t, err)
+	return seg, want
+}
+
+// scan reads [from, to) in 4 KiB ReadAt calls and checks each against want.
+func scan(t *testing.T, seg *alloc.Segment, want []byte, from, to int) {
+	t.Helper()
+	p := make([]byte, 4096)
+	for off := from; off < to; off += len(p) {
+		_, err := seg.ReadAt(p, int64(off))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(want[off:off+len(p)], p), "bytes at %d", off)
+	}
+}
+
+// TestReadAheadStream: a sequential scan of a segment the client holds
+// alone is detected, its window grows while the stream uses it, the reads
+// are served from what was read ahead with the right bytes, and a random
+// access ends the stream and starts no more read-ahead.
+func TestReadAheadStream(t *testing.T) {
+	_, c := startPool(t)
+	const n = 8 << 20
+	seg, want := rdmaSegment(t, c, n, 1)
+	require.Zero(t, alloc.ReadAheadWindow(seg))
+
+	scan(t, seg, want, 0, 32<<10)
+	first := alloc.ReadAheadWindow(seg)
+	require.Positive(t, first, "a sequential scan starts a stream")
+	scan(t, seg, want, 32<<10, 6<<20)
+	require.Greater(t, alloc.ReadAheadWindow(seg), first, "the window grows while the stream uses it")
+	st := c.Stats()
+	require.EqualValues(t, 1, st.PrefetchStreams)
+	require.Greater(t, st.PrefetchHits, 9*st.PrefetchMisses, "most of the scan is served from read-ahead: %+v", st)
+	require.Equal(t, st.PrefetchHits*4096, st.PrefetchHitBytes)
+
+	p := make([]byte, 4096)
+	for _, off := range []int64{100 << 10, 7 << 20, 3 << 20, 5<<20 + 8192} {
+		_, err := seg.ReadAt(p, off)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(want[off:off+4096], p), "bytes at %d", off)
+	}
+	require.Zero(t, alloc.ReadAheadWindow(seg), "random access ends the stream")
+	require.Equal(t, st.PrefetchedBytes, c.Stats().PrefetchedBytes, "and reads nothing more ahead")
+}
+
+// TestReadAheadStride: a strided walk (4 KiB every 64 KiB, forward and
+// backward) is read ahead access by access, with the right bytes.
+func TestReadAheadStride(t *testing.T) {
+	_, c := startPool(t)
+	const n = 4 << 20
+	seg, want := rdmaSegment(t, c, n, 2)
+	p := make([]byte, 4096)
+	for _, offs := range [][2]int64{{0, 64 << 10}, {n - 4096, -64 << 10}} {
+		before := c.Stats()
+		for off := offs[0]; off >= 0 && off+4096 <= n; off += offs[1] {
+			_, err := seg.ReadAt(p, off)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want[off:off+4096], p), "bytes at %d", off)
+		}
+		after := c.Stats()
+		require.Equal(t, before.PrefetchStreams+1, after.PrefetchStreams)
+		require.Greater(t, after.PrefetchHits-before.PrefetchHits, int64(40), "of 64 strided reads: %+v", after)
+		// Only the strided bytes are fetched, not the gaps between them.
+		require.LessOrEqual(t, after.PrefetchedBytes-before.PrefetchedBytes, int64(64*4096))
+	}
+}
+
+// TestReadAheadOwnWrites: the client's own writes and atomics on bytes it
+// has read ahead drop them, so the next read sees what was written.
+func TestReadAheadOwnWrites(t *testing.T) {
+	_, c := startPool(t)
+	const n = 8 << 20
+	seg, want := rdmaSegment(t, c, n, 3)
+	scan(t, seg, want, 0, 2<<20) // the window now reaches well past 2 MiB
+	require.NoError(t, seg.Prefetch(6<<20, 1<<20))
+	wasted := c.Stats().PrefetchWastedBytes
+
+	fresh := pattern(4096, 1<<40)
+	_, err := seg.WriteAt(fresh, 2<<20+8192)
+	require.NoError(t, err)
+	copy(want[2<<20+8192:], fresh)
+	_, err = seg.Add64(2<<20+65536, 5)
+	require.NoError(t, err)
+	binary.LittleEndian.PutUint64(want[2<<20+65536:], binary.LittleEndian.Uint64(want[2<<20+65536:])+5)
+	require.NoError(t, seg.Store64(6<<20+16, 77))
+	binary.LittleEndian.PutUint64(want[6<<20+16:], 77)
+	batch := pattern(8192, 1<<41)
+	require.NoError(t, seg.WriteBatch(t.Context(), []alloc.Span{{Off: 6<<20 + 65536, Buf: batch}}))
+	copy(want[6<<20+65536:], batch)
+	require.Greater(t, c.Stats().PrefetchWastedBytes, wasted, "the overwritten pieces were dropped")
+
+	scan(t, seg, want, 2<<20, 3<<20)
+	scan(t, seg, want, 6<<20, 7<<20)
+}
+
+// TestReadAheadOnlyWhenHeldAlone: read-ahead is off for segments another
+// client can reach — named ones (also for their creator), attached ones,
+// reopened ones, shared attachments — and with WithReadAhead(false):
+// their scans fetch nothing ahead and Prefetch does nothing on them.
+func TestReadAheadOnlyWhenHeldAlone(t *testing.T) {
+	cfg, c := startPool(t)
+	other := dial(t, cfg.Socket)
+	off := dial(t, cfg.Socket, alloc.WithReadAhead(false))
+	const n = 1 << 20
+	named, want := rdmaSegment(t, c, n, 4, alloc.WithName("ra-named"))
+	attached, err := other.Attach(t.Context(), "ra-named")
+	require.NoError(t, err)
+	shared, err := other.Attach(t.Context(), "ra-named", alloc.Shared())
+	require.NoError(t, err)
+	mine, _ := rdmaSegment(t, c, n, 4)
+	reopened, err := c.Open(t.Context(), mine.ID())
+	require.NoError(t, err)
+	unwanted, _ := rdmaSegment(t, off, n, 4)
+	for name, seg := range map[string]*alloc.Segment{"named": named, "attached": attached, "reopened": reopened, "read-ahead off": unwanted} {
+		require.Equal(t, int64(-1), alloc.ReadAheadWindow(seg), name)
+		require.NoError(t, seg.Prefetch(0, n), name)
+		scan(t, seg, want, 0, n)
+	}
+	require.Equal(t, int64(-1), alloc.ReadAheadWindow(shared))
+	require.NoError(t, shared.Prefetch(0, 4096))
+	for _, cl := range []*alloc.Client{c, other, off} {
+		require.Equal(t, alloc.ClientStats{}, cl.Stats())
+	}
+	require.Positive(t, alloc.ReadAheadWindow(mine)+1, "the segment c allocated without a name reads ahead")
+}
+
+// TestPrefetchBadInput: every tier refuses a range outside the segment,
+// negative offsets and lengths of zero or less, as ReadAt does, with a
+// typed error; a closed segment returns ErrClosed.
+func TestPrefetchBadInput(t *testing.T) {
+	_, c := startPool(t)
+	for _, tier := range []alloc.Tier{alloc.TierRDMA, alloc.TierCXL, alloc.TierLocal} {
+		seg, err := c.Alloc(t.Context(), 1<<20, alloc.WithTier(tier))
+		require.NoError(t, err)
+		for _, tc := range []struct {
+			off, n int64
+			want   error
+		}{
+			{-1, 10, alloc.ErrOutOfRange},
+			{1 << 20, 1, alloc.ErrOutOfRange},
+			{1<<20 - 10, 11, alloc.ErrOutOfRange},
+			{1 << 30, 1 << 62, alloc.ErrOutOfRange},
+			{0, 0, alloc.ErrInvalid},
+			{0, -5, alloc.ErrInvalid},
+		} {
+			err := seg.Prefetch(tc.off, tc.n)
+			require.ErrorIs(t, err, tc.want, "%s: Prefetch(%d, %d)", tier, tc.off, tc.n)
+		}
+		require.NoError(t, seg.Prefetch(0, 1<<20), tier.String())
+		require.NoError(t, seg.Prefetch(1<<20-1, 1), tier.String())
+		require.NoError(t, seg.Free(t.Context()))
+		require.ErrorIs(t, seg.Prefetch(0, 1), alloc.ErrClosed)
+	}
+}
+
+// TestReadAheadConcurrent: a reader scanning and one reading at random,
+// while a writer of the same client rewrites chunks, never read a version
+// of a chunk older than the last write that returned before the read
+// began, and the race detector finds nothing.
+func TestReadAheadConcurrent(t *testing.T) {
+	_, c := startPool(t)
+	const n, chunk = 4 << 20, 4096
+	seg, _ := rdmaSegment(t, c, n, 0)
+	// version[i] is the last salt written to chunk i, read under mu.
+	var mu sync.Mutex
+	version := make([]uint64, n/chunk)
+	check := func(p []byte, off int64) error {
+		mu.Lock()
+		v := version[off/chunk]
+		mu.Unlock()
+		got := binary.LittleEndian.Uint64(p) - uint64(off)
+		// A write of a newer version may land between the lookup and the
+		// read; an older one than the lookup saw may not.
+		if got < v {
+			return errors.New("read an overwritten version")
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Go(func() {
+			p := make([]byte, chunk)
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for i := range 1200 {
+				off := int64(i%(n/chunk)) * chunk
+				if g == 1 {
+					off = int64(rng.IntN(n/chunk)) * chunk
+				}
+				if _, err := seg.ReadAt(p, off); err != nil {
+					t.Error(err)
+					return
+				}
+				if err := check(p, off); err != nil {
+					t.Errorf("reader %d at %d: %v", g, off, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(9, 9))
+		for v := uint64(1); v < 200; v++ {
+			i := rng.IntN(n / chunk)
+			if _, err := seg.WriteAt(patternAt(int64(i*chunk), chunk, v<<32), int64(i*chunk)); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			version[i] = v << 32
+			mu.Unlock()
+		}
+	})
+	wg.Wait()
+	require.Positive(t, c.Stats().PrefetchHits, "the scan was read ahead")
+}
