@@ -26,6 +26,10 @@ type readahead struct {
 	fills []*fill // held or on their way, oldest first
 	held  int64   // bytes of fills
 	st    stream
+	// spare holds buffers of raPiece bytes from dropped fills, for the
+	// next ones: a stream would otherwise allocate (and zero) its whole
+	// length once more.
+	spare [][]byte
 }
 
 // The read-ahead's sizes.
@@ -36,11 +40,13 @@ const (
 	raPiece    = 1 << 20   // the largest piece one background read fetches
 	raMinPiece = 64 << 10  // the smallest piece of a sequential stream
 	raStrides  = 64        // the most accesses of a strided stream read ahead
+	raSpare    = 4         // the most spare buffers kept
 )
 
 // fill is one piece of the segment read ahead: len(buf) bytes at off.
-// Its fields other than buf are guarded by readahead.mu; buf is written
-// by the background read and read by ReadAt only after fl.done.
+// Its fields are guarded by readahead.mu; buf's bytes are written by the
+// background read and read by ReadAt only after fl.done, and once the
+// fill is gone and its read finished, buf goes back to the spares.
 type fill struct {
 	off    int64
 	buf    []byte
@@ -201,7 +207,7 @@ func (ra *readahead) start(offs []int64, n int64) {
 	fl := &flight{done: make(chan struct{})}
 	fs := make([]*fill, len(offs))
 	for i, off := range offs {
-		fs[i] = &fill{off: off, buf: make([]byte, n), fl: fl}
+		fs[i] = &fill{off: off, buf: ra.buffer(n), fl: fl}
 	}
 	ra.fills = append(ra.fills, fs...)
 	ra.held += n * int64(len(offs))
@@ -220,6 +226,33 @@ func (ra *readahead) fetch(fl *flight, fs []*fill) {
 	}
 	fl.err = ra.r.runAll(ra.ctx, ops)
 	close(fl.done)
+	ra.mu.Lock()
+	for _, f := range fs {
+		if f.gone {
+			ra.recycle(f)
+		}
+	}
+	ra.mu.Unlock()
+}
+
+// buffer is a buffer of n bytes for a fill: a spare when n is raPiece.
+// Called with mu held.
+func (ra *readahead) buffer(n int64) []byte {
+	if k := len(ra.spare); n == raPiece && k > 0 {
+		b := ra.spare[k-1]
+		ra.spare = ra.spare[:k-1]
+		return b
+	}
+	return make([]byte, n)
+}
+
+// recycle keeps the buffer of a fill that is gone and whose read has
+// finished as a spare, once. Called with mu held.
+func (ra *readahead) recycle(f *fill) {
+	if len(f.buf) == raPiece && len(ra.spare) < raSpare && ra.ctx.Err() == nil {
+		ra.spare = append(ra.spare, f.buf)
+	}
+	f.buf = nil
 }
 
 // drop forgets fills[i], counting its bytes no ReadAt returned as
@@ -230,6 +263,9 @@ func (ra *readahead) drop(i int) {
 	ra.held -= int64(len(f.buf))
 	ra.stats.wasted.Add(int64(len(f.buf)) - min(f.served, int64(len(f.buf))))
 	ra.fills = append(ra.fills[:i], ra.fills[i+1:]...)
+	if f.fl.finished() {
+		ra.recycle(f)
+	}
 }
 
 // invalidate drops the pieces that overlap [off, off+n), which this
