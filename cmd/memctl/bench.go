@@ -72,6 +72,8 @@ elsewhere on the machine hits all systems alike and the ratios hold.
 The rdma tier is a peer's memory when the pool has peers; on a single host
 it is the daemon's own memory reached through its data plane over loopback
 TCP (the tier 'memctl tiers' shows as loopback), so the daemon serves it.
+The serving daemon's CPU is shown for a peer home too when it runs on this
+host (its data plane on a loopback address).
 
 --compare adds, driven by the same load generator in the same run: a plain
 []byte in this process (memory), a raw pipelined TCP server (tcp-raw) and a
@@ -199,7 +201,9 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, stderr io.Writer) 
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, g.timeout)
-	client, err := alloc.Dial(dctx, target, append(opts, alloc.WithClientName("memctl-bench"), alloc.WithBusyPoll(f.busyPoll))...)
+	// Read-ahead off: a case cycles through its keys in order, which the
+	// detector would serve from the client's buffer instead of the tier.
+	client, err := alloc.Dial(dctx, target, append(opts, alloc.WithClientName("memctl-bench"), alloc.WithBusyPoll(f.busyPoll), alloc.WithReadAhead(false))...)
 	cancel()
 	if err != nil {
 		return err
@@ -351,20 +355,50 @@ type childSystem struct {
 func (c childSystem) Close() error { return errors.Join(c.System.Close(), c.child.Close()) }
 
 // daemonPID is the process whose CPU time counts as a segment's server:
-// the local poold for its own tiers and the loopback rdma tier, none for a
-// segment homed on a peer or a daemon reached over the network, and none
-// when the daemon runs inside this process (its CPU is then the client's).
+// the local poold for its own tiers and the loopback rdma tier, the home
+// poold for a segment homed on a peer on this host, none for a home
+// elsewhere or a daemon reached over the network, and none when the
+// daemon runs inside this process (its CPU is then the client's).
 func daemonPID(g *globals, st *poolv1.StatusResponse, seg *alloc.Segment) int {
-	if g.addr != "" {
-		host, _, err := net.SplitHostPort(g.addr)
-		if ip := net.ParseIP(host); err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
-			return 0
-		}
-	}
-	if seg.Node() != st.Node || int(st.Pid) == os.Getpid() {
+	if g.addr != "" && !loopback(g.addr) {
 		return 0
 	}
-	return int(st.Pid)
+	pid := int(st.Pid)
+	if seg.Node() != st.Node {
+		pid = homePID(g, seg.Node())
+	}
+	if pid == os.Getpid() {
+		return 0
+	}
+	return pid
+}
+
+// homePID is the process of the peer poold named node when it runs on
+// this host: the one listening on its data-plane address, a loopback one.
+// 0 when it is elsewhere or cannot be found (then no server CPU is shown).
+func homePID(g *globals, node string) int {
+	var nodes *poolv1.NodesResponse
+	if err := g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
+		nodes, err = c.Nodes(ctx, &poolv1.NodesRequest{})
+		return err
+	}); err != nil {
+		return 0
+	}
+	for _, n := range nodes.Nodes {
+		if n.Name == node && loopback(n.DataAddr) {
+			if pid, err := bench.ListenerPID(n.DataAddr); err == nil {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+// loopback reports whether addr (host:port) is on this host's loopback.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	ip := net.ParseIP(host)
+	return err == nil && (host == "localhost" || ip != nil && ip.IsLoopback())
 }
 
 // measure runs every case on every system in rounds: each round runs

@@ -123,8 +123,11 @@ type Target struct {
 }
 
 // Targets checks the targets whose rows are present (after Compare):
-// 4 KiB reads on farmem-rdma vs memcached and grpc, and farmem-cxl vs
-// farmem-rdma. Each ratio reads "farmem is Value× better".
+// 4 KiB reads on farmem-rdma vs memcached (throughput, latency, and the
+// CPU time per read of client and server together, where both are known)
+// and grpc, and farmem-cxl vs farmem-rdma. Each ratio but the CPU one
+// reads "farmem is Value× better"; the CPU one is farmem's share of
+// memcached's.
 func Targets(rows []Row) []Target {
 	find := func(system string, depth int) *Row {
 		for i := range rows {
@@ -141,7 +144,11 @@ func Targets(rows []Row) []Target {
 	}
 	rdma16, rdma1 := find("farmem-rdma", 16), find("farmem-rdma", 1)
 	if m := find("memcached", 16); rdma16 != nil && m != nil && m.OpsPerSec > 0 {
-		add("farmem-rdma ÷ memcached GET, 4 KiB reads/s at 16 in flight", "≥ 2", rdma16.OpsPerSec/m.OpsPerSec, 2)
+		add("farmem-rdma ÷ memcached GET, 4 KiB reads/s at 16 in flight", "≥ 3", rdma16.OpsPerSec/m.OpsPerSec, 3)
+		if f, mc := rdma16.cpuPerOp(), m.cpuPerOp(); f > 0 && mc > 0 {
+			v := f / mc
+			out = append(out, Target{Name: "farmem-rdma ÷ memcached GET, client+server CPU/read at 16", Want: "≤ 0.7", Value: v, OK: v <= 0.7})
+		}
 	}
 	if m := find("memcached", 1); rdma1 != nil && m != nil && rdma1.P50Ns > 0 {
 		add("memcached GET p50 ÷ farmem-rdma p50, 4 KiB at 1 in flight", "≥ 1", float64(m.P50Ns)/float64(rdma1.P50Ns), 1)
@@ -157,6 +164,15 @@ func Targets(rows []Row) []Target {
 		}
 	}
 	return out
+}
+
+// cpuPerOp is the client's and the server's CPU time per op together, 0
+// when either is unknown.
+func (r *Row) cpuPerOp() float64 {
+	if r.ClientCPUNsPerOp == nil || r.ServerCPUNsPerOp == nil {
+		return 0
+	}
+	return *r.ClientCPUNsPerOp + *r.ServerCPUNsPerOp
 }
 
 // WriteTable prints rows as a table, then the targets.

@@ -85,11 +85,33 @@ func TestCompareRatios(t *testing.T) {
 	check("farmem-rdma ÷ grpc, 4 KiB reads/s at 1 in flight", 5, true)
 	check("farmem-cxl ÷ farmem-rdma, 4 KiB ReadAt/s at 16 in flight", 15, true)
 
-	rows[1].OpsPerSec = 60000 // now only 1.5× memcached
+	rows[1].OpsPerSec = 100000 // now only 2.5× memcached
 	for _, tg := range Targets(rows) {
 		if tg.Name == "farmem-rdma ÷ memcached GET, 4 KiB reads/s at 16 in flight" {
 			require.False(t, tg.OK)
-			require.InDelta(t, 1.5, tg.Value, 1e-9)
+			require.InDelta(t, 2.5, tg.Value, 1e-9)
+		}
+	}
+
+	// With client and server CPU known on both sides, the CPU target:
+	// farmem 3 + 2 µs per read against memcached's 4 + 6 µs.
+	cpu := func(r *Row, client, server float64) { r.ClientCPUNsPerOp, r.ServerCPUNsPerOp = &client, &server }
+	cpu(&rows[1], 3000, 2000)
+	cpu(&rows[3], 4000, 6000)
+	const cpuTarget = "farmem-rdma ÷ memcached GET, client+server CPU/read at 16"
+	found := false
+	for _, tg := range Targets(rows) {
+		if tg.Name == cpuTarget {
+			found = true
+			require.InDelta(t, 0.5, tg.Value, 1e-9)
+			require.True(t, tg.OK)
+		}
+	}
+	require.True(t, found, "the CPU target is checked once both rows have CPU figures")
+	cpu(&rows[1], 5000, 2500) // 0.75 of memcached's
+	for _, tg := range Targets(rows) {
+		if tg.Name == cpuTarget {
+			require.False(t, tg.OK)
 		}
 	}
 
