@@ -31,7 +31,7 @@ import (
 // read-ahead detector: on such a segment, ReadAt calls that walk the
 // segment sequentially (each starting where the last ended) or with a
 // constant stride are read ahead by themselves, in a window that starts at
-// 256 KiB and doubles, up to 8 MiB, while the stream uses it; an access
+// 256 KiB and doubles, up to 4 MiB (four reads of 1 MiB in flight), while the stream uses it; an access
 // off the pattern stops it. One stream per segment is followed: goroutines
 // reading different parts of one segment look random to it, and can call
 // Prefetch themselves. Client.Stats counts the hits and the bytes read

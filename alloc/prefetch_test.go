@@ -3,7 +3,6 @@ package alloc_test
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -201,17 +200,10 @@ func TestReadAheadConcurrent(t *testing.T) {
 	// version[i] is the last salt written to chunk i, read under mu.
 	var mu sync.Mutex
 	version := make([]uint64, n/chunk)
-	check := func(p []byte, off int64) error {
+	seen := func(off int64) uint64 {
 		mu.Lock()
-		v := version[off/chunk]
-		mu.Unlock()
-		got := binary.LittleEndian.Uint64(p) - uint64(off)
-		// A write of a newer version may land between the lookup and the
-		// read; an older one than the lookup saw may not.
-		if got < v {
-			return errors.New("read an overwritten version")
-		}
-		return nil
+		defer mu.Unlock()
+		return version[off/chunk]
 	}
 	var wg sync.WaitGroup
 	for g := range 2 {
@@ -223,12 +215,15 @@ func TestReadAheadConcurrent(t *testing.T) {
 				if g == 1 {
 					off = int64(rng.IntN(n/chunk)) * chunk
 				}
+				// The last write that returned before the read began; a
+				// newer one may land while it runs, an older one may not.
+				v := seen(off)
 				if _, err := seg.ReadAt(p, off); err != nil {
 					t.Error(err)
 					return
 				}
-				if err := check(p, off); err != nil {
-					t.Errorf("reader %d at %d: %v", g, off, err)
+				if got := binary.LittleEndian.Uint64(p) - uint64(off); got < v {
+					t.Errorf("reader %d at %d: read version %#x, older than %#x, written before the read began", g, off, got, v)
 					return
 				}
 			}

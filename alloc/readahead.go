@@ -26,6 +26,10 @@ type readahead struct {
 	fills []*fill // held or on their way, oldest first
 	held  int64   // bytes of fills
 	st    stream
+	// hot is the fill the last ReadAt was served from: while a stream
+	// reads on inside it, its window was read ahead already and follow has
+	// nothing to do but observe.
+	hot *fill
 	// spare holds buffers of raPiece bytes from dropped fills, for the
 	// next ones: a stream would otherwise allocate (and zero) its whole
 	// length once more.
@@ -35,7 +39,7 @@ type readahead struct {
 // The read-ahead's sizes.
 const (
 	raStart    = 256 << 10 // a stream's first window
-	raMax      = 8 << 20   // the largest window
+	raMax      = 4 << 20   // the largest window
 	raHeld     = 16 << 20  // the most bytes held per segment
 	raPiece    = 1 << 20   // the largest piece one background read fetches
 	raMinPiece = 64 << 10  // the smallest piece of a sequential stream
@@ -123,6 +127,9 @@ func (st *stream) observe(off, n int64) bool {
 func (ra *readahead) follow(off, n int64) {
 	st := &ra.st
 	if !st.observe(off, n) {
+		return
+	}
+	if h := ra.hot; h != nil && !h.gone && st.window > 0 && h.off <= off && off+n <= h.end() {
 		return
 	}
 	if st.window == 0 {
@@ -345,6 +352,7 @@ func (ra *readahead) serve(pieces []*fill, p []byte, off int64) bool {
 		k := copy(p[done:], f.buf[off+int64(done)-f.off:])
 		done += k
 		f.served += int64(k)
+		ra.hot = f
 		if !f.used {
 			f.used = true
 			if ra.st.window > 0 {
