@@ -52,6 +52,14 @@
 // together on one connection (rdma.Conn.Do) on the remote one, span by
 // span on a shared attachment; emulation applies once per batch.
 //
+// Prefetch hints a range ahead of need: madvise(WILLNEED) on the mapped
+// backend; on a remote segment this client holds alone (allocated without
+// a name, so no other client can write it), a background read into the
+// client's buffer, which ReadAt serves from. The same buffer serves a
+// detector of sequential and strided ReadAt streams on such segments; the
+// client's own writes and atomics drop what they touch. Client.Stats
+// counts its hits and wasted bytes.
+//
 // # Retries on remote segments
 //
 // Remote (rdma) segments are reached over a data-plane connection to their
