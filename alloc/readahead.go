@@ -3,6 +3,7 @@ package alloc
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/farmem/farmem/rdma"
 )
@@ -21,6 +22,10 @@ type readahead struct {
 	// ctx ends the background reads when the segment retires.
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	// held counts the fills, for the writes that find none to drop
+	// without taking mu. Changed under mu.
+	nfills atomic.Int32
 
 	mu    sync.Mutex
 	fills []*fill // held or on their way, oldest first
@@ -49,8 +54,8 @@ const (
 
 // fill is one piece of the segment read ahead: len(buf) bytes at off.
 // Its fields are guarded by readahead.mu; buf's bytes are written by the
-// background read and read by ReadAt only after fl.done, and once the
-// fill is gone and its read finished, buf goes back to the spares.
+// background read and read by ReadAt only after fl.done, and a fill
+// dropped after its read finished gives buf back to the spares.
 type fill struct {
 	off    int64
 	buf    []byte
@@ -217,6 +222,7 @@ func (ra *readahead) start(offs []int64, n int64) {
 		fs[i] = &fill{off: off, buf: ra.buffer(n), fl: fl}
 	}
 	ra.fills = append(ra.fills, fs...)
+	ra.nfills.Add(int32(len(fs)))
 	ra.held += n * int64(len(offs))
 	ra.stats.fetched.Add(n * int64(len(offs)))
 	for ra.held > raHeld {
@@ -233,13 +239,6 @@ func (ra *readahead) fetch(fl *flight, fs []*fill) {
 	}
 	fl.err = ra.r.runAll(ra.ctx, ops)
 	close(fl.done)
-	ra.mu.Lock()
-	for _, f := range fs {
-		if f.gone {
-			ra.recycle(f)
-		}
-	}
-	ra.mu.Unlock()
 }
 
 // buffer is a buffer of n bytes for a fill: a spare when n is raPiece.
@@ -254,7 +253,8 @@ func (ra *readahead) buffer(n int64) []byte {
 }
 
 // recycle keeps the buffer of a fill that is gone and whose read has
-// finished as a spare, once. Called with mu held.
+// finished as a spare (a fill dropped while its read runs leaves its
+// buffer to the garbage collector). Called with mu held.
 func (ra *readahead) recycle(f *fill) {
 	if len(f.buf) == raPiece && len(ra.spare) < raSpare && ra.ctx.Err() == nil {
 		ra.spare = append(ra.spare, f.buf)
@@ -270,6 +270,7 @@ func (ra *readahead) drop(i int) {
 	ra.held -= int64(len(f.buf))
 	ra.stats.wasted.Add(int64(len(f.buf)) - min(f.served, int64(len(f.buf))))
 	ra.fills = append(ra.fills[:i], ra.fills[i+1:]...)
+	ra.nfills.Add(-1)
 	if f.fl.finished() {
 		ra.recycle(f)
 	}
@@ -277,8 +278,13 @@ func (ra *readahead) drop(i int) {
 
 // invalidate drops the pieces that overlap [off, off+n), which this
 // client is about to write or has written, and has the stream read its
-// window again from where it is.
+// window again from where it is. With no pieces held it takes no lock: a
+// piece started after the check reads the home after it, and the check
+// after the write catches one started before.
 func (ra *readahead) invalidate(off, n int64) {
+	if ra.nfills.Load() == 0 {
+		return
+	}
 	ra.mu.Lock()
 	defer ra.mu.Unlock()
 	dropped := false
@@ -309,10 +315,19 @@ func (ra *readahead) cover(off, n int64, into []*fill) []*fill {
 }
 
 // readAt serves p from held pieces when they cover it (waiting for those
-// still on their way), else reads it from the home.
+// still on their way), else reads it from the home. While nothing is held,
+// a call that finds another holding mu reads from the home unobserved:
+// goroutines reading one segment at once are no single stream, and none
+// of them should wait for another's bookkeeping.
 func (ra *readahead) readAt(p []byte, off int64) (int, error) {
 	n := int64(len(p))
-	ra.mu.Lock()
+	if !ra.mu.TryLock() {
+		if ra.nfills.Load() == 0 {
+			ra.stats.misses.Add(1)
+			return ra.r.readAt(p, off)
+		}
+		ra.mu.Lock()
+	}
 	var buf [4]*fill
 	pieces := ra.cover(off, n, buf[:0])
 	ra.follow(off, n)
