@@ -30,12 +30,13 @@ import (
 // another client would go unseen. The same rule turns on the client's
 // read-ahead detector: on such a segment, ReadAt calls that walk the
 // segment sequentially (each starting where the last ended) or with a
-// constant stride are read ahead by themselves, in a window that starts at
-// 256 KiB and doubles, up to 4 MiB (four reads of 1 MiB in flight), while the stream uses it; an access
-// off the pattern stops it. One stream per segment is followed: goroutines
-// reading different parts of one segment look random to it, and can call
-// Prefetch themselves. Client.Stats counts the hits and the bytes read
-// ahead in vain.
+// constant stride are read ahead by themselves, in a window that starts
+// at 256 KiB and doubles while the stream uses it, up to 4 MiB (four
+// reads of 1 MiB in flight); an access off the pattern stops it, and
+// accesses larger than 1 MiB are left alone (they stream by themselves).
+// One stream per segment is followed: goroutines reading different parts
+// of one segment look random to it, and can call Prefetch themselves.
+// Client.Stats counts the hits and the bytes read ahead in vain.
 //
 // Bad input is refused as ReadAt's is: ErrClosed on a closed segment,
 // ErrOutOfRange for a negative off or a range that runs past the end

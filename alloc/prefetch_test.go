@@ -77,6 +77,15 @@ func TestReadAheadStream(t *testing.T) {
 	}
 	require.Zero(t, alloc.ReadAheadWindow(seg), "random access ends the stream")
 	require.Equal(t, st.PrefetchedBytes, c.Stats().PrefetchedBytes, "and reads nothing more ahead")
+
+	// Reads larger than a piece of read-ahead (1 MiB) stream by themselves.
+	big := make([]byte, 2<<20)
+	for off := int64(0); off < n; off += int64(len(big)) {
+		_, err := seg.ReadAt(big, off)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(want[off:off+int64(len(big))], big), "bytes at %d", off)
+	}
+	require.Equal(t, st.PrefetchedBytes, c.Stats().PrefetchedBytes, "a scan in 2 MiB reads is not read ahead")
 }
 
 // TestReadAheadStride: a strided walk (4 KiB every 64 KiB, forward and

@@ -128,10 +128,12 @@ func (st *stream) observe(off, n int64) bool {
 
 // follow runs the detector on the access [off, off+n) and, while it
 // continues a stream, drops the pieces the stream has passed and starts
-// reading the window ahead of it. Called with mu held.
+// reading the window ahead of it. A stream of accesses larger than a piece
+// is not read ahead: each of them already moves as much as a piece would.
+// Called with mu held.
 func (ra *readahead) follow(off, n int64) {
 	st := &ra.st
-	if !st.observe(off, n) {
+	if !st.observe(off, n) || n > raPiece {
 		return
 	}
 	if h := ra.hot; h != nil && !h.gone && st.window > 0 && h.off <= off && off+n <= h.end() {
@@ -178,13 +180,17 @@ func (ra *readahead) aheadSeq() {
 }
 
 // aheadStride starts reading the strided stream's next accesses, as many
-// as fit its window (at most raStrides), each of n bytes, in one batch.
+// as fit its window (at most raStrides), each of n bytes, in one batch
+// once half of those read ahead are used.
 func (ra *readahead) aheadStride(n int64) {
 	st := &ra.st
 	if k := (st.next - st.last) / st.delta; k < 1 || (st.next-st.last)%st.delta != 0 {
 		st.next = st.last + st.delta
 	}
-	ahead := min(max(st.window/n, 4), raStrides)
+	ahead := min(max(st.window/n, 1), raStrides)
+	if (st.next-st.last)/st.delta > ahead/2+1 {
+		return
+	}
 	var offs []int64
 	for ; (st.next-st.last)/st.delta <= ahead; st.next += st.delta {
 		if st.next < 0 || st.next+n > ra.r.info.Size {
@@ -328,7 +334,7 @@ func (ra *readahead) readAt(p []byte, off int64) (int, error) {
 		}
 		ra.mu.Lock()
 	}
-	var buf [4]*fill
+	var buf [8]*fill
 	pieces := ra.cover(off, n, buf[:0])
 	ra.follow(off, n)
 	for _, f := range pieces {
