@@ -3,13 +3,17 @@ package alloc_test
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/faultproxy"
 )
 
 // pattern is n bytes whose every 8-byte word holds its own offset plus
@@ -253,4 +257,70 @@ func TestReadAheadConcurrent(t *testing.T) {
 	})
 	wg.Wait()
 	require.Positive(t, c.Stats().PrefetchHits, "the scan was read ahead")
+}
+
+// TestReadAheadHomeFails: when the home stops answering in the middle of a
+// read-ahead stream, ReadAt fails with ErrUnavailable within the operation
+// timeout (never a hang, never bytes it did not read); when the home
+// answers again, the pieces whose reads failed are read again and the scan
+// returns the right bytes. Closing the segment then drops what is held.
+func TestReadAheadHomeFails(t *testing.T) {
+	cfg, _ := startPool(t)
+	var (
+		dead  atomic.Bool
+		mu    sync.Mutex
+		proxy *faultproxy.Proxy
+	)
+	t.Cleanup(func() {
+		if proxy != nil {
+			proxy.Close()
+		}
+	})
+	through := func(addr string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		if proxy == nil {
+			var err error
+			proxy, err = faultproxy.Start(faultproxy.Config{Target: addr, ReplyBudget: func() int {
+				if dead.Load() {
+					return 1 // not even the handshake completes
+				}
+				return 0
+			}})
+			require.NoError(t, err)
+		}
+		return proxy.Addr()
+	}
+	c := dial(t, cfg.Socket, alloc.WithDataAddr(through), alloc.WithOpTimeout(500*time.Millisecond), alloc.WithBusyPoll(0))
+	const n = 8 << 20
+	seg, want := rdmaSegment(t, c, n, 5)
+	scan(t, seg, want, 0, 1<<20)
+	require.Positive(t, alloc.ReadAheadWindow(seg))
+
+	dead.Store(true)
+	proxy.KillAll()
+	p := make([]byte, 4096)
+	var err error
+	for off := int64(1 << 20); off < n && err == nil; off += int64(len(p)) {
+		done := make(chan error, 1)
+		go func() {
+			_, err := seg.ReadAt(p, off)
+			if err == nil && !bytes.Equal(want[off:off+4096], p) {
+				err = fmt.Errorf("wrong bytes at %d", off)
+			}
+			done <- err
+		}()
+		select {
+		case err = <-done:
+		case <-time.After(time.Minute):
+			t.Fatal("ReadAt still waits for a dead home after a minute")
+		}
+	}
+	require.ErrorIs(t, err, alloc.ErrUnavailable, "the reads ahead that were held may be served, then the home's absence shows")
+
+	dead.Store(false)
+	scan(t, seg, want, 1<<20, n)
+	require.NoError(t, seg.Close())
+	st := c.Stats()
+	require.Equal(t, st.PrefetchedBytes, st.PrefetchWastedBytes+st.PrefetchHitBytes, "every byte read ahead was either returned or counted wasted: %+v", st)
 }

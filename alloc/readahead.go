@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -357,16 +358,22 @@ func (ra *readahead) readAt(p []byte, off int64) (int, error) {
 
 // serve copies [off, off+len(p)) from pieces, finished and still held,
 // into p; false (and nothing copied) when one of them was dropped or its
-// read failed. A stream that reaches a piece for the first time doubles
-// its window. Called with mu held.
+// read failed (such a piece is dropped, to be read again). A stream that
+// reaches a piece for the first time doubles its window. Called with mu
+// held.
 func (ra *readahead) serve(pieces []*fill, p []byte, off int64) bool {
 	if len(pieces) == 0 {
 		return false
 	}
+	ok := true
 	for _, f := range pieces {
-		if f.gone || f.fl.err != nil {
-			return false
+		if !f.gone && f.fl.err != nil {
+			ra.drop(slices.Index(ra.fills, f))
 		}
+		ok = ok && !f.gone
+	}
+	if !ok {
+		return false
 	}
 	done := 0
 	for _, f := range pieces {
