@@ -472,3 +472,53 @@ func ExampleShared() {
 	}
 	// Output: b read 0 then 1
 }
+
+// GetMany reads many arena objects in one call: on the rdma tier the reads
+// of each segment travel together, about one round trip for the batch.
+// Each entry has its own outcome: a freed Ref fails its entry, not the
+// batch.
+func ExampleArena_GetMany() {
+	socket, stop := examplePool()
+	defer stop()
+	ctx := context.Background()
+	c, err := alloc.Dial(ctx, socket)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	a, err := alloc.NewArena(c, alloc.ArenaTier(alloc.TierRDMA), alloc.ArenaSegmentSize(1<<20))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer a.Close(ctx)
+
+	var gets []alloc.ArenaGet
+	for _, v := range []string{"alpha", "bravo", "charlie"} {
+		r, err := a.Alloc(len(v))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if _, err := a.WriteAt(r, []byte(v), 0); err != nil {
+			fmt.Println(err)
+			return
+		}
+		gets = append(gets, alloc.ArenaGet{Ref: r, Buf: make([]byte, 0, 64)})
+	}
+	if err := a.Free(gets[1].Ref); err != nil {
+		fmt.Println(err)
+		return
+	}
+	err = a.GetMany(ctx, gets)
+	fmt.Println("batch complete:", err == nil)
+	for _, g := range gets {
+		fmt.Printf("%q freed: %v\n", g.Buf, errors.Is(g.Err, alloc.ErrBadRef))
+	}
+	// Output:
+	// batch complete: false
+	// "alpha" freed: false
+	// "" freed: true
+	// "charlie" freed: false
+}
