@@ -561,11 +561,13 @@ func (a *Arena) ReadAt(r Ref, p []byte, off int64) (int, error) {
 		want = p[:n-off]
 	}
 	k, err := s.seg.seg.ReadAt(want, s.base+int64(slot)*int64(s.size)+off)
-	if err != nil {
-		return 0, err
-	}
+	// A Free during the read may also have returned the segment to the
+	// pool, failing the read: the freed object is the error to report.
 	if atomic.LoadUint32(&s.meta[slot]) != m {
 		return 0, badRef(r, "was freed during the read")
+	}
+	if err != nil {
+		return 0, err
 	}
 	if k < len(p) {
 		return k, io.EOF

@@ -23,6 +23,19 @@ type ArenaGet struct {
 	Err error
 }
 
+// ArenaPut is one object of an Arena.PutMany batch. A plain value; the
+// caller owns Buf, which PutMany uses only until it returns.
+type ArenaPut struct {
+	// Ref names the object to write.
+	Ref Ref
+	// Buf is written at the start of the object; it may be shorter than
+	// the object, not longer (ErrOutOfRange).
+	Buf []byte
+	// Err is the entry's own outcome, set by PutMany: nil when Buf was
+	// written.
+	Err error
+}
+
 // GetMany reads many objects in one call. Their reads are grouped by the
 // segment that holds them and each group is one Segment.ReadBatch (on the
 // rdma tier one train of frames, about one round trip); the groups of
@@ -45,16 +58,76 @@ type ArenaGet struct {
 // any of them), and the failed entries' Err say which: a partial result
 // is never reported as complete. Safe for concurrent use.
 func (a *Arena) GetMany(ctx context.Context, gets []ArenaGet) error {
+	ents := make([]manyEntry, len(gets))
+	for i := range gets {
+		ents[i].ref, ents[i].start = gets[i].Ref, len(gets[i].Buf)
+	}
+	err := a.many(ctx, "GetMany", ents, func(i int, n int64) ([]byte, error) {
+		g := &gets[i]
+		g.Buf = slices.Grow(g.Buf, int(n))[:ents[i].start+int(n)]
+		return g.Buf[ents[i].start:], nil
+	}, (*Segment).ReadBatch)
+	for i := range gets {
+		if gets[i].Err = ents[i].err; ents[i].err != nil {
+			gets[i].Buf = gets[i].Buf[:ents[i].start]
+		}
+	}
+	return err
+}
+
+// PutMany writes many objects in one call, as GetMany reads them: one
+// Segment.WriteBatch per segment, the segments at once, the same
+// refusals of a whole batch and the same errors of single entries, and an
+// entry whose Buf is longer than its object fails with ErrOutOfRange.
+// Entries must name distinct objects (a repeated Ref fails the segment's
+// group with ErrInvalid). A failed entry was written whole or not at all,
+// as WriteBatch says; writing to an object while another goroutine frees
+// it is the caller's race, as with WriteAt. Safe for concurrent use.
+func (a *Arena) PutMany(ctx context.Context, puts []ArenaPut) error {
+	ents := make([]manyEntry, len(puts))
+	for i := range puts {
+		ents[i].ref = puts[i].Ref
+	}
+	err := a.many(ctx, "PutMany", ents, func(i int, n int64) ([]byte, error) {
+		if int64(len(puts[i].Buf)) > n {
+			return nil, fmt.Errorf("write of %d bytes to a %d-byte object %v: %w", len(puts[i].Buf), n, puts[i].Ref, ErrOutOfRange)
+		}
+		return puts[i].Buf, nil
+	}, (*Segment).WriteBatch)
+	for i := range puts {
+		puts[i].Err = ents[i].err
+	}
+	return err
+}
+
+// manyEntry is one object of a GetMany or PutMany: its Ref, where its
+// bytes begin in the caller's Buf (GetMany), what lookup found, and its
+// outcome.
+type manyEntry struct {
+	ref   Ref
+	start int
+	s     *slab
+	slot  uint16
+	meta  uint32
+	err   error
+}
+
+// many runs a batch of GetMany or PutMany: it resolves each entry's Ref,
+// asks span for the entry's bytes given the object's length, groups the
+// spans by segment, runs each group through batch (the groups of
+// different segments at once), and sets each entry's err.
+func (a *Arena) many(ctx context.Context, what string, ents []manyEntry, span func(i int, n int64) ([]byte, error),
+	batch func(*Segment, context.Context, []Span) error) error {
 	var refused error
 	switch {
 	case a.closed.Load():
 		refused = fmt.Errorf("arena: %w", ErrClosed)
-	case len(gets) > MaxBatch:
-		refused = fmt.Errorf("arena GetMany of %d objects: at most MaxBatch (%d) per call; split the batch: %w", len(gets), MaxBatch, ErrLimit)
+	case len(ents) > MaxBatch:
+		refused = fmt.Errorf("arena %s of %d objects: at most MaxBatch (%d) per call; split the batch: %w", what, len(ents), MaxBatch, ErrLimit)
 	}
 	if refused != nil {
-		for i := range gets {
-			gets[i].Err = refused
+		for i := range ents {
+			ents[i].err = refused
 		}
 		return refused
 	}
@@ -66,63 +139,55 @@ func (a *Arena) GetMany(ctx context.Context, gets []ArenaGet) error {
 		spans []Span
 		err   error
 	}
-	type entry struct {
-		s     *slab
-		slot  uint16
-		meta  uint32
-		start int
-	}
 	var groups []group
-	ents := make([]entry, len(gets))
-	for i := range gets {
-		g := &gets[i]
-		s, slot, m, n, err := a.object(g.Ref)
-		if g.Err = err; err != nil {
+	for i := range ents {
+		e := &ents[i]
+		s, slot, m, n, err := a.object(e.ref)
+		var buf []byte
+		if err == nil {
+			buf, err = span(i, n)
+		}
+		if e.err = err; err != nil {
 			continue
 		}
-		start := len(g.Buf)
-		g.Buf = slices.Grow(g.Buf, int(n))[:start+int(n)]
-		ents[i] = entry{s: s, slot: slot, meta: m, start: start}
+		e.s, e.slot, e.meta = s, slot, m
 		k := slices.IndexFunc(groups, func(gr group) bool { return gr.seg == s.seg.seg })
 		if k < 0 {
 			k = len(groups)
 			groups = append(groups, group{seg: s.seg.seg})
 		}
 		groups[k].idx = append(groups[k].idx, i)
-		groups[k].spans = append(groups[k].spans, Span{Off: s.base + int64(slot)*int64(s.size), Buf: g.Buf[start:]})
+		groups[k].spans = append(groups[k].spans, Span{Off: s.base + int64(slot)*int64(s.size), Buf: buf})
 	}
 	var wg sync.WaitGroup
 	for k := 1; k < len(groups); k++ {
-		wg.Go(func() { groups[k].err = groups[k].seg.ReadBatch(ctx, groups[k].spans) })
+		wg.Go(func() { groups[k].err = batch(groups[k].seg, ctx, groups[k].spans) })
 	}
 	if len(groups) > 0 {
-		groups[0].err = groups[0].seg.ReadBatch(ctx, groups[0].spans)
+		groups[0].err = batch(groups[0].seg, ctx, groups[0].spans)
 	}
 	wg.Wait()
 	for _, gr := range groups {
 		for _, i := range gr.idx {
 			e := &ents[i]
-			// A Free during the read may also have returned the segment
+			// A Free during the batch may also have returned the segment
 			// to the pool: the freed object's error is the one to report.
 			switch {
 			case atomic.LoadUint32(&e.s.meta[e.slot]) != e.meta:
-				gets[i].Err = badRef(gets[i].Ref, "was freed during the read")
+				e.err = badRef(e.ref, "was freed during the batch")
 			case gr.err != nil:
-				gets[i].Err = fmt.Errorf("%v: %w", gets[i].Ref, gr.err)
-			}
-			if gets[i].Err != nil {
-				gets[i].Buf = gets[i].Buf[:e.start]
+				e.err = fmt.Errorf("%v: %w", e.ref, gr.err)
 			}
 		}
 	}
 	var failed []error
-	for i := range gets {
-		if gets[i].Err != nil {
-			failed = append(failed, fmt.Errorf("entry %d: %w", i, gets[i].Err))
+	for i := range ents {
+		if ents[i].err != nil {
+			failed = append(failed, fmt.Errorf("entry %d: %w", i, ents[i].err))
 		}
 	}
 	if len(failed) == 0 {
 		return nil
 	}
-	return fmt.Errorf("arena GetMany: %d of %d entries failed (each entry's Err says why): %w", len(failed), len(gets), errors.Join(failed...))
+	return fmt.Errorf("arena %s: %d of %d entries failed (each entry's Err says why): %w", what, len(failed), len(ents), errors.Join(failed...))
 }

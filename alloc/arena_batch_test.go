@@ -84,3 +84,57 @@ func TestArenaGetMany(t *testing.T) {
 		})
 	}
 }
+
+// TestArenaPutMany writes objects spread over several segments in one
+// call and reads them back; an entry longer than its object or naming a
+// freed one fails alone, and a repeated Ref fails its segment's group.
+func TestArenaPutMany(t *testing.T) {
+	c := startBigPool(t)
+	for _, tier := range []alloc.Tier{alloc.TierCXL, alloc.TierRDMA} {
+		t.Run(tier.String(), func(t *testing.T) {
+			a, err := alloc.NewArena(c, alloc.ArenaTier(tier), alloc.ArenaSegmentSize(1<<20))
+			require.NoError(t, err)
+			defer a.Close(context.Background())
+			const n = 20
+			puts := make([]alloc.ArenaPut, n)
+			gets := make([]alloc.ArenaGet, n)
+			for i := range puts {
+				r, err := a.Alloc(100<<10 + i)
+				require.NoError(t, err)
+				puts[i] = alloc.ArenaPut{Ref: r, Buf: bytes.Repeat([]byte{byte('A' + i)}, 100<<10+i)}
+				gets[i] = alloc.ArenaGet{Ref: r}
+			}
+			require.Greater(t, a.Stats().Segments, 2)
+			require.NoError(t, a.PutMany(t.Context(), puts))
+			require.NoError(t, a.GetMany(t.Context(), gets))
+			for i := range gets {
+				require.Equal(t, puts[i].Buf, gets[i].Buf, "entry %d", i)
+			}
+
+			freed := puts[5].Ref
+			require.NoError(t, a.Free(freed))
+			mixed := []alloc.ArenaPut{
+				{Ref: puts[0].Ref, Buf: []byte("short")},
+				{Ref: puts[1].Ref, Buf: make([]byte, 100<<10+2)}, // one byte past the object
+				{Ref: freed, Buf: []byte("x")},
+				{Ref: puts[19].Ref, Buf: []byte("last")},
+			}
+			err = a.PutMany(t.Context(), mixed)
+			require.ErrorIs(t, err, alloc.ErrOutOfRange)
+			require.ErrorIs(t, err, alloc.ErrBadRef)
+			require.NoError(t, mixed[0].Err)
+			require.ErrorIs(t, mixed[1].Err, alloc.ErrOutOfRange)
+			require.ErrorIs(t, mixed[2].Err, alloc.ErrBadRef)
+			require.NoError(t, mixed[3].Err)
+			back := []alloc.ArenaGet{{Ref: puts[0].Ref}, {Ref: puts[1].Ref}, {Ref: puts[19].Ref}}
+			require.NoError(t, a.GetMany(t.Context(), back))
+			require.Equal(t, []byte("short"), back[0].Buf[:5])
+			require.Equal(t, puts[1].Buf, back[1].Buf, "the refused entry wrote nothing")
+			require.Equal(t, []byte("last"), back[2].Buf[:4])
+
+			twice := []alloc.ArenaPut{{Ref: puts[0].Ref, Buf: []byte("a")}, {Ref: puts[0].Ref, Buf: []byte("b")}}
+			require.ErrorIs(t, a.PutMany(t.Context(), twice), alloc.ErrInvalid)
+			require.ErrorIs(t, twice[1].Err, alloc.ErrInvalid)
+		})
+	}
+}
