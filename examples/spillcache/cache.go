@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -50,9 +52,26 @@ type Options struct {
 // Cache maps string keys to byte values. Hot entries live on the Go heap;
 // cold ones spill to CXL memory, then to remote memory, where the index
 // (a far hash table) and the values are invisible to the garbage
-// collector. A hit in a lower tier promotes the entry to the heap; each
-// tier evicts by a clock sweep when full, demoting to the next tier or, at
-// the last, dropping the entry.
+// collector. Each tier evicts by a clock sweep when full, demoting to the
+// next tier or, at the last, dropping the entry.
+//
+// A far hit moves its entry up only when the admission policy lets it: a
+// frequency sketch (TinyLFU's) must count the entry as used more often
+// lately than the victim it would push out of the tier above, so a run of
+// one-off far hits does not churn the hot tier. A promoted entry keeps its
+// far copy, so a clean entry that leaves the heap again is not rewritten.
+// A Set puts its entry on the heap: a value just written is likely read.
+//
+// No lock is held across far I/O. A Get finds an rdma record under its
+// shard's lock, by the far index's hash bits, then reads it unlocked; the
+// record cannot change under it (records are written once, before they
+// are indexed, and an arena Ref names one record for its life: a freed
+// record fails the read with alloc.ErrBadRef and the Get looks again), and
+// a promotion after the read first checks that the index still names the
+// record it read, so a Set or Delete meanwhile is never undone by a stale
+// value. A record on its way to an rdma tier is written unlocked too: it
+// is indexed once written, served from its buffer until then, and a Set
+// or Delete meanwhile cancels it.
 //
 // A Cache is safe for concurrent use. Get copies the value out, and Set
 // copies it in: the caller keeps ownership of its slices.
@@ -62,18 +81,26 @@ type Cache struct {
 	tiers  []*farTier // cxl then rdma, those with a budget
 	hotCap int64      // per shard
 	log    *slog.Logger
+	bufs   sync.Pool // *[]byte of RecordBytes+recordHeader capacity, for unlocked far reads
+	// The far writer: records bound for a tier without load/store access
+	// wait in queue (guarded by wmu) for writeLoop, which wake wakes.
+	wmu       sync.Mutex
+	queue     []queued
+	wake      chan struct{}
+	stop      chan struct{}
+	writer    sync.WaitGroup
+	closeOnce sync.Once
 
-	hits                             [numLevels + 1]atomic.Int64
-	promoted, demoted, dropped, lost atomic.Int64
 }
 
 // farTier is one spill tier: an arena for records and a far index.
 type farTier struct {
-	level    Level
-	arena    *alloc.Arena
-	table    *farTable
-	capBytes int64 // per shard, in slot bytes
-	capCount int   // per shard, keeps the index below 75% full
+	level     Level
+	arena     *alloc.Arena
+	table     *farTable
+	loadStore bool  // records are read and written in place, under the shard's lock
+	capBytes  int64 // per shard, in slot bytes
+	capCount  int   // per shard, keeps the index below 75% full
 }
 
 type hotEntry struct {
@@ -96,16 +123,40 @@ type shard struct {
 	hand    int
 	bytes   int64
 	far     [2]farShard
-	scratch []byte
-	spare   []byte // the value buffer of the last entry to leave the heap
+	freq    sketch
+	n       counters
+	pending []*farWrite // records being written to an rdma tier, not yet indexed
+	untaken int         // of them, those not yet queued for the far writer
+	free    []*farWrite // done ones, for reuse
+	spare   []byte      // the value buffer of the last entry to leave the heap
 	_       [64]byte
 }
 
+// counters are a shard's events, atomic so that Stats and the unlocked
+// part of a Get need no lock; each shard's sit on its own cache lines.
+type counters struct {
+	hits                             [numLevels + 1]atomic.Int64
+	promoted, demoted, dropped, lost atomic.Int64
+	rejected, farReads               atomic.Int64
+}
+
 type farShard struct {
-	bytes int64
-	count int
+	bytes int64 // slot bytes of indexed and pending records
+	count int   // indexed and pending records
 	hand  uint64
-	move  []byte // an entry on its way to the next tier (evictFar)
+}
+
+// farWrite is a record on its way to a tier without load/store access. It
+// is counted in the tier's budget from the start and indexed once its
+// write is done, unless cancelled meanwhile by a Set or Delete of its key
+// (or its write failed): then its record is freed.
+type farWrite struct {
+	ti        int
+	ref       alloc.Ref
+	hash      uint64
+	rec       []byte
+	taken     bool // queued for the far writer
+	cancelled bool
 }
 
 // recordHeader precedes key and value in a far record: key length, value length.
@@ -126,9 +177,10 @@ func NewCache(ctx context.Context, c *alloc.Client, o Options) (*Cache, error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	cc := &Cache{seed: maphash.MakeSeed(), shards: make([]shard, o.Shards), hotCap: o.HotBytes / int64(o.Shards), log: o.Log}
-	for i := range cc.shards {
-		cc.shards[i].hot = map[string]int32{}
-	}
+	cc.bufs.New = func() any { b := make([]byte, 0, o.RecordBytes+recordHeader); return &b }
+	cc.wake, cc.stop = make(chan struct{}, 1), make(chan struct{})
+	cc.writer.Add(1)
+	go cc.writeLoop()
 	for _, t := range []struct {
 		level  Level
 		tier   alloc.Tier
@@ -154,18 +206,32 @@ func NewCache(ctx context.Context, c *alloc.Client, o Options) (*Cache, error) {
 			cc.Close(ctx)
 			return nil, err
 		}
-		ft := &farTier{level: t.level, arena: a, capBytes: perShard, capCount: int(buckets * 3 / 4)}
+		ft := &farTier{level: t.level, arena: a, loadStore: t.tier != alloc.TierRDMA, capBytes: perShard, capCount: int(buckets * 3 / 4)}
 		cc.tiers = append(cc.tiers, ft)
 		if ft.table, err = newFarTable(c, ctx, o.Shards, buckets); err != nil {
 			cc.Close(ctx)
 			return nil, err
 		}
 	}
+	// The sketch tells apart the entries the hot tier and the first spill
+	// tier hold; below them a far hit only competes with the first's victims.
+	keys := int(cc.hotCap / int64(o.RecordBytes))
+	if len(cc.tiers) > 0 {
+		keys += cc.tiers[0].capCount
+	}
+	for i := range cc.shards {
+		cc.shards[i].hot = map[string]int32{}
+		cc.shards[i].freq = newSketch(keys)
+	}
 	return cc, nil
 }
 
-// Close returns the cache's far memory to the pool.
+// Close writes the records queued for the far writer, stops it, and
+// returns the cache's far memory to the pool. Call it once every other
+// call has returned.
 func (c *Cache) Close(ctx context.Context) error {
+	c.closeOnce.Do(func() { close(c.stop) })
+	c.writer.Wait()
 	var err error
 	for _, t := range c.tiers {
 		err = errors.Join(err, t.arena.Close(ctx))
@@ -188,24 +254,92 @@ func (c *Cache) Get(dst []byte, key string) ([]byte, bool) {
 	return dst, l != LevelMiss
 }
 
+// retries bounds how often a Get looks again for a key whose record was
+// freed under its unlocked read (moved, replaced or deleted meanwhile);
+// past it the Get is a miss.
+const retries = 4
+
 // GetLevel is Get that also says where the key was found.
 func (c *Cache) GetLevel(dst []byte, key string) ([]byte, Level) {
 	h, sh, si := c.locate(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	for try := range retries {
+		sh.mu.Lock()
+		if try == 0 {
+			sh.freq.add(h)
+		}
+		var l lookup
+		if dst, l = c.probe(sh, si, key, h, dst); !l.far {
+			c.unlock(sh, si)
+			sh.n.hits[l.level].Add(1)
+			return dst, l.level
+		}
+		sh.mu.Unlock()
+		bp := c.bufs.Get().(*[]byte)
+		rec, err := c.readFar(sh, l, (*bp)[:0])
+		var level Level
+		var again bool
+		dst, level, again = c.finishFar(sh, si, key, h, l, rec, err, dst)
+		*bp = rec[:0]
+		c.bufs.Put(bp)
+		if !again {
+			return dst, level
+		}
+	}
+	sh.n.hits[LevelMiss].Add(1)
+	return dst, LevelMiss
+}
+
+// lookup is what probe found: a hit it served (level), or a record of
+// tier ti to read unlocked (far).
+type lookup struct {
+	level Level
+	far   bool
+	ti    int
+	ref   alloc.Ref
+	up    bool // the admission policy would move the entry up a tier
+}
+
+// probe looks key up with sh locked. It serves hot entries, records on
+// their way to a tier and records of load/store tiers itself, appending
+// the value to dst; a record of another tier it returns to be read
+// unlocked: the first whose index bucket has the key's hash bits, which
+// stand in for a fingerprint of the key (62 bits: two keys of a shard
+// share them about once in 2^40 pairs, and then the Get misses).
+func (c *Cache) probe(sh *shard, si int, key string, h uint64, dst []byte) ([]byte, lookup) {
 	if i, ok := sh.hot[key]; ok {
 		e := &sh.entries[i]
 		e.ref = true
-		c.hits[LevelHot].Add(1)
-		return append(dst, e.val...), LevelHot
+		return append(dst, e.val...), lookup{level: LevelHot}
+	}
+	for _, w := range sh.pending {
+		if !sameHash(w.hash, h) || w.cancelled {
+			continue
+		}
+		if k, v, ok := parseRecord(w.rec); ok && string(k) == key {
+			return append(dst, v...), lookup{level: c.tiers[w.ti].level}
+		}
 	}
 	for ti, t := range c.tiers {
 		reg := t.table.region(si)
+		if !t.loadStore {
+			b := t.table.find(reg, h, func(alloc.Ref) bool { return true })
+			if b < 0 {
+				continue
+			}
+			reg[2*b] |= bucketRef
+			r := alloc.Ref(reg[2*b+1])
+			n, err := t.arena.Len(r)
+			if err != nil {
+				c.loseEntry(sh, si, ti, uint64(b), err)
+				continue
+			}
+			return dst, lookup{level: t.level, far: true, ti: ti, ref: r, up: c.wantsUp(sh, si, ti, h, n)}
+		}
 		var val []byte
 		var ferr error
 		b := t.table.find(reg, h, func(r alloc.Ref) bool {
 			var k []byte
-			k, val, ferr = c.readRecord(sh, t, r)
+			k, val, ferr = c.mappedRecord(t, r)
 			return ferr != nil || string(k) == key
 		})
 		if b < 0 {
@@ -215,51 +349,363 @@ func (c *Cache) GetLevel(dst []byte, key string) ([]byte, Level) {
 			c.loseEntry(sh, si, ti, uint64(b), ferr)
 			continue
 		}
+		reg[2*b] |= bucketRef
 		start := len(dst)
 		dst = append(dst, val...)
-		reg[2*b] |= bucketRef
-		c.hits[t.level].Add(1)
-		c.promoted.Add(1)
-		c.putHot(sh, si, key, dst[start:], h, alloc.Ref(reg[2*b+1]), int8(ti))
-		return dst, t.level
+		c.promote(sh, si, ti, uint64(b), key, dst[start:], h)
+		return dst, lookup{level: t.level}
 	}
-	c.hits[LevelMiss].Add(1)
-	return dst, LevelMiss
+	return dst, lookup{level: LevelMiss}
 }
 
-// readRecord returns a far record's key and value. On a load/store tier
-// they alias far memory, valid until the record is freed; on rdma they are
-// in sh.scratch, valid until the shard's next read.
-func (c *Cache) readRecord(sh *shard, t *farTier, r alloc.Ref) ([]byte, []byte, error) {
-	rec, err := t.arena.Bytes(r)
-	if errors.Is(err, alloc.ErrNotSupported) {
-		n, lerr := t.arena.Len(r)
-		if lerr != nil {
-			return nil, nil, lerr
-		}
-		if cap(sh.scratch) < n {
-			sh.scratch = make([]byte, n)
-		}
-		rec = sh.scratch[:n]
-		_, err = t.arena.ReadAt(r, rec, 0)
+// readFar reads the record l names into buf's spare capacity, unlocked.
+func (c *Cache) readFar(sh *shard, l lookup, buf []byte) ([]byte, error) {
+	a := c.tiers[l.ti].arena
+	n, err := a.Len(l.ref)
+	if err != nil {
+		return buf, err
 	}
+	buf = slices.Grow(buf, n)[:n]
+	sh.n.farReads.Add(1)
+	_, err = a.ReadAt(l.ref, buf, 0)
+	return buf, err
+}
+
+// finishFar takes the outcome of an unlocked read of the record l names:
+// it appends the value to dst and, when the admission policy said so and
+// the index still names the record, promotes the entry. It returns the
+// level the key was found at; again says the record was freed under the
+// read and the key is to be looked up again.
+func (c *Cache) finishFar(sh *shard, si int, key string, h uint64, l lookup, rec []byte, err error, dst []byte) ([]byte, Level, bool) {
+	if errors.Is(err, alloc.ErrBadRef) {
+		return dst, LevelMiss, true
+	}
+	if err != nil {
+		sh.mu.Lock()
+		b := c.bucketOf(si, l.ti, h, l.ref)
+		if b >= 0 {
+			c.loseEntry(sh, si, l.ti, uint64(b), err)
+		}
+		sh.mu.Unlock()
+		if b < 0 {
+			return dst, LevelMiss, true // the record moved on under the read
+		}
+		sh.n.hits[LevelMiss].Add(1)
+		return dst, LevelMiss, false
+	}
+	k, val, ok := parseRecord(rec)
+	if !ok || string(k) != key {
+		sh.n.hits[LevelMiss].Add(1)
+		return dst, LevelMiss, false
+	}
+	sh.n.hits[l.level].Add(1)
+	start := len(dst)
+	dst = append(dst, val...)
+	if !l.up {
+		sh.n.rejected.Add(1)
+		return dst, l.level, false
+	}
+	sh.mu.Lock()
+	// Another Get of the key may have promoted it meanwhile, keeping the
+	// record as its far copy: the key is then hot already.
+	if _, hot := sh.hot[key]; !hot {
+		if b := c.bucketOf(si, l.ti, h, l.ref); b >= 0 {
+			c.promote(sh, si, l.ti, uint64(b), key, dst[start:], h)
+		}
+	}
+	c.unlock(sh, si)
+	return dst, l.level, false
+}
+
+// bucketOf returns the bucket of tier ti that indexes record r, or -1.
+func (c *Cache) bucketOf(si, ti int, h uint64, r alloc.Ref) int {
+	t := c.tiers[ti]
+	return t.table.find(t.table.region(si), h, func(x alloc.Ref) bool { return x == r })
+}
+
+// GetReq is one key of a GetMany: GetMany appends the key's value to Val
+// and sets Level (LevelMiss: not found).
+type GetReq struct {
+	Key   string
+	Val   []byte
+	Level Level
+}
+
+// GetMany looks up many keys at once: what Get serves under a shard's
+// lock it serves the same way, and the rdma records of all the others it
+// reads in one alloc.Arena.GetMany, about one round trip for the batch.
+func (c *Cache) GetMany(reqs []GetReq) {
+	for len(reqs) > alloc.MaxBatch {
+		c.GetMany(reqs[:alloc.MaxBatch])
+		reqs = reqs[alloc.MaxBatch:]
+	}
+	type farReq struct {
+		i int
+		h uint64
+		l lookup
+	}
+	var far []farReq
+	for i := range reqs {
+		r := &reqs[i]
+		h, sh, si := c.locate(r.Key)
+		sh.mu.Lock()
+		sh.freq.add(h)
+		var l lookup
+		if r.Val, l = c.probe(sh, si, r.Key, h, r.Val); l.far {
+			sh.mu.Unlock()
+			far = append(far, farReq{i, h, l})
+			continue
+		}
+		c.unlock(sh, si)
+		sh.n.hits[l.level].Add(1)
+		r.Level = l.level
+	}
+	for ti, t := range c.tiers {
+		var gets []alloc.ArenaGet
+		var which []farReq
+		for _, f := range far {
+			if f.l.ti == ti {
+				bp := c.bufs.Get().(*[]byte)
+				gets = append(gets, alloc.ArenaGet{Ref: f.l.ref, Buf: (*bp)[:0]})
+				which = append(which, f)
+			}
+		}
+		if len(gets) == 0 {
+			continue
+		}
+		_ = t.arena.GetMany(context.Background(), gets) // each entry's Err is its outcome
+		for j, f := range which {
+			r := &reqs[f.i]
+			_, sh, si := c.locate(r.Key)
+			sh.n.farReads.Add(1)
+			var again bool
+			if r.Val, r.Level, again = c.finishFar(sh, si, r.Key, f.h, f.l, gets[j].Buf, gets[j].Err, r.Val); again {
+				r.Val, r.Level = c.GetLevel(r.Val, r.Key)
+			}
+			if rec := gets[j].Buf[:0]; cap(rec) > 0 {
+				c.bufs.Put(&rec)
+			}
+		}
+	}
+}
+
+// mappedRecord returns the key and value of a record on a load/store
+// tier, aliasing far memory: valid while the shard's lock is held.
+func (c *Cache) mappedRecord(t *farTier, r alloc.Ref) ([]byte, []byte, error) {
+	rec, err := t.arena.Bytes(r)
 	if err != nil {
 		return nil, nil, err
 	}
+	k, v, ok := parseRecord(rec)
+	if !ok {
+		return nil, nil, fmt.Errorf("far record %v of %d bytes: its header does not match its length", r, len(rec))
+	}
+	return k, v, nil
+}
+
+// parseRecord splits a record into key and value; ok is false when its
+// header does not match its length.
+func parseRecord(rec []byte) (key, val []byte, ok bool) {
 	if len(rec) < recordHeader {
-		return nil, nil, fmt.Errorf("far record %v of %d bytes is shorter than its header", r, len(rec))
+		return nil, nil, false
 	}
 	kl, vl := binary.LittleEndian.Uint32(rec), binary.LittleEndian.Uint32(rec[4:])
 	if int(kl)+int(vl)+recordHeader != len(rec) {
-		return nil, nil, fmt.Errorf("far record %v: key %d + value %d bytes do not fill its %d bytes", r, kl, vl, len(rec))
+		return nil, nil, false
 	}
-	return rec[recordHeader : recordHeader+kl], rec[recordHeader+kl:], nil
+	return rec[recordHeader : recordHeader+kl], rec[recordHeader+kl:], true
+}
+
+// wantsUp says whether the admission policy moves the entry of hash h and
+// record length n, hit in tier ti, up: to the heap, or to the tier above.
+func (c *Cache) wantsUp(sh *shard, si, ti int, h uint64, n int) bool {
+	return c.admitHot(sh, h, n-recordHeader) || (ti > 0 && c.admitFar(sh, si, ti-1, h, n))
+}
+
+// admitHot says whether an entry of hash h and n bytes of key and value is
+// to enter the heap: there is room, or it is used more often than the hot
+// tier's clock victim.
+func (c *Cache) admitHot(sh *shard, h uint64, n int) bool {
+	if sh.bytes+int64(n) <= c.hotCap {
+		return true
+	}
+	i, ok := c.hotVictim(sh)
+	return !ok || sh.freq.estimate(h) > sh.freq.estimate(sh.entries[i].hash)
+}
+
+// admitFar says the same of spill tier ti and a record of n bytes.
+func (c *Cache) admitFar(sh *shard, si, ti int, h uint64, n int) bool {
+	t, fs := c.tiers[ti], &sh.far[ti]
+	if fs.count < t.capCount && fs.bytes+int64(alloc.SizeClass(n)) <= t.capBytes {
+		return true
+	}
+	b, ok := c.farVictim(sh, si, ti)
+	return !ok || sh.freq.estimate(h) > sh.freq.estimate(t.table.region(si)[2*b])
+}
+
+// promote moves the entry of bucket b of tier ti, whose value is val (not
+// aliasing far memory), up as far as the admission policy lets it: to the
+// heap, keeping its record as the hot entry's far copy, else to the tier
+// above, freeing its record; or leaves it where it is.
+func (c *Cache) promote(sh *shard, si, ti int, b uint64, key string, val []byte, h uint64) {
+	switch {
+	case c.admitHot(sh, h, len(key)+len(val)):
+		sh.n.promoted.Add(1)
+		c.putHot(sh, si, key, val, h, alloc.Ref(c.tiers[ti].table.region(si)[2*b+1]), int8(ti))
+	case ti > 0 && c.admitFar(sh, si, ti-1, h, recordHeader+len(key)+len(val)):
+		sh.n.promoted.Add(1)
+		c.dropFar(sh, si, ti, b)
+		c.demote(sh, si, ti-1, key, val, h)
+	default:
+		sh.n.rejected.Add(1)
+	}
+}
+
+// maxQueued bounds the records queued for the far writer: past it the
+// goroutine that queued one writes its own before it returns, so a tier
+// slower than the demotions slows them down rather than heaping up
+// buffers.
+const maxQueued = 4 * alloc.MaxBatch
+
+// queued is a record queued for the far writer, and its shard.
+type queued struct {
+	si int
+	w  *farWrite
+}
+
+// unlock releases sh's lock and queues the records bound for a tier
+// without load/store access for the far writer, which writes them
+// unlocked and in batches, so a Get does not wait for the write of the
+// entry its promotion pushed down.
+func (c *Cache) unlock(sh *shard, si int) {
+	if sh.untaken == 0 {
+		sh.mu.Unlock()
+		return
+	}
+	var own []queued
+	c.wmu.Lock()
+	inline := len(c.queue) >= maxQueued
+	for _, w := range sh.pending {
+		if !w.taken {
+			w.taken = true
+			if inline {
+				own = append(own, queued{si, w})
+			} else {
+				c.queue = append(c.queue, queued{si, w})
+			}
+		}
+	}
+	c.wmu.Unlock()
+	sh.untaken = 0
+	sh.mu.Unlock()
+	if inline {
+		c.writeOut(own)
+		return
+	}
+	select {
+	case c.wake <- struct{}{}:
+	default: // the writer is awake already
+	}
+}
+
+// writeLoop is the far writer: it writes what unlock queues until Close.
+func (c *Cache) writeLoop() {
+	defer c.writer.Done()
+	var batch []queued
+	for {
+		var stop bool
+		select {
+		case <-c.wake:
+		case <-c.stop:
+			stop = true
+		}
+		for {
+			c.wmu.Lock()
+			batch, c.queue = c.queue, batch[:0]
+			c.wmu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			for len(batch) > 0 {
+				n := min(len(batch), alloc.MaxBatch)
+				c.writeOut(batch[:n])
+				batch = batch[n:]
+			}
+		}
+		if stop {
+			return
+		}
+	}
+}
+
+// writeOut writes records to their tier, one arena batch per tier, and
+// indexes them.
+func (c *Cache) writeOut(qs []queued) {
+	for ti, t := range c.tiers {
+		var puts []alloc.ArenaPut
+		var which []queued
+		for _, q := range qs {
+			if q.w.ti == ti {
+				puts = append(puts, alloc.ArenaPut{Ref: q.w.ref, Buf: q.w.rec})
+				which = append(which, q)
+			}
+		}
+		if len(puts) == 0 {
+			continue
+		}
+		_ = t.arena.PutMany(context.Background(), puts) // each entry's Err is its outcome
+		for j, q := range which {
+			sh := &c.shards[q.si]
+			sh.mu.Lock()
+			c.written(sh, q.si, q.w, puts[j].Err)
+			sh.mu.Unlock()
+		}
+	}
+}
+
+// written indexes a record whose write is done, or frees it when it was
+// cancelled or its write failed.
+func (c *Cache) written(sh *shard, si int, w *farWrite, err error) {
+	i := slices.Index(sh.pending, w)
+	sh.pending[i] = sh.pending[len(sh.pending)-1]
+	sh.pending[len(sh.pending)-1] = nil
+	sh.pending = sh.pending[:len(sh.pending)-1]
+	t := c.tiers[w.ti]
+	switch {
+	case w.cancelled:
+		_ = t.arena.Free(w.ref) // cancel took it off the budget
+	case err != nil:
+		sh.n.lost.Add(1)
+		c.log.Warn("spillcache: writing a far entry failed", "tier", t.level, "err", err)
+		if k, _, ok := parseRecord(w.rec); ok {
+			if j, hot := sh.hot[string(k)]; hot && sh.entries[j].far == w.ref {
+				sh.entries[j].farTier = -1
+			}
+		}
+		c.release(sh, w.ti, w.ref)
+	default:
+		t.table.insert(t.table.region(si), w.hash, w.ref)
+	}
+	*w = farWrite{rec: w.rec[:0]}
+	sh.free = append(sh.free, w)
+}
+
+// cancel marks a queued record stale (a Set or Delete of its key came
+// after it) and takes it off its tier's budget at once; written frees it.
+func (c *Cache) cancel(sh *shard, w *farWrite) {
+	if w.cancelled {
+		return
+	}
+	w.cancelled = true
+	fs := &sh.far[w.ti]
+	fs.count--
+	fs.bytes -= int64(alloc.SizeClass(len(w.rec)))
 }
 
 // loseEntry forgets an entry whose far memory failed (its host died, say):
 // a miss, counted and logged, never a crash.
 func (c *Cache) loseEntry(sh *shard, si, ti int, b uint64, err error) {
-	c.lost.Add(1)
+	sh.n.lost.Add(1)
 	c.log.Warn("spillcache: far entry lost", "tier", c.tiers[ti].level, "err", err)
 	c.dropFar(sh, si, ti, b)
 }
@@ -270,19 +716,24 @@ func (c *Cache) dropFar(sh *shard, si, ti int, b uint64) {
 	reg := t.table.region(si)
 	r := alloc.Ref(reg[2*b+1])
 	t.table.remove(reg, b)
+	c.release(sh, ti, r)
+}
+
+// release frees record r of tier ti and takes it off the tier's budget.
+func (c *Cache) release(sh *shard, ti int, r alloc.Ref) {
 	fs := &sh.far[ti]
 	fs.count--
-	if n, err := t.arena.Len(r); err == nil {
+	if n, err := c.tiers[ti].arena.Len(r); err == nil {
 		fs.bytes -= int64(alloc.SizeClass(n))
 	}
-	_ = t.arena.Free(r) // a lost record's Free fails; it is forgotten either way
+	_ = c.tiers[ti].arena.Free(r) // a lost record's Free fails; it is forgotten either way
 }
 
 // Set stores a copy of val under key.
 func (c *Cache) Set(key string, val []byte) {
 	h, sh, si := c.locate(key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	sh.freq.add(h)
 	if i, ok := sh.hot[key]; ok {
 		e := &sh.entries[i]
 		c.dropFarCopy(sh, si, e)
@@ -290,10 +741,11 @@ func (c *Cache) Set(key string, val []byte) {
 		e.val = append(e.val[:0], val...)
 		e.ref = true
 		c.evictHot(sh, si)
-		return
+	} else {
+		c.deleteFar(sh, si, h, key)
+		c.putHot(sh, si, key, val, h, 0, -1)
 	}
-	c.deleteFar(sh, si, h, key)
-	c.putHot(sh, si, key, val, h, 0, -1)
+	c.unlock(sh, si)
 }
 
 // Delete removes key.
@@ -309,35 +761,60 @@ func (c *Cache) Delete(key string) {
 	c.deleteFar(sh, si, h, key)
 }
 
-// farCopy returns the bucket of a hot entry's far copy, if the far tier
-// still holds it (it may have evicted it since).
-func (c *Cache) farCopy(si int, e *hotEntry) (int, int) {
+// farCopy reports whether a hot entry's far copy is still indexed or on
+// its way (the far tier may have evicted it since).
+func (c *Cache) farCopy(sh *shard, si int, e *hotEntry) bool {
 	if e.farTier < 0 {
-		return -1, -1
+		return false
 	}
-	ti := int(e.farTier)
-	t := c.tiers[ti]
-	return ti, t.table.find(t.table.region(si), e.hash, func(r alloc.Ref) bool { return r == e.far })
+	if c.bucketOf(si, int(e.farTier), e.hash, e.far) >= 0 {
+		return true
+	}
+	return slices.ContainsFunc(sh.pending, func(w *farWrite) bool { return w.ref == e.far && !w.cancelled })
 }
 
 // dropFarCopy frees a hot entry's far copy, which a Set makes stale.
 func (c *Cache) dropFarCopy(sh *shard, si int, e *hotEntry) {
-	if ti, b := c.farCopy(si, e); b >= 0 {
-		c.dropFar(sh, si, ti, uint64(b))
+	if e.farTier >= 0 {
+		if b := c.bucketOf(si, int(e.farTier), e.hash, e.far); b >= 0 {
+			c.dropFar(sh, si, int(e.farTier), uint64(b))
+		}
+		for _, w := range sh.pending {
+			if w.ref == e.far {
+				c.cancel(sh, w)
+			}
+		}
 	}
 	e.farTier = -1
 }
 
+// deleteFar removes every far record of key. A record of a load/store tier
+// is checked to be key's; one of an rdma tier is taken to be key's when
+// its bucket has key's hash bits, so a Set or Delete reads nothing remote
+// (the rare other key sharing them is evicted).
 func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string) {
+	for _, w := range sh.pending {
+		if !sameHash(w.hash, h) {
+			continue
+		}
+		if k, _, ok := parseRecord(w.rec); ok && string(k) == key {
+			c.cancel(sh, w)
+		}
+	}
 	for ti, t := range c.tiers {
 		reg := t.table.region(si)
-		b := t.table.find(reg, h, func(r alloc.Ref) bool {
-			k, _, err := c.readRecord(sh, t, r)
-			return err != nil || string(k) == key
-		})
-		if b >= 0 {
+		for {
+			b := t.table.find(reg, h, func(r alloc.Ref) bool {
+				if !t.loadStore {
+					return true
+				}
+				k, _, err := c.mappedRecord(t, r)
+				return err != nil || string(k) == key
+			})
+			if b < 0 {
+				break
+			}
 			c.dropFar(sh, si, ti, uint64(b))
-			return
 		}
 	}
 }
@@ -373,28 +850,37 @@ func (c *Cache) putHot(sh *shard, si int, key string, val []byte, h uint64, far 
 	c.evictHot(sh, si)
 }
 
-// evictHot runs the clock over hot entries until the shard fits its budget,
-// demoting victims to the first spill tier.
-func (c *Cache) evictHot(sh *shard, si int) {
-	for sh.bytes > c.hotCap && len(sh.hot) > 0 {
+// hotVictim runs the hot tier's clock to the next entry not referenced
+// since the hand last passed it, clearing the references it passes, and
+// returns it; the hand stays on it.
+func (c *Cache) hotVictim(sh *shard) (int, bool) {
+	for range 2*len(sh.entries) + 1 {
 		if sh.hand >= len(sh.entries) {
 			sh.hand = 0
 		}
 		e := &sh.entries[sh.hand]
-		i := int32(sh.hand)
+		if e.used && !e.ref {
+			return sh.hand, true
+		}
+		e.ref = false
 		sh.hand++
-		if !e.used {
-			continue
+	}
+	return 0, false
+}
+
+// evictHot evicts clock victims until the shard fits its budget, demoting
+// them to the first spill tier.
+func (c *Cache) evictHot(sh *shard, si int) {
+	for sh.bytes > c.hotCap && len(sh.hot) > 0 {
+		i, ok := c.hotVictim(sh)
+		if !ok {
+			return
 		}
-		if e.ref {
-			e.ref = false
-			continue
-		}
-		key, val, h := e.key, e.val, e.hash
-		if _, b := c.farCopy(si, e); b >= 0 {
-			c.removeHot(sh, i) // clean: the far copy stands
-		} else {
-			c.removeHot(sh, i)
+		sh.hand++
+		e := &sh.entries[i]
+		key, val, h, clean := e.key, e.val, e.hash, c.farCopy(sh, si, e)
+		c.removeHot(sh, int32(i))
+		if !clean {
 			c.demote(sh, si, 0, key, val, h)
 		}
 		sh.spare = val
@@ -403,51 +889,61 @@ func (c *Cache) evictHot(sh *shard, si int) {
 
 // demote writes an entry into tier ti, making room there first; past the
 // last tier the entry is dropped. It returns the tier and record the entry
-// landed in, tier -1 when it was dropped or its write failed.
+// landed in, tier -1 when it was dropped or its write failed. On a tier
+// without load/store access the record is only queued for unlock to write.
 func (c *Cache) demote(sh *shard, si, ti int, key string, val []byte, h uint64) (int8, alloc.Ref) {
 	n := recordHeader + len(key) + len(val)
 	if ti >= len(c.tiers) || n > alloc.MaxObjectSize {
-		c.dropped.Add(1)
+		sh.n.dropped.Add(1)
 		return -1, 0
 	}
 	t := c.tiers[ti]
 	fs := &sh.far[ti]
 	slot := int64(alloc.SizeClass(n))
-	for fs.count > 0 && (fs.bytes+slot > t.capBytes || fs.count >= t.capCount) {
-		c.evictFar(sh, si, ti)
+	for fs.count > 0 && (fs.bytes+slot > t.capBytes || fs.count >= t.capCount) && c.evictFar(sh, si, ti) {
 	}
 	var r alloc.Ref
 	var err error
 	for {
-		if r, err = t.arena.Alloc(n); err == nil || fs.count == 0 || !errors.Is(err, alloc.ErrNoCapacity) {
-			break
+		if r, err = t.arena.Alloc(n); err == nil || !errors.Is(err, alloc.ErrNoCapacity) || !c.evictFar(sh, si, ti) {
+			break // evicted nothing: the pool is fuller than the budget said
 		}
-		c.evictFar(sh, si, ti) // the pool is fuller than the budget said
 	}
 	if err != nil {
 		c.log.Warn("spillcache: tier full, entry moves on", "tier", t.level, "err", err)
 		return c.demote(sh, si, ti+1, key, val, h)
 	}
-	if b, berr := t.arena.Bytes(r); berr == nil {
-		putRecord(b, key, val)
-	} else {
-		if cap(sh.scratch) < n {
-			sh.scratch = make([]byte, n)
-		}
-		putRecord(sh.scratch[:n], key, val)
-		_, err = t.arena.WriteAt(r, sh.scratch[:n], 0)
-	}
-	if err != nil {
-		t.arena.Free(r)
-		c.lost.Add(1)
-		c.log.Warn("spillcache: writing a far entry failed", "tier", t.level, "err", err)
-		return -1, 0
-	}
-	t.table.insert(t.table.region(si), h, r)
 	fs.count++
 	fs.bytes += slot
-	c.demoted.Add(1)
+	sh.n.demoted.Add(1)
+	if !t.loadStore {
+		w := c.newWrite(sh)
+		w.ti, w.ref, w.hash = ti, r, h
+		w.rec = slices.Grow(w.rec[:0], n)[:n]
+		putRecord(w.rec, key, val)
+		sh.pending = append(sh.pending, w)
+		sh.untaken++
+		return int8(ti), r
+	}
+	b, err := t.arena.Bytes(r)
+	if err != nil {
+		c.release(sh, ti, r)
+		sh.n.lost.Add(1)
+		c.log.Warn("spillcache: a load/store tier's record has no mapping", "tier", t.level, "err", err)
+		return -1, 0
+	}
+	putRecord(b, key, val)
+	t.table.insert(t.table.region(si), h, r)
 	return int8(ti), r
+}
+
+func (c *Cache) newWrite(sh *shard) *farWrite {
+	if n := len(sh.free); n > 0 {
+		w := sh.free[n-1]
+		sh.free = sh.free[:n-1]
+		return w
+	}
+	return &farWrite{}
 }
 
 func putRecord(b []byte, key string, val []byte) {
@@ -457,55 +953,61 @@ func putRecord(b []byte, key string, val []byte) {
 	copy(b[recordHeader+len(key):], val)
 }
 
-// evictFar runs tier ti's clock over the shard's index until it evicts one
-// entry, which moves down a tier.
-func (c *Cache) evictFar(sh *shard, si, ti int) {
+// farVictim runs tier ti's clock over the shard's index to the next entry
+// not referenced since the hand last passed it, clearing the references it
+// passes, and returns its bucket; the hand stays on it.
+func (c *Cache) farVictim(sh *shard, si, ti int) (uint64, bool) {
 	t := c.tiers[ti]
 	reg := t.table.region(si)
 	fs := &sh.far[ti]
 	for range 2*t.table.buckets + 1 {
 		b := fs.hand & (t.table.buckets - 1)
-		w := reg[2*b]
-		if w == 0 {
-			fs.hand++
-			continue
+		if w := reg[2*b]; w != 0 && w&bucketRef == 0 {
+			return b, true
 		}
-		if w&bucketRef != 0 {
-			reg[2*b] = w &^ bucketRef
-			fs.hand++
-			continue
-		}
-		r := alloc.Ref(reg[2*b+1])
-		if ti+1 < len(c.tiers) {
-			kb, val, err := c.readRecord(sh, t, r)
-			if err != nil {
-				c.loseEntry(sh, si, ti, b, err)
-				return
-			}
-			// The record is freed below: move it through this tier's
-			// buffer, reused from one eviction to the next, so the
-			// cascade allocates nothing. key aliases the buffer; demote
-			// only copies it into the next tier's record.
-			fs.move = append(append(fs.move[:0], kb...), val...)
-			key := unsafe.String(unsafe.SliceData(fs.move), len(kb))
-			val = fs.move[len(kb):]
-			c.dropFar(sh, si, ti, b)
-			nt, nr := c.demote(sh, si, ti+1, key, val, w&hashMask)
-			// A record that is a hot entry's unchanged copy stays its copy
-			// where it lands: else the entry, taken for dirty, would write a
-			// second record when it leaves the heap, and a Set or Delete
-			// would leave the moved one behind, stale.
-			if i, ok := sh.hot[key]; ok {
-				if e := &sh.entries[i]; int(e.farTier) == ti && e.far == r {
-					e.farTier, e.far = nt, nr
-				}
-			}
-		} else {
-			c.dropFar(sh, si, ti, b)
-			c.dropped.Add(1)
-		}
-		return // the hand stays: remove shifted a later entry into b
+		reg[2*b] &^= bucketRef
+		fs.hand++
 	}
+	return 0, false
+}
+
+// evictFar evicts tier ti's clock victim, which moves down a tier (a
+// record of a tier without load/store access, which the shard's lock does
+// not cover reading, is dropped instead). It reports whether it evicted.
+func (c *Cache) evictFar(sh *shard, si, ti int) bool {
+	b, ok := c.farVictim(sh, si, ti)
+	if !ok {
+		return false
+	}
+	t := c.tiers[ti]
+	reg := t.table.region(si)
+	w, r := reg[2*b], alloc.Ref(reg[2*b+1])
+	rec, err := t.arena.Bytes(r)
+	if ti+1 >= len(c.tiers) || errors.Is(err, alloc.ErrNotSupported) {
+		c.dropFar(sh, si, ti, b)
+		sh.n.dropped.Add(1)
+		return true
+	}
+	k, val, ok := parseRecord(rec)
+	if err != nil || !ok {
+		c.loseEntry(sh, si, ti, b, fmt.Errorf("far record %v: %w", r, cmp.Or(err, errors.New("its header does not match its length"))))
+		return true
+	}
+	// key aliases the record, which demote copies into the next tier
+	// before dropFar frees it.
+	key := unsafe.String(unsafe.SliceData(k), len(k))
+	nt, nr := c.demote(sh, si, ti+1, key, val, w&hashMask)
+	// A record that is a hot entry's unchanged copy stays its copy where
+	// it lands: else the entry, taken for dirty, would write a second
+	// record when it leaves the heap, and a Set or Delete would leave the
+	// moved one behind, stale.
+	if i, ok := sh.hot[key]; ok {
+		if e := &sh.entries[i]; int(e.farTier) == ti && e.far == r {
+			e.farTier, e.far = nt, nr
+		}
+	}
+	c.dropFar(sh, si, ti, b) // the hand stays: remove shifted a later entry into b
+	return true
 }
 
 // CacheStats counts a Cache's entries and events.
@@ -514,24 +1016,24 @@ type CacheStats struct {
 	Copies                           int64                // hot entries whose unchanged copy is also in a spill tier
 	Hits                             [numLevels + 1]int64 // by level; the last is misses
 	Promoted, Demoted, Dropped, Lost int64
-	FarHeld                          [2]int64 // bytes of segments each spill tier's arena holds
-}
-
-// i2s is a shard's index.
-func i2s(sh *shard, c *Cache) int {
-	return int((uintptr(unsafe.Pointer(sh)) - uintptr(unsafe.Pointer(&c.shards[0]))) / unsafe.Sizeof(*sh))
+	// Rejected counts far hits the admission policy left where they were.
+	Rejected int64
+	// FarReads counts records read from tiers without load/store access:
+	// a probe reads one only where the index has the key's hash bits.
+	FarReads int64
+	FarHeld  [2]int64 // bytes of segments each spill tier's arena holds
 }
 
 // Stats returns a snapshot.
 func (c *Cache) Stats() CacheStats {
 	var st CacheStats
-	for i := range c.shards {
-		sh := &c.shards[i]
+	for si := range c.shards {
+		sh := &c.shards[si]
 		sh.mu.Lock()
 		st.Entries[LevelHot] += int64(len(sh.hot))
 		for i := range sh.entries {
 			if e := &sh.entries[i]; e.used {
-				if _, b := c.farCopy(i2s(sh, c), e); b >= 0 {
+				if c.farCopy(sh, si, e) {
 					st.Copies++
 				}
 			}
@@ -541,12 +1043,20 @@ func (c *Cache) Stats() CacheStats {
 		}
 		sh.mu.Unlock()
 	}
-	for i := range st.Hits {
-		st.Hits[i] = c.hits[i].Load()
+	for si := range c.shards {
+		n := &c.shards[si].n
+		for i := range st.Hits {
+			st.Hits[i] += n.hits[i].Load()
+		}
+		st.Promoted += n.promoted.Load()
+		st.Demoted += n.demoted.Load()
+		st.Dropped += n.dropped.Load()
+		st.Lost += n.lost.Load()
+		st.Rejected += n.rejected.Load()
+		st.FarReads += n.farReads.Load()
 	}
 	for ti, t := range c.tiers {
 		st.FarHeld[ti] = t.arena.Stats().Held
 	}
-	st.Promoted, st.Demoted, st.Dropped, st.Lost = c.promoted.Load(), c.demoted.Load(), c.dropped.Load(), c.lost.Load()
 	return st
 }

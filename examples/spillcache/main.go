@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,7 +61,7 @@ func main() {
 	flag.Float64Var(&cfg.reads, "reads", 0.95, "fraction of operations that are Gets (the rest are Sets)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured run per cache, after loading")
 	flag.DurationVar(&cfg.warmup, "warmup", 3*time.Second, "unmeasured run per cache after loading, so hot entries reach the hot tier")
-	flag.IntVar(&cfg.threads, "threads", runtime.GOMAXPROCS(0), "goroutines issuing operations")
+	flag.IntVar(&cfg.threads, "threads", 64, "goroutines issuing operations to each cache, as a server with many requests in flight")
 	flag.Var(&hot, "hot", "spillcache: bytes of entries on the Go heap")
 	flag.Var(&cxl, "cxl", "spillcache: bytes of slots on the cxl tier (default: 60% of the dataset)")
 	flag.Var(&rdma, "rdma", "spillcache: bytes of slots on the rdma tier (default: 60% of the dataset)")
@@ -68,6 +70,8 @@ func main() {
 	flag.IntVar(&cfg.verify, "verify", 100_000, "after the run, Get this many random keys (0: every key) and count those served")
 	flag.BoolVar(&cfg.json, "json", false, "print one JSON object per cache instead of tables")
 	flag.BoolVar(&cfg.progress, "progress", true, "print a progress line on stderr when it is a terminal")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof reads it)")
+	memProfile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 	flag.Parse()
 	cfg.noSpill = !*spill
 	cfg.hot, cfg.cxl, cfg.rdma = int64(hot), int64(cxl), int64(rdma)
@@ -76,10 +80,45 @@ func main() {
 			cfg.compare = append(cfg.compare, name)
 		}
 	}
-	if err := run(context.Background(), os.Stdout, os.Stderr, cfg); err != nil {
+	stop, err := profile(*cpuProfile, *memProfile)
+	if err == nil {
+		err = run(context.Background(), os.Stdout, os.Stderr, cfg)
+		err = errors.Join(err, stop())
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "spillcache: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// profile starts a CPU profile into cpu and arranges an allocation
+// profile into mem (either "" for none); stop writes them.
+func profile(cpu, mem string) (stop func() error, err error) {
+	var f *os.File
+	if cpu != "" {
+		if f, err = os.Create(cpu); err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		if err = pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+	}
+	return func() error {
+		var err error
+		if f != nil {
+			pprof.StopCPUProfile()
+			err = f.Close()
+		}
+		if mem != "" {
+			m, merr := os.Create(mem)
+			if merr != nil {
+				return errors.Join(err, fmt.Errorf("-memprofile: %w", merr))
+			}
+			err = errors.Join(err, pprof.Lookup("allocs").WriteTo(m, 0), m.Close())
+		}
+		return err
+	}, nil
 }
 
 func (cfg *config) dataset() int64 { return int64(cfg.keys) * int64(cfg.value+keyLen) }
@@ -140,7 +179,14 @@ func run(ctx context.Context, out, status io.Writer, cfg config) error {
 			if err != nil {
 				return nil, err
 			}
-			return spill{sc}, nil
+			// The rdma tier's own ReadAt of a record's size, timed beside
+			// the Gets under the same load.
+			probe, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA))
+			if err != nil {
+				sc.Close(ctx)
+				return nil, fmt.Errorf("rdma segment to time ReadAt on: %w", err)
+			}
+			return spill{sc, probe, recordHeader + keyLen + cfg.value}, nil
 		})
 	}
 	for _, name := range cfg.compare {
@@ -162,6 +208,7 @@ func run(ctx context.Context, out, status io.Writer, cfg config) error {
 		}
 		results = append(results, r)
 	}
+	setTargets(results)
 	if cfg.json {
 		enc := json.NewEncoder(out)
 		for _, r := range results {
@@ -251,6 +298,8 @@ type result struct {
 	Wrong         int64        `json:"wrong_values"`
 	Tiers         []tierResult `json:"tiers,omitempty"`
 	Spill         *CacheStats  `json:"spill,omitempty"`
+	ReadAt        *tierResult  `json:"rdma_readat,omitempty"` // the rdma tier's ReadAt of a record's size, under the same load
+	Targets       []target     `json:"targets,omitempty"`
 }
 
 type tierResult struct {
@@ -272,7 +321,7 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 	}
 	res := result{Name: s.Name()}
 	prog := newProgress(status, w.cfg.progress, s.Name())
-	hists := make([][numLevels + 1]hist, w.cfg.threads)
+	hists := make([][numLevels + 2]hist, w.cfg.threads)
 	// Load: every key once, in parallel.
 	start := time.Now()
 	var next atomic.Int64
@@ -319,6 +368,13 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 			res.Tiers = append(res.Tiers, tierResult{Level: Level(l).String(), Hits: h.n * 16, P50: h.quantile(0.5), P99: h.quantile(0.99)})
 		}
 	}
+	if _, ok := s.(spill); ok {
+		var h hist
+		for t := range hists {
+			h.merge(&hists[t][readAtSlot])
+		}
+		res.ReadAt = &tierResult{Level: "rdma ReadAt", Hits: h.n, P50: h.quantile(0.5), P99: h.quantile(0.99)}
+	}
 	res.GetP50, res.GetP99 = all.quantile(0.5), all.quantile(0.99)
 	res.Entries = s.Entries()
 	runtime.GC()
@@ -330,16 +386,22 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 	res.Served, res.Wrong = w.verify(s, res.Wrong)
 	s.Close()
 	if sp, ok := s.(spill); ok {
-		if err := sp.c.Close(ctx); err != nil {
+		if err := errors.Join(sp.c.Close(ctx), sp.probe.Free(ctx)); err != nil {
 			return res, err
 		}
 	}
 	return res, nil
 }
 
+// readAtSlot is the histogram of the rdma tier's own ReadAt.
+const readAtSlot = numLevels + 1
+
 // mix runs the Get/Set mix on every goroutine for d, timing one Get in 16
-// into hists (nil: none), and returns the Gets, wrong values and time taken.
-func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 1]hist, prog *progress) (int64, int64, time.Duration) {
+// into hists (nil: none), and one operation in 1024 a raw rdma ReadAt of a
+// record's size when s has a far tier; it returns the Gets, wrong values
+// and time taken.
+func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 2]hist, prog *progress) (int64, int64, time.Duration) {
+	raw, _ := s.(rawReader)
 	var gets, wrong atomic.Int64
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(d)
@@ -347,7 +409,7 @@ func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 1]hist, 
 	for t := range w.cfg.threads {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(t), uint64(start.UnixNano())))
-			buf := make([]byte, w.cfg.value)
+			buf := make([]byte, w.cfg.value+keyLen+recordHeader)
 			dst := make([]byte, 0, w.cfg.value)
 			var n, g int64
 			for ; ; n++ {
@@ -359,10 +421,16 @@ func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 1]hist, 
 					}
 					prog.run(time.Until(deadline), gets.Load(), time.Since(start))
 				}
+				if raw != nil && hists != nil && n%1024 == 0 {
+					t0 := time.Now()
+					if raw.rawRead(rng, buf) == nil {
+						hists[t][readAtSlot].add(int64(time.Since(t0)))
+					}
+				}
 				i := w.next(rng)
 				if rng.Float64() >= w.cfg.reads {
-					value(buf, i)
-					s.Set(w.keys.key(i), buf)
+					value(buf[:w.cfg.value], i)
+					s.Set(w.keys.key(i), buf[:w.cfg.value])
 					continue
 				}
 				g++
@@ -507,9 +575,12 @@ func report(out io.Writer, cfg config, results []result) {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t\n", t.Level, entries, t.Hits, time.Duration(t.P50), time.Duration(t.P99))
 		}
+		if t := r.ReadAt; t != nil {
+			fmt.Fprintf(tw, "%s\t-\t%d\t%s\t%s\t\n", t.Level, t.Hits, time.Duration(t.P50), time.Duration(t.P99))
+		}
 		tw.Flush()
-		fmt.Fprintf(out, "promoted %d, demoted %d, dropped %d, lost %d; far memory held: cxl %s, rdma %s\n",
-			r.Spill.Promoted, r.Spill.Demoted, r.Spill.Dropped, r.Spill.Lost, size.Size(r.Spill.FarHeld[0]).Human(), size.Size(r.Spill.FarHeld[1]).Human())
+		fmt.Fprintf(out, "promoted %d, not admitted %d, demoted %d, dropped %d, lost %d, rdma records read %d; far memory held: cxl %s, rdma %s\n",
+			r.Spill.Promoted, r.Spill.Rejected, r.Spill.Demoted, r.Spill.Dropped, r.Spill.Lost, r.Spill.FarReads, size.Size(r.Spill.FarHeld[0]).Human(), size.Size(r.Spill.FarHeld[1]).Human())
 	}
 	var sp *result
 	for i := range results {
@@ -517,18 +588,78 @@ func report(out io.Writer, cfg config, results []result) {
 			sp = &results[i]
 		}
 	}
-	for _, r := range results {
-		if sp == nil || (r.Name != "otter" && r.Name != "ristretto") {
+	if sp == nil {
+		return
+	}
+	group := ""
+	for _, t := range sp.Targets {
+		if t.Group != group {
+			group = t.Group
+			if r := find(results, group); r != nil {
+				fmt.Fprintf(out, "\nspillcache vs %s (%.0f%% of the dataset on the heap):\n", group, 100*float64(r.Entries)/float64(cfg.keys))
+			} else {
+				fmt.Fprintf(out, "\nspillcache's tiers:\n")
+			}
+		}
+		op := ">="
+		if t.AtMost {
+			op = "<="
+		}
+		fmt.Fprintf(out, "  %-30s %6.3fx  (target %s %.2f)  %s\n", t.Name, t.Value, op, t.Limit, verdict(t.Met, cfg))
+	}
+}
+
+func find(results []result, name string) *result {
+	for i := range results {
+		if results[i].Name == name {
+			return &results[i]
+		}
+	}
+	return nil
+}
+
+// target is one of the README's targets as this run measured it: a ratio
+// of spillcache's figure to a baseline's, measured in the same run.
+type target struct {
+	Group  string  `json:"vs"` // the compared cache, or "tiers"
+	Name   string  `json:"name"`
+	Value  float64 `json:"ratio"`
+	Limit  float64 `json:"limit"`
+	AtMost bool    `json:"at_most"` // Value must be <= Limit; else >=
+	Met    bool    `json:"met"`
+}
+
+// setTargets computes spillcache's targets against the on-heap caches and
+// between its own tiers.
+func setTargets(results []result) {
+	sp := -1
+	for i := range results {
+		if results[i].Spill != nil {
+			sp = i
+		}
+	}
+	if sp < 0 {
+		return
+	}
+	r := &results[sp]
+	add := func(group, name string, v, limit float64, atMost bool) {
+		r.Targets = append(r.Targets, target{Group: group, Name: name, Value: v, Limit: limit, AtMost: atMost, Met: atMost && v <= limit || !atMost && v >= limit})
+	}
+	for _, o := range results {
+		if o.Name != "otter" && o.Name != "ristretto" {
 			continue
 		}
-		fmt.Fprintf(out, "\nspillcache vs %s (%.0f%% of the dataset on the heap):\n", r.Name, 100*float64(r.Entries)/float64(cfg.keys))
-		fmt.Fprintf(out, "  Go heap in use  %6.3fx  (target <= 0.10)  %s\n", ratio(sp.HeapInuse, r.HeapInuse), verdict(ratio(sp.HeapInuse, r.HeapInuse) <= 0.10, cfg))
 		gc := 0.0
-		if r.GCCPUSeconds > 0 {
-			gc = sp.GCCPUSeconds / r.GCCPUSeconds
+		if o.GCCPUSeconds > 0 {
+			gc = r.GCCPUSeconds / o.GCCPUSeconds
 		}
-		fmt.Fprintf(out, "  GC CPU seconds  %6.3fx  (target <= 0.20)  %s\n", gc, verdict(gc <= 0.20, cfg))
-		fmt.Fprintf(out, "  Gets/s          %6.3fx  (target >= 0.70)  %s\n", sp.GetsPerSec/r.GetsPerSec, verdict(sp.GetsPerSec/r.GetsPerSec >= 0.7, cfg))
+		add(o.Name, "Go heap in use", ratio(r.HeapInuse, o.HeapInuse), 0.10, true)
+		add(o.Name, "GC CPU seconds", gc, 0.20, true)
+		add(o.Name, "Gets/s", r.GetsPerSec/o.GetsPerSec, 0.70, false)
+	}
+	if len(r.Tiers) > int(LevelRDMA) && r.ReadAt != nil {
+		add("tiers", "cxl Get p50 / hot Get p50", ratio(r.Tiers[LevelCXL].P50, r.Tiers[LevelHot].P50), 2, true)
+		add("tiers", "rdma Get p50 / rdma ReadAt p50", ratio(r.Tiers[LevelRDMA].P50, r.ReadAt.P50), 1.3, true)
 	}
 }
 

@@ -48,7 +48,7 @@ func TestSmoke(t *testing.T) {
 			require.Contains(t, raw, k)
 		}
 		if r.Name == "spillcache" {
-			require.Equal(t, 1.0, r.Served, "spillcache serves every key")
+			require.Equal(t, 1.0, r.Served, "spillcache serves every key: %+v", r.Spill)
 			require.Equal(t, int64(6000), r.Entries)
 			require.Positive(t, r.Spill.Entries[LevelRDMA], "the small budgets push entries to rdma")
 		}

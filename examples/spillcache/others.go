@@ -1,11 +1,14 @@
 package main
 
 import (
+	"math/rand/v2"
 	"unsafe"
 
 	"github.com/VictoriaMetrics/fastcache"
 	"github.com/dgraph-io/ristretto/v2"
 	"github.com/maypok86/otter/v2"
+
+	"github.com/farmem/farmem/alloc"
 )
 
 // subject is a cache under test, as the workload driver drives it.
@@ -19,8 +22,25 @@ type subject interface {
 
 func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
-// spill adapts Cache.
-type spill struct{ c *Cache }
+// spill adapts Cache. probe is an rdma segment whose ReadAt of a
+// record's size (size bytes) the driver times beside the Gets.
+type spill struct {
+	c     *Cache
+	probe *alloc.Segment
+	size  int
+}
+
+// rawReader is a subject with a far tier whose own read the driver times
+// under the same load as the subject's Gets.
+type rawReader interface {
+	rawRead(rng *rand.Rand, buf []byte) error
+}
+
+func (s spill) rawRead(rng *rand.Rand, buf []byte) error {
+	off := rng.Int64N(s.probe.Size()-int64(s.size)) &^ 15
+	_, err := s.probe.ReadAt(buf[:s.size], off)
+	return err
+}
 
 func (s spill) Name() string                               { return "spillcache" }
 func (s spill) Get(dst []byte, key string) ([]byte, Level) { return s.c.GetLevel(dst, key) }

@@ -101,3 +101,7 @@ func (t *farTable) remove(reg []uint64, i uint64) {
 }
 
 func (t *farTable) free(ctx context.Context) error { return t.seg.Free(ctx) }
+
+// sameHash compares hashes by the bits the index keeps: a record moved
+// down a tier carries only those.
+func sameHash(a, b uint64) bool { return (a^b)&hashMask == 0 }
