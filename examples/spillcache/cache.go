@@ -90,7 +90,6 @@ type Cache struct {
 	stop      chan struct{}
 	writer    sync.WaitGroup
 	closeOnce sync.Once
-
 }
 
 // farTier is one spill tier: an arena for records and a far index.

@@ -44,6 +44,7 @@ func (s *sketch) slots(h uint64) (w [sketchRows]int, sh [sketchRows]uint) {
 	}
 	return w, sh
 }
+
 // add counts one use of the key with hash h.
 func (s *sketch) add(h uint64) {
 	w, sh := s.slots(h)
