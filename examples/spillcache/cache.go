@@ -90,6 +90,10 @@ type Cache struct {
 	stop      chan struct{}
 	writer    sync.WaitGroup
 	closeOnce sync.Once
+
+	// farReadHook, when set (by tests), runs before each unlocked far
+	// read: a far read that blocks there holds no lock.
+	farReadHook func(key string)
 }
 
 // farTier is one spill tier: an arena for records and a far index.
@@ -273,6 +277,9 @@ func (c *Cache) GetLevel(dst []byte, key string) ([]byte, Level) {
 			return dst, l.level
 		}
 		sh.mu.Unlock()
+		if c.farReadHook != nil {
+			c.farReadHook(key)
+		}
 		bp := c.bufs.Get().(*[]byte)
 		rec, err := c.readFar(sh, l, (*bp)[:0])
 		var level Level

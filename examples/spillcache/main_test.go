@@ -48,9 +48,18 @@ func TestSmoke(t *testing.T) {
 			require.Contains(t, raw, k)
 		}
 		if r.Name == "spillcache" {
-			require.Equal(t, 1.0, r.Served, "spillcache serves every key: %+v", r.Spill)
+			require.Equal(t, 1.0, r.Served, "spillcache serves every key")
 			require.Equal(t, int64(6000), r.Entries)
 			require.Positive(t, r.Spill.Entries[LevelRDMA], "the small budgets push entries to rdma")
+			require.NotNil(t, r.ReadAt, "the rdma tier's own ReadAt is timed beside the Gets")
+			require.Positive(t, r.ReadAt.Hits)
+			var names []string
+			for _, tg := range r.Targets {
+				names = append(names, tg.Group+": "+tg.Name)
+			}
+			require.Equal(t, []string{"otter: Go heap in use", "otter: GC CPU seconds", "otter: Gets/s",
+				"ristretto: Go heap in use", "ristretto: GC CPU seconds", "ristretto: Gets/s",
+				"tiers: cxl Get p50 / hot Get p50", "tiers: rdma Get p50 / rdma ReadAt p50"}, names, "-json carries the targets")
 		}
 	}
 	require.Equal(t, []string{"spillcache", "otter", "ristretto", "fastcache"}, names)
@@ -156,16 +165,18 @@ func TestVerdictNamesUnmeasuredSettings(t *testing.T) {
 	quick.keys, quick.duration, quick.warmup, quick.cxl, quick.rdma, quick.threads = 200_000, 3*time.Second, time.Second, -1, -1, 2
 	require.NoError(t, quick.check())
 	var out bytes.Buffer
-	report(&out, quick, results())
-	require.Contains(t, out.String(), "Go heap in use   0.500x  (target <= 0.10)  NOT met, but this run's settings are not the measured configuration (-keys 200000 -duration 3s -warmup 1s; measured: -keys 1000000 -hotset 0.05 -hotops 0.99)\n")
+	rs := results()
+	setTargets(rs)
+	report(&out, quick, rs)
+	require.Contains(t, out.String(), "  Go heap in use                  0.500x  (target <= 0.10)  NOT met, but this run's settings are not the measured configuration (-keys 200000 -duration 3s -warmup 1s -threads 2; measured: the defaults)\n")
 
 	full := measured
-	full.threads = 2
 	require.NoError(t, full.check())
 	require.Empty(t, full.unlikeMeasured())
 	out.Reset()
-	report(&out, full, results())
-	require.Contains(t, out.String(), "Go heap in use   0.500x  (target <= 0.10)  NOT met\n")
+	report(&out, full, rs)
+	require.Contains(t, out.String(), "  Go heap in use                  0.500x  (target <= 0.10)  NOT met\n")
+	require.Contains(t, out.String(), "  Gets/s                          0.100x  (target >= 0.70)  NOT met\n")
 }
 
 // The progress line goes only to a terminal: a buffer gets no \r.

@@ -1,0 +1,299 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/pooltest"
+)
+
+// newTestCache starts a pool and builds a cache on it.
+func newTestCache(t *testing.T, o Options) *Cache {
+	t.Helper()
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	cl, err := alloc.Dial(t.Context(), cfg.Socket)
+	require.NoError(t, err)
+	t.Cleanup(func() { cl.Close() })
+	c, err := NewCache(t.Context(), cl, o)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
+	return c
+}
+
+// settle waits until the far writer has indexed every queued record, so
+// that the Gets after it read rdma records rather than queued buffers.
+func settle(t *testing.T, c *Cache) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for i := range c.shards {
+			sh := &c.shards[i]
+			sh.mu.Lock()
+			n := len(sh.pending)
+			sh.mu.Unlock()
+			if n > 0 {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, time.Millisecond)
+}
+
+// A far hit moves up only when it is used more often than the hot tier's
+// victim: a key read once from far memory stays there, and the hot set is
+// untouched; a key read often enough is promoted.
+func TestAdmission(t *testing.T) {
+	val := bytes.Repeat([]byte{7}, 100)
+	// One shard, a heap for four entries, cxl only.
+	c := newTestCache(t, Options{HotBytes: 4 * (2 + 100), CXLBytes: 64 << 10, Shards: 1, RecordBytes: 102})
+	c.Set("cc", val)
+	for i := range 4 {
+		c.Set(fmt.Sprint("h", i), val) // cc, the oldest, leaves the heap
+	}
+	for range 5 {
+		for i := range 4 {
+			_, l := c.GetLevel(nil, fmt.Sprint("h", i))
+			require.Equal(t, LevelHot, l)
+		}
+	}
+	v, l := c.GetLevel(nil, "cc")
+	require.Equal(t, LevelCXL, l)
+	require.Equal(t, val, v)
+	st := c.Stats()
+	require.Equal(t, int64(0), st.Promoted, "a key used twice does not displace keys used six times")
+	require.Equal(t, int64(1), st.Rejected)
+	require.Equal(t, [numLevels]int64{4, 1, 0}, st.Entries)
+
+	gets := 1
+	for ; gets < 20; gets++ {
+		if _, l := c.GetLevel(nil, "cc"); l == LevelHot {
+			break
+		}
+	}
+	require.Less(t, gets, 20, "a key used more often than the hot victim is promoted")
+	require.Greater(t, gets, 5, "promoted only once used more often than the victim (6 uses)")
+	st = c.Stats()
+	require.Equal(t, int64(1), st.Promoted)
+	require.Equal(t, int64(4), st.Entries[LevelHot])
+}
+
+// A probe reads an rdma record only where the far index has the key's
+// hash bits: Gets of absent keys read nothing remote, and a Get served
+// from the rdma tier reads exactly one record.
+func TestFingerprintProbe(t *testing.T) {
+	c := newTestCache(t, Options{HotBytes: 4 << 10, RDMABytes: 1 << 20, Shards: 4, RecordBytes: 110})
+	val := bytes.Repeat([]byte{1}, 100)
+	for i := range 500 {
+		c.Set(fmt.Sprint("key", i), val)
+	}
+	settle(t, c)
+	st := c.Stats()
+	require.Greater(t, st.Entries[LevelRDMA], int64(400))
+	for i := range 2000 {
+		_, l := c.GetLevel(nil, fmt.Sprint("absent", i))
+		require.Equal(t, LevelMiss, l)
+	}
+	require.Zero(t, c.Stats().FarReads, "a miss reads no far record")
+	rdma := int64(0)
+	for i := range 500 {
+		v, l := c.GetLevel(nil, fmt.Sprint("key", i))
+		require.Equal(t, val, v)
+		if l == LevelRDMA {
+			rdma++
+		}
+	}
+	require.Positive(t, rdma)
+	require.Equal(t, rdma, c.Stats().FarReads, "one record read per rdma hit")
+}
+
+// No lock is held across far I/O: while one Get's rdma read is blocked,
+// a Get of a hot key and a Delete on the same (only) shard complete; the
+// blocked Get, once released, does not bring back the deleted key.
+func TestFarReadHoldsNoLock(t *testing.T) {
+	val := bytes.Repeat([]byte{3}, 100)
+	c := newTestCache(t, Options{HotBytes: 2 * (1 + 100), RDMABytes: 64 << 10, Shards: 1, RecordBytes: 101})
+	c.Set("a", val)
+	c.Set("b", val)
+	c.Set("c", val) // a leaves the heap for rdma
+	settle(t, c)
+	reading, release := make(chan struct{}), make(chan struct{})
+	c.farReadHook = func(key string) {
+		if key == "a" {
+			close(reading)
+			<-release
+		}
+	}
+	type got struct {
+		v []byte
+		l Level
+	}
+	blocked := make(chan got, 1)
+	go func() {
+		v, l := c.GetLevel(nil, "a")
+		blocked <- got{v, l}
+	}()
+	<-reading
+	done := make(chan Level, 1)
+	go func() {
+		_, l := c.GetLevel(nil, "b")
+		c.Delete("a")
+		done <- l
+	}()
+	select {
+	case l := <-done:
+		require.Equal(t, LevelHot, l)
+	case <-time.After(time.Minute):
+		close(release)
+		t.Fatal("a Get of a hot key and a Delete on the shard wait for another Get's far read")
+	}
+	close(release)
+	g := <-blocked
+	if g.l != LevelMiss { // it overlapped the Delete: the old value is a valid answer
+		require.Equal(t, LevelRDMA, g.l)
+		require.Equal(t, val, g.v)
+	}
+	_, l := c.GetLevel(nil, "a")
+	require.Equal(t, LevelMiss, l, "the Get that read before the Delete did not promote the deleted key")
+}
+
+// Many goroutines Set, Get, GetMany and Delete over small tiers, so
+// entries move between all of them while far reads and writes are in
+// flight unlocked. A key's owner sees its own latest Set or Delete; no
+// Get returns another key's value or an older value of its own after a
+// newer Set finished.
+func TestConcurrentNoStaleValue(t *testing.T) {
+	c := newTestCache(t, Options{HotBytes: 8 << 10, CXLBytes: 16 << 10, RDMABytes: 128 << 10, Shards: 2, RecordBytes: 120})
+	const owners, perOwner, rounds = 4, 30, 2000
+	encode := func(k, ver int) []byte {
+		b := make([]byte, 100)
+		binary.LittleEndian.PutUint32(b, uint32(k))
+		binary.LittleEndian.PutUint32(b[4:], uint32(ver))
+		return b
+	}
+	key := func(k int) string { return fmt.Sprint("k", k) }
+	check := func(k int, v []byte) int {
+		require.Len(t, v, 100)
+		require.Equal(t, uint32(k), binary.LittleEndian.Uint32(v), "key %d got another key's value", k)
+		return int(binary.LittleEndian.Uint32(v[4:]))
+	}
+	var owned, readers sync.WaitGroup
+	stop := make(chan struct{})
+	for o := range owners {
+		owned.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(o), 1))
+			ver := make([]int, perOwner)
+			for r := range rounds {
+				i := rng.IntN(perOwner)
+				k := o*perOwner + i
+				if r%10 == 9 {
+					c.Delete(key(k))
+					ver[i] = -1
+				} else {
+					ver[i] = r
+					c.Set(key(k), encode(k, r))
+				}
+				j := rng.IntN(perOwner)
+				v, ok := c.Get(nil, key(o*perOwner+j))
+				if ver[j] < 0 {
+					require.False(t, ok, "key %d was deleted by its owner", o*perOwner+j)
+				} else if ok {
+					require.Equal(t, ver[j], check(o*perOwner+j, v), "key %d: its owner's last Set", o*perOwner+j)
+				}
+			}
+		})
+	}
+	for g := range 2 {
+		readers.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 2))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				reqs := make([]GetReq, 8)
+				for i := range reqs {
+					reqs[i].Key = key(rng.IntN(owners * perOwner))
+				}
+				c.GetMany(reqs)
+				for i, r := range reqs {
+					if r.Level != LevelMiss {
+						var k int
+						fmt.Sscanf(reqs[i].Key, "k%d", &k)
+						check(k, r.Val)
+					}
+				}
+			}
+		})
+	}
+	owned.Wait()
+	close(stop)
+	readers.Wait()
+	st := c.Stats()
+	require.Positive(t, st.Hits[LevelRDMA]+st.Hits[LevelCXL], "entries were served from far tiers")
+}
+
+// GetMany answers as Get does, for hot, cxl, rdma and absent keys, in
+// batches longer than the arena's MaxBatch too.
+func TestGetMany(t *testing.T) {
+	c := newTestCache(t, Options{HotBytes: 16 << 10, CXLBytes: 64 << 10, RDMABytes: 1 << 20, Shards: 4, RecordBytes: 60})
+	const n = alloc.MaxBatch + 300
+	for i := range n {
+		c.Set(fmt.Sprint("key", i), []byte(fmt.Sprintf("value %d %040d", i, i)))
+	}
+	settle(t, c)
+	reqs := make([]GetReq, n+10)
+	for i := range reqs {
+		reqs[i].Key = fmt.Sprint("key", i) // the last ten are absent
+		reqs[i].Val = []byte("prefix:")
+	}
+	c.GetMany(reqs)
+	levels := map[Level]int{}
+	for i, r := range reqs {
+		levels[r.Level]++
+		if i >= n {
+			require.Equal(t, LevelMiss, r.Level)
+			require.Equal(t, []byte("prefix:"), r.Val)
+			continue
+		}
+		require.NotEqual(t, LevelMiss, r.Level, "key%d", i)
+		require.Equal(t, fmt.Sprintf("prefix:value %d %040d", i, i), string(r.Val))
+	}
+	require.Positive(t, levels[LevelRDMA])
+	require.Positive(t, levels[LevelCXL])
+	require.Positive(t, levels[LevelHot])
+}
+
+// The sketch never counts a key below its uses (up to 15), and aging
+// halves the counts.
+func TestSketch(t *testing.T) {
+	s := newSketch(1000)
+	rng := rand.New(rand.NewPCG(1, 2))
+	uses := map[uint64]int{}
+	for range 3000 {
+		h := rng.Uint64N(1500) * 0x9e3779b97f4a7c15
+		s.add(h)
+		uses[h]++
+	}
+	for h, n := range uses {
+		require.GreaterOrEqual(t, s.estimate(h), uint64(min(n, 15)))
+	}
+	hot := uint64(42)
+	for range 20 {
+		s.add(hot)
+	}
+	require.Equal(t, uint64(15), s.estimate(hot))
+	for range s.sample {
+		s.add(rng.Uint64())
+	}
+	require.Less(t, s.estimate(hot), uint64(15), "aging halved it")
+}
