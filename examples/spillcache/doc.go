@@ -1,10 +1,14 @@
 // Command spillcache is a cache a Go service would copy: hot entries on the
 // Go heap, cold ones spilled to CXL memory and then to a remote host's
-// memory through farmem, out of the garbage collector's sight. It runs a
-// YCSB-like workload against it and, in the same run, against caches that
-// hold the whole dataset on the heap (otter, ristretto) and against
-// fastcache, and prints hits per tier, Get latency, throughput, Go heap in
-// use and GC cost. With no poold running it starts one in the process.
+// memory through farmem, out of the garbage collector's sight. Far hits
+// move up only when a frequency sketch admits them, no lock is held across
+// far I/O, and GetMany reads the rdma records of many keys in one batch.
+// It runs a YCSB-like workload against it from 64 goroutines and, in the
+// same run and driven the same way, against caches that hold the whole
+// dataset on the heap (otter, ristretto) and against fastcache, and
+// prints hits per tier, Get latency beside the rdma tier's own ReadAt,
+// throughput, Go heap in use and GC cost. With no poold running it starts
+// one in the process.
 //
 // It is smoke-run by its test against an embedded pool.
 package main
