@@ -309,8 +309,9 @@ type lookup struct {
 // their way to a tier and records of load/store tiers itself, appending
 // the value to dst; a record of another tier it returns to be read
 // unlocked: the first whose index bucket has the key's hash bits, which
-// stand in for a fingerprint of the key (62 bits: two keys of a shard
-// share them about once in 2^40 pairs, and then the Get misses).
+// stand in for a fingerprint of the key (62 bits, about 6 of them fixed by
+// the shard: two keys of a shard share them once in some 2^56 pairs, and
+// then the Get of the one indexed later misses).
 func (c *Cache) probe(sh *shard, si int, key string, h uint64, dst []byte) ([]byte, lookup) {
 	if i, ok := sh.hot[key]; ok {
 		e := &sh.entries[i]
