@@ -145,12 +145,18 @@ func (m *mapped) writeBatch(ctx context.Context, spans []Span) error {
 }
 
 func (g *guarded) readBatch(ctx context.Context, spans []Span) (err error) {
+	if err := g.check(); err != nil {
+		return err
+	}
 	old := debug.SetPanicOnFault(true)
 	defer faultGuard(old, &err)
 	return g.mapped.readBatch(ctx, spans)
 }
 
 func (g *guarded) writeBatch(ctx context.Context, spans []Span) (err error) {
+	if err := g.check(); err != nil {
+		return err
+	}
 	old := debug.SetPanicOnFault(true)
 	defer faultGuard(old, &err)
 	return g.mapped.writeBatch(ctx, spans)

@@ -37,7 +37,24 @@ type mapped struct {
 // emulated device's own file on tmpfs or hugetlbfs (its pages reserved
 // when the daemon created it) cannot fault short of the machine's own
 // memory failing, as the Go heap could, and are not guarded.
-type guarded struct{ mapped }
+//
+// The memory guarded is a device's (CXL devdax, a memory-only NUMA node)
+// that can go away while mapped; once the daemon reports the segment lost
+// (its device went away, see setLost), every call fails with
+// ErrSegmentLost, whether or not the kernel has taken the pages yet.
+type guarded struct {
+	mapped
+	id   uint64      // the segment's, for errors
+	lost atomic.Bool // the daemon reported the segment lost
+}
+
+// check fails once the segment is reported lost.
+func (g *guarded) check() error {
+	if g.lost.Load() {
+		return fmt.Errorf("segment %d: its device went away (poold reported it lost): %w", g.id, ErrSegmentLost)
+	}
+	return nil
+}
 
 var (
 	_ backend = (*mapped)(nil)
@@ -51,7 +68,7 @@ func newMapped(info *poolv1.Segment, mem []byte, f *os.File) backend {
 	own := (info.Kind == "emulated" || info.Kind == "dram" || info.Kind == "numa") && mmap.MemoryBacked(f)
 	m := mapped{mem: mem, ownPages: own}
 	if info.Kind == "numa" || info.Kind != "dram" && !own {
-		return &guarded{m}
+		return &guarded{mapped: m, id: info.Id}
 	}
 	return &m
 }
@@ -79,8 +96,47 @@ func guardedCopy(dst, src []byte) (n int, err error) {
 func (m *mapped) readAt(p []byte, off int64) (int, error)  { return copy(p, m.mem[off:]), nil }
 func (m *mapped) writeAt(p []byte, off int64) (int, error) { return copy(m.mem[off:], p), nil }
 
-func (g *guarded) readAt(p []byte, off int64) (int, error)  { return guardedCopy(p, g.mem[off:]) }
-func (g *guarded) writeAt(p []byte, off int64) (int, error) { return guardedCopy(g.mem[off:], p) }
+func (g *guarded) readAt(p []byte, off int64) (int, error) {
+	if err := g.check(); err != nil {
+		return 0, err
+	}
+	return guardedCopy(p, g.mem[off:])
+}
+
+func (g *guarded) writeAt(p []byte, off int64) (int, error) {
+	if err := g.check(); err != nil {
+		return 0, err
+	}
+	return guardedCopy(g.mem[off:], p)
+}
+
+func (g *guarded) load64(off int64) (uint64, error) {
+	if err := g.check(); err != nil {
+		return 0, err
+	}
+	return g.mapped.load64(off)
+}
+
+func (g *guarded) store64(off int64, v uint64) error {
+	if err := g.check(); err != nil {
+		return err
+	}
+	return g.mapped.store64(off, v)
+}
+
+func (g *guarded) compareAndSwap64(off int64, old, new uint64) (bool, error) {
+	if err := g.check(); err != nil {
+		return false, err
+	}
+	return g.mapped.compareAndSwap64(off, old, new)
+}
+
+func (g *guarded) add64(off int64, delta uint64) (uint64, error) {
+	if err := g.check(); err != nil {
+		return 0, err
+	}
+	return g.mapped.add64(off, delta)
+}
 
 // word is the 8-byte word at off. The mapping is page aligned, so an
 // 8-aligned offset is an 8-aligned address.

@@ -572,10 +572,14 @@ func (r *remote) refresh(ctx context.Context) {
 
 // setLost marks the segment lost (or reachable again) as the daemon
 // reports: an rdma segment's calls then fail with ErrSegmentLost instead
-// of retrying. Other backends learn of a loss from their memory or home.
+// of retrying, and so do those of a segment mapped from a device that went
+// away (guarded). Other backends learn of a loss from their memory or home.
 func (s *Segment) setLost(lost bool) {
-	if r, ok := s.base().(*remote); ok {
-		r.setLost(lost)
+	switch b := s.base().(type) {
+	case *remote:
+		b.setLost(lost)
+	case *guarded:
+		b.lost.Store(lost)
 	}
 }
 

@@ -113,6 +113,12 @@ type Config struct {
 	// after which an acknowledged allocation or free can be missing from
 	// the table.
 	MetadataFsync bool `yaml:"metadata-fsync"`
+	// Hotplug makes the daemon follow the kernel's device events (uevents
+	// of the dax, cxl, memory and node subsystems) and read the host's
+	// memory devices again when they change: a CXL region or DAX device
+	// that appears becomes a device of its tier, one that goes away stops
+	// taking placements and its segments are lost. Default: true.
+	Hotplug bool `yaml:"hotplug"`
 	// MeasureTiers makes the daemon measure each tier it offers (load
 	// latency, bandwidth; one-sided reads for the rdma tier) in the
 	// background at start, briefly taking up to 64 MiB of each tier.
@@ -246,6 +252,7 @@ func DefaultConfig() Config {
 		MetadataFsync:        true,
 		LogLevel:             "info",
 		MeasureTiers:         true,
+		Hotplug:              true,
 		LogFormat:            "text",
 		AllowUIDs:            defaultAllowUIDs(),
 		Admins:               defaultAdmins(),

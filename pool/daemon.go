@@ -31,7 +31,7 @@ type Daemon struct {
 	log  *slog.Logger
 	data dataSecurity // the data plane's TLS, and the CA clients verify homes with
 	pool *core
-	inv  *cxl.Inventory
+	inv  atomic.Pointer[cxl.Inventory] // as last read: at start, then by each rescan (hotplug.go)
 	mux  *mux
 	grpc *grpc.Server
 	tcp  *grpc.Server // control plane for peers and memctl on Listen; nil without it
@@ -133,7 +133,8 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			ops.close()
 		}
 	}()
-	d := &Daemon{cfg: cfg, log: log, data: sec, pool: p, inv: inv, stop: make(chan struct{}), metrics: m, listeners: ls, health: newHealth(), ops: ops, lock: lock}
+	d := &Daemon{cfg: cfg, log: log, data: sec, pool: p, stop: make(chan struct{}), metrics: m, listeners: ls, health: newHealth(), ops: ops, lock: lock}
+	d.inv.Store(inv)
 	p.setHMAT(inv)
 	d.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(peerCreds{}),
@@ -263,6 +264,9 @@ func (d *Daemon) Serve() error {
 	d.log.Info("poold serving", append([]any{"node", d.cfg.Node, "socket", d.cfg.Socket, "data-dir", d.cfg.DataDir, "segments", d.pool.segmentCount()}, tiers...)...)
 	d.health.serve()
 	d.pool.resumeEvacuation()
+	if d.cfg.Hotplug {
+		d.followDevices()
+	}
 	if d.cfg.MeasureTiers {
 		d.wg.Add(1)
 		go func() {
@@ -301,8 +305,9 @@ func (d *Daemon) fail(err error) {
 // Config returns the configuration the daemon runs with.
 func (d *Daemon) Config() Config { return d.cfg }
 
-// Inventory returns what discovery found at start.
-func (d *Daemon) Inventory() *cxl.Inventory { return d.inv }
+// Inventory returns what discovery found: at start, then at the last
+// rescan after the kernel's device events. The caller must not change it.
+func (d *Daemon) Inventory() *cxl.Inventory { return d.inv.Load() }
 
 // allow checks a local peer against the allow list: the daemon's own uid and root.
 func (d *Daemon) allow(p peerInfo) error { return d.cfg.allowLocal(p) }

@@ -55,37 +55,23 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 		return nil
 	}
 	for _, dx := range inv.DevdaxDevices() {
-		path := filepath.Join(cfg.DevRoot, dx.DevPath)
-		align := int64(dx.Align)
-		if align == 0 {
-			align = 2 << 20 // kernels before 5.10 do not say; 2 MiB is the devdax default
-		}
-		d, err := device.NewDevdax(dx.Name, path, int64(dx.Size), align, dx.TargetNode)
+		d, err := openDevdax(cfg, dx, log)
 		if err != nil {
-			log.Warn("devdax device found but not usable", "device", dx.Name, "path", path, "err", err)
 			continue
 		}
-		note := ""
-		if !cfg.AllowDevdaxFD {
-			note = fmt.Sprintf("%s is devdax: one descriptor reaches every segment on it, so it is not handed to clients; start poold with --allow-devdax-fd to use it", dx.Name)
-		}
-		if err := add(d, poolv1.Tier_TIER_CXL, cfg.AllowDevdaxFD, note); err != nil {
+		if err := add(d, poolv1.Tier_TIER_CXL, cfg.AllowDevdaxFD, devdaxNote(cfg, dx.Name)); err != nil {
 			return fail(err)
 		}
 		devs[len(devs)-1].powerSafe = dx.Persistent
-		log.Info("using CXL devdax device", "device", dx.Name, "size", dx.Size, "align", align, "region", dx.Region, "node", dx.TargetNode, "handed-out", cfg.AllowDevdaxFD, "persistent", dx.Persistent)
 	}
 	for _, n := range inv.FarNodes() {
-		capacity := int64(n.MemFree) &^ (1<<21 - 1)
-		d, err := device.NewNUMA(n.ID, filepath.Join(cfg.numaDir(), fmt.Sprintf("node%d", n.ID)), capacity)
+		d, err := openNUMA(cfg, n, log)
 		if err != nil {
-			log.Warn("memory-only NUMA node found but not usable", "node", n.ID, "err", err)
 			continue
 		}
 		if err := add(d, poolv1.Tier_TIER_CXL, true, ""); err != nil {
 			return fail(err)
 		}
-		log.Info("using memory-only NUMA node", "node", n.ID, "capacity", capacity)
 	}
 	foundCXL := len(devs) > 0
 	sizes := newBudget(log)
@@ -98,11 +84,7 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 		if err != nil {
 			return fail(fmt.Errorf("emulated CXL device in %s: %w (choose another directory with --emulate-dir, or --emulate-cxl 0)", dir, err))
 		}
-		note := fmt.Sprintf("emulated: no CXL memory found, so files in %s stand in for it; this is ordinary DRAM, not CXL", dir)
-		if foundCXL {
-			note = fmt.Sprintf("emulated beside real CXL memory (--force-emulate): files in %s, ordinary DRAM", dir)
-		}
-		if err := add(d, poolv1.Tier_TIER_CXL, true, note); err != nil {
+		if err := add(d, poolv1.Tier_TIER_CXL, true, emulatedNote(dir, foundCXL)); err != nil {
 			return fail(err)
 		}
 		// Files on a disk filesystem outlive a reboot: their records must too.
@@ -149,4 +131,47 @@ func discover(cfg Config, log *slog.Logger) (*cxl.Inventory, []*dev, error) {
 		}
 	}
 	return inv, devs, nil
+}
+
+// openDevdax opens a devdax device discovery found, logging why when it
+// cannot be used.
+func openDevdax(cfg Config, dx cxl.DaxDevice, log *slog.Logger) (*device.Devdax, error) {
+	path, align := devPath(cfg, dx), devdaxAlign(dx)
+	d, err := device.NewDevdax(dx.Name, path, int64(dx.Size), align, dx.TargetNode)
+	if err != nil {
+		log.Warn("devdax device found but not usable", "device", dx.Name, "path", path, "err", err)
+		return nil, err
+	}
+	log.Info("using CXL devdax device", "device", dx.Name, "size", dx.Size, "align", align, "region", dx.Region, "node", dx.TargetNode, "handed-out", cfg.AllowDevdaxFD, "persistent", dx.Persistent)
+	return d, nil
+}
+
+// devdaxNote says why a devdax device is not handed out, "" when it is.
+func devdaxNote(cfg Config, name string) string {
+	if cfg.AllowDevdaxFD {
+		return ""
+	}
+	return fmt.Sprintf("%s is devdax: one descriptor reaches every segment on it, so it is not handed to clients; start poold with --allow-devdax-fd to use it", name)
+}
+
+// openNUMA opens the device of a memory-only NUMA node discovery found,
+// logging why when it cannot be used.
+func openNUMA(cfg Config, n cxl.Node, log *slog.Logger) (*device.NUMA, error) {
+	capacity := int64(n.MemFree) &^ (1<<21 - 1)
+	d, err := device.NewNUMA(n.ID, filepath.Join(cfg.numaDir(), fmt.Sprintf("node%d", n.ID)), capacity)
+	if err != nil {
+		log.Warn("memory-only NUMA node found but not usable", "node", n.ID, "err", err)
+		return nil, err
+	}
+	log.Info("using memory-only NUMA node", "node", n.ID, "capacity", capacity)
+	return d, nil
+}
+
+// emulatedNote says what the emulated device is, beside real CXL memory
+// or not.
+func emulatedNote(dir string, foundCXL bool) string {
+	if foundCXL {
+		return fmt.Sprintf("emulated beside real CXL memory: files in %s, ordinary DRAM", dir)
+	}
+	return fmt.Sprintf("emulated: no CXL memory found, so files in %s stand in for it; this is ordinary DRAM, not CXL", dir)
 }

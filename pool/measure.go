@@ -59,7 +59,7 @@ func (p *core) measureTiers(ctx context.Context) error {
 	defer p.probeMu.Unlock()
 	var errs []error
 	done := map[poolv1.Tier]bool{}
-	for _, dv := range p.devs {
+	for _, dv := range p.devices() {
 		if done[dv.tier] || ctx.Err() != nil {
 			continue
 		}

@@ -141,6 +141,9 @@ func (p *core) allocLocal(c caller, t poolv1.Tier, req allocRequest) (*record, [
 		return nil, nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
 	}
 	p.link(r)
+	if p.device(r.Device) == nil { // it went away meanwhile (hotplug.go)
+		r.Lost = true
+	}
 	p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
 	cp := *r // the table's record changes under p.mu; callers get a copy
 	return &cp, nil, nil
@@ -260,9 +263,10 @@ func (p *core) unplace(r *record) {
 	if r.Name != "" && p.names[r.Name] == r.ID {
 		delete(p.names, r.Name)
 	}
-	d := p.device(r.Device)
-	d.Remove(r.ID, r.Offset, r.Extent)
-	d.ext.Free(r.Offset, r.Extent)
+	if d := p.device(r.Device); d != nil { // nil: it went away (hotplug.go)
+		d.Remove(r.ID, r.Offset, r.Extent)
+		d.ext.Free(r.Offset, r.Extent)
+	}
 }
 
 func roundUp(n, align int64) int64 { return (n + align - 1) / align * align }

@@ -60,8 +60,15 @@ type core struct {
 	moving    moves
 	leftMoves []intent
 
-	mu       sync.Mutex
-	devs     []*dev
+	mu sync.Mutex
+	// devs are the devices placements go to, in the order tried. The
+	// slice is replaced, never changed in place, when devices come and go
+	// (hotplug.go), so a copy of it taken under mu stays valid.
+	devs []*dev
+	// gone are devices that went away while the daemon ran, by name,
+	// until one of that name comes back: freeing a lost segment still
+	// removes its backing on a NUMA device's directory.
+	gone     map[string]*dev
 	segs     map[uint64]*record
 	order    *btree.BTreeG[uint64] // the ids in segs, for listing in pages (listing.go)
 	names    map[string]uint64
@@ -337,5 +344,16 @@ func (p *core) closeDevices() error {
 	for i := len(p.devs) - 1; i >= 0; i-- {
 		err = errors.Join(err, p.devs[i].Close())
 	}
+	for _, d := range p.gone {
+		err = errors.Join(err, d.Close())
+	}
 	return err
+}
+
+// devices is the device list as it is now, for a caller that walks it
+// without holding mu.
+func (p *core) devices() []*dev {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.devs
 }

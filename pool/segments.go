@@ -99,6 +99,13 @@ func (p *core) release(r *record, reason string) {
 	} else if !r.Key.IsZero() && p.dp != nil {
 		p.dp.fence(r.ID)
 	}
+	if g := p.gone[r.Device]; g != nil && r.Home == "" && g.Kind() != device.KindDevdax {
+		// Its device went away: the backing file goes (a closed devdax
+		// device has nothing to remove), the extent with the device.
+		if err := g.Remove(r.ID, r.Offset, r.Extent); err != nil {
+			p.log.Warn("remove the backing of a segment whose device went away", "segment", r.ID, "device", r.Device, "err", err)
+		}
+	}
 	if d := p.device(r.Device); d != nil && r.Home == "" {
 		if err := d.Remove(r.ID, r.Offset, r.Extent); err != nil {
 			p.log.Error("remove segment backing", "segment", r.ID, "device", r.Device, "err", err)
@@ -221,6 +228,10 @@ func (p *core) Backing(c caller, id uint64) (device.Backing, error) {
 		return device.Backing{}, fmt.Errorf("segment %d on %s: %w", id, r.Device, errs.ErrSegmentLost)
 	}
 	d := p.device(r.Device)
+	if d == nil { // it went away between placement and commit (hotplug.go)
+		r.Lost = true
+		return device.Backing{}, fmt.Errorf("segment %d: its device %s went away: %w", id, r.Device, errs.ErrSegmentLost)
+	}
 	if d.tier == poolv1.Tier_TIER_RDMA {
 		return device.Backing{}, fmt.Errorf("segment %d is on the rdma tier, reached through the data plane at its key, not mapped: %w", id, errs.ErrAccessDenied)
 	}

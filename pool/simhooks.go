@@ -18,4 +18,7 @@ type simHooks struct {
 	// grpc are extra options for both control-plane gRPC servers (unix
 	// socket and Listen), e.g. interceptors that count calls.
 	grpc []grpc.ServerOption
+	// uevents opens the source of the kernel's device events instead of
+	// the netlink socket, e.g. a feed of synthetic events.
+	uevents func() (ueventSource, error)
 }

@@ -93,6 +93,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long a client's unnamed segments outlive its last session")
 	f.BoolVar(&cfg.AllowDevdaxFD, "allow-devdax-fd", cfg.AllowDevdaxFD, "hand whole devdax devices to clients (one descriptor reaches every segment on the device)")
 	f.BoolVar(&cfg.MetadataFsync, "metadata-fsync", cfg.MetadataFsync, "fsync every metadata commit of a segment on persistent memory or a peer before the reply (default; volatile memory's records are never fsynced); --metadata-fsync=false is unsafe: a host crash can then lose acknowledged allocations and frees")
+	f.BoolVar(&cfg.Hotplug, "hotplug", cfg.Hotplug, "follow the kernel's device events and pick up CXL regions and DAX devices that appear, or drop those that go, while running")
 	f.BoolVar(&cfg.MeasureTiers, "measure-tiers", cfg.MeasureTiers, "measure each tier's latency and bandwidth in the background at start (briefly takes up to 64MiB of each tier)")
 	f.Var(&cfg.EmulateLatency, "emulate-latency", `inject latency into clients' ReadAt, WriteAt and atomics per tier, e.g. "cxl=200ns,rdma=2us/12GB/s" (latency[/bandwidth]; shown as injected; Bytes() access is not slowed)`)
 	f.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "this node's certificate (PEM) for mutual TLS on --listen and towards peers ('memctl certs init' makes one)")
