@@ -3,7 +3,6 @@ package pool_test
 import (
 	"bytes"
 	"log/slog"
-	"os"
 
 	"path/filepath"
 	"strings"
@@ -20,32 +19,6 @@ import (
 	"github.com/farmem/farmem/internal/uevent"
 	"github.com/farmem/farmem/pool"
 )
-
-// sysfsSwitch is a sysfs root that a test switches between fixture trees
-// at once (a symlink replaced by rename), as a kernel's tree changes when
-// a region is created or destroyed.
-type sysfsSwitch struct {
-	t    *testing.T
-	link string
-	dir  string
-}
-
-func newSysfsSwitch(t *testing.T, tree string) *sysfsSwitch {
-	s := &sysfsSwitch{t: t, dir: t.TempDir()}
-	s.link = filepath.Join(s.dir, "sys")
-	s.set(tree)
-	return s
-}
-
-// set points the root at the fixture tree cxl/testdata/<tree>.
-func (s *sysfsSwitch) set(tree string) {
-	abs, err := filepath.Abs(filepath.Join("../cxl/testdata", tree))
-	require.NoError(s.t, err)
-	tmp := filepath.Join(s.dir, "sys.new")
-	os.Remove(tmp)
-	require.NoError(s.t, os.Symlink(abs, tmp))
-	require.NoError(s.t, os.Rename(tmp, s.link))
-}
 
 // daxEvent is the event of a dax device going (remove) or coming (add).
 func daxEvent(action string) []byte {
@@ -67,7 +40,7 @@ func cxlDevices(t *testing.T, c *alloc.Client) []string {
 // hotplugConfig is a daemon on a switchable sysfs root that starts without
 // CXL memory (the plain tree), with the devdax fixture's device ready to be
 // opened (a stand-in file) once the tree shows it.
-func hotplugConfig(t *testing.T) (pool.Config, *sysfsSwitch, func([]byte)) {
+func hotplugConfig(t *testing.T) (pool.Config, *testfs.SysfsSwitch, func([]byte)) {
 	cfg := pool.DefaultConfig()
 	cfg.Node = "n1"
 	cfg.DataDir = t.TempDir()
@@ -78,8 +51,8 @@ func hotplugConfig(t *testing.T) (pool.Config, *sysfsSwitch, func([]byte)) {
 	cfg.AllowDevdaxFD = true
 	cfg.DevRoot = t.TempDir()
 	testfs.DevdaxStandIns(t, "../cxl/testdata/devdax", cfg.DevRoot)
-	sys := newSysfsSwitch(t, "plain")
-	cfg.SysfsRoot = sys.link
+	sys := testfs.NewSysfsSwitch(t, "plain")
+	cfg.SysfsRoot = sys.Root()
 	send := pool.FeedUevents(&cfg)
 	return cfg, sys, send
 }
@@ -97,7 +70,7 @@ func TestHotplugDevdax(t *testing.T) {
 	defer c.Close()
 	require.Equal(t, []string{"emulated0"}, cxlDevices(t, c))
 
-	sys.set("devdax")
+	sys.Set("devdax")
 	send(daxEvent("add"))
 	require.Eventually(t, func() bool { return len(cxlDevices(t, c)) == 2 }, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, []string{"dax0.0", "emulated0"}, cxlDevices(t, c))
@@ -107,7 +80,7 @@ func TestHotplugDevdax(t *testing.T) {
 	_, err = seg.WriteAt([]byte("on dax"), 0)
 	require.NoError(t, err)
 
-	sys.set("plain")
+	sys.Set("plain")
 	send(daxEvent("remove"))
 	require.Eventually(t, func() bool {
 		_, err := seg.ReadAt(make([]byte, 6), 0)
@@ -127,7 +100,7 @@ func TestHotplugDevdax(t *testing.T) {
 
 	// It comes back: placed on again; the lost segment's record is gone
 	// with its free, so all of it is free.
-	sys.set("devdax")
+	sys.Set("devdax")
 	send(daxEvent("add"))
 	require.Eventually(t, func() bool { return len(cxlDevices(t, c)) == 2 }, 10*time.Second, 20*time.Millisecond)
 	again, err := c.Alloc(t.Context(), 4096, alloc.WithTier(alloc.TierCXL))
@@ -192,14 +165,14 @@ func TestHotplugFloodAndChurn(t *testing.T) {
 	before := logs.count("memory devices rescanned")
 	churn := time.Now()
 	for i := 0; time.Since(churn) < 1500*time.Millisecond; i++ {
-		sys.set([]string{"devdax", "plain"}[i%2])
+		sys.Set([]string{"devdax", "plain"}[i%2])
 		send(daxEvent([]string{"add", "remove"}[i%2]))
 	}
 	require.GreaterOrEqual(t, logs.count("memory devices rescanned")-before, 3, "rescans while the tree changed")
-	sys.set("devdax")
+	sys.Set("devdax")
 	send(daxEvent("add"))
 	require.Eventually(t, func() bool { return len(cxlDevices(t, c)) == 2 }, 10*time.Second, 20*time.Millisecond)
-	sys.set("plain")
+	sys.Set("plain")
 	send(daxEvent("remove"))
 	require.Eventually(t, func() bool { return len(cxlDevices(t, c)) == 1 }, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, []string{"emulated0"}, cxlDevices(t, c))
