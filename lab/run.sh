@@ -75,7 +75,7 @@ build CGO_ENABLED=0 go build -trimpath -o "$LAB/share/bin/" ./cmd/poold ./cmd/me
 build CGO_ENABLED=1 go build -trimpath -tags verbs -o "$LAB/share/bin/poold-verbs" ./cmd/poold
 build CGO_ENABLED=1 go build -trimpath -tags verbs -o "$LAB/share/bin/labcheck-verbs" ./lab/labcheck
 echo "PERF=$PERF" > "$LAB/share/env"
-install -m 755 "$HERE"/guest/run.sh "$HERE"/guest/common.sh "$HERE"/guest/cxl.sh "$HERE"/guest/cxl-ram.sh "$HERE"/guest/rdma.sh "$LAB/share/"
+install -m 755 "$HERE"/guest/run.sh "$HERE"/guest/common.sh "$HERE"/guest/cxl.sh "$HERE"/guest/hotplug.sh "$HERE"/guest/cxl-ram.sh "$HERE"/guest/rdma.sh "$LAB/share/"
 say "binaries: $(elapsed $T1)s"
 
 # 3. The guests, one after the other (the machine may have 2 cores).

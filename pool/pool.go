@@ -350,6 +350,13 @@ func (p *core) closeDevices() error {
 	return err
 }
 
+// deviceNamed is device for a caller that does not hold mu.
+func (p *core) deviceNamed(name string) *dev {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.device(name)
+}
+
 // devices is the device list as it is now, for a caller that walks it
 // without holding mu.
 func (p *core) devices() []*dev {

@@ -291,7 +291,7 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 	if r.Lost {
 		seg.State = poolv1.SegmentState_SEGMENT_STATE_LOST
 	}
-	if dv := d.pool.device(r.Device); dv != nil {
+	if dv := d.pool.deviceNamed(r.Device); dv != nil {
 		seg.Kind, seg.Emulated, seg.NumaNode, seg.SharesFd = dv.kindName(), dv.isEmulated(), int32(dv.Node()), dv.SharesFD()
 	}
 	switch {

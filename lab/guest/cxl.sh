@@ -1,7 +1,8 @@
 #!/bin/sh
 # CXL checks: region -> devdax -> poold on /dev/dax0.0 (fd passing, kill -9)
 # -> system-ram -> poold on the memory-only NUMA node; sysfs snapshots of
-# both modes for cxl/testdata.
+# both modes for cxl/testdata; then hotplug: one poold follows the node
+# going offline, the region destroyed and created again (lab/guest/hotplug.sh).
 . /lab/common.sh
 POOLD=$B/poold
 echo "LAB: cxl kernel=$(uname -r) ndctl=$(ndctl version) uptime=$(ts)"
@@ -38,9 +39,13 @@ poold_stop dax
 # node 0 (no SRAT -> CXL pages mixed into node 0 -> virtio hangs, since QEMU
 # cannot DMA into CXL memory).
 TN=$(cat /sys/bus/dax/devices/dax0.0/target_node)
-if [ "$TN" = 0 ] || [ -z "$TN" ]; then res daxctl-system-ram FAIL "dax0.0 target_node=$TN (no SRAT? use -m X,maxmem=Y,slots=N)"; exit 0; fi
+if [ "$TN" = 0 ] || [ -z "$TN" ]; then res daxctl-system-ram FAIL "dax0.0 target_node=$TN (no SRAT? use -m X,maxmem=Y,slots=N)"; res hotplug SKIP "no memory-only node to start from (above)"; exit 0; fi
 daxctl reconfigure-device --mode=system-ram -f dax0.0 >/dev/null
 if numactl -H | grep -q "node $TN size: [1-9]"; then res daxctl-system-ram PASS "$(numactl -H | grep "node $TN size") cpus: '$(cat /sys/devices/system/node/node$TN/cpulist)'"
-else res daxctl-system-ram FAIL "node $TN has no memory"; exit 0; fi
+else res daxctl-system-ram FAIL "node $TN has no memory"; res hotplug SKIP "no memory-only node to start from (above)"; exit 0; fi
 $B/labcheck snap -o $OUT/qemu-numa.tar -name sysfs-snapshot-numa
-poold_on_node numa $TN || exit 1
+poold_on_node numa $TN || { res hotplug SKIP "poold did not start on the node (above)"; exit 1; }
+
+# 3. Hotplug: CXL memory that comes and goes while poold runs.
+. /lab/hotplug.sh
+hotplug $TN
