@@ -13,6 +13,12 @@
 //     instead of touching memory a later mapping placed at the same address.
 //   - [MemoryBacked] tells a file on tmpfs or hugetlbfs (memory the daemon
 //     reserved) from one on a disk filesystem, whose mapped pages can fault.
+//   - [SharedSync] maps persistent memory with MAP_SYNC where the file
+//     allows it (devdax, a DAX filesystem) and says why not elsewhere.
+//   - [Sync] (msync(MS_SYNC)) writes a range's pages to a disk file;
+//     [Flush] writes a range's CPU cache lines back (CLWB, CLFLUSHOPT or
+//     CLFLUSH, then SFENCE; x86-64 only), which is what makes stores to
+//     directly mapped persistent memory durable.
 //
 // Mappings are made with golang.org/x/sys/unix pointer calls (MmapPtr,
 // MunmapPtr) rather than unix.Mmap, so that a range can be replaced in
@@ -20,5 +26,6 @@
 //
 // Every function is safe for concurrent use; a mapping belongs to its
 // caller, who must not touch it after Unmap. Linux only: elsewhere every
-// function returns an error matching errs.ErrNotSupported (or does nothing).
+// function returns an error matching errs.ErrNotSupported (or does nothing);
+// Flush needs x86-64 (its instructions are in flush_amd64.s).
 package mmap

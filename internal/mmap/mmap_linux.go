@@ -1,6 +1,7 @@
 package mmap
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -19,10 +20,30 @@ import (
 // the system's (ENOMEM when the address space, or hugetlbfs's pool, is
 // short), and errs.ErrInvalid for a length out of range.
 func Shared(f *os.File, off, length int64, populate bool) ([]byte, error) {
+	return mapShared(f, off, length, populate, unix.MAP_SHARED)
+}
+
+// SharedSync is Shared with MAP_SYNC (MAP_SHARED_VALIDATE|MAP_SYNC): a
+// mapping of persistent memory straight into the process (a devdax device,
+// a file on a DAX filesystem) whose file metadata the kernel makes durable
+// before a write fault returns, so that writing back the CPU caches (Flush)
+// makes stores durable. Where the file cannot be mapped so (tmpfs, a disk
+// filesystem's page cache, a kernel before 4.15) it fails with an error
+// matching errs.ErrNotSupported that says why; map with Shared then.
+func SharedSync(f *os.File, off, length int64, populate bool) ([]byte, error) {
+	b, err := mapShared(f, off, length, populate, unix.MAP_SHARED_VALIDATE|unix.MAP_SYNC)
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) {
+		return nil, &NotSupportedError{Op: "MAP_SYNC", Reason: fmt.Sprintf("%s is not persistent memory mapped directly (not devdax, not on a DAX filesystem): %v", f.Name(), err)}
+	}
+	return b, err
+}
+
+// mapShared maps with the given sharing flags (MAP_SHARED or
+// MAP_SHARED_VALIDATE|MAP_SYNC).
+func mapShared(f *os.File, off, length int64, populate bool, flags int) ([]byte, error) {
 	if length <= 0 || length > math.MaxInt {
 		return nil, fmt.Errorf("mmap %s: length %d out of range (1 to %d): %w", f.Name(), length, math.MaxInt, errs.ErrInvalid)
 	}
-	flags := unix.MAP_SHARED
 	if populate {
 		flags |= unix.MAP_POPULATE
 	}
@@ -41,6 +62,25 @@ func Shared(f *os.File, off, length int64, populate bool) ([]byte, error) {
 		return nil, fmt.Errorf("mmap %d bytes at offset %d of %s: %w", length, off, f.Name(), err)
 	}
 	return unsafe.Slice((*byte)(p), int(length)), nil
+}
+
+// Sync writes the pages of a shared file mapping that hold b (part of a
+// mapping Shared returned) to the file's device and waits
+// (msync(MS_SYNC)): on a disk filesystem that is what makes stores
+// durable. On tmpfs and hugetlbfs it does nothing lasting (their pages are
+// memory); a devdax device refuses it (EINVAL): use Flush.
+func Sync(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	ps := uintptr(os.Getpagesize())
+	start := uintptr(unsafe.Pointer(&b[0]))
+	first := start &^ (ps - 1)
+	n := (start + uintptr(len(b)) - first + ps - 1) &^ (ps - 1)
+	if _, _, e := unix.Syscall(unix.SYS_MSYNC, first, n, unix.MS_SYNC); e != 0 {
+		return fmt.Errorf("msync(MS_SYNC) of %d bytes: %w", n, e)
+	}
+	return nil
 }
 
 // Unmap unmaps a whole mapping that Shared returned.

@@ -12,6 +12,14 @@ func Shared(*os.File, int64, int64, bool) ([]byte, error) {
 	return nil, &NotSupportedError{Op: "shared mapping"}
 }
 
+// SharedSync fails with a *NotSupportedError outside Linux.
+func SharedSync(*os.File, int64, int64, bool) ([]byte, error) {
+	return nil, &NotSupportedError{Op: "MAP_SYNC mapping"}
+}
+
+// Sync fails with a *NotSupportedError outside Linux.
+func Sync([]byte) error { return &NotSupportedError{Op: "msync"} }
+
 // Unmap fails with a *NotSupportedError outside Linux; no mapping can exist.
 func Unmap([]byte) error { return &NotSupportedError{Op: "munmap"} }
 

@@ -1180,7 +1180,11 @@ type Segment struct {
 	DataServerName string `protobuf:"bytes,31,opt,name=data_server_name,json=dataServerName,proto3" json:"data_server_name,omitempty"`
 	// Why the segment is on its tier: set in the reply to Alloc, unset
 	// elsewhere (the decision is not stored).
-	Placement     *Placement `protobuf:"bytes,32,opt,name=placement,proto3" json:"placement,omitempty"`
+	Placement *Placement `protobuf:"bytes,32,opt,name=placement,proto3" json:"placement,omitempty"`
+	// The segment's memory keeps its contents through a power loss once
+	// flushed (persistent CXL memory, an NVDIMM, an emulated device's files
+	// on a disk filesystem): alloc.Segment.Persist makes a range durable.
+	PowerSafe     bool `protobuf:"varint,33,opt,name=power_safe,json=powerSafe,proto3" json:"power_safe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1437,6 +1441,13 @@ func (x *Segment) GetPlacement() *Placement {
 		return x.Placement
 	}
 	return nil
+}
+
+func (x *Segment) GetPowerSafe() bool {
+	if x != nil {
+		return x.PowerSafe
+	}
+	return false
 }
 
 // Placement is how Alloc chose a segment's tier: the figures it judged the
@@ -3962,7 +3973,7 @@ const file_pool_proto_rawDesc = "" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xd7\a\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xf6\a\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
@@ -3997,7 +4008,9 @@ const file_pool_proto_rawDesc = "" +
 	"\bdata_tls\x18\x1d \x01(\bR\adataTls\x12\x1e\n" +
 	"\vdata_tls_ca\x18\x1e \x01(\fR\tdataTlsCa\x12(\n" +
 	"\x10data_server_name\x18\x1f \x01(\tR\x0edataServerName\x127\n" +
-	"\tplacement\x18  \x01(\v2\x19.farmem.pool.v1.PlacementR\tplacement\"\xa5\x02\n" +
+	"\tplacement\x18  \x01(\v2\x19.farmem.pool.v1.PlacementR\tplacement\x12\x1d\n" +
+	"\n" +
+	"power_safe\x18! \x01(\bR\tpowerSafe\"\xa5\x02\n" +
 	"\tPlacement\x12:\n" +
 	"\fread_latency\x18\x01 \x01(\v2\x17.farmem.pool.v1.LatencyR\vreadLatency\x12,\n" +
 	"\x12read_bandwidth_bps\x18\x02 \x01(\x03R\x10readBandwidthBps\x122\n" +
