@@ -206,10 +206,10 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 		return c.open(ctx, sid, info, ao) // an rdma segment: no descriptor
 	}
 	defer resp.File.Close()
-	mem, err := mmap.Shared(resp.File, resp.Offset, resp.Length, ao.populate)
+	be, mem, err := mapSegment(info, resp.File, resp.Offset, resp.Length, ao.populate)
 	if err == nil {
 		var s *Segment
-		if s, err = c.track(c.newSegment(info, newMapped(info, mem, resp.File))); err == nil {
+		if s, err = c.track(c.newSegment(info, be)); err == nil {
 			return s, nil
 		}
 		mmap.Unmap(mem)
@@ -292,11 +292,11 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 		return nil, err
 	}
 	defer resp.File.Close()
-	mem, err := mmap.Shared(resp.File, resp.Offset, resp.Length, ao.populate)
+	be, mem, err := mapSegment(info, resp.File, resp.Offset, resp.Length, ao.populate)
 	if err != nil {
 		return nil, fmt.Errorf("map segment %d: %w", info.Id, err)
 	}
-	s, err := c.track(c.newSegment(info, newMapped(info, mem, resp.File)))
+	s, err := c.track(c.newSegment(info, be))
 	if err != nil {
 		mmap.Unmap(mem)
 	}

@@ -29,6 +29,8 @@ type mapped struct {
 	// the mapping readable for retireGrace, so a copy that raced Free
 	// finishes on pages no one else can get, instead of faulting.
 	ownPages bool
+	// durability is what Persist does on this mapping (persist.go).
+	durability Durability
 }
 
 // guarded is mapped memory that can fault (real CXL memory with a poisoned
@@ -64,9 +66,9 @@ var (
 // newMapped is the backend of a load/store segment mapped from f. Its
 // pages are its own when it has its own memory file (an emulated device's
 // file, a DRAM or NUMA memfd); a devdax segment shares the device's.
-func newMapped(info *poolv1.Segment, mem []byte, f *os.File) backend {
+func newMapped(info *poolv1.Segment, mem []byte, f *os.File, d Durability) backend {
 	own := (info.Kind == "emulated" || info.Kind == "dram" || info.Kind == "numa") && mmap.MemoryBacked(f)
-	m := mapped{mem: mem, ownPages: own}
+	m := mapped{mem: mem, ownPages: own, durability: d}
 	if info.Kind == "numa" || info.Kind != "dram" && !own {
 		return &guarded{mapped: m, id: info.Id}
 	}

@@ -212,7 +212,11 @@ func AllowFree(ids ...string) Grant {
 
 // WithPersist keeps an unnamed segment after its creator's session ends,
 // until freed. Default: false; the segment is reclaimed one lease TTL after
-// its creator goes away.
+// its creator goes away. On memory that survives a power loss (a pmem CXL
+// region's devdax device, an emulated device on a disk filesystem; see
+// Segment.Durability) the segment then outlives the host's power too: its
+// record is fsynced, and its bytes are durable once Segment.Persist covers
+// them.
 func WithPersist() AllocOption {
 	return func(o *allocConfig) { o.persist = true }
 }

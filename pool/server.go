@@ -293,6 +293,7 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 	}
 	if dv := d.pool.deviceNamed(r.Device); dv != nil {
 		seg.Kind, seg.Emulated, seg.NumaNode, seg.SharesFd = dv.kindName(), dv.isEmulated(), int32(dv.Node()), dv.SharesFD()
+		seg.PowerSafe = dv.powerSafe && r.Home == ""
 	}
 	switch {
 	case r.Home != "":

@@ -32,6 +32,7 @@ func put(args []string) bool {
 	tier := fs.String("tier", "cxl", "tier")
 	name := fs.String("name", "lab", "segment name")
 	wantKind := fs.String("want-kind", "", "device kind the segment must land on (devdax, numa)")
+	persist := fs.Bool("persist", false, "flush the written bytes with Segment.Persist: the segment must be on power-safe memory")
 	var sz size.Size = 8 << 20
 	fs.Var(&sz, "size", "segment size")
 	fs.Parse(args)
@@ -64,6 +65,14 @@ func put(args []string) bool {
 	for i := range b {
 		if b[i] != pattern(*name, i) {
 			return result("put-"+*name, false, "%s: byte %d reads back %#x", desc, i, b[i])
+		}
+	}
+	if *persist {
+		d := s.Durability()
+		if err := s.Persist(0, s.Size()); err != nil {
+			result("persist-"+*name, false, "%s: %v", desc, err)
+		} else {
+			result("persist-"+*name, true, "%s: power-safe %v, %s: %s", desc, d.PowerSafe, d.Method, d.Reason)
 		}
 	}
 	return result("put-"+*name, true, "%s: %d bytes written by load/store through the passed descriptor", desc, len(b))
