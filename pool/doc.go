@@ -53,7 +53,8 @@
 //     survive a power loss and an unsynced one, trusted only on the boot
 //     that wrote it, for those in volatile memory.
 //   - inventory.go, sizecheck.go, fsspace.go: devices found and sized;
-//     measure.go: the tier probe.
+//     measure.go: the tier probe; hotplug.go: the kernel's device events
+//     followed, devices that appear or go applied while the daemon runs.
 //   - dataplane.go, coherence.go, auth.go: the data plane, shared segments'
 //     directories, identities and data-plane credentials.
 //
