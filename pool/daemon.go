@@ -37,6 +37,8 @@ type Daemon struct {
 	tcp  *grpc.Server // control plane for peers and memctl on Listen; nil without it
 	tcpL net.Listener
 
+	remeasuring remeasuring // measurements after device changes (hotplug.go)
+
 	metrics   *metrics   // Prometheus instrumentation; see metrics.go
 	listeners *listeners // every listener above, for readiness; see accepting.go
 	health    *health    // gRPC health service and readiness; see health.go

@@ -5,10 +5,12 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -154,7 +156,51 @@ func (d *Daemon) rescan() (unsettled bool) {
 	added, dropped := d.pool.syncDevices(inv)
 	d.pool.setHMAT(inv)
 	d.log.Info("memory devices rescanned", "added", added, "dropped", dropped, "problems", len(inv.Problems))
+	if added+dropped > 0 && d.cfg.MeasureTiers {
+		d.remeasure()
+	}
 	return len(inv.Problems) > 0
+}
+
+// remeasure measures the tiers again in the background, so that the
+// figures placement goes by are those of the devices there now (a device
+// that appeared is first in its tier, and measured). One measurement at a
+// time; a change during one is measured again after it.
+func (d *Daemon) remeasure() {
+	r := &d.remeasuring
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running {
+		r.again = true
+		return
+	}
+	r.running = true
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		ctx, cancel := untilClosed(context.Background(), d.stop)
+		defer cancel()
+		for {
+			if err := d.pool.measureTiers(ctx); err != nil && ctx.Err() == nil {
+				d.log.Warn("measure tiers after a device change", "err", err)
+			}
+			r.mu.Lock()
+			if !r.again || ctx.Err() != nil {
+				r.running = false
+				r.mu.Unlock()
+				return
+			}
+			r.again = false
+			r.mu.Unlock()
+		}
+	}()
+}
+
+// remeasuring is the state of remeasure: whether a measurement runs, and
+// whether a change came during it.
+type remeasuring struct {
+	mu             sync.Mutex
+	running, again bool
 }
 
 // found is a CXL device discovery reported: its identity and how to open it.
@@ -287,6 +333,7 @@ func (p *core) syncDevices(inv *cxl.Inventory) (added, dropped int) {
 // removes their files.
 func (p *core) dropLocked(d *dev) {
 	p.devs = slices.DeleteFunc(slices.Clone(p.devs), func(x *dev) bool { return x == d })
+	p.forgetFiguresLocked(d.tier)
 	var lost []*record
 	for _, r := range p.segs {
 		if r.Home == "" && r.Device == d.Name() && !r.Lost {
@@ -348,7 +395,18 @@ func (p *core) addLocked(d *dev) {
 		i++
 	}
 	p.devs = slices.Insert(slices.Clone(p.devs), i, d)
+	p.forgetFiguresLocked(d.tier)
 	p.log.Info("device appeared: placing on it", "device", d.Name(), "kind", d.Kind(), "tier", tierName(d.tier), "capacity", d.Capacity(), "handed-out", d.usable)
+}
+
+// forgetFiguresLocked drops tier t's measured and firmware figures when its
+// devices change: they may be a device's that went, or not the first
+// device's any more. Placement then goes without them, as before the first
+// measurement, until the tier is measured again (remeasure) and setHMAT
+// reads the firmware's figures of the devices there now.
+func (p *core) forgetFiguresLocked(t poolv1.Tier) {
+	delete(p.measured, t)
+	delete(p.hmat, t)
 }
 
 // noteEmulatedLocked keeps the emulated device's note true: it says

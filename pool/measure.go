@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -74,6 +75,10 @@ func (p *core) measureTiers(ctx context.Context) error {
 		}
 		done[dv.tier] = true
 		p.mu.Lock()
+		if !slices.Contains(p.devs, dv) { // it went away meanwhile (hotplug.go)
+			p.mu.Unlock()
+			continue
+		}
 		if p.measured == nil {
 			p.measured = map[poolv1.Tier]*measurement{}
 		}
