@@ -7,6 +7,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -155,7 +156,11 @@ func (d *Daemon) rescan() (unsettled bool) {
 	d.inv.Store(inv)
 	added, dropped := d.pool.syncDevices(inv)
 	d.pool.setHMAT(inv)
-	d.log.Info("memory devices rescanned", "added", added, "dropped", dropped, "problems", len(inv.Problems))
+	level := slog.LevelDebug // most events change nothing poold uses
+	if added+dropped > 0 {
+		level = slog.LevelInfo
+	}
+	d.log.Log(context.Background(), level, "memory devices rescanned", "added", added, "dropped", dropped, "problems", len(inv.Problems))
 	if added+dropped > 0 && d.cfg.MeasureTiers {
 		d.remeasure()
 	}

@@ -143,7 +143,7 @@ func (l *logCount) count(s string) int {
 func TestHotplugFloodAndChurn(t *testing.T) {
 	cfg, sys, send := hotplugConfig(t)
 	var logs logCount
-	d, err := pool.Start(cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	d, err := pool.Start(cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	c, err := alloc.Dial(t.Context(), cfg.Socket)
