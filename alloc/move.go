@@ -40,10 +40,11 @@ func ToTier(t Tier) MoveOption { return func(o *moveOptions) { o.tier = t } }
 // should live, copy the bytes, and free the old one.
 //
 // Errors: ErrNotFound when the node named is no alive member (the message
-// lists them), ErrUnavailable when it drains or a move of the segment is
-// under way, ErrNoCapacity when no node has room, ErrAccessDenied when the
-// caller may not move it. A failed move leaves the segment where it was,
-// whole and usable.
+// lists them), ErrInvalid when it drains or is the segment's home already,
+// ErrLimit while another move of the segment is under way, ErrNoCapacity
+// when no node has room, ErrAccessDenied when the caller may not move it,
+// ErrUnavailable when the daemon or the segment's home cannot be reached.
+// A failed move leaves the segment where it was, whole and usable.
 func (c *Client) Move(ctx context.Context, s *Segment, opts ...MoveOption) error {
 	var o moveOptions
 	for _, opt := range opts {

@@ -44,7 +44,7 @@ const (
 )
 
 // errMoveBusy is a Move of a segment that is moving already.
-var errMoveBusy = errs.Sub(errs.ErrUnavailable, "a move of this segment is under way")
+var errMoveBusy = errs.Sub(errs.ErrLimit, "one move of a segment at a time, and one is under way")
 
 // moves are the moves this daemon drives or still has to finish, by the
 // segment's id here. Safe for concurrent use.
@@ -256,7 +256,7 @@ func (p *core) moveTarget(ctx context.Context, node string, r record) (string, *
 		return "", nil, unknownNode(node, m, ok, p.cl.Members())
 	}
 	if m.Meta.Draining {
-		return "", nil, fmt.Errorf("node %q: %w: it is draining and takes no new segments ('memctl drain %s --undo' ends that); name another node or none", node, errs.ErrUnavailable, node)
+		return "", nil, fmt.Errorf("node %q: %w: it is draining and takes no new segments ('memctl drain %s --undo' ends that); name another node or none", node, errs.ErrInvalid, node)
 	}
 	t, ok := m.Meta.Tier(tierName(poolv1.Tier_TIER_RDMA))
 	if !ok || t.Free < r.Size {

@@ -8,6 +8,8 @@
 //     cheapest tier within --max-latency, --min-bandwidth), free one by
 //     id or name;
 //   - nodes: the cluster's members, their state, addresses and free memory;
+//   - move SEGMENT: move an rdma segment to another node (--to) while it is
+//     in use;
 //   - drain NODE: stop new placements on a node, across its restarts, until
 //     --undo; --evacuate also moves its segments off (--wait: until done);
 //   - keyring: list and rotate the gossip keys of every node;

@@ -75,7 +75,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	pf.StringVar(&g.tls.Key, "tls-key", "", "the private key of --tls-cert (PEM)")
 	pf.StringVar(&g.tls.CA, "tls-ca", "", "CA certificate (PEM) the daemon's certificate must chain to")
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Second, "how long to wait for poold")
-	root.AddCommand(newStatusCmd(g), newTiersCmd(g), newSegmentsCmd(g), newAllocCmd(g), newFreeCmd(g), newNodesCmd(g), newDrainCmd(g), newTopCmd(g), newBenchCmd(g), newBenchServeCmd(), newDoctorCmd(g), newCertsCmd(g), newKeyringCmd(g))
+	root.AddCommand(newStatusCmd(g), newTiersCmd(g), newSegmentsCmd(g), newAllocCmd(g), newFreeCmd(g), newMoveCmd(g), newNodesCmd(g), newDrainCmd(g), newTopCmd(g), newBenchCmd(g), newBenchServeCmd(), newDoctorCmd(g), newCertsCmd(g), newKeyringCmd(g))
 	addCompletions(root, g)
 	return root
 }

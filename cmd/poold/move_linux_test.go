@@ -3,13 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/coherence/lincheck"
 	"github.com/farmem/farmem/internal/certs"
 )
 
@@ -128,4 +134,218 @@ func lentSegments(t *testing.T, sock string) int {
 		}
 	}
 	return n
+}
+
+// moveView is `memctl move -o json`.
+type moveView struct {
+	Segment     uint64 `json:"segment"`
+	From        string `json:"from"`
+	To          string `json:"to"`
+	BytesCopied uint64 `json:"bytes_copied"`
+	Rounds      uint32 `json:"rounds"`
+	PauseUs     int64  `json:"pause_us"`
+}
+
+// moveLoad runs operations on a segment until stop: counters add to word 0,
+// registers read, write and compare-and-swap words 1 to moveRegisters
+// (recorded for the linearizability check), writers write 4 KiB blocks of
+// their own area and remember the last acknowledged content of each. Every
+// operation must succeed.
+type moveLoad struct {
+	seg     *alloc.Segment
+	rec     *lincheck.Recorder
+	adds    atomic.Int64
+	ops     atomic.Int64
+	failed  atomic.Int64
+	blocks  [moveWriters]map[int64]byte // writer's block offset -> fill byte last acknowledged
+	errMu   sync.Mutex
+	lastErr error
+}
+
+const (
+	moveRegisters = 3
+	moveWriters   = 2
+	moveArea      = 1 << 20 // bytes of each writer's area
+	moveAreaStart = 64 << 10
+	moveBlock     = 4096
+)
+
+func (l *moveLoad) fail(err error) {
+	l.failed.Add(1)
+	l.errMu.Lock()
+	l.lastErr = err
+	l.errMu.Unlock()
+}
+
+// run starts the workload's goroutines on wg; they end when stop closes.
+func (l *moveLoad) run(wg *sync.WaitGroup, stop <-chan struct{}) {
+	for range 2 { // counters
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := l.seg.Add64(0, 1); err != nil {
+					l.fail(fmt.Errorf("add: %w", err))
+					continue
+				}
+				l.adds.Add(1)
+				l.ops.Add(1)
+			}
+		})
+	}
+	for g := range 2 { // registers
+		wg.Go(func() {
+			rnd := rand.New(rand.NewPCG(uint64(g), 7))
+			seq := uint64(0)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := 1 + rnd.IntN(moveRegisters)
+				off := int64(key * 8)
+				call := l.rec.Now()
+				seq++
+				val := uint64(g+1)<<32 | seq
+				var err error
+				switch rnd.IntN(3) {
+				case 0:
+					var v uint64
+					if v, err = l.seg.Load64(off); err == nil {
+						l.rec.Add(g, lincheck.Input{Kind: lincheck.Read, Key: key}, lincheck.Output{Value: v}, call)
+					}
+				case 1:
+					if err = l.seg.Store64(off, val); err == nil {
+						l.rec.Add(g, lincheck.Input{Kind: lincheck.Write, Key: key, Value: val}, lincheck.Output{}, call)
+					}
+				default:
+					old := uint64(0)
+					if rnd.IntN(2) == 0 { // a likely value: what this goroutine last saw there
+						if old, err = l.seg.Load64(off); err != nil {
+							break
+						}
+						call = l.rec.Now()
+					}
+					var ok bool
+					if ok, err = l.seg.CompareAndSwap64(off, old, val); err == nil {
+						l.rec.Add(g, lincheck.Input{Kind: lincheck.CAS, Key: key, Old: old, New: val}, lincheck.Output{Swapped: ok}, call)
+					}
+				}
+				if err != nil {
+					l.fail(fmt.Errorf("register %d: %w", key, err))
+					continue
+				}
+				l.ops.Add(1)
+			}
+		})
+	}
+	for w := range moveWriters {
+		l.blocks[w] = map[int64]byte{}
+		wg.Go(func() {
+			rnd := rand.New(rand.NewPCG(uint64(w), 11))
+			buf := make([]byte, moveBlock)
+			for fill := byte(1); ; fill = fill%250 + 1 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				off := int64(moveAreaStart + w*moveArea + rnd.IntN(moveArea/moveBlock)*moveBlock)
+				for i := range buf {
+					buf[i] = fill
+				}
+				if _, err := l.seg.WriteAt(buf, off); err != nil {
+					l.fail(fmt.Errorf("write at %d: %w", off, err))
+					continue
+				}
+				l.blocks[w][off] = fill
+				if _, err := l.seg.ReadAt(buf, off); err != nil {
+					l.fail(fmt.Errorf("read at %d: %w", off, err))
+					continue
+				}
+				if buf[0] != fill || buf[moveBlock-1] != fill {
+					l.fail(fmt.Errorf("read at %d: %d, %d after writing %d", off, buf[0], buf[moveBlock-1], fill))
+				}
+				l.ops.Add(2)
+			}
+		})
+	}
+}
+
+// check reads everything back after the load stopped: the counter holds
+// every acknowledged add, each block its last acknowledged write, and the
+// registers' history is linearizable.
+func (l *moveLoad) check(t *testing.T) {
+	l.errMu.Lock()
+	require.Zero(t, l.failed.Load(), "operations failed during the moves; the last: %v", l.lastErr)
+	l.errMu.Unlock()
+	n, err := l.seg.Load64(0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(l.adds.Load()), n, "every acknowledged Add64 applied exactly once")
+	buf := make([]byte, moveBlock)
+	for w := range moveWriters {
+		for off, fill := range l.blocks[w] {
+			_, err := l.seg.ReadAt(buf, off)
+			require.NoError(t, err)
+			require.Equal(t, bytes.Repeat([]byte{fill}, moveBlock), buf, "writer %d's block at %d", w, off)
+		}
+	}
+	ok, path, err := lincheck.Check(l.rec.Ops(), time.Minute, t.TempDir())
+	require.NoError(t, err)
+	require.True(t, ok, "the registers' history is not linearizable: %s", path)
+}
+
+// TestMoveUnderLoad: while a client adds to a counter, reads, writes and
+// compare-and-swaps registers and writes blocks of a segment, memctl move
+// moves it from its home to the other lender and back. No operation
+// fails, the counter holds exactly the acknowledged adds, every block its
+// last acknowledged write, and the history of the registers (counter adds
+// included) is linearizable (porcupine).
+func TestMoveUnderLoad(t *testing.T) {
+	mc := startMoveCluster(t, "32MiB")
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-load"))
+	require.NoError(t, err)
+	defer c.Close()
+	seg, err := c.Alloc(ctx, 4<<20, alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	l := &moveLoad{seg: seg, rec: lincheck.NewRecorder()}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	l.run(&wg, stop)
+	defer func() { // stops the load if a require below ends the test
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+
+	for i := range 2 {
+		before := l.ops.Load()
+		require.Eventually(t, func() bool { return l.ops.Load() > before+200 }, 20*time.Second, time.Millisecond, "the load runs before move %d", i)
+		from := seg.Node()
+		var mv moveView
+		require.NoError(t, memctlJSON(ctx, mc.na.sock, &mv, "move", strconv.FormatUint(seg.ID(), 10), "--to", other(from)))
+		require.Equal(t, moveView{Segment: seg.ID(), From: from, To: other(from), BytesCopied: mv.BytesCopied, Rounds: mv.Rounds, PauseUs: mv.PauseUs}, mv)
+		require.GreaterOrEqual(t, mv.BytesCopied, uint64(seg.Size()), "the whole segment was copied")
+		require.GreaterOrEqual(t, mv.Rounds, uint32(2), "a full copy and the last round")
+		t.Logf("move %d: %s -> %s, %d bytes in %d rounds, pause %dµs, %d ops so far", i, mv.From, mv.To, mv.BytesCopied, mv.Rounds, mv.PauseUs, l.ops.Load())
+	}
+	before := l.ops.Load()
+	require.Eventually(t, func() bool { return l.ops.Load() > before+200 }, 20*time.Second, time.Millisecond, "the load runs after the moves")
+	close(stop)
+	wg.Wait()
+	require.Equal(t, other(other(seg.Node())), seg.Node())
+	l.check(t)
+	t.Logf("%d operations, %d adds, %d register operations checked", l.ops.Load(), l.adds.Load(), len(l.rec.Ops()))
+
+	out, errOut, ok := memctlText(t, mc.na.sock, "move", strconv.FormatUint(seg.ID(), 10), "--to", other(seg.Node()))
+	require.True(t, ok, "%s%s", out, errOut)
+	require.Regexp(t, `^moved segment \d+ from [bc] to [bc]: .* copied in \d+ rounds, operations paused .*\n$`, out)
 }
