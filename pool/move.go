@@ -43,6 +43,10 @@ const (
 	moveStepTimeout = 10 * time.Second
 )
 
+// errMoveHome is a move that failed because a home did not answer on its
+// data plane; the segment stays where it was.
+var errMoveHome = errs.Sub(errs.ErrUnavailable, "a home of the move did not answer; the segment stays where it was (retry the move)")
+
 // errMoveBusy is a Move of a segment that is moving already.
 var errMoveBusy = errs.Sub(errs.ErrLimit, "one move of a segment at a time, and one is under way")
 
@@ -309,7 +313,7 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	m.in = intent{ID: r.ID, From: r.Home, FromID: r.HomeID, To: m.to, ToID: seg.Id}
 	p.moving.set(m.in)
 	if err := p.st.putIntent(m.in); err != nil {
-		p.freeAt(m.to, seg.Id)
+		p.freeLaterAt(m.to, seg.Id)
 		p.moving.end(r.ID)
 		return m.res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)
 	}
@@ -435,7 +439,7 @@ func (m *mover) dial(ctx context.Context, node, addr string, useTLS bool, pc *se
 	}
 	c, err := tcp.Dial(ctx, addr, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("move segment %d: data plane of %s at %s: %w", m.rec.ID, node, addr, err)
+		return nil, fmt.Errorf("move segment %d: %w: the data plane of %s at %s: %w", m.rec.ID, errMoveHome, node, addr, err)
 	}
 	return c, nil
 }
@@ -510,7 +514,7 @@ func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
 	close(work)
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil {
-		return fmt.Errorf("move segment %d: copy from %s to %s: %w", m.rec.ID, m.rec.Home, m.to, err)
+		return fmt.Errorf("move segment %d: %w: copy from %s to %s: %w", m.rec.ID, errMoveHome, m.rec.Home, m.to, err)
 	}
 	return nil
 }
@@ -663,7 +667,7 @@ func (p *core) resolve(ctx context.Context, in intent) error {
 	if !in.Switched {
 		in.undoing = true // the target's copy is an orphan now
 		p.moving.set(in)
-		p.freeAt(in.To, in.ToID)
+		p.freeLaterAt(in.To, in.ToID)
 	}
 	if err := p.st.deleteIntent(in.ID); err != nil {
 		return fmt.Errorf("remove the move intent: %w", err)
@@ -671,24 +675,37 @@ func (p *core) resolve(ctx context.Context, in intent) error {
 	return nil
 }
 
-// freeAt frees segment id at node, now if it can be asked, else when the
-// session with it is back; a node that stays away reclaims it when this
-// daemon's lease there ends.
-func (p *core) freeAt(node string, id uint64) {
-	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
-	defer cancel()
-	pc, err := p.homeSession(ctx, node, "target")
-	if err == nil {
-		var cctx context.Context
-		if cctx, _, err = pc.Call(ctx); err == nil {
-			_, err = pc.API().Free(cctx, &poolv1.FreeRequest{Id: id})
-			err = errs.FromStatus(err)
+// freeLaterAt frees segment id at node in the background (a session with
+// node is dialed if there is none: a restarted daemon undoing a move has
+// none yet); a node that cannot be asked reclaims it when this daemon's
+// lease there ends, or this daemon's next reconcile with it frees it.
+func (p *core) freeLaterAt(node string, id uint64) {
+	ps := p.peers
+	ps.mu.Lock()
+	if ps.done {
+		ps.mu.Unlock()
+		return
+	}
+	ps.wg.Add(1)
+	ps.mu.Unlock()
+	go func() {
+		defer ps.wg.Done()
+		ctx, stop := untilClosed(context.Background(), ps.stop)
+		defer stop()
+		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+		defer cancel()
+		pc, err := p.homeSession(ctx, node, "target")
+		if err == nil {
+			var cctx context.Context
+			if cctx, _, err = pc.Call(ctx); err == nil {
+				_, err = pc.API().Free(cctx, &poolv1.FreeRequest{Id: id})
+				err = errs.FromStatus(err)
+			}
 		}
-	}
-	if err != nil && !errors.Is(err, errs.ErrNotFound) {
-		p.log.Warn("free the copy of a failed move; its node reclaims it when this daemon's lease there ends", "node", node, "segment", id, "err", err)
-		p.peers.freeLater(node, id)
-	}
+		if err != nil && !errors.Is(err, errs.ErrNotFound) {
+			p.log.Info("the copy of a failed move is not freed yet; its node reclaims it when this daemon's lease there ends, or at their next reconcile", "node", node, "segment", id, "err", err)
+		}
+	}()
 }
 
 // resolveLater retries resolve in the background, backing off from a

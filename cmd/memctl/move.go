@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/internal/tier"
 )
@@ -47,7 +49,15 @@ func newMoveCmd(g *globals) *cobra.Command {
 			}
 			var resp *poolv1.MoveResponse
 			err := g.callWithin(wait, func(ctx context.Context, c poolv1.PoolClient) (err error) {
+				if _, err := c.Status(ctx, &poolv1.StatusRequest{}); err != nil {
+					return err
+				}
 				resp, err = c.Move(ctx, req)
+				if err = errs.FromStatus(err); errors.Is(err, errs.ErrUnavailable) {
+					// The daemon answered: a home of the move is away, not
+					// the daemon (which call would report).
+					return errors.New(err.Error())
+				}
 				return err
 			})
 			if err != nil {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,8 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/alloc"
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/coherence/lincheck"
 	"github.com/farmem/farmem/internal/certs"
+	"github.com/farmem/farmem/internal/session"
 )
 
 // moveCluster is three real poolds for the move tests: a, whose clients'
@@ -27,18 +31,21 @@ type moveCluster struct {
 	bArgs      []string
 	cArgs      []string
 	aArgs      []string
+	metricsA   string // a's /metrics
 }
 
 // startMoveCluster starts a, b and c (each of b and c lending export
-// bytes) and waits until a sees both lenders' memory.
-func startMoveCluster(t *testing.T, export string) *moveCluster {
+// bytes; extra are flags of all three) and waits until a sees both
+// lenders' memory.
+func startMoveCluster(t *testing.T, export string, extra ...string) *moveCluster {
 	mc := &moveCluster{na: tlsGossip(t, "a"), nb: tlsGossip(t, "b"), nc: tlsGossip(t, "c")}
 	key := certs.GossipKeyFile(certDir(t))
-	mc.aArgs = append(mc.na.args(), "--gossip-key-file", key)
+	mc.metricsA = freeAddr(t, "tcp")
+	mc.aArgs = slices.Concat(mc.na.args(), []string{"--gossip-key-file", key, "--metrics", mc.metricsA}, extra)
 	mc.a = startDaemon(t, mc.na.data, mc.na.sock, mc.aArgs...)
-	mc.bArgs = append(mc.nb.args(), "--gossip-key-file", key, "--export-size", export, "--join", mc.na.gossip)
+	mc.bArgs = slices.Concat(mc.nb.args(), []string{"--gossip-key-file", key, "--export-size", export, "--join", mc.na.gossip}, extra)
 	mc.b = startDaemon(t, mc.nb.data, mc.nb.sock, mc.bArgs...)
-	mc.cArgs = append(mc.nc.args(), "--gossip-key-file", key, "--export-size", export, "--join", mc.na.gossip)
+	mc.cArgs = slices.Concat(mc.nc.args(), []string{"--gossip-key-file", key, "--export-size", export, "--join", mc.na.gossip}, extra)
 	mc.c = startDaemon(t, mc.nc.data, mc.nc.sock, mc.cArgs...)
 	require.Eventually(t, func() bool {
 		var nodes []nodeView
@@ -348,4 +355,153 @@ func TestMoveUnderLoad(t *testing.T) {
 	out, errOut, ok := memctlText(t, mc.na.sock, "move", strconv.FormatUint(seg.ID(), 10), "--to", other(seg.Node()))
 	require.True(t, ok, "%s%s", out, errOut)
 	require.Regexp(t, `^moved segment \d+ from [bc] to [bc]: .* copied in \d+ rounds, operations paused .*\n$`, out)
+}
+
+// lender is b's or c's daemon, socket and flags.
+func (mc *moveCluster) lender(name string) (d **daemon, n gossipNode, args []string) {
+	if name == "b" {
+		return &mc.b, mc.nb, mc.bArgs
+	}
+	return &mc.c, mc.nc, mc.cArgs
+}
+
+// lentIDs are the ids of the segments the daemon on sock holds for peers,
+// asked over its socket as an administrator (no memctl process: the kill
+// tests poll it while a move runs).
+func lentIDs(t *testing.T, sock string) ([]uint64, error) {
+	conn, err := session.Channel("unix", sock)
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	segs, err := poolv1.ListAll(ctx, poolv1.NewPoolClient(conn), &poolv1.ListRequest{}, 0)
+	if err != nil {
+		return nil, err
+	}
+	var ids []uint64
+	for _, s := range segs {
+		if strings.HasPrefix(s.Owner, "poold/") {
+			ids = append(ids, s.Id)
+		}
+	}
+	return ids, nil
+}
+
+// moveBig allocates a segment of size through a's client c and fills it
+// with a pattern it returns.
+func moveBig(t *testing.T, c *alloc.Client, size int) (*alloc.Segment, []byte) {
+	seg, err := c.Alloc(t.Context(), int64(size), alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*13 + i>>16)
+	}
+	_, err = seg.WriteAt(want, 0)
+	require.NoError(t, err)
+	return seg, want
+}
+
+// startMove moves seg to node in the background and, once node's daemon
+// on sock holds the copy (the move is copying), returns the move's
+// outcome channel.
+func startMove(t *testing.T, c *alloc.Client, seg *alloc.Segment, node, sock string) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- c.Move(t.Context(), seg, alloc.ToNode(node)) }()
+	require.Eventually(t, func() bool {
+		ids, err := lentIDs(t, sock)
+		return err == nil && len(ids) > 0
+	}, 20*time.Second, 2*time.Millisecond, "%s never received the copy", node)
+	return done
+}
+
+// requireWhole checks that seg holds want and takes writes and atomics.
+func requireWhole(t *testing.T, seg *alloc.Segment, want []byte) {
+	t.Helper()
+	got := make([]byte, len(want))
+	_, err := seg.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(want, got), "the segment's bytes")
+	_, err = seg.WriteAt([]byte("written after"), 100)
+	require.NoError(t, err, "the segment takes writes")
+	_, err = seg.Add64(0, 1)
+	require.NoError(t, err, "the segment takes atomics")
+}
+
+// TestMoveTargetKilled: kill -9 of the target's poold while a 64 MiB
+// segment is copied to it: Move fails, the segment stays at its home whole
+// and usable (unsealed), farmem_moves_total counts the failure, and once
+// the target is back its copy is freed (a reconciles it).
+func TestMoveTargetKilled(t *testing.T) {
+	mc := startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-kill-target"))
+	require.NoError(t, err)
+	defer c.Close()
+	seg, want := moveBig(t, c, 64<<20)
+	home := seg.Node()
+	target, tn, targetArgs := mc.lender(other(home))
+	done := startMove(t, c, seg, other(home), tn.sock)
+	(*target).kill9(t)
+	killed := time.Now()
+	err = <-done
+	t.Logf("move failed %v after the kill", time.Since(killed))
+	require.Error(t, err, "the move to a killed target")
+	t.Logf("move: %v", err)
+	require.Equal(t, home, seg.Node())
+	requireWhole(t, seg, want)
+	_, hn, _ := mc.lender(home)
+	ids, err := lentIDs(t, hn.sock)
+	require.NoError(t, err)
+	require.Len(t, ids, 1, "the home holds the segment, once")
+	require.Equal(t, 1.0, mc.movesCounted(t, "failed"))
+	require.Equal(t, 0.0, mc.movesCounted(t, "ok"))
+
+	restart := time.Now()
+	*target = startDaemon(t, tn.data, tn.sock, targetArgs...)
+	t.Logf("target restarted in %v", time.Since(restart))
+	defer func() { t.Logf("target's copy freed %v after its restart", time.Since(restart)) }()
+	require.Eventually(t, func() bool {
+		ids, err := lentIDs(t, tn.sock)
+		return err == nil && len(ids) == 0
+	}, 30*time.Second, 50*time.Millisecond, "the restarted target still holds the failed move's copy")
+}
+
+// movesCounted reads farmem_moves_total{result} from a's /metrics.
+func (mc *moveCluster) movesCounted(t *testing.T, result string) float64 {
+	code, body := httpGet(mc.metricsA, "/metrics")
+	require.Equal(t, http.StatusOK, code, body)
+	return sampleValue(t, body, `farmem_moves_total{result="`+result+`"}`)
+}
+
+// TestMoveOriginKilled: kill -9 of a, the daemon that placed a 64 MiB
+// segment and moves it, while the segment is copied. The Move call fails;
+// a restarted a finds its move intent and finishes or undoes the move:
+// afterwards exactly one home holds the segment (the target's copy of an
+// undone move is freed), its bytes are whole, and it takes writes and
+// atomics (the source is not left sealed).
+func TestMoveOriginKilled(t *testing.T) {
+	mc := startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-kill-origin"))
+	require.NoError(t, err)
+	defer c.Close()
+	seg, want := moveBig(t, c, 64<<20)
+	home := seg.Node()
+	_, tn, _ := mc.lender(other(home))
+	_, hn, _ := mc.lender(home)
+	done := startMove(t, c, seg, other(home), tn.sock)
+	mc.a.kill9(t)
+	require.Error(t, <-done, "the move whose origin was killed")
+	restart := time.Now()
+	// The restarted a joins b (it was the first node, which joined nobody).
+	mc.a = startDaemon(t, mc.na.data, mc.na.sock, append(mc.aArgs, "--join", mc.nb.gossip)...)
+	require.Eventually(t, func() bool {
+		hs, err1 := lentIDs(t, hn.sock)
+		ts, err2 := lentIDs(t, tn.sock)
+		return err1 == nil && err2 == nil && len(hs)+len(ts) == 1
+	}, 30*time.Second, 50*time.Millisecond, "one home holds the segment after a's restart")
+	requireWhole(t, seg, want)
+	t.Logf("move resolved %v after a's restart; the segment is on %s (it was on %s)", time.Since(restart), seg.Node(), home)
+	require.Contains(t, mc.a.log.String(), "finishing a move the last run left")
+	require.Equal(t, 0.0, mc.movesCounted(t, "ok"))
 }
