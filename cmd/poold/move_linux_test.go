@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -414,7 +415,8 @@ func startMove(t *testing.T, c *alloc.Client, seg *alloc.Segment, node, sock str
 	return done
 }
 
-// requireWhole checks that seg holds want and takes writes and atomics.
+// requireWhole checks that seg holds want and takes writes and atomics,
+// which it makes in want too.
 func requireWhole(t *testing.T, seg *alloc.Segment, want []byte) {
 	t.Helper()
 	got := make([]byte, len(want))
@@ -423,8 +425,11 @@ func requireWhole(t *testing.T, seg *alloc.Segment, want []byte) {
 	require.True(t, bytes.Equal(want, got), "the segment's bytes")
 	_, err = seg.WriteAt([]byte("written after"), 100)
 	require.NoError(t, err, "the segment takes writes")
-	_, err = seg.Add64(0, 1)
+	copy(want[100:], "written after")
+	n, err := seg.Add64(0, 1)
 	require.NoError(t, err, "the segment takes atomics")
+	require.Equal(t, binary.LittleEndian.Uint64(want)+1, n)
+	binary.LittleEndian.PutUint64(want, n)
 }
 
 // TestMoveTargetKilled: kill -9 of the target's poold while a 64 MiB
@@ -504,4 +509,112 @@ func TestMoveOriginKilled(t *testing.T) {
 	t.Logf("move resolved %v after a's restart; the segment is on %s (it was on %s)", time.Since(restart), seg.Node(), home)
 	require.Contains(t, mc.a.log.String(), "finishing a move the last run left")
 	require.Equal(t, 0.0, mc.movesCounted(t, "ok"))
+}
+
+// TestMoveRefusals: what cannot move is refused with a typed error that
+// says why, through alloc.Client.Move and memctl move, and leaves the
+// segment where it was: a cxl segment (and a move to the cxl tier), the
+// segment's own home, this daemon, an unknown node (the alive ones are
+// listed), a draining node, a shared segment, a second move of a segment
+// already moving, a segment freed during its move (nothing is left on
+// either home), and a dead node.
+func TestMoveRefusals(t *testing.T) {
+	mc := startMoveCluster(t, "40MiB")
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-refusals"))
+	require.NoError(t, err)
+	defer c.Close()
+	refused := func(want error, substr string, err error) {
+		t.Helper()
+		require.ErrorIs(t, err, want)
+		require.ErrorContains(t, err, substr)
+	}
+	memctlRefused := func(substr string, args ...string) {
+		t.Helper()
+		out, errOut, ok := memctlText(t, mc.na.sock, append([]string{"move"}, args...)...)
+		require.False(t, ok, "memctl move %v: %s", args, out)
+		require.Contains(t, errOut, substr)
+	}
+
+	cxl, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierCXL))
+	require.NoError(t, err)
+	refused(alloc.ErrInvalid, "mapped into this process", c.Move(ctx, cxl))
+	memctlRefused("load/store segment (cxl, local) is mapped into its applications", strconv.FormatUint(cxl.ID(), 10))
+
+	seg, want := moveBig(t, c, 1<<20)
+	home := seg.Node()
+	id := strconv.FormatUint(seg.ID(), 10)
+	refused(alloc.ErrInvalid, "only rdma segments move", c.Move(ctx, seg, alloc.ToTier(alloc.TierCXL)))
+	memctlRefused("only rdma segments move live", id, "--tier", "cxl")
+	refused(alloc.ErrInvalid, "lives on "+home+" already", c.Move(ctx, seg, alloc.ToNode(home)))
+	refused(alloc.ErrInvalid, "a is this node", c.Move(ctx, seg, alloc.ToNode("a")))
+	refused(alloc.ErrNotFound, "the alive members are a, b, c", c.Move(ctx, seg, alloc.ToNode("zz")))
+	memctlRefused(`node "zz": not found: no such member; the alive members are a, b, c`, id, "--to", "zz")
+
+	var dr drainView
+	require.NoError(t, memctlJSON(ctx, mc.na.sock, &dr, "drain", other(home)))
+	require.Eventually(t, func() bool { n, err := nodeSeen(t, mc.na.sock, other(home)); return err == nil && n.Draining },
+		30*time.Second, 50*time.Millisecond, "a never saw %s drain", other(home))
+	refused(alloc.ErrInvalid, "it is draining", c.Move(ctx, seg, alloc.ToNode(other(home))))
+	refused(alloc.ErrNoCapacity, "no peer to move", c.Move(ctx, seg)) // the only other lender drains
+	require.NoError(t, memctlJSON(ctx, mc.na.sock, &dr, "drain", other(home), "--undo"))
+	require.Eventually(t, func() bool { n, err := nodeSeen(t, mc.na.sock, other(home)); return err == nil && !n.Draining },
+		30*time.Second, 50*time.Millisecond, "a never saw %s's drain end", other(home))
+	require.Equal(t, home, seg.Node())
+	requireWhole(t, seg, want)
+
+	// A shared segment: its home's coherence directory refuses the move.
+	named, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA), alloc.WithName("move-shared"))
+	require.NoError(t, err)
+	sc, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-sharer"))
+	require.NoError(t, err)
+	defer sc.Close()
+	shared, err := sc.Attach(ctx, "move-shared", alloc.Shared())
+	require.NoError(t, err)
+	_, err = shared.ReadAt(make([]byte, 8), 0) // the home starts the segment's directory
+	require.NoError(t, err)
+	refused(alloc.ErrInvalid, "shared attachment", sc.Move(ctx, shared))
+	refused(alloc.ErrInvalid, "it is a shared segment", c.Move(ctx, named, alloc.ToNode(other(named.Node()))))
+	memctlRefused("it is a shared segment", "move-shared")
+	_, err = named.WriteAt([]byte{1}, 0)
+	require.NoError(t, err, "the shared segment's home is not left sealed")
+
+	// A second move of a moving segment, and a free during a move.
+	big, _ := moveBig(t, c, 24<<20)
+	bigHome := big.Node()
+	_, tn, _ := mc.lender(other(bigHome))
+	before, err := lentIDs(t, tn.sock)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- c.Move(ctx, big, alloc.ToNode(other(bigHome))) }()
+	require.Eventually(t, func() bool {
+		ids, err := lentIDs(t, tn.sock)
+		return err == nil && len(ids) > len(before)
+	}, 20*time.Second, 2*time.Millisecond, "%s never received the copy", other(bigHome))
+	refused(alloc.ErrLimit, "one move of a segment at a time", c.Move(ctx, big, alloc.ToNode(other(bigHome))))
+	require.NoError(t, big.Free(ctx))
+	require.Error(t, <-done, "the move of a segment freed meanwhile")
+	for _, node := range []string{"b", "c"} {
+		_, n, _ := mc.lender(node)
+		want := 0
+		if node == named.Node() {
+			want++
+		}
+		if node == home {
+			want++
+		}
+		require.Eventually(t, func() bool {
+			ids, err := lentIDs(t, n.sock)
+			return err == nil && len(ids) == want
+		}, 20*time.Second, 50*time.Millisecond, "%s holds something of the freed segment", node)
+	}
+	requireWhole(t, seg, want)
+
+	// A dead node.
+	dead, _, _ := mc.lender(other(home))
+	(*dead).kill9(t)
+	require.Eventually(t, func() bool { n, err := nodeSeen(t, mc.na.sock, other(home)); return err == nil && n.State != "alive" },
+		30*time.Second, 50*time.Millisecond, "a never saw %s die", other(home))
+	refused(alloc.ErrNotFound, "among the alive members", c.Move(ctx, seg, alloc.ToNode(other(home))))
+	requireWhole(t, seg, want)
 }
