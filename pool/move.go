@@ -26,15 +26,22 @@ import (
 
 // Tunables of the copy.
 const (
-	// moveChunk is the unit the source tracks writes in.
-	moveChunk = 64 << 10
+	// moveMaxChunks bounds the chunks the source tracks a segment in (its
+	// DIRTY bitmap is at most moveMaxChunks/8 bytes): a chunk is the
+	// smallest power of two from moveChunkMin that keeps within it.
+	moveMaxChunks = 1 << 20
 	// moveRead is the most bytes one read of the copy asks for.
 	moveRead = 1 << 20
-	// moveInflight is how many reads (each followed by its write) the
-	// copy keeps in flight.
+	// moveBatch is the most bytes, and moveBatchOps the most spans, one
+	// batch of the copy moves: one Do of reads at the source, then one Do
+	// of writes at the target.
+	moveBatch    = 4 << 20
+	moveBatchOps = 256
+	// moveInflight is how many batches the copy keeps in flight.
 	moveInflight = 4
 	// moveSettled is the dirty chunk count at which the copy seals: the
-	// last round, with writes waiting, copies at most this many.
+	// last round, with operations waiting, copies these and what changed
+	// while they were reported.
 	moveSettled = 4
 	// moveMaxRounds bounds the rounds of dirty chunks before the seal, for
 	// a segment written faster than it is copied.
@@ -42,6 +49,15 @@ const (
 	// moveStepTimeout bounds one MoveOut step, Alloc or Free at a home.
 	moveStepTimeout = 10 * time.Second
 )
+
+// moveChunk is the chunk a segment of size bytes is tracked in.
+func moveChunk(size int64) int64 {
+	c := int64(moveChunkMin)
+	for c*moveMaxChunks < size {
+		c *= 2
+	}
+	return c
+}
 
 // errMoveHome is a move that failed because a home did not answer on its
 // data plane; the segment stays where it was.
@@ -159,7 +175,7 @@ func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, ca [
 		p.moving.end(r.ID)
 		return moveResult{}, fmt.Errorf("move segment %d: %w", r.ID, err)
 	}
-	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, ca: ca}
+	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, ca: ca, chunk: moveChunk(r.Size)}
 	return m.run(ctx)
 }
 
@@ -278,6 +294,7 @@ type mover struct {
 	to       string
 	ca       []byte
 	in       intent
+	chunk    int64 // bytes a tracked chunk
 	res      moveResult
 	copied   atomic.Int64 // bytes copied so far (res.bytes at the end)
 
@@ -372,7 +389,7 @@ func (m *mover) step(ctx context.Context, pc *session.Conn, call func(context.Co
 
 // moveOut runs one MoveOut step at the source.
 func (m *mover) moveOut(ctx context.Context, phase poolv1.MoveOutPhase) (*poolv1.MoveOutResponse, error) {
-	resp, err := moveOutAt(ctx, m.src, m.rec.HomeID, phase)
+	resp, err := moveOutAt(ctx, m.src, m.rec.HomeID, phase, m.chunk)
 	if err != nil {
 		return nil, fmt.Errorf("move segment %d: %s at the source %s: %w", m.rec.ID, phase, m.rec.Home, err)
 	}
@@ -380,14 +397,14 @@ func (m *mover) moveOut(ctx context.Context, phase poolv1.MoveOutPhase) (*poolv1
 }
 
 // moveOutAt asks pc's node for one MoveOut step on its segment id.
-func moveOutAt(ctx context.Context, pc *session.Conn, id uint64, phase poolv1.MoveOutPhase) (*poolv1.MoveOutResponse, error) {
+func moveOutAt(ctx context.Context, pc *session.Conn, id uint64, phase poolv1.MoveOutPhase, chunk int64) (*poolv1.MoveOutResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
 	defer cancel()
 	cctx, _, err := pc.Call(ctx)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := pc.API().MoveOut(cctx, &poolv1.MoveOutRequest{HomeId: id, Phase: phase, Chunk: moveChunk})
+	resp, err := pc.API().MoveOut(cctx, &poolv1.MoveOutRequest{HomeId: id, Phase: phase, Chunk: chunk})
 	return resp, errs.FromStatus(err)
 }
 
@@ -446,7 +463,7 @@ func (m *mover) dial(ctx context.Context, node, addr string, useTLS bool, pc *se
 
 // copyAll copies the whole segment.
 func (m *mover) copyAll(ctx context.Context) error {
-	n := (m.rec.Size + moveChunk - 1) / moveChunk
+	n := (m.rec.Size + m.chunk - 1) / m.chunk
 	all := make([]byte, (n+7)/8)
 	for i := range n {
 		all[i/8] |= 1 << (i % 8)
@@ -485,31 +502,46 @@ func (m *mover) settle(ctx context.Context) ([]byte, error) {
 	return resp.Dirty, nil
 }
 
-// copyChunks copies the chunks set in bitmap, runs of them in reads of up
-// to moveRead bytes, moveInflight at a time; the first failure ends it.
+// copyChunks copies the chunks set in bitmap: runs of them, cut into
+// spans of at most moveRead bytes, in batches (copyBatch), moveInflight
+// batches at a time; the first failure ends it.
 func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	work := make(chan [2]int64)
+	work := make(chan [][2]int64)
 	var wg sync.WaitGroup
 	for range moveInflight {
 		wg.Go(func() {
-			buf := make([]byte, moveRead)
-			for span := range work {
-				if err := m.copySpan(ctx, buf[:span[1]-span[0]], span[0]); err != nil {
+			buf := make([]byte, moveBatch)
+			for batch := range work {
+				if err := m.copyBatch(ctx, buf, batch); err != nil {
 					cancel(err)
 				}
 			}
 		})
 	}
-	for span := range spans(bitmap, m.rec.Size) {
+	var batch [][2]int64
+	var n int64
+	send := func() bool {
 		select {
-		case work <- span:
+		case work <- batch:
 		case <-ctx.Done():
+			return false
 		}
-		if ctx.Err() != nil {
-			break
+		batch, n = nil, 0
+		return true
+	}
+	for span := range spans(bitmap, m.chunk, m.rec.Size) {
+		if len(batch) == moveBatchOps || n+span[1]-span[0] > moveBatch {
+			if !send() {
+				break
+			}
 		}
+		batch = append(batch, span)
+		n += span[1] - span[0]
+	}
+	if len(batch) > 0 {
+		send()
 	}
 	close(work)
 	wg.Wait()
@@ -519,24 +551,37 @@ func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
 	return nil
 }
 
-// copySpan copies len(buf) bytes at off, source to target.
-func (m *mover) copySpan(ctx context.Context, buf []byte, off int64) error {
+// copyBatch copies the spans of one batch, source to target: their reads
+// in one Do, into buf, then their writes in one Do.
+func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	if err := m.srcConn.Read(ctx, m.srcReg, off, buf); err != nil {
-		return fmt.Errorf("read %d bytes at %d: %w", len(buf), off, err)
+	ops := make([]rdma.Op, len(batch))
+	ptrs := make([]*rdma.Op, len(batch))
+	var n int64
+	for i, span := range batch {
+		ops[i] = rdma.Op{Kind: rdma.OpRead, Region: m.srcReg, Offset: span[0], Buf: buf[n : n+span[1]-span[0]]}
+		ptrs[i] = &ops[i]
+		n += span[1] - span[0]
 	}
-	if err := m.dstConn.Write(ctx, m.dstReg, off, buf); err != nil {
-		return fmt.Errorf("write %d bytes at %d: %w", len(buf), off, err)
+	if err := m.srcConn.Do(ctx, ptrs...); err != nil {
+		return fmt.Errorf("read %d spans (%d bytes) from %d: %w", len(batch), n, batch[0][0], err)
 	}
-	m.copied.Add(int64(len(buf)))
+	for i := range ops {
+		ops[i].Kind, ops[i].Region = rdma.OpWrite, m.dstReg
+	}
+	if err := m.dstConn.Do(ctx, ptrs...); err != nil {
+		return fmt.Errorf("write %d spans (%d bytes) from %d: %w", len(batch), n, batch[0][0], err)
+	}
+	m.copied.Add(n)
 	return nil
 }
 
-// spans yields the byte ranges [start, end) of the runs of chunks set in
-// bitmap, cut at size and into pieces of at most moveRead bytes.
-func spans(bitmap []byte, size int64) func(func([2]int64) bool) {
+// spans yields the byte ranges [start, end) of the runs of chunks (of
+// chunk bytes) set in bitmap, cut at size and into pieces of at most
+// moveRead bytes.
+func spans(bitmap []byte, chunk, size int64) func(func([2]int64) bool) {
 	return func(yield func([2]int64) bool) {
 		start := int64(-1)
 		flush := func(end int64) bool {
@@ -552,7 +597,7 @@ func spans(bitmap []byte, size int64) func(func([2]int64) bool) {
 		}
 		for i, b := range bitmap {
 			for bit := range 8 {
-				off := (int64(i)*8 + int64(bit)) * moveChunk
+				off := (int64(i)*8 + int64(bit)) * chunk
 				if off >= size {
 					break
 				}
@@ -659,7 +704,7 @@ func (p *core) resolve(ctx context.Context, in intent) error {
 	}
 	src, err := p.homeSession(ctx, in.From, "source")
 	if err == nil {
-		_, err = moveOutAt(ctx, src, in.FromID, phase)
+		_, err = moveOutAt(ctx, src, in.FromID, phase, 0)
 	}
 	if err != nil && !errors.Is(err, errs.ErrNotFound) {
 		return fmt.Errorf("%s at %s: %w", phase, in.From, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -32,7 +33,15 @@ type moveCluster struct {
 	bArgs      []string
 	cArgs      []string
 	aArgs      []string
-	metricsA   string // a's /metrics
+	metricsA   string    // a's /metrics
+	started    []*daemon // every run, checked for data races at the end
+}
+
+// start runs the poold of n with args.
+func (mc *moveCluster) start(t *testing.T, n gossipNode, args ...string) *daemon {
+	d := startDaemon(t, n.data, n.sock, args...)
+	mc.started = append(mc.started, d)
+	return d
 }
 
 // startMoveCluster starts a, b and c (each of b and c lending export
@@ -42,12 +51,19 @@ func startMoveCluster(t *testing.T, export string, extra ...string) *moveCluster
 	mc := &moveCluster{na: tlsGossip(t, "a"), nb: tlsGossip(t, "b"), nc: tlsGossip(t, "c")}
 	key := certs.GossipKeyFile(certDir(t))
 	mc.metricsA = freeAddr(t, "tcp")
+	t.Cleanup(func() {
+		for _, d := range mc.started {
+			if strings.Contains(d.log.String(), "DATA RACE") {
+				t.Errorf("poold %s reported a data race", d.socket)
+			}
+		}
+	})
 	mc.aArgs = slices.Concat(mc.na.args(), []string{"--gossip-key-file", key, "--metrics", mc.metricsA}, extra)
-	mc.a = startDaemon(t, mc.na.data, mc.na.sock, mc.aArgs...)
+	mc.a = mc.start(t, mc.na, mc.aArgs...)
 	mc.bArgs = slices.Concat(mc.nb.args(), []string{"--gossip-key-file", key, "--export-size", export, "--join", mc.na.gossip}, extra)
-	mc.b = startDaemon(t, mc.nb.data, mc.nb.sock, mc.bArgs...)
+	mc.b = mc.start(t, mc.nb, mc.bArgs...)
 	mc.cArgs = slices.Concat(mc.nc.args(), []string{"--gossip-key-file", key, "--export-size", export, "--join", mc.na.gossip}, extra)
-	mc.c = startDaemon(t, mc.nc.data, mc.nc.sock, mc.cArgs...)
+	mc.c = mc.start(t, mc.nc, mc.cArgs...)
 	require.Eventually(t, func() bool {
 		var nodes []nodeView
 		if memctlJSON(t.Context(), mc.na.sock, &nodes, "nodes") != nil {
@@ -462,7 +478,7 @@ func TestMoveTargetKilled(t *testing.T) {
 	require.Equal(t, 0.0, mc.movesCounted(t, "ok"))
 
 	restart := time.Now()
-	*target = startDaemon(t, tn.data, tn.sock, targetArgs...)
+	*target = mc.start(t, tn, targetArgs...)
 	t.Logf("target restarted in %v", time.Since(restart))
 	defer func() { t.Logf("target's copy freed %v after its restart", time.Since(restart)) }()
 	require.Eventually(t, func() bool {
@@ -499,7 +515,7 @@ func TestMoveOriginKilled(t *testing.T) {
 	require.Error(t, <-done, "the move whose origin was killed")
 	restart := time.Now()
 	// The restarted a joins b (it was the first node, which joined nobody).
-	mc.a = startDaemon(t, mc.na.data, mc.na.sock, append(mc.aArgs, "--join", mc.nb.gossip)...)
+	mc.a = mc.start(t, mc.na, append(mc.aArgs, "--join", mc.nb.gossip)...)
 	require.Eventually(t, func() bool {
 		hs, err1 := lentIDs(t, hn.sock)
 		ts, err2 := lentIDs(t, tn.sock)
@@ -617,4 +633,97 @@ func TestMoveRefusals(t *testing.T) {
 		30*time.Second, 50*time.Millisecond, "a never saw %s die", other(home))
 	refused(alloc.ErrNotFound, "among the alive members", c.Move(ctx, seg, alloc.ToNode(other(home))))
 	requireWhole(t, seg, want)
+}
+
+// moveMeasure is how many moves TestMovePause measures; 0 skips it.
+var moveMeasure = flag.Int("move.measure", 0, "TestMovePause: moves of a 64 MiB segment to measure (0: skip)")
+
+// TestMovePause measures, with -move.measure N, the switch-over pause of N
+// moves of a 64 MiB segment between b and c while a client writes 4 KiB
+// blocks and adds to a counter, the longest operation the client saw
+// during them, and the move's copy bandwidth against the data plane's
+// streaming bandwidth (the client reading the whole segment 1 MiB at a
+// time, 4 reads in flight, as the move's copy does) in the same run.
+// Run it without -race for the real speed (poold is then built without
+// it too):
+//
+//	go test -run TestMovePause -count 1 ./cmd/poold -args -move.measure 20
+func TestMovePause(t *testing.T) {
+	if *moveMeasure == 0 {
+		t.Skip("a measurement: run with -args -move.measure 20")
+	}
+	mc := startMoveCluster(t, "160MiB")
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-pause"))
+	require.NoError(t, err)
+	defer c.Close()
+	const size = 64 << 20
+	seg, _ := moveBig(t, c, size)
+
+	stream := func() float64 {
+		start := time.Now()
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				buf := make([]byte, 1<<20)
+				for off := int64(g) << 20; off < size; off += 4 << 20 {
+					if _, err := seg.ReadAt(buf, off); err != nil {
+						t.Errorf("stream: %v", err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return size / time.Since(start).Seconds()
+	}
+
+	var longest atomic.Int64 // ns
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		buf := make([]byte, 4096)
+		rnd := rand.New(rand.NewPCG(1, 2))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			start := time.Now()
+			_, err := seg.WriteAt(buf, int64(rnd.IntN(size/4096))*4096)
+			if err == nil {
+				_, err = seg.Add64(0, 1)
+			}
+			if err != nil {
+				t.Errorf("load: %v", err)
+				return
+			}
+			if d := int64(time.Since(start)); d > longest.Load() {
+				longest.Store(d)
+			}
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+
+	var pauses, moveBW, streamBW []float64
+	for i := range *moveMeasure {
+		streamBW = append(streamBW, stream())
+		from := seg.Node()
+		start := time.Now()
+		var mv moveView
+		require.NoError(t, memctlJSON(ctx, mc.na.sock, &mv, "move", strconv.FormatUint(seg.ID(), 10), "--to", other(from)))
+		took := time.Since(start)
+		pauses = append(pauses, float64(mv.PauseUs))
+		moveBW = append(moveBW, float64(mv.BytesCopied)/took.Seconds())
+		t.Logf("move %d: %s -> %s, %d bytes in %d rounds, %v, pause %dµs", i, mv.From, mv.To, mv.BytesCopied, mv.Rounds, took.Round(time.Millisecond), mv.PauseUs)
+	}
+	slices.Sort(pauses)
+	pct := func(xs []float64, p float64) float64 { return xs[min(len(xs)-1, int(p*float64(len(xs))))] }
+	slices.Sort(moveBW)
+	slices.Sort(streamBW)
+	t.Logf("switch-over pause over %d moves of 64 MiB under write load: p50 %.0fµs, p99 %.0fµs; longest client operation %v",
+		len(pauses), pct(pauses, 0.5), pct(pauses, 0.99), time.Duration(longest.Load()).Round(time.Microsecond))
+	t.Logf("move bandwidth p50 %.0f MB/s, data-plane streaming read p50 %.0f MB/s: ratio %.2f",
+		pct(moveBW, 0.5)/1e6, pct(streamBW, 0.5)/1e6, pct(moveBW, 0.5)/pct(streamBW, 0.5))
 }
