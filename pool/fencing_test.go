@@ -21,6 +21,12 @@ func newServingPool(t *testing.T) (*core, *time.Time) {
 	cfg := testConfig(t)
 	cfg.ExportSize = 16 * size.MiB
 	cfg.DataListen = "127.0.0.1:0"
+	return servingPool(t, cfg)
+}
+
+// servingPool is newServingPool on cfg: again on the same configuration,
+// a restart.
+func servingPool(t *testing.T, cfg Config) (*core, *time.Time) {
 	log := slog.New(slog.DiscardHandler)
 	_, devs, err := discover(cfg, log)
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -70,7 +71,12 @@ func (p *core) moveOut(c caller, req *poolv1.MoveOutRequest) (*poolv1.MoveOutRes
 			p.unsealData(r)
 			break
 		}
-		resp.Dirty, err = p.dirtyOf(r, resp)
+		if resp.Dirty, err = p.dirtyOf(r, resp); err != nil {
+			// Not tracked (this daemon restarted since TRACK): the
+			// changes are unknown, and the move cannot go on.
+			p.unsealData(r)
+			err = errors.Join(err, p.setSealed(r, false))
+		}
 	case poolv1.MoveOutPhase_MOVE_OUT_COMMIT:
 		// The record goes first: a crash after it leaves nothing here, a
 		// failed commit leaves the segment sealed for the mover to retry.

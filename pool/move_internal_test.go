@@ -1,0 +1,204 @@
+package pool
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// TestMoveOutSource: the source's side of a move, on a real data plane. A
+// segment peer daemon x placed here for its client app is tracked, its
+// changed chunks reported and cleared, sealed (the record says so; writes
+// and the app's reads answer MOVED, x's own reads go on), sealed again by
+// a restarted daemon, unsealed by ABORT, and withdrawn and freed by COMMIT
+// (MOVED for its key, its memory free again). Refused with typed errors:
+// another caller, an unknown segment, a bad chunk, an unknown phase.
+func TestMoveOutSource(t *testing.T) {
+	p, _ := newServingPool(t)
+	cfg := p.cfg
+	ctx := t.Context()
+	p.openSession("s-x", "poold/x", "poold x", 1, 0)
+	x, err := p.callerFor("s-x")
+	require.NoError(t, err)
+	p.openSession("s-y", "poold/y", "poold y", 2, 0)
+	y, err := p.callerFor("s-y")
+	require.NoError(t, err)
+	const n = 256 << 10
+	r, err := p.Alloc(ctx, x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+	require.NoError(t, err)
+	rdmaFree := func(p *core) int64 {
+		for _, ti := range p.tiers() {
+			if ti.Tier == poolv1.Tier_TIER_RDMA {
+				return ti.Free
+			}
+		}
+		return -1
+	}
+	free := rdmaFree(p)
+	step := func(c caller, phase poolv1.MoveOutPhase, chunk int64) (*poolv1.MoveOutResponse, error) {
+		return p.moveOut(c, &poolv1.MoveOutRequest{HomeId: r.ID, Phase: phase, Chunk: chunk})
+	}
+	dial := func(p *core, client string) *tcp.Client {
+		c, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(p.auth.issue("s-"+client, client, client)))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	mover, app := dial(p, "poold/x"), dial(p, delegatedPrincipal("poold/x", "app"))
+	reg := region(t, r)
+
+	_, err = step(y, poolv1.MoveOutPhase_MOVE_OUT_TRACK, 4096)
+	require.ErrorIs(t, err, errs.ErrAccessDenied, "another peer's step")
+	_, err = p.moveOut(x, &poolv1.MoveOutRequest{HomeId: r.ID + 100, Phase: poolv1.MoveOutPhase_MOVE_OUT_TRACK, Chunk: 4096})
+	require.ErrorIs(t, err, errs.ErrNotFound)
+	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_TRACK, 5000)
+	require.ErrorIs(t, err, errs.ErrInvalid, "a chunk that is no power of two")
+	_, err = step(x, poolv1.MoveOutPhase(99), 0)
+	require.ErrorIs(t, err, errs.ErrInvalid, "an unknown phase")
+
+	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_TRACK, 64<<10)
+	require.NoError(t, err)
+	require.NoError(t, app.Write(ctx, reg, 3*64<<10+5, []byte("changed")))
+	d, err := step(x, poolv1.MoveOutPhase_MOVE_OUT_DIRTY, 0)
+	require.NoError(t, err)
+	require.Equal(t, uint32(1), d.DirtyChunks)
+	require.Equal(t, []byte{1 << 3}, d.Dirty, "chunk 3 changed")
+	d, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_DIRTY, 0)
+	require.NoError(t, err)
+	require.Zero(t, d.DirtyChunks, "reported chunks are cleared")
+
+	sealed := func(p *core, c *tcp.Client, mover *tcp.Client) {
+		t.Helper()
+		require.ErrorIs(t, c.Write(ctx, reg, 0, []byte{1}), rdma.ErrMoved)
+		_, err := c.FetchAdd64(ctx, reg, 8, 1)
+		require.ErrorIs(t, err, rdma.ErrMoved)
+		require.ErrorIs(t, c.Read(ctx, reg, 0, make([]byte, 8)), rdma.ErrMoved, "the app's reads wait for the new home")
+		got := make([]byte, 7)
+		require.NoError(t, mover.Read(ctx, reg, 3*64<<10+5, got), "the mover reads on")
+		require.Equal(t, "changed", string(got))
+		rec, err := p.Stat(r.ID)
+		require.NoError(t, err)
+		require.True(t, rec.Sealed)
+	}
+	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_SEAL, 0)
+	require.NoError(t, err)
+	sealed(p, app, mover)
+
+	// A restart keeps the seal: the record says so.
+	require.NoError(t, p.close())
+	p, _ = servingPool(t, cfg)
+	p.openSession("s-x", "poold/x", "poold x", 1, 0)
+	x, err = p.callerFor("s-x")
+	require.NoError(t, err)
+	mover, app = dial(p, "poold/x"), dial(p, delegatedPrincipal("poold/x", "app"))
+	sealed(p, app, mover)
+
+	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_ABORT, 0)
+	require.NoError(t, err)
+	require.NoError(t, app.Write(ctx, reg, 0, []byte{1}), "unsealed")
+	rec, err := p.Stat(r.ID)
+	require.NoError(t, err)
+	require.False(t, rec.Sealed)
+
+	// ABORT ended the tracking: a SEAL without a TRACK is refused (the
+	// move that sent it lost its changes); with one it goes through.
+	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_SEAL, 0)
+	require.Error(t, err)
+	require.NoError(t, app.Write(ctx, reg, 0, []byte{2}), "a failed SEAL leaves the segment unsealed")
+	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_TRACK, 4096)
+	require.NoError(t, err)
+	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_SEAL, 0)
+	require.NoError(t, err)
+	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_COMMIT, 0)
+	require.NoError(t, err)
+	for _, c := range []*tcp.Client{app, mover} {
+		require.ErrorIs(t, c.Write(ctx, reg, 0, []byte{1}), rdma.ErrMoved)
+		require.ErrorIs(t, c.Read(ctx, reg, 0, make([]byte, 1)), rdma.ErrMoved)
+	}
+	_, err = p.Stat(r.ID)
+	require.ErrorIs(t, err, errs.ErrNotFound, "the record is gone")
+	require.Equal(t, free+r.Extent, rdmaFree(p), "the memory is free again")
+	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_COMMIT, 0)
+	require.ErrorIs(t, err, errs.ErrNotFound, "a COMMIT again finds nothing")
+}
+
+// TestMoveIntents: a move intent survives the store as written; the
+// switch-over commits the record that names the target and marks the
+// intent switched in one transaction; a daemon that starts with intents
+// left takes them up, switched when its record names the target, and
+// reconcile keeps the copies they still need.
+func TestMoveIntents(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	r := &record{ID: 7, Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: 4096, Owner: "app", Epoch: 1,
+		Key: rdma.Key{1}, Home: "b", HomeID: 70, DataAddr: "127.0.0.1:1"}
+	require.NoError(t, p.st.put(r))
+	r2 := *r
+	r2.ID, r2.HomeID = 8, 80
+	require.NoError(t, p.st.put(&r2))
+	in7 := intent{ID: 7, From: "b", FromID: 70, To: "c", ToID: 700}
+	in8 := intent{ID: 8, From: "b", FromID: 80, To: "c", ToID: 800}
+	require.NoError(t, p.st.putIntent(in7))
+	require.NoError(t, p.st.putIntent(in8))
+	next := *r
+	next.Home, next.HomeID, next.Key = "c", 700, rdma.Key{2}
+	require.NoError(t, p.st.switchMove(&next, in7))
+	ins, err := p.st.intents()
+	require.NoError(t, err)
+	in7.Switched = true
+	require.Equal(t, []intent{in7, in8}, ins)
+	volatile := *r
+	volatile.Volatile = true
+	require.ErrorIs(t, p.st.switchMove(&volatile, in7), errs.ErrInvalid, "a volatile record is no peer's")
+	require.NoError(t, p.close())
+
+	p = newTestPool(t, cfg)
+	defer p.close()
+	in7.Switched, in8.Switched = true, false
+	require.Equal(t, []intent{in7, in8}, p.leftMoves, "the intents, switched as the records say")
+	rec, err := p.Stat(7)
+	require.NoError(t, err)
+	require.Equal(t, "c", rec.Home)
+	known := map[uint64]bool{}
+	p.moving.held("b", known)
+	require.Equal(t, map[uint64]bool{70: true}, known, "the switched move's source until it COMMITs")
+	known = map[uint64]bool{}
+	p.moving.held("c", known)
+	require.Equal(t, map[uint64]bool{800: true}, known, "the other's copy until it is undone")
+	require.False(t, p.moving.begin(8), "a segment with a move left does not move again")
+
+	require.NoError(t, p.st.deleteIntent(7))
+	ins, err = p.st.intents()
+	require.NoError(t, err)
+	require.Equal(t, []intent{in8}, ins)
+}
+
+// FuzzDecodeIntent: a stored move intent either decodes to one that
+// encodes and decodes back to itself, or fails with an error matching
+// ErrInvalid (corrupt) or ErrNotSupported (a newer form); never a panic.
+func FuzzDecodeIntent(f *testing.F) {
+	for _, in := range []intent{{ID: 1, From: "b", FromID: 2, To: "c", ToID: 3}, {ID: 1 << 60, From: "node-b", FromID: 1<<64 - 1, To: "c", Switched: true}} {
+		f.Add(encodeIntent(in))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{2, 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		in, err := decodeIntent(b)
+		if err != nil {
+			if !errors.Is(err, errs.ErrInvalid) && !errors.Is(err, errs.ErrNotSupported) {
+				t.Fatalf("decodeIntent(%x): %v matches neither ErrInvalid nor ErrNotSupported", b, err)
+			}
+			return
+		}
+		back, err := decodeIntent(encodeIntent(in))
+		if err != nil || back != in {
+			t.Fatalf("decodeIntent(%x) = %+v, which encodes to one decoding to %+v, %v", b, in, back, err)
+		}
+	})
+}
