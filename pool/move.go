@@ -104,6 +104,19 @@ func (ms *moves) end(id uint64) {
 	delete(ms.m, id)
 }
 
+// involves reports whether a move (under way or left to finish) has node
+// as its source or target: reconcile asks it even when no record names it.
+func (ms *moves) involves(node string) bool {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, in := range ms.m {
+		if in.From == node || in.To == node {
+			return true
+		}
+	}
+	return false
+}
+
 // held adds to known the ids at node of segments no record here names
 // that a move keeps: the target's copy until the switch-over, and the
 // source's after it until the source lets it go. Reconcile frees
@@ -146,7 +159,7 @@ func (s *service) Move(ctx context.Context, req *poolv1.MoveRequest) (*poolv1.Mo
 
 // move runs a move for c, counts and logs it.
 func (d *Daemon) move(ctx context.Context, c caller, req *poolv1.MoveRequest) (*poolv1.MoveResponse, error) {
-	res, err := d.pool.move(ctx, c, req, d.data.ca)
+	res, err := d.pool.move(ctx, c, req, moveTLS{ca: d.data.ca, byDefault: d.data.server != nil})
 	d.metrics.moveDone(res, err)
 	if err != nil {
 		return nil, err
@@ -157,10 +170,18 @@ func (d *Daemon) move(ctx context.Context, c caller, req *poolv1.MoveRequest) (*
 		BytesCopied: uint64(res.bytes), Rounds: uint32(res.rounds), PauseUs: res.pause.Microseconds()}, nil
 }
 
+// moveTLS is how a move reaches the homes' data planes: ca verifies those
+// that serve TLS, and byDefault is whether a home whose record predates
+// the homes saying so does (as this node does: one configuration for the
+// cluster).
+type moveTLS struct {
+	ca        []byte
+	byDefault bool
+}
+
 // move moves the segment req names to the home it names (or one placement
-// picks): see docs/MOVE.md. ca verifies homes that serve their data plane
-// over TLS.
-func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, ca []byte) (moveResult, error) {
+// picks): see docs/MOVE.md.
+func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls moveTLS) (moveResult, error) {
 	r, err := p.moveSubject(c, req)
 	if err != nil {
 		return moveResult{}, err
@@ -175,7 +196,7 @@ func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, ca [
 		p.moving.end(r.ID)
 		return moveResult{}, fmt.Errorf("move segment %d: %w", r.ID, err)
 	}
-	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, ca: ca, chunk: moveChunk(r.Size)}
+	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size)}
 	return m.run(ctx)
 }
 
@@ -292,7 +313,7 @@ type mover struct {
 	rec      record // the segment as it was when the move began
 	src, dst *session.Conn
 	to       string
-	ca       []byte
+	tls      moveTLS
 	in       intent
 	chunk    int64 // bytes a tracked chunk
 	res      moveResult
@@ -312,25 +333,11 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 		res = m.res
 		res.bytes = m.copied.Load()
 	}()
-	p.mu.Lock()
-	p.pendingRemote[m.to]++ // the target's copy is no orphan for reconcile
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		p.pendingRemote[m.to]--
-		p.mu.Unlock()
-	}()
-	seg, err := m.step(ctx, m.dst, func(ctx context.Context) (*poolv1.Segment, error) {
-		return m.dst.API().Alloc(ctx, &poolv1.AllocRequest{Size: r.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: r.Owner})
-	})
-	if err != nil {
-		p.moving.end(r.ID)
-		return m.res, fmt.Errorf("move segment %d: alloc on %s: %w", r.ID, m.to, err)
-	}
-	m.in = intent{ID: r.ID, From: r.Home, FromID: r.HomeID, To: m.to, ToID: seg.Id}
+	// The intent before the target's allocation, and again with its id
+	// there: a restart in between finds the target to check (resolve).
+	m.in = intent{ID: r.ID, From: r.Home, FromID: r.HomeID, To: m.to}
 	p.moving.set(m.in)
 	if err := p.st.putIntent(m.in); err != nil {
-		p.freeLaterAt(m.to, seg.Id)
 		p.moving.end(r.ID)
 		return m.res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)
 	}
@@ -339,6 +346,13 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 			p.abortMove(m.in, err)
 		}
 	}()
+	seg, err := m.allocTarget(ctx)
+	if err != nil {
+		return m.res, fmt.Errorf("move segment %d: alloc on %s: %w", r.ID, m.to, err)
+	}
+	if err := p.st.putIntent(m.in); err != nil {
+		return m.res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)
+	}
 	if err := m.authorize(ctx, r.Attached, seg.Id, false); err != nil {
 		return m.res, err
 	}
@@ -375,16 +389,41 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	return m.res, nil
 }
 
-// step runs one call at a home with a bounded time.
-func (m *mover) step(ctx context.Context, pc *session.Conn, call func(context.Context) (*poolv1.Segment, error)) (*poolv1.Segment, error) {
+// allocTarget allocates the segment's copy at the target and notes its id
+// there in the move: from then on reconcile keeps it (moves.held); until
+// then the allocation counts as pending there, so that reconcile does not
+// take it for an orphan meanwhile.
+func (m *mover) allocTarget(ctx context.Context) (*poolv1.Segment, error) {
+	p := m.p
+	p.mu.Lock()
+	p.pendingRemote[m.to]++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.pendingRemote[m.to]--
+		p.mu.Unlock()
+	}()
+	seg, err := callAt(ctx, m.dst, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.Segment, error) {
+		return api.Alloc(ctx, &poolv1.AllocRequest{Size: m.rec.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: m.rec.Owner})
+	})
+	if err == nil {
+		m.in.ToID = seg.Id
+		p.moving.set(m.in)
+	}
+	return seg, err
+}
+
+// callAt runs one call on the session with a home, within moveStepTimeout.
+func callAt[T any](ctx context.Context, pc *session.Conn, call func(context.Context, poolv1.PoolClient) (T, error)) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
 	defer cancel()
 	cctx, _, err := pc.Call(ctx)
 	if err != nil {
-		return nil, err
+		var zero T
+		return zero, err
 	}
-	seg, err := call(cctx)
-	return seg, errs.FromStatus(err)
+	v, err := call(cctx, pc.API())
+	return v, errs.FromStatus(err)
 }
 
 // moveOut runs one MoveOut step at the source.
@@ -398,23 +437,17 @@ func (m *mover) moveOut(ctx context.Context, phase poolv1.MoveOutPhase) (*poolv1
 
 // moveOutAt asks pc's node for one MoveOut step on its segment id.
 func moveOutAt(ctx context.Context, pc *session.Conn, id uint64, phase poolv1.MoveOutPhase, chunk int64) (*poolv1.MoveOutResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
-	defer cancel()
-	cctx, _, err := pc.Call(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := pc.API().MoveOut(cctx, &poolv1.MoveOutRequest{HomeId: id, Phase: phase, Chunk: chunk})
-	return resp, errs.FromStatus(err)
+	return callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.MoveOutResponse, error) {
+		return api.MoveOut(ctx, &poolv1.MoveOutRequest{HomeId: id, Phase: phase, Chunk: chunk})
+	})
 }
 
 // authorize tells the target that the clients may (or, with withdraw, may
 // no longer) use its copy id, as they may the segment.
 func (m *mover) authorize(ctx context.Context, clients []string, id uint64, withdraw bool) error {
 	for _, a := range clients {
-		_, err := m.step(ctx, m.dst, func(ctx context.Context) (*poolv1.Segment, error) {
-			_, err := m.dst.API().Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: a, Withdraw: withdraw})
-			return nil, err
+		_, err := callAt(ctx, m.dst, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
+			return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: a, Withdraw: withdraw})
 		})
 		if err != nil {
 			return fmt.Errorf("move segment %d: authorize client %q on %s: %w", m.rec.ID, a, m.to, err)
@@ -427,7 +460,10 @@ func (m *mover) authorize(ctx context.Context, clients []string, id uint64, with
 // daemon's credentials there: it owns both segments.
 func (m *mover) connect(ctx context.Context, seg *poolv1.Segment) error {
 	r := m.rec
-	srcTLS := r.DataTLS == nil && len(m.ca) > 0 || r.DataTLS != nil && *r.DataTLS
+	srcTLS := m.tls.byDefault
+	if r.DataTLS != nil {
+		srcTLS = *r.DataTLS
+	}
 	var err error
 	if m.srcConn, err = m.dial(ctx, r.Home, r.DataAddr, srcTLS, m.src); err != nil {
 		return err
@@ -448,7 +484,7 @@ func (m *mover) connect(ctx context.Context, seg *poolv1.Segment) error {
 func (m *mover) dial(ctx context.Context, node, addr string, useTLS bool, pc *session.Conn) (rdma.Conn, error) {
 	opts := []tcp.Option{tcp.WithCredential(pc.DataCredential()), tcp.WithConns(1)}
 	if useTLS {
-		tc, err := certs.Verifier(m.ca, node)
+		tc, err := certs.Verifier(m.tls.ca, node)
 		if err != nil {
 			return nil, fmt.Errorf("move segment %d: verify the data plane of %s: %w", m.rec.ID, node, err)
 		}
@@ -709,10 +745,18 @@ func (p *core) resolve(ctx context.Context, in intent) error {
 	if err != nil && !errors.Is(err, errs.ErrNotFound) {
 		return fmt.Errorf("%s at %s: %w", phase, in.From, err)
 	}
-	if !in.Switched {
+	switch {
+	case !in.Switched && in.ToID != 0:
 		in.undoing = true // the target's copy is an orphan now
 		p.moving.set(in)
 		p.freeLaterAt(in.To, in.ToID)
+	case !in.Switched:
+		// The target's allocation may have happened, unrecorded: the
+		// target is asked what it holds for this node, and frees what no
+		// record names (reconcile; the intent makes it ask).
+		if _, ok := p.reconcile(ctx, in.To); !ok {
+			return fmt.Errorf("ask %s for a copy it may hold: %w", in.To, errMoveHome)
+		}
 	}
 	if err := p.st.deleteIntent(in.ID); err != nil {
 		return fmt.Errorf("remove the move intent: %w", err)
@@ -725,59 +769,31 @@ func (p *core) resolve(ctx context.Context, in intent) error {
 // none yet); a node that cannot be asked reclaims it when this daemon's
 // lease there ends, or this daemon's next reconcile with it frees it.
 func (p *core) freeLaterAt(node string, id uint64) {
-	ps := p.peers
-	ps.mu.Lock()
-	if ps.done {
-		ps.mu.Unlock()
-		return
-	}
-	ps.wg.Add(1)
-	ps.mu.Unlock()
-	go func() {
-		defer ps.wg.Done()
-		ctx, stop := untilClosed(context.Background(), ps.stop)
-		defer stop()
-		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
-		defer cancel()
+	p.peers.later(moveStepTimeout, func(ctx context.Context) {
 		pc, err := p.homeSession(ctx, node, "target")
 		if err == nil {
-			var cctx context.Context
-			if cctx, _, err = pc.Call(ctx); err == nil {
-				_, err = pc.API().Free(cctx, &poolv1.FreeRequest{Id: id})
-				err = errs.FromStatus(err)
-			}
+			err = freeOn(ctx, pc, id)
 		}
-		if err != nil && !errors.Is(err, errs.ErrNotFound) {
+		if err != nil {
 			p.log.Info("the copy of a failed move is not freed yet; its node reclaims it when this daemon's lease there ends, or at their next reconcile", "node", node, "segment", id, "err", err)
 		}
-	}()
+	})
 }
 
 // resolveLater retries resolve in the background, backing off from a
 // second to 30 s, until it succeeds or the daemon closes (a restarted
 // daemon resumes from the intent).
 func (p *core) resolveLater(in intent) {
-	ps := p.peers
-	ps.mu.Lock()
-	if ps.done {
-		ps.mu.Unlock()
-		return
-	}
-	ps.wg.Add(1)
-	ps.mu.Unlock()
 	p.moving.set(in)
-	go func() {
-		defer ps.wg.Done()
+	p.peers.later(0, func(ctx context.Context) {
 		for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
 			select {
-			case <-ps.stop:
+			case <-ctx.Done():
 				return
 			case <-time.After(wait):
 			}
-			ctx, cancel := untilClosed(context.Background(), ps.stop)
-			ctx, cancel2 := context.WithTimeout(ctx, moveStepTimeout)
-			err := p.resolve(ctx, in)
-			cancel2()
+			sctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+			err := p.resolve(sctx, in)
 			cancel()
 			if err == nil {
 				p.log.Info("move finished after a retry", "segment", in.ID, "from", in.From, "to", in.To, "switched", in.Switched)
@@ -786,7 +802,7 @@ func (p *core) resolveLater(in intent) {
 			}
 			p.log.Debug("finish a move: retrying", "segment", in.ID, "err", err)
 		}
-	}()
+	})
 }
 
 // loadMoves takes the moves a previous run of this daemon left (their

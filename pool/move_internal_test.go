@@ -172,6 +172,8 @@ func TestMoveIntents(t *testing.T) {
 	p.moving.held("c", known)
 	require.Equal(t, map[uint64]bool{800: true}, known, "the other's copy until it is undone")
 	require.False(t, p.moving.begin(8), "a segment with a move left does not move again")
+	require.True(t, p.moving.involves("c"), "reconcile asks c even when no record names it")
+	require.False(t, p.moving.involves("d"))
 
 	require.NoError(t, p.st.deleteIntent(7))
 	ins, err = p.st.intents()

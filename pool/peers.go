@@ -202,6 +202,30 @@ func (ps *peers) freeLater(node string, homeID uint64) {
 		ps.log.Warn("not freeing a segment at a peer that answers as another node", "node", node, "answers-as", got, "segment", homeID)
 		return
 	}
+	ps.later(10*time.Second, func(ctx context.Context) {
+		if err := freeOn(ctx, c, homeID); err != nil {
+			ps.log.Warn("free at the home node failed; it reclaims the segment when this daemon's lease there ends", "node", node, "segment", homeID, "err", err)
+		}
+	})
+}
+
+// freeOn frees segment id at the node of session c; one that is gone
+// already is no error.
+func freeOn(ctx context.Context, c *session.Conn, id uint64) error {
+	cctx, _, err := c.Call(ctx)
+	if err == nil {
+		_, err = c.API().Free(cctx, &poolv1.FreeRequest{Id: id})
+		err = errs.FromStatus(err)
+	}
+	if errors.Is(err, errs.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// later runs fn in the background, with a context that ends at close or
+// after timeout (0: none); nothing runs once the peers are closing.
+func (ps *peers) later(timeout time.Duration, fn func(ctx context.Context)) {
 	ps.mu.Lock()
 	if ps.done {
 		ps.mu.Unlock()
@@ -213,16 +237,12 @@ func (ps *peers) freeLater(node string, homeID uint64) {
 		defer ps.wg.Done()
 		ctx, stop := untilClosed(context.Background(), ps.stop)
 		defer stop()
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		cctx, _, err := c.Call(ctx)
-		if err == nil {
-			_, err = c.API().Free(cctx, &poolv1.FreeRequest{Id: homeID})
-			err = errs.FromStatus(err)
+		if timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
 		}
-		if err != nil && !errors.Is(err, errs.ErrNotFound) {
-			ps.log.Warn("free at the home node failed; it reclaims the segment when this daemon's lease there ends", "node", node, "segment", homeID, "err", err)
-		}
+		fn(ctx)
 	}()
 }
 
@@ -462,6 +482,7 @@ func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool
 		p.mu.Lock()
 		homed := slices.ContainsFunc(slices.Collect(maps.Values(p.segs)), func(r *record) bool { return r.Home == node })
 		p.mu.Unlock()
+		homed = homed || p.moving.involves(node)
 		if !homed || p.cl == nil {
 			return nil, true // nothing to ask about
 		}

@@ -96,68 +96,19 @@ func other(node string) string {
 // home's memory is free again.
 func TestMoveKeepsBytes(t *testing.T) {
 	mc := startMoveCluster(t, "32MiB")
-	ctx := t.Context()
-	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-app"))
+	c, err := alloc.Dial(t.Context(), mc.na.sock, alloc.WithClientID("move-app"))
 	require.NoError(t, err)
 	defer c.Close()
-	const size = 4 << 20
-	seg, err := c.Alloc(ctx, size, alloc.WithTier(alloc.TierRDMA))
-	require.NoError(t, err)
-	want := make([]byte, size)
-	for i := range want {
-		want[i] = byte(i*7 + i>>12)
-	}
-	_, err = seg.WriteAt(want, 0)
-	require.NoError(t, err)
-
+	seg, want := moveBig(t, c, 4<<20)
 	for i := range 2 {
 		from := seg.Node()
-		to := other(from)
-		require.NoError(t, c.Move(ctx, seg, alloc.ToNode(to)), "move %d", i)
-		require.Equal(t, to, seg.Node(), "move %d: the segment names its new home", i)
-		got := make([]byte, size)
-		_, err = seg.ReadAt(got, 0)
-		require.NoError(t, err)
-		require.True(t, bytes.Equal(want, got), "move %d: the bytes moved", i)
-		want[i] = 0xEE
-		_, err = seg.WriteAt(want[i:i+1], int64(i))
-		require.NoError(t, err)
-		sum, err := seg.Add64(size-8, 1)
-		require.NoError(t, err)
-		wantWord := uint64(0)
-		for j := range 8 {
-			wantWord |= uint64(want[size-8+j]) << (8 * j)
-		}
-		require.Equal(t, wantWord+1, sum, "move %d: the counter moved", i)
-		want[size-8]++ // little endian: the low byte, no carry from these bytes
-		_, err = seg.ReadAt(got, 0)
-		require.NoError(t, err)
-		require.True(t, bytes.Equal(want, got), "move %d: writes after it land at the new home", i)
-		fromSock := mc.nb.sock
-		if from == "c" {
-			fromSock = mc.nc.sock
-		}
-		require.Eventually(t, func() bool { return lentSegments(t, fromSock) == 0 }, 10*time.Second, 50*time.Millisecond,
-			"move %d: %s still holds the segment", i, from)
+		require.NoError(t, c.Move(t.Context(), seg, alloc.ToNode(other(from))), "move %d", i)
+		require.Equal(t, other(from), seg.Node(), "move %d: the segment names its new home", i)
+		requireWhole(t, seg, want)
+		_, fn, _ := mc.lender(from)
+		require.Eventually(t, func() bool { ids, err := lentIDs(t, fn.sock); return err == nil && len(ids) == 0 },
+			10*time.Second, 50*time.Millisecond, "move %d: %s still holds the segment", i, from)
 	}
-}
-
-// lentSegments is how many segments the daemon on sock holds for its peers.
-func lentSegments(t *testing.T, sock string) int {
-	var rows []segmentRow
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	if err := memctlJSON(ctx, sock, &rows, "segments"); err != nil {
-		t.Logf("%v", err)
-		return -1
-	}
-	n := 0
-	for _, r := range rows {
-		if strings.HasPrefix(r.Owner, "poold/") {
-			n++
-		}
-	}
-	return n
 }
 
 // moveView is `memctl move -o json`.
@@ -418,17 +369,25 @@ func moveBig(t *testing.T, c *alloc.Client, size int) (*alloc.Segment, []byte) {
 	return seg, want
 }
 
-// startMove moves seg to node in the background and, once node's daemon
-// on sock holds the copy (the move is copying), returns the move's
-// outcome channel.
-func startMove(t *testing.T, c *alloc.Client, seg *alloc.Segment, node, sock string) <-chan error {
-	done := make(chan error, 1)
-	go func() { done <- c.Move(t.Context(), seg, alloc.ToNode(node)) }()
+// startKilledMove is the start of a kill test: the cluster (with a lease
+// long enough for a killed a to come back in), a client of a with a 64 MiB
+// segment holding want, and the segment's move to the other lender,
+// copying: the target holds the copy. done receives the move's outcome.
+func startKilledMove(t *testing.T) (mc *moveCluster, seg *alloc.Segment, want []byte, done <-chan error) {
+	mc = startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
+	c, err := alloc.Dial(t.Context(), mc.na.sock, alloc.WithClientID("move-kill"))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	seg, want = moveBig(t, c, 64<<20)
+	to := other(seg.Node())
+	_, tn, _ := mc.lender(to)
+	moved := make(chan error, 1)
+	go func() { moved <- c.Move(t.Context(), seg, alloc.ToNode(to)) }()
 	require.Eventually(t, func() bool {
-		ids, err := lentIDs(t, sock)
+		ids, err := lentIDs(t, tn.sock)
 		return err == nil && len(ids) > 0
-	}, 20*time.Second, 2*time.Millisecond, "%s never received the copy", node)
-	return done
+	}, 20*time.Second, 2*time.Millisecond, "%s never received the copy", to)
+	return mc, seg, want, moved
 }
 
 // requireWhole checks that seg holds want and takes writes and atomics,
@@ -451,20 +410,16 @@ func requireWhole(t *testing.T, seg *alloc.Segment, want []byte) {
 // TestMoveTargetKilled: kill -9 of the target's poold while a 64 MiB
 // segment is copied to it: Move fails, the segment stays at its home whole
 // and usable (unsealed), farmem_moves_total counts the failure, and once
-// the target is back its copy is freed (a reconciles it).
+// the target is back its copy is freed (by a's reconcile with it, or at
+// the end of the lease of a's session from before the kill: the restarted
+// target listens on another port).
 func TestMoveTargetKilled(t *testing.T) {
-	mc := startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
-	ctx := t.Context()
-	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-kill-target"))
-	require.NoError(t, err)
-	defer c.Close()
-	seg, want := moveBig(t, c, 64<<20)
+	mc, seg, want, done := startKilledMove(t)
 	home := seg.Node()
 	target, tn, targetArgs := mc.lender(other(home))
-	done := startMove(t, c, seg, other(home), tn.sock)
 	(*target).kill9(t)
 	killed := time.Now()
-	err = <-done
+	err := <-done
 	t.Logf("move failed %v after the kill", time.Since(killed))
 	require.Error(t, err, "the move to a killed target")
 	t.Logf("move: %v", err)
@@ -501,16 +456,10 @@ func (mc *moveCluster) movesCounted(t *testing.T, result string) float64 {
 // undone move is freed), its bytes are whole, and it takes writes and
 // atomics (the source is not left sealed).
 func TestMoveOriginKilled(t *testing.T) {
-	mc := startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
-	ctx := t.Context()
-	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-kill-origin"))
-	require.NoError(t, err)
-	defer c.Close()
-	seg, want := moveBig(t, c, 64<<20)
+	mc, seg, want, done := startKilledMove(t)
 	home := seg.Node()
 	_, tn, _ := mc.lender(other(home))
 	_, hn, _ := mc.lender(home)
-	done := startMove(t, c, seg, other(home), tn.sock)
 	mc.a.kill9(t)
 	require.Error(t, <-done, "the move whose origin was killed")
 	restart := time.Now()
