@@ -204,3 +204,60 @@ func FuzzDecodeIntent(f *testing.F) {
 		}
 	})
 }
+
+// TestMoveSubject: who may move which segment. By id or name: its owner,
+// an attacher, an administrator, not another client; by its home and id
+// there: that home's daemon only. Segments that cannot move live are
+// refused with typed errors, and a segment moves once at a time.
+func TestMoveSubject(t *testing.T) {
+	p := newTestPool(t, testConfig(t))
+	defer p.close()
+	peerRec := func(id uint64, home string, homeID uint64) *record {
+		r := &record{ID: id, Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: 4096, Owner: "app", Epoch: 1,
+			Key: rdma.Key{byte(id)}, Home: home, HomeID: homeID, Attached: []string{"reader"}}
+		p.mu.Lock()
+		p.link(r)
+		p.mu.Unlock()
+		return r
+	}
+	r := peerRec(5, "b", 50)
+	lost := peerRec(6, "b", 60)
+	lost.Lost = true
+	cxl, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	require.NoError(t, err)
+	as := func(id string) caller { return caller{client: &client{id: id}, ident: "cn:" + id} }
+
+	for _, tc := range []struct {
+		name string
+		c    caller
+		req  *poolv1.MoveRequest
+		want error
+	}{
+		{"owner", as("app"), &poolv1.MoveRequest{Id: 5}, nil},
+		{"attacher", as("reader"), &poolv1.MoveRequest{Id: 5}, nil},
+		{"administrator", admin(), &poolv1.MoveRequest{Id: 5}, nil},
+		{"its home", as("poold/b"), &poolv1.MoveRequest{Home: "b", HomeId: 50}, nil},
+		{"another client", as("other"), &poolv1.MoveRequest{Id: 5}, errs.ErrAccessDenied},
+		{"another home", as("poold/c"), &poolv1.MoveRequest{Home: "b", HomeId: 50}, errs.ErrAccessDenied},
+		{"an administrator by home id", admin(), &poolv1.MoveRequest{Home: "b", HomeId: 50}, errs.ErrAccessDenied},
+		{"unknown at its home", as("poold/b"), &poolv1.MoveRequest{Home: "b", HomeId: 51}, errs.ErrNotFound},
+		{"unknown", admin(), &poolv1.MoveRequest{Id: 99}, errs.ErrNotFound},
+		{"nothing named", admin(), &poolv1.MoveRequest{}, errs.ErrInvalid},
+		{"to the cxl tier", admin(), &poolv1.MoveRequest{Id: 5, ToTier: poolv1.Tier_TIER_CXL}, errs.ErrInvalid},
+		{"a cxl segment", admin(), &poolv1.MoveRequest{Id: cxl.ID}, errs.ErrInvalid},
+		{"a lost segment", admin(), &poolv1.MoveRequest{Id: 6}, errs.ErrSegmentLost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := p.moveSubject(tc.c, tc.req)
+			if tc.want != nil {
+				require.ErrorIs(t, err, tc.want)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, *r, got)
+			_, err = p.moveSubject(tc.c, tc.req)
+			require.ErrorIs(t, err, errs.ErrLimit, "a second move while one is under way")
+			p.moving.end(r.ID)
+		})
+	}
+}
