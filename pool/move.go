@@ -162,11 +162,18 @@ func (d *Daemon) move(ctx context.Context, c caller, req *poolv1.MoveRequest) (*
 	res, err := d.pool.move(ctx, c, req, moveTLS{ca: d.data.ca, byDefault: d.data.server != nil})
 	d.metrics.moveDone(res, err)
 	if err != nil {
+		if res.from != "" { // it had begun: a home failed, not the request
+			d.log.Warn("segment move failed; it stays where it was", "segment", res.rec.ID, "from", res.from, "bytes", res.bytes, "err", err)
+		}
 		return nil, err
 	}
 	d.log.Info("segment moved", "segment", res.rec.ID, "from", res.from, "to", res.rec.Home,
 		"bytes", res.bytes, "rounds", res.rounds, "pause", res.pause)
-	return &poolv1.MoveResponse{Segment: d.forCaller(ctx, c, res.rec), FromNode: res.from,
+	seg := d.segmentProto(res.rec)
+	if !isPeer(c) { // a peer's session holds no credentials for its own clients
+		seg = d.forCaller(ctx, c, res.rec)
+	}
+	return &poolv1.MoveResponse{Segment: seg, FromNode: res.from,
 		BytesCopied: uint64(res.bytes), Rounds: uint32(res.rounds), PauseUs: res.pause.Microseconds()}, nil
 }
 
@@ -328,7 +335,7 @@ type mover struct {
 // the switch-over it leaves the segment at the source and frees the target.
 func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	p, r := m.p, m.rec
-	m.res.from = r.Home
+	m.res.from, m.res.rec = r.Home, r
 	defer func() {
 		res = m.res
 		res.bytes = m.copied.Load()

@@ -35,64 +35,45 @@ func (s *service) MoveOut(ctx context.Context, req *poolv1.MoveOutRequest) (*poo
 }
 
 // moveOut runs one MoveOut step on segment req.HomeId, which c must own.
+// The data plane's steps run outside p.mu: a seal waits for the writes in
+// flight, a withdrawal for every operation.
 func (p *core) moveOut(c caller, req *poolv1.MoveOutRequest) (*poolv1.MoveOutResponse, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	r, err := p.lookup(req.HomeId, "")
+	r, seg, err := p.moveOutSubject(c, req)
 	if err != nil {
 		return nil, err
 	}
-	what := fmt.Sprintf("move segment %d away (%s)", r.ID, req.Phase)
-	switch {
-	case r.Owner != c.id():
-		return nil, fmt.Errorf("%s: %w: it belongs to %s, not to the caller %s", what, errs.ErrAccessDenied, r.Owner, c.id())
-	case p.dp == nil || r.Key.IsZero() || r.Home != "":
-		return nil, fmt.Errorf("%s: %w: it is not an rdma segment this node's data plane serves", what, errs.ErrInvalid)
-	case r.Lost:
-		return nil, fmt.Errorf("%s: %w", what, errs.ErrSegmentLost)
-	}
+	what := fmt.Sprintf("move segment %d away (%s)", seg.ID, req.Phase)
 	resp := &poolv1.MoveOutResponse{}
 	switch req.Phase {
 	case poolv1.MoveOutPhase_MOVE_OUT_TRACK:
 		if req.Chunk < moveChunkMin || req.Chunk&(req.Chunk-1) != 0 {
 			return nil, fmt.Errorf("%s: %w: chunk of %d bytes; use a power of two from %d", what, errs.ErrInvalid, req.Chunk, moveChunkMin)
 		}
-		if p.dp.coh.isShared(r.ID) {
+		if p.dp.coh.isShared(seg.ID) {
 			return nil, fmt.Errorf("%s: %w: it is a shared segment, whose pages sharers cache under leases from this home's coherence directory; it is not moved (detach its sharers and allocate a new segment where it should live)", what, errs.ErrInvalid)
 		}
-		err = p.dp.track(r.ID, req.Chunk)
+		err = p.dp.track(seg.ID, req.Chunk)
 	case poolv1.MoveOutPhase_MOVE_OUT_DIRTY:
-		resp.Dirty, err = p.dirtyOf(r, resp)
+		resp.Dirty, err = p.dirtyOf(seg.ID, resp)
 	case poolv1.MoveOutPhase_MOVE_OUT_SEAL:
-		if err = p.dp.seal(r.ID, r.Owner); err != nil {
+		if err = p.dp.seal(seg.ID, seg.Owner); err != nil {
 			break
 		}
 		if err = p.setSealed(r, true); err != nil {
-			p.unsealData(r)
+			p.unsealData(seg.ID)
 			break
 		}
-		if resp.Dirty, err = p.dirtyOf(r, resp); err != nil {
+		if resp.Dirty, err = p.dirtyOf(seg.ID, resp); err != nil {
 			// Not tracked (this daemon restarted since TRACK): the
 			// changes are unknown, and the move cannot go on.
-			p.unsealData(r)
+			p.unsealData(seg.ID)
 			err = errors.Join(err, p.setSealed(r, false))
 		}
 	case poolv1.MoveOutPhase_MOVE_OUT_COMMIT:
-		// The record goes first: a crash after it leaves nothing here, a
-		// failed commit leaves the segment sealed for the mover to retry.
-		if err = p.st.delete(r); err != nil {
-			err = fmt.Errorf("%s: commit to the metadata store: %w", what, err)
-			break
-		}
-		p.dp.moveAway(r.ID)
-		p.unlink(r)
-		p.release(r, "freed")
-		p.log.Debug("segment moved away", "segment", r.ID, "owner", r.Owner, "size", r.Size)
+		err = p.moveAway(r, seg.ID)
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
-		p.unsealData(r)
+		p.unsealData(seg.ID)
 		err = p.setSealed(r, false)
-	default:
-		return nil, fmt.Errorf("move segment %d away: %w: unknown phase %d; use TRACK, DIRTY, SEAL, COMMIT or ABORT", r.ID, errs.ErrInvalid, req.Phase)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
@@ -100,25 +81,81 @@ func (p *core) moveOut(c caller, req *poolv1.MoveOutRequest) (*poolv1.MoveOutRes
 	return resp, nil
 }
 
-// dirtyOf takes the chunks of r changed since the last call and sets their
-// count in resp.
-func (p *core) dirtyOf(r *record, resp *poolv1.MoveOutResponse) ([]byte, error) {
-	bm, n, err := p.dp.dirty(r.ID)
+// moveOutSubject finds the segment of a MoveOut step and checks it: an
+// rdma segment this node serves, c's, not lost, and a known phase. It
+// returns the record in the table and a copy of it to read outside p.mu.
+func (p *core) moveOutSubject(c caller, req *poolv1.MoveOutRequest) (*record, record, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(req.HomeId, "")
+	if err != nil {
+		return nil, record{}, err
+	}
+	what := fmt.Sprintf("move segment %d away (%s)", r.ID, req.Phase)
+	switch {
+	case r.Owner != c.id():
+		return nil, record{}, fmt.Errorf("%s: %w: it belongs to %s, not to the caller %s", what, errs.ErrAccessDenied, r.Owner, c.id())
+	case p.dp == nil || r.Key.IsZero() || r.Home != "":
+		return nil, record{}, fmt.Errorf("%s: %w: it is not an rdma segment this node's data plane serves", what, errs.ErrInvalid)
+	case r.Lost:
+		return nil, record{}, fmt.Errorf("%s: %w", what, errs.ErrSegmentLost)
+	case poolv1.MoveOutPhase_name[int32(req.Phase)] == "":
+		return nil, record{}, fmt.Errorf("move segment %d away: %w: unknown phase %d; use TRACK, DIRTY, SEAL, COMMIT or ABORT", r.ID, errs.ErrInvalid, req.Phase)
+	}
+	return r, *r, nil
+}
+
+// moveAway lets a segment go once its move committed elsewhere: the
+// record goes first (a crash after it leaves nothing here; a failed
+// commit leaves the segment sealed for the mover to retry), then the data
+// plane withdraws it (MOVED for its key from then on) and its memory is
+// released.
+func (p *core) moveAway(r *record, id uint64) error {
+	p.mu.Lock()
+	if p.segs[id] != r {
+		p.mu.Unlock()
+		return fmt.Errorf("segment %d: %w: freed meanwhile", id, errs.ErrNotFound)
+	}
+	p.unlink(r) // nobody else frees it meanwhile
+	p.mu.Unlock()
+	if err := p.st.delete(r); err != nil {
+		p.mu.Lock()
+		p.link(r)
+		p.mu.Unlock()
+		return fmt.Errorf("commit to the metadata store: %w", err)
+	}
+	p.dp.moveAway(id)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.release(r, "freed")
+	p.log.Debug("segment moved away", "segment", r.ID, "owner", r.Owner, "size", r.Size)
+	return nil
+}
+
+// dirtyOf takes the chunks of segment id changed since the last call and
+// sets their count in resp.
+func (p *core) dirtyOf(id uint64, resp *poolv1.MoveOutResponse) ([]byte, error) {
+	bm, n, err := p.dp.dirty(id)
 	resp.DirtyChunks = uint32(n)
 	return bm, err
 }
 
-// unsealData lets writes at r again and stops tracking; a segment that was
+// unsealData serves segment id again and stops tracking it; one that was
 // not sealed or tracked is fine as it is.
-func (p *core) unsealData(r *record) {
-	if err := p.dp.unseal(r.ID); err != nil {
-		p.log.Debug("unseal a segment", "segment", r.ID, "err", err)
+func (p *core) unsealData(id uint64) {
+	if err := p.dp.unseal(id); err != nil {
+		p.log.Debug("unseal a segment", "segment", id, "err", err)
 	}
 }
 
 // setSealed commits r's sealed flag (a restarted home seals it again when
-// it re-exports it). Called with p.mu held.
+// it re-exports it).
 func (p *core) setSealed(r *record, sealed bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.segs[r.ID] != r { // r.ID under p.mu: r is the table's
+		return fmt.Errorf("segment %d: %w: freed meanwhile", r.ID, errs.ErrNotFound)
+	}
 	if r.Sealed == sealed {
 		return nil
 	}
