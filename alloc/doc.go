@@ -29,7 +29,9 @@
 //   - Remote (TierRDMA): one-sided reads, writes and atomics on the home's
 //     data plane, over a connection per home that rdma/dialer dials (verbs
 //     where this build and host have an RDMA device, else tcp), retried as
-//     described below. Bytes returns false.
+//     described below. Bytes returns false. Client.Move moves the segment
+//     to another home while it is in use; an operation its old home
+//     answers MOVED asks the daemon where the segment is and runs there.
 //   - Shared (Attach with Shared, an rdma segment): the attachment's cache,
 //     kept coherent by package coherence, whose messages travel as
 //     rdma.Conn messages on three connections to the home dialed through

@@ -44,6 +44,9 @@
 //   - peers.go: placement on peers and reconciling with them; membership.go
 //     holds the cluster's side (gossip metadata, members coming and going);
 //     drain.go the drain (no placements for peers), kept in the store;
+//     move.go a live move of a segment placed on a peer to another (the
+//     origin's side: copy, seal, switch-over), moveintent.go its durable
+//     intent, moveout.go the source's side (MoveOut; docs/MOVE.md);
 //     evacuate.go the evacuator, which asks each segment's origin to move
 //     it off a node that evacuates.
 //   - record.go and store.go: the segment record and its versioned binary
