@@ -50,8 +50,13 @@ func TestRelativeSocket(t *testing.T) {
 		})
 	}
 
+	// A move needs a cluster; the daemon's refusal shows memctl reached it.
+	_, errOut, code := memctl(t, "poold.sock", "move", "nosuch", "--to", "b")
+	require.NotZero(t, code)
+	require.Contains(t, errOut, `segment "nosuch": not found`)
+
 	dials := map[string]bool{"status": true, "tiers": true, "alloc": true, "segments": true, "free": true, "nodes": true,
-		"drain": true, "top": true, "bench": true, "doctor": true, "keyring": true}
+		"drain": true, "top": true, "bench": true, "doctor": true, "keyring": true, "move": true}
 	for _, c := range newRoot(os.Stdout).Commands() {
 		switch c.Name() {
 		case "certs", "completion", "bench-serve", "help":
@@ -68,7 +73,7 @@ func TestRelativeSocket(t *testing.T) {
 	require.NoError(t, err, "and FARMEM_SOCKET too")
 	require.NoError(t, c.Close())
 
-	_, errOut, code := memctl(t, "localhost:7950", "status")
+	_, errOut, code = memctl(t, "localhost:7950", "status")
 	require.NotZero(t, code)
 	require.Contains(t, errOut, "looks like a TCP address")
 }
