@@ -70,7 +70,7 @@ func (p *core) moveOut(c caller, req *poolv1.MoveOutRequest) (*poolv1.MoveOutRes
 			err = errors.Join(err, p.setSealed(r, false))
 		}
 	case poolv1.MoveOutPhase_MOVE_OUT_COMMIT:
-		err = p.moveAway(r, seg.ID)
+		err = p.letGo(r, seg.ID)
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
 		p.unsealData(seg.ID)
 		err = p.setSealed(r, false)
@@ -105,12 +105,12 @@ func (p *core) moveOutSubject(c caller, req *poolv1.MoveOutRequest) (*record, re
 	return r, *r, nil
 }
 
-// moveAway lets a segment go once its move committed elsewhere: the
+// letGo lets a segment go once its move committed elsewhere: the
 // record goes first (a crash after it leaves nothing here; a failed
 // commit leaves the segment sealed for the mover to retry), then the data
 // plane withdraws it (MOVED for its key from then on) and its memory is
 // released.
-func (p *core) moveAway(r *record, id uint64) error {
+func (p *core) letGo(r *record, id uint64) error {
 	p.mu.Lock()
 	if p.segs[id] != r {
 		p.mu.Unlock()
