@@ -15,7 +15,8 @@ import (
 // addCompletions teaches the shell completion scripts (cobra's "memctl
 // completion bash|zsh|fish|powershell") the values memctl's flags and
 // arguments take: fixed lists for -o and --tier, and, asked from the
-// daemon, segment names and ids for free and node names for drain.
+// daemon, segment names and ids for free and move, and node names for
+// drain and move --to.
 func addCompletions(root *cobra.Command, g *globals) {
 	// cobra adds its completion command at Execute; add it now to make an
 	// unknown shell an error (cobra prints the help and exits 0). The
@@ -42,6 +43,12 @@ func addCompletions(root *cobra.Command, g *globals) {
 			c.ValidArgsFunction = g.completeSegments
 		case "drain":
 			c.ValidArgsFunction = g.completeNodes
+		case "move":
+			c.ValidArgsFunction = g.completeSegments
+			c.RegisterFlagCompletionFunc("to", func(c *cobra.Command, _ []string, s string) ([]string, cobra.ShellCompDirective) {
+				return g.completeNodes(c, nil, s)
+			})
+			c.RegisterFlagCompletionFunc("tier", fixedCompletions(tier.Name(poolv1.Tier_TIER_RDMA)))
 		}
 	}
 }
@@ -60,7 +67,7 @@ func (g *globals) completionCall(fn func(context.Context, poolv1.PoolClient) err
 	return cg.call(fn)
 }
 
-// completeSegments suggests the segments free takes: names, and ids of
+// completeSegments suggests the segments free and move take: names, and ids of
 // unnamed segments, each with its size and tier as description.
 func (g *globals) completeSegments(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
 	if len(args) > 0 {

@@ -86,6 +86,9 @@ func TestDynamicCompletions(t *testing.T) {
 		{"segments to free", []string{"--socket", s, "free", ""}, []string{"cache", "2"}},
 		{"one segment only", []string{"--socket", s, "free", "cache", ""}, nil},
 		{"nodes to drain", []string{"--socket", s, "drain", ""}, []string{"test-node"}},
+		{"segments to move", []string{"--socket", s, "move", ""}, []string{"cache", "2"}},
+		{"nodes to move to", []string{"--socket", s, "move", "cache", "--to", ""}, []string{"test-node"}},
+		{"the tier to move to", []string{"--socket", s, "move", "cache", "--tier", ""}, []string{"rdma"}},
 		{"no daemon: no suggestions", []string{"--socket", pooltest.SocketPath(t), "free", ""}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
