@@ -388,10 +388,12 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 		return m.res, err
 	}
 	m.res.rounds++
-	if err := m.switchOver(seg); err != nil {
+	next, err := m.switchOver(seg)
+	if err != nil {
 		return m.res, err
 	}
 	m.res.pause = time.Since(sealed)
+	m.syncAttachers(next.Attached, seg.Id)
 	p.finishMove(m.in)
 	return m.res, nil
 }
@@ -669,43 +671,43 @@ func orBitmap(dst, src []byte) {
 
 // switchOver commits the record that names the target: the switch-over.
 // The record may have changed meanwhile (attachers); it must still be the
-// segment at the source.
-func (m *mover) switchOver(seg *poolv1.Segment) error {
+// segment at the source. It returns the record committed.
+func (m *mover) switchOver(seg *poolv1.Segment) (record, error) {
 	p := m.p
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	cur, ok := p.segs[m.rec.ID]
 	if !ok || cur.Home != m.rec.Home || cur.HomeID != m.rec.HomeID {
-		p.mu.Unlock()
-		return fmt.Errorf("move segment %d: %w: it was freed during the move", m.rec.ID, errs.ErrNotFound)
+		return record{}, fmt.Errorf("move segment %d: %w: it was freed during the move", m.rec.ID, errs.ErrNotFound)
 	}
 	next := *cur
 	var key rdma.Key
 	copy(key[:], seg.Key)
 	dataTLS := seg.DataTls
 	next.Home, next.HomeID, next.Key, next.Epoch, next.DataAddr, next.DataTLS, next.Lost = m.to, seg.Id, key, seg.Epoch, seg.DataAddr, &dataTLS, false
-	err := p.st.switchMove(&next, m.in)
-	if err == nil {
-		*cur = next
-		m.res.rec = next
-		m.in.Switched = true
-		p.moving.set(m.in)
+	if err := p.st.switchMove(&next, m.in); err != nil {
+		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", m.rec.ID, err)
 	}
-	p.mu.Unlock()
-	if err != nil {
-		return fmt.Errorf("move segment %d: commit the switch-over: %w", m.rec.ID, err)
-	}
-	// Attachments made or withdrawn during the move: the target learns
-	// them now (a client refused meanwhile asks Stat again and retries).
+	*cur = next
+	m.res.rec = next
+	m.in.Switched = true
+	p.moving.set(m.in)
+	return next, nil
+}
+
+// syncAttachers tells the target of the attachments made or withdrawn
+// during the move (attached is the record's list at the switch-over); a
+// client refused meanwhile asks Stat again and retries.
+func (m *mover) syncAttachers(attached []string, id uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
 	defer cancel()
-	added := slices.DeleteFunc(slices.Clone(next.Attached), func(a string) bool { return slices.Contains(m.rec.Attached, a) })
-	gone := slices.DeleteFunc(slices.Clone(m.rec.Attached), func(a string) bool { return slices.Contains(next.Attached, a) })
-	for _, e := range []error{m.authorize(ctx, added, seg.Id, false), m.authorize(ctx, gone, seg.Id, true)} {
-		if e != nil {
-			p.log.Warn("moved segment: an attachment made during the move is not at the new home yet; the client retries", "segment", m.rec.ID, "err", e)
+	added := slices.DeleteFunc(slices.Clone(attached), func(a string) bool { return slices.Contains(m.rec.Attached, a) })
+	gone := slices.DeleteFunc(slices.Clone(m.rec.Attached), func(a string) bool { return slices.Contains(attached, a) })
+	for _, err := range []error{m.authorize(ctx, added, id, false), m.authorize(ctx, gone, id, true)} {
+		if err != nil {
+			m.p.log.Warn("moved segment: an attachment made during the move is not at the new home yet; the client retries", "segment", m.rec.ID, "err", err)
 		}
 	}
-	return nil
 }
 
 // finishMove tells the source of a switched move to let the segment go and

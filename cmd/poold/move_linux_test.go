@@ -90,21 +90,31 @@ func other(node string) string {
 	return "b"
 }
 
-// TestMoveKeepsBytes: a segment a placed on b or c moves to the other
-// lender with alloc.Client.Move and back; its bytes are there after each
-// move, writes and atomics after it land at the new home, and the old
-// home's memory is free again.
+// TestMoveKeepsBytes: a named segment a placed on b or c moves to the
+// other lender with alloc.Client.Move and back; after each move its bytes
+// are there, writes and atomics land at the new home, both for its owner
+// and for a client that attached it before (authorized at the new home,
+// it follows the move on its next operation), and the old home's memory
+// is free again.
 func TestMoveKeepsBytes(t *testing.T) {
 	mc := startMoveCluster(t, "32MiB")
 	c, err := alloc.Dial(t.Context(), mc.na.sock, alloc.WithClientID("move-app"))
 	require.NoError(t, err)
 	defer c.Close()
-	seg, want := moveBig(t, c, 4<<20)
+	seg, want := moveBig(t, c, 4<<20, alloc.WithName("moved"))
+	rc, err := alloc.Dial(t.Context(), mc.na.sock, alloc.WithClientID("move-reader"))
+	require.NoError(t, err)
+	defer rc.Close()
+	attached, err := rc.Attach(t.Context(), "moved")
+	require.NoError(t, err)
+	requireWhole(t, attached, want)
 	for i := range 2 {
 		from := seg.Node()
 		require.NoError(t, c.Move(t.Context(), seg, alloc.ToNode(other(from))), "move %d", i)
 		require.Equal(t, other(from), seg.Node(), "move %d: the segment names its new home", i)
 		requireWhole(t, seg, want)
+		requireWhole(t, attached, want)
+		require.Equal(t, other(from), attached.Node(), "move %d: the attacher followed", i)
 		_, fn, _ := mc.lender(from)
 		require.Eventually(t, func() bool { ids, err := lentIDs(t, fn.sock); return err == nil && len(ids) == 0 },
 			10*time.Second, 50*time.Millisecond, "move %d: %s still holds the segment", i, from)
@@ -355,10 +365,10 @@ func lentIDs(t *testing.T, sock string) ([]uint64, error) {
 	return ids, nil
 }
 
-// moveBig allocates a segment of size through a's client c and fills it
-// with a pattern it returns.
-func moveBig(t *testing.T, c *alloc.Client, size int) (*alloc.Segment, []byte) {
-	seg, err := c.Alloc(t.Context(), int64(size), alloc.WithTier(alloc.TierRDMA))
+// moveBig allocates an rdma segment of size (with opts) through a's
+// client c and fills it with a pattern it returns.
+func moveBig(t *testing.T, c *alloc.Client, size int, opts ...alloc.AllocOption) (*alloc.Segment, []byte) {
+	seg, err := c.Alloc(t.Context(), int64(size), append(opts, alloc.WithTier(alloc.TierRDMA))...)
 	require.NoError(t, err)
 	want := make([]byte, size)
 	for i := range want {
