@@ -37,6 +37,14 @@ type moveCluster struct {
 	started    []*daemon // every run, checked for data races at the end
 }
 
+// client dials a's daemon as client id, closed when the test ends.
+func (mc *moveCluster) client(t *testing.T, id string) *alloc.Client {
+	c, err := alloc.Dial(t.Context(), mc.na.sock, alloc.WithClientID(id))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // start runs the poold of n with args.
 func (mc *moveCluster) start(t *testing.T, n gossipNode, args ...string) *daemon {
 	d := startDaemon(t, n.data, n.sock, args...)
@@ -98,14 +106,9 @@ func other(node string) string {
 // is free again.
 func TestMoveKeepsBytes(t *testing.T) {
 	mc := startMoveCluster(t, "32MiB")
-	c, err := alloc.Dial(t.Context(), mc.na.sock, alloc.WithClientID("move-app"))
-	require.NoError(t, err)
-	defer c.Close()
+	c := mc.client(t, "move-app")
 	seg, want := moveBig(t, c, 4<<20, alloc.WithName("moved"))
-	rc, err := alloc.Dial(t.Context(), mc.na.sock, alloc.WithClientID("move-reader"))
-	require.NoError(t, err)
-	defer rc.Close()
-	attached, err := rc.Attach(t.Context(), "moved")
+	attached, err := mc.client(t, "move-reader").Attach(t.Context(), "moved")
 	require.NoError(t, err)
 	requireWhole(t, attached, want)
 	for i := range 2 {
@@ -164,7 +167,7 @@ func (l *moveLoad) fail(err error) {
 
 // run starts the workload's goroutines on wg; they end when stop closes.
 func (l *moveLoad) run(wg *sync.WaitGroup, stop <-chan struct{}) {
-	for range 2 { // counters
+	for g := range 2 { // counters: an add that returned n is recorded as a CAS from n-1 to n
 		wg.Go(func() {
 			for {
 				select {
@@ -172,10 +175,13 @@ func (l *moveLoad) run(wg *sync.WaitGroup, stop <-chan struct{}) {
 					return
 				default:
 				}
-				if _, err := l.seg.Add64(0, 1); err != nil {
+				call := l.rec.Now()
+				n, err := l.seg.Add64(0, 1)
+				if err != nil {
 					l.fail(fmt.Errorf("add: %w", err))
 					continue
 				}
+				l.rec.Add(2+g, lincheck.Input{Kind: lincheck.CAS, Key: 0, Old: n - 1, New: n}, lincheck.Output{Swapped: true}, call)
 				l.adds.Add(1)
 				l.ops.Add(1)
 			}
@@ -293,9 +299,7 @@ func (l *moveLoad) check(t *testing.T) {
 func TestMoveUnderLoad(t *testing.T) {
 	mc := startMoveCluster(t, "32MiB")
 	ctx := t.Context()
-	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-load"))
-	require.NoError(t, err)
-	defer c.Close()
+	c := mc.client(t, "move-load")
 	seg, err := c.Alloc(ctx, 4<<20, alloc.WithTier(alloc.TierRDMA))
 	require.NoError(t, err)
 	l := &moveLoad{seg: seg, rec: lincheck.NewRecorder()}
@@ -385,9 +389,7 @@ func moveBig(t *testing.T, c *alloc.Client, size int, opts ...alloc.AllocOption)
 // copying: the target holds the copy. done receives the move's outcome.
 func startKilledMove(t *testing.T) (mc *moveCluster, seg *alloc.Segment, want []byte, done <-chan error) {
 	mc = startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
-	c, err := alloc.Dial(t.Context(), mc.na.sock, alloc.WithClientID("move-kill"))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
+	c := mc.client(t, "move-kill")
 	seg, want = moveBig(t, c, 64<<20)
 	to := other(seg.Node())
 	_, tn, _ := mc.lender(to)
@@ -496,9 +498,7 @@ func TestMoveOriginKilled(t *testing.T) {
 func TestMoveRefusals(t *testing.T) {
 	mc := startMoveCluster(t, "40MiB")
 	ctx := t.Context()
-	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-refusals"))
-	require.NoError(t, err)
-	defer c.Close()
+	c := mc.client(t, "move-refusals")
 	refused := func(want error, substr string, err error) {
 		t.Helper()
 		require.ErrorIs(t, err, want)
@@ -541,9 +541,7 @@ func TestMoveRefusals(t *testing.T) {
 	// A shared segment: its home's coherence directory refuses the move.
 	named, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA), alloc.WithName("move-shared"))
 	require.NoError(t, err)
-	sc, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-sharer"))
-	require.NoError(t, err)
-	defer sc.Close()
+	sc := mc.client(t, "move-sharer")
 	shared, err := sc.Attach(ctx, "move-shared", alloc.Shared())
 	require.NoError(t, err)
 	_, err = shared.ReadAt(make([]byte, 8), 0) // the home starts the segment's directory
@@ -613,9 +611,7 @@ func TestMovePause(t *testing.T) {
 	}
 	mc := startMoveCluster(t, "160MiB")
 	ctx := t.Context()
-	c, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("move-pause"))
-	require.NoError(t, err)
-	defer c.Close()
+	c := mc.client(t, "move-pause")
 	const size = 64 << 20
 	seg, _ := moveBig(t, c, size)
 
