@@ -397,10 +397,13 @@ func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err e
 }
 
 // movedWait is the first wait for the daemon to name a moved segment's new
-// home (its switch-over is under way); it doubles to movedWaitMax.
+// home (its switch-over is under way); it doubles to movedWaitMax. A
+// switch-over takes a few milliseconds (one fsync of the daemon's store),
+// so the cap keeps a client from sleeping long past it; each wait costs one
+// Stat of the daemon.
 const (
 	movedWait    = 250 * time.Microsecond
-	movedWaitMax = 20 * time.Millisecond
+	movedWaitMax = 2 * time.Millisecond
 )
 
 // moved reports whether any of ops was refused because the segment moved
