@@ -122,29 +122,22 @@ func (m Meta) Validate() error {
 
 // validateTierName allows a short lower-case identifier, so that a tier name
 // received by gossip is safe to print and to use as a metric label.
-func validateTierName(name string) error {
-	if name == "" || len(name) > MaxTierName {
-		return fmt.Errorf("name %q must be 1..%d bytes", name, MaxTierName)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("name %q: byte %d is not one of [a-z0-9._-]", name, i)
-		}
-	}
-	return nil
-}
+func validateTierName(name string) error { return validateLabel("name", name, MaxTierName) }
 
 // ValidZone checks a zone name: 1 to MaxZone bytes of [a-z0-9._-], so that
 // a zone received by gossip is safe to print and to use as a metric label.
-func ValidZone(zone string) error {
-	if zone == "" || len(zone) > MaxZone {
-		return fmt.Errorf("zone %q must be 1..%d bytes", zone, MaxZone)
+func ValidZone(zone string) error { return validateLabel("zone", zone, MaxZone) }
+
+// validateLabel checks that s, the what of a node, is 1 to max bytes of
+// [a-z0-9._-].
+func validateLabel(what, s string, max int) error {
+	if s == "" || len(s) > max {
+		return fmt.Errorf("%s %q must be 1..%d bytes", what, s, max)
 	}
-	for i := 0; i < len(zone); i++ {
-		c := zone[i]
+	for i := 0; i < len(s); i++ {
+		c := s[i]
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("zone %q: byte %d is not one of [a-z0-9._-]", zone, i)
+			return fmt.Errorf("%s %q: byte %d is not one of [a-z0-9._-]", what, s, i)
 		}
 	}
 	return nil

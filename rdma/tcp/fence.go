@@ -86,13 +86,17 @@ func (f *fences) forget(seg uint64) {
 // partitioned or paused past its lease, retrying its writes, learns that
 // the memory is no longer its own; it never reaches the memory, which may
 // belong to another segment by then.
-func (s *Server) Fence(seg uint64) error {
+func (s *Server) Fence(seg uint64) error { return s.withdraw(seg, statusLeaseExpired, "fence") }
+
+// withdraw revokes segment seg and remembers its key with the status
+// operations naming it get from now on (what names the caller in errors).
+func (s *Server) withdraw(seg uint64, status uint16, what string) error {
 	e := s.lookup(seg)
 	if e == nil {
-		return fmt.Errorf("rdma/tcp: fence segment %d: %w", seg, rdma.ErrNotExported)
+		return fmt.Errorf("rdma/tcp: %s segment %d: %w", what, seg, rdma.ErrNotExported)
 	}
 	// Remembered before the revocation, so an operation never finds the
-	// segment neither exported nor fenced.
-	s.fences.add(seg, e.key, statusLeaseExpired)
+	// segment neither exported nor withdrawn.
+	s.fences.add(seg, e.key, status)
 	return s.Revoke(seg)
 }

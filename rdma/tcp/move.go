@@ -149,14 +149,7 @@ func (s *Server) Unseal(seg uint64) error {
 // remembers it: an operation that names seg with the key it was exported
 // under then fails with MOVED, for the next MaxFenced withdrawals, so a
 // client that has not yet heard of the move asks where it went.
-func (s *Server) MoveAway(seg uint64) error {
-	e := s.lookup(seg)
-	if e == nil {
-		return fmt.Errorf("rdma/tcp: move away segment %d: %w", seg, rdma.ErrNotExported)
-	}
-	s.fences.add(seg, e.key, statusMoved)
-	return s.Revoke(seg)
-}
+func (s *Server) MoveAway(seg uint64) error { return s.withdraw(seg, statusMoved, "move away") }
 
 // interruptStreams cuts off the connections streaming a WRITE payload into
 // e (see Revoke).
