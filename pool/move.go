@@ -404,14 +404,7 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 // take it for an orphan meanwhile.
 func (m *mover) allocTarget(ctx context.Context) (*poolv1.Segment, error) {
 	p := m.p
-	p.mu.Lock()
-	p.pendingRemote[m.to]++
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		p.pendingRemote[m.to]--
-		p.mu.Unlock()
-	}()
+	defer p.placing(m.to)()
 	seg, err := callAt(ctx, m.dst, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.Segment, error) {
 		return api.Alloc(ctx, &poolv1.AllocRequest{Size: m.rec.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: m.rec.Owner})
 	})

@@ -287,14 +287,7 @@ func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest) (*re
 	}
 	// Until the record is committed below, reconcile must not take the new
 	// segment for an orphan.
-	p.mu.Lock()
-	p.pendingRemote[m.Name]++
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		p.pendingRemote[m.Name]--
-		p.mu.Unlock()
-	}()
+	defer p.placing(m.Name)()
 	seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: req.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: c.id()})
 	if err != nil {
 		return nil, fmt.Errorf("alloc on peer %s: %w", m.Name, errs.FromStatus(err))
@@ -333,6 +326,20 @@ func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest) (*re
 	p.log.Debug("alloc on peer", "segment", id, "node", m.Name, "home-id", seg.Id, "size", r.Size)
 	cp := *r
 	return &cp, nil
+}
+
+// placing counts an allocation on node as under way until the function it
+// returns is called: reconcile takes no segment there for an orphan
+// meanwhile.
+func (p *core) placing(node string) (done func()) {
+	p.mu.Lock()
+	p.pendingRemote[node]++
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		p.pendingRemote[node]--
+		p.mu.Unlock()
+	}
 }
 
 // pickPeer chooses a peer for size bytes by free capacity, among the
