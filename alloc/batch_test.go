@@ -145,8 +145,6 @@ func TestBatchHomeDiesMidBatch(t *testing.T) {
 		conns   atomic.Int64 // connections since the subtest began
 		cut     atomic.Int64 // reply bytes the first dial's connections carry
 		replied atomic.Int64 // reply bytes forwarded since the subtest began
-		mu      sync.Mutex
-		proxy   *faultproxy.Proxy
 		// The client's first dial opens two connections (rdma/tcp's
 		// default) and posts the batch on the first; every later one dies.
 		budget = func() int {
@@ -161,21 +159,7 @@ func TestBatchHomeDiesMidBatch(t *testing.T) {
 			}
 		}
 	)
-	t.Cleanup(func() {
-		if proxy != nil {
-			proxy.Close()
-		}
-	})
-	through := func(addr string) string {
-		mu.Lock()
-		defer mu.Unlock()
-		if proxy == nil {
-			var err error
-			proxy, err = faultproxy.Start(faultproxy.Config{Target: addr, ReplyBudget: budget, Record: record})
-			require.NoError(t, err)
-		}
-		return proxy.Addr()
-	}
+	through, _ := lazyProxy(t, faultproxy.Config{ReplyBudget: budget, Record: record})
 	c := dial(t, cfg.Socket, alloc.WithDataAddr(through), alloc.WithOpTimeout(time.Second), alloc.WithBusyPoll(0))
 	seg, err := owner.Alloc(t.Context(), 1<<20, alloc.WithTier(alloc.TierRDMA), alloc.WithName("dies"))
 	require.NoError(t, err)
@@ -281,4 +265,40 @@ func TestWriteBatchPastSessionSlots(t *testing.T) {
 		require.Equal(t, uint64(off), binary.LittleEndian.Uint64(all[off:]), "word at %d", off)
 	}
 	require.NoError(t, seg.Free(t.Context()))
+}
+
+// lazyProxy returns a WithDataAddr function that puts a fault-injecting
+// proxy configured by cfg in front of the first data-plane address the
+// client dials (cfg.Target is set to it) and sends every dial through it,
+// and a function that returns that proxy (nil before the first dial); the
+// proxy closes with the test.
+func lazyProxy(t *testing.T, cfg faultproxy.Config) (through func(addr string) string, started func() *faultproxy.Proxy) {
+	var (
+		mu    sync.Mutex
+		proxy *faultproxy.Proxy
+	)
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if proxy != nil {
+			proxy.Close()
+		}
+	})
+	through = func(addr string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		if proxy == nil {
+			cfg.Target = addr
+			var err error
+			proxy, err = faultproxy.Start(cfg)
+			require.NoError(t, err)
+		}
+		return proxy.Addr()
+	}
+	started = func() *faultproxy.Proxy {
+		mu.Lock()
+		defer mu.Unlock()
+		return proxy
+	}
+	return through, started
 }

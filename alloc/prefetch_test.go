@@ -266,31 +266,13 @@ func TestReadAheadConcurrent(t *testing.T) {
 // returns the right bytes. Closing the segment then drops what is held.
 func TestReadAheadHomeFails(t *testing.T) {
 	cfg, _ := startPool(t)
-	var (
-		dead  atomic.Bool
-		mu    sync.Mutex
-		proxy *faultproxy.Proxy
-	)
-	t.Cleanup(func() {
-		if proxy != nil {
-			proxy.Close()
+	var dead atomic.Bool
+	through, proxy := lazyProxy(t, faultproxy.Config{ReplyBudget: func() int {
+		if dead.Load() {
+			return 1 // not even the handshake completes
 		}
-	})
-	through := func(addr string) string {
-		mu.Lock()
-		defer mu.Unlock()
-		if proxy == nil {
-			var err error
-			proxy, err = faultproxy.Start(faultproxy.Config{Target: addr, ReplyBudget: func() int {
-				if dead.Load() {
-					return 1 // not even the handshake completes
-				}
-				return 0
-			}})
-			require.NoError(t, err)
-		}
-		return proxy.Addr()
-	}
+		return 0
+	}})
 	c := dial(t, cfg.Socket, alloc.WithDataAddr(through), alloc.WithOpTimeout(500*time.Millisecond), alloc.WithBusyPoll(0))
 	const n = 8 << 20
 	seg, want := rdmaSegment(t, c, n, 5)
@@ -298,7 +280,7 @@ func TestReadAheadHomeFails(t *testing.T) {
 	require.Positive(t, alloc.ReadAheadWindow(seg))
 
 	dead.Store(true)
-	proxy.KillAll()
+	proxy().KillAll()
 	p := make([]byte, 4096)
 	var err error
 	for off := int64(1 << 20); off < n && err == nil; off += int64(len(p)) {
