@@ -3,6 +3,7 @@ package cluster
 import (
 	"math/bits"
 	"math/rand/v2"
+	"time"
 )
 
 // Pick chooses the member to place an allocation of size bytes on tier,
@@ -23,6 +24,31 @@ import (
 // (a *rand.Rand is not safe for concurrent use; give each goroutine its
 // own); nil uses math/rand/v2's global source. Pick does not modify members.
 func Pick(members []Member, tier string, size int64, exclude string, rnd *rand.Rand) (Member, error) {
+	return PickNear(members, tier, size, exclude, rnd, nil)
+}
+
+// Near reports the measured read latency from this node to the member
+// named name; false when it is not measured. It must be safe to call
+// from the goroutine that calls PickNear.
+type Near func(name string) (time.Duration, bool)
+
+// Weighing how near members are (PickNear): a candidate nearer than the
+// other by more than nearFactor (its read latency times nearFactor is
+// below the other's) wins although it is fuller, as long as its free
+// fraction is at most nearSlack below the other's.
+const (
+	nearFactor = 1.25
+	nearSlack  = 0.125
+)
+
+// PickNear is Pick that also weighs how near the two drawn candidates
+// are: capacity first, so the emptier wins unless the other one is
+// measured nearer by more than a quarter and its free fraction is within
+// an eighth of the emptier's, in which case the nearer wins. A candidate
+// that near does not report is compared by capacity alone: it is neither
+// preferred nor passed over for lack of a figure, so a newly joined member
+// still takes its share. A nil near is Pick.
+func PickNear(members []Member, tier string, size int64, exclude string, rnd *rand.Rand, near Near) (Member, error) {
 	if size < 0 || tier == "" {
 		return Member{}, &NoPeerError{Tier: tier, Size: size, Reason: InvalidRequest}
 	}
@@ -80,10 +106,46 @@ func Pick(members []Member, tier string, size int64, exclude string, rnd *rand.R
 	ma, mb := &members[cand[a]], &members[cand[b]]
 	ta, _ := ma.Meta.Tier(tier)
 	tb, _ := mb.Meta.Tier(tier)
+	if first := nearer(near, ma.Name, mb.Name, ta, tb); first != 0 {
+		if first > 0 {
+			return ma.clone(), nil
+		}
+		return mb.clone(), nil
+	}
 	if freerThan(tb, ta) {
 		return mb.clone(), nil
 	}
 	return ma.clone(), nil
+}
+
+// nearer is 1 when a wins by being nearer (see PickNear), -1 when b does,
+// and 0 when capacity decides: either is unmeasured, neither is nearer by
+// more than nearFactor, or the nearer one is fuller by more than nearSlack.
+func nearer(near Near, a, b string, ta, tb TierFree) int {
+	if near == nil {
+		return 0
+	}
+	la, okA := near(a)
+	lb, okB := near(b)
+	if !okA || !okB || la <= 0 || lb <= 0 {
+		return 0
+	}
+	fa, fb := fraction(ta), fraction(tb)
+	switch {
+	case float64(la)*nearFactor < float64(lb) && fa >= fb-nearSlack:
+		return 1
+	case float64(lb)*nearFactor < float64(la) && fb >= fa-nearSlack:
+		return -1
+	}
+	return 0
+}
+
+// fraction is t's free fraction; 0 for a tier without capacity.
+func fraction(t TierFree) float64 {
+	if t.Capacity <= 0 || t.Free <= 0 {
+		return 0
+	}
+	return float64(t.Free) / float64(t.Capacity)
 }
 
 // freerThan reports whether a has a larger free fraction than b:

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/stretchr/testify/require"
@@ -228,5 +229,50 @@ func BenchmarkPick(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestPickNear checks how PickNear weighs measured latency against free
+// capacity: with two candidates both are always drawn, so each case's
+// verdict is the rule's, not the dice's.
+func TestPickNear(t *testing.T) {
+	const G = int64(1) << 30
+	lat := map[string]time.Duration{"near": 100 * time.Microsecond, "far": time.Millisecond, "close": 110 * time.Microsecond}
+	near := func(name string) (time.Duration, bool) { d, ok := lat[name]; return d, ok }
+	count := func(members []Member, n Near) map[string]int {
+		rnd := rand.New(rand.NewPCG(1, 2))
+		got := map[string]int{}
+		for range 400 {
+			m, err := PickNear(members, "rdma", G, "self", rnd, n)
+			require.NoError(t, err)
+			got[m.Name]++
+		}
+		return got
+	}
+	for _, tc := range []struct {
+		name    string
+		members []Member
+		near    Near
+		want    func(t *testing.T, got map[string]int)
+	}{
+		{"equal free: the nearer always", []Member{peer("far", "rdma", 10*G, 5*G), peer("near", "rdma", 10*G, 5*G)}, near,
+			func(t *testing.T, got map[string]int) { require.Equal(t, 400, got["near"], "%v", got) }},
+		{"nearer and a little fuller: still the nearer", []Member{peer("far", "rdma", 10*G, 6*G), peer("near", "rdma", 10*G, 5*G)}, near,
+			func(t *testing.T, got map[string]int) { require.Equal(t, 400, got["near"], "%v", got) }},
+		{"nearer but much fuller: capacity first", []Member{peer("far", "rdma", 10*G, 8*G), peer("near", "rdma", 10*G, 5*G)}, near,
+			func(t *testing.T, got map[string]int) { require.Equal(t, 400, got["far"], "%v", got) }},
+		{"within a quarter: capacity decides", []Member{peer("close", "rdma", 10*G, 6*G), peer("near", "rdma", 10*G, 5*G)}, near,
+			func(t *testing.T, got map[string]int) { require.Equal(t, 400, got["close"], "%v", got) }},
+		{"unmeasured is not passed over", []Member{peer("new", "rdma", 10*G, 5*G), peer("near", "rdma", 10*G, 5*G)}, near,
+			func(t *testing.T, got map[string]int) {
+				require.Greater(t, got["new"], 100, "%v", got)
+				require.Greater(t, got["near"], 100, "%v", got)
+			}},
+		{"unmeasured and emptier wins", []Member{peer("new", "rdma", 10*G, 6*G), peer("near", "rdma", 10*G, 5*G)}, near,
+			func(t *testing.T, got map[string]int) { require.Equal(t, 400, got["new"], "%v", got) }},
+		{"nil near is Pick", []Member{peer("far", "rdma", 10*G, 6*G), peer("near", "rdma", 10*G, 5*G)}, nil,
+			func(t *testing.T, got map[string]int) { require.Equal(t, 400, got["far"], "%v", got) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.want(t, count(tc.members, tc.near)) })
 	}
 }
