@@ -8,6 +8,7 @@ package pool
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -161,9 +162,16 @@ func (b readBudget) miss(f figure) string {
 // plan is the tiers a request tries, in order, and what placement knew of
 // each when it chose. A plain value.
 type plan struct {
-	order  []poolv1.Tier
-	figs   map[poolv1.Tier]figure
-	budget readBudget
+	order []poolv1.Tier
+	// figs is each tier's figure; the rdma tier's is the best of this
+	// host's loopback and its measured peers (rdmaFigure).
+	figs map[poolv1.Tier]figure
+	// loopback is the rdma tier's figure on this host's own data plane;
+	// peers that of each alive peer offering rdma memory that has a
+	// current measurement (or the injected one under emulation).
+	loopback figure
+	peers    map[string]figure
+	budget   readBudget
 	// why says how the order was chosen, in a line a person reads.
 	why string
 }
@@ -194,6 +202,11 @@ func (p *core) planFor(req allocRequest) (plan, error) {
 	for _, t := range asked {
 		pl.figs[t] = p.figureOf(t)
 	}
+	if slices.Contains(asked, poolv1.Tier_TIER_RDMA) {
+		pl.loopback = pl.figs[poolv1.Tier_TIER_RDMA]
+		pl.peers = p.peerFigures()
+		pl.figs[poolv1.Tier_TIER_RDMA] = pl.rdmaFigure()
+	}
 	p.mu.Unlock()
 	if !pl.budget.set() {
 		pl.order = asked
@@ -223,6 +236,73 @@ func (p *core) planFor(req allocRequest) (plan, error) {
 		pl.why += "; left out: " + strings.Join(over, "; ")
 	}
 	return pl, nil
+}
+
+// peerFigures is the figure of each alive peer offering rdma memory that
+// has a current measurement: what this daemon measured of its data plane,
+// or the rdma tier's injected figure under emulation (clients take that
+// from any home). p.mu must be held.
+func (p *core) peerFigures() map[string]figure {
+	if p.cl == nil {
+		return nil
+	}
+	_, injected := p.injected(poolv1.Tier_TIER_RDMA)
+	out := map[string]figure{}
+	for _, m := range p.cl.Members() {
+		if _, ok := m.Meta.Tier(tierName(poolv1.Tier_TIER_RDMA)); !ok || m.Name == p.cfg.Node || !m.Usable() {
+			continue
+		}
+		if injected {
+			out[m.Name] = p.figureOf(poolv1.Tier_TIER_RDMA)
+		} else if f := peerFigure(p.pm.get(m.Name)); f.lat != nil {
+			out[m.Name] = f
+		}
+	}
+	return out
+}
+
+// peerFigure is the figure of a peer's measurement; none when it has no
+// current figures.
+func peerFigure(l *poolv1.PeerLatency) figure {
+	if l == nil || l.Unmeasured != "" || l.ReadLatency.GetP50Ns() <= 0 {
+		return figure{}
+	}
+	f := figure{lat: l.ReadLatency}
+	if l.ReadBandwidthBps > 0 {
+		f.bps, f.bpsSource = l.ReadBandwidthBps, l.ReadLatency.Source
+	}
+	return f
+}
+
+// rdmaFigure is what the rdma tier is judged by: the fastest of this
+// host's loopback and its measured peers that meets the budget, or the
+// fastest of them when none does; the loopback's when none has a latency.
+func (pl plan) rdmaFigure() figure {
+	best := pl.loopback
+	better := func(f figure) bool {
+		if f.lat == nil {
+			return false
+		}
+		if fits, bestFits := pl.budget.miss(f) == "", pl.budget.miss(best) == ""; fits != bestFits {
+			return fits
+		}
+		return best.lat == nil || f.lat.P50Ns < best.lat.P50Ns
+	}
+	for _, node := range slices.Sorted(maps.Keys(pl.peers)) {
+		if f := pl.peers[node]; better(f) {
+			best = f
+		}
+	}
+	return best
+}
+
+// near is the measured read latency to each peer, for cluster.PickNear.
+func (pl plan) near(node string) (time.Duration, bool) {
+	f, ok := pl.peers[node]
+	if !ok || f.lat == nil {
+		return 0, false
+	}
+	return time.Duration(f.lat.P50Ns), true
 }
 
 // byLatency orders ts fastest first by read latency, tiers within
@@ -298,10 +378,10 @@ func (pl plan) overBudget(sz int64, asked []poolv1.Tier) error {
 		sz, pl.budget, errs.ErrOverBudget, tierName(best), pl.budget.miss(pl.figs[best]), strings.Join(all, "; "))
 }
 
-// placement says why r's tier was chosen: its figures, the budget and
-// the plan's reason, with the tiers tried before it that had no room.
-func (pl plan) placement(t poolv1.Tier, tried []string) *poolv1.Placement {
-	f := pl.figs[t]
+// placement says why a segment landed where it did, with f the figures
+// of where it landed: those, the budget and the plan's reason, with the
+// tiers tried before it that had no room.
+func (pl plan) placement(f figure, tried []string) *poolv1.Placement {
 	why := pl.why
 	if len(tried) > 0 {
 		why += "; no room before it: " + strings.Join(tried, "; ")

@@ -121,9 +121,15 @@ type Config struct {
 	Hotplug bool `yaml:"hotplug"`
 	// MeasureTiers makes the daemon measure each tier it offers (load
 	// latency, bandwidth; one-sided reads for the rdma tier) in the
-	// background at start, briefly taking up to 64 MiB of each tier.
-	// Default: true.
+	// background at start, briefly taking up to 64 MiB of each tier, and
+	// in a cluster each peer's data plane (one-sided reads of a 2 MiB
+	// probe segment there) when the peer joins, comes back or announces
+	// another data-plane address. Default: true.
 	MeasureTiers bool `yaml:"measure-tiers"`
+	// MeasurePeersEvery is how often, in a cluster with MeasureTiers, the
+	// daemon measures every peer's data plane again; each period is drawn
+	// within ±20% of it. 0: only on the changes above. Default: 3m.
+	MeasurePeersEvery time.Duration `yaml:"measure-peers-every"`
 	// EmulateLatency injects latency into the calls clients make on a
 	// tier's segments (ReadAt, WriteAt, atomics) so a host without the
 	// hardware behaves like one with it, e.g. "cxl=200ns,rdma=2us/12GB/s":
@@ -253,6 +259,7 @@ func DefaultConfig() Config {
 		LogLevel:             "info",
 		MeasureTiers:         true,
 		Hotplug:              true,
+		MeasurePeersEvery:    3 * time.Minute,
 		LogFormat:            "text",
 		AllowUIDs:            defaultAllowUIDs(),
 		Admins:               defaultAdmins(),
@@ -296,6 +303,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: local-size %d is negative", ErrConfig, c.LocalSize)
 	case c.LeaseTTL < 100*time.Millisecond:
 		return fmt.Errorf("%w: lease-ttl %s is below the 100ms minimum", ErrConfig, c.LeaseTTL)
+	case c.MeasurePeersEvery < 0 || c.MeasurePeersEvery > 0 && c.MeasurePeersEvery < time.Second:
+		return fmt.Errorf("%w: measure-peers-every %s: use 0 (only when peers change) or 1s and more (each probe reads a few MiB from every peer)", ErrConfig, c.MeasurePeersEvery)
 	}
 	if c.Zone != "" {
 		if err := cluster.ValidZone(c.Zone); err != nil {

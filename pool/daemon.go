@@ -270,15 +270,27 @@ func (d *Daemon) Serve() error {
 		d.followDevices()
 	}
 	if d.cfg.MeasureTiers {
+		first := make(chan struct{})
+		d.pool.mu.Lock()
+		d.pool.firstMeasure = first
+		d.pool.mu.Unlock()
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
+			defer close(first)
 			ctx, cancel := untilClosed(context.Background(), d.stop)
 			defer cancel()
 			if err := d.pool.measureTiers(ctx); err != nil && ctx.Err() == nil {
 				d.log.Warn("measure tiers", "err", err)
 			}
 		}()
+		if d.pool.gossip() != nil && d.cfg.MeasurePeersEvery > 0 {
+			d.wg.Add(1)
+			go func() {
+				defer d.wg.Done()
+				d.remeasurePeers()
+			}()
+		}
 	}
 	err := d.grpc.Serve(grpcListener{d.mux})
 	if failed := d.failErr.Load(); failed != nil {

@@ -52,6 +52,24 @@ func (d *Daemon) MeasureTiers(ctx context.Context) error {
 	return d.pool.measureTiers(ctx)
 }
 
+// awaitFirstMeasure waits until the measurement of the tiers at start is
+// done, or ctx ends: a budget judged before it finds no figure and refuses
+// what a moment later fits.
+func (p *core) awaitFirstMeasure(ctx context.Context) error {
+	p.mu.Lock()
+	first := p.firstMeasure
+	p.mu.Unlock()
+	if first == nil {
+		return nil
+	}
+	select {
+	case <-first:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("alloc with a read budget: poold is still measuring its tiers (it does so at start, for about 2 s) and the call's deadline came first; allow it longer: %w", ctx.Err())
+	}
+}
+
 // measureTiers probes each load/store tier on a temporary segment of its
 // first device with room, and the rdma tier through this daemon's own data
 // plane (loopback).

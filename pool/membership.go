@@ -272,6 +272,7 @@ func (d *Daemon) watchMembers(events <-chan cluster.Event) {
 			if name == d.cfg.Node {
 				continue
 			}
+			d.peerChanged(ev)
 			switch ev.Kind {
 			case cluster.EventJoin:
 				d.log.Info("node joined", "node", name, "addr", ev.Member.Addr)
@@ -386,6 +387,7 @@ func (p *core) peerTier() *poolv1.TierInfo {
 		ti.Note += fmt.Sprintf("; draining or leaving, so their free bytes are left out of FREE: %s ('memctl drain --undo NODE' takes a drained node back)",
 			strings.Join(unusable, ", "))
 	}
+	p.addPeerFigures(ti)
 	p.addInjected(ti)
 	p.mu.Lock()
 	for _, r := range p.segs {
@@ -397,7 +399,7 @@ func (p *core) peerTier() *poolv1.TierInfo {
 	return ti
 }
 
-func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.NodesResponse, error) {
+func (s *service) Nodes(ctx context.Context, req *poolv1.NodesRequest) (*poolv1.NodesResponse, error) {
 	p := s.d.pool
 	cl := p.gossip()
 	if cl == nil {
@@ -420,6 +422,9 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 		if why := p.peerConns().refusal(m.Name, m.Meta.GRPCAddr); why != nil {
 			n.Refused = why.Error()
 		}
+		if !n.Self {
+			n.Latency = p.pm.get(m.Name)
+		}
 		for _, t := range m.Meta.Tiers {
 			n.Tiers = append(n.Tiers, &poolv1.NodeTier{Tier: t.Name, Capacity: t.Capacity, Free: t.Free})
 		}
@@ -434,7 +439,11 @@ func (s *service) Nodes(ctx context.Context, _ *poolv1.NodesRequest) (*poolv1.No
 		}
 		return 0
 	})
-	return &poolv1.NodesResponse{Nodes: out, NameConflicts: p.nameConflicts()}, nil
+	resp := &poolv1.NodesResponse{Nodes: out, NameConflicts: p.nameConflicts()}
+	if req.GetMatrix() {
+		resp.Matrix = p.latencyMatrix(ctx, out)
+	}
+	return resp, nil
 }
 
 // nameConflicts lists the node names this daemon saw gossiped from two

@@ -284,10 +284,14 @@ func (p *core) homeSession(ctx context.Context, node, role string) (*session.Con
 
 // moveTarget is the node a segment moves to and the session with it: the
 // node named, or, for "", one placement picks among the alive members
-// other than this node and the segment's home.
+// other than this node and the segment's home (by capacity, then by the
+// read latency this node measured of them, as for a new segment).
 func (p *core) moveTarget(ctx context.Context, node string, r record) (string, *session.Conn, error) {
 	if node == "" {
-		m, pc, err := p.pickPeer(ctx, r.Size, r.Home)
+		p.mu.Lock()
+		pl := plan{peers: p.peerFigures()}
+		p.mu.Unlock()
+		m, pc, err := p.pickPeer(ctx, r.Size, pl, r.Home)
 		if err != nil {
 			return "", nil, fmt.Errorf("no peer to move %d bytes to: %w", r.Size, err)
 		}

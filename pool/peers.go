@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -261,10 +262,9 @@ func (ps *peers) close() {
 	}
 }
 
-// allocRemote places a segment on a peer chosen by free capacity and
-// records it here; an error matching cluster.ErrNoPeer when no peer can
-// take it.
-func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest) (*record, error) {
+// allocRemote places a segment on a peer chosen by pickPeer and records
+// it here; an error matching cluster.ErrNoPeer when no peer can take it.
+func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest, pl plan) (*record, error) {
 	if p.cl == nil {
 		return nil, fmt.Errorf("%w: this daemon gossips with nobody", cluster.ErrNoPeer)
 	}
@@ -277,7 +277,7 @@ func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest) (*re
 	if why != "" {
 		return nil, fmt.Errorf("%w: %s", cluster.ErrNoPeer, why)
 	}
-	m, pc, err := p.pickPeer(ctx, req.Size)
+	m, pc, err := p.pickPeer(ctx, req.Size, pl)
 	if err != nil {
 		return nil, err
 	}
@@ -342,16 +342,38 @@ func (p *core) placing(node string) (done func()) {
 	}
 }
 
-// pickPeer chooses a peer for size bytes by free capacity, among the
-// members not refused for their name nor named in skip, and returns its
-// session; a member refused while dialing it is left out and another
-// chosen, each member at most once.
-func (p *core) pickPeer(ctx context.Context, size int64, skip ...string) (cluster.Member, *session.Conn, error) {
+// pickPeer chooses a peer for size bytes among the members not refused
+// for their name nor named in skip and, when pl has a budget, among those
+// whose measured figures meet it (an unmeasured peer meets no budget:
+// placement never guesses). Capacity comes first, then nearness:
+// cluster.PickNear with the read latency this daemon measured of each peer
+// (pl.peers; an unmeasured peer is judged by capacity alone). It returns
+// the peer's session; a member refused while dialing it is left out and
+// another chosen, each member at most once.
+func (p *core) pickPeer(ctx context.Context, size int64, pl plan, skip ...string) (cluster.Member, *session.Conn, error) {
 	members := slices.DeleteFunc(p.cl.Members(), func(m cluster.Member) bool {
 		return p.peers.isRefused(m.Name, m.Meta.GRPCAddr) || slices.Contains(skip, m.Name)
 	})
+	if pl.budget.set() {
+		var over []string
+		fit := 0
+		members = slices.DeleteFunc(members, func(m cluster.Member) bool {
+			if _, ok := m.Meta.Tier(tierName(poolv1.Tier_TIER_RDMA)); !ok || m.Name == p.cfg.Node || !m.Usable() {
+				return false // Pick leaves it out and says why
+			}
+			if miss := pl.budget.miss(pl.peers[m.Name]); miss != "" {
+				over = append(over, m.Name+" "+miss)
+				return true
+			}
+			fit++
+			return false
+		})
+		if fit == 0 && len(over) > 0 {
+			return cluster.Member{}, nil, fmt.Errorf("%w: no peer meets %s: %s", cluster.ErrNoPeer, pl.budget, strings.Join(over, "; "))
+		}
+	}
 	for len(members) > 0 {
-		m, err := cluster.Pick(members, tierName(poolv1.Tier_TIER_RDMA), size, p.cfg.Node, nil)
+		m, err := cluster.PickNear(members, tierName(poolv1.Tier_TIER_RDMA), size, p.cfg.Node, nil, pl.near)
 		if err != nil {
 			return m, nil, err
 		}

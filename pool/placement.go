@@ -63,8 +63,10 @@ func validTier(t poolv1.Tier) error {
 }
 
 // Alloc places a new segment and commits it before returning. For the rdma
-// tier it tries peers first (chosen by free capacity), then this daemon's
-// own exported memory.
+// tier it tries peers first (chosen by free capacity, then nearness: see
+// pickPeer), then this daemon's own exported memory. A request with a read
+// budget that arrives while the tiers' first measurement runs waits for
+// it, as long as ctx allows.
 func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, error) {
 	if req.Size <= 0 || req.Size > MaxSegmentSize {
 		return nil, fmt.Errorf("%w: size %d; ask for 1 byte to %d bytes", errs.ErrInvalid, req.Size, int64(MaxSegmentSize))
@@ -91,19 +93,26 @@ func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, 
 			return nil, fmt.Errorf("alloc on %s: %w: the node is draining ('memctl drain --undo %s' accepts placements again)", p.cfg.Node, errs.ErrNoCapacity, p.cfg.Node)
 		}
 	}
+	if req.MaxReadLatencyNs > 0 || req.MinReadBandwidthBps > 0 {
+		if err := p.awaitFirstMeasure(ctx); err != nil {
+			return nil, err
+		}
+	}
 	pl, err := p.planFor(req)
 	if err != nil {
 		return nil, err
 	}
 	var tried []string
 	for _, t := range pl.order {
+		f := pl.figs[t]
+		if t == poolv1.Tier_TIER_RDMA {
+			f = pl.loopback
+		}
 		if t == poolv1.Tier_TIER_RDMA && !req.HomeOnly && p.cl != nil {
-			r, err := p.allocRemote(ctx, c, req)
+			r, err := p.allocRemote(ctx, c, req, pl)
 			if err == nil {
-				r.placement = pl.placement(t, tried)
-				if r.placement.ReadLatency != nil {
-					r.placement.Reason += "; rdma's figures are this host's own data plane's: the peer's are not measured"
-				}
+				r.placement = pl.placement(pl.peers[r.Home], tried)
+				r.placement.Reason += "; on peer " + r.Home
 				return r, nil
 			}
 			if !errors.Is(err, cluster.ErrNoPeer) {
@@ -111,9 +120,15 @@ func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, 
 			}
 			tried = append(tried, "rdma on peers: "+err.Error())
 		}
+		if t == poolv1.Tier_TIER_RDMA && pl.budget.set() {
+			if miss := pl.budget.miss(f); miss != "" {
+				tried = append(tried, "rdma on this host's own data plane: "+miss)
+				continue
+			}
+		}
 		r, why, err := p.allocLocal(c, t, req)
 		if r != nil {
-			r.placement = pl.placement(t, tried)
+			r.placement = pl.placement(f, tried)
 		}
 		if r != nil || err != nil {
 			return r, err

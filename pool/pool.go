@@ -95,6 +95,12 @@ type core struct {
 	hmat     map[poolv1.Tier]*poolv1.Latency
 	// probeMu serializes tier measurements: they share one segment id.
 	probeMu sync.Mutex
+	// firstMeasure is closed when the measurement of the tiers at start
+	// is done; nil when none runs (see awaitFirstMeasure).
+	firstMeasure chan struct{}
+	// pm is what this daemon measured of its peers' data planes
+	// (peerprobe.go); its own lock, never taken before mu.
+	pm peerMeasures
 }
 
 // dev is a device with its tier and extent allocator.

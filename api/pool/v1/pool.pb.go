@@ -2607,7 +2607,10 @@ func (x *TierOps) GetWriteBytes() int64 {
 }
 
 type NodesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// matrix: also ask every alive peer for its measurements of the others
+	// (NodesResponse.matrix), one call per peer over its peer session.
+	Matrix        bool `protobuf:"varint,1,opt,name=matrix,proto3" json:"matrix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2642,6 +2645,13 @@ func (*NodesRequest) Descriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{28}
 }
 
+func (x *NodesRequest) GetMatrix() bool {
+	if x != nil {
+		return x.Matrix
+	}
+	return false
+}
+
 // NodeInfo is one cluster member.
 type NodeInfo struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -2664,7 +2674,10 @@ type NodeInfo struct {
 	Zone string `protobuf:"bytes,11,opt,name=zone,proto3" json:"zone,omitempty"`
 	// The node evacuates its segments (memctl drain --evacuate), as it
 	// gossips it.
-	Evacuating    bool `protobuf:"varint,12,opt,name=evacuating,proto3" json:"evacuating,omitempty"`
+	Evacuating bool `protobuf:"varint,12,opt,name=evacuating,proto3" json:"evacuating,omitempty"`
+	// What the answering daemon measured of this node's data plane; unset
+	// for the answering daemon itself and for a node it never probed.
+	Latency       *PeerLatency `protobuf:"bytes,13,opt,name=latency,proto3" json:"latency,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2783,6 +2796,173 @@ func (x *NodeInfo) GetEvacuating() bool {
 	return false
 }
 
+func (x *NodeInfo) GetLatency() *PeerLatency {
+	if x != nil {
+		return x.Latency
+	}
+	return nil
+}
+
+// PeerLatency is what one daemon measured of a peer's data plane: one-sided
+// reads of a small probe segment it allocated there through its peer
+// session (at join, when the peer's data address changes, and
+// periodically). When unmeasured is set, the read figures are empty: the
+// last probe failed or none finished yet, and no older figure is passed
+// off as current.
+type PeerLatency struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Node             string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	DataAddr         string                 `protobuf:"bytes,2,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`                  // the data-plane address probed
+	ReadLatency      *Latency               `protobuf:"bytes,3,opt,name=read_latency,json=readLatency,proto3" json:"read_latency,omitempty"`         // 64-byte reads, as the tiers' figures
+	Read_4KLatency   *Latency               `protobuf:"bytes,4,opt,name=read_4k_latency,json=read4kLatency,proto3" json:"read_4k_latency,omitempty"` // 4 KiB reads
+	ReadBandwidthBps int64                  `protobuf:"varint,5,opt,name=read_bandwidth_bps,json=readBandwidthBps,proto3" json:"read_bandwidth_bps,omitempty"`
+	MeasuredUnixMs   int64                  `protobuf:"varint,6,opt,name=measured_unix_ms,json=measuredUnixMs,proto3" json:"measured_unix_ms,omitempty"` // when the figures were taken, or the probe failed
+	Unmeasured       string                 `protobuf:"bytes,7,opt,name=unmeasured,proto3" json:"unmeasured,omitempty"`                                  // why there is no current figure
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *PeerLatency) Reset() {
+	*x = PeerLatency{}
+	mi := &file_pool_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerLatency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerLatency) ProtoMessage() {}
+
+func (x *PeerLatency) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerLatency.ProtoReflect.Descriptor instead.
+func (*PeerLatency) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *PeerLatency) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *PeerLatency) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
+}
+
+func (x *PeerLatency) GetReadLatency() *Latency {
+	if x != nil {
+		return x.ReadLatency
+	}
+	return nil
+}
+
+func (x *PeerLatency) GetRead_4KLatency() *Latency {
+	if x != nil {
+		return x.Read_4KLatency
+	}
+	return nil
+}
+
+func (x *PeerLatency) GetReadBandwidthBps() int64 {
+	if x != nil {
+		return x.ReadBandwidthBps
+	}
+	return 0
+}
+
+func (x *PeerLatency) GetMeasuredUnixMs() int64 {
+	if x != nil {
+		return x.MeasuredUnixMs
+	}
+	return 0
+}
+
+func (x *PeerLatency) GetUnmeasured() string {
+	if x != nil {
+		return x.Unmeasured
+	}
+	return ""
+}
+
+// LatencyRow is one daemon's measurements of its peers, a row of the
+// cluster's latency matrix.
+type LatencyRow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            []*PeerLatency         `protobuf:"bytes,2,rep,name=to,proto3" json:"to,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"` // why the row could not be fetched from that daemon
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LatencyRow) Reset() {
+	*x = LatencyRow{}
+	mi := &file_pool_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LatencyRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LatencyRow) ProtoMessage() {}
+
+func (x *LatencyRow) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LatencyRow.ProtoReflect.Descriptor instead.
+func (*LatencyRow) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *LatencyRow) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *LatencyRow) GetTo() []*PeerLatency {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *LatencyRow) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type NodeTier struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tier          string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
@@ -2794,7 +2974,7 @@ type NodeTier struct {
 
 func (x *NodeTier) Reset() {
 	*x = NodeTier{}
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2806,7 +2986,7 @@ func (x *NodeTier) String() string {
 func (*NodeTier) ProtoMessage() {}
 
 func (x *NodeTier) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2819,7 +2999,7 @@ func (x *NodeTier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTier.ProtoReflect.Descriptor instead.
 func (*NodeTier) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{30}
+	return file_pool_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NodeTier) GetTier() string {
@@ -2847,13 +3027,15 @@ type NodesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nodes         []*NodeInfo            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	NameConflicts []*NameConflict        `protobuf:"bytes,2,rep,name=name_conflicts,json=nameConflicts,proto3" json:"name_conflicts,omitempty"` // as in StatusResponse
+	// With NodesRequest.matrix: one row per alive node, this one's first.
+	Matrix        []*LatencyRow `protobuf:"bytes,3,rep,name=matrix,proto3" json:"matrix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_pool_proto_msgTypes[31]
+	mi := &file_pool_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2865,7 +3047,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[31]
+	mi := &file_pool_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2878,7 +3060,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{31}
+	return file_pool_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NodesResponse) GetNodes() []*NodeInfo {
@@ -2891,6 +3073,13 @@ func (x *NodesResponse) GetNodes() []*NodeInfo {
 func (x *NodesResponse) GetNameConflicts() []*NameConflict {
 	if x != nil {
 		return x.NameConflicts
+	}
+	return nil
+}
+
+func (x *NodesResponse) GetMatrix() []*LatencyRow {
+	if x != nil {
+		return x.Matrix
 	}
 	return nil
 }
@@ -2910,7 +3099,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_pool_proto_msgTypes[32]
+	mi := &file_pool_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2922,7 +3111,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[32]
+	mi := &file_pool_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2935,7 +3124,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{32}
+	return file_pool_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -2982,7 +3171,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_pool_proto_msgTypes[33]
+	mi := &file_pool_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3183,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[33]
+	mi := &file_pool_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3196,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{33}
+	return file_pool_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DrainResponse) GetNode() string {
@@ -3078,7 +3267,7 @@ type Evacuation struct {
 
 func (x *Evacuation) Reset() {
 	*x = Evacuation{}
-	mi := &file_pool_proto_msgTypes[34]
+	mi := &file_pool_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3279,7 @@ func (x *Evacuation) String() string {
 func (*Evacuation) ProtoMessage() {}
 
 func (x *Evacuation) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[34]
+	mi := &file_pool_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3292,7 @@ func (x *Evacuation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Evacuation.ProtoReflect.Descriptor instead.
 func (*Evacuation) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{34}
+	return file_pool_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Evacuation) GetSegmentsMoved() uint32 {
@@ -3199,7 +3388,7 @@ type DetachRequest struct {
 
 func (x *DetachRequest) Reset() {
 	*x = DetachRequest{}
-	mi := &file_pool_proto_msgTypes[35]
+	mi := &file_pool_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3211,7 +3400,7 @@ func (x *DetachRequest) String() string {
 func (*DetachRequest) ProtoMessage() {}
 
 func (x *DetachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[35]
+	mi := &file_pool_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3224,7 +3413,7 @@ func (x *DetachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachRequest.ProtoReflect.Descriptor instead.
 func (*DetachRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{35}
+	return file_pool_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DetachRequest) GetId() uint64 {
@@ -3242,7 +3431,7 @@ type DetachResponse struct {
 
 func (x *DetachResponse) Reset() {
 	*x = DetachResponse{}
-	mi := &file_pool_proto_msgTypes[36]
+	mi := &file_pool_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3254,7 +3443,7 @@ func (x *DetachResponse) String() string {
 func (*DetachResponse) ProtoMessage() {}
 
 func (x *DetachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[36]
+	mi := &file_pool_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3267,7 +3456,7 @@ func (x *DetachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachResponse.ProtoReflect.Descriptor instead.
 func (*DetachResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{36}
+	return file_pool_proto_rawDescGZIP(), []int{38}
 }
 
 type KeyringRequest struct {
@@ -3281,7 +3470,7 @@ type KeyringRequest struct {
 
 func (x *KeyringRequest) Reset() {
 	*x = KeyringRequest{}
-	mi := &file_pool_proto_msgTypes[37]
+	mi := &file_pool_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3293,7 +3482,7 @@ func (x *KeyringRequest) String() string {
 func (*KeyringRequest) ProtoMessage() {}
 
 func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[37]
+	mi := &file_pool_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3306,7 +3495,7 @@ func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
 func (*KeyringRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{37}
+	return file_pool_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *KeyringRequest) GetOp() KeyringOp {
@@ -3339,7 +3528,7 @@ type KeyringResponse struct {
 
 func (x *KeyringResponse) Reset() {
 	*x = KeyringResponse{}
-	mi := &file_pool_proto_msgTypes[38]
+	mi := &file_pool_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3351,7 +3540,7 @@ func (x *KeyringResponse) String() string {
 func (*KeyringResponse) ProtoMessage() {}
 
 func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[38]
+	mi := &file_pool_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3364,7 +3553,7 @@ func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
 func (*KeyringResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{38}
+	return file_pool_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *KeyringResponse) GetNodes() []*NodeKeyring {
@@ -3387,7 +3576,7 @@ type NodeKeyring struct {
 
 func (x *NodeKeyring) Reset() {
 	*x = NodeKeyring{}
-	mi := &file_pool_proto_msgTypes[39]
+	mi := &file_pool_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3399,7 +3588,7 @@ func (x *NodeKeyring) String() string {
 func (*NodeKeyring) ProtoMessage() {}
 
 func (x *NodeKeyring) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[39]
+	mi := &file_pool_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3412,7 +3601,7 @@ func (x *NodeKeyring) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeKeyring.ProtoReflect.Descriptor instead.
 func (*NodeKeyring) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{39}
+	return file_pool_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodeKeyring) GetNode() string {
@@ -3448,7 +3637,7 @@ type DelegateRequest struct {
 
 func (x *DelegateRequest) Reset() {
 	*x = DelegateRequest{}
-	mi := &file_pool_proto_msgTypes[40]
+	mi := &file_pool_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3460,7 +3649,7 @@ func (x *DelegateRequest) String() string {
 func (*DelegateRequest) ProtoMessage() {}
 
 func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[40]
+	mi := &file_pool_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3473,7 +3662,7 @@ func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateRequest.ProtoReflect.Descriptor instead.
 func (*DelegateRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{40}
+	return file_pool_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DelegateRequest) GetClientId() string {
@@ -3499,7 +3688,7 @@ type DelegateResponse struct {
 
 func (x *DelegateResponse) Reset() {
 	*x = DelegateResponse{}
-	mi := &file_pool_proto_msgTypes[41]
+	mi := &file_pool_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3511,7 +3700,7 @@ func (x *DelegateResponse) String() string {
 func (*DelegateResponse) ProtoMessage() {}
 
 func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[41]
+	mi := &file_pool_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3524,7 +3713,7 @@ func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateResponse.ProtoReflect.Descriptor instead.
 func (*DelegateResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{41}
+	return file_pool_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DelegateResponse) GetDataCredential() []byte {
@@ -3548,7 +3737,7 @@ type AuthorizeRequest struct {
 
 func (x *AuthorizeRequest) Reset() {
 	*x = AuthorizeRequest{}
-	mi := &file_pool_proto_msgTypes[42]
+	mi := &file_pool_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3749,7 @@ func (x *AuthorizeRequest) String() string {
 func (*AuthorizeRequest) ProtoMessage() {}
 
 func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[42]
+	mi := &file_pool_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3573,7 +3762,7 @@ func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{42}
+	return file_pool_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AuthorizeRequest) GetIds() []uint64 {
@@ -3605,7 +3794,7 @@ type AuthorizeResponse struct {
 
 func (x *AuthorizeResponse) Reset() {
 	*x = AuthorizeResponse{}
-	mi := &file_pool_proto_msgTypes[43]
+	mi := &file_pool_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3617,7 +3806,7 @@ func (x *AuthorizeResponse) String() string {
 func (*AuthorizeResponse) ProtoMessage() {}
 
 func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[43]
+	mi := &file_pool_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3630,7 +3819,7 @@ func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{43}
+	return file_pool_proto_rawDescGZIP(), []int{45}
 }
 
 // MoveRequest names a segment by id or name (of the callee's records) or,
@@ -3650,7 +3839,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_pool_proto_msgTypes[44]
+	mi := &file_pool_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3662,7 +3851,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[44]
+	mi := &file_pool_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3675,7 +3864,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{44}
+	return file_pool_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MoveRequest) GetId() uint64 {
@@ -3733,7 +3922,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_pool_proto_msgTypes[45]
+	mi := &file_pool_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3745,7 +3934,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[45]
+	mi := &file_pool_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3758,7 +3947,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{45}
+	return file_pool_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MoveResponse) GetSegment() *Segment {
@@ -3807,7 +3996,7 @@ type MoveOutRequest struct {
 
 func (x *MoveOutRequest) Reset() {
 	*x = MoveOutRequest{}
-	mi := &file_pool_proto_msgTypes[46]
+	mi := &file_pool_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3819,7 +4008,7 @@ func (x *MoveOutRequest) String() string {
 func (*MoveOutRequest) ProtoMessage() {}
 
 func (x *MoveOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[46]
+	mi := &file_pool_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3832,7 +4021,7 @@ func (x *MoveOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveOutRequest.ProtoReflect.Descriptor instead.
 func (*MoveOutRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{46}
+	return file_pool_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *MoveOutRequest) GetHomeId() uint64 {
@@ -3867,7 +4056,7 @@ type MoveOutResponse struct {
 
 func (x *MoveOutResponse) Reset() {
 	*x = MoveOutResponse{}
-	mi := &file_pool_proto_msgTypes[47]
+	mi := &file_pool_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3879,7 +4068,7 @@ func (x *MoveOutResponse) String() string {
 func (*MoveOutResponse) ProtoMessage() {}
 
 func (x *MoveOutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[47]
+	mi := &file_pool_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3892,7 +4081,7 @@ func (x *MoveOutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveOutResponse.ProtoReflect.Descriptor instead.
 func (*MoveOutResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{47}
+	return file_pool_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *MoveOutResponse) GetDirty() []byte {
@@ -4120,8 +4309,9 @@ const file_pool_proto_rawDesc = "" +
 	"\n" +
 	"read_bytes\x18\a \x01(\x03R\treadBytes\x12\x1f\n" +
 	"\vwrite_bytes\x18\b \x01(\x03R\n" +
-	"writeBytes\"\x0e\n" +
-	"\fNodesRequest\"\xf2\x02\n" +
+	"writeBytes\"&\n" +
+	"\fNodesRequest\x12\x16\n" +
+	"\x06matrix\x18\x01 \x01(\bR\x06matrix\"\xa9\x03\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1f\n" +
@@ -4138,14 +4328,31 @@ const file_pool_proto_rawDesc = "" +
 	"\x04zone\x18\v \x01(\tR\x04zone\x12\x1e\n" +
 	"\n" +
 	"evacuating\x18\f \x01(\bR\n" +
-	"evacuating\"N\n" +
+	"evacuating\x125\n" +
+	"\alatency\x18\r \x01(\v2\x1b.farmem.pool.v1.PeerLatencyR\alatency\"\xb3\x02\n" +
+	"\vPeerLatency\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
+	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12:\n" +
+	"\fread_latency\x18\x03 \x01(\v2\x17.farmem.pool.v1.LatencyR\vreadLatency\x12?\n" +
+	"\x0fread_4k_latency\x18\x04 \x01(\v2\x17.farmem.pool.v1.LatencyR\rread4kLatency\x12,\n" +
+	"\x12read_bandwidth_bps\x18\x05 \x01(\x03R\x10readBandwidthBps\x12(\n" +
+	"\x10measured_unix_ms\x18\x06 \x01(\x03R\x0emeasuredUnixMs\x12\x1e\n" +
+	"\n" +
+	"unmeasured\x18\a \x01(\tR\n" +
+	"unmeasured\"c\n" +
+	"\n" +
+	"LatencyRow\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12+\n" +
+	"\x02to\x18\x02 \x03(\v2\x1b.farmem.pool.v1.PeerLatencyR\x02to\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"N\n" +
 	"\bNodeTier\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x03R\bcapacity\x12\x12\n" +
-	"\x04free\x18\x03 \x01(\x03R\x04free\"\x84\x01\n" +
+	"\x04free\x18\x03 \x01(\x03R\x04free\"\xb8\x01\n" +
 	"\rNodesResponse\x12.\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x18.farmem.pool.v1.NodeInfoR\x05nodes\x12C\n" +
-	"\x0ename_conflicts\x18\x02 \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\"h\n" +
+	"\x0ename_conflicts\x18\x02 \x03(\v2\x1c.farmem.pool.v1.NameConflictR\rnameConflicts\x122\n" +
+	"\x06matrix\x18\x03 \x03(\v2\x1a.farmem.pool.v1.LatencyRowR\x06matrix\"h\n" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04undo\x18\x02 \x01(\bR\x04undo\x12\x1a\n" +
@@ -4276,7 +4483,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
@@ -4312,24 +4519,26 @@ var file_pool_proto_goTypes = []any{
 	(*TierOps)(nil),             // 31: farmem.pool.v1.TierOps
 	(*NodesRequest)(nil),        // 32: farmem.pool.v1.NodesRequest
 	(*NodeInfo)(nil),            // 33: farmem.pool.v1.NodeInfo
-	(*NodeTier)(nil),            // 34: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),       // 35: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),        // 36: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),       // 37: farmem.pool.v1.DrainResponse
-	(*Evacuation)(nil),          // 38: farmem.pool.v1.Evacuation
-	(*DetachRequest)(nil),       // 39: farmem.pool.v1.DetachRequest
-	(*DetachResponse)(nil),      // 40: farmem.pool.v1.DetachResponse
-	(*KeyringRequest)(nil),      // 41: farmem.pool.v1.KeyringRequest
-	(*KeyringResponse)(nil),     // 42: farmem.pool.v1.KeyringResponse
-	(*NodeKeyring)(nil),         // 43: farmem.pool.v1.NodeKeyring
-	(*DelegateRequest)(nil),     // 44: farmem.pool.v1.DelegateRequest
-	(*DelegateResponse)(nil),    // 45: farmem.pool.v1.DelegateResponse
-	(*AuthorizeRequest)(nil),    // 46: farmem.pool.v1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),   // 47: farmem.pool.v1.AuthorizeResponse
-	(*MoveRequest)(nil),         // 48: farmem.pool.v1.MoveRequest
-	(*MoveResponse)(nil),        // 49: farmem.pool.v1.MoveResponse
-	(*MoveOutRequest)(nil),      // 50: farmem.pool.v1.MoveOutRequest
-	(*MoveOutResponse)(nil),     // 51: farmem.pool.v1.MoveOutResponse
+	(*PeerLatency)(nil),         // 34: farmem.pool.v1.PeerLatency
+	(*LatencyRow)(nil),          // 35: farmem.pool.v1.LatencyRow
+	(*NodeTier)(nil),            // 36: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),       // 37: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),        // 38: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),       // 39: farmem.pool.v1.DrainResponse
+	(*Evacuation)(nil),          // 40: farmem.pool.v1.Evacuation
+	(*DetachRequest)(nil),       // 41: farmem.pool.v1.DetachRequest
+	(*DetachResponse)(nil),      // 42: farmem.pool.v1.DetachResponse
+	(*KeyringRequest)(nil),      // 43: farmem.pool.v1.KeyringRequest
+	(*KeyringResponse)(nil),     // 44: farmem.pool.v1.KeyringResponse
+	(*NodeKeyring)(nil),         // 45: farmem.pool.v1.NodeKeyring
+	(*DelegateRequest)(nil),     // 46: farmem.pool.v1.DelegateRequest
+	(*DelegateResponse)(nil),    // 47: farmem.pool.v1.DelegateResponse
+	(*AuthorizeRequest)(nil),    // 48: farmem.pool.v1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),   // 49: farmem.pool.v1.AuthorizeResponse
+	(*MoveRequest)(nil),         // 50: farmem.pool.v1.MoveRequest
+	(*MoveResponse)(nil),        // 51: farmem.pool.v1.MoveResponse
+	(*MoveOutRequest)(nil),      // 52: farmem.pool.v1.MoveOutRequest
+	(*MoveOutResponse)(nil),     // 53: farmem.pool.v1.MoveOutResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	5,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -4358,57 +4567,62 @@ var file_pool_proto_depIdxs = []int32{
 	31, // 23: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
 	29, // 24: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
 	28, // 25: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	38, // 26: farmem.pool.v1.StatusResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	40, // 26: farmem.pool.v1.StatusResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
 	0,  // 27: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
 	0,  // 28: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	34, // 29: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	33, // 30: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	28, // 31: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	38, // 32: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
-	2,  // 33: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
-	43, // 34: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
-	0,  // 35: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
-	18, // 36: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
-	3,  // 37: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
-	4,  // 38: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	11, // 39: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	12, // 40: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	14, // 41: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	15, // 42: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	17, // 43: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	20, // 44: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	26, // 45: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	32, // 46: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	36, // 47: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	25, // 48: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	39, // 49: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	41, // 50: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	44, // 51: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	46, // 52: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	48, // 53: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
-	50, // 54: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
-	7,  // 55: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	18, // 56: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	13, // 57: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	18, // 58: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	16, // 59: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	18, // 60: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	21, // 61: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	27, // 62: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	35, // 63: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	37, // 64: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	21, // 65: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	40, // 66: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	42, // 67: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	45, // 68: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	47, // 69: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	49, // 70: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	51, // 71: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	55, // [55:72] is the sub-list for method output_type
-	38, // [38:55] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	36, // 29: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	34, // 30: farmem.pool.v1.NodeInfo.latency:type_name -> farmem.pool.v1.PeerLatency
+	22, // 31: farmem.pool.v1.PeerLatency.read_latency:type_name -> farmem.pool.v1.Latency
+	22, // 32: farmem.pool.v1.PeerLatency.read_4k_latency:type_name -> farmem.pool.v1.Latency
+	34, // 33: farmem.pool.v1.LatencyRow.to:type_name -> farmem.pool.v1.PeerLatency
+	33, // 34: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	28, // 35: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	35, // 36: farmem.pool.v1.NodesResponse.matrix:type_name -> farmem.pool.v1.LatencyRow
+	40, // 37: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	2,  // 38: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
+	45, // 39: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
+	0,  // 40: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
+	18, // 41: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
+	3,  // 42: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
+	4,  // 43: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	11, // 44: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	12, // 45: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	14, // 46: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	15, // 47: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	17, // 48: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	20, // 49: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	26, // 50: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	32, // 51: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	38, // 52: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	25, // 53: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	41, // 54: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	43, // 55: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	46, // 56: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	48, // 57: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	50, // 58: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
+	52, // 59: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
+	7,  // 60: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	18, // 61: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	13, // 62: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	18, // 63: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	16, // 64: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	18, // 65: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	21, // 66: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	27, // 67: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	37, // 68: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	39, // 69: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	21, // 70: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	42, // 71: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	44, // 72: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	47, // 73: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	49, // 74: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	51, // 75: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	53, // 76: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	60, // [60:77] is the sub-list for method output_type
+	43, // [43:60] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -4431,7 +4645,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
