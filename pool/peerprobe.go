@@ -237,9 +237,11 @@ func (p *core) readPeer(ctx context.Context, m cluster.Member) (probe.Remote, er
 		}
 		opts = append(opts, tcp.WithTLS(tc))
 	}
-	conn, err := tcp.Dial(ctx, seg.DataAddr, opts...)
+	// The address the peer gossips, which clients' records follow, not
+	// the one its reply names: a change of it is what triggers a probe.
+	conn, err := tcp.Dial(ctx, m.Meta.DataAddr, opts...)
 	if err != nil {
-		return probe.Remote{}, fmt.Errorf("dial its data plane at %s: %w", seg.DataAddr, err)
+		return probe.Remote{}, fmt.Errorf("dial its data plane at %s: %w", m.Meta.DataAddr, err)
 	}
 	defer conn.Close()
 	var key rdma.Key

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/farmem/farmem/rdma"
@@ -29,8 +30,9 @@ type Result struct {
 }
 
 // sink keeps the chain's last index alive so the loads are not optimised
-// away.
-var sink uint64
+// away; atomic, since several probes may run at once (two daemons in one
+// test process).
+var sink atomic.Uint64
 
 // LoadChain measures the latency of dependent 64-byte loads in random
 // order over mem: it writes a random cyclic permutation of mem's cache lines
@@ -93,7 +95,7 @@ func chain(mem []byte, samples int, store bool) (Result, error) {
 		}
 		ds[s] = time.Since(start) / chainChunk
 	}
-	sink += idx
+	sink.Add(idx)
 	return summarize(ds), nil
 }
 
@@ -124,7 +126,7 @@ func SeqRead(mem []byte) (int64, error) {
 		for i := 0; i < n; i += 8 {
 			x += binary.LittleEndian.Uint64(mem[i:])
 		}
-		sink += x
+		sink.Add(x)
 	}), nil
 }
 

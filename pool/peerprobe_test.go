@@ -1,0 +1,178 @@
+package pool
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+)
+
+// measuredNodeConfig is clusterNodeConfig with the tiers and peers
+// measured, as poold runs by default, and tiers large enough for the
+// tier probe (probeMinSpan is at most a quarter of their largest free
+// extent), the export also while a peer's probe segment takes some of it.
+func measuredNodeConfig(t *testing.T, node string) Config {
+	cfg := clusterNodeConfig(t, node)
+	cfg.MeasureTiers = true
+	cfg.EmulateCXL, cfg.LocalSize, cfg.ExportSize = 4*probeMinSpan, 4*probeMinSpan, 5*probeMinSpan
+	return cfg
+}
+
+// peerLatency is what d measured of node's data plane (Nodes), nil when
+// nothing.
+func peerLatency(t *testing.T, d *Daemon, node string) *poolv1.PeerLatency {
+	resp, err := (&service{d: d}).Nodes(t.Context(), &poolv1.NodesRequest{})
+	require.NoError(t, err)
+	for _, n := range resp.Nodes {
+		if n.Name == node {
+			return n.Latency
+		}
+	}
+	return nil
+}
+
+// waitPeerLatency waits until d has a measurement of node that ok accepts.
+func waitPeerLatency(t *testing.T, d *Daemon, node string, ok func(*poolv1.PeerLatency) bool, what string) *poolv1.PeerLatency {
+	t.Helper()
+	var l *poolv1.PeerLatency
+	require.Eventually(t, func() bool {
+		l = peerLatency(t, d, node)
+		return l != nil && ok(l)
+	}, 30*time.Second, 20*time.Millisecond, "%s never %s: %v", d.cfg.Node, what, l)
+	return l
+}
+
+func allMeasured(tiers []*poolv1.TierInfo) bool {
+	for _, ti := range tiers {
+		if ti.ReadLatency.GetP50Ns() <= 0 || ti.ReadLatency.GetSamples() <= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func hasFigures(l *poolv1.PeerLatency) bool {
+	return l.Unmeasured == "" && l.ReadLatency.GetSamples() > 0
+}
+
+// TestPeersMeasured starts two daemons that measure as poold does by
+// default and checks that each measures the other's data plane when it
+// joins, over TLS, and shows it: every tier either shows, the peers' rdma
+// tier included, has a measured read latency p50 (the peers' with source
+// "measured: peer NODE"), the loopback note speaks of the peer that is
+// there, and the latency matrix has both rows.
+func TestPeersMeasured(t *testing.T) {
+	a := startNode(t, measuredNodeConfig(t, "a"))
+	b := startNode(t, measuredNodeConfig(t, "b"), a)
+
+	for _, c := range []struct {
+		d    *Daemon
+		peer string
+	}{{a, "b"}, {b, "a"}} {
+		l := waitPeerLatency(t, c.d, c.peer, hasFigures, "measured its peer")
+		require.Equal(t, peerSource(c.peer), l.ReadLatency.Source)
+		require.Positive(t, l.ReadLatency.P50Ns)
+		require.GreaterOrEqual(t, l.ReadLatency.P99Ns, l.ReadLatency.P50Ns)
+		require.Equal(t, int64(peerProbeSamples), l.ReadLatency.Samples)
+		require.Positive(t, l.Read_4KLatency.GetP50Ns())
+		require.Positive(t, l.ReadBandwidthBps)
+		require.NotZero(t, l.MeasuredUnixMs)
+		other := a
+		if c.d == a {
+			other = b
+		}
+		require.Equal(t, other.pool.data().addr, l.DataAddr)
+	}
+
+	// Every tier a shows has a measured read latency once both probes ran.
+	var tiers []*poolv1.TierInfo
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := (&service{d: a}).Tiers(t.Context(), &poolv1.TiersRequest{})
+		require.NoError(t, err)
+		tiers = resp.Tiers
+		if allMeasured(tiers) && len(tiers) == 4 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "a's tiers never all showed a measured read latency: %v", tiers)
+	}
+	for _, ti := range tiers {
+		switch {
+		case ti.Tier == poolv1.Tier_TIER_RDMA && ti.Kind == "tcp":
+			require.Equal(t, peerSource("b"), ti.ReadLatency.Source)
+			require.Positive(t, ti.ReadBandwidthBps)
+			require.Contains(t, ti.Note, "64-byte reads from this node over each peer's data plane: b ")
+		case ti.Tier == poolv1.Tier_TIER_RDMA:
+			require.Equal(t, "measured", ti.ReadLatency.Source)
+			require.NotContains(t, ti.Note, "no peer")
+		default:
+			require.Equal(t, "measured", ti.ReadLatency.Source)
+		}
+	}
+	// The probe segments are freed at the peers.
+	require.Eventually(t, func() bool { return b.pool.segmentCount() == 0 && a.pool.segmentCount() == 0 },
+		10*time.Second, 20*time.Millisecond, "a probe segment was left behind")
+
+	resp, err := (&service{d: a}).Nodes(t.Context(), &poolv1.NodesRequest{Matrix: true})
+	require.NoError(t, err)
+	require.Len(t, resp.Matrix, 2)
+	for i, want := range [][2]string{{"a", "b"}, {"b", "a"}} {
+		row := resp.Matrix[i]
+		require.Equal(t, want[0], row.From)
+		require.Empty(t, row.Error)
+		require.Len(t, row.To, 1)
+		require.Equal(t, want[1], row.To[0].Node)
+		require.True(t, hasFigures(row.To[0]), "%v", row.To[0])
+	}
+}
+
+// TestPeerRemeasuredOnChange checks that a peer announcing another
+// data-plane address loses its figures at once (they were of the old
+// address) and is measured again; that an address where nothing answers
+// the probe shows as unmeasured with why, never with the old figure; and
+// that moving back brings a fresh measurement.
+func TestPeerRemeasuredOnChange(t *testing.T) {
+	a := startNode(t, measuredNodeConfig(t, "a"))
+	b := startNode(t, measuredNodeConfig(t, "b"), a)
+	first := waitPeerLatency(t, a, "b", hasFigures, "measured b")
+	real := b.pool.data().addr
+
+	// A data plane that hangs up at once: the probe gets no answer.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	dead := ln.Addr().String()
+	require.NoError(t, b.pool.gossip().SetMeta(func(m *cluster.Meta) { m.DataAddr = dead }))
+	l := waitPeerLatency(t, a, "b", func(l *poolv1.PeerLatency) bool {
+		return l.DataAddr == dead && strings.Contains(l.Unmeasured, "dial its data plane at "+dead)
+	}, "said b's new address does not answer")
+	require.Nil(t, l.ReadLatency, "a figure of the old address is shown as current")
+	require.Zero(t, l.ReadBandwidthBps)
+	require.GreaterOrEqual(t, l.MeasuredUnixMs, first.MeasuredUnixMs)
+
+	resp, err := (&service{d: a}).Tiers(t.Context(), &poolv1.TiersRequest{})
+	require.NoError(t, err)
+	for _, ti := range resp.Tiers {
+		if ti.Tier == poolv1.Tier_TIER_RDMA && ti.Kind == "tcp" {
+			require.Nil(t, ti.ReadLatency, "the peers' tier shows a figure although its only peer is unmeasured")
+			require.Contains(t, ti.Note, "b unmeasured: dial its data plane at "+dead)
+		}
+	}
+
+	require.NoError(t, b.pool.gossip().SetMeta(func(m *cluster.Meta) { m.DataAddr = real }))
+	again := waitPeerLatency(t, a, "b", func(l *poolv1.PeerLatency) bool { return l.DataAddr == real && hasFigures(l) }, "measured b again at its real address")
+	require.Greater(t, again.MeasuredUnixMs, first.MeasuredUnixMs-1)
+}
