@@ -1,7 +1,9 @@
 package pool_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -64,4 +66,33 @@ func TestBudgetOnTheWire(t *testing.T) {
 	got, err := api.Stat(t.Context(), &poolv1.StatRequest{Id: seg.Id})
 	require.NoError(t, err)
 	require.Nil(t, got.Placement)
+}
+
+// TestBudgetWaitsForFirstMeasurement checks that an Alloc with a read
+// budget that arrives while poold still measures its tiers at start waits
+// for the figures, as long as the call's deadline allows, instead of being
+// refused for want of them: one with a short deadline ends with it (not
+// over budget), the next one, without, lands on a measured tier.
+func TestBudgetWaitsForFirstMeasurement(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.MeasureTiers = true
+	pooltest.Start(t, cfg)
+	conn, err := session.Channel("unix", cfg.Socket)
+	require.NoError(t, err)
+	defer conn.Close()
+	api := poolv1.NewPoolClient(conn)
+	req := &poolv1.AllocRequest{Size: 4096, Persist: true, MaxReadLatencyNs: time.Millisecond.Nanoseconds()}
+
+	// The measurement reads each tier's 16 MiB probe span six times and
+	// times 400 loads per chain: far longer than this.
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Millisecond)
+	defer cancel()
+	_, err = api.Alloc(ctx, req)
+	require.Equal(t, codes.DeadlineExceeded, grpcstatus.Code(err), "%v", err)
+	require.NotErrorIs(t, errs.FromStatus(err), errs.ErrOverBudget)
+
+	seg, err := api.Alloc(t.Context(), req)
+	require.NoError(t, err)
+	require.Equal(t, "measured", seg.Placement.GetReadLatency().GetSource())
+	require.LessOrEqual(t, seg.Placement.ReadLatency.P50Ns, req.MaxReadLatencyNs)
 }

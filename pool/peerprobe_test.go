@@ -10,6 +10,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
 )
 
 // measuredNodeConfig is clusterNodeConfig with the tiers and peers
@@ -175,4 +176,58 @@ func TestPeerRemeasuredOnChange(t *testing.T) {
 	require.NoError(t, b.pool.gossip().SetMeta(func(m *cluster.Meta) { m.DataAddr = real }))
 	again := waitPeerLatency(t, a, "b", func(l *poolv1.PeerLatency) bool { return l.DataAddr == real && hasFigures(l) }, "measured b again at its real address")
 	require.Greater(t, again.MeasuredUnixMs, first.MeasuredUnixMs-1)
+}
+
+// TestPlacementWeighsPeerLatency checks how a's rdma placements use what
+// it measured of its peers (figures set here, as a probe would): of two
+// peers with about the same free fraction the nearer takes them; one much
+// emptier wins although it is farther (capacity first); a budget keeps
+// only the peers measured within it, and one no peer nor the loopback
+// meets is refused with the best figure.
+func TestPlacementWeighsPeerLatency(t *testing.T) {
+	a := startNode(t, clusterNodeConfig(t, "a"))
+	b := startNode(t, clusterNodeConfig(t, "b"), a)
+	startNode(t, clusterNodeConfig(t, "c"), a)
+	require.Eventually(t, func() bool { pt := a.pool.peerTier(); return pt != nil && len(pt.Devices) == 2 },
+		30*time.Second, 20*time.Millisecond, "a never saw both peers")
+	for node, p50 := range map[string]time.Duration{"b": 100 * time.Microsecond, "c": 2 * time.Millisecond} {
+		a.pool.pm.set(&poolv1.PeerLatency{Node: node, ReadBandwidthBps: 1e9, MeasuredUnixMs: time.Now().UnixMilli(),
+			ReadLatency: &poolv1.Latency{P50Ns: p50.Nanoseconds(), P99Ns: 2 * p50.Nanoseconds(), Samples: 1, Source: peerSource(node)}})
+	}
+	alloc := func(req allocRequest) (*record, error) {
+		req.Persist = true
+		if req.Tier == poolv1.Tier_TIER_UNSPECIFIED {
+			req.Tier = poolv1.Tier_TIER_RDMA
+		}
+		return a.pool.Alloc(t.Context(), caller{}, req)
+	}
+
+	for range 4 { // 256 KiB of 16 MiB: well within nearSlack
+		r, err := alloc(allocRequest{Size: 64 << 10})
+		require.NoError(t, err)
+		require.Equal(t, "b", r.Home)
+		require.Equal(t, peerSource("b"), r.placement.ReadLatency.GetSource())
+		require.Contains(t, r.placement.Reason, "on peer b")
+	}
+
+	r, err := alloc(allocRequest{Size: 4096, MaxReadLatencyNs: time.Millisecond.Nanoseconds()})
+	require.NoError(t, err)
+	require.Equal(t, "b", r.Home)
+
+	_, err = alloc(allocRequest{Size: 4096, MaxReadLatencyNs: (50 * time.Microsecond).Nanoseconds()})
+	require.ErrorIs(t, err, errs.ErrOverBudget)
+	require.ErrorContains(t, err, "reads in 100µs p50 (measured: peer b), over 50µs")
+
+	// b fills by a quarter on its own; once a hears of it, c is much the
+	// emptier and takes placements although it is farther.
+	_, err = b.pool.Alloc(t.Context(), caller{}, allocRequest{Size: 4 << 20, Tier: poolv1.Tier_TIER_RDMA, Persist: true, HomeOnly: true})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		m, ok := a.pool.gossip().Member("b")
+		rt, _ := m.Meta.Tier("rdma")
+		return ok && rt.Free < rt.Capacity*3/4
+	}, 30*time.Second, 20*time.Millisecond, "a never heard that b filled")
+	r, err = alloc(allocRequest{Size: 4096})
+	require.NoError(t, err)
+	require.Equal(t, "c", r.Home)
 }
