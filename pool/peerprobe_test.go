@@ -202,12 +202,26 @@ func TestPlacementWeighsPeerLatency(t *testing.T) {
 		return a.pool.Alloc(t.Context(), caller{}, req)
 	}
 
+	// Both peers alive in a's view (a busy host can leave one suspect for
+	// a moment, and Pick passes a suspect member over).
+	bothAlive := func() {
+		require.Eventually(t, func() bool {
+			n := 0
+			for _, m := range a.pool.gossip().Members() {
+				if m.Name != "a" && m.Usable() {
+					n++
+				}
+			}
+			return n == 2
+		}, 30*time.Second, 10*time.Millisecond, "a does not see b and c alive")
+	}
 	for range 4 { // 256 KiB of 16 MiB: well within nearSlack
+		bothAlive()
 		r, err := alloc(allocRequest{Size: 64 << 10})
 		require.NoError(t, err)
-		require.Equal(t, "b", r.Home)
+		require.Equal(t, "b", r.Home, r.placement.Reason)
 		require.Equal(t, peerSource("b"), r.placement.ReadLatency.GetSource())
-		require.Contains(t, r.placement.Reason, "on peer b")
+		require.Contains(t, r.placement.Reason, "on peer b: 100µs p50 (measured: peer b)")
 	}
 
 	r, err := alloc(allocRequest{Size: 4096, MaxReadLatencyNs: time.Millisecond.Nanoseconds()})
@@ -227,6 +241,7 @@ func TestPlacementWeighsPeerLatency(t *testing.T) {
 		rt, _ := m.Meta.Tier("rdma")
 		return ok && rt.Free < rt.Capacity*3/4
 	}, 30*time.Second, 20*time.Millisecond, "a never heard that b filled")
+	bothAlive()
 	r, err = alloc(allocRequest{Size: 4096})
 	require.NoError(t, err)
 	require.Equal(t, "c", r.Home)

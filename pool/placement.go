@@ -111,8 +111,9 @@ func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, 
 		if t == poolv1.Tier_TIER_RDMA && !req.HomeOnly && p.cl != nil {
 			r, err := p.allocRemote(ctx, c, req, pl)
 			if err == nil {
-				r.placement = pl.placement(pl.peers[r.Home], tried)
-				r.placement.Reason += "; on peer " + r.Home
+				f := pl.peers[r.Home]
+				r.placement = pl.placement(f, tried)
+				r.placement.Reason += fmt.Sprintf("; on peer %s: %s", r.Home, f.latency())
 				return r, nil
 			}
 			if !errors.Is(err, cluster.ErrNoPeer) {
