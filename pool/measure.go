@@ -44,12 +44,17 @@ func latency(r probe.Result) *poolv1.Latency {
 }
 
 // MeasureTiers measures every tier this daemon offers now (see
-// Config.MeasureTiers) and records the results, which Tiers and memctl
-// tiers then show with source "measured". It returns when done or when ctx
-// ends; a tier that cannot be measured keeps its previous figures.
-// Measurements run one at a time; call it before Close.
+// Config.MeasureTiers), then, in a cluster, every alive peer's data plane
+// (a peer being probed already is left to that probe), and records the
+// results, which Tiers and memctl tiers then show with source "measured"
+// ("measured: peer NODE" for peers). It returns when done or when ctx
+// ends; a tier that cannot be measured keeps its previous figures, a peer
+// shows why it is unmeasured. Measurements run one at a time; call it
+// before Close.
 func (d *Daemon) MeasureTiers(ctx context.Context) error {
-	return d.pool.measureTiers(ctx)
+	err := d.pool.measureTiers(ctx)
+	d.pool.measurePeers(ctx)
+	return err
 }
 
 // awaitFirstMeasure waits until the measurement of the tiers at start is

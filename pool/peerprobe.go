@@ -300,6 +300,11 @@ func (d *Daemon) peerChanged(ev cluster.Event) {
 		defer d.wg.Done()
 		ctx, cancel := untilClosed(context.Background(), d.stop)
 		defer cancel()
+		// Not while this host measures its own tiers: each would slow
+		// the other's figures.
+		if p.awaitFirstMeasure(ctx) != nil {
+			return
+		}
 		p.measurePeer(ctx, node)
 	}()
 }

@@ -26,8 +26,12 @@ func newTiersCmd(g *globals) *cobra.Command {
 		Long: `Show each memory tier: what backs it, whether it is real or emulated, its
 capacity and free space, and its read latency with where the figure comes
 from: "measured" on this host by poold (at start, or now with --measure),
-"injected" by latency emulation (poold --emulate-latency; the measured figure
-of the real memory is shown beside it), or "hmat" (the firmware's rating).`,
+"measured: peer NODE" for the peers' rdma tier (the nearest peer's 64-byte
+one-sided reads over its data plane, taken when it joins, comes back or
+moves, every --measure-peers-every and with --measure; the note lists every
+peer's figure or why it has none), "injected" by latency emulation (poold
+--emulate-latency; the measured figure of the real memory is shown beside
+it), or "hmat" (the firmware's rating).`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			var resp *poolv1.TiersResponse
@@ -57,7 +61,7 @@ of the real memory is shown beside it), or "hmat" (the firmware's rating).`,
 			return w.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&measure, "measure", false, "have poold measure every tier now (up to a few seconds; briefly takes up to 64MiB of each) and show the fresh figures")
+	cmd.Flags().BoolVar(&measure, "measure", false, "have poold measure every tier and every peer now (up to a few seconds; briefly takes up to 64MiB of each tier, 2MiB at each peer) and show the fresh figures")
 	return cmd
 }
 
