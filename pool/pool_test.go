@@ -309,6 +309,8 @@ func TestValidate(t *testing.T) {
 		{"long socket", func(c *Config) { c.Socket = "/" + strings.Repeat("s", 120) }, "socket"},
 		{"negative", func(c *Config) { c.EmulateCXL = -1 }, "emulate-cxl"},
 		{"short ttl", func(c *Config) { c.LeaseTTL = time.Millisecond }, "lease-ttl"},
+		{"negative peer probe period", func(c *Config) { c.MeasurePeersEvery = -time.Second }, "measure-peers-every"},
+		{"peer probe period below a second", func(c *Config) { c.MeasurePeersEvery = time.Millisecond }, "measure-peers-every"},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, "log-level"},
 		{"log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
 		{"gossip with TLS and no key", func(c *Config) {
