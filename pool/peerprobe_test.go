@@ -63,12 +63,14 @@ func hasFigures(l *poolv1.PeerLatency) bool {
 
 // TestPeersMeasured starts two daemons that measure as poold does by
 // default and checks that each measures the other's data plane when it
-// joins, over TLS, and shows it: every tier either shows, the peers' rdma
+// joins, over TLS, and again periodically, and shows it: every tier either shows, the peers' rdma
 // tier included, has a measured read latency p50 (the peers' with source
 // "measured: peer NODE"), the loopback note speaks of the peer that is
 // there, and the latency matrix has both rows.
 func TestPeersMeasured(t *testing.T) {
-	a := startNode(t, measuredNodeConfig(t, "a"))
+	cfgA := measuredNodeConfig(t, "a")
+	cfgA.MeasurePeersEvery = time.Second
+	a := startNode(t, cfgA)
 	b := startNode(t, measuredNodeConfig(t, "b"), a)
 
 	for _, c := range []struct {
@@ -117,6 +119,13 @@ func TestPeersMeasured(t *testing.T) {
 	// The probe segments are freed at the peers.
 	require.Eventually(t, func() bool { return b.pool.segmentCount() == 0 && a.pool.segmentCount() == 0 },
 		10*time.Second, 20*time.Millisecond, "a probe segment was left behind")
+
+	// a measures b again every second or so (b, at its default, not for
+	// minutes): a later figure replaces the first.
+	first := peerLatency(t, a, "b")
+	waitPeerLatency(t, a, "b", func(l *poolv1.PeerLatency) bool {
+		return hasFigures(l) && l.MeasuredUnixMs > first.MeasuredUnixMs
+	}, "measured b again")
 
 	resp, err := (&service{d: a}).Nodes(t.Context(), &poolv1.NodesRequest{Matrix: true})
 	require.NoError(t, err)
