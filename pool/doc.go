@@ -33,8 +33,8 @@
 //   - pool.go: its state, its start from the segment table (restore, the
 //     orphan sweep), the accessors the Daemon uses, close.
 //   - placement.go: Alloc, tiers tried in order, extents and ids reserved;
-//     budget.go: the order itself, by the tiers' read figures and a
-//     request's budget, and the Placement a reply carries.
+//     budget.go: the order itself, by the tiers' and the peers' read
+//     figures and a request's budget, and the Placement a reply carries.
 //   - segments.go: lookup, Free and reclaim, Attach, Detach, Stat,
 //     listing pages, Backing.
 //   - sessions.go: clients, sessions, callers, lease expiry and the reaper.
@@ -56,8 +56,10 @@
 //     survive a power loss and an unsynced one, trusted only on the boot
 //     that wrote it, for those in volatile memory.
 //   - inventory.go, sizecheck.go, fsspace.go: devices found and sized;
-//     measure.go: the tier probe; hotplug.go: the kernel's device events
-//     followed, devices that appear or go applied while the daemon runs.
+//     measure.go: the tier probe; peerprobe.go: the probe of peers' data
+//     planes (this node's row of the latency matrix, and the matrix);
+//     hotplug.go: the kernel's device events followed, devices that
+//     appear or go applied while the daemon runs.
 //   - dataplane.go, coherence.go, auth.go: the data plane, shared segments'
 //     directories, identities and data-plane credentials.
 //

@@ -26,6 +26,7 @@ import (
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
+	"google.golang.org/protobuf/proto"
 )
 
 const (
@@ -74,15 +75,7 @@ func (pm *peerMeasures) row() []*poolv1.PeerLatency {
 }
 
 func clonePeerLatency(l *poolv1.PeerLatency) *poolv1.PeerLatency {
-	cp := &poolv1.PeerLatency{Node: l.Node, DataAddr: l.DataAddr, ReadBandwidthBps: l.ReadBandwidthBps,
-		MeasuredUnixMs: l.MeasuredUnixMs, Unmeasured: l.Unmeasured}
-	if l.ReadLatency != nil {
-		cp.ReadLatency = &poolv1.Latency{P50Ns: l.ReadLatency.P50Ns, P99Ns: l.ReadLatency.P99Ns, Samples: l.ReadLatency.Samples, Source: l.ReadLatency.Source}
-	}
-	if l.Read_4KLatency != nil {
-		cp.Read_4KLatency = &poolv1.Latency{P50Ns: l.Read_4KLatency.P50Ns, P99Ns: l.Read_4KLatency.P99Ns, Samples: l.Read_4KLatency.Samples, Source: l.Read_4KLatency.Source}
-	}
-	return cp
+	return proto.Clone(l).(*poolv1.PeerLatency)
 }
 
 // set records l for its node.
