@@ -151,12 +151,13 @@ func (p *core) measurePeer(ctx context.Context, node string) {
 			continue // measured an address the node no longer serves on
 		}
 		p.pm.set(l)
-		if l.Unmeasured != "" {
-			p.log.Warn("cannot measure a peer's data plane; it shows as unmeasured", "node", node, "data-addr", l.DataAddr, "why", l.Unmeasured)
-		} else {
+		if l.Unmeasured == "" {
 			p.log.Info("measured peer", "node", node, "data-addr", l.DataAddr,
 				"read-p50", time.Duration(l.ReadLatency.P50Ns), "read-p99", time.Duration(l.ReadLatency.P99Ns),
 				"read-4k-p50", time.Duration(l.Read_4KLatency.P50Ns), "read-bandwidth-bps", l.ReadBandwidthBps)
+		} else if _, lends := m.Meta.Tier(tierName(poolv1.Tier_TIER_RDMA)); lends {
+			// (A node that lends no memory has no data plane to measure.)
+			p.log.Warn("cannot measure a peer's data plane; it shows as unmeasured", "node", node, "data-addr", l.DataAddr, "why", l.Unmeasured)
 		}
 		return
 	}
