@@ -20,6 +20,20 @@ within2s() {
 	return 1
 }
 
+# logged NAME WHAT LINES T0: poold's own time for the change: the time= of
+# the first "device appeared" line its log gained after its first LINES
+# lines, less T0 (date +%s.%N when the tool returned; negative when poold
+# placed on the device before the tool was done). A check by memctl in this
+# emulated guest takes about a second itself, so this is the figure the
+# 2 s bound is held to.
+logged() {
+	l_t=$(tail -n +$(($3 + 1)) $OUT/hp.log | grep -m1 'device appeared' | sed -n 's/^time=\([^ ]*\).*/\1/p')
+	if [ -z "$l_t" ]; then res $1 FAIL "$2: no 'device appeared' line in poold's log"; return 1; fi
+	l_d=$(awk -v a=$4 -v b=$(date -d "$l_t" +%s.%N) 'BEGIN{printf "%.2f", b-a}')
+	if awk -v d=$l_d 'BEGIN{exit !(d<=2)}'; then res $1 PASS "$2 $l_d s after the tool returned (poold's log)"
+	else res $1 FAIL "$2 only $l_d s after the tool returned (poold's log)"; fi
+}
+
 # tiers_has / tiers_lacks ERE: whether memctl tiers has a line matching ERE.
 tiers_has() { $B/memctl --socket /tmp/hp.sock tiers 2>/dev/null | grep -q -E "$1"; }
 tiers_lacks() { $B/memctl --socket /tmp/hp.sock tiers >/tmp/hp.tiers 2>/dev/null && ! grep -q -E "$1" /tmp/hp.tiers; }
@@ -45,8 +59,11 @@ hotplug() {
 	else res hotplug-start FAIL "memctl tiers shows no numa tier on node$hp_n"; poold_stop hp; return 1; fi
 
 	# Offline: the node's memory goes offline and comes back as devdax.
+	hp_lines=$(wc -l < $OUT/hp.log)
 	hp_tool hotplug-node-offline daxctl reconfigure-device --mode=devdax -f dax0.0 || return 0
+	hp_t0=$(date +%s.%N)
 	within2s hotplug-node-offline "node$hp_n gone and dax0.0 placed on as devdax" hp_offlined $hp_n
+	logged hotplug-node-offline-poold "poold placed on dax0.0" $hp_lines $hp_t0
 	$B/labcheck put -socket /tmp/hp.sock -tier cxl -name lab-hp -size 8MiB -want-kind devdax -persist
 
 	# The namespace destroyed under poold (its labels too, or the region
@@ -61,8 +78,11 @@ hotplug() {
 	# A region created after poold started, as at boot (the nd region may
 	# take another number: create-namespace picks the one with room).
 	hp_tool hotplug-region-created cxl create-region -m -d decoder0.0 -w 1 -t pmem -s 256M mem0 || return 0
+	hp_lines=$(wc -l < $OUT/hp.log)
 	hp_tool hotplug-region-created ndctl create-namespace -m devdax -f || return 0
+	hp_t0=$(date +%s.%N)
 	within2s hotplug-region-created "the new region's devdax device placed on" tiers_has '^cxl +devdax +real.*dax[0-9]+\.[0-9]'
+	logged hotplug-region-created-poold "poold placed on the new region's device" $hp_lines $hp_t0
 	$B/labcheck put -socket /tmp/hp.sock -tier cxl -name lab-hp2 -size 8MiB -want-kind devdax -persist
 	poold_stop hp
 }
