@@ -20,7 +20,6 @@ import (
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
-	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/size"
 )
@@ -347,18 +346,7 @@ var errOriginDown = errs.Sub(errs.ErrUnavailable, "the segment's origin is not a
 // moveAway asks origin, over this daemon's peer session with it, to move
 // the segment it placed here with id homeID to another home.
 func (p *core) moveAway(ctx context.Context, origin string, homeID uint64) (time.Duration, error) {
-	if p.cl == nil {
-		return 0, fmt.Errorf("%w: node %s is in no cluster", errOriginDown, p.cfg.Node)
-	}
-	m, ok := p.cl.Member(origin)
-	if !ok || m.State != cluster.StateAlive {
-		state := "unknown"
-		if ok {
-			state = cluster.StateString(m.State)
-		}
-		return 0, fmt.Errorf("%w: node %s is %s", errOriginDown, origin, state)
-	}
-	pc, err := p.peers.get(ctx, origin, m.Meta.GRPCAddr)
+	pc, err := p.homeSession(ctx, origin, "origin")
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", errOriginDown, err)
 	}
