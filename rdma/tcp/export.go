@@ -69,7 +69,7 @@ func (e *export) acquire(mutating bool) uint16 {
 		return statusOK
 	case stateSealed:
 		if !mutating {
-			return statusOK // pin checks the principal
+			return pinSealedRead // pinned; pin checks the principal
 		}
 		e.unpin(mutating)
 		return statusMoved
@@ -81,6 +81,10 @@ func (e *export) acquire(mutating bool) uint16 {
 		return statusAccessDenied
 	}
 }
+
+// pinSealedRead is acquire's answer to a read of a sealed export: pinned,
+// for pin to serve to the mover alone. Never sent on the wire.
+const pinSealedRead uint16 = 0xFFFF
 
 // unpin drops the pin acquire took.
 func (e *export) unpin(mutating bool) {

@@ -344,17 +344,21 @@ func (c *srvConn) pin(h *reqHeader, mutating bool) (*export, uint16) {
 	if !c.permits(e) {
 		return nil, statusAccessDenied
 	}
-	if st := e.acquire(mutating); st != statusOK {
+	st := e.acquire(mutating)
+	if st == pinSealedRead {
+		if !e.readableBy(c.principal) {
+			e.unpin(false)
+			return nil, statusMoved
+		}
+		st = statusOK
+	}
+	if st != statusOK {
 		if st == statusAccessDenied {
 			if fst, ok := c.s.fences.status(h.seg, h.key); ok {
 				st = fst // revoked by a Fence or MoveAway in progress
 			}
 		}
 		return nil, st
-	}
-	if !mutating && e.state.Load() == stateSealed && !e.readableBy(c.principal) {
-		e.unpin(false)
-		return nil, statusMoved
 	}
 	if mutating && h.epoch < e.epoch.Load() {
 		e.unpin(true)
