@@ -69,9 +69,10 @@ func (c *Client) Move(ctx context.Context, s *Segment, opts ...MoveOption) error
 	if err != nil {
 		return err
 	}
-	if _, err := c.api.Move(cctx, &poolv1.MoveRequest{Id: s.ID(), ToNode: o.node, ToTier: o.tier.proto()}); err != nil {
+	resp, err := c.api.Move(cctx, &poolv1.MoveRequest{Id: s.ID(), ToNode: o.node, ToTier: o.tier.proto()})
+	if err != nil {
 		return errs.FromStatus(err)
 	}
-	r.refresh(ctx)
+	r.adopt(resp.Segment) // the answer describes it at its new home, as Stat would
 	return nil
 }

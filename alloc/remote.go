@@ -552,7 +552,17 @@ func (r *remote) refresh(ctx context.Context) {
 		return
 	}
 	info, err := r.c.api.Stat(cctx, &poolv1.StatRequest{Id: r.info.Id})
-	if err != nil || info.DataAddr == "" {
+	if err == nil {
+		r.adopt(info)
+	}
+}
+
+// adopt makes info, the daemon's description of the segment now, where
+// its operations go: a restarted home's address and credential, a moved
+// segment's new home, id there and key. A description without a
+// data-plane address changes nothing.
+func (r *remote) adopt(info *poolv1.Segment) {
+	if info.DataAddr == "" {
 		return
 	}
 	tc, err := dataTLS(info, r.c.dataCerts())
