@@ -21,6 +21,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/probe"
 	"github.com/farmem/farmem/internal/size"
 )
 
@@ -174,9 +175,10 @@ func (e *evacuator) due(r *evacRun) []evacItem {
 	defer e.mu.Unlock()
 	if len(items) == 0 && r.ended.IsZero() && len(r.busy) == 0 {
 		r.ended = now
+		pauses := probe.Summarize(r.pauses)
 		e.p.log.Info("evacuation done: no segment of a peer is left here", "node", e.p.cfg.Node,
 			"moved", r.moved, "bytes", r.bytes, "took", now.Sub(r.started).Round(time.Millisecond),
-			"pause-p50", percentile(r.pauses, 50), "pause-p99", percentile(r.pauses, 99), "pause-max", percentile(r.pauses, 100))
+			"pause-p50", pauses.P50, "pause-p99", pauses.P99, "pause-max", slices.Max(append(r.pauses, 0)))
 	}
 	var out []evacItem
 	for _, it := range items {
@@ -361,14 +363,4 @@ func (p *core) moveAway(ctx context.Context, origin string, homeID uint64) (time
 		return 0, err
 	}
 	return time.Duration(resp.PauseUs) * time.Microsecond, nil
-}
-
-// percentile is the p-th percentile of ds (p 100: the largest); 0 for
-// none. It sorts ds.
-func percentile(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	return ds[min(len(ds)*p/100, len(ds)-1)]
 }

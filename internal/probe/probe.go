@@ -96,11 +96,11 @@ func chain(mem []byte, samples int, store bool) (Result, error) {
 		ds[s] = time.Since(start) / chainChunk
 	}
 	sink.Add(idx)
-	return summarize(ds), nil
+	return Summarize(ds), nil
 }
 
-// summarize sorts ds and returns its percentiles.
-func summarize(ds []time.Duration) Result {
+// Summarize sorts ds and returns its percentiles (nearest rank) and count.
+func Summarize(ds []time.Duration) Result {
 	slices.Sort(ds)
 	return Result{P50: percentile(ds, 50), P99: percentile(ds, 99), Samples: len(ds)}
 }
@@ -210,7 +210,7 @@ func RemoteRead(ctx context.Context, conn rdma.Conn, region rdma.Region, size in
 			}
 			ds[i] = time.Since(start)
 		}
-		*c.res = summarize(ds)
+		*c.res = Summarize(ds)
 	}
 	if write {
 		ds := make([]time.Duration, samples)
@@ -222,7 +222,7 @@ func RemoteRead(ctx context.Context, conn rdma.Conn, region rdma.Region, size in
 			}
 			ds[i] = time.Since(start)
 		}
-		out.Write64 = summarize(ds)
+		out.Write64 = Summarize(ds)
 	}
 	var total int64
 	start := time.Now()
