@@ -133,6 +133,112 @@ func (SegmentState) EnumDescriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{1}
 }
 
+// RedundancyState is how much of a redundant segment's protection holds.
+type RedundancyState int32
+
+const (
+	RedundancyState_REDUNDANCY_STATE_NONE       RedundancyState = 0 // not redundant
+	RedundancyState_REDUNDANCY_STATE_OK         RedundancyState = 1 // every home holds its copy or shard
+	RedundancyState_REDUNDANCY_STATE_DEGRADED   RedundancyState = 2 // a home is lost and nothing rebuilds it yet
+	RedundancyState_REDUNDANCY_STATE_REBUILDING RedundancyState = 3 // a lost home's copy or shard is being rebuilt elsewhere
+	RedundancyState_REDUNDANCY_STATE_LOST       RedundancyState = 4 // more homes are lost than the redundancy covers
+)
+
+// Enum value maps for RedundancyState.
+var (
+	RedundancyState_name = map[int32]string{
+		0: "REDUNDANCY_STATE_NONE",
+		1: "REDUNDANCY_STATE_OK",
+		2: "REDUNDANCY_STATE_DEGRADED",
+		3: "REDUNDANCY_STATE_REBUILDING",
+		4: "REDUNDANCY_STATE_LOST",
+	}
+	RedundancyState_value = map[string]int32{
+		"REDUNDANCY_STATE_NONE":       0,
+		"REDUNDANCY_STATE_OK":         1,
+		"REDUNDANCY_STATE_DEGRADED":   2,
+		"REDUNDANCY_STATE_REBUILDING": 3,
+		"REDUNDANCY_STATE_LOST":       4,
+	}
+)
+
+func (x RedundancyState) Enum() *RedundancyState {
+	p := new(RedundancyState)
+	*p = x
+	return p
+}
+
+func (x RedundancyState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RedundancyState) Descriptor() protoreflect.EnumDescriptor {
+	return file_pool_proto_enumTypes[2].Descriptor()
+}
+
+func (RedundancyState) Type() protoreflect.EnumType {
+	return &file_pool_proto_enumTypes[2]
+}
+
+func (x RedundancyState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RedundancyState.Descriptor instead.
+func (RedundancyState) EnumDescriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{2}
+}
+
+// HomeState is one home of a redundant segment.
+type HomeState int32
+
+const (
+	HomeState_HOME_STATE_OK         HomeState = 0
+	HomeState_HOME_STATE_LOST       HomeState = 1 // dead, fenced, or failed a forward: never read
+	HomeState_HOME_STATE_REBUILDING HomeState = 2 // being filled from the survivors: not read yet, written
+)
+
+// Enum value maps for HomeState.
+var (
+	HomeState_name = map[int32]string{
+		0: "HOME_STATE_OK",
+		1: "HOME_STATE_LOST",
+		2: "HOME_STATE_REBUILDING",
+	}
+	HomeState_value = map[string]int32{
+		"HOME_STATE_OK":         0,
+		"HOME_STATE_LOST":       1,
+		"HOME_STATE_REBUILDING": 2,
+	}
+)
+
+func (x HomeState) Enum() *HomeState {
+	p := new(HomeState)
+	*p = x
+	return p
+}
+
+func (x HomeState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HomeState) Descriptor() protoreflect.EnumDescriptor {
+	return file_pool_proto_enumTypes[3].Descriptor()
+}
+
+func (HomeState) Type() protoreflect.EnumType {
+	return &file_pool_proto_enumTypes[3]
+}
+
+func (x HomeState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HomeState.Descriptor instead.
+func (HomeState) EnumDescriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{3}
+}
+
 // KeyringOp is what Keyring does; install, use and remove take a key.
 type KeyringOp int32
 
@@ -173,11 +279,11 @@ func (x KeyringOp) String() string {
 }
 
 func (KeyringOp) Descriptor() protoreflect.EnumDescriptor {
-	return file_pool_proto_enumTypes[2].Descriptor()
+	return file_pool_proto_enumTypes[4].Descriptor()
 }
 
 func (KeyringOp) Type() protoreflect.EnumType {
-	return &file_pool_proto_enumTypes[2]
+	return &file_pool_proto_enumTypes[4]
 }
 
 func (x KeyringOp) Number() protoreflect.EnumNumber {
@@ -186,7 +292,7 @@ func (x KeyringOp) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use KeyringOp.Descriptor instead.
 func (KeyringOp) EnumDescriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{2}
+	return file_pool_proto_rawDescGZIP(), []int{4}
 }
 
 type MoveOutPhase int32
@@ -228,11 +334,11 @@ func (x MoveOutPhase) String() string {
 }
 
 func (MoveOutPhase) Descriptor() protoreflect.EnumDescriptor {
-	return file_pool_proto_enumTypes[3].Descriptor()
+	return file_pool_proto_enumTypes[5].Descriptor()
 }
 
 func (MoveOutPhase) Type() protoreflect.EnumType {
-	return &file_pool_proto_enumTypes[3]
+	return &file_pool_proto_enumTypes[5]
 }
 
 func (x MoveOutPhase) Number() protoreflect.EnumNumber {
@@ -241,7 +347,53 @@ func (x MoveOutPhase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MoveOutPhase.Descriptor instead.
 func (MoveOutPhase) EnumDescriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{3}
+	return file_pool_proto_rawDescGZIP(), []int{5}
+}
+
+type ForwardMode int32
+
+const (
+	ForwardMode_FORWARD_MODE_COPY   ForwardMode = 0 // forward each write, and each atomic's new word, as a WRITE to every target
+	ForwardMode_FORWARD_MODE_PARITY ForwardMode = 1 // forward each change as Reed-Solomon parity deltas (XOR) to the parity shards
+)
+
+// Enum value maps for ForwardMode.
+var (
+	ForwardMode_name = map[int32]string{
+		0: "FORWARD_MODE_COPY",
+		1: "FORWARD_MODE_PARITY",
+	}
+	ForwardMode_value = map[string]int32{
+		"FORWARD_MODE_COPY":   0,
+		"FORWARD_MODE_PARITY": 1,
+	}
+)
+
+func (x ForwardMode) Enum() *ForwardMode {
+	p := new(ForwardMode)
+	*p = x
+	return p
+}
+
+func (x ForwardMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ForwardMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_pool_proto_enumTypes[6].Descriptor()
+}
+
+func (ForwardMode) Type() protoreflect.EnumType {
+	return &file_pool_proto_enumTypes[6]
+}
+
+func (x ForwardMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ForwardMode.Descriptor instead.
+func (ForwardMode) EnumDescriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{6}
 }
 
 type SessionRequest struct {
@@ -715,8 +867,11 @@ type AllocRequest struct {
 	// 0 for no bound. Negative values are refused (INVALID).
 	MaxReadLatencyNs    int64 `protobuf:"varint,10,opt,name=max_read_latency_ns,json=maxReadLatencyNs,proto3" json:"max_read_latency_ns,omitempty"`
 	MinReadBandwidthBps int64 `protobuf:"varint,11,opt,name=min_read_bandwidth_bps,json=minReadBandwidthBps,proto3" json:"min_read_bandwidth_bps,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// How many lost homes the segment survives (rdma tier only); unset:
+	// the daemon's default (poold --default-redundancy, none unless set).
+	Redundancy    *Redundancy `protobuf:"bytes,12,opt,name=redundancy,proto3" json:"redundancy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllocRequest) Reset() {
@@ -826,6 +981,221 @@ func (x *AllocRequest) GetMinReadBandwidthBps() int64 {
 	return 0
 }
 
+func (x *AllocRequest) GetRedundancy() *Redundancy {
+	if x != nil {
+		return x.Redundancy
+	}
+	return nil
+}
+
+// Redundancy is a segment's protection against losing homes: n full
+// copies, or k data and m parity shards (Reed-Solomon), each on a distinct
+// host, in distinct zones while there are as many.
+type Redundancy struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Replicas     uint32                 `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`                             // full copies; 0 with no shards: none
+	DataShards   uint32                 `protobuf:"varint,2,opt,name=data_shards,json=dataShards,proto3" json:"data_shards,omitempty"`       // erasure coding: k data shards ...
+	ParityShards uint32                 `protobuf:"varint,3,opt,name=parity_shards,json=parityShards,proto3" json:"parity_shards,omitempty"` // ... and m parity shards
+	// Too few distinct hosts: place with fewer and say so in the segment's
+	// redundancy, instead of failing with NO_CAPACITY.
+	AllowFallback bool `protobuf:"varint,4,opt,name=allow_fallback,json=allowFallback,proto3" json:"allow_fallback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Redundancy) Reset() {
+	*x = Redundancy{}
+	mi := &file_pool_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Redundancy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Redundancy) ProtoMessage() {}
+
+func (x *Redundancy) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Redundancy.ProtoReflect.Descriptor instead.
+func (*Redundancy) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Redundancy) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *Redundancy) GetDataShards() uint32 {
+	if x != nil {
+		return x.DataShards
+	}
+	return 0
+}
+
+func (x *Redundancy) GetParityShards() uint32 {
+	if x != nil {
+		return x.ParityShards
+	}
+	return 0
+}
+
+func (x *Redundancy) GetAllowFallback() bool {
+	if x != nil {
+		return x.AllowFallback
+	}
+	return false
+}
+
+// SegmentHome is where one copy or shard of a redundant segment lives and
+// how a client reaches it over the data plane (as Segment's own fields do
+// for its single home).
+type SegmentHome struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Node           string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	HomeId         uint64                 `protobuf:"varint,2,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"`
+	DataAddr       string                 `protobuf:"bytes,3,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	Key            []byte                 `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
+	Epoch          uint64                 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	DataCredential []byte                 `protobuf:"bytes,6,opt,name=data_credential,json=dataCredential,proto3" json:"data_credential,omitempty"` // set in replies to a session's own calls
+	DataTls        bool                   `protobuf:"varint,7,opt,name=data_tls,json=dataTls,proto3" json:"data_tls,omitempty"`
+	DataTlsCa      []byte                 `protobuf:"bytes,8,opt,name=data_tls_ca,json=dataTlsCa,proto3" json:"data_tls_ca,omitempty"`
+	DataServerName string                 `protobuf:"bytes,9,opt,name=data_server_name,json=dataServerName,proto3" json:"data_server_name,omitempty"`
+	Transport      string                 `protobuf:"bytes,10,opt,name=transport,proto3" json:"transport,omitempty"`
+	State          HomeState              `protobuf:"varint,11,opt,name=state,proto3,enum=farmem.pool.v1.HomeState" json:"state,omitempty"`
+	RebuiltBytes   int64                  `protobuf:"varint,12,opt,name=rebuilt_bytes,json=rebuiltBytes,proto3" json:"rebuilt_bytes,omitempty"` // HOME_STATE_REBUILDING: bytes copied so far
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SegmentHome) Reset() {
+	*x = SegmentHome{}
+	mi := &file_pool_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SegmentHome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SegmentHome) ProtoMessage() {}
+
+func (x *SegmentHome) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SegmentHome.ProtoReflect.Descriptor instead.
+func (*SegmentHome) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SegmentHome) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *SegmentHome) GetHomeId() uint64 {
+	if x != nil {
+		return x.HomeId
+	}
+	return 0
+}
+
+func (x *SegmentHome) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
+}
+
+func (x *SegmentHome) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *SegmentHome) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SegmentHome) GetDataCredential() []byte {
+	if x != nil {
+		return x.DataCredential
+	}
+	return nil
+}
+
+func (x *SegmentHome) GetDataTls() bool {
+	if x != nil {
+		return x.DataTls
+	}
+	return false
+}
+
+func (x *SegmentHome) GetDataTlsCa() []byte {
+	if x != nil {
+		return x.DataTlsCa
+	}
+	return nil
+}
+
+func (x *SegmentHome) GetDataServerName() string {
+	if x != nil {
+		return x.DataServerName
+	}
+	return ""
+}
+
+func (x *SegmentHome) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
+}
+
+func (x *SegmentHome) GetState() HomeState {
+	if x != nil {
+		return x.State
+	}
+	return HomeState_HOME_STATE_OK
+}
+
+func (x *SegmentHome) GetRebuiltBytes() int64 {
+	if x != nil {
+		return x.RebuiltBytes
+	}
+	return 0
+}
+
 type FreeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -836,7 +1206,7 @@ type FreeRequest struct {
 
 func (x *FreeRequest) Reset() {
 	*x = FreeRequest{}
-	mi := &file_pool_proto_msgTypes[8]
+	mi := &file_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1218,7 @@ func (x *FreeRequest) String() string {
 func (*FreeRequest) ProtoMessage() {}
 
 func (x *FreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[8]
+	mi := &file_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1231,7 @@ func (x *FreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeRequest.ProtoReflect.Descriptor instead.
 func (*FreeRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{8}
+	return file_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FreeRequest) GetId() uint64 {
@@ -886,7 +1256,7 @@ type FreeResponse struct {
 
 func (x *FreeResponse) Reset() {
 	*x = FreeResponse{}
-	mi := &file_pool_proto_msgTypes[9]
+	mi := &file_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1268,7 @@ func (x *FreeResponse) String() string {
 func (*FreeResponse) ProtoMessage() {}
 
 func (x *FreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[9]
+	mi := &file_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1281,7 @@ func (x *FreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeResponse.ProtoReflect.Descriptor instead.
 func (*FreeResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{9}
+	return file_pool_proto_rawDescGZIP(), []int{11}
 }
 
 type AttachRequest struct {
@@ -923,7 +1293,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_pool_proto_msgTypes[10]
+	mi := &file_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1305,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[10]
+	mi := &file_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1318,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{10}
+	return file_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AttachRequest) GetName() string {
@@ -978,7 +1348,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_pool_proto_msgTypes[11]
+	mi := &file_pool_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1360,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[11]
+	mi := &file_pool_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1373,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{11}
+	return file_pool_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRequest) GetAll() bool {
@@ -1040,7 +1410,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_pool_proto_msgTypes[12]
+	mi := &file_pool_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1422,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[12]
+	mi := &file_pool_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1435,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{12}
+	return file_pool_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListResponse) GetSegments() []*Segment {
@@ -1091,7 +1461,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_pool_proto_msgTypes[13]
+	mi := &file_pool_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1473,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[13]
+	mi := &file_pool_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1486,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{13}
+	return file_pool_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StatRequest) GetId() uint64 {
@@ -1184,14 +1554,27 @@ type Segment struct {
 	// The segment's memory keeps its contents through a power loss once
 	// flushed (persistent CXL memory, an NVDIMM, an emulated device's files
 	// on a disk filesystem): alloc.Segment.Persist makes a range durable.
-	PowerSafe     bool `protobuf:"varint,33,opt,name=power_safe,json=powerSafe,proto3" json:"power_safe,omitempty"`
+	PowerSafe bool `protobuf:"varint,33,opt,name=power_safe,json=powerSafe,proto3" json:"power_safe,omitempty"`
+	// A redundant segment: what it was asked to survive (as placed: fewer
+	// copies than asked only with allow_fallback), its homes, and what holds
+	// now. Replicas: homes[0] is the primary, which orders every write and
+	// atomic (the single-home fields above name it). Erasure coding: homes
+	// are data shards 0..k-1 then parity shards 0..m-1; the logical layout
+	// is in package alloc's documentation.
+	Redundancy      *Redundancy     `protobuf:"bytes,34,opt,name=redundancy,proto3" json:"redundancy,omitempty"`
+	Homes           []*SegmentHome  `protobuf:"bytes,35,rep,name=homes,proto3" json:"homes,omitempty"`
+	RedundancyState RedundancyState `protobuf:"varint,36,opt,name=redundancy_state,json=redundancyState,proto3,enum=farmem.pool.v1.RedundancyState" json:"redundancy_state,omitempty"`
+	// Erasure coding: bytes of one shard in one stripe; a stripe holds
+	// data_shards * shard_chunk bytes of the segment, and size is padded to
+	// whole stripes.
+	ShardChunk    int64 `protobuf:"varint,37,opt,name=shard_chunk,json=shardChunk,proto3" json:"shard_chunk,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_pool_proto_msgTypes[14]
+	mi := &file_pool_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1586,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[14]
+	mi := &file_pool_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1599,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{14}
+	return file_pool_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Segment) GetId() uint64 {
@@ -1450,6 +1833,34 @@ func (x *Segment) GetPowerSafe() bool {
 	return false
 }
 
+func (x *Segment) GetRedundancy() *Redundancy {
+	if x != nil {
+		return x.Redundancy
+	}
+	return nil
+}
+
+func (x *Segment) GetHomes() []*SegmentHome {
+	if x != nil {
+		return x.Homes
+	}
+	return nil
+}
+
+func (x *Segment) GetRedundancyState() RedundancyState {
+	if x != nil {
+		return x.RedundancyState
+	}
+	return RedundancyState_REDUNDANCY_STATE_NONE
+}
+
+func (x *Segment) GetShardChunk() int64 {
+	if x != nil {
+		return x.ShardChunk
+	}
+	return 0
+}
+
 // Placement is how Alloc chose a segment's tier: the figures it judged the
 // tier by and the budget they were held against.
 type Placement struct {
@@ -1469,7 +1880,7 @@ type Placement struct {
 
 func (x *Placement) Reset() {
 	*x = Placement{}
-	mi := &file_pool_proto_msgTypes[15]
+	mi := &file_pool_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1892,7 @@ func (x *Placement) String() string {
 func (*Placement) ProtoMessage() {}
 
 func (x *Placement) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[15]
+	mi := &file_pool_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1905,7 @@ func (x *Placement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Placement.ProtoReflect.Descriptor instead.
 func (*Placement) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{15}
+	return file_pool_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Placement) GetReadLatency() *Latency {
@@ -1547,7 +1958,7 @@ type TiersRequest struct {
 
 func (x *TiersRequest) Reset() {
 	*x = TiersRequest{}
-	mi := &file_pool_proto_msgTypes[16]
+	mi := &file_pool_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1970,7 @@ func (x *TiersRequest) String() string {
 func (*TiersRequest) ProtoMessage() {}
 
 func (x *TiersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[16]
+	mi := &file_pool_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1983,7 @@ func (x *TiersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TiersRequest.ProtoReflect.Descriptor instead.
 func (*TiersRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{16}
+	return file_pool_proto_rawDescGZIP(), []int{18}
 }
 
 type TiersResponse struct {
@@ -1584,7 +1995,7 @@ type TiersResponse struct {
 
 func (x *TiersResponse) Reset() {
 	*x = TiersResponse{}
-	mi := &file_pool_proto_msgTypes[17]
+	mi := &file_pool_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1596,7 +2007,7 @@ func (x *TiersResponse) String() string {
 func (*TiersResponse) ProtoMessage() {}
 
 func (x *TiersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[17]
+	mi := &file_pool_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1609,7 +2020,7 @@ func (x *TiersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TiersResponse.ProtoReflect.Descriptor instead.
 func (*TiersResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{17}
+	return file_pool_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TiersResponse) GetTiers() []*TierInfo {
@@ -1632,7 +2043,7 @@ type Latency struct {
 
 func (x *Latency) Reset() {
 	*x = Latency{}
-	mi := &file_pool_proto_msgTypes[18]
+	mi := &file_pool_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +2055,7 @@ func (x *Latency) String() string {
 func (*Latency) ProtoMessage() {}
 
 func (x *Latency) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[18]
+	mi := &file_pool_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +2068,7 @@ func (x *Latency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Latency.ProtoReflect.Descriptor instead.
 func (*Latency) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{18}
+	return file_pool_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Latency) GetP50Ns() int64 {
@@ -1720,7 +2131,7 @@ type TierInfo struct {
 
 func (x *TierInfo) Reset() {
 	*x = TierInfo{}
-	mi := &file_pool_proto_msgTypes[19]
+	mi := &file_pool_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +2143,7 @@ func (x *TierInfo) String() string {
 func (*TierInfo) ProtoMessage() {}
 
 func (x *TierInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[19]
+	mi := &file_pool_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +2156,7 @@ func (x *TierInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierInfo.ProtoReflect.Descriptor instead.
 func (*TierInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{19}
+	return file_pool_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TierInfo) GetTier() Tier {
@@ -1894,7 +2305,7 @@ type Emulation struct {
 
 func (x *Emulation) Reset() {
 	*x = Emulation{}
-	mi := &file_pool_proto_msgTypes[20]
+	mi := &file_pool_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2317,7 @@ func (x *Emulation) String() string {
 func (*Emulation) ProtoMessage() {}
 
 func (x *Emulation) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[20]
+	mi := &file_pool_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2330,7 @@ func (x *Emulation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Emulation.ProtoReflect.Descriptor instead.
 func (*Emulation) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{20}
+	return file_pool_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Emulation) GetLatencyNs() int64 {
@@ -1944,7 +2355,7 @@ type MeasureTiersRequest struct {
 
 func (x *MeasureTiersRequest) Reset() {
 	*x = MeasureTiersRequest{}
-	mi := &file_pool_proto_msgTypes[21]
+	mi := &file_pool_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1956,7 +2367,7 @@ func (x *MeasureTiersRequest) String() string {
 func (*MeasureTiersRequest) ProtoMessage() {}
 
 func (x *MeasureTiersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[21]
+	mi := &file_pool_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1969,7 +2380,7 @@ func (x *MeasureTiersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MeasureTiersRequest.ProtoReflect.Descriptor instead.
 func (*MeasureTiersRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{21}
+	return file_pool_proto_rawDescGZIP(), []int{23}
 }
 
 type StatusRequest struct {
@@ -1980,7 +2391,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_pool_proto_msgTypes[22]
+	mi := &file_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1992,7 +2403,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[22]
+	mi := &file_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2005,7 +2416,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{22}
+	return file_pool_proto_rawDescGZIP(), []int{24}
 }
 
 type StatusResponse struct {
@@ -2054,7 +2465,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2477,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[23]
+	mi := &file_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2490,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{23}
+	return file_pool_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -2246,7 +2657,7 @@ type NameConflict struct {
 
 func (x *NameConflict) Reset() {
 	*x = NameConflict{}
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2669,7 @@ func (x *NameConflict) String() string {
 func (*NameConflict) ProtoMessage() {}
 
 func (x *NameConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[24]
+	mi := &file_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2682,7 @@ func (x *NameConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NameConflict.ProtoReflect.Descriptor instead.
 func (*NameConflict) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{24}
+	return file_pool_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NameConflict) GetName() string {
@@ -2336,7 +2747,7 @@ type QuotaUsage struct {
 
 func (x *QuotaUsage) Reset() {
 	*x = QuotaUsage{}
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2348,7 +2759,7 @@ func (x *QuotaUsage) String() string {
 func (*QuotaUsage) ProtoMessage() {}
 
 func (x *QuotaUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[25]
+	mi := &file_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2361,7 +2772,7 @@ func (x *QuotaUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaUsage.ProtoReflect.Descriptor instead.
 func (*QuotaUsage) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{25}
+	return file_pool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *QuotaUsage) GetIdentity() string {
@@ -2412,7 +2823,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2424,7 +2835,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[26]
+	mi := &file_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2437,7 +2848,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{26}
+	return file_pool_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ClientInfo) GetId() string {
@@ -2522,7 +2933,7 @@ type TierOps struct {
 
 func (x *TierOps) Reset() {
 	*x = TierOps{}
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2945,7 @@ func (x *TierOps) String() string {
 func (*TierOps) ProtoMessage() {}
 
 func (x *TierOps) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[27]
+	mi := &file_pool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2958,7 @@ func (x *TierOps) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierOps.ProtoReflect.Descriptor instead.
 func (*TierOps) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{27}
+	return file_pool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TierOps) GetTier() Tier {
@@ -2617,7 +3028,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2629,7 +3040,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[28]
+	mi := &file_pool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2642,7 +3053,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{28}
+	return file_pool_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodesRequest) GetMatrix() bool {
@@ -2684,7 +3095,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_pool_proto_msgTypes[29]
+	mi := &file_pool_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2696,7 +3107,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[29]
+	mi := &file_pool_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2709,7 +3120,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{29}
+	return file_pool_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -2824,7 +3235,7 @@ type PeerLatency struct {
 
 func (x *PeerLatency) Reset() {
 	*x = PeerLatency{}
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +3247,7 @@ func (x *PeerLatency) String() string {
 func (*PeerLatency) ProtoMessage() {}
 
 func (x *PeerLatency) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[30]
+	mi := &file_pool_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +3260,7 @@ func (x *PeerLatency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerLatency.ProtoReflect.Descriptor instead.
 func (*PeerLatency) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{30}
+	return file_pool_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PeerLatency) GetNode() string {
@@ -2914,7 +3325,7 @@ type LatencyRow struct {
 
 func (x *LatencyRow) Reset() {
 	*x = LatencyRow{}
-	mi := &file_pool_proto_msgTypes[31]
+	mi := &file_pool_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2926,7 +3337,7 @@ func (x *LatencyRow) String() string {
 func (*LatencyRow) ProtoMessage() {}
 
 func (x *LatencyRow) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[31]
+	mi := &file_pool_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2939,7 +3350,7 @@ func (x *LatencyRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LatencyRow.ProtoReflect.Descriptor instead.
 func (*LatencyRow) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{31}
+	return file_pool_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *LatencyRow) GetFrom() string {
@@ -2974,7 +3385,7 @@ type NodeTier struct {
 
 func (x *NodeTier) Reset() {
 	*x = NodeTier{}
-	mi := &file_pool_proto_msgTypes[32]
+	mi := &file_pool_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2986,7 +3397,7 @@ func (x *NodeTier) String() string {
 func (*NodeTier) ProtoMessage() {}
 
 func (x *NodeTier) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[32]
+	mi := &file_pool_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2999,7 +3410,7 @@ func (x *NodeTier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTier.ProtoReflect.Descriptor instead.
 func (*NodeTier) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{32}
+	return file_pool_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *NodeTier) GetTier() string {
@@ -3035,7 +3446,7 @@ type NodesResponse struct {
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_pool_proto_msgTypes[33]
+	mi := &file_pool_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3458,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[33]
+	mi := &file_pool_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3471,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{33}
+	return file_pool_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NodesResponse) GetNodes() []*NodeInfo {
@@ -3099,7 +3510,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_pool_proto_msgTypes[34]
+	mi := &file_pool_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3111,7 +3522,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[34]
+	mi := &file_pool_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3124,7 +3535,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{34}
+	return file_pool_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -3171,7 +3582,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_pool_proto_msgTypes[35]
+	mi := &file_pool_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3183,7 +3594,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[35]
+	mi := &file_pool_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3196,7 +3607,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{35}
+	return file_pool_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DrainResponse) GetNode() string {
@@ -3267,7 +3678,7 @@ type Evacuation struct {
 
 func (x *Evacuation) Reset() {
 	*x = Evacuation{}
-	mi := &file_pool_proto_msgTypes[36]
+	mi := &file_pool_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3690,7 @@ func (x *Evacuation) String() string {
 func (*Evacuation) ProtoMessage() {}
 
 func (x *Evacuation) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[36]
+	mi := &file_pool_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3703,7 @@ func (x *Evacuation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Evacuation.ProtoReflect.Descriptor instead.
 func (*Evacuation) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{36}
+	return file_pool_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Evacuation) GetSegmentsMoved() uint32 {
@@ -3388,7 +3799,7 @@ type DetachRequest struct {
 
 func (x *DetachRequest) Reset() {
 	*x = DetachRequest{}
-	mi := &file_pool_proto_msgTypes[37]
+	mi := &file_pool_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3400,7 +3811,7 @@ func (x *DetachRequest) String() string {
 func (*DetachRequest) ProtoMessage() {}
 
 func (x *DetachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[37]
+	mi := &file_pool_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3413,7 +3824,7 @@ func (x *DetachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachRequest.ProtoReflect.Descriptor instead.
 func (*DetachRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{37}
+	return file_pool_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DetachRequest) GetId() uint64 {
@@ -3431,7 +3842,7 @@ type DetachResponse struct {
 
 func (x *DetachResponse) Reset() {
 	*x = DetachResponse{}
-	mi := &file_pool_proto_msgTypes[38]
+	mi := &file_pool_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3443,7 +3854,7 @@ func (x *DetachResponse) String() string {
 func (*DetachResponse) ProtoMessage() {}
 
 func (x *DetachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[38]
+	mi := &file_pool_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3456,7 +3867,7 @@ func (x *DetachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachResponse.ProtoReflect.Descriptor instead.
 func (*DetachResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{38}
+	return file_pool_proto_rawDescGZIP(), []int{40}
 }
 
 type KeyringRequest struct {
@@ -3470,7 +3881,7 @@ type KeyringRequest struct {
 
 func (x *KeyringRequest) Reset() {
 	*x = KeyringRequest{}
-	mi := &file_pool_proto_msgTypes[39]
+	mi := &file_pool_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3482,7 +3893,7 @@ func (x *KeyringRequest) String() string {
 func (*KeyringRequest) ProtoMessage() {}
 
 func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[39]
+	mi := &file_pool_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3495,7 +3906,7 @@ func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
 func (*KeyringRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{39}
+	return file_pool_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *KeyringRequest) GetOp() KeyringOp {
@@ -3528,7 +3939,7 @@ type KeyringResponse struct {
 
 func (x *KeyringResponse) Reset() {
 	*x = KeyringResponse{}
-	mi := &file_pool_proto_msgTypes[40]
+	mi := &file_pool_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3540,7 +3951,7 @@ func (x *KeyringResponse) String() string {
 func (*KeyringResponse) ProtoMessage() {}
 
 func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[40]
+	mi := &file_pool_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3553,7 +3964,7 @@ func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
 func (*KeyringResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{40}
+	return file_pool_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *KeyringResponse) GetNodes() []*NodeKeyring {
@@ -3576,7 +3987,7 @@ type NodeKeyring struct {
 
 func (x *NodeKeyring) Reset() {
 	*x = NodeKeyring{}
-	mi := &file_pool_proto_msgTypes[41]
+	mi := &file_pool_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3588,7 +3999,7 @@ func (x *NodeKeyring) String() string {
 func (*NodeKeyring) ProtoMessage() {}
 
 func (x *NodeKeyring) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[41]
+	mi := &file_pool_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3601,7 +4012,7 @@ func (x *NodeKeyring) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeKeyring.ProtoReflect.Descriptor instead.
 func (*NodeKeyring) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{41}
+	return file_pool_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *NodeKeyring) GetNode() string {
@@ -3637,7 +4048,7 @@ type DelegateRequest struct {
 
 func (x *DelegateRequest) Reset() {
 	*x = DelegateRequest{}
-	mi := &file_pool_proto_msgTypes[42]
+	mi := &file_pool_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3649,7 +4060,7 @@ func (x *DelegateRequest) String() string {
 func (*DelegateRequest) ProtoMessage() {}
 
 func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[42]
+	mi := &file_pool_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3662,7 +4073,7 @@ func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateRequest.ProtoReflect.Descriptor instead.
 func (*DelegateRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{42}
+	return file_pool_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DelegateRequest) GetClientId() string {
@@ -3688,7 +4099,7 @@ type DelegateResponse struct {
 
 func (x *DelegateResponse) Reset() {
 	*x = DelegateResponse{}
-	mi := &file_pool_proto_msgTypes[43]
+	mi := &file_pool_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +4111,7 @@ func (x *DelegateResponse) String() string {
 func (*DelegateResponse) ProtoMessage() {}
 
 func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[43]
+	mi := &file_pool_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +4124,7 @@ func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateResponse.ProtoReflect.Descriptor instead.
 func (*DelegateResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{43}
+	return file_pool_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DelegateResponse) GetDataCredential() []byte {
@@ -3737,7 +4148,7 @@ type AuthorizeRequest struct {
 
 func (x *AuthorizeRequest) Reset() {
 	*x = AuthorizeRequest{}
-	mi := &file_pool_proto_msgTypes[44]
+	mi := &file_pool_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +4160,7 @@ func (x *AuthorizeRequest) String() string {
 func (*AuthorizeRequest) ProtoMessage() {}
 
 func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[44]
+	mi := &file_pool_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +4173,7 @@ func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{44}
+	return file_pool_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AuthorizeRequest) GetIds() []uint64 {
@@ -3794,7 +4205,7 @@ type AuthorizeResponse struct {
 
 func (x *AuthorizeResponse) Reset() {
 	*x = AuthorizeResponse{}
-	mi := &file_pool_proto_msgTypes[45]
+	mi := &file_pool_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3806,7 +4217,7 @@ func (x *AuthorizeResponse) String() string {
 func (*AuthorizeResponse) ProtoMessage() {}
 
 func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[45]
+	mi := &file_pool_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3819,7 +4230,7 @@ func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{45}
+	return file_pool_proto_rawDescGZIP(), []int{47}
 }
 
 // MoveRequest names a segment by id or name (of the callee's records) or,
@@ -3839,7 +4250,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_pool_proto_msgTypes[46]
+	mi := &file_pool_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3851,7 +4262,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[46]
+	mi := &file_pool_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3864,7 +4275,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{46}
+	return file_pool_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *MoveRequest) GetId() uint64 {
@@ -3922,7 +4333,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_pool_proto_msgTypes[47]
+	mi := &file_pool_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3934,7 +4345,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[47]
+	mi := &file_pool_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3947,7 +4358,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{47}
+	return file_pool_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *MoveResponse) GetSegment() *Segment {
@@ -3996,7 +4407,7 @@ type MoveOutRequest struct {
 
 func (x *MoveOutRequest) Reset() {
 	*x = MoveOutRequest{}
-	mi := &file_pool_proto_msgTypes[48]
+	mi := &file_pool_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4008,7 +4419,7 @@ func (x *MoveOutRequest) String() string {
 func (*MoveOutRequest) ProtoMessage() {}
 
 func (x *MoveOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[48]
+	mi := &file_pool_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4021,7 +4432,7 @@ func (x *MoveOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveOutRequest.ProtoReflect.Descriptor instead.
 func (*MoveOutRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{48}
+	return file_pool_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MoveOutRequest) GetHomeId() uint64 {
@@ -4045,6 +4456,144 @@ func (x *MoveOutRequest) GetChunk() int64 {
 	return 0
 }
 
+type ReplicateRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	HomeId       uint64                 `protobuf:"varint,1,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"` // the copy's or shard's id at the callee
+	Mode         ForwardMode            `protobuf:"varint,2,opt,name=mode,proto3,enum=farmem.pool.v1.ForwardMode" json:"mode,omitempty"`
+	Shard        uint32                 `protobuf:"varint,3,opt,name=shard,proto3" json:"shard,omitempty"`                                   // PARITY: the callee's data shard index
+	DataShards   uint32                 `protobuf:"varint,4,opt,name=data_shards,json=dataShards,proto3" json:"data_shards,omitempty"`       // PARITY: k
+	ParityShards uint32                 `protobuf:"varint,5,opt,name=parity_shards,json=parityShards,proto3" json:"parity_shards,omitempty"` // PARITY: m
+	// COPY: the backups; PARITY: the parity shards, in order (a lost one as
+	// a home with state HOME_STATE_LOST, so indexes hold).
+	Targets       []*SegmentHome `protobuf:"bytes,6,rep,name=targets,proto3" json:"targets,omitempty"`
+	Epoch         uint64         `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
+	mi := &file_pool_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateRequest) ProtoMessage() {}
+
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ReplicateRequest) GetHomeId() uint64 {
+	if x != nil {
+		return x.HomeId
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetMode() ForwardMode {
+	if x != nil {
+		return x.Mode
+	}
+	return ForwardMode_FORWARD_MODE_COPY
+}
+
+func (x *ReplicateRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetDataShards() uint32 {
+	if x != nil {
+		return x.DataShards
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetParityShards() uint32 {
+	if x != nil {
+		return x.ParityShards
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetTargets() []*SegmentHome {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+func (x *ReplicateRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type ReplicateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"` // the copy's epoch after the call
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateResponse) Reset() {
+	*x = ReplicateResponse{}
+	mi := &file_pool_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateResponse) ProtoMessage() {}
+
+func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicateResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ReplicateResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type MoveOutResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// DIRTY, SEAL: the changed chunks, a bitmap (bit i of byte i/8 is chunk i).
@@ -4056,7 +4605,7 @@ type MoveOutResponse struct {
 
 func (x *MoveOutResponse) Reset() {
 	*x = MoveOutResponse{}
-	mi := &file_pool_proto_msgTypes[49]
+	mi := &file_pool_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4068,7 +4617,7 @@ func (x *MoveOutResponse) String() string {
 func (*MoveOutResponse) ProtoMessage() {}
 
 func (x *MoveOutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[49]
+	mi := &file_pool_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4081,7 +4630,7 @@ func (x *MoveOutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveOutResponse.ProtoReflect.Descriptor instead.
 func (*MoveOutResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{49}
+	return file_pool_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *MoveOutResponse) GetDirty() []byte {
@@ -4131,7 +4680,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12'\n" +
 	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\"A\n" +
 	"\fKeepAliveAck\x121\n" +
-	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\x81\x03\n" +
+	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xbd\x03\n" +
 	"\fAllocRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12(\n" +
 	"\x04tier\x18\x02 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12\x12\n" +
@@ -4146,7 +4695,31 @@ const file_pool_proto_rawDesc = "" +
 	"for_client\x18\t \x01(\tR\tforClient\x12-\n" +
 	"\x13max_read_latency_ns\x18\n" +
 	" \x01(\x03R\x10maxReadLatencyNs\x123\n" +
-	"\x16min_read_bandwidth_bps\x18\v \x01(\x03R\x13minReadBandwidthBps\"1\n" +
+	"\x16min_read_bandwidth_bps\x18\v \x01(\x03R\x13minReadBandwidthBps\x12:\n" +
+	"\n" +
+	"redundancy\x18\f \x01(\v2\x1a.farmem.pool.v1.RedundancyR\n" +
+	"redundancy\"\x95\x01\n" +
+	"\n" +
+	"Redundancy\x12\x1a\n" +
+	"\breplicas\x18\x01 \x01(\rR\breplicas\x12\x1f\n" +
+	"\vdata_shards\x18\x02 \x01(\rR\n" +
+	"dataShards\x12#\n" +
+	"\rparity_shards\x18\x03 \x01(\rR\fparityShards\x12%\n" +
+	"\x0eallow_fallback\x18\x04 \x01(\bR\rallowFallback\"\x81\x03\n" +
+	"\vSegmentHome\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x17\n" +
+	"\ahome_id\x18\x02 \x01(\x04R\x06homeId\x12\x1b\n" +
+	"\tdata_addr\x18\x03 \x01(\tR\bdataAddr\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\fR\x03key\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12'\n" +
+	"\x0fdata_credential\x18\x06 \x01(\fR\x0edataCredential\x12\x19\n" +
+	"\bdata_tls\x18\a \x01(\bR\adataTls\x12\x1e\n" +
+	"\vdata_tls_ca\x18\b \x01(\fR\tdataTlsCa\x12(\n" +
+	"\x10data_server_name\x18\t \x01(\tR\x0edataServerName\x12\x1c\n" +
+	"\ttransport\x18\n" +
+	" \x01(\tR\ttransport\x12/\n" +
+	"\x05state\x18\v \x01(\x0e2\x19.farmem.pool.v1.HomeStateR\x05state\x12#\n" +
+	"\rrebuilt_bytes\x18\f \x01(\x03R\frebuiltBytes\"1\n" +
 	"\vFreeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x0e\n" +
@@ -4162,7 +4735,7 @@ const file_pool_proto_rawDesc = "" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xf6\a\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xd2\t\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
@@ -4199,7 +4772,14 @@ const file_pool_proto_rawDesc = "" +
 	"\x10data_server_name\x18\x1f \x01(\tR\x0edataServerName\x127\n" +
 	"\tplacement\x18  \x01(\v2\x19.farmem.pool.v1.PlacementR\tplacement\x12\x1d\n" +
 	"\n" +
-	"power_safe\x18! \x01(\bR\tpowerSafe\"\xa5\x02\n" +
+	"power_safe\x18! \x01(\bR\tpowerSafe\x12:\n" +
+	"\n" +
+	"redundancy\x18\" \x01(\v2\x1a.farmem.pool.v1.RedundancyR\n" +
+	"redundancy\x121\n" +
+	"\x05homes\x18# \x03(\v2\x1b.farmem.pool.v1.SegmentHomeR\x05homes\x12J\n" +
+	"\x10redundancy_state\x18$ \x01(\x0e2\x1f.farmem.pool.v1.RedundancyStateR\x0fredundancyState\x12\x1f\n" +
+	"\vshard_chunk\x18% \x01(\x03R\n" +
+	"shardChunk\"\xa5\x02\n" +
 	"\tPlacement\x12:\n" +
 	"\fread_latency\x18\x01 \x01(\v2\x17.farmem.pool.v1.LatencyR\vreadLatency\x12,\n" +
 	"\x12read_bandwidth_bps\x18\x02 \x01(\x03R\x10readBandwidthBps\x122\n" +
@@ -4425,7 +5005,18 @@ const file_pool_proto_rawDesc = "" +
 	"\x0eMoveOutRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x122\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x1c.farmem.pool.v1.MoveOutPhaseR\x05phase\x12\x14\n" +
-	"\x05chunk\x18\x03 \x01(\x03R\x05chunk\"J\n" +
+	"\x05chunk\x18\x03 \x01(\x03R\x05chunk\"\x85\x02\n" +
+	"\x10ReplicateRequest\x12\x17\n" +
+	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12/\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\x1b.farmem.pool.v1.ForwardModeR\x04mode\x12\x14\n" +
+	"\x05shard\x18\x03 \x01(\rR\x05shard\x12\x1f\n" +
+	"\vdata_shards\x18\x04 \x01(\rR\n" +
+	"dataShards\x12#\n" +
+	"\rparity_shards\x18\x05 \x01(\rR\fparityShards\x125\n" +
+	"\atargets\x18\x06 \x03(\v2\x1b.farmem.pool.v1.SegmentHomeR\atargets\x12\x14\n" +
+	"\x05epoch\x18\a \x01(\x04R\x05epoch\")\n" +
+	"\x11ReplicateResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"J\n" +
 	"\x0fMoveOutResponse\x12\x14\n" +
 	"\x05dirty\x18\x01 \x01(\fR\x05dirty\x12!\n" +
 	"\fdirty_chunks\x18\x02 \x01(\rR\vdirtyChunks*I\n" +
@@ -4438,7 +5029,17 @@ const file_pool_proto_rawDesc = "" +
 	"\fSegmentState\x12\x1d\n" +
 	"\x19SEGMENT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SEGMENT_STATE_ACTIVE\x10\x01\x12\x16\n" +
-	"\x12SEGMENT_STATE_LOST\x10\x02*\x7f\n" +
+	"\x12SEGMENT_STATE_LOST\x10\x02*\xa0\x01\n" +
+	"\x0fRedundancyState\x12\x19\n" +
+	"\x15REDUNDANCY_STATE_NONE\x10\x00\x12\x17\n" +
+	"\x13REDUNDANCY_STATE_OK\x10\x01\x12\x1d\n" +
+	"\x19REDUNDANCY_STATE_DEGRADED\x10\x02\x12\x1f\n" +
+	"\x1bREDUNDANCY_STATE_REBUILDING\x10\x03\x12\x19\n" +
+	"\x15REDUNDANCY_STATE_LOST\x10\x04*N\n" +
+	"\tHomeState\x12\x11\n" +
+	"\rHOME_STATE_OK\x10\x00\x12\x13\n" +
+	"\x0fHOME_STATE_LOST\x10\x01\x12\x19\n" +
+	"\x15HOME_STATE_REBUILDING\x10\x02*\x7f\n" +
 	"\tKeyringOp\x12\x1a\n" +
 	"\x16KEYRING_OP_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
@@ -4450,7 +5051,11 @@ const file_pool_proto_rawDesc = "" +
 	"\x0eMOVE_OUT_DIRTY\x10\x01\x12\x11\n" +
 	"\rMOVE_OUT_SEAL\x10\x02\x12\x13\n" +
 	"\x0fMOVE_OUT_COMMIT\x10\x03\x12\x12\n" +
-	"\x0eMOVE_OUT_ABORT\x10\x042\xd0\t\n" +
+	"\x0eMOVE_OUT_ABORT\x10\x04*=\n" +
+	"\vForwardMode\x12\x15\n" +
+	"\x11FORWARD_MODE_COPY\x10\x00\x12\x17\n" +
+	"\x13FORWARD_MODE_PARITY\x10\x012\xa2\n" +
+	"\n" +
 	"\x04Pool\x12N\n" +
 	"\aSession\x12\x1e.farmem.pool.v1.SessionRequest\x1a\x1f.farmem.pool.v1.SessionResponse(\x010\x01\x12>\n" +
 	"\x05Alloc\x12\x1c.farmem.pool.v1.AllocRequest\x1a\x17.farmem.pool.v1.Segment\x12A\n" +
@@ -4468,7 +5073,8 @@ const file_pool_proto_rawDesc = "" +
 	"\bDelegate\x12\x1f.farmem.pool.v1.DelegateRequest\x1a .farmem.pool.v1.DelegateResponse\x12P\n" +
 	"\tAuthorize\x12 .farmem.pool.v1.AuthorizeRequest\x1a!.farmem.pool.v1.AuthorizeResponse\x12A\n" +
 	"\x04Move\x12\x1b.farmem.pool.v1.MoveRequest\x1a\x1c.farmem.pool.v1.MoveResponse\x12J\n" +
-	"\aMoveOut\x12\x1e.farmem.pool.v1.MoveOutRequest\x1a\x1f.farmem.pool.v1.MoveOutResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
+	"\aMoveOut\x12\x1e.farmem.pool.v1.MoveOutRequest\x1a\x1f.farmem.pool.v1.MoveOutResponse\x12P\n" +
+	"\tReplicate\x12 .farmem.pool.v1.ReplicateRequest\x1a!.farmem.pool.v1.ReplicateResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
 
 var (
 	file_pool_proto_rawDescOnce sync.Once
@@ -4482,147 +5088,163 @@ func file_pool_proto_rawDescGZIP() []byte {
 	return file_pool_proto_rawDescData
 }
 
-var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
-	(KeyringOp)(0),              // 2: farmem.pool.v1.KeyringOp
-	(MoveOutPhase)(0),           // 3: farmem.pool.v1.MoveOutPhase
-	(*SessionRequest)(nil),      // 4: farmem.pool.v1.SessionRequest
-	(*Hello)(nil),               // 5: farmem.pool.v1.Hello
-	(*KeepAlive)(nil),           // 6: farmem.pool.v1.KeepAlive
-	(*SessionResponse)(nil),     // 7: farmem.pool.v1.SessionResponse
-	(*SegmentEvents)(nil),       // 8: farmem.pool.v1.SegmentEvents
-	(*Welcome)(nil),             // 9: farmem.pool.v1.Welcome
-	(*KeepAliveAck)(nil),        // 10: farmem.pool.v1.KeepAliveAck
-	(*AllocRequest)(nil),        // 11: farmem.pool.v1.AllocRequest
-	(*FreeRequest)(nil),         // 12: farmem.pool.v1.FreeRequest
-	(*FreeResponse)(nil),        // 13: farmem.pool.v1.FreeResponse
-	(*AttachRequest)(nil),       // 14: farmem.pool.v1.AttachRequest
-	(*ListRequest)(nil),         // 15: farmem.pool.v1.ListRequest
-	(*ListResponse)(nil),        // 16: farmem.pool.v1.ListResponse
-	(*StatRequest)(nil),         // 17: farmem.pool.v1.StatRequest
-	(*Segment)(nil),             // 18: farmem.pool.v1.Segment
-	(*Placement)(nil),           // 19: farmem.pool.v1.Placement
-	(*TiersRequest)(nil),        // 20: farmem.pool.v1.TiersRequest
-	(*TiersResponse)(nil),       // 21: farmem.pool.v1.TiersResponse
-	(*Latency)(nil),             // 22: farmem.pool.v1.Latency
-	(*TierInfo)(nil),            // 23: farmem.pool.v1.TierInfo
-	(*Emulation)(nil),           // 24: farmem.pool.v1.Emulation
-	(*MeasureTiersRequest)(nil), // 25: farmem.pool.v1.MeasureTiersRequest
-	(*StatusRequest)(nil),       // 26: farmem.pool.v1.StatusRequest
-	(*StatusResponse)(nil),      // 27: farmem.pool.v1.StatusResponse
-	(*NameConflict)(nil),        // 28: farmem.pool.v1.NameConflict
-	(*QuotaUsage)(nil),          // 29: farmem.pool.v1.QuotaUsage
-	(*ClientInfo)(nil),          // 30: farmem.pool.v1.ClientInfo
-	(*TierOps)(nil),             // 31: farmem.pool.v1.TierOps
-	(*NodesRequest)(nil),        // 32: farmem.pool.v1.NodesRequest
-	(*NodeInfo)(nil),            // 33: farmem.pool.v1.NodeInfo
-	(*PeerLatency)(nil),         // 34: farmem.pool.v1.PeerLatency
-	(*LatencyRow)(nil),          // 35: farmem.pool.v1.LatencyRow
-	(*NodeTier)(nil),            // 36: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),       // 37: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),        // 38: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),       // 39: farmem.pool.v1.DrainResponse
-	(*Evacuation)(nil),          // 40: farmem.pool.v1.Evacuation
-	(*DetachRequest)(nil),       // 41: farmem.pool.v1.DetachRequest
-	(*DetachResponse)(nil),      // 42: farmem.pool.v1.DetachResponse
-	(*KeyringRequest)(nil),      // 43: farmem.pool.v1.KeyringRequest
-	(*KeyringResponse)(nil),     // 44: farmem.pool.v1.KeyringResponse
-	(*NodeKeyring)(nil),         // 45: farmem.pool.v1.NodeKeyring
-	(*DelegateRequest)(nil),     // 46: farmem.pool.v1.DelegateRequest
-	(*DelegateResponse)(nil),    // 47: farmem.pool.v1.DelegateResponse
-	(*AuthorizeRequest)(nil),    // 48: farmem.pool.v1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),   // 49: farmem.pool.v1.AuthorizeResponse
-	(*MoveRequest)(nil),         // 50: farmem.pool.v1.MoveRequest
-	(*MoveResponse)(nil),        // 51: farmem.pool.v1.MoveResponse
-	(*MoveOutRequest)(nil),      // 52: farmem.pool.v1.MoveOutRequest
-	(*MoveOutResponse)(nil),     // 53: farmem.pool.v1.MoveOutResponse
+	(RedundancyState)(0),        // 2: farmem.pool.v1.RedundancyState
+	(HomeState)(0),              // 3: farmem.pool.v1.HomeState
+	(KeyringOp)(0),              // 4: farmem.pool.v1.KeyringOp
+	(MoveOutPhase)(0),           // 5: farmem.pool.v1.MoveOutPhase
+	(ForwardMode)(0),            // 6: farmem.pool.v1.ForwardMode
+	(*SessionRequest)(nil),      // 7: farmem.pool.v1.SessionRequest
+	(*Hello)(nil),               // 8: farmem.pool.v1.Hello
+	(*KeepAlive)(nil),           // 9: farmem.pool.v1.KeepAlive
+	(*SessionResponse)(nil),     // 10: farmem.pool.v1.SessionResponse
+	(*SegmentEvents)(nil),       // 11: farmem.pool.v1.SegmentEvents
+	(*Welcome)(nil),             // 12: farmem.pool.v1.Welcome
+	(*KeepAliveAck)(nil),        // 13: farmem.pool.v1.KeepAliveAck
+	(*AllocRequest)(nil),        // 14: farmem.pool.v1.AllocRequest
+	(*Redundancy)(nil),          // 15: farmem.pool.v1.Redundancy
+	(*SegmentHome)(nil),         // 16: farmem.pool.v1.SegmentHome
+	(*FreeRequest)(nil),         // 17: farmem.pool.v1.FreeRequest
+	(*FreeResponse)(nil),        // 18: farmem.pool.v1.FreeResponse
+	(*AttachRequest)(nil),       // 19: farmem.pool.v1.AttachRequest
+	(*ListRequest)(nil),         // 20: farmem.pool.v1.ListRequest
+	(*ListResponse)(nil),        // 21: farmem.pool.v1.ListResponse
+	(*StatRequest)(nil),         // 22: farmem.pool.v1.StatRequest
+	(*Segment)(nil),             // 23: farmem.pool.v1.Segment
+	(*Placement)(nil),           // 24: farmem.pool.v1.Placement
+	(*TiersRequest)(nil),        // 25: farmem.pool.v1.TiersRequest
+	(*TiersResponse)(nil),       // 26: farmem.pool.v1.TiersResponse
+	(*Latency)(nil),             // 27: farmem.pool.v1.Latency
+	(*TierInfo)(nil),            // 28: farmem.pool.v1.TierInfo
+	(*Emulation)(nil),           // 29: farmem.pool.v1.Emulation
+	(*MeasureTiersRequest)(nil), // 30: farmem.pool.v1.MeasureTiersRequest
+	(*StatusRequest)(nil),       // 31: farmem.pool.v1.StatusRequest
+	(*StatusResponse)(nil),      // 32: farmem.pool.v1.StatusResponse
+	(*NameConflict)(nil),        // 33: farmem.pool.v1.NameConflict
+	(*QuotaUsage)(nil),          // 34: farmem.pool.v1.QuotaUsage
+	(*ClientInfo)(nil),          // 35: farmem.pool.v1.ClientInfo
+	(*TierOps)(nil),             // 36: farmem.pool.v1.TierOps
+	(*NodesRequest)(nil),        // 37: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),            // 38: farmem.pool.v1.NodeInfo
+	(*PeerLatency)(nil),         // 39: farmem.pool.v1.PeerLatency
+	(*LatencyRow)(nil),          // 40: farmem.pool.v1.LatencyRow
+	(*NodeTier)(nil),            // 41: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),       // 42: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),        // 43: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),       // 44: farmem.pool.v1.DrainResponse
+	(*Evacuation)(nil),          // 45: farmem.pool.v1.Evacuation
+	(*DetachRequest)(nil),       // 46: farmem.pool.v1.DetachRequest
+	(*DetachResponse)(nil),      // 47: farmem.pool.v1.DetachResponse
+	(*KeyringRequest)(nil),      // 48: farmem.pool.v1.KeyringRequest
+	(*KeyringResponse)(nil),     // 49: farmem.pool.v1.KeyringResponse
+	(*NodeKeyring)(nil),         // 50: farmem.pool.v1.NodeKeyring
+	(*DelegateRequest)(nil),     // 51: farmem.pool.v1.DelegateRequest
+	(*DelegateResponse)(nil),    // 52: farmem.pool.v1.DelegateResponse
+	(*AuthorizeRequest)(nil),    // 53: farmem.pool.v1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),   // 54: farmem.pool.v1.AuthorizeResponse
+	(*MoveRequest)(nil),         // 55: farmem.pool.v1.MoveRequest
+	(*MoveResponse)(nil),        // 56: farmem.pool.v1.MoveResponse
+	(*MoveOutRequest)(nil),      // 57: farmem.pool.v1.MoveOutRequest
+	(*ReplicateRequest)(nil),    // 58: farmem.pool.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 59: farmem.pool.v1.ReplicateResponse
+	(*MoveOutResponse)(nil),     // 60: farmem.pool.v1.MoveOutResponse
 }
 var file_pool_proto_depIdxs = []int32{
-	5,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
-	6,  // 1: farmem.pool.v1.SessionRequest.keep_alive:type_name -> farmem.pool.v1.KeepAlive
-	9,  // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
-	10, // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
-	8,  // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
+	8,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
+	9,  // 1: farmem.pool.v1.SessionRequest.keep_alive:type_name -> farmem.pool.v1.KeepAlive
+	12, // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
+	13, // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
+	11, // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
 	0,  // 5: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
 	0,  // 6: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
-	18, // 7: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
-	0,  // 8: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
-	1,  // 9: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
-	24, // 10: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
-	19, // 11: farmem.pool.v1.Segment.placement:type_name -> farmem.pool.v1.Placement
-	22, // 12: farmem.pool.v1.Placement.read_latency:type_name -> farmem.pool.v1.Latency
-	23, // 13: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	0,  // 14: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
-	22, // 15: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
-	22, // 16: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
-	22, // 17: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
-	24, // 18: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
-	22, // 19: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
-	22, // 20: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
-	23, // 21: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	30, // 22: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
-	31, // 23: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
-	29, // 24: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
-	28, // 25: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	40, // 26: farmem.pool.v1.StatusResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
-	0,  // 27: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
-	0,  // 28: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	36, // 29: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	34, // 30: farmem.pool.v1.NodeInfo.latency:type_name -> farmem.pool.v1.PeerLatency
-	22, // 31: farmem.pool.v1.PeerLatency.read_latency:type_name -> farmem.pool.v1.Latency
-	22, // 32: farmem.pool.v1.PeerLatency.read_4k_latency:type_name -> farmem.pool.v1.Latency
-	34, // 33: farmem.pool.v1.LatencyRow.to:type_name -> farmem.pool.v1.PeerLatency
-	33, // 34: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	28, // 35: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	35, // 36: farmem.pool.v1.NodesResponse.matrix:type_name -> farmem.pool.v1.LatencyRow
-	40, // 37: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
-	2,  // 38: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
-	45, // 39: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
-	0,  // 40: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
-	18, // 41: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
-	3,  // 42: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
-	4,  // 43: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	11, // 44: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	12, // 45: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	14, // 46: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	15, // 47: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	17, // 48: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	20, // 49: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	26, // 50: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	32, // 51: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	38, // 52: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	25, // 53: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	41, // 54: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	43, // 55: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	46, // 56: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	48, // 57: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	50, // 58: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
-	52, // 59: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
-	7,  // 60: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	18, // 61: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	13, // 62: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	18, // 63: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	16, // 64: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	18, // 65: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	21, // 66: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	27, // 67: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	37, // 68: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	39, // 69: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	21, // 70: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	42, // 71: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	44, // 72: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	47, // 73: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	49, // 74: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	51, // 75: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	53, // 76: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	60, // [60:77] is the sub-list for method output_type
-	43, // [43:60] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	15, // 7: farmem.pool.v1.AllocRequest.redundancy:type_name -> farmem.pool.v1.Redundancy
+	3,  // 8: farmem.pool.v1.SegmentHome.state:type_name -> farmem.pool.v1.HomeState
+	23, // 9: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
+	0,  // 10: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
+	1,  // 11: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
+	29, // 12: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
+	24, // 13: farmem.pool.v1.Segment.placement:type_name -> farmem.pool.v1.Placement
+	15, // 14: farmem.pool.v1.Segment.redundancy:type_name -> farmem.pool.v1.Redundancy
+	16, // 15: farmem.pool.v1.Segment.homes:type_name -> farmem.pool.v1.SegmentHome
+	2,  // 16: farmem.pool.v1.Segment.redundancy_state:type_name -> farmem.pool.v1.RedundancyState
+	27, // 17: farmem.pool.v1.Placement.read_latency:type_name -> farmem.pool.v1.Latency
+	28, // 18: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	0,  // 19: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
+	27, // 20: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
+	27, // 21: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
+	27, // 22: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
+	29, // 23: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
+	27, // 24: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
+	27, // 25: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
+	28, // 26: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	35, // 27: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	36, // 28: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	34, // 29: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
+	33, // 30: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	45, // 31: farmem.pool.v1.StatusResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	0,  // 32: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 33: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
+	41, // 34: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	39, // 35: farmem.pool.v1.NodeInfo.latency:type_name -> farmem.pool.v1.PeerLatency
+	27, // 36: farmem.pool.v1.PeerLatency.read_latency:type_name -> farmem.pool.v1.Latency
+	27, // 37: farmem.pool.v1.PeerLatency.read_4k_latency:type_name -> farmem.pool.v1.Latency
+	39, // 38: farmem.pool.v1.LatencyRow.to:type_name -> farmem.pool.v1.PeerLatency
+	38, // 39: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	33, // 40: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	40, // 41: farmem.pool.v1.NodesResponse.matrix:type_name -> farmem.pool.v1.LatencyRow
+	45, // 42: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	4,  // 43: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
+	50, // 44: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
+	0,  // 45: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
+	23, // 46: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
+	5,  // 47: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
+	6,  // 48: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
+	16, // 49: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
+	7,  // 50: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	14, // 51: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	17, // 52: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	19, // 53: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	20, // 54: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	22, // 55: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	25, // 56: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	31, // 57: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	37, // 58: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	43, // 59: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	30, // 60: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	46, // 61: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	48, // 62: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	51, // 63: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	53, // 64: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	55, // 65: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
+	57, // 66: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
+	58, // 67: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
+	10, // 68: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	23, // 69: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	18, // 70: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	23, // 71: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	21, // 72: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	23, // 73: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	26, // 74: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	32, // 75: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	42, // 76: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	44, // 77: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	26, // 78: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	47, // 79: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	49, // 80: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	52, // 81: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	54, // 82: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	56, // 83: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	60, // 84: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	59, // 85: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
+	68, // [68:86] is the sub-list for method output_type
+	50, // [50:68] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -4644,8 +5266,8 @@ func file_pool_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   50,
+			NumEnums:      7,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

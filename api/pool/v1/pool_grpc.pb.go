@@ -45,6 +45,7 @@ const (
 	Pool_Authorize_FullMethodName    = "/farmem.pool.v1.Pool/Authorize"
 	Pool_Move_FullMethodName         = "/farmem.pool.v1.Pool/Move"
 	Pool_MoveOut_FullMethodName      = "/farmem.pool.v1.Pool/MoveOut"
+	Pool_Replicate_FullMethodName    = "/farmem.pool.v1.Pool/Replicate"
 )
 
 // PoolClient is the client API for Pool service.
@@ -103,6 +104,13 @@ type PoolClient interface {
 	// segment away from this home (the callee) while the caller copies it:
 	// track writes, report what changed, seal, commit, or abort.
 	MoveOut(ctx context.Context, in *MoveOutRequest, opts ...grpc.CallOption) (*MoveOutResponse, error)
+	// Replicate, on a peer daemon's session only, tells one home of a
+	// redundant segment (the callee) how to forward the effect of every
+	// write and atomic applied to its copy or data shard: as the same write
+	// to backup copies, or as parity deltas to parity shards. An empty
+	// target list stops forwarding. The epoch, when above the copy's, is
+	// raised first (a promoted primary fences its predecessor's clients).
+	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
 }
 
 type poolClient struct {
@@ -286,6 +294,16 @@ func (c *poolClient) MoveOut(ctx context.Context, in *MoveOutRequest, opts ...gr
 	return out, nil
 }
 
+func (c *poolClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicateResponse)
+	err := c.cc.Invoke(ctx, Pool_Replicate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServer is the server API for Pool service.
 // All implementations must embed UnimplementedPoolServer
 // for forward compatibility.
@@ -342,6 +360,13 @@ type PoolServer interface {
 	// segment away from this home (the callee) while the caller copies it:
 	// track writes, report what changed, seal, commit, or abort.
 	MoveOut(context.Context, *MoveOutRequest) (*MoveOutResponse, error)
+	// Replicate, on a peer daemon's session only, tells one home of a
+	// redundant segment (the callee) how to forward the effect of every
+	// write and atomic applied to its copy or data shard: as the same write
+	// to backup copies, or as parity deltas to parity shards. An empty
+	// target list stops forwarding. The epoch, when above the copy's, is
+	// raised first (a promoted primary fences its predecessor's clients).
+	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
 
@@ -402,6 +427,9 @@ func (UnimplementedPoolServer) Move(context.Context, *MoveRequest) (*MoveRespons
 }
 func (UnimplementedPoolServer) MoveOut(context.Context, *MoveOutRequest) (*MoveOutResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MoveOut not implemented")
+}
+func (UnimplementedPoolServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
 }
 func (UnimplementedPoolServer) mustEmbedUnimplementedPoolServer() {}
 func (UnimplementedPoolServer) testEmbeddedByValue()              {}
@@ -719,6 +747,24 @@ func _Pool_MoveOut_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Pool_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).Replicate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_Replicate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).Replicate(ctx, req.(*ReplicateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Pool_ServiceDesc is the grpc.ServiceDesc for Pool service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -789,6 +835,10 @@ var Pool_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MoveOut",
 			Handler:    _Pool_MoveOut_Handler,
+		},
+		{
+			MethodName: "Replicate",
+			Handler:    _Pool_Replicate_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
