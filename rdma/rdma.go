@@ -108,6 +108,11 @@ const (
 	OpCompareAndSwap OpKind = 3
 	// OpFetchAdd adds Delta to the word at Offset.
 	OpFetchAdd OpKind = 4
+	// OpXor XORs Buf into the bytes at Offset: the parity update of an
+	// erasure-coded segment, where updates from several writers commute.
+	// It is exactly-once-able (Op.Once) like OpWrite. Value 6: 5 is the
+	// tcp transport's message opcode.
+	OpXor OpKind = 6
 )
 
 // String returns the kind's name as used in error messages.
@@ -121,6 +126,8 @@ func (k OpKind) String() string {
 		return "CAS"
 	case OpFetchAdd:
 		return "FADD"
+	case OpXor:
+		return "XOR"
 	default:
 		return fmt.Sprintf("OpKind(%d)", uint8(k))
 	}
@@ -136,7 +143,8 @@ type Op struct {
 	Region Region
 	// Offset is the byte offset in the segment. Atomics need a multiple of 8.
 	Offset int64
-	// Buf is the destination of OpRead and the source of OpWrite.
+	// Buf is the destination of OpRead and the source of OpWrite and
+	// OpXor.
 	Buf []byte
 	// Old is the expected value for OpCompareAndSwap.
 	Old uint64
@@ -144,12 +152,12 @@ type Op struct {
 	New uint64
 	// Delta is the addend for OpFetchAdd.
 	Delta uint64
-	// Once, when not nil, makes an OpWrite, OpCompareAndSwap or OpFetchAdd
-	// exactly-once: post the op again with the same Ticket (on a connection
+	// Once, when not nil, makes an OpWrite, OpXor, OpCompareAndSwap or
+	// OpFetchAdd exactly-once: post the op again with the same Ticket (on a connection
 	// dialed with the ticket's Session) after a connection failure, and the
 	// server answers a retry of an op it already applied with the original
 	// result, or with ErrIndeterminate when it can no longer tell; it never
-	// applies the op twice. An OpWrite with a ticket carries at most one
+	// applies the op twice. An OpWrite or OpXor with a ticket carries at most one
 	// frame of the transport (rdma/tcp: MaxPayload bytes). Nil: the op is
 	// sent as is, and posting it again may apply it again.
 	Once *Ticket

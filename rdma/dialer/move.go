@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // The steps of moving a segment away from this host (tcp.Server.Track,
@@ -36,3 +37,22 @@ func (s *Server) Unseal(seg uint64) error { return s.tcp.Unseal(seg) }
 // MoveAway withdraws the segment as Fence does, and every later operation
 // naming it with its key answers rdma.ErrMoved.
 func (s *Server) MoveAway(seg uint64) error { return s.tcp.MoveAway(seg) }
+
+// Forward sets how the segment forwards its writes and atomics to its
+// copies or parity shards (see tcp.Server.Forward); nil stops forwarding.
+// Only the tcp transport sees the writes it serves, so forwarding is
+// refused with an error matching rdma.ErrNotSupported while verbs serves,
+// as Track is.
+func (s *Server) Forward(seg uint64, f *tcp.Forwarding) error {
+	if s.verbs != nil && f != nil {
+		return fmt.Errorf("rdma/dialer: forward writes to segment %d: %w: verbs peers write it without this host's CPU (%s)", seg, rdma.ErrNotSupported, s.reason)
+	}
+	return s.tcp.Forward(seg, f)
+}
+
+// AllowReaders sets who may only read the segment over the tcp transport
+// (see tcp.Server.AllowReaders). Verbs peers are guarded by the segment's
+// rkey alone, as with Allow.
+func (s *Server) AllowReaders(seg uint64, principals []string) error {
+	return s.tcp.AllowReaders(seg, principals)
+}

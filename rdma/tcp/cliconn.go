@@ -276,8 +276,12 @@ func (c *cliConn) writeBatch(batch []*op) error {
 			}
 		}
 		switch o.kind {
-		case rdma.OpWrite:
+		case rdma.OpWrite, rdma.OpXor:
 			h.payloadLen = h.length
+			if o.origin != nil {
+				h.flags |= reqFlagForward
+				h.payloadLen += uint32(len(o.origin))
+			}
 		case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
 			h.length = 8
 		case opKindMessage:
@@ -287,7 +291,10 @@ func (c *cliConn) writeBatch(batch []*op) error {
 		n++
 		encodeRequest(hb, &h)
 		iov = append(iov, hb)
-		if o.kind == rdma.OpWrite && len(o.buf) > 0 {
+		if len(o.origin) > 0 {
+			iov = append(iov, o.origin)
+		}
+		if carriesPayload(o.kind) && len(o.buf) > 0 {
 			iov = append(iov, o.buf)
 		}
 		if o.kind == opKindMessage && len(o.req) > 0 {

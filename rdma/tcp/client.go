@@ -246,11 +246,17 @@ func check(k rdma.OpKind, r rdma.Region, off int64, n int) error {
 	if off < 0 || int64(n) > math.MaxInt64-off {
 		return fmt.Errorf("rdma/tcp: %s %s offset %d length %d: %w", k, r, off, n, rdma.ErrOutOfRange)
 	}
-	if (k == rdma.OpCompareAndSwap || k == rdma.OpFetchAdd) && off%8 != 0 {
+	if isAtomic(k) && off%8 != 0 {
 		return fmt.Errorf("rdma/tcp: %s %s offset %d: %w", k, r, off, rdma.ErrUnaligned)
 	}
 	return nil
 }
+
+// isAtomic reports whether k is a one-word atomic.
+func isAtomic(k rdma.OpKind) bool { return k == rdma.OpCompareAndSwap || k == rdma.OpFetchAdd }
+
+// carriesPayload reports whether k's Buf is sent as the request payload.
+func carriesPayload(k rdma.OpKind) bool { return k == rdma.OpWrite || k == rdma.OpXor }
 
 // run sends one op and waits for it. nil means o's results are valid.
 func (cl *Client) run(ctx context.Context, o *op) error {
@@ -288,8 +294,18 @@ func (cl *Client) Write(ctx context.Context, r rdma.Region, off int64, p []byte)
 	return cl.transfer(ctx, rdma.OpWrite, r, off, p)
 }
 
-// transfer runs one READ or WRITE, split into several ops when larger than
-// MaxPayload.
+// Xor XORs p into the remote bytes [off, off+len(p)) of r (the parity
+// update of an erasure-coded segment; XORs commute). Buffers and
+// cancellation are as for Write; XORs larger than MaxPayload are split
+// into several ops, each XORed on its own. Whether a cancelled Xor reached
+// remote memory is unknown, and an Xor applied twice cancels itself out:
+// post it with an rdma.Op.Once ticket (Do) when it may be retried.
+func (cl *Client) Xor(ctx context.Context, r rdma.Region, off int64, p []byte) error {
+	return cl.transfer(ctx, rdma.OpXor, r, off, p)
+}
+
+// transfer runs one READ, WRITE or XOR, split into several ops when larger
+// than MaxPayload.
 func (cl *Client) transfer(ctx context.Context, kind rdma.OpKind, r rdma.Region, off int64, p []byte) error {
 	if err := check(kind, r, off, len(p)); err != nil {
 		return err
@@ -381,7 +397,7 @@ func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
 			continue
 		}
 		switch u.Kind {
-		case rdma.OpRead, rdma.OpWrite:
+		case rdma.OpRead, rdma.OpWrite, rdma.OpXor:
 			if u.Err = check(u.Kind, u.Region, u.Offset, len(u.Buf)); u.Err != nil {
 				continue
 			}
@@ -403,7 +419,7 @@ func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
 			o.arg0, o.arg1 = opArgs(u)
 			parts = append(parts, part{o, u})
 		default:
-			u.Err = &rdma.NotSupportedError{Feature: "tcp " + u.Kind.String(), Reason: "unknown op kind; use OpRead, OpWrite, OpCompareAndSwap or OpFetchAdd"}
+			u.Err = &rdma.NotSupportedError{Feature: "tcp " + u.Kind.String(), Reason: "unknown op kind; use OpRead, OpWrite, OpXor, OpCompareAndSwap or OpFetchAdd"}
 		}
 	}
 
@@ -420,7 +436,7 @@ func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
 		if err != nil && p.owner.Err == nil {
 			p.owner.Err = err
 		}
-		if p.owner.Kind == rdma.OpCompareAndSwap || p.owner.Kind == rdma.OpFetchAdd {
+		if isAtomic(p.owner.Kind) {
 			p.owner.Prev, p.owner.Swapped = p.o.prev, p.o.swapped
 		}
 		p.o.release()
@@ -436,7 +452,7 @@ func (cl *Client) Do(ctx context.Context, ops ...*rdma.Op) error {
 // oneFrame reports whether u travels as one wire op.
 func oneFrame(u *rdma.Op) bool {
 	switch u.Kind {
-	case rdma.OpRead, rdma.OpWrite:
+	case rdma.OpRead, rdma.OpWrite, rdma.OpXor:
 		return len(u.Buf) <= MaxPayload
 	case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
 		return true
@@ -449,7 +465,7 @@ func oneFrame(u *rdma.Op) bool {
 func (cl *Client) one(ctx context.Context, u *rdma.Op) error {
 	u.Err, u.Prev, u.Swapped = nil, 0, false
 	n := len(u.Buf)
-	if u.Kind == rdma.OpCompareAndSwap || u.Kind == rdma.OpFetchAdd {
+	if isAtomic(u.Kind) {
 		n = 8
 	}
 	if u.Once != nil {
@@ -478,19 +494,19 @@ func (cl *Client) one(ctx context.Context, u *rdma.Op) error {
 	return err
 }
 
-// checkOnce validates an exactly-once op: a WRITE of at most one frame or
-// an atomic, with a ticket of the client's session.
+// checkOnce validates an exactly-once op: a WRITE or XOR of at most one
+// frame or an atomic, with a ticket of the client's session.
 func (cl *Client) checkOnce(u *rdma.Op) error {
 	n := len(u.Buf)
 	switch u.Kind {
-	case rdma.OpWrite:
+	case rdma.OpWrite, rdma.OpXor:
 		if n > MaxPayload {
-			return fmt.Errorf("rdma/tcp: exactly-once WRITE of %d bytes at %d: one ticket covers at most MaxPayload (%d) bytes; split the write: %w", n, u.Offset, MaxPayload, rdma.ErrOutOfRange)
+			return fmt.Errorf("rdma/tcp: exactly-once %s of %d bytes at %d: one ticket covers at most MaxPayload (%d) bytes; split it: %w", u.Kind, n, u.Offset, MaxPayload, rdma.ErrOutOfRange)
 		}
 	case rdma.OpCompareAndSwap, rdma.OpFetchAdd:
 		n = 8
 	default:
-		return &rdma.NotSupportedError{Feature: "exactly-once " + u.Kind.String(), Reason: "only WRITE, CAS and FADD take a ticket; a READ can simply be retried"}
+		return &rdma.NotSupportedError{Feature: "exactly-once " + u.Kind.String(), Reason: "only WRITE, XOR, CAS and FADD take a ticket; a READ can simply be retried"}
 	}
 	if err := check(u.Kind, u.Region, u.Offset, n); err != nil {
 		return err

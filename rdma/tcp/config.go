@@ -137,6 +137,13 @@ type ServerConfig struct {
 	// answered with the status of the rdma sentinel it wraps. Default: nil
 	// (MSG is answered UNSUPPORTED).
 	Message func(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int) ([]byte, error)
+
+	// ForwardTimeout bounds how long a forwarding segment (Server.Forward)
+	// waits for one op's targets to acknowledge it, retries after broken
+	// connections included; a target that has not answered by then is
+	// reported to Forwarding.OnFail and skipped from then on. It is the
+	// longest a client's op waits for a target that hangs. Default: 1s.
+	ForwardTimeout time.Duration
 }
 
 // DefaultConfig returns the configuration with every default filled in.
@@ -152,6 +159,7 @@ func DefaultConfig() ServerConfig {
 		WriteTimeout:           10 * time.Second,
 		ReadBufferSize:         64 << 10,
 		BusyPoll:               DefaultBusyPoll,
+		ForwardTimeout:         time.Second,
 		Logger:                 slog.Default(),
 	}
 }
@@ -169,6 +177,7 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	orDefault(&c.WriteTimeout, d.WriteTimeout)
 	orDefault(&c.ReadBufferSize, d.ReadBufferSize)
 	orDefault(&c.BusyPoll, d.BusyPoll)
+	orDefault(&c.ForwardTimeout, d.ForwardTimeout)
 	orDefault(&c.Logger, d.Logger)
 	return c
 }
@@ -202,6 +211,8 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("rdma/tcp: ServerConfig.HandshakeTimeout is %v; use a positive duration (default 5s)", c.HandshakeTimeout)
 	case c.WriteTimeout < 0:
 		return fmt.Errorf("rdma/tcp: ServerConfig.WriteTimeout is %v; use a positive duration (default 10s)", c.WriteTimeout)
+	case c.ForwardTimeout < 0:
+		return fmt.Errorf("rdma/tcp: ServerConfig.ForwardTimeout is %v; use a positive duration (default 1s)", c.ForwardTimeout)
 	case c.ReadBufferSize < 4<<10:
 		return fmt.Errorf("rdma/tcp: ServerConfig.ReadBufferSize is %d bytes; use at least 4096 (default 65536)", c.ReadBufferSize)
 	}

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"crypto/subtle"
 	"errors"
 	"io"
 	"sync"
@@ -42,6 +43,15 @@ type export struct {
 	// allowed is who may operate on the segment (Server.Allow); nil:
 	// every authenticated connection.
 	allowed atomic.Pointer[principals]
+	// readers may only read the segment (Server.AllowReaders); nil: none.
+	readers atomic.Pointer[principals]
+
+	// fwdMu serialises the mutating ops of a forwarding segment with the
+	// handing of their changes to the targets (forward.go), and the XORs
+	// on any segment with each other; fwd is the forwarding, nil when
+	// none, stored under fwdMu.
+	fwdMu sync.Mutex
+	fwd   atomic.Pointer[forwarder]
 
 	drainOnce sync.Once
 	drained   chan struct{}
@@ -170,6 +180,21 @@ func readGuarded(r io.Reader, dst []byte) (fault bool, err error) {
 	}()
 	_, err = io.ReadFull(r, dst)
 	return errors.Is(err, syscall.EFAULT), err
+}
+
+// xorGuarded XORs src into dst, and reports a memory fault instead of
+// crashing. The calling goroutine must have SetPanicOnFault(true).
+func xorGuarded(dst, src []byte) (fault bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if !isFault(r) {
+				panic(r)
+			}
+			fault = true
+		}
+	}()
+	subtle.XORBytes(dst, dst, src)
+	return false
 }
 
 // casGuarded is a compare-and-swap that returns the previous value.

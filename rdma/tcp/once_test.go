@@ -306,7 +306,7 @@ func TestSlotDecide(t *testing.T) {
 // the least recently used; a resumed unknown session has unknown slots.
 func TestSessionTableBound(t *testing.T) {
 	tb := newSessionTable(3)
-	key := func(i byte) sessionKey { return sessionKey{cred: "c", id: [sessionIDSize]byte{i}} }
+	key := func(i byte) sessionKey { return sessionKey{name: "c", id: [sessionIDSize]byte{i}} }
 	a := tb.open(key(1), false)
 	tb.open(key(2), false)
 	tb.open(key(3), false)
@@ -320,7 +320,7 @@ func TestSessionTableBound(t *testing.T) {
 	require.False(t, resumed.slots[0].known, "a resumed session the table lost must have unknown slots")
 	require.True(t, tb.open(key(5), false).slots[0].known)
 	require.Len(t, tb.m, 3)
-	require.NotSame(t, tb.open(sessionKey{cred: "other", id: key(5).id}, false), tb.m[key(5)], "another credential is another session")
+	require.NotSame(t, tb.open(sessionKey{name: "other", id: key(5).id}, false), tb.m[key(5)], "another credential is another session")
 }
 
 // TestVersions: a version 1 client is still served, without sessions (its

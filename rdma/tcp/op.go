@@ -41,6 +41,7 @@ type op struct {
 	n      int          // MSG response length
 	once   *rdma.Ticket // exactly-once ticket, or nil
 	retry  bool         // the ticket was posted before
+	origin []byte       // a forwarded op's origin block (reqFlagForward), or nil
 
 	conn  *cliConn      // set by Client.post for Do
 	id    atomic.Uint64 // atomic: a reader may load a stale op from a slot that fail just swept, whose next use sets it
@@ -66,7 +67,7 @@ func getOp() *op {
 func (o *op) release() {
 	if o.refs.Add(-1) == 0 {
 		o.buf, o.req, o.n = nil, nil, 0
-		o.once, o.retry = nil, false
+		o.once, o.retry, o.origin = nil, false, nil
 		o.err = nil
 		o.conn = nil
 		o.prev, o.swapped = 0, false

@@ -36,19 +36,57 @@ func (s *Server) Allow(seg uint64, names []string) error {
 	return nil
 }
 
-// permits reports whether the connection's principal may operate on e. It
-// remembers the last set it checked e against, so that a run of requests
-// on one segment costs one atomic load and two pointer comparisons.
-func (c *srvConn) permits(e *export) bool {
-	set := e.allowed.Load()
-	if set == nil || e == c.okExport && set == c.okSet {
+// AllowReaders sets who may only read segment seg: connections whose
+// principal is in names may READ it (also when a set given by Allow
+// lacks them) and are refused WRITE, CAS, FADD and XOR with
+// ACCESS_DENIED (also when Allow's set holds them). A backup copy is
+// readable by its clients on failover, while only its primary writes it.
+// It replaces the previous set; nil or empty names ends the restriction.
+func (s *Server) AllowReaders(seg uint64, names []string) error {
+	e := s.lookup(seg)
+	if e == nil {
+		return fmt.Errorf("rdma/tcp: allow readers on segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	if len(names) == 0 {
+		e.readers.Store(nil)
+		return nil
+	}
+	set := make(principals, len(names))
+	for _, n := range names {
+		set[n] = struct{}{}
+	}
+	e.readers.Store(&set)
+	return nil
+}
+
+// permits reports whether the connection's principal may operate on e, a
+// mutating op or a read. It remembers the last sets it checked e against,
+// so that a run of requests on one segment costs two atomic loads and
+// three pointer comparisons.
+func (c *srvConn) permits(e *export, mutating bool) bool {
+	set, rd := e.allowed.Load(), e.readers.Load()
+	if set == nil && rd == nil {
 		return true
 	}
-	if _, ok := (*set)[c.principal]; !ok || !c.identified {
-		return false
+	if e != c.okExport || set != c.okSet || rd != c.okReaders {
+		// Without a principal (no Identify) a connection is in no set:
+		// it may do anything on a segment without an Allow set, nothing
+		// on one with.
+		var reader bool
+		if rd != nil && c.identified {
+			_, reader = (*rd)[c.principal]
+		}
+		inSet := set == nil
+		if !inSet && c.identified {
+			_, inSet = (*set)[c.principal]
+		}
+		c.okReader, c.okWriter = reader || inSet, inSet && !reader
+		c.okExport, c.okSet, c.okReaders = e, set, rd
 	}
-	c.okExport, c.okSet = e, set
-	return true
+	if mutating {
+		return c.okWriter
+	}
+	return c.okReader
 }
 
 // identify runs ServerConfig.Identify (else Authenticate) on a hello's

@@ -7,13 +7,24 @@ import (
 	"github.com/farmem/farmem/rdma"
 )
 
-// sessionKey names a client session: the credential its connections
-// presented and the id the client chose. Keying by the credential too keeps
-// one client's connections from reaching another's replies even if they
-// learnt its id.
+// sessionKey names a client session: who its connections act for and the
+// id the client chose. Keying by who too keeps one client's connections
+// from reaching another's replies even if they learnt its id. Who is the
+// principal (ServerConfig.Identify) where the server names one, so that
+// the replies a primary forwards with its ops (origin.go) are found by the
+// same client connecting with the credential this host issued it; else the
+// credential.
 type sessionKey struct {
-	cred string
+	name string // sessionName
 	id   [sessionIDSize]byte
+}
+
+// sessionName is a sessionKey's name: a principal, or a credential.
+func sessionName(principal bool, who string) string {
+	if principal {
+		return "p:" + who
+	}
+	return "c:" + who
 }
 
 // sessionTable is a server's reply cache: the exactly-once sessions of its

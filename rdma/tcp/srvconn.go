@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -62,6 +63,16 @@ type srvConn struct {
 	sessResume         bool        // the hello resumed sessKey (see sessionTable.open)
 	record             *slot       // the slot whose request runs; respond caches its answer
 	recSeq             uint32      // the sequence number of that request
+	handedOff          bool        // a forwarded op took record (and its lock) to answer later
+
+	// Answers of forwarded ops, which come from other goroutines once the
+	// targets acknowledged (respondLater): wmu serialises every write to
+	// the socket (out, deadline); late holds encoded answers waiting for
+	// lateWriting's holder to write them.
+	wmu         sync.Mutex
+	lateMu      sync.Mutex
+	late, spare []byte
+	lateWriting bool
 
 	// The principal the hello's credential names (ServerConfig.Identify),
 	// and the last export and principal set it was found in (permits).
@@ -69,6 +80,9 @@ type srvConn struct {
 	identified bool
 	okExport   *export
 	okSet      *principals
+	okReaders  *principals
+	okReader   bool // okExport with okSet and okReaders: the principal may read
+	okWriter   bool // and may write
 }
 
 // newSrvConn returns a connection in its handshake: it holds no buffers
@@ -217,7 +231,11 @@ func (c *srvConn) handshake() (uint16, error) {
 		if h.version >= sessionVersion {
 			// Opened at the first ONCE request, so that a client that only
 			// reads takes no place in the table.
-			c.sessKey, c.sessResume = &sessionKey{cred: string(h.cred), id: h.session}, h.resume
+			who := string(h.cred)
+			if c.identified {
+				who = c.principal
+			}
+			c.sessKey, c.sessResume = &sessionKey{name: sessionName(c.identified, who), id: h.session}, h.resume
 		}
 	}
 	var b [replySize]byte
@@ -252,7 +270,7 @@ func (c *srvConn) handle(h *reqHeader) error {
 	switch h.op {
 	case opRead:
 		return c.read(h)
-	case opWrite:
+	case opWrite, opXor:
 		return c.write(h)
 	case opCAS, opFADD:
 		return c.atomic(h)
@@ -273,7 +291,8 @@ func (c *srvConn) handle(h *reqHeader) error {
 // so a retry that overtakes its original on another connection waits for
 // it.
 func (c *srvConn) once(h *reqHeader) error {
-	if (h.op != opWrite && h.op != opCAS && h.op != opFADD) || int(h.slot) >= rdma.SessionSlots {
+	writes := h.op == opWrite || h.op == opXor
+	if (!writes && h.op != opCAS && h.op != opFADD) || int(h.slot) >= rdma.SessionSlots || (h.flags&reqFlagForward != 0 && !writes) {
 		return c.unsupported(h)
 	}
 	if c.sess == nil {
@@ -283,27 +302,36 @@ func (c *srvConn) once(h *reqHeader) error {
 	}
 	sl := &c.sess.slots[h.slot]
 	sl.mu.Lock()
-	defer sl.mu.Unlock()
 	switch sl.decide(h.seq, h.flags&reqFlagRetry != 0) {
 	case replay:
+		defer sl.mu.Unlock()
 		if err := c.discard(int(h.payloadLen)); err != nil {
 			return err
 		}
 		return c.respond(h.id, sl.status, sl.flags, sl.value, nil, nil)
 	case indeterminate:
+		defer sl.mu.Unlock()
 		if err := c.discard(int(h.payloadLen)); err != nil {
 			return err
 		}
 		return c.respond(h.id, statusIndeterminate, 0, 0, nil, nil)
 	}
 	// A WRITE whose payload is cut short returns an error without an
-	// answer: nothing is cached, and a retry runs it again in full.
-	c.record, c.recSeq = sl, h.seq
-	defer func() { c.record = nil }()
-	if h.op == opWrite {
-		return c.write(h)
+	// answer: nothing is cached, and a retry runs it again in full. A
+	// forwarded op keeps the slot locked until its targets acknowledged
+	// and it is answered (handedOff).
+	c.record, c.recSeq, c.handedOff = sl, h.seq, false
+	var err error
+	if writes {
+		err = c.write(h)
+	} else {
+		err = c.atomic(h)
 	}
-	return c.atomic(h)
+	c.record = nil
+	if !c.handedOff {
+		sl.mu.Unlock()
+	}
+	return err
 }
 
 // unsupported skips the payload of an op this server does not know and
@@ -341,7 +369,7 @@ func (c *srvConn) pin(h *reqHeader, mutating bool) (*export, uint16) {
 		}
 		return nil, statusAccessDenied
 	}
-	if !c.permits(e) {
+	if !c.permits(e, mutating) {
 		return nil, statusAccessDenied
 	}
 	st := e.acquire(mutating)
@@ -415,6 +443,9 @@ func (c *srvConn) write(h *reqHeader) error {
 		return c.respond(h.id, st, 0, 0, nil, nil)
 	}
 
+	if h.op == opXor || h.flags&reqFlagForward != 0 || e.fwd.Load() != nil {
+		return c.writeStaged(h, e)
+	}
 	dst := e.mem[h.off : h.off+uint64(n)]
 	pre := c.rd.take(n)
 	k, fault := copyGuarded(dst, pre)
@@ -468,29 +499,7 @@ func (c *srvConn) atomic(h *reqHeader) error {
 		e.unpin(true)
 		return c.respond(h.id, statusOutOfRange, 0, 0, nil, nil)
 	}
-	var (
-		prev    uint64
-		swapped bool
-		fault   bool
-	)
-	if h.op == opCAS {
-		prev, swapped, fault = casGuarded(e.word(h.off), h.arg0, h.arg1)
-	} else {
-		prev, fault = faddGuarded(e.word(h.off), h.arg0)
-	}
-	if fault {
-		e.state.CompareAndSwap(stateLive, stateLost)
-		c.log.Error("rdma/tcp: memory fault on atomic; marked segment lost", "segment", e.seg, "offset", h.off)
-		e.unpin(true)
-		return c.respond(h.id, statusSegmentLost, 0, 0, nil, nil)
-	}
-	e.changed(h.off, 8)
-	e.unpin(true)
-	var flags uint8
-	if swapped {
-		flags = respFlagSwapped
-	}
-	return c.respond(h.id, statusOK, flags, prev, nil, nil)
+	return c.mutate(h, e, nil, nil)
 }
 
 // respond queues one response; pinned, if not nil, is released after the
@@ -524,16 +533,11 @@ func (c *srvConn) flush() error {
 	if c.npend == 0 {
 		return nil
 	}
-	if wt := c.s.cfg.WriteTimeout; wt > 0 {
-		// Move the deadline only when half of it is used up: a timer update
-		// per flush would cost more than the flush of a small batch.
-		if now := time.Now(); c.deadline.Sub(now) < wt/2 {
-			c.deadline = now.Add(wt)
-			c.nc.SetWriteDeadline(c.deadline)
-		}
-	}
 	c.nb = c.iov
+	c.wmu.Lock()
+	c.extendWriteDeadline()
 	err := c.out.write(&c.nb)
+	c.wmu.Unlock()
 	c.nb = nil
 	clear(c.iov)
 	c.iov = c.iov[:0]
@@ -546,6 +550,18 @@ func (c *srvConn) flush() error {
 	}
 	c.npend, c.pendBytes = 0, 0
 	return err
+}
+
+// extendWriteDeadline moves the write deadline on; c.wmu is held. It moves
+// only when half of it is used up: a timer update per flush would cost
+// more than the flush of a small batch.
+func (c *srvConn) extendWriteDeadline() {
+	if wt := c.s.cfg.WriteTimeout; wt > 0 {
+		if now := time.Now(); c.deadline.Sub(now) < wt/2 {
+			c.deadline = now.Add(wt)
+			c.nc.SetWriteDeadline(c.deadline)
+		}
+	}
 }
 
 // unpin releases the exports pinned by the pending batch.

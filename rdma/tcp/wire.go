@@ -46,6 +46,7 @@ const (
 	opCAS   uint8 = 3
 	opFADD  uint8 = 4
 	opMsg   uint8 = 5 // see message.go
+	opXor   uint8 = 6 // XOR the payload into the segment (forward.go)
 )
 
 // Response status codes. Append only.
@@ -74,8 +75,12 @@ const (
 	reqFlagOnce uint8 = 1
 	// reqFlagRetry: the client sent this slot and sequence number before.
 	reqFlagRetry uint8 = 2
+	// reqFlagForward: with reqFlagOnce, on WRITE or XOR: a primary
+	// forwards the op, and its payload starts with an origin block naming
+	// the client op it forwards and the primary's answer (origin.go).
+	reqFlagForward uint8 = 4
 	// reqFlagsKnown are the flags this server understands.
-	reqFlagsKnown = reqFlagOnce | reqFlagRetry
+	reqFlagsKnown = reqFlagOnce | reqFlagRetry | reqFlagForward
 )
 
 // helloFlagResume, in a version 2 hello, says that a server accepted the
@@ -168,9 +173,13 @@ func decodeRequest(b []byte, h *reqHeader) error {
 		if h.payloadLen != 0 {
 			return fmt.Errorf("READ request %d carries a %d-byte payload, want none: %w", h.id, h.payloadLen, rdma.ErrProtocol)
 		}
-	case opWrite:
-		if h.payloadLen != h.length {
-			return fmt.Errorf("WRITE request %d payload is %d bytes but length says %d: %w", h.id, h.payloadLen, h.length, rdma.ErrProtocol)
+	case opWrite, opXor:
+		if h.flags&reqFlagForward != 0 {
+			if pre := uint64(h.payloadLen) - uint64(h.length); h.payloadLen < h.length || pre < originSize || pre > originSize+MaxOriginName {
+				return fmt.Errorf("forwarded %s request %d payload is %d bytes for length %d: want length plus a %d..%d-byte origin block: %w", opName(h.op), h.id, h.payloadLen, h.length, originSize, originSize+MaxOriginName, rdma.ErrProtocol)
+			}
+		} else if h.payloadLen != h.length {
+			return fmt.Errorf("%s request %d payload is %d bytes but length says %d: %w", opName(h.op), h.id, h.payloadLen, h.length, rdma.ErrProtocol)
 		}
 	case opMsg:
 		if h.off != 0 || h.arg0 != 0 || h.arg1 != 0 {
@@ -183,6 +192,9 @@ func decodeRequest(b []byte, h *reqHeader) error {
 	}
 	return nil
 }
+
+// opName names a WRITE-like opcode in error messages.
+func opName(op uint8) string { return rdma.OpKind(op).String() }
 
 // respHeader is a decoded response frame header.
 type respHeader struct {

@@ -1,0 +1,447 @@
+package tcp
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/klauspost/reedsolomon"
+
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+)
+
+// Forwarding: a segment's copies (replicas) or parity shards (erasure
+// coding) are kept up to date by the data plane of the home that applies
+// its writes. Every mutating op on a forwarding segment is applied and
+// handed to the targets' connections under the segment's forwarding lock,
+// so every target gets the ops in the order they were applied; the client
+// is answered once every live target acknowledged, from a goroutine that
+// waits for the acknowledgements outside the lock, so the connection's
+// later requests go on meanwhile (their answers may overtake).
+
+// ForwardMode says what a forwarding segment sends its targets.
+type ForwardMode uint8
+
+const (
+	// ForwardCopy sends every target the bytes an op left in the
+	// segment: a WRITE the same bytes, a CAS or FADD the word's new value,
+	// an XOR the range's new bytes. The targets are full copies.
+	ForwardCopy ForwardMode = iota
+	// ForwardParity sends parity target j the j-th Reed-Solomon parity of
+	// the change (old XOR new bytes) of data shard Shard, as an XOR at the
+	// same offset: the targets are the stripe's parity shards.
+	ForwardParity
+)
+
+// String names the mode: "copy" or "parity".
+func (m ForwardMode) String() string {
+	switch m {
+	case ForwardCopy:
+		return "copy"
+	case ForwardParity:
+		return "parity"
+	}
+	return fmt.Sprintf("ForwardMode(%d)", uint8(m))
+}
+
+// ForwardTarget is one copy or parity shard a segment forwards to.
+type ForwardTarget struct {
+	// Conn reaches the target's data plane; it must be a *Client (the
+	// target's CPU has to see forwarded ops: XOR, and the reply cache of
+	// exactly-once across failover). Ops to it are exactly-once tickets of
+	// the Client's session. Nil: a lost target, skipped (its index still
+	// counts for parity).
+	Conn rdma.Conn
+	// Region addresses the target's segment.
+	Region rdma.Region
+}
+
+// Forwarding says how a segment forwards its mutating ops (Server.Forward).
+// The Server keeps its own copy of the slice; the Conns stay the caller's,
+// which closes them once no forwarding uses them.
+type Forwarding struct {
+	// Mode is ForwardCopy or ForwardParity.
+	Mode ForwardMode
+	// Shard is this segment's data shard index, DataShards and
+	// ParityShards the code's k and m (reedsolomon.New(k, m)); ForwardParity
+	// only.
+	Shard, DataShards, ParityShards int
+	// Targets are the copies (ForwardCopy) or the parity shards 0..m-1
+	// (ForwardParity, exactly ParityShards of them).
+	Targets []ForwardTarget
+	// OnFail is called (from a goroutine of the server, at most once per
+	// target and Forward call) when a target fails a forwarded op after
+	// retries; the target is then skipped and the client's op still
+	// answered OK if every other target acknowledged. The op is answered
+	// only after OnFail returns, so a hook that records the loss before it
+	// returns keeps every acknowledged op on every target still counted as
+	// live. May be nil.
+	OnFail func(target int, err error)
+}
+
+// forwarder is a segment's forwarding, as Server.Forward set it.
+// Immutable but for its targets' state.
+type forwarder struct {
+	seg     uint64
+	mode    ForwardMode
+	shard   int
+	enc     reedsolomon.Encoder // ForwardParity
+	targets []*fwdTarget
+	onFail  func(int, error)
+	timeout time.Duration
+	log     func(msg string, args ...any)
+}
+
+// Forward sets how segment seg forwards its mutating ops (see Forwarding);
+// nil stops forwarding. Ops applied after Forward returns follow the new
+// setting; one applying while Forward runs follows the old one or the
+// new, so set forwarding before the segment takes writes, or while it is
+// sealed (Seal). Safe for concurrent use.
+func (s *Server) Forward(seg uint64, f *Forwarding) error {
+	e := s.lookup(seg)
+	if e == nil {
+		return fmt.Errorf("rdma/tcp: forward segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	var fw *forwarder
+	if f != nil {
+		var err error
+		if fw, err = s.newForwarder(seg, f); err != nil {
+			return err
+		}
+	}
+	e.fwdMu.Lock()
+	e.fwd.Store(fw)
+	e.fwdMu.Unlock()
+	return nil
+}
+
+// newForwarder checks f and builds the forwarder of segment seg.
+func (s *Server) newForwarder(seg uint64, f *Forwarding) (*forwarder, error) {
+	fw := &forwarder{seg: seg, mode: f.Mode, shard: f.Shard, onFail: f.OnFail, timeout: s.cfg.ForwardTimeout, log: s.log.Warn}
+	switch f.Mode {
+	case ForwardCopy:
+	case ForwardParity:
+		if f.DataShards < 1 || f.ParityShards < 1 || f.Shard < 0 || f.Shard >= f.DataShards || len(f.Targets) != f.ParityShards {
+			return nil, fmt.Errorf("rdma/tcp: forward segment %d: parity of data shard %d in a %d+%d code to %d targets: want 0 <= Shard < DataShards, ParityShards >= 1 and one target per parity shard: %w", seg, f.Shard, f.DataShards, f.ParityShards, len(f.Targets), errs.ErrInvalid)
+		}
+		enc, err := reedsolomon.New(f.DataShards, f.ParityShards)
+		if err != nil {
+			return nil, fmt.Errorf("rdma/tcp: forward segment %d: a %d+%d Reed-Solomon code: %w: %w", seg, f.DataShards, f.ParityShards, errs.ErrInvalid, err)
+		}
+		fw.enc = enc
+	default:
+		return nil, fmt.Errorf("rdma/tcp: forward segment %d: mode %v: use ForwardCopy or ForwardParity: %w", seg, f.Mode, errs.ErrInvalid)
+	}
+	for i, t := range f.Targets {
+		ft := &fwdTarget{f: fw, idx: i, region: t.Region, pending: make(map[*fwdSend]uint64)}
+		switch c := t.Conn.(type) {
+		case nil:
+			ft.dead.Store(true)
+		case *Client:
+			ft.cl = c
+		default:
+			return nil, &rdma.NotSupportedError{
+				Feature: fmt.Sprintf("forwarding segment %d to a %T", seg, t.Conn),
+				Reason:  "forward targets must be rdma/tcp Clients (tcp.Dial): the target's CPU must see forwarded ops",
+			}
+		}
+		fw.targets = append(fw.targets, ft)
+	}
+	return fw, nil
+}
+
+// fwdTarget is one target of a forwarder and its ordered link: every op
+// for it goes on one connection of its Client (conn), in apply order, and
+// after that connection breaks the ops it left unanswered are sent again,
+// in order and with RETRY, on the next live connection before any later
+// op.
+type fwdTarget struct {
+	f      *forwarder
+	idx    int
+	cl     *Client // nil: lost
+	region rdma.Region
+	dead   atomic.Bool
+	failed sync.Once
+
+	mu      sync.Mutex // taken under the export's fwdMu when posting
+	conn    *cliConn
+	pending map[*fwdSend]uint64 // posted and unfinished sends, by post order
+	posted  uint64
+}
+
+// fwdSend is one forwarded op to one target.
+type fwdSend struct {
+	t      *fwdTarget
+	kind   rdma.OpKind
+	off    uint64
+	buf    []byte // payload; shared by the sends of one fwdOp, read-only
+	origin []byte // origin block, or nil
+	ticket *rdma.Ticket
+	o      *op // the current attempt; guarded by t.mu
+}
+
+// fwdOp is one client op being forwarded: what the client is answered
+// once every send finished.
+type fwdOp struct {
+	c      *srvConn
+	e      *export // pinned as mutating until answered
+	f      *forwarder
+	id     uint64
+	status uint16
+	flags  uint8
+	value  uint64
+	sl     *slot // the client's exactly-once slot, locked until answered; or nil
+	seq    uint32
+	sends  []*fwdSend
+	bufs   []*[]byte // pooled buffers to return
+	// Targets that failed while the op was posted, told to OnFail by run
+	// (never under the forwarding lock: OnFail may call Forward).
+	failed []targetErr
+}
+
+// targetErr is a target that failed and why.
+type targetErr struct {
+	t   *fwdTarget
+	err error
+}
+
+// pick returns the connection ops for t go on: the current one, or the
+// first live one from the segment's place among the Client's connections
+// (segments spread over them). t.mu is held.
+func (t *fwdTarget) pick() *cliConn {
+	if t.conn != nil && !t.conn.closed.Load() {
+		return t.conn
+	}
+	n := len(t.cl.conns)
+	for i := range n {
+		if c := t.cl.conns[(int(t.f.seg%uint64(n))+i)%n]; !c.closed.Load() {
+			return c
+		}
+	}
+	return nil
+}
+
+// post sends s on t's link; t.mu is held. A broken link is repaired
+// first, so s follows the ops posted before it. It returns false when t
+// has no live connection left.
+func (t *fwdTarget) post(ctx context.Context, s *fwdSend, retry bool) bool {
+	for {
+		if t.conn != nil && t.conn.closed.Load() {
+			t.repair(ctx, t.conn)
+		}
+		c := t.pick()
+		if c == nil {
+			return false
+		}
+		t.conn = c
+		o := getOp()
+		o.kind, o.region, o.off, o.buf = s.kind, t.region, s.off, s.buf
+		o.once, o.retry, o.origin, o.conn = s.ticket, retry, s.origin, c
+		if _, err := c.register(ctx, o, true); err != nil {
+			o.release()
+			if ctx.Err() != nil {
+				return false
+			}
+			continue // c failed meanwhile: repair it
+		}
+		c.enqueue(o)
+		s.o = o
+		if _, ok := t.pending[s]; !ok {
+			t.posted++
+			t.pending[s] = t.posted
+		}
+		return true
+	}
+}
+
+// repair moves t's link off broken, which failed: once every op on it is
+// finished (fail returns after its sweep), the sends whose attempt died
+// with it are posted again, in their order, with RETRY. t.mu is held.
+func (t *fwdTarget) repair(ctx context.Context, broken *cliConn) {
+	if t.conn != broken {
+		return // repaired already
+	}
+	broken.fail(fmt.Errorf("rdma/tcp: forwarding link to %s moved off a broken connection: %w", t.cl.addr, rdma.ErrClosed))
+	t.conn = nil
+	redo := make([]*fwdSend, 0, len(t.pending))
+	for s := range t.pending {
+		if s.o != nil && s.o.conn == broken && s.o.state.Load() == opDone && errors.Is(s.o.err, rdma.ErrClosed) {
+			redo = append(redo, s)
+		}
+	}
+	slices.SortFunc(redo, func(a, b *fwdSend) int { return int(int64(t.pending[a] - t.pending[b])) })
+	for _, s := range redo {
+		// The failed attempt stays with its waiter, which releases it
+		// once it sees s moved on.
+		s.o = nil
+		if !t.post(ctx, s, true) {
+			return
+		}
+	}
+}
+
+// await waits for s's acknowledgement, following it through repairs, and
+// reports the error that made the target fail, or nil.
+func (s *fwdSend) await(ctx context.Context) error {
+	t := s.t
+	for {
+		t.mu.Lock()
+		o := s.o
+		t.mu.Unlock()
+		if o == nil {
+			// Its repost found no live connection.
+			return t.finish(s, nil, fmt.Errorf("rdma/tcp: forward to %s: no live connection left: %w", t.cl.addr, rdma.ErrClosed))
+		}
+		err := o.conn.wait(ctx, o)
+		if err == nil {
+			err = o.err
+		}
+		if err == nil || !errors.Is(err, rdma.ErrClosed) || ctx.Err() != nil || t.dead.Load() {
+			return t.finish(s, o, err)
+		}
+		t.mu.Lock()
+		if s.o == o {
+			t.repair(ctx, o.conn)
+		}
+		moved := s.o != o
+		t.mu.Unlock()
+		if !moved {
+			return t.finish(s, o, err)
+		}
+		o.release()
+	}
+}
+
+// finish retires s with its last attempt o (released here) and err, its
+// outcome; it returns err.
+func (t *fwdTarget) finish(s *fwdSend, o *op, err error) error {
+	t.mu.Lock()
+	delete(t.pending, s)
+	t.mu.Unlock()
+	if o != nil {
+		o.release()
+	}
+	s.ticket.Release()
+	return err
+}
+
+// fail marks t failed for good and tells OnFail, once.
+func (t *fwdTarget) fail(err error) {
+	t.failed.Do(func() {
+		t.dead.Store(true)
+		t.f.log("rdma/tcp: forward target failed; skipping it from now on", "segment", t.f.seg, "target", t.idx, "addr", t.cl.addr, "err", err)
+		if t.f.onFail != nil {
+			t.f.onFail(t.idx, err)
+		}
+	})
+}
+
+// run waits for every send of fo, fails the targets that failed, and
+// answers the client. It runs on a goroutine of its own.
+func (fo *fwdOp) run() {
+	defer fo.c.s.wg.Done()
+	for _, te := range fo.failed {
+		te.t.fail(te.err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), fo.f.timeout)
+	for _, s := range fo.sends {
+		if err := s.await(ctx); err != nil {
+			s.t.fail(fmt.Errorf("rdma/tcp: forward %s of segment %d offset %d to target %d (%s, %s): %w", s.kind, fo.f.seg, s.off, s.t.idx, s.t.cl.addr, s.t.region, err))
+		}
+	}
+	cancel()
+	for _, b := range fo.bufs {
+		putBuf(b)
+	}
+	if fo.sl != nil {
+		fo.sl.record(fo.seq, fo.status, fo.flags, fo.value)
+		fo.sl.mu.Unlock()
+	}
+	fo.e.unpin(true)
+	fo.c.respondLater(fo.id, fo.status, fo.flags, fo.value)
+}
+
+// forward hands the change an op made to [off, off+len(now)) to every live
+// target of f, adding the sends to fo: now holds the range's bytes after
+// the op, was (ForwardParity only) before it; both are fo's to keep, and
+// was is overwritten. org is the origin block the sends carry, or nil.
+// The export's fwdMu is held.
+func (f *forwarder) forward(fo *fwdOp, off uint64, was, now []byte, org []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	defer cancel()
+	var bufs [][]byte
+	switch f.mode {
+	case ForwardCopy:
+		for range f.targets {
+			bufs = append(bufs, now)
+		}
+	case ForwardParity:
+		xorBytes(was, now) // the delta
+		for range f.targets {
+			b := getBuf(len(now))
+			clear(*b)
+			fo.bufs = append(fo.bufs, b)
+			bufs = append(bufs, *b)
+		}
+		if err := f.enc.EncodeIdx(was, f.shard, bufs); err != nil {
+			// k, m and the shard were checked by Forward, and the
+			// buffers have one length: this does not happen.
+			f.log("rdma/tcp: parity of a forwarded op", "segment", f.seg, "err", err)
+		}
+	}
+	kind := rdma.OpWrite
+	if f.mode == ForwardParity {
+		kind = rdma.OpXor
+	}
+	for i, t := range f.targets {
+		if t.dead.Load() {
+			continue
+		}
+		tk, err := t.cl.session.Acquire(ctx)
+		if err != nil {
+			fo.failed = append(fo.failed, targetErr{t, fmt.Errorf("rdma/tcp: forward to target %d (%s): %w", i, t.cl.addr, err)})
+			continue
+		}
+		s := &fwdSend{t: t, kind: kind, off: off, buf: bufs[i], origin: org, ticket: tk}
+		t.mu.Lock()
+		ok := t.post(ctx, s, false)
+		t.mu.Unlock()
+		if !ok {
+			tk.Release()
+			fo.failed = append(fo.failed, targetErr{t, fmt.Errorf("rdma/tcp: forward to target %d (%s): no live connection: %w", i, t.cl.addr, rdma.ErrClosed)})
+			continue
+		}
+		fo.sends = append(fo.sends, s)
+	}
+}
+
+// xorBytes sets dst[i] ^= src[i] for every byte of dst.
+func xorBytes(dst, src []byte) { subtle.XORBytes(dst, dst, src) }
+
+// bufPool holds payload staging and forwarding buffers up to poolMax bytes.
+var bufPool sync.Pool
+
+const poolMax = 1 << 20
+
+// getBuf returns a pooled buffer of n bytes (contents undefined).
+func getBuf(n int) *[]byte {
+	if p, _ := bufPool.Get().(*[]byte); p != nil && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	b := make([]byte, n, max(n, 4096))
+	return &b
+}
+
+// putBuf returns b to the pool.
+func putBuf(b *[]byte) {
+	if cap(*b) <= poolMax {
+		bufPool.Put(b)
+	}
+}

@@ -1,0 +1,196 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"unsafe"
+)
+
+// writeStaged serves a WRITE or XOR whose payload cannot stream into the
+// mapping: an XOR (it combines with the bytes there), a forwarded op (its
+// payload starts with an origin block), and any write to a forwarding
+// segment (its change is applied under the forwarding lock, which must not
+// wait for the socket). The payload is read into a buffer first. e is
+// pinned as mutating and announced as streaming; the pin is passed on.
+func (c *srvConn) writeStaged(h *reqHeader, e *export) error {
+	n := int(h.payloadLen)
+	b := getBuf(n)
+	defer putBuf(b)
+	var err error
+	if c.rd.buffered() < n && c.npend > 0 {
+		err = c.flush()
+	}
+	if err == nil {
+		err = c.rd.readInto(*b)
+	}
+	c.streaming.Store(nil)
+	if c.cut.Load() {
+		e.unpin(true)
+		return fmt.Errorf("segment %d was revoked while a %d-byte %s payload was arriving", e.seg, n, opName(h.op))
+	}
+	if err != nil {
+		e.unpin(true)
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("read %d-byte %s payload: %w", n, opName(h.op), err)
+	}
+	pre := n - int(h.length)
+	var org *origin
+	if pre > 0 {
+		o, err := decodeOrigin((*b)[:pre])
+		if err != nil {
+			e.unpin(true)
+			c.log.Warn("rdma/tcp: malformed origin block of a forwarded op", "remote", c.remote, "request", h.id, "err", err)
+			return c.respond(h.id, statusProtocol, 0, 0, nil, nil)
+		}
+		org = &o
+	}
+	return c.mutate(h, e, (*b)[pre:], org)
+}
+
+// mutate applies a WRITE or XOR of data, or a CAS or FADD, to the pinned
+// export e, whose checks passed, and answers it (the pin is dropped). On a
+// forwarding segment the op is applied and its change handed to the
+// targets under e.fwdMu, and answered once they acknowledged. org is the
+// origin of a forwarded op, whose answer the reply cache keeps for its
+// client.
+func (c *srvConn) mutate(h *reqHeader, e *export, data []byte, org *origin) error {
+	n := uint64(len(data))
+	if h.op == opCAS || h.op == opFADD {
+		n = 8
+	}
+	f := e.fwd.Load()
+	locked := f != nil || h.op == opXor
+	if locked {
+		e.fwdMu.Lock()
+		f = e.fwd.Load()
+	}
+	mem := e.mem[h.off : h.off+n]
+	var was *[]byte
+	fault := false
+	if f != nil && f.mode == ForwardParity {
+		was = getBuf(int(n))
+		_, fault = copyGuarded(*was, mem)
+	}
+	var (
+		flags uint8
+		value uint64
+	)
+	if !fault {
+		flags, value, fault = apply(h, mem, data)
+	}
+	var now *[]byte
+	if !fault && f != nil {
+		now = getBuf(int(n))
+		_, fault = copyGuarded(*now, mem)
+	}
+	if fault || f == nil {
+		if locked {
+			e.fwdMu.Unlock()
+		}
+		if was != nil {
+			putBuf(was)
+		}
+		if now != nil {
+			putBuf(now)
+		}
+		if fault {
+			e.state.CompareAndSwap(stateLive, stateLost)
+			c.log.Error("rdma/tcp: memory fault applying an op; marked segment lost", "segment", e.seg, "op", opName(h.op), "offset", h.off, "length", n)
+			e.unpin(true)
+			return c.respond(h.id, statusSegmentLost, 0, 0, nil, nil)
+		}
+		e.changed(h.off, n)
+		if org != nil {
+			c.s.sessions.remember(org)
+		}
+		e.unpin(true)
+		return c.respond(h.id, statusOK, flags, value, nil, nil)
+	}
+
+	e.changed(h.off, n)
+	if org != nil {
+		c.s.sessions.remember(org)
+	}
+	fo := &fwdOp{c: c, e: e, f: f, id: h.id, status: statusOK, flags: flags, value: value, bufs: []*[]byte{now}}
+	if c.record != nil {
+		fo.sl, fo.seq = c.record, c.recSeq
+		c.record, c.handedOff = nil, true
+	}
+	var ob []byte
+	switch {
+	case org != nil: // a forwarded op forwarded on: its client's origin
+		ob = appendOrigin(nil, org)
+	case fo.sl != nil:
+		ob = appendOrigin(nil, &origin{key: *c.sessKey, slot: h.slot, seq: h.seq, status: statusOK, flags: flags, value: value})
+	}
+	var wasb []byte
+	if was != nil {
+		fo.bufs = append(fo.bufs, was)
+		wasb = *was
+	}
+	f.forward(fo, h.off, wasb, *now, ob)
+	e.fwdMu.Unlock()
+	c.status = statusOK
+	c.s.wg.Add(1)
+	go fo.run()
+	return nil
+}
+
+// apply runs op h on mem (the op's bytes of the mapping): WRITE and XOR
+// with data, CAS and FADD on the word mem holds. It returns the response
+// flags and value, or reports a memory fault. The calling goroutine must
+// have SetPanicOnFault(true).
+func apply(h *reqHeader, mem, data []byte) (flags uint8, value uint64, fault bool) {
+	switch h.op {
+	case opWrite:
+		_, fault = copyGuarded(mem, data)
+	case opXor:
+		fault = xorGuarded(mem, data)
+	case opCAS:
+		var swapped bool
+		value, swapped, fault = casGuarded((*uint64)(unsafe.Pointer(&mem[0])), h.arg0, h.arg1)
+		if swapped {
+			flags = respFlagSwapped
+		}
+	case opFADD:
+		value, fault = faddGuarded((*uint64)(unsafe.Pointer(&mem[0])), h.arg0)
+	}
+	return flags, value, fault
+}
+
+// respondLater sends the answer of a forwarded op from whichever goroutine
+// has it. Answers that arrive while one is being written are gathered and
+// written together by the goroutine writing. A write error closes the
+// socket; the connection's goroutine then ends.
+func (c *srvConn) respondLater(id uint64, status uint16, flags uint8, value uint64) {
+	var hb [respHeaderSize]byte
+	encodeResponse(hb[:], &respHeader{id: id, status: status, flags: flags, value: value})
+	c.lateMu.Lock()
+	c.late = append(c.late, hb[:]...)
+	if c.lateWriting {
+		c.lateMu.Unlock()
+		return
+	}
+	c.lateWriting = true
+	for len(c.late) > 0 {
+		b := c.late
+		c.late, c.spare = c.spare[:0], nil
+		c.lateMu.Unlock()
+		c.wmu.Lock()
+		c.extendWriteDeadline()
+		nb := net.Buffers{b}
+		err := c.out.write(&nb)
+		c.wmu.Unlock()
+		if err != nil {
+			c.sock.Close()
+		}
+		c.lateMu.Lock()
+		c.spare = b[:0]
+	}
+	c.lateWriting = false
+	c.lateMu.Unlock()
+}
