@@ -402,7 +402,7 @@ func (c *cliConn) abort(o *op) {
 		switch st {
 		case opQueued, opSent:
 			if o.state.CompareAndSwap(st, opReceiving) {
-				o.err = c.err
+				o.err, o.unsent = c.err, st == opQueued
 				o.state.Store(opDone)
 				o.done <- struct{}{}
 				o.release()

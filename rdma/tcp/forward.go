@@ -184,6 +184,12 @@ type fwdSend struct {
 	origin []byte // origin block, or nil
 	ticket *rdma.Ticket
 	o      *op // the current attempt; guarded by t.mu
+	// sent: an attempt may have reached the target, so the next one is a
+	// RETRY; guarded by t.mu. One that never left is sent as new: on a
+	// slot whose history the target does not know (the first use of a
+	// slot of a session the target opened on a RESUME hello) a RETRY
+	// would be INDETERMINATE.
+	sent bool
 }
 
 // fwdOp is one client op being forwarded: what the client is answered
@@ -227,10 +233,11 @@ func (t *fwdTarget) pick() *cliConn {
 	return nil
 }
 
-// post sends s on t's link; t.mu is held. A broken link is repaired
+// post sends s on t's link (a RETRY if an attempt went out before); t.mu
+// is held. A broken link is repaired
 // first, so s follows the ops posted before it. It returns false when t
 // has no live connection left.
-func (t *fwdTarget) post(ctx context.Context, s *fwdSend, retry bool) bool {
+func (t *fwdTarget) post(ctx context.Context, s *fwdSend) bool {
 	for {
 		if t.conn != nil && t.conn.closed.Load() {
 			t.repair(ctx, t.conn)
@@ -242,7 +249,7 @@ func (t *fwdTarget) post(ctx context.Context, s *fwdSend, retry bool) bool {
 		t.conn = c
 		o := getOp()
 		o.kind, o.region, o.off, o.buf = s.kind, t.region, s.off, s.buf
-		o.once, o.retry, o.origin, o.conn = s.ticket, retry, s.origin, c
+		o.once, o.retry, o.origin, o.conn = s.ticket, s.sent, s.origin, c
 		if _, err := c.register(ctx, o, true); err != nil {
 			o.release()
 			if ctx.Err() != nil {
@@ -279,8 +286,9 @@ func (t *fwdTarget) repair(ctx context.Context, broken *cliConn) {
 	for _, s := range redo {
 		// The failed attempt stays with its waiter, which releases it
 		// once it sees s moved on.
+		s.sent = s.sent || !s.o.unsent
 		s.o = nil
-		if !t.post(ctx, s, true) {
+		if !t.post(ctx, s) {
 			return
 		}
 	}
@@ -410,7 +418,7 @@ func (f *forwarder) forward(fo *fwdOp, off uint64, was, now []byte, org []byte) 
 		}
 		s := &fwdSend{t: t, kind: kind, off: off, buf: bufs[i], origin: org, ticket: tk}
 		t.mu.Lock()
-		ok := t.post(ctx, s, false)
+		ok := t.post(ctx, s)
 		t.mu.Unlock()
 		if !ok {
 			tk.Release()

@@ -2,15 +2,21 @@ package tcp
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/binary"
+	"errors"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/klauspost/reedsolomon"
 	"github.com/stretchr/testify/require"
 
+	"github.com/farmem/farmem/internal/faultproxy"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -184,4 +190,301 @@ func TestXor(t *testing.T) {
 	defer cancel()
 	require.NoError(t, cl.Do(ctx, &rdma.Op{Kind: rdma.OpXor, Region: r, Offset: 0, Buf: []byte{0xFF}}))
 	require.Equal(t, byte(0xFF), mem[0])
+}
+
+// stripe starts the k data and m parity homes of an erasure-coded
+// segment, each exporting shard bytes as segment seg, and sets every data
+// home forwarding its changes as parity to the parity homes.
+func stripe(t *testing.T, k, m, shard int, fails *failures, opts ...Option) (data, parity []*home) {
+	t.Helper()
+	hs := startHomes(t, k+m, 1, shard)
+	data, parity = hs[:k], hs[k:]
+	for i, d := range data {
+		require.NoError(t, d.srv.Forward(1, &Forwarding{
+			Mode: ForwardParity, Shard: i, DataShards: k, ParityShards: m,
+			Targets: targets(t, parity, opts...), OnFail: fails.onFail,
+		}))
+	}
+	return data, parity
+}
+
+// requireParity checks that the parity homes hold the Reed-Solomon parity
+// of the data homes, and that a data shard reconstructed from the others
+// and the parity is that shard.
+func requireParity(t *testing.T, data, parity []*home) {
+	t.Helper()
+	enc, err := reedsolomon.New(len(data), len(parity))
+	require.NoError(t, err)
+	shards := make([][]byte, 0, len(data)+len(parity))
+	for _, d := range data {
+		shards = append(shards, slices.Clone(d.mem))
+	}
+	for range parity {
+		shards = append(shards, make([]byte, len(data[0].mem)))
+	}
+	require.NoError(t, enc.Encode(shards))
+	for j, p := range parity {
+		require.True(t, equalBytes(shards[len(data)+j], p.mem), "parity shard %d is not the parity of the data shards", j)
+	}
+	for i := range data {
+		got := make([][]byte, len(shards))
+		for j, s := range shards {
+			if j != i {
+				got[j] = slices.Clone(s)
+			}
+		}
+		require.NoError(t, enc.ReconstructData(got))
+		require.True(t, equalBytes(data[i].mem, got[i]), "data shard %d reconstructed from the others and the parity differs", i)
+	}
+}
+
+// TestForwardParity: the four data homes of an erasure-coded (4+2) segment
+// take random writes and adds from two clients each, concurrently; every
+// data home XORs its parity deltas into both parity homes, which then
+// hold the parity of the data, and a lost data shard is rebuilt from the
+// others and the parity.
+func TestForwardParity(t *testing.T) {
+	const k, m, shard = 4, 2, 32 << 10
+	var fails failures
+	data, parity := stripe(t, k, m, shard, &fails)
+	var wg sync.WaitGroup
+	for i, d := range data {
+		for w := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cl := dial(t, d.srv.addr, WithConns(1), WithBusyPoll(-1))
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(w)))
+				buf := make([]byte, 4096)
+				for range 150 {
+					if rng.IntN(4) == 0 {
+						if _, err := cl.FetchAdd64(t.Context(), d.r, int64(8*rng.IntN(shard/8)), rng.Uint64()); err != nil {
+							t.Error(err)
+							return
+						}
+						continue
+					}
+					n := 1 + rng.IntN(len(buf))
+					off := rng.IntN(shard - n)
+					for j := range buf[:n] {
+						buf[j] = byte(rng.Uint32())
+					}
+					if err := cl.Write(t.Context(), d.r, int64(off), buf[:n]); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	within(t, "parity writers", wg.Wait)
+	require.Empty(t, fails.count(), "no target failed: %v", fails.errs)
+	requireParity(t, data, parity)
+}
+
+// TestForwardTargetKilled: a backup's data plane dies while clients write
+// the primary: the primary reports that target to OnFail once, goes on
+// answering every op OK, and the surviving backup holds the primary's
+// bytes.
+func TestForwardTargetKilled(t *testing.T) {
+	const size = 32 << 10
+	hs := startHomes(t, 3, 1, size)
+	p := hs[0]
+	var fails failures
+	require.NoError(t, p.srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: targets(t, hs[1:]), OnFail: fails.onFail}))
+	var (
+		wg    sync.WaitGroup
+		acked atomic.Int64
+	)
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := dial(t, p.srv.addr, WithConns(1), WithBusyPoll(-1))
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			buf := make([]byte, 2048)
+			for range 400 {
+				off := rng.IntN(size - len(buf))
+				for j := range buf {
+					buf[j] = byte(rng.Uint32())
+				}
+				if err := cl.Write(t.Context(), p.r, int64(off), buf); err != nil {
+					t.Error(err)
+					return
+				}
+				acked.Add(1)
+			}
+		}()
+	}
+	for acked.Load() < 200 {
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, hs[2].srv.Close())
+	within(t, "writers after a target died", wg.Wait)
+	require.Equal(t, map[int]int{1: 1}, fails.count(), "target 1 (the killed backup) reported once")
+	require.ErrorIs(t, fails.errs[0], rdma.ErrClosed)
+	require.True(t, equalBytes(p.mem, hs[1].mem), "the surviving backup holds the primary's bytes")
+}
+
+// TestForwardLinkRetry: the primary-to-target link loses the answers of
+// forwarded XORs (a proxy cuts the connection after a budget of answer
+// bytes, the requests having reached the target); the forwarder sends the
+// unanswered ops again, in order and with RETRY, on the next connection,
+// and the target applies each once: an XOR applied twice would cancel
+// out, and the parity would not match.
+func TestForwardLinkRetry(t *testing.T) {
+	const k, m, shard = 2, 1, 16 << 10
+	var fails failures
+	hs := startHomes(t, k+m, 1, shard)
+	data, parity := hs[:k], hs[k:]
+	var cut atomic.Int32
+	px, err := faultproxy.Start(faultproxy.Config{
+		Target: parity[0].srv.addr,
+		// Past the first use of every session slot (a RETRY on a slot a
+		// target never ran anything on is INDETERMINATE by design).
+		ReplyBudget: func() int {
+			if cut.Add(1) <= 2 {
+				return respHeaderSize * (rdma.SessionSlots + 200)
+			}
+			return 0
+		},
+	})
+	require.NoError(t, err)
+	defer px.Close()
+	tgt := dial(t, px.Addr(), WithConns(3), WithBusyPoll(-1))
+	require.NoError(t, data[0].srv.Forward(1, &Forwarding{
+		Mode: ForwardParity, Shard: 0, DataShards: k, ParityShards: m,
+		Targets: []ForwardTarget{{Conn: tgt, Region: parity[0].r}}, OnFail: fails.onFail,
+	}))
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := dial(t, data[0].srv.addr, WithConns(1), WithBusyPoll(-1))
+			rng := rand.New(rand.NewPCG(uint64(w), 3))
+			buf := make([]byte, 512)
+			for range 300 {
+				off := rng.IntN(shard - len(buf))
+				for j := range buf {
+					buf[j] = byte(rng.Uint32())
+				}
+				if err := cl.Write(t.Context(), data[0].r, int64(off), buf); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	within(t, "writers over a lossy link", wg.Wait)
+	require.Empty(t, fails.count(), "the link moved to another connection instead of failing: %v", fails.errs)
+	require.GreaterOrEqual(t, px.Kills(), int64(1), "the proxy cut the link")
+	requireParity(t, data, parity)
+}
+
+// principalAt is an Identify whose credentials read "principal@home": each
+// home issues a client its own credential for the same principal, as
+// poold's delegated credentials do.
+func principalAt(cred []byte, _ *x509.Certificate) (string, error) {
+	p, _, ok := strings.Cut(string(cred), "@")
+	if !ok {
+		return "", errors.New("credential is not principal@home")
+	}
+	return p, nil
+}
+
+// TestForwardFailoverExactlyOnce: a client's exactly-once FADD and CAS are
+// applied at the primary and forwarded with their origin; the primary
+// dies before the client has its answers, and the client sends both again
+// with RETRY to the backup (promoted), with the credential the backup
+// issued it and its own session: the backup answers from its reply cache
+// what the primary answered, and applies neither a second time. A new op
+// after the failover runs normally.
+func TestForwardFailoverExactlyOnce(t *testing.T) {
+	cfg := fwdConfig()
+	cfg.Identify = principalAt
+	prim, back := startServer(t, cfg), startServer(t, cfg)
+	_, pr := prim.export(t, 1, 4096)
+	bmem, br := back.export(t, 1, 4096)
+	require.NoError(t, prim.Allow(1, []string{"app"}))
+	require.NoError(t, back.Allow(1, []string{"app", "poold/a"}))
+	require.NoError(t, back.AllowReaders(1, []string{"app"}))
+	link := dial(t, back.addr, WithCredential([]byte("poold/a@b")), WithBusyPoll(-1))
+	var fails failures
+	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: br}}, OnFail: fails.onFail}))
+
+	sess := rdma.NewSession()
+	app := dial(t, prim.addr, WithCredential([]byte("app@a")), WithSession(sess), WithBusyPoll(-1))
+	ctx := t.Context()
+	require.NoError(t, app.Write(ctx, pr, 0, le.AppendUint64(nil, 40)))
+	add := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Offset: 0, Delta: 2}
+	cas := &rdma.Op{Kind: rdma.OpCompareAndSwap, Region: pr, Offset: 8, Old: 0, New: 7}
+	for _, op := range []*rdma.Op{add, cas} {
+		tk, err := sess.Acquire(ctx)
+		require.NoError(t, err)
+		op.Once = tk
+		require.NoError(t, app.Do(ctx, op))
+	}
+	require.EqualValues(t, 40, add.Prev)
+	require.True(t, cas.Swapped)
+	require.EqualValues(t, 42, le.Uint64(bmem[0:]), "the backup holds the add's result")
+	require.EqualValues(t, 7, le.Uint64(bmem[8:]))
+
+	// The primary dies; the client never saw the answers (as far as it
+	// knows) and fails over. The origin promotes the backup: clients may
+	// write it now.
+	require.NoError(t, prim.Close())
+	require.NoError(t, back.AllowReaders(1, nil))
+	app2 := dial(t, back.addr, WithCredential([]byte("app@b")), WithSession(sess), WithBusyPoll(-1))
+	for _, op := range []*rdma.Op{add, cas} {
+		op.Region, op.Prev, op.Swapped = br, 0, false
+		require.NoError(t, app2.Do(ctx, op), "the retry is answered from the reply cache")
+		op.Once.Release()
+	}
+	require.EqualValues(t, 40, add.Prev, "the FADD's original answer")
+	require.True(t, cas.Swapped, "the CAS's original answer, not the \"not swapped\" a second run gives")
+	require.EqualValues(t, 42, le.Uint64(bmem[0:]), "the add applied once")
+	require.EqualValues(t, 7, le.Uint64(bmem[8:]))
+
+	prev, err := app2.FetchAdd64(ctx, br, 0, 1)
+	require.NoError(t, err)
+	require.EqualValues(t, 42, prev)
+	require.EqualValues(t, 43, le.Uint64(bmem[0:]))
+	require.Empty(t, fails.count())
+}
+
+// TestAllowReaders: a principal the segment names a reader may read it
+// but not write, CAS, FADD or XOR it (ACCESS_DENIED), also when Allow
+// names it too; one in Allow's set only writes as before; clearing the
+// readers lifts the restriction.
+func TestAllowReaders(t *testing.T) {
+	cfg := fwdConfig()
+	cfg.Identify = namedCreds
+	s := startServer(t, cfg)
+	mem, r := s.export(t, 1, 4096)
+	require.NoError(t, s.Allow(1, []string{"primary", "both"}))
+	require.NoError(t, s.AllowReaders(1, []string{"app", "both"}))
+	ctx := t.Context()
+	primary := dial(t, s.addr, WithCredential([]byte("primary")), WithBusyPoll(-1))
+	require.NoError(t, primary.Write(ctx, r, 0, []byte("by the primary")))
+	for _, name := range []string{"app", "both"} {
+		cl := dial(t, s.addr, WithCredential([]byte(name)), WithBusyPoll(-1))
+		buf := make([]byte, 14)
+		require.NoError(t, cl.Read(ctx, r, 0, buf), name)
+		require.Equal(t, "by the primary", string(buf))
+		require.ErrorIs(t, cl.Write(ctx, r, 0, []byte("x")), rdma.ErrAccessDenied, name)
+		require.ErrorIs(t, cl.Xor(ctx, r, 0, []byte("x")), rdma.ErrAccessDenied, name)
+		_, err := cl.FetchAdd64(ctx, r, 16, 1)
+		require.ErrorIs(t, err, rdma.ErrAccessDenied, name)
+		_, _, err = cl.CompareAndSwap64(ctx, r, 16, 0, 1)
+		require.ErrorIs(t, err, rdma.ErrAccessDenied, name)
+	}
+	require.Equal(t, "by the primary", string(mem[:14]))
+	require.ErrorIs(t, s.AllowReaders(2, nil), rdma.ErrNotExported)
+
+	require.NoError(t, s.AllowReaders(1, nil))
+	both := dial(t, s.addr, WithCredential([]byte("both")), WithBusyPoll(-1))
+	require.NoError(t, both.Write(ctx, r, 0, []byte("B")))
+	app := dial(t, s.addr, WithCredential([]byte("app")), WithBusyPoll(-1))
+	require.ErrorIs(t, app.Read(ctx, r, 0, make([]byte, 1)), rdma.ErrAccessDenied, "no longer a reader, and not in Allow's set")
 }

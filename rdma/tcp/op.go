@@ -42,6 +42,7 @@ type op struct {
 	once   *rdma.Ticket // exactly-once ticket, or nil
 	retry  bool         // the ticket was posted before
 	origin []byte       // a forwarded op's origin block (reqFlagForward), or nil
+	unsent bool         // the connection failed before the request was written
 
 	conn  *cliConn      // set by Client.post for Do
 	id    atomic.Uint64 // atomic: a reader may load a stale op from a slot that fail just swept, whose next use sets it
@@ -67,7 +68,7 @@ func getOp() *op {
 func (o *op) release() {
 	if o.refs.Add(-1) == 0 {
 		o.buf, o.req, o.n = nil, nil, 0
-		o.once, o.retry, o.origin = nil, false, nil
+		o.once, o.retry, o.origin, o.unsent = nil, false, nil, false
 		o.err = nil
 		o.conn = nil
 		o.prev, o.swapped = 0, false

@@ -96,8 +96,8 @@ func (c *srvConn) observe(h *reqHeader, start time.Time) {
 		switch h.op {
 		case opRead:
 			o.Bytes = int(h.length)
-		case opWrite:
-			o.Bytes = int(h.payloadLen)
+		case opWrite, opXor:
+			o.Bytes = int(h.length)
 		case opCAS, opFADD:
 			o.Bytes = 8
 		}
