@@ -3,6 +3,8 @@ package tcp
 import (
 	"bytes"
 	"testing"
+
+	"github.com/farmem/farmem/rdma"
 )
 
 // The decoders face bytes from the network. Each fuzz target checks that
@@ -19,6 +21,8 @@ func FuzzDecodeRequest(f *testing.F) {
 		{id: 4, op: opFADD, length: 8, arg0: 7},
 		{id: 5, op: 99, flags: 1, payloadLen: 3},
 		{id: 6, op: opFADD, flags: reqFlagOnce | reqFlagRetry, slot: 3, seq: 9, length: 8, arg0: 1},
+		{id: 7, op: opXor, seg: 2, off: 24, length: 16, payloadLen: 16},
+		{id: 8, op: opWrite, flags: reqFlagOnce | reqFlagForward, slot: 1, seq: 2, length: 8, payloadLen: 8 + originSize + 7},
 	} {
 		b := make([]byte, reqHeaderSize)
 		encodeRequest(b, &h)
@@ -99,6 +103,31 @@ func FuzzHandshake(f *testing.F) {
 				}
 				_ = replyError("fuzz:1", r)
 			}
+		}
+	})
+}
+
+// FuzzDecodeOrigin feeds the origin block decoder (the payload prefix of a
+// forwarded op): whatever decodes re-encodes to the same bytes, and never
+// names a slot past the session's.
+func FuzzDecodeOrigin(f *testing.F) {
+	for _, o := range []origin{
+		{key: sessionKey{name: "p:poold/a/app", id: [sessionIDSize]byte{1, 2}}, slot: 3, seq: 9, value: 40},
+		{key: sessionKey{name: "c:credential", id: [sessionIDSize]byte{9}}, slot: rdma.SessionSlots - 1, seq: 1 << 31, flags: respFlagSwapped, value: 7},
+		{key: sessionKey{name: "p:"}, status: statusOK},
+	} {
+		f.Add(appendOrigin(nil, &o))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		o, err := decodeOrigin(b)
+		if err != nil {
+			return
+		}
+		if int(o.slot) >= rdma.SessionSlots || len(o.key.name) > MaxOriginName {
+			t.Fatalf("decoded an invalid origin: %+v", o)
+		}
+		if out := appendOrigin(nil, &o); !bytes.Equal(out, b) {
+			t.Fatalf("re-encoding differs:\n in %x\nout %x", b, out)
 		}
 	})
 }
