@@ -96,13 +96,22 @@ type forwarder struct {
 	onFail  func(int, error)
 	timeout time.Duration
 	log     func(msg string, args ...any)
+	// inflight counts the ops forwarded and not yet answered; Added
+	// under the export's fwdMu while the forwarder is current.
+	inflight sync.WaitGroup
 }
 
 // Forward sets how segment seg forwards its mutating ops (see Forwarding);
 // nil stops forwarding. Ops applied after Forward returns follow the new
 // setting; one applying while Forward runs follows the old one or the
 // new, so set forwarding before the segment takes writes, or while it is
-// sealed (Seal). Safe for concurrent use.
+// sealed (Seal). Forward returns once every op forwarded under the
+// previous setting was answered (its targets acknowledged or failed, at
+// most ServerConfig.ForwardTimeout): from then on every op the segment
+// applied under it is on its live targets, and their Clients may be
+// closed if no other forwarding uses them. Closing a Client while ops
+// forwarded over it are in flight fails them: its target is reported to
+// OnFail. Safe for concurrent use.
 func (s *Server) Forward(seg uint64, f *Forwarding) error {
 	e := s.lookup(seg)
 	if e == nil {
@@ -116,8 +125,11 @@ func (s *Server) Forward(seg uint64, f *Forwarding) error {
 		}
 	}
 	e.fwdMu.Lock()
-	e.fwd.Store(fw)
+	old := e.fwd.Swap(fw)
 	e.fwdMu.Unlock()
+	if old != nil {
+		old.inflight.Wait()
+	}
 	return nil
 }
 
@@ -206,8 +218,8 @@ type fwdOp struct {
 	seq    uint32
 	sends  []*fwdSend
 	bufs   []*[]byte // pooled buffers to return
-	// Targets that failed while the op was posted, told to OnFail by run
-	// (never under the forwarding lock: OnFail may call Forward).
+	// Targets that failed the op, told to OnFail by run (never under the
+	// forwarding lock, nor counted in flight: OnFail may call Forward).
 	failed []targetErr
 }
 
@@ -351,19 +363,23 @@ func (t *fwdTarget) fail(err error) {
 }
 
 // run waits for every send of fo, fails the targets that failed, and
-// answers the client. It runs on a goroutine of its own.
+// answers the client. It runs on a goroutine of its own. The forwarder
+// stops counting fo in flight before OnFail runs, so that an OnFail that
+// leads to a Forward call (directly or through the daemon that owns the
+// segment) does not wait for itself.
 func (fo *fwdOp) run() {
 	defer fo.c.s.wg.Done()
-	for _, te := range fo.failed {
-		te.t.fail(te.err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), fo.f.timeout)
 	for _, s := range fo.sends {
 		if err := s.await(ctx); err != nil {
-			s.t.fail(fmt.Errorf("rdma/tcp: forward %s of segment %d offset %d to target %d (%s, %s): %w", s.kind, fo.f.seg, s.off, s.t.idx, s.t.cl.addr, s.t.region, err))
+			fo.failed = append(fo.failed, targetErr{s.t, fmt.Errorf("rdma/tcp: forward %s of segment %d offset %d to target %d (%s, %s): %w", s.kind, fo.f.seg, s.off, s.t.idx, s.t.cl.addr, s.t.region, err)})
 		}
 	}
 	cancel()
+	fo.f.inflight.Done()
+	for _, te := range fo.failed {
+		te.t.fail(te.err)
+	}
 	for _, b := range fo.bufs {
 		putBuf(b)
 	}

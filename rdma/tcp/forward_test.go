@@ -37,7 +37,7 @@ type home struct {
 
 // startHomes starts n data planes, each exporting segment seg of size
 // bytes.
-func startHomes(t *testing.T, n int, seg uint64, size int) []*home {
+func startHomes(t testing.TB, n int, seg uint64, size int) []*home {
 	t.Helper()
 	hs := make([]*home, n)
 	for i := range hs {
@@ -77,7 +77,7 @@ func (f *failures) count() map[int]int {
 
 // targets dials every home of hs as the forwarding side does and returns
 // them as forward targets.
-func targets(t *testing.T, hs []*home, opts ...Option) []ForwardTarget {
+func targets(t testing.TB, hs []*home, opts ...Option) []ForwardTarget {
 	t.Helper()
 	ts := make([]ForwardTarget, len(hs))
 	for i, h := range hs {
@@ -487,4 +487,101 @@ func TestAllowReaders(t *testing.T) {
 	require.NoError(t, both.Write(ctx, r, 0, []byte("B")))
 	app := dial(t, s.addr, WithCredential([]byte("app")), WithBusyPoll(-1))
 	require.ErrorIs(t, app.Read(ctx, r, 0, make([]byte, 1)), rdma.ErrAccessDenied, "no longer a reader, and not in Allow's set")
+}
+
+// TestForwardedFrames: a forwarded op whose origin block is malformed is
+// answered PROTOCOL and applies nothing, the connection staying usable;
+// FORWARD on an atomic is UNSUPPORTED; a well-formed one is applied and
+// its origin's answer kept.
+func TestForwardedFrames(t *testing.T) {
+	s := startServer(t, fwdConfig())
+	mem, r := s.export(t, 1, 4096)
+	nc := rawConn(t, s.addr)
+	handshake(t, nc)
+	send := func(id uint64, op uint8, flags uint8, org []byte, data []byte) respHeader {
+		t.Helper()
+		h := reqHeader{id: id, op: op, flags: reqFlagOnce | flags, slot: uint16(id), seq: 1, seg: 1, key: r.Key, epoch: 1, off: 64, length: uint32(len(data)), payloadLen: uint32(len(org) + len(data))}
+		if op == opFADD {
+			h.length, h.arg0 = 8, 1
+		}
+		_, err := nc.Write(append(append(requestFrame(t, &h), org...), data...))
+		require.NoError(t, err)
+		rh := readResponse(t, nc)
+		require.Equal(t, id, rh.id)
+		return rh
+	}
+	org := origin{key: sessionKey{name: "c:someone", id: [sessionIDSize]byte{7}}, slot: 5, seq: 3, value: 99}
+	bad := appendOrigin(nil, &org)
+	bad[33] = 1 // a reserved byte
+	require.Equal(t, statusProtocol, send(1, opWrite, reqFlagForward, bad, []byte("abcd")).status)
+	require.Equal(t, []byte{0, 0, 0, 0}, mem[64:68], "nothing applied")
+	require.Equal(t, statusUnsupported, send(2, opFADD, reqFlagForward, nil, nil).status)
+	require.Equal(t, statusOK, send(3, opXor, reqFlagForward, appendOrigin(nil, &org), []byte{1, 2, 3, 4}).status)
+	require.Equal(t, []byte{1, 2, 3, 4}, mem[64:68])
+
+	sess := s.sessions.open(org.key, true)
+	sl := &sess.slots[org.slot]
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	require.True(t, sl.known)
+	require.Equal(t, org.seq, sl.seq)
+	require.EqualValues(t, 99, sl.value)
+}
+
+// TestForwardAddTarget: the rebuild's switch-over adds a target while
+// clients write: Seal waits out the writes in flight (forwarded ones until
+// their targets acknowledged), the new copy takes the sealed bytes,
+// Forward adds it, and Unseal lets the writers go on; afterwards every
+// copy holds the primary's bytes. Sealed writes answer MOVED, which the
+// writers here simply send again.
+func TestForwardAddTarget(t *testing.T) {
+	const size = 32 << 10
+	hs := startHomes(t, 3, 1, size)
+	p, old, added := hs[0], hs[1], hs[2]
+	var fails failures
+	ts := targets(t, []*home{old, added})
+	require.NoError(t, p.srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: ts[:1], OnFail: fails.onFail}))
+	var (
+		wg    sync.WaitGroup
+		acked atomic.Int64
+	)
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := dial(t, p.srv.addr, WithConns(1), WithBusyPoll(-1))
+			rng := rand.New(rand.NewPCG(uint64(w), 5))
+			buf := make([]byte, 1024)
+			for range 300 {
+				off := rng.IntN(size - len(buf))
+				for j := range buf {
+					buf[j] = byte(rng.Uint32())
+				}
+				for {
+					err := cl.Write(t.Context(), p.r, int64(off), buf)
+					if errors.Is(err, rdma.ErrMoved) {
+						time.Sleep(100 * time.Microsecond)
+						continue
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					break
+				}
+				acked.Add(1)
+			}
+		}()
+	}
+	for acked.Load() < 150 {
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, p.srv.Seal(1, ""))
+	copy(added.mem, p.mem) // the rebuild's last copy round
+	require.NoError(t, p.srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: ts, OnFail: fails.onFail}))
+	require.NoError(t, p.srv.Unseal(1))
+	within(t, "writers across the switch-over", wg.Wait)
+	require.Empty(t, fails.count(), "%v", fails.errs)
+	require.True(t, equalBytes(p.mem, old.mem), "the old backup holds the primary's bytes")
+	require.True(t, equalBytes(p.mem, added.mem), "the added backup holds the primary's bytes")
 }

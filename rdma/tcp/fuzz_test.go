@@ -33,7 +33,7 @@ func FuzzDecodeRequest(f *testing.F) {
 		if err := decodeRequest(b, &h); err != nil {
 			return
 		}
-		if h.payloadLen > MaxPayload || h.length > MaxPayload {
+		if h.payloadLen > maxRequestPayload(h.flags) || h.length > MaxPayload {
 			t.Fatalf("decoded a header over the limits: %+v", h)
 		}
 		out := make([]byte, reqHeaderSize)

@@ -133,6 +133,7 @@ func (c *srvConn) mutate(h *reqHeader, e *export, data []byte, org *origin) erro
 		wasb = *was
 	}
 	f.forward(fo, h.off, wasb, *now, ob)
+	f.inflight.Add(1)
 	e.fwdMu.Unlock()
 	c.status = statusOK
 	c.s.wg.Add(1)

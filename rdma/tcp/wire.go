@@ -162,8 +162,9 @@ func decodeRequest(b []byte, h *reqHeader) error {
 	h.length = le.Uint32(b[56:])
 	h.arg0 = le.Uint64(b[64:])
 	h.arg1 = le.Uint64(b[72:])
-	if h.payloadLen > MaxPayload {
-		return fmt.Errorf("request %d payload of %d bytes exceeds the %d-byte limit: %w", h.id, h.payloadLen, MaxPayload, rdma.ErrProtocol)
+	// A forwarded op's origin block comes on top of a full payload.
+	if limit := maxRequestPayload(h.flags); h.payloadLen > limit {
+		return fmt.Errorf("request %d payload of %d bytes exceeds the %d-byte limit: %w", h.id, h.payloadLen, limit, rdma.ErrProtocol)
 	}
 	if h.length > MaxPayload {
 		return fmt.Errorf("request %d length %d exceeds the %d-byte limit: %w", h.id, h.length, MaxPayload, rdma.ErrProtocol)
@@ -191,6 +192,15 @@ func decodeRequest(b []byte, h *reqHeader) error {
 		}
 	}
 	return nil
+}
+
+// maxRequestPayload is the longest payload a request with flags carries:
+// MaxPayload, and an origin block more with reqFlagForward.
+func maxRequestPayload(flags uint8) uint32 {
+	if flags&reqFlagForward != 0 {
+		return MaxPayload + originSize + MaxOriginName
+	}
+	return MaxPayload
 }
 
 // opName names a WRITE-like opcode in error messages.
