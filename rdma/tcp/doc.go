@@ -66,9 +66,13 @@
 // certificate the TLS session verified, if the client presented one), and
 // serves a segment given a principal set (Server.Allow) only to
 // connections whose principal is in it: any other gets ACCESS_DENIED, also
-// with the right key. Each connection remembers the last segment and set
-// it passed, so a run of requests on one segment costs two pointer
-// comparisons; a new set takes effect on the next request.
+// with the right key. A segment may also name read-only principals
+// (Server.AllowReaders: a backup copy its clients read on failover, which
+// only its primary writes): they may READ it, in Allow's set or not, and
+// their WRITE, CAS, FADD and XOR get ACCESS_DENIED, in Allow's set or
+// not. Each connection remembers the last segment and sets it checked, so
+// a run of requests on one segment costs three pointer comparisons; a new
+// set takes effect on the next request.
 //
 // poold's data plane sets Identify: the credential is the 16 random bytes
 // its control plane issued to a live session, or delegated over a peer
@@ -102,9 +106,10 @@
 // After the handshake the client sends request frames and the server sends
 // one response frame per request. Requests are pipelined: a client may send
 // any number before reading responses, and the server may answer them out of
-// order (this server answers in order); the request id matches a response to
-// its request, so ids must be unique among a connection's outstanding
-// requests.
+// order (this server answers in order, but for the ops on a forwarding
+// segment, which are answered once their targets acknowledged: see
+// Forwarding); the request id matches a response to its request, so ids
+// must be unique among a connection's outstanding requests.
 //
 //	request frame: 80-byte header, then payload-len bytes of payload
 //	+---------------------------------------------------------------+
@@ -144,17 +149,27 @@
 //	         rides it; a hook may block (the sharer's long poll), so a client
 //	         keeps such calls on a connection of their own. A server without
 //	         the hook answers UNSUPPORTED.
+//	6 XOR    XOR the payload into the bytes at offset; payload len = length
+//	         (with FORWARD, length plus the origin block); arg0, arg1 0. XORs
+//	         of a segment are atomic with each other (a parity shard takes
+//	         XORs from several data shards' homes at once, and XORs
+//	         commute). Servers older than this opcode answer UNSUPPORTED.
 //
 // Request flags (append only; none in version 1):
 //
 //	bit 0 ONCE    (v2) the request is exactly-once: slot and seq name it
-//	              in the connection's session; WRITE, CAS and FADD only
+//	              in the connection's session; WRITE, CAS, FADD and XOR
+//	              only
 //	bit 1 RETRY   (v2) with ONCE: the client sent this slot and seq before
+//	bit 2 FORWARD (v2) with ONCE, on WRITE or XOR only: a primary forwards
+//	              this op, and its payload starts with an origin block
+//	              (see Forwarding); payload len = length + the block's size
 //
 // A request with a flag the connection's version does not define, RETRY
-// without ONCE, ONCE on another opcode or with a slot ≥ 128, or an opcode
-// the server does not know, is answered UNSUPPORTED after its payload has
-// been skipped, so newer clients can probe older servers. Without ONCE the
+// or FORWARD without ONCE, ONCE on another opcode or with a slot ≥ 128,
+// FORWARD on another opcode than WRITE and XOR, or an opcode the server
+// does not know, is answered UNSUPPORTED after its payload has been
+// skipped, so newer clients can probe older servers. Without ONCE the
 // slot and seq fields are reserved and must be 0. Atomics need offset to be
 // a multiple of 8 and operate on the word in the byte order of the
 // exporting host.
@@ -242,6 +257,84 @@
 // epoch, alignment and bounds (overflow-safe: offset ≤ size and
 // length ≤ size-offset) before it touches memory.
 //
+// # Forwarding (redundant segments)
+//
+// A segment with copies on other hosts (replicas) or a data shard of an
+// erasure-coded stripe is written at one home only, its primary (a data
+// shard's home), whose data plane forwards each change to the other homes
+// (Server.Forward), over a connection it dials to each (a Client whose
+// session is the primary's own):
+//
+//   - copy mode: after applying a WRITE, CAS, FADD or XOR the primary
+//     sends every copy a WRITE of the range's bytes as they are now (for
+//     an atomic, the word's new value), so copies never re-run an atomic;
+//   - parity mode: the primary keeps the range's old bytes, applies the
+//     op, and sends parity shard j the j-th Reed-Solomon parity (klauspost
+//     /reedsolomon, reedsolomon.New(k, m)) of delta = old XOR new, as data
+//     shard i's contribution (EncodeIdx), as an XOR at the same offset.
+//
+// Order: the apply and the queueing of the forwarded ops on the targets'
+// connections happen under one lock per segment, and every op for one
+// target of one segment goes on one connection of its Client, so each
+// target applies them in the primary's order (parity XORs commute, so
+// parity shards need no order across data shards). A WRITE to a
+// forwarding segment is read into a buffer before the lock is taken, so
+// the lock never waits for a socket. The client is answered once every
+// live target acknowledged, by the goroutine that waited for the
+// acknowledgements, so the connection goes on reading and running its
+// next requests meanwhile and their answers may overtake. A forwarded op
+// holds its segment as a write in flight until answered: Seal and Revoke
+// wait for its targets.
+//
+// Link: every forwarded op carries an exactly-once ticket of the
+// primary's session (ONCE). When the connection it went on breaks, the
+// primary sends the ops that connection left unanswered again, in their
+// order and before any later op, on the Client's next live connection,
+// with RETRY if they may have left (the target answers a repeat from its
+// reply cache). A target that answers an error, has no live connection
+// left, or has not answered within ServerConfig.ForwardTimeout (1 s) is
+// reported to Forwarding.OnFail once and skipped from then on; the
+// client's op is still answered OK if every other target acknowledged,
+// after OnFail returned.
+//
+// Exactly-once across failover: a forwarded op that stems from a client's
+// exactly-once op (ONCE) has the flag FORWARD and carries, before its
+// data, an origin block: the client's session and slot, the op's seq,
+// and the primary's answer. The target applies the data and stores the
+// answer in its own reply cache as the answer to that client session's
+// slot and seq. A client whose primary died and that sends the op again
+// (RETRY, same slot and seq) to the copy promoted in its place is
+// answered from that cache and the op is not applied again. Sessions are
+// keyed by the connection's principal (ServerConfig.Identify) when the
+// server names one, else by its credential: each home issues a client a
+// credential of its own, but names the same principal. An origin block
+// opens a session as a RESUME hello does (its other slots' history
+// unknown), counted against ServerConfig.MaxSessions like any other.
+//
+//	origin block (FORWARD), 40 bytes + owner:
+//	+---------------------------------------------------------------+
+//	|               the client's session id (16 bytes)            0 |
+//	+---------------+---------------+-------------------------------+
+//	| slot (u16) 16 | status (u16)18| seq (u32)                  20 |
+//	+---------------+---------------+-------------------------------+
+//	|                     value (u64)                            24 |
+//	+-------+-------+---------------+-------------------------------+
+//	|flags32|rsvd 33| owner len  34 | reserved (u32) = 0         36 |
+//	+-------+-------+---------------+-------------------------------+
+//	|                 owner (owner len bytes) ...                40 |
+//	+- - - - - - - - - - - - - - - - - - - - - - - - - - - - - - - -+
+//
+// slot is below 128, owner len at most 4098, the reserved bytes zero.
+// status, flags and value are the primary's answer to the client (a
+// response header's fields); owner is "p:" and the principal, or "c:" and
+// the credential where the primary names no principal. A block that
+// breaks these rules is answered PROTOCOL, nothing applied; the
+// connection stays open. The payload of a FORWARD request may exceed
+// MaxPayload by the largest origin block (40 + 4098 bytes). A server
+// older than FORWARD closes the connection on a forwarded WRITE (its
+// payload length contradicts its length): forward only to daemons that
+// speak it.
+//
 // # Limits and framing errors
 //
 // A payload or length over 16 MiB (MaxPayload), reserved bytes that are not
@@ -259,7 +352,8 @@
 // # Zero copy
 //
 // The server reads WRITE payloads from the socket straight into the mapped
-// segment: only payload bytes that arrived in the same read(2) as earlier
+// segment (but for a forwarding segment, and XOR payloads, which are read
+// into a buffer first): only payload bytes that arrived in the same read(2) as earlier
 // headers are copied, once, from the connection's read buffer (after a
 // payload of 32 KiB or more the next read fetches only the next header, so a
 // stream of large writes goes straight to the mapping). READ payloads go

@@ -25,7 +25,8 @@ import (
 // waits for the acknowledgements outside the lock, so the connection's
 // later requests go on meanwhile (their answers may overtake).
 
-// ForwardMode says what a forwarding segment sends its targets.
+// ForwardMode says what a forwarding segment sends its targets. A plain
+// value.
 type ForwardMode uint8
 
 const (
@@ -50,7 +51,8 @@ func (m ForwardMode) String() string {
 	return fmt.Sprintf("ForwardMode(%d)", uint8(m))
 }
 
-// ForwardTarget is one copy or parity shard a segment forwards to.
+// ForwardTarget is one copy or parity shard a segment forwards to. A plain
+// value; the Conn is the caller's and safe for concurrent use.
 type ForwardTarget struct {
 	// Conn reaches the target's data plane; it must be a *Client (the
 	// target's CPU has to see forwarded ops: XOR, and the reply cache of
@@ -63,8 +65,10 @@ type ForwardTarget struct {
 }
 
 // Forwarding says how a segment forwards its mutating ops (Server.Forward).
-// The Server keeps its own copy of the slice; the Conns stay the caller's,
-// which closes them once no forwarding uses them.
+// A plain value: Forward reads it once and keeps what it needs, so the
+// caller may reuse it; the Conns stay the caller's, who closes them once
+// no forwarding uses them (see Forward). OnFail may be called concurrently
+// for different targets.
 type Forwarding struct {
 	// Mode is ForwardCopy or ForwardParity.
 	Mode ForwardMode
