@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/binary"
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -68,11 +69,7 @@ func (f *failures) onFail(target int, err error) {
 func (f *failures) count() map[int]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	m := make(map[int]int, len(f.calls))
-	for k, v := range f.calls {
-		m[k] = v
-	}
-	return m
+	return maps.Clone(f.calls)
 }
 
 // targets dials every home of hs as the forwarding side does and returns
@@ -86,16 +83,24 @@ func targets(t testing.TB, hs []*home, opts ...Option) []ForwardTarget {
 	return ts
 }
 
+// replicated starts n homes of a segment of size bytes, the first
+// forwarding copies to the others and reporting failures to fails.
+func replicated(t *testing.T, n, size int, fails *failures) []*home {
+	t.Helper()
+	hs := startHomes(t, n, 1, size)
+	require.NoError(t, hs[0].srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: targets(t, hs[1:]), OnFail: fails.onFail}))
+	return hs
+}
+
 // TestForwardCopy: four clients write, CAS and FADD a primary with two
 // backups concurrently, on overlapping bytes; afterwards both backups hold
 // exactly the primary's bytes, and the counter every client added to holds
 // the number of acknowledged adds.
 func TestForwardCopy(t *testing.T) {
 	const size = 64 << 10
-	hs := startHomes(t, 3, 1, size)
-	p := hs[0]
 	var fails failures
-	require.NoError(t, p.srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: targets(t, hs[1:]), OnFail: fails.onFail}))
+	hs := replicated(t, 3, size, &fails)
+	p := hs[0]
 
 	const workers, rounds = 4, 300
 	var adds atomic.Uint64
@@ -145,6 +150,41 @@ func TestForwardCopy(t *testing.T) {
 	for i, b := range hs[1:] {
 		require.True(t, equalBytes(p.mem, b.mem), "backup %d differs from the primary", i)
 	}
+}
+
+// writeLoad starts writers clients of the data plane at addr, each
+// writing count blocks of block random bytes at random offsets of r (size
+// bytes), one at a time, sending a write again while it answers MOVED (a
+// sealed switch-over). acked counts the acknowledged writes; the returned
+// wait waits for the clients (failing the test if they hang).
+func writeLoad(t *testing.T, addr string, r rdma.Region, size, block, writers, count int, acked *atomic.Int64) (wait func()) {
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := dial(t, addr, WithConns(1), WithBusyPoll(-1))
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(block)))
+			buf := make([]byte, block)
+			for range count {
+				off := rng.IntN(size - block)
+				for j := range buf {
+					buf[j] = byte(rng.Uint32())
+				}
+				err := cl.Write(t.Context(), r, int64(off), buf)
+				for errors.Is(err, rdma.ErrMoved) {
+					time.Sleep(100 * time.Microsecond)
+					err = cl.Write(t.Context(), r, int64(off), buf)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				acked.Add(1)
+			}
+		}()
+	}
+	return func() { within(t, "writers", wg.Wait) }
 }
 
 // equalBytes compares without printing megabytes on failure.
@@ -288,39 +328,16 @@ func TestForwardParity(t *testing.T) {
 // bytes.
 func TestForwardTargetKilled(t *testing.T) {
 	const size = 32 << 10
-	hs := startHomes(t, 3, 1, size)
-	p := hs[0]
 	var fails failures
-	require.NoError(t, p.srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: targets(t, hs[1:]), OnFail: fails.onFail}))
-	var (
-		wg    sync.WaitGroup
-		acked atomic.Int64
-	)
-	for w := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl := dial(t, p.srv.addr, WithConns(1), WithBusyPoll(-1))
-			rng := rand.New(rand.NewPCG(uint64(w), 1))
-			buf := make([]byte, 2048)
-			for range 400 {
-				off := rng.IntN(size - len(buf))
-				for j := range buf {
-					buf[j] = byte(rng.Uint32())
-				}
-				if err := cl.Write(t.Context(), p.r, int64(off), buf); err != nil {
-					t.Error(err)
-					return
-				}
-				acked.Add(1)
-			}
-		}()
-	}
+	hs := replicated(t, 3, size, &fails)
+	p := hs[0]
+	var acked atomic.Int64
+	wait := writeLoad(t, p.srv.addr, p.r, size, 2048, 3, 400, &acked)
 	for acked.Load() < 200 {
 		time.Sleep(time.Millisecond)
 	}
 	require.NoError(t, hs[2].srv.Close())
-	within(t, "writers after a target died", wg.Wait)
+	wait()
 	require.Equal(t, map[int]int{1: 1}, fails.count(), "target 1 (the killed backup) reported once")
 	require.ErrorIs(t, fails.errs[0], rdma.ErrClosed)
 	require.True(t, equalBytes(p.mem, hs[1].mem), "the surviving backup holds the primary's bytes")
@@ -356,27 +373,8 @@ func TestForwardLinkRetry(t *testing.T) {
 		Mode: ForwardParity, Shard: 0, DataShards: k, ParityShards: m,
 		Targets: []ForwardTarget{{Conn: tgt, Region: parity[0].r}}, OnFail: fails.onFail,
 	}))
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl := dial(t, data[0].srv.addr, WithConns(1), WithBusyPoll(-1))
-			rng := rand.New(rand.NewPCG(uint64(w), 3))
-			buf := make([]byte, 512)
-			for range 300 {
-				off := rng.IntN(shard - len(buf))
-				for j := range buf {
-					buf[j] = byte(rng.Uint32())
-				}
-				if err := cl.Write(t.Context(), data[0].r, int64(off), buf); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	within(t, "writers over a lossy link", wg.Wait)
+	var acked atomic.Int64
+	writeLoad(t, data[0].srv.addr, data[0].r, shard, 512, 4, 300, &acked)()
 	require.Empty(t, fails.count(), "the link moved to another connection instead of failing: %v", fails.errs)
 	require.GreaterOrEqual(t, px.Kills(), int64(1), "the proxy cut the link")
 	requireParity(t, data, parity)
@@ -541,38 +539,8 @@ func TestForwardAddTarget(t *testing.T) {
 	var fails failures
 	ts := targets(t, []*home{old, added})
 	require.NoError(t, p.srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: ts[:1], OnFail: fails.onFail}))
-	var (
-		wg    sync.WaitGroup
-		acked atomic.Int64
-	)
-	for w := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl := dial(t, p.srv.addr, WithConns(1), WithBusyPoll(-1))
-			rng := rand.New(rand.NewPCG(uint64(w), 5))
-			buf := make([]byte, 1024)
-			for range 300 {
-				off := rng.IntN(size - len(buf))
-				for j := range buf {
-					buf[j] = byte(rng.Uint32())
-				}
-				for {
-					err := cl.Write(t.Context(), p.r, int64(off), buf)
-					if errors.Is(err, rdma.ErrMoved) {
-						time.Sleep(100 * time.Microsecond)
-						continue
-					}
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					break
-				}
-				acked.Add(1)
-			}
-		}()
-	}
+	var acked atomic.Int64
+	wait := writeLoad(t, p.srv.addr, p.r, size, 1024, 3, 300, &acked)
 	for acked.Load() < 150 {
 		time.Sleep(time.Millisecond)
 	}
@@ -580,7 +548,7 @@ func TestForwardAddTarget(t *testing.T) {
 	copy(added.mem, p.mem) // the rebuild's last copy round
 	require.NoError(t, p.srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: ts, OnFail: fails.onFail}))
 	require.NoError(t, p.srv.Unseal(1))
-	within(t, "writers across the switch-over", wg.Wait)
+	wait()
 	require.Empty(t, fails.count(), "%v", fails.errs)
 	require.True(t, equalBytes(p.mem, old.mem), "the old backup holds the primary's bytes")
 	require.True(t, equalBytes(p.mem, added.mem), "the added backup holds the primary's bytes")
