@@ -13,14 +13,16 @@ type Observation struct {
 	// Op is the operation. An opcode this server does not know is passed
 	// through as rdma.OpKind(opcode) with Status StatusUnsupported.
 	Op rdma.OpKind
-	// Bytes is the payload moved: the bytes read or written, 8 for an
-	// atomic, 0 when Status is not StatusOK.
+	// Bytes is the payload moved: the bytes read, written or XORed, 8 for
+	// an atomic, 0 when Status is not StatusOK.
 	Bytes int
 	// Duration runs from the request header being decoded to the response
 	// being queued: the checks, the copy or atomic, and for a WRITE the
 	// receipt of its payload. It excludes the flush of responses to the
 	// socket (one flush serves a batch), except for the response that fills
-	// a batch and so flushes it.
+	// a batch and so flushes it. An op on a forwarding segment is observed
+	// once it was applied and handed to its targets; the wait for their
+	// acknowledgements, which its answer waits for, is not in it.
 	Duration time.Duration
 	// Status is the outcome sent to the client.
 	Status OpStatus
