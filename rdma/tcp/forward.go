@@ -89,6 +89,10 @@ type Forwarding struct {
 	OnFail func(target int, err error)
 }
 
+// maxShards bounds k+m: past 256 shards reedsolomon switches to a codec
+// without EncodeIdx.
+const maxShards = 256
+
 // forwarder is a segment's forwarding, as Server.Forward set it.
 // Immutable but for its targets' state.
 type forwarder struct {
@@ -143,8 +147,8 @@ func (s *Server) newForwarder(seg uint64, f *Forwarding) (*forwarder, error) {
 	switch f.Mode {
 	case ForwardCopy:
 	case ForwardParity:
-		if f.DataShards < 1 || f.ParityShards < 1 || f.Shard < 0 || f.Shard >= f.DataShards || len(f.Targets) != f.ParityShards {
-			return nil, fmt.Errorf("rdma/tcp: forward segment %d: parity of data shard %d in a %d+%d code to %d targets: want 0 <= Shard < DataShards, ParityShards >= 1 and one target per parity shard: %w", seg, f.Shard, f.DataShards, f.ParityShards, len(f.Targets), errs.ErrInvalid)
+		if f.DataShards < 1 || f.ParityShards < 1 || f.DataShards+f.ParityShards > maxShards || f.Shard < 0 || f.Shard >= f.DataShards || len(f.Targets) != f.ParityShards {
+			return nil, fmt.Errorf("rdma/tcp: forward segment %d: parity of data shard %d in a %d+%d code to %d targets: want 0 <= Shard < DataShards, ParityShards >= 1, at most %d shards in all, and one target per parity shard: %w", seg, f.Shard, f.DataShards, f.ParityShards, len(f.Targets), maxShards, errs.ErrInvalid)
 		}
 		enc, err := reedsolomon.New(f.DataShards, f.ParityShards)
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/klauspost/reedsolomon"
 	"github.com/stretchr/testify/require"
 
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/faultproxy"
 	"github.com/farmem/farmem/rdma"
 )
@@ -553,3 +554,90 @@ func TestForwardAddTarget(t *testing.T) {
 	require.True(t, equalBytes(p.mem, old.mem), "the old backup holds the primary's bytes")
 	require.True(t, equalBytes(p.mem, added.mem), "the added backup holds the primary's bytes")
 }
+
+// TestForwardParityLostTarget: a parity shard lost before forwarding
+// starts (nil Conn) is skipped, and its index still counts: the other
+// parity shard gets its own parity, not the lost one's.
+func TestForwardParityLostTarget(t *testing.T) {
+	const k, m, shard = 2, 2, 8 << 10
+	hs := startHomes(t, k+m, 1, shard)
+	data, parity := hs[:k], hs[k:]
+	ts := targets(t, parity)
+	ts[0].Conn = nil
+	var fails failures
+	require.NoError(t, data[1].srv.Forward(1, &Forwarding{Mode: ForwardParity, Shard: 1, DataShards: k, ParityShards: m, Targets: ts, OnFail: fails.onFail}))
+	var acked atomic.Int64
+	writeLoad(t, data[1].srv.addr, data[1].r, shard, 700, 2, 50, &acked)()
+	require.Empty(t, fails.count(), "a target lost before is not reported: %v", fails.errs)
+	enc, err := reedsolomon.New(k, m)
+	require.NoError(t, err)
+	shards := [][]byte{slices.Clone(data[0].mem), slices.Clone(data[1].mem), make([]byte, shard), make([]byte, shard)}
+	require.NoError(t, enc.Encode(shards))
+	require.True(t, equalBytes(shards[3], parity[1].mem), "parity shard 1 holds its parity")
+	require.True(t, equalBytes(make([]byte, shard), parity[0].mem), "the lost parity shard got nothing")
+}
+
+// TestForwardHungTarget: a target that stops answering (its connection's
+// goroutine is held) is reported to OnFail once ForwardTimeout has passed,
+// and the client's write is answered OK; later writes skip it.
+func TestForwardHungTarget(t *testing.T) {
+	release := make(chan struct{})
+	var held atomic.Bool
+	hcfg := fwdConfig()
+	hcfg.Observe = func(Observation) {
+		if held.Load() {
+			<-release
+		}
+	}
+	hung := startServer(t, hcfg)
+	_, hr := hung.export(t, 1, 4096)
+	t.Cleanup(func() { close(release) }) // before the servers close
+
+	cfg := fwdConfig()
+	cfg.ForwardTimeout = 200 * time.Millisecond
+	prim := startServer(t, cfg)
+	_, pr := prim.export(t, 1, 4096)
+	var fails failures
+	link := dial(t, hung.addr, WithConns(1), WithBusyPoll(-1))
+	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: hr}}, OnFail: fails.onFail}))
+	cl := dial(t, prim.addr, WithBusyPoll(-1))
+	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("answered")))
+	require.Empty(t, fails.count())
+
+	held.Store(true)
+	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("held")), "answered OK without the hung target")
+	require.Equal(t, map[int]int{0: 1}, fails.count())
+	require.ErrorIs(t, fails.errs[0], context.DeadlineExceeded)
+	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("skipped")))
+	require.Equal(t, map[int]int{0: 1}, fails.count(), "reported once")
+}
+
+// TestForwardRefusesBadSettings: what Forward refuses, with which error.
+func TestForwardRefusesBadSettings(t *testing.T) {
+	s := startServer(t, fwdConfig())
+	_, r := s.export(t, 1, 4096)
+	other := startServer(t, fwdConfig())
+	link := dial(t, other.addr, WithBusyPoll(-1))
+	tgt := []ForwardTarget{{Conn: link, Region: r}}
+	for _, tc := range []struct {
+		name string
+		f    Forwarding
+		want error
+	}{
+		{"parity without a code", Forwarding{Mode: ForwardParity, Targets: tgt}, errs.ErrInvalid},
+		{"shard past the data shards", Forwarding{Mode: ForwardParity, Shard: 4, DataShards: 4, ParityShards: 1, Targets: tgt}, errs.ErrInvalid},
+		{"fewer targets than parity shards", Forwarding{Mode: ForwardParity, DataShards: 4, ParityShards: 2, Targets: tgt}, errs.ErrInvalid},
+		{"more shards than the code takes", Forwarding{Mode: ForwardParity, DataShards: 300, ParityShards: 1, Targets: tgt}, errs.ErrInvalid},
+		{"unknown mode", Forwarding{Mode: 7, Targets: tgt}, errs.ErrInvalid},
+		{"a target that is not a tcp Client", Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: notTCP{}, Region: r}}}, rdma.ErrNotSupported},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.ErrorIs(t, s.Forward(1, &tc.f), tc.want)
+		})
+	}
+	require.ErrorIs(t, s.Forward(2, &Forwarding{Targets: tgt}), rdma.ErrNotExported)
+	require.NoError(t, s.Forward(1, nil))
+}
+
+// notTCP is an rdma.Conn of another transport.
+type notTCP struct{ rdma.Conn }
