@@ -41,9 +41,15 @@ type home struct {
 // bytes.
 func startHomes(t testing.TB, n int, seg uint64, size int) []*home {
 	t.Helper()
+	return homesWith(t, fwdConfig(), n, seg, size)
+}
+
+// homesWith is startHomes with the servers configured by cfg.
+func homesWith(t testing.TB, cfg ServerConfig, n int, seg uint64, size int) []*home {
+	t.Helper()
 	hs := make([]*home, n)
 	for i := range hs {
-		srv := startServer(t, fwdConfig())
+		srv := startServer(t, cfg)
 		mem, r := srv.export(t, seg, size)
 		hs[i] = &home{srv: srv, mem: mem, r: r}
 	}
@@ -85,22 +91,29 @@ func targets(t testing.TB, hs []*home, opts ...Option) []ForwardTarget {
 }
 
 // replicated starts n homes of a segment of size bytes, the first
-// forwarding copies to the others and reporting failures to fails.
-func replicated(t *testing.T, n, size int, fails *failures) []*home {
+// forwarding copies to the others and reporting failures to fails. The
+// servers take cfg over fwdConfig's fields where set, and every client
+// opts.
+func replicated(t *testing.T, cfg ServerConfig, opts []Option, n, size int, fails *failures) []*home {
 	t.Helper()
-	hs := startHomes(t, n, 1, size)
-	require.NoError(t, hs[0].srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: targets(t, hs[1:]), OnFail: fails.onFail}))
+	fc := fwdConfig()
+	fc.TLS = cfg.TLS
+	hs := homesWith(t, fc, n, 1, size)
+	require.NoError(t, hs[0].srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: targets(t, hs[1:], opts...), OnFail: fails.onFail}))
 	return hs
 }
 
 // TestForwardCopy: four clients write, CAS and FADD a primary with two
 // backups concurrently, on overlapping bytes; afterwards both backups hold
 // exactly the primary's bytes, and the counter every client added to holds
-// the number of acknowledged adds.
-func TestForwardCopy(t *testing.T) {
+// the number of acknowledged adds. In plaintext and over TLS (forwarded
+// ops' answers are written from other goroutines than the connection's).
+func TestForwardCopy(t *testing.T) { overBoth(t, forwardCopy) }
+
+func forwardCopy(t *testing.T, cfg ServerConfig, opts []Option) {
 	const size = 64 << 10
 	var fails failures
-	hs := replicated(t, 3, size, &fails)
+	hs := replicated(t, cfg, opts, 3, size, &fails)
 	p := hs[0]
 
 	const workers, rounds = 4, 300
@@ -110,7 +123,7 @@ func TestForwardCopy(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cl := dial(t, p.srv.addr, WithConns(2), WithBusyPoll(-1))
+			cl := dial(t, p.srv.addr, append([]Option{WithConns(2), WithBusyPoll(-1)}, opts...)...)
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
 			buf := make([]byte, 4096)
 			for range rounds {
@@ -330,7 +343,7 @@ func TestForwardParity(t *testing.T) {
 func TestForwardTargetKilled(t *testing.T) {
 	const size = 32 << 10
 	var fails failures
-	hs := replicated(t, 3, size, &fails)
+	hs := replicated(t, ServerConfig{}, nil, 3, size, &fails)
 	p := hs[0]
 	var acked atomic.Int64
 	wait := writeLoad(t, p.srv.addr, p.r, size, 2048, 3, 400, &acked)
