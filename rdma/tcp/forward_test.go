@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/binary"
@@ -654,3 +655,31 @@ func TestForwardRefusesBadSettings(t *testing.T) {
 
 // notTCP is an rdma.Conn of another transport.
 type notTCP struct{ rdma.Conn }
+
+// TestForwardPipelined: one Do of many writes and reads on a forwarding
+// segment over one connection: the reads are answered at once, the writes
+// once the backup acknowledged, so answers come out of order; each
+// matches its op, and a read sees the writes sent before it on the
+// connection (the primary applied them before it read).
+func TestForwardPipelined(t *testing.T) {
+	var fails failures
+	hs := replicated(t, ServerConfig{}, nil, 2, 64<<10, &fails)
+	p := hs[0]
+	cl := dial(t, p.srv.addr, WithConns(1), WithBusyPoll(-1))
+	var ops []*rdma.Op
+	for i := range 64 {
+		blk := bytes.Repeat([]byte{byte(i + 1)}, 512)
+		ops = append(ops,
+			&rdma.Op{Kind: rdma.OpWrite, Region: p.r, Offset: int64(i * 1024), Buf: blk},
+			&rdma.Op{Kind: rdma.OpRead, Region: p.r, Offset: int64(i * 1024), Buf: make([]byte, 512)},
+			&rdma.Op{Kind: rdma.OpFetchAdd, Region: p.r, Offset: int64(i*1024 + 512), Delta: uint64(i)},
+		)
+	}
+	require.NoError(t, cl.Do(t.Context(), ops...))
+	for i := range 64 {
+		require.Equal(t, ops[3*i].Buf, ops[3*i+1].Buf, "read %d sees the write before it", i)
+		require.Zero(t, ops[3*i+2].Prev)
+	}
+	require.Empty(t, fails.count())
+	require.True(t, equalBytes(p.mem, hs[1].mem))
+}
