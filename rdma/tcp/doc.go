@@ -182,7 +182,9 @@
 // "not swapped"). Version 2 borrows NFSv4.1's session slot table. The
 // client picks a random 16-byte session id per server and presents it in
 // every hello (RESUME once a server accepted it); the server keys the
-// session by (credential, id), so it outlives connections. A session has
+// session by (credential, id), or by (principal, id) on a server that
+// names principals (ServerConfig.Identify; see Forwarding), so it
+// outlives connections. A session has
 // 128 slots (rdma.SessionSlots); a client keeps at most one operation per
 // slot in flight and numbers the operations of a slot 1, 2, 3... (seq,
 // wrapping). The server keeps, per slot, the last seq it ran and that

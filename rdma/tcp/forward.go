@@ -254,9 +254,8 @@ func (t *fwdTarget) pick() *cliConn {
 }
 
 // post sends s on t's link (a RETRY if an attempt went out before); t.mu
-// is held. A broken link is repaired
-// first, so s follows the ops posted before it. It returns false when t
-// has no live connection left.
+// is held. A broken link is repaired first, so s follows the ops posted
+// before it. It returns false when t has no live connection left.
 func (t *fwdTarget) post(ctx context.Context, s *fwdSend) bool {
 	for {
 		if t.conn != nil && t.conn.closed.Load() {
