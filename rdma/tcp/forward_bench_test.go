@@ -4,51 +4,40 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/klauspost/reedsolomon"
 )
 
-// BenchmarkForwardLatency: what forwarding costs a client's write. It
-// alternates rounds of 4 KiB WRITEs, one in flight, to a segment that
-// forwards nothing, to a primary that copies to one backup (ForwardCopy),
-// and to the data home of a 4+2 erasure-coded stripe that XORs parity
-// deltas into two parity homes (ForwardParity), and reports each one's
-// p50 over all rounds and the ratios to the unforwarded p50. Every data
-// plane runs in this process, on loopback.
+// BenchmarkForwardLatency: what forwarding costs a client's writes. It
+// alternates rounds of 4 KiB WRITEs to a segment that forwards nothing,
+// to a primary that copies to one backup (ForwardCopy), and to the data
+// home of a 4+2 erasure-coded stripe that XORs parity deltas into two
+// parity homes (ForwardParity), at 1 and at 16 in flight on one
+// connection, and reports each one's p50 latency and write rate over all
+// rounds with their ratios to the unforwarded segment's. Every data plane
+// runs in this process, on loopback.
 //
-//	go test -run '^$' -bench ForwardLatency -benchtime 20000x ./rdma/tcp
+//	go test -run '^$' -bench ForwardLatency -benchtime 15000x ./rdma/tcp
 func BenchmarkForwardLatency(b *testing.B) {
-	for _, poll := range []bool{true, false} {
-		b.Run(fmt.Sprintf("busypoll=%v", poll), func(b *testing.B) { forwardLatency(b, poll) })
+	for _, depth := range []int{1, 16} {
+		b.Run(fmt.Sprintf("inflight=%d", depth), func(b *testing.B) { forwardLatency(b, depth) })
 	}
 }
 
-// forwardLatency runs BenchmarkForwardLatency with busy polling on every
-// data plane and client, or off.
-func forwardLatency(b *testing.B, poll bool) {
+// forwardLatency runs BenchmarkForwardLatency at depth writes in flight.
+func forwardLatency(b *testing.B, depth int) {
 	const size = 1 << 20
-	cfg, opt := ServerConfig{}, WithBusyPoll(DefaultBusyPoll)
-	if !poll {
-		cfg.BusyPoll, opt = -1, WithBusyPoll(-1)
-	}
-	homes := func(n int) []*home {
-		hs := make([]*home, n)
-		for i := range hs {
-			srv := startServer(b, cfg)
-			mem, r := srv.export(b, 1, size)
-			hs[i] = &home{srv: srv, mem: mem, r: r}
-		}
-		return hs
-	}
-	plain := homes(1)[0]
-	copies := homes(2)
-	if err := copies[0].srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: targets(b, copies[1:], opt)}); err != nil {
+	cfg := ServerConfig{}
+	plain := homesWith(b, cfg, 1, 1, size)[0]
+	copies := homesWith(b, cfg, 2, 1, size)
+	if err := copies[0].srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: targets(b, copies[1:], WithBusyPoll(DefaultBusyPoll))}); err != nil {
 		b.Fatal(err)
 	}
-	stripe := homes(3)
-	if err := stripe[0].srv.Forward(1, &Forwarding{Mode: ForwardParity, Shard: 0, DataShards: 4, ParityShards: 2, Targets: targets(b, stripe[1:], opt)}); err != nil {
+	stripe := homesWith(b, cfg, 3, 1, size)
+	if err := stripe[0].srv.Forward(1, &Forwarding{Mode: ForwardParity, Shard: 0, DataShards: 4, ParityShards: 2, Targets: targets(b, stripe[1:], WithBusyPoll(DefaultBusyPoll))}); err != nil {
 		b.Fatal(err)
 	}
 	type setup struct {
@@ -56,40 +45,55 @@ func forwardLatency(b *testing.B, poll bool) {
 		h    *home
 		cl   *Client
 		lat  []time.Duration
+		took time.Duration
 	}
 	setups := []*setup{{name: "none", h: plain}, {name: "copy", h: copies[0]}, {name: "parity4+2", h: stripe[0]}}
 	for _, s := range setups {
-		s.cl = dial(b, s.h.srv.addr, WithConns(1), opt)
+		s.cl = dial(b, s.h.srv.addr, WithConns(1))
 	}
 	ctx := context.Background()
 	buf := make([]byte, 4096)
 	rand.Read(buf)
 	run := func(s *setup, n int, record bool) {
-		for i := range n {
-			start := time.Now()
-			if err := s.cl.Write(ctx, s.h.r, int64(i%(size/4096))*4096, buf); err != nil {
-				b.Fatal(err)
-			}
-			if record {
-				s.lat = append(s.lat, time.Since(start))
+		lats := make([][]time.Duration, depth)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for g := range depth {
+			wg.Go(func() {
+				for i := range n / depth {
+					t0 := time.Now()
+					if err := s.cl.Write(ctx, s.h.r, int64((g*n/depth+i)%(size/4096))*4096, buf); err != nil {
+						b.Error(err)
+						return
+					}
+					lats[g] = append(lats[g], time.Since(t0))
+				}
+			})
+		}
+		wg.Wait()
+		if record {
+			s.took += time.Since(start)
+			for _, l := range lats {
+				s.lat = append(s.lat, l...)
 			}
 		}
 	}
 	for _, s := range setups {
-		run(s, 500, false) // warm up
+		run(s, 512, false) // warm up
 	}
 	b.ResetTimer()
-	for _, n := range rounds(b.N/len(setups), 500) {
+	for _, n := range rounds(b.N/len(setups), 512) {
 		for _, s := range setups {
-			run(s, n, true)
+			run(s, max(n, depth), true)
 		}
 	}
 	b.StopTimer()
-	base := p50(setups[0].lat)
+	base, baseRate := p50(setups[0].lat), float64(len(setups[0].lat))/setups[0].took.Seconds()
 	for _, s := range setups {
-		m := p50(s.lat)
+		m, rate := p50(s.lat), float64(len(s.lat))/s.took.Seconds()
 		b.ReportMetric(float64(m)/float64(base), "p50/none("+s.name+")")
-		report(b, "4 KiB WRITE p50, forwarding %s: %v (%.2f× none), n=%d", s.name, m, float64(m)/float64(base), len(s.lat))
+		b.ReportMetric(rate/baseRate, "rate/none("+s.name+")")
+		report(b, "4 KiB WRITE at %d in flight, forwarding %s: p50 %v (%.2f× none), %.0f writes/s (%.2f× none), n=%d", depth, s.name, m, float64(m)/float64(base), rate, rate/baseRate, len(s.lat))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"unsafe"
 )
 
@@ -177,6 +178,12 @@ func (c *srvConn) respondLater(id uint64, status uint16, flags uint8, value uint
 		return
 	}
 	c.lateWriting = true
+	c.lateMu.Unlock()
+	// The acknowledgements of a batch of forwarded ops arrive together and
+	// wake their goroutines together: let them queue their answers, so
+	// that one write carries them all.
+	runtime.Gosched()
+	c.lateMu.Lock()
 	for len(c.late) > 0 {
 		b := c.late
 		c.late, c.spare = c.spare[:0], nil
