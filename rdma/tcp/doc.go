@@ -204,7 +204,11 @@
 // A slot's history is unknown when its session was created by a RESUME
 // hello: this server never saw it, or evicted it, or restarted since. A
 // session created by a hello without RESUME starts with every slot at seq
-// 0. A retry that arrives while its original still runs on another
+// 0, and so does one that a connection with a RESUME hello creates while
+// the server still remembers a hello without RESUME for it (the client's
+// first connection: a client dials several and may send its first ONCE
+// request on any; the last MaxSessions such hellos are remembered until
+// their session is created). A retry that arrives while its original still runs on another
 // connection waits for the original's answer. A WRITE whose payload is cut
 // off caches nothing, so its retry runs in full. The client moves a slot to
 // its next seq only once it has the answer (or gave up), which tells the

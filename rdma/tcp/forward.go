@@ -206,9 +206,9 @@ type fwdSend struct {
 	o      *op // the current attempt; guarded by t.mu
 	// sent: an attempt may have reached the target, so the next one is a
 	// RETRY; guarded by t.mu. One that never left is sent as new: on a
-	// slot whose history the target does not know (the first use of a
-	// slot of a session the target opened on a RESUME hello) a RETRY
-	// would be INDETERMINATE.
+	// slot whose history the target does not know (one it has run nothing
+	// on, of a session it took up on a RESUME hello) a RETRY would be
+	// INDETERMINATE.
 	sent bool
 }
 

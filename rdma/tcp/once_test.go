@@ -366,3 +366,38 @@ func TestVersions(t *testing.T) {
 		require.ErrorContains(t, err, "speaks version 1")
 	})
 }
+
+// TestSessionFreshOnAnyConnection: a client's first connection opens its
+// session with a hello without RESUME, its second resumes it; when the
+// session's first ONCE request comes over the second, the session still
+// starts with known slots, so a RETRY of an op that never arrived (its
+// connection broke before sending it) runs instead of being
+// INDETERMINATE. After the table lost the session, a resumed one has
+// unknown slots again.
+func TestSessionFreshOnAnyConnection(t *testing.T) {
+	s := startServer(t, ServerConfig{MaxSessions: 1})
+	mem, r := s.export(t, 1, 4096)
+	id := [sessionIDSize]byte{42}
+	open := func(resume bool, sess [sessionIDSize]byte) net.Conn {
+		nc := rawConn(t, s.addr)
+		_, err := nc.Write(appendHello(nil, hello{version: Version, session: sess, resume: resume}))
+		require.NoError(t, err)
+		require.Equal(t, replyAccept, readReply(t, nc).code)
+		return nc
+	}
+	fadd := func(nc net.Conn, slot uint16, seq uint32) uint16 {
+		h := reqHeader{id: 1, op: opFADD, flags: reqFlagOnce | reqFlagRetry, slot: slot, seq: seq, seg: 1, key: r.Key, epoch: 1, length: 8, arg0: 1}
+		_, err := nc.Write(requestFrame(t, &h))
+		require.NoError(t, err)
+		return readResponse(t, nc).status
+	}
+	open(false, id)
+	second := open(true, id)
+	require.Equal(t, statusOK, fadd(second, 3, 1), "a retry on a fresh session runs")
+	require.Equal(t, statusOK, fadd(second, 3, 1), "and is answered from the cache when sent again")
+	require.EqualValues(t, 1, le.Uint64(mem), "applied once")
+
+	open(false, [sessionIDSize]byte{43})
+	require.Equal(t, statusOK, fadd(open(true, [sessionIDSize]byte{43}), 0, 1)) // evicts session 42
+	require.Equal(t, statusIndeterminate, fadd(open(true, id), 3, 2), "an evicted session resumed has unknown slots")
+}

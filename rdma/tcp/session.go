@@ -36,6 +36,14 @@ type sessionTable struct {
 
 	mu sync.Mutex
 	m  map[sessionKey]*session
+	// fresh holds the sessions a hello without RESUME named (their
+	// client had no server accept them before) that no ONCE request has
+	// opened yet, at most max of them, the oldest forgotten first
+	// (freshRing): a session a connection with a RESUME hello opens first
+	// still starts with known slots if it is fresh.
+	fresh     map[sessionKey]struct{}
+	freshRing []sessionKey
+	freshNext int
 }
 
 func newSessionTable(max int) *sessionTable {
@@ -63,11 +71,36 @@ type slot struct {
 	value  uint64
 }
 
+// announce records that a hello without RESUME named key: its client had
+// no server accept the session before, so nothing of it ran anywhere. The
+// mark is used (and dropped) by the session's first open.
+func (t *sessionTable) announce(key sessionKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.m[key]; ok {
+		return
+	}
+	if _, ok := t.fresh[key]; ok {
+		return
+	}
+	if t.fresh == nil {
+		t.fresh = make(map[sessionKey]struct{})
+		t.freshRing = make([]sessionKey, t.max)
+	}
+	if old := t.freshRing[t.freshNext]; old != (sessionKey{}) {
+		delete(t.fresh, old)
+	}
+	t.freshRing[t.freshNext] = key
+	t.freshNext = (t.freshNext + 1) % len(t.freshRing)
+	t.fresh[key] = struct{}{}
+}
+
 // open returns the session of key, creating it if the table lacks it. A new
 // session's slots are known (nothing executed yet) unless the client
-// resumes a session a server accepted before: then this server lost its
-// replies (it restarted, or evicted the session), and a retry on a slot
-// that has not executed anything since is INDETERMINATE.
+// resumes a session a server accepted before and no hello announced it
+// fresh here: then this server lost its replies (it restarted, or evicted
+// the session), and a retry on a slot that has not executed anything
+// since is INDETERMINATE.
 func (t *sessionTable) open(key sessionKey, resume bool) *session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -76,9 +109,11 @@ func (t *sessionTable) open(key sessionKey, resume bool) *session {
 		if len(t.m) >= t.max {
 			t.evictOldest()
 		}
+		_, fresh := t.fresh[key]
+		delete(t.fresh, key)
 		s = &session{}
 		for i := range s.slots {
-			s.slots[i].known = !resume
+			s.slots[i].known = !resume || fresh
 		}
 		t.m[key] = s
 	}

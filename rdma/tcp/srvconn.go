@@ -236,6 +236,9 @@ func (c *srvConn) handshake() (uint16, error) {
 				who = c.principal
 			}
 			c.sessKey, c.sessResume = &sessionKey{name: sessionName(c.identified, who), id: h.session}, h.resume
+			if !h.resume {
+				c.s.sessions.announce(*c.sessKey)
+			}
 		}
 	}
 	var b [replySize]byte
