@@ -126,10 +126,11 @@ func (e *export) inRange(off uint64, n uint32) bool {
 	return off <= size && uint64(n) <= size-off
 }
 
-// word returns the 8-byte aligned word at off; the caller checked range and
-// alignment, and Export checked that mem starts 8-byte aligned.
-func (e *export) word(off uint64) *uint64 {
-	return (*uint64)(unsafe.Pointer(&e.mem[off]))
+// word returns the 8-byte word b starts with; the caller checked that b
+// holds it and starts 8-byte aligned in the mapping (Export checked that
+// mem starts 8-byte aligned, the op that its offset is a multiple of 8).
+func word(b []byte) *uint64 {
+	return (*uint64)(unsafe.Pointer(&b[0]))
 }
 
 // isAligned8 reports whether b starts on an 8-byte boundary.

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"runtime"
-	"unsafe"
 )
 
 // writeStaged serves a WRITE or XOR whose payload cannot stream into the
@@ -154,12 +153,12 @@ func apply(h *reqHeader, mem, data []byte) (flags uint8, value uint64, fault boo
 		fault = xorGuarded(mem, data)
 	case opCAS:
 		var swapped bool
-		value, swapped, fault = casGuarded((*uint64)(unsafe.Pointer(&mem[0])), h.arg0, h.arg1)
+		value, swapped, fault = casGuarded(word(mem), h.arg0, h.arg1)
 		if swapped {
 			flags = respFlagSwapped
 		}
 	case opFADD:
-		value, fault = faddGuarded((*uint64)(unsafe.Pointer(&mem[0])), h.arg0)
+		value, fault = faddGuarded(word(mem), h.arg0)
 	}
 	return flags, value, fault
 }
