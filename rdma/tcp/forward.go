@@ -369,13 +369,48 @@ func (t *fwdTarget) fail(err error) {
 	})
 }
 
+// fwdIdle is how long a forwarding worker waits for the next op before it
+// ends.
+const fwdIdle = time.Second
+
+// runForward runs fo on an idle forwarding worker, or on a new one when
+// none is idle, so no op waits behind another's targets. Reusing workers
+// spares each op a goroutine's start and the growth of its stack. The
+// caller holds a count of s.wg.
+func (s *Server) runForward(fo *fwdOp) {
+	select {
+	case s.fwdRuns <- fo:
+	default:
+		s.wg.Add(1)
+		go s.forwardWorker(fo)
+	}
+}
+
+// forwardWorker runs fo, then the ops handed to it while it is idle; it
+// ends after fwdIdle without one, or when the server closes.
+func (s *Server) forwardWorker(fo *fwdOp) {
+	defer s.wg.Done()
+	idle := time.NewTimer(fwdIdle)
+	defer idle.Stop()
+	for {
+		fo.run()
+		idle.Reset(fwdIdle)
+		select {
+		case fo = <-s.fwdRuns:
+		case <-idle.C:
+			return
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
 // run waits for every send of fo, fails the targets that failed, and
-// answers the client. It runs on a goroutine of its own. The forwarder
+// answers the client, on a forwarding worker (runForward). The forwarder
 // stops counting fo in flight before OnFail runs, so that an OnFail that
 // leads to a Forward call (directly or through the daemon that owns the
 // segment) does not wait for itself.
 func (fo *fwdOp) run() {
-	defer fo.c.s.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), fo.f.timeout)
 	for _, s := range fo.sends {
 		if err := s.await(ctx); err != nil {

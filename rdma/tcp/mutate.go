@@ -136,8 +136,7 @@ func (c *srvConn) mutate(h *reqHeader, e *export, data []byte, org *origin) erro
 	f.inflight.Add(1)
 	e.fwdMu.Unlock()
 	c.status = statusOK
-	c.s.wg.Add(1)
-	go fo.run()
+	c.s.runForward(fo)
 	return nil
 }
 

@@ -42,6 +42,8 @@ type Server struct {
 
 	ctx    context.Context // ends when Close is called; given to Message
 	cancel context.CancelFunc
+
+	fwdRuns chan *fwdOp // hands forwarded ops to idle forwarding workers
 }
 
 var _ rdma.Exporter = (*Server)(nil)
@@ -57,6 +59,7 @@ func NewServer(cfg ServerConfig) *Server {
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*srvConn]struct{}),
 		sources:   make(map[netip.Prefix]int),
+		fwdRuns:   make(chan *fwdOp),
 	}
 	s.log = s.cfg.Logger
 	s.sessions = newSessionTable(s.cfg.MaxSessions)
