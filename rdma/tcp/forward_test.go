@@ -684,3 +684,94 @@ func TestForwardPipelined(t *testing.T) {
 	require.Empty(t, fails.count())
 	require.True(t, equalBytes(p.mem, hs[1].mem))
 }
+
+// TestForwardFailoverUnderLoad: clients add to one counter at a primary
+// with one backup, each op with an exactly-once ticket, when the primary
+// dies: every op whose answer was lost is sent again with RETRY to the
+// backup (promoted), which answers from the forwarded replies or runs it.
+// The answers the clients got are then exactly 0..n-1, each once, and the
+// backup's counter is n: every add applied once.
+func TestForwardFailoverUnderLoad(t *testing.T) {
+	cfg := fwdConfig()
+	cfg.Identify = principalAt
+	prim, back := startServer(t, cfg), startServer(t, cfg)
+	_, pr := prim.export(t, 1, 4096)
+	bmem, br := back.export(t, 1, 4096)
+	link := dial(t, back.addr, WithCredential([]byte("poold/a@b")), WithBusyPoll(-1))
+	var fails failures
+	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: br}}, OnFail: fails.onFail}))
+
+	const clients = 4
+	var (
+		mu      sync.Mutex
+		answers []uint64
+		started sync.WaitGroup
+		wg      sync.WaitGroup
+	)
+	started.Add(clients)
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var once sync.Once
+			ready := func() { once.Do(started.Done) }
+			defer ready()
+			sess := rdma.NewSession()
+			cl, err := Dial(t.Context(), prim.addr, WithCredential([]byte("app@a")), WithSession(sess), WithBusyPoll(-1))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer cl.Close()
+			op := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Delta: 1}
+			for i := 0; ; i++ {
+				if i == 2*rdma.SessionSlots { // every slot has run at the backup
+					ready()
+				}
+				tk, err := sess.Acquire(t.Context())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				op.Once = tk
+				if err := cl.Do(t.Context(), op); err != nil {
+					if !errors.Is(err, rdma.ErrClosed) {
+						t.Error(err)
+						return
+					}
+					break
+				}
+				tk.Release()
+				mu.Lock()
+				answers = append(answers, op.Prev)
+				mu.Unlock()
+			}
+			// The primary is gone: send the unanswered op to the backup.
+			bc, err := Dial(t.Context(), back.addr, WithCredential([]byte("app@b")), WithSession(sess), WithBusyPoll(-1))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer bc.Close()
+			op.Region = br
+			if err := bc.Do(t.Context(), op); err != nil {
+				t.Errorf("the retry at the backup: %v", err)
+				return
+			}
+			op.Once.Release()
+			mu.Lock()
+			answers = append(answers, op.Prev)
+			mu.Unlock()
+		}()
+	}
+	within(t, "clients' first ops", started.Wait)
+	require.NoError(t, prim.Close())
+	within(t, "clients failing over", wg.Wait)
+	require.False(t, t.Failed())
+	require.Empty(t, fails.count(), "%v", fails.errs)
+	slices.Sort(answers)
+	for i, a := range answers {
+		require.EqualValues(t, i, a, "answer %d of %d", i, len(answers))
+	}
+	require.EqualValues(t, len(answers), le.Uint64(bmem), "every add applied once at the backup")
+}
