@@ -407,6 +407,22 @@ func principalAt(cred []byte, _ *x509.Certificate) (string, error) {
 	return p, nil
 }
 
+// failoverPair starts a primary and a backup whose servers name
+// principals (principalAt), each exporting segment 1, the primary
+// forwarding copies to the backup as principal "poold/a" and reporting
+// failures to fails.
+func failoverPair(t *testing.T, fails *failures) (prim, back *testServer, pr, br rdma.Region, bmem []byte) {
+	t.Helper()
+	cfg := fwdConfig()
+	cfg.Identify = principalAt
+	prim, back = startServer(t, cfg), startServer(t, cfg)
+	_, pr = prim.export(t, 1, 4096)
+	bmem, br = back.export(t, 1, 4096)
+	link := dial(t, back.addr, WithCredential([]byte("poold/a@b")), WithBusyPoll(-1))
+	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: br}}, OnFail: fails.onFail}))
+	return prim, back, pr, br, bmem
+}
+
 // TestForwardFailoverExactlyOnce: a client's exactly-once FADD and CAS are
 // applied at the primary and forwarded with their origin; the primary
 // dies before the client has its answers, and the client sends both again
@@ -415,17 +431,11 @@ func principalAt(cred []byte, _ *x509.Certificate) (string, error) {
 // what the primary answered, and applies neither a second time. A new op
 // after the failover runs normally.
 func TestForwardFailoverExactlyOnce(t *testing.T) {
-	cfg := fwdConfig()
-	cfg.Identify = principalAt
-	prim, back := startServer(t, cfg), startServer(t, cfg)
-	_, pr := prim.export(t, 1, 4096)
-	bmem, br := back.export(t, 1, 4096)
+	var fails failures
+	prim, back, pr, br, bmem := failoverPair(t, &fails)
 	require.NoError(t, prim.Allow(1, []string{"app"}))
 	require.NoError(t, back.Allow(1, []string{"app", "poold/a"}))
 	require.NoError(t, back.AllowReaders(1, []string{"app"}))
-	link := dial(t, back.addr, WithCredential([]byte("poold/a@b")), WithBusyPoll(-1))
-	var fails failures
-	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: br}}, OnFail: fails.onFail}))
 
 	sess := rdma.NewSession()
 	app := dial(t, prim.addr, WithCredential([]byte("app@a")), WithSession(sess), WithBusyPoll(-1))
@@ -692,14 +702,8 @@ func TestForwardPipelined(t *testing.T) {
 // The answers the clients got are then exactly 0..n-1, each once, and the
 // backup's counter is n: every add applied once.
 func TestForwardFailoverUnderLoad(t *testing.T) {
-	cfg := fwdConfig()
-	cfg.Identify = principalAt
-	prim, back := startServer(t, cfg), startServer(t, cfg)
-	_, pr := prim.export(t, 1, 4096)
-	bmem, br := back.export(t, 1, 4096)
-	link := dial(t, back.addr, WithCredential([]byte("poold/a@b")), WithBusyPoll(-1))
 	var fails failures
-	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: br}}, OnFail: fails.onFail}))
+	prim, back, pr, br, bmem := failoverPair(t, &fails)
 
 	const clients = 4
 	var (
