@@ -58,11 +58,13 @@ type ArenaPut struct {
 // any of them), and the failed entries' Err say which: a partial result
 // is never reported as complete. Safe for concurrent use.
 func (a *Arena) GetMany(ctx context.Context, gets []ArenaGet) error {
-	ents := make([]manyEntry, len(gets))
+	sc := getManyScratch(len(gets))
+	defer sc.put()
+	ents := sc.ents
 	for i := range gets {
 		ents[i].ref, ents[i].start = gets[i].Ref, len(gets[i].Buf)
 	}
-	err := a.many(ctx, "GetMany", ents, func(i int, n int64) ([]byte, error) {
+	err := a.many(ctx, "GetMany", sc, func(i int, n int64) ([]byte, error) {
 		g := &gets[i]
 		g.Buf = slices.Grow(g.Buf, int(n))[:ents[i].start+int(n)]
 		return g.Buf[ents[i].start:], nil
@@ -84,11 +86,13 @@ func (a *Arena) GetMany(ctx context.Context, gets []ArenaGet) error {
 // as WriteBatch says; writing to an object while another goroutine frees
 // it is the caller's race, as with WriteAt. Safe for concurrent use.
 func (a *Arena) PutMany(ctx context.Context, puts []ArenaPut) error {
-	ents := make([]manyEntry, len(puts))
+	sc := getManyScratch(len(puts))
+	defer sc.put()
+	ents := sc.ents
 	for i := range puts {
 		ents[i].ref = puts[i].Ref
 	}
-	err := a.many(ctx, "PutMany", ents, func(i int, n int64) ([]byte, error) {
+	err := a.many(ctx, "PutMany", sc, func(i int, n int64) ([]byte, error) {
 		if int64(len(puts[i].Buf)) > n {
 			return nil, fmt.Errorf("write of %d bytes to a %d-byte object %v: %w", len(puts[i].Buf), n, puts[i].Ref, ErrOutOfRange)
 		}
@@ -112,12 +116,73 @@ type manyEntry struct {
 	err   error
 }
 
+// manyGroup is the entries of a GetMany or PutMany on one segment.
+type manyGroup struct {
+	seg   *Segment
+	idx   []int
+	spans []Span
+	err   error
+}
+
+// manyScratch is the working memory of one GetMany or PutMany, reused
+// through manyScratches: a batch leaves no garbage behind.
+type manyScratch struct {
+	ents   []manyEntry
+	groups []manyGroup
+}
+
+var manyScratches = sync.Pool{New: func() any { return new(manyScratch) }}
+
+// getManyScratch returns a scratch with n zeroed entries and no group.
+func getManyScratch(n int) *manyScratch {
+	sc := manyScratches.Get().(*manyScratch)
+	sc.ents = slices.Grow(sc.ents[:0], n)[:n]
+	return sc
+}
+
+// group returns the group of seg, adding it (reusing an earlier batch's
+// slices) when there is none.
+func (sc *manyScratch) group(seg *Segment) *manyGroup {
+	// A linear scan: an arena holds few segments, and a batch rarely
+	// spans many of them.
+	for k := range sc.groups {
+		if sc.groups[k].seg == seg {
+			return &sc.groups[k]
+		}
+	}
+	if len(sc.groups) < cap(sc.groups) {
+		sc.groups = sc.groups[:len(sc.groups)+1]
+	} else {
+		sc.groups = append(sc.groups, manyGroup{})
+	}
+	g := &sc.groups[len(sc.groups)-1]
+	g.seg, g.idx, g.spans, g.err = seg, g.idx[:0], g.spans[:0], nil
+	return g
+}
+
+// put clears sc (its entries and spans name the caller's objects and
+// buffers) and returns it to manyScratches, unless it is large.
+func (sc *manyScratch) put() {
+	if cap(sc.ents) > maxPooledOps {
+		return // a rare large batch's memory goes back to the collector
+	}
+	clear(sc.ents)
+	for k := range sc.groups {
+		g := &sc.groups[k]
+		clear(g.spans)
+		g.seg, g.err = nil, nil
+	}
+	sc.groups = sc.groups[:0]
+	manyScratches.Put(sc)
+}
+
 // many runs a batch of GetMany or PutMany: it resolves each entry's Ref,
 // asks span for the entry's bytes given the object's length, groups the
 // spans by segment, runs each group through batch (the groups of
 // different segments at once), and sets each entry's err.
-func (a *Arena) many(ctx context.Context, what string, ents []manyEntry, span func(i int, n int64) ([]byte, error),
+func (a *Arena) many(ctx context.Context, what string, sc *manyScratch, span func(i int, n int64) ([]byte, error),
 	batch func(*Segment, context.Context, []Span) error) error {
+	ents := sc.ents
 	var refused error
 	switch {
 	case a.closed.Load():
@@ -131,15 +196,6 @@ func (a *Arena) many(ctx context.Context, what string, ents []manyEntry, span fu
 		}
 		return refused
 	}
-	// One group per segment, found by a linear scan: an arena holds few
-	// segments, and a batch rarely spans many of them.
-	type group struct {
-		seg   *Segment
-		idx   []int
-		spans []Span
-		err   error
-	}
-	var groups []group
 	for i := range ents {
 		e := &ents[i]
 		s, slot, m, n, err := a.object(e.ref)
@@ -151,14 +207,11 @@ func (a *Arena) many(ctx context.Context, what string, ents []manyEntry, span fu
 			continue
 		}
 		e.s, e.slot, e.meta = s, slot, m
-		k := slices.IndexFunc(groups, func(gr group) bool { return gr.seg == s.seg.seg })
-		if k < 0 {
-			k = len(groups)
-			groups = append(groups, group{seg: s.seg.seg})
-		}
-		groups[k].idx = append(groups[k].idx, i)
-		groups[k].spans = append(groups[k].spans, Span{Off: s.base + int64(slot)*int64(s.size), Buf: buf})
+		g := sc.group(s.seg.seg)
+		g.idx = append(g.idx, i)
+		g.spans = append(g.spans, Span{Off: s.base + int64(slot)*int64(s.size), Buf: buf})
 	}
+	groups := sc.groups
 	var wg sync.WaitGroup
 	for k := 1; k < len(groups); k++ {
 		wg.Go(func() { groups[k].err = batch(groups[k].seg, ctx, groups[k].spans) })

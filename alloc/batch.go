@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/farmem/farmem/rdma"
@@ -95,7 +96,8 @@ func (s *Segment) checkBatch(what string, spans []Span) error {
 
 // checkOverlap refuses a write batch whose spans overlap in the segment.
 func (s *Segment) checkOverlap(spans []Span) error {
-	order := make([]int, 0, len(spans))
+	var small [64]int // a batch of up to 64 spans sorts without allocating
+	order := small[:0]
 	for i, sp := range spans {
 		if len(sp.Buf) > 0 {
 			order = append(order, i)
@@ -166,36 +168,60 @@ func (g *guarded) writeBatch(ctx context.Context, spans []Span) (err error) {
 // train of frames on tcp; on verbs the work requests back to back, one
 // completion poll); a span larger than a frame is split by the transport.
 func (r *remote) readBatch(ctx context.Context, spans []Span) error {
-	ops := make([]rdma.Op, 0, len(spans))
+	l := opLists.Get().(*opList)
+	defer l.put()
 	for _, sp := range spans {
 		if len(sp.Buf) > 0 {
-			ops = append(ops, rdma.Op{Kind: rdma.OpRead, Offset: sp.Off, Buf: sp.Buf})
+			l.ops = append(l.ops, rdma.Op{Kind: rdma.OpRead, Offset: sp.Off, Buf: sp.Buf})
 		}
 	}
-	return r.runAll(ctx, ops)
+	return r.runAll(ctx, l)
 }
 
-// writeBatch posts every span's write at once, each frame of it with a
-// ticket of its own (an exactly-once write covers one frame), as writeAt
-// does for a lone write.
 func (r *remote) writeBatch(ctx context.Context, spans []Span) error {
-	ops := make([]rdma.Op, 0, len(spans))
+	l := opLists.Get().(*opList)
+	defer l.put()
 	for _, sp := range spans {
-		ops = slices.AppendSeq(ops, writeFrames(sp.Off, sp.Buf))
+		l.ops = slices.AppendSeq(l.ops, writeFrames(sp.Off, sp.Buf))
 	}
-	return r.runAll(ctx, ops)
+	return r.runAll(ctx, l)
 }
 
-// runAll runs ops together.
-func (r *remote) runAll(ctx context.Context, ops []rdma.Op) error {
-	if len(ops) == 0 {
+// opList is the ops of one remote batch and the list of them that run
+// takes, reused through opLists: a batch on the data path leaves no
+// garbage behind. run keeps no reference to an op once it returns.
+type opList struct {
+	ops  []rdma.Op
+	ptrs []*rdma.Op
+}
+
+var opLists = sync.Pool{New: func() any { return new(opList) }}
+
+// maxPooledOps bounds the ops of a list that put keeps: a rare large
+// batch's memory goes back to the collector rather than staying pooled.
+const maxPooledOps = 256
+
+// put clears l (its ops name the caller's buffers) and returns it to
+// opLists.
+func (l *opList) put() {
+	if cap(l.ops) > maxPooledOps {
+		return
+	}
+	clear(l.ops)
+	clear(l.ptrs)
+	l.ops, l.ptrs = l.ops[:0], l.ptrs[:0]
+	opLists.Put(l)
+}
+
+// runAll runs l's ops together.
+func (r *remote) runAll(ctx context.Context, l *opList) error {
+	if len(l.ops) == 0 {
 		return nil
 	}
-	ptrs := make([]*rdma.Op, len(ops))
-	for i := range ops {
-		ptrs[i] = &ops[i]
+	for i := range l.ops {
+		l.ptrs = append(l.ptrs, &l.ops[i])
 	}
-	return r.run(ctx, ptrs)
+	return r.run(ctx, l.ptrs)
 }
 
 // A shared attachment reads and writes a batch span by span: each goes

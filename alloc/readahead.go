@@ -240,11 +240,12 @@ func (ra *readahead) start(offs []int64, n int64) {
 
 // fetch is start's background read.
 func (ra *readahead) fetch(fl *flight, fs []*fill) {
-	ops := make([]rdma.Op, len(fs))
-	for i, f := range fs {
-		ops[i] = rdma.Op{Kind: rdma.OpRead, Offset: f.off, Buf: f.buf}
+	l := opLists.Get().(*opList)
+	for _, f := range fs {
+		l.ops = append(l.ops, rdma.Op{Kind: rdma.OpRead, Offset: f.off, Buf: f.buf})
 	}
-	fl.err = ra.r.runAll(ra.ctx, ops)
+	fl.err = ra.r.runAll(ra.ctx, l)
+	l.put()
 	close(fl.done)
 }
 

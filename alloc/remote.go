@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -272,17 +273,24 @@ func (r *remote) connect(ctx context.Context, p *plane) (*route, error) {
 // op runs one operation against the segment's home (run without a
 // caller's context) and returns it with its results.
 func (r *remote) op(op rdma.Op) (rdma.Op, error) {
-	s := &single{op: op}
+	s := singles.Get().(*single)
+	s.op = op
 	s.list[0] = &s.op
 	err := r.run(context.Background(), s.list[:])
-	return s.op, err
+	op, s.op = s.op, rdma.Op{}
+	singles.Put(s)
+	return op, err
 }
 
-// single is one op and the list of it that run takes, allocated together.
+// single is one op and the list of it that run takes, together, reused
+// through singles: an operation on the data path leaves no garbage
+// behind. run keeps no reference to the op once it returns.
 type single struct {
 	op   rdma.Op
 	list [1]*rdma.Op
 }
+
+var singles = sync.Pool{New: func() any { return new(single) }}
 
 // run runs ops against the segment's home, posted together, redialing
 // (and asking the daemon where the segment is now) while the home is
