@@ -57,7 +57,8 @@ type Options struct {
 //
 // A far hit moves its entry up only when the admission policy lets it: a
 // frequency sketch (TinyLFU's) must count the entry as used more often
-// lately than the victim it would push out of the tier above, so a run of
+// lately than the victim it would push out of the tier above (onto the
+// heap: by more than admitMargin uses), so a run of
 // one-off far hits does not churn the hot tier. A promoted entry keeps its
 // far copy, so a clean entry that leaves the heap again is not rewritten.
 // A Set puts its entry on the heap: a value just written is likely read.
@@ -265,6 +266,13 @@ const retries = 4
 // GetLevel is Get that also says where the key was found.
 func (c *Cache) GetLevel(dst []byte, key string) ([]byte, Level) {
 	h, sh, si := c.locate(key)
+	// Start the DRAM misses a cxl hit takes first, its index bucket and
+	// the key's sketch block, while this Get waits for the lock and looks
+	// in the hot tier.
+	if len(c.tiers) > 0 && c.tiers[0].loadStore {
+		c.tiers[0].table.prefetch(si, h)
+	}
+	sh.freq.prefetch(h)
 	for try := range retries {
 		sh.mu.Lock()
 		if try == 0 {
@@ -536,9 +544,18 @@ func (c *Cache) admitHot(sh *shard, h uint64, n int) bool {
 	if sh.bytes+int64(n) <= c.hotCap {
 		return true
 	}
+	est := sh.freq.estimate(h)
+	if est <= admitMargin {
+		return false // it beats no victim: spare the clock and the victim's misses
+	}
 	i, ok := c.hotVictim(sh)
-	return !ok || sh.freq.estimate(h) > sh.freq.estimate(sh.entries[i].hash)
+	return !ok || est > sh.freq.estimate(sh.entries[i].hash)+admitMargin
 }
+
+// admitMargin is how many more uses than the hot tier's victim a far
+// entry needs to replace it: estimates of keys used a few times apart
+// are noise, and each exchange costs a copy onto the heap and a demotion.
+const admitMargin = 1
 
 // admitFar says the same of spill tier ti and a record of n bytes.
 func (c *Cache) admitFar(sh *shard, si, ti int, h uint64, n int) bool {
@@ -573,6 +590,11 @@ func (c *Cache) promote(sh *shard, si, ti int, b uint64, key string, val []byte,
 // slower than the demotions slows them down rather than heaping up
 // buffers.
 const maxQueued = 4 * alloc.MaxBatch
+
+// maxWriteBatch bounds the records the far writer puts in one
+// Arena.PutMany: enough to share round trips, few enough that the
+// batches' working memory stays small.
+const maxWriteBatch = 128
 
 // queued is a record queued for the far writer, and its shard.
 type queued struct {
@@ -634,7 +656,7 @@ func (c *Cache) writeLoop() {
 				break
 			}
 			for len(batch) > 0 {
-				n := min(len(batch), alloc.MaxBatch)
+				n := min(len(batch), maxWriteBatch)
 				c.writeOut(batch[:n])
 				batch = batch[n:]
 			}
@@ -648,9 +670,10 @@ func (c *Cache) writeLoop() {
 // writeOut writes records to their tier, one arena batch per tier, and
 // indexes them.
 func (c *Cache) writeOut(qs []queued) {
+	pb := putBatches.Get().(*putBatch)
+	defer putBatches.Put(pb)
 	for ti, t := range c.tiers {
-		var puts []alloc.ArenaPut
-		var which []queued
+		puts, which := pb.puts[:0], pb.which[:0]
 		for _, q := range qs {
 			if q.w.ti == ti {
 				puts = append(puts, alloc.ArenaPut{Ref: q.w.ref, Buf: q.w.rec})
@@ -667,8 +690,20 @@ func (c *Cache) writeOut(qs []queued) {
 			c.written(sh, q.si, q.w, puts[j].Err)
 			sh.mu.Unlock()
 		}
+		clear(puts)
+		clear(which)
+		pb.puts, pb.which = puts[:0], which[:0]
 	}
 }
+
+// putBatch is writeOut's working memory, reused through putBatches: the
+// far writer leaves no garbage behind.
+type putBatch struct {
+	puts  []alloc.ArenaPut
+	which []queued
+}
+
+var putBatches = sync.Pool{New: func() any { return new(putBatch) }}
 
 // written indexes a record whose write is done, or frees it when it was
 // cancelled or its write failed.

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/bench"
 	"github.com/farmem/farmem/internal/embedded"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/pool"
@@ -300,6 +301,12 @@ type result struct {
 	Spill         *CacheStats  `json:"spill,omitempty"`
 	ReadAt        *tierResult  `json:"rdma_readat,omitempty"` // the rdma tier's ReadAt of a record's size, under the same load
 	Targets       []target     `json:"targets,omitempty"`
+	// CPUPerOp is the process's CPU time (user and system, every thread:
+	// with an embedded pool the daemon's too) over the measured run,
+	// divided by its operations (Gets and Sets): unlike Gets/s, barely
+	// moved by what else the machine runs. 0 where getrusage is not
+	// available.
+	CPUPerOp int64 `json:"cpu_ns_per_op"`
 }
 
 type tierResult struct {
@@ -344,8 +351,13 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 	res.LoadSeconds = time.Since(start).Seconds()
 	w.mix(s, w.cfg.warmup, nil, prog)
 	mid := readGC()
-	gets, wrong, elapsed := w.mix(s, w.cfg.duration, hists, prog)
+	cpu0, cpuErr := bench.SelfCPU()
+	gets, ops, wrong, elapsed := w.mix(s, w.cfg.duration, hists, prog)
+	cpu1, _ := bench.SelfCPU()
 	after := readGC()
+	if cpuErr == nil && ops > 0 {
+		res.CPUPerOp = int64(cpu1-cpu0) / ops
+	}
 	prog.done()
 	res.GetsPerSec = float64(gets) / elapsed.Seconds()
 	res.Wrong = wrong
@@ -398,11 +410,11 @@ const readAtSlot = numLevels + 1
 
 // mix runs the Get/Set mix on every goroutine for d, timing one Get in 16
 // into hists (nil: none), and one operation in 1024 a raw rdma ReadAt of a
-// record's size when s has a far tier; it returns the Gets, wrong values
-// and time taken.
-func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 2]hist, prog *progress) (int64, int64, time.Duration) {
+// record's size when s has a far tier; it returns the Gets, the
+// operations (Gets and Sets), the wrong values and the time taken.
+func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 2]hist, prog *progress) (int64, int64, int64, time.Duration) {
 	raw, _ := s.(rawReader)
-	var gets, wrong atomic.Int64
+	var gets, ops, wrong atomic.Int64
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(d)
 	start := time.Now()
@@ -415,6 +427,7 @@ func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 2]hist, 
 			for ; ; n++ {
 				if n%256 == 0 {
 					gets.Add(g)
+					ops.Add(min(n, 256))
 					g = 0
 					if time.Now().After(deadline) {
 						return
@@ -450,7 +463,7 @@ func (w *workload) mix(s subject, d time.Duration, hists [][numLevels + 2]hist, 
 		})
 	}
 	wg.Wait()
-	return gets.Load(), wrong.Load(), time.Since(start)
+	return gets.Load(), ops.Load(), wrong.Load(), time.Since(start)
 }
 
 // verify Gets cfg.verify random keys (every key if 0) and returns the
@@ -554,11 +567,11 @@ func report(out io.Writer, cfg config, results []result) {
 		cfg.keys, cfg.value, size.Size(cfg.dataset()).Human(), dist, cfg.reads*100, cfg.threads, cfg.duration,
 		size.Size(cfg.hot).Human(), size.Size(cfg.cxl).Human(), size.Size(cfg.rdma).Human())
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "cache\tentries\tserved\tGo heap in use\tGC cycles\tGC CPU\tGC idle\tGets/s\tGet p50\tGet p99\tload\t")
+	fmt.Fprintln(tw, "cache\tentries\tserved\tGo heap in use\tGC cycles\tGC CPU\tGC idle\tGets/s\tCPU/op\tGet p50\tGet p99\tload\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%s\t%d\t%.1f%% (%.2fs)\t%.2fs\t%.2fM\t%s\t%s\t%.1fs\t\n", r.Name, r.Entries, r.Served*100,
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%s\t%d\t%.1f%% (%.2fs)\t%.2fs\t%.2fM\t%s\t%s\t%s\t%.1fs\t\n", r.Name, r.Entries, r.Served*100,
 			size.Size(r.HeapInuse).Human(), r.GCCycles, r.GCCPUFraction*100, r.GCCPUSeconds, r.GCIdleSeconds, r.GetsPerSec/1e6,
-			time.Duration(r.GetP50), time.Duration(r.GetP99), r.LoadSeconds)
+			time.Duration(r.CPUPerOp), time.Duration(r.GetP50), time.Duration(r.GetP99), r.LoadSeconds)
 	}
 	tw.Flush()
 	for _, r := range results {

@@ -1,5 +1,7 @@
 package main
 
+import "unsafe"
+
 // sketch estimates how often keys were used lately: a count-min sketch of
 // four rows of 4-bit counters, with conservative update (only the smallest
 // of a key's counters grow) and aging (every counter halves once the
@@ -68,6 +70,12 @@ func (s *sketch) add(h uint64) {
 // aging, at most 15.
 func (s *sketch) estimate(h uint64) uint64 {
 	return s.min(s.slots(h))
+}
+
+// prefetch starts loading the block of hash h.
+func (s *sketch) prefetch(h uint64) {
+	x := (h & hashMask) * 0x9e3779b97f4a7c15
+	prefetch(uintptr(unsafe.Pointer(&s.words[int(x&(s.blocks-1))*8])))
 }
 
 func (s *sketch) min(w [sketchRows]int, sh [sketchRows]uint) uint64 {

@@ -100,6 +100,12 @@ func (t *farTable) remove(reg []uint64, i uint64) {
 	reg[2*i], reg[2*i+1] = 0, 0
 }
 
+// prefetch starts loading the home bucket of hash h in a shard's region.
+func (t *farTable) prefetch(shard int, h uint64) {
+	i := (uint64(shard)*t.buckets + h&(t.buckets-1)) * 2
+	prefetch(uintptr(unsafe.Pointer(&t.words[i])))
+}
+
 func (t *farTable) free(ctx context.Context) error { return t.seg.Free(ctx) }
 
 // sameHash compares hashes by the bits the index keeps: a record moved

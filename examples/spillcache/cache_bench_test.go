@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/internal/size"
+)
+
+// BenchmarkGetTier times Gets of keys on the heap and of keys on the cxl
+// tier, one goroutine, keys in a random order over sets larger than the
+// CPU's caches, so each Get pays the DRAM misses it takes: the cost the
+// example's "cxl Get p50 / hot Get p50" target compares. The cxl keys are
+// each read once per pass, so the admission policy promotes none of them.
+func BenchmarkGetTier(b *testing.B) {
+	const keys, val = 120_000, 1024
+	cfg := pooltest.Config(b)
+	cfg.EmulateCXL = 512 * size.MiB
+	pooltest.Start(b, cfg)
+	cl, err := alloc.Dial(b.Context(), cfg.Socket)
+	require.NoError(b, err)
+	defer cl.Close()
+	c, err := NewCache(b.Context(), cl, Options{HotBytes: 32 << 20, CXLBytes: 256 << 20, RecordBytes: keyLen + val})
+	require.NoError(b, err)
+	defer func() { require.NoError(b, c.Close(context.Background())) }()
+	kt := newKeyTable(keys)
+	buf := make([]byte, val)
+	for i := range keys {
+		value(buf, i)
+		c.Set(kt.key(i), buf)
+	}
+	byLevel := func() map[Level][]string {
+		m := map[Level][]string{}
+		for i := range keys {
+			k := kt.key(i)
+			_, l := c.GetLevel(buf[:0], k)
+			m[l] = append(m[l], k)
+		}
+		return m
+	}
+	// Hot keys used more often than cxl keys, as in a skewed load: the
+	// cxl keys' Gets do not beat them for the heap.
+	for range 8 {
+		for _, k := range byLevel()[LevelHot] {
+			c.GetLevel(buf[:0], k)
+		}
+	}
+	tiers := byLevel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, l := range []Level{LevelHot, LevelCXL} {
+		ks := tiers[l]
+		require.NotEmpty(b, ks, "no key on tier %s", l)
+		b.Run(fmt.Sprint(l), func(b *testing.B) {
+			rng.Shuffle(len(ks), func(i, j int) { ks[i], ks[j] = ks[j], ks[i] })
+			dst := make([]byte, 0, val)
+			i := 0
+			for b.Loop() {
+				var got Level
+				if dst, got = c.GetLevel(dst[:0], ks[i]); got != l {
+					b.Fatalf("key %s found on %s, want %s", ks[i], got, l)
+				}
+				if i++; i == len(ks) {
+					i = 0
+				}
+			}
+		})
+	}
+}

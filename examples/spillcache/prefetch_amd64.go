@@ -1,0 +1,10 @@
+package main
+
+// prefetch asks the CPU to bring the cache line at addr into its caches
+// without waiting for it (PREFETCHT0): a hint that never faults and, unlike
+// a load, does not hold up the instructions after it, so a Get can start
+// the DRAM miss of a far index bucket it may need before it takes its
+// shard's lock and looks in the hot tier.
+//
+//go:noescape
+func prefetch(addr uintptr)
