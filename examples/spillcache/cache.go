@@ -81,8 +81,11 @@ type Cache struct {
 	shards []shard
 	tiers  []*farTier // cxl then rdma, those with a budget
 	hotCap int64      // per shard
-	log    *slog.Logger
-	bufs   sync.Pool // *[]byte of RecordBytes+recordHeader capacity, for unlocked far reads
+	// hotSlot is the size of a slot of a shard's slab: the expected key
+	// and value size, at least a value's.
+	hotSlot int
+	log     *slog.Logger
+	bufs    sync.Pool // *[]byte of RecordBytes+recordHeader capacity, for unlocked far reads
 	// The far writer: records bound for a tier without load/store access
 	// wait in queue (guarded by wmu) for writeLoop, which wake wakes.
 	wmu       sync.Mutex
@@ -116,6 +119,7 @@ type hotEntry struct {
 	// none): a clean entry leaves the heap without being written again.
 	far     alloc.Ref
 	farTier int8
+	slot    int32 // val's slot in the shard's slab; -1: its own heap slice
 	hash    uint64
 }
 
@@ -132,8 +136,13 @@ type shard struct {
 	pending []*farWrite // records being written to an rdma tier, not yet indexed
 	untaken int         // of them, those not yet queued for the far writer
 	free    []*farWrite // done ones, for reuse
-	spare   []byte      // the value buffer of the last entry to leave the heap
-	_       [64]byte
+	// slab holds hot values of up to hotSlot bytes, a slot each: one
+	// allocation without pointers instead of an object per value, so the
+	// collector has next to nothing to mark and a new entry allocates
+	// nothing. freeSlots are its unused slots.
+	slab      []byte
+	freeSlots []int32
+	_         [64]byte
 }
 
 // counters are a shard's events, atomic so that Stats and the unlocked
@@ -219,13 +228,21 @@ func NewCache(ctx context.Context, c *alloc.Client, o Options) (*Cache, error) {
 	}
 	// The sketch tells apart the entries the hot tier and the first spill
 	// tier hold; below them a far hit only competes with the first's victims.
-	keys := int(cc.hotCap / int64(o.RecordBytes))
+	hotKeys := int(cc.hotCap / int64(o.RecordBytes))
+	keys := hotKeys
 	if len(cc.tiers) > 0 {
 		keys += cc.tiers[0].capCount
 	}
+	cc.hotSlot = o.RecordBytes
 	for i := range cc.shards {
-		cc.shards[i].hot = map[string]int32{}
-		cc.shards[i].freq = newSketch(keys)
+		sh := &cc.shards[i]
+		sh.hot = make(map[string]int32, hotKeys)
+		sh.freq = newSketch(keys)
+		sh.slab = make([]byte, (hotKeys+1)*cc.hotSlot)
+		sh.freeSlots = make([]int32, hotKeys+1)
+		for j := range sh.freeSlots {
+			sh.freeSlots[j] = int32(hotKeys - j) // slot 0 is taken first
+		}
 	}
 	return cc, nil
 }
@@ -780,6 +797,10 @@ func (c *Cache) Set(key string, val []byte) {
 		e := &sh.entries[i]
 		c.dropFarCopy(sh, si, e)
 		sh.bytes += int64(len(val) - len(e.val))
+		if len(val) > cap(e.val) {
+			c.freeSlot(sh, e.slot)
+			e.val, e.slot = c.hotBuf(sh, len(val))
+		}
 		e.val = append(e.val[:0], val...)
 		e.ref = true
 		c.evictHot(sh, si)
@@ -797,7 +818,7 @@ func (c *Cache) Delete(key string) {
 	defer sh.mu.Unlock()
 	if i, ok := sh.hot[key]; ok {
 		c.dropFarCopy(sh, si, &sh.entries[i])
-		c.removeHot(sh, i)
+		c.freeSlot(sh, c.removeHot(sh, i))
 		return
 	}
 	c.deleteFar(sh, si, h, key)
@@ -861,23 +882,42 @@ func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string) {
 	}
 }
 
-func (c *Cache) removeHot(sh *shard, i int32) {
+// removeHot removes hot entry i and returns its value's slot, which the
+// caller frees once done with the value.
+func (c *Cache) removeHot(sh *shard, i int32) int32 {
 	e := &sh.entries[i]
+	slot := e.slot
 	delete(sh.hot, e.key)
 	sh.bytes -= int64(len(e.key) + len(e.val))
 	*e = hotEntry{}
 	sh.holes = append(sh.holes, i)
+	return slot
+}
+
+// hotBuf returns an empty buffer for a value of n bytes: a free slot of
+// the shard's slab where n fits one, else a slice of its own (slot -1).
+func (c *Cache) hotBuf(sh *shard, n int) ([]byte, int32) {
+	if k := len(sh.freeSlots); n <= c.hotSlot && k > 0 {
+		slot := sh.freeSlots[k-1]
+		sh.freeSlots = sh.freeSlots[:k-1]
+		off := int(slot) * c.hotSlot
+		return sh.slab[off : off : off+c.hotSlot], slot
+	}
+	return make([]byte, 0, n), -1
+}
+
+// freeSlot returns a slot of the shard's slab to its free list (-1: no slot).
+func (c *Cache) freeSlot(sh *shard, slot int32) {
+	if slot >= 0 {
+		sh.freeSlots = append(sh.freeSlots, slot)
+	}
 }
 
 // putHot adds a new hot entry (copying val) and evicts to the budget. far
 // and farTier name an unchanged far copy (farTier -1: none).
 func (c *Cache) putHot(sh *shard, si int, key string, val []byte, h uint64, far alloc.Ref, farTier int8) {
-	buf := sh.spare[:0]
-	sh.spare = nil
-	if cap(buf) < len(val) || cap(buf) > 2*len(val)+64 {
-		buf = make([]byte, 0, len(val))
-	}
-	e := hotEntry{key: key, val: append(buf, val...), used: true, hash: h, far: far, farTier: farTier}
+	buf, slot := c.hotBuf(sh, len(val))
+	e := hotEntry{key: key, val: append(buf, val...), used: true, hash: h, far: far, farTier: farTier, slot: slot}
 	var i int32
 	if n := len(sh.holes); n > 0 {
 		i = sh.holes[n-1]
@@ -921,11 +961,11 @@ func (c *Cache) evictHot(sh *shard, si int) {
 		sh.hand++
 		e := &sh.entries[i]
 		key, val, h, clean := e.key, e.val, e.hash, c.farCopy(sh, si, e)
-		c.removeHot(sh, int32(i))
+		slot := c.removeHot(sh, int32(i))
 		if !clean {
 			c.demote(sh, si, 0, key, val, h)
 		}
-		sh.spare = val
+		c.freeSlot(sh, slot) // demote copied the value out
 	}
 }
 
