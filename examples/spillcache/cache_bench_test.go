@@ -1,16 +1,11 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/farmem/farmem/alloc"
-	"github.com/farmem/farmem/internal/pooltest"
-	"github.com/farmem/farmem/internal/size"
 )
 
 // BenchmarkGetTier times Gets of keys on the heap and of keys on the cxl
@@ -20,15 +15,7 @@ import (
 // each read once per pass, so the admission policy promotes none of them.
 func BenchmarkGetTier(b *testing.B) {
 	const keys, val = 120_000, 1024
-	cfg := pooltest.Config(b)
-	cfg.EmulateCXL = 512 * size.MiB
-	pooltest.Start(b, cfg)
-	cl, err := alloc.Dial(b.Context(), cfg.Socket)
-	require.NoError(b, err)
-	defer cl.Close()
-	c, err := NewCache(b.Context(), cl, Options{HotBytes: 32 << 20, CXLBytes: 256 << 20, RecordBytes: keyLen + val})
-	require.NoError(b, err)
-	defer func() { require.NoError(b, c.Close(context.Background())) }()
+	c := newTestCache(b, Options{HotBytes: 32 << 20, CXLBytes: 256 << 20, RecordBytes: keyLen + val})
 	kt := newKeyTable(keys)
 	buf := make([]byte, val)
 	for i := range keys {

@@ -14,12 +14,15 @@ import (
 
 	"github.com/farmem/farmem/alloc"
 	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/internal/size"
 )
 
-// newTestCache starts a pool and builds a cache on it.
-func newTestCache(t *testing.T, o Options) *Cache {
+// newTestCache starts a pool, with room for o's cxl budget, and builds a
+// cache on it.
+func newTestCache(t testing.TB, o Options) *Cache {
 	t.Helper()
 	cfg := pooltest.Config(t)
+	cfg.EmulateCXL = max(cfg.EmulateCXL, size.Size(2*o.CXLBytes))
 	pooltest.Start(t, cfg)
 	cl, err := alloc.Dial(t.Context(), cfg.Socket)
 	require.NoError(t, err)
