@@ -7,8 +7,10 @@
 // same run and driven the same way, against caches that hold the whole
 // dataset on the heap (otter, ristretto) and against fastcache, and
 // prints hits per tier, Get latency beside the rdma tier's own ReadAt,
-// throughput, Go heap in use and GC cost. With no poold running it starts
-// one in the process.
+// throughput, CPU per operation, Go heap in use and GC cost. With no poold
+// running it starts one in the process. On amd64 a Get prefetches the far
+// index bucket it may need with one assembly instruction (prefetch_amd64.s);
+// elsewhere that hint is a no-op.
 //
 // It is smoke-run by its test against an embedded pool.
 package main
