@@ -134,8 +134,11 @@ type shard struct {
 	freq    sketch
 	n       counters
 	pending []*farWrite // records being written to an rdma tier, not yet indexed
-	untaken int         // of them, those not yet queued for the far writer
-	free    []*farWrite // done ones, for reuse
+	// pendingHash holds pending[i].hash at i: a lookup scans these words
+	// instead of following a pointer per record.
+	pendingHash []uint64
+	untaken     int         // of them, those not yet queued for the far writer
+	free        []*farWrite // done ones, for reuse
 	// slab holds hot values of up to hotSlot bytes, a slot each: one
 	// allocation without pointers instead of an object per value, so the
 	// collector has next to nothing to mark and a new entry allocates
@@ -343,12 +346,11 @@ func (c *Cache) probe(sh *shard, si int, key string, h uint64, dst []byte) ([]by
 		e.ref = true
 		return append(dst, e.val...), lookup{level: LevelHot}
 	}
-	for _, w := range sh.pending {
-		if !sameHash(w.hash, h) || w.cancelled {
-			continue
-		}
-		if k, v, ok := parseRecord(w.rec); ok && string(k) == key {
-			return append(dst, v...), lookup{level: c.tiers[w.ti].level}
+	for i, ph := range sh.pendingHash {
+		if w := sh.pending[i]; sameHash(ph, h) && !w.cancelled {
+			if k, v, ok := parseRecord(w.rec); ok && string(k) == key {
+				return append(dst, v...), lookup{level: c.tiers[w.ti].level}
+			}
 		}
 	}
 	for ti, t := range c.tiers {
@@ -725,10 +727,10 @@ var putBatches = sync.Pool{New: func() any { return new(putBatch) }}
 // written indexes a record whose write is done, or frees it when it was
 // cancelled or its write failed.
 func (c *Cache) written(sh *shard, si int, w *farWrite, err error) {
-	i := slices.Index(sh.pending, w)
-	sh.pending[i] = sh.pending[len(sh.pending)-1]
-	sh.pending[len(sh.pending)-1] = nil
-	sh.pending = sh.pending[:len(sh.pending)-1]
+	i, last := slices.Index(sh.pending, w), len(sh.pending)-1
+	sh.pending[i], sh.pendingHash[i] = sh.pending[last], sh.pendingHash[last]
+	sh.pending[last] = nil
+	sh.pending, sh.pendingHash = sh.pending[:last], sh.pendingHash[:last]
 	t := c.tiers[w.ti]
 	switch {
 	case w.cancelled:
@@ -856,10 +858,11 @@ func (c *Cache) dropFarCopy(sh *shard, si int, e *hotEntry) {
 // its bucket has key's hash bits, so a Set or Delete reads nothing remote
 // (the rare other key sharing them is evicted).
 func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string) {
-	for _, w := range sh.pending {
-		if !sameHash(w.hash, h) {
+	for i, ph := range sh.pendingHash {
+		if !sameHash(ph, h) {
 			continue
 		}
+		w := sh.pending[i]
 		if k, _, ok := parseRecord(w.rec); ok && string(k) == key {
 			c.cancel(sh, w)
 		}
@@ -1003,7 +1006,7 @@ func (c *Cache) demote(sh *shard, si, ti int, key string, val []byte, h uint64) 
 		w.ti, w.ref, w.hash = ti, r, h
 		w.rec = slices.Grow(w.rec[:0], n)[:n]
 		putRecord(w.rec, key, val)
-		sh.pending = append(sh.pending, w)
+		sh.pending, sh.pendingHash = append(sh.pending, w), append(sh.pendingHash, h)
 		sh.untaken++
 		return int8(ti), r
 	}
