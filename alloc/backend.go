@@ -58,7 +58,7 @@ type backend interface {
 // base is the segment's backend without its latency emulation and
 // read-ahead.
 func (s *Segment) base() backend {
-	be := s.be
+	be := s.backend()
 	if e, ok := be.(*emulated); ok {
 		be = e.next
 	}

@@ -53,7 +53,7 @@ func (s *Segment) ReadBatch(ctx context.Context, spans []Span) error {
 	if err := s.checkBatch("read", spans); err != nil || len(spans) == 0 {
 		return err
 	}
-	return s.be.readBatch(ctx, spans)
+	return s.batch(ctx, spans, backend.readBatch)
 }
 
 // WriteBatch stores every span's Buf in the segment at its Off, all in one
@@ -75,12 +75,29 @@ func (s *Segment) WriteBatch(ctx context.Context, spans []Span) error {
 	if err := s.checkOverlap(spans); err != nil {
 		return err
 	}
-	return s.be.writeBatch(ctx, spans)
+	return s.batch(ctx, spans, backend.writeBatch)
+}
+
+// batch runs a checked batch on the pinned backend, and again on the new
+// one when the segment changed tier under it (the spans refused were not
+// applied; those done before are done again, with the same bytes).
+func (s *Segment) batch(ctx context.Context, spans []Span, do func(backend, context.Context, []Span) error) error {
+	for {
+		be, err := s.use()
+		if err != nil {
+			return err
+		}
+		err = do(be, ctx, spans)
+		s.done()
+		if err == nil || !s.again(err) {
+			return err
+		}
+	}
 }
 
 // checkBatch makes the checks of a whole batch before any of it is done.
 func (s *Segment) checkBatch(what string, spans []Span) error {
-	if s.closed.Load() {
+	if s.closedNow() {
 		return s.errClosed()
 	}
 	if len(spans) > MaxBatch {

@@ -306,7 +306,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 // track adds a segment to those the client closes, with the latency
 // emulation of its tier.
 func (c *Client) track(s *Segment) (*Segment, error) {
-	s.be = withEmulation(s.be, c.injected(s.info.Tier, s.info.Injected))
+	s.be.Store(&backendRef{withEmulation(s.backend(), c.injected(s.info.Tier, s.info.Injected))})
 	if err := c.register(s); err != nil {
 		return nil, err
 	}
@@ -391,10 +391,11 @@ func (c *Client) free(ctx context.Context, s *Segment) error {
 	return c.freeReq(ctx, &poolv1.FreeRequest{Id: s.info.Id})
 }
 
-// detach forgets a segment that Segment.Close retired and gives up the
-// client's attachment to it on the daemon, unless the client owns it or
-// holds it open through another Segment value. A segment freed meanwhile
-// has nothing left to give up.
+// detach forgets a segment that Segment.Close retired, tells the daemon
+// that this client no longer maps it, and gives up the client's
+// attachment to it on the daemon, unless the client owns it or holds it
+// open through another Segment value. A segment freed meanwhile has
+// nothing left to give up.
 func (c *Client) detach(ctx context.Context, s *Segment) error {
 	c.mu.Lock()
 	delete(c.segs, s)
@@ -403,6 +404,9 @@ func (c *Client) detach(ctx context.Context, s *Segment) error {
 		held = held || o.info.Id == s.info.Id
 	}
 	c.mu.Unlock()
+	if !held && s.mappedBase() != nil {
+		c.release(ctx, s.info.Id)
+	}
 	if held || s.info.Owner == c.opts.clientID {
 		return nil
 	}
@@ -444,6 +448,7 @@ func (c *Client) Close() error {
 	}
 	var err error
 	if fd != nil {
+		c.releaseAll(fd, segs)
 		err = fd.Close()
 	}
 	for _, dc := range data {

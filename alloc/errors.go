@@ -43,6 +43,12 @@ var (
 	// Read the memory to find out. errors.Is(err, ErrUnavailable) is also
 	// true for it.
 	ErrIndeterminate = errs.ErrIndeterminate
+	// ErrInUse: Client.Move cannot change a segment's tier while other
+	// clients hold it: another client maps the load/store segment, or
+	// clients other than the caller may reach the rdma segment to be
+	// promoted. The message names them; they let go with Segment.Close
+	// (or end). errors.Is(err, ErrInvalid) is true for it too.
+	ErrInUse = errs.ErrInUse
 	// ErrLimit: a request went past one of poold's limits (segments per
 	// client, name length); the message names it and how to raise it.
 	ErrLimit = errs.ErrLimit

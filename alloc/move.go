@@ -3,9 +3,6 @@ package alloc
 import (
 	"context"
 	"fmt"
-
-	poolv1 "github.com/farmem/farmem/api/pool/v1"
-	"github.com/farmem/farmem/internal/errs"
 )
 
 // MoveOption configures Client.Move. Options are immutable values, safe to
@@ -22,29 +19,52 @@ type moveOptions struct {
 func ToNode(name string) MoveOption { return func(o *moveOptions) { o.node = name } }
 
 // ToTier names the tier a segment moves to. Default (TierAny): its own.
-// Only TierRDMA is accepted: see Client.Move.
+// A load/store segment (TierLocal, TierCXL) moves to TierRDMA, and an rdma
+// segment to TierLocal or TierCXL of its daemon's host: see Client.Move.
 func ToTier(t Tier) MoveOption { return func(o *moveOptions) { o.tier = t } }
 
-// Move moves an rdma segment to another home while it is in use, by this
-// client and by others: the daemon copies it, seals the old home for the
-// switch-over (operations wait a moment, none is lost or applied twice),
-// and commits the new home. The segment keeps its id, name, size and bytes;
-// after Move returns, its next operation goes to the new home (Node names
+// Move moves a segment while it is in use, keeping its id, name, size and
+// bytes (docs/MOVE.md).
+//
+// An rdma segment moves to another home (ToNode, or one the daemon picks):
+// the daemon copies it, seals the old home for the switch-over (operations
+// wait a moment, none is lost or applied twice), and commits the new home.
+// After Move returns, its next operation goes to the new home (Node names
 // it). Other clients of the segment follow on their next operation.
 //
-// Only segments on the rdma tier move. A load/store segment (TierLocal,
-// TierCXL) is mapped into the application, which would go on using the
-// old memory, and a shared attachment (Attach with Shared) has its pages
-// cached under leases from its home; Move refuses both with an error
-// matching ErrInvalid. To move such memory, allocate a new segment where it
-// should live, copy the bytes, and free the old one.
+// A segment changes tier with ToTier:
+//
+//   - Demotion, TierLocal or TierCXL to TierRDMA: this client gives up its
+//     mapping first, so a slice from Bytes must not be used once Move is
+//     called (as after Close), and Bytes returns false afterwards; calls
+//     on the segment wait during the move (the pause is the whole copy),
+//     then go to the new rdma home with ReadAt, WriteAt and the atomics.
+//     While another client maps the segment (or this client maps it
+//     through another Segment value), Move fails with ErrInUse naming
+//     them, and nothing changes: each lets go with Segment.Close (or
+//     Client.Close, or by ending), then Move succeeds.
+//   - Promotion, TierRDMA to TierLocal or TierCXL (the host of this
+//     client's daemon): calls go on at the old home during the copy, wait
+//     at the switch-over, and then use the mapping (Bytes returns it).
+//     Only a client of the local poold's unix socket promotes (ErrNotSupported
+//     over TCP), and only while no other client may reach the segment
+//     (its owner and attachers with a session or a lease: ErrInUse naming
+//     them). A client that reaches the segment over the data plane after
+//     it was promoted gets ErrNotSupported and opens it again.
+//
+// A shared attachment (Attach with Shared) has its pages cached under
+// leases from its home, and moving between two load/store tiers is not
+// live: Move refuses them (ErrInvalid, ErrNotSupported); allocate a new
+// segment where it should live, copy the bytes, and free the old one.
 //
 // Errors: ErrNotFound when the node named is no alive member (the message
-// lists them), ErrInvalid when it drains or is the segment's home already,
+// lists them) or the segment was freed during the move, ErrInvalid when
+// the node drains or is the segment's home already, ErrInUse as above,
 // ErrLimit while another move of the segment is under way, ErrNoCapacity
-// when no node has room, ErrAccessDenied when the caller may not move it,
-// ErrUnavailable when the daemon or the segment's home cannot be reached.
-// A failed move leaves the segment where it was, whole and usable.
+// when no node or tier has room (or this host has no such tier),
+// ErrAccessDenied when the caller may not move it, ErrUnavailable when the
+// daemon or the segment's home cannot be reached. A failed move leaves the
+// segment where it was, whole and usable.
 func (c *Client) Move(ctx context.Context, s *Segment, opts ...MoveOption) error {
 	var o moveOptions
 	for _, opt := range opts {
@@ -53,25 +73,30 @@ func (c *Client) Move(ctx context.Context, s *Segment, opts ...MoveOption) error
 	if s == nil {
 		return fmt.Errorf("move: %w: no segment", ErrInvalid)
 	}
-	if s.closed.Load() {
+	if s.closedNow() {
 		return fmt.Errorf("move segment %d: %w", s.ID(), ErrClosed)
 	}
+	from := s.Tier()
 	r, ok := s.base().(*remote)
 	switch {
-	case o.tier != TierAny && o.tier != TierRDMA:
-		return fmt.Errorf("move segment %d to the %s tier: %w: only rdma segments move, within the rdma tier; a load/store segment is mapped into the application: allocate one on the %s tier, copy, and free this one", s.ID(), o.tier, ErrInvalid, o.tier)
-	case !ok && s.Tier() == TierRDMA:
+	case from == TierRDMA && !ok:
 		return fmt.Errorf("move segment %d: %w: this is a shared attachment, whose pages its sharers cache under leases from its home; shared segments are not moved", s.ID(), ErrInvalid)
-	case !ok:
-		return fmt.Errorf("move segment %d: %w: it is on the %s tier, mapped into this process (load/store), and only rdma segments move: allocate a new segment where it should live, copy, and free this one", s.ID(), ErrInvalid, s.Tier())
+	case o.tier != TierAny && o.tier != TierRDMA && o.tier != TierLocal && o.tier != TierCXL:
+		return fmt.Errorf("move segment %d to tier %d: %w: use TierRDMA, TierLocal or TierCXL", s.ID(), o.tier, ErrInvalid)
+	case o.tier == TierAny || o.tier == from:
+		if from != TierRDMA {
+			return fmt.Errorf("move segment %d: %w: it is on the %s tier, this host's memory, and moves only to the rdma tier (ToTier(TierRDMA))", s.ID(), ErrInvalid, from)
+		}
+	case from != TierRDMA && o.tier != TierRDMA:
+		return fmt.Errorf("move segment %d from the %s tier to the %s tier: %w: between two load/store tiers a segment does not move live; allocate one on the %s tier, copy, and free this one", s.ID(), from, o.tier, ErrNotSupported, o.tier)
+	case from != TierRDMA:
+		return c.demote(ctx, s, o)
+	default:
+		return c.promote(ctx, s, o)
 	}
-	cctx, _, err := c.callCtx(ctx)
+	resp, err := c.moveCall(ctx, s, o)
 	if err != nil {
 		return err
-	}
-	resp, err := c.api.Move(cctx, &poolv1.MoveRequest{Id: s.ID(), ToNode: o.node, ToTier: o.tier.proto()})
-	if err != nil {
-		return errs.FromStatus(err)
 	}
 	r.adopt(resp.Segment) // the answer describes it at its new home, as Stat would
 	return nil

@@ -64,7 +64,7 @@ func (s *Segment) Durability() Durability {
 		return m.durability
 	}
 	switch {
-	case s.info.Tier == poolv1.Tier_TIER_RDMA:
+	case s.desc.Load().Tier == poolv1.Tier_TIER_RDMA:
 		return Durability{Reason: "an rdma segment's home holds it in shared memory, which a power loss clears"}
 	default:
 		return Durability{Reason: "a shared attachment caches pages here; write them back with the segment's coherence protocol, its memory is not persistent"}
@@ -89,15 +89,19 @@ func (s *Segment) Durability() Durability {
 // only. Safe for concurrent use with the segment's other calls; stores
 // that race Persist may or may not be made durable by it.
 func (s *Segment) Persist(off, n int64) (err error) {
-	if s.closed.Load() {
+	if s.closedNow() {
 		return s.errClosed()
 	}
 	if off < 0 || n < 0 || off > s.size || n > s.size-off {
 		return fmt.Errorf("persist %d bytes at %d of segment %d (size %d): %w", n, off, s.info.Id, s.size, ErrOutOfRange)
 	}
+	if _, err := s.use(); err != nil { // the mapping stays while it is flushed
+		return err
+	}
+	defer s.done()
 	m := s.mappedBase()
 	if m == nil || m.durability.Method == "" {
-		return &NotDurableError{Segment: s.info.Id, Kind: s.info.Kind, Reason: s.Durability().Reason}
+		return &NotDurableError{Segment: s.info.Id, Kind: s.Kind(), Reason: s.Durability().Reason}
 	}
 	if g, ok := s.base().(*guarded); ok {
 		if err := g.check(); err != nil {

@@ -42,7 +42,7 @@ import (
 // ErrOutOfRange for a negative off or a range that runs past the end
 // (nothing is fetched), ErrInvalid for n ≤ 0. Safe for concurrent use.
 func (s *Segment) Prefetch(off, n int64) error {
-	if s.closed.Load() {
+	if s.closedNow() {
 		return s.errClosed()
 	}
 	if n <= 0 {
@@ -51,7 +51,12 @@ func (s *Segment) Prefetch(off, n int64) error {
 	if off < 0 || off > s.size || n > s.size-off {
 		return fmt.Errorf("prefetch of %d bytes at %d of segment %d (size %d): %w", n, off, s.info.Id, s.size, ErrOutOfRange)
 	}
-	s.be.prefetch(off, n)
+	be, err := s.use()
+	if err != nil {
+		return err
+	}
+	be.prefetch(off, n)
+	s.done()
 	return nil
 }
 

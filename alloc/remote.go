@@ -41,6 +41,9 @@ type remote struct {
 	// deadline is the operation-timeout context the operations starting
 	// now share (see opContext).
 	deadline atomic.Pointer[deadlineCtx]
+	// loadStore is set once the daemon describes the segment on a
+	// load/store tier: it was promoted, and no home serves it any more.
+	loadStore atomic.Bool
 }
 
 // deadlineCtx is a context that ends opTimeout plus one slice after it was
@@ -346,7 +349,9 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 				err = post(ctx, rt.conn, ready)
 				if moved(ready) && !final(err) {
 					pending = unfinished(pending)
-					if err = r.follow(ctx, p, &follow); err != nil {
+					if err = r.follow(ctx, p, &follow); errors.Is(err, errTierMoved) {
+						return err
+					} else if err != nil {
 						return r.timedOut(caller, ctx, pending, err)
 					}
 					continue
@@ -435,10 +440,14 @@ func moved(ops []*rdma.Op) bool {
 // follow finds where a moved segment lives now: it asks the daemon
 // (refresh), and while the daemon still names the home at old (the
 // switch-over has not committed yet) it waits *wait, doubling it up to
-// movedWaitMax; it returns when the next round may run, or with the
-// context's error.
+// movedWaitMax; it returns when the next round may run, with the
+// context's error, or with errTierMoved once the daemon describes the
+// segment on a load/store tier.
 func (r *remote) follow(ctx context.Context, old *plane, wait *time.Duration) error {
 	r.refresh(ctx)
+	if r.loadStore.Load() {
+		return fmt.Errorf("segment %d: %w", r.info.Id, errTierMoved)
+	}
 	if p := r.plane.Load(); p.addr != old.addr || p.region != old.region {
 		*wait = movedWait
 		return nil
@@ -568,8 +577,12 @@ func (r *remote) refresh(ctx context.Context) {
 // adopt makes info, the daemon's description of the segment now, where
 // its operations go: a restarted home's address and credential, a moved
 // segment's new home, id there and key. A description without a
-// data-plane address changes nothing.
+// data-plane address changes nothing, but for a segment now on a
+// load/store tier, which no home serves (follow stops).
 func (r *remote) adopt(info *poolv1.Segment) {
+	if info.Tier != poolv1.Tier_TIER_RDMA && info.Tier != poolv1.Tier_TIER_UNSPECIFIED {
+		r.loadStore.Store(true)
+	}
 	if info.DataAddr == "" {
 		return
 	}

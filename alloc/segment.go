@@ -21,18 +21,87 @@ import (
 // A Segment makes the checks every kind of segment shares (closed, offset
 // and length within the segment, an atomic's alignment) and hands the
 // access to its backend: mapped memory, a remote home, or a shared
-// attachment, possibly wrapped in latency emulation (see backend).
+// attachment, possibly wrapped in latency emulation (see backend). A call
+// pins the backend while it runs (use), so that Client.Move can replace
+// it when the segment changes tier (tiermove.go).
 type Segment struct {
-	c      *Client
-	info   *poolv1.Segment // immutable
-	size   int64           // info.Size, beside be for the range checks
-	be     backend         // how the bytes are reached; never changes
-	closed atomic.Bool
+	c    *Client
+	info *poolv1.Segment // immutable: the segment as opened
+	size int64           // info.Size, beside be for the range checks
+	// be is how the bytes are reached; replaced only by a move to another
+	// tier, while no call has it pinned.
+	be atomic.Pointer[backendRef]
+	// desc is the segment as it is now: its tier, kind and device change
+	// with a move to another tier.
+	desc atomic.Pointer[poolv1.Segment]
+	// state is segOpen, segSwitching (a move to another tier replaces be;
+	// calls wait) or segClosed in its low bits (stateMask), above them
+	// how many switches began: ReadAt and WriteAt run again when it
+	// changed while they ran (see ReadAt). pins counts the calls that have
+	// be pinned (use).
+	state atomic.Uint64
+	pins  atomic.Int64
+	// switching is closed when the tier switch under way ends; nil when
+	// none is.
+	switching atomic.Pointer[chan struct{}]
 }
+
+// The states of a Segment (Segment.state&stateMask), and the unit of its
+// switch count.
+const (
+	segOpen uint64 = iota
+	segSwitching
+	segClosed
+	stateMask   = 3
+	switchCount = 4
+)
+
+// closedNow reports whether the segment was closed or freed.
+func (s *Segment) closedNow() bool { return s.state.Load()&stateMask == segClosed }
+
+// backendRef holds a backend for an atomic pointer.
+type backendRef struct{ backend }
 
 // newSegment is the segment info describes, reached through be.
 func (c *Client) newSegment(info *poolv1.Segment, be backend) *Segment {
-	return &Segment{c: c, info: info, size: info.Size, be: be}
+	s := &Segment{c: c, info: info, size: info.Size}
+	s.be.Store(&backendRef{be})
+	s.desc.Store(info)
+	return s
+}
+
+// backend is the segment's backend now, not pinned: for a look at what
+// reaches the segment, not for a call that touches its memory (use).
+func (s *Segment) backend() backend { return s.be.Load().backend }
+
+// use pins the segment's backend for one call, waiting while a move to
+// another tier replaces it; done unpins it. A move replaces the backend
+// only while no call has it pinned, so that no write lands in memory the
+// segment has left.
+func (s *Segment) use() (backend, error) {
+	for {
+		s.pins.Add(1)
+		st := s.state.Load() & stateMask
+		if st == segOpen {
+			return s.be.Load().backend, nil
+		}
+		s.pins.Add(-1)
+		if st == segClosed {
+			return nil, s.errClosed()
+		}
+		s.awaitSwitch()
+	}
+}
+
+// done unpins the backend a call pinned with use.
+func (s *Segment) done() { s.pins.Add(-1) }
+
+// again reports whether a call that failed with err runs again: its
+// backend refused it, not applied, because the segment moved to another
+// tier under it, and this client's Move is switching the segment over
+// (which again waits for).
+func (s *Segment) again(err error) bool {
+	return errors.Is(err, errTierMoved) && s.awaitSwitch()
 }
 
 // ID is the segment's id on its daemon.
@@ -45,17 +114,17 @@ func (s *Segment) Name() string { return s.info.Name }
 func (s *Segment) Size() int64 { return s.info.Size }
 
 // Tier is the tier the segment was placed on.
-func (s *Segment) Tier() Tier { return tierFromProto(s.info.Tier) }
+func (s *Segment) Tier() Tier { return tierFromProto(s.desc.Load().Tier) }
 
 // Emulated is true when the segment's tier stands in for hardware this host
 // lacks (an emulated CXL device is ordinary DRAM).
-func (s *Segment) Emulated() bool { return s.info.Emulated }
+func (s *Segment) Emulated() bool { return s.desc.Load().Emulated }
 
 // Kind says what backs the segment: devdax, numa, emulated, dram.
-func (s *Segment) Kind() string { return s.info.Kind }
+func (s *Segment) Kind() string { return s.desc.Load().Kind }
 
 // Device names the device the segment is on.
-func (s *Segment) Device() string { return s.info.Device }
+func (s *Segment) Device() string { return s.desc.Load().Device }
 
 // Node names the host whose memory holds the segment: for a segment on
 // the rdma tier its home now, which a move changes.
@@ -63,14 +132,14 @@ func (s *Segment) Node() string {
 	if r, ok := s.base().(*remote); ok {
 		return r.plane.Load().node
 	}
-	return s.info.Node
+	return s.desc.Load().Node
 }
 
 // Injected is the latency emulation applied to the segment's ReadAt,
 // WriteAt and atomics (the daemon's --emulate-latency for its tier, or the
 // client's WithEmulateLatency); zero for none. It never applies to Bytes.
 func (s *Segment) Injected() Injected {
-	if e, ok := s.be.(*emulated); ok {
+	if e, ok := s.backend().(*emulated); ok {
 		return Injected(e.in.Target())
 	}
 	return Injected{}
@@ -78,15 +147,19 @@ func (s *Segment) Injected() Injected {
 
 // Bytes returns the segment's memory for direct loads and stores on
 // load/store tiers (local, cxl), and false on tiers reached over a network.
-// The slice is valid only until Free or Client.Close; touching it after
-// that faults. A fault in the memory itself (a poisoned CXL line) is
-// the caller's to guard (see runtime/debug.SetPanicOnFault). Latency
-// emulation cannot slow direct access through this slice.
+// The slice is valid only until Free, Close, Client.Close or a Client.Move
+// of the segment to the rdma tier (after which Bytes returns false);
+// touching it after that faults, or writes memory the segment left. A
+// fault in the memory itself (a poisoned CXL line) is the caller's to
+// guard (see runtime/debug.SetPanicOnFault). Latency emulation cannot
+// slow direct access through this slice.
 func (s *Segment) Bytes() ([]byte, bool) {
-	if s.closed.Load() {
+	be, err := s.use()
+	if err != nil {
 		return nil, false
 	}
-	mem := s.be.bytes()
+	mem := be.bytes()
+	s.done()
 	return mem, mem != nil
 }
 
@@ -96,94 +169,138 @@ func (s *Segment) errClosed() error { return fmt.Errorf("segment %d: %w", s.info
 // io.EOF with a short count at the end of the segment. With latency
 // emulation on the segment's tier the call takes the injected latency plus
 // len(p)/bandwidth (see WithEmulateLatency).
+//
+// ReadAt and WriteAt do not pin the backend (use), which would cost more
+// than their copy: they note the segment's state before and after, and
+// run again when a move to another tier began meanwhile (its mover
+// raises the switch count, then waits for a barrier on every thread, so
+// that a copy that saw no switch is in the memory the move copies).
 func (s *Segment) ReadAt(p []byte, off int64) (int, error) {
-	if s.closed.Load() {
-		return 0, s.errClosed()
+	v := s.state.Load()
+	if v&stateMask != segOpen {
+		if v&stateMask == segClosed {
+			return 0, s.errClosed()
+		}
+		s.awaitSwitch()
+		return s.ReadAt(p, off)
 	}
 	if off < 0 || off > s.size {
 		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, s.size, ErrOutOfRange)
 	}
-	if int64(len(p)) > s.size-off {
-		n, err := s.be.readAt(p[:s.size-off], off)
+	n, err := readAt(s.be.Load().backend, p, off, s.size)
+	if s.state.Load() != v || err != nil && s.again(err) {
+		return s.ReadAt(p, off)
+	}
+	return n, err
+}
+
+// readAt is ReadAt on be, off within the segment of size bytes.
+func readAt(be backend, p []byte, off, size int64) (int, error) {
+	if int64(len(p)) > size-off {
+		n, err := be.readAt(p[:size-off], off)
 		if err == nil {
 			err = io.EOF
 		}
 		return n, err
 	}
-	switch b := s.be.(type) { // direct calls on the hot paths: see mapped
+	switch b := be.(type) { // direct calls on the hot paths: see mapped
 	case *mapped:
 		return b.readAt(p, off)
 	case *guarded:
 		return b.readAt(p, off)
 	}
-	return s.be.readAt(p, off)
+	return be.readAt(p, off)
 }
 
 // WriteAt implements io.WriterAt. A write that would run past the end of
 // the segment writes nothing and returns ErrOutOfRange. Latency emulation
 // applies as to ReadAt.
 func (s *Segment) WriteAt(p []byte, off int64) (int, error) {
-	if s.closed.Load() {
-		return 0, s.errClosed()
+	v := s.state.Load()
+	if v&stateMask != segOpen {
+		if v&stateMask == segClosed {
+			return 0, s.errClosed()
+		}
+		s.awaitSwitch()
+		return s.WriteAt(p, off)
 	}
 	if off < 0 || off > s.size || int64(len(p)) > s.size-off {
 		return 0, fmt.Errorf("write of %d bytes at %d of segment %d (size %d): %w", len(p), off, s.info.Id, s.size, ErrOutOfRange)
 	}
-	switch b := s.be.(type) { // direct calls on the hot paths: see mapped
+	var n int
+	var err error
+	switch b := s.be.Load().backend.(type) { // direct calls on the hot paths: see mapped
 	case *mapped:
-		return b.writeAt(p, off)
+		n, err = b.writeAt(p, off)
 	case *guarded:
-		return b.writeAt(p, off)
+		n, err = b.writeAt(p, off)
+	default:
+		n, err = b.writeAt(p, off)
 	}
-	return s.be.writeAt(p, off)
+	if s.state.Load() != v || err != nil && s.again(err) {
+		// A move to another tier began: the bytes may have landed in
+		// memory the segment left, and go to where it is now. Or the
+		// home refused a frame, not applied, as the segment moved: the
+		// frames before it were, and writing them again stores the same
+		// bytes.
+		return s.WriteAt(p, off)
+	}
+	return n, err
 }
 
-// checkWord checks an atomic's offset.
-func (s *Segment) checkWord(off int64) error {
-	if s.closed.Load() {
-		return s.errClosed()
+// word checks an atomic's offset and pins the backend for it (done
+// unpins it).
+func (s *Segment) word(off int64) (backend, error) {
+	switch {
+	case s.closedNow():
+		return nil, s.errClosed()
+	case off < 0 || off > s.size-8:
+		return nil, fmt.Errorf("atomic at %d of segment %d (size %d): %w", off, s.info.Id, s.size, ErrOutOfRange)
+	case off%8 != 0:
+		return nil, fmt.Errorf("atomic at %d of segment %d: %w", off, s.info.Id, ErrUnaligned)
 	}
-	if off < 0 || off > s.size-8 {
-		return fmt.Errorf("atomic at %d of segment %d (size %d): %w", off, s.info.Id, s.size, ErrOutOfRange)
+	return s.use()
+}
+
+// atomic64 runs one atomic at off on the pinned backend, and again on the
+// new one when the segment changed tier under it (the refused atomic was
+// not applied).
+func atomic64[T any](s *Segment, off int64, op func(backend) (T, error)) (T, error) {
+	for {
+		be, err := s.word(off)
+		if err != nil {
+			var zero T
+			return zero, err
+		}
+		v, err := op(be)
+		s.done()
+		if err == nil || !s.again(err) {
+			return v, err
+		}
 	}
-	if off%8 != 0 {
-		return fmt.Errorf("atomic at %d of segment %d: %w", off, s.info.Id, ErrUnaligned)
-	}
-	return nil
 }
 
 // Load64 atomically loads the 8-byte word at off (a multiple of 8). Latency
 // emulation applies to the atomics as to ReadAt, with a size of 8 bytes.
 func (s *Segment) Load64(off int64) (uint64, error) {
-	if err := s.checkWord(off); err != nil {
-		return 0, err
-	}
-	return s.be.load64(off)
+	return atomic64(s, off, func(be backend) (uint64, error) { return be.load64(off) })
 }
 
 // Store64 atomically stores v at off (a multiple of 8).
 func (s *Segment) Store64(off int64, v uint64) error {
-	if err := s.checkWord(off); err != nil {
-		return err
-	}
-	return s.be.store64(off, v)
+	_, err := atomic64(s, off, func(be backend) (struct{}, error) { return struct{}{}, be.store64(off, v) })
+	return err
 }
 
 // CompareAndSwap64 atomically replaces the word at off with new if it
 // holds old, reporting whether it did.
 func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (bool, error) {
-	if err := s.checkWord(off); err != nil {
-		return false, err
-	}
-	return s.be.compareAndSwap64(off, old, new)
+	return atomic64(s, off, func(be backend) (bool, error) { return be.compareAndSwap64(off, old, new) })
 }
 
 // Add64 atomically adds delta to the word at off and returns the new value.
 func (s *Segment) Add64(off int64, delta uint64) (uint64, error) {
-	if err := s.checkWord(off); err != nil {
-		return 0, err
-	}
-	return s.be.add64(off, delta)
+	return atomic64(s, off, func(be backend) (uint64, error) { return be.add64(off, delta) })
 }
 
 // Free unmaps the segment and releases it on the daemon, for everyone:
@@ -231,10 +348,19 @@ func (s *Segment) Close() error {
 // false when it was closed already. What a shared attachment cannot hand
 // back within ctx is lost, as on a crash, and reported in err.
 func (s *Segment) retire(ctx context.Context) (ok bool, err error) {
-	if !s.closed.CompareAndSwap(false, true) {
-		return false, nil
+	for {
+		v := s.state.Load()
+		switch v & stateMask {
+		case segClosed:
+			return false, nil
+		case segSwitching:
+			s.awaitSwitch() // a move to another tier: its end decides
+			continue
+		}
+		if s.state.CompareAndSwap(v, v&^stateMask|segClosed) {
+			return true, s.backend().retire(ctx)
+		}
 	}
-	return true, s.be.retire(ctx)
 }
 
 // retireGrace is how long a retired mapping's address range stays

@@ -368,6 +368,9 @@ func (d *Daemon) answerFD(c *net.UnixConn, peer peerInfo, req fdpass.Request) er
 	switch req.Op {
 	case fdpass.OpFree:
 		return fdpass.WriteResponse(c, d.free(cl, req.Segment, ""), nil, 0, 0, nil)
+	case fdpass.OpRelease:
+		d.pool.Unmapped(cl, req.Segment)
+		return fdpass.WriteResponse(c, nil, nil, 0, 0, nil)
 	case fdpass.OpAlloc:
 		var ar poolv1.AllocRequest
 		if err := proto.Unmarshal(req.Body, &ar); err != nil {

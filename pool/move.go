@@ -136,11 +136,12 @@ func (ms *moves) held(node string, known map[uint64]bool) {
 
 // moveResult is what a move did.
 type moveResult struct {
-	rec    record // the segment's record after the move
-	from   string
-	bytes  int64
-	rounds int
-	pause  time.Duration // from the seal to the switch-over committed
+	rec      record // the segment's record after the move
+	from     string
+	fromTier poolv1.Tier
+	bytes    int64
+	rounds   int
+	pause    time.Duration // from the seal to the switch-over committed
 }
 
 // Move moves a segment to another home while its clients use it.
@@ -168,13 +169,13 @@ func (d *Daemon) move(ctx context.Context, c caller, req *poolv1.MoveRequest) (*
 		return nil, err
 	}
 	d.log.Info("segment moved", "segment", res.rec.ID, "from", res.from, "to", res.rec.Home,
-		"bytes", res.bytes, "rounds", res.rounds, "pause", res.pause)
+		"bytes", res.bytes, "rounds", res.rounds, "pause", res.pause, "from-tier", tierName(res.fromTier), "tier", tierName(res.rec.Tier))
 	seg := d.segmentProto(res.rec)
 	if !isPeer(c) { // a peer's session holds no credentials for its own clients
 		seg = d.forCaller(ctx, c, res.rec)
 	}
 	return &poolv1.MoveResponse{Segment: seg, FromNode: res.from,
-		BytesCopied: uint64(res.bytes), Rounds: uint32(res.rounds), PauseUs: res.pause.Microseconds()}, nil
+		BytesCopied: uint64(res.bytes), Rounds: uint32(res.rounds), PauseUs: res.pause.Microseconds(), FromTier: res.fromTier}, nil
 }
 
 // moveTLS is how a move reaches the homes' data planes: ca verifies those
@@ -192,6 +193,9 @@ func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls 
 	r, err := p.moveSubject(c, req)
 	if err != nil {
 		return moveResult{}, err
+	}
+	if changesTier(&r, req.ToTier) {
+		return p.moveTier(ctx, c, r, req, tls) // tiermove.go
 	}
 	src, err := p.homeSession(ctx, r.Home, "source")
 	if err != nil {
@@ -249,14 +253,13 @@ func (p *core) moveSubject(c caller, req *poolv1.MoveRequest) (record, error) {
 
 // movable checks that r can move live to tier (unspecified: its own).
 func movable(r *record, tier poolv1.Tier, self string) error {
+	if changesTier(r, tier) {
+		return tierMovable(r, tier)
+	}
 	switch {
-	case r.Tier != poolv1.Tier_TIER_RDMA || tier != poolv1.Tier_TIER_UNSPECIFIED && tier != poolv1.Tier_TIER_RDMA:
-		to := tierName(tier)
-		if tier == poolv1.Tier_TIER_UNSPECIFIED {
-			to = tierName(r.Tier)
-		}
-		return fmt.Errorf("move segment %d from the %s tier to the %s tier: %w: only rdma segments move live; a load/store segment (cxl, local) is mapped into its applications, which would keep using the old memory, so it is not moved: allocate a new segment on the tier you want, copy the bytes in the application, and free the old one",
-			r.ID, tierName(r.Tier), to, errs.ErrInvalid)
+	case r.Tier != poolv1.Tier_TIER_RDMA:
+		return fmt.Errorf("move segment %d on the %s tier: %w: a load/store segment is this host's memory and moves only to the rdma tier (--tier rdma); allocate one on another load/store tier, copy, and free this one",
+			r.ID, tierName(r.Tier), errs.ErrInvalid)
 	case r.Home == "":
 		return fmt.Errorf("move segment %d: %w: it is homed on this node (%s) for this node's own clients, and only segments placed on a peer move; allocate a new one and copy", r.ID, errs.ErrNotSupported, self)
 	case r.Lost:
@@ -333,13 +336,19 @@ type mover struct {
 	// The data-plane connections and regions of the copy.
 	srcConn, dstConn rdma.Conn
 	srcReg, dstReg   rdma.Region
+	// local is this node's mapping of the segment when one end of the
+	// copy is a load/store tier here (tiermove.go), and localKind how the
+	// copy reaches the other end: OpWrite to the target, OpRead from the
+	// source.
+	local     []byte
+	localKind rdma.OpKind
 }
 
 // run allocates the target, copies, and switches over; on a failure before
 // the switch-over it leaves the segment at the source and frees the target.
 func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	p, r := m.p, m.rec
-	m.res.from, m.res.rec = r.Home, r
+	m.res.from, m.res.rec, m.res.fromTier = r.Home, r, r.Tier
 	defer func() {
 		res = m.res
 		res.bytes = m.copied.Load()
@@ -548,6 +557,9 @@ func (m *mover) settle(ctx context.Context) ([]byte, error) {
 // spans of at most moveRead bytes, in batches (copyBatch), moveInflight
 // batches at a time; the first failure ends it.
 func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
+	if m.local != nil {
+		return m.copyLocal(ctx, bitmap)
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	work := make(chan [][2]int64)
@@ -756,7 +768,7 @@ func (p *core) resolve(ctx context.Context, in intent) error {
 		in.undoing = true // the target's copy is an orphan now
 		p.moving.set(in)
 		p.freeLaterAt(in.To, in.ToID)
-	case !in.Switched:
+	case !in.Switched && in.To != p.cfg.Node: // a promotion's target is this node's memory, freed by the mover
 		// The target's allocation may have happened, unrecorded: the
 		// target is asked what it holds for this node, and frees what no
 		// record names (reconcile; the intent makes it ask).

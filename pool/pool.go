@@ -59,6 +59,9 @@ type core struct {
 	// leftMoves those the last run left, until Serve resumes them.
 	moving    moves
 	leftMoves []intent
+	// mappers are the clients that map each load/store segment, by its
+	// id (mappers.go); under mu.
+	mappers map[uint64]map[string]bool
 
 	mu sync.Mutex
 	// devs are the devices placements go to, in the order tried. The
@@ -261,6 +264,7 @@ func (p *core) restore(r *record) {
 	if r.Owner != "" && p.clients[r.Owner] == nil {
 		p.clients[r.Owner] = &client{id: r.Owner, expires: p.now().Add(p.cfg.LeaseTTL + restartGrace)}
 	}
+	p.presumeMapped(r)
 }
 
 // reexport registers a restored rdma segment under the key its owner holds.

@@ -94,6 +94,7 @@ func (p *core) freeLocked(r *record, reason string) error {
 // data plane fences it, its backing goes and its extent is free again.
 func (p *core) release(r *record, reason string) {
 	p.usage.sub(r)
+	delete(p.mappers, r.ID)
 	if r.Home != "" {
 		p.peers.freeLater(r.Home, r.HomeID)
 	} else if !r.Key.IsZero() && p.dp != nil {
@@ -227,6 +228,9 @@ func (p *core) Backing(c caller, id uint64) (device.Backing, error) {
 	if r.Lost {
 		return device.Backing{}, fmt.Errorf("segment %d on %s: %w", id, r.Device, errs.ErrSegmentLost)
 	}
+	if p.moving.has(id) {
+		return device.Backing{}, fmt.Errorf("segment %d: %w; map it once the move ends", id, errMoveBusy)
+	}
 	d := p.device(r.Device)
 	if d == nil { // it went away between placement and commit (hotplug.go)
 		r.Lost = true
@@ -248,5 +252,8 @@ func (p *core) Backing(c caller, id uint64) (device.Backing, error) {
 		return device.Backing{}, err
 	}
 	b.Length = r.Size
+	if c.client != nil {
+		p.noteMapped(id, c.client.id)
+	}
 	return b, nil
 }

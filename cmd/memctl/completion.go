@@ -48,7 +48,7 @@ func addCompletions(root *cobra.Command, g *globals) {
 			c.RegisterFlagCompletionFunc("to", func(c *cobra.Command, _ []string, s string) ([]string, cobra.ShellCompDirective) {
 				return g.completeNodes(c, nil, s)
 			})
-			c.RegisterFlagCompletionFunc("tier", fixedCompletions(tier.Name(poolv1.Tier_TIER_RDMA)))
+			c.RegisterFlagCompletionFunc("tier", fixedCompletions(tier.Name(poolv1.Tier_TIER_RDMA), tier.Name(poolv1.Tier_TIER_CXL), tier.Name(poolv1.Tier_TIER_LOCAL)))
 		}
 	}
 }

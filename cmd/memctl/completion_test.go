@@ -88,7 +88,7 @@ func TestDynamicCompletions(t *testing.T) {
 		{"nodes to drain", []string{"--socket", s, "drain", ""}, []string{"test-node"}},
 		{"segments to move", []string{"--socket", s, "move", ""}, []string{"cache", "2"}},
 		{"nodes to move to", []string{"--socket", s, "move", "cache", "--to", ""}, []string{"test-node"}},
-		{"the tier to move to", []string{"--socket", s, "move", "cache", "--tier", ""}, []string{"rdma"}},
+		{"the tier to move to", []string{"--socket", s, "move", "cache", "--tier", ""}, []string{"rdma", "cxl", "local"}},
 		{"no daemon: no suggestions", []string{"--socket", pooltest.SocketPath(t), "free", ""}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -40,6 +40,13 @@ var (
 // too: no tier the caller accepts can take the request.
 var ErrOverBudget = Sub(ErrNoCapacity, "over budget: no tier meets the read latency or bandwidth asked for; relax the budget, or run where a faster tier exists")
 
+// ErrInUse: a segment cannot change its tier while other clients use it
+// in a way the change would break: a load/store segment mapped by another
+// client (its mapping would keep the old memory), or an rdma segment that
+// clients other than the mover may reach. The message names the clients
+// and how they let go of it. errors.Is(err, ErrInvalid) is true for it too.
+var ErrInUse = Sub(ErrInvalid, "in use: other clients hold the segment; they release it (alloc.Segment.Close) before it changes tier")
+
 // ErrIndeterminate: a write or atomic may or may not have taken effect, and
 // retrying it could apply it twice: the connection broke after the request
 // was sent and the home no longer remembers the answer (it restarted, or the

@@ -29,6 +29,7 @@ var table = []struct {
 	{ErrLeaseExpired, codes.FailedPrecondition, "LEASE_EXPIRED"},
 	{ErrClosed, codes.Canceled, "CLOSED"},
 	{ErrSegmentLost, codes.DataLoss, "SEGMENT_LOST"},
+	{ErrInUse, codes.FailedPrecondition, "IN_USE"},
 	{ErrInvalid, codes.InvalidArgument, "INVALID"},
 	{ErrExists, codes.AlreadyExists, "EXISTS"},
 	{ErrUnaligned, codes.InvalidArgument, "UNALIGNED"},

@@ -21,6 +21,8 @@
 //	2 ALLOC  request: an AllocRequest proto   reply: a Segment proto, and the
 //	                                          descriptor unless it is an rdma segment
 //	3 FREE   request: segment id u64          reply: nothing
+//	4 RELEASE request: segment id u64         reply: nothing; the client
+//	                                          no longer maps the segment
 //
 // Integers are big-endian. A response is sent with one sendmsg, so the
 // descriptor arrives with its first byte. Sessions are at most 256 bytes,

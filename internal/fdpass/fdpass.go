@@ -33,6 +33,11 @@ const (
 	OpAlloc Op = 2
 	// OpFree frees a segment.
 	OpFree Op = 3
+	// OpRelease tells the daemon that the client no longer maps a segment
+	// it got the descriptor of (it closed the segment, or moves it to
+	// another tier): the daemon counts who maps each segment, and moves a
+	// load/store segment only when no other client does.
+	OpRelease Op = 4
 )
 
 // MapsMemory reports whether a successful reply to op carries a descriptor.
@@ -45,7 +50,7 @@ var ErrProtocol = errors.New("fdpass: malformed message")
 type Request struct {
 	Op      Op
 	Session string
-	// Segment is the segment of OpGet and OpFree.
+	// Segment is the segment of OpGet, OpFree and OpRelease.
 	Segment uint64
 	// Body is OpAlloc's AllocRequest proto.
 	Body []byte
@@ -68,7 +73,7 @@ func AppendRequest(b []byte, r Request) ([]byte, error) {
 	}
 	body := r.Body
 	switch r.Op {
-	case OpGet, OpFree:
+	case OpGet, OpFree, OpRelease:
 		body = binary.BigEndian.AppendUint64(nil, r.Segment)
 	case OpAlloc:
 		if len(body) > MaxBody {
@@ -105,7 +110,7 @@ func ReadRequest(r io.Reader) (Request, error) {
 	req.Session = string(buf[:n])
 	bl := binary.BigEndian.Uint32(buf[n:])
 	switch req.Op {
-	case OpGet, OpFree:
+	case OpGet, OpFree, OpRelease:
 		if bl != 8 {
 			return Request{}, fmt.Errorf("%w: op %d with a %d-byte body, want 8", ErrProtocol, req.Op, bl)
 		}

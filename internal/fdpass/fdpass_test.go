@@ -67,7 +67,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encodeResponse(nil, 1, 2, nil))
 	f.Add(encodeResponse(errs.ErrNotFound, 0, 0, nil))
 	f.Add(encodeResponse(nil, 0, 4096, []byte("segment proto")))
-	for _, r := range []Request{{Op: OpGet, Session: "abc", Segment: 1}, {Op: OpAlloc, Session: "s", Body: []byte{8, 1}}, {Op: OpFree, Segment: 3}} {
+	for _, r := range []Request{{Op: OpGet, Session: "abc", Segment: 1}, {Op: OpAlloc, Session: "s", Body: []byte{8, 1}}, {Op: OpFree, Segment: 3}, {Op: OpRelease, Session: "s", Segment: 9}} {
 		req, _ := AppendRequest(nil, r)
 		f.Add(req)
 	}

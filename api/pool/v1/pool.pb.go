@@ -4321,12 +4321,16 @@ func (x *MoveRequest) GetHomeId() uint64 {
 }
 
 type MoveResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Segment       *Segment               `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`                             // the segment where it is now
-	FromNode      string                 `protobuf:"bytes,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`           // its home before the move
-	BytesCopied   uint64                 `protobuf:"varint,3,opt,name=bytes_copied,json=bytesCopied,proto3" json:"bytes_copied,omitempty"` // bytes copied, the re-copied dirty chunks included
-	Rounds        uint32                 `protobuf:"varint,4,opt,name=rounds,proto3" json:"rounds,omitempty"`                              // copy rounds before the switch-over
-	PauseUs       int64                  `protobuf:"varint,5,opt,name=pause_us,json=pauseUs,proto3" json:"pause_us,omitempty"`             // how long writes waited for the switch-over
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Segment     *Segment               `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`                             // the segment where it is now
+	FromNode    string                 `protobuf:"bytes,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`           // its home before the move
+	BytesCopied uint64                 `protobuf:"varint,3,opt,name=bytes_copied,json=bytesCopied,proto3" json:"bytes_copied,omitempty"` // bytes copied, the re-copied dirty chunks included
+	Rounds      uint32                 `protobuf:"varint,4,opt,name=rounds,proto3" json:"rounds,omitempty"`                              // copy rounds before the switch-over
+	PauseUs     int64                  `protobuf:"varint,5,opt,name=pause_us,json=pauseUs,proto3" json:"pause_us,omitempty"`             // how long writes waited for the switch-over
+	// The segment's tier before the move; its tier now is segment.tier. A
+	// move between a load/store tier and rdma changes it (a demotion's
+	// pause_us is the whole copy: the segment is mapped by nobody meanwhile).
+	FromTier      Tier `protobuf:"varint,6,opt,name=from_tier,json=fromTier,proto3,enum=farmem.pool.v1.Tier" json:"from_tier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4394,6 +4398,13 @@ func (x *MoveResponse) GetPauseUs() int64 {
 		return x.PauseUs
 	}
 	return 0
+}
+
+func (x *MoveResponse) GetFromTier() Tier {
+	if x != nil {
+		return x.FromTier
+	}
+	return Tier_TIER_UNSPECIFIED
 }
 
 type MoveOutRequest struct {
@@ -4995,13 +5006,14 @@ const file_pool_proto_rawDesc = "" +
 	"\ato_node\x18\x03 \x01(\tR\x06toNode\x12-\n" +
 	"\ato_tier\x18\x04 \x01(\x0e2\x14.farmem.pool.v1.TierR\x06toTier\x12\x12\n" +
 	"\x04home\x18\x05 \x01(\tR\x04home\x12\x17\n" +
-	"\ahome_id\x18\x06 \x01(\x04R\x06homeId\"\xb4\x01\n" +
+	"\ahome_id\x18\x06 \x01(\x04R\x06homeId\"\xe7\x01\n" +
 	"\fMoveResponse\x121\n" +
 	"\asegment\x18\x01 \x01(\v2\x17.farmem.pool.v1.SegmentR\asegment\x12\x1b\n" +
 	"\tfrom_node\x18\x02 \x01(\tR\bfromNode\x12!\n" +
 	"\fbytes_copied\x18\x03 \x01(\x04R\vbytesCopied\x12\x16\n" +
 	"\x06rounds\x18\x04 \x01(\rR\x06rounds\x12\x19\n" +
-	"\bpause_us\x18\x05 \x01(\x03R\apauseUs\"s\n" +
+	"\bpause_us\x18\x05 \x01(\x03R\apauseUs\x121\n" +
+	"\tfrom_tier\x18\x06 \x01(\x0e2\x14.farmem.pool.v1.TierR\bfromTier\"s\n" +
 	"\x0eMoveOutRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x122\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x1c.farmem.pool.v1.MoveOutPhaseR\x05phase\x12\x14\n" +
@@ -5201,50 +5213,51 @@ var file_pool_proto_depIdxs = []int32{
 	50, // 44: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
 	0,  // 45: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
 	23, // 46: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
-	5,  // 47: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
-	6,  // 48: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
-	16, // 49: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
-	7,  // 50: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	14, // 51: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	17, // 52: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	19, // 53: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	20, // 54: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	22, // 55: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	25, // 56: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	31, // 57: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	37, // 58: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	43, // 59: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	30, // 60: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	46, // 61: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	48, // 62: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	51, // 63: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	53, // 64: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	55, // 65: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
-	57, // 66: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
-	58, // 67: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
-	10, // 68: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	23, // 69: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	18, // 70: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	23, // 71: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	21, // 72: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	23, // 73: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	26, // 74: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	32, // 75: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	42, // 76: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	44, // 77: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	26, // 78: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	47, // 79: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	49, // 80: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	52, // 81: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	54, // 82: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	56, // 83: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	60, // 84: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	59, // 85: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
-	68, // [68:86] is the sub-list for method output_type
-	50, // [50:68] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	0,  // 47: farmem.pool.v1.MoveResponse.from_tier:type_name -> farmem.pool.v1.Tier
+	5,  // 48: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
+	6,  // 49: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
+	16, // 50: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
+	7,  // 51: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	14, // 52: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	17, // 53: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	19, // 54: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	20, // 55: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	22, // 56: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	25, // 57: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	31, // 58: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	37, // 59: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	43, // 60: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	30, // 61: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	46, // 62: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	48, // 63: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	51, // 64: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	53, // 65: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	55, // 66: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
+	57, // 67: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
+	58, // 68: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
+	10, // 69: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	23, // 70: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	18, // 71: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	23, // 72: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	21, // 73: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	23, // 74: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	26, // 75: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	32, // 76: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	42, // 77: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	44, // 78: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	26, // 79: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	47, // 80: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	49, // 81: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	52, // 82: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	54, // 83: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	56, // 84: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	60, // 85: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	59, // 86: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
+	69, // [69:87] is the sub-list for method output_type
+	51, // [51:69] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
