@@ -14,8 +14,6 @@ import (
 	"fmt"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/device"
 	"github.com/farmem/farmem/internal/errs"
@@ -84,11 +82,16 @@ func (p *core) demote(ctx context.Context, c caller, r record, req *poolv1.MoveR
 	case p.cl == nil:
 		return res, fmt.Errorf("move segment %d to the rdma tier: %w: this daemon places rdma segments on peers and gossips with nobody (start it with --join)", r.ID, errs.ErrNoCapacity)
 	}
+	mp, err := p.mapLocal(d, r)
+	if err != nil {
+		return res, err
+	}
+	defer mp.Close()
 	to, dst, err := p.moveTarget(ctx, req.ToNode, r)
 	if err != nil {
 		return res, fmt.Errorf("move segment %d to the rdma tier: %w", r.ID, err)
 	}
-	m := &mover{p: p, rec: r, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), localKind: rdma.OpWrite}
+	m := &mover{p: p, rec: r, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), local: mp.Bytes()[:r.Size], localKind: rdma.OpWrite}
 	m.in = intent{ID: r.ID, To: to}
 	p.moving.set(m.in)
 	defer func() { res.bytes = m.copied.Load() }()
@@ -109,17 +112,6 @@ func (p *core) demote(ctx context.Context, c caller, r record, req *poolv1.MoveR
 	}
 	defer m.dstConn.Close()
 	m.dstReg = regionOf(seg)
-	b, err := d.Open(r.ID, r.Offset, r.Extent)
-	if err != nil {
-		return res, fmt.Errorf("move segment %d: open its memory on %s: %w", r.ID, r.Device, err)
-	}
-	mp, err := device.Map(b)
-	b.File.Close()
-	if err != nil {
-		return res, fmt.Errorf("move segment %d: map its memory on %s: %w", r.ID, r.Device, err)
-	}
-	defer mp.Close()
-	m.local = mp.Bytes()[:r.Size]
 	began := time.Now()
 	if err := m.copyAll(ctx); err != nil {
 		return res, err
@@ -132,10 +124,39 @@ func (p *core) demote(ctx context.Context, c caller, r record, req *poolv1.MoveR
 		return res, err
 	}
 	mp.Close() // before the extent goes
+	p.mu.Lock()
 	p.freeExtent(d, r)
+	p.mu.Unlock()
 	res.rec, res.rounds, res.pause = next, 1, time.Since(began)
 	m.syncAttachers(next.Attached, seg.Id)
 	return res, nil
+}
+
+// errFreedMoving is the failure of a tier move of segment id that was
+// freed meanwhile.
+func errFreedMoving(id uint64) error {
+	return fmt.Errorf("move segment %d: %w: it was freed during the move, which was undone", id, errs.ErrNotFound)
+}
+
+// mapLocal maps r's memory on d for the copy of its demotion.
+func (p *core) mapLocal(d *dev, r record) (*device.Mapping, error) {
+	b, err := d.Open(r.ID, r.Offset, r.Extent)
+	if err == nil {
+		var mp *device.Mapping
+		mp, err = device.Map(b)
+		b.File.Close()
+		if err == nil {
+			return mp, nil
+		}
+	}
+	p.mu.Lock()
+	cur, ok := p.segs[r.ID]
+	freed := !ok || cur.Device != r.Device || cur.Offset != r.Offset
+	p.mu.Unlock()
+	if freed {
+		return nil, errFreedMoving(r.ID)
+	}
+	return nil, fmt.Errorf("move segment %d: map its memory on %s: %w", r.ID, r.Device, err)
 }
 
 // promote moves an rdma segment from its home on a peer into this host's
@@ -175,14 +196,12 @@ func (p *core) promote(ctx context.Context, c caller, r record, req *poolv1.Move
 	defer func() { res.bytes = m.copied.Load() }()
 	if err := p.st.putIntent(m.in); err != nil {
 		p.moving.end(r.ID)
-		mp.Close()
-		p.freeExtent(d, record{ID: r.ID, Offset: off, Extent: length})
+		p.dropExtent(d, mp, r.ID, off, length)
 		return res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)
 	}
 	defer func() {
 		if err != nil {
-			mp.Close()
-			p.freeExtent(d, record{ID: r.ID, Offset: off, Extent: length})
+			p.dropExtent(d, mp, r.ID, off, length)
 			p.abortMove(m.in, err)
 		}
 	}()
@@ -285,7 +304,17 @@ func (p *core) reserveFor(c caller, t poolv1.Tier, r record) (*dev, int64, int64
 	return nil, 0, 0, nil, fmt.Errorf("%w for %d bytes on this node (%s): %v", errs.ErrNoCapacity, r.Size, p.cfg.Node, tried)
 }
 
-// freeExtent removes the backing of r's extent on d and frees the extent.
+// dropExtent unmaps and frees the extent a promotion reserved for segment
+// id and did not use.
+func (p *core) dropExtent(d *dev, mp *device.Mapping, id uint64, off, length int64) {
+	mp.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.freeExtent(d, record{ID: id, Offset: off, Extent: length})
+}
+
+// freeExtent removes the backing of r's extent on d and frees the extent;
+// p.mu is held.
 func (p *core) freeExtent(d *dev, r record) {
 	if err := d.Remove(r.ID, r.Offset, r.Extent); err != nil {
 		p.log.Warn("remove the backing a tier move left", "segment", r.ID, "device", d.Name(), "err", err)
@@ -295,23 +324,29 @@ func (p *core) freeExtent(d *dev, r record) {
 	}
 }
 
-// switchTier commits r's record as change makes it, in one commit with the
-// removal of the move intent of segment intentID when one is given: the
-// switch-over of a tier move. The record must still be the segment as it
-// was (else it was freed during the move: ErrNotFound); it stays in the
-// store file it was in (its volatility is its own). It returns the record
-// committed.
+// switchTier commits r's record as change makes it, the switch-over of a
+// tier move, and then removes the move intent of segment intentID when one
+// is given (a restart that finds the intent still asks the old home to
+// unseal what no record names any more, which its reconcile with this node
+// then frees). The record must still be the segment as it was (else it
+// was freed during the move: ErrNotFound); it stays in the store file it
+// was in (its volatility is its own). It returns the record committed.
 func (p *core) switchTier(r record, change func(*record), intentID ...uint64) (record, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cur, ok := p.segs[r.ID]
 	if !ok || cur.Tier != r.Tier || cur.Device != r.Device || cur.Offset != r.Offset || cur.Home != r.Home || cur.HomeID != r.HomeID {
-		return record{}, fmt.Errorf("move segment %d: %w: it was freed during the move, which was undone", r.ID, errs.ErrNotFound)
+		return record{}, errFreedMoving(r.ID)
 	}
 	next := *cur
 	change(&next)
-	if err := p.st.putDropIntent(&next, intentID...); err != nil {
+	if err := p.st.put(&next); err != nil {
 		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", r.ID, err)
+	}
+	for _, id := range intentID {
+		if err := p.st.deleteIntent(id); err != nil {
+			p.log.Warn("tier move: remove its intent; a restart finishes it", "segment", r.ID, "err", err)
+		}
 	}
 	p.usage.sub(cur)
 	*cur = next
@@ -386,29 +421,3 @@ func (m *mover) copyLocal(ctx context.Context, bitmap []byte) error {
 	return flush()
 }
 
-// putDropIntent commits r and, in the same transaction, removes the move
-// intents of the ids given; an intent lives in the fsynced file, so r's
-// record must be there too when any is given.
-func (s *store) putDropIntent(r *record, intentIDs ...uint64) error {
-	if len(intentIDs) == 0 {
-		return s.put(r)
-	}
-	if s.fileFor(r) != s.storeFile {
-		return fmt.Errorf("segment %d: %w: the record of a segment that moves with an intent must be in %s", r.ID, errs.ErrInvalid, s.path)
-	}
-	v, err := encodeRecord(r)
-	if err != nil {
-		return err
-	}
-	return s.update(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(bucketSegments).Put(idKey(r.ID), v); err != nil {
-			return err
-		}
-		for _, id := range intentIDs {
-			if err := tx.Bucket(bucketMeta).Delete(intentKey(id)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}, true)
-}

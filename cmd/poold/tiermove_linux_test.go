@@ -1,0 +1,267 @@
+package main
+
+import (
+	"encoding/binary"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/alloc"
+)
+
+// TestTierMoveDemoteAndPromote: on real poolds (a, whose clients' rdma
+// segments live on the lenders b and c), a 4 MiB segment on a's local and
+// on its (emulated) cxl tier moves to the rdma tier with Client.Move:
+// refused with ErrInUse, nothing changed, while another client maps it;
+// after that client's Close it moves, keeps its bytes, and its owner goes
+// on with ReadAt, WriteAt and atomics at the new home (Bytes says remote).
+// Then it moves back to its tier while a writer writes and adds all
+// along: every acknowledged write and add is there, the segment is mapped
+// again, and the lenders hold nothing any more.
+func TestTierMoveDemoteAndPromote(t *testing.T) {
+	mc := startMoveCluster(t, "32MiB")
+	ctx := t.Context()
+	for _, tier := range []alloc.Tier{alloc.TierLocal, alloc.TierCXL} {
+		t.Run(tier.String(), func(t *testing.T) {
+			name := "tiered-" + tier.String()
+			c := mc.client(t, "tier-app-"+tier.String())
+			seg, err := c.Alloc(ctx, 4<<20, alloc.WithTier(tier), alloc.WithName(name))
+			require.NoError(t, err)
+			want := tierBytes(4 << 20)
+			_, err = seg.WriteAt(want, 0)
+			require.NoError(t, err)
+
+			other := mc.client(t, "tier-other-"+tier.String())
+			att, err := other.Attach(ctx, name)
+			require.NoError(t, err)
+			_, mapped := att.Bytes()
+			require.True(t, mapped, "the other client maps it")
+			err = c.Move(ctx, seg, alloc.ToTier(alloc.TierRDMA))
+			require.ErrorIs(t, err, alloc.ErrInUse)
+			require.ErrorIs(t, err, alloc.ErrInvalid)
+			require.ErrorContains(t, err, "tier-other-"+tier.String(), "the refusal names who maps it")
+			require.ErrorContains(t, err, "Segment.Close", "and how it lets go")
+			require.Equal(t, tier, seg.Tier(), "a refused move changes nothing")
+			mem, ok := seg.Bytes()
+			require.True(t, ok)
+			require.Equal(t, want[:64], mem[:64])
+			requireWhole(t, seg, want)
+
+			require.NoError(t, att.Close())
+			require.NoError(t, c.Move(ctx, seg, alloc.ToTier(alloc.TierRDMA)))
+			require.Equal(t, alloc.TierRDMA, seg.Tier())
+			require.Contains(t, []string{"b", "c"}, seg.Node(), "its home is a lender")
+			_, ok = seg.Bytes()
+			require.False(t, ok, "an rdma segment has no mapping")
+			requireWhole(t, seg, want)
+
+			w := startTierWriter(seg, want)
+			w.waitOps(t, 50)
+			before := w.ops.Load()
+			require.NoError(t, c.Move(ctx, seg, alloc.ToTier(tier)), "promote back under a writer")
+			during := w.ops.Load() - before
+			w.waitOps(t, 50)
+			w.stop(t)
+			require.Equal(t, tier, seg.Tier())
+			require.Equal(t, "a", seg.Node())
+			mem, ok = seg.Bytes()
+			require.True(t, ok, "mapped again")
+			require.Equal(t, want, mem, "every acknowledged write and add is there")
+			requireWhole(t, seg, want)
+			t.Logf("%s: %d writes and adds, %d while the move ran", tier, w.ops.Load(), during)
+			require.Eventually(t, func() bool {
+				return len(lentTo(t, mc, "b"))+len(lentTo(t, mc, "c")) == 0
+			}, 20*time.Second, 50*time.Millisecond, "the rdma home let the segment go")
+			require.NoError(t, seg.Free(ctx))
+		})
+	}
+}
+
+// TestTierMoveRefusals: moves between tiers that cannot be done are
+// refused with a typed error and change nothing: to a tier this host
+// lacks, between two load/store tiers, of a shared attachment; a segment
+// freed during its demotion makes the move fail with ErrNotFound and its
+// new home's copy is freed. memctl move --tier demotes and promotes a
+// segment nobody holds and says from where to where; it refuses to
+// promote one whose owner holds a session, naming it.
+func TestTierMoveRefusals(t *testing.T) {
+	mc := startMoveCluster(t, "160MiB", "--emulate-cxl", "0", "--local-size", "160MiB")
+	ctx := t.Context()
+	c := mc.client(t, "tier-refused")
+
+	rseg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA), alloc.WithName("tier-shared"))
+	require.NoError(t, err)
+	rwant := tierBytes(1 << 20)
+	_, err = rseg.WriteAt(rwant, 0)
+	require.NoError(t, err)
+	home := rseg.Node()
+	err = c.Move(ctx, rseg, alloc.ToTier(alloc.TierCXL))
+	require.ErrorIs(t, err, alloc.ErrNoCapacity, "a tier this host lacks")
+	require.ErrorContains(t, err, "emulation is disabled")
+	require.Equal(t, alloc.TierRDMA, rseg.Tier())
+	require.Equal(t, home, rseg.Node())
+	requireWhole(t, rseg, rwant)
+
+	sharer := mc.client(t, "tier-sharer")
+	shared, err := sharer.Attach(ctx, "tier-shared", alloc.Shared())
+	require.NoError(t, err)
+	require.ErrorIs(t, sharer.Move(ctx, shared, alloc.ToTier(alloc.TierLocal)), alloc.ErrInvalid, "a shared attachment")
+	require.NoError(t, shared.Close())
+
+	lseg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierLocal))
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Move(ctx, lseg, alloc.ToTier(alloc.TierCXL)), alloc.ErrNotSupported, "between load/store tiers")
+	require.Equal(t, alloc.TierLocal, lseg.Tier())
+
+	t.Run("freed during the move", func(t *testing.T) {
+		freer, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("tier-refused"))
+		require.NoError(t, err)
+		defer freer.Close()
+		for attempt := 0; ; attempt++ {
+			require.Less(t, attempt, 3, "the copy always ended before the free")
+			seg, err := c.Alloc(ctx, 128<<20, alloc.WithTier(alloc.TierLocal))
+			require.NoError(t, err)
+			before := len(lentTo(t, mc, "b")) + len(lentTo(t, mc, "c"))
+			done := make(chan error, 1)
+			go func() { done <- c.Move(ctx, seg, alloc.ToTier(alloc.TierRDMA)) }()
+			require.Eventually(t, func() bool {
+				return len(lentTo(t, mc, "b"))+len(lentTo(t, mc, "c")) > before
+			}, 20*time.Second, time.Millisecond, "the copy's home is allocated")
+			require.NoError(t, freer.FreeByID(ctx, seg.ID()))
+			err = <-done
+			if err == nil { // the copy won the race
+				require.NoError(t, seg.Free(ctx))
+				continue
+			}
+			require.ErrorIs(t, err, alloc.ErrNotFound)
+			require.ErrorContains(t, err, "freed during the move")
+			require.Eventually(t, func() bool {
+				return len(lentTo(t, mc, "b"))+len(lentTo(t, mc, "c")) == before
+			}, 20*time.Second, 50*time.Millisecond, "the copy at the new home is freed")
+			return
+		}
+	})
+
+	t.Run("memctl", func(t *testing.T) {
+		cli, err := alloc.Dial(ctx, mc.na.sock, alloc.WithClientID("tier-cli"))
+		require.NoError(t, err)
+		seg, err := cli.Alloc(ctx, 2<<20, alloc.WithTier(alloc.TierLocal), alloc.WithName("tier-cli"))
+		require.NoError(t, err)
+		want := tierBytes(2 << 20)
+		_, err = seg.WriteAt(want, 0)
+		require.NoError(t, err)
+		require.NoError(t, seg.Close(), "its owner lets go of the mapping")
+		out, errOut, ok := memctlText(t, mc.na.sock, "move", "tier-cli", "--tier", "rdma")
+		require.True(t, ok, "%s%s", out, errOut)
+		require.Regexp(t, `^moved segment tier-cli from the local tier of a to the rdma tier of [bc]: 2\.0 MiB copied in 1 rounds, operations paused .*\n$`, out)
+
+		out, errOut, ok = memctlText(t, mc.na.sock, "move", "tier-cli", "--tier", "local")
+		require.False(t, ok, "refused while its owner holds a session: %s", out)
+		require.Contains(t, errOut, "in use")
+		require.Contains(t, errOut, "tier-cli")
+		require.NoError(t, cli.Close())
+		out, errOut, ok = memctlText(t, mc.na.sock, "move", "tier-cli", "--tier", "local")
+		require.True(t, ok, "%s%s", out, errOut)
+		require.Regexp(t, `^moved segment tier-cli from the rdma tier of [bc] to the local tier of a: 2\.0 MiB copied in \d+ rounds, operations paused .*\n$`, out)
+
+		again := mc.client(t, "tier-cli")
+		seg, err = again.Open(ctx, seg.ID())
+		require.NoError(t, err)
+		mem, ok := seg.Bytes()
+		require.True(t, ok)
+		require.Equal(t, want, mem)
+		require.NoError(t, seg.Free(ctx))
+	})
+}
+
+// tierBytes is n bytes that differ from their neighbours.
+func tierBytes(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + i>>12)
+	}
+	return b
+}
+
+// lentTo is what lender name holds for a's clients.
+func lentTo(t *testing.T, mc *moveCluster, name string) []uint64 {
+	_, n, _ := mc.lender(name)
+	ids, err := lentIDs(t, n.sock)
+	require.NoError(t, err)
+	return ids
+}
+
+// tierWriter writes 8-byte words into a slot range and adds to a counter
+// word of a segment, one call at a time, keeping want as the segment
+// should be after every acknowledged call.
+type tierWriter struct {
+	seg  *alloc.Segment
+	want []byte
+	ops  atomic.Int64
+	halt chan struct{}
+	wg   sync.WaitGroup
+	err  error
+	mu   sync.Mutex // want, err
+}
+
+const (
+	tierSlots   = 1 << 20 // the first slot's offset
+	tierCounter = 2 << 20 // the counter word's offset
+)
+
+func startTierWriter(seg *alloc.Segment, want []byte) *tierWriter {
+	w := &tierWriter{seg: seg, want: want, halt: make(chan struct{})}
+	w.wg.Go(func() {
+		var word [8]byte
+		for i := uint64(1); ; i++ {
+			select {
+			case <-w.halt:
+				return
+			default:
+			}
+			off := int64(tierSlots + 8*(i%512))
+			binary.LittleEndian.PutUint64(word[:], i)
+			var err error
+			if i%2 == 0 {
+				_, err = w.seg.WriteAt(word[:], off)
+			} else {
+				var n uint64
+				n, err = w.seg.Add64(tierCounter, 1)
+				binary.LittleEndian.PutUint64(word[:], n)
+				off = tierCounter
+			}
+			w.mu.Lock()
+			if err != nil {
+				w.err = err
+				w.mu.Unlock()
+				return
+			}
+			copy(w.want[off:], word[:])
+			w.mu.Unlock()
+			w.ops.Add(1)
+		}
+	})
+	return w
+}
+
+// waitOps waits until the writer acknowledged n more calls.
+func (w *tierWriter) waitOps(t *testing.T, n int64) {
+	t.Helper()
+	from := w.ops.Load()
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.err != nil || w.ops.Load() >= from+n
+	}, 20*time.Second, time.Millisecond)
+}
+
+// stop ends the writer and fails the test if a call failed.
+func (w *tierWriter) stop(t *testing.T) {
+	t.Helper()
+	close(w.halt)
+	w.wg.Wait()
+	require.NoError(t, w.err, "every write and add succeeded across the move")
+}
