@@ -108,17 +108,22 @@ func (s *store) deleteIntent(id uint64) error {
 
 // switchMove commits the switch-over of a move in one transaction: the
 // record that names the target, and the intent marked switched (the source
-// is still to let the segment go). r is a record of a segment on a peer,
-// which segments.db holds.
+// is still to let the segment go). The record of a segment demoted from
+// this host's volatile memory is in the volatile file: it is committed
+// first, then the intent; a restart in between finds the record naming
+// the target, which is what switched means (loadMoves).
 func (s *store) switchMove(r *record, in intent) error {
+	in.Switched = true
 	if s.fileFor(r) != s.storeFile {
-		return fmt.Errorf("segment %d: %w: a moved segment's record must be in %s", r.ID, errs.ErrInvalid, s.path)
+		if err := s.put(r); err != nil {
+			return err
+		}
+		return s.putIntent(in)
 	}
 	v, err := encodeRecord(r)
 	if err != nil {
 		return err
 	}
-	in.Switched = true
 	iv := encodeIntent(in)
 	return s.update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketSegments).Put(idKey(r.ID), v); err != nil {

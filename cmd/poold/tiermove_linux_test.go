@@ -34,8 +34,8 @@ func TestTierMoveDemoteAndPromote(t *testing.T) {
 			_, err = seg.WriteAt(want, 0)
 			require.NoError(t, err)
 
-			other := mc.client(t, "tier-other-"+tier.String())
-			att, err := other.Attach(ctx, name)
+			holder := mc.client(t, "tier-other-"+tier.String())
+			att, err := holder.Attach(ctx, name)
 			require.NoError(t, err)
 			_, mapped := att.Bytes()
 			require.True(t, mapped, "the other client maps it")
@@ -56,6 +56,10 @@ func TestTierMoveDemoteAndPromote(t *testing.T) {
 			require.Contains(t, []string{"b", "c"}, seg.Node(), "its home is a lender")
 			_, ok = seg.Bytes()
 			require.False(t, ok, "an rdma segment has no mapping")
+			requireWhole(t, seg, want)
+			from := seg.Node()
+			require.NoError(t, c.Move(ctx, seg, alloc.ToNode(other(from))), "a demoted segment moves on within the rdma tier")
+			require.Equal(t, other(from), seg.Node())
 			requireWhole(t, seg, want)
 
 			w := startTierWriter(seg, want)
