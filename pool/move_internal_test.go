@@ -153,9 +153,6 @@ func TestMoveIntents(t *testing.T) {
 	require.NoError(t, err)
 	in7.Switched = true
 	require.Equal(t, []intent{in7, in8}, ins)
-	volatile := *r
-	volatile.Volatile = true
-	require.ErrorIs(t, p.st.switchMove(&volatile, in7), errs.ErrInvalid, "a volatile record is no peer's")
 	require.NoError(t, p.close())
 
 	p = newTestPool(t, cfg)
@@ -243,8 +240,10 @@ func TestMoveSubject(t *testing.T) {
 		{"unknown at its home", as("poold/b"), &poolv1.MoveRequest{Home: "b", HomeId: 51}, errs.ErrNotFound},
 		{"unknown", admin(), &poolv1.MoveRequest{Id: 99}, errs.ErrNotFound},
 		{"nothing named", admin(), &poolv1.MoveRequest{}, errs.ErrInvalid},
-		{"to the cxl tier", admin(), &poolv1.MoveRequest{Id: 5, ToTier: poolv1.Tier_TIER_CXL}, errs.ErrInvalid},
+		{"to the cxl tier", admin(), &poolv1.MoveRequest{Id: 5, ToTier: poolv1.Tier_TIER_CXL}, nil},
+		{"to an unknown tier", admin(), &poolv1.MoveRequest{Id: 5, ToTier: 9}, errs.ErrInvalid},
 		{"a cxl segment", admin(), &poolv1.MoveRequest{Id: cxl.ID}, errs.ErrInvalid},
+		{"a cxl segment to the local tier", admin(), &poolv1.MoveRequest{Id: cxl.ID, ToTier: poolv1.Tier_TIER_LOCAL}, errs.ErrNotSupported},
 		{"a lost segment", admin(), &poolv1.MoveRequest{Id: 6}, errs.ErrSegmentLost},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
