@@ -306,7 +306,7 @@ func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao 
 // track adds a segment to those the client closes, with the latency
 // emulation of its tier.
 func (c *Client) track(s *Segment) (*Segment, error) {
-	s.be.Store(&backendRef{withEmulation(s.backend(), c.injected(s.info.Tier, s.info.Injected))})
+	s.setBackend(withEmulation(s.backend(), c.injected(s.info.Tier, s.info.Injected)))
 	if err := c.register(s); err != nil {
 		return nil, err
 	}

@@ -29,31 +29,36 @@ type Segment struct {
 	info *poolv1.Segment // immutable: the segment as opened
 	size int64           // info.Size, beside be for the range checks
 	// be is how the bytes are reached; replaced only by a move to another
-	// tier, while no call has it pinned.
-	be atomic.Pointer[backendRef]
+	// tier, while no call has it pinned. A call that pins it reads pinned,
+	// the same backend, which costs no atomic load; the others load be.
+	be     atomic.Pointer[backendRef]
+	pinned backend
 	// desc is the segment as it is now: its tier, kind and device change
 	// with a move to another tier.
 	desc atomic.Pointer[poolv1.Segment]
 	// state is segOpen, segSwitching (a move to another tier replaces be;
-	// calls wait) or segClosed in its low bits (stateMask), above them
-	// how many switches began: ReadAt and WriteAt run again when it
-	// changed while they ran (see ReadAt). pins counts the calls that have
-	// be pinned (use).
+	// calls wait) or segClosed in its low bits (stateMask); above them, to
+	// switchMask, how many switches began: ReadAt and WriteAt run again
+	// when it changed while they ran (see ReadAt); in the high 32 bits how
+	// many calls have be pinned (use), so that one atomic add both pins
+	// and reads the state.
 	state atomic.Uint64
-	pins  atomic.Int64
 	// switching is closed when the tier switch under way ends; nil when
 	// none is.
 	switching atomic.Pointer[chan struct{}]
 }
 
-// The states of a Segment (Segment.state&stateMask), and the unit of its
-// switch count.
+// The states of a Segment (Segment.state&stateMask), the unit of its
+// switch count, the bits of both, and the unit of its pins.
 const (
 	segOpen uint64 = iota
 	segSwitching
 	segClosed
 	stateMask   = 3
 	switchCount = 4
+	switchMask  = 1<<32 - 1
+	pin         = 1 << 32
+	unpin       = ^uint64(pin - 1) // -pin
 )
 
 // closedNow reports whether the segment was closed or freed.
@@ -65,9 +70,16 @@ type backendRef struct{ backend }
 // newSegment is the segment info describes, reached through be.
 func (c *Client) newSegment(info *poolv1.Segment, be backend) *Segment {
 	s := &Segment{c: c, info: info, size: info.Size}
-	s.be.Store(&backendRef{be})
+	s.setBackend(be)
 	s.desc.Store(info)
 	return s
+}
+
+// setBackend makes be the segment's backend: when it is new, or while no
+// call has the old one pinned (Segment.hold).
+func (s *Segment) setBackend(be backend) {
+	s.pinned = be
+	s.be.Store(&backendRef{be})
 }
 
 // backend is the segment's backend now, not pinned: for a look at what
@@ -80,12 +92,11 @@ func (s *Segment) backend() backend { return s.be.Load().backend }
 // segment has left.
 func (s *Segment) use() (backend, error) {
 	for {
-		s.pins.Add(1)
-		st := s.state.Load() & stateMask
+		st := s.state.Add(pin) & stateMask
 		if st == segOpen {
-			return s.be.Load().backend, nil
+			return s.pinned, nil
 		}
-		s.pins.Add(-1)
+		s.state.Add(unpin)
 		if st == segClosed {
 			return nil, s.errClosed()
 		}
@@ -94,7 +105,25 @@ func (s *Segment) use() (backend, error) {
 }
 
 // done unpins the backend a call pinned with use.
-func (s *Segment) done() { s.pins.Add(-1) }
+func (s *Segment) done() { s.state.Add(unpin) }
+
+// setState moves the segment to state st, raising the switch count with
+// raise, when it is in state from; false when it is not.
+func (s *Segment) setState(from, st uint64, raise bool) bool {
+	for {
+		v := s.state.Load()
+		if v&stateMask != from {
+			return false
+		}
+		next := v&^stateMask | st
+		if raise {
+			next = v&^switchMask | (v+switchCount)&switchMask&^stateMask | st
+		}
+		if s.state.CompareAndSwap(v, next) {
+			return true
+		}
+	}
+}
 
 // again reports whether a call that failed with err runs again: its
 // backend refused it, not applied, because the segment moved to another
@@ -188,7 +217,7 @@ func (s *Segment) ReadAt(p []byte, off int64) (int, error) {
 		return 0, fmt.Errorf("read at %d of segment %d (size %d): %w", off, s.info.Id, s.size, ErrOutOfRange)
 	}
 	n, err := readAt(s.be.Load().backend, p, off, s.size)
-	if s.state.Load() != v || err != nil && s.again(err) {
+	if (s.state.Load()^v)&switchMask != 0 || err != nil && s.again(err) {
 		return s.ReadAt(p, off)
 	}
 	return n, err
@@ -237,7 +266,7 @@ func (s *Segment) WriteAt(p []byte, off int64) (int, error) {
 	default:
 		n, err = b.writeAt(p, off)
 	}
-	if s.state.Load() != v || err != nil && s.again(err) {
+	if (s.state.Load()^v)&switchMask != 0 || err != nil && s.again(err) {
 		// A move to another tier began: the bytes may have landed in
 		// memory the segment left, and go to where it is now. Or the
 		// home refused a frame, not applied, as the segment moved: the
@@ -251,56 +280,80 @@ func (s *Segment) WriteAt(p []byte, off int64) (int, error) {
 // word checks an atomic's offset and pins the backend for it (done
 // unpins it).
 func (s *Segment) word(off int64) (backend, error) {
+	be, err := s.use() // first: a closed segment is ErrClosed whatever off is
 	switch {
-	case s.closedNow():
-		return nil, s.errClosed()
+	case err != nil:
+		return nil, err
 	case off < 0 || off > s.size-8:
-		return nil, fmt.Errorf("atomic at %d of segment %d (size %d): %w", off, s.info.Id, s.size, ErrOutOfRange)
+		err = fmt.Errorf("atomic at %d of segment %d (size %d): %w", off, s.info.Id, s.size, ErrOutOfRange)
 	case off%8 != 0:
-		return nil, fmt.Errorf("atomic at %d of segment %d: %w", off, s.info.Id, ErrUnaligned)
+		err = fmt.Errorf("atomic at %d of segment %d: %w", off, s.info.Id, ErrUnaligned)
+	default:
+		return be, nil
 	}
-	return s.use()
-}
-
-// atomic64 runs one atomic at off on the pinned backend, and again on the
-// new one when the segment changed tier under it (the refused atomic was
-// not applied).
-func atomic64[T any](s *Segment, off int64, op func(backend) (T, error)) (T, error) {
-	for {
-		be, err := s.word(off)
-		if err != nil {
-			var zero T
-			return zero, err
-		}
-		v, err := op(be)
-		s.done()
-		if err == nil || !s.again(err) {
-			return v, err
-		}
-	}
+	s.done()
+	return nil, err
 }
 
 // Load64 atomically loads the 8-byte word at off (a multiple of 8). Latency
 // emulation applies to the atomics as to ReadAt, with a size of 8 bytes.
+//
+// The atomics pin the backend (use): one that the segment's move to
+// another tier refused, not applied, runs again where it is now.
 func (s *Segment) Load64(off int64) (uint64, error) {
-	return atomic64(s, off, func(be backend) (uint64, error) { return be.load64(off) })
+	be, err := s.word(off)
+	if err != nil {
+		return 0, err
+	}
+	v, err := be.load64(off)
+	s.done()
+	if err != nil && s.again(err) {
+		return s.Load64(off)
+	}
+	return v, err
 }
 
 // Store64 atomically stores v at off (a multiple of 8).
 func (s *Segment) Store64(off int64, v uint64) error {
-	_, err := atomic64(s, off, func(be backend) (struct{}, error) { return struct{}{}, be.store64(off, v) })
+	be, err := s.word(off)
+	if err != nil {
+		return err
+	}
+	err = be.store64(off, v)
+	s.done()
+	if err != nil && s.again(err) {
+		return s.Store64(off, v)
+	}
 	return err
 }
 
 // CompareAndSwap64 atomically replaces the word at off with new if it
 // holds old, reporting whether it did.
 func (s *Segment) CompareAndSwap64(off int64, old, new uint64) (bool, error) {
-	return atomic64(s, off, func(be backend) (bool, error) { return be.compareAndSwap64(off, old, new) })
+	be, err := s.word(off)
+	if err != nil {
+		return false, err
+	}
+	swapped, err := be.compareAndSwap64(off, old, new)
+	s.done()
+	if err != nil && s.again(err) {
+		return s.CompareAndSwap64(off, old, new)
+	}
+	return swapped, err
 }
 
 // Add64 atomically adds delta to the word at off and returns the new value.
 func (s *Segment) Add64(off int64, delta uint64) (uint64, error) {
-	return atomic64(s, off, func(be backend) (uint64, error) { return be.add64(off, delta) })
+	be, err := s.word(off)
+	if err != nil {
+		return 0, err
+	}
+	v, err := be.add64(off, delta)
+	s.done()
+	if err != nil && s.again(err) {
+		return s.Add64(off, delta)
+	}
+	return v, err
 }
 
 // Free unmaps the segment and releases it on the daemon, for everyone:
@@ -348,19 +401,13 @@ func (s *Segment) Close() error {
 // false when it was closed already. What a shared attachment cannot hand
 // back within ctx is lost, as on a crash, and reported in err.
 func (s *Segment) retire(ctx context.Context) (ok bool, err error) {
-	for {
-		v := s.state.Load()
-		switch v & stateMask {
-		case segClosed:
+	for !s.setState(segOpen, segClosed, false) {
+		if s.closedNow() {
 			return false, nil
-		case segSwitching:
-			s.awaitSwitch() // a move to another tier: its end decides
-			continue
 		}
-		if s.state.CompareAndSwap(v, v&^stateMask|segClosed) {
-			return true, s.backend().retire(ctx)
-		}
+		s.awaitSwitch() // a move to another tier: its end decides
 	}
+	return true, s.backend().retire(ctx)
 }
 
 // retireGrace is how long a retired mapping's address range stays

@@ -52,17 +52,11 @@ func (s *Segment) beginSwitch() (chan struct{}, error) {
 // in memory or will run again (barrier); false when the segment was
 // closed meanwhile.
 func (s *Segment) hold() bool {
-	for {
-		v := s.state.Load()
-		if v&stateMask != segOpen {
-			return false
-		}
-		if s.state.CompareAndSwap(v, (v+switchCount)&^stateMask|segSwitching) {
-			break
-		}
+	if !s.setState(segOpen, segSwitching, true) {
+		return false
 	}
 	barrier()
-	for i := 0; s.pins.Load() != 0; i++ {
+	for i := 0; s.state.Load() >= pin; i++ {
 		if i < 100 {
 			runtime.Gosched()
 		} else {
@@ -79,14 +73,10 @@ func (s *Segment) endSwitch(ch chan struct{}, be backend, desc *poolv1.Segment) 
 	var old backend
 	if be != nil {
 		old = s.backend()
-		s.be.Store(&backendRef{be})
+		s.setBackend(be)
 		s.desc.Store(desc)
 	}
-	for v := s.state.Load(); v&stateMask == segSwitching; v = s.state.Load() {
-		if s.state.CompareAndSwap(v, v&^stateMask|segOpen) {
-			break
-		}
-	}
+	s.setState(segSwitching, segOpen, false)
 	s.switching.Store(nil)
 	close(ch)
 	return old
@@ -118,7 +108,7 @@ func (c *Client) demote(ctx context.Context, s *Segment, o moveOptions) error {
 		// It moved, but this client cannot reach its new home: the
 		// segment is closed here, the moved one is whole.
 		old := s.backend()
-		s.state.Store(s.state.Load()&^stateMask | segClosed)
+		s.setState(segSwitching, segClosed, false)
 		s.endSwitch(ch, nil, nil)
 		return errors.Join(fmt.Errorf("segment %d moved to %s on the rdma tier, and this client cannot reach it there (%w); open it again", s.ID(), resp.Segment.Node, err), old.retire(ctx))
 	}

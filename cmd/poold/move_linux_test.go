@@ -490,7 +490,9 @@ func TestMoveOriginKilled(t *testing.T) {
 
 // TestMoveRefusals: what cannot move is refused with a typed error that
 // says why, through alloc.Client.Move and memctl move, and leaves the
-// segment where it was: a cxl segment (and a move to the cxl tier), the
+// segment where it was: a cxl segment with no other tier to go to (and
+// an administrator's move to the cxl tier while the owner holds a
+// session: tiermove_linux_test.go tests the tier moves), the
 // segment's own home, this daemon, an unknown node (the alive ones are
 // listed), a draining node, a shared segment, a second move of a segment
 // already moving, a segment freed during its move (nothing is left on
@@ -513,14 +515,13 @@ func TestMoveRefusals(t *testing.T) {
 
 	cxl, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierCXL))
 	require.NoError(t, err)
-	refused(alloc.ErrInvalid, "mapped into this process", c.Move(ctx, cxl))
-	memctlRefused("load/store segment (cxl, local) is mapped into its applications", strconv.FormatUint(cxl.ID(), 10))
+	refused(alloc.ErrInvalid, "moves only to the rdma tier", c.Move(ctx, cxl))
+	memctlRefused("moves only to the rdma tier (--tier rdma)", strconv.FormatUint(cxl.ID(), 10))
 
 	seg, want := moveBig(t, c, 1<<20)
 	home := seg.Node()
 	id := strconv.FormatUint(seg.ID(), 10)
-	refused(alloc.ErrInvalid, "only rdma segments move", c.Move(ctx, seg, alloc.ToTier(alloc.TierCXL)))
-	memctlRefused("only rdma segments move live", id, "--tier", "cxl")
+	memctlRefused("in use: other clients hold the segment", id, "--tier", "cxl")
 	refused(alloc.ErrInvalid, "lives on "+home+" already", c.Move(ctx, seg, alloc.ToNode(home)))
 	refused(alloc.ErrInvalid, "a is this node", c.Move(ctx, seg, alloc.ToNode("a")))
 	refused(alloc.ErrNotFound, "the alive members are a, b, c", c.Move(ctx, seg, alloc.ToNode("zz")))
