@@ -420,4 +420,3 @@ func (m *mover) copyLocal(ctx context.Context, bitmap []byte) error {
 	}
 	return flush()
 }
-
