@@ -26,6 +26,11 @@
 //     ErrSegmentLost. Bytes returns the mapping itself; a slice from it is
 //     the application's to guard. Free and Close retire the mapping: a
 //     call that raced them fails rather than touch memory reused since.
+//     Client.Move with ToTier(TierRDMA) demotes the segment: its calls
+//     wait while the mapping is given up and the daemon copies it to an
+//     rdma home, then go there (the backend is replaced; see tiermove.go
+//     for how calls pin it or run again), and promotes an rdma segment
+//     back into a mapping.
 //   - Remote (TierRDMA): one-sided reads, writes and atomics on the home's
 //     data plane, over a connection per home that rdma/dialer dials (verbs
 //     where this build and host have an RDMA device, else tcp), retried as

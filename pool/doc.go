@@ -47,6 +47,8 @@
 //     move.go a live move of a segment placed on a peer to another (the
 //     origin's side: copy, seal, switch-over), moveintent.go its durable
 //     intent, moveout.go the source's side (MoveOut; docs/MOVE.md);
+//     tiermove.go the moves between this host's load/store tiers and the
+//     rdma tier, and mappers.go who maps each load/store segment;
 //     evacuate.go the evacuator, which asks each segment's origin to move
 //     it off a node that evacuates.
 //   - record.go and store.go: the segment record and its versioned binary
