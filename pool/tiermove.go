@@ -73,10 +73,13 @@ func (p *core) demote(ctx context.Context, c caller, r record, req *poolv1.MoveR
 	who := p.mappersOf(r.ID, c.id())
 	desc := p.describeClients(who)
 	d := p.device(r.Device)
+	admitted := p.admitted(c, poolv1.Tier_TIER_RDMA, r.Size)
 	p.mu.Unlock()
 	switch {
 	case len(who) > 0:
 		return res, errMappedBy(r.ID, desc)
+	case admitted != nil:
+		return res, fmt.Errorf("move segment %d to the rdma tier: %w", r.ID, admitted)
 	case d == nil:
 		return res, fmt.Errorf("move segment %d: its device %s went away: %w", r.ID, r.Device, errs.ErrSegmentLost)
 	case p.cl == nil:
@@ -268,10 +271,7 @@ func (p *core) usersOf(r *record, except string) []string {
 func (p *core) reserveFor(c caller, t poolv1.Tier, r record) (*dev, int64, int64, *device.Mapping, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if why, err := p.admit(c, t, r.Size); err != nil || why != "" {
-		if err == nil {
-			err = fmt.Errorf("%w: %s", errs.ErrNoCapacity, why)
-		}
+	if err := p.admitted(c, t, r.Size); err != nil {
 		return nil, 0, 0, nil, err
 	}
 	var tried []string
@@ -311,6 +311,16 @@ func (p *core) dropExtent(d *dev, mp *device.Mapping, id uint64, off, length int
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.freeExtent(d, record{ID: id, Offset: off, Extent: length})
+}
+
+// admitted admits n bytes of c's on tier t as an allocation (quotas,
+// limits), or says why not; p.mu is held.
+func (p *core) admitted(c caller, t poolv1.Tier, n int64) error {
+	why, err := p.admit(c, t, n)
+	if err == nil && why != "" {
+		err = fmt.Errorf("%w: %s", errs.ErrNoCapacity, why)
+	}
+	return err
 }
 
 // freeExtent removes the backing of r's extent on d and frees the extent;
