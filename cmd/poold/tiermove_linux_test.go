@@ -16,11 +16,13 @@ import (
 // segments live on the lenders b and c), a 4 MiB segment on a's local and
 // on its (emulated) cxl tier moves to the rdma tier with Client.Move:
 // refused with ErrInUse, nothing changed, while another client maps it;
-// after that client's Close it moves, keeps its bytes, and its owner goes
-// on with ReadAt, WriteAt and atomics at the new home (Bytes says remote).
-// Then it moves back to its tier while a writer writes and adds all
-// along: every acknowledged write and add is there, the segment is mapped
-// again, and the lenders hold nothing any more.
+// after that client's Close it moves while a writer of its owner writes
+// and adds all along, keeps its bytes and every acknowledged write and
+// add, and its owner goes on with ReadAt, WriteAt and atomics at the new
+// home (Bytes says remote), also after a move to the other lender. Then
+// it moves back to its tier under the writer again: every acknowledged
+// write and add is there, the segment is mapped again, and the lenders
+// hold nothing any more.
 func TestTierMoveDemoteAndPromote(t *testing.T) {
 	mc := startMoveCluster(t, "32MiB")
 	ctx := t.Context()
@@ -51,7 +53,13 @@ func TestTierMoveDemoteAndPromote(t *testing.T) {
 			requireWhole(t, seg, want)
 
 			require.NoError(t, att.Close())
-			require.NoError(t, c.Move(ctx, seg, alloc.ToTier(alloc.TierRDMA)))
+			w := startTierWriter(seg, want)
+			w.waitOps(t, 50)
+			before := w.ops.Load()
+			require.NoError(t, c.Move(ctx, seg, alloc.ToTier(alloc.TierRDMA)), "demote under a writer")
+			duringDemotion := w.ops.Load() - before
+			w.waitOps(t, 50)
+			w.stop(t)
 			require.Equal(t, alloc.TierRDMA, seg.Tier())
 			require.Contains(t, []string{"b", "c"}, seg.Node(), "its home is a lender")
 			_, ok = seg.Bytes()
@@ -62,9 +70,9 @@ func TestTierMoveDemoteAndPromote(t *testing.T) {
 			require.Equal(t, other(from), seg.Node())
 			requireWhole(t, seg, want)
 
-			w := startTierWriter(seg, want)
+			w = startTierWriter(seg, want)
 			w.waitOps(t, 50)
-			before := w.ops.Load()
+			before = w.ops.Load()
 			require.NoError(t, c.Move(ctx, seg, alloc.ToTier(tier)), "promote back under a writer")
 			during := w.ops.Load() - before
 			w.waitOps(t, 50)
@@ -75,7 +83,7 @@ func TestTierMoveDemoteAndPromote(t *testing.T) {
 			require.True(t, ok, "mapped again")
 			require.Equal(t, want, mem, "every acknowledged write and add is there")
 			requireWhole(t, seg, want)
-			t.Logf("%s: %d writes and adds, %d while the move ran", tier, w.ops.Load(), during)
+			t.Logf("%s: %d writes and adds while the demotion ran, %d while the promotion did", tier, duringDemotion, during)
 			require.Eventually(t, func() bool {
 				return len(lentTo(t, mc, "b"))+len(lentTo(t, mc, "c")) == 0
 			}, 20*time.Second, 50*time.Millisecond, "the rdma home let the segment go")
