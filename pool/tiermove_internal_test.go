@@ -2,10 +2,12 @@ package pool
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -35,4 +37,55 @@ func TestSwitchMoveVolatile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "c", rec.Home)
 	require.True(t, rec.Volatile, "still in the volatile file")
+}
+
+// TestMappers: who maps a load/store segment, as a demotion counts them:
+// each client handed its descriptor until it lets go, while it holds a
+// session or its lease runs; no descriptor is handed out while the
+// segment moves; and after a restart its owner and attachers, presumed to
+// map it until they let go or one lease has passed without them.
+func TestMappers(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	p.openSession("s-app", "app", "app", 1, 0)
+	p.openSession("s-reader", "reader", "reader", 2, 0)
+	// Two clients of one identity: the reader may attach what app made.
+	app, reader := caller{client: p.clients["app"], ident: "cn:app"}, caller{client: p.clients["reader"], ident: "cn:app"}
+	r, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "mapped"})
+	require.NoError(t, err)
+	_, err = p.Attach(reader, "mapped")
+	require.NoError(t, err)
+	for _, c := range []caller{app, reader} {
+		b, err := p.Backing(c, r.ID)
+		require.NoError(t, err)
+		b.File.Close()
+	}
+	mappers := func(except string) []string {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.mappersOf(r.ID, except)
+	}
+	require.Equal(t, []string{"reader"}, mappers("app"))
+	require.Equal(t, []string{"app", "reader"}, mappers(""))
+
+	require.True(t, p.moving.begin(r.ID))
+	_, err = p.Backing(reader, r.ID)
+	require.ErrorIs(t, err, errs.ErrLimit, "no descriptor while it moves")
+	p.moving.end(r.ID)
+
+	p.Unmapped(reader, r.ID)
+	require.Empty(t, mappers("app"), "the reader let go")
+	p.closeSession("s-app")
+	p.closeSession("s-reader")
+	require.NoError(t, p.close())
+
+	p = newTestPool(t, cfg)
+	defer p.close()
+	require.Equal(t, []string{"app", "reader"}, mappers(""), "presumed after a restart")
+	p.Unmapped(caller{client: &client{id: "reader"}}, r.ID)
+	require.Equal(t, []string{"app"}, mappers(""))
+	start := p.started
+	p.now = func() time.Time { return start.Add(cfg.LeaseTTL + restartGrace + time.Second) }
+	p.reap()
+	require.Empty(t, mappers(""), "the owner stayed away past its lease")
 }
