@@ -22,8 +22,9 @@ import (
 // and length within the segment, an atomic's alignment) and hands the
 // access to its backend: mapped memory, a remote home, or a shared
 // attachment, possibly wrapped in latency emulation (see backend). A call
-// pins the backend while it runs (use), so that Client.Move can replace
-// it when the segment changes tier (tiermove.go).
+// pins the backend while it runs (use), or, ReadAt and WriteAt, runs again
+// when a switch began meanwhile, so that Client.Move can replace the
+// backend when the segment changes tier (tiermove.go).
 type Segment struct {
 	c    *Client
 	info *poolv1.Segment // immutable: the segment as opened
