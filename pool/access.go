@@ -41,13 +41,30 @@ func (d *Daemon) forCaller(ctx context.Context, c caller, r record) *poolv1.Segm
 	}
 	if !mayUse(c, &r) {
 		seg.Key = nil
+		for _, h := range seg.Homes {
+			h.Key = nil
+		}
 		return seg
 	}
 	if len(seg.Key) == 0 {
 		return seg
 	}
 	if r.Home != "" {
-		seg.DataCredential = d.delegatedCred(ctx, r.Home, c.client.id)
+		// One credential per home node, delegated to the client there.
+		creds := map[string][]byte{}
+		cred := func(node string) []byte {
+			if cr, ok := creds[node]; ok {
+				return cr
+			}
+			creds[node] = d.delegatedCred(ctx, node, c.client.id)
+			return creds[node]
+		}
+		seg.DataCredential = cred(r.Home)
+		for _, h := range seg.Homes {
+			if h.State != poolv1.HomeState_HOME_STATE_LOST {
+				h.DataCredential = cred(h.Node)
+			}
+		}
 		return seg
 	}
 	seg.DataCredential = d.pool.credentials().credOf(c.client.id)

@@ -11,6 +11,7 @@ import (
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/emulation"
 	"github.com/farmem/farmem/internal/paths"
+	redspec "github.com/farmem/farmem/internal/redundancy"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/rdma/tcp"
 )
@@ -75,6 +76,10 @@ type Config struct {
 	// distinct zones while there are enough. 1 to 63 bytes of [a-z0-9._-].
 	// Default: "" (no zone: every node its own domain).
 	Zone string `yaml:"zone"`
+	// DefaultRedundancy is the redundancy of an Alloc on the rdma tier
+	// that names none (internal/redundancy's text form: none,
+	// replicas=N, ec=K+M, optionally ",or-fewer"). Default: "none".
+	DefaultRedundancy string `yaml:"default-redundancy"`
 	// Join lists peers' gossip addresses (host:port) to join at start.
 	Join []string `yaml:"join"`
 	// GossipProfile tunes failure detection: lan (default), local (fast,
@@ -310,6 +315,9 @@ func (c *Config) Validate() error {
 		if err := cluster.ValidZone(c.Zone); err != nil {
 			return fmt.Errorf("%w: %w; set --zone to a name such as rack-3", ErrConfig, err)
 		}
+	}
+	if _, err := redspec.Parse(c.DefaultRedundancy); err != nil {
+		return fmt.Errorf("%w: default-redundancy: %w", ErrConfig, err)
 	}
 	if err := c.validateSecurity(); err != nil {
 		return err

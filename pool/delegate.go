@@ -47,12 +47,22 @@ func (r *record) principals() []string {
 }
 
 // allowData gives the data plane the principals of a segment it exports
-// here; a record homed elsewhere, or not on the rdma tier, has none.
+// here; a record homed elsewhere, or not on the rdma tier, has none. The
+// daemons that write a copy or shard of a redundant segment (r.Writers)
+// may write it; with r.ReadOnly, the owner's clients only read it.
 func (p *core) allowData(r *record) {
 	if p.dp == nil || r.Key.IsZero() || r.Home != "" {
 		return
 	}
-	if err := p.dp.srv.Allow(r.ID, r.principals()); err != nil {
+	all := r.principals()
+	var readers []string
+	if r.ReadOnly {
+		all, readers = all[:1], all[1:]
+	}
+	for _, w := range r.Writers {
+		all = append(all, peerClientPrefix+w)
+	}
+	if err := errors.Join(p.dp.srv.Allow(r.ID, all), p.dp.srv.AllowReaders(r.ID, readers)); err != nil {
 		p.log.Error("set who may use a segment on the data plane", "segment", r.ID, "err", err)
 	}
 }
@@ -278,30 +288,42 @@ func (p *core) usableAt(home, client string) []uint64 {
 	defer p.mu.Unlock()
 	var ids []uint64
 	for _, r := range p.segs {
-		if r.Home == home && (r.Owner == client || slices.Contains(r.Attached, client)) {
-			ids = append(ids, r.HomeID)
+		if r.Owner == client || slices.Contains(r.Attached, client) {
+			ids = append(ids, r.idsOn(home)...)
 		}
 	}
 	return ids
 }
 
-// authorizeAtHome tells the home of a segment placed on a peer that
-// client attached it (or, with withdraw, detached it).
+// authorizeAtHome tells the homes of a segment placed on peers (each copy
+// or shard of a redundant one that is not lost) that client attached it
+// (or, with withdraw, detached it).
 func (d *Daemon) authorizeAtHome(ctx context.Context, r *record, client string, withdraw bool) error {
 	if r.Home == "" || client == "" || client == r.Owner {
 		return nil
 	}
-	pc := d.pool.peerConns().conn(r.Home)
-	if pc == nil {
-		return fmt.Errorf("segment %d: %w: no session with its home %s; retry when it is reachable", r.ID, errs.ErrUnavailable, r.Home)
+	nodes := []string{r.Home}
+	if r.redundant() {
+		nodes = nil
+		for _, h := range r.Homes {
+			if h.State != poolv1.HomeState_HOME_STATE_LOST && !slices.Contains(nodes, h.Node) {
+				nodes = append(nodes, h.Node)
+			}
+		}
 	}
-	cctx, _, err := pc.Call(ctx)
-	if err == nil {
-		_, err = pc.API().Authorize(cctx, &poolv1.AuthorizeRequest{Ids: []uint64{r.HomeID}, ClientId: client, Withdraw: withdraw})
-		err = errs.FromStatus(err)
-	}
-	if err != nil {
-		return fmt.Errorf("segment %d: its home %s did not record client %q (withdraw %v): %w", r.ID, r.Home, client, withdraw, err)
+	for _, node := range nodes {
+		pc := d.pool.peerConns().conn(node)
+		if pc == nil {
+			return fmt.Errorf("segment %d: %w: no session with its home %s; retry when it is reachable", r.ID, errs.ErrUnavailable, node)
+		}
+		cctx, _, err := pc.Call(ctx)
+		if err == nil {
+			_, err = pc.API().Authorize(cctx, &poolv1.AuthorizeRequest{Ids: r.idsOn(node), ClientId: client, Withdraw: withdraw})
+			err = errs.FromStatus(err)
+		}
+		if err != nil {
+			return fmt.Errorf("segment %d: its home %s did not record client %q (withdraw %v): %w", r.ID, node, client, withdraw, err)
+		}
 	}
 	return nil
 }

@@ -58,6 +58,10 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 		return fmt.Errorf("gossip on %s: %w", d.cfg.Gossip, err)
 	}
 	d.pool.useGossip(cl)
+	// This node's own memory holds copies of redundant segments like a
+	// peer's, through a session with itself: after a restart, reconcile
+	// reopens it and the homes here are told again how to forward.
+	go d.pool.homeChanged(d.cfg.Node, true)
 	events, unsubscribe := cl.Subscribe()
 	d.wg.Add(2)
 	go func() {

@@ -16,12 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
-	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
-	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // Tunables of the copy.
@@ -497,17 +495,9 @@ func (m *mover) connect(ctx context.Context, seg *poolv1.Segment) error {
 // dial connects to node's data plane at addr, one connection (the copy's
 // writes keep their order), over TLS when the node serves it.
 func (m *mover) dial(ctx context.Context, node, addr string, useTLS bool, pc *session.Conn) (rdma.Conn, error) {
-	opts := []tcp.Option{tcp.WithCredential(pc.DataCredential()), tcp.WithConns(1)}
-	if useTLS {
-		tc, err := certs.Verifier(m.tls.ca, node)
-		if err != nil {
-			return nil, fmt.Errorf("move segment %d: verify the data plane of %s: %w", m.rec.ID, node, err)
-		}
-		opts = append(opts, tcp.WithTLS(tc))
-	}
-	c, err := tcp.Dial(ctx, addr, opts...)
+	c, err := dialHome(ctx, node, addr, useTLS, m.tls.ca, pc.DataCredential())
 	if err != nil {
-		return nil, fmt.Errorf("move segment %d: %w: the data plane of %s at %s: %w", m.rec.ID, errMoveHome, node, addr, err)
+		return nil, fmt.Errorf("move segment %d: %w", m.rec.ID, err)
 	}
 	return c, nil
 }

@@ -124,6 +124,7 @@ func (p *core) letGo(r *record, id uint64) error {
 		p.mu.Unlock()
 		return fmt.Errorf("commit to the metadata store: %w", err)
 	}
+	p.stopForwarding(id)
 	p.dp.moveAway(id)
 	p.mu.Lock()
 	defer p.mu.Unlock()

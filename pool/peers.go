@@ -413,7 +413,7 @@ func (p *core) homeChanged(node string, up bool) {
 	asked := map[*record]bool{}
 	p.mu.Lock()
 	for _, r := range p.segs {
-		if r.Home == node {
+		if !r.redundant() && r.Home == node {
 			asked[r] = true
 		}
 	}
@@ -435,10 +435,11 @@ func (p *core) homeChanged(node string, up bool) {
 			return // a newer change of node decides
 		}
 	}
+	p.redundantChanged(node, up, held)
 	p.mu.Lock()
 	var homed []*record
 	for _, r := range p.segs {
-		if r.Home == node && (!up || asked[r]) {
+		if !r.redundant() && r.Home == node && (!up || asked[r]) {
 			homed = append(homed, r)
 		}
 	}
@@ -509,7 +510,7 @@ func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool
 	pc := p.peers.conn(node)
 	if pc == nil {
 		p.mu.Lock()
-		homed := slices.ContainsFunc(slices.Collect(maps.Values(p.segs)), func(r *record) bool { return r.Home == node })
+		homed := slices.ContainsFunc(slices.Collect(maps.Values(p.segs)), func(r *record) bool { return r.homedOn(node) })
 		p.mu.Unlock()
 		homed = homed || p.moving.involves(node)
 		if !homed || p.cl == nil {
@@ -549,8 +550,8 @@ func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool
 	pending := p.pendingRemote[node]
 	known := map[uint64]bool{}
 	for _, r := range p.segs {
-		if r.Home == node {
-			known[r.HomeID] = true
+		for _, id := range r.idsOn(node) {
+			known[id] = true
 		}
 	}
 	p.mu.Unlock()

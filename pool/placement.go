@@ -14,6 +14,7 @@ import (
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/extent"
+	redspec "github.com/farmem/farmem/internal/redundancy"
 	"github.com/farmem/farmem/internal/size"
 )
 
@@ -41,6 +42,9 @@ type allocRequest struct {
 	// MaxReadLatencyNs and MinReadBandwidthBps are a budget: only tiers
 	// that meet it are tried (budget.go). 0: no bound.
 	MaxReadLatencyNs, MinReadBandwidthBps int64
+	// Redundancy is the copies or shards asked for; nil: the daemon's
+	// default for the rdma tier (redundancy.go).
+	Redundancy *redspec.Spec
 }
 
 func validName(name string) error {
@@ -97,6 +101,18 @@ func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, 
 		if err := p.awaitFirstMeasure(ctx); err != nil {
 			return nil, err
 		}
+	}
+	spec, err := p.redundancyFor(req)
+	if err != nil {
+		return nil, err
+	}
+	if !spec.None() {
+		r, err := p.allocRedundant(ctx, c, req, spec)
+		if r != nil || err != nil {
+			return r, err
+		}
+		// Fewer hosts than asked, and or-fewer: one plain rdma copy.
+		req.Tier, req.Fallback = poolv1.Tier_TIER_RDMA, nil
 	}
 	pl, err := p.planFor(req)
 	if err != nil {

@@ -62,6 +62,9 @@ type core struct {
 	// mappers are the clients that map each load/store segment, by its
 	// id (mappers.go); under mu.
 	mappers map[uint64]map[string]bool
+	// fwd is the data-plane connections of the copies and shards here
+	// that forward their writes (replicate.go).
+	fwd forwards
 
 	mu sync.Mutex
 	// devs are the devices placements go to, in the order tried. The
@@ -345,6 +348,9 @@ func (p *core) close() error {
 	var err error
 	if p.dp != nil {
 		err = p.dp.close()
+	}
+	for _, conns := range p.fwd.conns {
+		closeConns(conns)
 	}
 	return errors.Join(err, p.closeDevices(), p.st.close())
 }

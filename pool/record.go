@@ -12,6 +12,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	redspec "github.com/farmem/farmem/internal/redundancy"
 	"github.com/farmem/farmem/internal/tier"
 	"github.com/farmem/farmem/rdma"
 )
@@ -66,6 +67,43 @@ type record struct {
 	// its record is in the store's unsynced file (see store). Not
 	// encoded: the file that holds the record says it.
 	Volatile bool
+	// A redundant segment (redundancy.go), at its origin: what it was
+	// placed with (zero: not redundant), one home per copy or shard
+	// (replicas: the primary first; erasure coding: data shards 0..k-1,
+	// then parity shards 0..m-1) and, erasure coded, the bytes of one
+	// shard in one stripe. Home, HomeID, DataAddr, Key, DataTLS and Epoch
+	// mirror Homes[0].
+	Redundancy redundancy
+	Homes      []homeRef
+	ShardChunk int64
+	// On a copy or shard of a redundant segment that a peer placed here
+	// (replicate.go): the nodes whose daemons write it besides its owner,
+	// and whether the owner's clients may only read it.
+	Writers  []string
+	ReadOnly bool
+}
+
+// redundancy is what a redundant segment survives: Replicas full copies,
+// or Data data and Parity parity shards; Fallback is whether it was asked
+// to take fewer than that rather than fail.
+type redundancy struct {
+	Replicas, Data, Parity int
+	Fallback               bool
+}
+
+// homeRef is one copy or shard of a redundant segment: its node, its id
+// and key there, the node's data-plane address and whether it serves TLS,
+// the epoch it holds, its state, and for one being rebuilt the bytes
+// copied so far.
+type homeRef struct {
+	Node     string
+	HomeID   uint64
+	DataAddr string
+	Key      rdma.Key
+	Epoch    uint64
+	DataTLS  bool
+	State    poolv1.HomeState
+	Rebuilt  int64
 }
 
 // pinned reports whether the segment outlives its owner's lease.
@@ -95,9 +133,16 @@ func (r *record) pinned() bool { return r.Persist || r.Name != "" }
 //	allow       list
 //	allow free  list
 //	delegates   list (from version 2)
+//	redundancy  uv replicas, uv data shards, uv parity shards (from version 4)
+//	homes       uv count, then per home: node str, home id uv, data addr
+//	            str, key 16 bytes, epoch uv, state uv, rebuilt v (version 4)
+//	shard chunk v (from version 4)
+//	writers     list (from version 4)
 //
-// Version 3 added the flag flagSealed; a version 1 or 2 record with it set
-// is corrupt.
+// Version 3 added the flag flagSealed, version 4 the flags flagFallback,
+// flagReadOnly and flagHomeTLS; an older record with a flag it did not
+// have set is corrupt. flagHomeTLS is the DataTLS of every home (one
+// configuration for the cluster, as DataTLS says of the segment's).
 //
 // uv is an unsigned varint and v a signed (zig-zag) varint, as
 // encoding/binary writes them; str is a uv length and that many bytes; list
@@ -108,9 +153,10 @@ func (r *record) pinned() bool { return r.Persist || r.Name != "" }
 // of their form takes the next version number; a poold refuses a record of
 // a version it does not know (errRecordVersion), and rewrites version 0
 // records in the current form when it opens the store (store.load);
-// version 1 and 2 records (without delegates, without the sealed flag) are
-// read as they are and written in the current form when they next change.
-const recordVersion = 3
+// version 1 to 3 records (without delegates, without the sealed flag,
+// without redundancy) are read as they are and written in the current form
+// when they next change.
+const recordVersion = 4
 
 // The flags field's bits.
 const (
@@ -121,8 +167,14 @@ const (
 	flagDataTLSSet // DataTLS is not nil ...
 	flagDataTLS    // ... and this is its value
 	flagSealed     // a move away from this home is at its switch-over
-	flagsKnown     = flagSealed<<1 - 1
+	flagFallback   // redundancy: fewer homes than asked rather than fail
+	flagReadOnly   // a copy or shard placed here: its owner's clients only read it
+	flagHomeTLS    // every home of a redundant segment serves TLS
+	flagsKnown     = flagHomeTLS<<1 - 1
 )
+
+// flagsOf is the flags a record of each version may have.
+var flagsOf = [...]uint64{1: flagSealed - 1, 2: flagSealed - 1, 3: flagFallback - 1, 4: flagsKnown}
 
 var (
 	// errRecordVersion is a segment record written by a newer poold.
@@ -149,6 +201,14 @@ func encodeRecord(r *record) ([]byte, error) {
 	set(flagDataTLSSet, r.DataTLS != nil)
 	set(flagDataTLS, r.DataTLS != nil && *r.DataTLS)
 	set(flagSealed, r.Sealed)
+	set(flagFallback, r.Redundancy.Fallback)
+	set(flagReadOnly, r.ReadOnly)
+	set(flagHomeTLS, len(r.Homes) > 0 && r.Homes[0].DataTLS)
+	for _, h := range r.Homes {
+		if h.DataTLS != (flags&flagHomeTLS != 0) {
+			return nil, fmt.Errorf("segment record %d: %w: its homes differ in serving TLS", r.ID, errs.ErrInvalid)
+		}
+	}
 	b := []byte{recordVersion}
 	b = binary.AppendUvarint(b, r.ID)
 	b = binary.AppendUvarint(b, flags)
@@ -173,6 +233,21 @@ func encodeRecord(r *record) ([]byte, error) {
 	b = appendList(b, r.Allow)
 	b = appendList(b, r.AllowFree)
 	b = appendList(b, r.Delegates)
+	b = binary.AppendUvarint(b, uint64(r.Redundancy.Replicas))
+	b = binary.AppendUvarint(b, uint64(r.Redundancy.Data))
+	b = binary.AppendUvarint(b, uint64(r.Redundancy.Parity))
+	b = binary.AppendUvarint(b, uint64(len(r.Homes)))
+	for _, h := range r.Homes {
+		b = appendString(b, h.Node)
+		b = binary.AppendUvarint(b, h.HomeID)
+		b = appendString(b, h.DataAddr)
+		b = append(b, h.Key[:]...)
+		b = binary.AppendUvarint(b, h.Epoch)
+		b = binary.AppendUvarint(b, uint64(h.State))
+		b = binary.AppendVarint(b, h.Rebuilt)
+	}
+	b = binary.AppendVarint(b, r.ShardChunk)
+	b = appendList(b, r.Writers)
 	return b, nil
 }
 
@@ -219,10 +294,10 @@ func decodeRecord(v []byte) (r *record, legacy bool, err error) {
 	if v[0] >= 2 {
 		r.Delegates = d.list()
 	}
-	known := uint64(flagsKnown)
-	if v[0] < 3 {
-		known = flagSealed - 1
+	if v[0] >= 4 {
+		d.redundancy(r, flags&flagHomeTLS != 0)
 	}
+	known := flagsOf[v[0]]
 	switch {
 	case d.err != nil:
 		return nil, false, fmt.Errorf("%w: %v", errRecordCorrupt, d.err)
@@ -242,11 +317,48 @@ func decodeRecord(v []byte) (r *record, legacy bool, err error) {
 	r.Created = time.Unix(sec, int64(nsec)).UTC()
 	r.Persist, r.Lost, r.Grants = flags&flagPersist != 0, flags&flagLost != 0, flags&flagGrants != 0
 	r.Sealed = flags&flagSealed != 0
+	r.Redundancy.Fallback, r.ReadOnly = flags&flagFallback != 0, flags&flagReadOnly != 0
 	if flags&flagDataTLSSet != 0 {
 		tls := flags&flagDataTLS != 0
 		r.DataTLS = &tls
 	}
 	return r, false, nil
+}
+
+// redundancy reads a version 4 record's redundancy, homes, shard chunk
+// and writers into r; homeTLS is the record's flagHomeTLS.
+func (d *recordDecoder) redundancy(r *record, homeTLS bool) {
+	r.Redundancy.Replicas, r.Redundancy.Data, r.Redundancy.Parity = d.count(), d.count(), d.count()
+	n := d.uvarint()
+	// A home takes at least 21 bytes, which bounds the count by what is left.
+	if n > uint64(len(d.b))/21 {
+		d.fail("the homes")
+		return
+	}
+	for range n {
+		h := homeRef{Node: d.string(), HomeID: d.uvarint(), DataAddr: d.string(), DataTLS: homeTLS}
+		d.bytes(h.Key[:])
+		h.Epoch = d.uvarint()
+		st := d.uvarint()
+		if _, ok := poolv1.HomeState_name[int32(st)]; !ok || st > 0xff {
+			d.fail(fmt.Sprintf("a home's state (%d)", st))
+		}
+		h.State, h.Rebuilt = poolv1.HomeState(st), d.varint()
+		r.Homes = append(r.Homes, h)
+	}
+	r.ShardChunk = d.varint()
+	r.Writers = d.list()
+}
+
+// count reads an unsigned varint that counts homes (at most
+// redundancy.MaxHomes).
+func (d *recordDecoder) count() int {
+	n := d.uvarint()
+	if n > redspec.MaxHomes {
+		d.fail(fmt.Sprintf("a count of homes (%d)", n))
+		return 0
+	}
+	return int(n)
 }
 
 // recordDecoder reads a record's fields; after the first error every read

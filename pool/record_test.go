@@ -3,6 +3,7 @@ package pool
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -132,7 +133,7 @@ func TestRecordRefused(t *testing.T) {
 		"cut short":      v[:len(v)-1],
 		"trailing bytes": append(bytes.Clone(v), 0),
 		"unknown tier":   append([]byte{recordVersion, 1, 0, 9}, v[4:]...),
-		"unknown flag":   append([]byte{recordVersion, 1, 0x80, 0x01}, v[3:]...),
+		"unknown flag":   append([]byte{recordVersion, 1, 0x80, 0x08}, v[3:]...),
 		"sealed in v2":   append([]byte{2, 1, 0x40}, v[3:]...),
 		"json garbage":   []byte(`{"id":`),
 		"json tier":      []byte(`{"id":1,"tier":"fast"}`),
@@ -161,6 +162,13 @@ func TestRecordRefused(t *testing.T) {
 // errRecordCorrupt; never a panic.
 func FuzzDecodeRecord(f *testing.F) {
 	for _, r := range v0Records(f) {
+		v, err := encodeRecord(r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(v)
+	}
+	for _, r := range redundantRecords(f) {
 		v, err := encodeRecord(r)
 		if err != nil {
 			f.Fatal(err)
@@ -204,11 +212,90 @@ func TestRecordDelegates(t *testing.T) {
 	r.Delegates = nil
 	v, err = encodeRecord(r)
 	require.NoError(t, err)
-	v1 := append([]byte{1}, v[1:len(v)-1]...) // version 1: no delegates count
+	v1 := append([]byte{1}, v[1:len(v)-1-v4Tail]...) // version 1: no delegates count
 	back, legacy, err := decodeRecord(v1)
 	require.NoError(t, err)
 	require.False(t, legacy)
 	require.Equal(t, r, back)
 	_, _, err = decodeRecord(append(v1, 0))
 	require.ErrorIs(t, err, errRecordCorrupt, "a version 1 record has nothing after allow free")
+}
+
+// v4Tail is the bytes version 4 adds after the delegates of a record that
+// is not redundant: three zero counts of copies and shards, no homes, no
+// shard chunk, no writers.
+const v4Tail = 6
+
+// redundantRecords are records with every field version 4 added: a
+// replicated segment at its origin with a lost and a rebuilding home, an
+// erasure-coded one that took fewer parity shards over TLS, and a copy a
+// peer placed here that its primary writes.
+func redundantRecords(t testing.TB) []*record {
+	at := time.Date(2026, 12, 5, 8, 0, 0, 5, time.UTC)
+	k := func(b byte) rdma.Key {
+		var key rdma.Key
+		for i := range key {
+			key[i] = b + byte(i)
+		}
+		return key
+	}
+	no, yes := false, true
+	rep := &record{ID: 10, Name: "replicated", Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: 1 << 20, Owner: "app", Persist: true, Epoch: 2, Created: at,
+		Redundancy: redundancy{Replicas: 3},
+		Homes: []homeRef{
+			{Node: "b", HomeID: 7, DataAddr: "10.0.0.2:7960", Key: k(1), Epoch: 2},
+			{Node: "c", HomeID: 8, DataAddr: "10.0.0.3:7960", Key: k(2), Epoch: 1, State: poolv1.HomeState_HOME_STATE_LOST},
+			{Node: "d", HomeID: 9, DataAddr: "10.0.0.4:7960", Key: k(3), Epoch: 2, State: poolv1.HomeState_HOME_STATE_REBUILDING, Rebuilt: 65536},
+		}}
+	rep.settle()
+	rep.DataTLS = &no
+	ec := &record{ID: 11, Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: 2 * 4 * shardChunk, Owner: "app", Epoch: 1, Created: at,
+		Redundancy: redundancy{Data: 4, Parity: 1, Fallback: true}, ShardChunk: shardChunk}
+	for i := range 5 {
+		ec.Homes = append(ec.Homes, homeRef{Node: fmt.Sprintf("n%d", i), HomeID: uint64(100 + i), DataAddr: fmt.Sprintf("10.0.1.%d:7960", i), Key: k(byte(16 * i)), Epoch: 1, DataTLS: true})
+	}
+	ec.settle()
+	ec.DataTLS = &yes
+	backup := &record{ID: 12, Tier: poolv1.Tier_TIER_RDMA, Device: "export0", Offset: 8192, Extent: 1 << 20, Size: 1 << 20, Owner: "poold/a", Epoch: 2, Created: at,
+		Key: k(9), Delegates: []string{"app"}, Writers: []string{"b"}, ReadOnly: true}
+	return []*record{rep, ec, backup}
+}
+
+// TestRecordRedundancy: version 4 carries a redundant segment's
+// redundancy, homes (state, epoch, bytes rebuilt) and shard chunk, and a
+// copy's writers and read-only flag; a version 3 record still reads, as
+// one without redundancy, and one with a version 4 flag is corrupt, as is
+// a home in an unknown state. Homes that differ in serving TLS are not
+// encoded (one configuration for the cluster).
+func TestRecordRedundancy(t *testing.T) {
+	for _, r := range redundantRecords(t) {
+		v, err := encodeRecord(r)
+		require.NoError(t, err)
+		back, legacy, err := decodeRecord(v)
+		require.NoError(t, err)
+		require.False(t, legacy)
+		require.Equal(t, r, back)
+	}
+	r := v0Records(t)[3]
+	v, err := encodeRecord(r)
+	require.NoError(t, err)
+	v3 := append([]byte{3}, v[1:len(v)-v4Tail]...)
+	back, _, err := decodeRecord(v3)
+	require.NoError(t, err)
+	require.Equal(t, r, back)
+	require.Less(t, v3[2], byte(0x80), "the flags take one byte")
+	_, _, err = decodeRecord(append([]byte{3, v3[1], v3[2] | 0x80, flagFallback >> 7}, v3[3:]...))
+	require.ErrorIs(t, err, errRecordCorrupt, "a version 4 flag in a version 3 record")
+
+	rep := redundantRecords(t)[0]
+	rep.Homes[1].State = poolv1.HomeState(7)
+	v, err = encodeRecord(rep)
+	require.NoError(t, err)
+	_, _, err = decodeRecord(v)
+	require.ErrorIs(t, err, errRecordCorrupt, "a home in an unknown state")
+
+	ec := redundantRecords(t)[1]
+	ec.Homes[2].DataTLS = false
+	_, err = encodeRecord(ec)
+	require.ErrorIs(t, err, errs.ErrInvalid)
 }

@@ -95,9 +95,15 @@ func (p *core) freeLocked(r *record, reason string) error {
 func (p *core) release(r *record, reason string) {
 	p.usage.sub(r)
 	delete(p.mappers, r.ID)
-	if r.Home != "" {
+	switch {
+	case r.redundant():
+		for _, h := range r.Homes {
+			p.peers.freeLater(h.Node, h.HomeID)
+		}
+	case r.Home != "":
 		p.peers.freeLater(r.Home, r.HomeID)
-	} else if !r.Key.IsZero() && p.dp != nil {
+	case !r.Key.IsZero() && p.dp != nil:
+		p.stopForwarding(r.ID)
 		p.dp.fence(r.ID)
 	}
 	if g := p.gone[r.Device]; g != nil && r.Home == "" && g.Kind() != device.KindDevdax {

@@ -152,7 +152,7 @@ func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) 
 func allocRequestOf(req *poolv1.AllocRequest) allocRequest {
 	return allocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback,
 		HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree, ForClient: req.ForClient,
-		MaxReadLatencyNs: req.MaxReadLatencyNs, MinReadBandwidthBps: req.MinReadBandwidthBps}
+		MaxReadLatencyNs: req.MaxReadLatencyNs, MinReadBandwidthBps: req.MinReadBandwidthBps, Redundancy: specOf(req.Redundancy)}
 }
 
 // abandoned frees a segment allocated for a caller that gave up meanwhile
@@ -313,6 +313,16 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 		d.dataTLS(seg, dp.tls != nil, d.cfg.Node)
 		if strings.HasPrefix(r.Owner, peerClientPrefix) {
 			seg.Kind, seg.Emulated = "lent", false // this host's memory, lent to a peer
+		}
+	}
+	if r.redundant() {
+		seg.Redundancy, seg.RedundancyState, seg.ShardChunk = redundancyProto(r.Redundancy), r.redundancyState(), r.ShardChunk
+		for _, h := range r.Homes {
+			hp := homeProto(h)
+			if h.DataTLS {
+				hp.DataTlsCa, hp.DataServerName = d.data.ca, h.Node
+			}
+			seg.Homes = append(seg.Homes, hp)
 		}
 	}
 	if tg, ok := d.pool.injected(seg.Tier); ok {

@@ -10,6 +10,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/redundancy"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/internal/tier"
 )
@@ -22,9 +23,10 @@ func newAllocCmd(g *globals) *cobra.Command {
 		allow, allowFree []string
 		maxLatency       time.Duration
 		minBandwidth     rateFlag
+		redundancyFlag   string
 	)
 	cmd := &cobra.Command{
-		Use:   "alloc --size SIZE [--tier cxl] [--max-latency 2us] [--min-bandwidth 1GB/s] [--name NAME [--allow IDENTITY,...] [--allow-free IDENTITY,...]]",
+		Use:   "alloc --size SIZE [--tier cxl] [--redundancy replicas=2|ec=4+2] [--max-latency 2us] [--min-bandwidth 1GB/s] [--name NAME [--allow IDENTITY,...] [--allow-free IDENTITY,...]]",
 		Short: "Allocate a segment that stays until 'memctl free'",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -40,6 +42,13 @@ func newAllocCmd(g *globals) *cobra.Command {
 			}
 			req := &poolv1.AllocRequest{Size: int64(sz.Size), Tier: t, Name: name, Persist: true, Allow: allow, AllowFree: allowFree,
 				MaxReadLatencyNs: maxLatency.Nanoseconds(), MinReadBandwidthBps: int64(minBandwidth)}
+			if cmd.Flags().Changed("redundancy") {
+				s, err := redundancy.Parse(redundancyFlag)
+				if err != nil {
+					return fmt.Errorf("--redundancy: %w", err)
+				}
+				req.Redundancy = &poolv1.Redundancy{Replicas: uint32(s.Replicas), DataShards: uint32(s.Data), ParityShards: uint32(s.Parity), AllowFallback: s.Fallback}
+			}
 			var seg *poolv1.Segment
 			err = g.call(func(ctx context.Context, c poolv1.PoolClient) (err error) {
 				seg, err = c.Alloc(ctx, req)
@@ -56,11 +65,15 @@ func newAllocCmd(g *globals) *cobra.Command {
 			if p := seg.Placement; p != nil {
 				fmt.Fprintf(g.out, "placed by: %s\n", p.Reason)
 			}
+			if v := segmentView(seg); v.Redundancy != "" {
+				fmt.Fprintf(g.out, "redundancy: %s; homes: %s\n", redundancyCell(v), homesLine(v))
+			}
 			return nil
 		},
 	}
 	cmd.Flags().Var(&sz, "size", "segment size, e.g. 64MiB (required)")
 	cmd.Flags().StringVar(&tierFlag, "tier", "any", "tier: local, cxl, rdma or any")
+	cmd.Flags().StringVar(&redundancyFlag, "redundancy", "", "copies on distinct hosts (rdma tier only): none, replicas=N or ec=K+M, optionally followed by ,or-fewer to take fewer when too few hosts have room (default: the daemon's --default-redundancy)")
 	cmd.Flags().DurationVar(&maxLatency, "max-latency", 0, "place only on a tier whose read latency p50 (as 'memctl tiers' shows it) is at most this, the cheapest first: rdma, cxl, local; e.g. 2us")
 	cmd.Flags().Var(&minBandwidth, "min-bandwidth", "place only on a tier whose read bandwidth is at least this many bytes per second, e.g. 1GB/s")
 	cmd.Flags().StringVar(&name, "name", "", "unique name clients of the identities allowed can attach")

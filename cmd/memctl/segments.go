@@ -37,7 +37,7 @@ a table of any size lists; --timeout bounds each page.`,
 				return g.printJSON(out)
 			}
 			w := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tNAME\tTIER\tKIND\tHARDWARE\tSIZE\tNODE\tDEVICE\tSTATE\tSHARERS\tOWNER\tACCESS")
+			fmt.Fprintln(w, "ID\tNAME\tTIER\tKIND\tHARDWARE\tSIZE\tNODE\tDEVICE\tSTATE\tREDUNDANCY\tSHARERS\tOWNER\tACCESS")
 			for _, s := range segs {
 				name := s.Name
 				if name == "" {
@@ -51,8 +51,8 @@ a table of any size lists; --timeout bounds each page.`,
 				if s.Sharers > 0 {
 					sharers = fmt.Sprint(s.Sharers)
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, name, tier.Name(s.Tier), s.Kind, reality(s.Emulated),
-					human(s.Size), s.Node, s.Device, stateName(s.State), sharers, owner, access(s))
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, name, tier.Name(s.Tier), s.Kind, reality(s.Emulated),
+					human(s.Size), s.Node, s.Device, stateName(s.State), redundancyCell(segmentView(s)), sharers, owner, access(s))
 			}
 			return w.Flush()
 		},

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/redundancy"
 	"github.com/farmem/farmem/internal/tier"
 )
 
@@ -93,7 +94,49 @@ type segmentJSON struct {
 	// Sharers counts the segment's shared attachments (alloc.Shared) that
 	// its home heard from within two leases.
 	Sharers uint32 `json:"sharers"`
+	// A redundant segment: its redundancy as placed ("replicas=2",
+	// "ec=4+2"), how much of it holds (ok, degraded, rebuilding, lost), its
+	// homes, and for erasure coding the bytes of a shard in a stripe.
+	Redundancy      string     `json:"redundancy,omitempty"`
+	RedundancyState string     `json:"redundancy_state,omitempty"`
+	Homes           []homeJSON `json:"homes,omitempty"`
+	ShardChunk      int64      `json:"shard_chunk,omitempty"`
 }
+
+// homeJSON is one copy or shard of a redundant segment.
+type homeJSON struct {
+	Node   string `json:"node"`
+	HomeID uint64 `json:"home_id"`
+	Role   string `json:"role"` // primary, backup, data, parity
+	Index  int    `json:"index"`
+	State  string `json:"state"` // ok, lost, rebuilding
+}
+
+// redundancyName is a segment's redundancy as placed ("replicas=2",
+// "ec=4+2"), "" for none.
+func redundancyName(s *poolv1.Segment) string {
+	r := s.Redundancy
+	if r == nil || len(s.Homes) == 0 {
+		return ""
+	}
+	return redundancy.Spec{Replicas: int(r.Replicas), Data: int(r.DataShards), Parity: int(r.ParityShards)}.String()
+}
+
+// homeRole is the role and index of home i of a redundant segment.
+func homeRole(s *poolv1.Segment, i int) (string, int) {
+	k := int(s.GetRedundancy().GetDataShards())
+	switch {
+	case k > 0 && i < k:
+		return "data", i
+	case k > 0:
+		return "parity", i - k
+	case i == 0:
+		return "primary", 0
+	}
+	return "backup", i - 1
+}
+
+func lowerEnum(s, prefix string) string { return strings.ToLower(strings.TrimPrefix(s, prefix)) }
 
 func segmentView(s *poolv1.Segment) segmentJSON {
 	v := segmentJSON{
@@ -105,7 +148,37 @@ func segmentView(s *poolv1.Segment) segmentJSON {
 	if s.LeaseExpiresUnixMs != 0 {
 		v.LeaseExpires = time.UnixMilli(s.LeaseExpiresUnixMs).UTC().Format(time.RFC3339Nano)
 	}
+	if name := redundancyName(s); name != "" {
+		v.Redundancy, v.RedundancyState, v.ShardChunk = name, lowerEnum(s.RedundancyState.String(), "REDUNDANCY_STATE_"), s.ShardChunk
+		for i, h := range s.Homes {
+			role, idx := homeRole(s, i)
+			v.Homes = append(v.Homes, homeJSON{Node: h.Node, HomeID: h.HomeId, Role: role, Index: idx, State: lowerEnum(h.State.String(), "HOME_STATE_")})
+		}
+	}
 	return v
+}
+
+// redundancyCell is a segment's REDUNDANCY column: "replicas=2 ok",
+// "ec=4+2 degraded", "-" for none.
+func redundancyCell(v segmentJSON) string {
+	if v.Redundancy == "" {
+		return "-"
+	}
+	return v.Redundancy + " " + v.RedundancyState
+}
+
+// homesLine lists a redundant segment's homes, e.g. "b (primary, ok), c
+// (backup, lost)".
+func homesLine(v segmentJSON) string {
+	parts := make([]string, len(v.Homes))
+	for i, h := range v.Homes {
+		role := h.Role
+		if role == "data" || role == "parity" {
+			role = fmt.Sprintf("%s %d", role, h.Index)
+		}
+		parts[i] = fmt.Sprintf("%s (%s, %s)", h.Node, role, h.State)
+	}
+	return strings.Join(parts, ", ")
 }
 
 func stateName(s poolv1.SegmentState) string {

@@ -4476,10 +4476,17 @@ type ReplicateRequest struct {
 	ParityShards uint32                 `protobuf:"varint,5,opt,name=parity_shards,json=parityShards,proto3" json:"parity_shards,omitempty"` // PARITY: m
 	// COPY: the backups; PARITY: the parity shards, in order (a lost one as
 	// a home with state HOME_STATE_LOST, so indexes hold).
-	Targets       []*SegmentHome `protobuf:"bytes,6,rep,name=targets,proto3" json:"targets,omitempty"`
-	Epoch         uint64         `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Targets []*SegmentHome `protobuf:"bytes,6,rep,name=targets,proto3" json:"targets,omitempty"`
+	Epoch   uint64         `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The nodes whose daemons write this copy or shard besides its owner:
+	// the primary for a backup, the data shards' homes for a parity shard
+	// (their peer sessions' principals here). Replaces the previous list.
+	Writers []string `protobuf:"bytes,38,rep,name=writers,proto3" json:"writers,omitempty"`
+	// Clients (the owner's delegated credentials) may only read it: a
+	// backup or a parity shard, written by the writers alone.
+	ClientsReadOnly bool `protobuf:"varint,39,opt,name=clients_read_only,json=clientsReadOnly,proto3" json:"clients_read_only,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReplicateRequest) Reset() {
@@ -4559,6 +4566,20 @@ func (x *ReplicateRequest) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *ReplicateRequest) GetWriters() []string {
+	if x != nil {
+		return x.Writers
+	}
+	return nil
+}
+
+func (x *ReplicateRequest) GetClientsReadOnly() bool {
+	if x != nil {
+		return x.ClientsReadOnly
+	}
+	return false
 }
 
 type ReplicateResponse struct {
@@ -4656,6 +4677,110 @@ func (x *MoveOutResponse) GetDirtyChunks() uint32 {
 		return x.DirtyChunks
 	}
 	return 0
+}
+
+type HomeFailedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HomeId        uint64                 `protobuf:"varint,1,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"`                     // the caller's copy or shard, by its id at the caller
+	TargetNode    string                 `protobuf:"bytes,2,opt,name=target_node,json=targetNode,proto3" json:"target_node,omitempty"`          // the home it could not forward to ...
+	TargetHomeId  uint64                 `protobuf:"varint,3,opt,name=target_home_id,json=targetHomeId,proto3" json:"target_home_id,omitempty"` // ... and the copy's or shard's id there
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`                                    // the forward's error, for the origin's log
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HomeFailedRequest) Reset() {
+	*x = HomeFailedRequest{}
+	mi := &file_pool_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HomeFailedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HomeFailedRequest) ProtoMessage() {}
+
+func (x *HomeFailedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HomeFailedRequest.ProtoReflect.Descriptor instead.
+func (*HomeFailedRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *HomeFailedRequest) GetHomeId() uint64 {
+	if x != nil {
+		return x.HomeId
+	}
+	return 0
+}
+
+func (x *HomeFailedRequest) GetTargetNode() string {
+	if x != nil {
+		return x.TargetNode
+	}
+	return ""
+}
+
+func (x *HomeFailedRequest) GetTargetHomeId() uint64 {
+	if x != nil {
+		return x.TargetHomeId
+	}
+	return 0
+}
+
+func (x *HomeFailedRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type HomeFailedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HomeFailedResponse) Reset() {
+	*x = HomeFailedResponse{}
+	mi := &file_pool_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HomeFailedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HomeFailedResponse) ProtoMessage() {}
+
+func (x *HomeFailedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HomeFailedResponse.ProtoReflect.Descriptor instead.
+func (*HomeFailedResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{55}
 }
 
 var File_pool_proto protoreflect.FileDescriptor
@@ -5017,7 +5142,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x0eMoveOutRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x122\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x1c.farmem.pool.v1.MoveOutPhaseR\x05phase\x12\x14\n" +
-	"\x05chunk\x18\x03 \x01(\x03R\x05chunk\"\x85\x02\n" +
+	"\x05chunk\x18\x03 \x01(\x03R\x05chunk\"\xcb\x02\n" +
 	"\x10ReplicateRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12/\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1b.farmem.pool.v1.ForwardModeR\x04mode\x12\x14\n" +
@@ -5026,12 +5151,21 @@ const file_pool_proto_rawDesc = "" +
 	"dataShards\x12#\n" +
 	"\rparity_shards\x18\x05 \x01(\rR\fparityShards\x125\n" +
 	"\atargets\x18\x06 \x03(\v2\x1b.farmem.pool.v1.SegmentHomeR\atargets\x12\x14\n" +
-	"\x05epoch\x18\a \x01(\x04R\x05epoch\")\n" +
+	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x18\n" +
+	"\awriters\x18& \x03(\tR\awriters\x12*\n" +
+	"\x11clients_read_only\x18' \x01(\bR\x0fclientsReadOnly\")\n" +
 	"\x11ReplicateResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"J\n" +
 	"\x0fMoveOutResponse\x12\x14\n" +
 	"\x05dirty\x18\x01 \x01(\fR\x05dirty\x12!\n" +
-	"\fdirty_chunks\x18\x02 \x01(\rR\vdirtyChunks*I\n" +
+	"\fdirty_chunks\x18\x02 \x01(\rR\vdirtyChunks\"\x8b\x01\n" +
+	"\x11HomeFailedRequest\x12\x17\n" +
+	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12\x1f\n" +
+	"\vtarget_node\x18\x02 \x01(\tR\n" +
+	"targetNode\x12$\n" +
+	"\x0etarget_home_id\x18\x03 \x01(\x04R\ftargetHomeId\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x14\n" +
+	"\x12HomeFailedResponse*I\n" +
 	"\x04Tier\x12\x14\n" +
 	"\x10TIER_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -5066,7 +5200,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x0eMOVE_OUT_ABORT\x10\x04*=\n" +
 	"\vForwardMode\x12\x15\n" +
 	"\x11FORWARD_MODE_COPY\x10\x00\x12\x17\n" +
-	"\x13FORWARD_MODE_PARITY\x10\x012\xa2\n" +
+	"\x13FORWARD_MODE_PARITY\x10\x012\xf7\n" +
 	"\n" +
 	"\x04Pool\x12N\n" +
 	"\aSession\x12\x1e.farmem.pool.v1.SessionRequest\x1a\x1f.farmem.pool.v1.SessionResponse(\x010\x01\x12>\n" +
@@ -5086,7 +5220,9 @@ const file_pool_proto_rawDesc = "" +
 	"\tAuthorize\x12 .farmem.pool.v1.AuthorizeRequest\x1a!.farmem.pool.v1.AuthorizeResponse\x12A\n" +
 	"\x04Move\x12\x1b.farmem.pool.v1.MoveRequest\x1a\x1c.farmem.pool.v1.MoveResponse\x12J\n" +
 	"\aMoveOut\x12\x1e.farmem.pool.v1.MoveOutRequest\x1a\x1f.farmem.pool.v1.MoveOutResponse\x12P\n" +
-	"\tReplicate\x12 .farmem.pool.v1.ReplicateRequest\x1a!.farmem.pool.v1.ReplicateResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
+	"\tReplicate\x12 .farmem.pool.v1.ReplicateRequest\x1a!.farmem.pool.v1.ReplicateResponse\x12S\n" +
+	"\n" +
+	"HomeFailed\x12!.farmem.pool.v1.HomeFailedRequest\x1a\".farmem.pool.v1.HomeFailedResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
 
 var (
 	file_pool_proto_rawDescOnce sync.Once
@@ -5101,7 +5237,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
@@ -5164,6 +5300,8 @@ var file_pool_proto_goTypes = []any{
 	(*ReplicateRequest)(nil),    // 58: farmem.pool.v1.ReplicateRequest
 	(*ReplicateResponse)(nil),   // 59: farmem.pool.v1.ReplicateResponse
 	(*MoveOutResponse)(nil),     // 60: farmem.pool.v1.MoveOutResponse
+	(*HomeFailedRequest)(nil),   // 61: farmem.pool.v1.HomeFailedRequest
+	(*HomeFailedResponse)(nil),  // 62: farmem.pool.v1.HomeFailedResponse
 }
 var file_pool_proto_depIdxs = []int32{
 	8,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -5235,26 +5373,28 @@ var file_pool_proto_depIdxs = []int32{
 	55, // 66: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
 	57, // 67: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
 	58, // 68: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
-	10, // 69: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	23, // 70: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	18, // 71: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	23, // 72: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	21, // 73: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	23, // 74: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	26, // 75: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	32, // 76: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	42, // 77: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	44, // 78: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	26, // 79: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	47, // 80: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	49, // 81: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	52, // 82: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	54, // 83: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	56, // 84: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	60, // 85: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	59, // 86: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
-	69, // [69:87] is the sub-list for method output_type
-	51, // [51:69] is the sub-list for method input_type
+	61, // 69: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
+	10, // 70: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	23, // 71: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	18, // 72: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	23, // 73: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	21, // 74: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	23, // 75: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	26, // 76: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	32, // 77: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	42, // 78: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	44, // 79: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	26, // 80: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	47, // 81: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	49, // 82: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	52, // 83: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	54, // 84: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	56, // 85: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	60, // 86: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	59, // 87: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
+	62, // 88: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
+	70, // [70:89] is the sub-list for method output_type
+	51, // [51:70] is the sub-list for method input_type
 	51, // [51:51] is the sub-list for extension type_name
 	51, // [51:51] is the sub-list for extension extendee
 	0,  // [0:51] is the sub-list for field type_name
@@ -5280,7 +5420,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   54,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -46,6 +46,7 @@ const (
 	Pool_Move_FullMethodName         = "/farmem.pool.v1.Pool/Move"
 	Pool_MoveOut_FullMethodName      = "/farmem.pool.v1.Pool/MoveOut"
 	Pool_Replicate_FullMethodName    = "/farmem.pool.v1.Pool/Replicate"
+	Pool_HomeFailed_FullMethodName   = "/farmem.pool.v1.Pool/HomeFailed"
 )
 
 // PoolClient is the client API for Pool service.
@@ -111,6 +112,10 @@ type PoolClient interface {
 	// target list stops forwarding. The epoch, when above the copy's, is
 	// raised first (a promoted primary fences its predecessor's clients).
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// HomeFailed, on a peer daemon's session only, tells the origin of a
+	// redundant segment (the callee) that a home of it (the caller) could
+	// not forward to another home of it: the origin marks that one lost.
+	HomeFailed(ctx context.Context, in *HomeFailedRequest, opts ...grpc.CallOption) (*HomeFailedResponse, error)
 }
 
 type poolClient struct {
@@ -304,6 +309,16 @@ func (c *poolClient) Replicate(ctx context.Context, in *ReplicateRequest, opts .
 	return out, nil
 }
 
+func (c *poolClient) HomeFailed(ctx context.Context, in *HomeFailedRequest, opts ...grpc.CallOption) (*HomeFailedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HomeFailedResponse)
+	err := c.cc.Invoke(ctx, Pool_HomeFailed_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServer is the server API for Pool service.
 // All implementations must embed UnimplementedPoolServer
 // for forward compatibility.
@@ -367,6 +382,10 @@ type PoolServer interface {
 	// target list stops forwarding. The epoch, when above the copy's, is
 	// raised first (a promoted primary fences its predecessor's clients).
 	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// HomeFailed, on a peer daemon's session only, tells the origin of a
+	// redundant segment (the callee) that a home of it (the caller) could
+	// not forward to another home of it: the origin marks that one lost.
+	HomeFailed(context.Context, *HomeFailedRequest) (*HomeFailedResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
 
@@ -430,6 +449,9 @@ func (UnimplementedPoolServer) MoveOut(context.Context, *MoveOutRequest) (*MoveO
 }
 func (UnimplementedPoolServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedPoolServer) HomeFailed(context.Context, *HomeFailedRequest) (*HomeFailedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method HomeFailed not implemented")
 }
 func (UnimplementedPoolServer) mustEmbedUnimplementedPoolServer() {}
 func (UnimplementedPoolServer) testEmbeddedByValue()              {}
@@ -765,6 +787,24 @@ func _Pool_Replicate_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Pool_HomeFailed_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HomeFailedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).HomeFailed(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_HomeFailed_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).HomeFailed(ctx, req.(*HomeFailedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Pool_ServiceDesc is the grpc.ServiceDesc for Pool service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -839,6 +879,10 @@ var Pool_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Replicate",
 			Handler:    _Pool_Replicate_Handler,
+		},
+		{
+			MethodName: "HomeFailed",
+			Handler:    _Pool_HomeFailed_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

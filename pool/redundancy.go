@@ -1,0 +1,685 @@
+// This file holds the origin side of redundant segments
+// (docs/REDUNDANCY.md): an Alloc with replicas or erasure coding placed as
+// one ordinary rdma segment per copy or shard on distinct hosts, the
+// homes told how to forward (Replicate), a lost home marked in the record
+// and a backup promoted, and the answers that describe the homes.
+
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
+	redspec "github.com/farmem/farmem/internal/redundancy"
+	"github.com/farmem/farmem/rdma"
+)
+
+// shardChunk is the bytes of one shard in one stripe of an erasure-coded
+// segment (Segment.shard_chunk).
+const shardChunk = 4096
+
+// spec is r as internal/redundancy's Spec.
+func (rd redundancy) spec() redspec.Spec {
+	return redspec.Spec{Replicas: rd.Replicas, Data: rd.Data, Parity: rd.Parity, Fallback: rd.Fallback}
+}
+
+func redundancyOf(s redspec.Spec) redundancy {
+	return redundancy{Replicas: s.Replicas, Data: s.Data, Parity: s.Parity, Fallback: s.Fallback}
+}
+
+// specOf is an AllocRequest's redundancy; nil when it names none.
+func specOf(r *poolv1.Redundancy) *redspec.Spec {
+	if r == nil {
+		return nil
+	}
+	// Counts beyond int32 are as wrong as any above MaxHomes: Validate
+	// says so with the limit.
+	clamp := func(n uint32) int { return int(min(n, 1<<20)) }
+	return &redspec.Spec{Replicas: clamp(r.Replicas), Data: clamp(r.DataShards), Parity: clamp(r.ParityShards), Fallback: r.AllowFallback}
+}
+
+// redundant reports whether r is a redundant segment's record at its origin.
+func (r *record) redundant() bool { return len(r.Homes) > 0 }
+
+// homedOn reports whether r has a copy or shard on node that is not lost:
+// its single home, or one of its homes.
+func (r *record) homedOn(node string) bool {
+	if !r.redundant() {
+		return r.Home == node
+	}
+	return slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.Node == node && h.State != poolv1.HomeState_HOME_STATE_LOST })
+}
+
+// idsOn is the ids at node of r's copies or shards that are not lost.
+func (r *record) idsOn(node string) []uint64 {
+	if !r.redundant() {
+		if r.Home == node {
+			return []uint64{r.HomeID}
+		}
+		return nil
+	}
+	var ids []uint64
+	for _, h := range r.Homes {
+		if h.Node == node && h.State != poolv1.HomeState_HOME_STATE_LOST {
+			ids = append(ids, h.HomeID)
+		}
+	}
+	return ids
+}
+
+// shardSize is the bytes of each home's segment.
+func (r *record) shardSize() int64 {
+	if r.Redundancy.Data > 0 {
+		return r.Size / int64(r.Redundancy.Data)
+	}
+	return r.Size
+}
+
+// lostHomes counts r's homes in state LOST.
+func (r *record) lostHomes() int {
+	n := 0
+	for _, h := range r.Homes {
+		if h.State == poolv1.HomeState_HOME_STATE_LOST {
+			n++
+		}
+	}
+	return n
+}
+
+// redundancyState is how much of r's protection holds.
+func (r *record) redundancyState() poolv1.RedundancyState {
+	switch {
+	case !r.redundant():
+		return poolv1.RedundancyState_REDUNDANCY_STATE_NONE
+	case r.Lost:
+		return poolv1.RedundancyState_REDUNDANCY_STATE_LOST
+	case slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_REBUILDING }):
+		return poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING
+	case r.lostHomes() > 0:
+		return poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED
+	}
+	return poolv1.RedundancyState_REDUNDANCY_STATE_OK
+}
+
+// settle derives a redundant record's single-home fields from Homes[0]
+// and marks it lost when more homes are lost than its redundancy covers.
+func (r *record) settle() {
+	if !r.redundant() {
+		return
+	}
+	h := r.Homes[0]
+	tls := h.DataTLS
+	r.Home, r.HomeID, r.DataAddr, r.Key, r.DataTLS, r.Epoch = h.Node, h.HomeID, h.DataAddr, h.Key, &tls, h.Epoch
+	r.Lost = r.lostHomes() > r.Redundancy.spec().Survives()
+}
+
+// redundancyFor is the redundancy req gets: the one it names, else the
+// daemon's default for an rdma allocation; none for a peer's placement of
+// one home. A spec that cannot be placed on req's tiers is ErrInvalid.
+func (p *core) redundancyFor(req allocRequest) (redspec.Spec, error) {
+	s := req.Redundancy
+	if req.HomeOnly {
+		if s != nil && !s.None() {
+			return redspec.Spec{}, fmt.Errorf("%w: a peer's placement of one home (home_only) is not redundant itself; ask the daemon that holds the segment", errs.ErrInvalid)
+		}
+		return redspec.Spec{}, nil
+	}
+	if s == nil {
+		if req.Tier != poolv1.Tier_TIER_RDMA {
+			return redspec.Spec{}, nil
+		}
+		def, err := redspec.Parse(p.cfg.DefaultRedundancy)
+		if err != nil {
+			return redspec.Spec{}, err
+		}
+		s = &def
+	}
+	if err := s.Validate(); err != nil {
+		return redspec.Spec{}, err
+	}
+	if s.None() {
+		return *s, nil
+	}
+	for _, t := range append([]poolv1.Tier{req.Tier}, req.Fallback...) {
+		if t != poolv1.Tier_TIER_RDMA && t != poolv1.Tier_TIER_UNSPECIFIED {
+			return redspec.Spec{}, fmt.Errorf("%w: redundancy %s is for the rdma tier only, and the request names the %s tier: a load/store segment (cxl, local) is one host's memory mapped into its applications, and a copy elsewhere would not see their stores; ask for the rdma tier, or no redundancy", errs.ErrInvalid, s, tierName(t))
+		}
+	}
+	if req.MaxReadLatencyNs > 0 || req.MinReadBandwidthBps > 0 {
+		return redspec.Spec{}, fmt.Errorf("%w: redundancy %s with a read budget: redundant segments are placed by zones and capacity, not by a budget; ask for one or the other", errs.ErrInvalid, s)
+	}
+	return *s, nil
+}
+
+// redundantLayout is the shard segment size and the (padded) segment size
+// of size bytes with s.
+func redundantLayout(size int64, s redspec.Spec) (shard, total int64) {
+	if !s.Coded() {
+		return size, size
+	}
+	stripe := int64(s.Data) * shardChunk
+	stripes := (size + stripe - 1) / stripe
+	return stripes * shardChunk, stripes * stripe
+}
+
+// homeHosts is the alive, usable members that are not refused for their
+// name and have shard bytes free on the rdma tier, this node among them
+// when it lends rdma memory (its own memory counts as one host).
+func (p *core) homeHosts(shard int64) []cluster.Member {
+	if p.cl == nil {
+		return nil
+	}
+	return slices.DeleteFunc(p.cl.Members(), func(m cluster.Member) bool {
+		t, ok := m.Meta.Tier(tierName(poolv1.Tier_TIER_RDMA))
+		return !ok || t.Free < shard || !m.Usable() || m.Meta.GRPCAddr == "" || p.peers.isRefused(m.Name, m.Meta.GRPCAddr)
+	})
+}
+
+// pickHomes chooses n of hosts, none named in taken, each in a zone that
+// neither taken's zones nor an earlier choice holds while some host is
+// in such a zone (a node without a zone is a zone of its own), and
+// otherwise any; among those, by capacity and nearness as a single
+// placement is (cluster.PickNear).
+func pickHomes(hosts []cluster.Member, n int, shard int64, taken []cluster.Member, near cluster.Near) ([]cluster.Member, error) {
+	zone := func(m cluster.Member) string {
+		if m.Meta.Zone == "" {
+			return "node:" + m.Name
+		}
+		return m.Meta.Zone
+	}
+	used := map[string]bool{}
+	names := map[string]bool{}
+	for _, m := range taken {
+		used[zone(m)], names[m.Name] = true, true
+	}
+	var out []cluster.Member
+	for range n {
+		free := slices.DeleteFunc(slices.Clone(hosts), func(m cluster.Member) bool { return names[m.Name] })
+		fresh := slices.DeleteFunc(slices.Clone(free), func(m cluster.Member) bool { return used[zone(m)] })
+		if len(fresh) > 0 {
+			free = fresh
+		}
+		m, err := cluster.PickNear(free, tierName(poolv1.Tier_TIER_RDMA), shard, "", nil, near)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+		used[zone(m)], names[m.Name] = true, true
+	}
+	return out, nil
+}
+
+// nodeNames is the members' names, joined for a message.
+func nodeNames(ms []cluster.Member) string {
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.Name
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+// allocRedundant places a segment with redundancy s (not none): a copy or
+// shard on each of s.Homes() distinct hosts, the homes told how to
+// forward, then the record committed. With too few hosts it fails with
+// ErrNoCapacity, or with s.Fallback takes fewer copies or parity shards;
+// a nil record and error then means one copy: a plain placement. Any
+// failure frees the homes made.
+func (p *core) allocRedundant(ctx context.Context, c caller, req allocRequest, s redspec.Spec) (*record, error) {
+	shard, total := redundantLayout(req.Size, s)
+	if total > MaxSegmentSize {
+		return nil, fmt.Errorf("%w: size %d with %s is %d bytes padded to whole stripes; ask for at most %d bytes", errs.ErrInvalid, req.Size, s, total, int64(MaxSegmentSize))
+	}
+	p.mu.Lock()
+	why, err := p.admit(c, poolv1.Tier_TIER_RDMA, total)
+	_, taken := p.names[req.Name]
+	pl := plan{peers: p.peerFigures()}
+	p.mu.Unlock()
+	switch {
+	case err != nil:
+		return nil, err
+	case why != "":
+		return nil, fmt.Errorf("alloc %d bytes with %s: %w: %s", req.Size, s, errs.ErrNoCapacity, why)
+	case req.Name != "" && taken:
+		return nil, fmt.Errorf("alloc %q: %w", req.Name, errs.ErrExists)
+	}
+	hosts := p.homeHosts(shard)
+	if need := s.Homes(); len(hosts) < need {
+		if !s.Fallback || s.Coded() && len(hosts) <= s.Data {
+			least := need
+			if s.Fallback {
+				least = s.Data + 1
+			}
+			return nil, fmt.Errorf("alloc %d bytes with %s: %w: it needs %d distinct hosts with %d bytes free on the rdma tier, and %d have them (%s); add hosts, free memory, or ask for fewer homes (or-fewer places %d at least)",
+				req.Size, s, errs.ErrNoCapacity, least, shard, len(hosts), nodeNames(hosts), max(s.Data+1, 2))
+		}
+		if s.Coded() {
+			s.Parity = len(hosts) - s.Data
+		} else {
+			s.Replicas = len(hosts)
+		}
+		if s.Homes() < 2 {
+			return nil, nil
+		}
+	}
+	chosen, err := pickHomes(hosts, s.Homes(), shard, nil, pl.near)
+	if err != nil {
+		return nil, fmt.Errorf("alloc %d bytes with %s: %w", req.Size, s, err)
+	}
+	for _, m := range chosen {
+		defer p.placing(m.Name)()
+	}
+	homes, err := p.makeHomes(ctx, chosen, shard, c.id())
+	r := &record{
+		Name: req.Name, Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: total, Owner: c.id(), Persist: req.Persist,
+		Created: p.now().UTC(), Redundancy: redundancyOf(s), Homes: homes,
+	}
+	if s.Coded() {
+		r.ShardChunk = shardChunk
+	}
+	if err == nil {
+		r.settle()
+		r.grant(c, req)
+		err = p.replicate(ctx, r)
+	}
+	if err == nil {
+		err = p.commitRedundant(r)
+	}
+	if err != nil {
+		p.freeHomes(homes)
+		return nil, fmt.Errorf("alloc %d bytes with %s: %w", req.Size, s, err)
+	}
+	p.log.Debug("alloc redundant", "segment", r.ID, "redundancy", s.String(), "homes", nodeNames(chosen), "size", r.Size)
+	cp := *r
+	return &cp, nil
+}
+
+// makeHomes allocates a segment of size bytes for client on each of
+// nodes, in parallel; on a failure it frees those made and returns the
+// first error.
+func (p *core) makeHomes(ctx context.Context, nodes []cluster.Member, size int64, client string) ([]homeRef, error) {
+	homes := make([]homeRef, len(nodes))
+	errsOf := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, m := range nodes {
+		wg.Go(func() { homes[i], errsOf[i] = p.makeHome(ctx, m, size, client) })
+	}
+	wg.Wait()
+	if err := errors.Join(errsOf...); err != nil {
+		p.freeHomes(slices.DeleteFunc(homes, func(h homeRef) bool { return h.Node == "" }))
+		return nil, err
+	}
+	return homes, nil
+}
+
+// makeHome allocates one copy or shard of size bytes at m for client.
+func (p *core) makeHome(ctx context.Context, m cluster.Member, size int64, client string) (homeRef, error) {
+	pc, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
+	if err != nil {
+		return homeRef{}, err
+	}
+	seg, err := callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.Segment, error) {
+		return api.Alloc(ctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: client})
+	})
+	if err != nil {
+		return homeRef{}, fmt.Errorf("alloc on %s: %w", m.Name, err)
+	}
+	var key rdma.Key
+	copy(key[:], seg.Key)
+	return homeRef{Node: m.Name, HomeID: seg.Id, DataAddr: seg.DataAddr, Key: key, Epoch: seg.Epoch, DataTLS: seg.DataTls}, nil
+}
+
+// freeHomes frees the copies or shards at their nodes, in the background.
+func (p *core) freeHomes(homes []homeRef) {
+	for _, h := range homes {
+		p.freeLaterAt(h.Node, h.HomeID)
+	}
+}
+
+// commitRedundant gives r an id and commits it.
+func (p *core) commitRedundant(r *record) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r.Name != "" {
+		if _, ok := p.names[r.Name]; ok {
+			return fmt.Errorf("alloc %q: %w", r.Name, errs.ErrExists)
+		}
+	}
+	id, err := p.newID()
+	if err != nil {
+		return err
+	}
+	r.ID = id
+	if err := p.st.put(r); err != nil {
+		return fmt.Errorf("commit to the metadata store: %w", err)
+	}
+	p.link(r)
+	p.usage.add(r)
+	if r.Name != "" {
+		p.names[r.Name] = id
+	}
+	return nil
+}
+
+// placeHome allocates one new copy or shard of r (its shard size) on a
+// host that is not in exclude and holds no home of r that is not lost,
+// in a zone none of those holds while there is one; it returns the home
+// in state REBUILDING. The record is not changed: the caller commits the
+// home (updateRecord) before the next reconcile with its node would take
+// it for an orphan.
+func (p *core) placeHome(ctx context.Context, r *record, exclude []string) (homeRef, error) {
+	shard := r.shardSize()
+	var taken []cluster.Member
+	hosts := slices.DeleteFunc(p.homeHosts(shard), func(m cluster.Member) bool {
+		if r.homedOn(m.Name) {
+			taken = append(taken, m)
+			return true
+		}
+		return slices.Contains(exclude, m.Name)
+	})
+	p.mu.Lock()
+	pl := plan{peers: p.peerFigures()}
+	p.mu.Unlock()
+	chosen, err := pickHomes(hosts, 1, shard, taken, pl.near)
+	if err != nil {
+		return homeRef{}, fmt.Errorf("segment %d: a new home for %d bytes: %w", r.ID, shard, err)
+	}
+	defer p.placing(chosen[0].Name)()
+	h, err := p.makeHome(ctx, chosen[0], shard, r.Owner)
+	h.State = poolv1.HomeState_HOME_STATE_REBUILDING
+	return h, err
+}
+
+// updateRecord changes the record of segment id with fn, on a copy, and
+// commits it: the single-home fields follow Homes[0] and the segment is
+// lost when more homes are lost than its redundancy covers. It returns
+// the record committed.
+func (p *core) updateRecord(id uint64, fn func(r *record) error) (record, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.segs[id]
+	if !ok {
+		return record{}, fmt.Errorf("segment %d: %w: freed meanwhile", id, errs.ErrNotFound)
+	}
+	next := *r
+	next.Homes = slices.Clone(r.Homes)
+	if err := fn(&next); err != nil {
+		return record{}, err
+	}
+	next.settle()
+	if err := p.st.put(&next); err != nil {
+		return record{}, fmt.Errorf("segment %d: commit to the metadata store: %w", id, err)
+	}
+	wasLost := r.Lost
+	*r = next
+	if next.Lost && !wasLost {
+		p.notifyLocked(lostEvents(&next))
+	}
+	return next, nil
+}
+
+// lostEvents tells r's owner and attachers that it is lost.
+func lostEvents(r *record) map[string]*poolv1.SegmentEvents {
+	out := map[string]*poolv1.SegmentEvents{}
+	for _, c := range append([]string{r.Owner}, r.Attached...) {
+		out[c] = &poolv1.SegmentEvents{Lost: []uint64{r.ID}}
+	}
+	return out
+}
+
+// replicateTimeout bounds one Replicate call at a home.
+const replicateTimeout = 10 * time.Second
+
+// replicate tells every home of r that is not lost how it is written:
+// the backups and parity shards who writes them (and that clients only
+// read them), then the primary or the data shards where to forward, each
+// with the record's epoch. Homes of one kind are told in parallel.
+func (p *core) replicate(ctx context.Context, r *record) error {
+	coded := r.Redundancy.Data > 0
+	live := func(h homeRef) bool { return h.State != poolv1.HomeState_HOME_STATE_LOST }
+	var writers, forwarders []int // indexes into r.Homes
+	for i, h := range r.Homes {
+		switch {
+		case !live(h):
+		case coded && i < r.Redundancy.Data, !coded && i == 0:
+			forwarders = append(forwarders, i)
+		default:
+			writers = append(writers, i)
+		}
+	}
+	var targets []*poolv1.SegmentHome
+	var writerNodes []string
+	for _, i := range forwarders {
+		writerNodes = append(writerNodes, r.Homes[i].Node)
+	}
+	for i, h := range r.Homes {
+		if coded && i >= r.Redundancy.Data || !coded && i > 0 && live(h) {
+			targets = append(targets, homeProto(h))
+		}
+	}
+	tell := func(idx []int, req func(i int) *poolv1.ReplicateRequest) error {
+		errsOf := make([]error, len(idx))
+		var wg sync.WaitGroup
+		for n, i := range idx {
+			wg.Go(func() { errsOf[n] = p.replicateAt(ctx, r, i, req(i)) })
+		}
+		wg.Wait()
+		return errors.Join(errsOf...)
+	}
+	err := tell(writers, func(i int) *poolv1.ReplicateRequest {
+		return &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Writers: writerNodes, ClientsReadOnly: true}
+	})
+	if err != nil {
+		return err
+	}
+	return tell(forwarders, func(i int) *poolv1.ReplicateRequest {
+		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Targets: targets}
+		if coded {
+			req.Mode, req.Shard = poolv1.ForwardMode_FORWARD_MODE_PARITY, uint32(i)
+			req.DataShards, req.ParityShards = uint32(r.Redundancy.Data), uint32(r.Redundancy.Parity)
+		}
+		return req
+	})
+}
+
+// replicateAt sends one Replicate to home i of r.
+func (p *core) replicateAt(ctx context.Context, r *record, i int, req *poolv1.ReplicateRequest) error {
+	h := r.Homes[i]
+	ctx, cancel := context.WithTimeout(ctx, replicateTimeout)
+	defer cancel()
+	pc, err := p.homeSession(ctx, h.Node, "home")
+	if err == nil {
+		_, err = callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
+			return api.Replicate(ctx, req)
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("replicate segment %d at %s (home %d): %w", r.ID, h.Node, i, err)
+	}
+	return nil
+}
+
+// homeProto describes a home for the API, without credentials or TLS
+// verification details (segmentProto adds those for clients).
+func homeProto(h homeRef) *poolv1.SegmentHome {
+	key := h.Key
+	return &poolv1.SegmentHome{Node: h.Node, HomeId: h.HomeID, DataAddr: h.DataAddr, Key: key[:], Epoch: h.Epoch,
+		DataTls: h.DataTLS, Transport: "tcp", State: h.State, RebuiltBytes: h.Rebuilt}
+}
+
+// redundancyProto is r's redundancy for the API; nil for none.
+func redundancyProto(rd redundancy) *poolv1.Redundancy {
+	if rd == (redundancy{}) {
+		return nil
+	}
+	return &poolv1.Redundancy{Replicas: uint32(rd.Replicas), DataShards: uint32(rd.Data), ParityShards: uint32(rd.Parity), AllowFallback: rd.Fallback}
+}
+
+// homeLost marks the copy or shard of segment id at node (its id there
+// homeID) lost, durably; a lost primary's place goes to the first backup
+// that is not lost, under the next epoch. The survivors are then told
+// (replicateLater) and the lost copy is freed at its node if it answers
+// (it is never served again: a node that returns with it frees it at the
+// next reconcile, which no longer counts it as held). why is logged.
+func (p *core) homeLost(id uint64, node string, homeID uint64, why string) {
+	var promoted string
+	next, err := p.updateRecord(id, func(r *record) error {
+		i := slices.IndexFunc(r.Homes, func(h homeRef) bool {
+			return h.Node == node && h.HomeID == homeID && h.State != poolv1.HomeState_HOME_STATE_LOST
+		})
+		if i < 0 {
+			return errHomeGone
+		}
+		r.Homes[i].State = poolv1.HomeState_HOME_STATE_LOST
+		if i > 0 || r.Redundancy.Data > 0 {
+			return nil
+		}
+		j := slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_OK })
+		if j < 0 {
+			return nil
+		}
+		r.Homes[0], r.Homes[j] = r.Homes[j], r.Homes[0]
+		r.Epoch++
+		for k := range r.Homes {
+			if r.Homes[k].State != poolv1.HomeState_HOME_STATE_LOST {
+				r.Homes[k].Epoch = r.Epoch
+			}
+		}
+		promoted = r.Homes[0].Node
+		return nil
+	})
+	switch {
+	case errors.Is(err, errHomeGone) || errors.Is(err, errs.ErrNotFound):
+		return // marked already, or the segment is gone
+	case err != nil:
+		p.log.Error("a home of a redundant segment is lost, and the record does not say so yet", "segment", id, "node", node, "why", why, "err", err)
+		return
+	}
+	p.peers.freeLater(node, homeID)
+	if next.Lost {
+		p.log.Warn("redundant segment lost: more homes lost than its redundancy covers", "segment", id, "node", node, "redundancy", next.Redundancy.spec().String(), "lost", next.lostHomes(), "why", why)
+		return
+	}
+	p.log.Warn("redundant segment degraded: a home is lost", "segment", id, "node", node, "promoted", promoted, "epoch", next.Epoch, "why", why)
+	p.replicateLater(id)
+}
+
+// errHomeGone is a home homeLost does not find (lost already).
+var errHomeGone = errors.New("no such home that is not lost")
+
+// replicateLater runs replicate on segment id's current record in the
+// background until it succeeds, backing off from reconcileRetry to 5 s,
+// while the segment exists and is not lost and the daemon runs.
+func (p *core) replicateLater(id uint64) {
+	p.peers.later(0, func(ctx context.Context) {
+		for wait := reconcileRetry; ; wait = min(2*wait, 5*time.Second) {
+			p.mu.Lock()
+			cur, ok := p.segs[id]
+			var r record
+			if ok {
+				r = *cur
+				r.Homes = slices.Clone(cur.Homes)
+			}
+			p.mu.Unlock()
+			if !ok || r.Lost || !r.redundant() {
+				return
+			}
+			err := p.replicate(ctx, &r)
+			if err == nil {
+				return
+			}
+			p.log.Info("telling the homes of a redundant segment how to forward: retrying", "segment", id, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+	})
+}
+
+// redundantChanged applies a change of node to the redundant segments
+// with a home there (homeChanged): a dead node's homes are lost; a
+// returning node's homes that it no longer holds (held, by id there) are
+// lost, and the survivors of every segment with a home there are told
+// again how to forward (a restarted home forgot).
+func (p *core) redundantChanged(node string, up bool, held map[uint64]bool) {
+	type home struct {
+		seg, homeID uint64
+	}
+	var lost []home
+	var again []uint64
+	p.mu.Lock()
+	for _, r := range p.segs {
+		if !r.redundant() || r.Lost {
+			continue
+		}
+		for _, id := range r.idsOn(node) {
+			if !up || !held[id] {
+				lost = append(lost, home{r.ID, id})
+			} else if !slices.Contains(again, r.ID) {
+				again = append(again, r.ID)
+			}
+		}
+	}
+	p.mu.Unlock()
+	why := "its node is dead"
+	if up {
+		why = "its node returned without it"
+	}
+	for _, h := range lost {
+		p.homeLost(h.seg, node, h.homeID, why)
+	}
+	for _, id := range again {
+		p.replicateLater(id)
+	}
+}
+
+// HomeFailed takes a home's report that it could not forward to another
+// home of the same segment; only a peer daemon's session may report, and
+// only of a segment with a home at its node.
+func (s *service) HomeFailed(ctx context.Context, req *poolv1.HomeFailedRequest) (*poolv1.HomeFailedResponse, error) {
+	c, err := s.caller(ctx)
+	if err == nil && !isPeer(c) {
+		err = fmt.Errorf("%w: only a home of a redundant segment reports a failed forward, and the caller is %s", errs.ErrAccessDenied, c.ident)
+	}
+	if err == nil {
+		err = s.d.pool.homeFailed(strings.TrimPrefix(c.id(), peerClientPrefix), req)
+	}
+	if err != nil {
+		s.d.refused("home-failed", c, req.HomeId, req.TargetNode, err)
+		return nil, errs.ToStatus(err)
+	}
+	return &poolv1.HomeFailedResponse{}, nil
+}
+
+// homeFailed marks the target of a report from node lost: the record with
+// a home at node of id req.HomeId that also has the target as a home.
+func (p *core) homeFailed(node string, req *poolv1.HomeFailedRequest) error {
+	p.mu.Lock()
+	var seg uint64
+	found := false
+	for _, r := range p.segs {
+		if r.redundant() && slices.Contains(r.idsOn(node), req.HomeId) && slices.Contains(r.idsOn(req.TargetNode), req.TargetHomeId) {
+			seg, found = r.ID, true
+			break
+		}
+	}
+	p.mu.Unlock()
+	if !found {
+		return fmt.Errorf("%w: no redundant segment here has home %d at %s and home %d at %s (freed, or marked lost already)",
+			errs.ErrNotFound, req.HomeId, node, req.TargetHomeId, req.TargetNode)
+	}
+	p.homeLost(seg, req.TargetNode, req.TargetHomeId, fmt.Sprintf("%s could not forward to it: %s", node, req.Reason))
+	return nil
+}

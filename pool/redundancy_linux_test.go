@@ -1,0 +1,225 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/klauspost/reedsolomon"
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
+	redspec "github.com/farmem/farmem/internal/redundancy"
+	"github.com/farmem/farmem/rdma"
+)
+
+// fastDetection declares a crashed host dead within about a second.
+func fastDetection(c *cluster.Config) {
+	c.GossipInterval, c.ProbeInterval, c.ProbeTimeout, c.SuspicionMult = 50*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond, 2
+}
+
+// redundantCluster starts n simulated hosts in zones z0, z1, z0, z1, ...
+// with the gossip timing given (nil: the lan profile), the first lending
+// no memory when originOnly, and waits until they see each other.
+func redundantCluster(t *testing.T, n int, timing func(*cluster.Config), originOnly bool) *simCluster {
+	sc := newSimCluster(t, simHostConfig{hosts: n, leaseTTL: 10 * time.Second, timing: timing})
+	for i, h := range sc.hosts {
+		h.cfg.Zone = fmt.Sprintf("z%d", i%2)
+	}
+	if originOnly {
+		sc.hosts[0].cfg.ExportSize = 0
+	}
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	return sc
+}
+
+// heldFor is the ids of the segments each running host holds for node.
+func (sc *simCluster) heldFor(node string) map[string][]uint64 {
+	out := map[string][]uint64{}
+	for _, h := range sc.up() {
+		for _, r := range h.daemon().pool.List() {
+			if r.Owner == peerClientPrefix+node {
+				out[h.name] = append(out[h.name], r.ID)
+			}
+		}
+	}
+	return out
+}
+
+// allocSpec allocates a persistent rdma segment of size bytes at d as an
+// administrator with the redundancy text spec.
+func allocSpec(ctx context.Context, t *testing.T, d *Daemon, size int64, spec string) (*record, error) {
+	s, err := redspec.Parse(spec)
+	require.NoError(t, err)
+	return d.pool.Alloc(ctx, caller{}, allocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, Persist: true, Redundancy: &s})
+}
+
+// TestRedundantPlacement: on four in-process hosts in two zones, a
+// replicated and an erasure-coded segment get one home per copy or shard
+// on distinct hosts, in distinct zones while there are as many, each an
+// rdma segment of the shard's size that its host holds for the origin
+// (the origin's own memory counting as a host); the size of an erasure
+// coded segment is padded to whole stripes. Too few hosts is
+// ErrNoCapacity naming how many it needs and has, unless or-fewer, which
+// places fewer and says so. A load/store tier is refused. Free frees every
+// home. A placement that fails on one host (crashed, not yet known dead)
+// leaves nothing behind on the others.
+func TestRedundantPlacement(t *testing.T) {
+	sc := redundantCluster(t, 4, nil, false)
+	ctx := t.Context()
+	origin := sc.hosts[0].daemon()
+	zoneOf := map[string]string{}
+	for _, h := range sc.hosts {
+		zoneOf[h.name] = h.cfg.Zone
+	}
+	check := func(r *record, homes int, shard int64) {
+		t.Helper()
+		require.Len(t, r.Homes, homes)
+		var nodes, zones []string
+		for _, h := range r.Homes {
+			require.Equal(t, poolv1.HomeState_HOME_STATE_OK, h.State)
+			nodes = append(nodes, h.Node)
+			zones = append(zones, zoneOf[h.Node])
+			held, err := sc.host(h.Node).daemon().pool.Stat(h.HomeID)
+			require.NoError(t, err, "home %s holds the copy", h.Node)
+			require.Equal(t, shard, held.Size)
+			require.Equal(t, peerClientPrefix+origin.cfg.Node, held.Owner)
+		}
+		require.Len(t, slices.Compact(slices.Sorted(slices.Values(nodes))), homes, "distinct hosts: %v", nodes)
+		require.Len(t, slices.Compact(slices.Sorted(slices.Values(zones[:2]))), 2, "the first two homes in distinct zones: %v", zones)
+		require.Equal(t, r.Homes[0].Node, r.Home, "the single-home fields name the first home")
+		require.Equal(t, r.Homes[0].HomeID, r.HomeID)
+	}
+
+	rep, err := allocSpec(ctx, t, origin, 10000, "replicas=2")
+	require.NoError(t, err)
+	check(rep, 2, 10000)
+	require.Equal(t, redundancy{Replicas: 2}, rep.Redundancy)
+
+	ec, err := allocSpec(ctx, t, origin, 10000, "ec=2+1")
+	require.NoError(t, err)
+	check(ec, 3, 2*shardChunk)
+	require.Equal(t, int64(2*2*shardChunk), ec.Size, "padded to whole stripes")
+	require.Equal(t, int64(shardChunk), ec.ShardChunk)
+
+	_, err = allocSpec(ctx, t, origin, 10000, "replicas=5")
+	require.ErrorIs(t, err, errs.ErrNoCapacity)
+	require.ErrorContains(t, err, "needs 5 distinct hosts")
+	require.ErrorContains(t, err, "4 have them")
+	_, err = allocSpec(ctx, t, origin, 10000, "ec=4+2,or-fewer")
+	require.ErrorIs(t, err, errs.ErrNoCapacity, "k data shards and one parity need k+1 hosts")
+	require.ErrorContains(t, err, "needs 5 distinct hosts")
+
+	fewer, err := allocSpec(ctx, t, origin, 10000, "replicas=5,or-fewer")
+	require.NoError(t, err)
+	check(fewer, 4, 10000)
+	require.Equal(t, redundancy{Replicas: 4, Fallback: true}, fewer.Redundancy, "the segment says what it got")
+	fewerEC, err := allocSpec(ctx, t, origin, 10000, "ec=2+3,or-fewer")
+	require.NoError(t, err)
+	check(fewerEC, 4, 2*shardChunk)
+	require.Equal(t, redundancy{Data: 2, Parity: 2, Fallback: true}, fewerEC.Redundancy)
+
+	s := redspec.Spec{Replicas: 2}
+	_, err = origin.pool.Alloc(ctx, caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Persist: true, Redundancy: &s})
+	require.ErrorIs(t, err, errs.ErrInvalid)
+	require.ErrorContains(t, err, "mapped into its applications")
+
+	for _, r := range []*record{rep, ec, fewer, fewerEC} {
+		require.NoError(t, origin.pool.Free(caller{}, r.ID, ""))
+	}
+	require.Eventually(t, func() bool { return len(sc.heldFor(origin.cfg.Node)) == 0 }, 10*time.Second, 20*time.Millisecond,
+		"every home is freed: %v", sc.heldFor(origin.cfg.Node))
+
+	// A host that crashed a moment ago is still alive to gossip (seconds
+	// of the lan profile's failure detection): the placement on it fails,
+	// and the homes made on the others go.
+	sc.crash(sc.hosts[3])
+	_, err = allocSpec(ctx, t, origin, 10000, "replicas=4")
+	require.Error(t, err)
+	require.NotErrorIs(t, err, errs.ErrNoCapacity, "placed on the crashed host, not refused for want of hosts")
+	require.Eventually(t, func() bool { return len(sc.heldFor(origin.cfg.Node)) == 0 }, 10*time.Second, 20*time.Millisecond,
+		"a failed placement leaves no home behind: %v", sc.heldFor(origin.cfg.Node))
+	for _, r := range origin.pool.List() {
+		require.False(t, r.redundant(), "no record of the failed placement: %+v", r)
+	}
+}
+
+// homeConn dials the data plane of home h of r with the origin's own
+// credential there (the origin owns every copy).
+func homeConn(t *testing.T, origin *Daemon, h homeRef) rdma.Conn {
+	pc := origin.pool.peers.conn(h.Node)
+	require.NotNil(t, pc, "a session with %s", h.Node)
+	c, err := dialHome(t.Context(), h.Node, h.DataAddr, false, nil, pc.DataCredential())
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func homeRegion(h homeRef) rdma.Region {
+	return rdma.Region{Segment: h.HomeID, Key: h.Key, Epoch: h.Epoch}
+}
+
+// TestRedundantFailover: a write to the primary of a replicas=2 segment is
+// on the backup when it is answered, and one to a data shard of an
+// ec=2+1 segment changes the parity shard by its Reed-Solomon delta. When
+// the primary's host crashes, the origin marks that home lost, promotes
+// the backup under the next epoch (the origin lends no memory itself, so
+// no crash takes it) (the single-home fields name it) and
+// the segment is degraded; the data is there. When the backup's host
+// crashes too, the segment is lost.
+func TestRedundantFailover(t *testing.T) {
+	sc := redundantCluster(t, 4, fastDetection, true)
+	ctx := t.Context()
+	origin := sc.hosts[0].daemon()
+	rep, err := allocSpec(ctx, t, origin, 8192, "replicas=2")
+	require.NoError(t, err)
+	primary, backup := rep.Homes[0], rep.Homes[1]
+	want := []byte("written through the primary")
+	require.NoError(t, homeConn(t, origin, primary).Write(ctx, homeRegion(primary), 100, want))
+	got := make([]byte, len(want))
+	require.NoError(t, homeConn(t, origin, backup).Read(ctx, homeRegion(backup), 100, got))
+	require.Equal(t, want, got, "the backup holds the write once the primary answered it")
+
+	ec, err := allocSpec(ctx, t, origin, 2*shardChunk, "ec=2+1")
+	require.NoError(t, err)
+	d0, d1, parity := ec.Homes[0], ec.Homes[1], ec.Homes[2]
+	require.NoError(t, homeConn(t, origin, d0).Write(ctx, homeRegion(d0), 10, []byte{0x0f, 0xf0}))
+	require.NoError(t, homeConn(t, origin, d1).Write(ctx, homeRegion(d1), 10, []byte{0x33, 0x33}))
+	enc, err := reedsolomon.New(2, 1)
+	require.NoError(t, err)
+	shards := [][]byte{make([]byte, 2), make([]byte, 2), make([]byte, 2)}
+	shards[0], shards[1] = []byte{0x0f, 0xf0}, []byte{0x33, 0x33}
+	require.NoError(t, enc.Encode(shards))
+	got = make([]byte, 2)
+	require.NoError(t, homeConn(t, origin, parity).Read(ctx, homeRegion(parity), 10, got))
+	require.Equal(t, shards[2], got, "the parity shard holds the data shards' parity")
+
+	sc.crash(sc.host(primary.Node))
+	var now record
+	require.Eventually(t, func() bool {
+		now, err = origin.pool.Stat(rep.ID)
+		return err == nil && now.Home == backup.Node
+	}, 30*time.Second, 20*time.Millisecond, "the backup is promoted")
+	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED, now.redundancyState())
+	require.Equal(t, poolv1.HomeState_HOME_STATE_LOST, now.Homes[1].State, "the old primary is lost")
+	require.Equal(t, rep.Epoch+1, now.Epoch)
+	require.False(t, now.Lost)
+	promoted := now.Homes[0]
+	got = make([]byte, len(want))
+	require.NoError(t, homeConn(t, origin, promoted).Read(ctx, homeRegion(promoted), 100, got))
+	require.Equal(t, want, got)
+	require.NoError(t, homeConn(t, origin, promoted).Write(ctx, homeRegion(promoted), 0, []byte("new primary")), "the promoted copy takes writes at its new epoch")
+
+	sc.crash(sc.host(promoted.Node))
+	require.Eventually(t, func() bool {
+		now, err = origin.pool.Stat(rep.ID)
+		return err == nil && now.Lost
+	}, 30*time.Second, 20*time.Millisecond, "with both copies gone the segment is lost")
+	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_LOST, now.redundancyState())
+}

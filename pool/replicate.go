@@ -1,0 +1,279 @@
+// This file holds the home side of redundant segments
+// (docs/REDUNDANCY.md): the Replicate RPC, by which the origin tells a
+// home of a copy or shard who writes it and where the data plane forwards
+// the effect of each write, and the report of a failed forward back to
+// the origin (HomeFailed).
+
+package pool
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/certs"
+	"github.com/farmem/farmem/internal/errs"
+	redspec "github.com/farmem/farmem/internal/redundancy"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// forwards holds, per segment served here, the data-plane connections its
+// forwarding uses, closed when it is replaced or stopped. Safe for
+// concurrent use.
+type forwards struct {
+	mu    sync.Mutex
+	conns map[uint64][]rdma.Conn
+}
+
+// swap makes conns segment id's connections and returns the previous ones.
+func (fw *forwards) swap(id uint64, conns []rdma.Conn) []rdma.Conn {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	if fw.conns == nil {
+		fw.conns = map[uint64][]rdma.Conn{}
+	}
+	old := fw.conns[id]
+	if len(conns) == 0 {
+		delete(fw.conns, id)
+	} else {
+		fw.conns[id] = conns
+	}
+	return old
+}
+
+// closeConns closes data-plane connections (nil ones are lost targets).
+func closeConns(conns []rdma.Conn) {
+	for _, c := range conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+// stopForwarding stops segment id's forwarding, if any, and closes its
+// connections: the segment is freed, fenced or moved away.
+func (p *core) stopForwarding(id uint64) {
+	old := p.fwd.swap(id, nil)
+	if old == nil {
+		return
+	}
+	if err := p.dp.srv.Forward(id, nil); err != nil {
+		p.log.Debug("stop forwarding a segment", "segment", id, "err", err)
+	}
+	closeConns(old)
+}
+
+// Replicate sets how a copy or shard here is written; only a peer daemon's
+// session may ask, and only for a segment it placed here.
+func (s *service) Replicate(ctx context.Context, req *poolv1.ReplicateRequest) (*poolv1.ReplicateResponse, error) {
+	c, err := s.caller(ctx)
+	if err == nil && !isPeer(c) {
+		err = fmt.Errorf("%w: only the peer daemon that placed a segment may set how it is replicated, and the caller is %s", errs.ErrAccessDenied, c.ident)
+	}
+	var resp *poolv1.ReplicateResponse
+	if err == nil {
+		resp, err = s.d.pool.replicateHere(ctx, c, req, moveTLS{ca: s.d.data.ca, byDefault: s.d.data.server != nil})
+	}
+	if err != nil {
+		s.d.refused("replicate", c, req.HomeId, "", err)
+		return nil, errs.ToStatus(err)
+	}
+	return resp, nil
+}
+
+// validReplicate checks a Replicate request's shape.
+func validReplicate(req *poolv1.ReplicateRequest) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("replicate segment %d: %w: "+format, append([]any{req.HomeId, errs.ErrInvalid}, args...)...)
+	}
+	if len(req.Targets) > redspec.MaxHomes || len(req.Writers) > redspec.MaxHomes {
+		return bad("%d targets and %d writers; at most %d each", len(req.Targets), len(req.Writers), redspec.MaxHomes)
+	}
+	for _, w := range req.Writers {
+		if w == "" || len(w) > MaxNameLen || strings.Contains(w, "/") {
+			return bad("writer node %q: use a node name of 1 to %d bytes", w, MaxNameLen)
+		}
+	}
+	for i, t := range req.Targets {
+		if t.State == poolv1.HomeState_HOME_STATE_LOST {
+			continue
+		}
+		if t.Node == "" || len(t.Node) > MaxNameLen || t.DataAddr == "" || len(t.Key) != len(rdma.Key{}) {
+			return bad("target %d (node %q at %q) needs a node name, a data address and a %d-byte key", i, t.Node, t.DataAddr, len(rdma.Key{}))
+		}
+	}
+	switch req.Mode {
+	case poolv1.ForwardMode_FORWARD_MODE_COPY:
+	case poolv1.ForwardMode_FORWARD_MODE_PARITY:
+		k, m := int(req.DataShards), int(req.ParityShards)
+		if err := (redspec.Spec{Data: k, Parity: m}).Validate(); err != nil {
+			return fmt.Errorf("replicate segment %d: %w", req.HomeId, err)
+		}
+		if int(req.Shard) >= k || len(req.Targets) != m {
+			return bad("data shard %d of ec=%d+%d with %d parity targets; the shard is below k and there is one target per parity shard", req.Shard, k, m, len(req.Targets))
+		}
+	default:
+		return bad("unknown forward mode %d; use COPY or PARITY", req.Mode)
+	}
+	return nil
+}
+
+// replicateHere applies a Replicate request from c to a segment it placed
+// here: the epoch raised, the writers and the clients' read-only access
+// committed and given to the data plane, the targets dialed and the
+// forwarding set (replacing the previous one).
+func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.ReplicateRequest, tls moveTLS) (*poolv1.ReplicateResponse, error) {
+	if err := validReplicate(req); err != nil {
+		return nil, err
+	}
+	r, err := p.replicaSubject(c, req)
+	if err != nil {
+		return nil, err
+	}
+	f, conns, err := p.dialTargets(ctx, r, req, tls)
+	if err != nil {
+		return nil, err
+	}
+	epoch, err := p.setReplica(r, req)
+	if err != nil {
+		closeConns(conns)
+		return nil, err
+	}
+	if err := p.dp.srv.Forward(req.HomeId, f); err != nil {
+		closeConns(conns)
+		return nil, fmt.Errorf("replicate segment %d: %w", req.HomeId, err)
+	}
+	closeConns(p.fwd.swap(req.HomeId, conns))
+	return &poolv1.ReplicateResponse{Epoch: epoch}, nil
+}
+
+// replicaSubject finds the segment of a Replicate request: an rdma
+// segment this node serves, c's, not lost, and not moving away.
+func (p *core) replicaSubject(c caller, req *poolv1.ReplicateRequest) (*record, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(req.HomeId, "")
+	if err != nil {
+		return nil, err
+	}
+	what := fmt.Sprintf("replicate segment %d", r.ID)
+	switch {
+	case r.Owner != c.id():
+		return nil, fmt.Errorf("%s: %w: it belongs to %s, not to the caller %s", what, errs.ErrAccessDenied, r.Owner, c.id())
+	case p.dp == nil || r.Key.IsZero() || r.Home != "":
+		return nil, fmt.Errorf("%s: %w: it is not an rdma segment this node's data plane serves", what, errs.ErrInvalid)
+	case r.Lost:
+		return nil, fmt.Errorf("%s: %w", what, errs.ErrSegmentLost)
+	case req.Epoch < r.Epoch:
+		return nil, fmt.Errorf("%s: %w: epoch %d is older than the copy's %d (a stale request)", what, errs.ErrInvalid, req.Epoch, r.Epoch)
+	}
+	return r, nil
+}
+
+// setReplica commits the epoch, writers and clients' access a Replicate
+// request gives the segment r and hands them to the data plane; it
+// returns the epoch.
+func (p *core) setReplica(r *record, req *poolv1.ReplicateRequest) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.segs[r.ID] != r {
+		return 0, fmt.Errorf("replicate segment %d: %w: freed meanwhile", r.ID, errs.ErrNotFound)
+	}
+	next := *r
+	next.Epoch, next.Writers, next.ReadOnly = max(r.Epoch, req.Epoch), slices.Clone(req.Writers), req.ClientsReadOnly
+	if next.Epoch > r.Epoch {
+		if err := p.dp.srv.SetEpoch(r.ID, next.Epoch); err != nil {
+			return 0, fmt.Errorf("replicate segment %d: raise the epoch to %d: %w", r.ID, next.Epoch, err)
+		}
+	}
+	if err := p.st.put(&next); err != nil {
+		return 0, fmt.Errorf("replicate segment %d: commit to the metadata store: %w", r.ID, err)
+	}
+	*r = next
+	p.allowData(r)
+	return r.Epoch, nil
+}
+
+// dialTargets connects to the data plane of each target of req that is not
+// lost, with this node's peer credential there (a daemon that lets this
+// one write its copy named this node a writer), and returns the
+// forwarding (nil without targets) and the connections it uses.
+func (p *core) dialTargets(ctx context.Context, r *record, req *poolv1.ReplicateRequest, tls moveTLS) (*tcp.Forwarding, []rdma.Conn, error) {
+	if len(req.Targets) == 0 {
+		return nil, nil, nil
+	}
+	f := &tcp.Forwarding{Mode: tcp.ForwardCopy, Targets: make([]tcp.ForwardTarget, len(req.Targets))}
+	if req.Mode == poolv1.ForwardMode_FORWARD_MODE_PARITY {
+		f.Mode, f.Shard, f.DataShards, f.ParityShards = tcp.ForwardParity, int(req.Shard), int(req.DataShards), int(req.ParityShards)
+	}
+	conns := make([]rdma.Conn, len(req.Targets))
+	errsOf := make([]error, len(req.Targets))
+	var wg sync.WaitGroup
+	for i, t := range req.Targets {
+		if t.State == poolv1.HomeState_HOME_STATE_LOST {
+			continue
+		}
+		var key rdma.Key
+		copy(key[:], t.Key)
+		f.Targets[i].Region = rdma.Region{Segment: t.HomeId, Key: key, Epoch: t.Epoch}
+		wg.Go(func() {
+			pc, err := p.homeSession(ctx, t.Node, "target")
+			if err == nil {
+				conns[i], err = dialHome(ctx, t.Node, t.DataAddr, t.DataTls, tls.ca, pc.DataCredential())
+			}
+			errsOf[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errsOf {
+		if err != nil {
+			closeConns(conns)
+			return nil, nil, fmt.Errorf("replicate segment %d: target %d at %s: %w", req.HomeId, i, req.Targets[i].Node, err)
+		}
+		f.Targets[i].Conn = conns[i]
+	}
+	owner, targets := r.Owner, req.Targets
+	f.OnFail = func(i int, err error) { p.reportFailed(owner, req.HomeId, targets[i], err) }
+	return f, conns, nil
+}
+
+// dialHome connects to node's data plane at addr with cred, one
+// connection (forwarded and copied writes keep their order), over TLS
+// verified against ca under the node's name when the node serves it.
+func dialHome(ctx context.Context, node, addr string, useTLS bool, ca, cred []byte) (rdma.Conn, error) {
+	opts := []tcp.Option{tcp.WithCredential(cred), tcp.WithConns(1)}
+	if useTLS {
+		tc, err := certs.Verifier(ca, node)
+		if err != nil {
+			return nil, fmt.Errorf("verify the data plane of %s: %w", node, err)
+		}
+		opts = append(opts, tcp.WithTLS(tc))
+	}
+	c, err := tcp.Dial(ctx, addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the data plane of %s at %s: %w", errMoveHome, node, addr, err)
+	}
+	return c, nil
+}
+
+// reportFailed tells the origin (the daemon whose client id owner is)
+// that segment id here could not forward to target, in the background.
+func (p *core) reportFailed(owner string, id uint64, target *poolv1.SegmentHome, why error) {
+	origin := strings.TrimPrefix(owner, peerClientPrefix)
+	p.log.Warn("a forward of a redundant segment's write failed; telling its origin", "segment", id, "target", target.Node, "origin", origin, "err", why)
+	p.peers.later(moveStepTimeout, func(ctx context.Context) {
+		pc, err := p.homeSession(ctx, origin, "origin")
+		if err == nil {
+			_, err = callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.HomeFailedResponse, error) {
+				return api.HomeFailed(ctx, &poolv1.HomeFailedRequest{HomeId: id, TargetNode: target.Node, TargetHomeId: target.HomeId, Reason: why.Error()})
+			})
+		}
+		if err != nil {
+			p.log.Warn("the origin of a redundant segment was not told of a failed forward; it learns of a dead home from gossip", "segment", id, "origin", origin, "err", err)
+		}
+	})
+}
