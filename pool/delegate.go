@@ -57,7 +57,7 @@ func (p *core) allowData(r *record) {
 	all := r.principals()
 	var readers []string
 	if r.ReadOnly {
-		all, readers = all[:1], all[1:]
+		all, readers = slices.Clip(all[:1]), all[1:] // clipped: the writers below must not overwrite the readers
 	}
 	for _, w := range r.Writers {
 		all = append(all, peerClientPrefix+w)

@@ -165,8 +165,9 @@ func homeRegion(h homeRef) rdma.Region {
 	return rdma.Region{Segment: h.HomeID, Key: h.Key, Epoch: h.Epoch}
 }
 
-// TestRedundantFailover: a write to the primary of a replicas=2 segment is
-// on the backup when it is answered, and one to a data shard of an
+// TestRedundantFailover: a client's write to the primary of a replicas=2
+// segment is on the backup when it is answered, the client may read the
+// backup but not write it, and one to a data shard of an
 // ec=2+1 segment changes the parity shard by its Reed-Solomon delta. When
 // the primary's host crashes, the origin marks that home lost, promotes
 // the backup under the next epoch (the origin lends no memory itself, so
@@ -177,14 +178,27 @@ func TestRedundantFailover(t *testing.T) {
 	sc := redundantCluster(t, 4, fastDetection, true)
 	ctx := t.Context()
 	origin := sc.hosts[0].daemon()
-	rep, err := allocSpec(ctx, t, origin, 8192, "replicas=2")
+	require.NoError(t, origin.pool.credentials().bind("app", uidIdentity(1000)))
+	origin.pool.openSession("s-app", "app", "app", 1, 1000)
+	app, err := origin.pool.callerFor("s-app")
+	require.NoError(t, err)
+	s := redspec.Spec{Replicas: 2}
+	rep, err := origin.pool.Alloc(ctx, app, allocRequest{Size: 8192, Tier: poolv1.Tier_TIER_RDMA, Redundancy: &s})
 	require.NoError(t, err)
 	primary, backup := rep.Homes[0], rep.Homes[1]
+	// The client, with the credentials its daemon's peers delegated to it.
+	appConn := func(h homeRef) rdma.Conn {
+		c, err := dialHome(ctx, h.Node, h.DataAddr, false, nil, origin.delegatedCred(ctx, h.Node, "app"))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
 	want := []byte("written through the primary")
-	require.NoError(t, homeConn(t, origin, primary).Write(ctx, homeRegion(primary), 100, want))
+	require.NoError(t, appConn(primary).Write(ctx, homeRegion(primary), 100, want))
 	got := make([]byte, len(want))
-	require.NoError(t, homeConn(t, origin, backup).Read(ctx, homeRegion(backup), 100, got))
+	require.NoError(t, appConn(backup).Read(ctx, homeRegion(backup), 100, got))
 	require.Equal(t, want, got, "the backup holds the write once the primary answered it")
+	require.ErrorIs(t, appConn(backup).Write(ctx, homeRegion(backup), 0, []byte("x")), rdma.ErrAccessDenied, "the client only reads the backup")
 
 	ec, err := allocSpec(ctx, t, origin, 2*shardChunk, "ec=2+1")
 	require.NoError(t, err)

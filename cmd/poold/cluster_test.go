@@ -58,6 +58,13 @@ type poolNode struct {
 // (a flag given again there overrides the default above it).
 func startPools(t *testing.T, c *testcluster.Cluster, extra ...string) []*poolNode {
 	t.Helper()
+	return startPoolsEach(t, c, nil, extra...)
+}
+
+// startPoolsEach is startPools with each(i) appended to the arguments of
+// the i-th poold after extra (nil: nothing).
+func startPoolsEach(t *testing.T, c *testcluster.Cluster, each func(i int) []string, extra ...string) []*poolNode {
+	t.Helper()
 	seed := c.Hosts[0].Addr.String()
 	// One CA per cluster: node certificates with each host's address (peers
 	// dial each other by IP) and a client certificate for tcp:// clients.
@@ -90,6 +97,9 @@ func startPools(t *testing.T, c *testcluster.Cluster, extra ...string) []*poolNo
 			n.args = append(n.args, "--log-level", lv)
 		}
 		n.args = append(n.args, extra...)
+		if each != nil {
+			n.args = append(n.args, each(i)...)
+		}
 		if i > 0 {
 			n.args = append(n.args, "--join", seed+":7946")
 		}
