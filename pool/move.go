@@ -221,7 +221,7 @@ func (p *core) moveSubject(c caller, req *poolv1.MoveRequest) (record, error) {
 			return record{}, fmt.Errorf("move segment %d of node %s: %w: only that node's daemon may ask by its id there, and the caller is %s", req.HomeId, req.Home, errs.ErrAccessDenied, c.ident)
 		}
 		for _, x := range p.segs {
-			if x.Home == req.Home && x.HomeID == req.HomeId {
+			if slices.Contains(x.idsOn(req.Home), req.HomeId) {
 				r = x
 				break
 			}
@@ -251,6 +251,9 @@ func (p *core) moveSubject(c caller, req *poolv1.MoveRequest) (record, error) {
 
 // movable checks that r can move live to tier (unspecified: its own).
 func movable(r *record, tier poolv1.Tier, self string) error {
+	if r.redundant() {
+		return fmt.Errorf("move segment %d: %w: it is redundant (%s), and its copies are not moved live; a copy whose home is gone is marked lost and another home takes its place", r.ID, errs.ErrNotSupported, r.Redundancy.spec())
+	}
 	if changesTier(r, tier) {
 		return tierMovable(r, tier)
 	}

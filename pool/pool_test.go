@@ -321,6 +321,7 @@ func TestValidate(t *testing.T) {
 		}, "gossip-key-file and gossip-insecure are both set"},
 		{"gossip key without gossip", func(c *Config) { c.GossipKeyFile = "k" }, "need gossip"},
 		{"zone", func(c *Config) { c.Zone = "Rack 3" }, "set --zone"},
+		{"default redundancy", func(c *Config) { c.DefaultRedundancy = "mirror" }, "default-redundancy: invalid argument: redundancy \"mirror\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

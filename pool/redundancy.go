@@ -253,6 +253,13 @@ func (p *core) allocRedundant(ctx context.Context, c caller, req allocRequest, s
 	case req.Name != "" && taken:
 		return nil, fmt.Errorf("alloc %q: %w", req.Name, errs.ErrExists)
 	}
+	if p.cl == nil {
+		if s.Fallback {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("alloc %d bytes with %s: %w: it needs %d distinct hosts, and this daemon is in no cluster (no --gossip), so it has only its own memory; join a cluster, or ask for %s,or-fewer",
+			req.Size, s, errs.ErrNoCapacity, s.Homes(), s)
+	}
 	hosts := p.homeHosts(shard)
 	if need := s.Homes(); len(hosts) < need {
 		if !s.Fallback || s.Coded() && len(hosts) <= s.Data {

@@ -171,7 +171,8 @@ func homeRegion(h homeRef) rdma.Region {
 // ec=2+1 segment changes the parity shard by its Reed-Solomon delta. When
 // the primary's host crashes, the origin marks that home lost, promotes
 // the backup under the next epoch (the origin lends no memory itself, so
-// no crash takes it) (the single-home fields name it) and
+// no crash takes it); when that host returns with its copy, the copy is
+// freed there and the home stays lost (the single-home fields name it) and
 // the segment is degraded; the data is there. When the backup's host
 // crashes too, the segment is lost.
 func TestRedundantFailover(t *testing.T) {
@@ -229,6 +230,18 @@ func TestRedundantFailover(t *testing.T) {
 	require.NoError(t, homeConn(t, origin, promoted).Read(ctx, homeRegion(promoted), 100, got))
 	require.Equal(t, want, got)
 	require.NoError(t, homeConn(t, origin, promoted).Write(ctx, homeRegion(promoted), 0, []byte("new primary")), "the promoted copy takes writes at its new epoch")
+
+	// The old primary's host returns with its copy: the copy is freed
+	// there, never taken back.
+	old := sc.host(primary.Node)
+	sc.net.Heal()
+	require.NoError(t, sc.start(old))
+	require.Eventually(t, func() bool { return len(sc.heldFor(origin.cfg.Node)[old.name]) == 0 }, 30*time.Second, 20*time.Millisecond,
+		"the returned host still holds the lost copy: %v", sc.heldFor(origin.cfg.Node))
+	now, err = origin.pool.Stat(rep.ID)
+	require.NoError(t, err)
+	require.Equal(t, promoted.Node, now.Home)
+	require.Equal(t, poolv1.HomeState_HOME_STATE_LOST, now.Homes[1].State, "a lost home stays lost")
 
 	sc.crash(sc.host(promoted.Node))
 	require.Eventually(t, func() bool {

@@ -76,6 +76,42 @@ func TestAllocMaxLatency(t *testing.T) {
 	require.Len(t, segs, 2)
 }
 
+// TestAllocRedundancy: memctl alloc --redundancy is parsed as poold
+// parses it (a malformed spec is refused before any call, with the forms
+// it accepts); a daemon in no cluster refuses replicas=2 naming the hosts
+// it needs, places one plain copy with or-fewer (its redundancy none), and
+// refuses redundancy on a load/store tier; memctl segments has the
+// REDUNDANCY column.
+func TestAllocRedundancy(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	s := cfg.Socket
+	_, stderr, code := memctl(t, s, "alloc", "--size", "4KiB", "--tier", "rdma", "--redundancy", "ec=4")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--redundancy: invalid argument")
+	require.Contains(t, stderr, "ec=K+M")
+
+	_, stderr, code = memctl(t, s, "alloc", "--size", "4KiB", "--tier", "rdma", "--redundancy", "replicas=2")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "needs 2 distinct hosts")
+	require.Contains(t, stderr, "no cluster")
+
+	_, stderr, code = memctl(t, s, "alloc", "--size", "4KiB", "--tier", "cxl", "--redundancy", "replicas=2")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "for the rdma tier only")
+
+	out, stderr, code := memctl(t, s, "alloc", "--size", "4KiB", "--tier", "rdma", "--redundancy", "replicas=2,or-fewer", "-o", "json")
+	require.Zero(t, code, stderr)
+	var seg map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &seg), out)
+	require.Equal(t, "rdma", seg["tier"])
+	require.NotContains(t, seg, "redundancy", "one copy: no redundancy")
+
+	out, stderr, code = memctl(t, s, "segments")
+	require.Zero(t, code, stderr)
+	require.Contains(t, out, "REDUNDANCY")
+}
+
 // FuzzRateFlag: --min-bandwidth reads any text without panicking, never
 // to a negative rate, and reads what it prints back to the same rate.
 // Seeds: testdata/fuzz/FuzzRateFlag.
