@@ -30,6 +30,9 @@ func FuzzAllocRequest(f *testing.F) {
 		{Size: 4096, Allow: []string{"cn:app2"}},
 		{Size: 4096, MaxReadLatencyNs: 2000},
 		{Size: 4096, Tier: poolv1.Tier_TIER_CXL, MaxReadLatencyNs: -5, MinReadBandwidthBps: -1},
+		{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true, Redundancy: &poolv1.Redundancy{Replicas: 2}},
+		{Size: 10000, Tier: poolv1.Tier_TIER_RDMA, Name: "ec", Redundancy: &poolv1.Redundancy{DataShards: 4, ParityShards: 2, AllowFallback: true}},
+		{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Redundancy: &poolv1.Redundancy{Replicas: 1 << 31, DataShards: 3}},
 	} {
 		b, err := proto.Marshal(req)
 		require.NoError(f, err)
