@@ -51,6 +51,11 @@
 //     rdma tier, and mappers.go who maps each load/store segment;
 //     evacuate.go the evacuator, which asks each segment's origin to move
 //     it off a node that evacuates.
+//   - redundancy.go: redundant segments at their origin (one rdma
+//     segment per copy or shard on distinct hosts and zones, a lost home
+//     marked and a backup promoted; docs/REDUNDANCY.md); replicate.go the
+//     home's side (Replicate: who writes a copy and where its data plane
+//     forwards writes; a failed forward reported to the origin).
 //   - record.go and store.go: the segment record and its versioned binary
 //     form (a JSON form of older stores is rewritten on open), and the
 //     bbolt store with grouped commits and its reserve for full
