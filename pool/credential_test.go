@@ -223,7 +223,8 @@ func TestCredentialBoundToCertificate(t *testing.T) {
 }
 
 // TestDelegateOnlyForPeers: a client's session cannot ask for delegated
-// credentials nor authorize anyone, and a client id of the delegated form
+// credentials nor authorize anyone, nor set how a copy is replicated or
+// report a failed forward (peer-only calls), and a client id of the delegated form
 // (poold/NODE/CLIENT) is refused for a session.
 func TestDelegateOnlyForPeers(t *testing.T) {
 	cc := startCredCluster(t)
@@ -231,6 +232,10 @@ func TestDelegateOnlyForPeers(t *testing.T) {
 	_, err := app.s.API().Delegate(app.ctx(t), &poolv1.DelegateRequest{ClientId: "x", Identity: "cn:app1"})
 	require.ErrorIs(t, errs.FromStatus(err), errs.ErrAccessDenied)
 	_, err = app.s.API().Authorize(app.ctx(t), &poolv1.AuthorizeRequest{Ids: []uint64{1}, ClientId: "x"})
+	require.ErrorIs(t, errs.FromStatus(err), errs.ErrAccessDenied)
+	_, err = app.s.API().Replicate(app.ctx(t), &poolv1.ReplicateRequest{HomeId: 1, Writers: []string{"x"}})
+	require.ErrorIs(t, errs.FromStatus(err), errs.ErrAccessDenied)
+	_, err = app.s.API().HomeFailed(app.ctx(t), &poolv1.HomeFailedRequest{HomeId: 1, TargetNode: "b", TargetHomeId: 1})
 	require.ErrorIs(t, errs.FromStatus(err), errs.ErrAccessDenied)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()

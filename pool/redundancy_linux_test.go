@@ -167,7 +167,8 @@ func homeRegion(h homeRef) rdma.Region {
 
 // TestRedundantFailover: a client's write to the primary of a replicas=2
 // segment is on the backup when it is answered, the client may read the
-// backup but not write it, and one to a data shard of an
+// backup but not write it (nor may another daemon than the origin say who
+// writes it), and one to a data shard of an
 // ec=2+1 segment changes the parity shard by its Reed-Solomon delta. When
 // the primary's host crashes, the origin marks that home lost, promotes
 // the backup under the next epoch (the origin lends no memory itself, so
@@ -200,6 +201,14 @@ func TestRedundantFailover(t *testing.T) {
 	require.NoError(t, appConn(backup).Read(ctx, homeRegion(backup), 100, got))
 	require.Equal(t, want, got, "the backup holds the write once the primary answered it")
 	require.ErrorIs(t, appConn(backup).Write(ctx, homeRegion(backup), 0, []byte("x")), rdma.ErrAccessDenied, "the client only reads the backup")
+	// Only the daemon that placed a copy sets how it is replicated.
+	other := sc.host(primary.Node).daemon()
+	pc, err := other.pool.homeSession(ctx, backup.Node, "home")
+	require.NoError(t, err)
+	_, err = callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
+		return api.Replicate(ctx, &poolv1.ReplicateRequest{HomeId: backup.HomeID, Epoch: backup.Epoch, Writers: []string{other.cfg.Node}})
+	})
+	require.ErrorIs(t, err, errs.ErrAccessDenied)
 
 	ec, err := allocSpec(ctx, t, origin, 2*shardChunk, "ec=2+1")
 	require.NoError(t, err)
