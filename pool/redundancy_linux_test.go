@@ -165,7 +165,8 @@ func homeRegion(h homeRef) rdma.Region {
 	return rdma.Region{Segment: h.HomeID, Key: h.Key, Epoch: h.Epoch}
 }
 
-// TestRedundantFailover: a client's write to the primary of a replicas=2
+// TestRedundantFailover: a backup that fails a forwarded write is marked
+// lost at the origin (HomeFailed). A client's write to the primary of a replicas=2
 // segment is on the backup when it is answered, the client may read the
 // backup but not write it (nor may another daemon than the origin say who
 // writes it), and one to a data shard of an
@@ -210,6 +211,22 @@ func TestRedundantFailover(t *testing.T) {
 	})
 	require.ErrorIs(t, err, errs.ErrAccessDenied)
 
+	// A backup that stops taking forwarded writes (freed at its host) is
+	// reported by the primary and marked lost; the client's write is
+	// answered all the same.
+	rep2, err := origin.pool.Alloc(ctx, app, allocRequest{Size: 8192, Tier: poolv1.Tier_TIER_RDMA, Redundancy: &s})
+	require.NoError(t, err)
+	gone := rep2.Homes[1]
+	require.NoError(t, sc.host(gone.Node).daemon().pool.Free(caller{}, gone.HomeID, ""))
+	require.NoError(t, appConn(rep2.Homes[0]).Write(ctx, homeRegion(rep2.Homes[0]), 0, []byte("forward fails")))
+	var now record
+	require.Eventually(t, func() bool {
+		now, err = origin.pool.Stat(rep2.ID)
+		return err == nil && now.Homes[1].State == poolv1.HomeState_HOME_STATE_LOST
+	}, 10*time.Second, 20*time.Millisecond, "the failed forward's target is marked lost")
+	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED, now.redundancyState())
+	require.Equal(t, rep2.Home, now.Home, "the primary stays")
+
 	ec, err := allocSpec(ctx, t, origin, 2*shardChunk, "ec=2+1")
 	require.NoError(t, err)
 	d0, d1, parity := ec.Homes[0], ec.Homes[1], ec.Homes[2]
@@ -225,7 +242,6 @@ func TestRedundantFailover(t *testing.T) {
 	require.Equal(t, shards[2], got, "the parity shard holds the data shards' parity")
 
 	sc.crash(sc.host(primary.Node))
-	var now record
 	require.Eventually(t, func() bool {
 		now, err = origin.pool.Stat(rep.ID)
 		return err == nil && now.Home == backup.Node
