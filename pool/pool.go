@@ -280,8 +280,11 @@ func (p *core) reexport(r *record, b device.Backing) error {
 		return err
 	}
 	p.allowData(r)
-	if r.Sealed {
+	switch {
+	case r.Sealed:
 		return p.resealData(r)
+	case r.Forwards:
+		return p.holdForwarding(r)
 	}
 	return nil
 }

@@ -78,9 +78,12 @@ type record struct {
 	ShardChunk int64
 	// On a copy or shard of a redundant segment that a peer placed here
 	// (replicate.go): the nodes whose daemons write it besides its owner,
-	// and whether the owner's clients may only read it.
+	// whether the owner's clients may only read it, and whether its
+	// writes are forwarded to other homes (a restarted daemon holds its
+	// writes until the origin sets the forwarding again).
 	Writers  []string
 	ReadOnly bool
+	Forwards bool
 }
 
 // redundancy is what a redundant segment survives: Replicas full copies,
@@ -140,7 +143,7 @@ func (r *record) pinned() bool { return r.Persist || r.Name != "" }
 //	writers     list (from version 4)
 //
 // Version 3 added the flag flagSealed, version 4 the flags flagFallback,
-// flagReadOnly and flagHomeTLS; an older record with a flag it did not
+// flagReadOnly, flagHomeTLS and flagForwards; an older record with a flag it did not
 // have set is corrupt. flagHomeTLS is the DataTLS of every home (one
 // configuration for the cluster, as DataTLS says of the segment's).
 //
@@ -170,7 +173,8 @@ const (
 	flagFallback   // redundancy: fewer homes than asked rather than fail
 	flagReadOnly   // a copy or shard placed here: its owner's clients only read it
 	flagHomeTLS    // every home of a redundant segment serves TLS
-	flagsKnown     = flagHomeTLS<<1 - 1
+	flagForwards   // a copy or shard placed here: its writes are forwarded
+	flagsKnown     = flagForwards<<1 - 1
 )
 
 // flagsOf is the flags a record of each version may have.
@@ -203,6 +207,7 @@ func encodeRecord(r *record) ([]byte, error) {
 	set(flagSealed, r.Sealed)
 	set(flagFallback, r.Redundancy.Fallback)
 	set(flagReadOnly, r.ReadOnly)
+	set(flagForwards, r.Forwards)
 	set(flagHomeTLS, len(r.Homes) > 0 && r.Homes[0].DataTLS)
 	for _, h := range r.Homes {
 		if h.DataTLS != (flags&flagHomeTLS != 0) {
@@ -317,7 +322,7 @@ func decodeRecord(v []byte) (r *record, legacy bool, err error) {
 	r.Created = time.Unix(sec, int64(nsec)).UTC()
 	r.Persist, r.Lost, r.Grants = flags&flagPersist != 0, flags&flagLost != 0, flags&flagGrants != 0
 	r.Sealed = flags&flagSealed != 0
-	r.Redundancy.Fallback, r.ReadOnly = flags&flagFallback != 0, flags&flagReadOnly != 0
+	r.Redundancy.Fallback, r.ReadOnly, r.Forwards = flags&flagFallback != 0, flags&flagReadOnly != 0, flags&flagForwards != 0
 	if flags&flagDataTLSSet != 0 {
 		tls := flags&flagDataTLS != 0
 		r.DataTLS = &tls

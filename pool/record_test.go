@@ -133,7 +133,7 @@ func TestRecordRefused(t *testing.T) {
 		"cut short":      v[:len(v)-1],
 		"trailing bytes": append(bytes.Clone(v), 0),
 		"unknown tier":   append([]byte{recordVersion, 1, 0, 9}, v[4:]...),
-		"unknown flag":   append([]byte{recordVersion, 1, 0x80, 0x08}, v[3:]...),
+		"unknown flag":   append([]byte{recordVersion, 1, 0x80, 0x10}, v[3:]...),
 		"sealed in v2":   append([]byte{2, 1, 0x40}, v[3:]...),
 		"json garbage":   []byte(`{"id":`),
 		"json tier":      []byte(`{"id":1,"tier":"fast"}`),
@@ -228,8 +228,8 @@ const v4Tail = 6
 
 // redundantRecords are records with every field version 4 added: a
 // replicated segment at its origin with a lost and a rebuilding home, an
-// erasure-coded one that took fewer parity shards over TLS, and a copy a
-// peer placed here that its primary writes.
+// erasure-coded one that took fewer parity shards over TLS, a copy a
+// peer placed here that its primary writes, and a primary that forwards.
 func redundantRecords(t testing.TB) []*record {
 	at := time.Date(2026, 12, 5, 8, 0, 0, 5, time.UTC)
 	k := func(b byte) rdma.Key {
@@ -258,7 +258,9 @@ func redundantRecords(t testing.TB) []*record {
 	ec.DataTLS = &yes
 	backup := &record{ID: 12, Tier: poolv1.Tier_TIER_RDMA, Device: "export0", Offset: 8192, Extent: 1 << 20, Size: 1 << 20, Owner: "poold/a", Epoch: 2, Created: at,
 		Key: k(9), Delegates: []string{"app"}, Writers: []string{"b"}, ReadOnly: true}
-	return []*record{rep, ec, backup}
+	primary := &record{ID: 13, Tier: poolv1.Tier_TIER_RDMA, Device: "export0", Extent: 4096, Size: 4096, Owner: "poold/a", Epoch: 3, Created: at,
+		Key: k(7), Forwards: true}
+	return []*record{rep, ec, backup, primary}
 }
 
 // TestRecordRedundancy: version 4 carries a redundant segment's

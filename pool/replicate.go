@@ -22,11 +22,45 @@ import (
 )
 
 // forwards holds, per segment served here, the data-plane connections its
-// forwarding uses, closed when it is replaced or stopped. Safe for
-// concurrent use.
+// forwarding uses, closed when it is replaced or stopped, and the
+// segments whose writes are held (sealed) since this daemon restarted
+// until the origin sets their forwarding again. Safe for concurrent use.
 type forwards struct {
 	mu    sync.Mutex
 	conns map[uint64][]rdma.Conn
+	held  map[uint64]bool
+}
+
+// hold notes that segment id's writes are held for its forwarding.
+func (fw *forwards) hold(id uint64) {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	if fw.held == nil {
+		fw.held = map[uint64]bool{}
+	}
+	fw.held[id] = true
+}
+
+// release reports whether segment id's writes were held, and forgets it.
+func (fw *forwards) release(id uint64) bool {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	held := fw.held[id]
+	delete(fw.held, id)
+	return held
+}
+
+// holdForwarding seals a restored copy or shard whose writes its origin
+// had forwarded: until the origin tells it again where to forward
+// (Replicate), a write applied here would reach no other home, so writes
+// answer MOVED (the client asks its daemon and retries) and only the
+// origin reads.
+func (p *core) holdForwarding(r *record) error {
+	if err := p.dp.seal(r.ID, r.Owner); err != nil {
+		return fmt.Errorf("hold the writes of segment %d until its forwarding is set again: %w", r.ID, err)
+	}
+	p.fwd.hold(r.ID)
+	return nil
 }
 
 // swap makes conns segment id's connections and returns the previous ones.
@@ -148,6 +182,9 @@ func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.Replicat
 		return nil, fmt.Errorf("replicate segment %d: %w", req.HomeId, err)
 	}
 	closeConns(p.fwd.swap(req.HomeId, conns))
+	if p.fwd.release(req.HomeId) {
+		p.unsealData(req.HomeId)
+	}
 	return &poolv1.ReplicateResponse{Epoch: epoch}, nil
 }
 
@@ -184,7 +221,7 @@ func (p *core) setReplica(r *record, req *poolv1.ReplicateRequest) (uint64, erro
 		return 0, fmt.Errorf("replicate segment %d: %w: freed meanwhile", r.ID, errs.ErrNotFound)
 	}
 	next := *r
-	next.Epoch, next.Writers, next.ReadOnly = max(r.Epoch, req.Epoch), slices.Clone(req.Writers), req.ClientsReadOnly
+	next.Epoch, next.Writers, next.ReadOnly, next.Forwards = max(r.Epoch, req.Epoch), slices.Clone(req.Writers), req.ClientsReadOnly, len(req.Targets) > 0
 	if next.Epoch > r.Epoch {
 		if err := p.dp.srv.SetEpoch(r.ID, next.Epoch); err != nil {
 			return 0, fmt.Errorf("replicate segment %d: raise the epoch to %d: %w", r.ID, next.Epoch, err)

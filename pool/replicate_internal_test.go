@@ -1,0 +1,77 @@
+package pool
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// TestReplicaHome: the home side of Replicate on a real data plane. A copy
+// peer x placed here for its client app is made a backup: the epoch is
+// raised (the old one refused), x and the writer node w may write it, app
+// only read it; a stale epoch and another peer are refused. A copy whose
+// writes were forwarded holds them after a restart (writes answer MOVED,
+// x still reads) until x sets its forwarding again.
+func TestReplicaHome(t *testing.T) {
+	p, _ := newServingPool(t)
+	cfg := p.cfg
+	ctx := t.Context()
+	session := func(p *core, id string) caller {
+		p.openSession("s-"+id, id, id, 1, 0)
+		c, err := p.callerFor("s-" + id)
+		require.NoError(t, err)
+		return c
+	}
+	x, y := session(p, "poold/x"), session(p, "poold/y")
+	r, err := p.Alloc(ctx, x, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+	require.NoError(t, err)
+	dial := func(p *core, principal string) *tcp.Client {
+		c, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(p.auth.issue("s-"+principal, principal, principal)))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	owner, writer, app := dial(p, "poold/x"), dial(p, "poold/w"), dial(p, delegatedPrincipal("poold/x", "app"))
+
+	_, err = p.replicateHere(ctx, y, &poolv1.ReplicateRequest{HomeId: r.ID, Epoch: 2}, moveTLS{})
+	require.ErrorIs(t, err, errs.ErrAccessDenied, "another peer's copy")
+	resp, err := p.replicateHere(ctx, x, &poolv1.ReplicateRequest{HomeId: r.ID, Epoch: 2, Writers: []string{"w"}, ClientsReadOnly: true}, moveTLS{})
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), resp.Epoch)
+	_, err = p.replicateHere(ctx, x, &poolv1.ReplicateRequest{HomeId: r.ID, Epoch: 1}, moveTLS{})
+	require.ErrorIs(t, err, errs.ErrInvalid, "a stale epoch")
+
+	reg := rdma.Region{Segment: r.ID, Key: r.Key, Epoch: 2}
+	require.ErrorIs(t, owner.Write(ctx, rdma.Region{Segment: r.ID, Key: r.Key, Epoch: 1}, 0, []byte("old")), rdma.ErrLeaseExpired, "the old epoch is fenced")
+	require.NoError(t, writer.Write(ctx, reg, 0, []byte("from the primary")))
+	require.NoError(t, owner.Write(ctx, reg, 100, []byte("from the origin")))
+	require.ErrorIs(t, app.Write(ctx, reg, 0, []byte("x")), rdma.ErrAccessDenied, "the client only reads a backup")
+	got := make([]byte, 16)
+	require.NoError(t, app.Read(ctx, reg, 0, got))
+	require.Equal(t, "from the primary", string(got))
+	rec, err := p.Stat(r.ID)
+	require.NoError(t, err)
+	require.Equal(t, []string{"w"}, rec.Writers)
+	require.True(t, rec.ReadOnly)
+
+	// As a primary that forwarded when this daemon stopped.
+	_, err = p.updateRecord(r.ID, func(r *record) error { r.Forwards, r.ReadOnly, r.Writers = true, false, nil; return nil })
+	require.NoError(t, err)
+	require.NoError(t, p.close())
+	p, _ = servingPool(t, cfg)
+	x = session(p, "poold/x")
+	owner, app = dial(p, "poold/x"), dial(p, delegatedPrincipal("poold/x", "app"))
+	require.ErrorIs(t, app.Write(ctx, reg, 0, []byte("x")), rdma.ErrMoved, "writes wait for the forwarding")
+	require.NoError(t, owner.Read(ctx, reg, 0, got), "the origin reads")
+	_, err = p.replicateHere(ctx, x, &poolv1.ReplicateRequest{HomeId: r.ID, Epoch: 2}, moveTLS{})
+	require.NoError(t, err)
+	require.NoError(t, app.Write(ctx, reg, 0, []byte("x")), "writes go on once the origin set the forwarding")
+	rec, err = p.Stat(r.ID)
+	require.NoError(t, err)
+	require.False(t, rec.Forwards, "no targets: nothing forwarded")
+}
