@@ -248,7 +248,7 @@ var (
 	capacityDesc   = promDesc("tier_capacity_bytes", "Capacity of a device, in bytes.", deviceLabels...)
 	usedDesc       = promDesc("tier_used_bytes", "Bytes of a device held by segments (extents, rounded up to the device's alignment).", deviceLabels...)
 	freeDesc       = promDesc("tier_free_bytes", "Free bytes of a device.", deviceLabels...)
-	segmentsDesc   = promDesc("segments", "Segments in this node's table, by tier and state (active or lost).", "tier", "state")
+	segmentsDesc   = promDesc("segments", "Segments in this node's table, by tier and state (active; degraded: redundant with a home lost or rebuilding; lost).", "tier", "state")
 	sessionsDesc   = promDesc("sessions", "Live client sessions.")
 	membersDesc    = promDesc("cluster_members", "Cluster members by state, this node included; a node in no cluster counts itself alive.", "state")
 	emuLatDesc     = promDesc("emulated_latency_seconds", "Latency injected into accesses to a tier by latency emulation (0: none).", "tier")
@@ -258,7 +258,7 @@ var (
 	evacBytesDesc  = promDesc("evacuation_bytes_left", "Bytes of the segments counted by farmem_evacuation_segments_left.")
 	commitsDesc    = promDesc("metadata_commits_total", "Commits to a file of the metadata store, and whether each is fsynced: segments.db holds the records of segments on persistent memory or on peers, segments-volatile.db those of segments in volatile memory.", "file", "fsync")
 	memberStates   = []string{"alive", "suspect", "dead", "left"}
-	segmentStates  = []string{"active", "lost"}
+	segmentStates  = []string{"active", "degraded", "lost"}
 )
 
 func promDesc(name, help string, labels ...string) *prometheus.Desc {
@@ -301,8 +301,11 @@ func (p *core) collect(gauge func(d *prometheus.Desc, v float64, labels ...strin
 	segs := map[[2]string]int{}
 	for _, r := range p.segs {
 		state := "active"
-		if r.Lost {
+		switch {
+		case r.Lost:
 			state = "lost"
+		case r.degraded():
+			state = "degraded"
 		}
 		segs[[2]string{tierName(r.Tier), state}]++
 		tiers[tierName(r.Tier)] = true

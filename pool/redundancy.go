@@ -109,6 +109,16 @@ func (r *record) redundancyState() poolv1.RedundancyState {
 	return poolv1.RedundancyState_REDUNDANCY_STATE_OK
 }
 
+// degraded reports whether r is redundant, not lost, and has a home that
+// is lost or being rebuilt.
+func (r *record) degraded() bool {
+	switch r.redundancyState() {
+	case poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING:
+		return true
+	}
+	return false
+}
+
 // settle derives a redundant record's single-home fields from Homes[0]
 // and marks it lost when more homes are lost than its redundancy covers.
 func (r *record) settle() {

@@ -226,6 +226,7 @@ func TestRedundantFailover(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "the failed forward's target is marked lost")
 	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED, now.redundancyState())
 	require.Equal(t, rep2.Home, now.Home, "the primary stays")
+	require.Equal(t, 1.0, segmentsGauge(t, origin, "degraded"), "farmem_segments{state=\"degraded\"}")
 
 	ec, err := allocSpec(ctx, t, origin, 2*shardChunk, "ec=2+1")
 	require.NoError(t, err)
@@ -274,4 +275,26 @@ func TestRedundantFailover(t *testing.T) {
 		return err == nil && now.Lost
 	}, 30*time.Second, 20*time.Millisecond, "with both copies gone the segment is lost")
 	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_LOST, now.redundancyState())
+}
+
+// segmentsGauge is d's farmem_segments sample for the rdma tier in state.
+func segmentsGauge(t *testing.T, d *Daemon, state string) float64 {
+	fams, err := d.metrics.reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() != "farmem_segments" {
+			continue
+		}
+		for _, m := range f.Metric {
+			labels := map[string]string{}
+			for _, l := range m.Label {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["tier"] == "rdma" && labels["state"] == state {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no farmem_segments sample for tier rdma, state %s", state)
+	return 0
 }
