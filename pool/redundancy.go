@@ -481,7 +481,9 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 	}
 	for i, h := range r.Homes {
 		if coded && i >= r.Redundancy.Data || !coded && i > 0 && live(h) {
-			targets = append(targets, homeProto(h))
+			hp := homeProto(h)
+			hp.Epoch = r.Epoch // the target is raised to it before the forwarders are told
+			targets = append(targets, hp)
 		}
 	}
 	tell := func(idx []int, req func(i int) *poolv1.ReplicateRequest) error {
@@ -499,7 +501,7 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 	if err != nil {
 		return err
 	}
-	return tell(forwarders, func(i int) *poolv1.ReplicateRequest {
+	err = tell(forwarders, func(i int) *poolv1.ReplicateRequest {
 		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Targets: targets}
 		if coded {
 			req.Mode, req.Shard = poolv1.ForwardMode_FORWARD_MODE_PARITY, uint32(i)
@@ -507,6 +509,32 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 		}
 		return req
 	})
+	if err != nil {
+		return err
+	}
+	return p.raiseEpochs(r)
+}
+
+// raiseEpochs records that every home of r that is not lost holds r's
+// epoch now (replicate raised it there, a new home's included): in r,
+// and in the table's record when r is committed.
+func (p *core) raiseEpochs(r *record) error {
+	raise := func(rec *record) {
+		for i := range rec.Homes {
+			if rec.Homes[i].State != poolv1.HomeState_HOME_STATE_LOST && rec.Homes[i].Epoch < r.Epoch {
+				rec.Homes[i].Epoch = r.Epoch
+			}
+		}
+	}
+	stale := slices.ContainsFunc(r.Homes, func(h homeRef) bool {
+		return h.State != poolv1.HomeState_HOME_STATE_LOST && h.Epoch < r.Epoch
+	})
+	raise(r)
+	if !stale || r.ID == 0 {
+		return nil
+	}
+	_, err := p.updateRecord(r.ID, func(rec *record) error { raise(rec); return nil })
+	return err
 }
 
 // replicateAt sends one Replicate to home i of r.

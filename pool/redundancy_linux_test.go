@@ -174,7 +174,9 @@ func homeRegion(h homeRef) rdma.Region {
 // the primary's host crashes, the origin marks that home lost, promotes
 // the backup under the next epoch (the origin lends no memory itself, so
 // no crash takes it); when that host returns with its copy, the copy is
-// freed there and the home stays lost (the single-home fields name it) and
+// freed there and the home stays lost. A new home placed in its place
+// (placeHome, updateRecord, replicate: what a rebuild uses) takes the
+// primary's forwarded writes at the promoted epoch. (the single-home fields name it) and
 // the segment is degraded; the data is there. When the backup's host
 // crashes too, the segment is lost.
 func TestRedundantFailover(t *testing.T) {
@@ -269,7 +271,30 @@ func TestRedundantFailover(t *testing.T) {
 	require.Equal(t, promoted.Node, now.Home)
 	require.Equal(t, poolv1.HomeState_HOME_STATE_LOST, now.Homes[1].State, "a lost home stays lost")
 
-	sc.crash(sc.host(promoted.Node))
+	// What a rebuild builds on: a new home in the lost one's place,
+	// committed REBUILDING, and the homes told again; it is raised to the
+	// promoted epoch and the primary forwards to it.
+	fresh, err := origin.pool.placeHome(ctx, &now, nil)
+	require.NoError(t, err)
+	require.NotEqual(t, promoted.Node, fresh.Node)
+	require.Equal(t, poolv1.HomeState_HOME_STATE_REBUILDING, fresh.State)
+	now, err = origin.pool.updateRecord(rep.ID, func(r *record) error { r.Homes[1] = fresh; return nil })
+	require.NoError(t, err)
+	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING, now.redundancyState())
+	require.NoError(t, origin.pool.replicate(ctx, &now))
+	now, err = origin.pool.Stat(rep.ID)
+	require.NoError(t, err)
+	require.Equal(t, now.Epoch, now.Homes[1].Epoch, "the new home holds the segment's epoch")
+	require.NoError(t, homeConn(t, origin, now.Homes[0]).Write(ctx, homeRegion(now.Homes[0]), 200, []byte("forwarded to the new home")))
+	got = make([]byte, 25)
+	require.NoError(t, homeConn(t, origin, now.Homes[1]).Read(ctx, homeRegion(now.Homes[1]), 200, got))
+	require.Equal(t, "forwarded to the new home", string(got))
+	now, err = origin.pool.updateRecord(rep.ID, func(r *record) error { r.Homes[1].State = poolv1.HomeState_HOME_STATE_OK; return nil })
+	require.NoError(t, err)
+	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_OK, now.redundancyState())
+
+	sc.crash(sc.host(now.Homes[0].Node))
+	sc.crash(sc.host(now.Homes[1].Node))
 	require.Eventually(t, func() bool {
 		now, err = origin.pool.Stat(rep.ID)
 		return err == nil && now.Lost
