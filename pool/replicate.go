@@ -26,9 +26,14 @@ import (
 // segments whose writes are held (sealed) since this daemon restarted
 // until the origin sets their forwarding again. Safe for concurrent use.
 type forwards struct {
-	mu    sync.Mutex
-	conns map[uint64][]rdma.Conn
-	held  map[uint64]bool
+	// setting orders Replicate calls: each sets the forwarding and then
+	// swaps in its connections, and two interleaved would close the
+	// connections of the forwarding in force. Taken before the core's mu,
+	// never under it.
+	setting sync.Mutex
+	mu      sync.Mutex
+	conns   map[uint64][]rdma.Conn
+	held    map[uint64]bool
 }
 
 // hold notes that segment id's writes are held for its forwarding.
@@ -172,6 +177,8 @@ func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.Replicat
 	if err != nil {
 		return nil, err
 	}
+	p.fwd.setting.Lock()
+	defer p.fwd.setting.Unlock()
 	epoch, err := p.setReplica(r, req)
 	if err != nil {
 		closeConns(conns)
