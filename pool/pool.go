@@ -90,6 +90,9 @@ type core struct {
 	// drainMu orders drains and undos, so that the gossip ends as the
 	// store does (held without mu, around both).
 	drainMu sync.Mutex
+	// replicating holds the redundant segments whose homes replicateLater
+	// is telling how to forward, true when asked again meanwhile.
+	replicating map[uint64]bool
 	// pendingRemote counts allocations on each peer not yet recorded here.
 	pendingRemote map[string]int
 	nextID        uint64

@@ -624,10 +624,29 @@ var errHomeGone = errors.New("no such home that is not lost")
 
 // replicateLater runs replicate on segment id's current record in the
 // background until it succeeds, backing off from reconcileRetry to 5 s,
-// while the segment exists and is not lost and the daemon runs.
+// while the segment exists and is not lost and the daemon runs. One runs
+// per segment at a time: asked again meanwhile, it runs once more when
+// done, on the record as it is then (an older record sent last would
+// undo a newer one's forwarding).
 func (p *core) replicateLater(id uint64) {
+	p.mu.Lock()
+	if p.replicating == nil {
+		p.replicating = map[uint64]bool{}
+	}
+	_, running := p.replicating[id]
+	p.replicating[id] = running // true: run again when done
+	p.mu.Unlock()
+	if running {
+		return
+	}
 	p.peers.later(0, func(ctx context.Context) {
-		for wait := reconcileRetry; ; wait = min(2*wait, 5*time.Second) {
+		defer func() {
+			p.mu.Lock()
+			delete(p.replicating, id)
+			p.mu.Unlock()
+		}()
+		wait := reconcileRetry
+		for {
 			p.mu.Lock()
 			cur, ok := p.segs[id]
 			var r record
@@ -635,12 +654,20 @@ func (p *core) replicateLater(id uint64) {
 				r = *cur
 				r.Homes = slices.Clone(cur.Homes)
 			}
+			p.replicating[id] = false
 			p.mu.Unlock()
 			if !ok || r.Lost || !r.redundant() {
 				return
 			}
 			err := p.replicate(ctx, &r)
-			if err == nil {
+			p.mu.Lock()
+			again := p.replicating[id]
+			p.mu.Unlock()
+			switch {
+			case again: // at once, on the newer record
+				wait = reconcileRetry
+				continue
+			case err == nil:
 				return
 			}
 			p.log.Info("telling the homes of a redundant segment how to forward: retrying", "segment", id, "err", err)
@@ -649,6 +676,7 @@ func (p *core) replicateLater(id uint64) {
 				return
 			case <-time.After(wait):
 			}
+			wait = min(2*wait, 5*time.Second)
 		}
 	})
 }
