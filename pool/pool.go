@@ -91,8 +91,10 @@ type core struct {
 	// store does (held without mu, around both).
 	drainMu sync.Mutex
 	// replicating holds the redundant segments whose homes replicateLater
-	// is telling how to forward, true when asked again meanwhile.
-	replicating map[uint64]bool
+	// is telling how to forward, true when asked again meanwhile;
+	// replicateLocks orders replicate calls per segment (redundancy.go).
+	replicating    map[uint64]bool
+	replicateLocks sync.Map // segment id -> *sync.Mutex
 	// pendingRemote counts allocations on each peer not yet recorded here.
 	pendingRemote map[string]int
 	nextID        uint64

@@ -460,8 +460,27 @@ const replicateTimeout = 10 * time.Second
 // replicate tells every home of r that is not lost how it is written:
 // the backups and parity shards who writes them (and that clients only
 // read them), then the primary or the data shards where to forward, each
-// with the record's epoch. Homes of one kind are told in parallel.
+// with the record's epoch. Homes of one kind are told in parallel. For a
+// committed segment it sends the record as the table holds it when its
+// turn comes (one replicate per segment at a time, so that an older view
+// never lands after a newer one), and sets *r to it; a record not yet
+// committed (an Alloc under way) is sent as given.
 func (p *core) replicate(ctx context.Context, r *record) error {
+	if r.ID != 0 {
+		mu, _ := p.replicateLocks.LoadOrStore(r.ID, new(sync.Mutex))
+		mu.(*sync.Mutex).Lock()
+		defer mu.(*sync.Mutex).Unlock()
+		p.mu.Lock()
+		cur, ok := p.segs[r.ID]
+		if ok {
+			*r = *cur
+			r.Homes = slices.Clone(cur.Homes)
+		}
+		p.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("segment %d: %w: freed meanwhile", r.ID, errs.ErrNotFound)
+		}
+	}
 	coded := r.Redundancy.Data > 0
 	live := func(h homeRef) bool { return h.State != poolv1.HomeState_HOME_STATE_LOST }
 	var writers, forwarders []int // indexes into r.Homes

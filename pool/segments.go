@@ -100,6 +100,7 @@ func (p *core) release(r *record, reason string) {
 		for _, h := range r.Homes {
 			p.peers.freeLater(h.Node, h.HomeID)
 		}
+		p.replicateLocks.Delete(r.ID)
 	case r.Home != "":
 		p.peers.freeLater(r.Home, r.HomeID)
 	case !r.Key.IsZero() && p.dp != nil:
