@@ -23,8 +23,9 @@ import (
 const metricsNamespace = "farmem"
 
 // dataPlaneOps are the op label values of the data-plane families, indexed
-// by rdma.OpKind; index 0 counts opcodes the server does not know.
-var dataPlaneOps = [...]string{0: "other", rdma.OpRead: "read", rdma.OpWrite: "write", rdma.OpCompareAndSwap: "cas", rdma.OpFetchAdd: "fadd"}
+// by rdma.OpKind; index 0 counts opcodes the server does not know, and so
+// does 5 (the tcp transport's message opcode, no operation on memory).
+var dataPlaneOps = [...]string{0: "other", rdma.OpRead: "read", rdma.OpWrite: "write", rdma.OpCompareAndSwap: "cas", rdma.OpFetchAdd: "fadd", 5: "other", rdma.OpXor: "xor"}
 
 // metrics is one daemon's Prometheus instrumentation, on a registry of its
 // own (several daemons may run in one process). Counters are fed by hooks
@@ -89,6 +90,9 @@ func newMetrics() *metrics {
 		m.dpRefused = append(m.dpRefused, refused.WithLabelValues(r.String()))
 	}
 	for _, op := range dataPlaneOps[1:] {
+		if op == "other" {
+			continue
+		}
 		for _, st := range []tcp.OpStatus{tcp.StatusAccessDenied, tcp.StatusOutOfRange, tcp.StatusLeaseExpired, tcp.StatusSegmentLost} {
 			m.dpErrors.WithLabelValues(op, "rdma", st.String())
 		}

@@ -417,6 +417,7 @@ func (p *core) homeChanged(node string, up bool) {
 			asked[r] = true
 		}
 	}
+	askedHomes := p.homesOn(node)
 	p.mu.Unlock()
 	var held map[uint64]bool
 	for wait := reconcileRetry; up; wait = min(2*wait, 5*time.Second) {
@@ -435,7 +436,7 @@ func (p *core) homeChanged(node string, up bool) {
 			return // a newer change of node decides
 		}
 	}
-	p.redundantChanged(node, up, held)
+	p.redundantChanged(node, up, held, askedHomes)
 	p.mu.Lock()
 	var homed []*record
 	for _, r := range p.segs {

@@ -700,28 +700,42 @@ func (p *core) replicateLater(id uint64) {
 	})
 }
 
-// redundantChanged applies a change of node to the redundant segments
-// with a home there (homeChanged): a dead node's homes are lost; a
-// returning node's homes that it no longer holds (held, by id there) are
-// lost, and the survivors of every segment with a home there are told
-// again how to forward (a restarted home forgot).
-func (p *core) redundantChanged(node string, up bool, held map[uint64]bool) {
-	type home struct {
-		seg, homeID uint64
-	}
-	var lost []home
-	var again []uint64
-	p.mu.Lock()
+// segHome is one copy or shard of a redundant segment: the segment's id
+// here and the copy's id at its node.
+type segHome struct{ seg, homeID uint64 }
+
+// homesOn is the copies and shards on node, not lost, of the redundant
+// segments that are not lost. p.mu must be held.
+func (p *core) homesOn(node string) map[segHome]bool {
+	out := map[segHome]bool{}
 	for _, r := range p.segs {
 		if !r.redundant() || r.Lost {
 			continue
 		}
 		for _, id := range r.idsOn(node) {
-			if !up || !held[id] {
-				lost = append(lost, home{r.ID, id})
-			} else if !slices.Contains(again, r.ID) {
-				again = append(again, r.ID)
-			}
+			out[segHome{r.ID, id}] = true
+		}
+	}
+	return out
+}
+
+// redundantChanged applies a change of node to the redundant segments
+// with a home there (homeChanged): a dead node's homes are lost; of a
+// returning node's homes, those in asked (the homes there before the node
+// was asked what it holds: one placed since is missing from its answer
+// but alive) that it no longer holds (held, by id there) are lost, and
+// the survivors of every segment with a home there are told again how to
+// forward (a restarted home forgot).
+func (p *core) redundantChanged(node string, up bool, held map[uint64]bool, asked map[segHome]bool) {
+	var lost []segHome
+	var again []uint64
+	p.mu.Lock()
+	for h := range p.homesOn(node) {
+		switch {
+		case !up || asked[h] && !held[h.homeID]:
+			lost = append(lost, h)
+		case !slices.Contains(again, h.seg):
+			again = append(again, h.seg)
 		}
 	}
 	p.mu.Unlock()

@@ -8,10 +8,12 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/certs"
@@ -173,7 +175,7 @@ func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.Replicat
 	if err != nil {
 		return nil, err
 	}
-	f, conns, err := p.dialTargets(ctx, r, req, tls)
+	f, conns, err := p.dialTargets(ctx, c.id(), req, tls)
 	if err != nil {
 		return nil, err
 	}
@@ -245,8 +247,9 @@ func (p *core) setReplica(r *record, req *poolv1.ReplicateRequest) (uint64, erro
 // dialTargets connects to the data plane of each target of req that is not
 // lost, with this node's peer credential there (a daemon that lets this
 // one write its copy named this node a writer), and returns the
-// forwarding (nil without targets) and the connections it uses.
-func (p *core) dialTargets(ctx context.Context, r *record, req *poolv1.ReplicateRequest, tls moveTLS) (*tcp.Forwarding, []rdma.Conn, error) {
+// forwarding (nil without targets) and the connections it uses; a failed
+// forward is reported to owner, the segment's origin.
+func (p *core) dialTargets(ctx context.Context, owner string, req *poolv1.ReplicateRequest, tls moveTLS) (*tcp.Forwarding, []rdma.Conn, error) {
 	if len(req.Targets) == 0 {
 		return nil, nil, nil
 	}
@@ -280,7 +283,7 @@ func (p *core) dialTargets(ctx context.Context, r *record, req *poolv1.Replicate
 		}
 		f.Targets[i].Conn = conns[i]
 	}
-	owner, targets := r.Owner, req.Targets
+	targets := req.Targets
 	f.OnFail = func(i int, err error) { p.reportFailed(owner, req.HomeId, targets[i], err) }
 	return f, conns, nil
 }
@@ -304,20 +307,28 @@ func dialHome(ctx context.Context, node, addr string, useTLS bool, ca, cred []by
 	return c, nil
 }
 
+// reportTimeout bounds telling the origin of a failed forward.
+const reportTimeout = 5 * time.Second
+
 // reportFailed tells the origin (the daemon whose client id owner is)
-// that segment id here could not forward to target, in the background.
+// that segment id here could not forward to target, and waits (at most
+// reportTimeout) until the origin has committed that home lost: the data
+// plane answers the client's operation when this returns, and a backup
+// that missed an acknowledged write must never be promoted.
 func (p *core) reportFailed(owner string, id uint64, target *poolv1.SegmentHome, why error) {
 	origin := strings.TrimPrefix(owner, peerClientPrefix)
 	p.log.Warn("a forward of a redundant segment's write failed; telling its origin", "segment", id, "target", target.Node, "origin", origin, "err", why)
-	p.peers.later(moveStepTimeout, func(ctx context.Context) {
-		pc, err := p.homeSession(ctx, origin, "origin")
-		if err == nil {
-			_, err = callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.HomeFailedResponse, error) {
-				return api.HomeFailed(ctx, &poolv1.HomeFailedRequest{HomeId: id, TargetNode: target.Node, TargetHomeId: target.HomeId, Reason: why.Error()})
-			})
-		}
-		if err != nil {
-			p.log.Warn("the origin of a redundant segment was not told of a failed forward; it learns of a dead home from gossip", "segment", id, "origin", origin, "err", err)
-		}
-	})
+	ctx, cancel := untilClosed(context.Background(), p.peers.stop)
+	defer cancel()
+	ctx, cancelT := context.WithTimeout(ctx, reportTimeout)
+	defer cancelT()
+	pc, err := p.homeSession(ctx, origin, "origin")
+	if err == nil {
+		_, err = callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.HomeFailedResponse, error) {
+			return api.HomeFailed(ctx, &poolv1.HomeFailedRequest{HomeId: id, TargetNode: target.Node, TargetHomeId: target.HomeId, Reason: why.Error()})
+		})
+	}
+	if err != nil && !errors.Is(err, errs.ErrNotFound) {
+		p.log.Error("the origin of a redundant segment was not told of a failed forward; it learns of a dead home from gossip", "segment", id, "origin", origin, "err", err)
+	}
 }
