@@ -43,16 +43,21 @@ type Client struct {
 	fd   atomic.Pointer[fdpass.Conn] // the descriptor channel; nil until needed
 
 	mu   sync.Mutex
-	data map[string]rdma.Conn // data-plane connections by address
+	data map[connKey]rdma.Conn // data-plane connections by address
 	// dataGen counts the data-plane connections dropped (and Close): a
 	// segment's cached connection is good while it is unchanged.
 	dataGen atomic.Uint64
 	// onces holds the exactly-once session towards each data-plane
 	// address; it outlives the connections, so a write or atomic retried
 	// on a new connection is answered from the home's reply cache.
-	onces  map[string]*rdma.Session
-	segs   map[*Segment]struct{}
-	closed bool
+	onces map[string]*rdma.Session
+	// failover is the one exactly-once session that every home of every
+	// redundant segment sees: a write retried at a new primary after its
+	// old one failed carries the same ticket, which the new primary knows
+	// from the old one's forwarding (see redundant).
+	failover *rdma.Session
+	segs     map[*Segment]struct{}
+	closed   bool
 
 	prefetch prefetchCounters // read-ahead on rdma segments (Stats)
 }
@@ -64,7 +69,7 @@ type Client struct {
 // a remote client reaches rdma segments only, since segment descriptors
 // pass over unix sockets alone. A bad target is ErrInvalid.
 func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, error) {
-	o := dialOptions{clientName: filepath.Base(os.Args[0]), timeout: 5 * time.Second, opTimeout: 30 * time.Second, busyPoll: tcp.DefaultBusyPoll}
+	o := dialOptions{clientName: filepath.Base(os.Args[0]), timeout: 5 * time.Second, opTimeout: 30 * time.Second, failover: 2 * time.Second, busyPoll: tcp.DefaultBusyPoll}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -88,7 +93,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		ctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	c := &Client{socket: path, network: network, opts: o, emulate: emulate, segs: map[*Segment]struct{}{}, data: map[string]rdma.Conn{}, onces: map[string]*rdma.Session{}}
+	c := &Client{socket: path, network: network, opts: o, emulate: emulate, segs: map[*Segment]struct{}{}, data: map[connKey]rdma.Conn{}, onces: map[string]*rdma.Session{}, failover: rdma.NewSession()}
 	c.sess, err = session.Dial(ctx, network, path, session.Options{
 		ClientID: o.clientID, ClientName: o.clientName,
 		OnEvents: c.segmentEvents,
@@ -276,6 +281,13 @@ func (c *Client) Tiers(ctx context.Context) ([]TierInfo, error) {
 func (c *Client) open(ctx context.Context, sid string, info *poolv1.Segment, ao allocConfig) (*Segment, error) {
 	if info.State == poolv1.SegmentState_SEGMENT_STATE_LOST {
 		return nil, fmt.Errorf("segment %d: %w", info.Id, ErrSegmentLost)
+	}
+	if info.Tier == poolv1.Tier_TIER_RDMA && len(info.Homes) > 1 {
+		r, err := newRedundant(c, info)
+		if err != nil {
+			return nil, err
+		}
+		return c.track(c.newSegment(info, r))
 	}
 	if info.Tier == poolv1.Tier_TIER_RDMA {
 		r, err := newRemote(c, info)

@@ -78,7 +78,10 @@ func (c *Client) Move(ctx context.Context, s *Segment, opts ...MoveOption) error
 	}
 	from := s.Tier()
 	r, ok := s.base().(*remote)
+	_, redundant := s.base().(*redundant)
 	switch {
+	case redundant:
+		return fmt.Errorf("move segment %d: %w: it is redundant (%s); its copies or shards are placed and rebuilt by the pool, one per host, and are not moved one by one", s.ID(), ErrNotSupported, redundancyFromProto(s.info.Redundancy))
 	case from == TierRDMA && !ok:
 		return fmt.Errorf("move segment %d: %w: this is a shared attachment, whose pages its sharers cache under leases from its home; shared segments are not moved", s.ID(), ErrInvalid)
 	case o.tier != TierAny && o.tier != TierRDMA && o.tier != TierLocal && o.tier != TierCXL:

@@ -24,6 +24,8 @@ type dialOptions struct {
 	dataAddr func(string) string
 	// noReadAhead turns read-ahead off (WithReadAhead).
 	noReadAhead bool
+	// failover is WithFailoverTimeout's bound.
+	failover time.Duration
 }
 
 // WithEmulateLatency sets latency emulation for this client, overriding
@@ -52,6 +54,18 @@ func WithTLS(cfg *tls.Config) DialOption { return func(o *dialOptions) { o.tls =
 // retries included, while its home is unreachable but not reported lost.
 // Default: 30s.
 func WithOpTimeout(d time.Duration) DialOption { return func(o *dialOptions) { o.opTimeout = d } }
+
+// WithFailoverTimeout bounds how long an operation on a redundant segment
+// (WithRedundancy) waits for one home that neither answers nor fails:
+// then a read tries the next copy or decodes the shard from others, and a
+// write or atomic asks the daemon for the segment's primary and goes on
+// there. Set it to about the pool's failure-detection time (poold
+// --gossip-profile: 1s for local, a few seconds for lan). A home that
+// fails outright (its connection refused or reset) is left at once.
+// Default: 2s.
+func WithFailoverTimeout(d time.Duration) DialOption {
+	return func(o *dialOptions) { o.failover = d }
+}
 
 // WithBusyPoll sets how long an operation on an rdma or shared segment
 // reached over TCP busy-polls the socket for its answer before it sleeps,
@@ -96,6 +110,8 @@ type allocConfig struct {
 	// The budget, nil when not asked for (WithMaxLatency, WithMinBandwidth).
 	maxLatency   *time.Duration
 	minBandwidth *int64
+	// redundancy is WithRedundancy's, nil when not asked for.
+	redundancy *Redundancy
 	// fresh is set by Alloc: the segment is this client's new allocation
 	// (not attached or reopened), which read-ahead needs (heldAlone).
 	fresh bool
@@ -130,6 +146,9 @@ func (o *allocConfig) request(size int64) (*poolv1.AllocRequest, error) {
 	}
 	for _, t := range o.fallback {
 		r.Fallback = append(r.Fallback, t.proto())
+	}
+	if err := o.checkRedundancy(r); err != nil {
+		return nil, err
 	}
 	return r, nil
 }

@@ -69,16 +69,22 @@ const deadlineSlices = 16
 // no context, timer or goroutine of its own: those were most of a remote
 // operation's allocations and a tenth of its CPU.
 func (r *remote) opContext() context.Context {
+	return sharedDeadline(&r.deadline, r.lost.Load(), r.c.opts.opTimeout)
+}
+
+// sharedDeadline is the context in *p while it was made for l and the
+// current slice, else a new one, ending d plus one slice from now or when
+// l ends, stored in *p for the operations of the next slice.
+func sharedDeadline(p *atomic.Pointer[deadlineCtx], l *lostCtx, d time.Duration) context.Context {
 	now := time.Now()
-	l := r.lost.Load()
-	if d := r.deadline.Load(); d != nil && d.lost == l && now.Before(d.until) {
-		return d.ctx
+	if dc := p.Load(); dc != nil && dc.lost == l && now.Before(dc.until) {
+		return dc.ctx
 	}
-	slice := r.c.opts.opTimeout / deadlineSlices
-	ctx, cancel := context.WithDeadline(l.ctx, now.Add(r.c.opts.opTimeout+slice))
+	slice := d / deadlineSlices
+	ctx, cancel := context.WithDeadline(l.ctx, now.Add(d+slice))
 	// Two operations racing here each make one; the later store wins, and
 	// the other's context ends at its deadline all the same.
-	r.deadline.Store(&deadlineCtx{ctx: ctx, cancel: cancel, until: now.Add(slice), lost: l})
+	p.Store(&deadlineCtx{ctx: ctx, cancel: cancel, until: now.Add(slice), lost: l})
 	return ctx
 }
 
@@ -195,23 +201,34 @@ func final(err error) bool {
 	return false
 }
 
-// dataConn returns the cached data-plane connection to addr, dialing it,
-// and the exactly-once session towards addr.
-func (c *Client) dataConn(ctx context.Context, addr string, cred []byte, tc *tls.Config) (rdma.Conn, *rdma.Session, error) {
+// connKey names a cached data-plane connection: its address, and whether
+// it presents the client's failover session (redundant segments) rather
+// than the address's own.
+type connKey struct {
+	addr     string
+	failover bool
+}
+
+// dataConn returns the cached data-plane connection k, dialing it, and the
+// exactly-once session it presents.
+func (c *Client) dataConn(ctx context.Context, k connKey, cred []byte, tc *tls.Config) (rdma.Conn, *rdma.Session, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return nil, nil, fmt.Errorf("client: %w", ErrClosed)
 	}
-	once := c.onceSession(addr)
-	if dc := c.data[addr]; dc != nil {
+	once := c.failover
+	if !k.failover {
+		once = c.onceSession(k.addr)
+	}
+	if dc := c.data[k]; dc != nil {
 		c.mu.Unlock()
 		return dc, once, nil
 	}
 	c.mu.Unlock()
-	dialAddr := addr
+	dialAddr := k.addr
 	if c.opts.dataAddr != nil {
-		dialAddr = c.opts.dataAddr(addr)
+		dialAddr = c.opts.dataAddr(k.addr)
 	}
 	dc, _, err := dialer.Dial(ctx, dialAddr, cred, append(tlsOption(tc), tcp.WithBusyPoll(c.opts.busyPoll), tcp.WithSession(once))...)
 	if err != nil {
@@ -223,11 +240,11 @@ func (c *Client) dataConn(ctx context.Context, addr string, cred []byte, tc *tls
 		dc.Close()
 		return nil, nil, fmt.Errorf("client: %w", ErrClosed)
 	}
-	if old := c.data[addr]; old != nil {
+	if old := c.data[k]; old != nil {
 		dc.Close()
 		return old, once, nil
 	}
-	c.data[addr] = dc
+	c.data[k] = dc
 	return dc, once, nil
 }
 
@@ -244,10 +261,10 @@ func (c *Client) onceSession(addr string) *rdma.Session {
 
 // dropDataConn forgets a broken connection so the next operation redials;
 // the new generation makes every segment's cached route look it up again.
-func (c *Client) dropDataConn(addr string, dc rdma.Conn) {
+func (c *Client) dropDataConn(k connKey, dc rdma.Conn) {
 	c.mu.Lock()
-	if c.data[addr] == dc {
-		delete(c.data, addr)
+	if c.data[k] == dc {
+		delete(c.data, k)
 	}
 	c.dataGen.Add(1)
 	c.mu.Unlock()
@@ -262,7 +279,7 @@ func (r *remote) connect(ctx context.Context, p *plane) (*route, error) {
 	if rt := r.route.Load(); rt != nil && rt.gen == gen && rt.addr == p.addr {
 		return rt, nil
 	}
-	conn, sess, err := r.c.dataConn(ctx, p.addr, r.credential(p), p.tls)
+	conn, sess, err := r.c.dataConn(ctx, connKey{addr: p.addr}, r.credential(p), p.tls)
 	if err != nil {
 		return nil, err
 	}
@@ -342,7 +359,7 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 		var rt *route
 		if rt, err = r.connect(ctx, p); err == nil {
 			var ready []*rdma.Op
-			if ready, err = r.tickets(ctx, pending, rt.sess); errors.Is(err, ErrIndeterminate) {
+			if ready, err = tickets(ctx, r.info.Id, pending, rt.sess); errors.Is(err, ErrIndeterminate) {
 				return err
 			}
 			if err == nil {
@@ -365,7 +382,7 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 				}
 				pending = unfinished(pending)
 				if ctx.Err() == nil {
-					r.c.dropDataConn(p.addr, rt.conn)
+					r.c.dropDataConn(connKey{addr: p.addr}, rt.conn)
 					if quick {
 						quick = false
 						continue
@@ -512,7 +529,7 @@ func post(ctx context.Context, conn rdma.Conn, ops []*rdma.Op) error {
 // else takes what is free. A ticket of another address's session (the
 // home moved: it restarted) that was already posted makes the outcome
 // unknown.
-func (r *remote) tickets(ctx context.Context, pending []*rdma.Op, sess *rdma.Session) ([]*rdma.Op, error) {
+func tickets(ctx context.Context, seg uint64, pending []*rdma.Op, sess *rdma.Session) ([]*rdma.Op, error) {
 	held := false
 	for _, op := range pending {
 		if op.Once == nil || op.Once.Session() == sess {
@@ -520,7 +537,7 @@ func (r *remote) tickets(ctx context.Context, pending []*rdma.Op, sess *rdma.Ses
 			continue
 		}
 		if op.Once.Posted() {
-			return nil, fmt.Errorf("segment %d: %s at %d was sent to the home's old address, which is gone: %w", r.info.Id, op.Kind, op.Offset, rdma.ErrIndeterminate)
+			return nil, fmt.Errorf("segment %d: %s at %d was sent to the home's old address, which is gone: %w", seg, op.Kind, op.Offset, rdma.ErrIndeterminate)
 		}
 		op.Once.Release()
 		op.Once = nil
@@ -611,6 +628,8 @@ func (r *remote) adopt(info *poolv1.Segment) {
 func (s *Segment) setLost(lost bool) {
 	switch b := s.base().(type) {
 	case *remote:
+		b.setLost(lost)
+	case *redundant:
 		b.setLost(lost)
 	case *guarded:
 		b.lost.Store(lost)

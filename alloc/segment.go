@@ -157,10 +157,16 @@ func (s *Segment) Kind() string { return s.desc.Load().Kind }
 func (s *Segment) Device() string { return s.desc.Load().Device }
 
 // Node names the host whose memory holds the segment: for a segment on
-// the rdma tier its home now, which a move changes.
+// the rdma tier its home now, which a move changes; for a redundant one
+// the home of its primary copy (or of its first data shard), as this
+// client last learned it (see Redundancy for every home).
 func (s *Segment) Node() string {
-	if r, ok := s.base().(*remote); ok {
+	switch r := s.base().(type) {
+	case *remote:
 		return r.plane.Load().node
+	case *redundant:
+		v := r.view.Load()
+		return v.homes[v.primary].plane.node
 	}
 	return s.desc.Load().Node
 }

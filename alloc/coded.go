@@ -1,0 +1,181 @@
+package alloc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+)
+
+// The erasure-coded side of redundant: where a logical byte lives, the
+// per-shard batches, and the degraded read.
+
+// errShardLost is the answer to a write or atomic on a chunk whose data
+// shard's home is lost: only that home writes its shard (and updates the
+// parity from the old bytes), so the write waits for the rebuild. It
+// matches ErrUnavailable.
+var errShardLost = errs.Sub(ErrUnavailable, "alloc: the home of this chunk's data shard is lost; writes and atomics to its chunks fail until the pool rebuilds it (reads decode it from the other shards)")
+
+// piece is the part of a span within one chunk: at offset off of its data
+// shard's segment.
+type piece struct {
+	off int64
+	buf []byte
+}
+
+// locate is where logical offset o lives: its data shard and the offset
+// in that shard's segment.
+func (r *redundant) locate(o int64) (shard int, at int64) {
+	c := o / r.chunk
+	return int(c % int64(r.k)), c/int64(r.k)*r.chunk + o%r.chunk
+}
+
+// pieces cuts spans at chunk boundaries, grouped by data shard.
+func (r *redundant) pieces(spans []Span) [][]piece {
+	by := make([][]piece, r.k)
+	for _, sp := range spans {
+		o, b := sp.Off, sp.Buf
+		for len(b) > 0 {
+			n := min(int64(len(b)), r.chunk-o%r.chunk)
+			i, at := r.locate(o)
+			by[i] = append(by[i], piece{off: at, buf: b[:n]})
+			o, b = o+n, b[n:]
+		}
+	}
+	return by
+}
+
+// codedAccess reads or writes spans of an erasure-coded segment: each
+// touched data shard's pieces in one batch at its home, the shards in
+// parallel.
+func (r *redundant) codedAccess(ctx context.Context, spans []Span, write bool) error {
+	by := r.pieces(spans)
+	var shards []int
+	for i, ps := range by {
+		if len(ps) > 0 {
+			shards = append(shards, i)
+		}
+	}
+	kind := rdma.OpRead
+	if write {
+		kind = rdma.OpWrite
+	}
+	return parallel(len(shards), func(j int) error {
+		i := shards[j]
+		ops := make([]rdma.Op, len(by[i]))
+		for p, pc := range by[i] {
+			ops[p] = rdma.Op{Kind: kind, Offset: pc.off, Buf: pc.buf}
+		}
+		try := r.atShard(i)
+		if !write {
+			try = r.readShard(i, by[i])
+		}
+		return r.run(ctx, ptrs(ops), try)
+	})
+}
+
+// atShard is a round of writes or atomics at data shard i's home.
+func (r *redundant) atShard(i int) func(context.Context, *homeView, *[]*rdma.Op) error {
+	return func(ctx context.Context, v *homeView, pending *[]*rdma.Op) error {
+		if h := v.homes[i]; !h.ok {
+			return fmt.Errorf("segment %d: data shard %d on %s: %w", r.info.Id, i, h.plane.node, errShardLost)
+		}
+		return r.attempt(ctx, v.homes[i], pending)
+	}
+}
+
+// readShard is a round of the reads of data shard i (ps): at its home,
+// or, when that fails or is lost, decoded from k other shards.
+func (r *redundant) readShard(i int, ps []piece) func(context.Context, *homeView, *[]*rdma.Op) error {
+	return func(ctx context.Context, v *homeView, pending *[]*rdma.Op) error {
+		if h := v.homes[i]; h.up() {
+			if err := r.attempt(ctx, h, pending); err == nil || answered(err) || ctx.Err() != nil {
+				return err
+			}
+		}
+		return r.decode(ctx, v, i, ps)
+	}
+}
+
+// decode fills the pieces ps of data shard i from the same ranges of k
+// other shards whose homes hold them, read in parallel, and Reed–Solomon:
+// each byte column decodes on its own, so only the pieces' ranges are
+// read.
+func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) error {
+	total := 0
+	for _, p := range ps {
+		total += len(p.buf)
+	}
+	cands := v.order(i)
+	var src []int     // the shards read, k of them once done
+	var bufs [][]byte // bufs[j]: shard src[j]'s bytes of every piece, in order
+	for len(src) < r.k {
+		need := r.k - len(src)
+		if need > len(cands) {
+			return fmt.Errorf("segment %d: data shard %d: only %d of the %d other shards needed to decode it could be read: %w", r.info.Id, i, len(src)+len(cands), r.k, ErrUnavailable)
+		}
+		try, got := cands[:need], make([][]byte, need)
+		cands = cands[need:]
+		errs := make([]error, need)
+		parallel(need, func(j int) error {
+			got[j] = make([]byte, total)
+			ops := make([]rdma.Op, len(ps))
+			at := 0
+			for p, pc := range ps {
+				ops[p] = rdma.Op{Kind: rdma.OpRead, Offset: pc.off, Buf: got[j][at : at+len(pc.buf)]}
+				at += len(pc.buf)
+			}
+			pending := ptrs(ops)
+			errs[j] = r.attempt(ctx, v.homes[try[j]], &pending)
+			return nil
+		})
+		for j, err := range errs {
+			switch {
+			case err == nil:
+				src, bufs = append(src, try[j]), append(bufs, got[j])
+			case answered(err) || ctx.Err() != nil:
+				return err
+			}
+		}
+	}
+	shards := make([][]byte, r.k+r.m)
+	want := make([]bool, r.k+r.m)
+	want[i] = true
+	at := 0
+	for _, p := range ps {
+		clear(shards)
+		for j, s := range src {
+			shards[s] = bufs[j][at : at+len(p.buf)]
+		}
+		shards[i] = p.buf[:0]
+		if err := r.enc.ReconstructSome(shards, want); err != nil {
+			return fmt.Errorf("segment %d: decode data shard %d at %d: %w (%w)", r.info.Id, i, p.off, err, ErrUnavailable)
+		}
+		if len(shards[i]) > 0 && &shards[i][0] != &p.buf[0] {
+			copy(p.buf, shards[i])
+		}
+		at += len(p.buf)
+	}
+	return nil
+}
+
+// parallel runs fn(0..n-1) at once (fn(0) on the calling goroutine) and
+// joins their errors.
+func parallel(n int, fn func(int) error) error {
+	if n == 1 {
+		return fn(0)
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for j := 1; j < n; j++ {
+		wg.Go(func() { errs[j] = fn(j) })
+	}
+	if n > 0 {
+		errs[0] = fn(0)
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,176 @@
+package alloc
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/klauspost/reedsolomon"
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// fakeHomes is a redundant segment whose homes are in-process tcp data
+// planes, each serving one slice of memory: the client side alone, with
+// no daemon to place, forward or promote. The test plays the daemon's
+// part (it fills the copies and the parity itself).
+type fakeHomes struct {
+	seg   *Segment
+	srvs  []*tcp.Server
+	homes []*poolv1.SegmentHome
+}
+
+// home is the bytes of home i at off, read through its data plane (the
+// race detector sees no order between this goroutine and the server's
+// through a socket, so the test never touches the memory itself).
+func (f *fakeHomes) home(t *testing.T, i int, off int64, n int) []byte {
+	p := make([]byte, n)
+	f.do(t, i, func(cl *tcp.Client, r rdma.Region) error { return cl.Read(t.Context(), r, off, p) })
+	return p
+}
+
+// put writes p at off of home i through its data plane.
+func (f *fakeHomes) put(t *testing.T, i int, off int64, p []byte) {
+	f.do(t, i, func(cl *tcp.Client, r rdma.Region) error { return cl.Write(t.Context(), r, off, p) })
+}
+
+func (f *fakeHomes) do(t *testing.T, i int, fn func(*tcp.Client, rdma.Region) error) {
+	h := f.homes[i]
+	cl, err := tcp.Dial(t.Context(), h.DataAddr)
+	require.NoError(t, err)
+	defer cl.Close()
+	r := rdma.Region{Segment: h.HomeId, Epoch: h.Epoch}
+	copy(r.Key[:], h.Key)
+	require.NoError(t, fn(cl, r))
+}
+
+// startFakeHomes makes a segment of spec whose every home serves homeSize
+// bytes, opened through a client of a real in-process daemon (whose Stat
+// does not know the segment: refreshes change nothing).
+func startFakeHomes(t *testing.T, spec Redundancy, homeSize int64, size int64) *fakeHomes {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	c, err := Dial(t.Context(), cfg.Socket, WithOpTimeout(3*time.Second), WithFailoverTimeout(500*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	f := &fakeHomes{}
+	info := &poolv1.Segment{Id: 1 << 40, Tier: poolv1.Tier_TIER_RDMA, Size: size, Redundancy: spec.proto(), ShardChunk: 4096,
+		RedundancyState: poolv1.RedundancyState_REDUNDANCY_STATE_OK}
+	for i := range spec.spec.Homes() {
+		srv := tcp.NewServer(tcp.DefaultConfig())
+		mem := make([]byte, homeSize)
+		key, err := srv.Export(uint64(100+i), mem, 1)
+		require.NoError(t, err)
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		go srv.Serve(l)
+		t.Cleanup(func() { srv.Close() })
+		f.srvs = append(f.srvs, srv)
+		info.Homes = append(info.Homes, &poolv1.SegmentHome{Node: fmt.Sprintf("h%d", i), HomeId: uint64(100 + i), DataAddr: l.Addr().String(), Key: key[:], Epoch: 1})
+	}
+	f.homes = info.Homes
+	info.Node, info.HomeId = info.Homes[0].Node, info.Homes[0].HomeId
+	f.seg, err = c.open(t.Context(), "", info, allocConfig{})
+	require.NoError(t, err)
+	return f
+}
+
+// TestCopiesReadFailOver: reads of a Replicas(3) segment go to the
+// primary; with the primary's and then the first backup's data plane
+// gone, they come from the next copy without an error, and Redundancy
+// names the homes.
+func TestCopiesReadFailOver(t *testing.T) {
+	f := startFakeHomes(t, Replicas(3), 1<<16, 1<<16)
+	for i := range 3 {
+		f.put(t, i, 0, bytes.Repeat([]byte{byte('a' + i)}, 1<<16))
+	}
+	buf := make([]byte, 4096)
+	read := func(want byte) {
+		t.Helper()
+		n, err := f.seg.ReadAt(buf, 8192)
+		require.NoError(t, err)
+		require.Equal(t, 4096, n)
+		require.Equal(t, bytes.Repeat([]byte{want}, 4096), buf)
+	}
+	read('a')
+	_, err := f.seg.WriteAt([]byte("to the primary"), 0)
+	require.NoError(t, err)
+	require.Equal(t, "to the primary", string(f.home(t, 0, 0, 14)))
+	require.Equal(t, "bbbbbbbbbbbbbb", string(f.home(t, 1, 0, 14)), "the client writes the primary only")
+	v, err := f.seg.Add64(64, 5)
+	require.NoError(t, err)
+	require.Equal(t, binary.LittleEndian.Uint64(bytes.Repeat([]byte{'a'}, 8))+5, v)
+	f.srvs[0].Close()
+	read('b')
+	f.srvs[1].Close()
+	read('c')
+	st := f.seg.Redundancy()
+	require.Equal(t, "replicas=3", st.Asked.String())
+	require.Equal(t, []HomeStatus{{"h0", "primary", 0, "ok"}, {"h1", "backup", 1, "ok"}, {"h2", "backup", 2, "ok"}}, st.Homes)
+	require.Equal(t, "h0", f.seg.Node())
+}
+
+// TestCodedLayoutAndDegradedRead: an ErasureCoded(4, 2) segment's bytes
+// lie on the data shards as the layout says (chunk c on shard c%4 at
+// c/4*4096); reads and writes that cross chunks and stripes read back;
+// atomics land on the word's data shard; with the parity filled in (the
+// data homes' work, done by the test) and two data homes' data planes
+// gone, every byte still reads back, decoded from the others.
+func TestCodedLayoutAndDegradedRead(t *testing.T) {
+	const k, m, chunk, stripes = 4, 2, 4096, 4
+	const size = k * chunk * stripes
+	f := startFakeHomes(t, ErasureCoded(k, m), chunk*stripes, size)
+	want := make([]byte, size)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range want {
+		want[i] = byte(rng.Uint32())
+	}
+	for _, w := range []struct{ off, n int }{{0, size}, {100, 5000}, {chunk*5 - 3, chunk*6 + 7}, {size - 10, 10}} {
+		_, err := f.seg.WriteAt(want[w.off:w.off+w.n], int64(w.off))
+		require.NoError(t, err)
+	}
+	v, err := f.seg.Add64(chunk*6+8, 1)
+	require.NoError(t, err)
+	binary.LittleEndian.PutUint64(want[chunk*6+8:], binary.LittleEndian.Uint64(want[chunk*6+8:])+1)
+	require.Equal(t, binary.LittleEndian.Uint64(want[chunk*6+8:]), v)
+	for c := range size / chunk {
+		shard, at := c%k, c/k*chunk
+		require.Equal(t, want[c*chunk:(c+1)*chunk], f.home(t, shard, int64(at), chunk), "chunk %d on data shard %d at %d", c, shard, at)
+	}
+	got := make([]byte, size)
+	_, err = f.seg.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+
+	enc, err := reedsolomon.New(k, m)
+	require.NoError(t, err)
+	shards := make([][]byte, k+m)
+	for i := range shards {
+		shards[i] = f.home(t, i, 0, chunk*stripes)
+	}
+	require.NoError(t, enc.Encode(shards))
+	f.put(t, k, 0, shards[k])
+	f.put(t, k+1, 0, shards[k+1])
+	f.srvs[1].Close()
+	f.srvs[3].Close()
+	for _, rd := range []struct{ off, n int }{{0, size}, {chunk + 17, 100}, {chunk*3 - 5, chunk*2 + 9}} {
+		clear(got)
+		_, err = f.seg.ReadAt(got[:rd.n], int64(rd.off))
+		require.NoError(t, err, "degraded read of %d bytes at %d", rd.n, rd.off)
+		require.Equal(t, want[rd.off:rd.off+rd.n], got[:rd.n], "degraded read of %d bytes at %d", rd.n, rd.off)
+	}
+	require.NoError(t, f.seg.ReadBatch(t.Context(), []Span{{Off: chunk, Buf: got[:chunk]}, {Off: 0, Buf: got[chunk : 2*chunk]}}))
+	require.Equal(t, want[chunk:2*chunk], got[:chunk])
+	require.Equal(t, want[:chunk], got[chunk:2*chunk])
+	st := f.seg.Redundancy()
+	require.Equal(t, "ec=4+2", st.Asked.String())
+	require.Equal(t, HomeStatus{"h5", "parity", 1, "ok"}, st.Homes[5])
+}
