@@ -37,6 +37,18 @@
 //     described below. Bytes returns false. Client.Move moves the segment
 //     to another home while it is in use; an operation its old home
 //     answers MOVED asks the daemon where the segment is and runs there.
+//   - Redundant (TierRDMA with WithRedundancy): the same one-sided
+//     operations on several homes, each holding a copy or a shard. Copies:
+//     writes and atomics go to the primary, which forwards them to the
+//     others before it answers; reads go to the primary and fail over to
+//     another copy when it fails or does not answer within
+//     WithFailoverTimeout. Shards: a range is cut at 4 KiB chunk
+//     boundaries and each data shard's pieces go to its home, the shards
+//     in parallel; a lost shard's bytes are decoded from k others
+//     (Reed–Solomon). Every home sees one exactly-once session of the
+//     client, so a write retried at a promoted primary is answered from
+//     the reply cache the old primary's forwarding filled, not applied
+//     twice.
 //   - Shared (Attach with Shared, an rdma segment): the attachment's cache,
 //     kept coherent by package coherence, whose messages travel as
 //     rdma.Conn messages on three connections to the home dialed through

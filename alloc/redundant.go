@@ -279,8 +279,10 @@ func (r *redundant) attempt(ctx context.Context, h *home, pending *[]*rdma.Op) e
 		if err != nil {
 			return err
 		}
+		fresh := freshTickets(ready)
 		err = post(actx, rt.conn, ready)
 		wasMoved := moved(ready)
+		renew(ready, fresh)
 		*pending = unfinished(*pending)
 		switch {
 		case err == nil && len(*pending) > 0:
@@ -297,6 +299,32 @@ func (r *redundant) attempt(ctx context.Context, h *home, pending *[]*rdma.Op) e
 			h.down.Store(0)
 		}
 		return err
+	}
+}
+
+// freshTickets has bit j set when ready[j] holds a ticket never posted
+// (for the first 64 ops; the rest count as posted).
+func freshTickets(ready []*rdma.Op) uint64 {
+	var fresh uint64
+	for j, op := range ready[:min(len(ready), 64)] {
+		if op.Once != nil && !op.Once.Posted() {
+			fresh |= 1 << j
+		}
+	}
+	return fresh
+}
+
+// renew gives back the tickets of ops that a home refused on their first
+// post (fenced, not a copy this client may write, or lost there): they
+// were not applied anywhere, and the home cached its refusal for the
+// ticket, so the op takes a new one for its next home. An op posted before
+// keeps its ticket, which some home may have applied and answered.
+func renew(ready []*rdma.Op, fresh uint64) {
+	for j, op := range ready[:min(len(ready), 64)] {
+		if fresh&(1<<j) != 0 && op.Once != nil && (errors.Is(op.Err, ErrLeaseExpired) || errors.Is(op.Err, ErrAccessDenied) || errors.Is(op.Err, ErrSegmentLost)) {
+			op.Once.Release()
+			op.Once = nil
+		}
 	}
 }
 
