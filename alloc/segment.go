@@ -140,7 +140,9 @@ func (s *Segment) ID() uint64 { return s.info.Id }
 // Name is the segment's name, "" if it has none.
 func (s *Segment) Name() string { return s.info.Name }
 
-// Size is the segment's usable size in bytes.
+// Size is the segment's usable size in bytes: what Alloc asked for, but
+// for an ErasureCoded(k, m) segment rounded up to whole stripes of k
+// chunks of 4 KiB (every byte of it usable).
 func (s *Segment) Size() int64 { return s.info.Size }
 
 // Tier is the tier the segment was placed on.
