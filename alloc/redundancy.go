@@ -32,6 +32,12 @@ import (
 //     stripe (k chunks). Reading a chunk whose shard is lost fetches the
 //     same range from k other shards and decodes it: a degraded read.
 //
+// One limit of erasure coding: a data home lost in the middle of a write
+// may have updated some parity shards and not others, so the stripe's
+// parity disagrees about those bytes (the RAID write hole); losing a
+// second data shard of that stripe before the pool rebuilds the first
+// then decodes those bytes wrong. Copies have no such window.
+//
 // A segment that has lost homes but no more than its redundancy covers is
 // degraded: every byte is still there and every call works (reads fail
 // over to another home without an error), until the pool rebuilds the

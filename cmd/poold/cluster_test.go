@@ -251,13 +251,19 @@ func (n *poolNode) waitStates(t *testing.T, want map[string]string) time.Duratio
 // exportFree returns the capacity and free bytes of the memory n's poold
 // itself lends as the rdma tier (not its peers').
 func (n *poolNode) exportFree(ctx context.Context) (capacity, free int64, err error) {
+	return ownRDMA(ctx, n.sock, n.name)
+}
+
+// ownRDMA returns the capacity and free bytes of the memory the poold on
+// sock (node name) itself lends as the rdma tier.
+func ownRDMA(ctx context.Context, sock, name string) (capacity, free int64, err error) {
 	var tiers []struct {
 		Tier     string `json:"tier"`
 		Kind     string `json:"kind"`
 		Capacity int64  `json:"capacity"`
 		Free     int64  `json:"free"`
 	}
-	if err := memctlJSON(ctx, n.sock, &tiers, "tiers"); err != nil {
+	if err := memctlJSON(ctx, sock, &tiers, "tiers"); err != nil {
 		return 0, 0, err
 	}
 	for _, ti := range tiers {
@@ -265,7 +271,7 @@ func (n *poolNode) exportFree(ctx context.Context) (capacity, free int64, err er
 			return ti.Capacity, ti.Free, nil
 		}
 	}
-	return 0, 0, fmt.Errorf("node %s lists no rdma tier of its own: %+v", n.name, tiers)
+	return 0, 0, fmt.Errorf("node %s lists no rdma tier of its own: %+v", name, tiers)
 }
 
 // waitExportFree waits until n's own rdma tier has want bytes free and

@@ -72,21 +72,7 @@ func startMoveCluster(t *testing.T, export string, extra ...string) *moveCluster
 	mc.b = mc.start(t, mc.nb, mc.bArgs...)
 	mc.cArgs = slices.Concat(mc.nc.args(), []string{"--gossip-key-file", key, "--export-size", export, "--join", mc.na.gossip}, extra)
 	mc.c = mc.start(t, mc.nc, mc.cArgs...)
-	require.Eventually(t, func() bool {
-		var nodes []nodeView
-		if memctlJSON(t.Context(), mc.na.sock, &nodes, "nodes") != nil {
-			return false
-		}
-		lenders := 0
-		for _, n := range nodes {
-			for _, ti := range n.Tiers {
-				if n.State == "alive" && (n.Name == "b" || n.Name == "c") && ti.Tier == "rdma" && ti.Free > 0 {
-					lenders++
-				}
-			}
-		}
-		return lenders == 2
-	}, 30*time.Second, 50*time.Millisecond, "a never saw b and c lend memory")
+	waitLenders(t, mc.na.sock, "b", "c")
 	return mc
 }
 
@@ -140,7 +126,10 @@ type moveView struct {
 // their own area and remember the last acknowledged content of each. Every
 // operation must succeed.
 type moveLoad struct {
-	seg     *alloc.Segment
+	seg *alloc.Segment
+	// segs, when set, are handles of seg by several clients: the
+	// workload's goroutines take turns over them (see at).
+	segs    []*alloc.Segment
 	rec     *lincheck.Recorder
 	adds    atomic.Int64
 	ops     atomic.Int64
@@ -157,6 +146,14 @@ const (
 	moveAreaStart = 64 << 10
 	moveBlock     = 4096
 )
+
+// at is the handle goroutine g of the workload uses.
+func (l *moveLoad) at(g int) *alloc.Segment {
+	if len(l.segs) == 0 {
+		return l.seg
+	}
+	return l.segs[g%len(l.segs)]
+}
 
 func (l *moveLoad) fail(err error) {
 	l.failed.Add(1)
@@ -176,7 +173,7 @@ func (l *moveLoad) run(wg *sync.WaitGroup, stop <-chan struct{}) {
 				default:
 				}
 				call := l.rec.Now()
-				n, err := l.seg.Add64(0, 1)
+				n, err := l.at(g).Add64(0, 1)
 				if err != nil {
 					l.fail(fmt.Errorf("add: %w", err))
 					continue
@@ -206,23 +203,23 @@ func (l *moveLoad) run(wg *sync.WaitGroup, stop <-chan struct{}) {
 				switch rnd.IntN(3) {
 				case 0:
 					var v uint64
-					if v, err = l.seg.Load64(off); err == nil {
+					if v, err = l.at(g + 2).Load64(off); err == nil {
 						l.rec.Add(g, lincheck.Input{Kind: lincheck.Read, Key: key}, lincheck.Output{Value: v}, call)
 					}
 				case 1:
-					if err = l.seg.Store64(off, val); err == nil {
+					if err = l.at(g+2).Store64(off, val); err == nil {
 						l.rec.Add(g, lincheck.Input{Kind: lincheck.Write, Key: key, Value: val}, lincheck.Output{}, call)
 					}
 				default:
 					old := uint64(0)
 					if rnd.IntN(2) == 0 { // a likely value: what this goroutine last saw there
-						if old, err = l.seg.Load64(off); err != nil {
+						if old, err = l.at(g + 2).Load64(off); err != nil {
 							break
 						}
 						call = l.rec.Now()
 					}
 					var ok bool
-					if ok, err = l.seg.CompareAndSwap64(off, old, val); err == nil {
+					if ok, err = l.at(g+2).CompareAndSwap64(off, old, val); err == nil {
 						l.rec.Add(g, lincheck.Input{Kind: lincheck.CAS, Key: key, Old: old, New: val}, lincheck.Output{Swapped: ok}, call)
 					}
 				}
@@ -249,12 +246,12 @@ func (l *moveLoad) run(wg *sync.WaitGroup, stop <-chan struct{}) {
 				for i := range buf {
 					buf[i] = fill
 				}
-				if _, err := l.seg.WriteAt(buf, off); err != nil {
+				if _, err := l.at(w+4).WriteAt(buf, off); err != nil {
 					l.fail(fmt.Errorf("write at %d: %w", off, err))
 					continue
 				}
 				l.blocks[w][off] = fill
-				if _, err := l.seg.ReadAt(buf, off); err != nil {
+				if _, err := l.at(w+4).ReadAt(buf, off); err != nil {
 					l.fail(fmt.Errorf("read at %d: %w", off, err))
 					continue
 				}

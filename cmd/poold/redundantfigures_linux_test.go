@@ -1,0 +1,137 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/probe"
+)
+
+// redundancyFigures turns TestRedundancyFigures on: it measures, it checks
+// nothing a busy machine could fail.
+var redundancyFigures = flag.Bool("redundancy-figures", false, "run TestRedundancyFigures, which prints the costs of redundant segments (README, Redundant segments)")
+
+// TestRedundancyFigures prints what redundancy costs, as ratios against an
+// unreplicated rdma segment measured in the same run: 4 KiB WriteAt and
+// ReadAt p50 of a Replicas(2) and an ErasureCoded(4, 2) segment, the far
+// memory the coded segment holds per byte of data (from the lenders' free
+// bytes), and, after kill -9 of one data home, the p50 of a degraded 4 KiB
+// read (decoded from four shards) against a read of a live shard. The
+// three segments are measured in turns of 200 operations each, so that
+// the machine's other load falls on all of them alike. One client of a
+// lender-less daemon, six lending daemons on loopback, read-ahead off.
+//
+//	go test -run TestRedundancyFigures -v ./cmd/poold -args -redundancy-figures
+func TestRedundancyFigures(t *testing.T) {
+	if !*redundancyFigures {
+		t.Skip("measures rather than checks: run with -args -redundancy-figures")
+	}
+	rc := startRedCluster(t, 6, "64MiB")
+	ctx := t.Context()
+	c, err := alloc.Dial(ctx, rc.na.sock, alloc.WithReadAhead(false))
+	require.NoError(t, err)
+	defer c.Close()
+	const size = 8 << 20
+	before := rc.lentBytes(t)
+	plain, err := c.Alloc(ctx, size, alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	rep, err := c.Alloc(ctx, size, alloc.WithRedundancy(alloc.Replicas(2)))
+	require.NoError(t, err)
+	afterRep := rc.lentBytes(t)
+	ec, err := c.Alloc(ctx, size, alloc.WithRedundancy(alloc.ErasureCoded(4, 2)))
+	require.NoError(t, err)
+	held := float64(rc.lentBytes(t)-afterRep) / float64(ec.Size())
+	repHeld := float64(afterRep-before-plain.Size()) / float64(rep.Size())
+	for _, s := range []*alloc.Segment{plain, rep, ec} {
+		_, err := s.WriteAt(make([]byte, size), 0) // every page touched at every home
+		require.NoError(t, err)
+	}
+
+	segs := []*alloc.Segment{plain, rep, ec}
+	writes, reads := make([][]time.Duration, 3), make([][]time.Duration, 3)
+	buf := make([]byte, 4096)
+	rnd := rand.New(rand.NewPCG(5, 6))
+	for range 10 {
+		for i, s := range segs {
+			for range 200 {
+				off := int64(rnd.IntN(size/4096)) * 4096
+				start := time.Now()
+				_, err := s.WriteAt(buf, off)
+				writes[i] = append(writes[i], time.Since(start))
+				require.NoError(t, err)
+				start = time.Now()
+				_, err = s.ReadAt(buf, off)
+				reads[i] = append(reads[i], time.Since(start))
+				require.NoError(t, err)
+			}
+		}
+	}
+	w, r := summarize(writes), summarize(reads)
+
+	// Degraded: a data shard's home gone, its chunks decoded from the
+	// others; chunks of live data shards read as before.
+	lost := ec.Redundancy().Homes[1].Node
+	rc.lenders[lost].kill9(t)
+	var normal, degraded []time.Duration
+	for range 2000 {
+		stripe := int64(rnd.IntN(size / (4 * 4096)))
+		shard := rnd.IntN(4)
+		start := time.Now()
+		_, err := ec.ReadAt(buf, (stripe*4+int64(shard))*4096)
+		d := time.Since(start)
+		require.NoError(t, err)
+		if shard == 1 {
+			degraded = append(degraded, d)
+		} else {
+			normal = append(normal, d)
+		}
+	}
+	n, dg := probe.Summarize(normal), probe.Summarize(degraded)
+
+	var out strings.Builder
+	fmt.Fprintf(&out, "4 KiB p50 (µs)         write   ratio   read   ratio\n")
+	for i, name := range []string{"none", "replicas=2", "ec=4+2"} {
+		fmt.Fprintf(&out, "%-20s %8.1f %7.2f %6.1f %7.2f\n", name, us(w[i].P50), ratio(w[i].P50, w[0].P50), us(r[i].P50), ratio(r[i].P50, r[0].P50))
+	}
+	fmt.Fprintf(&out, "far memory held per byte: replicas=2 %.2f, ec=4+2 %.2f\n", repHeld, held)
+	fmt.Fprintf(&out, "ec=4+2 with data shard 1's home killed: degraded read p50 %.1f µs, live-shard read p50 %.1f µs, ratio %.2f (%d and %d reads)\n",
+		us(dg.P50), us(n.P50), ratio(dg.P50, n.P50), dg.Samples, n.Samples)
+	t.Log("\n" + out.String())
+}
+
+// lentBytes is how many bytes the lenders lend now, each asked for its
+// own rdma tier.
+func (rc *redCluster) lentBytes(t *testing.T) int64 {
+	var used int64
+	names := make([]string, 0, len(rc.lenders))
+	for name := range rc.lenders {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		capacity, free, err := ownRDMA(t.Context(), rc.lenders[name].socket, name)
+		require.NoError(t, err)
+		used += capacity - free
+	}
+	return used
+}
+
+func summarize(runs [][]time.Duration) []probe.Result {
+	out := make([]probe.Result, len(runs))
+	for i, ds := range runs {
+		out[i] = probe.Summarize(ds)
+	}
+	return out
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
