@@ -30,8 +30,8 @@ type redCluster struct {
 	started []*daemon
 }
 
-// startRedCluster starts a and n lenders and waits until a sees every
-// lender alive with memory to lend.
+// startRedCluster starts a and n lenders and waits until every one of
+// them sees every lender alive with memory to lend.
 func startRedCluster(t *testing.T, n int, export string) *redCluster {
 	rc := &redCluster{na: tlsGossip(t, "a"), lenders: map[string]*daemon{}}
 	key := certs.GossipKeyFile(certDir(t))
@@ -51,7 +51,9 @@ func startRedCluster(t *testing.T, n int, export string) *redCluster {
 	for name := range rc.lenders {
 		names = append(names, name)
 	}
-	waitLenders(t, rc.na.sock, names...)
+	for _, d := range rc.started { // each homes copies and forwards to the others
+		waitLenders(t, d.socket, names...)
+	}
 	return rc
 }
 
@@ -193,6 +195,13 @@ func (l *blockLoad) holds(off int64, got []byte) error {
 	return nil
 }
 
+// String is the load's account so far, for a failing test's message.
+func (l *blockLoad) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return fmt.Sprintf("segment %d: %d operations, %d writes failed, longest %v, errors %v", l.seg.ID(), l.ops, l.failed, l.maxOp, l.errs[max(0, len(l.errs)-3):])
+}
+
 // count is how many operations ran so far.
 func (l *blockLoad) count() int {
 	l.mu.Lock()
@@ -218,10 +227,12 @@ func (l *blockLoad) check(t *testing.T) {
 // loop of its own; mid-loop kill -9 of the replicated segment's primary's
 // daemon and of one more home of the coded one (two of its six homes
 // gone). Every read succeeds and sees the last acknowledged write (copies
-// fail over, the coded segment decodes lost shards); every write to the
-// copies succeeds (retried at the promoted primary); a write to a coded
-// chunk whose data home is gone fails at once with ErrUnavailable and is
-// accounted as maybe-applied. Afterwards every block holds its last
+// fail over, the coded segment decodes lost shards); a write to the
+// copies cut off by the kill is retried at the promoted primary and
+// succeeds, or fails with ErrIndeterminate when that primary holds no
+// answer for it; a write to a coded chunk whose data home is gone fails
+// at once with ErrUnavailable. Failed writes are accounted as
+// maybe-applied. Afterwards every block holds its last
 // acknowledged write, both segments report "degraded" with the killed
 // homes lost, and no operation took longer than the gossip's
 // failure-detection bound plus 1 s.
@@ -254,7 +265,9 @@ func TestRedundantSegmentsSurviveKill9(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() { loads[0].run(stop, 1, func(error) bool { return true }) })
+	wg.Go(func() {
+		loads[0].run(stop, 1, func(err error) bool { return !errors.Is(err, alloc.ErrIndeterminate) })
+	})
 	wg.Go(func() {
 		loads[1].run(stop, 2, func(err error) bool { return !errors.Is(err, alloc.ErrUnavailable) })
 	})
@@ -270,7 +283,7 @@ func TestRedundantSegmentsSurviveKill9(t *testing.T) {
 	progress := func(what string) {
 		before := []int{loads[0].count(), loads[1].count()}
 		require.Eventually(t, func() bool { return loads[0].count() > before[0]+100 && loads[1].count() > before[1]+100 },
-			30*time.Second, 5*time.Millisecond, "the loads run %s", what)
+			30*time.Second, 5*time.Millisecond, "the loads run %s: %s; %s", what, loads[0], loads[1])
 	}
 	progress("before the kills")
 
@@ -307,22 +320,25 @@ func TestRedundantSegmentsSurviveKill9(t *testing.T) {
 		t.Logf("segment %d (%s): %d operations, %d writes failed, longest %v (bound %v)", l.seg.ID(), l.seg.Redundancy().Asked, l.ops, l.failed, l.maxOp, bound)
 		require.LessOrEqual(t, l.maxOp, bound, "segment %d: an operation blocked past failure detection + 1 s", l.seg.ID())
 	}
-	require.Zero(t, loads[0].failed, "every write to the copies succeeded")
 }
 
 // TestReplicasLinearizableAcrossFailover: three clients share a named
 // Replicas(2) segment: counters add, registers read, write and
 // compare-and-swap, writers write blocks (moveLoad's workload), while the
-// primary's daemon is killed with kill -9. No operation fails, the counter
-// holds exactly the acknowledged adds (none applied twice by a retry at
-// the promoted primary), every block its last acknowledged write, and the
-// history of the registers is linearizable (porcupine).
+// primary's daemon is killed with kill -9. No operation fails but with
+// ErrIndeterminate (a write or atomic cut off by the kill whose retry the
+// promoted primary had no answer for), the counter holds the acknowledged
+// adds and at most the indeterminate ones besides (none applied twice by
+// a retry at the promoted primary), every block its last acknowledged
+// write or a later indeterminate one, and the history of the registers,
+// indeterminate operations as unknown outcomes, is linearizable
+// (porcupine).
 func TestReplicasLinearizableAcrossFailover(t *testing.T) {
 	rc := startRedCluster(t, 3, "32MiB")
 	ctx := t.Context()
 	seg, err := rc.client(t, "lin-0").Alloc(ctx, 4<<20, alloc.WithRedundancy(alloc.Replicas(2)), alloc.WithName("lin"))
 	require.NoError(t, err)
-	l := &moveLoad{seg: seg, rec: lincheck.NewRecorder()}
+	l := &moveLoad{seg: seg, rec: lincheck.NewRecorder(), tolerate: true}
 	for i := range 3 {
 		s := seg
 		if i > 0 {
@@ -353,7 +369,8 @@ func TestReplicasLinearizableAcrossFailover(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	l.check(t)
-	t.Logf("%d operations, %d adds, %d register operations checked; primary %s killed, now %s", l.ops.Load(), l.adds.Load(), len(l.rec.Ops()), primary, seg.Node())
+	t.Logf("%d operations, %d adds (%d indeterminate), %d register operations checked; primary %s killed, now %s",
+		l.ops.Load(), l.adds.Load(), l.maybeAdds.Load(), len(l.rec.Ops()), primary, seg.Node())
 }
 
 // TestRedundancyRefusals: with three lenders, ErasureCoded(4, 2) is
@@ -367,8 +384,7 @@ func TestRedundancyRefusals(t *testing.T) {
 	ctx := t.Context()
 	_, err := c.Alloc(ctx, 1<<20, alloc.WithRedundancy(alloc.ErasureCoded(4, 2)))
 	require.ErrorIs(t, err, alloc.ErrNoCapacity)
-	require.ErrorContains(t, err, "6")
-	require.ErrorContains(t, err, "3")
+	require.Regexp(t, `needs 6 distinct hosts .* and 3 have them \(b, c, d\)`, err.Error())
 	seg, err := c.Alloc(ctx, 1<<20, alloc.WithRedundancy(alloc.Replicas(5).OrFewer()))
 	require.NoError(t, err)
 	st := seg.Redundancy()
