@@ -30,9 +30,9 @@ type redCluster struct {
 	started []*daemon
 }
 
-// startRedCluster starts a and n lenders and waits until every one of
+// startRedCluster starts a and n lenders (extra: more flags of each) and waits until every one of
 // them sees every lender alive with memory to lend.
-func startRedCluster(t *testing.T, n int, export string) *redCluster {
+func startRedCluster(t *testing.T, n int, export string, extra ...string) *redCluster {
 	rc := &redCluster{na: tlsGossip(t, "a"), lenders: map[string]*daemon{}}
 	key := certs.GossipKeyFile(certDir(t))
 	t.Cleanup(func() {
@@ -42,10 +42,10 @@ func startRedCluster(t *testing.T, n int, export string) *redCluster {
 			}
 		}
 	})
-	rc.a = rc.start(t, rc.na, slices.Concat(rc.na.args(), []string{"--gossip-key-file", key, "--export-size", "0"})...)
+	rc.a = rc.start(t, rc.na, slices.Concat(rc.na.args(), []string{"--gossip-key-file", key, "--export-size", "0"}, extra)...)
 	for i := range n {
 		ln := tlsGossip(t, string(rune('b'+i)))
-		rc.lenders[ln.name] = rc.start(t, ln, slices.Concat(ln.args(), []string{"--gossip-key-file", key, "--export-size", export, "--join", rc.na.gossip})...)
+		rc.lenders[ln.name] = rc.start(t, ln, slices.Concat(ln.args(), []string{"--gossip-key-file", key, "--export-size", export, "--join", rc.na.gossip}, extra)...)
 	}
 	names := make([]string, 0, n)
 	for name := range rc.lenders {

@@ -13,11 +13,12 @@ import (
 
 	"github.com/farmem/farmem/alloc"
 	"github.com/farmem/farmem/internal/probe"
+	"github.com/farmem/farmem/rdma/tcp"
 )
 
-// redundancyFigures turns TestRedundancyFigures on: it measures, it checks
+// runRedundancyFigures turns TestRedundancyFigures on: it measures, it checks
 // nothing a busy machine could fail.
-var redundancyFigures = flag.Bool("redundancy-figures", false, "run TestRedundancyFigures, which prints the costs of redundant segments (README, Redundant segments)")
+var runRedundancyFigures = flag.Bool("redundancy-figures", false, "run TestRedundancyFigures, which prints the costs of redundant segments (README, Redundant segments)")
 
 // TestRedundancyFigures prints what redundancy costs, as ratios against an
 // unreplicated rdma segment measured in the same run: 4 KiB WriteAt and
@@ -25,18 +26,28 @@ var redundancyFigures = flag.Bool("redundancy-figures", false, "run TestRedundan
 // memory the coded segment holds per byte of data (from the lenders' free
 // bytes), and, after kill -9 of one data home, the p50 of a degraded 4 KiB
 // read (decoded from four shards) against a read of a live shard. The
-// three segments are measured in turns of 200 operations each, so that
-// the machine's other load falls on all of them alike. One client of a
-// lender-less daemon, six lending daemons on loopback, read-ahead off.
+// three segments are measured in turns of 100 writes and then 100 reads
+// each, so that the machine's other load falls on all of them alike. One
+// client of a lender-less daemon, six lending daemons on loopback,
+// read-ahead off; once with busy polling as by default (client and
+// daemons), once with it off everywhere: seven daemons polling on a
+// small machine take its cores from each other.
 //
 //	go test -run TestRedundancyFigures -v ./cmd/poold -args -redundancy-figures
 func TestRedundancyFigures(t *testing.T) {
-	if !*redundancyFigures {
+	if !*runRedundancyFigures {
 		t.Skip("measures rather than checks: run with -args -redundancy-figures")
 	}
-	rc := startRedCluster(t, 6, "64MiB")
+	t.Run("busy-poll", func(t *testing.T) { redundancyFigures(t, tcp.DefaultBusyPoll) })
+	t.Run("no-busy-poll", func(t *testing.T) { redundancyFigures(t, 0) })
+}
+
+// redundancyFigures measures and prints the figures with poll as the
+// client's and the daemons' busy polling.
+func redundancyFigures(t *testing.T, poll time.Duration) {
+	rc := startRedCluster(t, 6, "64MiB", "--data-busy-poll", poll.String())
 	ctx := t.Context()
-	c, err := alloc.Dial(ctx, rc.na.sock, alloc.WithReadAhead(false))
+	c, err := alloc.Dial(ctx, rc.na.sock, alloc.WithReadAhead(false), alloc.WithBusyPoll(poll))
 	require.NoError(t, err)
 	defer c.Close()
 	const size = 8 << 20
@@ -59,18 +70,20 @@ func TestRedundancyFigures(t *testing.T) {
 	writes, reads := make([][]time.Duration, 3), make([][]time.Duration, 3)
 	buf := make([]byte, 4096)
 	rnd := rand.New(rand.NewPCG(5, 6))
-	for range 10 {
+	timed := func(into *[]time.Duration, op func([]byte, int64) (int, error)) {
+		off := int64(rnd.IntN(size/4096)) * 4096
+		start := time.Now()
+		_, err := op(buf, off)
+		*into = append(*into, time.Since(start))
+		require.NoError(t, err)
+	}
+	for range 20 {
 		for i, s := range segs {
-			for range 200 {
-				off := int64(rnd.IntN(size/4096)) * 4096
-				start := time.Now()
-				_, err := s.WriteAt(buf, off)
-				writes[i] = append(writes[i], time.Since(start))
-				require.NoError(t, err)
-				start = time.Now()
-				_, err = s.ReadAt(buf, off)
-				reads[i] = append(reads[i], time.Since(start))
-				require.NoError(t, err)
+			for range 100 {
+				timed(&writes[i], s.WriteAt)
+			}
+			for range 100 {
+				timed(&reads[i], s.ReadAt)
 			}
 		}
 	}
