@@ -55,7 +55,10 @@ func ToTier(t Tier) MoveOption { return func(o *moveOptions) { o.tier = t } }
 // A shared attachment (Attach with Shared) has its pages cached under
 // leases from its home, and moving between two load/store tiers is not
 // live: Move refuses them (ErrInvalid, ErrNotSupported); allocate a new
-// segment where it should live, copy the bytes, and free the old one.
+// segment where it should live, copy the bytes, and free the old one. A
+// redundant segment (WithRedundancy) is refused with ErrNotSupported: the
+// pool places its copies or shards and rebuilds a lost one elsewhere
+// itself.
 //
 // Errors: ErrNotFound when the node named is no alive member (the message
 // lists them) or the segment was freed during the move, ErrInvalid when

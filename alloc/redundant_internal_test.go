@@ -174,3 +174,12 @@ func TestCodedLayoutAndDegradedRead(t *testing.T) {
 	require.Equal(t, "ec=4+2", st.Asked.String())
 	require.Equal(t, HomeStatus{"h5", "parity", 1, "ok"}, st.Homes[5])
 }
+
+// TestRedundantNotMoved: Move refuses a redundant segment before asking
+// the daemon, with ErrNotSupported, as the daemon would.
+func TestRedundantNotMoved(t *testing.T) {
+	f := startFakeHomes(t, Replicas(2), 4096, 4096)
+	err := f.seg.c.Move(t.Context(), f.seg)
+	require.ErrorIs(t, err, ErrNotSupported)
+	require.ErrorContains(t, err, "it is redundant (replicas=2)")
+}
