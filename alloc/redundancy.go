@@ -48,13 +48,23 @@ type Redundancy struct {
 	err  error // a constructor's argument out of range, reported by Alloc
 }
 
-// Replicas asks for n full copies on n distinct hosts; 1 is none. n below
-// 1 or above 64 makes Alloc fail with ErrInvalid.
+// Replicas asks for n full copies on n distinct hosts; Replicas(1) is
+// none, the zero Redundancy. n below 1 or above 64 makes Alloc fail with
+// ErrInvalid.
 func Replicas(n int) Redundancy {
 	if n < 1 {
 		return Redundancy{spec: redundancy.Spec{Replicas: n}, err: fmt.Errorf("%w: Replicas(%d): the number of copies must be at least 1 (1 means none) and at most %d", errs.ErrInvalid, n, redundancy.MaxHomes)}
 	}
-	return Redundancy{spec: redundancy.Spec{Replicas: n}}
+	return canonical(redundancy.Spec{Replicas: n})
+}
+
+// canonical is the Redundancy of s, every form of none the zero value, so
+// that == compares what two Redundancy values protect.
+func canonical(s redundancy.Spec) Redundancy {
+	if s.None() {
+		return Redundancy{}
+	}
+	return Redundancy{spec: s}
 }
 
 // ErasureCoded asks for k data and m parity shards on k+m distinct hosts:
@@ -68,9 +78,11 @@ func ErasureCoded(k, m int) Redundancy {
 
 // OrFewer lets Alloc place fewer copies or shards than asked when the pool
 // has too few distinct hosts (Segment.Redundancy says what it got),
-// instead of failing with ErrNoCapacity.
+// instead of failing with ErrNoCapacity. On none it changes nothing.
 func (r Redundancy) OrFewer() Redundancy {
-	r.spec.Fallback = true
+	if r.err == nil && !r.spec.None() {
+		r.spec.Fallback = true
+	}
 	return r
 }
 
@@ -90,7 +102,7 @@ func ParseRedundancy(s string) (Redundancy, error) {
 	if err != nil {
 		return Redundancy{}, err
 	}
-	return Redundancy{spec: spec}, nil
+	return canonical(spec), nil
 }
 
 // validate is r's error, if a constructor or its numbers are out of range.
@@ -106,7 +118,7 @@ func (r Redundancy) proto() *poolv1.Redundancy {
 }
 
 func redundancyFromProto(p *poolv1.Redundancy) Redundancy {
-	return Redundancy{spec: redundancy.Spec{Replicas: int(p.GetReplicas()), Data: int(p.GetDataShards()), Parity: int(p.GetParityShards()), Fallback: p.GetAllowFallback()}}
+	return canonical(redundancy.Spec{Replicas: int(p.GetReplicas()), Data: int(p.GetDataShards()), Parity: int(p.GetParityShards()), Fallback: p.GetAllowFallback()})
 }
 
 // WithRedundancy keeps the segment's bytes through the loss of homes (see

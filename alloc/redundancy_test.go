@@ -34,12 +34,17 @@ func TestRedundancyNames(t *testing.T) {
 	require.ErrorIs(t, err, alloc.ErrInvalid)
 }
 
-// TestRedundancyRefusedBeforeSending: numbers out of range, and
-// redundancy on a load/store tier, fail Alloc with ErrInvalid saying what
-// is wrong, before anything is sent: the client is closed, and the answer
-// is still ErrInvalid, not ErrClosed.
+// TestRedundancyRefusedBeforeSending: Replicas(1), which is none, places
+// a cxl segment that reports "none"; numbers out of range, and redundancy
+// on a load/store tier, fail Alloc with ErrInvalid saying what is wrong,
+// before anything is sent: the client is closed, and the answer is still
+// ErrInvalid, not ErrClosed.
 func TestRedundancyRefusedBeforeSending(t *testing.T) {
 	_, c := startPool(t)
+	seg, err := c.Alloc(t.Context(), 1<<20, alloc.WithTier(alloc.TierCXL), alloc.WithRedundancy(alloc.Replicas(1)))
+	require.NoError(t, err, "Replicas(1) is none, which every tier takes")
+	require.Equal(t, alloc.RedundancyStatus{State: "none"}, seg.Redundancy())
+	require.Equal(t, alloc.Redundancy{}, alloc.Replicas(1).OrFewer(), "every none is the zero value")
 	require.NoError(t, c.Close())
 	for _, tc := range []struct {
 		opts []alloc.AllocOption
