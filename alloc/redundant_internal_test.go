@@ -11,6 +11,7 @@ import (
 
 	"github.com/klauspost/reedsolomon"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/pooltest"
@@ -116,6 +117,48 @@ func TestCopiesReadFailOver(t *testing.T) {
 	require.Equal(t, "replicas=3", st.Asked.String())
 	require.Equal(t, []HomeStatus{{"h0", "primary", 0, "ok"}, {"h1", "backup", 1, "ok"}, {"h2", "backup", 2, "ok"}}, st.Homes)
 	require.Equal(t, "h0", f.seg.Node())
+}
+
+// TestCopiesReadFailOverFromHungHome: a primary that accepts connections
+// and never answers holds a read for WithFailoverTimeout (500 ms here),
+// then the read comes from the backup, well within WithOpTimeout (3 s),
+// after which the read would fail; later reads skip the hung home.
+func TestCopiesReadFailOverFromHungHome(t *testing.T) {
+	f := startFakeHomes(t, Replicas(2), 4096, 4096)
+	f.put(t, 1, 0, []byte("backup"))
+	hung, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var held []net.Conn
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := hung.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	t.Cleanup(func() {
+		hung.Close()
+		<-accepted
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	r := f.seg.base().(*redundant)
+	info := proto.Clone(r.info).(*poolv1.Segment)
+	info.Homes[0].DataAddr = hung.Addr().String()
+	v, err := r.newView(info)
+	require.NoError(t, err)
+	r.view.Store(v)
+	buf := make([]byte, 6)
+	for i := range 3 {
+		_, err := f.seg.ReadAt(buf, 0)
+		require.NoError(t, err, "read %d", i)
+		require.Equal(t, "backup", string(buf))
+	}
 }
 
 // TestCodedLayoutAndDegradedRead: an ErasureCoded(4, 2) segment's bytes
