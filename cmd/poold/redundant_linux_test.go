@@ -226,7 +226,7 @@ func (l *blockLoad) check(t *testing.T) {
 // ErasureCoded(4, 2) segment on six lenders, each written and read by a
 // loop of its own; mid-loop kill -9 of the replicated segment's primary's
 // daemon and of one more home of the coded one (two of its six homes
-// gone). Every read succeeds and sees the last acknowledged write (copies
+// gone, one of them a data shard's). Every read succeeds and sees the last acknowledged write (copies
 // fail over, the coded segment decodes lost shards); a write to the
 // copies cut off by the kill is retried at the promoted primary and
 // succeeds, or fails with ErrIndeterminate when that primary holds no
@@ -287,18 +287,25 @@ func TestRedundantSegmentsSurviveKill9(t *testing.T) {
 	}
 	progress("before the kills")
 
-	// The second home killed is a parity home of the coded segment where
-	// one is not a home of the copies: a data home killed mid-write may
-	// have updated one parity shard and not the other, and decoding a
-	// second lost data shard from both would then go wrong for those
+	// One of the two homes killed is a data home of the coded segment (its
+	// chunks are then decoded), the other a parity home: a data home killed
+	// mid-write may have updated one parity shard and not the other, and
+	// decoding a second lost data shard from both would go wrong for those
 	// bytes (the write hole Redundancy's documentation names).
 	primary := homeNodes(rep)[0]
+	want := "parity"
+	for _, h := range ec.Redundancy().Homes {
+		if h.Node == primary && h.Role == "parity" {
+			want = "data"
+		}
+	}
 	var second string
-	for _, h := range slices.Backward(ec.Redundancy().Homes) {
-		if second == "" && !slices.Contains(homeNodes(rep), h.Node) {
+	for _, h := range ec.Redundancy().Homes {
+		if second == "" && h.Role == want && !slices.Contains(homeNodes(rep), h.Node) {
 			second = h.Node
 		}
 	}
+	require.NotEmpty(t, second, "a %s home of the coded segment that holds no copy: %v", want, ec.Redundancy().Homes)
 	killed := time.Now()
 	rc.lenders[primary].kill9(t)
 	rc.lenders[second].kill9(t)
