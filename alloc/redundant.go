@@ -28,7 +28,8 @@ import (
 // primary the daemon names next with the same exactly-once ticket: every
 // home sees this client's one failover session (Client.failover), and the
 // new primary holds the old one's answers to it, so the retry is answered,
-// not applied again.
+// not applied again. A ticket a home refused (see renew) is exchanged for
+// a new one.
 //
 // Shards: logical offset o is in chunk c = o/C (C = shard_chunk), data
 // shard c%k, at c/k*C + o%C of that shard's segment. A ReadAt or WriteAt
@@ -279,10 +280,9 @@ func (r *redundant) attempt(ctx context.Context, h *home, pending *[]*rdma.Op) e
 		if err != nil {
 			return err
 		}
-		fresh := freshTickets(ready)
 		err = post(actx, rt.conn, ready)
 		wasMoved := moved(ready)
-		renew(ready, fresh)
+		renew(ready)
 		*pending = unfinished(*pending)
 		switch {
 		case err == nil && len(*pending) > 0:
@@ -302,26 +302,18 @@ func (r *redundant) attempt(ctx context.Context, h *home, pending *[]*rdma.Op) e
 	}
 }
 
-// freshTickets has bit j set when ready[j] holds a ticket never posted
-// (for the first 64 ops; the rest count as posted).
-func freshTickets(ready []*rdma.Op) uint64 {
-	var fresh uint64
-	for j, op := range ready[:min(len(ready), 64)] {
-		if op.Once != nil && !op.Once.Posted() {
-			fresh |= 1 << j
-		}
-	}
-	return fresh
-}
-
-// renew gives back the tickets of ops that a home refused on their first
-// post (fenced, not a copy this client may write, or lost there): they
-// were not applied anywhere, and the home cached its refusal for the
-// ticket, so the op takes a new one for its next home. An op posted before
-// keeps its ticket, which some home may have applied and answered.
-func renew(ready []*rdma.Op, fresh uint64) {
-	for j, op := range ready[:min(len(ready), 64)] {
-		if fresh&(1<<j) != 0 && op.Once != nil && (errors.Is(op.Err, ErrLeaseExpired) || errors.Is(op.Err, ErrAccessDenied) || errors.Is(op.Err, ErrSegmentLost)) {
+// renew gives back the tickets of ops that a home refused (fenced under
+// an older epoch, not a copy this client may write yet, lost there): a
+// refusal is answered instead of applying the op, so that home did not
+// apply it under the ticket, now or before (it would have answered the
+// cached result). The home caches the refusal for the ticket, though, and
+// would repeat it to a retry, also once it is the segment's writable
+// primary (a promotion under way); the op takes a new ticket instead.
+// Any other home the op could have reached is a former primary that is
+// lost, or a copy that only the new primary writes from now on.
+func renew(ready []*rdma.Op) {
+	for _, op := range ready {
+		if op.Once != nil && (errors.Is(op.Err, ErrLeaseExpired) || errors.Is(op.Err, ErrAccessDenied) || errors.Is(op.Err, ErrSegmentLost)) {
 			op.Once.Release()
 			op.Once = nil
 		}
