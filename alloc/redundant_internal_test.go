@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
@@ -54,19 +55,19 @@ func (f *fakeHomes) do(t *testing.T, i int, fn func(*tcp.Client, rdma.Region) er
 }
 
 // startFakeHomes makes a segment of spec whose every home serves homeSize
-// bytes, opened through a client of a real in-process daemon (whose Stat
-// does not know the segment: refreshes change nothing).
-func startFakeHomes(t *testing.T, spec Redundancy, homeSize int64, size int64) *fakeHomes {
-	cfg := pooltest.Config(t)
-	pooltest.Start(t, cfg)
-	c, err := Dial(t.Context(), cfg.Socket, WithOpTimeout(3*time.Second), WithFailoverTimeout(500*time.Millisecond))
+// bytes with cfg, opened through a client of a real in-process daemon
+// (whose Stat does not know the segment: refreshes change nothing).
+func startFakeHomes(t *testing.T, spec Redundancy, homeSize int64, size int64, cfg tcp.ServerConfig) *fakeHomes {
+	pcfg := pooltest.Config(t)
+	pooltest.Start(t, pcfg)
+	c, err := Dial(t.Context(), pcfg.Socket, WithOpTimeout(3*time.Second), WithFailoverTimeout(500*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 	f := &fakeHomes{}
 	info := &poolv1.Segment{Id: 1 << 40, Tier: poolv1.Tier_TIER_RDMA, Size: size, Redundancy: spec.proto(), ShardChunk: 4096,
 		RedundancyState: poolv1.RedundancyState_REDUNDANCY_STATE_OK}
 	for i := range spec.spec.Homes() {
-		srv := tcp.NewServer(tcp.DefaultConfig())
+		srv := tcp.NewServer(cfg)
 		mem := make([]byte, homeSize)
 		key, err := srv.Export(uint64(100+i), mem, 1)
 		require.NoError(t, err)
@@ -89,7 +90,7 @@ func startFakeHomes(t *testing.T, spec Redundancy, homeSize int64, size int64) *
 // gone, they come from the next copy without an error, and Redundancy
 // names the homes.
 func TestCopiesReadFailOver(t *testing.T) {
-	f := startFakeHomes(t, Replicas(3), 1<<16, 1<<16)
+	f := startFakeHomes(t, Replicas(3), 1<<16, 1<<16, tcp.DefaultConfig())
 	for i := range 3 {
 		f.put(t, i, 0, bytes.Repeat([]byte{byte('a' + i)}, 1<<16))
 	}
@@ -124,7 +125,7 @@ func TestCopiesReadFailOver(t *testing.T) {
 // then the read comes from the backup, well within WithOpTimeout (3 s),
 // after which the read would fail; later reads skip the hung home.
 func TestCopiesReadFailOverFromHungHome(t *testing.T) {
-	f := startFakeHomes(t, Replicas(2), 4096, 4096)
+	f := startFakeHomes(t, Replicas(2), 4096, 4096, tcp.DefaultConfig())
 	f.put(t, 1, 0, []byte("backup"))
 	hung, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -170,7 +171,7 @@ func TestCopiesReadFailOverFromHungHome(t *testing.T) {
 func TestCodedLayoutAndDegradedRead(t *testing.T) {
 	const k, m, chunk, stripes = 4, 2, 4096, 4
 	const size = k * chunk * stripes
-	f := startFakeHomes(t, ErasureCoded(k, m), chunk*stripes, size)
+	f := startFakeHomes(t, ErasureCoded(k, m), chunk*stripes, size, tcp.DefaultConfig())
 	want := make([]byte, size)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range want {
@@ -221,8 +222,32 @@ func TestCodedLayoutAndDegradedRead(t *testing.T) {
 // TestRedundantNotMoved: Move refuses a redundant segment before asking
 // the daemon, with ErrNotSupported, as the daemon would.
 func TestRedundantNotMoved(t *testing.T) {
-	f := startFakeHomes(t, Replicas(2), 4096, 4096)
+	f := startFakeHomes(t, Replicas(2), 4096, 4096, tcp.DefaultConfig())
 	err := f.seg.c.Move(t.Context(), f.seg)
 	require.ErrorIs(t, err, ErrNotSupported)
 	require.ErrorContains(t, err, "it is redundant (replicas=2)")
+}
+
+// TestRefusedTicketRenewed: a write whose ticket was posted before (to a
+// primary that died without answering) and that the promoted primary
+// refuses while it is still read-only (its daemon has not told it yet)
+// takes a new ticket: the refusal, which the home caches for the old
+// ticket, is not repeated to every retry until the operation timeout
+// (3 s here), and once the home takes writes the add is applied once.
+func TestRefusedTicketRenewed(t *testing.T) {
+	cfg := tcp.DefaultConfig()
+	cfg.Identify = func([]byte, *x509.Certificate) (string, error) { return "app", nil }
+	f := startFakeHomes(t, Replicas(2), 4096, 4096, cfg)
+	r := f.seg.base().(*redundant)
+	home := f.homes[0].HomeId
+	require.NoError(t, f.srvs[0].AllowReaders(home, []string{"app"}))
+	tk, err := r.c.failover.Acquire(t.Context())
+	require.NoError(t, err)
+	tk.Post() // as if sent to a primary that died before it answered
+	op := &rdma.Op{Kind: rdma.OpFetchAdd, Offset: 0, Delta: 2, Once: tk}
+	writable := time.AfterFunc(300*time.Millisecond, func() { f.srvs[0].AllowReaders(home, nil) })
+	defer writable.Stop()
+	require.NoError(t, r.run(t.Context(), []*rdma.Op{op}, r.atPrimary))
+	require.Zero(t, op.Prev)
+	require.Equal(t, uint64(2), binary.LittleEndian.Uint64(f.home(t, 0, 0, 8)), "applied once")
 }
