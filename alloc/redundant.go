@@ -483,17 +483,21 @@ func (r *redundant) writeBatch(ctx context.Context, spans []Span) error {
 // atomic runs one atomic: at the primary of copies, at the word's data
 // home of shards.
 func (r *redundant) atomic(op rdma.Op) (rdma.Op, error) {
-	s := &single{op: op}
+	s := singles.Get().(*single)
+	s.op = op
 	s.list[0] = &s.op
-	ctx := context.Background()
-	if !r.coded {
-		return s.op, r.run(ctx, s.list[:], r.atPrimary)
+	try := r.atPrimary
+	if r.coded {
+		var shard int
+		shard, s.op.Offset = r.locate(op.Offset)
+		try = r.atShard(shard)
 	}
-	shard, at := r.locate(op.Offset)
-	s.op.Offset = at
-	err := r.run(ctx, s.list[:], r.atShard(shard))
-	s.op.Offset = op.Offset
-	return s.op, err
+	err := r.run(context.Background(), s.list[:], try)
+	done := s.op
+	s.op = rdma.Op{}
+	singles.Put(s)
+	done.Offset = op.Offset
+	return done, err
 }
 
 func (r *redundant) load64(off int64) (uint64, error) {
