@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -44,7 +45,7 @@ func TestSmoke(t *testing.T) {
 		require.Zero(t, r.Wrong, "%s returned a wrong value", r.Name)
 		var raw map[string]any
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &raw))
-		for _, k := range []string{"name", "entries", "heap_inuse_bytes", "gc_cpu_fraction", "gets_per_sec", "get_p50_ns", "get_p99_ns"} {
+		for _, k := range []string{"name", "entries", "heap_inuse_bytes", "gc_cpu_fraction", "gets_per_sec", "get_p50_ns", "get_p99_ns", "warmup_ops", "warmup_gets_per_sec"} {
 			require.Contains(t, raw, k)
 		}
 		if r.Name == "spillcache" {
@@ -181,6 +182,24 @@ func TestVerdictNamesUnmeasuredSettings(t *testing.T) {
 	report(&out, full, rs)
 	require.Contains(t, out.String(), "  Go heap in use                  0.500x  (target <= 0.10)  NOT met\n")
 	require.Contains(t, out.String(), "  Gets/s                          0.100x  (target >= 0.70)  NOT met\n")
+}
+
+// The warm-up runs its operations however little time it is given, so
+// every cache starts its measured run after the same operation stream;
+// a negative count other than the default's -1 is refused.
+func TestWarmupRunsItsOperations(t *testing.T) {
+	cfg := config{keys: 1000, value: 64, skew: 0.99, reads: 0.9, threads: 2, warmupOps: -1, cxl: -1, rdma: -1}
+	require.NoError(t, cfg.check())
+	require.Equal(t, int64(warmupPerKey*1000), cfg.warmupOps)
+	w := newWorkload(cfg)
+	s := newOtter(cfg.keys)
+	defer s.Close()
+	gets, ops, wrong, _ := w.mix(s, 0, 20_000, nil, newProgress(io.Discard, false, s.Name()))
+	require.GreaterOrEqual(t, ops, int64(20_000))
+	require.Positive(t, gets)
+	require.Zero(t, wrong)
+	cfg.warmupOps = -2
+	require.ErrorContains(t, cfg.check(), "-warmupops -2")
 }
 
 // The progress line goes only to a terminal: a buffer gets no \r.
