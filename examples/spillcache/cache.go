@@ -373,7 +373,7 @@ func (c *Cache) probe(sh *shard, si int, key string, h uint64, dst []byte) ([]by
 		var ferr error
 		b := t.table.find(reg, h, func(r alloc.Ref) bool {
 			var k []byte
-			k, val, ferr = c.mappedRecord(t, r)
+			k, val, ferr = c.mappedRecord(t, r, true)
 			return ferr != nil || string(k) == key
 		})
 		if b < 0 {
@@ -524,11 +524,16 @@ func (c *Cache) GetMany(reqs []GetReq) {
 }
 
 // mappedRecord returns the key and value of a record on a load/store
-// tier, aliasing far memory: valid while the shard's lock is held.
-func (c *Cache) mappedRecord(t *farTier, r alloc.Ref) ([]byte, []byte, error) {
+// tier, aliasing far memory: valid while the shard's lock is held. whole
+// says the caller reads the value too: the misses of all the record's
+// lines then start at once, not one after another as the copy walks it.
+func (c *Cache) mappedRecord(t *farTier, r alloc.Ref, whole bool) ([]byte, []byte, error) {
 	rec, err := t.arena.Bytes(r)
 	if err != nil {
 		return nil, nil, err
+	}
+	if whole && len(rec) > 0 {
+		prefetchLines(uintptr(unsafe.Pointer(&rec[0])), uintptr(len(rec)))
 	}
 	k, v, ok := parseRecord(rec)
 	if !ok {
@@ -874,7 +879,7 @@ func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string) {
 				if !t.loadStore {
 					return true
 				}
-				k, _, err := c.mappedRecord(t, r)
+				k, _, err := c.mappedRecord(t, r, false)
 				return err != nil || string(k) == key
 			})
 			if b < 0 {

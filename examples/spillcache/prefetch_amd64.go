@@ -8,3 +8,10 @@ package main
 //
 //go:noescape
 func prefetch(addr uintptr)
+
+// prefetchLines is prefetch of every 64-byte line of the n bytes at addr:
+// the DRAM misses of a far record's lines overlap instead of following one
+// another as a copy walks it.
+//
+//go:noescape
+func prefetchLines(addr, n uintptr)
