@@ -5,12 +5,14 @@
 // far I/O, and GetMany reads the rdma records of many keys in one batch.
 // It runs a YCSB-like workload against it from 64 goroutines and, in the
 // same run and driven the same way, against caches that hold the whole
-// dataset on the heap (otter, ristretto) and against fastcache, and
+// dataset on the heap (otter, ristretto) and against fastcache, each
+// measured after a warm-up of the same number of operations, and
 // prints hits per tier, Get latency beside the rdma tier's own ReadAt,
 // throughput, CPU per operation, Go heap in use and GC cost. With no poold
 // running it starts one in the process. On amd64 a Get prefetches the far
-// index bucket it may need with one assembly instruction (prefetch_amd64.s);
-// elsewhere that hint is a no-op.
+// index bucket it may need, and a cxl hit its record's lines, with
+// assembly prefetch instructions (prefetch_amd64.s); elsewhere those hints
+// are no-ops.
 //
 // It is smoke-run by its test against an embedded pool.
 package main
