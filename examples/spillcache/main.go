@@ -130,9 +130,9 @@ func profile(cpu, mem string) (stop func() error, err error) {
 // moves up when it is hit, so a cache nears its steady state once the
 // popular keys the load left on the slow tiers have been hit. The load
 // leaves a random 40% of zipf 0.99's million keys on the rdma tier; those
-// of them not hit yet draw some 10% of the Gets after 300k operations, 6%
-// after a million and 3.4% after three million, on top of the 3.7% the
-// best placement of the default budgets sends to rdma.
+// of them not hit yet draw, in expectation, 10% of the Gets after 300k
+// operations, 6% after a million and 3.4% after three million, on top of
+// the 3.7% the best placement of the default budgets sends to rdma.
 const warmupPerKey = 3
 
 func (cfg *config) dataset() int64 { return int64(cfg.keys) * int64(cfg.value+keyLen) }
