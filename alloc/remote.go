@@ -349,6 +349,7 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 	// takes the next; one that keeps failing gets the backoff.
 	quick := true
 	follow := movedWait
+	recheck := true // one Stat for a refusal by a home that may have forgotten a move
 	pending := ops
 	var err error
 	for {
@@ -375,6 +376,13 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 				}
 				if err == nil || final(err) {
 					pending = unfinished(pending)
+					if recheck && denied(pending) {
+						recheck = false
+						r.refresh(ctx)
+						if np := r.plane.Load(); np.addr != p.addr || np.region != p.region {
+							continue // it lives elsewhere now
+						}
+					}
 					if err != nil || len(pending) == 0 {
 						return err
 					}
@@ -476,6 +484,34 @@ func (r *remote) follow(ctx context.Context, old *plane, wait *time.Duration) er
 	}
 	*wait = min(2**wait, movedWaitMax)
 	return nil
+}
+
+// denied reports whether the home refused every op of pending that it
+// was sent (ErrAccessDenied), and then gives their tickets back to their
+// session: a refused op was not applied, and it takes a new ticket
+// wherever it goes next. A home that let a moved segment go and then
+// restarted no longer knows that it moved, and refuses its key instead
+// of answering MOVED; the daemon's Stat says where it went.
+func denied(pending []*rdma.Op) bool {
+	found := false
+	for _, op := range pending {
+		switch {
+		case errors.Is(op.Err, ErrAccessDenied):
+			found = true
+		case !errors.Is(op.Err, errWaiting):
+			return false
+		}
+	}
+	if !found {
+		return false
+	}
+	for _, op := range pending {
+		if op.Once != nil {
+			op.Once.Release()
+			op.Once = nil
+		}
+	}
+	return true
 }
 
 // unfinished keeps the ops of pending that have not succeeded: those that

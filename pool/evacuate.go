@@ -28,9 +28,10 @@ import (
 // Evacuation limits.
 const (
 	// evacMoves is how many moves the evacuator runs at once: enough to
-	// overlap one move's round trips with another's copy, few enough that
-	// the applications' own operations keep most of the data plane.
-	evacMoves = 3
+	// overlap one move's commits and round trips with another's copy; each
+	// copy takes CPU from the applications on the hosts it crosses, so
+	// more moves finish sooner and slow the applications more.
+	evacMoves = 4
 	// evacRetry is the first pause before a failed move is asked again;
 	// it doubles with each failure of the segment, up to evacRetryMax.
 	evacRetry    = 250 * time.Millisecond
@@ -41,7 +42,7 @@ const (
 	// evacMoveTime bounds one move: evacMoveBase plus the segment's size
 	// at evacMoveRate.
 	evacMoveBase = 30 * time.Second
-	evacMoveRate = 4 << 20 // bytes a second
+	evacMoveRate = moveMinRate // bytes a second
 	// evacStuckTries is how many moves of a segment must fail in a row
 	// before the evacuation counts it as stuck: one failure is often
 	// passing (a target that went away), and is retried first.

@@ -28,15 +28,17 @@ const (
 	// DIRTY bitmap is at most moveMaxChunks/8 bytes): a chunk is the
 	// smallest power of two from moveChunkMin that keeps within it.
 	moveMaxChunks = 1 << 20
-	// moveRead is the most bytes one read of the copy asks for.
+	// moveRead is the most bytes one span of the copy covers.
 	moveRead = 1 << 20
 	// moveBatch is the most bytes, and moveBatchOps the most spans, one
-	// batch of the copy moves: one Do of reads at the source, then one Do
-	// of writes at the target.
-	moveBatch    = 4 << 20
+	// batch of the copy moves: read (from the source's memory when it
+	// pushes, else in one Do there), then written to the target in one Do.
+	// Small batches hold the source's and the target's CPU only briefly
+	// between the applications' operations.
+	moveBatch    = 1 << 20
 	moveBatchOps = 256
 	// moveInflight is how many batches the copy keeps in flight.
-	moveInflight = 4
+	moveInflight = 2
 	// moveSettled is the dirty chunk count at which the copy seals: the
 	// last round, with operations waiting, copies these and what changed
 	// while they were reported.
@@ -44,8 +46,11 @@ const (
 	// moveMaxRounds bounds the rounds of dirty chunks before the seal, for
 	// a segment written faster than it is copied.
 	moveMaxRounds = 8
-	// moveStepTimeout bounds one MoveOut step, Alloc or Free at a home.
+	// moveStepTimeout bounds one MoveOut step, Alloc or Free at a home;
+	// a push of a whole segment has a second more for each moveMinRate
+	// bytes of it.
 	moveStepTimeout = 10 * time.Second
+	moveMinRate     = 4 << 20
 )
 
 // moveChunk is the chunk a segment of size bytes is tracked in.
@@ -69,6 +74,66 @@ var errMoveBusy = errs.Sub(errs.ErrLimit, "one move of a segment at a time, and 
 type moves struct {
 	mu sync.Mutex
 	m  map[uint64]*intent
+	// switching are the switch-overs under way, from the seal of the
+	// source to the commit (or undoing) of the move.
+	switching map[uint64]*pendingSwitch
+}
+
+// pendingSwitch is one switch-over under way: done is closed when it ends,
+// and rec is then the record it committed (nil: undone).
+type pendingSwitch struct {
+	done chan struct{}
+	rec  *record
+}
+
+// sealing notes that the switch-over of segment id begins: Stat waits
+// for its end (awaitSwitch). The returned func ends it, with the record
+// committed (nil when the switch-over failed).
+func (ms *moves) sealing(id uint64) (end func(committed *record)) {
+	sw := &pendingSwitch{done: make(chan struct{})}
+	ms.mu.Lock()
+	if ms.switching == nil {
+		ms.switching = map[uint64]*pendingSwitch{}
+	}
+	ms.switching[id] = sw
+	ms.mu.Unlock()
+	return func(committed *record) {
+		sw.rec = committed
+		ms.mu.Lock()
+		delete(ms.switching, id)
+		ms.mu.Unlock()
+		close(sw.done)
+	}
+}
+
+// switchWait bounds how long a Stat waits for a switch-over to end.
+const switchWait = time.Second
+
+// awaitSwitch waits, up to switchWait or the end of ctx, while segment id
+// is between the seal of its source and the commit of its new home, and
+// returns the record the switch-over committed (ok false: none was under
+// way, or it was undone, or the wait ended first). A client told MOVED
+// asks Stat, and is answered the new home as soon as there is one,
+// rather than the old one to ask again after a backoff; the answer needs
+// no p.mu, which another move's commit may hold.
+func (ms *moves) awaitSwitch(ctx context.Context, id uint64) (rec record, ok bool) {
+	ms.mu.Lock()
+	sw := ms.switching[id]
+	ms.mu.Unlock()
+	if sw == nil {
+		return record{}, false
+	}
+	t := time.NewTimer(switchWait)
+	defer t.Stop()
+	select {
+	case <-sw.done:
+		if sw.rec != nil {
+			return *sw.rec, true
+		}
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return record{}, false
 }
 
 // begin registers a move of segment id; false when one is under way.
@@ -158,7 +223,7 @@ func (s *service) Move(ctx context.Context, req *poolv1.MoveRequest) (*poolv1.Mo
 
 // move runs a move for c, counts and logs it.
 func (d *Daemon) move(ctx context.Context, c caller, req *poolv1.MoveRequest) (*poolv1.MoveResponse, error) {
-	res, err := d.pool.move(ctx, c, req, moveTLS{ca: d.data.ca, byDefault: d.data.server != nil})
+	res, err := d.pool.move(ctx, c, req, d.moveTLS())
 	d.metrics.moveDone(res, err)
 	if err != nil {
 		if res.from != "" { // it had begun: a home failed, not the request
@@ -184,6 +249,9 @@ type moveTLS struct {
 	ca        []byte
 	byDefault bool
 }
+
+// moveTLS is this daemon's moveTLS.
+func (d *Daemon) moveTLS() moveTLS { return moveTLS{ca: d.data.ca, byDefault: d.data.server != nil} }
 
 // move moves the segment req names to the home it names (or one placement
 // picks): see docs/MOVE.md.
@@ -343,6 +411,10 @@ type mover struct {
 	// source.
 	local     []byte
 	localKind rdma.OpKind
+	// target is the target's copy as the source pushes to it (a move
+	// within the rdma tier), with the credential delegated to the source
+	// there.
+	target *poolv1.SegmentHome
 }
 
 // run allocates the target, copies, and switches over; on a failure before
@@ -377,39 +449,87 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	if err := m.authorize(ctx, r.Attached, seg.Id, false); err != nil {
 		return m.res, err
 	}
-	if err := m.connect(ctx, seg); err != nil {
+	if err := m.delegateSource(ctx, seg); err != nil {
 		return m.res, err
 	}
-	defer m.srcConn.Close()
-	defer m.dstConn.Close()
 	if _, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_TRACK); err != nil {
 		return m.res, err
 	}
-	if err := m.copyAll(ctx); err != nil {
+	if _, err := m.push(ctx, true); err != nil {
 		return m.res, err
 	}
-	dirty, err := m.settle(ctx)
+	if err := m.settlePushes(ctx); err != nil {
+		return m.res, err
+	}
+	next, err := m.sealAndSwitch(ctx, seg)
 	if err != nil {
 		return m.res, err
 	}
-	sealed := time.Now()
-	last, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_SEAL)
-	if err != nil {
-		return m.res, err
-	}
-	orBitmap(dirty, last.Dirty)
-	if err := m.copyChunks(ctx, dirty); err != nil {
-		return m.res, err
-	}
-	m.res.rounds++
-	next, err := m.switchOver(seg)
-	if err != nil {
-		return m.res, err
-	}
-	m.res.pause = time.Since(sealed)
 	m.syncAttachers(next.Attached, seg.Id)
+	m.withdrawSource(seg.Id)
 	p.finishMove(m.in)
 	return m.res, nil
+}
+
+// withdrawSource takes back, in the background, the source's right to
+// write the target's copy id (delegateSource): the move is over.
+func (m *mover) withdrawSource(id uint64) {
+	m.p.peers.later(moveStepTimeout, func(ctx context.Context) {
+		if err := m.authorize(ctx, []string{moveSourceClient(m.rec.Home)}, id, true); err != nil {
+			m.p.log.Warn("moved segment: its old home may still write it at the new one until this daemon's session there ends", "segment", m.rec.ID, "err", err)
+		}
+	})
+}
+
+// sealAndSwitch asks the source to seal the segment and push the last
+// changed chunks, then commits the switch-over; Stat waits meanwhile
+// (moves.awaitSwitch). It notes the pause: from the seal to the commit.
+func (m *mover) sealAndSwitch(ctx context.Context, seg *poolv1.Segment) (next record, err error) {
+	end := m.p.moving.sealing(m.rec.ID)
+	defer func() {
+		if err != nil {
+			end(nil)
+			return
+		}
+		end(&next)
+	}()
+	last, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_SEAL)
+	if err != nil {
+		return record{}, err
+	}
+	answered := time.Now()
+	m.copied.Add(int64(last.PushedBytes))
+	m.res.rounds++
+	if next, err = m.switchOver(seg); err == nil {
+		m.res.pause = time.Duration(last.SealedUs)*time.Microsecond + time.Since(answered)
+	}
+	return next, err
+}
+
+// moveSourceClient is the client id, among the origin's at the target,
+// that the source of a move writes the target's copy as: the origin
+// delegates a credential for it to the source and authorizes it on the
+// copy for the move.
+func moveSourceClient(source string) string { return "move-from-" + source }
+
+// delegateSource gets the credential the source writes the target's copy
+// seg with (a credential the target delegates over this daemon's session
+// for moveSourceClient, authorized on seg alone), and notes the target
+// as the source is to push to it.
+func (m *mover) delegateSource(ctx context.Context, seg *poolv1.Segment) error {
+	client := moveSourceClient(m.rec.Home)
+	d, err := callAt(ctx, m.dst, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.DelegateResponse, error) {
+		return api.Delegate(ctx, &poolv1.DelegateRequest{ClientId: client, Identity: "cn:" + m.rec.Home})
+	})
+	if err != nil {
+		return fmt.Errorf("move segment %d: a credential for the source %s on %s: %w", m.rec.ID, m.rec.Home, m.to, err)
+	}
+	if err := m.authorize(ctx, []string{client}, seg.Id, false); err != nil {
+		return err
+	}
+	m.target = &poolv1.SegmentHome{Node: m.to, HomeId: seg.Id, DataAddr: seg.DataAddr, Key: seg.Key, Epoch: seg.Epoch,
+		DataCredential: d.DataCredential, DataTls: seg.DataTls}
+	return nil
 }
 
 // allocTarget allocates the segment's copy at the target and notes its id
@@ -419,7 +539,7 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 func (m *mover) allocTarget(ctx context.Context) (*poolv1.Segment, error) {
 	p := m.p
 	defer p.placing(m.to)()
-	seg, err := callAt(ctx, m.dst, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.Segment, error) {
+	seg, err := callAt(ctx, m.dst, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.Segment, error) {
 		return api.Alloc(ctx, &poolv1.AllocRequest{Size: m.rec.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: m.rec.Owner})
 	})
 	if err == nil {
@@ -429,9 +549,9 @@ func (m *mover) allocTarget(ctx context.Context) (*poolv1.Segment, error) {
 	return seg, err
 }
 
-// callAt runs one call on the session with a home, within moveStepTimeout.
-func callAt[T any](ctx context.Context, pc *session.Conn, call func(context.Context, poolv1.PoolClient) (T, error)) (T, error) {
-	ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+// callAt runs one call on the session with a home, within timeout.
+func callAt[T any](ctx context.Context, pc *session.Conn, timeout time.Duration, call func(context.Context, poolv1.PoolClient) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cctx, _, err := pc.Call(ctx)
 	if err != nil {
@@ -442,18 +562,46 @@ func callAt[T any](ctx context.Context, pc *session.Conn, call func(context.Cont
 	return v, errs.FromStatus(err)
 }
 
-// moveOut runs one MoveOut step at the source.
+// moveOut runs one MoveOut step at the source; a SEAL pushes the last
+// changed chunks to the target.
 func (m *mover) moveOut(ctx context.Context, phase poolv1.MoveOutPhase) (*poolv1.MoveOutResponse, error) {
-	resp, err := moveOutAt(ctx, m.src, m.rec.HomeID, phase, m.chunk)
+	req := &poolv1.MoveOutRequest{HomeId: m.rec.HomeID, Phase: phase, Chunk: m.chunk}
+	if phase == poolv1.MoveOutPhase_MOVE_OUT_SEAL {
+		req.Target = m.target
+	}
+	return m.step(ctx, req, moveStepTimeout)
+}
+
+// push asks the source to write chunks to the target: all, or those
+// changed since the last round. It returns how many chunks it wrote.
+func (m *mover) push(ctx context.Context, all bool) (int, error) {
+	timeout := moveStepTimeout
+	if all { // a whole segment, at the least rate a move expects
+		timeout += time.Duration(m.rec.Size/moveMinRate) * time.Second
+	}
+	resp, err := m.step(ctx, &poolv1.MoveOutRequest{HomeId: m.rec.HomeID, Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: m.target, All: all}, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("move segment %d: %s at the source %s: %w", m.rec.ID, phase, m.rec.Home, err)
+		return 0, err
+	}
+	m.copied.Add(int64(resp.PushedBytes))
+	m.res.rounds++
+	return int(resp.DirtyChunks), nil
+}
+
+// step runs one MoveOut request at the source, within timeout.
+func (m *mover) step(ctx context.Context, req *poolv1.MoveOutRequest, timeout time.Duration) (*poolv1.MoveOutResponse, error) {
+	resp, err := callAt(ctx, m.src, timeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.MoveOutResponse, error) {
+		return api.MoveOut(ctx, req)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("move segment %d: %s at the source %s: %w", m.rec.ID, req.Phase, m.rec.Home, err)
 	}
 	return resp, nil
 }
 
 // moveOutAt asks pc's node for one MoveOut step on its segment id.
 func moveOutAt(ctx context.Context, pc *session.Conn, id uint64, phase poolv1.MoveOutPhase, chunk int64) (*poolv1.MoveOutResponse, error) {
-	return callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.MoveOutResponse, error) {
+	return callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.MoveOutResponse, error) {
 		return api.MoveOut(ctx, &poolv1.MoveOutRequest{HomeId: id, Phase: phase, Chunk: chunk})
 	})
 }
@@ -462,7 +610,7 @@ func moveOutAt(ctx context.Context, pc *session.Conn, id uint64, phase poolv1.Mo
 // no longer) use its copy id, as they may the segment.
 func (m *mover) authorize(ctx context.Context, clients []string, id uint64, withdraw bool) error {
 	for _, a := range clients {
-		_, err := callAt(ctx, m.dst, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
+		_, err := callAt(ctx, m.dst, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
 			return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: a, Withdraw: withdraw})
 		})
 		if err != nil {
@@ -544,6 +692,24 @@ func (m *mover) settle(ctx context.Context) ([]byte, error) {
 		return nil, err
 	}
 	return resp.Dirty, nil
+}
+
+// settlePushes asks the source to push the chunks written since the last round
+// while each round leaves fewer and more than moveSettled were written, at
+// most moveMaxRounds times; the seal's round pushes the rest.
+func (m *mover) settlePushes(ctx context.Context) error {
+	prev := -1
+	for range moveMaxRounds {
+		n, err := m.push(ctx, false)
+		if err != nil {
+			return err
+		}
+		if n <= moveSettled || prev >= 0 && n >= prev {
+			return nil
+		}
+		prev = n
+	}
+	return nil
 }
 
 // copyChunks copies the chunks set in bitmap: runs of them, cut into
@@ -715,15 +881,26 @@ func (m *mover) syncAttachers(attached []string, id uint64) {
 // finishMove tells the source of a switched move to let the segment go and
 // forgets the intent; when the source cannot be told now, it is told later
 // (resolveLater).
+//
+// The intent goes in the background once the source has answered: the
+// move is done then, and a restart that still finds the intent only asks
+// the source again, which holds the segment no more.
 func (p *core) finishMove(in intent) {
 	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
 	defer cancel()
-	if err := p.resolve(ctx, in); err != nil {
+	if err := p.resolveHomes(ctx, in); err != nil {
 		p.log.Warn("moved segment: its old home is to let it go; retrying", "segment", in.ID, "node", in.From, "err", err)
 		p.resolveLater(in)
 		return
 	}
-	p.moving.end(in.ID)
+	p.peers.later(moveStepTimeout, func(context.Context) {
+		if err := p.st.deleteIntent(in.ID); err != nil {
+			p.log.Warn("moved segment: remove the move intent; retrying", "segment", in.ID, "err", err)
+			p.resolveLater(in)
+			return
+		}
+		p.moving.end(in.ID)
+	})
 }
 
 // abortMove undoes a move that failed before its switch-over: the source
@@ -745,6 +922,18 @@ func (p *core) abortMove(in intent, why error) {
 // intent goes. A source or target that holds the segment no more has
 // nothing left to do.
 func (p *core) resolve(ctx context.Context, in intent) error {
+	if err := p.resolveHomes(ctx, in); err != nil {
+		return err
+	}
+	if err := p.st.deleteIntent(in.ID); err != nil {
+		return fmt.Errorf("remove the move intent: %w", err)
+	}
+	return nil
+}
+
+// resolveHomes is resolve but for the intent: the source's COMMIT or
+// ABORT, and the target's copy of an undone move freed.
+func (p *core) resolveHomes(ctx context.Context, in intent) error {
 	phase := poolv1.MoveOutPhase_MOVE_OUT_ABORT
 	if in.Switched {
 		phase = poolv1.MoveOutPhase_MOVE_OUT_COMMIT
@@ -768,9 +957,6 @@ func (p *core) resolve(ctx context.Context, in intent) error {
 		if _, ok := p.reconcile(ctx, in.To); !ok {
 			return fmt.Errorf("ask %s for a copy it may hold: %w", in.To, errMoveHome)
 		}
-	}
-	if err := p.st.deleteIntent(in.ID); err != nil {
-		return fmt.Errorf("remove the move intent: %w", err)
 	}
 	return nil
 }

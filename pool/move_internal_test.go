@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -42,7 +43,7 @@ func TestMoveOutSource(t *testing.T) {
 	}
 	free := rdmaFree(p)
 	step := func(c caller, phase poolv1.MoveOutPhase, chunk int64) (*poolv1.MoveOutResponse, error) {
-		return p.moveOut(c, &poolv1.MoveOutRequest{HomeId: r.ID, Phase: phase, Chunk: chunk})
+		return p.moveOut(ctx, c, &poolv1.MoveOutRequest{HomeId: r.ID, Phase: phase, Chunk: chunk}, moveTLS{})
 	}
 	dial := func(p *core, client string) *tcp.Client {
 		c, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(p.auth.issue("s-"+client, client, client)))
@@ -55,7 +56,7 @@ func TestMoveOutSource(t *testing.T) {
 
 	_, err = step(y, poolv1.MoveOutPhase_MOVE_OUT_TRACK, 4096)
 	require.ErrorIs(t, err, errs.ErrAccessDenied, "another peer's step")
-	_, err = p.moveOut(x, &poolv1.MoveOutRequest{HomeId: r.ID + 100, Phase: poolv1.MoveOutPhase_MOVE_OUT_TRACK, Chunk: 4096})
+	_, err = p.moveOut(ctx, x, &poolv1.MoveOutRequest{HomeId: r.ID + 100, Phase: poolv1.MoveOutPhase_MOVE_OUT_TRACK, Chunk: 4096}, moveTLS{})
 	require.ErrorIs(t, err, errs.ErrNotFound)
 	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_TRACK, 5000)
 	require.ErrorIs(t, err, errs.ErrInvalid, "a chunk that is no power of two")
@@ -126,6 +127,91 @@ func TestMoveOutSource(t *testing.T) {
 	require.Equal(t, free+r.Extent, rdmaFree(p), "the memory is free again")
 	_, err = step(x, poolv1.MoveOutPhase_MOVE_OUT_COMMIT, 0)
 	require.ErrorIs(t, err, errs.ErrNotFound, "a COMMIT again finds nothing")
+}
+
+// TestMoveOutPush: the source writes the segment to the target's copy
+// itself. A segment peer daemon x placed here is pushed whole to another
+// segment of x's (the target's copy, on this same data plane, written
+// with x's credential), then only the chunk written since, then, at the
+// seal, the chunk written last: the copy holds the same bytes each time,
+// and the seal's answer says how long writes were refused. Refused: a push
+// before TRACK, one without a target, one with a wrong key (the target
+// refuses it). ABORT closes the connection to the target.
+func TestMoveOutPush(t *testing.T) {
+	p, _ := newServingPool(t)
+	ctx := t.Context()
+	p.openSession("s-x", "poold/x", "poold x", 1, 0)
+	x, err := p.callerFor("s-x")
+	require.NoError(t, err)
+	const n = 256 << 10
+	alloc := func() *record {
+		r, err := p.Alloc(ctx, x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+		require.NoError(t, err)
+		return r
+	}
+	src, dst := alloc(), alloc()
+	cred := p.auth.issue("s-x2", "poold/x", "poold x")
+	mover, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(cred))
+	require.NoError(t, err)
+	t.Cleanup(func() { mover.Close() })
+	target := &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: dst.ID, DataAddr: p.dp.addr, Key: dst.Key[:], Epoch: dst.Epoch, DataCredential: cred}
+	step := func(req *poolv1.MoveOutRequest) (*poolv1.MoveOutResponse, error) {
+		req.HomeId = src.ID
+		return p.moveOut(ctx, x, req, moveTLS{})
+	}
+	same := func() {
+		t.Helper()
+		a, b := make([]byte, n), make([]byte, n)
+		require.NoError(t, mover.Read(ctx, region(t, src), 0, a))
+		require.NoError(t, mover.Read(ctx, region(t, dst), 0, b))
+		require.Equal(t, a, b, "the target's copy holds the source's bytes")
+	}
+	pattern := make([]byte, n)
+	for i := range pattern {
+		pattern[i] = byte(i * 7)
+	}
+	require.NoError(t, mover.Write(ctx, region(t, src), 0, pattern))
+
+	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target, All: true})
+	require.Error(t, err, "a push before TRACK: no changes are recorded")
+	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_TRACK, Chunk: 4096})
+	require.NoError(t, err)
+	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, All: true})
+	require.ErrorIs(t, err, errs.ErrInvalid, "a push without a target")
+
+	resp, err := step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target, All: true})
+	require.NoError(t, err)
+	require.EqualValues(t, n, resp.PushedBytes)
+	require.EqualValues(t, n/4096, resp.DirtyChunks)
+	same()
+
+	require.NoError(t, mover.Write(ctx, region(t, src), 3*4096+5, []byte("changed")))
+	resp, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, resp.DirtyChunks)
+	require.EqualValues(t, 4096, resp.PushedBytes)
+	same()
+
+	require.NoError(t, mover.Write(ctx, region(t, src), n-3, []byte("end")))
+	resp, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_SEAL, Target: target})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, resp.DirtyChunks)
+	require.EqualValues(t, 4096, resp.PushedBytes)
+	require.GreaterOrEqual(t, resp.SealedUs, int64(0))
+	require.ErrorIs(t, mover.Write(ctx, region(t, src), 0, []byte{1}), rdma.ErrMoved, "sealed")
+	same()
+
+	// The same copy under another key (and node name, so it is dialed
+	// again): the target refuses the writes.
+	bad := &poolv1.SegmentHome{Node: "elsewhere", HomeId: dst.ID, DataAddr: p.dp.addr, Key: make([]byte, len(dst.Key)), Epoch: dst.Epoch, DataCredential: cred}
+	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: bad, All: true})
+	require.ErrorIs(t, err, errMoveHome, "the target refuses a wrong key")
+
+	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_ABORT})
+	require.NoError(t, err)
+	p.pushing.mu.Lock()
+	require.Empty(t, p.pushing.m, "ABORT closed the connection to the target")
+	p.pushing.mu.Unlock()
 }
 
 // TestMoveIntents: a move intent survives the store as written; the
@@ -259,4 +345,32 @@ func TestMoveSubject(t *testing.T) {
 			p.moving.end(r.ID)
 		})
 	}
+}
+
+// TestAwaitSwitch: a Stat of a segment whose switch-over is under way
+// waits for it and is answered the record it committed; one undone, or
+// none under way, leaves Stat to the table.
+func TestAwaitSwitch(t *testing.T) {
+	var ms moves
+	_, ok := ms.awaitSwitch(t.Context(), 7)
+	require.False(t, ok, "no switch-over under way")
+
+	// The switch-over ends a little after the Stat began to wait.
+	endSoon := func(committed *record) {
+		end := ms.sealing(7)
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			end(committed)
+		}()
+	}
+	endSoon(&record{ID: 7, Home: "c"})
+	r, ok := ms.awaitSwitch(t.Context(), 7)
+	require.True(t, ok)
+	require.Equal(t, "c", r.Home)
+	_, ok = ms.awaitSwitch(t.Context(), 7)
+	require.False(t, ok, "ended")
+
+	endSoon(nil)
+	_, ok = ms.awaitSwitch(t.Context(), 7)
+	require.False(t, ok, "an undone switch-over answers nothing")
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
@@ -25,7 +26,7 @@ func (s *service) MoveOut(ctx context.Context, req *poolv1.MoveOutRequest) (*poo
 	}
 	var resp *poolv1.MoveOutResponse
 	if err == nil {
-		resp, err = s.d.pool.moveOut(c, req)
+		resp, err = s.d.pool.moveOut(ctx, c, req, s.d.moveTLS())
 	}
 	if err != nil {
 		s.d.refused("move-out", c, req.HomeId, "", err)
@@ -36,8 +37,8 @@ func (s *service) MoveOut(ctx context.Context, req *poolv1.MoveOutRequest) (*poo
 
 // moveOut runs one MoveOut step on segment req.HomeId, which c must own.
 // The data plane's steps run outside p.mu: a seal waits for the writes in
-// flight, a withdrawal for every operation.
-func (p *core) moveOut(c caller, req *poolv1.MoveOutRequest) (*poolv1.MoveOutResponse, error) {
+// flight, a withdrawal for every operation, a push for the target.
+func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest, tls moveTLS) (*poolv1.MoveOutResponse, error) {
 	r, seg, err := p.moveOutSubject(c, req)
 	if err != nil {
 		return nil, err
@@ -55,23 +56,15 @@ func (p *core) moveOut(c caller, req *poolv1.MoveOutRequest) (*poolv1.MoveOutRes
 		err = p.dp.track(seg.ID, req.Chunk)
 	case poolv1.MoveOutPhase_MOVE_OUT_DIRTY:
 		resp.Dirty, err = p.dirtyOf(seg.ID, resp)
+	case poolv1.MoveOutPhase_MOVE_OUT_PUSH:
+		err = p.pushOf(ctx, seg, req, tls, resp)
 	case poolv1.MoveOutPhase_MOVE_OUT_SEAL:
-		if err = p.dp.seal(seg.ID, seg.Owner); err != nil {
-			break
-		}
-		if err = p.setSealed(r, true); err != nil {
-			p.unsealData(seg.ID)
-			break
-		}
-		if resp.Dirty, err = p.dirtyOf(seg.ID, resp); err != nil {
-			// Not tracked (this daemon restarted since TRACK): the
-			// changes are unknown, and the move cannot go on.
-			p.unsealData(seg.ID)
-			err = errors.Join(err, p.setSealed(r, false))
-		}
+		err = p.sealOut(ctx, r, seg, req, tls, resp)
 	case poolv1.MoveOutPhase_MOVE_OUT_COMMIT:
+		p.pushing.drop(seg.ID)
 		err = p.letGo(r, seg.ID)
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
+		p.pushing.drop(seg.ID)
 		p.unsealData(seg.ID)
 		err = p.setSealed(r, false)
 	}
@@ -79,6 +72,43 @@ func (p *core) moveOut(c caller, req *poolv1.MoveOutRequest) (*poolv1.MoveOutRes
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return resp, nil
+}
+
+// pushOf runs a PUSH step and sets what it wrote in resp.
+func (p *core) pushOf(ctx context.Context, seg record, req *poolv1.MoveOutRequest, tls moveTLS, resp *poolv1.MoveOutResponse) error {
+	bytes, n, err := p.push(ctx, seg, req, tls)
+	resp.PushedBytes, resp.DirtyChunks = uint64(bytes), uint32(n)
+	return err
+}
+
+// sealOut runs a SEAL step: the sealed flag is committed first, while
+// writes still go on (a restarted source seals the segment again from it,
+// which only holds writes back until the origin commits or aborts); then
+// the data plane refuses writes and waits out those in flight, and the
+// last changed chunks are pushed to req.Target (or answered, without one).
+// On a failure the segment is unsealed, and the move cannot go on.
+func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.MoveOutRequest, tls moveTLS, resp *poolv1.MoveOutResponse) error {
+	if err := p.setSealed(r, true); err != nil {
+		return err
+	}
+	sealed := time.Now()
+	err := p.dp.seal(seg.ID, seg.Owner)
+	if err == nil {
+		if req.Target != nil {
+			err = p.pushOf(ctx, seg, req, tls, resp)
+		} else {
+			resp.Dirty, err = p.dirtyOf(seg.ID, resp)
+		}
+	}
+	// A failure to take the changes means they are unknown (not tracked:
+	// this daemon restarted since TRACK); one to push them, that the
+	// target lacks them. Either way the move cannot go on.
+	if err != nil {
+		p.unsealData(seg.ID)
+		return errors.Join(err, p.setSealed(r, false))
+	}
+	resp.SealedUs = time.Since(sealed).Microseconds()
+	return nil
 }
 
 // moveOutSubject finds the segment of a MoveOut step and checks it: an
@@ -100,7 +130,7 @@ func (p *core) moveOutSubject(c caller, req *poolv1.MoveOutRequest) (*record, re
 	case r.Lost:
 		return nil, record{}, fmt.Errorf("%s: %w", what, errs.ErrSegmentLost)
 	case poolv1.MoveOutPhase_name[int32(req.Phase)] == "":
-		return nil, record{}, fmt.Errorf("move segment %d away: %w: unknown phase %d; use TRACK, DIRTY, SEAL, COMMIT or ABORT", r.ID, errs.ErrInvalid, req.Phase)
+		return nil, record{}, fmt.Errorf("move segment %d away: %w: unknown phase %d; use TRACK, DIRTY, PUSH, SEAL, COMMIT or ABORT", r.ID, errs.ErrInvalid, req.Phase)
 	}
 	return r, *r, nil
 }

@@ -65,6 +65,9 @@ type core struct {
 	// fwd is the data-plane connections of the copies and shards here
 	// that forward their writes (replicate.go).
 	fwd forwards
+	// pushing is the connections of this node, the source of moves, to
+	// their targets (movepush.go).
+	pushing pushers
 
 	mu sync.Mutex
 	// devs are the devices placements go to, in the order tried. The
@@ -352,6 +355,7 @@ func (p *core) close() error {
 	p.mu.Unlock()
 	p.evac.close()
 	p.peers.close()
+	p.pushing.close()
 	p.mu.Lock()
 	var err error
 	if p.dp != nil {

@@ -345,7 +345,7 @@ func (p *core) makeHome(ctx context.Context, m cluster.Member, size int64, clien
 	if err != nil {
 		return homeRef{}, err
 	}
-	seg, err := callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.Segment, error) {
+	seg, err := callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.Segment, error) {
 		return api.Alloc(ctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: client})
 	})
 	if err != nil {
@@ -563,7 +563,7 @@ func (p *core) replicateAt(ctx context.Context, r *record, i int, req *poolv1.Re
 	defer cancel()
 	pc, err := p.homeSession(ctx, h.Node, "home")
 	if err == nil {
-		_, err = callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
+		_, err = callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
 			return api.Replicate(ctx, req)
 		})
 	}

@@ -208,7 +208,7 @@ func TestRedundantFailover(t *testing.T) {
 	other := sc.host(primary.Node).daemon()
 	pc, err := other.pool.homeSession(ctx, backup.Node, "home")
 	require.NoError(t, err)
-	_, err = callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
+	_, err = callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
 		return api.Replicate(ctx, &poolv1.ReplicateRequest{HomeId: backup.HomeID, Epoch: backup.Epoch, Writers: []string{other.cfg.Node}})
 	})
 	require.ErrorIs(t, err, errs.ErrAccessDenied)

@@ -324,7 +324,7 @@ func (p *core) reportFailed(owner string, id uint64, target *poolv1.SegmentHome,
 	defer cancelT()
 	pc, err := p.homeSession(ctx, origin, "origin")
 	if err == nil {
-		_, err = callAt(ctx, pc, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.HomeFailedResponse, error) {
+		_, err = callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.HomeFailedResponse, error) {
 			return api.HomeFailed(ctx, &poolv1.HomeFailedRequest{HomeId: id, TargetNode: target.Node, TargetHomeId: target.HomeId, Reason: why.Error()})
 		})
 	}

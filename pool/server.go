@@ -227,7 +227,11 @@ func (s *service) Detach(ctx context.Context, req *poolv1.DetachRequest) (*poolv
 
 func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
 	c := s.viewer(ctx)
-	r, err := s.d.pool.Stat(req.Id)
+	r, ok := s.d.pool.moving.awaitSwitch(ctx, req.Id)
+	var err error
+	if !ok {
+		r, err = s.d.pool.Stat(req.Id)
+	}
 	if err == nil && !s.d.visible(c, &r) {
 		// Ids are not secrets, but what they hold is: nothing of it.
 		err = fmt.Errorf("segment %d: %w", req.Id, errs.ErrAccessDenied)

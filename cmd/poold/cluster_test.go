@@ -82,7 +82,7 @@ func startPoolsEach(t *testing.T, c *testcluster.Cluster, each func(i int) []str
 		ip := h.Addr.String()
 		n.args = []string{
 			"--node", n.name, "--data-dir", filepath.Join(n.dir, "data"), "--socket", n.sock,
-			"--shm-dir", filepath.Join(n.dir, "shm"),
+			"--shm-dir", shmDir(t, n.dir),
 			"--listen", ip + ":7950", "--gossip", ip + ":7946", "--data-listen", ip + ":7960",
 			"--gossip-profile", "local", "--lease-ttl", leaseTTL.String(),
 			"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--export-size", "128MiB",

@@ -44,19 +44,23 @@ type evacResult struct {
 	Homes []string `json:"homes"` // each segment's home at the end
 	// StreamBytesPerSec is the client's streaming read rate from the
 	// segments' first home, measured before the load.
-	StreamBytesPerSec float64  `json:"stream_bytes_per_sec"`
-	OpsBefore         float64  `json:"ops_before"` // ops/s from the load's start to the evacuation's
-	OpsDuring         float64  `json:"ops_during"` // ops/s while the evacuation ran
-	P99BeforeUs       int64    `json:"p99_before_us"`
-	P99DuringUs       int64    `json:"p99_during_us"`
-	MaxDuringUs       int64    `json:"max_during_us"`
-	Ops               int      `json:"ops"`
-	Writes            int      `json:"writes"`
-	Adds              int      `json:"adds"`
-	Failed            []string `json:"failed"`        // operations that returned an error other than indeterminate
-	Indeterminate     int      `json:"indeterminate"` // operations whose outcome is unknown (a home restarted)
-	Mismatches        []string `json:"mismatches"`    // reads that saw other bytes than the last acknowledged write
-	Lost              []string `json:"lost"`          // acknowledged writes or adds missing at the end
+	StreamBytesPerSec float64 `json:"stream_bytes_per_sec"`
+	OpsBefore         float64 `json:"ops_before"` // ops/s from the load's start to the evacuation's
+	OpsDuring         float64 `json:"ops_during"` // ops/s while the evacuation ran
+	P99BeforeUs       int64   `json:"p99_before_us"`
+	P99DuringUs       int64   `json:"p99_during_us"`
+	MaxDuringUs       int64   `json:"max_during_us"`
+	// FollowUs are the durations of the operations that found their
+	// segment moved and followed it to its new home: the pauses the
+	// client saw.
+	FollowUs      []int64  `json:"follow_us"`
+	Ops           int      `json:"ops"`
+	Writes        int      `json:"writes"`
+	Adds          int      `json:"adds"`
+	Failed        []string `json:"failed"`        // operations that returned an error other than indeterminate
+	Indeterminate int      `json:"indeterminate"` // operations whose outcome is unknown (a home restarted)
+	Mismatches    []string `json:"mismatches"`    // reads that saw other bytes than the last acknowledged write
+	Lost          []string `json:"lost"`          // acknowledged writes or adds missing at the end
 }
 
 // evacSeg is one segment of an evac-load client and its account.
@@ -222,6 +226,7 @@ func evacLoad(segs []*evacSeg, w, slots int, stop *atomic.Bool, res *evacResult,
 		s := mine[rng.IntN(len(mine))]
 		slot := 1 + rng.IntN(slots-1)
 		off := int64(slot) * evacSlot
+		home := s.seg.Node()
 		start := time.Now()
 		var err error
 		switch k := rng.IntN(10); {
@@ -248,7 +253,13 @@ func evacLoad(segs []*evacSeg, w, slots int, stop *atomic.Bool, res *evacResult,
 				s.addsMaybe++
 			}
 		}
-		ops = append(ops, evacOp{at: start.UnixNano(), dur: time.Since(start)})
+		dur := time.Since(start)
+		ops = append(ops, evacOp{at: start.UnixNano(), dur: dur})
+		if s.seg.Node() != home {
+			mu.Lock()
+			res.FollowUs = append(res.FollowUs, dur.Microseconds())
+			mu.Unlock()
+		}
 		switch {
 		case err == nil:
 		case errors.Is(err, alloc.ErrIndeterminate):

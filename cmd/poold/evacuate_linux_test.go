@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/farmem/farmem/internal/probe"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/internal/testcluster"
 )
@@ -224,7 +225,11 @@ func TestEvacuateUnderLoad(t *testing.T) {
 
 	var stream, before, during float64
 	var p99Before, p99During, maxDuring int64
+	var follows []time.Duration
 	for _, r := range rs {
+		for _, us := range r.FollowUs {
+			follows = append(follows, time.Duration(us)*time.Microsecond)
+		}
 		require.Positive(t, r.OpsDuring, "the applications made no progress during the evacuation: %+v", r)
 		stream += r.StreamBytesPerSec
 		before += r.OpsBefore
@@ -245,6 +250,9 @@ func TestEvacuateUnderLoad(t *testing.T) {
 		return pauses != nil, "no 'evacuation done' line with the pauses in the output of " + l.target.name
 	})
 	t.Logf("switch-over pauses (writes waiting): p50 %s, p99 %s, max %s", pauses[1], pauses[2], pauses[3])
+	seen := probe.Summarize(follows)
+	t.Logf("pauses the applications saw (%d operations that followed a moved segment): p50 %s, p99 %s, max %s",
+		len(follows), seen.P50, seen.P99, slices.Max(append(follows, 0)))
 }
 
 // pauseRE finds the pauses in the evacuator's "evacuation done" log line.

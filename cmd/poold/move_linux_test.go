@@ -641,7 +641,7 @@ var moveMeasure = flag.Int("move.measure", 0, "TestMovePause: moves of a 64 MiB 
 // blocks and adds to a counter, the longest operation the client saw
 // during them, and the move's copy bandwidth against the data plane's
 // streaming bandwidth (the client reading the whole segment 1 MiB at a
-// time, 4 reads in flight, as the move's copy does) in the same run.
+// time, 4 reads in flight) in the same run.
 // Run it without -race for the real speed (poold is then built without
 // it too):
 //

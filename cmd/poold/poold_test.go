@@ -184,6 +184,19 @@ func shortDir(t *testing.T) string {
 	return dir
 }
 
+// shmDir is a directory for a poold's segment files in /dev/shm, as a
+// poold keeps them by default (memory, never written back to a disk), or
+// under dir where /dev/shm is missing; it is removed at the end.
+func shmDir(t *testing.T, dir string) string {
+	if fi, err := os.Stat("/dev/shm"); err != nil || !fi.IsDir() {
+		return filepath.Join(dir, "shm")
+	}
+	shm, err := os.MkdirTemp("/dev/shm", "fm")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(shm) })
+	return shm
+}
+
 func TestKill9KeepsSegmentsAndBytes(t *testing.T) {
 	data, sock := t.TempDir(), filepath.Join(shortDir(t), "p.sock")
 	d := startDaemon(t, data, sock)

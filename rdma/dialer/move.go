@@ -8,7 +8,7 @@ import (
 )
 
 // The steps of moving a segment away from this host (tcp.Server.Track,
-// Dirty, Seal, Unseal, MoveAway). Only the tcp transport sees the writes it
+// Chunk, Dirty, ReadLocal, Seal, Unseal, MoveAway). Only the tcp transport sees the writes it
 // serves: a verbs peer writes registered memory without this host's CPU, so
 // a segment cannot be tracked while the verbs transport serves, and Track
 // refuses with an error matching rdma.ErrNotSupported.
@@ -25,6 +25,15 @@ func (s *Server) Track(seg uint64, chunk int64) error {
 // Dirty returns the chunks changed since Track or the last Dirty, as a
 // bitmap (bit i of byte i/8 is chunk i), and how many; it clears them.
 func (s *Server) Dirty(seg uint64) ([]byte, int, error) { return s.tcp.Dirty(seg) }
+
+// Chunk is the chunk size the segment is tracked in.
+func (s *Server) Chunk(seg uint64) (int64, error) { return s.tcp.Chunk(seg) }
+
+// ReadLocal copies bytes of the segment at off into dst, sealed or not:
+// a move's source reads what it pushes to the target.
+func (s *Server) ReadLocal(seg uint64, off int64, dst []byte) error {
+	return s.tcp.ReadLocal(seg, off, dst)
+}
 
 // Seal refuses new operations on the segment with rdma.ErrMoved, reads by
 // reader (the mover's principal) excepted, and waits until no write or

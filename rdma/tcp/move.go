@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -16,7 +17,8 @@ import (
 // hands them over round by round, Seal refuses new writes and atomics
 // (MOVED) and waits out those in flight so the last round is final, and
 // MoveAway withdraws the segment for good, remembering it so operations
-// that name it keep answering MOVED. Unseal abandons a move.
+// that name it keep answering MOVED. Unseal abandons a move. ReadLocal
+// lets the source read what it pushes to the target itself, sealed or not.
 
 // MinChunk is the smallest chunk Track records changes in.
 const MinChunk = 4096
@@ -90,6 +92,50 @@ func (s *Server) Dirty(seg uint64) (bitmap []byte, n int, err error) {
 		n += bits.OnesCount64(w)
 	}
 	return bitmap[:(d.chunks+7)/8], n, nil
+}
+
+// Chunk is the chunk size segment seg is tracked in (Track), which the
+// bitmaps of Dirty count in.
+func (s *Server) Chunk(seg uint64) (int64, error) {
+	e := s.lookup(seg)
+	if e == nil {
+		return 0, fmt.Errorf("rdma/tcp: chunk of segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	d := e.dirty.Load()
+	if d == nil {
+		return 0, fmt.Errorf("rdma/tcp: chunk of segment %d: it is not tracked; call Track first", seg)
+	}
+	return 1 << d.shift, nil
+}
+
+// ReadLocal copies len(dst) bytes of segment seg at off into dst, as its
+// memory holds them now, sealed or not: the source of a move reads what
+// it pushes to the target this way, in process. A chunk a write changes
+// meanwhile is marked for the next Dirty, as for the copy over the
+// network. A memory fault of the mapping (SIGBUS) is an error matching
+// rdma.ErrSegmentLost, not a crash.
+func (s *Server) ReadLocal(seg uint64, off int64, dst []byte) error {
+	e := s.lookup(seg)
+	if e == nil {
+		return fmt.Errorf("rdma/tcp: read segment %d here: %w", seg, rdma.ErrNotExported)
+	}
+	e.refs.Add(1) // before the state load, as acquire
+	defer e.release()
+	switch e.state.Load() {
+	case stateLive, stateSealed:
+	case stateLost:
+		return fmt.Errorf("rdma/tcp: read segment %d here: %w", seg, rdma.ErrSegmentLost)
+	default:
+		return fmt.Errorf("rdma/tcp: read segment %d here: %w", seg, rdma.ErrNotExported)
+	}
+	if off < 0 || uint64(off) > uint64(len(e.mem)) || uint64(len(dst)) > uint64(len(e.mem))-uint64(off) {
+		return fmt.Errorf("rdma/tcp: read %d bytes of segment %d here at %d: %w", len(dst), seg, off, rdma.ErrOutOfRange)
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	if _, fault := copyGuarded(dst, e.mem[off:]); fault {
+		return fmt.Errorf("rdma/tcp: read segment %d here at %d: %w: %w", seg, off, rdma.ErrSegmentLost, errFault)
+	}
+	return nil
 }
 
 // sealInterrupt is how long Seal waits for a WRITE whose payload is still

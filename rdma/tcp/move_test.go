@@ -164,3 +164,35 @@ func TestSealWaitsOutWrites(t *testing.T) {
 		require.Equal(t, last[w].Load(), binary.LittleEndian.Uint64(mem[8192*(1+w):]), "writer %d's last acknowledged write", w)
 	}
 }
+
+// TestReadLocal: the source of a move reads its segment in process, sealed
+// or not, as the memory holds it; Chunk says what Track was given. Out of
+// range, unknown and withdrawn segments are refused with typed errors.
+func TestReadLocal(t *testing.T) {
+	s := startServer(t, DefaultConfig())
+	_, r := s.export(t, 1, 64<<10)
+	c := dial(t, s.addr)
+	ctx := t.Context()
+	require.NoError(t, c.Write(ctx, r, 4096, []byte("local")))
+
+	_, err := s.Chunk(1)
+	require.Error(t, err, "not tracked yet")
+	require.NoError(t, s.Track(1, 8192))
+	chunk, err := s.Chunk(1)
+	require.NoError(t, err)
+	require.EqualValues(t, 8192, chunk)
+
+	got := make([]byte, 5)
+	require.NoError(t, s.ReadLocal(1, 4096, got))
+	require.Equal(t, "local", string(got))
+	require.NoError(t, s.Seal(1, "nobody"))
+	got = make([]byte, 5)
+	require.NoError(t, s.ReadLocal(1, 4096, got), "a sealed segment is read here all the same")
+	require.Equal(t, "local", string(got))
+
+	require.ErrorIs(t, s.ReadLocal(1, 64<<10-2, got), rdma.ErrOutOfRange)
+	require.ErrorIs(t, s.ReadLocal(1, -1, got), rdma.ErrOutOfRange)
+	require.ErrorIs(t, s.ReadLocal(9, 0, got), rdma.ErrNotExported)
+	require.NoError(t, s.MoveAway(1))
+	require.ErrorIs(t, s.ReadLocal(1, 0, got), rdma.ErrNotExported, "withdrawn")
+}

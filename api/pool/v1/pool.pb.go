@@ -303,6 +303,10 @@ const (
 	MoveOutPhase_MOVE_OUT_SEAL   MoveOutPhase = 2 // refuse writes and atomics (reads go on), wait for those in flight, answer the last chunks
 	MoveOutPhase_MOVE_OUT_COMMIT MoveOutPhase = 3 // the segment lives elsewhere now: withdraw it (operations answer MOVED) and free it
 	MoveOutPhase_MOVE_OUT_ABORT  MoveOutPhase = 4 // the move is abandoned: unseal, stop tracking
+	// the callee writes chunks of its segment to the target's copy itself,
+	// over the target's data plane: all of them (MoveOutRequest.all), or
+	// those changed since the last DIRTY or PUSH, which it takes as DIRTY does
+	MoveOutPhase_MOVE_OUT_PUSH MoveOutPhase = 5
 )
 
 // Enum value maps for MoveOutPhase.
@@ -313,6 +317,7 @@ var (
 		2: "MOVE_OUT_SEAL",
 		3: "MOVE_OUT_COMMIT",
 		4: "MOVE_OUT_ABORT",
+		5: "MOVE_OUT_PUSH",
 	}
 	MoveOutPhase_value = map[string]int32{
 		"MOVE_OUT_TRACK":  0,
@@ -320,6 +325,7 @@ var (
 		"MOVE_OUT_SEAL":   2,
 		"MOVE_OUT_COMMIT": 3,
 		"MOVE_OUT_ABORT":  4,
+		"MOVE_OUT_PUSH":   5,
 	}
 )
 
@@ -4408,10 +4414,16 @@ func (x *MoveResponse) GetFromTier() Tier {
 }
 
 type MoveOutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HomeId        uint64                 `protobuf:"varint,1,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"` // the segment's id at the callee
-	Phase         MoveOutPhase           `protobuf:"varint,2,opt,name=phase,proto3,enum=farmem.pool.v1.MoveOutPhase" json:"phase,omitempty"`
-	Chunk         int64                  `protobuf:"varint,3,opt,name=chunk,proto3" json:"chunk,omitempty"` // TRACK: bytes a chunk, a power of two from 4096
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	HomeId uint64                 `protobuf:"varint,1,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"` // the segment's id at the callee
+	Phase  MoveOutPhase           `protobuf:"varint,2,opt,name=phase,proto3,enum=farmem.pool.v1.MoveOutPhase" json:"phase,omitempty"`
+	Chunk  int64                  `protobuf:"varint,3,opt,name=chunk,proto3" json:"chunk,omitempty"` // TRACK: bytes a chunk, a power of two from 4096
+	// PUSH, and SEAL to push the last changed chunks itself before it
+	// answers: the target's copy (node, home_id, data_addr, key, epoch,
+	// data_credential, data_tls, data_server_name), written as the
+	// credential's principal. Unset on SEAL: the caller copies them.
+	Target        *SegmentHome `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	All           bool         `protobuf:"varint,5,opt,name=all,proto3" json:"all,omitempty"` // PUSH: every chunk, not only the changed ones
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4465,6 +4477,20 @@ func (x *MoveOutRequest) GetChunk() int64 {
 		return x.Chunk
 	}
 	return 0
+}
+
+func (x *MoveOutRequest) GetTarget() *SegmentHome {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *MoveOutRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
 }
 
 type ReplicateRequest struct {
@@ -4631,6 +4657,8 @@ type MoveOutResponse struct {
 	// DIRTY, SEAL: the changed chunks, a bitmap (bit i of byte i/8 is chunk i).
 	Dirty         []byte `protobuf:"bytes,1,opt,name=dirty,proto3" json:"dirty,omitempty"`
 	DirtyChunks   uint32 `protobuf:"varint,2,opt,name=dirty_chunks,json=dirtyChunks,proto3" json:"dirty_chunks,omitempty"`
+	PushedBytes   uint64 `protobuf:"varint,3,opt,name=pushed_bytes,json=pushedBytes,proto3" json:"pushed_bytes,omitempty"` // PUSH, SEAL with a target: bytes written to the target
+	SealedUs      int64  `protobuf:"varint,4,opt,name=sealed_us,json=sealedUs,proto3" json:"sealed_us,omitempty"`          // SEAL: how long writes had been refused when the callee answered
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4675,6 +4703,20 @@ func (x *MoveOutResponse) GetDirty() []byte {
 func (x *MoveOutResponse) GetDirtyChunks() uint32 {
 	if x != nil {
 		return x.DirtyChunks
+	}
+	return 0
+}
+
+func (x *MoveOutResponse) GetPushedBytes() uint64 {
+	if x != nil {
+		return x.PushedBytes
+	}
+	return 0
+}
+
+func (x *MoveOutResponse) GetSealedUs() int64 {
+	if x != nil {
+		return x.SealedUs
 	}
 	return 0
 }
@@ -5138,11 +5180,13 @@ const file_pool_proto_rawDesc = "" +
 	"\fbytes_copied\x18\x03 \x01(\x04R\vbytesCopied\x12\x16\n" +
 	"\x06rounds\x18\x04 \x01(\rR\x06rounds\x12\x19\n" +
 	"\bpause_us\x18\x05 \x01(\x03R\apauseUs\x121\n" +
-	"\tfrom_tier\x18\x06 \x01(\x0e2\x14.farmem.pool.v1.TierR\bfromTier\"s\n" +
+	"\tfrom_tier\x18\x06 \x01(\x0e2\x14.farmem.pool.v1.TierR\bfromTier\"\xba\x01\n" +
 	"\x0eMoveOutRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x122\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x1c.farmem.pool.v1.MoveOutPhaseR\x05phase\x12\x14\n" +
-	"\x05chunk\x18\x03 \x01(\x03R\x05chunk\"\xcb\x02\n" +
+	"\x05chunk\x18\x03 \x01(\x03R\x05chunk\x123\n" +
+	"\x06target\x18\x04 \x01(\v2\x1b.farmem.pool.v1.SegmentHomeR\x06target\x12\x10\n" +
+	"\x03all\x18\x05 \x01(\bR\x03all\"\xcb\x02\n" +
 	"\x10ReplicateRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12/\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1b.farmem.pool.v1.ForwardModeR\x04mode\x12\x14\n" +
@@ -5155,10 +5199,12 @@ const file_pool_proto_rawDesc = "" +
 	"\awriters\x18& \x03(\tR\awriters\x12*\n" +
 	"\x11clients_read_only\x18' \x01(\bR\x0fclientsReadOnly\")\n" +
 	"\x11ReplicateResponse\x12\x14\n" +
-	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"J\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"\x8a\x01\n" +
 	"\x0fMoveOutResponse\x12\x14\n" +
 	"\x05dirty\x18\x01 \x01(\fR\x05dirty\x12!\n" +
-	"\fdirty_chunks\x18\x02 \x01(\rR\vdirtyChunks\"\x8b\x01\n" +
+	"\fdirty_chunks\x18\x02 \x01(\rR\vdirtyChunks\x12!\n" +
+	"\fpushed_bytes\x18\x03 \x01(\x04R\vpushedBytes\x12\x1b\n" +
+	"\tsealed_us\x18\x04 \x01(\x03R\bsealedUs\"\x8b\x01\n" +
 	"\x11HomeFailedRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12\x1f\n" +
 	"\vtarget_node\x18\x02 \x01(\tR\n" +
@@ -5191,13 +5237,14 @@ const file_pool_proto_rawDesc = "" +
 	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
 	"\x12KEYRING_OP_INSTALL\x10\x02\x12\x12\n" +
 	"\x0eKEYRING_OP_USE\x10\x03\x12\x15\n" +
-	"\x11KEYRING_OP_REMOVE\x10\x04*r\n" +
+	"\x11KEYRING_OP_REMOVE\x10\x04*\x85\x01\n" +
 	"\fMoveOutPhase\x12\x12\n" +
 	"\x0eMOVE_OUT_TRACK\x10\x00\x12\x12\n" +
 	"\x0eMOVE_OUT_DIRTY\x10\x01\x12\x11\n" +
 	"\rMOVE_OUT_SEAL\x10\x02\x12\x13\n" +
 	"\x0fMOVE_OUT_COMMIT\x10\x03\x12\x12\n" +
-	"\x0eMOVE_OUT_ABORT\x10\x04*=\n" +
+	"\x0eMOVE_OUT_ABORT\x10\x04\x12\x11\n" +
+	"\rMOVE_OUT_PUSH\x10\x05*=\n" +
 	"\vForwardMode\x12\x15\n" +
 	"\x11FORWARD_MODE_COPY\x10\x00\x12\x17\n" +
 	"\x13FORWARD_MODE_PARITY\x10\x012\xf7\n" +
@@ -5353,51 +5400,52 @@ var file_pool_proto_depIdxs = []int32{
 	23, // 46: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
 	0,  // 47: farmem.pool.v1.MoveResponse.from_tier:type_name -> farmem.pool.v1.Tier
 	5,  // 48: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
-	6,  // 49: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
-	16, // 50: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
-	7,  // 51: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	14, // 52: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	17, // 53: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	19, // 54: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	20, // 55: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	22, // 56: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	25, // 57: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	31, // 58: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	37, // 59: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	43, // 60: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	30, // 61: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	46, // 62: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	48, // 63: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	51, // 64: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	53, // 65: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	55, // 66: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
-	57, // 67: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
-	58, // 68: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
-	61, // 69: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
-	10, // 70: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	23, // 71: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	18, // 72: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	23, // 73: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	21, // 74: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	23, // 75: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	26, // 76: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	32, // 77: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	42, // 78: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	44, // 79: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	26, // 80: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	47, // 81: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	49, // 82: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	52, // 83: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	54, // 84: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	56, // 85: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	60, // 86: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	59, // 87: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
-	62, // 88: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
-	70, // [70:89] is the sub-list for method output_type
-	51, // [51:70] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	16, // 49: farmem.pool.v1.MoveOutRequest.target:type_name -> farmem.pool.v1.SegmentHome
+	6,  // 50: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
+	16, // 51: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
+	7,  // 52: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	14, // 53: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	17, // 54: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	19, // 55: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	20, // 56: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	22, // 57: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	25, // 58: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	31, // 59: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	37, // 60: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	43, // 61: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	30, // 62: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	46, // 63: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	48, // 64: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	51, // 65: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	53, // 66: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	55, // 67: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
+	57, // 68: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
+	58, // 69: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
+	61, // 70: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
+	10, // 71: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	23, // 72: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	18, // 73: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	23, // 74: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	21, // 75: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	23, // 76: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	26, // 77: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	32, // 78: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	42, // 79: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	44, // 80: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	26, // 81: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	47, // 82: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	49, // 83: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	52, // 84: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	54, // 85: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	56, // 86: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	60, // 87: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	59, // 88: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
+	62, // 89: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
+	71, // [71:90] is the sub-list for method output_type
+	52, // [52:71] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }

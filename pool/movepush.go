@@ -1,0 +1,238 @@
+// This file holds the copy of a live move (docs/MOVE.md) as the source
+// runs it: the home a segment leaves reads the chunks from its own memory
+// and writes them to the target's copy over the target's data plane, one
+// round (PUSH, or the last one in SEAL) each time the origin asks. The
+// bytes cross the network once, and the origin's CPU copies none of them.
+
+package pool
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/certs"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// pushers are the source's connections to the targets of the moves of
+// segments homed here, by the segment's id here, from the first push of a
+// move to its COMMIT or ABORT. Safe for concurrent use.
+type pushers struct {
+	mu     sync.Mutex
+	m      map[uint64]*pusher
+	closed bool
+}
+
+// pusher writes one segment's chunks to its move's target, one round at a
+// time.
+type pusher struct {
+	mu     sync.Mutex // held for a round
+	target string     // node, address and id of the target's copy
+	conn   rdma.Conn
+	region rdma.Region
+	bufs   [][]byte // the batches' buffers, kept from round to round
+}
+
+// get returns the pusher of segment seg towards t, dialing t's data plane
+// (over TLS when t serves it, verified with tls.ca under t's node name);
+// a pusher towards another target is closed.
+func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, tls moveTLS) (*pusher, error) {
+	want := fmt.Sprintf("%s %s %d", t.Node, t.DataAddr, t.HomeId)
+	ps.mu.Lock()
+	if pu := ps.m[seg]; pu != nil && pu.target == want {
+		ps.mu.Unlock()
+		return pu, nil
+	}
+	ps.mu.Unlock()
+	var key rdma.Key
+	if len(t.Key) != len(key) || t.DataAddr == "" || len(t.DataCredential) == 0 {
+		return nil, fmt.Errorf("%w: the target %q of the push has no data-plane address, key or credential", errs.ErrInvalid, t.Node)
+	}
+	copy(key[:], t.Key)
+	opts := []tcp.Option{tcp.WithCredential(t.DataCredential), tcp.WithConns(1)}
+	if t.DataTls {
+		tc, err := certs.Verifier(tls.ca, t.Node)
+		if err != nil {
+			return nil, fmt.Errorf("verify the data plane of the target %s: %w", t.Node, err)
+		}
+		opts = append(opts, tcp.WithTLS(tc))
+	}
+	conn, err := tcp.Dial(ctx, t.DataAddr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the data plane of the target %s at %s: %w", errMoveHome, t.Node, t.DataAddr, err)
+	}
+	pu := &pusher{target: want, conn: conn, region: rdma.Region{Segment: t.HomeId, Key: key, Epoch: t.Epoch}}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.closed {
+		conn.Close()
+		return nil, fmt.Errorf("%w: the daemon is closing", errs.ErrUnavailable)
+	}
+	if ps.m == nil {
+		ps.m = map[uint64]*pusher{}
+	}
+	if old := ps.m[seg]; old != nil {
+		old.conn.Close()
+	}
+	ps.m[seg] = pu
+	return pu, nil
+}
+
+// drop closes the pusher of segment seg, if any.
+func (ps *pushers) drop(seg uint64) {
+	ps.mu.Lock()
+	pu := ps.m[seg]
+	delete(ps.m, seg)
+	ps.mu.Unlock()
+	if pu != nil {
+		pu.conn.Close()
+	}
+}
+
+// close closes every pusher; none is made after.
+func (ps *pushers) close() {
+	ps.mu.Lock()
+	m := ps.m
+	ps.m, ps.closed = nil, true
+	ps.mu.Unlock()
+	for _, pu := range m {
+		pu.conn.Close()
+	}
+}
+
+// push runs one PUSH step on segment seg (or the last round of a SEAL):
+// the chunks changed since the last report, or all of them, written to
+// req.Target. It returns the bytes written and the chunks they were.
+func (p *core) push(ctx context.Context, seg record, req *poolv1.MoveOutRequest, tls moveTLS) (int64, int, error) {
+	if req.Target == nil {
+		return 0, 0, fmt.Errorf("%w: the push names no target", errs.ErrInvalid)
+	}
+	chunk, err := p.dp.srv.Chunk(seg.ID)
+	if err != nil { // not tracked: this daemon restarted since TRACK
+		return 0, 0, err
+	}
+	var bitmap []byte
+	var n int
+	if req.All {
+		bitmap, n = allChunks(seg.Size, chunk)
+	} else if bitmap, n, err = p.dp.dirty(seg.ID); err != nil {
+		return 0, 0, err
+	}
+	if n == 0 {
+		return 0, 0, nil
+	}
+	pu, err := p.pushing.get(ctx, seg.ID, req.Target, tls)
+	if err != nil {
+		return 0, 0, err
+	}
+	bytes, err := pu.round(ctx, p.dp.srv, seg.ID, spans(bitmap, chunk, seg.Size))
+	if err != nil {
+		p.pushing.drop(seg.ID) // a broken connection is dialed again
+		return bytes, n, fmt.Errorf("%w: push to %s: %w", errMoveHome, req.Target.Node, err)
+	}
+	return bytes, n, nil
+}
+
+// allChunks is the bitmap of every chunk of a segment of size bytes, and
+// their count.
+func allChunks(size, chunk int64) ([]byte, int) {
+	n := (size + chunk - 1) / chunk
+	all := make([]byte, (n+7)/8)
+	for i := range n {
+		all[i/8] |= 1 << (i % 8)
+	}
+	return all, int(n)
+}
+
+// localReader reads a segment homed here from its memory (the data
+// plane's ReadLocal).
+type localReader interface {
+	ReadLocal(seg uint64, off int64, dst []byte) error
+}
+
+// round writes the spans of segment seg, read from mem, to the target: in
+// batches of up to moveBatch bytes and moveBatchOps spans, each read into
+// a buffer and written in one Do, moveInflight batches at a time on the
+// one connection; the first failure ends it. It returns the bytes written.
+func (pu *pusher) round(ctx context.Context, mem localReader, seg uint64, spans func(func([2]int64) bool)) (int64, error) {
+	pu.mu.Lock()
+	defer pu.mu.Unlock()
+	var batches [][][2]int64
+	var batch [][2]int64
+	var n int64
+	for span := range spans {
+		if len(batch) == moveBatchOps || n+span[1]-span[0] > moveBatch {
+			batches, batch, n = append(batches, batch), nil, 0
+		}
+		batch = append(batch, span)
+		n += span[1] - span[0]
+	}
+	if len(batch) > 0 {
+		batches = append(batches, batch)
+	}
+	workers := min(moveInflight, len(batches))
+	for len(pu.bufs) < workers {
+		pu.bufs = append(pu.bufs, make([]byte, moveBatch))
+	}
+	if workers == 1 { // the last rounds: a few chunks, no goroutine
+		return pu.batch(ctx, mem, seg, pu.bufs[0], batches[0])
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	work := make(chan [][2]int64)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var total int64
+	for w := range workers {
+		wg.Go(func() {
+			for b := range work {
+				k, err := pu.batch(ctx, mem, seg, pu.bufs[w], b)
+				if err != nil {
+					cancel(err)
+				}
+				mu.Lock()
+				total += k
+				mu.Unlock()
+			}
+		})
+	}
+send:
+	for _, b := range batches {
+		select {
+		case work <- b:
+		case <-ctx.Done():
+			break send
+		}
+	}
+	close(work)
+	wg.Wait()
+	return total, context.Cause(ctx)
+}
+
+// batch writes one batch's spans to the target: read here into buf, then
+// written in one Do. It returns the bytes written.
+func (pu *pusher) batch(ctx context.Context, mem localReader, seg uint64, buf []byte, spans [][2]int64) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	ops := make([]rdma.Op, len(spans))
+	ptrs := make([]*rdma.Op, len(spans))
+	var n int64
+	for i, span := range spans {
+		b := buf[n : n+span[1]-span[0]]
+		if err := mem.ReadLocal(seg, span[0], b); err != nil {
+			return 0, err
+		}
+		ops[i] = rdma.Op{Kind: rdma.OpWrite, Region: pu.region, Offset: span[0], Buf: b}
+		ptrs[i] = &ops[i]
+		n += int64(len(b))
+	}
+	if err := pu.conn.Do(ctx, ptrs...); err != nil {
+		return 0, fmt.Errorf("write %d spans (%d bytes) from %d: %w", len(spans), n, spans[0][0], err)
+	}
+	return n, nil
+}
