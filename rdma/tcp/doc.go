@@ -202,7 +202,8 @@
 //	slot's history unknown, no RETRY → run it; cache its answer
 //
 // A slot's history is unknown when its session was created by a RESUME
-// hello: this server never saw it, or evicted it, or restarted since. A
+// hello: this server never saw it, or evicted it, or restarted since (or
+// by an origin block, on a server that forgot a session: see Forwarding). A
 // session created by a hello without RESUME starts with every slot at seq
 // 0, and so does one that a connection with a RESUME hello creates while
 // the server still remembers a hello without RESUME for it (the client's
@@ -314,8 +315,16 @@
 // keyed by the connection's principal (ServerConfig.Identify) when the
 // server names one, else by its credential: each home issues a client a
 // credential of its own, but names the same principal. An origin block
-// opens a session as a RESUME hello does (its other slots' history
-// unknown), counted against ServerConfig.MaxSessions like any other.
+// opens a session with every slot at seq 0, counted against
+// ServerConfig.MaxSessions like any other: an op of that session that
+// ran here before came either in an origin block (its answer is cached)
+// or from the client (whose connection opened the session), and an op
+// whose forward never arrived was not applied here (the primary answers
+// only once every live copy acknowledged), so a retry on another slot
+// runs. A server that evicted a session, or that exported memory from
+// before it started (Server.ExportKey, a daemon restarting), may have run
+// ops of a session it no longer holds: from then on an origin block opens
+// a session as a RESUME hello does (its other slots' history unknown).
 //
 //	origin block (FORWARD), 40 bytes + owner:
 //	+---------------------------------------------------------------+

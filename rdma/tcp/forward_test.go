@@ -477,6 +477,76 @@ func TestForwardFailoverExactlyOnce(t *testing.T) {
 	require.Empty(t, fails.count())
 }
 
+// TestForwardFailoverUnforwardedSlot: the backup learnt the client's
+// session from a forwarded op on one slot; the client's op on another
+// slot was posted to the primary, which died before forwarding it (the
+// op never reached the backup, so no surviving copy applied it). Its
+// RETRY at the promoted backup runs, once. A backup that evicted a
+// session, or that restored memory from before it started, cannot tell
+// and answers such a retry INDETERMINATE.
+func TestForwardFailoverUnforwardedSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		forget func(back *testServer)
+		want   error
+	}{
+		{"runs", func(*testServer) {}, nil},
+		{"after ExportKey", func(back *testServer) {
+			require.NoError(t, back.ExportKey(9, make([]byte, 4096), 1, rdma.Key{1}))
+		}, rdma.ErrIndeterminate},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fails failures
+			prim, back, pr, br, bmem := failoverPair(t, &fails)
+			require.NoError(t, prim.Allow(1, []string{"app"}))
+			require.NoError(t, back.Allow(1, []string{"app", "poold/a"}))
+			tc.forget(back)
+
+			sess := rdma.NewSession()
+			app := dial(t, prim.addr, WithCredential([]byte("app@a")), WithSession(sess), WithBusyPoll(-1))
+			ctx := t.Context()
+			first := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Delta: 1}
+			tk, err := sess.Acquire(ctx)
+			require.NoError(t, err)
+			first.Once = tk
+			require.NoError(t, app.Do(ctx, first))
+			tk.Release()
+			require.EqualValues(t, 1, le.Uint64(bmem), "forwarded: the backup opened the client's session")
+
+			lost, err := sess.Acquire(ctx)
+			require.NoError(t, err)
+			require.NotEqual(t, tk.Slot, lost.Slot)
+			lost.Post() // sent to the primary, which died before forwarding it
+			require.NoError(t, prim.Close())
+
+			app2 := dial(t, back.addr, WithCredential([]byte("app@b")), WithSession(sess), WithBusyPoll(-1))
+			retry := &rdma.Op{Kind: rdma.OpFetchAdd, Region: br, Delta: 1, Once: lost}
+			err = app2.Do(ctx, retry)
+			lost.Release()
+			if tc.want != nil {
+				require.ErrorIs(t, err, tc.want)
+				require.EqualValues(t, 1, le.Uint64(bmem), "not run")
+				return
+			}
+			require.NoError(t, err)
+			require.EqualValues(t, 1, retry.Prev)
+			require.EqualValues(t, 2, le.Uint64(bmem), "the retry ran once")
+			require.Empty(t, fails.count())
+		})
+	}
+}
+
+// TestSessionForgotByEviction: once the table evicted a session, a
+// session an origin block opens starts with its history unknown.
+func TestSessionForgotByEviction(t *testing.T) {
+	tbl := newSessionTable(1)
+	a := sessionKey{name: "p:a", id: [sessionIDSize]byte{1}}
+	b := sessionKey{name: "p:b", id: [sessionIDSize]byte{2}}
+	require.True(t, tbl.openForwarded(a).slots[5].known, "nothing evicted yet")
+	tbl.open(b, false) // evicts a
+	require.False(t, tbl.openForwarded(a).slots[5].known, "a may have run ops here before its eviction")
+}
+
 // TestAllowReaders: a principal the segment names a reader may read it
 // but not write, CAS, FADD or XOR it (ACCESS_DENIED), also when Allow
 // names it too; one in Allow's set only writes as before; clearing the

@@ -84,11 +84,10 @@ func decodeOrigin(b []byte) (origin, error) {
 }
 
 // remember stores o's answer in the reply cache of its client's session,
-// opening the session as one whose other slots' history is unknown (the
-// client never spoke to this server about them), unless the slot already
-// holds a later sequence number.
+// opening the session if it is new (openForwarded), unless the slot
+// already holds a later sequence number.
 func (t *sessionTable) remember(o *origin) {
-	sess := t.open(o.key, true)
+	sess := t.openForwarded(o.key)
 	sl := &sess.slots[o.slot]
 	sl.mu.Lock()
 	if !sl.known || int32(o.seq-sl.seq) >= 0 {

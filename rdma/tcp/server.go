@@ -77,12 +77,21 @@ func (s *Server) Export(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) 
 	if err != nil {
 		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: %w", seg, err)
 	}
-	return key, s.ExportKey(seg, mem, epoch, key)
+	return key, s.export(seg, mem, epoch, key)
 }
 
 // ExportKey is Export under a key the caller chose: a daemon restarting
 // re-exports its surviving segments under the keys their owners hold.
+// Their memory may hold ops of exactly-once sessions this server never
+// saw, so from then on a session an origin block opens starts with its
+// history unknown (see doc.go, Forwarding).
 func (s *Server) ExportKey(seg uint64, mem []byte, epoch uint64, key rdma.Key) error {
+	s.sessions.forget()
+	return s.export(seg, mem, epoch, key)
+}
+
+// export registers mem as segment seg under key.
+func (s *Server) export(seg uint64, mem []byte, epoch uint64, key rdma.Key) error {
 	if s.cfgErr != nil {
 		return s.cfgErr
 	}

@@ -44,6 +44,11 @@ type sessionTable struct {
 	fresh     map[sessionKey]struct{}
 	freshRing []sessionKey
 	freshNext int
+	// forgot is set once this server may have run ops of a session it
+	// no longer holds: it evicted a session, or it serves memory that
+	// predates it (ExportKey, a restarting daemon's segments). Until then
+	// a session an origin block opens is new here (see openForwarded).
+	forgot bool
 }
 
 func newSessionTable(max int) *sessionTable {
@@ -104,6 +109,26 @@ func (t *sessionTable) announce(key sessionKey) {
 func (t *sessionTable) open(key sessionKey, resume bool) *session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.openLocked(key, !resume)
+}
+
+// openForwarded is open for an origin block (origin.go): a primary
+// forwards an op of the client's session. Its slots are known unless the
+// table forgot a session: every op of the session that ran here before
+// either came in an origin block, whose answer this server still holds,
+// or came from the client itself, whose connection opened the session.
+// An op whose forward never arrived was not applied here, and the primary
+// answered nobody before every live copy acknowledged it, so running the
+// client's retry of it applies it once.
+func (t *sessionTable) openForwarded(key sessionKey) *session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.openLocked(key, !t.forgot)
+}
+
+// openLocked returns the session of key, creating it with its slots
+// known if known is set or a hello announced it fresh; t.mu is held.
+func (t *sessionTable) openLocked(key sessionKey, known bool) *session {
 	s := t.m[key]
 	if s == nil {
 		if len(t.m) >= t.max {
@@ -113,12 +138,20 @@ func (t *sessionTable) open(key sessionKey, resume bool) *session {
 		delete(t.fresh, key)
 		s = &session{}
 		for i := range s.slots {
-			s.slots[i].known = !resume || fresh
+			s.slots[i].known = known || fresh
 		}
 		t.m[key] = s
 	}
 	t.touch(s)
 	return s
+}
+
+// forget records that this server may have run ops of sessions it does
+// not hold (memory exported from before it started).
+func (t *sessionTable) forget() {
+	t.mu.Lock()
+	t.forgot = true
+	t.mu.Unlock()
 }
 
 // evictOldest drops the least recently used session; t.mu is held. The
@@ -136,6 +169,7 @@ func (t *sessionTable) evictOldest() {
 	}
 	if found {
 		delete(t.m, oldest)
+		t.forgot = true
 	}
 }
 
