@@ -28,8 +28,9 @@ import (
 // primary the daemon names next with the same exactly-once ticket: every
 // home sees this client's one failover session (Client.failover), and the
 // new primary holds the old one's answers to it, so the retry is answered,
-// not applied again. A ticket a home refused (see renew) is exchanged for
-// a new one.
+// not applied again. A home that refuses an op (not yet writable there,
+// fenced) applied nothing and caches no answer, so the op keeps its ticket
+// for its next attempt.
 //
 // Shards: logical offset o is in chunk c = o/C (C = shard_chunk), data
 // shard c%k, at c/k*C + o%C of that shard's segment. A ReadAt or WriteAt
@@ -282,7 +283,6 @@ func (r *redundant) attempt(ctx context.Context, h *home, pending *[]*rdma.Op) e
 		}
 		err = post(actx, rt.conn, ready)
 		wasMoved := moved(ready)
-		renew(ready)
 		*pending = unfinished(*pending)
 		switch {
 		case err == nil && len(*pending) > 0:
@@ -299,24 +299,6 @@ func (r *redundant) attempt(ctx context.Context, h *home, pending *[]*rdma.Op) e
 			h.down.Store(0)
 		}
 		return err
-	}
-}
-
-// renew gives back the tickets of ops that a home refused (fenced under
-// an older epoch, not a copy this client may write yet, lost there): a
-// refusal is answered instead of applying the op, so that home did not
-// apply it under the ticket, now or before (it would have answered the
-// cached result). The home caches the refusal for the ticket, though, and
-// would repeat it to a retry, also once it is the segment's writable
-// primary (a promotion under way); the op takes a new ticket instead.
-// Any other home the op could have reached is a former primary that is
-// lost, or a copy that only the new primary writes from now on.
-func renew(ready []*rdma.Op) {
-	for _, op := range ready {
-		if op.Once != nil && (errors.Is(op.Err, ErrLeaseExpired) || errors.Is(op.Err, ErrAccessDenied) || errors.Is(op.Err, ErrSegmentLost)) {
-			op.Once.Release()
-			op.Once = nil
-		}
 	}
 }
 

@@ -228,13 +228,13 @@ func TestRedundantNotMoved(t *testing.T) {
 	require.ErrorContains(t, err, "it is redundant (replicas=2)")
 }
 
-// TestRefusedTicketRenewed: a write whose ticket was posted before (to a
+// TestRefusedTicketRetried: a write whose ticket was posted before (to a
 // primary that died without answering) and that the promoted primary
 // refuses while it is still read-only (its daemon has not told it yet)
-// takes a new ticket: the refusal, which the home caches for the old
-// ticket, is not repeated to every retry until the operation timeout
-// (3 s here), and once the home takes writes the add is applied once.
-func TestRefusedTicketRenewed(t *testing.T) {
+// is retried with the same ticket: the home does not cache the refusal,
+// so it is not repeated to every retry until the operation timeout (3 s
+// here), and once the home takes writes the add is applied once.
+func TestRefusedTicketRetried(t *testing.T) {
 	cfg := tcp.DefaultConfig()
 	cfg.Identify = func([]byte, *x509.Certificate) (string, error) { return "app", nil }
 	f := startFakeHomes(t, Replicas(2), 4096, 4096, cfg)

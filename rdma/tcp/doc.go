@@ -211,7 +211,11 @@
 // request on any; the last MaxSessions such hellos are remembered until
 // their session is created). A retry that arrives while its original still runs on another
 // connection waits for the original's answer. A WRITE whose payload is cut
-// off caches nothing, so its retry runs in full. The client moves a slot to
+// off caches nothing, so its retry runs in full. Nor is an answer
+// ACCESS_DENIED, LEASE_EXPIRED or MOVED cached: such a request applied
+// nothing, the slot stays at its last seq, and a retry runs again (and
+// succeeds once the segment is writable there, as on a copy promoted to
+// primary). The client moves a slot to
 // its next seq only once it has the answer (or gave up), which tells the
 // server the cached answer is no longer needed. rdma.Op.Once carries the
 // ticket (slot and seq); rdma.Session is the client's table.
@@ -257,7 +261,7 @@
 //	                  principal but the mover's); the op was not applied.
 //	                  A client asks the segment's daemon where it lives now
 //	                  and sends the op there (with a new exactly-once
-//	                  ticket: the refusal is final for this one). Clients
+//	                  ticket or the same: the refusal is not cached). Clients
 //	                  older than this status see PROTOCOL.
 //
 // The server checks, in this order, key (constant-time), segment state,

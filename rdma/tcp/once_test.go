@@ -401,3 +401,33 @@ func TestSessionFreshOnAnyConnection(t *testing.T) {
 	require.Equal(t, statusOK, fadd(open(true, [sessionIDSize]byte{43}), 0, 1)) // evicts session 42
 	require.Equal(t, statusIndeterminate, fadd(open(true, id), 3, 2), "an evicted session resumed has unknown slots")
 }
+
+// TestOnceRefusalNotCached: an exactly-once op refused ACCESS_DENIED (a
+// reader's write, as on a copy not yet promoted) applied nothing and is
+// not cached: its retry with the same ticket runs once the segment is
+// writable, and a retry after that is answered from the cache.
+func TestOnceRefusalNotCached(t *testing.T) {
+	cfg := fwdConfig()
+	cfg.Identify = namedCreds
+	s := startServer(t, cfg)
+	mem, r := s.export(t, 1, 4096)
+	require.NoError(t, s.Allow(1, []string{"app"}))
+	require.NoError(t, s.AllowReaders(1, []string{"app"}))
+	sess := rdma.NewSession()
+	cl := dial(t, s.addr, WithCredential([]byte("app")), WithSession(sess), WithBusyPoll(-1))
+	tk, err := sess.Acquire(t.Context())
+	require.NoError(t, err)
+	op := rdma.Op{Kind: rdma.OpFetchAdd, Region: r, Delta: 5, Once: tk}
+	require.ErrorIs(t, cl.Do(t.Context(), &op), rdma.ErrAccessDenied)
+	require.ErrorIs(t, cl.Do(t.Context(), &op), rdma.ErrAccessDenied, "still a reader")
+	require.Zero(t, binary.NativeEndian.Uint64(mem))
+
+	require.NoError(t, s.AllowReaders(1, nil))
+	for range 2 {
+		op.Prev = 1
+		require.NoError(t, cl.Do(t.Context(), &op), "the retry runs once the segment is writable")
+		require.Zero(t, op.Prev)
+		require.EqualValues(t, 5, binary.NativeEndian.Uint64(mem), "applied once")
+	}
+	tk.Release()
+}

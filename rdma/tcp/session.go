@@ -204,8 +204,22 @@ func (sl *slot) decide(seq uint32, retry bool) verdict {
 	}
 }
 
-// record caches the answer of seq; the caller holds sl.mu.
+// record caches the answer of seq; the caller holds sl.mu. A refusal
+// (refused) is not cached: the op was not applied and the slot stays at
+// its last executed seq, so a retry of seq runs again and may find the
+// segment writable by then.
 func (sl *slot) record(seq uint32, status uint16, flags uint8, value uint64) {
+	if refused(status) {
+		return
+	}
 	sl.known, sl.seq = true, seq
 	sl.status, sl.flags, sl.value = status, flags, value
+}
+
+// refused reports whether status refuses an op before it touched memory
+// for a reason that may pass: ACCESS_DENIED (the segment is not, or not
+// yet, writable by the principal here), LEASE_EXPIRED (a stale epoch, or
+// a fence) and MOVED.
+func refused(status uint16) bool {
+	return status == statusAccessDenied || status == statusLeaseExpired || status == statusMoved
 }
