@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/farmem/farmem/internal/errs"
@@ -52,6 +53,9 @@ func (r *redundant) pieces(spans []Span) [][]piece {
 // touched data shard's pieces in one batch at its home, the shards in
 // parallel.
 func (r *redundant) codedAccess(ctx context.Context, spans []Span, write bool) error {
+	if !write && len(spans) == 1 && len(spans[0].Buf) > 0 && spans[0].Off%r.chunk+int64(len(spans[0].Buf)) <= r.chunk {
+		return r.readChunk(ctx, spans[0].Off, spans[0].Buf)
+	}
 	by := r.pieces(spans)
 	var shards []int
 	for i, ps := range by {
@@ -77,6 +81,30 @@ func (r *redundant) codedAccess(ctx context.Context, spans []Span, write bool) e
 	})
 }
 
+// readChunk reads p at logical offset off, within one chunk, as a read of
+// an unreplicated segment goes: one pooled op, on the calling goroutine,
+// at the chunk's data shard's home (decoded from the others if that
+// fails).
+func (r *redundant) readChunk(ctx context.Context, off int64, p []byte) error {
+	i, at := r.locate(off)
+	c := chunkReads.Get().(*chunkRead)
+	c.op = rdma.Op{Kind: rdma.OpRead, Offset: at, Buf: p}
+	c.list[0] = &c.op
+	c.ps[0] = piece{off: at, buf: p}
+	err := r.run(ctx, c.list[:], r.readShard(i, c.ps[:]))
+	*c = chunkRead{}
+	chunkReads.Put(c)
+	return err
+}
+
+// chunkRead is readChunk's op and piece, reused through chunkReads.
+type chunkRead struct {
+	single
+	ps [1]piece
+}
+
+var chunkReads = sync.Pool{New: func() any { return new(chunkRead) }}
+
 // atShard is a round of writes or atomics at data shard i's home.
 func (r *redundant) atShard(i int) func(context.Context, *homeView, *[]*rdma.Op) error {
 	return func(ctx context.Context, v *homeView, pending *[]*rdma.Op) error {
@@ -101,38 +129,52 @@ func (r *redundant) readShard(i int, ps []piece) func(context.Context, *homeView
 }
 
 // decode fills the pieces ps of data shard i from the same ranges of k
-// other shards whose homes hold them, read in parallel, and Reed–Solomon:
-// each byte column decodes on its own, so only the pieces' ranges are
-// read.
+// other shards whose homes hold them, read in parallel (one batch per
+// home, into one pooled buffer), and Reed–Solomon, which rebuilds shard i
+// only: each byte column decodes on its own, so only the pieces' ranges
+// are read.
 func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) error {
 	total := 0
 	for _, p := range ps {
 		total += len(p.buf)
 	}
 	cands := v.order(i)
-	var src []int     // the shards read, k of them once done
-	var bufs [][]byte // bufs[j]: shard src[j]'s bytes of every piece, in order
+	// Each shard tried gets a total-byte slot of buf, at most every other
+	// shard once.
+	bp := getDecodeBuf(len(cands) * total)
+	defer putDecodeBuf(bp)
+	buf := *bp
+	l := opLists.Get().(*opList)
+	defer l.put()
+	src := make([]int, 0, r.k)     // the shards read, k of them once done
+	bufs := make([][]byte, 0, r.k) // bufs[j]: shard src[j]'s bytes of every piece, in order
+	got := make([][]byte, r.k)
+	errs := make([]error, r.k)
 	for len(src) < r.k {
 		need := r.k - len(src)
 		if need > len(cands) {
 			return fmt.Errorf("segment %d: data shard %d: only %d of the %d other shards needed to decode it could be read: %w", r.info.Id, i, len(src)+len(cands), r.k, ErrUnavailable)
 		}
-		try, got := cands[:need], make([][]byte, need)
+		try := cands[:need]
 		cands = cands[need:]
-		errs := make([]error, need)
-		parallel(need, func(j int) error {
-			got[j] = make([]byte, total)
-			ops := make([]rdma.Op, len(ps))
+		l.ops, l.ptrs = slices.Grow(l.ops[:0], need*len(ps))[:need*len(ps)], l.ptrs[:0]
+		for j := range need {
+			got[j], buf = buf[:total], buf[total:]
 			at := 0
 			for p, pc := range ps {
-				ops[p] = rdma.Op{Kind: rdma.OpRead, Offset: pc.off, Buf: got[j][at : at+len(pc.buf)]}
+				l.ops[j*len(ps)+p] = rdma.Op{Kind: rdma.OpRead, Offset: pc.off, Buf: got[j][at : at+len(pc.buf)]}
 				at += len(pc.buf)
 			}
-			pending := ptrs(ops)
+		}
+		for j := range l.ops {
+			l.ptrs = append(l.ptrs, &l.ops[j])
+		}
+		parallel(need, func(j int) error {
+			pending := l.ptrs[j*len(ps) : (j+1)*len(ps) : (j+1)*len(ps)]
 			errs[j] = r.attempt(ctx, v.homes[try[j]], &pending)
 			return nil
 		})
-		for j, err := range errs {
+		for j, err := range errs[:need] {
 			switch {
 			case err == nil:
 				src, bufs = append(src, try[j]), append(bufs, got[j])
@@ -160,6 +202,31 @@ func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) 
 		at += len(p.buf)
 	}
 	return nil
+}
+
+// decodeBufs holds the buffers decode reads the other shards into.
+var decodeBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledDecode bounds the buffers decodeBufs keeps: a rare large
+// degraded read's memory goes back to the collector.
+const maxPooledDecode = 1 << 20
+
+// getDecodeBuf is a pooled buffer of n bytes; put it back with
+// putDecodeBuf.
+func getDecodeBuf(n int) *[]byte {
+	bp := decodeBufs.Get().(*[]byte)
+	if cap(*bp) < n {
+		*bp = make([]byte, n)
+	}
+	*bp = (*bp)[:n]
+	return bp
+}
+
+// putDecodeBuf returns bp to decodeBufs unless it is large.
+func putDecodeBuf(bp *[]byte) {
+	if cap(*bp) <= maxPooledDecode {
+		decodeBufs.Put(bp)
+	}
 }
 
 // parallel runs fn(0..n-1) at once (fn(0) on the calling goroutine) and

@@ -251,3 +251,32 @@ func TestRefusedTicketRetried(t *testing.T) {
 	require.Zero(t, op.Prev)
 	require.Equal(t, uint64(2), binary.LittleEndian.Uint64(f.home(t, 0, 0, 8)), "applied once")
 }
+
+// TestCodedChunkReadAllocs: a 4 KiB read within one chunk of an
+// ErasureCoded(2, 1) segment allocates no more than one of a Replicas(2)
+// segment (one op at one home, on the calling goroutine), and a degraded
+// one, decoded from the other two shards, no more than four times that
+// (buffers and op lists pooled).
+func TestCodedChunkReadAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items: allocation counts are meaningless")
+	}
+	copies := startFakeHomes(t, Replicas(2), 1<<16, 1<<16, tcp.DefaultConfig())
+	coded := startFakeHomes(t, ErasureCoded(2, 1), 1<<15, 1<<16, tcp.DefaultConfig())
+	buf := make([]byte, 4096)
+	allocs := func(s *Segment, off int64) float64 {
+		_, err := s.ReadAt(buf, off) // dials
+		require.NoError(t, err)
+		return testing.AllocsPerRun(200, func() {
+			if _, err := s.ReadAt(buf, off); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	want := allocs(copies.seg, 8192)
+	require.LessOrEqual(t, allocs(coded.seg, 8192), want, "a coded read of one chunk allocates as a read of copies")
+
+	require.NoError(t, coded.srvs[1].Close()) // data shard 1: chunks 1, 3, ...
+	degraded := allocs(coded.seg, 4096)
+	require.LessOrEqual(t, degraded, 4*want, "a degraded read of one chunk: two shard reads, on two goroutines, and the decode")
+}
