@@ -329,6 +329,10 @@
 // before it started (Server.ExportKey, a daemon restarting), may have run
 // ops of a session it no longer holds: from then on an origin block opens
 // a session as a RESUME hello does (its other slots' history unknown).
+// This relies on a copy taking every change through forwarding from its
+// export on: a daemon that fills a copy's memory any other way (copying
+// it from a surviving home) must export it with Server.ExportKey, so that
+// this server counts its sessions as forgotten.
 //
 //	origin block (FORWARD), 40 bytes + owner:
 //	+---------------------------------------------------------------+
