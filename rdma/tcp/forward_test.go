@@ -409,18 +409,18 @@ func principalAt(cred []byte, _ *x509.Certificate) (string, error) {
 
 // failoverPair starts a primary and a backup whose servers name
 // principals (principalAt), each exporting segment 1, the primary
-// forwarding copies to the backup as principal "poold/a" and reporting
-// failures to fails.
-func failoverPair(t *testing.T, fails *failures) (prim, back *testServer, pr, br rdma.Region, bmem []byte) {
+// forwarding copies to the backup as principal "poold/a" over link and
+// reporting failures to fails.
+func failoverPair(t *testing.T, fails *failures) (prim, back *testServer, pr, br rdma.Region, bmem []byte, link *Client) {
 	t.Helper()
 	cfg := fwdConfig()
 	cfg.Identify = principalAt
 	prim, back = startServer(t, cfg), startServer(t, cfg)
 	_, pr = prim.export(t, 1, 4096)
 	bmem, br = back.export(t, 1, 4096)
-	link := dial(t, back.addr, WithCredential([]byte("poold/a@b")), WithBusyPoll(-1))
+	link = dial(t, back.addr, WithCredential([]byte("poold/a@b")), WithBusyPoll(-1))
 	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: br}}, OnFail: fails.onFail}))
-	return prim, back, pr, br, bmem
+	return prim, back, pr, br, bmem, link
 }
 
 // TestForwardFailoverExactlyOnce: a client's exactly-once FADD and CAS are
@@ -432,7 +432,7 @@ func failoverPair(t *testing.T, fails *failures) (prim, back *testServer, pr, br
 // after the failover runs normally.
 func TestForwardFailoverExactlyOnce(t *testing.T) {
 	var fails failures
-	prim, back, pr, br, bmem := failoverPair(t, &fails)
+	prim, back, pr, br, bmem, _ := failoverPair(t, &fails)
 	require.NoError(t, prim.Allow(1, []string{"app"}))
 	require.NoError(t, back.Allow(1, []string{"app", "poold/a"}))
 	require.NoError(t, back.AllowReaders(1, []string{"app"}))
@@ -497,7 +497,7 @@ func TestForwardFailoverUnforwardedSlot(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var fails failures
-			prim, back, pr, br, bmem := failoverPair(t, &fails)
+			prim, back, pr, br, bmem, _ := failoverPair(t, &fails)
 			require.NoError(t, prim.Allow(1, []string{"app"}))
 			require.NoError(t, back.Allow(1, []string{"app", "poold/a"}))
 			tc.forget(back)
@@ -773,7 +773,8 @@ func TestForwardPipelined(t *testing.T) {
 // backup's counter is n: every add applied once.
 func TestForwardFailoverUnderLoad(t *testing.T) {
 	var fails failures
-	prim, back, pr, br, bmem := failoverPair(t, &fails)
+	prim, back, pr, br, bmem, link := failoverPair(t, &fails)
+	promoted := make(chan struct{})
 
 	const clients = 4
 	var (
@@ -820,7 +821,13 @@ func TestForwardFailoverUnderLoad(t *testing.T) {
 				answers = append(answers, op.Prev)
 				mu.Unlock()
 			}
-			// The primary is gone: send the unanswered op to the backup.
+			// The primary is gone: once the backup is promoted, send the
+			// unanswered op there.
+			select {
+			case <-promoted:
+			case <-t.Context().Done():
+				return
+			}
 			bc, err := Dial(t.Context(), back.addr, WithCredential([]byte("app@b")), WithSession(sess), WithBusyPoll(-1))
 			if err != nil {
 				t.Error(err)
@@ -840,6 +847,13 @@ func TestForwardFailoverUnderLoad(t *testing.T) {
 	}
 	within(t, "clients' first ops", started.Wait)
 	require.NoError(t, prim.Close())
+	// The backup is promoted once the dead primary's link is gone and
+	// every forwarded op that reached it was applied, as a daemon
+	// promotes it only after its failure detection, seconds later: a
+	// retry must not overtake its own forward.
+	require.NoError(t, link.Close())
+	require.Eventually(t, func() bool { return back.nconns.Load() == 0 }, 10*time.Second, time.Millisecond, "the link's connections at the backup end")
+	close(promoted)
 	within(t, "clients failing over", wg.Wait)
 	require.False(t, t.Failed())
 	require.Empty(t, fails.count(), "%v", fails.errs)
