@@ -3,9 +3,11 @@ package tcp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -15,7 +17,16 @@ import (
 	"github.com/farmem/farmem/rdma"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(benchServeEnv) != "" {
+		if err := serveForBench(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // quietLogger drops records below Error so expected protocol violations do
 // not flood test output.
