@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/tier"
@@ -53,7 +54,8 @@ type metrics struct {
 	// Children of farmem_dataplane_refused_connections_total, by reason.
 	dpRefused []prometheus.Counter
 
-	moves *moveMetrics // live moves (move.go)
+	moves    *moveMetrics    // live moves (move.go)
+	rebuilds *rebuildMetrics // rebuilds of redundant segments (rebuild.go)
 }
 
 // newMetrics makes the registry with every family poold exports except
@@ -69,6 +71,7 @@ func newMetrics() *metrics {
 	m.expiries = f.counter("lease_expiries_total", "Client leases that ran out (their unpinned segments are then reclaimed).")
 	m.refusals = f.counterVec("access_denied_total", "Control-plane requests refused access to a segment, by operation.", "op")
 	m.moves = newMoveMetrics(f)
+	m.rebuilds = newRebuildMetrics(f)
 	ops := f.counterVec("dataplane_operations_total", "One-sided operations served by the data plane, by op and tier (failed ones included).", "op", "tier")
 	bytes := f.counterVec("dataplane_bytes_total", "Payload bytes moved by the data plane, by op and tier.", "op", "tier")
 	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -253,6 +256,7 @@ var (
 	usedDesc       = promDesc("tier_used_bytes", "Bytes of a device held by segments (extents, rounded up to the device's alignment).", deviceLabels...)
 	freeDesc       = promDesc("tier_free_bytes", "Free bytes of a device.", deviceLabels...)
 	segmentsDesc   = promDesc("segments", "Segments in this node's table, by tier and state (active; degraded: redundant with a home lost or rebuilding; lost).", "tier", "state")
+	redundantDesc  = promDesc("redundant_segments", "Redundant segments whose records this node holds, by state: ok (every home holds its copy or shard), degraded (a home is lost and no rebuild runs yet), rebuilding (a lost home is being rebuilt elsewhere), lost (more homes lost than the redundancy covers).", "state")
 	sessionsDesc   = promDesc("sessions", "Live client sessions.")
 	membersDesc    = promDesc("cluster_members", "Cluster members by state, this node included; a node in no cluster counts itself alive.", "state")
 	emuLatDesc     = promDesc("emulated_latency_seconds", "Latency injected into accesses to a tier by latency emulation (0: none).", "tier")
@@ -271,7 +275,7 @@ func promDesc(name, help string, labels ...string) *prometheus.Desc {
 
 // Describe implements prometheus.Collector.
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{capacityDesc, usedDesc, freeDesc, segmentsDesc, sessionsDesc, membersDesc, emuLatDesc, drainingDesc, drainSinceDesc, evacSegsDesc, evacBytesDesc, commitsDesc} {
+	for _, d := range []*prometheus.Desc{capacityDesc, usedDesc, freeDesc, segmentsDesc, redundantDesc, sessionsDesc, membersDesc, emuLatDesc, drainingDesc, drainSinceDesc, evacSegsDesc, evacBytesDesc, commitsDesc} {
 		ch <- d
 	}
 }
@@ -303,7 +307,11 @@ func (p *core) collect(gauge func(d *prometheus.Desc, v float64, labels ...strin
 		tiers["rdma"] = true // peers' memory
 	}
 	segs := map[[2]string]int{}
+	redundant := map[poolv1.RedundancyState]int{}
 	for _, r := range p.segs {
+		if s := redundancyStateOf(r); s != poolv1.RedundancyState_REDUNDANCY_STATE_NONE {
+			redundant[s]++
+		}
 		state := "active"
 		switch {
 		case r.Lost:
@@ -323,6 +331,9 @@ func (p *core) collect(gauge func(d *prometheus.Desc, v float64, labels ...strin
 			gauge(segmentsDesc, float64(segs[[2]string{t, s}]), t, s)
 		}
 		gauge(emuLatDesc, emulatedLatency(p.cfg, t).Seconds(), t)
+	}
+	for _, s := range redundancyStates {
+		gauge(redundantDesc, float64(redundant[s]), redundancyLabel(s))
 	}
 	gauge(sessionsDesc, float64(sessions))
 	if drainSince.IsZero() {

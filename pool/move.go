@@ -415,6 +415,16 @@ type mover struct {
 	// within the rdma tier), with the credential delegated to the source
 	// there.
 	target *poolv1.SegmentHome
+
+	// A rebuild (rebuild.go) sets these; a move leaves them zero. rate
+	// paces the copy's bytes; read fills a batch's spans instead of a
+	// read at the source (an erasure-coded shard decoded from the
+	// others), in batches of at most batch bytes; dirty reports the
+	// chunks changed since its last call instead of the source's DIRTY.
+	rate  *rateLimit
+	read  func(ctx context.Context, buf []byte, batch [][2]int64) error
+	batch int64
+	dirty func(ctx context.Context) (bitmap []byte, n int, err error)
 }
 
 // run allocates the target, copies, and switches over; on a failure before
@@ -673,25 +683,41 @@ func (m *mover) copyAll(ctx context.Context) error {
 func (m *mover) settle(ctx context.Context) ([]byte, error) {
 	prev := -1
 	for range moveMaxRounds {
-		resp, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_DIRTY)
+		dirty, n, err := m.changed(ctx)
 		if err != nil {
 			return nil, err
 		}
-		n := int(resp.DirtyChunks)
 		if n <= moveSettled || prev >= 0 && n >= prev {
-			return resp.Dirty, nil
+			return dirty, nil
 		}
-		if err := m.copyChunks(ctx, resp.Dirty); err != nil {
+		if err := m.copyChunks(ctx, dirty); err != nil {
 			return nil, err
 		}
 		m.res.rounds++
 		prev = n
 	}
+	dirty, _, err := m.changed(ctx)
+	return dirty, err
+}
+
+// changed returns the chunks changed since the last call, and how many.
+func (m *mover) changed(ctx context.Context) ([]byte, int, error) {
+	if m.dirty != nil {
+		return m.dirty(ctx)
+	}
 	resp, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_DIRTY)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return resp.Dirty, nil
+	return resp.Dirty, int(resp.DirtyChunks), nil
+}
+
+// batchBytes is the most bytes one batch of the copy moves.
+func (m *mover) batchBytes() int64 {
+	if m.batch > 0 {
+		return m.batch
+	}
+	return moveBatch
 }
 
 // settlePushes asks the source to push the chunks written since the last round
@@ -725,7 +751,7 @@ func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
 	var wg sync.WaitGroup
 	for range moveInflight {
 		wg.Go(func() {
-			buf := make([]byte, moveBatch)
+			buf := make([]byte, m.batchBytes())
 			for batch := range work {
 				if err := m.copyBatch(ctx, buf, batch); err != nil {
 					cancel(err)
@@ -744,8 +770,8 @@ func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
 		batch, n = nil, 0
 		return true
 	}
-	for span := range spans(bitmap, m.chunk, m.rec.Size) {
-		if len(batch) == moveBatchOps || n+span[1]-span[0] > moveBatch {
+	for span := range spansOf(bitmap, m.chunk, m.rec.Size, min(moveRead, m.batchBytes())) {
+		if len(batch) == moveBatchOps || n+span[1]-span[0] > m.batchBytes() {
 			if !send() {
 				break
 			}
@@ -778,7 +804,16 @@ func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) err
 		ptrs[i] = &ops[i]
 		n += span[1] - span[0]
 	}
-	if err := m.srcConn.Do(ctx, ptrs...); err != nil {
+	if err := m.rate.wait(ctx, n); err != nil {
+		return err
+	}
+	var err error
+	if m.read != nil {
+		err = m.read(ctx, buf[:n], batch)
+	} else {
+		err = m.srcConn.Do(ctx, ptrs...)
+	}
+	if err != nil {
 		return fmt.Errorf("read %d spans (%d bytes) from %d: %w", len(batch), n, batch[0][0], err)
 	}
 	for i := range ops {
@@ -795,11 +830,16 @@ func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) err
 // chunk bytes) set in bitmap, cut at size and into pieces of at most
 // moveRead bytes.
 func spans(bitmap []byte, chunk, size int64) func(func([2]int64) bool) {
+	return spansOf(bitmap, chunk, size, moveRead)
+}
+
+// spansOf is spans in pieces of at most most bytes.
+func spansOf(bitmap []byte, chunk, size, most int64) func(func([2]int64) bool) {
 	return func(yield func([2]int64) bool) {
 		start := int64(-1)
 		flush := func(end int64) bool {
 			for start < end {
-				e := min(start+moveRead, end)
+				e := min(start+most, end)
 				if !yield([2]int64{start, e}) {
 					return false
 				}

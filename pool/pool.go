@@ -90,6 +90,9 @@ type core struct {
 	// evac moves the segments peers placed here to other nodes while the
 	// node evacuates (evacuate.go).
 	evac *evacuator
+	// rb rebuilds the lost homes of redundant segments whose records are
+	// here (rebuild.go).
+	rb *rebuilder
 	// drainMu orders drains and undos, so that the gossip ends as the
 	// store does (held without mu, around both).
 	drainMu sync.Mutex
@@ -181,6 +184,7 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 		return nil, fmt.Errorf("metadata store: %w", err)
 	}
 	p.evac = newEvacuator(p)
+	p.rb = newRebuilder(p, int64(cfg.RebuildRate))
 	if since := p.drained.since; !since.IsZero() {
 		p.log.Info("draining, as memctl drain left it: no new placements for peers until 'memctl drain --undo'", "node", cfg.Node,
 			"since", since.UTC().Format(time.RFC3339), "evacuating", !p.drained.evacSince.IsZero())

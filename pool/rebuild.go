@@ -1,0 +1,530 @@
+// This file holds the rebuild of redundant segments (docs/REDUNDANCY.md):
+// when a home of a redundant segment this daemon holds the record of is
+// lost, the daemon places a new copy or shard on another host and fills it
+// from the survivors with the live move's copy-and-switch (move.go), in
+// the background, at most Config.RebuildRate bytes a second.
+
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// Rebuild tunables.
+const (
+	// rebuildScan is how often the rebuilder looks for lost homes when
+	// nothing told it of one (a failed rebuild's retry, a host that came
+	// to have room).
+	rebuildScan = time.Second
+	// rebuildAtOnce is how many homes an origin rebuilds at once: enough
+	// to overlap one rebuild's round trips with another's copy.
+	rebuildAtOnce = 4
+	// rebuildRetry is the pause before a failed rebuild of a segment is
+	// tried again; it doubles with each failure, up to rebuildRetryMax.
+	rebuildRetry    = time.Second
+	rebuildRetryMax = 30 * time.Second
+	// rebuildProgress is how often a running rebuild publishes the bytes
+	// it copied (SegmentHome.rebuilt_bytes).
+	rebuildProgress = 200 * time.Millisecond
+)
+
+// rebuilder rebuilds the lost homes of this daemon's redundant segments.
+// Safe for concurrent use.
+type rebuilder struct {
+	p    *core
+	rate *rateLimit // nil: unlimited
+	tls  moveTLS
+	kick chan struct{}
+
+	mu    sync.Mutex
+	busy  map[uint64]bool           // segments rebuilding now, by id
+	retry map[uint64]rebuildBackoff // segments whose last rebuild failed
+}
+
+// rebuildBackoff is when a segment whose rebuild failed is tried again.
+type rebuildBackoff struct {
+	tries int
+	next  time.Time
+}
+
+func newRebuilder(p *core, bytesPerSec int64) *rebuilder {
+	rb := &rebuilder{p: p, kick: make(chan struct{}, 1), busy: map[uint64]bool{}, retry: map[uint64]rebuildBackoff{}}
+	if bytesPerSec > 0 {
+		rb.rate = &rateLimit{perSec: float64(bytesPerSec)}
+	}
+	return rb
+}
+
+// rebuildSoon tells the rebuilder that a home of segment id was lost (or
+// anything else changed that a rebuild waits for): it looks at once rather
+// than at its next scan, and a failed rebuild of id is retried now.
+func (p *core) rebuildSoon(id uint64) {
+	rb := p.rb
+	if rb == nil {
+		return
+	}
+	rb.mu.Lock()
+	delete(rb.retry, id)
+	rb.mu.Unlock()
+	select {
+	case rb.kick <- struct{}{}:
+	default:
+	}
+}
+
+// startRebuilds runs the rebuilder until the peer sessions close (the
+// daemon stops); a rebuild under way then ends and resumes at the next
+// start, from its home's REBUILDING state in the record.
+func (p *core) startRebuilds(tls moveTLS) {
+	if p.rb == nil || p.cl == nil {
+		return
+	}
+	p.rb.tls = tls
+	p.peers.later(0, p.rb.loop)
+}
+
+// loop starts the rebuilds due, rebuildAtOnce at a time, until ctx ends.
+func (rb *rebuilder) loop(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	tick := time.NewTicker(rebuildScan)
+	defer tick.Stop()
+	done := make(chan struct{}, rebuildAtOnce)
+	for {
+		for _, w := range rb.due() {
+			wg.Go(func() {
+				rb.run(ctx, w)
+				select {
+				case done <- struct{}{}:
+				default:
+				}
+			})
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-rb.kick:
+		case <-done:
+		case <-tick.C:
+		}
+	}
+}
+
+// rebuildWork is one home to rebuild: segment id's home at index home.
+type rebuildWork struct {
+	id   uint64
+	home int
+}
+
+// due marks busy and returns the homes to rebuild now, at most one per
+// segment and rebuildAtOnce in all.
+func (rb *rebuilder) due() []rebuildWork {
+	p := rb.p
+	p.mu.Lock()
+	var found []rebuildWork
+	for id, r := range p.segs {
+		if i := rebuildNeed(r); i >= 0 {
+			found = append(found, rebuildWork{id: id, home: i})
+		}
+	}
+	p.mu.Unlock()
+	slices.SortFunc(found, func(a, b rebuildWork) int { return cmpUint(a.id, b.id) })
+	now := time.Now()
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	var out []rebuildWork
+	for _, w := range found {
+		if len(rb.busy) >= rebuildAtOnce {
+			break
+		}
+		if b, ok := rb.retry[w.id]; rb.busy[w.id] || ok && now.Before(b.next) {
+			continue
+		}
+		rb.busy[w.id] = true
+		out = append(out, w)
+	}
+	return out
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// rebuildNeed is the index of the home of r to rebuild, or -1: a lost home,
+// or one a rebuild left half filled, of a redundant segment that is not
+// lost and whose writer homes can serve as sources (the primary of
+// replicas is OK; an erasure-coded segment has k OK shards).
+func rebuildNeed(r *record) int {
+	red := r.Redundancy
+	if red.Replicas == 0 && red.Data == 0 || r.Lost || len(r.Homes) == 0 {
+		return -1
+	}
+	ok, want := 0, -1
+	for i, h := range r.Homes {
+		switch h.State {
+		case poolv1.HomeState_HOME_STATE_OK:
+			ok++
+		case poolv1.HomeState_HOME_STATE_LOST, poolv1.HomeState_HOME_STATE_REBUILDING:
+			if want < 0 {
+				want = i
+			}
+		}
+	}
+	switch {
+	case want < 0:
+		return -1
+	case red.Replicas > 0 && r.Homes[0].State != poolv1.HomeState_HOME_STATE_OK:
+		return -1 // the primary's successor is being promoted
+	case red.Data > 0 && ok < red.Data:
+		return -1 // too few shards to decode from: the segment is lost
+	}
+	return want
+}
+
+// rebuildResult is what one rebuild did, for its log line and metrics.
+type rebuildResult struct {
+	node   string // the new home
+	bytes  int64
+	rounds int
+	pause  time.Duration // the writers sealed
+	took   time.Duration
+}
+
+// run rebuilds one home and records the outcome: a failure is retried
+// after a pause that grows with each failure of the segment.
+func (rb *rebuilder) run(ctx context.Context, w rebuildWork) {
+	p := rb.p
+	start := time.Now()
+	res, err := rb.rebuild(ctx, w)
+	res.took = time.Since(start)
+	p.metrics.rebuildDone(res, err)
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	delete(rb.busy, w.id)
+	switch {
+	case err == nil:
+		delete(rb.retry, w.id)
+		p.log.Info("rebuilt a home of a redundant segment", "segment", w.id, "home", w.home, "node", res.node,
+			"bytes", res.bytes, "rounds", res.rounds, "pause", res.pause, "took", res.took.Round(time.Millisecond))
+	case errors.Is(err, errRebuildAgain):
+		// Nothing to do now (freed or rebuilt meanwhile), or a dead
+		// target dropped: the next look decides.
+		delete(rb.retry, w.id)
+	case errors.Is(err, errRebuildBusy):
+		rb.retry[w.id] = rebuildBackoff{next: time.Now().Add(rebuildRetry)}
+	default:
+		b := rb.retry[w.id]
+		b.tries++
+		b.next = time.Now().Add(min(rebuildRetry<<min(b.tries-1, 16), rebuildRetryMax))
+		rb.retry[w.id] = b
+		log := p.log.Warn
+		if ctx.Err() != nil {
+			log = p.log.Info // the daemon stops: it resumes at the next start
+		}
+		log("rebuild of a redundant segment's home failed; retrying", "segment", w.id, "home", w.home, "node", res.node,
+			"bytes", res.bytes, "tries", b.tries, "retry-in", time.Until(b.next).Round(time.Millisecond), "err", err)
+	}
+}
+
+// errRebuildBusy is a rebuild that waits for a live move of the segment.
+var errRebuildBusy = errs.Sub(errs.ErrLimit, "the segment is moving; its rebuild waits")
+
+// errRebuildAgain is a rebuild that did nothing and is to be looked at
+// again at once: the segment changed meanwhile, or its target was
+// dropped.
+var errRebuildAgain = errors.New("rebuild: look again")
+
+// rebuild rebuilds home w.home of segment w.id: a new home placed for a
+// lost one (or the half-filled one a rebuild left, if its host is alive),
+// filled from the survivors, then switched to OK.
+func (rb *rebuilder) rebuild(ctx context.Context, w rebuildWork) (rebuildResult, error) {
+	p := rb.p
+	if !p.moving.begin(w.id) { // one move or rebuild of a segment at a time
+		return rebuildResult{}, errRebuildBusy
+	}
+	defer p.moving.end(w.id)
+	r, ok := p.redundantRecord(w.id)
+	if !ok || rebuildNeed(&r) != w.home {
+		return rebuildResult{}, errRebuildAgain // freed, lost or rebuilt meanwhile
+	}
+	h := r.Homes[w.home]
+	res := rebuildResult{node: h.Node}
+	if h.State == poolv1.HomeState_HOME_STATE_REBUILDING && !p.alive(h.Node) {
+		// A rebuild target that died, or the last run's that is gone:
+		// drop it, a new one is placed next.
+		err := p.dropRebuildTarget(w.id, w.home, h)
+		p.rebuildSoon(w.id)
+		return res, errors.Join(errRebuildAgain, err)
+	}
+	if h.State == poolv1.HomeState_HOME_STATE_LOST {
+		var err error
+		if h, err = p.placeRebuild(ctx, w, r); err != nil {
+			return res, err
+		}
+		res.node = h.Node
+		p.log.Info("rebuilding a home of a redundant segment", "segment", w.id, "home", w.home, "node", h.Node,
+			"size", homeSize(&r), "redundancy", redundancyString(r.Redundancy))
+	} else {
+		p.log.Info("rebuilding a home of a redundant segment again, from the start", "segment", w.id, "home", w.home, "node", h.Node,
+			"size", homeSize(&r), "redundancy", redundancyString(r.Redundancy))
+	}
+	f, err := rb.newFill(ctx, r, w.home, h)
+	if err != nil {
+		return res, err
+	}
+	defer f.close()
+	err = f.run(ctx)
+	res.bytes, res.rounds, res.pause = f.m.copied.Load(), f.m.res.rounds, f.m.res.pause
+	if err != nil && !p.alive(h.Node) {
+		err = errors.Join(err, p.dropRebuildTarget(w.id, w.home, h))
+		p.rebuildSoon(w.id) // another target at once
+	}
+	return res, err
+}
+
+// redundantRecord is a copy of segment id's record (its homes too), if it
+// is here.
+func (p *core) redundantRecord(id uint64) (record, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.segs[id]
+	if !ok {
+		return record{}, false
+	}
+	cp := *r
+	cp.Homes = slices.Clone(r.Homes)
+	return cp, true
+}
+
+// alive reports whether node is an alive member.
+func (p *core) alive(node string) bool {
+	if p.cl == nil {
+		return false
+	}
+	m, ok := p.cl.Member(node)
+	return ok && m.State == cluster.StateAlive
+}
+
+// placeRebuild places a new home for the lost home w.home of r on a host
+// that holds none of r's homes, and commits it in the record as
+// REBUILDING before anything is copied: from then on the record names it
+// (a restart refills it or drops it), and no client reads it.
+func (p *core) placeRebuild(ctx context.Context, w rebuildWork, r record) (homeRef, error) {
+	lost := r.Homes[w.home]
+	exclude := make([]string, 0, len(r.Homes))
+	for _, h := range r.Homes {
+		exclude = append(exclude, h.Node)
+	}
+	h, err := p.placeHome(ctx, &r, exclude)
+	if err != nil {
+		return homeRef{}, fmt.Errorf("rebuild segment %d: place a new home for the one lost on %s: %w", r.ID, lost.Node, err)
+	}
+	h.State, h.Rebuilt = poolv1.HomeState_HOME_STATE_REBUILDING, 0
+	if err := p.setHome(r.ID, w.home, lost, func(x *homeRef) { *x = h }); err != nil {
+		p.freeLaterAt(h.Node, h.HomeID)
+		return homeRef{}, fmt.Errorf("rebuild segment %d: record the new home on %s: %w", r.ID, h.Node, err)
+	}
+	return h, nil
+}
+
+// dropRebuildTarget marks a rebuild target that is gone (or failed) lost
+// again, so that the next rebuild places another, and frees its copy if
+// its host comes back.
+func (p *core) dropRebuildTarget(id uint64, i int, h homeRef) error {
+	if err := p.setHome(id, i, h, func(x *homeRef) { x.State, x.Rebuilt = poolv1.HomeState_HOME_STATE_LOST, 0 }); err != nil {
+		return fmt.Errorf("rebuild segment %d: drop the target on %s: %w", id, h.Node, err)
+	}
+	p.freeLaterAt(h.Node, h.HomeID)
+	return nil
+}
+
+// setHome changes home i of segment id with set and commits the record, if
+// that home is still was (the same node and id there): the record may have
+// changed meanwhile (a home lost, attachers).
+func (p *core) setHome(id uint64, i int, was homeRef, set func(*homeRef)) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.segs[id]
+	if !ok {
+		return fmt.Errorf("segment %d: %w: freed meanwhile", id, errs.ErrNotFound)
+	}
+	if i >= len(cur.Homes) || cur.Homes[i].Node != was.Node || cur.Homes[i].HomeID != was.HomeID {
+		return fmt.Errorf("segment %d: %w: its home %d changed meanwhile", id, errs.ErrUnavailable, i)
+	}
+	next := *cur
+	next.Homes = slices.Clone(cur.Homes) // copies of the record share the old slice
+	set(&next.Homes[i])
+	if err := p.st.put(&next); err != nil {
+		return fmt.Errorf("commit to the metadata store: %w", err)
+	}
+	*cur = next
+	return nil
+}
+
+// setRebuilt publishes how many bytes the rebuild of home i (h) copied so
+// far; only in memory (a restarted rebuild starts from zero).
+func (p *core) setRebuilt(id uint64, i int, h homeRef, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.segs[id]
+	if !ok || i >= len(cur.Homes) || cur.Homes[i].Node != h.Node || cur.Homes[i].HomeID != h.HomeID ||
+		cur.Homes[i].State != poolv1.HomeState_HOME_STATE_REBUILDING {
+		return
+	}
+	homes := slices.Clone(cur.Homes)
+	homes[i].Rebuilt = n
+	cur.Homes = homes
+}
+
+// redundancyStateOf is how much of r's protection holds: NONE for a
+// segment that is not redundant; LOST when fewer homes are OK or
+// REBUILDING than it needs to be read (one copy, k shards); REBUILDING
+// while a lost home is being rebuilt; DEGRADED while one is lost and
+// none rebuilds.
+func redundancyStateOf(r *record) poolv1.RedundancyState {
+	red := r.Redundancy
+	if red.Replicas == 0 && red.Data == 0 {
+		return poolv1.RedundancyState_REDUNDANCY_STATE_NONE
+	}
+	var ok, lost, rebuilding int
+	for _, h := range r.Homes {
+		switch h.State {
+		case poolv1.HomeState_HOME_STATE_OK:
+			ok++
+		case poolv1.HomeState_HOME_STATE_LOST:
+			lost++
+		case poolv1.HomeState_HOME_STATE_REBUILDING:
+			rebuilding++
+		}
+	}
+	switch {
+	case r.Lost || ok == 0 || red.Data > 0 && ok < red.Data:
+		return poolv1.RedundancyState_REDUNDANCY_STATE_LOST
+	case rebuilding > 0:
+		return poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING
+	case lost > 0:
+		return poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED
+	}
+	return poolv1.RedundancyState_REDUNDANCY_STATE_OK
+}
+
+// redundancyStates are the states farmem_redundant_segments reports.
+var redundancyStates = []poolv1.RedundancyState{
+	poolv1.RedundancyState_REDUNDANCY_STATE_OK, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED,
+	poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING, poolv1.RedundancyState_REDUNDANCY_STATE_LOST,
+}
+
+// redundancyLabel is a state's label value: "ok", "degraded", ...
+func redundancyLabel(s poolv1.RedundancyState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "REDUNDANCY_STATE_"))
+}
+
+// homeSize is the bytes of each home's segment: the whole segment for a
+// copy, one shard (Size / k, Size being whole stripes) for erasure coding.
+func homeSize(r *record) int64 {
+	if k := r.Redundancy.Data; k > 0 {
+		return r.Size / int64(k)
+	}
+	return r.Size
+}
+
+// redundancyString is how logs show a redundancy: "replicas=2", "ec=4+2".
+func redundancyString(red redundancy) string {
+	if red.Data > 0 {
+		return fmt.Sprintf("ec=%d+%d", red.Data, red.Parity)
+	}
+	return fmt.Sprintf("replicas=%d", red.Replicas)
+}
+
+// rateLimit paces the bytes of every rebuild of a daemon to perSec. Safe
+// for concurrent use; a nil *rateLimit does not limit.
+type rateLimit struct {
+	perSec float64
+
+	mu   sync.Mutex
+	next time.Time // when the next bytes may go
+}
+
+// wait returns when n more bytes may go, or ctx's error.
+func (l *rateLimit) wait(ctx context.Context, n int64) error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	now := time.Now()
+	at := l.next
+	if at.Before(now) { // no credit saved up while idle
+		at = now
+	}
+	l.next = at.Add(time.Duration(float64(n) / l.perSec * float64(time.Second)))
+	l.mu.Unlock()
+	d := at.Sub(now)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// rebuildMetrics counts rebuilds (metrics.go registers them).
+type rebuildMetrics struct {
+	rebuilds *prometheus.CounterVec
+	bytes    prometheus.Counter
+	seconds  prometheus.Histogram
+}
+
+func newRebuildMetrics(f promFactory) *rebuildMetrics {
+	rm := &rebuildMetrics{
+		rebuilds: f.counterVec("rebuilds_total", "Rebuilds of a lost home of a redundant segment this daemon holds the record of, by result (ok, failed: retried later).", "result"),
+		bytes:    f.counter("rebuild_bytes_total", "Bytes written to new homes by rebuilds, the re-copied changed chunks included."),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "rebuild_seconds",
+			Help: "Time each successful rebuild of one home took, from its placement to the home serving (OK).",
+			// 10ms to 3 hours.
+			Buckets: prometheus.ExponentialBuckets(0.01, 3.5, 11),
+		}),
+	}
+	f.reg.MustRegister(rm.seconds)
+	rm.rebuilds.WithLabelValues("ok")
+	rm.rebuilds.WithLabelValues("failed")
+	return rm
+}
+
+// rebuildDone counts one rebuild's outcome.
+func (m *metrics) rebuildDone(res rebuildResult, err error) {
+	if m == nil {
+		return
+	}
+	m.rebuilds.bytes.Add(float64(res.bytes))
+	switch {
+	case err == nil:
+		m.rebuilds.rebuilds.WithLabelValues("ok").Inc()
+		m.rebuilds.seconds.Observe(res.took.Seconds())
+	case !errors.Is(err, errRebuildBusy) && !errors.Is(err, errRebuildAgain):
+		m.rebuilds.rebuilds.WithLabelValues("failed").Inc()
+	}
+}

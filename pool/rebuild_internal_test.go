@@ -1,0 +1,143 @@
+package pool
+
+import (
+	"context"
+	"crypto/rand"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/klauspost/reedsolomon"
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// TestRebuildNeed: which home of a record a rebuild takes on, and the
+// segment's redundancy state, for replicas and erasure coding.
+func TestRebuildNeed(t *testing.T) {
+	const (
+		ok   = poolv1.HomeState_HOME_STATE_OK
+		lost = poolv1.HomeState_HOME_STATE_LOST
+		rb   = poolv1.HomeState_HOME_STATE_REBUILDING
+	)
+	rec := func(red redundancy, states ...poolv1.HomeState) *record {
+		r := &record{ID: 1, Redundancy: red}
+		for i, s := range states {
+			r.Homes = append(r.Homes, homeRef{Node: string(rune('a' + i)), HomeID: uint64(i + 1), State: s})
+		}
+		return r
+	}
+	rep2, ec42 := redundancy{Replicas: 2}, redundancy{Data: 4, Parity: 2}
+	for _, tc := range []struct {
+		name  string
+		r     *record
+		want  int
+		state poolv1.RedundancyState
+	}{
+		{"not redundant", &record{ID: 1}, -1, poolv1.RedundancyState_REDUNDANCY_STATE_NONE},
+		{"replicas ok", rec(rep2, ok, ok), -1, poolv1.RedundancyState_REDUNDANCY_STATE_OK},
+		{"backup lost", rec(rep2, ok, lost), 1, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
+		{"backup rebuilding", rec(rep2, ok, rb), 1, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING},
+		{"primary lost, not promoted yet", rec(rep2, lost, ok), -1, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
+		{"every copy lost", rec(rep2, lost, lost), -1, poolv1.RedundancyState_REDUNDANCY_STATE_LOST},
+		{"marked lost", func() *record { r := rec(rep2, ok, lost); r.Lost = true; return r }(), -1, poolv1.RedundancyState_REDUNDANCY_STATE_LOST},
+		{"ec ok", rec(ec42, ok, ok, ok, ok, ok, ok), -1, poolv1.RedundancyState_REDUNDANCY_STATE_OK},
+		{"ec data shard lost", rec(ec42, ok, ok, lost, ok, ok, ok), 2, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
+		{"ec two lost, first first", rec(ec42, ok, ok, ok, ok, lost, lost), 4, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
+		{"ec one rebuilding one lost", rec(ec42, rb, ok, ok, ok, ok, lost), 0, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING},
+		{"ec below k", rec(ec42, lost, ok, ok, lost, ok, lost), -1, poolv1.RedundancyState_REDUNDANCY_STATE_LOST},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, rebuildNeed(tc.r))
+			require.Equal(t, tc.state, redundancyStateOf(tc.r))
+		})
+	}
+	require.Equal(t, "rebuilding", redundancyLabel(poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING))
+}
+
+// TestRateLimit: the limiter paces bytes to its rate (the time taken is
+// compared with the time the bytes take at the rate, never with a fixed
+// figure), gives no credit for idle time, and a canceled wait returns
+// the context's error.
+func TestRateLimit(t *testing.T) {
+	var none *rateLimit
+	require.NoError(t, none.wait(t.Context(), 1<<40), "nil: unlimited")
+
+	l := &rateLimit{perSec: 64 << 20}
+	start := time.Now()
+	for range 9 {
+		require.NoError(t, l.wait(t.Context(), 4<<20))
+	}
+	// 9 batches of 4 MiB: the first goes at once, the other 8 wait 1/16 s each.
+	require.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond-10*time.Millisecond)
+
+	time.Sleep(100 * time.Millisecond) // past the last batch's turn: idle
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.NoError(t, l.wait(ctx, 64<<20), "due at once after idling")
+	require.ErrorIs(t, l.wait(ctx, 1), context.Canceled, "a second of bytes ahead: it waits, and is canceled")
+}
+
+// TestRebuildDecode: the decode of a lost shard reads the same spans of
+// k surviving shards from real data planes and reconstructs the lost
+// shard's bytes, data or parity, for spans of any length and offset.
+func TestRebuildDecode(t *testing.T) {
+	const k, m, shard = 4, 2, 64 << 10
+	srv := tcp.NewServer(tcp.ServerConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		require.NoError(t, srv.Close())
+		require.NoError(t, <-served)
+	})
+	enc, err := reedsolomon.New(k, m)
+	require.NoError(t, err)
+	shards := make([][]byte, k+m)
+	regions := make([]rdma.Region, k+m)
+	for i := range shards {
+		shards[i] = make([]byte, shard)
+		if i < k {
+			_, _ = rand.Read(shards[i])
+		}
+	}
+	require.NoError(t, enc.Encode(shards))
+	for i := range shards {
+		mem := append([]byte(nil), shards[i]...)
+		key, err := srv.Export(uint64(i+1), mem, 1)
+		require.NoError(t, err)
+		regions[i] = rdma.Region{Segment: uint64(i + 1), Key: key, Epoch: 1}
+	}
+	conn, err := tcp.Dial(t.Context(), l.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+
+	batch := [][2]int64{{0, 4096}, {8192, 8192 + 100}, {shard - 7000, shard}}
+	n := int64(0)
+	for _, s := range batch {
+		n += s[1] - s[0]
+	}
+	for _, lost := range []int{1, k + 1} { // a data shard, a parity shard
+		f := &rebuildFill{r: record{ID: 9, Redundancy: redundancy{Data: k, Parity: m}}, i: lost, enc: enc}
+		f.m = &mover{batch: n}
+		f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
+		for j := range k + m {
+			if j != lost && len(f.sources) < k {
+				f.sources = append(f.sources, rebuildPeer{idx: j, conn: conn, reg: regions[j], home: homeRef{Node: "x"}})
+			}
+		}
+		buf := make([]byte, n)
+		require.NoError(t, f.decode(t.Context(), buf, batch), "shard %d", lost)
+		off := int64(0)
+		for _, s := range batch {
+			require.Equal(t, shards[lost][s[0]:s[1]], buf[off:off+s[1]-s[0]], "shard %d, span %v", lost, s)
+			off += s[1] - s[0]
+		}
+	}
+}
