@@ -101,6 +101,10 @@ type segmentJSON struct {
 	RedundancyState string     `json:"redundancy_state,omitempty"`
 	Homes           []homeJSON `json:"homes,omitempty"`
 	ShardChunk      int64      `json:"shard_chunk,omitempty"`
+	// While it rebuilds, RebuiltBytes of the RebuildBytes its new homes
+	// hold are copied.
+	RebuiltBytes int64 `json:"rebuilt_bytes,omitempty"`
+	RebuildBytes int64 `json:"rebuild_bytes,omitempty"`
 }
 
 // homeJSON is one copy or shard of a redundant segment.
@@ -150,6 +154,7 @@ func segmentView(s *poolv1.Segment) segmentJSON {
 	}
 	if name := redundancyName(s); name != "" {
 		v.Redundancy, v.RedundancyState, v.ShardChunk = name, lowerEnum(s.RedundancyState.String(), "REDUNDANCY_STATE_"), s.ShardChunk
+		v.RebuiltBytes, v.RebuildBytes = rebuildProgress(s)
 		for i, h := range s.Homes {
 			role, idx := homeRole(s, i)
 			v.Homes = append(v.Homes, homeJSON{Node: h.Node, HomeID: h.HomeId, Role: role, Index: idx, State: lowerEnum(h.State.String(), "HOME_STATE_")})
@@ -159,10 +164,14 @@ func segmentView(s *poolv1.Segment) segmentJSON {
 }
 
 // redundancyCell is a segment's REDUNDANCY column: "replicas=2 ok",
-// "ec=4+2 degraded", "-" for none.
+// "ec=4+2 degraded", "replicas=2 rebuilding 37%" (the share of its new
+// homes' bytes copied so far), "-" for none.
 func redundancyCell(v segmentJSON) string {
 	if v.Redundancy == "" {
 		return "-"
+	}
+	if v.RebuildBytes > 0 {
+		return fmt.Sprintf("%s %s %d%%", v.Redundancy, v.RedundancyState, v.RebuiltBytes*100/v.RebuildBytes)
 	}
 	return v.Redundancy + " " + v.RedundancyState
 }
