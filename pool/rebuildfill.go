@@ -140,6 +140,11 @@ func (f *rebuildFill) run(ctx context.Context) error {
 	m := f.m
 	stop := f.publish()
 	defer stop()
+	// A previous run killed during its seal left the writers sealed (their
+	// records say so); they serve again first.
+	if _, _, err := f.step(ctx, poolv1.MoveOutPhase_MOVE_OUT_ABORT, func(s rebuildPeer) bool { return s.writer }); err != nil {
+		return err
+	}
 	if _, _, err := f.step(ctx, poolv1.MoveOutPhase_MOVE_OUT_TRACK, func(rebuildPeer) bool { return true }); err != nil {
 		f.unseal()
 		return err
