@@ -38,6 +38,8 @@ var (
 	scaleSegs  = flag.Int("scale.segs", 100, "TestScale: segments each host holds on average at the end of the workload")
 	scaleRate  = flag.Float64("scale.rate", 0, "TestScale: client operations per second in all (0: 2 per host, at most 400)")
 	scaleOut   = flag.String("scale.out", "", "TestScale: append the measurements as one JSON line to this file")
+	scaleRep   = flag.Float64("scale.replicas", 0.10, "TestScale: share of the segments allocated with replicas=2")
+	scaleEC    = flag.Float64("scale.ec", 0.05, "TestScale: share of the segments allocated with ec=4+2")
 )
 
 // scaleResult is what TestScale measures; -scale.out appends it as JSON.
@@ -81,6 +83,14 @@ type scaleResult struct {
 	LostAllSeconds     float64 `json:"lost_everywhere_s"`
 	SuspicionMinSecond float64 `json:"suspicion_min_s"` // memberlist's suspicion timeout floor at this size
 
+	// The crashed host's homes of redundant segments: how many, the bytes
+	// their origins wrote to new homes (farmem_rebuild_bytes_total, the
+	// data planes' real traffic), and when the last was OK again.
+	CrashRedundant  int     `json:"crash_redundant_segments"`
+	RebuildBytes    int64   `json:"rebuild_bytes"`
+	RebuildSeconds  float64 `json:"rebuild_all_s"`
+	RebuildDegraded int     `json:"rebuild_degraded"` // left degraded: no host without a home of theirs
+
 	GossipIdleBytesPerHostSec float64 `json:"gossip_idle_bytes_per_host_s"`
 	GossipLoadBytesPerHostSec float64 `json:"gossip_load_bytes_per_host_s"`
 	GossipLoadPacketsPerHostS float64 `json:"gossip_load_packets_per_host_s"`
@@ -103,11 +113,15 @@ type scaleResult struct {
 // in-memory network, and drives them as a cluster would be: clients on
 // random hosts allocate rdma segments (placed on peers), free them and
 // die; hosts drain; a partition splits the cluster in two and heals; a
-// host crashes and reboots. It prints what it measured and checks the
-// bounds docs/scale.md states: a capacity change reaches every host within 10 gossip
-// rounds; the rdma tier's used fraction is at most 1.10 times the mean on
-// every host; a crashed host's segments are reported lost on every host
-// within 1 s of the first failure detection; nothing else is lost.
+// host crashes and reboots. A share of the segments is redundant
+// (-scale.replicas with replicas=2, -scale.ec with ec=4+2). It prints what
+// it measured and checks the bounds docs/scale.md states: a capacity
+// change reaches every host within 10 gossip rounds; the rdma tier's used
+// fraction is at most 1.10 times the mean on every host; a crashed host's
+// segments are reported lost on every host within 1 s of the first
+// failure detection, but for the redundant ones, whose homes there are
+// rebuilt elsewhere (every one OK again, or degraded only where no host
+// was left); nothing else is lost.
 // maxClientHosts bounds the hosts that run applications; quietSettle is
 // the pause between the cluster's start and the idle measurement.
 const (
@@ -205,7 +219,7 @@ func TestScale(t *testing.T) {
 	for _, h := range sc.hosts {
 		capTotal += int64(h.cfg.ExportSize)
 	}
-	w := &simWorkload{sc: sc, clientHosts: clientHosts, minSize: 32 << 10, maxSize: 224 << 10}
+	w := &simWorkload{sc: sc, clientHosts: clientHosts, minSize: 32 << 10, maxSize: 224 << 10, repShare: *scaleRep, ecShare: *scaleEC}
 	workers := max(4, n/2)
 	target := n * *scaleSegs
 	w.quota = max(2, target/workers)
@@ -357,6 +371,11 @@ func TestScale(t *testing.T) {
 		res.CrashSegments += len(ids)
 	}
 	res.CrashOwners = len(homed)
+	redundantHomed := sc.redundantOn(victim.name)
+	for _, ids := range redundantHomed {
+		res.CrashRedundant += len(ids)
+	}
+	rebuilt0 := sc.rebuildBytes()
 	res.SuspicionMinSecond = float64(sc.susp) * math.Max(1, math.Log10(float64(n))) * sc.probe.Seconds()
 	crashed := time.Now()
 	sc.crash(victim)
@@ -397,6 +416,13 @@ func TestScale(t *testing.T) {
 	t.Logf("crash of %s (%d segments of %d hosts): first host declares it dead after %.2fs, all after %.2fs; its segments are lost on every owner after %.2fs (suspicion floor %.1fs)",
 		victim.name, res.CrashSegments, res.CrashOwners, res.FirstDeadSeconds, res.AllDeadSeconds, res.LostAllSeconds, res.SuspicionMinSecond)
 	require.Empty(t, sc.lostElsewhere(victim.name), "segments lost that were not on the crashed host")
+	// Its homes of redundant segments are rebuilt elsewhere by their
+	// origins, over the simulated hosts' real data planes.
+	rebuilt, took := sc.waitRebuilt(t, redundantHomed, victim.name, crashed, 3*time.Minute)
+	res.RebuildSeconds, res.RebuildDegraded = took.Seconds(), rebuilt.degraded
+	res.RebuildBytes = sc.rebuildBytes() - rebuilt0
+	t.Logf("crash of %s: its homes of %d redundant segments rebuilt elsewhere after %.2fs (%d left degraded: no host without a home of theirs), %d bytes written to new homes",
+		victim.name, res.CrashRedundant, res.RebuildSeconds, res.RebuildDegraded, res.RebuildBytes)
 
 	// The host reboots (its shared memory is gone) and the workload goes on.
 	logBalance(t, sc, "before the reboot")
@@ -610,6 +636,7 @@ func report(t *testing.T, r scaleResult) {
 	row("  reclaimed at their home (lease ran out)", "%d segments, reported lost and freed", r.PartitionReclaimed)
 	row("crash: first detection, all hosts", "%.2f s, %.2f s (suspicion floor %.1f s)", r.FirstDeadSeconds, r.AllDeadSeconds, r.SuspicionMinSecond)
 	row("crash: segments lost on every owner", "%.2f s = detection + %.2f s (%d segments, %d owners)", r.LostAllSeconds, r.LostAllSeconds-r.FirstDeadSeconds, r.CrashSegments, r.CrashOwners)
+	row("crash: redundant segments rebuilt", "%.2f s (%d segments, %d bytes written, %d left degraded)", r.RebuildSeconds, r.CrashRedundant, r.RebuildBytes, r.RebuildDegraded)
 	row("  reported lost only after the workload", "%d segments (freed then by their applications)", r.LostFreedAfterHalt)
 	row("gossip per host, idle", "%.0f B/s", r.GossipIdleBytesPerHostSec)
 	row("gossip per host, workload", "%.0f B/s, %.1f packets/s", r.GossipLoadBytesPerHostSec, r.GossipLoadPacketsPerHostS)

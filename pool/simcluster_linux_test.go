@@ -605,6 +605,8 @@ type simWorkload struct {
 	sc          *simCluster
 	clientHosts int
 	quota       int           // segments a client holds before it starts to churn
+	repShare    float64       // share of allocations with replicas=2
+	ecShare     float64       // share of allocations with ec=4+2
 	minSize     int64         // smallest segment (bytes)
 	maxSize     int64         // largest segment (bytes)
 	tokens      chan struct{} // one per operation: the global rate
@@ -780,7 +782,7 @@ func (w *simWorkload) alloc(c *simClient, rnd *rand.Rand) {
 		w.allocFails.Add(1)
 		return
 	}
-	seg, err := c.conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: sz, Tier: poolv1.Tier_TIER_RDMA})
+	seg, err := c.conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: sz, Tier: poolv1.Tier_TIER_RDMA, Redundancy: simRedundancy(rnd, w.repShare, w.ecShare)})
 	if err != nil {
 		w.allocFails.Add(1)
 		w.mu.Lock()
@@ -886,11 +888,15 @@ func (sc *simCluster) orphans() int {
 		p := h.daemon().pool
 		p.mu.Lock()
 		for _, r := range p.segs {
+			homes := r.Homes // a redundant segment's copies or shards
 			if r.Home != "" {
-				if owned[r.Home] == nil {
-					owned[r.Home] = map[uint64]bool{}
+				homes = append(homes[:len(homes):len(homes)], homeRef{Node: r.Home, HomeID: r.HomeID})
+			}
+			for _, x := range homes {
+				if owned[x.Node] == nil {
+					owned[x.Node] = map[uint64]bool{}
 				}
-				owned[r.Home][r.HomeID] = true
+				owned[x.Node][x.HomeID] = true
 			}
 		}
 		clients[h.name] = map[string]bool{}
@@ -948,14 +954,15 @@ func (sc *simCluster) lostElsewhere(except string) []string {
 	return out
 }
 
-// homedOn lists, per running host, the ids of its records homed on node.
+// homedOn lists, per running host, the ids of its records homed on node,
+// redundant ones aside (they survive the loss of a home: redundantOn).
 func (sc *simCluster) homedOn(node string) map[*simHost][]uint64 {
 	out := map[*simHost][]uint64{}
 	for _, h := range sc.up() {
 		p := h.daemon().pool
 		p.mu.Lock()
 		for _, r := range p.segs {
-			if r.Home == node {
+			if r.Home == node && !r.redundant() {
 				out[h] = append(out[h], r.ID)
 			}
 		}

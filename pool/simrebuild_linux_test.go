@@ -1,0 +1,279 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/reedsolomon"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/session"
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// This file holds the scale simulation's view of redundant segments and
+// their rebuild (TestScale's redundant share), and TestRebuildSim, which
+// checks the same on a few simulated hosts with the bytes compared.
+
+// redundant reports whether r is a redundant segment's record.
+func (r *record) redundant() bool { return r.Redundancy != (redundancy{}) }
+
+// redundantOn lists, per running host, the ids of its redundant records
+// with a home on node.
+func (sc *simCluster) redundantOn(node string) map[*simHost][]uint64 {
+	out := map[*simHost][]uint64{}
+	for _, h := range sc.up() {
+		p := h.daemon().pool
+		p.mu.Lock()
+		for _, r := range p.segs {
+			if r.redundant() && slices.ContainsFunc(r.Homes, func(x homeRef) bool { return x.Node == node }) {
+				out[h] = append(out[h], r.ID)
+			}
+		}
+		p.mu.Unlock()
+	}
+	return out
+}
+
+// simRebuild is how far the rebuild of the redundant records that had a
+// home on a crashed host has come.
+type simRebuild struct {
+	ok       int // every home OK, none on the crashed host (or freed meanwhile)
+	degraded int // a home lost and no host left to rebuild it on
+	pending  []string
+}
+
+// rebuildState looks at the records of ids (per owner host) that had a
+// home on gone.
+func (sc *simCluster) rebuildState(ids map[*simHost][]uint64, gone string) simRebuild {
+	var s simRebuild
+	up := len(sc.up())
+	for h, list := range ids {
+		d := h.daemon()
+		if d == nil {
+			continue
+		}
+		d.pool.mu.Lock()
+		for _, id := range list {
+			r := d.pool.segs[id]
+			if r == nil {
+				s.ok++ // freed by its application meanwhile
+				continue
+			}
+			switch st := redundancyStateOf(r); {
+			case st == poolv1.RedundancyState_REDUNDANCY_STATE_OK && !slices.ContainsFunc(r.Homes, func(x homeRef) bool { return x.Node == gone }):
+				s.ok++
+			case st == poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED && len(r.Homes) >= up:
+				s.degraded++ // every running host holds a home of it already
+			default:
+				s.pending = append(s.pending, fmt.Sprintf("%s:%d %s %s", h.name, id, redundancyLabel(st), homesString(r.Homes)))
+			}
+		}
+		d.pool.mu.Unlock()
+	}
+	return s
+}
+
+// homesString shows homes as node:state, for a failing test's message.
+func homesString(hs []homeRef) string {
+	var b strings.Builder
+	for i, h := range hs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s:%s", h.Node, strings.ToLower(strings.TrimPrefix(h.State.String(), "HOME_STATE_")))
+	}
+	return b.String()
+}
+
+// waitRebuilt waits until every record of ids that had a home on gone is
+// rebuilt (or degraded with no host left) and returns the final state and
+// how long it took from since.
+func (sc *simCluster) waitRebuilt(t testing.TB, ids map[*simHost][]uint64, gone string, since time.Time, timeout time.Duration) (simRebuild, time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for {
+		s := sc.rebuildState(ids, gone)
+		if len(s.pending) == 0 {
+			return s, time.Since(since)
+		}
+		if time.Now().After(deadline) {
+			slices.Sort(s.pending)
+			require.Failf(t, "rebuild", "%v after the crash of %s, %d redundant segments are not rebuilt (%d are): %s",
+				time.Since(since).Round(time.Millisecond), gone, len(s.pending), s.ok, strings.Join(s.pending[:min(20, len(s.pending))], "; "))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// rebuildBytes sums the running hosts' farmem_rebuild_bytes_total.
+func (sc *simCluster) rebuildBytes() int64 {
+	var n float64
+	for _, h := range sc.up() {
+		var m dto.Metric
+		if err := h.daemon().metrics.rebuilds.bytes.Write(&m); err == nil {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return int64(n)
+}
+
+// simRedundancy draws the redundancy of the scale workload's next
+// segment: replicas=2 for a share repShare of them, ec=4+2 for ecShare,
+// none for the rest.
+func simRedundancy(rnd interface{ Float64() float64 }, repShare, ecShare float64) *poolv1.Redundancy {
+	switch x := rnd.Float64(); {
+	case x < repShare:
+		return &poolv1.Redundancy{Replicas: 2}
+	case x < repShare+ecShare:
+		return &poolv1.Redundancy{DataShards: 4, ParityShards: 2}
+	}
+	return nil
+}
+
+// ownerConn is a data-plane connection to home h of a record of origin,
+// with origin's own credential there (it owns every home's segment).
+func ownerConn(ctx context.Context, t testing.TB, origin *Daemon, h homeRef) rdma.Conn {
+	pc, err := origin.pool.homeSession(ctx, h.Node, "test")
+	require.NoError(t, err)
+	c, err := tcp.Dial(ctx, h.DataAddr, tcp.WithCredential(pc.DataCredential()))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// homeBytes reads the whole segment of home h (n bytes) as origin.
+func homeBytes(ctx context.Context, t testing.TB, origin *Daemon, h homeRef, n int64) []byte {
+	c := ownerConn(ctx, t, origin, h)
+	buf := make([]byte, n)
+	require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpRead, Region: homeRegion(h), Buf: buf}), "read home on %s", h.Node)
+	return buf
+}
+
+// TestRebuildSim: on 8 simulated hosts, a replicas=2 and an ec=4+2
+// segment are written (the replicated one through its primary, the coded
+// one shard by shard at its data homes, whose parity deltas the data
+// plane forwards); while a writer keeps writing, the host holding a backup
+// copy and a data shard crashes; both segments are rebuilt on other hosts
+// and every home's bytes are what was written (parity: the code of the
+// data shards), the rebuild counted in farmem_rebuild_bytes_total.
+func TestRebuildSim(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 8, leaseTTL: 10 * time.Second})
+	for _, h := range sc.hosts {
+		h.cfg.GossipProfile = cluster.ProfileLocal // failure detection in about a second
+	}
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	ctx := t.Context()
+	origin := sc.hosts[0].daemon()
+	conn, err := session.Dial(ctx, "unix", sc.hosts[0].cfg.Socket, session.Options{ClientID: "rebuild-sim"})
+	require.NoError(t, err)
+	defer conn.Close()
+	alloc := func(size int64, red *poolv1.Redundancy) uint64 {
+		cctx, _, err := conn.Call(ctx)
+		require.NoError(t, err)
+		seg, err := conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, Redundancy: red})
+		require.NoError(t, err)
+		return seg.Id
+	}
+	const size = 1 << 20
+	repID := alloc(size, &poolv1.Redundancy{Replicas: 2})
+	ecID := alloc(size, &poolv1.Redundancy{DataShards: 4, ParityShards: 2})
+	rep, ok := origin.pool.redundantRecord(repID)
+	require.True(t, ok)
+	ec, ok := origin.pool.redundantRecord(ecID)
+	require.True(t, ok)
+	require.Len(t, rep.Homes, 2)
+	require.Len(t, ec.Homes, 6)
+	shard := homeSize(&ec)
+
+	// The bytes: random, written at the primary and at each data home.
+	repWant := make([]byte, size)
+	_, _ = rand.Read(repWant)
+	primary := ownerConn(ctx, t, origin, rep.Homes[0])
+	require.NoError(t, primary.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rep.Homes[0]), Buf: repWant}))
+	ecWant := make([][]byte, 6)
+	for i := range ecWant {
+		ecWant[i] = make([]byte, shard)
+		if i < 4 {
+			_, _ = rand.Read(ecWant[i])
+			c := ownerConn(ctx, t, origin, ec.Homes[i])
+			require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[i]), Buf: ecWant[i]}))
+		}
+	}
+	enc, err := reedsolomon.New(4, 2)
+	require.NoError(t, err)
+	require.NoError(t, enc.Encode(ecWant))
+
+	// The victims: the backup's host, and a data home's host of the coded
+	// segment (the same when it has one there) that is not the primary's.
+	victims := []string{rep.Homes[1].Node}
+	if !slices.ContainsFunc(ec.Homes[:4], func(h homeRef) bool { return h.Node == victims[0] }) {
+		i := slices.IndexFunc(ec.Homes[:4], func(h homeRef) bool { return h.Node != rep.Homes[0].Node })
+		victims = append(victims, ec.Homes[i].Node)
+	}
+
+	// A writer keeps writing the replicated segment's first 64 KiB during
+	// the rebuild (a write the seal refuses fails, and the next one goes
+	// on); once stopped it writes until a write succeeds, and that last
+	// write is what must be there.
+	stop := make(chan struct{})
+	wrote := make(chan []byte, 1)
+	go func() {
+		block := make([]byte, 64<<10)
+		for i := byte(1); ; i++ {
+			for j := range block {
+				block[j] = i + byte(j)
+			}
+			err := primary.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rep.Homes[0]), Buf: block})
+			select {
+			case <-stop:
+				if err == nil || ctx.Err() != nil {
+					wrote <- block
+					return
+				}
+			default:
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+
+	bytes0 := sc.rebuildBytes()
+	ids := map[*simHost][]uint64{sc.hosts[0]: {repID, ecID}}
+	crashed := time.Now()
+	for _, v := range victims {
+		sc.crash(sc.host(v))
+	}
+	state, took := sc.waitRebuilt(t, ids, victims[0], crashed, time.Minute)
+	if len(victims) > 1 {
+		state, took = sc.waitRebuilt(t, ids, victims[1], crashed, time.Minute)
+	}
+	close(stop)
+	last := <-wrote
+	require.Equal(t, 2, state.ok)
+	moved := sc.rebuildBytes() - bytes0
+	t.Logf("crash of %v: both segments rebuilt after %v, %d bytes written to new homes", victims, took.Round(time.Millisecond), moved)
+	require.GreaterOrEqual(t, moved, int64(size+shard), "the rebuild wrote a whole copy and a whole shard at least")
+
+	rep, _ = origin.pool.redundantRecord(repID)
+	copy(repWant, last)
+	for _, h := range rep.Homes {
+		require.False(t, slices.Contains(victims, h.Node))
+		require.True(t, bytes.Equal(repWant, homeBytes(ctx, t, origin, h, size)), "copy on %s", h.Node)
+	}
+	ec, _ = origin.pool.redundantRecord(ecID)
+	for i, h := range ec.Homes {
+		require.False(t, slices.Contains(victims, h.Node))
+		require.True(t, bytes.Equal(ecWant[i], homeBytes(ctx, t, origin, h, shard)), "shard %d on %s", i, h.Node)
+	}
+}
