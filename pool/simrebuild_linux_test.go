@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -143,12 +144,19 @@ func simRedundancy(rnd interface{ Float64() float64 }, repShare, ecShare float64
 // ownerConn is a data-plane connection to home h of a record of origin,
 // with origin's own credential there (it owns every home's segment).
 func ownerConn(ctx context.Context, t testing.TB, origin *Daemon, h homeRef) rdma.Conn {
-	pc, err := origin.pool.homeSession(ctx, h.Node, "test")
-	require.NoError(t, err)
-	c, err := tcp.Dial(ctx, h.DataAddr, tcp.WithCredential(pc.DataCredential()))
+	c, err := dialOwner(ctx, origin, h)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// dialOwner is ownerConn for a caller that handles the error.
+func dialOwner(ctx context.Context, origin *Daemon, h homeRef) (rdma.Conn, error) {
+	pc, err := origin.pool.homeSession(ctx, h.Node, "test")
+	if err != nil {
+		return nil, err
+	}
+	return tcp.Dial(ctx, h.DataAddr, tcp.WithCredential(pc.DataCredential()))
 }
 
 // homeBytes reads the whole segment of home h (n bytes) as origin.
@@ -228,20 +236,37 @@ func TestRebuildSim(t *testing.T) {
 
 	// A writer keeps writing the replicated segment's first 64 KiB during
 	// the rebuild (a write the seal refuses fails, and the next one goes
-	// on); once stopped it writes until a write succeeds, and that last
-	// write is what must be there.
+	// on; one whose credential went with the origin's restart dials again
+	// with the restarted origin's); once stopped it writes until a write
+	// succeeds, and that last write is what must be there.
 	stop := make(chan struct{})
 	wrote := make(chan []byte, 1)
 	go func() {
 		block := make([]byte, 64<<10)
+		conn := primary
 		for i := byte(1); ; i++ {
 			for j := range block {
 				block[j] = i + byte(j)
 			}
-			err := primary.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rep.Homes[0]), Buf: block})
+			err := errors.New("not connected")
+			if conn != nil {
+				err = conn.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rep.Homes[0]), Buf: block})
+			}
+			if err != nil {
+				if conn != primary && conn != nil {
+					conn.Close()
+				}
+				conn = nil
+				if d := sc.hosts[0].daemon(); d != nil {
+					conn, _ = dialOwner(ctx, d, rep.Homes[0])
+				}
+			}
 			select {
 			case <-stop:
 				if err == nil || ctx.Err() != nil {
+					if conn != primary && conn != nil {
+						conn.Close()
+					}
 					wrote <- block
 					return
 				}
