@@ -309,7 +309,7 @@ func (p *core) collect(gauge func(d *prometheus.Desc, v float64, labels ...strin
 	segs := map[[2]string]int{}
 	redundant := map[poolv1.RedundancyState]int{}
 	for _, r := range p.segs {
-		if s := redundancyStateOf(r); s != poolv1.RedundancyState_REDUNDANCY_STATE_NONE {
+		if s := r.redundancyState(); s != poolv1.RedundancyState_REDUNDANCY_STATE_NONE {
 			redundant[s]++
 		}
 		state := "active"

@@ -281,10 +281,10 @@ func (rb *rebuilder) rebuild(ctx context.Context, w rebuildWork) (rebuildResult,
 		}
 		res.node = h.Node
 		p.log.Info("rebuilding a home of a redundant segment", "segment", w.id, "home", w.home, "node", h.Node,
-			"size", homeSize(&r), "redundancy", redundancyString(r.Redundancy))
+			"size", r.shardSize(), "redundancy", r.Redundancy.spec().String())
 	} else {
 		p.log.Info("rebuilding a home of a redundant segment again, from the start", "segment", w.id, "home", w.home, "node", h.Node,
-			"size", homeSize(&r), "redundancy", redundancyString(r.Redundancy))
+			"size", r.shardSize(), "redundancy", r.Redundancy.spec().String())
 	}
 	f, err := rb.newFill(ctx, r, w.home, h)
 	if err != nil {
@@ -293,7 +293,7 @@ func (rb *rebuilder) rebuild(ctx context.Context, w rebuildWork) (rebuildResult,
 	defer f.close()
 	err = f.run(ctx)
 	res.bytes, res.rounds, res.pause = f.m.copied.Load(), f.m.res.rounds, f.m.res.pause
-	if err != nil && !p.alive(h.Node) {
+	if err != nil && ctx.Err() == nil && !p.alive(h.Node) { // not when the daemon stops
 		err = errors.Join(err, p.dropRebuildTarget(w.id, w.home, h))
 		p.rebuildSoon(w.id) // another target at once
 	}
@@ -356,27 +356,18 @@ func (p *core) dropRebuildTarget(id uint64, i int, h homeRef) error {
 	return nil
 }
 
-// setHome changes home i of segment id with set and commits the record, if
-// that home is still was (the same node and id there): the record may have
-// changed meanwhile (a home lost, attachers).
+// setHome changes home i of segment id with set and commits the record
+// (updateRecord), if that home is still was (the same node and id there):
+// the record may have changed meanwhile (a home lost, attachers).
 func (p *core) setHome(id uint64, i int, was homeRef, set func(*homeRef)) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	cur, ok := p.segs[id]
-	if !ok {
-		return fmt.Errorf("segment %d: %w: freed meanwhile", id, errs.ErrNotFound)
-	}
-	if i >= len(cur.Homes) || cur.Homes[i].Node != was.Node || cur.Homes[i].HomeID != was.HomeID {
-		return fmt.Errorf("segment %d: %w: its home %d changed meanwhile", id, errs.ErrUnavailable, i)
-	}
-	next := *cur
-	next.Homes = slices.Clone(cur.Homes) // copies of the record share the old slice
-	set(&next.Homes[i])
-	if err := p.st.put(&next); err != nil {
-		return fmt.Errorf("commit to the metadata store: %w", err)
-	}
-	*cur = next
-	return nil
+	_, err := p.updateRecord(id, func(r *record) error {
+		if i >= len(r.Homes) || r.Homes[i].Node != was.Node || r.Homes[i].HomeID != was.HomeID {
+			return fmt.Errorf("segment %d: %w: its home %d changed meanwhile", id, errs.ErrUnavailable, i)
+		}
+		set(&r.Homes[i])
+		return nil
+	})
+	return err
 }
 
 // setRebuilt publishes how many bytes the rebuild of home i (h) copied so
@@ -394,38 +385,6 @@ func (p *core) setRebuilt(id uint64, i int, h homeRef, n int64) {
 	cur.Homes = homes
 }
 
-// redundancyStateOf is how much of r's protection holds: NONE for a
-// segment that is not redundant; LOST when fewer homes are OK or
-// REBUILDING than it needs to be read (one copy, k shards); REBUILDING
-// while a lost home is being rebuilt; DEGRADED while one is lost and
-// none rebuilds.
-func redundancyStateOf(r *record) poolv1.RedundancyState {
-	red := r.Redundancy
-	if red.Replicas == 0 && red.Data == 0 {
-		return poolv1.RedundancyState_REDUNDANCY_STATE_NONE
-	}
-	var ok, lost, rebuilding int
-	for _, h := range r.Homes {
-		switch h.State {
-		case poolv1.HomeState_HOME_STATE_OK:
-			ok++
-		case poolv1.HomeState_HOME_STATE_LOST:
-			lost++
-		case poolv1.HomeState_HOME_STATE_REBUILDING:
-			rebuilding++
-		}
-	}
-	switch {
-	case r.Lost || ok == 0 || red.Data > 0 && ok < red.Data:
-		return poolv1.RedundancyState_REDUNDANCY_STATE_LOST
-	case rebuilding > 0:
-		return poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING
-	case lost > 0:
-		return poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED
-	}
-	return poolv1.RedundancyState_REDUNDANCY_STATE_OK
-}
-
 // redundancyStates are the states farmem_redundant_segments reports.
 var redundancyStates = []poolv1.RedundancyState{
 	poolv1.RedundancyState_REDUNDANCY_STATE_OK, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED,
@@ -435,23 +394,6 @@ var redundancyStates = []poolv1.RedundancyState{
 // redundancyLabel is a state's label value: "ok", "degraded", ...
 func redundancyLabel(s poolv1.RedundancyState) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "REDUNDANCY_STATE_"))
-}
-
-// homeSize is the bytes of each home's segment: the whole segment for a
-// copy, one shard (Size / k, Size being whole stripes) for erasure coding.
-func homeSize(r *record) int64 {
-	if k := r.Redundancy.Data; k > 0 {
-		return r.Size / int64(k)
-	}
-	return r.Size
-}
-
-// redundancyString is how logs show a redundancy: "replicas=2", "ec=4+2".
-func redundancyString(red redundancy) string {
-	if red.Data > 0 {
-		return fmt.Sprintf("ec=%d+%d", red.Data, red.Parity)
-	}
-	return fmt.Sprintf("replicas=%d", red.Replicas)
 }
 
 // rateLimit paces the bytes of every rebuild of a daemon to perSec. Safe

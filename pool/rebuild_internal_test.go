@@ -17,8 +17,8 @@ import (
 	"github.com/farmem/farmem/rdma/tcp"
 )
 
-// TestRebuildNeed: which home of a record a rebuild takes on, and the
-// segment's redundancy state, for replicas and erasure coding.
+// TestRebuildNeed: which home of a record a rebuild takes on, for
+// replicas and erasure coding, with the segment's redundancy state.
 func TestRebuildNeed(t *testing.T) {
 	const (
 		ok   = poolv1.HomeState_HOME_STATE_OK
@@ -30,6 +30,7 @@ func TestRebuildNeed(t *testing.T) {
 		for i, s := range states {
 			r.Homes = append(r.Homes, homeRef{Node: string(rune('a' + i)), HomeID: uint64(i + 1), State: s})
 		}
+		r.settle() // lost when more homes are lost than it survives
 		return r
 	}
 	rep2, ec42 := redundancy{Replicas: 2}, redundancy{Data: 4, Parity: 2}
@@ -45,7 +46,6 @@ func TestRebuildNeed(t *testing.T) {
 		{"backup rebuilding", rec(rep2, ok, rb), 1, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING},
 		{"primary lost, not promoted yet", rec(rep2, lost, ok), -1, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
 		{"every copy lost", rec(rep2, lost, lost), -1, poolv1.RedundancyState_REDUNDANCY_STATE_LOST},
-		{"marked lost", func() *record { r := rec(rep2, ok, lost); r.Lost = true; return r }(), -1, poolv1.RedundancyState_REDUNDANCY_STATE_LOST},
 		{"ec ok", rec(ec42, ok, ok, ok, ok, ok, ok), -1, poolv1.RedundancyState_REDUNDANCY_STATE_OK},
 		{"ec data shard lost", rec(ec42, ok, ok, lost, ok, ok, ok), 2, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
 		{"ec two lost, first first", rec(ec42, ok, ok, ok, ok, lost, lost), 4, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
@@ -54,7 +54,7 @@ func TestRebuildNeed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, rebuildNeed(tc.r))
-			require.Equal(t, tc.state, redundancyStateOf(tc.r))
+			require.Equal(t, tc.state, tc.r.redundancyState())
 		})
 	}
 	require.Equal(t, "rebuilding", redundancyLabel(poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING))

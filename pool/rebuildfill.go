@@ -57,7 +57,7 @@ type rebuildPeer struct {
 // home i at target.
 func (rb *rebuilder) newFill(ctx context.Context, r record, i int, target homeRef) (*rebuildFill, error) {
 	p := rb.p
-	size := homeSize(&r)
+	size := r.shardSize()
 	f := &rebuildFill{p: p, r: r, i: i, target: target}
 	dst, err := p.homeSession(ctx, target.Node, "rebuild target")
 	if err != nil {
@@ -174,6 +174,7 @@ func (f *rebuildFill) run(ctx context.Context) error {
 		return err
 	}
 	orBitmap(dirty, last)
+	m.rate = nil // writes wait for this round: it goes at full speed
 	if err := m.copyChunks(ctx, dirty); err != nil {
 		return err
 	}
@@ -273,7 +274,10 @@ func (p *core) unsealAt(node string, id uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
 	err := try(ctx)
 	cancel()
-	if err == nil {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if err == nil || closed { // closed: the next start's rebuild unseals it first
 		return
 	}
 	p.log.Warn("rebuild: a surviving home is to unseal a segment; retrying", "node", node, "segment", id, "err", err)

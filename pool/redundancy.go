@@ -636,6 +636,7 @@ func (p *core) homeLost(id uint64, node string, homeID uint64, why string) {
 	}
 	p.log.Warn("redundant segment degraded: a home is lost", "segment", id, "node", node, "promoted", promoted, "epoch", next.Epoch, "why", why)
 	p.replicateLater(id)
+	p.rebuildSoon(id)
 }
 
 // errHomeGone is a home homeLost does not find (lost already).

@@ -161,10 +161,6 @@ func homeConn(t *testing.T, origin *Daemon, h homeRef) rdma.Conn {
 	return c
 }
 
-func homeRegion(h homeRef) rdma.Region {
-	return rdma.Region{Segment: h.HomeID, Key: h.Key, Epoch: h.Epoch}
-}
-
 // TestRedundantFailover: a backup that fails a forwarded write is marked
 // lost at the origin (HomeFailed) before the write is answered. A client's write to the primary of a replicas=2
 // segment is on the backup when it is answered, the client may read the

@@ -19,15 +19,11 @@ import (
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
-	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // This file holds the scale simulation's view of redundant segments and
 // their rebuild (TestScale's redundant share), and TestRebuildSim, which
 // checks the same on a few simulated hosts with the bytes compared.
-
-// redundant reports whether r is a redundant segment's record.
-func (r *record) redundant() bool { return r.Redundancy != (redundancy{}) }
 
 // redundantOn lists, per running host, the ids of its redundant records
 // with a home on node.
@@ -71,7 +67,7 @@ func (sc *simCluster) rebuildState(ids map[*simHost][]uint64, gone string) simRe
 				s.ok++ // freed by its application meanwhile
 				continue
 			}
-			switch st := redundancyStateOf(r); {
+			switch st := r.redundancyState(); {
 			case st == poolv1.RedundancyState_REDUNDANCY_STATE_OK && !slices.ContainsFunc(r.Homes, func(x homeRef) bool { return x.Node == gone }):
 				s.ok++
 			case st == poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED && len(r.Homes) >= up:
@@ -141,27 +137,19 @@ func simRedundancy(rnd interface{ Float64() float64 }, repShare, ecShare float64
 	return nil
 }
 
-// ownerConn is a data-plane connection to home h of a record of origin,
-// with origin's own credential there (it owns every home's segment).
-func ownerConn(ctx context.Context, t testing.TB, origin *Daemon, h homeRef) rdma.Conn {
-	c, err := dialOwner(ctx, origin, h)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// dialOwner is ownerConn for a caller that handles the error.
+// dialOwner is homeConn for a caller that handles the error: a
+// data-plane connection to home h with origin's own credential there.
 func dialOwner(ctx context.Context, origin *Daemon, h homeRef) (rdma.Conn, error) {
-	pc, err := origin.pool.homeSession(ctx, h.Node, "test")
-	if err != nil {
-		return nil, err
+	pc := origin.pool.peers.conn(h.Node)
+	if pc == nil {
+		return nil, fmt.Errorf("no session with %s", h.Node)
 	}
-	return tcp.Dial(ctx, h.DataAddr, tcp.WithCredential(pc.DataCredential()))
+	return dialHome(ctx, h.Node, h.DataAddr, false, nil, pc.DataCredential())
 }
 
 // homeBytes reads the whole segment of home h (n bytes) as origin.
-func homeBytes(ctx context.Context, t testing.TB, origin *Daemon, h homeRef, n int64) []byte {
-	c := ownerConn(ctx, t, origin, h)
+func homeBytes(ctx context.Context, t *testing.T, origin *Daemon, h homeRef, n int64) []byte {
+	c := homeConn(t, origin, h)
 	buf := make([]byte, n)
 	require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpRead, Region: homeRegion(h), Buf: buf}), "read home on %s", h.Node)
 	return buf
@@ -181,13 +169,15 @@ func TestRebuildSim(t *testing.T) {
 	for _, h := range sc.hosts {
 		h.cfg.GossipProfile = cluster.ProfileLocal // failure detection in about a second
 	}
-	sc.hosts[0].cfg.RebuildRate = 1 << 20
+	// The origin is no seed: a restarted seed would join only itself.
+	oh := sc.hosts[3]
+	oh.cfg.RebuildRate = 1 << 20
 	sc.startAll()
 	_, err := sc.waitConverged(time.Minute)
 	require.NoError(t, err)
 	ctx := t.Context()
-	origin := sc.hosts[0].daemon()
-	conn, err := session.Dial(ctx, "unix", sc.hosts[0].cfg.Socket, session.Options{ClientID: "rebuild-sim"})
+	origin := oh.daemon()
+	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "rebuild-sim"})
 	require.NoError(t, err)
 	defer conn.Close()
 	alloc := func(size int64, red *poolv1.Redundancy) uint64 {
@@ -206,19 +196,19 @@ func TestRebuildSim(t *testing.T) {
 	require.True(t, ok)
 	require.Len(t, rep.Homes, 2)
 	require.Len(t, ec.Homes, 6)
-	shard := homeSize(&ec)
+	shard := ec.shardSize()
 
 	// The bytes: random, written at the primary and at each data home.
 	repWant := make([]byte, size)
 	_, _ = rand.Read(repWant)
-	primary := ownerConn(ctx, t, origin, rep.Homes[0])
+	primary := homeConn(t, origin, rep.Homes[0])
 	require.NoError(t, primary.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rep.Homes[0]), Buf: repWant}))
 	ecWant := make([][]byte, 6)
 	for i := range ecWant {
 		ecWant[i] = make([]byte, shard)
 		if i < 4 {
 			_, _ = rand.Read(ecWant[i])
-			c := ownerConn(ctx, t, origin, ec.Homes[i])
+			c := homeConn(t, origin, ec.Homes[i])
 			require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[i]), Buf: ecWant[i]}))
 		}
 	}
@@ -257,7 +247,7 @@ func TestRebuildSim(t *testing.T) {
 					conn.Close()
 				}
 				conn = nil
-				if d := sc.hosts[0].daemon(); d != nil {
+				if d := oh.daemon(); d != nil {
 					conn, _ = dialOwner(ctx, d, rep.Homes[0])
 				}
 			}
@@ -276,7 +266,7 @@ func TestRebuildSim(t *testing.T) {
 		}
 	}()
 
-	ids := map[*simHost][]uint64{sc.hosts[0]: {repID, ecID}}
+	ids := map[*simHost][]uint64{oh: {repID, ecID}}
 	crashed := time.Now()
 	for _, v := range victims {
 		sc.crash(sc.host(v))
@@ -287,8 +277,8 @@ func TestRebuildSim(t *testing.T) {
 		return r.Homes[1].State == poolv1.HomeState_HOME_STATE_REBUILDING && r.Homes[1].Rebuilt > 0
 	}, time.Minute, 5*time.Millisecond, "the copy's rebuild does not begin")
 	require.NoError(t, origin.Close())
-	require.NoError(t, sc.start(sc.hosts[0]))
-	origin = sc.hosts[0].daemon()
+	require.NoError(t, sc.start(oh))
+	origin = oh.daemon()
 	r, _ := origin.pool.redundantRecord(repID)
 	require.Equal(t, poolv1.HomeState_HOME_STATE_REBUILDING, r.Homes[1].State, "the restarted origin finds the rebuild in the record")
 	bytes0 := sc.rebuildBytes()
