@@ -349,7 +349,8 @@ func (p *core) placeRebuild(ctx context.Context, w rebuildWork, r record) (homeR
 // again, so that the next rebuild places another, and frees its copy if
 // its host comes back.
 func (p *core) dropRebuildTarget(id uint64, i int, h homeRef) error {
-	if err := p.setHome(id, i, h, func(x *homeRef) { x.State, x.Rebuilt = poolv1.HomeState_HOME_STATE_LOST, 0 }); err != nil {
+	err := p.setHome(id, i, h, func(x *homeRef) { x.State, x.Rebuilt = poolv1.HomeState_HOME_STATE_LOST, 0 })
+	if err != nil && !errors.Is(err, errs.ErrUnavailable) { // changed: marked lost already
 		return fmt.Errorf("rebuild segment %d: drop the target on %s: %w", id, h.Node, err)
 	}
 	p.freeLaterAt(h.Node, h.HomeID)
@@ -357,11 +358,12 @@ func (p *core) dropRebuildTarget(id uint64, i int, h homeRef) error {
 }
 
 // setHome changes home i of segment id with set and commits the record
-// (updateRecord), if that home is still was (the same node and id there):
-// the record may have changed meanwhile (a home lost, attachers).
+// (updateRecord), if that home is still was (the same node, id there and
+// state): the record may have changed meanwhile (a home lost, a rebuild
+// target found gone and freed, attachers).
 func (p *core) setHome(id uint64, i int, was homeRef, set func(*homeRef)) error {
 	_, err := p.updateRecord(id, func(r *record) error {
-		if i >= len(r.Homes) || r.Homes[i].Node != was.Node || r.Homes[i].HomeID != was.HomeID {
+		if !sameHome(r, i, was) {
 			return fmt.Errorf("segment %d: %w: its home %d changed meanwhile", id, errs.ErrUnavailable, i)
 		}
 		set(&r.Homes[i])
@@ -370,19 +372,27 @@ func (p *core) setHome(id uint64, i int, was homeRef, set func(*homeRef)) error 
 	return err
 }
 
-// setRebuilt publishes how many bytes the rebuild of home i (h) copied so
-// far; only in memory (a restarted rebuild starts from zero).
-func (p *core) setRebuilt(id uint64, i int, h homeRef, n int64) {
+// sameHome reports whether home i of r is h: the same node, id there and
+// state.
+func sameHome(r *record, i int, h homeRef) bool {
+	return i < len(r.Homes) && r.Homes[i].Node == h.Node && r.Homes[i].HomeID == h.HomeID && r.Homes[i].State == h.State
+}
+
+// setRebuilt publishes how many bytes the rebuild of home i (h, still
+// REBUILDING) copied so far, only in memory (a restarted rebuild starts
+// from zero); false when the record no longer names h so: the rebuild is
+// moot.
+func (p *core) setRebuilt(id uint64, i int, h homeRef, n int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cur, ok := p.segs[id]
-	if !ok || i >= len(cur.Homes) || cur.Homes[i].Node != h.Node || cur.Homes[i].HomeID != h.HomeID ||
-		cur.Homes[i].State != poolv1.HomeState_HOME_STATE_REBUILDING {
-		return
+	if !ok || !sameHome(cur, i, h) {
+		return false
 	}
 	homes := slices.Clone(cur.Homes)
 	homes[i].Rebuilt = n
 	cur.Homes = homes
+	return true
 }
 
 // redundancyStates are the states farmem_redundant_segments reports.

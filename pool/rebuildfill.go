@@ -138,7 +138,9 @@ func (f *rebuildFill) close() {
 // leaves the home REBUILDING, to be refilled.
 func (f *rebuildFill) run(ctx context.Context) error {
 	m := f.m
-	stop := f.publish()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := f.publish(cancel)
 	defer stop()
 	// A previous run killed during its seal left the writers sealed (their
 	// records say so); they serve again first.
@@ -193,7 +195,14 @@ func (f *rebuildFill) run(ctx context.Context) error {
 // sealed, so nothing was written that it missed).
 func (f *rebuildFill) switchOK(ctx context.Context) error {
 	p, r := f.p, f.r
-	if err := p.setHome(r.ID, f.i, f.target, func(h *homeRef) { h.State, h.Rebuilt = poolv1.HomeState_HOME_STATE_OK, 0 }); err != nil {
+	var epoch uint64
+	if err := p.setHome(r.ID, f.i, f.target, func(h *homeRef) {
+		h.State, h.Rebuilt = poolv1.HomeState_HOME_STATE_OK, 0
+		// replicate raises the copy's epoch to the record's (a primary
+		// promoted since it was placed); clients then use that one.
+		h.Epoch = max(h.Epoch, r.Epoch)
+		epoch = h.Epoch
+	}); err != nil {
 		return fmt.Errorf("rebuild segment %d: mark the home on %s OK: %w", r.ID, f.target.Node, err)
 	}
 	cur, ok := p.redundantRecord(r.ID)
@@ -206,7 +215,9 @@ func (f *rebuildFill) switchOK(ctx context.Context) error {
 	if err == nil {
 		return nil
 	}
-	undo := p.setHome(r.ID, f.i, f.target, func(h *homeRef) { h.State = poolv1.HomeState_HOME_STATE_REBUILDING })
+	done := f.target
+	done.State, done.Rebuilt, done.Epoch = poolv1.HomeState_HOME_STATE_OK, 0, epoch
+	undo := p.setHome(r.ID, f.i, done, func(h *homeRef) { h.State = poolv1.HomeState_HOME_STATE_REBUILDING })
 	return errors.Join(fmt.Errorf("rebuild segment %d: have its writers forward to the new home on %s: %w", r.ID, f.target.Node, err), undo)
 }
 
@@ -299,8 +310,10 @@ func (p *core) unsealAt(node string, id uint64) {
 }
 
 // publish shows the bytes copied in the record's home (rebuilt_bytes)
-// every rebuildProgress until the returned stop is called.
-func (f *rebuildFill) publish() (stop func()) {
+// every rebuildProgress until the returned stop is called; once the
+// record no longer names the target as REBUILDING (a home marked lost and
+// freed) it cancels the fill.
+func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -311,7 +324,10 @@ func (f *rebuildFill) publish() (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				f.p.setRebuilt(f.r.ID, f.i, f.target, min(f.m.copied.Load(), f.m.rec.Size))
+				if !f.p.setRebuilt(f.r.ID, f.i, f.target, min(f.m.copied.Load(), f.m.rec.Size)) {
+					cancel(fmt.Errorf("rebuild segment %d: %w: its new home on %s is no longer in the record as rebuilding", f.r.ID, errs.ErrUnavailable, f.target.Node))
+					return
+				}
 			}
 		}
 	})

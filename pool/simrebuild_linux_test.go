@@ -54,7 +54,7 @@ type simRebuild struct {
 // home on gone.
 func (sc *simCluster) rebuildState(ids map[*simHost][]uint64, gone string) simRebuild {
 	var s simRebuild
-	up := len(sc.up())
+	lenders := slices.DeleteFunc(sc.up(), func(h *simHost) bool { return !h.daemon().pool.drainState().since.IsZero() })
 	for h, list := range ids {
 		d := h.daemon()
 		if d == nil {
@@ -70,8 +70,8 @@ func (sc *simCluster) rebuildState(ids map[*simHost][]uint64, gone string) simRe
 			switch st := r.redundancyState(); {
 			case st == poolv1.RedundancyState_REDUNDANCY_STATE_OK && !slices.ContainsFunc(r.Homes, func(x homeRef) bool { return x.Node == gone }):
 				s.ok++
-			case st == poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED && len(r.Homes) >= up:
-				s.degraded++ // every running host holds a home of it already
+			case st == poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED && !slices.ContainsFunc(lenders, func(o *simHost) bool { return !r.homedOn(o.name) }):
+				s.degraded++ // every running host that takes homes holds one of it already
 			default:
 				s.pending = append(s.pending, fmt.Sprintf("%s:%d %s %s", h.name, id, redundancyLabel(st), homesString(r.Homes)))
 			}
@@ -155,7 +155,7 @@ func homeBytes(ctx context.Context, t *testing.T, origin *Daemon, h homeRef, n i
 	return buf
 }
 
-// TestRebuildSim: on 8 simulated hosts, a replicas=2 and an ec=4+2
+// TestRebuildSim: on 9 simulated hosts, a replicas=2 and an ec=4+2
 // segment are written (the replicated one through its primary, the coded
 // one shard by shard at its data homes, whose parity deltas the data
 // plane forwards); while a writer keeps writing, the host holding a backup
@@ -165,7 +165,9 @@ func homeBytes(ctx context.Context, t *testing.T, origin *Daemon, h homeRef, n i
 // every home's bytes are what was written (parity: the code of the data
 // shards), the rebuild counted in farmem_rebuild_bytes_total.
 func TestRebuildSim(t *testing.T) {
-	sc := newSimCluster(t, simHostConfig{hosts: 8, leaseTTL: 10 * time.Second})
+	// 9 hosts: the origin, which drains, and 8 that lend: two crash, and
+	// the six left have room for the coded segment's six homes.
+	sc := newSimCluster(t, simHostConfig{hosts: 9, leaseTTL: 10 * time.Second})
 	for _, h := range sc.hosts {
 		h.cfg.GossipProfile = cluster.ProfileLocal // failure detection in about a second
 	}
@@ -176,6 +178,17 @@ func TestRebuildSim(t *testing.T) {
 	_, err := sc.waitConverged(time.Minute)
 	require.NoError(t, err)
 	ctx := t.Context()
+	// The origin takes no homes itself (it drains), so that no crash of a
+	// home takes it.
+	require.NoError(t, sc.drain(oh, false))
+	require.Eventually(t, func() bool {
+		for _, h := range sc.up() {
+			if m, ok := h.daemon().pool.cl.Member(oh.name); !ok || !m.Meta.Draining {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 10*time.Millisecond, "the origin's drain is not gossiped")
 	origin := oh.daemon()
 	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "rebuild-sim"})
 	require.NoError(t, err)
