@@ -422,6 +422,7 @@ type mover struct {
 	// others), in batches of at most batch bytes; dirty reports the
 	// chunks changed since its last call instead of the source's DIRTY.
 	rate  *rateLimit
+	lanes []copyLane
 	read  func(ctx context.Context, buf []byte, batch [][2]int64) error
 	batch int64
 	dirty func(ctx context.Context) (bitmap []byte, n int, err error)
@@ -749,11 +750,15 @@ func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
 	defer cancel(nil)
 	work := make(chan [][2]int64)
 	var wg sync.WaitGroup
-	for range moveInflight {
+	for w := range moveInflight {
+		lane := copyLane{m.srcConn, m.dstConn}
+		if len(m.lanes) > 0 {
+			lane = m.lanes[w%len(m.lanes)]
+		}
 		wg.Go(func() {
 			buf := make([]byte, m.batchBytes())
 			for batch := range work {
-				if err := m.copyBatch(ctx, buf, batch); err != nil {
+				if err := m.copyBatch(ctx, lane, buf, batch); err != nil {
 					cancel(err)
 				}
 			}
@@ -792,7 +797,7 @@ func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
 
 // copyBatch copies the spans of one batch, source to target: their reads
 // in one Do, into buf, then their writes in one Do.
-func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) error {
+func (m *mover) copyBatch(ctx context.Context, lane copyLane, buf []byte, batch [][2]int64) error {
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -811,7 +816,7 @@ func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) err
 	if m.read != nil {
 		err = m.read(ctx, buf[:n], batch)
 	} else {
-		err = m.srcConn.Do(ctx, ptrs...)
+		err = lane.src.Do(ctx, ptrs...)
 	}
 	if err != nil {
 		return fmt.Errorf("read %d spans (%d bytes) from %d: %w", len(batch), n, batch[0][0], err)
@@ -819,12 +824,16 @@ func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) err
 	for i := range ops {
 		ops[i].Kind, ops[i].Region = rdma.OpWrite, m.dstReg
 	}
-	if err := m.dstConn.Do(ctx, ptrs...); err != nil {
+	if err := lane.dst.Do(ctx, ptrs...); err != nil {
 		return fmt.Errorf("write %d spans (%d bytes) from %d: %w", len(batch), n, batch[0][0], err)
 	}
 	m.copied.Add(n)
 	return nil
 }
+
+// copyLane is one worker's pair of connections: to the source, to the
+// target.
+type copyLane struct{ src, dst rdma.Conn }
 
 // spans yields the byte ranges [start, end) of the runs of chunks (of
 // chunk bytes) set in bitmap, cut at size and into pieces of at most

@@ -39,6 +39,7 @@ type rebuildFill struct {
 	tracked []rebuildPeer
 	// sources are the k shards an erasure-coded shard is decoded from.
 	sources []rebuildPeer
+	extra   []rdma.Conn // the copy workers' own connections
 	enc     reedsolomon.Encoder
 	bufs    sync.Pool // *[]byte of m.batch bytes, one per source and batch
 }
@@ -111,6 +112,20 @@ func (rb *rebuilder) newFill(ctx context.Context, r record, i int, target homeRe
 	}
 	if k == 0 {
 		f.m.src, f.m.srcConn, f.m.srcReg = f.sources[0].pc, f.sources[0].conn, f.sources[0].reg
+		for range moveInflight - 1 {
+			s, d := f.sources[0], f.target
+			var lane copyLane
+			if lane.src, err = f.m.dial(ctx, s.home.Node, s.home.DataAddr, s.home.DataTLS, s.pc); err != nil {
+				return nil, err
+			}
+			f.extra = append(f.extra, lane.src)
+			if lane.dst, err = f.m.dial(ctx, d.Node, d.DataAddr, d.DataTLS, dst); err != nil {
+				return nil, err
+			}
+			f.extra = append(f.extra, lane.dst)
+			f.m.lanes = append(f.m.lanes, lane)
+		}
+		f.m.lanes = append(f.m.lanes, copyLane{f.m.srcConn, f.m.dstConn})
 	}
 	return f, nil
 }
@@ -127,6 +142,9 @@ func (f *rebuildFill) close() {
 	}
 	for _, s := range f.sources {
 		s.conn.Close()
+	}
+	for _, c := range f.extra {
+		c.Close()
 	}
 }
 
