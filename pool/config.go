@@ -231,6 +231,10 @@ type Config struct {
 	// Idle time between requests is not limited. Default: 10s. Range:
 	// 100ms to 10m.
 	DataFrameTimeout time.Duration `yaml:"data-frame-timeout"`
+	// Rebuild: this daemon rebuilds the lost copies and shards of its
+	// redundant segments on other hosts (false: they stay degraded until
+	// set again, e.g. during maintenance). Default: true.
+	Rebuild bool `yaml:"rebuild"`
 	// RebuildRate bounds the bytes a second this daemon writes to new
 	// homes while it rebuilds the lost copies and shards of its redundant
 	// segments, all rebuilds together, so that they leave the network to
@@ -283,6 +287,7 @@ func DefaultConfig() Config {
 		MaxNameLen:           MaxNameLen,
 		DataMaxInflight:      64,
 		DataBusyPoll:         tcp.DefaultBusyPoll,
+		Rebuild:              true,
 		RebuildRate:          DefaultRebuildRate,
 		DataDir:              DefaultDataDir(),
 		Socket:               DefaultSocket(),

@@ -88,7 +88,7 @@ func (p *core) rebuildSoon(id uint64) {
 // daemon stops); a rebuild under way then ends and resumes at the next
 // start, from its home's REBUILDING state in the record.
 func (p *core) startRebuilds(tls moveTLS) {
-	if p.rb == nil || p.cl == nil {
+	if p.rb == nil || p.cl == nil || !p.cfg.Rebuild {
 		return
 	}
 	p.rb.tls = tls
@@ -393,6 +393,20 @@ func (p *core) setRebuilt(id uint64, i int, h homeRef, n int64) bool {
 	homes[i].Rebuilt = n
 	cur.Homes = homes
 	return true
+}
+
+// okHomes counts r's homes in state OK: those a client may read (a
+// REBUILDING one is not filled yet). A segment with fewer than it needs to
+// be read (one copy, k shards) is lost (settle), though a rebuild had
+// begun.
+func (r *record) okHomes() int {
+	n := 0
+	for _, h := range r.Homes {
+		if h.State == poolv1.HomeState_HOME_STATE_OK {
+			n++
+		}
+	}
+	return n
 }
 
 // redundancyStates are the states farmem_redundant_segments reports.

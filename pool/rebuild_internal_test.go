@@ -46,11 +46,13 @@ func TestRebuildNeed(t *testing.T) {
 		{"backup rebuilding", rec(rep2, ok, rb), 1, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING},
 		{"primary lost, not promoted yet", rec(rep2, lost, ok), -1, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
 		{"every copy lost", rec(rep2, lost, lost), -1, poolv1.RedundancyState_REDUNDANCY_STATE_LOST},
+		{"the last copy lost while another rebuilds", rec(rep2, lost, rb), -1, poolv1.RedundancyState_REDUNDANCY_STATE_LOST},
 		{"ec ok", rec(ec42, ok, ok, ok, ok, ok, ok), -1, poolv1.RedundancyState_REDUNDANCY_STATE_OK},
 		{"ec data shard lost", rec(ec42, ok, ok, lost, ok, ok, ok), 2, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
 		{"ec two lost, first first", rec(ec42, ok, ok, ok, ok, lost, lost), 4, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED},
 		{"ec one rebuilding one lost", rec(ec42, rb, ok, ok, ok, ok, lost), 0, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING},
 		{"ec below k", rec(ec42, lost, ok, ok, lost, ok, lost), -1, poolv1.RedundancyState_REDUNDANCY_STATE_LOST},
+		{"ec below k with one rebuilding", rec(ec42, lost, ok, ok, rb, ok, lost), -1, poolv1.RedundancyState_REDUNDANCY_STATE_LOST},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, rebuildNeed(tc.r))

@@ -128,7 +128,7 @@ func (r *record) settle() {
 	h := r.Homes[0]
 	tls := h.DataTLS
 	r.Home, r.HomeID, r.DataAddr, r.Key, r.DataTLS, r.Epoch = h.Node, h.HomeID, h.DataAddr, h.Key, &tls, h.Epoch
-	r.Lost = r.lostHomes() > r.Redundancy.spec().Survives()
+	r.Lost = r.lostHomes() > r.Redundancy.spec().Survives() || r.okHomes() < max(1, r.Redundancy.Data)
 }
 
 // redundancyFor is the redundancy req gets: the one it names, else the

@@ -24,11 +24,14 @@ func fastDetection(c *cluster.Config) {
 
 // redundantCluster starts n simulated hosts in zones z0, z1, z0, z1, ...
 // with the gossip timing given (nil: the lan profile), the first lending
-// no memory when originOnly, and waits until they see each other.
+// no memory when originOnly, and waits until they see each other. They
+// rebuild no lost home (Config.Rebuild; TestRebuildSim checks rebuilds),
+// so that a loss's states stay.
 func redundantCluster(t *testing.T, n int, timing func(*cluster.Config), originOnly bool) *simCluster {
 	sc := newSimCluster(t, simHostConfig{hosts: n, leaseTTL: 10 * time.Second, timing: timing})
 	for i, h := range sc.hosts {
 		h.cfg.Zone = fmt.Sprintf("z%d", i%2)
+		h.cfg.Rebuild = false
 	}
 	if originOnly {
 		sc.hosts[0].cfg.ExportSize = 0

@@ -111,7 +111,8 @@ type segmentRedundancy struct {
 // covers) only degraded.
 func TestRedundantSegments(t *testing.T) {
 	c := testcluster.New(t, testcluster.Options{Hosts: 6})
-	nodes := startPools(t, c, "--export-size", "16MiB", "--emulate-cxl", "8MiB", "--local-size", "4MiB")
+	// No rebuild (TestRebuildAfterHostLoss checks it): the losses' states stay.
+	nodes := startPools(t, c, "--export-size", "16MiB", "--emulate-cxl", "8MiB", "--local-size", "4MiB", "--rebuild=false")
 	waitAllAlive(t, nodes)
 	a := nodes[0]
 	rc := newRedundantClient(t, a, "app")
