@@ -26,8 +26,12 @@ import (
 const rebuildSizeEnv = "FARMEM_TEST_REBUILD_BYTES"
 
 // rebuildRateEnv, when set, is TestRebuildBandwidth's poold --rebuild-rate
-// (default: poold's).
-const rebuildRateEnv = "FARMEM_TEST_REBUILD_RATE"
+// (default: poold's); rebuildQuietEnv=1 runs its rebuild without the
+// foreground reads (the copy alone against streaming).
+const (
+	rebuildRateEnv  = "FARMEM_TEST_REBUILD_RATE"
+	rebuildQuietEnv = "FARMEM_TEST_REBUILD_QUIET"
+)
 
 // startRebuildCluster starts one poold per host of c (a, b, c, ...) with
 // extra flags; a, whose client the test is, drains, so that the
@@ -247,7 +251,11 @@ func TestRebuildBandwidth(t *testing.T) {
 	var mu sync.Mutex
 	var ends []time.Time
 	var failed, refused atomic.Int64
-	for w := range 4 {
+	readers := 4
+	if os.Getenv(rebuildQuietEnv) == "1" {
+		readers = 0
+	}
+	for w := range readers {
 		wg.Go(func() {
 			rnd := rand.New(rand.NewPCG(uint64(w), 5))
 			b := make([]byte, 4096)
