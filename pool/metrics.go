@@ -54,8 +54,8 @@ type metrics struct {
 	// Children of farmem_dataplane_refused_connections_total, by reason.
 	dpRefused []prometheus.Counter
 
-	moves    *moveMetrics    // live moves (move.go)
-	rebuilds *rebuildMetrics // rebuilds of redundant segments (rebuild.go)
+	moves    *copyMetrics // live moves (move.go)
+	rebuilds *copyMetrics // rebuilds of redundant segments (rebuild.go)
 }
 
 // newMetrics makes the registry with every family poold exports except
@@ -129,6 +129,29 @@ func (f promFactory) counter(name, help string) prometheus.Counter {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: metricsNamespace, Name: name, Help: help})
 	f.reg.MustRegister(c)
 	return c
+}
+
+// copyMetrics count the runs of a copy between homes (live moves,
+// rebuilds): by result (ok, failed), their bytes, and a histogram of one
+// duration of each successful run.
+type copyMetrics struct {
+	runs  *prometheus.CounterVec
+	bytes prometheus.Counter
+	took  prometheus.Histogram
+}
+
+// newCopyMetrics registers the families of one kind of copy: runs (by
+// result), bytes and took, each named and helped as given.
+func newCopyMetrics(f promFactory, runs, runsHelp, bytes, bytesHelp, took, tookHelp string, buckets []float64) *copyMetrics {
+	cm := &copyMetrics{
+		runs:  f.counterVec(runs, runsHelp, "result"),
+		bytes: f.counter(bytes, bytesHelp),
+		took:  prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: metricsNamespace, Name: took, Help: tookHelp, Buckets: buckets}),
+	}
+	f.reg.MustRegister(cm.took)
+	cm.runs.WithLabelValues("ok")
+	cm.runs.WithLabelValues("failed")
+	return cm
 }
 
 func (f promFactory) counterVec(name, help string, labels ...string) *prometheus.CounterVec {

@@ -1079,28 +1079,12 @@ func (p *core) resumeMoves() {
 	p.leftMoves = nil
 }
 
-// moveMetrics counts moves (metrics.go registers them).
-type moveMetrics struct {
-	moves *prometheus.CounterVec
-	bytes prometheus.Counter
-	pause prometheus.Histogram
-}
-
-func newMoveMetrics(f promFactory) *moveMetrics {
-	mm := &moveMetrics{
-		moves: f.counterVec("moves_total", "Live moves of segments this daemon drove, by result (ok, failed).", "result"),
-		bytes: f.counter("move_bytes_total", "Bytes copied by live moves, the re-copied dirty chunks included."),
-		pause: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: metricsNamespace, Name: "move_pause_seconds",
-			Help: "Switch-over pause of each live move: from the seal of the source (writes wait) to the commit of the new home.",
-			// 100µs to 6.5 s.
-			Buckets: prometheus.ExponentialBuckets(100e-6, 3, 11),
-		}),
-	}
-	f.reg.MustRegister(mm.pause)
-	mm.moves.WithLabelValues("ok")
-	mm.moves.WithLabelValues("failed")
-	return mm
+func newMoveMetrics(f promFactory) *copyMetrics {
+	return newCopyMetrics(f, "moves_total", "Live moves of segments this daemon drove, by result (ok, failed).",
+		"move_bytes_total", "Bytes copied by live moves, the re-copied dirty chunks included.",
+		"move_pause_seconds", "Switch-over pause of each live move: from the seal of the source (writes wait) to the commit of the new home.",
+		// 100µs to 6.5 s.
+		prometheus.ExponentialBuckets(100e-6, 3, 11))
 }
 
 // moveDone counts one Move call's outcome.
@@ -1110,9 +1094,9 @@ func (m *metrics) moveDone(res moveResult, err error) {
 	}
 	m.moves.bytes.Add(float64(res.bytes))
 	if err != nil {
-		m.moves.moves.WithLabelValues("failed").Inc()
+		m.moves.runs.WithLabelValues("failed").Inc()
 		return
 	}
-	m.moves.moves.WithLabelValues("ok").Inc()
-	m.moves.pause.Observe(res.pause.Seconds())
+	m.moves.runs.WithLabelValues("ok").Inc()
+	m.moves.took.Observe(res.pause.Seconds())
 }

@@ -395,14 +395,13 @@ func (p *core) setRebuilt(id uint64, i int, h homeRef, n int64) bool {
 	return true
 }
 
-// okHomes counts r's homes in state OK: those a client may read (a
-// REBUILDING one is not filled yet). A segment with fewer than it needs to
-// be read (one copy, k shards) is lost (settle), though a rebuild had
-// begun.
-func (r *record) okHomes() int {
+// homesIn counts r's homes in state st. A segment with fewer OK homes
+// than it needs to be read (one copy, k shards) is lost (settle), though
+// a rebuild had begun: a REBUILDING home is not filled yet.
+func (r *record) homesIn(st poolv1.HomeState) int {
 	n := 0
 	for _, h := range r.Homes {
-		if h.State == poolv1.HomeState_HOME_STATE_OK {
+		if h.State == st {
 			n++
 		}
 	}
@@ -456,28 +455,12 @@ func (l *rateLimit) wait(ctx context.Context, n int64) error {
 	}
 }
 
-// rebuildMetrics counts rebuilds (metrics.go registers them).
-type rebuildMetrics struct {
-	rebuilds *prometheus.CounterVec
-	bytes    prometheus.Counter
-	seconds  prometheus.Histogram
-}
-
-func newRebuildMetrics(f promFactory) *rebuildMetrics {
-	rm := &rebuildMetrics{
-		rebuilds: f.counterVec("rebuilds_total", "Rebuilds of a lost home of a redundant segment this daemon holds the record of, by result (ok, failed: retried later).", "result"),
-		bytes:    f.counter("rebuild_bytes_total", "Bytes written to new homes by rebuilds, the re-copied changed chunks included."),
-		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: metricsNamespace, Name: "rebuild_seconds",
-			Help: "Time each successful rebuild of one home took, from its placement to the home serving (OK).",
-			// 10ms to 3 hours.
-			Buckets: prometheus.ExponentialBuckets(0.01, 3.5, 11),
-		}),
-	}
-	f.reg.MustRegister(rm.seconds)
-	rm.rebuilds.WithLabelValues("ok")
-	rm.rebuilds.WithLabelValues("failed")
-	return rm
+func newRebuildMetrics(f promFactory) *copyMetrics {
+	return newCopyMetrics(f, "rebuilds_total", "Rebuilds of a lost home of a redundant segment this daemon holds the record of, by result (ok, failed: retried later).",
+		"rebuild_bytes_total", "Bytes written to new homes by rebuilds, the re-copied changed chunks included.",
+		"rebuild_seconds", "Time each successful rebuild of one home took, from its placement to the home serving (OK).",
+		// 10ms to 3 hours.
+		prometheus.ExponentialBuckets(0.01, 3.5, 11))
 }
 
 // rebuildDone counts one rebuild's outcome.
@@ -488,9 +471,9 @@ func (m *metrics) rebuildDone(res rebuildResult, err error) {
 	m.rebuilds.bytes.Add(float64(res.bytes))
 	switch {
 	case err == nil:
-		m.rebuilds.rebuilds.WithLabelValues("ok").Inc()
-		m.rebuilds.seconds.Observe(res.took.Seconds())
+		m.rebuilds.runs.WithLabelValues("ok").Inc()
+		m.rebuilds.took.Observe(res.took.Seconds())
 	case !errors.Is(err, errRebuildBusy) && !errors.Is(err, errRebuildAgain):
-		m.rebuilds.rebuilds.WithLabelValues("failed").Inc()
+		m.rebuilds.runs.WithLabelValues("failed").Inc()
 	}
 }

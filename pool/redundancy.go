@@ -84,15 +84,7 @@ func (r *record) shardSize() int64 {
 }
 
 // lostHomes counts r's homes in state LOST.
-func (r *record) lostHomes() int {
-	n := 0
-	for _, h := range r.Homes {
-		if h.State == poolv1.HomeState_HOME_STATE_LOST {
-			n++
-		}
-	}
-	return n
-}
+func (r *record) lostHomes() int { return r.homesIn(poolv1.HomeState_HOME_STATE_LOST) }
 
 // redundancyState is how much of r's protection holds.
 func (r *record) redundancyState() poolv1.RedundancyState {
@@ -128,7 +120,7 @@ func (r *record) settle() {
 	h := r.Homes[0]
 	tls := h.DataTLS
 	r.Home, r.HomeID, r.DataAddr, r.Key, r.DataTLS, r.Epoch = h.Node, h.HomeID, h.DataAddr, h.Key, &tls, h.Epoch
-	r.Lost = r.lostHomes() > r.Redundancy.spec().Survives() || r.okHomes() < max(1, r.Redundancy.Data)
+	r.Lost = r.lostHomes() > r.Redundancy.spec().Survives() || r.homesIn(poolv1.HomeState_HOME_STATE_OK) < max(1, r.Redundancy.Data)
 }
 
 // redundancyFor is the redundancy req gets: the one it names, else the
