@@ -244,6 +244,13 @@ func (rb *rebuilder) run(ctx context.Context, w rebuildWork) {
 	}
 }
 
+// failedBefore reports whether the last rebuild of segment id failed.
+func (rb *rebuilder) failedBefore(id uint64) bool {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	return rb.retry[id].tries > 0
+}
+
 // errRebuildBusy is a rebuild that waits for a live move of the segment.
 var errRebuildBusy = errs.Sub(errs.ErrLimit, "the segment is moving; its rebuild waits")
 
@@ -293,9 +300,11 @@ func (rb *rebuilder) rebuild(ctx context.Context, w rebuildWork) (rebuildResult,
 	defer f.close()
 	err = f.run(ctx)
 	res.bytes, res.rounds, res.pause = f.m.copied.Load(), f.m.res.rounds, f.m.res.pause
-	if err != nil && ctx.Err() == nil && !p.alive(h.Node) { // not when the daemon stops
+	if err != nil && ctx.Err() == nil && (!p.alive(h.Node) || rb.failedBefore(w.id)) { // not when the daemon stops
+		// A target that died, or that failed a second fill in a row
+		// (its node restarted without the copy, say): another one.
 		err = errors.Join(err, p.dropRebuildTarget(w.id, w.home, h))
-		p.rebuildSoon(w.id) // another target at once
+		p.rebuildSoon(w.id)
 	}
 	return res, err
 }
