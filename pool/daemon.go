@@ -250,7 +250,7 @@ func (d *Daemon) Serve() error {
 		dp.serve()
 	}
 	d.pool.resumeMoves()
-	d.pool.startRebuilds(moveTLS{ca: d.data.ca, byDefault: d.data.server != nil})
+	d.startRebuilds()
 	if d.tcp != nil {
 		d.wg.Add(1)
 		go func() {

@@ -84,15 +84,21 @@ func (p *core) rebuildSoon(id uint64) {
 	}
 }
 
-// startRebuilds runs the rebuilder until the peer sessions close (the
-// daemon stops); a rebuild under way then ends and resumes at the next
-// start, from its home's REBUILDING state in the record.
-func (p *core) startRebuilds(tls moveTLS) {
+// startRebuilds runs the rebuilder until the daemon stops (Close waits
+// for it before it closes the peer sessions); a rebuild under way then
+// ends and resumes at the next start, from its home's REBUILDING state in
+// the record.
+func (d *Daemon) startRebuilds() {
+	p := d.pool
 	if p.rb == nil || p.cl == nil || !p.cfg.Rebuild {
 		return
 	}
-	p.rb.tls = tls
-	p.peers.later(0, p.rb.loop)
+	p.rb.tls = moveTLS{ca: d.data.ca, byDefault: d.data.server != nil}
+	d.wg.Go(func() {
+		ctx, cancel := untilClosed(context.Background(), d.stop)
+		defer cancel()
+		p.rb.loop(ctx)
+	})
 }
 
 // loop starts the rebuilds due, rebuildAtOnce at a time, until ctx ends.
@@ -274,7 +280,7 @@ func (rb *rebuilder) rebuild(ctx context.Context, w rebuildWork) (rebuildResult,
 	}
 	h := r.Homes[w.home]
 	res := rebuildResult{node: h.Node}
-	if h.State == poolv1.HomeState_HOME_STATE_REBUILDING && !p.alive(h.Node) {
+	if h.State == poolv1.HomeState_HOME_STATE_REBUILDING && p.nodeGone(h.Node) {
 		// A rebuild target that died, or the last run's that is gone:
 		// drop it, a new one is placed next.
 		err := p.dropRebuildTarget(w.id, w.home, h)
@@ -300,7 +306,7 @@ func (rb *rebuilder) rebuild(ctx context.Context, w rebuildWork) (rebuildResult,
 	defer f.close()
 	err = f.run(ctx)
 	res.bytes, res.rounds, res.pause = f.m.copied.Load(), f.m.res.rounds, f.m.res.pause
-	if err != nil && ctx.Err() == nil && (!p.alive(h.Node) || rb.failedBefore(w.id)) { // not when the daemon stops
+	if err != nil && ctx.Err() == nil && (p.nodeGone(h.Node) || rb.failedBefore(w.id)) { // not when the daemon stops
 		// A target that died, or that failed a second fill in a row
 		// (its node restarted without the copy, say): another one.
 		err = errors.Join(err, p.dropRebuildTarget(w.id, w.home, h))
@@ -330,6 +336,24 @@ func (p *core) alive(node string) bool {
 	}
 	m, ok := p.cl.Member(node)
 	return ok && m.State == cluster.StateAlive
+}
+
+// rebuildSettle is how long after its start a daemon takes a node that is
+// no member yet for gone: a restarted daemon learns the members from its
+// first gossip.
+const rebuildSettle = 30 * time.Second
+
+// nodeGone reports whether node is a member that is not alive, or, once the
+// daemon has run for rebuildSettle, no member at all.
+func (p *core) nodeGone(node string) bool {
+	if p.cl == nil {
+		return true
+	}
+	m, ok := p.cl.Member(node)
+	if !ok {
+		return time.Since(p.started) > rebuildSettle
+	}
+	return m.State != cluster.StateAlive
 }
 
 // placeRebuild places a new home for the lost home w.home of r on a host
