@@ -65,7 +65,12 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		err = p.letGo(r, seg.ID)
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
 		p.pushing.drop(seg.ID)
-		p.unsealData(seg.ID)
+		// A copy whose writes are held until its origin sets its
+		// forwarding again (replicate.go) stays sealed: a rebuild that
+		// sealed it ends with Replicate, which releases it.
+		if !p.fwd.holding(seg.ID) {
+			p.unsealData(seg.ID)
+		}
 		err = p.setSealed(r, false)
 	}
 	if err != nil {

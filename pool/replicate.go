@@ -48,6 +48,13 @@ func (fw *forwards) hold(id uint64) {
 	fw.held[id] = true
 }
 
+// holding reports whether segment id's writes are held.
+func (fw *forwards) holding(id uint64) bool {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	return fw.held[id]
+}
+
 // release reports whether segment id's writes were held, and forgets it.
 func (fw *forwards) release(id uint64) bool {
 	fw.mu.Lock()
