@@ -55,7 +55,10 @@
 //     segment per copy or shard on distinct hosts and zones, a lost home
 //     marked and a backup promoted; docs/REDUNDANCY.md); replicate.go the
 //     home's side (Replicate: who writes a copy and where its data plane
-//     forwards writes; a failed forward reported to the origin).
+//     forwards writes; a failed forward reported to the origin);
+//     rebuild.go the rebuild of a lost home on another host, in the
+//     background, and rebuildfill.go its copy (a copy from the primary or
+//     a shard decoded from k others, with the move's copy-and-switch).
 //   - record.go and store.go: the segment record and its versioned binary
 //     form (a JSON form of older stores is rewritten on open), and the
 //     bbolt store with grouped commits and its reserve for full
