@@ -199,6 +199,7 @@ func (f *rebuildFill) run(ctx context.Context) error {
 		return err
 	}
 	m.res.rounds++
+	stop() // the switch ends the home's REBUILDING state, which the publisher watches
 	if err := f.switchOK(ctx); err != nil {
 		return err
 	}
@@ -328,9 +329,9 @@ func (p *core) unsealAt(node string, id uint64) {
 }
 
 // publish shows the bytes copied in the record's home (rebuilt_bytes)
-// every rebuildProgress until the returned stop is called; once the
-// record no longer names the target as REBUILDING (a home marked lost and
-// freed) it cancels the fill.
+// every rebuildProgress until the returned stop (idempotent) is called;
+// once the record no longer names the target as REBUILDING (a home marked
+// lost and freed) it cancels the fill.
 func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -349,9 +350,12 @@ func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 			}
 		}
 	})
+	var once sync.Once
 	return func() {
-		close(done)
-		wg.Wait()
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+		})
 	}
 }
 
