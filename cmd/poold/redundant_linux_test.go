@@ -42,7 +42,9 @@ func startRedCluster(t *testing.T, n int, export string, extra ...string) *redCl
 			}
 		}
 	})
-	rc.a = rc.start(t, rc.na, slices.Concat(rc.na.args(), []string{"--gossip-key-file", key, "--export-size", "0"}, extra)...)
+	// The origin rebuilds no lost home (TestRebuildAfterHostLoss checks
+	// rebuilds): the kills' degraded states stay for the tests to see.
+	rc.a = rc.start(t, rc.na, slices.Concat(rc.na.args(), []string{"--gossip-key-file", key, "--export-size", "0", "--rebuild=false"}, extra)...)
 	for i := range n {
 		ln := tlsGossip(t, string(rune('b'+i)))
 		rc.lenders[ln.name] = rc.start(t, ln, slices.Concat(ln.args(), []string{"--gossip-key-file", key, "--export-size", export, "--join", rc.na.gossip}, extra)...)
