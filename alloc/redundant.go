@@ -199,16 +199,9 @@ func (r *redundant) refresh(ctx context.Context, seen *homeView) {
 // setLost is remote's setLost for the whole segment: the daemon reports
 // more homes lost than its redundancy covers.
 func (r *redundant) setLost(lost bool) {
-	r.c.mu.Lock()
-	defer r.c.mu.Unlock()
-	l := r.lost.Load()
-	if lost {
-		l.cancel(fmt.Errorf("segment %d lost more homes than %s survives: %w", r.info.Id, redundancyFromProto(r.info.Redundancy), errs.ErrSegmentLost))
-		return
-	}
-	if l.ctx.Err() != nil {
-		r.lost.Store(newLostCtx())
-	}
+	markLost(r.c, &r.lost, lost, func() error {
+		return fmt.Errorf("segment %d lost more homes than %s survives: %w", r.info.Id, redundancyFromProto(r.info.Redundancy), errs.ErrSegmentLost)
+	})
 }
 
 // connect returns the connection to h that presents the failover session.

@@ -673,15 +673,24 @@ func (s *Segment) setLost(lost bool) {
 }
 
 func (r *remote) setLost(lost bool) {
-	r.c.mu.Lock()
-	defer r.c.mu.Unlock()
-	l := r.lost.Load()
+	markLost(r.c, &r.lost, lost, func() error {
+		return fmt.Errorf("the home node %s of segment %d is gone: %w", r.plane.Load().node, r.info.Id, errs.ErrSegmentLost)
+	})
+}
+
+// markLost cancels the lost context in cur with why() when the daemon
+// reports the segment lost, and puts a fresh one in its place when it
+// reports it restored; under c.mu, so reports apply in order.
+func markLost(c *Client, cur *atomic.Pointer[lostCtx], lost bool, why func() error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := cur.Load()
 	if lost {
-		l.cancel(fmt.Errorf("the home node %s of segment %d is gone: %w", r.plane.Load().node, r.info.Id, errs.ErrSegmentLost))
+		l.cancel(why())
 		return
 	}
 	if l.ctx.Err() != nil {
-		r.lost.Store(newLostCtx())
+		cur.Store(newLostCtx())
 	}
 }
 
