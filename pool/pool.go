@@ -365,9 +365,7 @@ func (p *core) close() error {
 	if p.dp != nil {
 		err = p.dp.close()
 	}
-	for _, conns := range p.fwd.conns {
-		closeConns(conns)
-	}
+	p.fwd.closeAll()
 	return errors.Join(err, p.closeDevices(), p.st.close())
 }
 

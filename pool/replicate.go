@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -36,6 +37,83 @@ type forwards struct {
 	mu      sync.Mutex
 	conns   map[uint64][]rdma.Conn
 	held    map[uint64]bool
+	// links are the data-plane connections to the targets, one per
+	// target node, address and credential, shared by every segment here
+	// that forwards there (a connection per segment and target would
+	// take a descriptor each: thousands on a busy home); refs counts the
+	// segments' uses, byConn finds a connection's link.
+	links  map[linkKey]*link
+	byConn map[rdma.Conn]linkKey
+}
+
+// linkKey names a shared connection to a target's data plane.
+type linkKey struct{ node, addr, cred string }
+
+// link is one shared connection and how many segments' forwardings use it.
+type link struct {
+	conn rdma.Conn
+	refs int
+}
+
+// link returns the shared connection for k, dialing it with dial when
+// there is none yet; each call is one use, given back by unlink.
+func (fw *forwards) link(k linkKey, dial func() (rdma.Conn, error)) (rdma.Conn, error) {
+	fw.mu.Lock()
+	if l := fw.links[k]; l != nil {
+		l.refs++
+		fw.mu.Unlock()
+		return l.conn, nil
+	}
+	fw.mu.Unlock()
+	c, err := dial()
+	if err != nil {
+		return nil, err
+	}
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	if l := fw.links[k]; l != nil { // dialed meanwhile by another call
+		l.refs++
+		c.Close()
+		return l.conn, nil
+	}
+	if fw.links == nil {
+		fw.links, fw.byConn = map[linkKey]*link{}, map[rdma.Conn]linkKey{}
+	}
+	fw.links[k], fw.byConn[c] = &link{conn: c, refs: 1}, k
+	return c, nil
+}
+
+// unlink gives back one use of each connection (nil ones are lost
+// targets) and closes those no segment uses any more.
+func (fw *forwards) unlink(conns []rdma.Conn) {
+	var idle []rdma.Conn
+	fw.mu.Lock()
+	for _, c := range conns {
+		if c == nil {
+			continue
+		}
+		k, ok := fw.byConn[c]
+		if !ok {
+			continue
+		}
+		l := fw.links[k]
+		if l.refs--; l.refs == 0 {
+			delete(fw.links, k)
+			delete(fw.byConn, c)
+			idle = append(idle, c)
+		}
+	}
+	fw.mu.Unlock()
+	closeConns(idle)
+}
+
+// closeAll closes every shared connection: the daemon stops.
+func (fw *forwards) closeAll() {
+	fw.mu.Lock()
+	conns := slices.Collect(maps.Keys(fw.byConn))
+	fw.links, fw.byConn, fw.conns = nil, nil, nil
+	fw.mu.Unlock()
+	closeConns(conns)
 }
 
 // hold notes that segment id's writes are held for its forwarding.
@@ -112,7 +190,7 @@ func (p *core) stopForwarding(id uint64) {
 	if err := p.dp.srv.Forward(id, nil); err != nil {
 		p.log.Debug("stop forwarding a segment", "segment", id, "err", err)
 	}
-	closeConns(old)
+	p.fwd.unlink(old)
 }
 
 // Replicate sets how a copy or shard here is written; only a peer daemon's
@@ -190,14 +268,14 @@ func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.Replicat
 	defer p.fwd.setting.Unlock()
 	epoch, err := p.setReplica(r, req)
 	if err != nil {
-		closeConns(conns)
+		p.fwd.unlink(conns)
 		return nil, err
 	}
 	if err := p.dp.srv.Forward(req.HomeId, f); err != nil {
-		closeConns(conns)
+		p.fwd.unlink(conns)
 		return nil, fmt.Errorf("replicate segment %d: %w", req.HomeId, err)
 	}
-	closeConns(p.fwd.swap(req.HomeId, conns))
+	p.fwd.unlink(p.fwd.swap(req.HomeId, conns))
 	if p.fwd.release(req.HomeId) {
 		p.unsealData(req.HomeId)
 	}
@@ -277,7 +355,10 @@ func (p *core) dialTargets(ctx context.Context, owner string, req *poolv1.Replic
 		wg.Go(func() {
 			pc, err := p.homeSession(ctx, t.Node, "target")
 			if err == nil {
-				conns[i], err = dialHome(ctx, t.Node, t.DataAddr, t.DataTls, tls.ca, pc.DataCredential())
+				cred := pc.DataCredential()
+				conns[i], err = p.fwd.link(linkKey{t.Node, t.DataAddr, string(cred)}, func() (rdma.Conn, error) {
+					return dialHome(ctx, t.Node, t.DataAddr, t.DataTls, tls.ca, cred)
+				})
 			}
 			errsOf[i] = err
 		})
@@ -285,7 +366,7 @@ func (p *core) dialTargets(ctx context.Context, owner string, req *poolv1.Replic
 	wg.Wait()
 	for i, err := range errsOf {
 		if err != nil {
-			closeConns(conns)
+			p.fwd.unlink(conns)
 			return nil, nil, fmt.Errorf("replicate segment %d: target %d at %s: %w", req.HomeId, i, req.Targets[i].Node, err)
 		}
 		f.Targets[i].Conn = conns[i]
