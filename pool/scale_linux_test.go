@@ -38,8 +38,8 @@ var (
 	scaleSegs  = flag.Int("scale.segs", 100, "TestScale: segments each host holds on average at the end of the workload")
 	scaleRate  = flag.Float64("scale.rate", 0, "TestScale: client operations per second in all (0: 2 per host, at most 400)")
 	scaleOut   = flag.String("scale.out", "", "TestScale: append the measurements as one JSON line to this file")
-	scaleRep   = flag.Float64("scale.replicas", 0.10, "TestScale: share of the segments allocated with replicas=2")
-	scaleEC    = flag.Float64("scale.ec", 0.05, "TestScale: share of the segments allocated with ec=4+2")
+	scaleRep   = flag.Float64("scale.replicas", 0, "TestScale: share of the segments allocated with replicas=2 (0 by default: see docs/scale.md, Redundant share)")
+	scaleEC    = flag.Float64("scale.ec", 0, "TestScale: share of the segments allocated with ec=4+2 (0 by default)")
 )
 
 // scaleResult is what TestScale measures; -scale.out appends it as JSON.
@@ -159,7 +159,7 @@ func TestScale(t *testing.T) {
 	// descriptors here, with every peer), and on at most 50, so that the
 	// run does not depend on the machine's descriptor limit (here 39 at
 	// 200 hosts). All hosts lend memory.
-	clientHosts := max(4, min(n, maxClientHosts, (int(fdLimit)-12*n-2000)/(2*n)))
+	clientHosts := max(4, min(n, maxClientHosts, (int(fdLimit)-16*n-2000)/(2*n)))
 	res.ClientHosts = clientHosts
 
 	t.Run("memory per segment", func(t *testing.T) { measureSegmentMemory(t, &res) })
