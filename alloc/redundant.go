@@ -239,7 +239,7 @@ func answered(err error) bool {
 
 // attemptCtx is the context of one attempt at one home: it ends
 // WithFailoverTimeout after it starts (plus at most a slice of it; shared
-// like opContext's) or when ctx ends.
+// like opScope's) or when ctx ends.
 func (r *redundant) attemptCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	if ctx == r.deadline.Load().ctxOrNil() {
 		return sharedDeadline(&r.failover, r.lost.Load(), r.c.opts.failover), func() {}
@@ -306,20 +306,9 @@ func (r *redundant) run(caller context.Context, ops []*rdma.Op, try func(ctx con
 	if err := caller.Err(); err != nil {
 		return fmt.Errorf("segment %d: %w", r.info.Id, err)
 	}
-	ctx := sharedDeadline(&r.deadline, r.lost.Load(), r.c.opts.opTimeout)
-	if caller.Done() != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(r.lost.Load().ctx, r.c.opts.opTimeout)
-		defer cancel()
-		defer context.AfterFunc(caller, cancel)()
-	}
-	defer func() {
-		for _, op := range ops {
-			if op.Once != nil {
-				op.Once.Release()
-			}
-		}
-	}()
+	ctx, end := opScope(caller, &r.deadline, r.lost.Load(), r.c.opts.opTimeout)
+	defer end()
+	defer releaseTickets(ops)
 	pending := ops
 	backoff := 20 * time.Millisecond
 	for {

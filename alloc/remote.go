@@ -39,7 +39,7 @@ type remote struct {
 	// while the client has dropped no connection since (Client.dataGen).
 	route atomic.Pointer[route]
 	// deadline is the operation-timeout context the operations starting
-	// now share (see opContext).
+	// now share (see opScope).
 	deadline atomic.Pointer[deadlineCtx]
 	// loadStore is set once the daemon describes the segment on a
 	// load/store tier: it was promoted, and no home serves it any more.
@@ -62,14 +62,33 @@ type deadlineCtx struct {
 // deadlineSlices live timers.
 const deadlineSlices = 16
 
-// opContext is the context of an operation that starts now with no
-// caller's context to follow: it ends when the operation timeout has
-// passed (plus at most a slice of it) or the segment is lost. Operations
-// that start within one slice share it, so the per-operation path makes
-// no context, timer or goroutine of its own: those were most of a remote
-// operation's allocations and a tenth of its CPU.
-func (r *remote) opContext() context.Context {
-	return sharedDeadline(&r.deadline, r.lost.Load(), r.c.opts.opTimeout)
+// opScope is the context one operation on a segment runs in, and what
+// ends it: without a caller's context that can end early, the context
+// shared by the operations of the current slice (sharedDeadline: the
+// per-operation path makes no context, timer or goroutine of its own,
+// which were most of a remote operation's allocations and a tenth of its
+// CPU) and nothing to end; else one of its own, ended with the caller's.
+func opScope(caller context.Context, p *atomic.Pointer[deadlineCtx], l *lostCtx, d time.Duration) (context.Context, func()) {
+	if caller.Done() == nil {
+		return sharedDeadline(p, l, d), func() {}
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, d)
+	stop := context.AfterFunc(caller, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
+
+// releaseTickets gives the ops' exactly-once tickets back to their
+// session at the end of an operation, whatever became of them: a write
+// retried in a later round, also at another home, posts the same ticket.
+func releaseTickets(ops []*rdma.Op) {
+	for _, op := range ops {
+		if op.Once != nil {
+			op.Once.Release()
+		}
+	}
 }
 
 // sharedDeadline is the context in *p while it was made for l and the
@@ -327,22 +346,9 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 	if err := caller.Err(); err != nil {
 		return fmt.Errorf("segment %d: %w", r.info.Id, err)
 	}
-	ctx := r.opContext()
-	if caller.Done() != nil {
-		// The caller's context can end the operation early: it gets a
-		// context of its own.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(r.lost.Load().ctx, r.c.opts.opTimeout)
-		defer cancel()
-		defer context.AfterFunc(caller, cancel)()
-	}
-	defer func() {
-		for _, op := range ops {
-			if op.Once != nil {
-				op.Once.Release()
-			}
-		}
-	}()
+	ctx, end := opScope(caller, &r.deadline, r.lost.Load(), r.c.opts.opTimeout)
+	defer end()
+	defer releaseTickets(ops)
 	backoff := 20 * time.Millisecond
 	// A connection that broke under the ops is redialed at once, the first
 	// time after each wait: a home that dropped one connection usually
