@@ -159,7 +159,14 @@ func TestScale(t *testing.T) {
 	// descriptors here, with every peer), and on at most 50, so that the
 	// run does not depend on the machine's descriptor limit (here 39 at
 	// 200 hosts). All hosts lend memory.
-	clientHosts := max(4, min(n, maxClientHosts, (int(fdLimit)-16*n-2000)/(2*n)))
+	// The homes of redundant segments hold data-plane connections among
+	// themselves (a replicas=2 segment's primary to its backup; each of an
+	// ec=4+2 segment's 4 data homes to each of its 2 parity homes), and a
+	// home its session to the origin, two descriptors each here: counted
+	// per redundant segment, without the sharing of one connection per
+	// pair of hosts, so the estimate errs high.
+	redundantFDs := int(float64(n**scaleSegs) * (*scaleRep*2*2 + *scaleEC*(4*2+6)*2))
+	clientHosts := max(4, min(n, maxClientHosts, (int(fdLimit)-16*n-2000-redundantFDs)/(2*n)))
 	res.ClientHosts = clientHosts
 
 	t.Run("memory per segment", func(t *testing.T) { measureSegmentMemory(t, &res) })
