@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,58 @@ func TestTierMoveDemoteAndPromote(t *testing.T) {
 			require.NoError(t, seg.Free(ctx))
 		})
 	}
+}
+
+// TestTierMoveTargetKilled: kill -9 of the lender that receives a 48 MiB
+// segment's demotion from a's (emulated) cxl tier once it holds the
+// copy's allocation (the bytes are being copied, or about to be). The segment is whole on one side: either the move fails
+// and the segment is still on a's cxl tier, mapped again, every byte there and taking writes and
+// atomics, or the move went on to the other lender and the segment is
+// whole there. Once the killed lender is back, the copy it held is freed.
+func TestTierMoveTargetKilled(t *testing.T) {
+	mc := startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
+	ctx := t.Context()
+	c := mc.client(t, "tier-kill")
+	seg, err := c.Alloc(ctx, 48<<20, alloc.WithTier(alloc.TierCXL))
+	require.NoError(t, err)
+	want := tierBytes(48 << 20)
+	_, err = seg.WriteAt(want, 0)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- c.Move(ctx, seg, alloc.ToTier(alloc.TierRDMA)) }()
+	var to string
+	require.Eventually(t, func() bool {
+		for _, n := range []string{"b", "c"} {
+			if len(lentTo(t, mc, n)) > 0 {
+				to = n
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 2*time.Millisecond, "no lender received the copy")
+	target, tn, targetArgs := mc.lender(to)
+	(*target).kill9(t)
+	killed := time.Now()
+	err = <-done
+	t.Logf("move ended %v after the kill of %s: %v", time.Since(killed), to, err)
+	if err != nil {
+		require.Equal(t, alloc.TierCXL, seg.Tier(), "a failed demotion leaves the segment on its tier")
+		require.Equal(t, "a", seg.Node())
+		mem, ok := seg.Bytes()
+		require.True(t, ok, "the segment is mapped again")
+		require.True(t, bytes.Equal(want, mem), "every byte is there")
+	} else {
+		require.Equal(t, alloc.TierRDMA, seg.Tier())
+		require.Equal(t, other(to), seg.Node(), "the demotion went on to the other lender")
+	}
+	requireWhole(t, seg, want)
+
+	*target = mc.start(t, tn, targetArgs...)
+	require.Eventually(t, func() bool {
+		ids, err := lentIDs(t, tn.sock)
+		return err == nil && len(ids) == 0
+	}, 30*time.Second, 50*time.Millisecond, "the restarted lender still holds the failed demotion's copy")
+	require.NoError(t, seg.Free(ctx))
 }
 
 // TestTierMoveRefusals: moves between tiers that cannot be done are
