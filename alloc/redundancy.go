@@ -196,9 +196,10 @@ var redundancyStates = map[poolv1.RedundancyState]string{
 }
 
 var homeStates = map[poolv1.HomeState]string{
-	poolv1.HomeState_HOME_STATE_OK:         "ok",
-	poolv1.HomeState_HOME_STATE_LOST:       "lost",
-	poolv1.HomeState_HOME_STATE_REBUILDING: "rebuilding",
+	poolv1.HomeState_HOME_STATE_OK:          "ok",
+	poolv1.HomeState_HOME_STATE_LOST:        "lost",
+	poolv1.HomeState_HOME_STATE_REBUILDING:  "rebuilding",
+	poolv1.HomeState_HOME_STATE_UNREACHABLE: "unreachable",
 }
 
 // redundancyStatus is the status info describes.

@@ -83,8 +83,11 @@ func (r *record) shardSize() int64 {
 	return r.Size
 }
 
-// lostHomes counts r's homes in state LOST.
-func (r *record) lostHomes() int { return r.homesIn(poolv1.HomeState_HOME_STATE_LOST) }
+// lostHomes counts r's homes that cannot be read: LOST, or UNREACHABLE
+// (kept until their node returns).
+func (r *record) lostHomes() int {
+	return r.homesIn(poolv1.HomeState_HOME_STATE_LOST) + r.homesIn(poolv1.HomeState_HOME_STATE_UNREACHABLE)
+}
 
 // redundancyState is how much of r's protection holds.
 func (r *record) redundancyState() poolv1.RedundancyState {
@@ -587,31 +590,34 @@ func redundancyProto(rd redundancy) *poolv1.Redundancy {
 // (replicateLater) and the lost copy is freed at its node if it answers
 // (it is never served again: a node that returns with it frees it at the
 // next reconcile, which no longer counts it as held). why is logged.
+//
+// A copy that was OK and whose loss leaves the segment lost (or one of a
+// segment lost already) held every acknowledged write when it went: it is
+// marked UNREACHABLE instead, kept at its node, and made OK again when
+// the node returns holding it (homeReturned). Freeing it would lose
+// those writes for good where a single-home segment would be restored:
+// a partition that cuts the origin off from every home of a segment, or
+// the hosts of its last copies rebooting their daemons, ends with the
+// copies alive.
 func (p *core) homeLost(id uint64, node string, homeID uint64, why string) {
 	var promoted string
+	kept := false
 	next, err := p.updateRecord(id, func(r *record) error {
 		i := slices.IndexFunc(r.Homes, func(h homeRef) bool {
-			return h.Node == node && h.HomeID == homeID && h.State != poolv1.HomeState_HOME_STATE_LOST
+			return h.Node == node && h.HomeID == homeID && h.State != poolv1.HomeState_HOME_STATE_LOST && h.State != poolv1.HomeState_HOME_STATE_UNREACHABLE
 		})
 		if i < 0 {
 			return errHomeGone
 		}
+		was := r.Homes[i].State
 		r.Homes[i].State = poolv1.HomeState_HOME_STATE_LOST
-		if i > 0 || r.Redundancy.Data > 0 {
+		if was == poolv1.HomeState_HOME_STATE_OK && (r.Lost || r.wouldBeLost()) {
+			r.Homes[i].State, kept = poolv1.HomeState_HOME_STATE_UNREACHABLE, true
 			return nil
 		}
-		j := slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_OK })
-		if j < 0 {
-			return nil
+		if i == 0 {
+			promoted = r.promote()
 		}
-		r.Homes[0], r.Homes[j] = r.Homes[j], r.Homes[0]
-		r.Epoch++
-		for k := range r.Homes {
-			if r.Homes[k].State != poolv1.HomeState_HOME_STATE_LOST {
-				r.Homes[k].Epoch = r.Epoch
-			}
-		}
-		promoted = r.Homes[0].Node
 		return nil
 	})
 	switch {
@@ -621,14 +627,116 @@ func (p *core) homeLost(id uint64, node string, homeID uint64, why string) {
 		p.log.Error("a home of a redundant segment is lost, and the record does not say so yet", "segment", id, "node", node, "why", why, "err", err)
 		return
 	}
-	p.peers.freeLater(node, homeID)
+	if !kept {
+		p.peers.freeLater(node, homeID)
+	}
 	if next.Lost {
-		p.log.Warn("redundant segment lost: more homes lost than its redundancy covers", "segment", id, "node", node, "redundancy", next.Redundancy.spec().String(), "lost", next.lostHomes(), "why", why)
+		p.log.Warn("redundant segment lost: more homes lost than its redundancy covers", "segment", id, "node", node, "redundancy", next.Redundancy.spec().String(), "lost", next.lostHomes(), "kept", kept, "why", why)
 		return
 	}
 	p.log.Warn("redundant segment degraded: a home is lost", "segment", id, "node", node, "promoted", promoted, "epoch", next.Epoch, "why", why)
 	p.replicateLater(id)
 	p.rebuildSoon(id)
+}
+
+// wouldBeLost reports whether r, settled as it is now, is lost.
+func (r *record) wouldBeLost() bool {
+	t := *r
+	t.settle()
+	return t.Lost
+}
+
+// promote makes the first OK copy of a replicated record whose primary is
+// not OK its primary under the next epoch, which every home not lost
+// takes, and returns its node ("" when there is none, or r is coded: a
+// data shard's home keeps its place).
+func (r *record) promote() string {
+	if r.Redundancy.Data > 0 || r.Homes[0].State == poolv1.HomeState_HOME_STATE_OK {
+		return ""
+	}
+	j := slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_OK })
+	if j < 0 {
+		return ""
+	}
+	r.Homes[0], r.Homes[j] = r.Homes[j], r.Homes[0]
+	r.Epoch++
+	for k := range r.Homes {
+		if r.Homes[k].State != poolv1.HomeState_HOME_STATE_LOST {
+			r.Homes[k].Epoch = r.Epoch
+		}
+	}
+	return r.Homes[0].Node
+}
+
+// homeReturned applies the return of node to the UNREACHABLE homes
+// there (homeLost): one that node holds (held, by id there) is OK again,
+// one it no longer holds is LOST. When that makes a segment whole enough
+// to serve again, its other UNREACHABLE homes become LOST and are freed
+// (writes go on without them from now on), a replicated segment's first
+// OK copy becomes its primary, and its homes are told how to forward and
+// the lost ones rebuilt.
+func (p *core) homeReturned(node string, held map[uint64]bool) {
+	type back struct {
+		seg, homeID uint64
+	}
+	var found []back
+	p.mu.Lock()
+	for _, r := range p.segs {
+		for _, h := range r.Homes {
+			if h.Node == node && h.State == poolv1.HomeState_HOME_STATE_UNREACHABLE {
+				found = append(found, back{r.ID, h.HomeID})
+			}
+		}
+	}
+	p.mu.Unlock()
+	for _, b := range found {
+		var drop []homeRef
+		next, err := p.updateRecord(b.seg, func(r *record) error {
+			i := slices.IndexFunc(r.Homes, func(h homeRef) bool {
+				return h.Node == node && h.HomeID == b.homeID && h.State == poolv1.HomeState_HOME_STATE_UNREACHABLE
+			})
+			if i < 0 {
+				return errHomeGone
+			}
+			if !held[b.homeID] {
+				r.Homes[i].State = poolv1.HomeState_HOME_STATE_LOST
+				return nil
+			}
+			r.Homes[i].State = poolv1.HomeState_HOME_STATE_OK
+			if r.wouldBeLost() {
+				return nil
+			}
+			for k, h := range r.Homes {
+				if h.State == poolv1.HomeState_HOME_STATE_UNREACHABLE {
+					r.Homes[k].State = poolv1.HomeState_HOME_STATE_LOST
+					drop = append(drop, h)
+				}
+			}
+			r.promote()
+			return nil
+		})
+		switch {
+		case errors.Is(err, errHomeGone) || errors.Is(err, errs.ErrNotFound):
+			continue
+		case err != nil:
+			p.log.Error("a home of a lost redundant segment returned, and the record does not say so yet", "segment", b.seg, "node", node, "err", err)
+			continue
+		}
+		for _, h := range drop {
+			p.peers.freeLater(h.Node, h.HomeID)
+		}
+		if !held[b.homeID] {
+			p.log.Warn("a kept home of a lost redundant segment returned without it", "segment", b.seg, "node", node)
+			continue
+		}
+		if next.Lost {
+			p.log.Info("a kept home of a lost redundant segment returned; the segment waits for more", "segment", b.seg, "node", node, "lost", next.lostHomes())
+			continue
+		}
+		p.log.Warn("redundant segment restored: a kept home returned with it", "segment", b.seg, "node", node, "primary", next.Home, "epoch", next.Epoch)
+		p.replicateLater(b.seg)
+		p.rebuildSoon(b.seg)
+	}
 }
 
 // errHomeGone is a home homeLost does not find (lost already).
@@ -738,6 +846,9 @@ func (p *core) redundantChanged(node string, up bool, held map[uint64]bool, aske
 	}
 	for _, h := range lost {
 		p.homeLost(h.seg, node, h.homeID, why)
+	}
+	if up {
+		p.homeReturned(node, held)
 	}
 	for _, id := range again {
 		p.replicateLater(id)

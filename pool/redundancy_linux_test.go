@@ -320,3 +320,52 @@ func segmentsGauge(t *testing.T, d *Daemon, state string) float64 {
 	t.Fatalf("no farmem_segments sample for tier rdma, state %s", state)
 	return 0
 }
+
+// TestLastCopyKeptAcrossPartition: a partition cuts the origin off from
+// both homes of a replicas=2 segment. The origin marks the first home it
+// hears dead lost (its copy is freed) and the second, whose loss leaves
+// the segment lost, UNREACHABLE: it held every acknowledged write, so it
+// is kept at its host, not freed. When the partition heals, that home is
+// OK again, the primary (promoted if it was the backup), and the segment
+// is served again, degraded, with its bytes; the other copy stays freed.
+func TestLastCopyKeptAcrossPartition(t *testing.T) {
+	sc := redundantCluster(t, 4, fastDetection, true)
+	ctx := t.Context()
+	origin := sc.hosts[0].daemon()
+	rep, err := allocSpec(ctx, t, origin, 8192, "replicas=2")
+	require.NoError(t, err)
+	want := []byte("acknowledged before the partition")
+	require.NoError(t, homeConn(t, origin, rep.Homes[0]).Write(ctx, homeRegion(rep.Homes[0]), 64, want))
+
+	sc.partition(sc.hosts[:1], sc.hosts[1:])
+	var now record
+	require.Eventually(t, func() bool {
+		now, err = origin.pool.Stat(rep.ID)
+		return err == nil && now.Lost
+	}, 30*time.Second, 20*time.Millisecond, "the origin marks the segment lost")
+	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_LOST, now.redundancyState())
+	require.Equal(t, 1, now.homesIn(poolv1.HomeState_HOME_STATE_LOST), "the first home lost: %+v", now.Homes)
+	require.Equal(t, 1, now.homesIn(poolv1.HomeState_HOME_STATE_UNREACHABLE), "the last one kept: %+v", now.Homes)
+	kept := now.Homes[slices.IndexFunc(now.Homes, func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_UNREACHABLE })]
+	gone := now.Homes[slices.IndexFunc(now.Homes, func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_LOST })]
+	require.Contains(t, sc.heldFor(origin.cfg.Node)[kept.Node], kept.HomeID, "the kept copy is not freed")
+
+	sc.net.Heal()
+	require.Eventually(t, func() bool {
+		now, err = origin.pool.Stat(rep.ID)
+		return err == nil && !now.Lost
+	}, 30*time.Second, 20*time.Millisecond, "the segment is served again once its kept home returns")
+	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED, now.redundancyState())
+	require.Equal(t, kept.Node, now.Home, "the kept copy is the primary")
+	require.Equal(t, poolv1.HomeState_HOME_STATE_OK, now.Homes[0].State)
+	require.Equal(t, poolv1.HomeState_HOME_STATE_LOST, now.Homes[1].State)
+	got := make([]byte, len(want))
+	require.Eventually(t, func() bool {
+		now, err = origin.pool.Stat(rep.ID)
+		return err == nil && homeConn(t, origin, now.Homes[0]).Read(ctx, homeRegion(now.Homes[0]), 64, got) == nil
+	}, 30*time.Second, 50*time.Millisecond, "the primary serves its copy at the segment's epoch")
+	require.Equal(t, want, got, "the acknowledged write is there")
+	require.NoError(t, homeConn(t, origin, now.Homes[0]).Write(ctx, homeRegion(now.Homes[0]), 0, []byte("after the heal")), "and it takes writes")
+	require.Eventually(t, func() bool { return !slices.Contains(sc.heldFor(origin.cfg.Node)[gone.Node], gone.HomeID) }, 30*time.Second, 20*time.Millisecond,
+		"the first home's copy, which missed writes, is freed")
+}

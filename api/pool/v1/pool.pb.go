@@ -196,6 +196,10 @@ const (
 	HomeState_HOME_STATE_OK         HomeState = 0
 	HomeState_HOME_STATE_LOST       HomeState = 1 // dead, fenced, or failed a forward: never read
 	HomeState_HOME_STATE_REBUILDING HomeState = 2 // being filled from the survivors: not read yet, written
+	// Unreachable when its segment could no longer spare it (its loss made
+	// the segment lost): it held every acknowledged write then, so it is kept
+	// (not freed) and made OK again when its node returns holding it.
+	HomeState_HOME_STATE_UNREACHABLE HomeState = 3
 )
 
 // Enum value maps for HomeState.
@@ -204,11 +208,13 @@ var (
 		0: "HOME_STATE_OK",
 		1: "HOME_STATE_LOST",
 		2: "HOME_STATE_REBUILDING",
+		3: "HOME_STATE_UNREACHABLE",
 	}
 	HomeState_value = map[string]int32{
-		"HOME_STATE_OK":         0,
-		"HOME_STATE_LOST":       1,
-		"HOME_STATE_REBUILDING": 2,
+		"HOME_STATE_OK":          0,
+		"HOME_STATE_LOST":        1,
+		"HOME_STATE_REBUILDING":  2,
+		"HOME_STATE_UNREACHABLE": 3,
 	}
 )
 
@@ -5227,11 +5233,12 @@ const file_pool_proto_rawDesc = "" +
 	"\x13REDUNDANCY_STATE_OK\x10\x01\x12\x1d\n" +
 	"\x19REDUNDANCY_STATE_DEGRADED\x10\x02\x12\x1f\n" +
 	"\x1bREDUNDANCY_STATE_REBUILDING\x10\x03\x12\x19\n" +
-	"\x15REDUNDANCY_STATE_LOST\x10\x04*N\n" +
+	"\x15REDUNDANCY_STATE_LOST\x10\x04*j\n" +
 	"\tHomeState\x12\x11\n" +
 	"\rHOME_STATE_OK\x10\x00\x12\x13\n" +
 	"\x0fHOME_STATE_LOST\x10\x01\x12\x19\n" +
-	"\x15HOME_STATE_REBUILDING\x10\x02*\x7f\n" +
+	"\x15HOME_STATE_REBUILDING\x10\x02\x12\x1a\n" +
+	"\x16HOME_STATE_UNREACHABLE\x10\x03*\x7f\n" +
 	"\tKeyringOp\x12\x1a\n" +
 	"\x16KEYRING_OP_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
