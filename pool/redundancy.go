@@ -598,20 +598,23 @@ func redundancyProto(rd redundancy) *poolv1.Redundancy {
 // those writes for good where a single-home segment would be restored:
 // a partition that cuts the origin off from every home of a segment, or
 // the hosts of its last copies rebooting their daemons, ends with the
-// copies alive.
-func (p *core) homeLost(id uint64, node string, homeID uint64, why string) {
+// copies alive. A home that missed a write (missed: another home could
+// not forward to it) is never kept, and one kept is lost when such a
+// report comes.
+func (p *core) homeLost(id uint64, node string, homeID uint64, why string, missed bool) {
 	var promoted string
 	kept := false
 	next, err := p.updateRecord(id, func(r *record) error {
 		i := slices.IndexFunc(r.Homes, func(h homeRef) bool {
-			return h.Node == node && h.HomeID == homeID && h.State != poolv1.HomeState_HOME_STATE_LOST && h.State != poolv1.HomeState_HOME_STATE_UNREACHABLE
+			return h.Node == node && h.HomeID == homeID && h.State != poolv1.HomeState_HOME_STATE_LOST &&
+				(missed || h.State != poolv1.HomeState_HOME_STATE_UNREACHABLE)
 		})
 		if i < 0 {
 			return errHomeGone
 		}
 		was := r.Homes[i].State
 		r.Homes[i].State = poolv1.HomeState_HOME_STATE_LOST
-		if was == poolv1.HomeState_HOME_STATE_OK && (r.Lost || r.wouldBeLost()) {
+		if !missed && was == poolv1.HomeState_HOME_STATE_OK && (r.Lost || r.wouldBeLost()) {
 			r.Homes[i].State, kept = poolv1.HomeState_HOME_STATE_UNREACHABLE, true
 			return nil
 		}
@@ -845,7 +848,7 @@ func (p *core) redundantChanged(node string, up bool, held map[uint64]bool, aske
 		why = "its node returned without it"
 	}
 	for _, h := range lost {
-		p.homeLost(h.seg, node, h.homeID, why)
+		p.homeLost(h.seg, node, h.homeID, why, false)
 	}
 	if up {
 		p.homeReturned(node, held)
@@ -890,6 +893,6 @@ func (p *core) homeFailed(node string, req *poolv1.HomeFailedRequest) error {
 		return fmt.Errorf("%w: no redundant segment here has home %d at %s and home %d at %s (freed, or marked lost already)",
 			errs.ErrNotFound, req.HomeId, node, req.TargetHomeId, req.TargetNode)
 	}
-	p.homeLost(seg, req.TargetNode, req.TargetHomeId, fmt.Sprintf("%s could not forward to it: %s", node, req.Reason))
+	p.homeLost(seg, req.TargetNode, req.TargetHomeId, fmt.Sprintf("%s could not forward to it: %s", node, req.Reason), true)
 	return nil
 }

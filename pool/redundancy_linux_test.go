@@ -328,11 +328,14 @@ func segmentsGauge(t *testing.T, d *Daemon, state string) float64 {
 // is kept at its host, not freed. When the partition heals, that home is
 // OK again, the primary (promoted if it was the backup), and the segment
 // is served again, degraded, with its bytes; the other copy stays freed.
+// A kept copy reported to have missed a forwarded write is lost instead.
 func TestLastCopyKeptAcrossPartition(t *testing.T) {
 	sc := redundantCluster(t, 4, fastDetection, true)
 	ctx := t.Context()
 	origin := sc.hosts[0].daemon()
 	rep, err := allocSpec(ctx, t, origin, 8192, "replicas=2")
+	require.NoError(t, err)
+	missed, err := allocSpec(ctx, t, origin, 8192, "replicas=2")
 	require.NoError(t, err)
 	want := []byte("acknowledged before the partition")
 	require.NoError(t, homeConn(t, origin, rep.Homes[0]).Write(ctx, homeRegion(rep.Homes[0]), 64, want))
@@ -349,6 +352,18 @@ func TestLastCopyKeptAcrossPartition(t *testing.T) {
 	kept := now.Homes[slices.IndexFunc(now.Homes, func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_UNREACHABLE })]
 	gone := now.Homes[slices.IndexFunc(now.Homes, func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_LOST })]
 	require.Contains(t, sc.heldFor(origin.cfg.Node)[kept.Node], kept.HomeID, "the kept copy is not freed")
+	// A kept copy that then misses a write (a home reports it could not
+	// forward to it) is lost after all: it is never restored.
+	var m record
+	require.Eventually(t, func() bool {
+		m, err = origin.pool.Stat(missed.ID)
+		return err == nil && m.homesIn(poolv1.HomeState_HOME_STATE_UNREACHABLE) == 1
+	}, 30*time.Second, 20*time.Millisecond)
+	mk := m.Homes[slices.IndexFunc(m.Homes, func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_UNREACHABLE })]
+	origin.pool.homeLost(missed.ID, mk.Node, mk.HomeID, "a forward to it failed", true)
+	m, err = origin.pool.Stat(missed.ID)
+	require.NoError(t, err)
+	require.Equal(t, 2, m.homesIn(poolv1.HomeState_HOME_STATE_LOST), "%+v", m.Homes)
 
 	sc.net.Heal()
 	require.Eventually(t, func() bool {
@@ -368,4 +383,7 @@ func TestLastCopyKeptAcrossPartition(t *testing.T) {
 	require.NoError(t, homeConn(t, origin, now.Homes[0]).Write(ctx, homeRegion(now.Homes[0]), 0, []byte("after the heal")), "and it takes writes")
 	require.Eventually(t, func() bool { return !slices.Contains(sc.heldFor(origin.cfg.Node)[gone.Node], gone.HomeID) }, 30*time.Second, 20*time.Millisecond,
 		"the first home's copy, which missed writes, is freed")
+	m, err = origin.pool.Stat(missed.ID)
+	require.NoError(t, err)
+	require.True(t, m.Lost, "the segment whose kept copy missed a write stays lost")
 }
