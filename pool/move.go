@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -104,6 +105,17 @@ func (ms *moves) sealing(id uint64) (end func(committed *record)) {
 		ms.mu.Unlock()
 		close(sw.done)
 	}
+}
+
+// switchDone is closed when the switch-over of segment id under way ends;
+// nil when none is.
+func (ms *moves) switchDone(id uint64) <-chan struct{} {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if sw := ms.switching[id]; sw != nil {
+		return sw.done
+	}
+	return nil
 }
 
 // switchWait bounds how long a Stat waits for a switch-over to end.
@@ -889,6 +901,14 @@ func orBitmap(dst, src []byte) {
 // switchOver commits the record that names the target: the switch-over.
 // The record may have changed meanwhile (attachers); it must still be the
 // segment at the source. It returns the record committed.
+//
+// The commit runs outside p.mu, so that concurrent switch-overs share one
+// transaction (storeFile.submit) and Stat, Alloc and the other moves go
+// on during its fsync. It is queued under p.mu, so it commits before any
+// change made after; a change made to the record while it commits (an
+// attach, a delegate) committed the record naming the source, and the
+// switch-over is committed again on top of it before it is installed. A
+// Free of the segment waits for the switch-over's end (switchDone).
 func (m *mover) switchOver(seg *poolv1.Segment) (record, error) {
 	p := m.p
 	p.mu.Lock()
@@ -897,12 +917,22 @@ func (m *mover) switchOver(seg *poolv1.Segment) (record, error) {
 	if !ok || cur.Home != m.rec.Home || cur.HomeID != m.rec.HomeID {
 		return record{}, fmt.Errorf("move segment %d: %w: it was freed during the move", m.rec.ID, errs.ErrNotFound)
 	}
-	next := *cur
-	var key rdma.Key
-	copy(key[:], seg.Key)
-	dataTLS := seg.DataTls
-	next.Home, next.HomeID, next.Key, next.Epoch, next.DataAddr, next.DataTLS, next.Lost = m.to, seg.Id, key, seg.Epoch, seg.DataAddr, &dataTLS, false
-	if err := p.st.switchMove(&next, m.in); err != nil {
+	base := *cur
+	next := m.switched(base, seg)
+	wait := p.st.switchMove(&next, m.in)
+	p.mu.Unlock()
+	err := wait()
+	p.mu.Lock()
+	if err == nil && p.segs[m.rec.ID] != cur {
+		// Reclaimed with its owner's lease meanwhile: that removal
+		// committed after the switch-over, and the move is undone.
+		return record{}, fmt.Errorf("move segment %d: %w: it was freed during the move", m.rec.ID, errs.ErrNotFound)
+	}
+	if err == nil && !reflect.DeepEqual(*cur, base) {
+		next = m.switched(*cur, seg)
+		err = p.st.switchMove(&next, m.in)()
+	}
+	if err != nil {
 		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", m.rec.ID, err)
 	}
 	*cur = next
@@ -910,6 +940,16 @@ func (m *mover) switchOver(seg *poolv1.Segment) (record, error) {
 	m.in.Switched = true
 	p.moving.set(m.in)
 	return next, nil
+}
+
+// switched is r as it is once the move to seg, the target's copy, is
+// committed.
+func (m *mover) switched(r record, seg *poolv1.Segment) record {
+	var key rdma.Key
+	copy(key[:], seg.Key)
+	dataTLS := seg.DataTls
+	r.Home, r.HomeID, r.Key, r.Epoch, r.DataAddr, r.DataTLS, r.Lost = m.to, seg.Id, key, seg.Epoch, seg.DataAddr, &dataTLS, false
+	return r
 }
 
 // syncAttachers tells the target of the attachments made or withdrawn
@@ -1054,15 +1094,18 @@ func (p *core) resolveLater(in intent) {
 // loadMoves takes the moves a previous run of this daemon left (their
 // intents in the store) at start, before any peer is asked what it holds:
 // a move whose record names the target switched over; any other is to be
-// undone. resumeMoves finishes them.
+// undone (one whose segment was freed as its intent says). resumeMoves finishes them.
 func (p *core) loadMoves() error {
 	ins, err := p.st.intents()
 	if err != nil {
 		return fmt.Errorf("the moves the last run left: %w", err)
 	}
 	for _, in := range ins {
-		if r, ok := p.segs[in.ID]; ok && r.Home == in.To && r.HomeID == in.ToID {
-			in.Switched = true
+		if r, ok := p.segs[in.ID]; ok {
+			// The record says: an intent marked switched whose record
+			// names the source again lost a race with a change to the
+			// record (switchOver), and its move is undone.
+			in.Switched = r.Home == in.To && r.HomeID == in.ToID
 		}
 		p.moving.set(in)
 		p.leftMoves = append(p.leftMoves, in)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
@@ -234,7 +235,7 @@ func TestMoveIntents(t *testing.T) {
 	require.NoError(t, p.st.putIntent(in8))
 	next := *r
 	next.Home, next.HomeID, next.Key = "c", 700, rdma.Key{2}
-	require.NoError(t, p.st.switchMove(&next, in7))
+	require.NoError(t, p.st.switchMove(&next, in7)())
 	ins, err := p.st.intents()
 	require.NoError(t, err)
 	in7.Switched = true
@@ -373,4 +374,87 @@ func TestAwaitSwitch(t *testing.T) {
 	endSoon(nil)
 	_, ok = ms.awaitSwitch(t.Context(), 7)
 	require.False(t, ok, "an undone switch-over answers nothing")
+}
+
+// TestSwitchOverCommit: switch-overs commit outside p.mu. Those under way
+// at once share one transaction (one fsync); a change to the record that
+// commits while a switch-over does (a delegate added) is kept, and the
+// record, in the table and in the store, names the target.
+func TestSwitchOverCommit(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	const n = 4
+	movers := make([]*mover, n)
+	for i := range movers {
+		id := uint64(7 + i)
+		r := &record{ID: id, Tier: poolv1.Tier_TIER_RDMA, Device: "peer", Size: 4096, Owner: "app", Epoch: 1,
+			Key: rdma.Key{1}, Home: "b", HomeID: 10 * id, DataAddr: "127.0.0.1:1"}
+		require.NoError(t, p.st.put(r))
+		p.mu.Lock()
+		p.link(r)
+		p.mu.Unlock()
+		m := &mover{p: p, rec: *r, to: "c", in: intent{ID: id, From: "b", FromID: 10 * id, To: "c", ToID: 100 * id}}
+		require.NoError(t, p.st.putIntent(m.in))
+		movers[i] = m
+	}
+	queued := func(k int) func() bool {
+		return func() bool {
+			p.st.mu.Lock()
+			defer p.st.mu.Unlock()
+			return len(p.st.queue) == k
+		}
+	}
+	// A commit held open: what is submitted meanwhile forms the next group.
+	entered, release := make(chan struct{}), make(chan struct{})
+	blocked := make(chan error, 1)
+	go func() {
+		blocked <- p.st.update(func(*bolt.Tx) error {
+			close(entered)
+			<-release
+			return nil
+		}, false)
+	}()
+	<-entered
+	before := p.st.commits.Load()
+	results := make(chan error, n+1)
+	for i, m := range movers {
+		go func() {
+			_, err := m.switchOver(&poolv1.Segment{Id: m.in.ToID, Key: []byte{2}, Epoch: 1, DataAddr: "127.0.0.1:2"})
+			results <- err
+		}()
+		require.Eventually(t, queued(i+1), 10*time.Second, time.Millisecond, "switch-over %d queued its commit", i)
+	}
+	go func() {
+		results <- p.authorize(caller{client: &client{id: "app"}, ident: "cn:app"}, 7, "helper", false)
+	}()
+	require.Eventually(t, queued(n+1), 10*time.Second, time.Millisecond, "the delegate queued behind the switch-overs")
+	close(release)
+	require.NoError(t, <-blocked)
+	for range n + 1 {
+		require.NoError(t, <-results)
+	}
+	// The held commit, the group of four switch-overs and the delegate,
+	// and segment 7's switch-over again on top of the delegate.
+	require.EqualValues(t, 3, p.st.commits.Load()-before)
+
+	check := func(p *core) {
+		for _, m := range movers {
+			rec, err := p.Stat(m.rec.ID)
+			require.NoError(t, err)
+			require.Equal(t, "c", rec.Home)
+			require.Equal(t, m.in.ToID, rec.HomeID)
+		}
+		rec, err := p.Stat(7)
+		require.NoError(t, err)
+		require.Equal(t, []string{"helper"}, rec.Delegates, "the delegate added during the commit")
+	}
+	check(p)
+	require.NoError(t, p.close())
+	p = newTestPool(t, cfg)
+	defer p.close()
+	check(p)
+	require.Len(t, p.leftMoves, n)
+	for _, in := range p.leftMoves {
+		require.True(t, in.Switched, "intent %d", in.ID)
+	}
 }

@@ -106,27 +106,33 @@ func (s *store) deleteIntent(id uint64) error {
 	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(intentKey(id)) }, true)
 }
 
-// switchMove commits the switch-over of a move in one transaction: the
-// record that names the target, and the intent marked switched (the source
-// is still to let the segment go). The record of a segment demoted from
-// this host's volatile memory is in the volatile file: it is committed
-// first, then the intent; a restart in between finds the record naming
-// the target, which is what switched means (loadMoves).
-func (s *store) switchMove(r *record, in intent) error {
+// switchMove queues the commit of the switch-over of a move, one
+// transaction: the record that names the target, and the intent marked
+// switched (the source is still to let the segment go). It returns the
+// wait for that commit (storeFile.submit), which concurrent switch-overs
+// share. The record of a segment demoted from this host's volatile memory
+// is in the volatile file: it is committed first, then the intent; a
+// restart in between finds the record naming the target, which is what
+// switched means (loadMoves).
+func (s *store) switchMove(r *record, in intent) (wait func() error) {
 	in.Switched = true
-	if s.fileFor(r) != s.storeFile {
-		if err := s.put(r); err != nil {
-			return err
-		}
-		return s.putIntent(in)
-	}
 	v, err := encodeRecord(r)
 	if err != nil {
-		return err
+		return func() error { return err }
+	}
+	putRecord := func(tx *bolt.Tx) error { return tx.Bucket(bucketSegments).Put(idKey(r.ID), v) }
+	if f := s.fileFor(r); f != s.storeFile {
+		recorded := f.submit(putRecord, false)
+		return func() error {
+			if err := recorded(); err != nil {
+				return err
+			}
+			return s.putIntent(in)
+		}
 	}
 	iv := encodeIntent(in)
-	return s.update(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(bucketSegments).Put(idKey(r.ID), v); err != nil {
+	return s.submit(func(tx *bolt.Tx) error {
+		if err := putRecord(tx); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketMeta).Put(intentKey(in.ID), iv)

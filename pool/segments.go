@@ -48,6 +48,16 @@ func (p *core) Free(c caller, id uint64, name string) error {
 	if !mayFree(c, r) {
 		return freeDenied(c, r)
 	}
+	if moved := p.moving.switchDone(r.ID); moved != nil {
+		// Its switch-over commits outside p.mu (mover.switchOver): the
+		// free waits for it, and then frees the segment where it is.
+		p.mu.Unlock()
+		<-moved
+		p.mu.Lock()
+		if r, err = p.lookup(r.ID, ""); err != nil {
+			return err
+		}
+	}
 	// Out of the table while the removal commits outside p.mu (grouped
 	// with concurrent commits): nobody else frees, maps or reclaims it
 	// meanwhile. A crash before the commit leaves it whole, as never freed.

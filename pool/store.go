@@ -307,6 +307,16 @@ func (f *storeFile) refillLocked() {
 // others', and again on its own when another in its group fails. A removal
 // (fn only deletes) may use the reserve (see storeFile).
 func (f *storeFile) update(fn func(*bolt.Tx) error, removal bool) error {
+	return f.submit(fn, removal)()
+}
+
+// submit queues fn as update does and returns the wait for its commit,
+// which the caller must call (the first caller of a group commits it from
+// its wait). Changes commit in the order they were submitted: a caller
+// that submits under a lock and waits after releasing it has its change
+// committed before any a later holder of the lock submits, and shares the
+// commit with those submitted meanwhile.
+func (f *storeFile) submit(fn func(*bolt.Tx) error, removal bool) (wait func() error) {
 	c := &change{fn: fn, removal: removal, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	f.mu.Lock()
 	f.queue = append(f.queue, c)
@@ -315,6 +325,11 @@ func (f *storeFile) update(fn func(*bolt.Tx) error, removal bool) error {
 		c.lead <- struct{}{}
 	}
 	f.mu.Unlock()
+	return func() error { return f.await(c) }
+}
+
+// await waits for c's commit, committing the queue when c leads it.
+func (f *storeFile) await(c *change) error {
 	for {
 		select {
 		case err := <-c.done:

@@ -26,7 +26,7 @@ func TestSwitchMoveVolatile(t *testing.T) {
 	require.NoError(t, p.st.putIntent(in))
 	next := *r
 	next.Home, next.HomeID, next.Key = "c", 900, rdma.Key{2}
-	require.NoError(t, p.st.switchMove(&next, in))
+	require.NoError(t, p.st.switchMove(&next, in)())
 	require.NoError(t, p.close())
 
 	p = newTestPool(t, cfg)
