@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -80,35 +79,55 @@ type moves struct {
 	switching map[uint64]*pendingSwitch
 }
 
-// pendingSwitch is one switch-over under way: done is closed when it ends,
-// and rec is then the record it committed (nil: undone).
+// pendingSwitch is one switch-over under way: announced is closed when
+// the table names the new home (or the switch-over was undone), and rec
+// is then that record (nil: undone); done is closed when the switch-over
+// is committed or undone.
 type pendingSwitch struct {
-	done chan struct{}
-	rec  *record
+	ms        *moves
+	id        uint64
+	announced chan struct{}
+	done      chan struct{}
+	rec       *record
+	once      sync.Once
 }
 
 // sealing notes that the switch-over of segment id begins: Stat waits
-// for its end (awaitSwitch). The returned func ends it, with the record
-// committed (nil when the switch-over failed).
-func (ms *moves) sealing(id uint64) (end func(committed *record)) {
-	sw := &pendingSwitch{done: make(chan struct{})}
+// for its announcement (awaitSwitch), Free for its end (switchDone).
+func (ms *moves) sealing(id uint64) *pendingSwitch {
+	sw := &pendingSwitch{ms: ms, id: id, announced: make(chan struct{}), done: make(chan struct{})}
 	ms.mu.Lock()
 	if ms.switching == nil {
 		ms.switching = map[uint64]*pendingSwitch{}
 	}
 	ms.switching[id] = sw
 	ms.mu.Unlock()
-	return func(committed *record) {
-		sw.rec = committed
-		ms.mu.Lock()
-		delete(ms.switching, id)
-		ms.mu.Unlock()
-		close(sw.done)
-	}
+	return sw
 }
 
-// switchDone is closed when the switch-over of segment id under way ends;
-// nil when none is.
+// announce answers the Stats waiting for the switch-over with rec, the
+// record the table holds now; only the first call counts.
+func (sw *pendingSwitch) announce(rec *record) {
+	sw.once.Do(func() {
+		sw.rec = rec
+		close(sw.announced)
+	})
+}
+
+// end ends the switch-over: committed, or undone (before an
+// announcement: the Stats waiting are answered nothing).
+func (sw *pendingSwitch) end() {
+	sw.ms.mu.Lock()
+	if sw.ms.switching[sw.id] == sw {
+		delete(sw.ms.switching, sw.id)
+		close(sw.done)
+	}
+	sw.ms.mu.Unlock()
+	sw.announce(nil)
+}
+
+// switchDone is closed when the switch-over of segment id under way is
+// committed or undone; nil when none is under way.
 func (ms *moves) switchDone(id uint64) <-chan struct{} {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
@@ -122,9 +141,9 @@ func (ms *moves) switchDone(id uint64) <-chan struct{} {
 const switchWait = time.Second
 
 // awaitSwitch waits, up to switchWait or the end of ctx, while segment id
-// is between the seal of its source and the commit of its new home, and
-// returns the record the switch-over committed (ok false: none was under
-// way, or it was undone, or the wait ended first). A client told MOVED
+// is between the seal of its source and the announcement of its new home,
+// and returns the record the switch-over announced (ok false: none was
+// under way, or it was undone, or the wait ended first). A client told MOVED
 // asks Stat, and is answered the new home as soon as there is one,
 // rather than the old one to ask again after a backoff; the answer needs
 // no p.mu, which another move's commit may hold.
@@ -138,7 +157,7 @@ func (ms *moves) awaitSwitch(ctx context.Context, id uint64) (rec record, ok boo
 	t := time.NewTimer(switchWait)
 	defer t.Stop()
 	select {
-	case <-sw.done:
+	case <-sw.announced:
 		if sw.rec != nil {
 			return *sw.rec, true
 		}
@@ -216,7 +235,7 @@ type moveResult struct {
 	fromTier poolv1.Tier
 	bytes    int64
 	rounds   int
-	pause    time.Duration // from the seal to the switch-over committed
+	pause    time.Duration // from the seal to the switch-over announced
 }
 
 // Move moves a segment to another home while its clients use it.
@@ -235,7 +254,7 @@ func (s *service) Move(ctx context.Context, req *poolv1.MoveRequest) (*poolv1.Mo
 
 // move runs a move for c, counts and logs it.
 func (d *Daemon) move(ctx context.Context, c caller, req *poolv1.MoveRequest) (*poolv1.MoveResponse, error) {
-	res, err := d.pool.move(ctx, c, req, d.moveTLS())
+	res, err := d.pool.move(ctx, c, req, d.moveTLS(), d.delegatedCred)
 	d.metrics.moveDone(res, err)
 	if err != nil {
 		if res.from != "" { // it had begun: a home failed, not the request
@@ -266,8 +285,9 @@ type moveTLS struct {
 func (d *Daemon) moveTLS() moveTLS { return moveTLS{ca: d.data.ca, byDefault: d.data.server != nil} }
 
 // move moves the segment req names to the home it names (or one placement
-// picks): see docs/MOVE.md.
-func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls moveTLS) (moveResult, error) {
+// picks): see docs/MOVE.md. creds is how this daemon gets the credential a
+// home delegates to one of its clients (Daemon.delegatedCred; nil: none).
+func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls moveTLS, creds func(ctx context.Context, home, client string) []byte) (moveResult, error) {
 	r, err := p.moveSubject(c, req)
 	if err != nil {
 		return moveResult{}, err
@@ -285,7 +305,7 @@ func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls 
 		p.moving.end(r.ID)
 		return moveResult{}, fmt.Errorf("move segment %d: %w", r.ID, err)
 	}
-	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size)}
+	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), creds: creds}
 	return m.run(ctx)
 }
 
@@ -428,6 +448,9 @@ type mover struct {
 	// there.
 	target *poolv1.SegmentHome
 
+	// creds gets a client's credential at a home (core.move).
+	creds func(ctx context.Context, home, client string) []byte
+
 	// A rebuild (rebuild.go) sets these; a move leaves them zero. rate
 	// paces the copy's bytes; read fills a batch's spans instead of a
 	// read at the source (an erasure-coded shard decoded from the
@@ -442,6 +465,9 @@ type mover struct {
 
 // run allocates the target, copies, and switches over; on a failure before
 // the switch-over it leaves the segment at the source and frees the target.
+// The switch-over is announced (Stat names the target) before its commit
+// is durable, and is never undone after: a commit that fails is retried
+// (commitLater), and a restart in between rolls it forward (rollForward).
 func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	p, r := m.p, m.rec
 	m.res.from, m.res.rec, m.res.fromTier = r.Home, r, r.Tier
@@ -457,9 +483,12 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 		p.moving.end(r.ID)
 		return m.res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)
 	}
+	announced := false
 	defer func() {
-		if err != nil {
-			p.abortMove(m.in, err)
+		if err != nil && !announced {
+			in := m.in
+			in.ToAddr = "" // never announced: undone, whatever the source says
+			p.abortMove(in, err)
 		}
 	}()
 	seg, err := m.allocTarget(ctx)
@@ -475,6 +504,7 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	if err := m.delegateSource(ctx, seg); err != nil {
 		return m.res, err
 	}
+	m.warmCredentials(ctx)
 	if _, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_TRACK); err != nil {
 		return m.res, err
 	}
@@ -484,13 +514,26 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	if err := m.settlePushes(ctx); err != nil {
 		return m.res, err
 	}
-	next, err := m.sealAndSwitch(ctx, seg)
+	sw := p.moving.sealing(r.ID)
+	defer sw.end()
+	next, err := m.sealAndSwitch(ctx, sw)
 	if err != nil {
 		return m.res, err
 	}
+	announced = true
+	if crash := p.cfg.sim.announced; crash != nil && crash(r.ID) {
+		return m.res, fmt.Errorf("move segment %d: %w: the test stopped the origin after the announcement", r.ID, errs.ErrUnavailable)
+	}
+	cerr := p.commitSwitch(m.in)
+	sw.end()
+	if cerr != nil {
+		p.log.Warn("moved segment: commit the switch-over; retrying (clients use the new home meanwhile)", "segment", r.ID, "err", cerr)
+		p.commitLater(m.in)
+	} else {
+		p.finishMove(m.in)
+	}
 	m.syncAttachers(next.Attached, seg.Id)
 	m.withdrawSource(seg.Id)
-	p.finishMove(m.in)
 	return m.res, nil
 }
 
@@ -505,17 +548,10 @@ func (m *mover) withdrawSource(id uint64) {
 }
 
 // sealAndSwitch asks the source to seal the segment and push the last
-// changed chunks, then commits the switch-over; Stat waits meanwhile
-// (moves.awaitSwitch). It notes the pause: from the seal to the commit.
-func (m *mover) sealAndSwitch(ctx context.Context, seg *poolv1.Segment) (next record, err error) {
-	end := m.p.moving.sealing(m.rec.ID)
-	defer func() {
-		if err != nil {
-			end(nil)
-			return
-		}
-		end(&next)
-	}()
+// changed chunks, then switches the table over and announces the target
+// to the Stats waiting meanwhile (moves.awaitSwitch). It notes the pause:
+// from the seal to the announcement.
+func (m *mover) sealAndSwitch(ctx context.Context, sw *pendingSwitch) (record, error) {
 	last, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_SEAL)
 	if err != nil {
 		return record{}, err
@@ -523,10 +559,27 @@ func (m *mover) sealAndSwitch(ctx context.Context, seg *poolv1.Segment) (next re
 	answered := time.Now()
 	m.copied.Add(int64(last.PushedBytes))
 	m.res.rounds++
-	if next, err = m.switchOver(seg); err == nil {
-		m.res.pause = time.Duration(last.SealedUs)*time.Microsecond + time.Since(answered)
+	next, err := m.switchOver()
+	if err != nil {
+		return record{}, err
 	}
-	return next, err
+	sw.announce(&next)
+	m.res.pause = time.Duration(last.SealedUs)*time.Microsecond + time.Since(answered)
+	return next, nil
+}
+
+// warmCredentials has the target delegate, before the seal, the
+// credentials the segment's owner and attachers will reach it with: the
+// Stat that names them the target at the switch-over finds them cached,
+// rather than asking the target while their operations wait. One that
+// fails is asked for again at that Stat.
+func (m *mover) warmCredentials(ctx context.Context) {
+	if m.creds == nil {
+		return
+	}
+	for _, client := range append([]string{m.rec.Owner}, m.rec.Attached...) {
+		m.creds(ctx, m.to, client)
+	}
 }
 
 // moveSourceClient is the client id, among the origin's at the target,
@@ -566,7 +619,8 @@ func (m *mover) allocTarget(ctx context.Context) (*poolv1.Segment, error) {
 		return api.Alloc(ctx, &poolv1.AllocRequest{Size: m.rec.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: m.rec.Owner})
 	})
 	if err == nil {
-		m.in.ToID = seg.Id
+		m.in.ToID, m.in.ToAddr, m.in.ToEpoch, m.in.ToTLS = seg.Id, seg.DataAddr, seg.Epoch, seg.DataTls
+		copy(m.in.ToKey[:], seg.Key)
 		p.moving.set(m.in)
 	}
 	return seg, err
@@ -898,18 +952,12 @@ func orBitmap(dst, src []byte) {
 	}
 }
 
-// switchOver commits the record that names the target: the switch-over.
-// The record may have changed meanwhile (attachers); it must still be the
-// segment at the source. It returns the record committed.
-//
-// The commit runs outside p.mu, so that concurrent switch-overs share one
-// transaction (storeFile.submit) and Stat, Alloc and the other moves go
-// on during its fsync. It is queued under p.mu, so it commits before any
-// change made after; a change made to the record while it commits (an
-// attach, a delegate) committed the record naming the source, and the
-// switch-over is committed again on top of it before it is installed. A
-// Free of the segment waits for the switch-over's end (switchDone).
-func (m *mover) switchOver(seg *poolv1.Segment) (record, error) {
+// switchOver switches the table's record over to the target, once the
+// source answered the SEAL (the target's copy is whole and the source
+// takes no write): Stat names the target from then on, before the commit
+// (commitSwitch). The record may have changed meanwhile (attachers); it
+// must still be the segment at the source. It returns the record.
+func (m *mover) switchOver() (record, error) {
 	p := m.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -917,39 +965,106 @@ func (m *mover) switchOver(seg *poolv1.Segment) (record, error) {
 	if !ok || cur.Home != m.rec.Home || cur.HomeID != m.rec.HomeID {
 		return record{}, fmt.Errorf("move segment %d: %w: it was freed during the move", m.rec.ID, errs.ErrNotFound)
 	}
-	base := *cur
-	next := m.switched(base, seg)
-	wait := p.st.switchMove(&next, m.in)
-	p.mu.Unlock()
-	err := wait()
-	p.mu.Lock()
-	if err == nil && p.segs[m.rec.ID] != cur {
-		// Reclaimed with its owner's lease meanwhile: that removal
-		// committed after the switch-over, and the move is undone.
-		return record{}, fmt.Errorf("move segment %d: %w: it was freed during the move", m.rec.ID, errs.ErrNotFound)
-	}
-	if err == nil && !reflect.DeepEqual(*cur, base) {
-		next = m.switched(*cur, seg)
-		err = p.st.switchMove(&next, m.in)()
-	}
-	if err != nil {
-		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", m.rec.ID, err)
-	}
-	*cur = next
-	m.res.rec = next
+	*cur = m.in.switched(*cur)
+	m.res.rec = *cur
 	m.in.Switched = true
-	p.moving.set(m.in)
-	return next, nil
+	p.moving.set(m.in) // reconcile keeps the source's segment until it COMMITs
+	return *cur, nil
 }
 
-// switched is r as it is once the move to seg, the target's copy, is
-// committed.
-func (m *mover) switched(r record, seg *poolv1.Segment) record {
-	var key rdma.Key
-	copy(key[:], seg.Key)
-	dataTLS := seg.DataTls
-	r.Home, r.HomeID, r.Key, r.Epoch, r.DataAddr, r.DataTLS, r.Lost = m.to, seg.Id, key, seg.Epoch, seg.DataAddr, &dataTLS, false
-	return r
+// commitSwitch commits the switch-over of move in as the table holds it:
+// the record that names the target, with whatever changed since, and the
+// intent marked switched. The commit is queued under p.mu, so that it
+// commits before any later change, and runs outside it, so that
+// concurrent switch-overs share one transaction (storeFile.submit) and
+// Stat, Alloc and other moves go on during its fsync. A segment freed
+// since has nothing to commit: its removal was.
+func (p *core) commitSwitch(in intent) error {
+	p.mu.Lock()
+	r, ok := p.segs[in.ID]
+	if !ok || r.Home != in.To || r.HomeID != in.ToID {
+		p.mu.Unlock()
+		return nil
+	}
+	next := *r
+	wait := p.st.switchMove(&next, in)
+	p.mu.Unlock()
+	if err := wait(); err != nil {
+		return fmt.Errorf("move segment %d: commit the switch-over: %w", in.ID, err)
+	}
+	return nil
+}
+
+// commitLater retries commitSwitch in the background, backing off from a
+// second to 30 s, then finishes the move (a restarted daemon rolls it
+// forward from the intent instead).
+func (p *core) commitLater(in intent) {
+	p.retryLater(func(context.Context) error {
+		if err := p.commitSwitch(in); err != nil {
+			p.log.Debug("commit a switch-over: retrying", "segment", in.ID, "err", err)
+			return err
+		}
+		p.finishMove(in)
+		return nil
+	})
+}
+
+// rollForward decides, for a restarted origin, a move left before its
+// switch-over was committed: it may have been announced, and clients may
+// have written the target's copy since. It asks the source (STATUS):
+// once a SEAL pushed the last chunks to the target and answered, the
+// target's copy is whole and the source took no write since (it is
+// sealed): the move rolls forward, switched over and committed here
+// (true). A source that is not sealed, holds the segment no more, or
+// was cut short in the SEAL's push (sealed, no push noted, writes not
+// tracked: it restarted) never answered the SEAL, so nobody was told of
+// the target: the move is undone (false). A source still in its SEAL is
+// asked again later (an error).
+func (p *core) rollForward(ctx context.Context, in intent) (bool, error) {
+	p.mu.Lock()
+	r, ok := p.segs[in.ID]
+	named := ok && r.Home == in.To && r.HomeID == in.ToID
+	p.mu.Unlock()
+	switch {
+	case !ok:
+		return false, nil // freed: its removal was committed
+	case named: // rolled forward by an earlier try, whose commit failed
+		return true, p.commitSwitch(in)
+	}
+	src, err := p.homeSession(ctx, in.From, "source")
+	var st *poolv1.MoveOutResponse
+	if err == nil {
+		st, err = callAt(ctx, src, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.MoveOutResponse, error) {
+			return api.MoveOut(ctx, &poolv1.MoveOutRequest{HomeId: in.FromID, Phase: poolv1.MoveOutPhase_MOVE_OUT_STATUS,
+				Target: &poolv1.SegmentHome{Node: in.To, HomeId: in.ToID}})
+		})
+	}
+	switch {
+	case errors.Is(err, errs.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("ask the source %s where the switch-over stands: %w", in.From, err)
+	case !st.Sealed || !st.Pushed && !st.Tracked:
+		return false, nil
+	case !st.Pushed:
+		return false, fmt.Errorf("the source %s is sealed and pushing the last chunks: %w", in.From, errMoveHome)
+	}
+	p.mu.Lock()
+	r, ok = p.segs[in.ID]
+	if ok && r.Home == in.From && r.HomeID == in.FromID {
+		*r = in.switched(*r)
+		in.Switched = true
+		p.moving.set(in)
+	}
+	p.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	if err := p.commitSwitch(in); err != nil {
+		return false, err
+	}
+	p.log.Info("a move left at its switch-over rolled forward: the source had pushed its last chunks to the target", "segment", in.ID, "from", in.From, "to", in.To)
+	return true, nil
 }
 
 // syncAttachers tells the target of the attachments made or withdrawn
@@ -1007,10 +1122,18 @@ func (p *core) abortMove(in intent, why error) {
 }
 
 // resolve finishes a move intent: a switched one by the source's COMMIT,
-// another by the source's ABORT and a free of the target's copy; then the
-// intent goes. A source or target that holds the segment no more has
-// nothing left to do.
+// another by the source's ABORT and a free of the target's copy, unless it
+// may have been announced and rolls forward (rollForward); then the intent
+// goes. A source or target that holds the segment no more has nothing
+// left to do.
 func (p *core) resolve(ctx context.Context, in intent) error {
+	if !in.Switched && in.ToAddr != "" { // it may have been announced
+		fwd, err := p.rollForward(ctx, in)
+		if err != nil {
+			return err
+		}
+		in.Switched = fwd
+	}
 	if err := p.resolveHomes(ctx, in); err != nil {
 		return err
 	}
@@ -1071,6 +1194,22 @@ func (p *core) freeLaterAt(node string, id uint64) {
 // daemon resumes from the intent).
 func (p *core) resolveLater(in intent) {
 	p.moving.set(in)
+	p.retryLater(func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+		defer cancel()
+		if err := p.resolve(ctx, in); err != nil {
+			p.log.Debug("finish a move: retrying", "segment", in.ID, "err", err)
+			return err
+		}
+		p.log.Info("move finished after a retry", "segment", in.ID, "from", in.From, "to", in.To)
+		p.moving.end(in.ID)
+		return nil
+	})
+}
+
+// retryLater runs try in the background, first after a second and then
+// backing off to 30 s, until it succeeds or the daemon closes.
+func (p *core) retryLater(try func(ctx context.Context) error) {
 	p.peers.later(0, func(ctx context.Context) {
 		for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
 			select {
@@ -1078,15 +1217,9 @@ func (p *core) resolveLater(in intent) {
 				return
 			case <-time.After(wait):
 			}
-			sctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
-			err := p.resolve(sctx, in)
-			cancel()
-			if err == nil {
-				p.log.Info("move finished after a retry", "segment", in.ID, "from", in.From, "to", in.To, "switched", in.Switched)
-				p.moving.end(in.ID)
+			if try(ctx) == nil {
 				return
 			}
-			p.log.Debug("finish a move: retrying", "segment", in.ID, "err", err)
 		}
 	})
 }
@@ -1094,7 +1227,8 @@ func (p *core) resolveLater(in intent) {
 // loadMoves takes the moves a previous run of this daemon left (their
 // intents in the store) at start, before any peer is asked what it holds:
 // a move whose record names the target switched over; any other is to be
-// undone (one whose segment was freed as its intent says). resumeMoves finishes them.
+// rolled forward or undone (resolve; one whose segment was freed as its
+// intent says). resumeMoves finishes them.
 func (p *core) loadMoves() error {
 	ins, err := p.st.intents()
 	if err != nil {

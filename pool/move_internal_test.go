@@ -135,9 +135,12 @@ func TestMoveOutSource(t *testing.T) {
 // segment of x's (the target's copy, on this same data plane, written
 // with x's credential), then only the chunk written since, then, at the
 // seal, the chunk written last: the copy holds the same bytes each time,
-// and the seal's answer says how long writes were refused. Refused: a push
-// before TRACK, one without a target, one with a wrong key (the target
-// refuses it). ABORT closes the connection to the target.
+// and the seal's answer says how long writes were refused. STATUS says
+// whether the segment is sealed, its last chunks pushed to the target
+// named (and no other) and its writes tracked. Refused: a push before
+// TRACK, one without a target, one with a wrong key (the target refuses
+// it), a STATUS without one. ABORT closes the connection to the target,
+// unseals and forgets the push.
 func TestMoveOutPush(t *testing.T) {
 	p, _ := newServingPool(t)
 	ctx := t.Context()
@@ -193,6 +196,17 @@ func TestMoveOutPush(t *testing.T) {
 	require.EqualValues(t, 4096, resp.PushedBytes)
 	same()
 
+	status := func(target *poolv1.SegmentHome) (sealed, pushed, tracked bool) {
+		t.Helper()
+		resp, err := step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_STATUS, Target: target})
+		require.NoError(t, err)
+		return resp.Sealed, resp.Pushed, resp.Tracked
+	}
+	sealed, pushed, tracked := status(target)
+	require.Equal(t, []bool{false, false, true}, []bool{sealed, pushed, tracked}, "pushing, not sealed")
+	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_STATUS})
+	require.ErrorIs(t, err, errs.ErrInvalid, "STATUS names no target")
+
 	require.NoError(t, mover.Write(ctx, region(t, src), n-3, []byte("end")))
 	resp, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_SEAL, Target: target})
 	require.NoError(t, err)
@@ -201,6 +215,10 @@ func TestMoveOutPush(t *testing.T) {
 	require.GreaterOrEqual(t, resp.SealedUs, int64(0))
 	require.ErrorIs(t, mover.Write(ctx, region(t, src), 0, []byte{1}), rdma.ErrMoved, "sealed")
 	same()
+	sealed, pushed, tracked = status(target)
+	require.Equal(t, []bool{true, true, true}, []bool{sealed, pushed, tracked}, "sealed, the last chunks pushed to the target")
+	_, pushed, _ = status(&poolv1.SegmentHome{Node: "elsewhere", HomeId: dst.ID})
+	require.False(t, pushed, "pushed to another target")
 
 	// The same copy under another key (and node name, so it is dialed
 	// again): the target refuses the writes.
@@ -213,6 +231,8 @@ func TestMoveOutPush(t *testing.T) {
 	p.pushing.mu.Lock()
 	require.Empty(t, p.pushing.m, "ABORT closed the connection to the target")
 	p.pushing.mu.Unlock()
+	sealed, pushed, tracked = status(target)
+	require.Equal(t, []bool{false, false, false}, []bool{sealed, pushed, tracked}, "undone: unsealed, the push forgotten, not tracked")
 }
 
 // TestMoveIntents: a move intent survives the store as written; the
@@ -269,9 +289,11 @@ func TestMoveIntents(t *testing.T) {
 // encodes and decodes back to itself, or fails with an error matching
 // ErrInvalid (corrupt) or ErrNotSupported (a newer form); never a panic.
 func FuzzDecodeIntent(f *testing.F) {
-	for _, in := range []intent{{ID: 1, From: "b", FromID: 2, To: "c", ToID: 3}, {ID: 1 << 60, From: "node-b", FromID: 1<<64 - 1, To: "c", Switched: true}} {
+	for _, in := range []intent{{ID: 1, From: "b", FromID: 2, To: "c", ToID: 3}, {ID: 1 << 60, From: "node-b", FromID: 1<<64 - 1, To: "c", Switched: true},
+		{ID: 4, From: "b", FromID: 5, To: "c", ToID: 6, ToAddr: "10.0.0.3:7960", ToKey: rdma.Key{7, 8}, ToEpoch: 2, ToTLS: true}} {
 		f.Add(encodeIntent(in))
 	}
+	f.Add([]byte{1, 1, 0, 1, 'b', 2, 1, 'c', 3}) // version 1: no target's copy
 	f.Add([]byte{})
 	f.Add([]byte{2, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -349,37 +371,56 @@ func TestMoveSubject(t *testing.T) {
 }
 
 // TestAwaitSwitch: a Stat of a segment whose switch-over is under way
-// waits for it and is answered the record it committed; one undone, or
-// none under way, leaves Stat to the table.
+// waits for its announcement and is answered the record announced; one
+// undone, or none under way, leaves Stat to the table. A Free waits for
+// the switch-over's end (switchDone), which comes after its announcement.
 func TestAwaitSwitch(t *testing.T) {
 	var ms moves
 	_, ok := ms.awaitSwitch(t.Context(), 7)
 	require.False(t, ok, "no switch-over under way")
+	require.Nil(t, ms.switchDone(7))
 
-	// The switch-over ends a little after the Stat began to wait.
-	endSoon := func(committed *record) {
-		end := ms.sealing(7)
+	// The switch-over is announced (or undone) a little after the Stat
+	// began to wait, and ends when the test says.
+	endSoon := func(announced *record) (end func()) {
+		sw := ms.sealing(7)
 		go func() {
 			time.Sleep(20 * time.Millisecond)
-			end(committed)
+			if announced == nil {
+				sw.end()
+				return
+			}
+			sw.announce(announced)
 		}()
+		return sw.end
 	}
-	endSoon(&record{ID: 7, Home: "c"})
+	end := endSoon(&record{ID: 7, Home: "c"})
 	r, ok := ms.awaitSwitch(t.Context(), 7)
 	require.True(t, ok)
 	require.Equal(t, "c", r.Home)
+	done := ms.switchDone(7)
+	require.NotNil(t, done, "announced, not committed yet")
+	select {
+	case <-done:
+		t.Fatal("the switch-over ended before its end")
+	default:
+	}
+	end()
+	<-done
 	_, ok = ms.awaitSwitch(t.Context(), 7)
 	require.False(t, ok, "ended")
 
 	endSoon(nil)
 	_, ok = ms.awaitSwitch(t.Context(), 7)
 	require.False(t, ok, "an undone switch-over answers nothing")
+	require.Nil(t, ms.switchDone(7), "undone is ended")
 }
 
-// TestSwitchOverCommit: switch-overs commit outside p.mu. Those under way
-// at once share one transaction (one fsync); a change to the record that
-// commits while a switch-over does (a delegate added) is kept, and the
-// record, in the table and in the store, names the target.
+// TestSwitchOverCommit: the table names the target at the switch-over,
+// and the commit follows outside p.mu: switch-overs that commit at once
+// share one transaction (one fsync), and a change to the record made
+// after the switch-over (a delegate added) commits after it, naming the
+// target: the table and the store agree.
 func TestSwitchOverCommit(t *testing.T) {
 	cfg := testConfig(t)
 	p := newTestPool(t, cfg)
@@ -393,7 +434,8 @@ func TestSwitchOverCommit(t *testing.T) {
 		p.mu.Lock()
 		p.link(r)
 		p.mu.Unlock()
-		m := &mover{p: p, rec: *r, to: "c", in: intent{ID: id, From: "b", FromID: 10 * id, To: "c", ToID: 100 * id}}
+		m := &mover{p: p, rec: *r, to: "c", in: intent{ID: id, From: "b", FromID: 10 * id, To: "c", ToID: 100 * id,
+			ToAddr: "127.0.0.1:2", ToKey: rdma.Key{2}, ToEpoch: 1}}
 		require.NoError(t, p.st.putIntent(m.in))
 		movers[i] = m
 	}
@@ -418,10 +460,13 @@ func TestSwitchOverCommit(t *testing.T) {
 	before := p.st.commits.Load()
 	results := make(chan error, n+1)
 	for i, m := range movers {
-		go func() {
-			_, err := m.switchOver(&poolv1.Segment{Id: m.in.ToID, Key: []byte{2}, Epoch: 1, DataAddr: "127.0.0.1:2"})
-			results <- err
-		}()
+		next, err := m.switchOver()
+		require.NoError(t, err)
+		require.Equal(t, "c", next.Home)
+		rec, err := p.Stat(m.rec.ID)
+		require.NoError(t, err)
+		require.Equal(t, m.in.ToID, rec.HomeID, "the table names the target before the commit")
+		go func() { results <- p.commitSwitch(m.in) }()
 		require.Eventually(t, queued(i+1), 10*time.Second, time.Millisecond, "switch-over %d queued its commit", i)
 	}
 	go func() {
@@ -433,9 +478,9 @@ func TestSwitchOverCommit(t *testing.T) {
 	for range n + 1 {
 		require.NoError(t, <-results)
 	}
-	// The held commit, the group of four switch-overs and the delegate,
-	// and segment 7's switch-over again on top of the delegate.
-	require.EqualValues(t, 3, p.st.commits.Load()-before)
+	// The held commit, then one group: the four switch-overs and the
+	// delegate.
+	require.EqualValues(t, 2, p.st.commits.Load()-before)
 
 	check := func(p *core) {
 		for _, m := range movers {
@@ -443,10 +488,11 @@ func TestSwitchOverCommit(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, "c", rec.Home)
 			require.Equal(t, m.in.ToID, rec.HomeID)
+			require.Equal(t, rdma.Key{2}, rec.Key)
 		}
 		rec, err := p.Stat(7)
 		require.NoError(t, err)
-		require.Equal(t, []string{"helper"}, rec.Delegates, "the delegate added during the commit")
+		require.Equal(t, []string{"helper"}, rec.Delegates, "the delegate added after the switch-over")
 	}
 	check(p)
 	require.NoError(t, p.close())

@@ -13,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
 )
 
 // intentPrefix starts the meta bucket's keys of move intents, each followed
@@ -27,6 +28,14 @@ type intent struct {
 	To       string // the target: the home it goes to
 	ToID     uint64 // its id there
 	Switched bool   // the record names the target; the source is to COMMIT
+	// The target's copy as the record is to name it (ToAddr "" when not
+	// known: before the target's allocation, an intent of an older
+	// poold, a tier move): a restarted origin rolls a sealed move
+	// forward with them (core.rollForward).
+	ToAddr  string
+	ToKey   rdma.Key
+	ToEpoch uint64
+	ToTLS   bool
 	// undoing: the move failed and the target's copy is being freed (not
 	// stored: a restarted daemon undoes it again).
 	undoing bool
@@ -41,9 +50,14 @@ type intent struct {
 //	from id   uv
 //	to        str
 //	to id     uv
+//	to addr   str                   (version 2 on)
+//	to key    16 bytes              (version 2 on)
+//	to epoch  uv                    (version 2 on)
+//	to tls    1 byte, 0 or 1        (version 2 on)
 //
-// with uv and str as in the segment record (record.go).
-const intentVersion = 1
+// with uv and str as in the segment record (record.go). Version 1 intents
+// (without the target's copy) still decode.
+const intentVersion = 2
 
 // errIntentCorrupt is a move intent that does not decode.
 var errIntentCorrupt = errs.Sub(errs.ErrInvalid, "corrupt move intent")
@@ -51,16 +65,22 @@ var errIntentCorrupt = errs.Sub(errs.ErrInvalid, "corrupt move intent")
 func encodeIntent(in intent) []byte {
 	b := []byte{intentVersion}
 	b = binary.AppendUvarint(b, in.ID)
-	sw := byte(0)
-	if in.Switched {
-		sw = 1
-	}
-	b = append(b, sw)
+	b = append(b, boolByte(in.Switched))
 	b = appendString(b, in.From)
 	b = binary.AppendUvarint(b, in.FromID)
 	b = appendString(b, in.To)
 	b = binary.AppendUvarint(b, in.ToID)
-	return b
+	b = appendString(b, in.ToAddr)
+	b = append(b, in.ToKey[:]...)
+	b = binary.AppendUvarint(b, in.ToEpoch)
+	return append(b, boolByte(in.ToTLS))
+}
+
+func boolByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
 }
 
 // decodeIntent reads what encodeIntent wrote; an error matches
@@ -69,8 +89,8 @@ func decodeIntent(v []byte) (intent, error) {
 	if len(v) == 0 {
 		return intent{}, fmt.Errorf("%w: empty", errIntentCorrupt)
 	}
-	if v[0] != intentVersion {
-		return intent{}, fmt.Errorf("%w: move intent version %d, and this poold reads version %d; upgrade poold", errRecordVersion, v[0], intentVersion)
+	if v[0] == 0 || v[0] > intentVersion {
+		return intent{}, fmt.Errorf("%w: move intent version %d, and this poold reads versions 1 to %d; upgrade poold", errRecordVersion, v[0], intentVersion)
 	}
 	d := recordDecoder{b: v[1:]}
 	var in intent
@@ -78,18 +98,33 @@ func decodeIntent(v []byte) (intent, error) {
 	sw := d.byte()
 	in.From, in.FromID = d.string(), d.uvarint()
 	in.To, in.ToID = d.string(), d.uvarint()
+	var tls byte
+	if v[0] >= 2 {
+		in.ToAddr = d.string()
+		d.bytes(in.ToKey[:])
+		in.ToEpoch = d.uvarint()
+		tls = d.byte()
+	}
 	switch {
 	case d.err != nil:
 		return intent{}, fmt.Errorf("%w: %v", errIntentCorrupt, d.err)
 	case len(d.b) > 0:
 		return intent{}, fmt.Errorf("%w: %d bytes after the last field", errIntentCorrupt, len(d.b))
-	case sw > 1:
-		return intent{}, fmt.Errorf("%w: switched byte %d", errIntentCorrupt, sw)
+	case sw > 1 || tls > 1:
+		return intent{}, fmt.Errorf("%w: switched byte %d, tls byte %d", errIntentCorrupt, sw, tls)
 	case in.From == "" || in.To == "":
 		return intent{}, fmt.Errorf("%w: no source or target node", errIntentCorrupt)
 	}
-	in.Switched = sw == 1
+	in.Switched, in.ToTLS = sw == 1, tls == 1
 	return in, nil
+}
+
+// switched is r as it is once move in switched over: homed at the
+// target's copy.
+func (in intent) switched(r record) record {
+	tls := in.ToTLS
+	r.Home, r.HomeID, r.Key, r.Epoch, r.DataAddr, r.DataTLS, r.Lost = in.To, in.ToID, in.ToKey, in.ToEpoch, in.ToAddr, &tls, false
+	return r
 }
 
 func intentKey(id uint64) []byte { return binary.BigEndian.AppendUint64(bytes.Clone(intentPrefix), id) }

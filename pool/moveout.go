@@ -5,10 +5,14 @@
 package pool
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
@@ -62,7 +66,9 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		err = p.sealOut(ctx, r, seg, req, tls, resp)
 	case poolv1.MoveOutPhase_MOVE_OUT_COMMIT:
 		p.pushing.drop(seg.ID)
-		err = p.letGo(r, seg.ID)
+		if err = p.letGo(r, seg.ID); err == nil {
+			p.forgetPushed(seg)
+		}
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
 		p.pushing.drop(seg.ID)
 		// A copy whose writes are held until its origin sets its
@@ -71,7 +77,11 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		if !p.fwd.holding(seg.ID) {
 			p.unsealData(seg.ID)
 		}
-		err = p.setSealed(r, false)
+		if err = p.setSealed(r, false); err == nil {
+			p.forgetPushed(seg)
+		}
+	case poolv1.MoveOutPhase_MOVE_OUT_STATUS:
+		err = p.moveStatus(seg, req.Target, resp)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
@@ -91,7 +101,11 @@ func (p *core) pushOf(ctx context.Context, seg record, req *poolv1.MoveOutReques
 // which only holds writes back until the origin commits or aborts); then
 // the data plane refuses writes and waits out those in flight, and the
 // last changed chunks are pushed to req.Target (or answered, without one).
-// On a failure the segment is unsealed, and the move cannot go on.
+// A push that reached the target is noted (putPushed) before the answer:
+// the origin announces the target on that answer, before its own commit
+// is durable, and an origin restarted in between asks (STATUS) whether
+// the target's copy is whole. On a failure the segment is unsealed, and
+// the move cannot go on.
 func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.MoveOutRequest, tls moveTLS, resp *poolv1.MoveOutResponse) error {
 	if err := p.setSealed(r, true); err != nil {
 		return err
@@ -100,7 +114,9 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	err := p.dp.seal(seg.ID, seg.Owner)
 	if err == nil {
 		if req.Target != nil {
-			err = p.pushOf(ctx, seg, req, tls, resp)
+			if err = p.pushOf(ctx, seg, req, tls, resp); err == nil {
+				err = p.st.putPushed(&seg, req.Target)
+			}
 		} else {
 			resp.Dirty, err = p.dirtyOf(seg.ID, resp)
 		}
@@ -135,7 +151,7 @@ func (p *core) moveOutSubject(c caller, req *poolv1.MoveOutRequest) (*record, re
 	case r.Lost:
 		return nil, record{}, fmt.Errorf("%s: %w", what, errs.ErrSegmentLost)
 	case poolv1.MoveOutPhase_name[int32(req.Phase)] == "":
-		return nil, record{}, fmt.Errorf("move segment %d away: %w: unknown phase %d; use TRACK, DIRTY, PUSH, SEAL, COMMIT or ABORT", r.ID, errs.ErrInvalid, req.Phase)
+		return nil, record{}, fmt.Errorf("move segment %d away: %w: unknown phase %d; use TRACK, DIRTY, PUSH, SEAL, COMMIT, ABORT or STATUS", r.ID, errs.ErrInvalid, req.Phase)
 	}
 	return r, *r, nil
 }
@@ -166,6 +182,64 @@ func (p *core) letGo(r *record, id uint64) error {
 	p.release(r, "freed")
 	p.log.Debug("segment moved away", "segment", r.ID, "owner", r.Owner, "size", r.Size)
 	return nil
+}
+
+// moveStatus answers where the switch-over of seg's move to target
+// stands: sealed; its last chunks pushed to target (a SEAL answered); its
+// writes tracked (no restart since TRACK). A sealed segment whose push is
+// not noted and whose writes are not tracked was never answered a SEAL:
+// the push was cut short by a restart.
+func (p *core) moveStatus(seg record, target *poolv1.SegmentHome, resp *poolv1.MoveOutResponse) error {
+	if target == nil || target.Node == "" {
+		return fmt.Errorf("%w: STATUS names no target (node and home id)", errs.ErrInvalid)
+	}
+	node, id, ok, err := p.st.pushed(&seg)
+	if err != nil {
+		return err
+	}
+	_, untracked := p.dp.srv.Chunk(seg.ID)
+	resp.Sealed, resp.Pushed, resp.Tracked = seg.Sealed, ok && node == target.Node && id == target.HomeId, untracked == nil
+	return nil
+}
+
+// pushedPrefix starts the meta bucket's keys of the source's notes that a
+// SEAL pushed a segment's last chunks to its move's target, each followed
+// by the segment's id as 8 big-endian bytes; the value is the target's id
+// there as 8 big-endian bytes, then its node name. A note is in the file
+// of the segment's record: it lasts as long as the segment's memory.
+var pushedPrefix = []byte("pushed/")
+
+func pushedKey(id uint64) []byte {
+	return binary.BigEndian.AppendUint64(bytes.Clone(pushedPrefix), id)
+}
+
+// putPushed commits the note that r's last chunks reached target.
+func (s *store) putPushed(r *record, target *poolv1.SegmentHome) error {
+	v := append(binary.BigEndian.AppendUint64(nil, target.HomeId), target.Node...)
+	return s.fileFor(r).update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(pushedKey(r.ID), v) }, false)
+}
+
+// pushed reads r's note: the target node and id its last chunks reached.
+func (s *store) pushed(r *record) (node string, id uint64, ok bool, err error) {
+	err = s.fileFor(r).db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketMeta).Get(pushedKey(r.ID))
+		if len(v) <= 8 {
+			return nil // none (a shorter value is none that can match)
+		}
+		node, id, ok = string(v[8:]), binary.BigEndian.Uint64(v), true
+		return nil
+	})
+	return node, id, ok, err
+}
+
+// forgetPushed removes seg's note once its move is committed or undone; a
+// note left behind names a copy no later move of it has, and only costs
+// its bytes.
+func (p *core) forgetPushed(seg record) {
+	err := p.st.fileFor(&seg).update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(pushedKey(seg.ID)) }, true)
+	if err != nil {
+		p.log.Warn("remove the note of a move's last push", "segment", seg.ID, "err", err)
+	}
 }
 
 // dirtyOf takes the chunks of segment id changed since the last call and

@@ -49,8 +49,8 @@ func (p *core) Free(c caller, id uint64, name string) error {
 		return freeDenied(c, r)
 	}
 	if moved := p.moving.switchDone(r.ID); moved != nil {
-		// Its switch-over commits outside p.mu (mover.switchOver): the
-		// free waits for it, and then frees the segment where it is.
+		// Its switch-over commits outside p.mu (commitSwitch): the free
+		// waits for it, and then frees the segment where it is.
 		p.mu.Unlock()
 		<-moved
 		p.mu.Lock()

@@ -21,4 +21,10 @@ type simHooks struct {
 	// uevents opens the source of the kernel's device events instead of
 	// the netlink socket, e.g. a feed of synthetic events.
 	uevents func() (ueventSource, error)
+	// announced runs when a move this daemon drives has announced its
+	// switch-over (Stat names the target), before the commit is
+	// submitted; true stops the move there, as if the daemon died: no
+	// commit, no retry, nothing undone (a test then crashes the daemon
+	// and restarts it from its store).
+	announced func(segment uint64) (crash bool)
 }

@@ -313,6 +313,9 @@ const (
 	// over the target's data plane: all of them (MoveOutRequest.all), or
 	// those changed since the last DIRTY or PUSH, which it takes as DIRTY does
 	MoveOutPhase_MOVE_OUT_PUSH MoveOutPhase = 5
+	// where the switch-over stands, for an origin that restarted in it:
+	// MoveOutResponse.sealed, pushed (for the target named) and tracked
+	MoveOutPhase_MOVE_OUT_STATUS MoveOutPhase = 6
 )
 
 // Enum value maps for MoveOutPhase.
@@ -324,6 +327,7 @@ var (
 		3: "MOVE_OUT_COMMIT",
 		4: "MOVE_OUT_ABORT",
 		5: "MOVE_OUT_PUSH",
+		6: "MOVE_OUT_STATUS",
 	}
 	MoveOutPhase_value = map[string]int32{
 		"MOVE_OUT_TRACK":  0,
@@ -332,6 +336,7 @@ var (
 		"MOVE_OUT_COMMIT": 3,
 		"MOVE_OUT_ABORT":  4,
 		"MOVE_OUT_PUSH":   5,
+		"MOVE_OUT_STATUS": 6,
 	}
 )
 
@@ -4428,6 +4433,7 @@ type MoveOutRequest struct {
 	// answers: the target's copy (node, home_id, data_addr, key, epoch,
 	// data_credential, data_tls, data_server_name), written as the
 	// credential's principal. Unset on SEAL: the caller copies them.
+	// STATUS: the target (node, home_id) asked about.
 	Target        *SegmentHome `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
 	All           bool         `protobuf:"varint,5,opt,name=all,proto3" json:"all,omitempty"` // PUSH: every chunk, not only the changed ones
 	unknownFields protoimpl.UnknownFields
@@ -4661,10 +4667,16 @@ func (x *ReplicateResponse) GetEpoch() uint64 {
 type MoveOutResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// DIRTY, SEAL: the changed chunks, a bitmap (bit i of byte i/8 is chunk i).
-	Dirty         []byte `protobuf:"bytes,1,opt,name=dirty,proto3" json:"dirty,omitempty"`
-	DirtyChunks   uint32 `protobuf:"varint,2,opt,name=dirty_chunks,json=dirtyChunks,proto3" json:"dirty_chunks,omitempty"`
-	PushedBytes   uint64 `protobuf:"varint,3,opt,name=pushed_bytes,json=pushedBytes,proto3" json:"pushed_bytes,omitempty"` // PUSH, SEAL with a target: bytes written to the target
-	SealedUs      int64  `protobuf:"varint,4,opt,name=sealed_us,json=sealedUs,proto3" json:"sealed_us,omitempty"`          // SEAL: how long writes had been refused when the callee answered
+	Dirty       []byte `protobuf:"bytes,1,opt,name=dirty,proto3" json:"dirty,omitempty"`
+	DirtyChunks uint32 `protobuf:"varint,2,opt,name=dirty_chunks,json=dirtyChunks,proto3" json:"dirty_chunks,omitempty"`
+	PushedBytes uint64 `protobuf:"varint,3,opt,name=pushed_bytes,json=pushedBytes,proto3" json:"pushed_bytes,omitempty"` // PUSH, SEAL with a target: bytes written to the target
+	SealedUs    int64  `protobuf:"varint,4,opt,name=sealed_us,json=sealedUs,proto3" json:"sealed_us,omitempty"`          // SEAL: how long writes had been refused when the callee answered
+	// STATUS: the segment is sealed; a SEAL pushed its last chunks to the
+	// target the request names (node, home_id) and answered; the callee
+	// tracks its writes (it did not restart since TRACK).
+	Sealed        bool `protobuf:"varint,5,opt,name=sealed,proto3" json:"sealed,omitempty"`
+	Pushed        bool `protobuf:"varint,6,opt,name=pushed,proto3" json:"pushed,omitempty"`
+	Tracked       bool `protobuf:"varint,7,opt,name=tracked,proto3" json:"tracked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4725,6 +4737,27 @@ func (x *MoveOutResponse) GetSealedUs() int64 {
 		return x.SealedUs
 	}
 	return 0
+}
+
+func (x *MoveOutResponse) GetSealed() bool {
+	if x != nil {
+		return x.Sealed
+	}
+	return false
+}
+
+func (x *MoveOutResponse) GetPushed() bool {
+	if x != nil {
+		return x.Pushed
+	}
+	return false
+}
+
+func (x *MoveOutResponse) GetTracked() bool {
+	if x != nil {
+		return x.Tracked
+	}
+	return false
 }
 
 type HomeFailedRequest struct {
@@ -5205,12 +5238,15 @@ const file_pool_proto_rawDesc = "" +
 	"\awriters\x18& \x03(\tR\awriters\x12*\n" +
 	"\x11clients_read_only\x18' \x01(\bR\x0fclientsReadOnly\")\n" +
 	"\x11ReplicateResponse\x12\x14\n" +
-	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"\x8a\x01\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"\xd4\x01\n" +
 	"\x0fMoveOutResponse\x12\x14\n" +
 	"\x05dirty\x18\x01 \x01(\fR\x05dirty\x12!\n" +
 	"\fdirty_chunks\x18\x02 \x01(\rR\vdirtyChunks\x12!\n" +
 	"\fpushed_bytes\x18\x03 \x01(\x04R\vpushedBytes\x12\x1b\n" +
-	"\tsealed_us\x18\x04 \x01(\x03R\bsealedUs\"\x8b\x01\n" +
+	"\tsealed_us\x18\x04 \x01(\x03R\bsealedUs\x12\x16\n" +
+	"\x06sealed\x18\x05 \x01(\bR\x06sealed\x12\x16\n" +
+	"\x06pushed\x18\x06 \x01(\bR\x06pushed\x12\x18\n" +
+	"\atracked\x18\a \x01(\bR\atracked\"\x8b\x01\n" +
 	"\x11HomeFailedRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12\x1f\n" +
 	"\vtarget_node\x18\x02 \x01(\tR\n" +
@@ -5244,14 +5280,15 @@ const file_pool_proto_rawDesc = "" +
 	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
 	"\x12KEYRING_OP_INSTALL\x10\x02\x12\x12\n" +
 	"\x0eKEYRING_OP_USE\x10\x03\x12\x15\n" +
-	"\x11KEYRING_OP_REMOVE\x10\x04*\x85\x01\n" +
+	"\x11KEYRING_OP_REMOVE\x10\x04*\x9a\x01\n" +
 	"\fMoveOutPhase\x12\x12\n" +
 	"\x0eMOVE_OUT_TRACK\x10\x00\x12\x12\n" +
 	"\x0eMOVE_OUT_DIRTY\x10\x01\x12\x11\n" +
 	"\rMOVE_OUT_SEAL\x10\x02\x12\x13\n" +
 	"\x0fMOVE_OUT_COMMIT\x10\x03\x12\x12\n" +
 	"\x0eMOVE_OUT_ABORT\x10\x04\x12\x11\n" +
-	"\rMOVE_OUT_PUSH\x10\x05*=\n" +
+	"\rMOVE_OUT_PUSH\x10\x05\x12\x13\n" +
+	"\x0fMOVE_OUT_STATUS\x10\x06*=\n" +
 	"\vForwardMode\x12\x15\n" +
 	"\x11FORWARD_MODE_COPY\x10\x00\x12\x17\n" +
 	"\x13FORWARD_MODE_PARITY\x10\x012\xf7\n" +
