@@ -206,7 +206,6 @@ func (p *core) place(c caller, t poolv1.Tier, req allocRequest) (*record, []stri
 		seen = true
 		r, err := p.allocOn(c, d, req)
 		if err == nil {
-			p.usage.add(r)
 			return r, nil, nil
 		}
 		// No room on this device, by its accounting (extent) or its backing
@@ -246,6 +245,13 @@ func (p *core) whyNoTier(t poolv1.Tier) string {
 	return "no device"
 }
 
+// allocOn places a segment on d: with p.mu held it takes the extent, an
+// id, the name and the owner's usage; then it lets p.mu go while the
+// device reserves the backing's memory (fallocate, which zeroes a tmpfs
+// file's pages: milliseconds for a large segment, while every session's
+// calls and a move's switch-over wait for p.mu), and takes it again to
+// export the segment. It returns with p.mu held, and undoes what it took
+// when it fails.
 func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 	off, err := d.ext.Alloc(req.Size)
 	if err != nil {
@@ -257,32 +263,47 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 		d.ext.Free(off, length)
 		return nil, err
 	}
-	b, err := d.Create(id, off, length)
-	if err != nil {
-		d.ext.Free(off, length)
-		return nil, fmt.Errorf("alloc on %s: %w", d.Name(), err)
-	}
 	r := &record{
 		ID: id, Name: req.Name, Tier: d.tier, Device: d.Name(), Offset: off, Extent: length,
 		Size: req.Size, Owner: c.id(), Persist: req.Persist, Epoch: 1, Created: p.now().UTC(), Volatile: !d.powerSafe,
 	}
 	r.grant(c, req)
 	r.Delegates = delegatesOf(c, req)
+	if r.Name != "" {
+		p.names[r.Name] = id
+	}
+	p.usage.add(r)
+	undo := func() {
+		p.usage.sub(r)
+		if r.Name != "" && p.names[r.Name] == id {
+			delete(p.names, r.Name)
+		}
+		d.ext.Free(off, length)
+	}
+	p.mu.Unlock()
+	b, err := d.Create(id, off, length)
+	p.mu.Lock()
+	if err == nil && p.closed {
+		b.File.Close()
+		d.Remove(id, off, length)
+		err = errs.ErrUnavailable
+	}
+	if err != nil {
+		undo()
+		return nil, fmt.Errorf("alloc on %s: %w", d.Name(), err)
+	}
 	if d.tier == poolv1.Tier_TIER_RDMA {
 		key, err := p.dp.export(id, b, r.Epoch, nil)
 		if err != nil {
 			b.File.Close()
 			d.Remove(id, off, length)
-			d.ext.Free(off, length)
+			undo()
 			return nil, fmt.Errorf("alloc: export on the data plane: %w", err)
 		}
 		r.Key = key
 		p.allowData(r)
 	}
 	b.File.Close()
-	if r.Name != "" {
-		p.names[r.Name] = id
-	}
 	return r, nil
 }
 
