@@ -21,9 +21,14 @@ import (
 // its writes. Every mutating op on a forwarding segment is applied and
 // handed to the targets' connections under the segment's forwarding lock,
 // so every target gets the ops in the order they were applied; the client
-// is answered once every live target acknowledged, from a goroutine that
-// waits for the acknowledgements outside the lock, so the connection's
-// later requests go on meanwhile (their answers may overtake).
+// is answered once every live target acknowledged, by a goroutine that
+// waits for the acknowledgements outside the lock. An op alone on its
+// client's connection (nothing else read or awaiting its answer there)
+// is awaited by the connection's own goroutine, which then answers it
+// like any other op: no goroutine hand-off, which on a small host costs
+// a thread wake-up per op. Otherwise a forwarding worker waits, so the
+// connection's later requests go on meanwhile (their answers may
+// overtake).
 
 // ForwardMode says what a forwarding segment sends its targets. A plain
 // value.
@@ -226,6 +231,10 @@ type fwdOp struct {
 	seq    uint32
 	sends  []*fwdSend
 	bufs   []*[]byte // pooled buffers to return
+	// ctx bounds the op's forwarding (posting and waiting) to the
+	// forwarder's timeout; cancel ends it once the op is answered.
+	ctx    context.Context
+	cancel context.CancelFunc
 	// Targets that failed the op, told to OnFail by run (never under the
 	// forwarding lock, nor counted in flight: OnFail may call Forward).
 	failed []targetErr
@@ -405,19 +414,27 @@ func (s *Server) forwardWorker(fo *fwdOp) {
 	}
 }
 
-// run waits for every send of fo, fails the targets that failed, and
-// answers the client, on a forwarding worker (runForward). The forwarder
-// stops counting fo in flight before OnFail runs, so that an OnFail that
-// leads to a Forward call (directly or through the daemon that owns the
-// segment) does not wait for itself.
+// run settles fo (settle) and answers the client, on a forwarding worker
+// (runForward).
 func (fo *fwdOp) run() {
-	ctx, cancel := context.WithTimeout(context.Background(), fo.f.timeout)
+	fo.settle()
+	fo.c.handedOff.Add(-1)
+	fo.c.respondLater(fo.id, fo.status, fo.flags, fo.value)
+}
+
+// settle waits for every send of fo, fails the targets that failed,
+// records the answer in the client's exactly-once slot and drops the
+// segment's pin: everything but sending the answer. The forwarder stops
+// counting fo in flight before OnFail runs, so that an OnFail that leads
+// to a Forward call (directly or through the daemon that owns the
+// segment) does not wait for itself.
+func (fo *fwdOp) settle() {
 	for _, s := range fo.sends {
-		if err := s.await(ctx); err != nil {
+		if err := s.await(fo.ctx); err != nil {
 			fo.failed = append(fo.failed, targetErr{s.t, fmt.Errorf("rdma/tcp: forward %s of segment %d offset %d to target %d (%s, %s): %w", s.kind, fo.f.seg, s.off, s.t.idx, s.t.cl.addr, s.t.region, err)})
 		}
 	}
-	cancel()
+	fo.cancel()
 	fo.f.inflight.Done()
 	for _, te := range fo.failed {
 		te.t.fail(te.err)
@@ -430,17 +447,16 @@ func (fo *fwdOp) run() {
 		fo.sl.mu.Unlock()
 	}
 	fo.e.unpin(true)
-	fo.c.respondLater(fo.id, fo.status, fo.flags, fo.value)
 }
 
 // forward hands the change an op made to [off, off+len(now)) to every live
 // target of f, adding the sends to fo: now holds the range's bytes after
 // the op, was (ForwardParity only) before it; both are fo's to keep, and
 // was is overwritten. org is the origin block the sends carry, or nil.
-// The export's fwdMu is held.
+// It starts fo's ctx. The export's fwdMu is held.
 func (f *forwarder) forward(fo *fwdOp, off uint64, was, now []byte, org []byte) {
-	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
-	defer cancel()
+	fo.ctx, fo.cancel = context.WithTimeout(context.Background(), f.timeout)
+	ctx := fo.ctx
 	var bufs [][]byte
 	switch f.mode {
 	case ForwardCopy:

@@ -118,7 +118,7 @@ func (c *srvConn) mutate(h *reqHeader, e *export, data []byte, org *origin) erro
 	fo := &fwdOp{c: c, e: e, f: f, id: h.id, status: statusOK, flags: flags, value: value, bufs: []*[]byte{now}}
 	if c.record != nil {
 		fo.sl, fo.seq = c.record, c.recSeq
-		c.record, c.handedOff = nil, true
+		c.record, c.tookSlot = nil, true
 	}
 	var ob []byte
 	switch {
@@ -136,6 +136,19 @@ func (c *srvConn) mutate(h *reqHeader, e *export, data []byte, org *origin) erro
 	f.inflight.Add(1)
 	e.fwdMu.Unlock()
 	c.status = statusOK
+	// A client's op alone on the connection is awaited here (see the
+	// forwarding notes in forward.go). A forwarded op never is: its
+	// connection's goroutine must not wait for other hosts, or two homes
+	// forwarding to each other could each hold up the other's answers.
+	if org == nil && c.rd.buffered() == 0 && c.handedOff.Load() == 0 {
+		if err := c.flush(); err != nil {
+			fo.settle()
+			return err
+		}
+		fo.settle()
+		return c.respond(fo.id, fo.status, fo.flags, fo.value, nil, nil)
+	}
+	c.handedOff.Add(1)
 	c.s.runForward(fo)
 	return nil
 }

@@ -63,12 +63,13 @@ type srvConn struct {
 	sessResume         bool        // the hello resumed sessKey (see sessionTable.open)
 	record             *slot       // the slot whose request runs; respond caches its answer
 	recSeq             uint32      // the sequence number of that request
-	handedOff          bool        // a forwarded op took record (and its lock) to answer later
+	tookSlot           bool        // a forwarded op took record (and its lock) to answer later
 
 	// Answers of forwarded ops, which come from other goroutines once the
 	// targets acknowledged (respondLater): wmu serialises every write to
 	// the socket (out, deadline); late holds encoded answers waiting for
 	// lateWriting's holder to write them.
+	handedOff   atomic.Int32 // forwarded ops handed to a worker and not yet answered
 	wmu         sync.Mutex
 	lateMu      sync.Mutex
 	late, spare []byte
@@ -322,8 +323,8 @@ func (c *srvConn) once(h *reqHeader) error {
 	// A WRITE whose payload is cut short returns an error without an
 	// answer: nothing is cached, and a retry runs it again in full. A
 	// forwarded op keeps the slot locked until its targets acknowledged
-	// and it is answered (handedOff).
-	c.record, c.recSeq, c.handedOff = sl, h.seq, false
+	// and it is answered (tookSlot).
+	c.record, c.recSeq, c.tookSlot = sl, h.seq, false
 	var err error
 	if writes {
 		err = c.write(h)
@@ -331,7 +332,7 @@ func (c *srvConn) once(h *reqHeader) error {
 		err = c.atomic(h)
 	}
 	c.record = nil
-	if !c.handedOff {
+	if !c.tookSlot {
 		sl.mu.Unlock()
 	}
 	return err
