@@ -142,7 +142,9 @@ type ServerConfig struct {
 	// waits for one op's targets to acknowledge it, retries after broken
 	// connections included; a target that has not answered by then is
 	// reported to Forwarding.OnFail and skipped from then on. It is the
-	// longest a client's op waits for a target that hangs. Default: 1s.
+	// longest a client's op waits for a target that hangs, plus at most a
+	// sixteenth of it (ops starting close together share one timer).
+	// Default: 1s.
 	ForwardTimeout time.Duration
 }
 

@@ -292,8 +292,13 @@
 // forwarding segment is read into a buffer before the lock is taken, so
 // the lock never waits for a socket. The client is answered once every
 // live target acknowledged, by the goroutine that waited for the
-// acknowledgements, so the connection goes on reading and running its
-// next requests meanwhile and their answers may overtake. A forwarded op
+// acknowledgements: the connection's own goroutine when the client's op
+// is alone on its connection (no other request read and not yet run, no
+// other forwarded op unanswered), else a worker, so the connection goes
+// on reading and running its next requests meanwhile and their answers
+// may overtake. An op that arrives while the connection's goroutine
+// waits is read once that op is answered. A forwarded op that is itself
+// forwarded on is always left to a worker. A forwarded op
 // holds its segment as a write in flight until answered: Seal and Revoke
 // wait for its targets.
 //
@@ -303,7 +308,8 @@
 // order and before any later op, on the Client's next live connection,
 // with RETRY if they may have left (the target answers a repeat from its
 // reply cache). A target that answers an error, has no live connection
-// left, or has not answered within ServerConfig.ForwardTimeout (1 s) is
+// left, or has not answered within ServerConfig.ForwardTimeout (1 s, plus
+// at most a sixteenth of it) is
 // reported to Forwarding.OnFail once and skipped from then on; the
 // client's op is still answered OK if every other target acknowledged,
 // after OnFail returned.

@@ -109,6 +109,9 @@ type forwarder struct {
 	onFail  func(int, error)
 	timeout time.Duration
 	log     func(msg string, args ...any)
+	// deadline is the context the ops of the current slice of timeout
+	// share (opCtx).
+	deadline atomic.Pointer[fwdDeadline]
 	// inflight counts the ops forwarded and not yet answered; Added
 	// under the export's fwdMu while the forwarder is current.
 	inflight sync.WaitGroup
@@ -120,7 +123,7 @@ type forwarder struct {
 // new, so set forwarding before the segment takes writes, or while it is
 // sealed (Seal). Forward returns once every op forwarded under the
 // previous setting was answered (its targets acknowledged or failed, at
-// most ServerConfig.ForwardTimeout): from then on every op the segment
+// most ServerConfig.ForwardTimeout and a sixteenth): from then on every op the segment
 // applied under it is on its live targets, and their Clients may be
 // closed if no other forwarding uses them. Closing a Client while ops
 // forwarded over it are in flight fails them: its target is reported to
@@ -142,8 +145,40 @@ func (s *Server) Forward(seg uint64, f *Forwarding) error {
 	e.fwdMu.Unlock()
 	if old != nil {
 		old.inflight.Wait()
+		if d := old.deadline.Load(); d != nil {
+			d.cancel()
+		}
 	}
 	return nil
+}
+
+// fwdSlices is how many slices a forwarder's timeout is cut into: the ops
+// that start within one slice share one context (and its timer), ending a
+// timeout plus at most one slice after each of them started.
+const fwdSlices = 16
+
+// fwdDeadline is a context shared by the ops a forwarder starts until
+// until. Immutable.
+type fwdDeadline struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	until  time.Time
+}
+
+// opCtx is the context of an op f starts now: it ends f.timeout plus at
+// most f.timeout/fwdSlices from now. One made per slice rather than per op
+// spares each op a context, a timer and their allocations.
+func (f *forwarder) opCtx() context.Context {
+	now := time.Now()
+	if d := f.deadline.Load(); d != nil && now.Before(d.until) {
+		return d.ctx
+	}
+	slice := f.timeout / fwdSlices
+	ctx, cancel := context.WithDeadline(context.Background(), now.Add(f.timeout+slice))
+	// Ops start under the segment's fwdMu, so no other op races this
+	// store; the context it replaces ends at its own deadline.
+	f.deadline.Store(&fwdDeadline{ctx: ctx, cancel: cancel, until: now.Add(slice)})
+	return ctx
 }
 
 // newForwarder checks f and builds the forwarder of segment seg.
@@ -231,13 +266,64 @@ type fwdOp struct {
 	seq    uint32
 	sends  []*fwdSend
 	bufs   []*[]byte // pooled buffers to return
+	org    []byte    // the origin block the sends carry, or empty
 	// ctx bounds the op's forwarding (posting and waiting) to the
-	// forwarder's timeout; cancel ends it once the op is answered.
-	ctx    context.Context
-	cancel context.CancelFunc
+	// forwarder's timeout (opCtx).
+	ctx context.Context
 	// Targets that failed the op, told to OnFail by run (never under the
 	// forwarding lock, nor counted in flight: OnFail may call Forward).
 	failed []targetErr
+	p      *pooledFwdOp // the storage fo came in
+}
+
+// fwdInline is how many targets a pooled fwdOp holds the sends of
+// without allocating: two parity shards, a few copies.
+const fwdInline = 4
+
+// fwdOps holds fwdOps and the storage their slices start in, so that
+// forwarding an op to a few targets allocates nothing.
+var fwdOps = sync.Pool{New: func() any { return new(pooledFwdOp) }}
+
+// pooledFwdOp is a fwdOp with the backing arrays of its slices.
+type pooledFwdOp struct {
+	fwdOp
+	sendsArr [fwdInline]fwdSend
+	sendPtrs [fwdInline]*fwdSend
+	bufsArr  [fwdInline + 2]*[]byte
+	payloads [fwdInline][]byte
+}
+
+// getFwdOp returns a clean fwdOp from fwdOps; free puts it back.
+func getFwdOp() *fwdOp {
+	p := fwdOps.Get().(*pooledFwdOp)
+	p.p = p
+	p.sends, p.bufs = p.sendPtrs[:0], p.bufsArr[:0]
+	return &p.fwdOp
+}
+
+// newSend returns a send of fo's, zeroed: in fo's own storage while it
+// lasts.
+func (fo *fwdOp) newSend() *fwdSend {
+	if i := len(fo.sends); i < fwdInline {
+		fo.p.sendsArr[i] = fwdSend{}
+		return &fo.p.sendsArr[i]
+	}
+	return new(fwdSend)
+}
+
+// free returns fo to fwdOps once it is answered and its sends finished;
+// its origin buffer is kept for the next op.
+func (fo *fwdOp) free() {
+	p := fo.p
+	org := fo.org[:0]
+	clear(p.sendPtrs[:])
+	clear(p.bufsArr[:])
+	clear(p.payloads[:])
+	for i := range p.sendsArr {
+		p.sendsArr[i] = fwdSend{}
+	}
+	p.fwdOp = fwdOp{org: org}
+	fwdOps.Put(p)
 }
 
 // targetErr is a target that failed and why.
@@ -418,8 +504,10 @@ func (s *Server) forwardWorker(fo *fwdOp) {
 // (runForward).
 func (fo *fwdOp) run() {
 	fo.settle()
-	fo.c.handedOff.Add(-1)
-	fo.c.respondLater(fo.id, fo.status, fo.flags, fo.value)
+	c, id, status, flags, value := fo.c, fo.id, fo.status, fo.flags, fo.value
+	fo.free()
+	c.handedOff.Add(-1)
+	c.respondLater(id, status, flags, value)
 }
 
 // settle waits for every send of fo, fails the targets that failed,
@@ -434,7 +522,6 @@ func (fo *fwdOp) settle() {
 			fo.failed = append(fo.failed, targetErr{s.t, fmt.Errorf("rdma/tcp: forward %s of segment %d offset %d to target %d (%s, %s): %w", s.kind, fo.f.seg, s.off, s.t.idx, s.t.cl.addr, s.t.region, err)})
 		}
 	}
-	fo.cancel()
 	fo.f.inflight.Done()
 	for _, te := range fo.failed {
 		te.t.fail(te.err)
@@ -452,12 +539,16 @@ func (fo *fwdOp) settle() {
 // forward hands the change an op made to [off, off+len(now)) to every live
 // target of f, adding the sends to fo: now holds the range's bytes after
 // the op, was (ForwardParity only) before it; both are fo's to keep, and
-// was is overwritten. org is the origin block the sends carry, or nil.
-// It starts fo's ctx. The export's fwdMu is held.
-func (f *forwarder) forward(fo *fwdOp, off uint64, was, now []byte, org []byte) {
-	fo.ctx, fo.cancel = context.WithTimeout(context.Background(), f.timeout)
+// was is overwritten. The sends carry fo.org as their origin block unless
+// it is empty. It starts fo's ctx. The export's fwdMu is held.
+func (f *forwarder) forward(fo *fwdOp, off uint64, was, now []byte) {
+	fo.ctx = f.opCtx()
 	ctx := fo.ctx
-	var bufs [][]byte
+	org := fo.org
+	if len(org) == 0 {
+		org = nil
+	}
+	bufs := fo.p.payloads[:0]
 	switch f.mode {
 	case ForwardCopy:
 		for range f.targets {
@@ -490,7 +581,8 @@ func (f *forwarder) forward(fo *fwdOp, off uint64, was, now []byte, org []byte) 
 			fo.failed = append(fo.failed, targetErr{t, fmt.Errorf("rdma/tcp: forward to target %d (%s): %w", i, t.cl.addr, err)})
 			continue
 		}
-		s := &fwdSend{t: t, kind: kind, off: off, buf: bufs[i], origin: org, ticket: tk}
+		s := fo.newSend()
+		*s = fwdSend{t: t, kind: kind, off: off, buf: bufs[i], origin: org, ticket: tk}
 		t.mu.Lock()
 		ok := t.post(ctx, s)
 		t.mu.Unlock()

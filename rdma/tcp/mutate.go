@@ -115,24 +115,25 @@ func (c *srvConn) mutate(h *reqHeader, e *export, data []byte, org *origin) erro
 	if org != nil {
 		c.s.sessions.remember(org)
 	}
-	fo := &fwdOp{c: c, e: e, f: f, id: h.id, status: statusOK, flags: flags, value: value, bufs: []*[]byte{now}}
+	fo := getFwdOp()
+	fo.c, fo.e, fo.f, fo.id, fo.status, fo.flags, fo.value = c, e, f, h.id, statusOK, flags, value
+	fo.bufs = append(fo.bufs, now)
 	if c.record != nil {
 		fo.sl, fo.seq = c.record, c.recSeq
 		c.record, c.tookSlot = nil, true
 	}
-	var ob []byte
 	switch {
 	case org != nil: // a forwarded op forwarded on: its client's origin
-		ob = appendOrigin(nil, org)
+		fo.org = appendOrigin(fo.org, org)
 	case fo.sl != nil:
-		ob = appendOrigin(nil, &origin{key: *c.sessKey, slot: h.slot, seq: h.seq, status: statusOK, flags: flags, value: value})
+		fo.org = appendOrigin(fo.org, &origin{key: *c.sessKey, slot: h.slot, seq: h.seq, status: statusOK, flags: flags, value: value})
 	}
 	var wasb []byte
 	if was != nil {
 		fo.bufs = append(fo.bufs, was)
 		wasb = *was
 	}
-	f.forward(fo, h.off, wasb, *now, ob)
+	f.forward(fo, h.off, wasb, *now)
 	f.inflight.Add(1)
 	e.fwdMu.Unlock()
 	c.status = statusOK
@@ -141,12 +142,14 @@ func (c *srvConn) mutate(h *reqHeader, e *export, data []byte, org *origin) erro
 	// connection's goroutine must not wait for other hosts, or two homes
 	// forwarding to each other could each hold up the other's answers.
 	if org == nil && c.rd.buffered() == 0 && c.handedOff.Load() == 0 {
-		if err := c.flush(); err != nil {
-			fo.settle()
+		err := c.flush()
+		fo.settle()
+		id, status, flags, value := fo.id, fo.status, fo.flags, fo.value
+		fo.free()
+		if err != nil {
 			return err
 		}
-		fo.settle()
-		return c.respond(fo.id, fo.status, fo.flags, fo.value, nil, nil)
+		return c.respond(id, status, flags, value, nil, nil)
 	}
 	c.handedOff.Add(1)
 	c.s.runForward(fo)
