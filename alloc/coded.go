@@ -53,8 +53,8 @@ func (r *redundant) pieces(spans []Span) [][]piece {
 // touched data shard's pieces in one batch at its home, the shards in
 // parallel.
 func (r *redundant) codedAccess(ctx context.Context, spans []Span, write bool) error {
-	if !write && len(spans) == 1 && len(spans[0].Buf) > 0 && spans[0].Off%r.chunk+int64(len(spans[0].Buf)) <= r.chunk {
-		return r.readChunk(ctx, spans[0].Off, spans[0].Buf)
+	if len(spans) == 1 && len(spans[0].Buf) > 0 && spans[0].Off%r.chunk+int64(len(spans[0].Buf)) <= r.chunk {
+		return r.chunkAccess(ctx, spans[0].Off, spans[0].Buf, write)
 	}
 	by := r.pieces(spans)
 	var shards []int
@@ -81,29 +81,33 @@ func (r *redundant) codedAccess(ctx context.Context, spans []Span, write bool) e
 	})
 }
 
-// readChunk reads p at logical offset off, within one chunk, as a read of
-// an unreplicated segment goes: one pooled op, on the calling goroutine,
-// at the chunk's data shard's home (decoded from the others if that
-// fails).
-func (r *redundant) readChunk(ctx context.Context, off int64, p []byte) error {
+// chunkAccess reads or writes p at logical offset off, within one chunk,
+// as an op on an unreplicated segment goes: one pooled op, on the calling
+// goroutine, at the chunk's data shard's home (a read decoded from the
+// others if that fails; the home of a write sends the parity deltas).
+func (r *redundant) chunkAccess(ctx context.Context, off int64, p []byte, write bool) error {
 	i, at := r.locate(off)
-	c := chunkReads.Get().(*chunkRead)
+	c := chunkOps.Get().(*chunkOp)
 	c.op = rdma.Op{Kind: rdma.OpRead, Offset: at, Buf: p}
 	c.list[0] = &c.op
 	c.ps[0] = piece{off: at, buf: p}
-	err := r.run(ctx, c.list[:], r.readShard(i, c.ps[:]))
-	*c = chunkRead{}
-	chunkReads.Put(c)
+	try := r.readShard(i, c.ps[:])
+	if write {
+		c.op.Kind, try = rdma.OpWrite, r.atShard(i)
+	}
+	err := r.run(ctx, c.list[:], try)
+	*c = chunkOp{}
+	chunkOps.Put(c)
 	return err
 }
 
-// chunkRead is readChunk's op and piece, reused through chunkReads.
-type chunkRead struct {
+// chunkOp is chunkAccess's op and piece, reused through chunkOps.
+type chunkOp struct {
 	single
 	ps [1]piece
 }
 
-var chunkReads = sync.Pool{New: func() any { return new(chunkRead) }}
+var chunkOps = sync.Pool{New: func() any { return new(chunkOp) }}
 
 // atShard is a round of writes or atomics at data shard i's home.
 func (r *redundant) atShard(i int) func(context.Context, *homeView, *[]*rdma.Op) error {

@@ -280,3 +280,26 @@ func TestCodedChunkReadAllocs(t *testing.T) {
 	degraded := allocs(coded.seg, 4096)
 	require.LessOrEqual(t, degraded, 4*want, "a degraded read of one chunk: two shard reads, on two goroutines, and the decode")
 }
+
+// TestCodedChunkWriteAllocs: a 4 KiB write within one chunk of an
+// ErasureCoded(2, 1) segment allocates no more than one of a Replicas(2)
+// segment: one pooled op at the chunk's data home, on the calling
+// goroutine (the homes here forward nothing: this is the client's part).
+func TestCodedChunkWriteAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items: allocation counts are meaningless")
+	}
+	copies := startFakeHomes(t, Replicas(2), 1<<16, 1<<16, tcp.DefaultConfig())
+	coded := startFakeHomes(t, ErasureCoded(2, 1), 1<<15, 1<<16, tcp.DefaultConfig())
+	buf := make([]byte, 4096)
+	allocs := func(s *Segment) float64 {
+		_, err := s.WriteAt(buf, 8192) // dials
+		require.NoError(t, err)
+		return testing.AllocsPerRun(200, func() {
+			if _, err := s.WriteAt(buf, 8192); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	require.LessOrEqual(t, allocs(coded.seg), allocs(copies.seg), "a coded write of one chunk allocates as a write of copies")
+}
