@@ -372,7 +372,7 @@ func (p *core) dialTargets(ctx context.Context, owner string, req *poolv1.Replic
 		f.Targets[i].Conn = conns[i]
 	}
 	targets := req.Targets
-	f.OnFail = func(i int, err error) { p.reportFailed(owner, req.HomeId, targets[i], err) }
+	f.OnFail = func(i int, err error) error { return p.reportFailed(owner, req.HomeId, targets[i], err) }
 	return f, conns, nil
 }
 
@@ -402,8 +402,12 @@ const reportTimeout = 5 * time.Second
 // that segment id here could not forward to target, and waits (at most
 // reportTimeout) until the origin has committed that home lost: the data
 // plane answers the client's operation when this returns, and a backup
-// that missed an acknowledged write must never be promoted.
-func (p *core) reportFailed(owner string, id uint64, target *poolv1.SegmentHome, why error) {
+// that missed an acknowledged write must never be promoted. When the
+// origin cannot be told, the error makes the data plane answer the
+// segment's writes INDETERMINATE, not OK, until the origin sets the
+// forwarding again: this home may be cut off on the wrong side of a
+// partition, where the origin promotes the copy that misses them.
+func (p *core) reportFailed(owner string, id uint64, target *poolv1.SegmentHome, why error) error {
 	origin := strings.TrimPrefix(owner, peerClientPrefix)
 	p.log.Warn("a forward of a redundant segment's write failed; telling its origin", "segment", id, "target", target.Node, "origin", origin, "err", why)
 	ctx, cancel := untilClosed(context.Background(), p.peers.stop)
@@ -417,6 +421,8 @@ func (p *core) reportFailed(owner string, id uint64, target *poolv1.SegmentHome,
 		})
 	}
 	if err != nil && !errors.Is(err, errs.ErrNotFound) {
-		p.log.Error("the origin of a redundant segment was not told of a failed forward; it learns of a dead home from gossip", "segment", id, "origin", origin, "err", err)
+		p.log.Error("the origin of a redundant segment was not told of a failed forward; its writes are not acknowledged until the origin sets its forwarding again", "segment", id, "origin", origin, "err", err)
+		return err
 	}
+	return nil
 }

@@ -312,7 +312,11 @@
 // at most a sixteenth of it) is
 // reported to Forwarding.OnFail once and skipped from then on; the
 // client's op is still answered OK if every other target acknowledged,
-// after OnFail returned.
+// after OnFail returned. When OnFail returns an error (the loss could not
+// be recorded where promotions are decided), that op and every later op
+// of the segment are applied but answered INDETERMINATE until Forward is
+// called again: a target that missed them must not be promoted over
+// acknowledged writes.
 //
 // Exactly-once across failover: a forwarded op that stems from a client's
 // exactly-once op (ONCE) has the flag FORWARD and carries, before its

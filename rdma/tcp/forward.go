@@ -90,8 +90,11 @@ type Forwarding struct {
 	// answered OK if every other target acknowledged. The op is answered
 	// only after OnFail returns, so a hook that records the loss before it
 	// returns keeps every acknowledged op on every target still counted as
-	// live. May be nil.
-	OnFail func(target int, err error)
+	// live. A hook that returns an error could not record it: that op and
+	// every later one, which the target misses, are answered INDETERMINATE
+	// (applied here, not acknowledged) until Forward is called again. May
+	// be nil.
+	OnFail func(target int, err error) error
 }
 
 // maxShards bounds k+m: past 256 shards reedsolomon switches to a codec
@@ -106,7 +109,7 @@ type forwarder struct {
 	shard   int
 	enc     reedsolomon.Encoder // ForwardParity
 	targets []*fwdTarget
-	onFail  func(int, error)
+	onFail  func(int, error) error
 	timeout time.Duration
 	log     func(msg string, args ...any)
 	// deadline is the context the ops of the current slice of timeout
@@ -228,6 +231,11 @@ type fwdTarget struct {
 	region rdma.Region
 	dead   atomic.Bool
 	failed sync.Once
+	// failMu is held while OnFail runs (from before dead is set), so that
+	// an op that skipped the target can wait for the verdict: unrecorded
+	// says OnFail could not record the loss.
+	failMu     sync.Mutex
+	unrecorded atomic.Bool
 
 	mu      sync.Mutex // taken under the export's fwdMu when posting
 	conn    *cliConn
@@ -456,12 +464,35 @@ func (t *fwdTarget) finish(s *fwdSend, o *op, err error) error {
 // fail marks t failed for good and tells OnFail, once.
 func (t *fwdTarget) fail(err error) {
 	t.failed.Do(func() {
+		t.failMu.Lock()
+		defer t.failMu.Unlock()
 		t.dead.Store(true)
 		t.f.log("rdma/tcp: forward target failed; skipping it from now on", "segment", t.f.seg, "target", t.idx, "addr", t.cl.addr, "err", err)
-		if t.f.onFail != nil {
-			t.f.onFail(t.idx, err)
+		if t.f.onFail == nil {
+			return
+		}
+		if ferr := t.f.onFail(t.idx, err); ferr != nil {
+			t.unrecorded.Store(true)
+			t.f.log("rdma/tcp: a failed forward target's loss was not recorded; answering this segment's ops INDETERMINATE until forwarding is set again", "segment", t.f.seg, "target", t.idx, "err", ferr)
 		}
 	})
+}
+
+// missed reports whether some target of f is dead with its loss not
+// recorded (OnFail failed): an op it skipped cannot be acknowledged. It
+// waits for an OnFail under way.
+func (f *forwarder) missed() bool {
+	for _, t := range f.targets {
+		if t.dead.Load() {
+			t.failMu.Lock()
+			u := t.unrecorded.Load()
+			t.failMu.Unlock()
+			if u {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // fwdIdle is how long a forwarding worker waits for the next op before it
@@ -525,6 +556,9 @@ func (fo *fwdOp) settle() {
 	fo.f.inflight.Done()
 	for _, te := range fo.failed {
 		te.t.fail(te.err)
+	}
+	if fo.status == statusOK && fo.f.missed() {
+		fo.status, fo.flags, fo.value = statusIndeterminate, 0, 0
 	}
 	for _, b := range fo.bufs {
 		putBuf(b)

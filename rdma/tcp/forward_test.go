@@ -57,14 +57,16 @@ func homesWith(t testing.TB, cfg ServerConfig, n int, seg uint64, size int) []*h
 	return hs
 }
 
-// failures records OnFail calls.
+// failures records OnFail calls; with refuse set it answers them with
+// that error (the loss could not be recorded).
 type failures struct {
-	mu    sync.Mutex
-	calls map[int]int
-	errs  []error
+	mu     sync.Mutex
+	calls  map[int]int
+	errs   []error
+	refuse error
 }
 
-func (f *failures) onFail(target int, err error) {
+func (f *failures) onFail(target int, err error) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.calls == nil {
@@ -72,6 +74,7 @@ func (f *failures) onFail(target int, err error) {
 	}
 	f.calls[target]++
 	f.errs = append(f.errs, err)
+	return f.refuse
 }
 
 func (f *failures) count() map[int]int {
@@ -356,6 +359,35 @@ func TestForwardTargetKilled(t *testing.T) {
 	require.Equal(t, map[int]int{1: 1}, fails.count(), "target 1 (the killed backup) reported once")
 	require.ErrorIs(t, fails.errs[0], rdma.ErrClosed)
 	require.True(t, equalBytes(p.mem, hs[1].mem), "the surviving backup holds the primary's bytes")
+}
+
+// TestForwardUnrecordedLoss: a backup dies and OnFail cannot record the
+// loss (the daemon that must hear of it does not answer): the write that
+// found the backup gone and every later one are applied at the primary
+// but answered INDETERMINATE, never OK, since a copy that missed them may
+// be promoted; once forwarding is set again without the dead backup,
+// writes are acknowledged again.
+func TestForwardUnrecordedLoss(t *testing.T) {
+	const size = 8 << 10
+	fails := failures{refuse: errors.New("the origin does not answer")}
+	hs := replicated(t, ServerConfig{}, nil, 3, size, &fails)
+	p := hs[0]
+	c := dial(t, p.srv.addr)
+	ctx := t.Context()
+	require.NoError(t, c.Write(ctx, p.r, 0, []byte("acknowledged")))
+	require.NoError(t, hs[2].srv.Close())
+	err := c.Write(ctx, p.r, 0, []byte("found target 2 gone"))
+	require.ErrorIs(t, err, rdma.ErrIndeterminate)
+	require.Equal(t, "found target 2 gone", string(p.mem[:19]), "applied at the primary")
+	err = c.Write(ctx, p.r, 100, []byte("skips it"))
+	require.ErrorIs(t, err, rdma.ErrIndeterminate, "a write that skips the unrecorded target is not acknowledged either")
+	_, err = c.FetchAdd64(ctx, p.r, 1024, 1)
+	require.ErrorIs(t, err, rdma.ErrIndeterminate)
+	require.Equal(t, map[int]int{1: 1}, fails.count(), "target 1 (the closed backup) reported once")
+
+	require.NoError(t, p.srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: targets(t, hs[1:2]), OnFail: fails.onFail}))
+	require.NoError(t, c.Write(ctx, p.r, 200, []byte("after forwarding is set again")))
+	require.Equal(t, p.mem[200:229], hs[1].mem[200:229], "the live backup holds it")
 }
 
 // TestForwardLinkRetry: the primary-to-target link loses the answers of
