@@ -292,6 +292,9 @@ func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls 
 	if err != nil {
 		return moveResult{}, err
 	}
+	if r.redundant() {
+		return p.moveHome(ctx, r, req.Home, req.HomeId, tls) // movehome.go
+	}
 	if changesTier(&r, req.ToTier) {
 		return p.moveTier(ctx, c, r, req, tls) // tiermove.go
 	}
@@ -340,8 +343,12 @@ func (p *core) moveSubject(c caller, req *poolv1.MoveRequest) (record, error) {
 			return record{}, fmt.Errorf("move segment %d: %w: only its owner, its attachers, identities granted the free right and administrators may move it, not %s", r.ID, errs.ErrAccessDenied, c.ident)
 		}
 	}
-	if err := movable(r, req.ToTier, p.cfg.Node); err != nil {
-		return record{}, err
+	check := movable(r, req.ToTier, p.cfg.Node)
+	if r.redundant() && req.Home != "" { // a peer moves its home of the segment away
+		check = homeMovable(r, req)
+	}
+	if check != nil {
+		return record{}, check
 	}
 	if !p.moving.begin(r.ID) {
 		return record{}, fmt.Errorf("move segment %d: %w; wait for it to end", r.ID, errMoveBusy)
@@ -352,7 +359,7 @@ func (p *core) moveSubject(c caller, req *poolv1.MoveRequest) (record, error) {
 // movable checks that r can move live to tier (unspecified: its own).
 func movable(r *record, tier poolv1.Tier, self string) error {
 	if r.redundant() {
-		return fmt.Errorf("move segment %d: %w: it is redundant (%s), and its copies are not moved live; a copy whose home is gone is marked lost and another home takes its place", r.ID, errs.ErrNotSupported, r.Redundancy.spec())
+		return fmt.Errorf("move segment %d: %w: it is redundant (%s), with a home per copy or shard, so it does not move as a whole; a home moves live off a host that evacuates ('memctl drain NODE --evacuate' of that home's node), and a lost one is rebuilt elsewhere", r.ID, errs.ErrNotSupported, r.Redundancy.spec())
 	}
 	if changesTier(r, tier) {
 		return tierMovable(r, tier)
@@ -1125,8 +1132,12 @@ func (p *core) abortMove(in intent, why error) {
 // another by the source's ABORT and a free of the target's copy, unless it
 // may have been announced and rolls forward (rollForward); then the intent
 // goes. A source or target that holds the segment no more has nothing
-// left to do.
+// left to do. The move of a redundant segment's home finishes as
+// finishHomeMove says.
 func (p *core) resolve(ctx context.Context, in intent) error {
+	if p.isHomeMove(in) {
+		return p.finishHomeMove(ctx, in) // movehome.go
+	}
 	if !in.Switched && in.ToAddr != "" { // it may have been announced
 		fwd, err := p.rollForward(ctx, in)
 		if err != nil {
@@ -1238,8 +1249,9 @@ func (p *core) loadMoves() error {
 		if r, ok := p.segs[in.ID]; ok {
 			// The record says: an intent marked switched whose record
 			// names the source again lost a race with a change to the
-			// record (switchOver), and its move is undone.
-			in.Switched = r.Home == in.To && r.HomeID == in.ToID
+			// record (switchOver), and its move is undone. A redundant
+			// segment's record names the target among its homes.
+			in.Switched = slices.Contains(r.idsOn(in.To), in.ToID)
 		}
 		p.moving.set(in)
 		p.leftMoves = append(p.leftMoves, in)

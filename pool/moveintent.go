@@ -30,8 +30,9 @@ type intent struct {
 	Switched bool   // the record names the target; the source is to COMMIT
 	// The target's copy as the record is to name it (ToAddr "" when not
 	// known: before the target's allocation, an intent of an older
-	// poold, a tier move): a restarted origin rolls a sealed move
-	// forward with them (core.rollForward).
+	// poold, a tier move, the move of a redundant segment's home, whose
+	// switch-over is committed before it is announced): a restarted
+	// origin rolls a sealed move forward with them (core.rollForward).
 	ToAddr  string
 	ToKey   rdma.Key
 	ToEpoch uint64
@@ -39,6 +40,9 @@ type intent struct {
 	// undoing: the move failed and the target's copy is being freed (not
 	// stored: a restarted daemon undoes it again).
 	undoing bool
+	// copied is the bytes the move of a redundant segment's home copied
+	// so far (not stored), for the segment's description.
+	copied int64
 }
 
 // intentVersion is the form encodeIntent writes:

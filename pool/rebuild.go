@@ -304,7 +304,7 @@ func (rb *rebuilder) rebuild(ctx context.Context, w rebuildWork) (rebuildResult,
 		return res, err
 	}
 	defer f.close()
-	err = f.run(ctx)
+	err = f.run(ctx, f.switchRebuilt)
 	res.bytes, res.rounds, res.pause = f.m.copied.Load(), f.m.res.rounds, f.m.res.pause
 	if err != nil && ctx.Err() == nil && (p.nodeGone(h.Node) || rb.failedBefore(w.id)) { // not when the daemon stops
 		// A target that died, or that failed a second fill in a row

@@ -1,7 +1,9 @@
 // This file holds the copy of a rebuild (rebuild.go): the new home of a
 // replicated segment is filled from its primary, that of an erasure-coded
 // segment's shard decoded from k surviving shards, both with the live
-// move's copy-and-switch (move.go) while clients go on writing.
+// move's copy-and-switch (move.go) while clients go on writing. The move
+// of a home that leaves its host (movehome.go) fills its replacement the
+// same way, from the leaving home itself when it is a shard.
 
 package pool
 
@@ -10,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,6 +33,14 @@ type rebuildFill struct {
 	i      int    // the index of the home rebuilt
 	target homeRef
 	m      *mover
+	// moving: home i is alive and leaves (a move of it, movehome.go),
+	// not lost: it is tracked and, a shard, copied from.
+	moving bool
+	// progress publishes the bytes copied so far; false when the fill is
+	// moot (the record changed under it).
+	progress func(n int64) bool
+	// beforeSeal, if set, runs just before the writers are sealed.
+	beforeSeal func()
 
 	// tracked are the surviving homes whose changes the copy follows:
 	// the primary of replicas (every write lands there first), every OK
@@ -57,18 +68,29 @@ type rebuildPeer struct {
 // newFill connects to the target and the survivors of r for the rebuild of
 // home i at target.
 func (rb *rebuilder) newFill(ctx context.Context, r record, i int, target homeRef) (*rebuildFill, error) {
-	p := rb.p
+	f, err := rb.p.newFill(ctx, r, i, target, rb.tls, rb.rate, false)
+	if err == nil {
+		f.progress = func(n int64) bool { return rb.p.setRebuilt(r.ID, i, target, n) }
+	}
+	return f, err
+}
+
+// newFill connects to the target and to the homes of r the fill of home
+// i's place at target reads and tracks: the survivors (a rebuild), or,
+// with moving, those and home i, which is alive and leaves. The copy
+// goes at most rate (nil: unlimited).
+func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls moveTLS, rate *rateLimit, moving bool) (*rebuildFill, error) {
 	size := r.shardSize()
-	f := &rebuildFill{p: p, r: r, i: i, target: target}
+	f := &rebuildFill{p: p, r: r, i: i, target: target, moving: moving}
 	dst, err := p.homeSession(ctx, target.Node, "rebuild target")
 	if err != nil {
 		return nil, fmt.Errorf("rebuild segment %d: %w", r.ID, err)
 	}
-	f.m = &mover{p: p, rec: record{ID: r.ID, Size: size}, dst: dst, to: target.Node, tls: rb.tls, chunk: moveChunk(size), rate: rb.rate}
+	f.m = &mover{p: p, rec: record{ID: r.ID, Size: size}, dst: dst, to: target.Node, tls: tls, chunk: moveChunk(size), rate: rate}
 	f.m.dirty = f.changed
 	k := r.Redundancy.Data
 	for j, h := range r.Homes {
-		if j == i || h.State != poolv1.HomeState_HOME_STATE_OK || r.Redundancy.Replicas > 0 && j > 0 {
+		if j == i && !moving || h.State != poolv1.HomeState_HOME_STATE_OK || r.Redundancy.Replicas > 0 && j > 0 {
 			continue
 		}
 		pc, err := p.homeSession(ctx, h.Node, "rebuild source")
@@ -77,11 +99,15 @@ func (rb *rebuilder) newFill(ctx context.Context, r record, i int, target homeRe
 		}
 		f.tracked = append(f.tracked, rebuildPeer{idx: j, home: h, pc: pc, writer: k == 0 || j < k})
 	}
-	// The sources: the primary, or the first k OK shards (data shards
-	// first: their bytes are the segment's, so a lost parity shard needs
-	// no decode of data).
+	// The sources: the primary; a moving shard itself; or the first k OK
+	// shards (data shards first: their bytes are the segment's, so a lost
+	// parity shard needs no decode of data).
+	from := f.tracked
 	n := 1
-	if k > 0 {
+	switch {
+	case k > 0 && moving:
+		from = slices.DeleteFunc(slices.Clone(f.tracked), func(s rebuildPeer) bool { return s.idx != i })
+	case k > 0:
 		n = k
 		if f.enc, err = reedsolomon.New(k, r.Redundancy.Parity); err != nil {
 			return nil, fmt.Errorf("rebuild segment %d: %w: erasure code %d+%d: %v", r.ID, errs.ErrInvalid, k, r.Redundancy.Parity, err)
@@ -90,10 +116,10 @@ func (rb *rebuilder) newFill(ctx context.Context, r record, i int, target homeRe
 		f.m.batch = max(moveChunkMin, moveBatch/int64(k)/moveChunkMin*moveChunkMin)
 		f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
 	}
-	if len(f.tracked) < n {
-		return nil, fmt.Errorf("rebuild segment %d: %w: %d homes to read from, and it needs %d", r.ID, errs.ErrSegmentLost, len(f.tracked), n)
+	if len(from) < n {
+		return nil, fmt.Errorf("rebuild segment %d: %w: %d homes to read from, and it needs %d", r.ID, errs.ErrSegmentLost, len(from), n)
 	}
-	f.m.rec.Home = f.tracked[0].home.Node // named in the copy's errors
+	f.m.rec.Home = from[0].home.Node // named in the copy's errors
 	defer func() {
 		if err != nil {
 			f.close()
@@ -103,14 +129,14 @@ func (rb *rebuilder) newFill(ctx context.Context, r record, i int, target homeRe
 		return nil, err
 	}
 	f.m.dstReg = homeRegion(target)
-	for _, s := range f.tracked[:n] {
+	for _, s := range from[:n] {
 		if s.conn, err = f.m.dial(ctx, s.home.Node, s.home.DataAddr, s.home.DataTLS, s.pc); err != nil {
 			return nil, err
 		}
 		s.reg = homeRegion(s.home)
 		f.sources = append(f.sources, s)
 	}
-	if k == 0 {
+	if f.m.read == nil { // one source, copied as it is
 		f.m.src, f.m.srcConn, f.m.srcReg = f.sources[0].pc, f.sources[0].conn, f.sources[0].reg
 		for range moveInflight - 1 {
 			s, d := f.sources[0], f.target
@@ -150,11 +176,10 @@ func (f *rebuildFill) close() {
 
 // run fills the target: TRACK at the survivors, copy everything, copy
 // what changed meanwhile until little does, SEAL the writers, copy the
-// last changes, mark the home OK, have the writers forward to it too
-// (replicate), then ABORT at the survivors (unseal, stop tracking; they
-// serve on). A failure before the switch to OK unseals the survivors and
-// leaves the home REBUILDING, to be refilled.
-func (f *rebuildFill) run(ctx context.Context) error {
+// last changes, then switch (sw), which returns nil once the record names
+// the target in its place and has unsealed the survivors. A failure
+// before the switch unseals the survivors.
+func (f *rebuildFill) run(ctx context.Context, sw func(context.Context) error) error {
 	m := f.m
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -182,6 +207,9 @@ func (f *rebuildFill) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if f.beforeSeal != nil {
+		f.beforeSeal()
+	}
 	sealed := time.Now()
 	// The writers first: once they are sealed, no write is in flight and
 	// none comes, so the others' changes reported after are the last.
@@ -199,12 +227,21 @@ func (f *rebuildFill) run(ctx context.Context) error {
 		return err
 	}
 	m.res.rounds++
-	stop() // the switch ends the home's REBUILDING state, which the publisher watches
-	if err := f.switchOK(ctx); err != nil {
+	stop() // the switch ends the state the publisher watches
+	if err := sw(ctx); err != nil {
 		return err
 	}
 	switched = true
 	m.res.pause = time.Since(sealed)
+	return nil
+}
+
+// switchRebuilt is a rebuild's switch: the home marked OK, the writers
+// forwarding to it (switchOK), then every survivor unsealed.
+func (f *rebuildFill) switchRebuilt(ctx context.Context) error {
+	if err := f.switchOK(ctx); err != nil {
+		return err
+	}
 	f.unseal()
 	return nil
 }
@@ -328,10 +365,11 @@ func (p *core) unsealAt(node string, id uint64) {
 	})
 }
 
-// publish shows the bytes copied in the record's home (rebuilt_bytes)
-// every rebuildProgress until the returned stop (idempotent) is called;
-// once the record no longer names the target as REBUILDING (a home marked
-// lost and freed) it cancels the fill.
+// publish shows the bytes copied (f.progress: a rebuild's in the
+// record's home, rebuilt_bytes) every rebuildProgress until the returned
+// stop (idempotent) is called; once progress says the fill is moot (the
+// record no longer names the target as REBUILDING, or a moving home as
+// it was) it cancels the fill.
 func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -343,8 +381,8 @@ func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				if !f.p.setRebuilt(f.r.ID, f.i, f.target, min(f.m.copied.Load(), f.m.rec.Size)) {
-					cancel(fmt.Errorf("rebuild segment %d: %w: its new home on %s is no longer in the record as rebuilding", f.r.ID, errs.ErrUnavailable, f.target.Node))
+				if !f.progress(min(f.m.copied.Load(), f.m.rec.Size)) {
+					cancel(fmt.Errorf("fill a home of segment %d on %s: %w: the record changed meanwhile (a home lost, or the segment freed)", f.r.ID, f.target.Node, errs.ErrUnavailable))
 					return
 				}
 			}

@@ -328,6 +328,7 @@ func (d *Daemon) segmentProto(r record) *poolv1.Segment {
 			}
 			seg.Homes = append(seg.Homes, hp)
 		}
+		d.pool.moving.markMoving(r.ID, seg.Homes)
 	}
 	if tg, ok := d.pool.injected(seg.Tier); ok {
 		seg.Injected = emulationProto(tg)

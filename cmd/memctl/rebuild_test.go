@@ -10,7 +10,8 @@ import (
 
 // TestRedundancyCellRebuilding: memctl segments shows a redundant
 // segment's state with the share of its rebuilding homes' bytes copied
-// so far (a copy holds the whole segment, a shard size / k), and -o json
+// so far (a copy holds the whole segment, a shard size / k), and of the
+// replacement of a home that moves off its host ("moving"), and -o json
 // has the bytes.
 func TestRedundancyCellRebuilding(t *testing.T) {
 	const (
@@ -32,6 +33,8 @@ func TestRedundancyCellRebuilding(t *testing.T) {
 		{seg(rep, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING, &poolv1.SegmentHome{State: ok}, &poolv1.SegmentHome{State: rb, RebuiltBytes: 3 << 20}), "replicas=2 rebuilding 37%", 3 << 20, 8 << 20},
 		{seg(ec, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING, &poolv1.SegmentHome{State: rb, RebuiltBytes: 1 << 20}, &poolv1.SegmentHome{State: ok},
 			&poolv1.SegmentHome{State: rb, RebuiltBytes: 4 << 20}), "ec=4+2 rebuilding 75%", 3 << 20, 4 << 20},
+		{seg(ec, poolv1.RedundancyState_REDUNDANCY_STATE_OK, &poolv1.SegmentHome{State: ok}, &poolv1.SegmentHome{State: ok, MovingTo: "g", RebuiltBytes: 1 << 20}),
+			"ec=4+2 moving 50%", 1 << 20, 2 << 20},
 	} {
 		v := segmentView(tc.seg)
 		require.Equal(t, tc.want, redundancyCell(v))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -114,6 +115,9 @@ type homeJSON struct {
 	Role   string `json:"role"` // primary, backup, data, parity
 	Index  int    `json:"index"`
 	State  string `json:"state"` // ok, lost, rebuilding
+	// MovingTo is, while the home moves live off its host (an
+	// evacuation), the node its replacement is filled on.
+	MovingTo string `json:"moving_to,omitempty"`
 }
 
 // redundancyName is a segment's redundancy as placed ("replicas=2",
@@ -157,7 +161,7 @@ func segmentView(s *poolv1.Segment) segmentJSON {
 		v.RebuiltBytes, v.RebuildBytes = rebuildProgress(s)
 		for i, h := range s.Homes {
 			role, idx := homeRole(s, i)
-			v.Homes = append(v.Homes, homeJSON{Node: h.Node, HomeID: h.HomeId, Role: role, Index: idx, State: lowerEnum(h.State.String(), "HOME_STATE_")})
+			v.Homes = append(v.Homes, homeJSON{Node: h.Node, HomeID: h.HomeId, Role: role, Index: idx, State: lowerEnum(h.State.String(), "HOME_STATE_"), MovingTo: h.MovingTo})
 		}
 	}
 	return v
@@ -165,15 +169,20 @@ func segmentView(s *poolv1.Segment) segmentJSON {
 
 // redundancyCell is a segment's REDUNDANCY column: "replicas=2 ok",
 // "ec=4+2 degraded", "replicas=2 rebuilding 37%" (the share of its new
-// homes' bytes copied so far), "-" for none.
+// homes' bytes copied so far), "ec=4+2 moving 60%" (every home holds its
+// shard, and one moves off its host), "-" for none.
 func redundancyCell(v segmentJSON) string {
 	if v.Redundancy == "" {
 		return "-"
 	}
-	if v.RebuildBytes > 0 {
-		return fmt.Sprintf("%s %s %d%%", v.Redundancy, v.RedundancyState, v.RebuiltBytes*100/v.RebuildBytes)
+	state := v.RedundancyState
+	if state == "ok" && slices.ContainsFunc(v.Homes, func(h homeJSON) bool { return h.MovingTo != "" }) {
+		state = "moving"
 	}
-	return v.Redundancy + " " + v.RedundancyState
+	if v.RebuildBytes > 0 {
+		return fmt.Sprintf("%s %s %d%%", v.Redundancy, state, v.RebuiltBytes*100/v.RebuildBytes)
+	}
+	return v.Redundancy + " " + state
 }
 
 // homesLine lists a redundant segment's homes, e.g. "b (primary, ok), c
@@ -185,7 +194,11 @@ func homesLine(v segmentJSON) string {
 		if role == "data" || role == "parity" {
 			role = fmt.Sprintf("%s %d", role, h.Index)
 		}
-		parts[i] = fmt.Sprintf("%s (%s, %s)", h.Node, role, h.State)
+		state := h.State
+		if h.MovingTo != "" {
+			state += ", moving to " + h.MovingTo
+		}
+		parts[i] = fmt.Sprintf("%s (%s, %s)", h.Node, role, state)
 	}
 	return strings.Join(parts, ", ")
 }

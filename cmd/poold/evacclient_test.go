@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/redundancy"
 )
 
 // The role "evac-load" of the evacuation tests: an application whose rdma
@@ -34,6 +35,14 @@ const (
 	evacWorkers = 2
 	// streamChunk is the read size of the streaming phase.
 	streamChunk = 1 << 20
+	// evacRedundancyEnv, when set, is the redundancy of each segment in
+	// turn, space-separated (poold --default-redundancy's form, e.g.
+	// "replicas=2 ec=4+2"); "none" for a plain one.
+	evacRedundancyEnv = "FARMEM_TEST_REDUNDANCY"
+	// evacCheckEnv, when set, is a file the client waits for after its
+	// load stopped and before it reads everything back; meanwhile it has
+	// printed "paused " and each segment's Redundancy() as JSON.
+	evacCheckEnv = "FARMEM_TEST_CHECK_GATE"
 )
 
 func init() { clientRoles["evac-load"] = roleEvacLoad }
@@ -41,7 +50,9 @@ func init() { clientRoles["evac-load"] = roleEvacLoad }
 // evacResult is what an evac-load client prints at the end, as JSON after
 // "result ".
 type evacResult struct {
-	Homes []string `json:"homes"` // each segment's home at the end
+	// Homes is each segment's home at the end; every home of a
+	// redundant one.
+	Homes []string `json:"homes"`
 	// StreamBytesPerSec is the client's streaming read rate from the
 	// segments' first home, measured before the load.
 	StreamBytesPerSec float64 `json:"stream_bytes_per_sec"`
@@ -124,8 +135,12 @@ func roleEvacLoad(ctx context.Context) error {
 	segs := make([]*evacSeg, n)
 	buf := make([]byte, size)
 	var homes []string
+	reds, err := evacRedundancy(n)
+	if err != nil {
+		return err
+	}
 	for i := range segs {
-		seg, err := c.Alloc(ctx, size, alloc.WithTier(alloc.TierRDMA))
+		seg, err := c.Alloc(ctx, size, append(reds[i], alloc.WithTier(alloc.TierRDMA))...)
 		if err != nil {
 			return fmt.Errorf("alloc %d: %w", i, err)
 		}
@@ -188,9 +203,29 @@ func roleEvacLoad(ctx context.Context) error {
 		return fmt.Errorf("stop file %q: %w", window, err)
 	}
 	res.summarize(ops, loadStart.UnixNano(), from*1e6, to*1e6)
+	if gate := os.Getenv(evacCheckEnv); gate != "" {
+		var st []alloc.RedundancyStatus
+		for _, s := range segs {
+			st = append(st, s.seg.Redundancy())
+		}
+		b, err := json.Marshal(st)
+		if err != nil {
+			return err
+		}
+		fmt.Println("paused", string(b))
+		if err := waitFile(gate, 2*time.Minute); err != nil {
+			return err
+		}
+	}
 	res.verify(segs, buf[:size])
 	for _, s := range segs {
-		res.Homes = append(res.Homes, s.seg.Node())
+		st := s.seg.Redundancy()
+		if len(st.Homes) == 0 {
+			res.Homes = append(res.Homes, s.seg.Node())
+		}
+		for _, h := range st.Homes {
+			res.Homes = append(res.Homes, h.Node)
+		}
 	}
 	b, err := json.Marshal(res)
 	if err != nil {
@@ -198,6 +233,32 @@ func roleEvacLoad(ctx context.Context) error {
 	}
 	fmt.Println("result", string(b))
 	return nil
+}
+
+// evacRedundancy is the allocation options of n segments that
+// evacRedundancyEnv asks for: none when it is not set.
+func evacRedundancy(n int) ([][]alloc.AllocOption, error) {
+	out := make([][]alloc.AllocOption, n)
+	env := os.Getenv(evacRedundancyEnv)
+	if env == "" {
+		return out, nil
+	}
+	specs := strings.Fields(env)
+	if len(specs) != n {
+		return nil, fmt.Errorf("%s=%q names %d redundancies for %d segments", evacRedundancyEnv, env, len(specs), n)
+	}
+	for i, text := range specs {
+		s, err := redundancy.Parse(text)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%s: %w", evacRedundancyEnv, err)
+		case s.Coded():
+			out[i] = []alloc.AllocOption{alloc.WithRedundancy(alloc.ErasureCoded(s.Data, s.Parity))}
+		case s.Replicas > 1:
+			out[i] = []alloc.AllocOption{alloc.WithRedundancy(alloc.Replicas(s.Replicas))}
+		}
+	}
+	return out, nil
 }
 
 // evacLoad runs worker w's operations on its segments until stop: a write

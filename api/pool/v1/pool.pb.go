@@ -1094,9 +1094,13 @@ type SegmentHome struct {
 	DataServerName string                 `protobuf:"bytes,9,opt,name=data_server_name,json=dataServerName,proto3" json:"data_server_name,omitempty"`
 	Transport      string                 `protobuf:"bytes,10,opt,name=transport,proto3" json:"transport,omitempty"`
 	State          HomeState              `protobuf:"varint,11,opt,name=state,proto3,enum=farmem.pool.v1.HomeState" json:"state,omitempty"`
-	RebuiltBytes   int64                  `protobuf:"varint,12,opt,name=rebuilt_bytes,json=rebuiltBytes,proto3" json:"rebuilt_bytes,omitempty"` // HOME_STATE_REBUILDING: bytes copied so far
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	RebuiltBytes   int64                  `protobuf:"varint,12,opt,name=rebuilt_bytes,json=rebuiltBytes,proto3" json:"rebuilt_bytes,omitempty"` // HOME_STATE_REBUILDING, or moving_to set: bytes copied so far
+	// A home that moves live (its host evacuates): the node its
+	// replacement is filled on. It serves meanwhile; the replacement takes
+	// its place in the segment's homes when filled.
+	MovingTo      string `protobuf:"bytes,13,opt,name=moving_to,json=movingTo,proto3" json:"moving_to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SegmentHome) Reset() {
@@ -1211,6 +1215,13 @@ func (x *SegmentHome) GetRebuiltBytes() int64 {
 		return x.RebuiltBytes
 	}
 	return 0
+}
+
+func (x *SegmentHome) GetMovingTo() string {
+	if x != nil {
+		return x.MovingTo
+	}
+	return ""
 }
 
 type FreeRequest struct {
@@ -4922,7 +4933,7 @@ const file_pool_proto_rawDesc = "" +
 	"\vdata_shards\x18\x02 \x01(\rR\n" +
 	"dataShards\x12#\n" +
 	"\rparity_shards\x18\x03 \x01(\rR\fparityShards\x12%\n" +
-	"\x0eallow_fallback\x18\x04 \x01(\bR\rallowFallback\"\x81\x03\n" +
+	"\x0eallow_fallback\x18\x04 \x01(\bR\rallowFallback\"\x9e\x03\n" +
 	"\vSegmentHome\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x17\n" +
 	"\ahome_id\x18\x02 \x01(\x04R\x06homeId\x12\x1b\n" +
@@ -4936,7 +4947,8 @@ const file_pool_proto_rawDesc = "" +
 	"\ttransport\x18\n" +
 	" \x01(\tR\ttransport\x12/\n" +
 	"\x05state\x18\v \x01(\x0e2\x19.farmem.pool.v1.HomeStateR\x05state\x12#\n" +
-	"\rrebuilt_bytes\x18\f \x01(\x03R\frebuiltBytes\"1\n" +
+	"\rrebuilt_bytes\x18\f \x01(\x03R\frebuiltBytes\x12\x1b\n" +
+	"\tmoving_to\x18\r \x01(\tR\bmovingTo\"1\n" +
 	"\vFreeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x0e\n" +

@@ -1,0 +1,298 @@
+// This file holds the live move of one home of a redundant segment
+// (docs/REDUNDANCY.md, "Moving a home"): when the host of a copy or shard
+// evacuates, the origin places a replacement on another host, fills it
+// with the rebuild's fill (rebuildfill.go) while the leaving home serves
+// on, and switches the record over to it in the leaving home's place, so
+// the segment never has fewer homes than its redundancy; then the
+// forwarding is set again and the leaving home lets its copy go. The
+// move's intent (moveintent.go) makes it durable: a restarted origin
+// finishes a switched move and undoes any other.
+
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// homeMovable checks that the home a peer asks to move (req.Home,
+// req.HomeId) of the redundant segment r can move live: within the rdma
+// tier, to a host placement picks.
+func homeMovable(r *record, req *poolv1.MoveRequest) error {
+	switch {
+	case changesTier(r, req.ToTier) || req.ToNode != "":
+		return fmt.Errorf("move the home on %s of segment %d: %w: a home of a redundant segment (%s) moves within the rdma tier to a host placement picks, as a new home would be placed; ask without a target node or tier",
+			req.Home, r.ID, errs.ErrNotSupported, r.Redundancy.spec())
+	case r.Lost:
+		return fmt.Errorf("move the home on %s of segment %d: %w: more homes are lost than %s covers", req.Home, r.ID, errs.ErrSegmentLost, r.Redundancy.spec())
+	}
+	return nil
+}
+
+// errHomeNotServing is a move of a home that is not OK: one being rebuilt
+// moves once it serves.
+var errHomeNotServing = errs.Sub(errs.ErrLimit, "the home is not serving yet (it is being rebuilt); its move waits")
+
+// moveHome moves r's home on node (its id there homeID) to a host
+// placement picks, without lowering r's redundancy meanwhile: the
+// replacement is filled while the leaving home serves, then takes its
+// place and role (the primary's or a data shard's too: the switch hands
+// it over, with the writers sealed). moveSubject registered the move.
+func (p *core) moveHome(ctx context.Context, r record, node string, homeID uint64, tls moveTLS) (res moveResult, err error) {
+	res = moveResult{rec: r, from: node, fromTier: r.Tier}
+	i := slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.Node == node && h.HomeID == homeID })
+	if i < 0 || r.Homes[i].State != poolv1.HomeState_HOME_STATE_OK {
+		p.moving.end(r.ID)
+		return res, fmt.Errorf("move the home on %s of segment %d: %w", node, r.ID, errHomeNotServing)
+	}
+	leaving := r.Homes[i]
+	target, err := p.placeHome(ctx, &r, nil)
+	if err != nil {
+		p.moving.end(r.ID)
+		return res, fmt.Errorf("move the %s on %s of segment %d: %w", homeRoleName(&r, i), node, r.ID, err)
+	}
+	in := intent{ID: r.ID, From: node, FromID: homeID, To: target.Node, ToID: target.HomeID}
+	p.moving.set(in)
+	if err := p.st.putIntent(in); err != nil {
+		p.moving.end(r.ID)
+		p.freeLaterAt(target.Node, target.HomeID)
+		return res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)
+	}
+	p.log.Info("moving a home of a redundant segment", "segment", r.ID, "home", homeRoleName(&r, i), "from", node, "to", target.Node,
+		"size", r.shardSize(), "redundancy", r.Redundancy.spec().String())
+	var sw *pendingSwitch // from the writers' seal: Stat waits for the new homes
+	defer func() {
+		if err != nil {
+			if sw != nil {
+				sw.end()
+			}
+			p.abortMove(in, err)
+		}
+	}()
+	f, err := p.newFill(ctx, r, i, target, tls, nil, true)
+	if err != nil {
+		return res, err
+	}
+	defer f.close()
+	f.progress = func(n int64) bool { return p.moving.progress(r.ID, n) && p.homeIs(r.ID, i, leaving) }
+	f.beforeSeal = func() { sw = p.moving.sealing(r.ID) }
+	err = f.run(ctx, func(ctx context.Context) error {
+		next, err := p.switchHome(ctx, f, in, leaving)
+		if err == nil {
+			res.rec = next
+			sw.announce(&next)
+			sw.end()
+		}
+		return err
+	})
+	res.bytes, res.rounds, res.pause = f.m.copied.Load(), f.m.res.rounds, f.m.res.pause
+	if err == nil {
+		p.log.Info("moved a home of a redundant segment", "segment", r.ID, "home", homeRoleName(&r, i), "from", node, "to", target.Node,
+			"bytes", res.bytes, "rounds", res.rounds, "pause", res.pause)
+	}
+	return res, err
+}
+
+// homeRoleName names home i of r for messages: "primary", "backup 1",
+// "data shard 2", "parity shard 0".
+func homeRoleName(r *record, i int) string {
+	k := r.Redundancy.Data
+	switch {
+	case k > 0 && i < k:
+		return fmt.Sprintf("data shard %d", i)
+	case k > 0:
+		return fmt.Sprintf("parity shard %d", i-k)
+	case i == 0:
+		return "primary"
+	}
+	return fmt.Sprintf("backup %d", i)
+}
+
+// homeIs reports whether home i of segment id is still h (a home lost
+// meanwhile ends the move: the rebuild takes over).
+func (p *core) homeIs(id uint64, i int, h homeRef) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.segs[id]
+	return ok && !cur.Lost && sameHome(cur, i, h)
+}
+
+// switchHome is the switch of a home's move, the writers sealed and the
+// target filled: a target that takes clients' writes (a primary, a data
+// shard) is sealed too until it forwards them; the record naming the
+// target in the leaving home's place and the intent marked switched are
+// committed in one transaction; then finishHomeMove sets the forwarding,
+// lets the leaving home go and unseals (in the background, retried, if
+// it cannot now). It returns the record committed.
+func (p *core) switchHome(ctx context.Context, f *rebuildFill, in intent, leaving homeRef) (record, error) {
+	r, i, target := f.r, f.i, f.target
+	if k := r.Redundancy.Data; k > 0 && i < k || k == 0 && i == 0 {
+		for _, phase := range []poolv1.MoveOutPhase{poolv1.MoveOutPhase_MOVE_OUT_TRACK, poolv1.MoveOutPhase_MOVE_OUT_SEAL} {
+			if _, err := moveOutAt(ctx, f.m.dst, target.HomeID, phase, f.m.chunk); err != nil {
+				return record{}, fmt.Errorf("move segment %d: seal its new %s on %s until it forwards: %w", r.ID, homeRoleName(&r, i), target.Node, err)
+			}
+		}
+	}
+	next, err := p.commitHomeSwitch(r.ID, i, leaving, target, in)
+	if err != nil {
+		return record{}, err
+	}
+	in.Switched = true
+	p.moving.set(in)
+	if err := p.finishHomeMove(ctx, in); err != nil {
+		p.log.Warn("moved a home of a redundant segment: its homes are still to be told; retrying", "segment", r.ID, "from", in.From, "to", in.To, "err", err)
+		p.resolveLater(in)
+		return next, nil
+	}
+	p.moving.end(r.ID)
+	if cur, ok := p.redundantRecord(r.ID); ok {
+		next = cur // with the epochs replicate raised
+	}
+	return next, nil
+}
+
+// commitHomeSwitch commits the record of segment id with target, OK, as
+// home i in place of leaving (which must still be there), and the intent
+// in marked switched, in one transaction (store.switchMove).
+func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in intent) (record, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.segs[id]
+	switch {
+	case !ok:
+		return record{}, fmt.Errorf("move segment %d: %w: it was freed during the move", id, errs.ErrNotFound)
+	case cur.Lost || !sameHome(cur, i, leaving):
+		return record{}, fmt.Errorf("move segment %d: %w: its home %d on %s changed during the move (lost); a rebuild replaces it", id, errs.ErrUnavailable, i, leaving.Node)
+	}
+	next := *cur
+	next.Homes = slices.Clone(cur.Homes)
+	h := target
+	h.State, h.Rebuilt = poolv1.HomeState_HOME_STATE_OK, 0
+	// replicate raises the copy's epoch to the record's; clients then use
+	// that one.
+	h.Epoch = max(h.Epoch, cur.Epoch)
+	next.Homes[i] = h
+	next.settle()
+	// Committed before anyone is told: the homes' forwarding and the
+	// leaving home's release follow from it (an fsync under p.mu, as any
+	// change of a redundant segment's record).
+	if err := p.st.switchMove(&next, in)(); err != nil {
+		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", id, err)
+	}
+	*cur = next
+	return next, nil
+}
+
+// finishHomeMove finishes the move of a home in (resolve's part for a
+// redundant segment). A switched one: every home told how the record
+// writes it now (replicate), the leaving home let go (MoveOut COMMIT: its
+// key answers MOVED, its copy is freed) while the writers are still
+// sealed, so no client reads it after a write it would miss; then the
+// target unsealed before the others, which forward to it once they serve.
+// One not switched is undone: every home unsealed (the leaving one serves
+// on), the target's copy freed. The intent goes last.
+func (p *core) finishHomeMove(ctx context.Context, in intent) error {
+	r, ok := p.redundantRecord(in.ID)
+	ok = ok && !r.Lost
+	if !in.Switched {
+		if ok {
+			p.unsealHomes(r, "")
+		}
+		in.undoing = true // the target's copy is an orphan now
+		p.moving.set(in)
+		p.freeLaterAt(in.To, in.ToID)
+		return p.dropIntent(in)
+	}
+	if ok {
+		if err := p.replicate(ctx, &r); err != nil {
+			return err
+		}
+	}
+	pc, err := p.homeSession(ctx, in.From, "leaving home")
+	if err == nil {
+		_, err = moveOutAt(ctx, pc, in.FromID, poolv1.MoveOutPhase_MOVE_OUT_COMMIT, 0)
+	}
+	if err != nil && !errors.Is(err, errs.ErrNotFound) && !p.nodeGone(in.From) {
+		// A gone node frees the copy at its next reconcile: no record
+		// names it once the intent goes.
+		return fmt.Errorf("let the leaving home on %s go: %w", in.From, err)
+	}
+	if ok {
+		if slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.Node == in.To && h.HomeID == in.ToID }) {
+			if pc, err = p.homeSession(ctx, in.To, "new home"); err == nil {
+				_, err = moveOutAt(ctx, pc, in.ToID, poolv1.MoveOutPhase_MOVE_OUT_ABORT, 0)
+			}
+			if err != nil && !errors.Is(err, errs.ErrNotFound) {
+				return fmt.Errorf("unseal the new home on %s: %w", in.To, err)
+			}
+		}
+		p.unsealHomes(r, in.To)
+	}
+	return p.dropIntent(in)
+}
+
+// unsealHomes asks every home of r that is not lost, but the one on skip,
+// to ABORT a move (unseal, stop tracking), retrying in the background.
+func (p *core) unsealHomes(r record, skip string) {
+	for _, h := range r.Homes {
+		if h.State != poolv1.HomeState_HOME_STATE_LOST && h.Node != skip {
+			p.unsealAt(h.Node, h.HomeID)
+		}
+	}
+}
+
+// dropIntent removes the intent of a finished move.
+func (p *core) dropIntent(in intent) error {
+	if err := p.st.deleteIntent(in.ID); err != nil {
+		return fmt.Errorf("remove the move intent: %w", err)
+	}
+	return nil
+}
+
+// isHomeMove reports whether the intent in moves a home of a redundant
+// segment (its record here is redundant).
+func (p *core) isHomeMove(in intent) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.segs[in.ID]
+	return ok && r.redundant()
+}
+
+// progress notes n bytes copied by the move of segment id; false when no
+// move of it is under way.
+func (ms *moves) progress(id uint64, n int64) bool {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	in := ms.m[id]
+	if in == nil {
+		return false
+	}
+	in.copied = n
+	return true
+}
+
+// markMoving marks, among homes (segment id's, as the API describes
+// them), the one a move fills a replacement for: the node it goes to,
+// and the bytes copied so far.
+func (ms *moves) markMoving(id uint64, homes []*poolv1.SegmentHome) {
+	ms.mu.Lock()
+	in := ms.m[id]
+	var cp intent
+	if in != nil {
+		cp = *in
+	}
+	ms.mu.Unlock()
+	if in == nil || cp.Switched || cp.undoing || cp.ToID == 0 {
+		return
+	}
+	for _, h := range homes {
+		if h.Node == cp.From && h.HomeId == cp.FromID {
+			h.MovingTo, h.RebuiltBytes = cp.To, cp.copied
+		}
+	}
+}
