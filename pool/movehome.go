@@ -74,7 +74,11 @@ func (p *core) moveHome(ctx context.Context, r record, node string, homeID uint6
 			p.abortMove(in, err)
 		}
 	}()
-	f, err := p.newFill(ctx, r, i, target, tls, nil, true)
+	var rate *rateLimit // the rebuilds' (--rebuild-rate), shared with them
+	if p.rb != nil {
+		rate = p.rb.rate
+	}
+	f, err := p.newFill(ctx, r, i, target, tls, rate, true)
 	if err != nil {
 		return res, err
 	}

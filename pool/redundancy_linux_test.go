@@ -156,8 +156,8 @@ func TestRedundantPlacement(t *testing.T) {
 // homeConn dials the data plane of home h of r with the origin's own
 // credential there (the origin owns every copy).
 func homeConn(t *testing.T, origin *Daemon, h homeRef) rdma.Conn {
-	pc := origin.pool.peers.conn(h.Node)
-	require.NotNil(t, pc, "a session with %s", h.Node)
+	pc, err := origin.pool.homeSession(t.Context(), h.Node, "home")
+	require.NoError(t, err, "a session with %s", h.Node)
 	c, err := dialHome(t.Context(), h.Node, h.DataAddr, false, nil, pc.DataCredential())
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

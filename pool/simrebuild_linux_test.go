@@ -167,67 +167,12 @@ func homeBytes(ctx context.Context, t *testing.T, origin *Daemon, h homeRef, n i
 func TestRebuildSim(t *testing.T) {
 	// 9 hosts: the origin, which drains, and 8 that lend: two crash, and
 	// the six left have room for the coded segment's six homes.
-	sc := newSimCluster(t, simHostConfig{hosts: 9, leaseTTL: 10 * time.Second})
-	for _, h := range sc.hosts {
-		h.cfg.GossipProfile = cluster.ProfileLocal // failure detection in about a second
-	}
-	// The origin is no seed: a restarted seed would join only itself.
-	oh := sc.hosts[3]
-	oh.cfg.RebuildRate = 1 << 20
-	sc.startAll()
-	_, err := sc.waitConverged(time.Minute)
-	require.NoError(t, err)
-	ctx := t.Context()
-	// The origin takes no homes itself (it drains), so that no crash of a
-	// home takes it.
-	require.NoError(t, sc.drain(oh, false))
-	require.Eventually(t, func() bool {
-		for _, h := range sc.up() {
-			if m, ok := h.daemon().pool.cl.Member(oh.name); !ok || !m.Meta.Draining {
-				return false
-			}
-		}
-		return true
-	}, time.Minute, 10*time.Millisecond, "the origin's drain is not gossiped")
-	origin := oh.daemon()
-	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "rebuild-sim"})
-	require.NoError(t, err)
-	defer conn.Close()
-	alloc := func(size int64, red *poolv1.Redundancy) uint64 {
-		cctx, _, err := conn.Call(ctx)
-		require.NoError(t, err)
-		seg, err := conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, Redundancy: red})
-		require.NoError(t, err)
-		return seg.Id
-	}
 	const size = 1 << 20
-	repID := alloc(size, &poolv1.Redundancy{Replicas: 2})
-	ecID := alloc(size, &poolv1.Redundancy{DataShards: 4, ParityShards: 2})
-	rep, ok := origin.pool.redundantRecord(repID)
-	require.True(t, ok)
-	ec, ok := origin.pool.redundantRecord(ecID)
-	require.True(t, ok)
-	require.Len(t, rep.Homes, 2)
-	require.Len(t, ec.Homes, 6)
-	shard := ec.shardSize()
-
-	// The bytes: random, written at the primary and at each data home.
-	repWant := make([]byte, size)
-	_, _ = rand.Read(repWant)
-	primary := homeConn(t, origin, rep.Homes[0])
-	require.NoError(t, primary.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rep.Homes[0]), Buf: repWant}))
-	ecWant := make([][]byte, 6)
-	for i := range ecWant {
-		ecWant[i] = make([]byte, shard)
-		if i < 4 {
-			_, _ = rand.Read(ecWant[i])
-			c := homeConn(t, origin, ec.Homes[i])
-			require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[i]), Buf: ecWant[i]}))
-		}
-	}
-	enc, err := reedsolomon.New(4, 2)
-	require.NoError(t, err)
-	require.NoError(t, enc.Encode(ecWant))
+	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.RebuildRate = 1 << 20 })
+	sc, oh, rep, ec, primary := rs.sc, rs.oh, rs.rep, rs.ec, rs.primary
+	origin := oh.daemon()
+	ctx := t.Context()
+	repID, ecID := rs.repID, rs.ecID
 
 	// The victims: the backup's host, and a data home's host of the coded
 	// segment (the same when it has one there) that is not the primary's.
@@ -306,15 +251,105 @@ func TestRebuildSim(t *testing.T) {
 	t.Logf("crash of %v: both segments rebuilt after %v, %d bytes written to new homes", victims, took.Round(time.Millisecond), moved)
 	require.GreaterOrEqual(t, moved, int64(size), "the restarted rebuild wrote a whole copy at least")
 
-	rep, _ = origin.pool.redundantRecord(repID)
-	copy(repWant, last)
-	for _, h := range rep.Homes {
-		require.False(t, slices.Contains(victims, h.Node))
-		require.True(t, bytes.Equal(repWant, homeBytes(ctx, t, origin, h, size)), "copy on %s", h.Node)
+	copy(rs.repWant, last)
+	rs.checkHomes(t, victims)
+}
+
+// redundantSim is a simulated cluster whose origin, which drains (it
+// takes no homes, so that no crash of a home takes it), placed a
+// replicas=2 and an ec=4+2 segment for a client of its own and wrote
+// random bytes to them: the copies at the primary, the shards at each
+// data home (whose parity deltas the data plane forwards).
+type redundantSim struct {
+	sc          *simCluster
+	oh          *simHost // the origin's host
+	repID, ecID uint64
+	rep, ec     record // as placed
+	repWant     []byte
+	ecWant      [][]byte  // each shard's bytes, the parity shards' included
+	primary     rdma.Conn // to the copies' primary, with the origin's credential
+}
+
+// newRedundantSim starts hosts simulated hosts, the fourth the origin
+// (no seed: a restarted seed would join only itself), with setup applied
+// to the origin's host first, and places and writes the two segments of
+// size bytes.
+func newRedundantSim(t *testing.T, hosts int, size int64, setup func(oh *simHost)) *redundantSim {
+	sc := newSimCluster(t, simHostConfig{hosts: hosts, leaseTTL: 10 * time.Second})
+	for _, h := range sc.hosts {
+		h.cfg.GossipProfile = cluster.ProfileLocal // failure detection in about a second
 	}
-	ec, _ = origin.pool.redundantRecord(ecID)
-	for i, h := range ec.Homes {
-		require.False(t, slices.Contains(victims, h.Node))
-		require.True(t, bytes.Equal(ecWant[i], homeBytes(ctx, t, origin, h, shard)), "shard %d on %s", i, h.Node)
+	rs := &redundantSim{sc: sc, oh: sc.hosts[3]}
+	setup(rs.oh)
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	ctx := t.Context()
+	oh := rs.oh
+	require.NoError(t, sc.drain(oh, false))
+	require.Eventually(t, func() bool {
+		for _, h := range sc.up() {
+			if m, ok := h.daemon().pool.cl.Member(oh.name); !ok || !m.Meta.Draining {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 10*time.Millisecond, "the origin's drain is not gossiped")
+	origin := oh.daemon()
+	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "redundant-sim"})
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	alloc := func(red *poolv1.Redundancy) (uint64, record) {
+		cctx, _, err := conn.Call(ctx)
+		require.NoError(t, err)
+		seg, err := conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, Redundancy: red})
+		require.NoError(t, err)
+		r, ok := origin.pool.redundantRecord(seg.Id)
+		require.True(t, ok)
+		return seg.Id, r
+	}
+	rs.repID, rs.rep = alloc(&poolv1.Redundancy{Replicas: 2})
+	rs.ecID, rs.ec = alloc(&poolv1.Redundancy{DataShards: 4, ParityShards: 2})
+	require.Len(t, rs.rep.Homes, 2)
+	require.Len(t, rs.ec.Homes, 6)
+	shard := rs.ec.shardSize()
+
+	// The bytes: random, written at the primary and at each data home.
+	rs.repWant = make([]byte, size)
+	_, _ = rand.Read(rs.repWant)
+	rs.primary = homeConn(t, origin, rs.rep.Homes[0])
+	require.NoError(t, rs.primary.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rs.rep.Homes[0]), Buf: rs.repWant}))
+	rs.ecWant = make([][]byte, 6)
+	for i := range rs.ecWant {
+		rs.ecWant[i] = make([]byte, shard)
+		if i < 4 {
+			_, _ = rand.Read(rs.ecWant[i])
+			c := homeConn(t, origin, rs.ec.Homes[i])
+			require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rs.ec.Homes[i]), Buf: rs.ecWant[i]}))
+		}
+	}
+	enc, err := reedsolomon.New(4, 2)
+	require.NoError(t, err)
+	require.NoError(t, enc.Encode(rs.ecWant))
+	return rs
+}
+
+// checkHomes checks the segments' records at the origin now: no home on a
+// node of gone, every home OK and holding the bytes written (repWant,
+// ecWant).
+func (rs *redundantSim) checkHomes(t *testing.T, gone []string) {
+	origin := rs.oh.daemon()
+	for _, seg := range []struct {
+		id   uint64
+		want func(i int) []byte
+	}{{rs.repID, func(int) []byte { return rs.repWant }}, {rs.ecID, func(i int) []byte { return rs.ecWant[i] }}} {
+		r, ok := origin.pool.redundantRecord(seg.id)
+		require.True(t, ok)
+		for i, h := range r.Homes {
+			require.False(t, slices.Contains(gone, h.Node), "segment %d: home %d on %s", seg.id, i, h.Node)
+			require.Equal(t, poolv1.HomeState_HOME_STATE_OK, h.State, "segment %d: home %d on %s", seg.id, i, h.Node)
+			want := seg.want(i)
+			require.True(t, bytes.Equal(want, homeBytes(t.Context(), t, origin, h, int64(len(want)))), "segment %d: home %d on %s", seg.id, i, h.Node)
+		}
 	}
 }
