@@ -5,6 +5,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -236,6 +237,7 @@ type moveResult struct {
 	bytes    int64
 	rounds   int
 	pause    time.Duration // from the seal to the switch-over announced
+	to       string        // the new home's node when it is not rec.Home: a redundant segment's home moved
 }
 
 // Move moves a segment to another home while its clients use it.
@@ -262,7 +264,7 @@ func (d *Daemon) move(ctx context.Context, c caller, req *poolv1.MoveRequest) (*
 		}
 		return nil, err
 	}
-	d.log.Info("segment moved", "segment", res.rec.ID, "from", res.from, "to", res.rec.Home,
+	d.log.Info("segment moved", "segment", res.rec.ID, "from", res.from, "to", cmp.Or(res.to, res.rec.Home),
 		"bytes", res.bytes, "rounds", res.rounds, "pause", res.pause, "from-tier", tierName(res.fromTier), "tier", tierName(res.rec.Tier))
 	seg := d.segmentProto(res.rec)
 	if !isPeer(c) { // a peer's session holds no credentials for its own clients

@@ -56,6 +56,7 @@ func (p *core) moveHome(ctx context.Context, r record, node string, homeID uint6
 		p.moving.end(r.ID)
 		return res, fmt.Errorf("move the %s on %s of segment %d: %w", homeRoleName(&r, i), node, r.ID, err)
 	}
+	res.to = target.Node
 	in := intent{ID: r.ID, From: node, FromID: homeID, To: target.Node, ToID: target.HomeID}
 	p.moving.set(in)
 	if err := p.st.putIntent(in); err != nil {

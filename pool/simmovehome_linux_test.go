@@ -19,8 +19,9 @@ import (
 // segment are written; a host of a copy (the primary when it holds a
 // shard too) and of a shard evacuates, and the origin crashes (cut off, then stopped)
 // while it moves one of those homes, with the move's intent in its store.
-// Restarted, the origin finishes the move if it had switched and undoes
-// it otherwise; the evacuation asks again and both homes move: the
+// Until then the leaving home is described as moving, with the bytes
+// copied, and the evacuation counts its bytes as left. Restarted, the
+// origin finishes the move if it had switched and undoes it otherwise; the evacuation asks again and both homes move: the
 // evacuated host holds nothing of the origin's, every home of both
 // segments is OK elsewhere and holds the bytes written, and the origin
 // keeps no intent.
@@ -75,6 +76,16 @@ func TestMoveHomeSim(t *testing.T) {
 		})
 		return err == nil && found
 	}, time.Minute, time.Millisecond, "no move of a home began")
+	// Meanwhile the segment's description shows the move (memctl
+	// segments), and the evacuation counts the home's bytes as left.
+	seg := origin.segmentProto(func() record { r, _ := origin.pool.redundantRecord(rs.repID); return r }())
+	moving := seg.Homes[xi]
+	require.Equal(t, x.name, moving.Node)
+	require.NotEmpty(t, moving.MovingTo, "the leaving home is described as moving: %+v", moving)
+	require.Positive(t, moving.RebuiltBytes)
+	ev := x.daemon().pool.evac.progress()
+	require.NotNil(t, ev)
+	require.GreaterOrEqual(t, ev.BytesLeft, uint64(rs.rep.Size), "the moving copy's bytes are left to move: %+v", ev)
 	sc.crash(oh)
 	require.NoError(t, os.Rename(snap, origin.pool.st.path))
 	sc.net.Heal()
