@@ -82,9 +82,13 @@ func (rb *rebuilder) newFill(ctx context.Context, r record, i int, target homeRe
 func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls moveTLS, rate *rateLimit, moving bool) (*rebuildFill, error) {
 	size := r.shardSize()
 	f := &rebuildFill{p: p, r: r, i: i, target: target, moving: moving}
+	what := fmt.Sprintf("rebuild segment %d", r.ID)
+	if moving {
+		what = fmt.Sprintf("move a home of segment %d", r.ID)
+	}
 	dst, err := p.homeSession(ctx, target.Node, "rebuild target")
 	if err != nil {
-		return nil, fmt.Errorf("rebuild segment %d: %w", r.ID, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	f.m = &mover{p: p, rec: record{ID: r.ID, Size: size}, dst: dst, to: target.Node, tls: tls, chunk: moveChunk(size), rate: rate}
 	f.m.dirty = f.changed
@@ -95,7 +99,7 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 		}
 		pc, err := p.homeSession(ctx, h.Node, "rebuild source")
 		if err != nil {
-			return nil, fmt.Errorf("rebuild segment %d: %w", r.ID, err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		f.tracked = append(f.tracked, rebuildPeer{idx: j, home: h, pc: pc, writer: k == 0 || j < k})
 	}
@@ -110,14 +114,14 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 	case k > 0:
 		n = k
 		if f.enc, err = reedsolomon.New(k, r.Redundancy.Parity); err != nil {
-			return nil, fmt.Errorf("rebuild segment %d: %w: erasure code %d+%d: %v", r.ID, errs.ErrInvalid, k, r.Redundancy.Parity, err)
+			return nil, fmt.Errorf("%s: %w: erasure code %d+%d: %v", what, errs.ErrInvalid, k, r.Redundancy.Parity, err)
 		}
 		f.m.read = f.decode
 		f.m.batch = max(moveChunkMin, moveBatch/int64(k)/moveChunkMin*moveChunkMin)
 		f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
 	}
 	if len(from) < n {
-		return nil, fmt.Errorf("rebuild segment %d: %w: %d homes to read from, and it needs %d", r.ID, errs.ErrSegmentLost, len(from), n)
+		return nil, fmt.Errorf("%s: %w: %d homes to read from, and it needs %d", what, errs.ErrSegmentLost, len(from), n)
 	}
 	f.m.rec.Home = from[0].home.Node // named in the copy's errors
 	defer func() {
