@@ -279,7 +279,15 @@ func TestRedundantFailover(t *testing.T) {
 	now, err = origin.pool.updateRecord(rep.ID, func(r *record) error { r.Homes[1] = fresh; return nil })
 	require.NoError(t, err)
 	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING, now.redundancyState())
-	require.NoError(t, origin.pool.replicate(ctx, &now))
+	// Retried as replicateLater does: the new home may be the returned
+	// host, which the primary's session from before its restart no
+	// longer reaches until it reconnects.
+	require.Eventually(t, func() bool {
+		if err = origin.pool.replicate(ctx, &now); err != nil {
+			t.Logf("replicate: %v", err)
+		}
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond, "the homes are told how to forward")
 	now, err = origin.pool.Stat(rep.ID)
 	require.NoError(t, err)
 	require.Equal(t, now.Epoch, now.Homes[1].Epoch, "the new home holds the segment's epoch")
