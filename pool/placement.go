@@ -283,27 +283,26 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 	p.mu.Unlock()
 	b, err := d.Create(id, off, length)
 	p.mu.Lock()
-	if err == nil && p.closed {
-		b.File.Close()
-		d.Remove(id, off, length)
-		err = errs.ErrUnavailable
-	}
 	if err != nil {
 		undo()
 		return nil, fmt.Errorf("alloc on %s: %w", d.Name(), err)
 	}
-	if d.tier == poolv1.Tier_TIER_RDMA {
-		key, err := p.dp.export(id, b, r.Epoch, nil)
-		if err != nil {
-			b.File.Close()
-			d.Remove(id, off, length)
-			undo()
-			return nil, fmt.Errorf("alloc: export on the data plane: %w", err)
+	defer b.File.Close()
+	switch {
+	case p.closed:
+		err = fmt.Errorf("alloc: %w", errs.ErrUnavailable)
+	case d.tier == poolv1.Tier_TIER_RDMA:
+		if r.Key, err = p.dp.export(id, b, r.Epoch, nil); err != nil {
+			err = fmt.Errorf("alloc: export on the data plane: %w", err)
+		} else {
+			p.allowData(r)
 		}
-		r.Key = key
-		p.allowData(r)
 	}
-	b.File.Close()
+	if err != nil {
+		d.Remove(id, off, length)
+		undo()
+		return nil, err
+	}
 	return r, nil
 }
 

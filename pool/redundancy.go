@@ -614,7 +614,7 @@ func (p *core) homeLost(id uint64, node string, homeID uint64, why string, misse
 		}
 		was := r.Homes[i].State
 		r.Homes[i].State = poolv1.HomeState_HOME_STATE_LOST
-		if !missed && was == poolv1.HomeState_HOME_STATE_OK && (r.Lost || r.wouldBeLost()) {
+		if !missed && was == poolv1.HomeState_HOME_STATE_OK && r.wouldBeLost() {
 			r.Homes[i].State, kept = poolv1.HomeState_HOME_STATE_UNREACHABLE, true
 			return nil
 		}
@@ -832,8 +832,8 @@ func (p *core) homesOn(node string) map[segHome]bool {
 // forward (a restarted home forgot). epoch is the change's (peers'
 // nextEpoch): a return that a newer change of node overtook restores
 // nothing, and a death whose homes were marked while a newer change came
-// has the node, if alive, judged again: a return judged meanwhile may not
-// have seen the homes kept.
+// has the node, if alive, judged again (homeChanged): a return judged
+// meanwhile may not have seen the homes kept.
 func (p *core) redundantChanged(node string, up bool, held map[uint64]bool, asked map[segHome]bool, epoch uint64) {
 	var lost []segHome
 	var again []uint64
@@ -859,14 +859,9 @@ func (p *core) redundantChanged(node string, up bool, held map[uint64]bool, aske
 	case up && current():
 		p.homeReturned(node, held)
 	case !up && len(lost) > 0 && !current():
-		p.peers.later(0, func(ctx context.Context) {
-			if m, ok := p.cl.Member(node); !ok || m.State != cluster.StateAlive {
-				return // dead again: its next return judges it
-			}
-			if held, ok := p.reconcile(ctx, node); ok && held != nil {
-				p.homeReturned(node, held)
-			}
-		})
+		if m, ok := p.cl.Member(node); ok && m.State == cluster.StateAlive {
+			p.peers.later(0, func(context.Context) { p.homeChanged(node, true) })
+		}
 	}
 	for _, id := range again {
 		p.replicateLater(id)
