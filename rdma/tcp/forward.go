@@ -230,11 +230,9 @@ type fwdTarget struct {
 	cl     *Client // nil: lost
 	region rdma.Region
 	dead   atomic.Bool
-	failed sync.Once
-	// failMu is held while OnFail runs (from before dead is set), so that
-	// an op that skipped the target can wait for the verdict: unrecorded
-	// says OnFail could not record the loss.
-	failMu     sync.Mutex
+	// failed runs fail's work once; a Do of its own waits for a verdict
+	// under way. unrecorded says OnFail could not record the loss.
+	failed     sync.Once
 	unrecorded atomic.Bool
 
 	mu      sync.Mutex // taken under the export's fwdMu when posting
@@ -464,8 +462,6 @@ func (t *fwdTarget) finish(s *fwdSend, o *op, err error) error {
 // fail marks t failed for good and tells OnFail, once.
 func (t *fwdTarget) fail(err error) {
 	t.failed.Do(func() {
-		t.failMu.Lock()
-		defer t.failMu.Unlock()
 		t.dead.Store(true)
 		t.f.log("rdma/tcp: forward target failed; skipping it from now on", "segment", t.f.seg, "target", t.idx, "addr", t.cl.addr, "err", err)
 		if t.f.onFail == nil {
@@ -480,14 +476,14 @@ func (t *fwdTarget) fail(err error) {
 
 // missed reports whether some target of f is dead with its loss not
 // recorded (OnFail failed): an op it skipped cannot be acknowledged. It
-// waits for an OnFail under way.
+// waits for an OnFail under way (sync.Once's Do returns only once the
+// first call's function has), then costs an atomic load per dead target. A
+// target dead from the start (lost) never fails, so its Once is free.
 func (f *forwarder) missed() bool {
 	for _, t := range f.targets {
 		if t.dead.Load() {
-			t.failMu.Lock()
-			u := t.unrecorded.Load()
-			t.failMu.Unlock()
-			if u {
+			t.failed.Do(func() {})
+			if t.unrecorded.Load() {
 				return true
 			}
 		}
