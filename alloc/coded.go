@@ -90,10 +90,12 @@ func (r *redundant) chunkAccess(ctx context.Context, off int64, p []byte, write 
 	c := chunkOps.Get().(*chunkOp)
 	c.op = rdma.Op{Kind: rdma.OpRead, Offset: at, Buf: p}
 	c.list[0] = &c.op
-	c.ps[0] = piece{off: at, buf: p}
-	try := r.readShard(i, c.ps[:])
+	var try func(context.Context, *homeView, *[]*rdma.Op) error
 	if write {
 		c.op.Kind, try = rdma.OpWrite, r.atShard(i)
+	} else {
+		c.ps[0] = piece{off: at, buf: p}
+		try = r.readShard(i, c.ps[:])
 	}
 	err := r.run(ctx, c.list[:], try)
 	*c = chunkOp{}
