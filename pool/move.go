@@ -1060,14 +1060,16 @@ func (p *core) rollForward(ctx context.Context, in intent) (bool, error) {
 	}
 	p.mu.Lock()
 	r, ok = p.segs[in.ID]
-	if ok && r.Home == in.From && r.HomeID == in.FromID {
+	atSource := ok && r.Home == in.From && r.HomeID == in.FromID
+	atTarget := ok && r.Home == in.To && r.HomeID == in.ToID
+	if atSource {
 		*r = in.switched(*r)
 		in.Switched = true
 		p.moving.set(in)
 	}
 	p.mu.Unlock()
-	if !ok {
-		return false, nil
+	if !atSource && !atTarget {
+		return false, nil // freed, or at neither home: nothing to roll forward
 	}
 	if err := p.commitSwitch(in); err != nil {
 		return false, err
@@ -1273,7 +1275,7 @@ func (p *core) resumeMoves() {
 func newMoveMetrics(f promFactory) *copyMetrics {
 	return newCopyMetrics(f, "moves_total", "Live moves of segments this daemon drove, by result (ok, failed).",
 		"move_bytes_total", "Bytes copied by live moves, the re-copied dirty chunks included.",
-		"move_pause_seconds", "Switch-over pause of each live move: from the seal of the source (writes wait) to the commit of the new home.",
+		"move_pause_seconds", "Switch-over pause of each live move: from the seal of the source (writes wait) to the announcement of the new home.",
 		// 100µs to 6.5 s.
 		prometheus.ExponentialBuckets(100e-6, 3, 11))
 }
