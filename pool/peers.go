@@ -436,7 +436,7 @@ func (p *core) homeChanged(node string, up bool) {
 			return // a newer change of node decides
 		}
 	}
-	p.redundantChanged(node, up, held, askedHomes, epoch)
+	p.redundantChanged(node, up, held, askedHomes)
 	p.mu.Lock()
 	var homed []*record
 	for _, r := range p.segs {

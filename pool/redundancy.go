@@ -829,12 +829,8 @@ func (p *core) homesOn(node string) map[segHome]bool {
 // was asked what it holds: one placed since is missing from its answer
 // but alive) that it no longer holds (held, by id there) are lost, and
 // the survivors of every segment with a home there are told again how to
-// forward (a restarted home forgot). epoch is the change's (peers'
-// nextEpoch): a return that a newer change of node overtook restores
-// nothing, and a death whose homes were marked while a newer change came
-// has the node, if alive, judged again (homeChanged): a return judged
-// meanwhile may not have seen the homes kept.
-func (p *core) redundantChanged(node string, up bool, held map[uint64]bool, asked map[segHome]bool, epoch uint64) {
+// forward (a restarted home forgot).
+func (p *core) redundantChanged(node string, up bool, held map[uint64]bool, asked map[segHome]bool) {
 	var lost []segHome
 	var again []uint64
 	p.mu.Lock()
@@ -851,17 +847,11 @@ func (p *core) redundantChanged(node string, up bool, held map[uint64]bool, aske
 	if up {
 		why = "its node returned without it"
 	}
-	current := func() bool { return p.peers.epoch(node) == epoch }
 	for _, h := range lost {
 		p.homeLost(h.seg, node, h.homeID, why, false)
 	}
-	switch {
-	case up && current():
+	if up {
 		p.homeReturned(node, held)
-	case !up && len(lost) > 0 && !current():
-		if m, ok := p.cl.Member(node); ok && m.State == cluster.StateAlive {
-			p.peers.later(0, func(context.Context) { p.homeChanged(node, true) })
-		}
 	}
 	for _, id := range again {
 		p.replicateLater(id)
