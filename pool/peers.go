@@ -44,6 +44,10 @@ type peers struct {
 	// epochs counts the membership changes of each node that homeChanged
 	// handled, so that an overtaken one does not apply its verdict.
 	epochs map[string]uint64
+	// judges serialize the verdicts on each node's redundant homes
+	// (homeChanged): a return is judged only after a death that began
+	// before it has marked every home.
+	judges map[string]*sync.Mutex
 
 	wg   sync.WaitGroup // asynchronous frees
 	done bool
@@ -408,7 +412,20 @@ const reconcileRetry = 200 * time.Millisecond
 // Only records that existed before the home was asked are judged: a
 // segment placed there while the List was under way is missing from its
 // answer but alive, and judging it marked it lost for good.
+//
+// The redundant homes on node are judged under node's judge lock. A death
+// takes it before its epoch and holds it while it marks the homes lost or
+// kept (one store commit each); a return takes it once the home has
+// answered, and applies its verdict only if no newer change of node began.
+// So a return that began during a death's marking sees every home the
+// death kept and restores it (judged concurrently, a kept home marked
+// after the return's look stayed unreachable until the node's next
+// return), and a return overtaken by a death restores nothing.
 func (p *core) homeChanged(node string, up bool) {
+	judge := p.peers.judge(node)
+	if !up {
+		judge.Lock()
+	}
 	epoch := p.peers.nextEpoch(node)
 	asked := map[*record]bool{}
 	p.mu.Lock()
@@ -436,7 +453,20 @@ func (p *core) homeChanged(node string, up bool) {
 			return // a newer change of node decides
 		}
 	}
-	p.redundantChanged(node, up, held, askedHomes)
+	if up {
+		judge.Lock()
+	}
+	if hook := p.cfg.sim.judging; hook != nil {
+		hook(node, up)
+	}
+	stale := p.peers.epoch(node) != epoch
+	if !stale || !up {
+		p.redundantChanged(node, up, held, askedHomes)
+	}
+	judge.Unlock()
+	if stale {
+		return // a newer change of node decides the rest
+	}
 	p.mu.Lock()
 	var homed []*record
 	for _, r := range p.segs {
@@ -626,6 +656,21 @@ func (ps *peers) nextEpoch(node string) uint64 {
 	}
 	ps.epochs[node]++
 	return ps.epochs[node]
+}
+
+// judge returns node's judge lock (peers.judges).
+func (ps *peers) judge(node string) *sync.Mutex {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.judges == nil {
+		ps.judges = map[string]*sync.Mutex{}
+	}
+	m := ps.judges[node]
+	if m == nil {
+		m = &sync.Mutex{}
+		ps.judges[node] = m
+	}
+	return m
 }
 
 func (ps *peers) epoch(node string) uint64 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -395,4 +396,73 @@ func TestLastCopyKeptAcrossPartition(t *testing.T) {
 	m, err = origin.pool.Stat(missed.ID)
 	require.NoError(t, err)
 	require.True(t, m.Lost, "the segment whose kept copy missed a write stays lost")
+}
+
+// TestReturnJudgedAfterDeath: a node's return that begins while its death
+// is still marking its homes is judged after that marking, so the copy
+// the death kept (the segment's last) is restored. The death is held
+// inside its judgment until the return has finished or two seconds have
+// passed: judged concurrently, the return finished first, looked for kept
+// homes before there were any, and the copy stayed unreachable (the
+// segment lost) although its node was back holding it.
+func TestReturnJudgedAfterDeath(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second})
+	var hold atomic.Pointer[func(node string, up bool)]
+	for _, h := range sc.hosts {
+		h.cfg.Rebuild = false
+	}
+	sc.hosts[0].cfg.ExportSize = 0
+	sc.hosts[0].cfg.sim.judging = func(node string, up bool) {
+		if f := hold.Load(); f != nil {
+			(*f)(node, up)
+		}
+	}
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	ctx := t.Context()
+	origin := sc.hosts[0].daemon()
+	rep, err := allocSpec(ctx, t, origin, 8192, "replicas=2")
+	require.NoError(t, err)
+	keep, other := rep.Homes[0], rep.Homes[1]
+
+	// The other copy's node is judged dead first: keep's copy is the last.
+	origin.pool.homeChanged(other.Node, false)
+	now, err := origin.pool.Stat(rep.ID)
+	require.NoError(t, err)
+	require.False(t, now.Lost)
+	require.Equal(t, 1, now.homesIn(poolv1.HomeState_HOME_STATE_LOST), "%+v", now.Homes)
+
+	marking, returned := make(chan struct{}), make(chan struct{})
+	f := func(node string, up bool) {
+		if node != keep.Node || up {
+			return
+		}
+		close(marking)
+		select {
+		case <-returned:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	hold.Store(&f)
+	died := make(chan struct{})
+	go func() {
+		defer close(died)
+		origin.pool.homeChanged(keep.Node, false)
+	}()
+	<-marking
+	go func() {
+		defer close(returned)
+		origin.pool.homeChanged(keep.Node, true)
+	}()
+	<-died
+	<-returned
+	hold.Store(nil)
+
+	now, err = origin.pool.Stat(rep.ID)
+	require.NoError(t, err)
+	require.False(t, now.Lost, "the kept copy's node returned holding it: %+v", now.Homes)
+	require.Equal(t, keep.Node, now.Home)
+	require.Equal(t, poolv1.HomeState_HOME_STATE_OK, now.Homes[0].State, "%+v", now.Homes)
+	require.Contains(t, sc.heldFor(origin.cfg.Node)[keep.Node], keep.HomeID, "the kept copy is not freed")
 }

@@ -27,4 +27,7 @@ type simHooks struct {
 	// commit, no retry, nothing undone (a test then crashes the daemon
 	// and restarts it from its store).
 	announced func(segment uint64) (crash bool)
+	// judging runs when homeChanged is about to judge a change of node's
+	// redundant homes, under node's judge lock.
+	judging func(node string, up bool)
 }
