@@ -241,6 +241,17 @@ type Config struct {
 	// the applications. Unit: bytes a second. Default: 1GiB. Zero:
 	// unlimited.
 	RebuildRate size.Size `yaml:"rebuild-rate"`
+	// Rebalance: while this node's rdma tier is used more than the
+	// cluster's mean (of the alive nodes lending it and not draining) by
+	// more than RebalanceThreshold, it moves segments peers placed here
+	// to other nodes, one at a time, until it is within half the
+	// threshold of the mean (rebalance.go). Default: false.
+	Rebalance bool `yaml:"rebalance"`
+	// RebalanceThreshold is how far above the cluster's mean used
+	// fraction a node's rdma tier may be before Rebalance moves segments
+	// away. Unit: a fraction (0.10: ten percentage points). Default: 0.10.
+	// Range: above 0, below 1.
+	RebalanceThreshold float64 `yaml:"rebalance-threshold"`
 	// LogLevel is debug, info, warn or error. Default: info.
 	LogLevel string `yaml:"log-level"`
 	// LogFormat is text or json. Default: text.
@@ -289,6 +300,7 @@ func DefaultConfig() Config {
 		DataBusyPoll:         tcp.DefaultBusyPoll,
 		Rebuild:              true,
 		RebuildRate:          DefaultRebuildRate,
+		RebalanceThreshold:   DefaultRebalanceThreshold,
 		DataDir:              DefaultDataDir(),
 		Socket:               DefaultSocket(),
 	}
@@ -327,6 +339,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: lease-ttl %s is below the 100ms minimum", ErrConfig, c.LeaseTTL)
 	case c.RebuildRate < 0:
 		return fmt.Errorf("%w: rebuild-rate %d is negative; use bytes a second, e.g. 512MiB, or 0 for unlimited", ErrConfig, c.RebuildRate)
+	case !(c.RebalanceThreshold > 0 && c.RebalanceThreshold < 1):
+		return fmt.Errorf("%w: rebalance-threshold %g is out of range; use a fraction above 0 and below 1, e.g. 0.1 for ten percentage points above the cluster's mean", ErrConfig, c.RebalanceThreshold)
 	case c.MeasurePeersEvery < 0 || c.MeasurePeersEvery > 0 && c.MeasurePeersEvery < time.Second:
 		return fmt.Errorf("%w: measure-peers-every %s: use 0 (only when peers change) or 1s and more (each probe reads a few MiB from every peer)", ErrConfig, c.MeasurePeersEvery)
 	}

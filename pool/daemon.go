@@ -251,6 +251,7 @@ func (d *Daemon) Serve() error {
 	}
 	d.pool.resumeMoves()
 	d.startRebuilds()
+	d.startRebalance()
 	if d.tcp != nil {
 		d.wg.Add(1)
 		go func() {

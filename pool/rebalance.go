@@ -1,0 +1,150 @@
+// This file holds the rebalancer: with Config.Rebalance on, a node whose
+// rdma tier is used more than the cluster's mean by more than
+// Config.RebalanceThreshold moves segments peers placed here to other
+// nodes, one at a time, asking each segment's origin to move it (Move,
+// docs/MOVE.md) as the evacuator does, until it is back within half the
+// threshold of the mean. The origin places the segment as a new one (the
+// node with the most room first), so the bytes go to the emptiest nodes.
+
+package pool
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+)
+
+const (
+	// rebalanceScan is how often the rebalancer compares this node with
+	// the cluster: gossip carries every node's free bytes within seconds.
+	rebalanceScan = 2 * time.Second
+	// rebalanceSettle is how long the rebalancer waits after a move before
+	// it compares again, so that the move's bytes reach the gossiped view
+	// the mean is taken from.
+	rebalanceSettle = 2 * time.Second
+)
+
+// DefaultRebalanceThreshold is Config.RebalanceThreshold's default: a
+// node is rebalanced when its rdma tier's used fraction is above the
+// cluster's mean by more than ten percentage points.
+const DefaultRebalanceThreshold = 0.10
+
+// startRebalance runs the rebalancer until the daemon stops, when the
+// configuration turns it on and the node is in a cluster.
+func (d *Daemon) startRebalance() {
+	p := d.pool
+	if !p.cfg.Rebalance || p.cl == nil {
+		return
+	}
+	p.log.Info("rebalancing: segments of peers move away while this node's rdma tier is used above the cluster's mean by more than the threshold",
+		"threshold", p.cfg.RebalanceThreshold)
+	d.wg.Go(func() {
+		ctx, cancel := untilClosed(context.Background(), d.stop)
+		defer cancel()
+		p.rebalance(ctx, p.moveAway)
+	})
+}
+
+// rebalance moves, while ctx lasts, a segment peers placed here away each
+// time this node is over the cluster's mean (rebalanceExcess), through
+// move (core.moveAway; replaced in tests). A draining node leaves it to
+// the evacuator.
+func (p *core) rebalance(ctx context.Context, move func(ctx context.Context, origin string, homeID uint64) (time.Duration, error)) {
+	failed := map[uint64]time.Time{} // segments whose move failed, until when they are left alone
+	wait := rebalanceScan
+	active := false // over the threshold, and not yet within half of it
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = rebalanceScan
+		if !p.drainState().since.IsZero() {
+			active = false
+			continue
+		}
+		trigger := p.cfg.RebalanceThreshold
+		if active {
+			trigger /= 2
+		}
+		used, mean, excess := p.rebalanceExcess(trigger)
+		if active = excess > 0; !active {
+			continue
+		}
+		it, ok := pickRebalance(p.peerHeldItems(), excess, failed, p.now())
+		if !ok {
+			continue
+		}
+		mctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size/evacMoveRate)*time.Second)
+		_, err := move(mctx, it.origin, it.id)
+		cancel()
+		if err != nil {
+			failed[it.id] = p.now().Add(evacRetryMax)
+			p.log.Info("rebalancing: a move failed; the segment is left alone for a while", "segment", it.id, "origin", it.origin, "size", it.size, "err", err)
+			continue
+		}
+		p.log.Info("rebalancing: moved a segment away", "segment", it.id, "origin", it.origin, "size", it.size,
+			"used", used, "cluster-mean", mean, "excess-bytes", excess)
+		wait = rebalanceSettle
+	}
+}
+
+// peerHeldItems is peerHeld's segments alone.
+func (p *core) peerHeldItems() []evacItem {
+	items, _, _ := p.peerHeld()
+	return items
+}
+
+// pickRebalance chooses the segment to move: the largest that fits in
+// excess bytes, else the smallest, leaving out those whose move failed
+// until their time in failed passes.
+func pickRebalance(items []evacItem, excess int64, failed map[uint64]time.Time, now time.Time) (evacItem, bool) {
+	items = slices.DeleteFunc(items, func(it evacItem) bool {
+		until, ok := failed[it.id]
+		return ok && now.Before(until)
+	})
+	if len(items) == 0 {
+		return evacItem{}, false
+	}
+	slices.SortFunc(items, func(a, b evacItem) int { return int(b.size - a.size) }) // largest first
+	if i := slices.IndexFunc(items, func(it evacItem) bool { return it.size <= excess }); i >= 0 {
+		return items[i], true
+	}
+	return items[len(items)-1], true
+}
+
+// rebalanceExcess compares this node's rdma tier with the cluster's: it
+// returns this node's used fraction, the mean of the alive nodes that lend
+// the rdma tier and are not draining (this one included), and the bytes
+// to move away to come within half the threshold of that mean, when this
+// node is over it by more than trigger (else excess is 0).
+func (p *core) rebalanceExcess(trigger float64) (used, mean float64, excess int64) {
+	name := tierName(poolv1.Tier_TIER_RDMA)
+	var capacity, free int64
+	for _, t := range p.gossipTiers() {
+		if t.Name == name {
+			capacity, free = t.Capacity, t.Free
+		}
+	}
+	if capacity <= 0 {
+		return 0, 0, 0
+	}
+	used = float64(capacity-free) / float64(capacity)
+	sum, n := used, 1
+	for _, m := range p.cl.Members() {
+		t, ok := m.Meta.Tier(name)
+		if m.Name == p.cfg.Node || !ok || t.Capacity <= 0 || !m.Usable() {
+			continue
+		}
+		sum += float64(t.Capacity-t.Free) / float64(t.Capacity)
+		n++
+	}
+	mean = sum / float64(n)
+	if n < 2 || used-mean <= trigger {
+		return used, mean, 0
+	}
+	return used, mean, max(1, int64((used-mean-p.cfg.RebalanceThreshold/2)*float64(capacity)))
+}
