@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
@@ -503,4 +505,77 @@ func TestSwitchOverCommit(t *testing.T) {
 	for _, in := range p.leftMoves {
 		require.True(t, in.Switched, "intent %d", in.ID)
 	}
+}
+
+// TestPushNotesGo: a source's push notes last no longer than the seal
+// they belong to. Each segment is pushed to a target and sealed, which
+// notes the push; then a COMMIT (in one commit of the store, the record's
+// removal), an ABORT, a plain Free: the meta bucket holds no note of the
+// segment. A restart keeps the note of a segment still sealed (an
+// origin restarted later asks for it) and removes a note a daemon left
+// behind for a segment that is not.
+func TestPushNotesGo(t *testing.T) {
+	p, _ := newServingPool(t)
+	cfg := p.cfg
+	ctx := t.Context()
+	p.openSession("s-x", "poold/x", "poold x", 1, 0)
+	x, err := p.callerFor("s-x")
+	require.NoError(t, err)
+	alloc := func() *record {
+		r, err := p.Alloc(ctx, x, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+		require.NoError(t, err)
+		return r
+	}
+	dst := alloc()
+	cred := p.auth.issue("s-x2", "poold/x", "poold x")
+	target := &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: dst.ID, DataAddr: p.dp.addr, Key: dst.Key[:], Epoch: dst.Epoch, DataCredential: cred}
+	step := func(src *record, phase poolv1.MoveOutPhase) {
+		t.Helper()
+		_, err := p.moveOut(ctx, x, &poolv1.MoveOutRequest{HomeId: src.ID, Phase: phase, Chunk: 4096, Target: target}, moveTLS{})
+		require.NoError(t, err)
+	}
+	notes := func(p *core) map[uint64]bool {
+		t.Helper()
+		out := map[uint64]bool{}
+		for _, f := range p.st.files() {
+			require.NoError(t, f.db.View(func(tx *bolt.Tx) error {
+				c := tx.Bucket(bucketMeta).Cursor()
+				for k, _ := c.Seek(pushedPrefix); bytes.HasPrefix(k, pushedPrefix); k, _ = c.Next() {
+					out[binary.BigEndian.Uint64(k[len(pushedPrefix):])] = true
+				}
+				return nil
+			}))
+		}
+		return out
+	}
+	sealed := func() *record {
+		t.Helper()
+		r := alloc()
+		step(r, poolv1.MoveOutPhase_MOVE_OUT_TRACK)
+		step(r, poolv1.MoveOutPhase_MOVE_OUT_SEAL)
+		require.True(t, notes(p)[r.ID], "the SEAL noted its push")
+		return r
+	}
+
+	committed := sealed()
+	f := p.st.fileFor(committed)
+	before := f.commits.Load()
+	step(committed, poolv1.MoveOutPhase_MOVE_OUT_COMMIT)
+	require.Equal(t, before+1, f.commits.Load(), "the COMMIT is one commit of the store")
+	require.False(t, notes(p)[committed.ID], "the COMMIT removed the note")
+
+	aborted := sealed()
+	step(aborted, poolv1.MoveOutPhase_MOVE_OUT_ABORT)
+	require.False(t, notes(p)[aborted.ID], "the ABORT removed the note")
+
+	freed := sealed()
+	require.NoError(t, p.Free(x, freed.ID, ""))
+	require.False(t, notes(p)[freed.ID], "the Free removed the note")
+
+	kept := sealed()
+	left := alloc() // a note left behind by a daemon that did not remove it
+	require.NoError(t, p.st.putPushed(left, target))
+	require.NoError(t, p.close())
+	p, _ = servingPool(t, cfg)
+	require.Equal(t, map[uint64]bool{kept.ID: true}, notes(p), "a restart keeps the sealed segment's note alone")
 }

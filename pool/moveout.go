@@ -66,9 +66,7 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		err = p.sealOut(ctx, r, seg, req, tls, resp)
 	case poolv1.MoveOutPhase_MOVE_OUT_COMMIT:
 		p.pushing.drop(seg.ID)
-		if err = p.letGo(r, seg.ID); err == nil {
-			p.forgetPushed(seg)
-		}
+		err = p.letGo(r, seg.ID) // the push note goes with the record
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
 		p.pushing.drop(seg.ID)
 		// A copy whose writes are held until its origin sets its
@@ -77,9 +75,7 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		if !p.fwd.holding(seg.ID) {
 			p.unsealData(seg.ID)
 		}
-		if err = p.setSealed(r, false); err == nil {
-			p.forgetPushed(seg)
-		}
+		err = p.setSealed(r, false) // and the push note with the seal
 	case poolv1.MoveOutPhase_MOVE_OUT_STATUS:
 		err = p.moveStatus(seg, req.Target, resp)
 	}
@@ -206,7 +202,9 @@ func (p *core) moveStatus(seg record, target *poolv1.SegmentHome, resp *poolv1.M
 // SEAL pushed a segment's last chunks to its move's target, each followed
 // by the segment's id as 8 big-endian bytes; the value is the target's id
 // there as 8 big-endian bytes, then its node name. A note is in the file
-// of the segment's record: it lasts as long as the segment's memory.
+// of the segment's record: it lasts as long as the segment's memory, and
+// no longer than the record's seal (store.put and store.delete remove it
+// in the transaction that commits the record unsealed or removes it).
 var pushedPrefix = []byte("pushed/")
 
 func pushedKey(id uint64) []byte {
@@ -230,16 +228,6 @@ func (s *store) pushed(r *record) (node string, id uint64, ok bool, err error) {
 		return nil
 	})
 	return node, id, ok, err
-}
-
-// forgetPushed removes seg's note once its move is committed or undone; a
-// note left behind names a copy no later move of it has, and only costs
-// its bytes.
-func (p *core) forgetPushed(seg record) {
-	err := p.st.fileFor(&seg).update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(pushedKey(seg.ID)) }, true)
-	if err != nil {
-		p.log.Warn("remove the note of a move's last push", "segment", seg.ID, "err", err)
-	}
 }
 
 // dirtyOf takes the chunks of segment id changed since the last call and

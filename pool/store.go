@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"errors"
@@ -510,27 +511,42 @@ func (s *store) files() []*storeFile {
 }
 
 // load returns the file's segments, rewriting those in an older form in
-// the current one; migrated is how many.
+// the current one; migrated is how many. Push notes left by a daemon
+// that kept them beyond their record's seal are removed in the same
+// transaction.
 func (f *storeFile) load() (recs []*record, migrated int, err error) {
 	type stale struct {
 		key []byte
 		r   *record
 	}
-	var old []stale // records in an older form
+	var old []stale    // records in an older form
+	var notes [][]byte // push notes of records that are not sealed
 	err = f.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSegments).ForEach(func(k, v []byte) error {
+		sealed := map[uint64]bool{}
+		err := tx.Bucket(bucketSegments).ForEach(func(k, v []byte) error {
 			r, legacy, err := decodeRecord(v)
 			if err != nil {
 				return fmt.Errorf("segment record %x: %w", k, err)
 			}
 			recs = append(recs, r)
+			sealed[r.ID] = r.Sealed
 			if legacy { // k is bbolt's only while the transaction lasts
 				old = append(old, stale{slices.Clone(k), r})
 			}
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		c := tx.Bucket(bucketMeta).Cursor()
+		for k, _ := c.Seek(pushedPrefix); bytes.HasPrefix(k, pushedPrefix); k, _ = c.Next() {
+			if id := k[len(pushedPrefix):]; len(id) != 8 || !sealed[binary.BigEndian.Uint64(id)] {
+				notes = append(notes, slices.Clone(k))
+			}
+		}
+		return nil
 	})
-	if err != nil || len(old) == 0 {
+	if err != nil || len(old)+len(notes) == 0 {
 		return recs, 0, err
 	}
 	err = f.tx(func(tx *bolt.Tx) error {
@@ -544,13 +560,19 @@ func (f *storeFile) load() (recs []*record, migrated int, err error) {
 				return err
 			}
 		}
+		meta := tx.Bucket(bucketMeta)
+		for _, k := range notes {
+			if err := meta.Delete(k); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	if err != nil {
 		if device.IsNoSpace(err) {
 			err = fullError(filepath.Dir(f.path), err)
 		}
-		return nil, 0, fmt.Errorf("rewrite %d segment records in schema version %d: %w", len(old), recordVersion, err)
+		return nil, 0, fmt.Errorf("rewrite %d segment records in schema version %d and remove %d stale push notes: %w", len(old), recordVersion, len(notes), err)
 	}
 	return recs, len(old), nil
 }
@@ -564,7 +586,9 @@ func (s *store) reserveIDs(next uint64) error {
 }
 
 // put commits records: those of each file in one transaction, the
-// fsynced file's first.
+// fsynced file's first. A record committed unsealed loses its push note
+// (pushedKey) in the same transaction: the note matters only while the
+// record is sealed, so the move that left it was undone or is over.
 func (s *store) put(rs ...*record) error {
 	for f, rs := range s.byFile(rs) {
 		vs := make([][]byte, len(rs))
@@ -576,10 +600,15 @@ func (s *store) put(rs ...*record) error {
 			vs[i] = v
 		}
 		err := f.update(func(tx *bolt.Tx) error {
-			b := tx.Bucket(bucketSegments)
+			b, meta := tx.Bucket(bucketSegments), tx.Bucket(bucketMeta)
 			for i, r := range rs {
 				if err := b.Put(idKey(r.ID), vs[i]); err != nil {
 					return err
+				}
+				if !r.Sealed {
+					if err := meta.Delete(pushedKey(r.ID)); err != nil {
+						return err
+					}
 				}
 			}
 			return nil
@@ -591,14 +620,14 @@ func (s *store) put(rs ...*record) error {
 	return nil
 }
 
-// delete commits the removal of some records, from each file in one
-// transaction.
+// delete commits the removal of some records, with their push notes,
+// from each file in one transaction.
 func (s *store) delete(rs ...*record) error {
 	for f, rs := range s.byFile(rs) {
 		err := f.update(func(tx *bolt.Tx) error {
-			b := tx.Bucket(bucketSegments)
+			b, meta := tx.Bucket(bucketSegments), tx.Bucket(bucketMeta)
 			for _, r := range rs {
-				if err := b.Delete(idKey(r.ID)); err != nil {
+				if err := errors.Join(b.Delete(idKey(r.ID)), meta.Delete(pushedKey(r.ID))); err != nil {
 					return err
 				}
 			}
