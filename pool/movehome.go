@@ -163,15 +163,34 @@ func (p *core) switchHome(ctx context.Context, f *rebuildFill, in intent, leavin
 
 // commitHomeSwitch commits the record of segment id with target, OK, as
 // home i in place of leaving (which must still be there), and the intent
-// in marked switched, in one transaction (store.switchMove).
+// in marked switched, in one transaction (store.switchMove). It returns
+// the record committed.
+//
+// The commit is queued under p.mu, with the table switched in the same
+// hold, so that any later change of the record is built on the switch
+// and commits after it; its fsync is awaited outside p.mu, so that the
+// daemon's other requests go on meanwhile. The table names the target
+// before the commit is durable, which is safe because every writer of
+// the segment is sealed from before this call (the fill's SEAL, and
+// switchHome's of a target that takes writes) until finishHomeMove,
+// which runs only once the commit is: no write or atomic is acknowledged
+// while the switch is not durable, so the leaving home holds every
+// acknowledged one. A crash then leaves the record naming the leaving
+// home and the intent not switched, and the restarted origin undoes the
+// move (every home unsealed, the target's copy freed) without losing a
+// write; a client that learned of the target meanwhile is refused there
+// and asks again. A commit that fails has the table switched back (and
+// that committed, in case a later change committed the switch) before
+// the move is undone.
 func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in intent) (record, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	cur, ok := p.segs[id]
 	switch {
 	case !ok:
+		p.mu.Unlock()
 		return record{}, fmt.Errorf("move segment %d: %w: it was freed during the move", id, errs.ErrNotFound)
 	case cur.Lost || !sameHome(cur, i, leaving):
+		p.mu.Unlock()
 		return record{}, fmt.Errorf("move segment %d: %w: its home %d on %s changed during the move (lost); a rebuild replaces it", id, errs.ErrUnavailable, i, leaving.Node)
 	}
 	next := *cur
@@ -183,14 +202,33 @@ func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in in
 	h.Epoch = max(h.Epoch, cur.Epoch)
 	next.Homes[i] = h
 	next.settle()
-	// Committed before anyone is told: the homes' forwarding and the
-	// leaving home's release follow from it (an fsync under p.mu, as any
-	// change of a redundant segment's record).
-	if err := p.st.switchMove(&next, in)(); err != nil {
-		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", id, err)
-	}
+	wait := p.st.switchMove(&next, in)
 	*cur = next
+	p.mu.Unlock()
+	if err := wait(); err != nil {
+		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", id, errors.Join(err, p.unswitchHome(id, i, leaving, target)))
+	}
 	return next, nil
+}
+
+// unswitchHome puts leaving back as home i of segment id in place of
+// target, after the commit of their switch failed, and commits that.
+func (p *core) unswitchHome(id uint64, i int, leaving, target homeRef) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.segs[id]
+	if !ok || cur.Homes[i].Node != target.Node || cur.Homes[i].HomeID != target.HomeID {
+		return nil // freed, or changed meanwhile and committed so
+	}
+	back := *cur
+	back.Homes = slices.Clone(cur.Homes)
+	back.Homes[i] = leaving
+	back.settle()
+	*cur = back
+	if err := p.st.put(&back); err != nil {
+		return fmt.Errorf("commit the record without the switch: %w", err)
+	}
+	return nil
 }
 
 // finishHomeMove finishes the move of a home in (resolve's part for a
