@@ -352,20 +352,13 @@ func (p *core) unsealAt(node string, id uint64) {
 		return
 	}
 	p.log.Warn("rebuild: a surviving home is to unseal a segment; retrying", "node", node, "segment", id, "err", err)
-	p.peers.later(0, func(ctx context.Context) {
-		for wait := time.Second; p.alive(node); wait = min(2*wait, 30*time.Second) {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-			sctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
-			err := try(sctx)
-			cancel()
-			if err == nil {
-				return
-			}
+	p.retryLater(func(ctx context.Context) error {
+		if !p.alive(node) {
+			return nil // not waited for once it is gone
 		}
+		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+		defer cancel()
+		return try(ctx)
 	})
 }
 
