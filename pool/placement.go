@@ -161,7 +161,7 @@ func (p *core) Alloc(ctx context.Context, c caller, req allocRequest) (*record, 
 // commit (see store); until the commit is done the segment is in no
 // listing, and its name and extent are taken.
 func (p *core) allocLocal(c caller, t poolv1.Tier, req allocRequest) (*record, []string, error) {
-	r, tried, err := p.place(c, t, req)
+	r, d, tried, err := p.place(c, t, req)
 	if r == nil {
 		return nil, tried, err
 	}
@@ -169,11 +169,11 @@ func (p *core) allocLocal(c caller, t poolv1.Tier, req allocRequest) (*record, [
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
-		p.unplace(r)
+		p.unplace(r, d, true)
 		return nil, nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
 	}
 	p.link(r)
-	if p.device(r.Device) == nil { // it went away meanwhile (hotplug.go)
+	if p.device(d.Name()) != d { // it went away meanwhile (hotplug.go)
 		r.Lost = true
 	}
 	p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
@@ -182,20 +182,21 @@ func (p *core) allocLocal(c caller, t poolv1.Tier, req allocRequest) (*record, [
 }
 
 // place reserves an extent, an id and the name for a new segment on a
-// device of tier t and creates its backing, not yet committed.
-func (p *core) place(c caller, t poolv1.Tier, req allocRequest) (*record, []string, error) {
+// device of tier t and creates its backing, not yet committed; it
+// returns the record and the device it is on.
+func (p *core) place(c caller, t poolv1.Tier, req allocRequest) (*record, *dev, []string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, nil, fmt.Errorf("alloc: %w", errs.ErrUnavailable)
+		return nil, nil, nil, fmt.Errorf("alloc: %w", errs.ErrUnavailable)
 	}
 	if req.Name != "" {
 		if _, ok := p.names[req.Name]; ok {
-			return nil, nil, fmt.Errorf("alloc %q: %w", req.Name, errs.ErrExists)
+			return nil, nil, nil, fmt.Errorf("alloc %q: %w", req.Name, errs.ErrExists)
 		}
 	}
 	if why, err := p.admit(c, t, req.Size); err != nil || why != "" {
-		return nil, []string{why}, err
+		return nil, nil, []string{why}, err
 	}
 	var tried []string
 	seen := false
@@ -206,13 +207,13 @@ func (p *core) place(c caller, t poolv1.Tier, req allocRequest) (*record, []stri
 		seen = true
 		r, err := p.allocOn(c, d, req)
 		if err == nil {
-			return r, nil, nil
+			return r, d, nil, nil
 		}
 		// No room on this device, by its accounting (extent) or its backing
 		// filesystem (device): the next device or tier may have it. A full
 		// metadata store is the node's, not the device's.
 		if !errors.Is(err, errs.ErrNoCapacity) || errors.Is(err, errMetadataFull) {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if errors.Is(err, extent.ErrNoSpace) {
 			st := d.ext.Stats()
@@ -224,7 +225,7 @@ func (p *core) place(c caller, t poolv1.Tier, req allocRequest) (*record, []stri
 	if !seen {
 		tried = append(tried, fmt.Sprintf("%s: %s", tierName(t), p.whyNoTier(t)))
 	}
-	return nil, tried, nil
+	return nil, nil, tried, nil
 }
 
 // whyNoTier explains a tier that has no usable device.
@@ -273,18 +274,11 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 		p.names[r.Name] = id
 	}
 	p.usage.add(r)
-	undo := func() {
-		p.usage.sub(r)
-		if r.Name != "" && p.names[r.Name] == id {
-			delete(p.names, r.Name)
-		}
-		d.ext.Free(off, length)
-	}
 	p.mu.Unlock()
 	b, err := d.Create(id, off, length)
 	p.mu.Lock()
 	if err != nil {
-		undo()
+		p.unplace(r, d, false)
 		return nil, fmt.Errorf("alloc on %s: %w", d.Name(), err)
 	}
 	defer b.File.Close()
@@ -299,15 +293,20 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 		}
 	}
 	if err != nil {
-		d.Remove(id, off, length)
-		undo()
+		p.unplace(r, d, true)
 		return nil, err
 	}
 	return r, nil
 }
 
-// unplace undoes a placement whose commit failed.
-func (p *core) unplace(r *record) {
+// unplace undoes the placement of r on d that no commit holds: the
+// owner's usage, the name, the export, the backing if made, and the
+// extent. The extent is given back only while d is the device of its
+// name: one that went away meanwhile (hotplug.go) took its allocator
+// with it, and one that came back under the name since has a new one,
+// where r's extent is not taken (another segment may hold it). p.mu is
+// held.
+func (p *core) unplace(r *record, d *dev, backing bool) {
 	p.usage.sub(r)
 	if !r.Key.IsZero() {
 		p.dp.revoke(r.ID)
@@ -315,8 +314,12 @@ func (p *core) unplace(r *record) {
 	if r.Name != "" && p.names[r.Name] == r.ID {
 		delete(p.names, r.Name)
 	}
-	if d := p.device(r.Device); d != nil { // nil: it went away (hotplug.go)
+	if backing {
+		// d's own: a device that went away keeps removing its segments'
+		// files while it is in p.gone.
 		d.Remove(r.ID, r.Offset, r.Extent)
+	}
+	if p.device(d.Name()) == d {
 		d.ext.Free(r.Offset, r.Extent)
 	}
 }
