@@ -307,11 +307,11 @@ func getFwdOp() *fwdOp {
 	return &p.fwdOp
 }
 
-// newSend returns a send of fo's, zeroed: in fo's own storage while it
-// lasts.
+// newSend returns a send of fo's for the caller to set in full: in fo's
+// own storage while it lasts (zeroed by free, for the collector), else
+// allocated.
 func (fo *fwdOp) newSend() *fwdSend {
 	if i := len(fo.sends); i < fwdInline {
-		fo.p.sendsArr[i] = fwdSend{}
 		return &fo.p.sendsArr[i]
 	}
 	return new(fwdSend)
@@ -325,9 +325,7 @@ func (fo *fwdOp) free() {
 	clear(p.sendPtrs[:])
 	clear(p.bufsArr[:])
 	clear(p.payloads[:])
-	for i := range p.sendsArr {
-		p.sendsArr[i] = fwdSend{}
-	}
+	clear(p.sendsArr[:])
 	p.fwdOp = fwdOp{org: org}
 	fwdOps.Put(p)
 }
