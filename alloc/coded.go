@@ -145,16 +145,20 @@ func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) 
 		total += len(p.buf)
 	}
 	cands := v.order(i)
-	// Each shard tried gets a total-byte slot of buf, at most every other
-	// shard once.
-	bp := getDecodeBuf(len(cands) * total)
+	// k slots of total bytes, one per shard read: a try reads into a free
+	// one, which it keeps if it succeeds and gives to the next try if not
+	// (a Read writes its buffer only while it runs).
+	bp := getDecodeBuf(r.k * total)
 	defer putDecodeBuf(bp)
 	buf := *bp
 	l := opLists.Get().(*opList)
 	defer l.put()
 	src := make([]int, 0, r.k)     // the shards read, k of them once done
 	bufs := make([][]byte, 0, r.k) // bufs[j]: shard src[j]'s bytes of every piece, in order
-	got := make([][]byte, r.k)
+	got := make([][]byte, r.k)     // got[:k-len(src)]: the free slots
+	for j := range got {
+		got[j] = buf[j*total : (j+1)*total]
+	}
 	errs := make([]error, r.k)
 	for len(src) < r.k {
 		need := r.k - len(src)
@@ -165,7 +169,6 @@ func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) 
 		cands = cands[need:]
 		l.ops, l.ptrs = slices.Grow(l.ops[:0], need*len(ps))[:need*len(ps)], l.ptrs[:0]
 		for j := range need {
-			got[j], buf = buf[:total], buf[total:]
 			at := 0
 			for p, pc := range ps {
 				l.ops[j*len(ps)+p] = rdma.Op{Kind: rdma.OpRead, Offset: pc.off, Buf: got[j][at : at+len(pc.buf)]}
@@ -180,12 +183,16 @@ func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) 
 			errs[j] = r.attempt(ctx, v.homes[try[j]], &pending)
 			return nil
 		})
+		free := 0
 		for j, err := range errs[:need] {
 			switch {
 			case err == nil:
 				src, bufs = append(src, try[j]), append(bufs, got[j])
 			case answered(err) || ctx.Err() != nil:
 				return err
+			default:
+				got[free] = got[j]
+				free++
 			}
 		}
 	}

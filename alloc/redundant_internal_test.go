@@ -303,3 +303,39 @@ func TestCodedChunkWriteAllocs(t *testing.T) {
 	}
 	require.LessOrEqual(t, allocs(coded.seg), allocs(copies.seg), "a coded write of one chunk allocates as a write of copies")
 }
+
+// TestDegradedReadNextShard: a degraded read whose first pick of shards
+// to decode from holds one that fails too reads another in its place
+// (into the buffer slot the failed one had) and decodes the right bytes.
+// ErasureCoded(2, 2), both data homes gone: a read on data shard 0
+// tries shard 0, then decodes from shards 1 and 2, and, shard 1 failing,
+// from 2 and 3.
+func TestDegradedReadNextShard(t *testing.T) {
+	const k, m, chunk, stripes = 2, 2, 4096, 2
+	const size = k * chunk * stripes
+	f := startFakeHomes(t, ErasureCoded(k, m), chunk*stripes, size, tcp.DefaultConfig())
+	want := make([]byte, size)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range want {
+		want[i] = byte(rng.Uint32())
+	}
+	_, err := f.seg.WriteAt(want, 0)
+	require.NoError(t, err)
+	enc, err := reedsolomon.New(k, m)
+	require.NoError(t, err)
+	shards := make([][]byte, k+m)
+	for i := range shards {
+		shards[i] = f.home(t, i, 0, chunk*stripes)
+	}
+	require.NoError(t, enc.Encode(shards))
+	f.put(t, k, 0, shards[k])
+	f.put(t, k+1, 0, shards[k+1])
+	f.srvs[0].Close()
+	f.srvs[1].Close()
+	for _, c := range []int{0, 2} { // the chunks on data shard 0
+		got := make([]byte, chunk-10)
+		_, err = f.seg.ReadAt(got, int64(c*chunk+5))
+		require.NoError(t, err, "degraded read of chunk %d", c)
+		require.Equal(t, want[c*chunk+5:(c+1)*chunk-5], got, "degraded read of chunk %d", c)
+	}
+}
