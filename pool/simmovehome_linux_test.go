@@ -54,6 +54,10 @@ func TestMoveHomeSim(t *testing.T) {
 	// in it) is what it finds when it starts again. Its stop undid the
 	// move meanwhile, as far as the homes go; the restart must cope with
 	// either.
+	//
+	// The copy's progress changes every rebuildProgress (200 ms) and the
+	// replica's 4 MiB go at 1 MiB/s, for seconds: a poll every
+	// 20 ms sees it mid-way many times over, without spinning.
 	origin := oh.daemon()
 	snap := origin.pool.st.path + ".snapshot"
 	require.Eventually(t, func() bool {
@@ -75,7 +79,7 @@ func TestMoveHomeSim(t *testing.T) {
 			return nil
 		})
 		return err == nil && found
-	}, time.Minute, time.Millisecond, "no move of a home began")
+	}, time.Minute, 20*time.Millisecond, "no move of a home began")
 	// Meanwhile the segment's description shows the move (memctl
 	// segments), and the evacuation counts the home's bytes as left.
 	seg := origin.segmentProto(func() record { r, _ := origin.pool.redundantRecord(rs.repID); return r }())
