@@ -387,16 +387,21 @@ func (mc *moveCluster) lender(name string) (d **daemon, n gossipNode, args []str
 	return &mc.c, mc.nc, mc.cArgs
 }
 
-// lentIDs are the ids of the segments the daemon on sock holds for peers,
-// asked over its socket as an administrator (no memctl process: the kill
-// tests poll it while a move runs).
-func lentIDs(t *testing.T, sock string) ([]uint64, error) {
+// listed is every segment the daemon on sock holds, asked over its socket
+// as an administrator (no memctl process: the kill tests poll it while a
+// move runs).
+func listed(t *testing.T, sock string) ([]*poolv1.Segment, error) {
 	conn, err := session.Channel("unix", sock)
 	require.NoError(t, err)
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	segs, err := poolv1.ListAll(ctx, poolv1.NewPoolClient(conn), &poolv1.ListRequest{}, 0)
+	return poolv1.ListAll(ctx, poolv1.NewPoolClient(conn), &poolv1.ListRequest{}, 0)
+}
+
+// lentIDs are the ids of the segments the daemon on sock holds for peers.
+func lentIDs(t *testing.T, sock string) ([]uint64, error) {
+	segs, err := listed(t, sock)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/alloc"
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 )
 
 // TestTierMoveDemoteAndPromote: on real poolds (a, whose clients' rdma
@@ -143,6 +145,72 @@ func TestTierMoveTargetKilled(t *testing.T) {
 		return err == nil && len(ids) == 0
 	}, 30*time.Second, 50*time.Millisecond, "the restarted lender still holds the failed demotion's copy")
 	require.NoError(t, seg.Free(ctx))
+}
+
+// TestTierMoveOriginKilled: kill -9 of a, the daemon that demotes a
+// 48 MiB segment from its (emulated) cxl tier, once a lender holds the
+// copy's allocation (the bytes are being copied, or about to be). The
+// Move call fails, and the owner keeps its mapping. The restarted a holds
+// the segment once, whole: on its cxl tier, as before the move (its
+// switch was not committed), where the owner's mapping and a fresh Open
+// see the same bytes and it takes writes and atomics; or, had the commit
+// come before the kill, on the rdma tier. Nothing leaks: the lender frees
+// the copy no record names, and once the segment is freed a holds nothing
+// of its owner's.
+func TestTierMoveOriginKilled(t *testing.T) {
+	mc := startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
+	ctx := t.Context()
+	const owner = "tier-origin-kill"
+	c := mc.client(t, owner)
+	seg, err := c.Alloc(ctx, 48<<20, alloc.WithTier(alloc.TierCXL))
+	require.NoError(t, err)
+	want := tierBytes(48 << 20)
+	_, err = seg.WriteAt(want, 0)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- c.Move(ctx, seg, alloc.ToTier(alloc.TierRDMA)) }()
+	require.Eventually(t, func() bool {
+		return len(lentTo(t, mc, "b"))+len(lentTo(t, mc, "c")) > 0
+	}, 20*time.Second, 2*time.Millisecond, "no lender received the copy")
+	mc.a.kill9(t)
+	require.Error(t, <-done, "the demotion whose daemon was killed")
+	require.Equal(t, alloc.TierCXL, seg.Tier(), "a failed demotion leaves the owner's mapping")
+	restart := time.Now()
+	// The restarted a joins b (it was the first node, which joined nobody).
+	mc.a = mc.start(t, mc.na, append(mc.aArgs, "--join", mc.nb.gossip)...)
+
+	ofOwner := func() []*poolv1.Segment {
+		t.Helper()
+		segs, err := listed(t, mc.na.sock)
+		require.NoError(t, err)
+		return slices.DeleteFunc(segs, func(s *poolv1.Segment) bool { return s.Owner != owner })
+	}
+	held := ofOwner()
+	require.Len(t, held, 1, "a holds the segment once")
+	require.Equal(t, seg.ID(), held[0].Id)
+	again, err := c.Open(ctx, seg.ID())
+	require.NoError(t, err)
+	if held[0].Tier == poolv1.Tier_TIER_CXL {
+		requireWhole(t, seg, want)
+		mem, ok := again.Bytes()
+		require.True(t, ok, "a fresh Open maps it")
+		require.True(t, bytes.Equal(want, mem), "the record names the memory the owner's mapping writes")
+	} else {
+		require.Equal(t, poolv1.Tier_TIER_RDMA, held[0].Tier)
+		t.Logf("the demotion was committed before the kill: the segment is on %s", held[0].Node)
+		requireWhole(t, again, want)
+	}
+	require.Eventually(t, func() bool {
+		ids := append(lentTo(t, mc, "b"), lentTo(t, mc, "c")...)
+		return held[0].Tier == poolv1.Tier_TIER_RDMA && len(ids) == 1 || len(ids) == 0
+	}, 30*time.Second, 50*time.Millisecond, "a lender still holds the killed demotion's copy")
+	t.Logf("demotion resolved %v after a's restart: the segment is on the %s tier", time.Since(restart), held[0].Tier)
+	require.NoError(t, again.Close())
+	require.NoError(t, seg.Free(ctx))
+	require.Empty(t, ofOwner(), "a holds nothing of the owner's once it freed the segment")
+	require.Eventually(t, func() bool {
+		return len(lentTo(t, mc, "b"))+len(lentTo(t, mc, "c")) == 0
+	}, 30*time.Second, 50*time.Millisecond, "a lender still holds a copy of the freed segment")
 }
 
 // TestTierMoveRefusals: moves between tiers that cannot be done are
