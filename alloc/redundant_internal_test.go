@@ -44,6 +44,32 @@ func (f *fakeHomes) put(t *testing.T, i int, off int64, p []byte) {
 	f.do(t, i, func(cl *tcp.Client, r rdma.Region) error { return cl.Write(t.Context(), r, off, p) })
 }
 
+// fillParity writes the parity shards of an ErasureCoded(k, m) segment,
+// encoded from the first n bytes of its data homes, to its parity homes:
+// the data homes' work, done by the test.
+func (f *fakeHomes) fillParity(t *testing.T, k, m, n int) {
+	enc, err := reedsolomon.New(k, m)
+	require.NoError(t, err)
+	shards := make([][]byte, k+m)
+	for i := range shards {
+		shards[i] = f.home(t, i, 0, n)
+	}
+	require.NoError(t, enc.Encode(shards))
+	for i := k; i < k+m; i++ {
+		f.put(t, i, 0, shards[i])
+	}
+}
+
+// randomBytes is n bytes of a generator seeded with seed.
+func randomBytes(n int, seed uint64) []byte {
+	b := make([]byte, n)
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
 func (f *fakeHomes) do(t *testing.T, i int, fn func(*tcp.Client, rdma.Region) error) {
 	h := f.homes[i]
 	cl, err := tcp.Dial(t.Context(), h.DataAddr)
@@ -172,11 +198,7 @@ func TestCodedLayoutAndDegradedRead(t *testing.T) {
 	const k, m, chunk, stripes = 4, 2, 4096, 4
 	const size = k * chunk * stripes
 	f := startFakeHomes(t, ErasureCoded(k, m), chunk*stripes, size, tcp.DefaultConfig())
-	want := make([]byte, size)
-	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range want {
-		want[i] = byte(rng.Uint32())
-	}
+	want := randomBytes(size, 1)
 	for _, w := range []struct{ off, n int }{{0, size}, {100, 5000}, {chunk*5 - 3, chunk*6 + 7}, {size - 10, 10}} {
 		_, err := f.seg.WriteAt(want[w.off:w.off+w.n], int64(w.off))
 		require.NoError(t, err)
@@ -194,15 +216,7 @@ func TestCodedLayoutAndDegradedRead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, want, got)
 
-	enc, err := reedsolomon.New(k, m)
-	require.NoError(t, err)
-	shards := make([][]byte, k+m)
-	for i := range shards {
-		shards[i] = f.home(t, i, 0, chunk*stripes)
-	}
-	require.NoError(t, enc.Encode(shards))
-	f.put(t, k, 0, shards[k])
-	f.put(t, k+1, 0, shards[k+1])
+	f.fillParity(t, k, m, chunk*stripes)
 	f.srvs[1].Close()
 	f.srvs[3].Close()
 	for _, rd := range []struct{ off, n int }{{0, size}, {chunk + 17, 100}, {chunk*3 - 5, chunk*2 + 9}} {
@@ -314,22 +328,10 @@ func TestDegradedReadNextShard(t *testing.T) {
 	const k, m, chunk, stripes = 2, 2, 4096, 2
 	const size = k * chunk * stripes
 	f := startFakeHomes(t, ErasureCoded(k, m), chunk*stripes, size, tcp.DefaultConfig())
-	want := make([]byte, size)
-	rng := rand.New(rand.NewPCG(3, 4))
-	for i := range want {
-		want[i] = byte(rng.Uint32())
-	}
+	want := randomBytes(size, 3)
 	_, err := f.seg.WriteAt(want, 0)
 	require.NoError(t, err)
-	enc, err := reedsolomon.New(k, m)
-	require.NoError(t, err)
-	shards := make([][]byte, k+m)
-	for i := range shards {
-		shards[i] = f.home(t, i, 0, chunk*stripes)
-	}
-	require.NoError(t, enc.Encode(shards))
-	f.put(t, k, 0, shards[k])
-	f.put(t, k+1, 0, shards[k+1])
+	f.fillParity(t, k, m, chunk*stripes)
 	f.srvs[0].Close()
 	f.srvs[1].Close()
 	for _, c := range []int{0, 2} { // the chunks on data shard 0

@@ -27,12 +27,7 @@ func TestMoveOutSource(t *testing.T) {
 	p, _ := newServingPool(t)
 	cfg := p.cfg
 	ctx := t.Context()
-	p.openSession("s-x", "poold/x", "poold x", 1, 0)
-	x, err := p.callerFor("s-x")
-	require.NoError(t, err)
-	p.openSession("s-y", "poold/y", "poold y", 2, 0)
-	y, err := p.callerFor("s-y")
-	require.NoError(t, err)
+	x, y := peerCaller(t, p, "x", 1), peerCaller(t, p, "y", 2)
 	const n = 256 << 10
 	r, err := p.Alloc(ctx, x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
 	require.NoError(t, err)
@@ -97,9 +92,7 @@ func TestMoveOutSource(t *testing.T) {
 	// A restart keeps the seal: the record says so.
 	require.NoError(t, p.close())
 	p, _ = servingPool(t, cfg)
-	p.openSession("s-x", "poold/x", "poold x", 1, 0)
-	x, err = p.callerFor("s-x")
-	require.NoError(t, err)
+	x = peerCaller(t, p, "x", 1)
 	mover, app = dial(p, "poold/x"), dial(p, delegatedPrincipal("poold/x", "app"))
 	sealed(p, app, mover)
 
@@ -146,9 +139,7 @@ func TestMoveOutSource(t *testing.T) {
 func TestMoveOutPush(t *testing.T) {
 	p, _ := newServingPool(t)
 	ctx := t.Context()
-	p.openSession("s-x", "poold/x", "poold x", 1, 0)
-	x, err := p.callerFor("s-x")
-	require.NoError(t, err)
+	x := peerCaller(t, p, "x", 1)
 	const n = 256 << 10
 	alloc := func() *record {
 		r, err := p.Alloc(ctx, x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
@@ -441,24 +432,8 @@ func TestSwitchOverCommit(t *testing.T) {
 		require.NoError(t, p.st.putIntent(m.in))
 		movers[i] = m
 	}
-	queued := func(k int) func() bool {
-		return func() bool {
-			p.st.mu.Lock()
-			defer p.st.mu.Unlock()
-			return len(p.st.queue) == k
-		}
-	}
 	// A commit held open: what is submitted meanwhile forms the next group.
-	entered, release := make(chan struct{}), make(chan struct{})
-	blocked := make(chan error, 1)
-	go func() {
-		blocked <- p.st.update(func(*bolt.Tx) error {
-			close(entered)
-			<-release
-			return nil
-		}, false)
-	}()
-	<-entered
+	release := holdCommit(p.st.storeFile)
 	before := p.st.commits.Load()
 	results := make(chan error, n+1)
 	for i, m := range movers {
@@ -469,14 +444,13 @@ func TestSwitchOverCommit(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, m.in.ToID, rec.HomeID, "the table names the target before the commit")
 		go func() { results <- p.commitSwitch(m.in) }()
-		require.Eventually(t, queued(i+1), 10*time.Second, time.Millisecond, "switch-over %d queued its commit", i)
+		require.Eventually(t, queued(p.st.storeFile, i+1), 10*time.Second, time.Millisecond, "switch-over %d queued its commit", i)
 	}
 	go func() {
 		results <- p.authorize(caller{client: &client{id: "app"}, ident: "cn:app"}, 7, "helper", false)
 	}()
-	require.Eventually(t, queued(n+1), 10*time.Second, time.Millisecond, "the delegate queued behind the switch-overs")
-	close(release)
-	require.NoError(t, <-blocked)
+	require.Eventually(t, queued(p.st.storeFile, n+1), 10*time.Second, time.Millisecond, "the delegate queued behind the switch-overs")
+	require.NoError(t, release())
 	for range n + 1 {
 		require.NoError(t, <-results)
 	}
@@ -507,6 +481,44 @@ func TestSwitchOverCommit(t *testing.T) {
 	}
 }
 
+// peerCaller opens a session of peer daemon node ("poold/"+node, as
+// process pid) on p and returns its caller.
+func peerCaller(t *testing.T, p *core, node string, pid int64) caller {
+	t.Helper()
+	p.openSession("s-"+node, "poold/"+node, "poold "+node, pid, 0)
+	c, err := p.callerFor("s-" + node)
+	require.NoError(t, err)
+	return c
+}
+
+// holdCommit holds a commit of f open until release is called (which
+// returns its outcome): what is submitted meanwhile waits for it.
+func holdCommit(f *storeFile) (release func() error) {
+	entered, let := make(chan struct{}), make(chan struct{})
+	blocked := make(chan error, 1)
+	go func() {
+		blocked <- f.update(func(*bolt.Tx) error {
+			close(entered)
+			<-let
+			return nil
+		}, false)
+	}()
+	<-entered
+	return func() error {
+		close(let)
+		return <-blocked
+	}
+}
+
+// queued reports whether k changes wait in f's queue.
+func queued(f *storeFile, k int) func() bool {
+	return func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.queue) == k
+	}
+}
+
 // TestPushNotesGo: a source's push notes last no longer than the seal
 // they belong to. Each segment is pushed to a target and sealed, which
 // notes the push; then a COMMIT (in one commit of the store, the record's
@@ -518,9 +530,7 @@ func TestPushNotesGo(t *testing.T) {
 	p, _ := newServingPool(t)
 	cfg := p.cfg
 	ctx := t.Context()
-	p.openSession("s-x", "poold/x", "poold x", 1, 0)
-	x, err := p.callerFor("s-x")
-	require.NoError(t, err)
+	x := peerCaller(t, p, "x", 1)
 	alloc := func() *record {
 		r, err := p.Alloc(ctx, x, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
 		require.NoError(t, err)

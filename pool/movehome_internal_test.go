@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	bolt "go.etcd.io/bbolt"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/rdma"
@@ -42,16 +41,7 @@ func TestHomeSwitchCommit(t *testing.T) {
 	p := newTestPool(t, cfg)
 	leaving, target, in := homeSwitchCase(t, p)
 
-	entered, release := make(chan struct{}), make(chan struct{})
-	blocked := make(chan error, 1)
-	go func() {
-		blocked <- p.st.update(func(*bolt.Tx) error {
-			close(entered)
-			<-release
-			return nil
-		}, false)
-	}()
-	<-entered
+	release := holdCommit(p.st.storeFile)
 	type result struct {
 		rec record
 		err error
@@ -61,11 +51,7 @@ func TestHomeSwitchCommit(t *testing.T) {
 		rec, err := p.commitHomeSwitch(in.ID, 0, leaving, target, in)
 		done <- result{rec, err}
 	}()
-	require.Eventually(t, func() bool {
-		p.st.mu.Lock()
-		defer p.st.mu.Unlock()
-		return len(p.st.queue) == 1
-	}, 10*time.Second, time.Millisecond, "the switch queued its commit")
+	require.Eventually(t, queued(p.st.storeFile, 1), 10*time.Second, time.Millisecond, "the switch queued its commit")
 	require.Eventually(t, func() bool {
 		if !p.mu.TryLock() {
 			return false
@@ -81,8 +67,7 @@ func TestHomeSwitchCommit(t *testing.T) {
 		t.Fatalf("the switch returned before its commit: %+v", res)
 	default:
 	}
-	close(release)
-	require.NoError(t, <-blocked)
+	require.NoError(t, release())
 	res := <-done
 	require.NoError(t, res.err)
 	require.Equal(t, target.HomeID, res.rec.HomeID)

@@ -104,14 +104,7 @@ func TestTierMoveDemoteAndPromote(t *testing.T) {
 func TestTierMoveTargetKilled(t *testing.T) {
 	mc := startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
 	ctx := t.Context()
-	c := mc.client(t, "tier-kill")
-	seg, err := c.Alloc(ctx, 48<<20, alloc.WithTier(alloc.TierCXL))
-	require.NoError(t, err)
-	want := tierBytes(48 << 20)
-	_, err = seg.WriteAt(want, 0)
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- c.Move(ctx, seg, alloc.ToTier(alloc.TierRDMA)) }()
+	_, seg, want, done := startDemotion(t, mc, "tier-kill")
 	var to string
 	require.Eventually(t, func() bool {
 		for _, n := range []string{"b", "c"} {
@@ -125,7 +118,7 @@ func TestTierMoveTargetKilled(t *testing.T) {
 	target, tn, targetArgs := mc.lender(to)
 	(*target).kill9(t)
 	killed := time.Now()
-	err = <-done
+	err := <-done
 	t.Logf("move ended %v after the kill of %s: %v", time.Since(killed), to, err)
 	if err != nil {
 		require.Equal(t, alloc.TierCXL, seg.Tier(), "a failed demotion leaves the segment on its tier")
@@ -161,14 +154,7 @@ func TestTierMoveOriginKilled(t *testing.T) {
 	mc := startMoveCluster(t, "80MiB", "--lease-ttl", "10s")
 	ctx := t.Context()
 	const owner = "tier-origin-kill"
-	c := mc.client(t, owner)
-	seg, err := c.Alloc(ctx, 48<<20, alloc.WithTier(alloc.TierCXL))
-	require.NoError(t, err)
-	want := tierBytes(48 << 20)
-	_, err = seg.WriteAt(want, 0)
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- c.Move(ctx, seg, alloc.ToTier(alloc.TierRDMA)) }()
+	c, seg, want, done := startDemotion(t, mc, owner)
 	require.Eventually(t, func() bool {
 		return len(lentTo(t, mc, "b"))+len(lentTo(t, mc, "c")) > 0
 	}, 20*time.Second, 2*time.Millisecond, "no lender received the copy")
@@ -211,6 +197,21 @@ func TestTierMoveOriginKilled(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return len(lentTo(t, mc, "b"))+len(lentTo(t, mc, "c")) == 0
 	}, 30*time.Second, 50*time.Millisecond, "a lender still holds a copy of the freed segment")
+}
+
+// startDemotion is the start of a kill test: a client of a (id owner)
+// with a 48 MiB segment on a's cxl tier holding want, and its demotion to
+// the rdma tier under way. done receives the move's outcome.
+func startDemotion(t *testing.T, mc *moveCluster, owner string) (c *alloc.Client, seg *alloc.Segment, want []byte, done <-chan error) {
+	c = mc.client(t, owner)
+	seg, err := c.Alloc(t.Context(), 48<<20, alloc.WithTier(alloc.TierCXL))
+	require.NoError(t, err)
+	want = tierBytes(48 << 20)
+	_, err = seg.WriteAt(want, 0)
+	require.NoError(t, err)
+	moved := make(chan error, 1)
+	go func() { moved <- c.Move(t.Context(), seg, alloc.ToTier(alloc.TierRDMA)) }()
+	return c, seg, want, moved
 }
 
 // TestTierMoveRefusals: moves between tiers that cannot be done are
