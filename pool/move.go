@@ -214,14 +214,15 @@ func (ms *moves) involves(node string) bool {
 
 // held adds to known the ids at node of segments no record here names
 // that a move keeps: the target's copy until the switch-over, and the
-// source's after it until the source lets it go. Reconcile frees
-// neither.
+// source's after it until the source lets it go (and, for the move of a
+// redundant segment's home, from the moment the table names the target,
+// before the switch is durable). Reconcile frees neither.
 func (ms *moves) held(node string, known map[uint64]bool) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	for _, in := range ms.m {
 		switch {
-		case in.Switched && in.From == node:
+		case (in.Switched || in.switching) && in.From == node:
 			known[in.FromID] = true
 		case !in.Switched && !in.undoing && in.To == node:
 			known[in.ToID] = true

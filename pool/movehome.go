@@ -204,6 +204,11 @@ func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in in
 	next.settle()
 	wait := p.st.switchMove(&next, in)
 	*cur = next
+	// Reconcile keeps the leaving home's copy, which the table no longer
+	// names, until the move is switched for good or undone.
+	held := in
+	held.switching = true
+	p.moving.set(held)
 	p.mu.Unlock()
 	if err := wait(); err != nil {
 		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", id, errors.Join(err, p.unswitchHome(id, i, leaving, target)))

@@ -31,11 +31,11 @@ func homeSwitchCase(t *testing.T, p *core) (leaving, target homeRef, in intent) 
 
 // TestHomeSwitchCommit: the switch of a redundant segment's home commits
 // without holding p.mu while its fsync runs: with the store's commit held
-// open, the switch queues its own, and meanwhile p.mu is free and the
-// table names the target (the writers are sealed: nobody writes before
-// the commit is durable). Once the store commits, the switch returns the
-// record it committed, which a restarted daemon finds with the intent
-// switched.
+// open, the switch queues its own, and meanwhile p.mu is free, the table
+// names the target (the writers are sealed: nobody writes before the
+// commit is durable) and reconcile keeps the leaving home's copy. Once
+// the store commits, the switch returns the record it committed, which a
+// restarted daemon finds with the intent switched.
 func TestHomeSwitchCommit(t *testing.T) {
 	cfg := testConfig(t)
 	p := newTestPool(t, cfg)
@@ -62,6 +62,9 @@ func TestHomeSwitchCommit(t *testing.T) {
 	rec, err := p.Stat(in.ID)
 	require.NoError(t, err)
 	require.Equal(t, "e", rec.Home, "the table names the target")
+	known := map[uint64]bool{}
+	p.moving.held(leaving.Node, known)
+	require.True(t, known[leaving.HomeID], "reconcile keeps the leaving home's copy, which the table no longer names")
 	select {
 	case res := <-done:
 		t.Fatalf("the switch returned before its commit: %+v", res)

@@ -40,6 +40,10 @@ type intent struct {
 	// undoing: the move failed and the target's copy is being freed (not
 	// stored: a restarted daemon undoes it again).
 	undoing bool
+	// switching: the table names the target of the move of a redundant
+	// segment's home in the source's place, and the commit that does is
+	// not durable yet (commitHomeSwitch); not stored.
+	switching bool
 	// copied is the bytes the move of a redundant segment's home copied
 	// so far (not stored), for the segment's description.
 	copied int64
