@@ -37,16 +37,16 @@ func TestUnplaceAfterHotplug(t *testing.T) {
 		}
 	}
 	require.NotNil(t, d, "an emulated cxl device")
-	real := d.Device
-	back := &dev{Device: real, tier: d.tier, usable: true}
+	orig := d.Device
+	back := &dev{Device: orig, tier: d.tier, usable: true}
 	var other int64 = -1
 	const n = 1 << 20
-	d.Device = &createHook{Device: real, hook: func() {
+	d.Device = &createHook{Device: orig, hook: func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.dropLocked(d)
 		var err error
-		back.ext, err = extent.New(real.Capacity(), real.Align())
+		back.ext, err = extent.New(orig.Capacity(), orig.Align())
 		require.NoError(t, err)
 		p.addLocked(back)
 		other, err = back.ext.Alloc(n)
@@ -55,7 +55,7 @@ func TestUnplaceAfterHotplug(t *testing.T) {
 		require.NoError(t, p.st.db.Close())
 	}}
 	t.Cleanup(func() {
-		delete(p.gone, d.Name()) // real is closed once, as back's
+		delete(p.gone, d.Name()) // orig is closed once, as back's
 		require.NoError(t, p.close())
 	})
 	p.openSession("s-a", "app", "app", 1, 0)
