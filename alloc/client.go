@@ -105,6 +105,9 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		return nil, dialError(ctx, network, path, o.tls, err)
 	}
 	c.api = c.sess.API()
+	if o.api != nil {
+		c.api = o.api(c.api)
+	}
 	return c, nil
 }
 

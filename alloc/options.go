@@ -26,6 +26,9 @@ type dialOptions struct {
 	noReadAhead bool
 	// failover is WithFailoverTimeout's bound.
 	failover time.Duration
+	// api, when set, wraps the daemon's API client; tests make its calls
+	// fail after the daemon acted on them.
+	api func(poolv1.PoolClient) poolv1.PoolClient
 }
 
 // WithEmulateLatency sets latency emulation for this client, overriding

@@ -100,8 +100,21 @@ func (c *Client) demote(ctx context.Context, s *Segment, o moveOptions) error {
 	}
 	resp, err := c.moveCall(ctx, s, o)
 	if err != nil {
-		s.endSwitch(ch, nil, nil)
-		return err
+		info, moved, rerr := c.resolveDemotion(ctx, s, err)
+		switch {
+		case rerr != nil:
+			// The daemon may have moved the segment and then lost the
+			// answer: its memory here may be the segment's no longer, and
+			// a write to it would be lost (or land in another segment's).
+			old := s.backend()
+			s.setState(segSwitching, segClosed, false)
+			s.endSwitch(ch, nil, nil)
+			return errors.Join(rerr, old.retire(ctx))
+		case !moved:
+			s.endSwitch(ch, nil, nil)
+			return err
+		}
+		resp = &poolv1.MoveResponse{Segment: info}
 	}
 	r, err := newRemote(c, resp.Segment)
 	if err != nil {
@@ -114,6 +127,36 @@ func (c *Client) demote(ctx context.Context, s *Segment, o moveOptions) error {
 	}
 	old := s.endSwitch(ch, withEmulation(r, c.injected(resp.Segment.Tier, resp.Segment.Injected)), resp.Segment)
 	return old.retire(ctx)
+}
+
+// moveResolveWait bounds how long a demotion whose answer did not come
+// waits for the daemon to say where the segment is.
+const moveResolveWait = 5 * time.Second
+
+// resolveDemotion finds out what became of s, whose demotion failed with
+// moveErr: moved (with info, the segment at its new home) when the daemon
+// moved it although its answer did not arrive; neither when the daemon
+// refused the move (a typed refusal: nothing moved) or says the segment is
+// where it was. An error when the daemon cannot say within
+// moveResolveWait: whether the segment is still in the memory this
+// client maps is then unknown.
+func (c *Client) resolveDemotion(ctx context.Context, s *Segment, moveErr error) (info *poolv1.Segment, moved bool, err error) {
+	for _, refused := range []error{ErrInUse, ErrInvalid, ErrNotSupported, ErrNoCapacity, ErrNotFound, ErrLimit, ErrAccessDenied, ErrLeaseExpired} {
+		if errors.Is(moveErr, refused) {
+			return nil, false, nil
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moveResolveWait)
+	defer cancel()
+	cctx, _, err := c.callCtx(sctx)
+	if err == nil {
+		info, err = c.api.Stat(cctx, &poolv1.StatRequest{Id: s.ID()})
+		err = errs.FromStatus(err)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("move segment %d to the rdma tier: %w; and its daemon could not say whether it moved (%w): the segment is closed here, so that no write goes to memory it may have left; open it again (Client.Open)", s.ID(), moveErr, err)
+	}
+	return info, info.Tier == poolv1.Tier_TIER_RDMA, nil
 }
 
 // promote moves an rdma segment into this host's memory on a load/store
