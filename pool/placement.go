@@ -172,10 +172,18 @@ func (p *core) allocLocal(c caller, t poolv1.Tier, req allocRequest) (*record, [
 		p.unplace(r, d, true)
 		return nil, nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
 	}
-	p.link(r)
-	if p.device(d.Name()) != d { // it went away meanwhile (hotplug.go)
-		r.Lost = true
+	if p.device(d.Name()) != d {
+		// It went away during the commit (hotplug.go), or is back under its
+		// name with an allocator where r's extent is not taken: the
+		// allocation is undone rather than kept lost, whose free could
+		// give the new allocator an extent another segment holds.
+		if err := p.st.delete(r); err != nil {
+			p.log.Warn("an allocation whose device changed during its commit left a record; it is lost, and freeing it frees nothing on the device", "segment", r.ID, "device", d.Name(), "err", err)
+		}
+		p.unplace(r, d, true)
+		return nil, nil, fmt.Errorf("alloc on %s: %w", d.Name(), errDeviceChanged)
 	}
+	p.link(r)
 	p.log.Debug("alloc", "segment", r.ID, "tier", r.Tier, "device", r.Device, "size", r.Size, "owner", r.Owner)
 	cp := *r // the table's record changes under p.mu; callers get a copy
 	return &cp, nil, nil
@@ -285,6 +293,11 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 	switch {
 	case p.closed:
 		err = fmt.Errorf("alloc: %w", errs.ErrUnavailable)
+	case p.device(d.Name()) != d:
+		// Gone, or back under its name with an allocator of its own where
+		// r's extent is not taken: a record naming it could share its
+		// memory with another segment's.
+		err = fmt.Errorf("alloc on %s: %w", d.Name(), errDeviceChanged)
 	case d.tier == poolv1.Tier_TIER_RDMA:
 		if r.Key, err = p.dp.export(id, b, r.Epoch, nil); err != nil {
 			err = fmt.Errorf("alloc: export on the data plane: %w", err)
@@ -298,6 +311,11 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 	}
 	return r, nil
 }
+
+// errDeviceChanged is an allocation whose device went away, or was
+// replaced under its name, while its backing was made: the next device
+// may have room.
+var errDeviceChanged = errs.Sub(errs.ErrNoCapacity, "the device went away or was replaced during the allocation")
 
 // unplace undoes the placement of r on d that no commit holds: the
 // owner's usage, the name, the export, the backing if made, and the
