@@ -40,6 +40,11 @@ const (
 	moveBatchOps = 256
 	// moveInflight is how many batches the copy keeps in flight.
 	moveInflight = 2
+	// pushLanes is how many connections the source of a push writes the
+	// target on, one batch in flight on each: the target's data plane
+	// applies one connection's operations in order, so one connection
+	// keeps one of its cores busy at most.
+	pushLanes = 4
 	// moveSettled is the dirty chunk count at which the copy seals: the
 	// last round, with operations waiting, copies these and what changed
 	// while they were reported.
@@ -453,21 +458,22 @@ type mover struct {
 	// source.
 	local     []byte
 	localKind rdma.OpKind
-	// target is the target's copy as the source pushes to it (a move
-	// within the rdma tier), with the credential delegated to the source
-	// there.
+	// target is the target's copy as the source pushes to it: a move
+	// within the rdma tier's with the credential delegated to the source
+	// there; a rebuild's or a home move's without one (the source writes
+	// as itself, rebuildFill.letPush).
 	target *poolv1.SegmentHome
 
 	// creds gets a client's credential at a home (core.move).
 	creds func(ctx context.Context, home, client string) []byte
 
 	// A rebuild (rebuild.go) sets these; a move leaves them zero. rate
-	// paces the copy's bytes; read fills a batch's spans instead of a
-	// read at the source (an erasure-coded shard decoded from the
-	// others), in batches of at most batch bytes; dirty reports the
-	// chunks changed since its last call instead of the source's DIRTY.
+	// paces the copy's bytes, and the pushes'; read fills a batch's spans
+	// instead of a read at the source (an erasure-coded shard decoded
+	// from the others), in batches of at most batch bytes; dirty reports
+	// the chunks changed since its last call instead of the source's
+	// DIRTY.
 	rate  *rateLimit
-	lanes []copyLane
 	read  func(ctx context.Context, buf []byte, batch [][2]int64) error
 	batch int64
 	dirty func(ctx context.Context) (bitmap []byte, n int, err error)
@@ -660,19 +666,73 @@ func (m *mover) moveOut(ctx context.Context, phase poolv1.MoveOutPhase) (*poolv1
 }
 
 // push asks the source to write chunks to the target: all, or those
-// changed since the last round. It returns how many chunks it wrote.
+// changed since the last round, whose bytes then count against the rate
+// (after the fact: only the source knows them before). It returns how
+// many chunks it wrote.
 func (m *mover) push(ctx context.Context, all bool) (int, error) {
-	timeout := moveStepTimeout
-	if all { // a whole segment, at the least rate a move expects
-		timeout += time.Duration(m.rec.Size/moveMinRate) * time.Second
-	}
-	resp, err := m.step(ctx, &poolv1.MoveOutRequest{HomeId: m.rec.HomeID, Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: m.target, All: all}, timeout)
+	resp, err := m.pushRange(ctx, all, 0, 0)
 	if err != nil {
 		return 0, err
 	}
-	m.copied.Add(int64(resp.PushedBytes))
 	m.res.rounds++
+	if !all {
+		if err := m.rate.wait(ctx, int64(resp.PushedBytes)); err != nil {
+			return 0, err
+		}
+	}
 	return int(resp.DirtyChunks), nil
+}
+
+// pushSlice is the most bytes of one PUSH of a paced whole copy
+// (pushSliced): small enough that the copy's progress shows and the rate
+// holds within a fraction of a second, large enough that a step's round
+// trip costs little beside its bytes.
+const pushSlice = 32 << 20
+
+// pushSliced asks the source to write the whole segment to the target,
+// pushSlice bytes a step (fewer at a rate that goes less in a quarter
+// second), each step's bytes waiting for their turn under the rate first.
+func (m *mover) pushSliced(ctx context.Context) error {
+	slice := int64(pushSlice)
+	if m.rate != nil {
+		slice = min(slice, int64(m.rate.perSec/4))
+	}
+	slice = max(slice/m.chunk, 1) * m.chunk
+	for off := int64(0); off < m.rec.Size; off += slice {
+		n := min(slice, m.rec.Size-off)
+		if err := m.rate.wait(ctx, n); err != nil {
+			return err
+		}
+		resp, err := m.pushRange(ctx, true, off, n)
+		if err != nil {
+			return err
+		}
+		if int64(resp.PushedBytes) > n { // a source that pushes the whole segment for any range
+			break
+		}
+	}
+	m.res.rounds++
+	return nil
+}
+
+// pushRange asks the source for one PUSH: all the chunks of [off,
+// off+n) (n 0: to the end), or those changed since the last round; it
+// counts the bytes written.
+func (m *mover) pushRange(ctx context.Context, all bool, off, n int64) (*poolv1.MoveOutResponse, error) {
+	timeout := moveStepTimeout
+	if all { // at the least rate a move expects
+		bytes := n
+		if bytes == 0 {
+			bytes = m.rec.Size - off
+		}
+		timeout += time.Duration(bytes/moveMinRate) * time.Second
+	}
+	resp, err := m.step(ctx, &poolv1.MoveOutRequest{HomeId: m.rec.HomeID, Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: m.target, All: all, Offset: off, Length: n}, timeout)
+	if err != nil {
+		return nil, err
+	}
+	m.copied.Add(int64(resp.PushedBytes))
+	return resp, nil
 }
 
 // step runs one MoveOut request at the source, within timeout.
@@ -688,8 +748,13 @@ func (m *mover) step(ctx context.Context, req *poolv1.MoveOutRequest, timeout ti
 
 // moveOutAt asks pc's node for one MoveOut step on its segment id.
 func moveOutAt(ctx context.Context, pc *session.Conn, id uint64, phase poolv1.MoveOutPhase, chunk int64) (*poolv1.MoveOutResponse, error) {
+	return moveOutReq(ctx, pc, &poolv1.MoveOutRequest{HomeId: id, Phase: phase, Chunk: chunk})
+}
+
+// moveOutReq asks pc's node for the MoveOut step req.
+func moveOutReq(ctx context.Context, pc *session.Conn, req *poolv1.MoveOutRequest) (*poolv1.MoveOutResponse, error) {
 	return callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.MoveOutResponse, error) {
-		return api.MoveOut(ctx, &poolv1.MoveOutRequest{HomeId: id, Phase: phase, Chunk: chunk})
+		return api.MoveOut(ctx, req)
 	})
 }
 
@@ -742,11 +807,7 @@ func (m *mover) dial(ctx context.Context, node, addr string, useTLS bool, pc *se
 
 // copyAll copies the whole segment.
 func (m *mover) copyAll(ctx context.Context) error {
-	n := (m.rec.Size + m.chunk - 1) / m.chunk
-	all := make([]byte, (n+7)/8)
-	for i := range n {
-		all[i/8] |= 1 << (i % 8)
-	}
+	all, _ := rangeChunks(0, m.rec.Size, m.chunk)
 	if err := m.copyChunks(ctx, all); err != nil {
 		return err
 	}
@@ -826,15 +887,11 @@ func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
 	defer cancel(nil)
 	work := make(chan [][2]int64)
 	var wg sync.WaitGroup
-	for w := range moveInflight {
-		lane := copyLane{m.srcConn, m.dstConn}
-		if len(m.lanes) > 0 {
-			lane = m.lanes[w%len(m.lanes)]
-		}
+	for range moveInflight {
 		wg.Go(func() {
 			buf := make([]byte, m.batchBytes())
 			for batch := range work {
-				if err := m.copyBatch(ctx, lane, buf, batch); err != nil {
+				if err := m.copyBatch(ctx, buf, batch); err != nil {
 					cancel(err)
 				}
 			}
@@ -873,7 +930,7 @@ func (m *mover) copyChunks(ctx context.Context, bitmap []byte) error {
 
 // copyBatch copies the spans of one batch, source to target: their reads
 // in one Do, into buf, then their writes in one Do.
-func (m *mover) copyBatch(ctx context.Context, lane copyLane, buf []byte, batch [][2]int64) error {
+func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) error {
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -892,7 +949,7 @@ func (m *mover) copyBatch(ctx context.Context, lane copyLane, buf []byte, batch 
 	if m.read != nil {
 		err = m.read(ctx, buf[:n], batch)
 	} else {
-		err = lane.src.Do(ctx, ptrs...)
+		err = m.srcConn.Do(ctx, ptrs...)
 	}
 	if err != nil {
 		return fmt.Errorf("read %d spans (%d bytes) from %d: %w", len(batch), n, batch[0][0], err)
@@ -900,16 +957,12 @@ func (m *mover) copyBatch(ctx context.Context, lane copyLane, buf []byte, batch 
 	for i := range ops {
 		ops[i].Kind, ops[i].Region = rdma.OpWrite, m.dstReg
 	}
-	if err := lane.dst.Do(ctx, ptrs...); err != nil {
+	if err := m.dstConn.Do(ctx, ptrs...); err != nil {
 		return fmt.Errorf("write %d spans (%d bytes) from %d: %w", len(batch), n, batch[0][0], err)
 	}
 	m.copied.Add(n)
 	return nil
 }
-
-// copyLane is one worker's pair of connections: to the source, to the
-// target.
-type copyLane struct{ src, dst rdma.Conn }
 
 // spans yields the byte ranges [start, end) of the runs of chunks (of
 // chunk bytes) set in bitmap, cut at size and into pieces of at most
@@ -949,8 +1002,8 @@ func spansOf(bitmap []byte, chunk, size, most int64) func(func([2]int64) bool) {
 				}
 			}
 		}
-		if start >= 0 {
-			flush(size)
+		if start >= 0 { // the run ends where the bitmap does
+			flush(min(size, int64(len(bitmap))*8*chunk))
 		}
 	}
 }

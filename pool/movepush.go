@@ -12,10 +12,8 @@ import (
 	"sync"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
-	"github.com/farmem/farmem/internal/certs"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
-	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // pushers are the source's connections to the targets of the moves of
@@ -28,20 +26,27 @@ type pushers struct {
 }
 
 // pusher writes one segment's chunks to its move's target, one round at a
-// time.
+// time, on pushLanes connections.
 type pusher struct {
 	mu     sync.Mutex // held for a round
 	target string     // node, address and id of the target's copy
-	conn   rdma.Conn
+	conns  []rdma.Conn
 	region rdma.Region
 	bufs   [][]byte // the batches' buffers, kept from round to round
 }
 
+// close closes the pusher's connections.
+func (pu *pusher) close() {
+	for _, c := range pu.conns {
+		c.Close()
+	}
+}
+
 // get returns the pusher of segment seg towards t, dialing t's data plane
-// (over TLS when t serves it, verified with tls.ca under t's node name);
-// a pusher towards another target is closed.
-func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, tls moveTLS) (*pusher, error) {
-	want := fmt.Sprintf("%s %s %d", t.Node, t.DataAddr, t.HomeId)
+// with cred (over TLS when t serves it, verified with tls.ca under t's
+// node name); a pusher towards another target is closed.
+func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, cred []byte, tls moveTLS) (*pusher, error) {
+	want := fmt.Sprintf("%s %s %d %x", t.Node, t.DataAddr, t.HomeId, cred)
 	ps.mu.Lock()
 	if pu := ps.m[seg]; pu != nil && pu.target == want {
 		ps.mu.Unlock()
@@ -49,34 +54,30 @@ func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, t
 	}
 	ps.mu.Unlock()
 	var key rdma.Key
-	if len(t.Key) != len(key) || t.DataAddr == "" || len(t.DataCredential) == 0 {
-		return nil, fmt.Errorf("%w: the target %q of the push has no data-plane address, key or credential", errs.ErrInvalid, t.Node)
+	if len(t.Key) != len(key) || t.DataAddr == "" {
+		return nil, fmt.Errorf("%w: the target %q of the push has no data-plane address or key", errs.ErrInvalid, t.Node)
 	}
 	copy(key[:], t.Key)
-	opts := []tcp.Option{tcp.WithCredential(t.DataCredential), tcp.WithConns(1)}
-	if t.DataTls {
-		tc, err := certs.Verifier(tls.ca, t.Node)
+	pu := &pusher{target: want, region: rdma.Region{Segment: t.HomeId, Key: key, Epoch: t.Epoch}}
+	for range pushLanes {
+		conn, err := dialHome(ctx, t.Node, t.DataAddr, t.DataTls, tls.ca, cred)
 		if err != nil {
-			return nil, fmt.Errorf("verify the data plane of the target %s: %w", t.Node, err)
+			pu.close()
+			return nil, fmt.Errorf("the target of the push: %w", err)
 		}
-		opts = append(opts, tcp.WithTLS(tc))
+		pu.conns = append(pu.conns, conn)
 	}
-	conn, err := tcp.Dial(ctx, t.DataAddr, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("%w: the data plane of the target %s at %s: %w", errMoveHome, t.Node, t.DataAddr, err)
-	}
-	pu := &pusher{target: want, conn: conn, region: rdma.Region{Segment: t.HomeId, Key: key, Epoch: t.Epoch}}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.closed {
-		conn.Close()
+		pu.close()
 		return nil, fmt.Errorf("%w: the daemon is closing", errs.ErrUnavailable)
 	}
 	if ps.m == nil {
 		ps.m = map[uint64]*pusher{}
 	}
 	if old := ps.m[seg]; old != nil {
-		old.conn.Close()
+		old.close()
 	}
 	ps.m[seg] = pu
 	return pu, nil
@@ -89,7 +90,7 @@ func (ps *pushers) drop(seg uint64) {
 	delete(ps.m, seg)
 	ps.mu.Unlock()
 	if pu != nil {
-		pu.conn.Close()
+		pu.close()
 	}
 }
 
@@ -100,7 +101,7 @@ func (ps *pushers) close() {
 	ps.m, ps.closed = nil, true
 	ps.mu.Unlock()
 	for _, pu := range m {
-		pu.conn.Close()
+		pu.close()
 	}
 }
 
@@ -118,14 +119,32 @@ func (p *core) push(ctx context.Context, seg record, req *poolv1.MoveOutRequest,
 	var bitmap []byte
 	var n int
 	if req.All {
-		bitmap, n = allChunks(seg.Size, chunk)
+		end := seg.Size
+		if req.Length > 0 {
+			end = min(end, req.Offset+req.Length)
+		}
+		if req.Offset < 0 || req.Length < 0 || req.Offset > seg.Size || end < req.Offset {
+			return 0, 0, fmt.Errorf("%w: push of %d bytes from %d of a segment of %d; use a range within it (length 0: to its end)", errs.ErrInvalid, req.Length, req.Offset, seg.Size)
+		}
+		bitmap, n = rangeChunks(req.Offset, end, chunk)
 	} else if bitmap, n, err = p.dp.dirty(seg.ID); err != nil {
 		return 0, 0, err
 	}
 	if n == 0 {
 		return 0, 0, nil
 	}
-	pu, err := p.pushing.get(ctx, seg.ID, req.Target, tls)
+	// Without a credential the push writes as this daemon (its peer
+	// session's credential at the target), which the origin named a
+	// writer of the target's copy (Replicate).
+	cred := req.Target.DataCredential
+	if len(cred) == 0 {
+		pc, err := p.homeSession(ctx, req.Target.Node, "push target")
+		if err != nil {
+			return 0, 0, fmt.Errorf("%w: the target of the push: %w", errMoveHome, err)
+		}
+		cred = pc.DataCredential()
+	}
+	pu, err := p.pushing.get(ctx, seg.ID, req.Target, cred, tls)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -137,15 +156,15 @@ func (p *core) push(ctx context.Context, seg record, req *poolv1.MoveOutRequest,
 	return bytes, n, nil
 }
 
-// allChunks is the bitmap of every chunk of a segment of size bytes, and
-// their count.
-func allChunks(size, chunk int64) ([]byte, int) {
-	n := (size + chunk - 1) / chunk
-	all := make([]byte, (n+7)/8)
-	for i := range n {
+// rangeChunks is the bitmap of the chunks (of chunk bytes) that hold a
+// byte of [from, to), and their count.
+func rangeChunks(from, to, chunk int64) ([]byte, int) {
+	first, end := from/chunk, (to+chunk-1)/chunk
+	all := make([]byte, (end+7)/8)
+	for i := first; i < end; i++ {
 		all[i/8] |= 1 << (i % 8)
 	}
-	return all, int(n)
+	return all, int(max(end-first, 0))
 }
 
 // localReader reads a segment homed here from its memory (the data
@@ -156,8 +175,9 @@ type localReader interface {
 
 // round writes the spans of segment seg, read from mem, to the target: in
 // batches of up to moveBatch bytes and moveBatchOps spans, each read into
-// a buffer and written in one Do, moveInflight batches at a time on the
-// one connection; the first failure ends it. It returns the bytes written.
+// a buffer and written in one Do, one batch in flight on each of the
+// pusher's connections; the first failure ends it. It returns the bytes
+// written.
 func (pu *pusher) round(ctx context.Context, mem localReader, seg uint64, spans func(func([2]int64) bool)) (int64, error) {
 	pu.mu.Lock()
 	defer pu.mu.Unlock()
@@ -174,12 +194,12 @@ func (pu *pusher) round(ctx context.Context, mem localReader, seg uint64, spans 
 	if len(batch) > 0 {
 		batches = append(batches, batch)
 	}
-	workers := min(moveInflight, len(batches))
+	workers := min(len(pu.conns), len(batches))
 	for len(pu.bufs) < workers {
 		pu.bufs = append(pu.bufs, make([]byte, moveBatch))
 	}
 	if workers == 1 { // the last rounds: a few chunks, no goroutine
-		return pu.batch(ctx, mem, seg, pu.bufs[0], batches[0])
+		return pu.batch(ctx, mem, seg, pu.conns[0], pu.bufs[0], batches[0])
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -190,7 +210,7 @@ func (pu *pusher) round(ctx context.Context, mem localReader, seg uint64, spans 
 	for w := range workers {
 		wg.Go(func() {
 			for b := range work {
-				k, err := pu.batch(ctx, mem, seg, pu.bufs[w], b)
+				k, err := pu.batch(ctx, mem, seg, pu.conns[w], pu.bufs[w], b)
 				if err != nil {
 					cancel(err)
 				}
@@ -214,8 +234,8 @@ send:
 }
 
 // batch writes one batch's spans to the target: read here into buf, then
-// written in one Do. It returns the bytes written.
-func (pu *pusher) batch(ctx context.Context, mem localReader, seg uint64, buf []byte, spans [][2]int64) (int64, error) {
+// written in one Do on conn. It returns the bytes written.
+func (pu *pusher) batch(ctx context.Context, mem localReader, seg uint64, conn rdma.Conn, buf []byte, spans [][2]int64) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -231,7 +251,7 @@ func (pu *pusher) batch(ctx context.Context, mem localReader, seg uint64, buf []
 		ptrs[i] = &ops[i]
 		n += int64(len(b))
 	}
-	if err := pu.conn.Do(ctx, ptrs...); err != nil {
+	if err := conn.Do(ctx, ptrs...); err != nil {
 		return 0, fmt.Errorf("write %d spans (%d bytes) from %d: %w", len(spans), n, spans[0][0], err)
 	}
 	return n, nil

@@ -1,9 +1,10 @@
 // This file holds the copy of a rebuild (rebuild.go): the new home of a
-// replicated segment is filled from its primary, that of an erasure-coded
-// segment's shard decoded from k surviving shards, both with the live
-// move's copy-and-switch (move.go) while clients go on writing. The move
-// of a home that leaves its host (movehome.go) fills its replacement the
-// same way, from the leaving home itself when it is a shard.
+// replicated segment is filled by its primary, which pushes its bytes to
+// it (movepush.go), that of an erasure-coded segment's shard decoded here
+// from k surviving shards and written to it, both with the live move's
+// copy-and-switch (move.go) while clients go on writing. The move of a
+// home that leaves its host (movehome.go) fills its replacement the same
+// way, pushed by the leaving home itself when it is a shard.
 
 package pool
 
@@ -50,9 +51,13 @@ type rebuildFill struct {
 	tracked []rebuildPeer
 	// sources are the k shards an erasure-coded shard is decoded from.
 	sources []rebuildPeer
-	extra   []rdma.Conn // the copy workers' own connections
-	enc     reedsolomon.Encoder
-	bufs    sync.Pool // *[]byte of m.batch bytes, one per source and batch
+	// dirty are the chunks changed since the last round decoded.
+	dirty []byte
+	// pusher is the home that pushes its bytes to the target (f.m.target)
+	// itself, one of tracked; nil: they are decoded here from sources.
+	pusher *rebuildPeer
+	enc    reedsolomon.Encoder
+	bufs   sync.Pool // *[]byte of m.batch bytes, one per source and batch
 }
 
 // rebuildPeer is one surviving home of the rebuild.
@@ -61,8 +66,8 @@ type rebuildPeer struct {
 	home   homeRef
 	pc     *session.Conn
 	writer bool        // clients' writes land here: sealed at the switch-over
-	conn   rdma.Conn   // sources only
-	reg    rdma.Region // sources only
+	conn   rdma.Conn   // decoded sources only
+	reg    rdma.Region // decoded sources only
 }
 
 // newFill connects to the target and the survivors of r for the rebuild of
@@ -103,27 +108,35 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 		}
 		f.tracked = append(f.tracked, rebuildPeer{idx: j, home: h, pc: pc, writer: k == 0 || j < k})
 	}
-	// The sources: the primary; a moving shard itself; or the first k OK
-	// shards (data shards first: their bytes are the segment's, so a lost
-	// parity shard needs no decode of data).
+	// The source: the primary, or a moving shard itself, which pushes;
+	// or the first k OK shards, decoded here (data shards first: their
+	// bytes are the segment's, so a lost parity shard needs no decode of
+	// data).
 	from := f.tracked
-	n := 1
-	switch {
-	case k > 0 && moving:
+	if k > 0 && moving {
 		from = slices.DeleteFunc(slices.Clone(f.tracked), func(s rebuildPeer) bool { return s.idx != i })
-	case k > 0:
+	}
+	n := 1
+	if k > 0 && !moving {
 		n = k
-		if f.enc, err = reedsolomon.New(k, r.Redundancy.Parity); err != nil {
-			return nil, fmt.Errorf("%s: %w: erasure code %d+%d: %v", what, errs.ErrInvalid, k, r.Redundancy.Parity, err)
-		}
-		f.m.read = f.decode
-		f.m.batch = max(moveChunkMin, moveBatch/int64(k)/moveChunkMin*moveChunkMin)
-		f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
 	}
 	if len(from) < n {
 		return nil, fmt.Errorf("%s: %w: %d homes to read from, and it needs %d", what, errs.ErrSegmentLost, len(from), n)
 	}
-	f.m.rec.Home = from[0].home.Node // named in the copy's errors
+	f.m.rec.Home, f.m.rec.HomeID = from[0].home.Node, from[0].home.HomeID // the pushing source; named in the copy's errors
+	if n == 1 {
+		f.pusher, f.m.src = &from[0], from[0].pc
+		if err := f.letPush(ctx); err != nil {
+			return nil, err
+		}
+		return f, nil
+	}
+	if f.enc, err = reedsolomon.New(k, r.Redundancy.Parity); err != nil {
+		return nil, fmt.Errorf("%s: %w: erasure code %d+%d: %v", what, errs.ErrInvalid, k, r.Redundancy.Parity, err)
+	}
+	f.m.read = f.decode
+	f.m.batch = max(moveChunkMin, moveBatch/int64(k)/moveChunkMin*moveChunkMin)
+	f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
 	defer func() {
 		if err != nil {
 			f.close()
@@ -140,24 +153,27 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 		s.reg = homeRegion(s.home)
 		f.sources = append(f.sources, s)
 	}
-	if f.m.read == nil { // one source, copied as it is
-		f.m.src, f.m.srcConn, f.m.srcReg = f.sources[0].pc, f.sources[0].conn, f.sources[0].reg
-		for range moveInflight - 1 {
-			s, d := f.sources[0], f.target
-			var lane copyLane
-			if lane.src, err = f.m.dial(ctx, s.home.Node, s.home.DataAddr, s.home.DataTLS, s.pc); err != nil {
-				return nil, err
-			}
-			f.extra = append(f.extra, lane.src)
-			if lane.dst, err = f.m.dial(ctx, d.Node, d.DataAddr, d.DataTLS, dst); err != nil {
-				return nil, err
-			}
-			f.extra = append(f.extra, lane.dst)
-			f.m.lanes = append(f.m.lanes, lane)
-		}
-		f.m.lanes = append(f.m.lanes, copyLane{f.m.srcConn, f.m.dstConn})
-	}
 	return f, nil
+}
+
+// letPush makes the pushing source a writer of the target's copy
+// (Replicate: writers, at the record's epoch), which it writes as itself:
+// a rebuild's target is in the record, and replicate makes its owner's
+// clients only read it (a credential delegated to the source for it, as a
+// single home's move has, would be refused then), and a copy's only
+// writers are the homes that forward to it. Its clients only read it
+// meanwhile; the switch's replicate sets whom it takes writes from.
+func (f *rebuildFill) letPush(ctx context.Context) error {
+	t := f.target
+	req := &poolv1.ReplicateRequest{HomeId: t.HomeID, Epoch: max(t.Epoch, f.r.Epoch), Writers: []string{f.pusher.home.Node}, ClientsReadOnly: true}
+	resp, err := callAt(ctx, f.m.dst, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
+		return api.Replicate(ctx, req)
+	})
+	if err != nil {
+		return fmt.Errorf("fill a home of segment %d: let %s write the new one on %s: %w", f.r.ID, f.pusher.home.Node, t.Node, err)
+	}
+	f.m.target = &poolv1.SegmentHome{Node: t.Node, HomeId: t.HomeID, DataAddr: t.DataAddr, Key: t.Key[:], Epoch: resp.Epoch, DataTls: t.DataTLS}
+	return nil
 }
 
 // homeRegion is the region of h's segment.
@@ -173,16 +189,15 @@ func (f *rebuildFill) close() {
 	for _, s := range f.sources {
 		s.conn.Close()
 	}
-	for _, c := range f.extra {
-		c.Close()
-	}
 }
 
 // run fills the target: TRACK at the survivors, copy everything, copy
 // what changed meanwhile until little does, SEAL the writers, copy the
 // last changes, then switch (sw), which returns nil once the record names
 // the target in its place and has unsealed the survivors. A failure
-// before the switch unseals the survivors.
+// before the switch unseals the survivors. A pushing source copies each
+// round itself (PUSH; its SEAL pushes the last changes, or, not a writer,
+// a PUSH after the writers' seal); the others' changes are not its.
 func (f *rebuildFill) run(ctx context.Context, sw func(context.Context) error) error {
 	m := f.m
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -204,30 +219,15 @@ func (f *rebuildFill) run(ctx context.Context, sw func(context.Context) error) e
 			f.unseal()
 		}
 	}()
-	if err := m.copyAll(ctx); err != nil {
-		return err
-	}
-	dirty, err := m.settle(ctx)
-	if err != nil {
+	if err := f.copyRounds(ctx); err != nil {
 		return err
 	}
 	if f.beforeSeal != nil {
 		f.beforeSeal()
 	}
 	sealed := time.Now()
-	// The writers first: once they are sealed, no write is in flight and
-	// none comes, so the others' changes reported after are the last.
-	last, _, err := f.step(ctx, poolv1.MoveOutPhase_MOVE_OUT_SEAL, func(s rebuildPeer) bool { return s.writer })
-	if err != nil {
-		return err
-	}
-	orBitmap(dirty, last)
-	if last, _, err = f.step(ctx, poolv1.MoveOutPhase_MOVE_OUT_DIRTY, func(s rebuildPeer) bool { return !s.writer }); err != nil {
-		return err
-	}
-	orBitmap(dirty, last)
-	m.rate = nil // writes wait for this round: it goes at full speed
-	if err := m.copyChunks(ctx, dirty); err != nil {
+	m.rate = nil // writes wait for the last round: it goes at full speed
+	if err := f.lastRound(ctx); err != nil {
 		return err
 	}
 	m.res.rounds++
@@ -238,6 +238,49 @@ func (f *rebuildFill) run(ctx context.Context, sw func(context.Context) error) e
 	switched = true
 	m.res.pause = time.Since(sealed)
 	return nil
+}
+
+// copyRounds copies the whole home, then what changed meanwhile while
+// each round leaves fewer chunks and more than a few remain; the last
+// changes are left for lastRound. Decoded ones wait in f.dirty.
+func (f *rebuildFill) copyRounds(ctx context.Context) error {
+	m := f.m
+	if f.pusher != nil {
+		if err := m.pushSliced(ctx); err != nil {
+			return err
+		}
+		return m.settlePushes(ctx)
+	}
+	if err := m.copyAll(ctx); err != nil {
+		return err
+	}
+	var err error
+	f.dirty, err = m.settle(ctx)
+	return err
+}
+
+// lastRound seals the writers and copies the last changes. The writers
+// go first: once they are sealed, no write is in flight and none comes,
+// so the others' changes reported after are the last.
+func (f *rebuildFill) lastRound(ctx context.Context) error {
+	m := f.m
+	last, _, err := f.step(ctx, poolv1.MoveOutPhase_MOVE_OUT_SEAL, func(s rebuildPeer) bool { return s.writer })
+	if err != nil {
+		return err
+	}
+	if f.pusher != nil {
+		if f.pusher.writer {
+			return nil // its SEAL pushed them
+		}
+		_, err := m.pushRange(ctx, false, 0, 0)
+		return err
+	}
+	orBitmap(f.dirty, last)
+	if last, _, err = f.step(ctx, poolv1.MoveOutPhase_MOVE_OUT_DIRTY, func(s rebuildPeer) bool { return !s.writer }); err != nil {
+		return err
+	}
+	orBitmap(f.dirty, last)
+	return m.copyChunks(ctx, f.dirty)
 }
 
 // switchRebuilt is a rebuild's switch: the home marked OK, the writers
@@ -292,11 +335,16 @@ func (f *rebuildFill) step(ctx context.Context, phase poolv1.MoveOutPhase, pick 
 		if !pick(s) {
 			continue
 		}
+		req := &poolv1.MoveOutRequest{HomeId: s.home.HomeID, Phase: phase, Chunk: f.m.chunk}
+		if phase == poolv1.MoveOutPhase_MOVE_OUT_SEAL && f.pusher != nil && s.idx == f.pusher.idx {
+			req.Target = f.m.target // it pushes its last changes itself
+		}
 		g.Go(func() error {
-			resp, err := moveOutAt(ctx, s.pc, s.home.HomeID, phase, f.m.chunk)
+			resp, err := moveOutReq(ctx, s.pc, req)
 			if err != nil {
 				return fmt.Errorf("rebuild segment %d: %s at %s: %w", f.r.ID, phase, s.home.Node, err)
 			}
+			f.m.copied.Add(int64(resp.PushedBytes))
 			mu.Lock()
 			defer mu.Unlock()
 			if len(union) < len(resp.Dirty) {

@@ -4443,10 +4443,17 @@ type MoveOutRequest struct {
 	// PUSH, and SEAL to push the last changed chunks itself before it
 	// answers: the target's copy (node, home_id, data_addr, key, epoch,
 	// data_credential, data_tls, data_server_name), written as the
-	// credential's principal. Unset on SEAL: the caller copies them.
+	// credential's principal; without data_credential, as the callee
+	// daemon itself (the caller made it a writer there: Replicate). Unset
+	// on SEAL: the caller copies them.
 	// STATUS: the target (node, home_id) asked about.
-	Target        *SegmentHome `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
-	All           bool         `protobuf:"varint,5,opt,name=all,proto3" json:"all,omitempty"` // PUSH: every chunk, not only the changed ones
+	Target *SegmentHome `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	All    bool         `protobuf:"varint,5,opt,name=all,proto3" json:"all,omitempty"` // PUSH: every chunk, not only the changed ones
+	// PUSH with all: only the chunks that hold a byte of [offset,
+	// offset+length); length 0: to the segment's end. The caller paces a
+	// whole copy by pushing it a slice at a time.
+	Offset        int64 `protobuf:"varint,6,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        int64 `protobuf:"varint,7,opt,name=length,proto3" json:"length,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4514,6 +4521,20 @@ func (x *MoveOutRequest) GetAll() bool {
 		return x.All
 	}
 	return false
+}
+
+func (x *MoveOutRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *MoveOutRequest) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
 }
 
 type ReplicateRequest struct {
@@ -5231,13 +5252,15 @@ const file_pool_proto_rawDesc = "" +
 	"\fbytes_copied\x18\x03 \x01(\x04R\vbytesCopied\x12\x16\n" +
 	"\x06rounds\x18\x04 \x01(\rR\x06rounds\x12\x19\n" +
 	"\bpause_us\x18\x05 \x01(\x03R\apauseUs\x121\n" +
-	"\tfrom_tier\x18\x06 \x01(\x0e2\x14.farmem.pool.v1.TierR\bfromTier\"\xba\x01\n" +
+	"\tfrom_tier\x18\x06 \x01(\x0e2\x14.farmem.pool.v1.TierR\bfromTier\"\xea\x01\n" +
 	"\x0eMoveOutRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x122\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x1c.farmem.pool.v1.MoveOutPhaseR\x05phase\x12\x14\n" +
 	"\x05chunk\x18\x03 \x01(\x03R\x05chunk\x123\n" +
 	"\x06target\x18\x04 \x01(\v2\x1b.farmem.pool.v1.SegmentHomeR\x06target\x12\x10\n" +
-	"\x03all\x18\x05 \x01(\bR\x03all\"\xcb\x02\n" +
+	"\x03all\x18\x05 \x01(\bR\x03all\x12\x16\n" +
+	"\x06offset\x18\x06 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\a \x01(\x03R\x06length\"\xcb\x02\n" +
 	"\x10ReplicateRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12/\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1b.farmem.pool.v1.ForwardModeR\x04mode\x12\x14\n" +
