@@ -126,16 +126,18 @@ func TestMoveOutSource(t *testing.T) {
 }
 
 // TestMoveOutPush: the source writes the segment to the target's copy
-// itself. A segment peer daemon x placed here is pushed whole to another
+// itself. A segment peer daemon x placed here is pushed to another
 // segment of x's (the target's copy, on this same data plane, written
-// with x's credential), then only the chunk written since, then, at the
-// seal, the chunk written last: the copy holds the same bytes each time,
-// and the seal's answer says how long writes were refused. STATUS says
-// whether the segment is sealed, its last chunks pushed to the target
-// named (and no other) and its writes tracked. Refused: a push before
-// TRACK, one without a target, one with a wrong key (the target refuses
-// it), a STATUS without one. ABORT closes the connection to the target,
-// unseals and forgets the push.
+// with x's credential): a byte range first (the chunks that hold it, and
+// nothing else), then whole, then only the chunk written since, then, at
+// the seal, the chunk written last: the copy holds the same bytes each
+// time, and the seal's answer says how long writes were refused. STATUS
+// says whether the segment is sealed, its last chunks pushed to the
+// target named (and no other) and its writes tracked. Refused: a push
+// before TRACK, one without a target, one of a range outside the
+// segment, one with a wrong key (the target refuses it), a STATUS without
+// one. ABORT closes the connection to the target, unseals and forgets the
+// push.
 func TestMoveOutPush(t *testing.T) {
 	p, _ := newServingPool(t)
 	ctx := t.Context()
@@ -176,7 +178,21 @@ func TestMoveOutPush(t *testing.T) {
 	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, All: true})
 	require.ErrorIs(t, err, errs.ErrInvalid, "a push without a target")
 
-	resp, err := step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target, All: true})
+	for _, bad := range [][2]int64{{-1, 0}, {0, -1}, {n + 1, 0}} {
+		_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target, All: true, Offset: bad[0], Length: bad[1]})
+		require.ErrorIs(t, err, errs.ErrInvalid, "a push of %d bytes from %d", bad[1], bad[0])
+	}
+	resp, err := step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target, All: true, Offset: 6*4096 + 10, Length: 5000})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, resp.DirtyChunks, "the chunks that hold a byte of the range")
+	require.EqualValues(t, 2*4096, resp.PushedBytes)
+	got := make([]byte, n)
+	require.NoError(t, mover.Read(ctx, region(t, dst), 0, got))
+	want := make([]byte, n)
+	copy(want[6*4096:8*4096], pattern[6*4096:]) // up to the end of the bitmap's first byte
+	require.Equal(t, want, got, "the target's copy holds those chunks and nothing else")
+
+	resp, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target, All: true})
 	require.NoError(t, err)
 	require.EqualValues(t, n, resp.PushedBytes)
 	require.EqualValues(t, n/4096, resp.DirtyChunks)
