@@ -58,6 +58,10 @@ type Client struct {
 	failover *rdma.Session
 	segs     map[*Segment]struct{}
 	closed   bool
+	// dials counts the data-plane connections opened (ClientStats).
+	dials atomic.Int64
+	// pre are the connections opened ahead of live moves.
+	pre preconnects
 
 	prefetch prefetchCounters // read-ahead on rdma segments (Stats)
 }
@@ -94,6 +98,8 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 		defer cancel()
 	}
 	c := &Client{socket: path, network: network, opts: o, emulate: emulate, segs: map[*Segment]struct{}{}, data: map[connKey]rdma.Conn{}, onces: map[string]*rdma.Session{}, failover: rdma.NewSession()}
+	c.pre.addrs = map[string]bool{}
+	c.pre.ctx, c.pre.stop = context.WithCancel(context.Background())
 	c.sess, err = session.Dial(ctx, network, path, session.Options{
 		ClientID: o.clientID, ClientName: o.clientName,
 		OnEvents: c.segmentEvents,
@@ -137,7 +143,8 @@ func (c *Client) Node() string { return c.sess.Node() }
 // ID is the client's identity (see WithClientID).
 func (c *Client) ID() string { return c.opts.clientID }
 
-// segmentEvents applies the daemon's lost/restored notices to our segments.
+// segmentEvents applies the daemon's lost/restored notices to our
+// segments, and connects ahead to where moving ones go.
 func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 	lost := map[uint64]bool{}
 	for _, id := range ev.Lost {
@@ -156,6 +163,9 @@ func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 	c.mu.Unlock()
 	for _, s := range hit {
 		s.setLost(lost[s.info.Id])
+	}
+	for _, mv := range ev.Moving {
+		c.preconnect(mv)
 	}
 }
 
@@ -456,6 +466,8 @@ func (c *Client) Close() error {
 	c.data = nil
 	c.dataGen.Add(1)
 	c.mu.Unlock()
+	c.pre.stop()
+	c.pre.wg.Wait() // a dial that ends now finds the client closed
 	for s := range segs {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.timeout)
 		s.retire(ctx) // their memory stays with the daemon: nothing to report

@@ -80,6 +80,13 @@ type ClientStats struct {
 	// read ahead of a stream that stopped, or held when the segment closed.
 	PrefetchedBytes     int64
 	PrefetchWastedBytes int64
+	// DataConnects counts the data-plane connections the client opened
+	// to the homes of its rdma segments (each one handshake, over TLS
+	// where the home serves it); MovePreconnects those of them it opened
+	// ahead of a live move, to a segment's new home before the
+	// switch-over, on its daemon's notice (docs/MOVE.md, "Clients").
+	DataConnects    int64
+	MovePreconnects int64
 }
 
 // Stats returns the client's counters. Safe for concurrent use.
@@ -92,6 +99,8 @@ func (c *Client) Stats() ClientStats {
 		PrefetchStreams:     p.streams.Load(),
 		PrefetchedBytes:     p.fetched.Load(),
 		PrefetchWastedBytes: p.wasted.Load(),
+		DataConnects:        c.dials.Load(),
+		MovePreconnects:     c.pre.made.Load(),
 	}
 }
 

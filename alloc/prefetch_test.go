@@ -168,7 +168,9 @@ func TestReadAheadOnlyWhenHeldAlone(t *testing.T) {
 	require.Equal(t, int64(-1), alloc.ReadAheadWindow(shared))
 	require.NoError(t, shared.Prefetch(0, 4096))
 	for _, cl := range []*alloc.Client{c, other, off} {
-		require.Equal(t, alloc.ClientStats{}, cl.Stats())
+		st := cl.Stats()
+		st.DataConnects = 0 // the reads' own connections
+		require.Equal(t, alloc.ClientStats{}, st)
 	}
 	require.Positive(t, alloc.ReadAheadWindow(mine)+1, "the segment c allocated without a name reads ahead")
 }

@@ -253,6 +253,7 @@ func (c *Client) dataConn(ctx context.Context, k connKey, cred []byte, tc *tls.C
 	if err != nil {
 		return nil, nil, err
 	}
+	c.dials.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

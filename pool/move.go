@@ -522,7 +522,7 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	if err := m.delegateSource(ctx, seg); err != nil {
 		return m.res, err
 	}
-	m.warmCredentials(ctx)
+	m.warmCredentials(ctx, seg)
 	if _, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_TRACK); err != nil {
 		return m.res, err
 	}
@@ -590,13 +590,33 @@ func (m *mover) sealAndSwitch(ctx context.Context, sw *pendingSwitch) (record, e
 // credentials the segment's owner and attachers will reach it with: the
 // Stat that names them the target at the switch-over finds them cached,
 // rather than asking the target while their operations wait. One that
-// fails is asked for again at that Stat.
-func (m *mover) warmCredentials(ctx context.Context) {
+// fails is asked for again at that Stat. Each of those clients that got
+// its credential is told, on its sessions, where the segment is going
+// (SegmentEvents.moving: the target's node, data address, TLS name and
+// the client's credential there, not the copy's id or key), so that it
+// connects to the target's data plane during the copy rather than in the
+// pause; a client that misses the notice connects at its first operation
+// there, as without one.
+func (m *mover) warmCredentials(ctx context.Context, seg *poolv1.Segment) {
 	if m.creds == nil {
 		return
 	}
+	notices := map[string]*poolv1.SegmentEvents{}
 	for _, client := range append([]string{m.rec.Owner}, m.rec.Attached...) {
-		m.creds(ctx, m.to, client)
+		cred := m.creds(ctx, m.to, client)
+		if cred == nil {
+			continue
+		}
+		mv := &poolv1.SegmentMoving{Id: m.rec.ID, Node: m.to, DataAddr: seg.DataAddr, DataCredential: cred}
+		if seg.DataTls {
+			mv.DataTls, mv.DataTlsCa, mv.DataServerName = true, m.tls.ca, m.to
+		}
+		notices[client] = &poolv1.SegmentEvents{Moving: []*poolv1.SegmentMoving{mv}}
+	}
+	if len(notices) > 0 {
+		m.p.mu.Lock()
+		m.p.notifyLocked(notices)
+		m.p.mu.Unlock()
 	}
 }
 

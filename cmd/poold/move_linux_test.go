@@ -112,6 +112,58 @@ func TestMoveKeepsBytes(t *testing.T) {
 	}
 }
 
+// TestMovePreconnects: the clients of a segment that moves live connect
+// to its new home's data plane on their daemon's notice, which comes
+// before the seal, rather than at their first operation there, which
+// would put the handshake in the switch-over pause: while they run no
+// operation, moves (by memctl) open their connection to the new home
+// (MovePreconnects), both for the owner and for an attacher, and the
+// operations at the new home then run on that connection (no other
+// DataConnects). A client that neither owns nor attached the segment is
+// told nothing and connects to nothing, and a connection a client has
+// already is not opened again.
+func TestMovePreconnects(t *testing.T) {
+	mc := startMoveCluster(t, "32MiB")
+	owner := mc.client(t, "preconnect-owner")
+	seg, want := moveBig(t, owner, 1<<20, alloc.WithName("preconnected"))
+	reader := mc.client(t, "preconnect-reader")
+	attached, err := reader.Attach(t.Context(), "preconnected")
+	require.NoError(t, err)
+	requireWhole(t, attached, want)
+	stranger := mc.client(t, "preconnect-stranger")
+	_, err = stranger.Alloc(t.Context(), 4096, alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	clients := map[string]*alloc.Client{"owner": owner, "attacher": reader}
+	for name, c := range clients {
+		require.Equal(t, alloc.ClientStats{DataConnects: 1}, dataStats(c), "%s before the moves", name)
+	}
+	for i := range 3 {
+		from := seg.Node()
+		var mv moveView
+		require.NoError(t, memctlJSON(t.Context(), mc.na.sock, &mv, "move", strconv.FormatUint(seg.ID(), 10), "--to", other(from)), "move %d", i)
+		for name, c := range clients {
+			// The first move connects each to the new home ahead; the
+			// others go back and forth between homes it is connected to.
+			ahead := alloc.ClientStats{DataConnects: 2, MovePreconnects: 1}
+			require.Eventually(t, func() bool { return dataStats(c) == ahead }, 10*time.Second, 10*time.Millisecond,
+				"move %d: %s connected ahead to the new home %s: %+v", i, name, other(from), dataStats(c))
+		}
+		requireWhole(t, seg, want)
+		requireWhole(t, attached, want)
+		require.Equal(t, other(from), seg.Node(), "move %d", i)
+		for name, c := range clients {
+			require.Equal(t, alloc.ClientStats{DataConnects: 2, MovePreconnects: 1}, dataStats(c), "move %d: %s's operations at the new home dialed nothing", i, name)
+		}
+	}
+	require.Zero(t, stranger.Stats().MovePreconnects, "a client that neither owns nor attached the segment")
+}
+
+// dataStats is c's data-plane connection counters alone.
+func dataStats(c *alloc.Client) alloc.ClientStats {
+	s := c.Stats()
+	return alloc.ClientStats{DataConnects: s.DataConnects, MovePreconnects: s.MovePreconnects}
+}
+
 // moveView is `memctl move -o json`.
 type moveView struct {
 	Segment     uint64 `json:"segment"`

@@ -696,9 +696,13 @@ func (*SessionResponse_Events) isSessionResponse_Msg() {}
 // unreachable (their home node died or was partitioned away) or reachable
 // again (the home came back with the contents).
 type SegmentEvents struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Lost          []uint64               `protobuf:"varint,1,rep,packed,name=lost,proto3" json:"lost,omitempty"`
-	Restored      []uint64               `protobuf:"varint,2,rep,packed,name=restored,proto3" json:"restored,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Lost     []uint64               `protobuf:"varint,1,rep,packed,name=lost,proto3" json:"lost,omitempty"`
+	Restored []uint64               `protobuf:"varint,2,rep,packed,name=restored,proto3" json:"restored,omitempty"`
+	// Segments of the client that are being moved live, and where to: sent
+	// before the seal, so that the client connects to the new home ahead
+	// of the switch-over.
+	Moving        []*SegmentMoving `protobuf:"bytes,3,rep,name=moving,proto3" json:"moving,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -743,6 +747,13 @@ func (x *SegmentEvents) GetLost() []uint64 {
 func (x *SegmentEvents) GetRestored() []uint64 {
 	if x != nil {
 		return x.Restored
+	}
+	return nil
+}
+
+func (x *SegmentEvents) GetMoving() []*SegmentMoving {
+	if x != nil {
+		return x.Moving
 	}
 	return nil
 }
@@ -4896,6 +4907,104 @@ func (*HomeFailedResponse) Descriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{55}
 }
 
+// SegmentMoving names the node a segment is being moved to and how the
+// client the notice is for reaches its data plane: the address, the
+// credential delegated to that client there, and how to verify the node
+// when it serves TLS (as Segment's fields of the same names). It carries
+// no id or key at the new home: the client's operations go there once
+// Stat names the new home at the switch-over.
+type SegmentMoving struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"` // the segment, by its id at the daemon
+	Node           string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	DataAddr       string                 `protobuf:"bytes,3,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	DataCredential []byte                 `protobuf:"bytes,4,opt,name=data_credential,json=dataCredential,proto3" json:"data_credential,omitempty"`
+	DataTls        bool                   `protobuf:"varint,5,opt,name=data_tls,json=dataTls,proto3" json:"data_tls,omitempty"`
+	DataTlsCa      []byte                 `protobuf:"bytes,6,opt,name=data_tls_ca,json=dataTlsCa,proto3" json:"data_tls_ca,omitempty"`
+	DataServerName string                 `protobuf:"bytes,7,opt,name=data_server_name,json=dataServerName,proto3" json:"data_server_name,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SegmentMoving) Reset() {
+	*x = SegmentMoving{}
+	mi := &file_pool_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SegmentMoving) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SegmentMoving) ProtoMessage() {}
+
+func (x *SegmentMoving) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SegmentMoving.ProtoReflect.Descriptor instead.
+func (*SegmentMoving) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *SegmentMoving) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SegmentMoving) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *SegmentMoving) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
+}
+
+func (x *SegmentMoving) GetDataCredential() []byte {
+	if x != nil {
+		return x.DataCredential
+	}
+	return nil
+}
+
+func (x *SegmentMoving) GetDataTls() bool {
+	if x != nil {
+		return x.DataTls
+	}
+	return false
+}
+
+func (x *SegmentMoving) GetDataTlsCa() []byte {
+	if x != nil {
+		return x.DataTlsCa
+	}
+	return nil
+}
+
+func (x *SegmentMoving) GetDataServerName() string {
+	if x != nil {
+		return x.DataServerName
+	}
+	return ""
+}
+
 var File_pool_proto protoreflect.FileDescriptor
 
 const file_pool_proto_rawDesc = "" +
@@ -4917,10 +5026,11 @@ const file_pool_proto_rawDesc = "" +
 	"\awelcome\x18\x01 \x01(\v2\x17.farmem.pool.v1.WelcomeH\x00R\awelcome\x120\n" +
 	"\x03ack\x18\x02 \x01(\v2\x1c.farmem.pool.v1.KeepAliveAckH\x00R\x03ack\x127\n" +
 	"\x06events\x18\x03 \x01(\v2\x1d.farmem.pool.v1.SegmentEventsH\x00R\x06eventsB\x05\n" +
-	"\x03msg\"?\n" +
+	"\x03msg\"v\n" +
 	"\rSegmentEvents\x12\x12\n" +
 	"\x04lost\x18\x01 \x03(\x04R\x04lost\x12\x1a\n" +
-	"\brestored\x18\x02 \x03(\x04R\brestored\"\x87\x01\n" +
+	"\brestored\x18\x02 \x03(\x04R\brestored\x125\n" +
+	"\x06moving\x18\x03 \x03(\v2\x1d.farmem.pool.v1.SegmentMovingR\x06moving\"\x87\x01\n" +
 	"\aWelcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12 \n" +
@@ -5288,7 +5398,15 @@ const file_pool_proto_rawDesc = "" +
 	"targetNode\x12$\n" +
 	"\x0etarget_home_id\x18\x03 \x01(\x04R\ftargetHomeId\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x14\n" +
-	"\x12HomeFailedResponse*I\n" +
+	"\x12HomeFailedResponse\"\xde\x01\n" +
+	"\rSegmentMoving\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1b\n" +
+	"\tdata_addr\x18\x03 \x01(\tR\bdataAddr\x12'\n" +
+	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\x12\x19\n" +
+	"\bdata_tls\x18\x05 \x01(\bR\adataTls\x12\x1e\n" +
+	"\vdata_tls_ca\x18\x06 \x01(\fR\tdataTlsCa\x12(\n" +
+	"\x10data_server_name\x18\a \x01(\tR\x0edataServerName*I\n" +
 	"\x04Tier\x12\x14\n" +
 	"\x10TIER_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -5363,7 +5481,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                   // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
@@ -5428,6 +5546,7 @@ var file_pool_proto_goTypes = []any{
 	(*MoveOutResponse)(nil),     // 60: farmem.pool.v1.MoveOutResponse
 	(*HomeFailedRequest)(nil),   // 61: farmem.pool.v1.HomeFailedRequest
 	(*HomeFailedResponse)(nil),  // 62: farmem.pool.v1.HomeFailedResponse
+	(*SegmentMoving)(nil),       // 63: farmem.pool.v1.SegmentMoving
 }
 var file_pool_proto_depIdxs = []int32{
 	8,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -5435,96 +5554,97 @@ var file_pool_proto_depIdxs = []int32{
 	12, // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
 	13, // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
 	11, // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
-	0,  // 5: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
-	0,  // 6: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
-	15, // 7: farmem.pool.v1.AllocRequest.redundancy:type_name -> farmem.pool.v1.Redundancy
-	3,  // 8: farmem.pool.v1.SegmentHome.state:type_name -> farmem.pool.v1.HomeState
-	23, // 9: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
-	0,  // 10: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
-	1,  // 11: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
-	29, // 12: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
-	24, // 13: farmem.pool.v1.Segment.placement:type_name -> farmem.pool.v1.Placement
-	15, // 14: farmem.pool.v1.Segment.redundancy:type_name -> farmem.pool.v1.Redundancy
-	16, // 15: farmem.pool.v1.Segment.homes:type_name -> farmem.pool.v1.SegmentHome
-	2,  // 16: farmem.pool.v1.Segment.redundancy_state:type_name -> farmem.pool.v1.RedundancyState
-	27, // 17: farmem.pool.v1.Placement.read_latency:type_name -> farmem.pool.v1.Latency
-	28, // 18: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	0,  // 19: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
-	27, // 20: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
-	27, // 21: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
-	27, // 22: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
-	29, // 23: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
-	27, // 24: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
-	27, // 25: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
-	28, // 26: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	35, // 27: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
-	36, // 28: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
-	34, // 29: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
-	33, // 30: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	45, // 31: farmem.pool.v1.StatusResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
-	0,  // 32: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
-	0,  // 33: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	41, // 34: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	39, // 35: farmem.pool.v1.NodeInfo.latency:type_name -> farmem.pool.v1.PeerLatency
-	27, // 36: farmem.pool.v1.PeerLatency.read_latency:type_name -> farmem.pool.v1.Latency
-	27, // 37: farmem.pool.v1.PeerLatency.read_4k_latency:type_name -> farmem.pool.v1.Latency
-	39, // 38: farmem.pool.v1.LatencyRow.to:type_name -> farmem.pool.v1.PeerLatency
-	38, // 39: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	33, // 40: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	40, // 41: farmem.pool.v1.NodesResponse.matrix:type_name -> farmem.pool.v1.LatencyRow
-	45, // 42: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
-	4,  // 43: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
-	50, // 44: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
-	0,  // 45: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
-	23, // 46: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
-	0,  // 47: farmem.pool.v1.MoveResponse.from_tier:type_name -> farmem.pool.v1.Tier
-	5,  // 48: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
-	16, // 49: farmem.pool.v1.MoveOutRequest.target:type_name -> farmem.pool.v1.SegmentHome
-	6,  // 50: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
-	16, // 51: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
-	7,  // 52: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	14, // 53: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	17, // 54: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	19, // 55: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	20, // 56: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	22, // 57: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	25, // 58: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	31, // 59: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	37, // 60: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	43, // 61: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	30, // 62: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	46, // 63: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	48, // 64: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	51, // 65: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	53, // 66: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	55, // 67: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
-	57, // 68: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
-	58, // 69: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
-	61, // 70: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
-	10, // 71: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	23, // 72: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	18, // 73: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	23, // 74: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	21, // 75: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	23, // 76: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	26, // 77: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	32, // 78: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	42, // 79: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	44, // 80: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	26, // 81: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	47, // 82: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	49, // 83: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	52, // 84: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	54, // 85: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	56, // 86: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	60, // 87: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	59, // 88: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
-	62, // 89: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
-	71, // [71:90] is the sub-list for method output_type
-	52, // [52:71] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	63, // 5: farmem.pool.v1.SegmentEvents.moving:type_name -> farmem.pool.v1.SegmentMoving
+	0,  // 6: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 7: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
+	15, // 8: farmem.pool.v1.AllocRequest.redundancy:type_name -> farmem.pool.v1.Redundancy
+	3,  // 9: farmem.pool.v1.SegmentHome.state:type_name -> farmem.pool.v1.HomeState
+	23, // 10: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
+	0,  // 11: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
+	1,  // 12: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
+	29, // 13: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
+	24, // 14: farmem.pool.v1.Segment.placement:type_name -> farmem.pool.v1.Placement
+	15, // 15: farmem.pool.v1.Segment.redundancy:type_name -> farmem.pool.v1.Redundancy
+	16, // 16: farmem.pool.v1.Segment.homes:type_name -> farmem.pool.v1.SegmentHome
+	2,  // 17: farmem.pool.v1.Segment.redundancy_state:type_name -> farmem.pool.v1.RedundancyState
+	27, // 18: farmem.pool.v1.Placement.read_latency:type_name -> farmem.pool.v1.Latency
+	28, // 19: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	0,  // 20: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
+	27, // 21: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
+	27, // 22: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
+	27, // 23: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
+	29, // 24: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
+	27, // 25: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
+	27, // 26: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
+	28, // 27: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	35, // 28: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	36, // 29: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	34, // 30: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
+	33, // 31: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	45, // 32: farmem.pool.v1.StatusResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	0,  // 33: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 34: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
+	41, // 35: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	39, // 36: farmem.pool.v1.NodeInfo.latency:type_name -> farmem.pool.v1.PeerLatency
+	27, // 37: farmem.pool.v1.PeerLatency.read_latency:type_name -> farmem.pool.v1.Latency
+	27, // 38: farmem.pool.v1.PeerLatency.read_4k_latency:type_name -> farmem.pool.v1.Latency
+	39, // 39: farmem.pool.v1.LatencyRow.to:type_name -> farmem.pool.v1.PeerLatency
+	38, // 40: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	33, // 41: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	40, // 42: farmem.pool.v1.NodesResponse.matrix:type_name -> farmem.pool.v1.LatencyRow
+	45, // 43: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	4,  // 44: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
+	50, // 45: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
+	0,  // 46: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
+	23, // 47: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
+	0,  // 48: farmem.pool.v1.MoveResponse.from_tier:type_name -> farmem.pool.v1.Tier
+	5,  // 49: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
+	16, // 50: farmem.pool.v1.MoveOutRequest.target:type_name -> farmem.pool.v1.SegmentHome
+	6,  // 51: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
+	16, // 52: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
+	7,  // 53: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	14, // 54: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	17, // 55: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	19, // 56: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	20, // 57: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	22, // 58: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	25, // 59: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	31, // 60: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	37, // 61: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	43, // 62: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	30, // 63: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	46, // 64: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	48, // 65: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	51, // 66: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	53, // 67: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	55, // 68: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
+	57, // 69: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
+	58, // 70: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
+	61, // 71: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
+	10, // 72: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	23, // 73: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	18, // 74: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	23, // 75: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	21, // 76: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	23, // 77: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	26, // 78: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	32, // 79: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	42, // 80: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	44, // 81: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	26, // 82: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	47, // 83: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	49, // 84: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	52, // 85: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	54, // 86: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	56, // 87: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	60, // 88: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	59, // 89: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
+	62, // 90: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
+	72, // [72:91] is the sub-list for method output_type
+	53, // [53:72] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -5547,7 +5667,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   56,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
