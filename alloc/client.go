@@ -144,7 +144,8 @@ func (c *Client) Node() string { return c.sess.Node() }
 func (c *Client) ID() string { return c.opts.clientID }
 
 // segmentEvents applies the daemon's lost/restored notices to our
-// segments, and connects ahead to where moving ones go.
+// segments, connects ahead to where moving ones go, and sends the
+// operations of moved ones to their new home.
 func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 	lost := map[uint64]bool{}
 	for _, id := range ev.Lost {
@@ -153,11 +154,18 @@ func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 	for _, id := range ev.Restored {
 		lost[id] = false
 	}
+	moved := map[uint64]*poolv1.Segment{}
+	for _, info := range ev.Moved {
+		moved[info.Id] = info
+	}
 	c.mu.Lock()
-	var hit []*Segment
+	var hit, went []*Segment
 	for s := range c.segs {
 		if _, ok := lost[s.info.Id]; ok {
 			hit = append(hit, s)
+		}
+		if moved[s.info.Id] != nil {
+			went = append(went, s)
 		}
 	}
 	c.mu.Unlock()
@@ -166,6 +174,11 @@ func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 	}
 	for _, mv := range ev.Moving {
 		c.preconnect(mv)
+	}
+	for _, s := range went {
+		if r, ok := s.base().(*remote); ok {
+			r.adopt(moved[s.info.Id])
+		}
 	}
 }
 

@@ -120,6 +120,12 @@ type plane struct {
 	tls *tls.Config
 }
 
+// elsewhere reports whether p names another home of the segment than
+// old does, or another copy there.
+func (p *plane) elsewhere(old *plane) bool {
+	return p.addr != old.addr || p.region != old.region
+}
+
 // credential is what the handshake of the home at p presents: the
 // daemon's credential for this segment, else the session's own.
 func (r *remote) credential(p *plane) []byte {
@@ -386,7 +392,7 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 					if recheck && denied(pending) {
 						recheck = false
 						r.refresh(ctx)
-						if np := r.plane.Load(); np.addr != p.addr || np.region != p.region {
+						if r.plane.Load().elsewhere(p) {
 							continue // it lives elsewhere now
 						}
 					}
@@ -469,18 +475,21 @@ func moved(ops []*rdma.Op) bool {
 	return found
 }
 
-// follow finds where a moved segment lives now: it asks the daemon
-// (refresh), and while the daemon still names the home at old (the
-// switch-over has not committed yet) it waits *wait, doubling it up to
-// movedWaitMax; it returns when the next round may run, with the
-// context's error, or with errTierMoved once the daemon describes the
-// segment on a load/store tier.
+// follow finds where a moved segment lives now: where the daemon's
+// notice of the switch-over (SegmentEvents.moved) or another operation
+// found it already, else it asks the daemon (refresh), and while the
+// daemon still names the home at old (the switch-over has not committed
+// yet) it waits *wait, doubling it up to movedWaitMax; it returns when the
+// next round may run, with the context's error, or with errTierMoved once
+// the daemon describes the segment on a load/store tier.
 func (r *remote) follow(ctx context.Context, old *plane, wait *time.Duration) error {
-	r.refresh(ctx)
-	if r.loadStore.Load() {
-		return fmt.Errorf("segment %d: %w", r.info.Id, errTierMoved)
+	if !r.plane.Load().elsewhere(old) {
+		r.refresh(ctx)
+		if r.loadStore.Load() {
+			return fmt.Errorf("segment %d: %w", r.info.Id, errTierMoved)
+		}
 	}
-	if p := r.plane.Load(); p.addr != old.addr || p.region != old.region {
+	if r.plane.Load().elsewhere(old) {
 		*wait = movedWait
 		return nil
 	}

@@ -264,7 +264,7 @@ func (s *service) Move(ctx context.Context, req *poolv1.MoveRequest) (*poolv1.Mo
 
 // move runs a move for c, counts and logs it.
 func (d *Daemon) move(ctx context.Context, c caller, req *poolv1.MoveRequest) (*poolv1.MoveResponse, error) {
-	res, err := d.pool.move(ctx, c, req, d.moveTLS(), d.delegatedCred)
+	res, err := d.pool.move(ctx, c, req, d.moveTLS(), d.moveClients())
 	d.metrics.moveDone(res, err)
 	if err != nil {
 		if res.from != "" { // it had begun: a home failed, not the request
@@ -294,10 +294,29 @@ type moveTLS struct {
 // moveTLS is this daemon's moveTLS.
 func (d *Daemon) moveTLS() moveTLS { return moveTLS{ca: d.data.ca, byDefault: d.data.server != nil} }
 
+// moveClients is how a move reaches the clients of the segment it moves:
+// through the daemon, which holds their sessions' credentials. Its zero
+// value reaches none. Immutable.
+type moveClients struct {
+	// cred is the credential a home delegates to one of this daemon's
+	// clients (Daemon.delegatedCred).
+	cred func(ctx context.Context, home, client string) []byte
+	// describe is the segment r as Stat describes it to client
+	// (Daemon.forCaller).
+	describe func(ctx context.Context, client string, r record) *poolv1.Segment
+}
+
+// moveClients is this daemon's moveClients.
+func (d *Daemon) moveClients() moveClients {
+	return moveClients{cred: d.delegatedCred, describe: func(ctx context.Context, id string, r record) *poolv1.Segment {
+		return d.forCaller(ctx, caller{client: &client{id: id}}, r)
+	}}
+}
+
 // move moves the segment req names to the home it names (or one placement
-// picks): see docs/MOVE.md. creds is how this daemon gets the credential a
-// home delegates to one of its clients (Daemon.delegatedCred; nil: none).
-func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls moveTLS, creds func(ctx context.Context, home, client string) []byte) (moveResult, error) {
+// picks): see docs/MOVE.md. clients is how it reaches the segment's
+// clients.
+func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls moveTLS, clients moveClients) (moveResult, error) {
 	r, err := p.moveSubject(c, req)
 	if err != nil {
 		return moveResult{}, err
@@ -318,7 +337,7 @@ func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls 
 		p.moving.end(r.ID)
 		return moveResult{}, fmt.Errorf("move segment %d: %w", r.ID, err)
 	}
-	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), creds: creds}
+	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), clients: clients}
 	return m.run(ctx)
 }
 
@@ -466,8 +485,8 @@ type mover struct {
 	// as itself, rebuildFill.letPush).
 	target *poolv1.SegmentHome
 
-	// creds gets a client's credential at a home (core.move).
-	creds func(ctx context.Context, home, client string) []byte
+	// clients reaches the segment's clients (core.move).
+	clients moveClients
 
 	// A rebuild (rebuild.go) sets these; a move leaves them zero. rate
 	// paces the copy's bytes, and the pushes'; read fills a batch's spans
@@ -542,6 +561,7 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	if crash := p.cfg.sim.announced; crash != nil && crash(r.ID) {
 		return m.res, fmt.Errorf("move segment %d: %w: the test stopped the origin after the announcement", r.ID, errs.ErrUnavailable)
 	}
+	m.tellMoved(ctx, next)
 	cerr := p.commitSwitch(m.in)
 	sw.end()
 	if cerr != nil {
@@ -598,12 +618,12 @@ func (m *mover) sealAndSwitch(ctx context.Context, sw *pendingSwitch) (record, e
 // pause; a client that misses the notice connects at its first operation
 // there, as without one.
 func (m *mover) warmCredentials(ctx context.Context, seg *poolv1.Segment) {
-	if m.creds == nil {
+	if m.clients.cred == nil {
 		return
 	}
 	notices := map[string]*poolv1.SegmentEvents{}
 	for _, client := range append([]string{m.rec.Owner}, m.rec.Attached...) {
-		cred := m.creds(ctx, m.to, client)
+		cred := m.clients.cred(ctx, m.to, client)
 		if cred == nil {
 			continue
 		}
@@ -613,11 +633,23 @@ func (m *mover) warmCredentials(ctx context.Context, seg *poolv1.Segment) {
 		}
 		notices[client] = &poolv1.SegmentEvents{Moving: []*poolv1.SegmentMoving{mv}}
 	}
-	if len(notices) > 0 {
-		m.p.mu.Lock()
-		m.p.notifyLocked(notices)
-		m.p.mu.Unlock()
+	m.p.notify(notices)
+}
+
+// tellMoved sends each of the segment's clients its description at the
+// new home, as Stat gives it that client, on its sessions
+// (SegmentEvents.moved), once the switch-over is announced: the client's
+// next operation on it goes to the new home without asking Stat, and an
+// operation told MOVED before the notice arrived asks Stat as ever.
+func (m *mover) tellMoved(ctx context.Context, r record) {
+	if m.clients.describe == nil {
+		return
 	}
+	notices := map[string]*poolv1.SegmentEvents{}
+	for _, client := range append([]string{r.Owner}, r.Attached...) {
+		notices[client] = &poolv1.SegmentEvents{Moved: []*poolv1.Segment{m.clients.describe(ctx, client, r)}}
+	}
+	m.p.notify(notices)
 }
 
 // moveSourceClient is the client id, among the origin's at the target,

@@ -80,6 +80,16 @@ func (p *core) notifyLocked(byOwner map[string]*poolv1.SegmentEvents) {
 	}
 }
 
+// notify queues segment notices as notifyLocked does.
+func (p *core) notify(byOwner map[string]*poolv1.SegmentEvents) {
+	if len(byOwner) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.notifyLocked(byOwner)
+}
+
 // closeSession ends a session; the client's lease runs out one TTL after
 // its last session ends.
 func (p *core) closeSession(sessionID string) {

@@ -72,6 +72,10 @@ type evacResult struct {
 	Indeterminate int      `json:"indeterminate"` // operations whose outcome is unknown (a home restarted)
 	Mismatches    []string `json:"mismatches"`    // reads that saw other bytes than the last acknowledged write
 	Lost          []string `json:"lost"`          // acknowledged writes or adds missing at the end
+	// DataConnects is how many data-plane connections the client
+	// opened, MovePreconnects how many of them ahead of a move.
+	DataConnects    int64 `json:"data_connects"`
+	MovePreconnects int64 `json:"move_preconnects"`
 }
 
 // evacSeg is one segment of an evac-load client and its account.
@@ -227,6 +231,8 @@ func roleEvacLoad(ctx context.Context) error {
 			res.Homes = append(res.Homes, h.Node)
 		}
 	}
+	st := c.Stats()
+	res.DataConnects, res.MovePreconnects = st.DataConnects, st.MovePreconnects
 	b, err := json.Marshal(res)
 	if err != nil {
 		return err

@@ -115,13 +115,15 @@ func TestMoveKeepsBytes(t *testing.T) {
 // TestMovePreconnects: the clients of a segment that moves live connect
 // to its new home's data plane on their daemon's notice, which comes
 // before the seal, rather than at their first operation there, which
-// would put the handshake in the switch-over pause: while they run no
-// operation, moves (by memctl) open their connection to the new home
-// (MovePreconnects), both for the owner and for an attacher, and the
-// operations at the new home then run on that connection (no other
-// DataConnects). A client that neither owns nor attached the segment is
-// told nothing and connects to nothing, and a connection a client has
-// already is not opened again.
+// would put the handshake in the switch-over pause, and learn the new
+// home at the switch-over from a second notice rather than from a Stat
+// after being told MOVED: while they run no operation, moves (by memctl)
+// open their connection to the new home (MovePreconnects) and their
+// segment names the new home, both for the owner and for an attacher,
+// and the operations at the new home then run on that connection (no
+// other DataConnects). A client that neither owns nor attached the
+// segment is told nothing and connects to nothing, and a connection a
+// client has already is not opened again.
 func TestMovePreconnects(t *testing.T) {
 	mc := startMoveCluster(t, "32MiB")
 	owner := mc.client(t, "preconnect-owner")
@@ -148,9 +150,12 @@ func TestMovePreconnects(t *testing.T) {
 			require.Eventually(t, func() bool { return dataStats(c) == ahead }, 10*time.Second, 10*time.Millisecond,
 				"move %d: %s connected ahead to the new home %s: %+v", i, name, other(from), dataStats(c))
 		}
+		for name, h := range map[string]*alloc.Segment{"owner": seg, "attacher": attached} {
+			require.Eventually(t, func() bool { return h.Node() == other(from) }, 10*time.Second, 10*time.Millisecond,
+				"move %d: the %s's segment names its new home %s before any operation: %s", i, name, other(from), h.Node())
+		}
 		requireWhole(t, seg, want)
 		requireWhole(t, attached, want)
-		require.Equal(t, other(from), seg.Node(), "move %d", i)
 		for name, c := range clients {
 			require.Equal(t, alloc.ClientStats{DataConnects: 2, MovePreconnects: 1}, dataStats(c), "move %d: %s's operations at the new home dialed nothing", i, name)
 		}

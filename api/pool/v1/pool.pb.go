@@ -702,7 +702,11 @@ type SegmentEvents struct {
 	// Segments of the client that are being moved live, and where to: sent
 	// before the seal, so that the client connects to the new home ahead
 	// of the switch-over.
-	Moving        []*SegmentMoving `protobuf:"bytes,3,rep,name=moving,proto3" json:"moving,omitempty"`
+	Moving []*SegmentMoving `protobuf:"bytes,3,rep,name=moving,proto3" json:"moving,omitempty"`
+	// Segments of the client that moved live, each as Stat describes it to
+	// the client: sent at the switch-over, so that its next operation goes
+	// to the new home without asking.
+	Moved         []*Segment `protobuf:"bytes,4,rep,name=moved,proto3" json:"moved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -754,6 +758,13 @@ func (x *SegmentEvents) GetRestored() []uint64 {
 func (x *SegmentEvents) GetMoving() []*SegmentMoving {
 	if x != nil {
 		return x.Moving
+	}
+	return nil
+}
+
+func (x *SegmentEvents) GetMoved() []*Segment {
+	if x != nil {
+		return x.Moved
 	}
 	return nil
 }
@@ -5026,11 +5037,12 @@ const file_pool_proto_rawDesc = "" +
 	"\awelcome\x18\x01 \x01(\v2\x17.farmem.pool.v1.WelcomeH\x00R\awelcome\x120\n" +
 	"\x03ack\x18\x02 \x01(\v2\x1c.farmem.pool.v1.KeepAliveAckH\x00R\x03ack\x127\n" +
 	"\x06events\x18\x03 \x01(\v2\x1d.farmem.pool.v1.SegmentEventsH\x00R\x06eventsB\x05\n" +
-	"\x03msg\"v\n" +
+	"\x03msg\"\xa5\x01\n" +
 	"\rSegmentEvents\x12\x12\n" +
 	"\x04lost\x18\x01 \x03(\x04R\x04lost\x12\x1a\n" +
 	"\brestored\x18\x02 \x03(\x04R\brestored\x125\n" +
-	"\x06moving\x18\x03 \x03(\v2\x1d.farmem.pool.v1.SegmentMovingR\x06moving\"\x87\x01\n" +
+	"\x06moving\x18\x03 \x03(\v2\x1d.farmem.pool.v1.SegmentMovingR\x06moving\x12-\n" +
+	"\x05moved\x18\x04 \x03(\v2\x17.farmem.pool.v1.SegmentR\x05moved\"\x87\x01\n" +
 	"\aWelcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12 \n" +
@@ -5555,96 +5567,97 @@ var file_pool_proto_depIdxs = []int32{
 	13, // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
 	11, // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
 	63, // 5: farmem.pool.v1.SegmentEvents.moving:type_name -> farmem.pool.v1.SegmentMoving
-	0,  // 6: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
-	0,  // 7: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
-	15, // 8: farmem.pool.v1.AllocRequest.redundancy:type_name -> farmem.pool.v1.Redundancy
-	3,  // 9: farmem.pool.v1.SegmentHome.state:type_name -> farmem.pool.v1.HomeState
-	23, // 10: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
-	0,  // 11: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
-	1,  // 12: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
-	29, // 13: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
-	24, // 14: farmem.pool.v1.Segment.placement:type_name -> farmem.pool.v1.Placement
-	15, // 15: farmem.pool.v1.Segment.redundancy:type_name -> farmem.pool.v1.Redundancy
-	16, // 16: farmem.pool.v1.Segment.homes:type_name -> farmem.pool.v1.SegmentHome
-	2,  // 17: farmem.pool.v1.Segment.redundancy_state:type_name -> farmem.pool.v1.RedundancyState
-	27, // 18: farmem.pool.v1.Placement.read_latency:type_name -> farmem.pool.v1.Latency
-	28, // 19: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	0,  // 20: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
-	27, // 21: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
-	27, // 22: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
-	27, // 23: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
-	29, // 24: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
-	27, // 25: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
-	27, // 26: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
-	28, // 27: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
-	35, // 28: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
-	36, // 29: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
-	34, // 30: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
-	33, // 31: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	45, // 32: farmem.pool.v1.StatusResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
-	0,  // 33: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
-	0,  // 34: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
-	41, // 35: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
-	39, // 36: farmem.pool.v1.NodeInfo.latency:type_name -> farmem.pool.v1.PeerLatency
-	27, // 37: farmem.pool.v1.PeerLatency.read_latency:type_name -> farmem.pool.v1.Latency
-	27, // 38: farmem.pool.v1.PeerLatency.read_4k_latency:type_name -> farmem.pool.v1.Latency
-	39, // 39: farmem.pool.v1.LatencyRow.to:type_name -> farmem.pool.v1.PeerLatency
-	38, // 40: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
-	33, // 41: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
-	40, // 42: farmem.pool.v1.NodesResponse.matrix:type_name -> farmem.pool.v1.LatencyRow
-	45, // 43: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
-	4,  // 44: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
-	50, // 45: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
-	0,  // 46: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
-	23, // 47: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
-	0,  // 48: farmem.pool.v1.MoveResponse.from_tier:type_name -> farmem.pool.v1.Tier
-	5,  // 49: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
-	16, // 50: farmem.pool.v1.MoveOutRequest.target:type_name -> farmem.pool.v1.SegmentHome
-	6,  // 51: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
-	16, // 52: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
-	7,  // 53: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	14, // 54: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	17, // 55: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	19, // 56: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	20, // 57: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	22, // 58: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	25, // 59: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	31, // 60: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	37, // 61: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	43, // 62: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	30, // 63: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	46, // 64: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	48, // 65: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	51, // 66: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	53, // 67: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	55, // 68: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
-	57, // 69: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
-	58, // 70: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
-	61, // 71: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
-	10, // 72: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	23, // 73: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	18, // 74: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	23, // 75: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	21, // 76: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	23, // 77: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	26, // 78: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	32, // 79: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	42, // 80: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	44, // 81: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	26, // 82: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	47, // 83: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	49, // 84: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	52, // 85: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	54, // 86: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	56, // 87: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	60, // 88: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	59, // 89: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
-	62, // 90: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
-	72, // [72:91] is the sub-list for method output_type
-	53, // [53:72] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	23, // 6: farmem.pool.v1.SegmentEvents.moved:type_name -> farmem.pool.v1.Segment
+	0,  // 7: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 8: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
+	15, // 9: farmem.pool.v1.AllocRequest.redundancy:type_name -> farmem.pool.v1.Redundancy
+	3,  // 10: farmem.pool.v1.SegmentHome.state:type_name -> farmem.pool.v1.HomeState
+	23, // 11: farmem.pool.v1.ListResponse.segments:type_name -> farmem.pool.v1.Segment
+	0,  // 12: farmem.pool.v1.Segment.tier:type_name -> farmem.pool.v1.Tier
+	1,  // 13: farmem.pool.v1.Segment.state:type_name -> farmem.pool.v1.SegmentState
+	29, // 14: farmem.pool.v1.Segment.injected:type_name -> farmem.pool.v1.Emulation
+	24, // 15: farmem.pool.v1.Segment.placement:type_name -> farmem.pool.v1.Placement
+	15, // 16: farmem.pool.v1.Segment.redundancy:type_name -> farmem.pool.v1.Redundancy
+	16, // 17: farmem.pool.v1.Segment.homes:type_name -> farmem.pool.v1.SegmentHome
+	2,  // 18: farmem.pool.v1.Segment.redundancy_state:type_name -> farmem.pool.v1.RedundancyState
+	27, // 19: farmem.pool.v1.Placement.read_latency:type_name -> farmem.pool.v1.Latency
+	28, // 20: farmem.pool.v1.TiersResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	0,  // 21: farmem.pool.v1.TierInfo.tier:type_name -> farmem.pool.v1.Tier
+	27, // 22: farmem.pool.v1.TierInfo.read_latency:type_name -> farmem.pool.v1.Latency
+	27, // 23: farmem.pool.v1.TierInfo.write_latency:type_name -> farmem.pool.v1.Latency
+	27, // 24: farmem.pool.v1.TierInfo.hmat_read_latency:type_name -> farmem.pool.v1.Latency
+	29, // 25: farmem.pool.v1.TierInfo.injected:type_name -> farmem.pool.v1.Emulation
+	27, // 26: farmem.pool.v1.TierInfo.measured_read_latency:type_name -> farmem.pool.v1.Latency
+	27, // 27: farmem.pool.v1.TierInfo.measured_write_latency:type_name -> farmem.pool.v1.Latency
+	28, // 28: farmem.pool.v1.StatusResponse.tiers:type_name -> farmem.pool.v1.TierInfo
+	35, // 29: farmem.pool.v1.StatusResponse.clients:type_name -> farmem.pool.v1.ClientInfo
+	36, // 30: farmem.pool.v1.StatusResponse.ops:type_name -> farmem.pool.v1.TierOps
+	34, // 31: farmem.pool.v1.StatusResponse.quotas:type_name -> farmem.pool.v1.QuotaUsage
+	33, // 32: farmem.pool.v1.StatusResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	45, // 33: farmem.pool.v1.StatusResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	0,  // 34: farmem.pool.v1.QuotaUsage.tier:type_name -> farmem.pool.v1.Tier
+	0,  // 35: farmem.pool.v1.TierOps.tier:type_name -> farmem.pool.v1.Tier
+	41, // 36: farmem.pool.v1.NodeInfo.tiers:type_name -> farmem.pool.v1.NodeTier
+	39, // 37: farmem.pool.v1.NodeInfo.latency:type_name -> farmem.pool.v1.PeerLatency
+	27, // 38: farmem.pool.v1.PeerLatency.read_latency:type_name -> farmem.pool.v1.Latency
+	27, // 39: farmem.pool.v1.PeerLatency.read_4k_latency:type_name -> farmem.pool.v1.Latency
+	39, // 40: farmem.pool.v1.LatencyRow.to:type_name -> farmem.pool.v1.PeerLatency
+	38, // 41: farmem.pool.v1.NodesResponse.nodes:type_name -> farmem.pool.v1.NodeInfo
+	33, // 42: farmem.pool.v1.NodesResponse.name_conflicts:type_name -> farmem.pool.v1.NameConflict
+	40, // 43: farmem.pool.v1.NodesResponse.matrix:type_name -> farmem.pool.v1.LatencyRow
+	45, // 44: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
+	4,  // 45: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
+	50, // 46: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
+	0,  // 47: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
+	23, // 48: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
+	0,  // 49: farmem.pool.v1.MoveResponse.from_tier:type_name -> farmem.pool.v1.Tier
+	5,  // 50: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
+	16, // 51: farmem.pool.v1.MoveOutRequest.target:type_name -> farmem.pool.v1.SegmentHome
+	6,  // 52: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
+	16, // 53: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
+	7,  // 54: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	14, // 55: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	17, // 56: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	19, // 57: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	20, // 58: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	22, // 59: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	25, // 60: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	31, // 61: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	37, // 62: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	43, // 63: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	30, // 64: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	46, // 65: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	48, // 66: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	51, // 67: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	53, // 68: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	55, // 69: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
+	57, // 70: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
+	58, // 71: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
+	61, // 72: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
+	10, // 73: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	23, // 74: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	18, // 75: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	23, // 76: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	21, // 77: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	23, // 78: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	26, // 79: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	32, // 80: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	42, // 81: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	44, // 82: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	26, // 83: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	47, // 84: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	49, // 85: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	52, // 86: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	54, // 87: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	56, // 88: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	60, // 89: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	59, // 90: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
+	62, // 91: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
+	73, // [73:92] is the sub-list for method output_type
+	54, // [54:73] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
