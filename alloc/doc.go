@@ -37,6 +37,10 @@
 //     described below. Bytes returns false. Client.Move moves the segment
 //     to another home while it is in use; an operation its old home
 //     answers MOVED asks the daemon where the segment is and runs there.
+//     On the daemon's notices the client connects to a moving segment's
+//     new home before the switch-over, on a goroutine of its own (one per
+//     address at a time, ended by Close), and takes the new home from the
+//     daemon at the switch-over (preconnect.go).
 //   - Redundant (TierRDMA with WithRedundancy): the same one-sided
 //     operations on several homes, each holding a copy or a shard. Copies:
 //     writes and atomics go to the primary, which forwards them to the
