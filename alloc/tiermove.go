@@ -106,10 +106,7 @@ func (c *Client) demote(ctx context.Context, s *Segment, o moveOptions) error {
 			// The daemon may have moved the segment and then lost the
 			// answer: its memory here may be the segment's no longer, and
 			// a write to it would be lost (or land in another segment's).
-			old := s.backend()
-			s.setState(segSwitching, segClosed, false)
-			s.endSwitch(ch, nil, nil)
-			return errors.Join(rerr, old.retire(ctx))
+			return errors.Join(rerr, c.closeSwitching(ctx, s, ch))
 		case !moved:
 			s.endSwitch(ch, nil, nil)
 			return err
@@ -120,13 +117,26 @@ func (c *Client) demote(ctx context.Context, s *Segment, o moveOptions) error {
 	if err != nil {
 		// It moved, but this client cannot reach its new home: the
 		// segment is closed here, the moved one is whole.
-		old := s.backend()
-		s.setState(segSwitching, segClosed, false)
-		s.endSwitch(ch, nil, nil)
-		return errors.Join(fmt.Errorf("segment %d moved to %s on the rdma tier, and this client cannot reach it there (%w); open it again", s.ID(), resp.Segment.Node, err), old.retire(ctx))
+		return errors.Join(fmt.Errorf("segment %d moved to %s on the rdma tier, and this client cannot reach it there (%w); open it again", s.ID(), resp.Segment.Node, err), c.closeSwitching(ctx, s, ch))
 	}
 	old := s.endSwitch(ch, withEmulation(r, c.injected(resp.Segment.Tier, resp.Segment.Injected)), resp.Segment)
 	return old.retire(ctx)
+}
+
+// closeSwitching closes s, whose switch begun with ch cannot end at a
+// backend: its mapping is given up and s forgotten, and the daemon is
+// told, best effort within moveResolveWait (it may be down: the end of
+// this client's lease there does the same), that this client no longer
+// maps it, so that a Segment opened again can be moved.
+func (c *Client) closeSwitching(ctx context.Context, s *Segment, ch chan struct{}) error {
+	old := s.backend()
+	s.setState(segSwitching, segClosed, false)
+	s.endSwitch(ch, nil, nil)
+	err := old.retire(ctx)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moveResolveWait)
+	defer cancel()
+	_ = c.detach(dctx, s)
+	return err
 }
 
 // moveResolveWait bounds how long a demotion whose answer did not come
@@ -150,7 +160,7 @@ func (c *Client) resolveDemotion(ctx context.Context, s *Segment, moveErr error)
 	defer cancel()
 	cctx, _, err := c.callCtx(sctx)
 	if err == nil {
-		info, err = c.api.Stat(cctx, &poolv1.StatRequest{Id: s.ID()})
+		info, err = c.api.Stat(cctx, &poolv1.StatRequest{Id: s.ID(), Settled: true})
 		err = errs.FromStatus(err)
 	}
 	if err != nil {

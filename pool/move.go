@@ -175,6 +175,24 @@ func (ms *moves) awaitSwitch(ctx context.Context, id uint64) (rec record, ok boo
 	return record{}, false
 }
 
+// awaitIdle returns once no move of segment id is under way, or
+// ErrUnavailable when ctx ends first.
+func (ms *moves) awaitIdle(ctx context.Context, id uint64) error {
+	for {
+		ms.mu.Lock()
+		_, moving := ms.m[id]
+		ms.mu.Unlock()
+		if !moving {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("segment %d is still moving: %w", id, errs.ErrUnavailable)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // begin registers a move of segment id; false when one is under way.
 func (ms *moves) begin(id uint64) bool {
 	ms.mu.Lock()

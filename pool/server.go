@@ -227,6 +227,11 @@ func (s *service) Detach(ctx context.Context, req *poolv1.DetachRequest) (*poolv
 
 func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
 	c := s.viewer(ctx)
+	if req.Settled {
+		if err := s.d.pool.moving.awaitIdle(ctx, req.Id); err != nil {
+			return nil, errs.ToStatus(err)
+		}
+	}
 	r, ok := s.d.pool.moving.awaitSwitch(ctx, req.Id)
 	var err error
 	if !ok {

@@ -1503,8 +1503,12 @@ func (x *ListResponse) GetNextPageToken() string {
 }
 
 type StatRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// settled: answer only once no move of the segment is under way (within
+	// the call's deadline; UNAVAILABLE past it). A client whose Move lost its
+	// answer asks with it where the segment ended up.
+	Settled       bool `protobuf:"varint,2,opt,name=settled,proto3" json:"settled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1544,6 +1548,13 @@ func (x *StatRequest) GetId() uint64 {
 		return x.Id
 	}
 	return 0
+}
+
+func (x *StatRequest) GetSettled() bool {
+	if x != nil {
+		return x.Settled
+	}
+	return false
 }
 
 // Segment describes one allocation.
@@ -5105,9 +5116,10 @@ const file_pool_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"k\n" +
 	"\fListResponse\x123\n" +
 	"\bsegments\x18\x01 \x03(\v2\x17.farmem.pool.v1.SegmentR\bsegments\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x1d\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"7\n" +
 	"\vStatRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xd2\t\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x18\n" +
+	"\asettled\x18\x02 \x01(\bR\asettled\"\xd2\t\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
