@@ -3,13 +3,16 @@
 // Config.RebalanceThreshold moves segments peers placed here to other
 // nodes, one at a time, asking each segment's origin to move it (Move,
 // docs/MOVE.md) as the evacuator does, until it is back within half the
-// threshold of the mean. The origin places the segment as a new one (the
+// threshold of the mean; only segments no larger than what is over, so
+// that no move overshoots the mean and sends the bytes back and forth. The origin places the segment as a new one (the
 // node with the most room first), so the bytes go to the emptiest nodes.
 
 package pool
 
 import (
+	"cmp"
 	"context"
+	"maps"
 	"slices"
 	"time"
 
@@ -62,7 +65,10 @@ func (p *core) rebalance(ctx context.Context, move func(ctx context.Context, ori
 		case <-time.After(wait):
 		}
 		wait = rebalanceScan
-		if !p.drainState().since.IsZero() {
+		if !p.drainState().since.IsZero() || p.dp != nil && p.dp.l.Status().Failing {
+			// Draining: the evacuator moves everything. A data plane that
+			// fails to accept gossips its rdma tier as full (gossipTiers),
+			// which is no measure of its use.
 			active = false
 			continue
 		}
@@ -99,21 +105,20 @@ func (p *core) peerHeldItems() []evacItem {
 }
 
 // pickRebalance chooses the segment to move: the largest that fits in
-// excess bytes, else the smallest, leaving out those whose move failed
-// until their time in failed passes.
+// excess bytes, leaving out those whose move failed until their time in
+// failed passes (and forgetting those whose time passed). None fits: none
+// moves, since a larger one would leave this node under the mean by more
+// than it is over now, and the node that took it could send it back.
 func pickRebalance(items []evacItem, excess int64, failed map[uint64]time.Time, now time.Time) (evacItem, bool) {
+	maps.DeleteFunc(failed, func(_ uint64, until time.Time) bool { return !now.Before(until) })
 	items = slices.DeleteFunc(items, func(it evacItem) bool {
-		until, ok := failed[it.id]
-		return ok && now.Before(until)
+		_, waits := failed[it.id]
+		return waits || it.size > excess
 	})
 	if len(items) == 0 {
 		return evacItem{}, false
 	}
-	slices.SortFunc(items, func(a, b evacItem) int { return int(b.size - a.size) }) // largest first
-	if i := slices.IndexFunc(items, func(it evacItem) bool { return it.size <= excess }); i >= 0 {
-		return items[i], true
-	}
-	return items[len(items)-1], true
+	return slices.MaxFunc(items, func(a, b evacItem) int { return cmp.Compare(a.size, b.size) }), true
 }
 
 // rebalanceExcess compares this node's rdma tier with the cluster's: it

@@ -8,7 +8,7 @@ import (
 )
 
 // TestPickRebalance: the rebalancer moves the largest segment that fits
-// in the excess (fewest moves, no overshoot), else the smallest, and
+// in the excess (fewest moves, no overshoot), none when none fits, and
 // leaves a segment whose move failed alone until its pause ends.
 func TestPickRebalance(t *testing.T) {
 	now := time.Unix(1000, 0)
@@ -22,9 +22,11 @@ func TestPickRebalance(t *testing.T) {
 	}
 	require.EqualValues(t, 3, pick(10<<20, nil), "the largest that fits")
 	require.EqualValues(t, 2, pick(64<<20, nil))
-	require.EqualValues(t, 1, pick(1<<20, nil), "none fits: the smallest")
+	require.Zero(t, pick(1<<20, nil), "none fits: none moves")
 	require.EqualValues(t, 1, pick(10<<20, map[uint64]time.Time{3: now.Add(time.Second)}), "a failed one waits")
-	require.EqualValues(t, 3, pick(10<<20, map[uint64]time.Time{3: now.Add(-time.Second)}), "until its pause ends")
+	failed := map[uint64]time.Time{3: now.Add(-time.Second)}
+	require.EqualValues(t, 3, pick(10<<20, failed), "until its pause ends")
+	require.Empty(t, failed, "and is forgotten then")
 	_, ok := pickRebalance(nil, 1, nil, now)
 	require.False(t, ok)
 }
