@@ -119,9 +119,10 @@ func (p *core) demote(ctx context.Context, c caller, r record, req *poolv1.MoveR
 	if err := m.copyAll(ctx); err != nil {
 		return res, err
 	}
-	next, err := p.switchTier(r, func(next *record) {
+	next, err := p.switchTier(r, func(next *record) error {
 		next.Tier, next.Device, next.Offset, next.Extent = poolv1.Tier_TIER_RDMA, "peer", 0, 0
 		setHome(next, to, seg)
+		return nil
 	})
 	if err != nil {
 		return res, err
@@ -232,9 +233,15 @@ func (p *core) promote(ctx context.Context, c caller, r record, req *poolv1.Move
 		return res, err
 	}
 	m.res.rounds++
-	next, err := p.switchTier(r, func(next *record) {
+	next, err := p.switchTier(r, func(next *record) error {
+		if p.device(d.Name()) != d {
+			// Replaced during the copy: the new device's allocator does
+			// not hold the extent, which another segment may take.
+			return fmt.Errorf("on %s: %w", d.Name(), errDeviceChanged)
+		}
 		next.Tier, next.Device, next.Offset, next.Extent = to, d.Name(), off, length
 		next.Key, next.Home, next.HomeID, next.DataAddr, next.DataTLS, next.Epoch, next.Sealed = rdma.Key{}, "", 0, "", nil, 1, false
+		return nil
 	}, m.in.ID)
 	if err != nil {
 		return res, err
@@ -341,7 +348,7 @@ func (p *core) freeExtent(d *dev, r record) {
 // then frees). The record must still be the segment as it was (else it
 // was freed during the move: ErrNotFound); it stays in the store file it
 // was in (its volatility is its own). It returns the record committed.
-func (p *core) switchTier(r record, change func(*record), intentID ...uint64) (record, error) {
+func (p *core) switchTier(r record, change func(*record) error, intentID ...uint64) (record, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cur, ok := p.segs[r.ID]
@@ -349,7 +356,9 @@ func (p *core) switchTier(r record, change func(*record), intentID ...uint64) (r
 		return record{}, errFreedMoving(r.ID)
 	}
 	next := *cur
-	change(&next)
+	if err := change(&next); err != nil {
+		return record{}, fmt.Errorf("move segment %d: %w", r.ID, err)
+	}
 	if err := p.st.put(&next); err != nil {
 		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", r.ID, err)
 	}
