@@ -211,7 +211,11 @@ func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in in
 	p.moving.set(held)
 	p.mu.Unlock()
 	if err := wait(); err != nil {
-		return record{}, fmt.Errorf("move segment %d: commit the switch-over: %w", id, errors.Join(err, p.unswitchHome(id, i, leaving, target)))
+		err = fmt.Errorf("move segment %d: commit the switch-over: %w", id, errors.Join(err, p.unswitchHome(id, i, leaving, target)))
+		// A replicate meanwhile sent the switched record: the homes
+		// forward to the target then, and are told the restored one.
+		p.replicateLater(id)
+		return record{}, err
 	}
 	return next, nil
 }
