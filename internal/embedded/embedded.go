@@ -101,11 +101,6 @@ func Spawn(ctx context.Context, out io.Writer, socket, name string, tune func(*p
 // spawn starts this program's executable with cfg in childEnv and waits
 // for its daemon to say it serves.
 func spawn(cfg pool.Config, dir string) (*Daemon, error) {
-	if _, child := os.LookupEnv(childEnv); child {
-		// Started by Spawn, it runs the program instead of the daemon: it
-		// would start another child, and that one another.
-		return nil, fmt.Errorf("this process is the child of an embedded poold, and its main did not call embedded.RunChild first")
-	}
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
