@@ -9,7 +9,7 @@
 // measured after a warm-up of the same number of operations, and
 // prints hits per tier, Get latency beside the rdma tier's own ReadAt,
 // throughput, CPU per operation, Go heap in use and GC cost. With no poold
-// running it starts one in a child process. On amd64 a Get prefetches the far
+// running it starts one in the process. On amd64 a Get prefetches the far
 // index bucket it may need, and a cxl hit its record's lines, with
 // assembly prefetch instructions (prefetch_amd64.s); elsewhere those hints
 // are no-ops.

@@ -53,11 +53,10 @@ type config struct {
 }
 
 func main() {
-	embedded.RunChild() // when this process is the pool's, started by connect
 	var cfg config
 	hot, cxl, rdma := size.Size(64*size.MiB), size.Size(-1), size.Size(-1)
 	var compare string
-	flag.StringVar(&cfg.socket, "socket", "", "poold socket (default: $FARMEM_SOCKET or the daemon's default; none running: start one in a child process)")
+	flag.StringVar(&cfg.socket, "socket", "", "poold socket (default: $FARMEM_SOCKET or the daemon's default; none running: start one in this process)")
 	flag.IntVar(&cfg.keys, "keys", 1_000_000, "keys in the dataset (the default, with 1 KiB values, is 0.95 GiB)")
 	flag.IntVar(&cfg.value, "value", 1024, "value size in bytes")
 	flag.Float64Var(&cfg.skew, "skew", 0.99, "zipfian skew theta in [0,1): 0.99 is YCSB's, 0 is uniform")
@@ -177,15 +176,14 @@ func run(ctx context.Context, out, status io.Writer, cfg config) error {
 	// would only garble the output.
 	cfg.progress = cfg.progress && isTerminal(status)
 	var c *alloc.Client
-	daemon := 0 // the embedded pool's process, if this run started one
 	if !cfg.noSpill {
-		cl, d, err := connect(ctx, status, cfg)
+		cl, stop, err := connect(ctx, status, cfg)
 		if err != nil {
 			return err
 		}
-		defer d.Stop()
+		defer stop()
 		defer cl.Close()
-		c, daemon = cl, d.PID
+		c = cl
 	}
 
 	fmt.Fprintf(status, "building %d keys (dataset %s: %d-byte values), zipf %.2f, %.0f%% reads, %d goroutines, %s per cache\n",
@@ -207,7 +205,7 @@ func run(ctx context.Context, out, status io.Writer, cfg config) error {
 				sc.Close(ctx)
 				return nil, fmt.Errorf("rdma segment to time ReadAt on: %w", err)
 			}
-			return spill{sc, probe, recordHeader + keyLen + cfg.value, daemon}, nil
+			return spill{sc, probe, recordHeader + keyLen + cfg.value}, nil
 		})
 	}
 	for _, name := range cfg.compare {
@@ -324,11 +322,11 @@ type result struct {
 	Spill            *CacheStats  `json:"spill,omitempty"`
 	ReadAt           *tierResult  `json:"rdma_readat,omitempty"` // the rdma tier's ReadAt of a record's size, under the same load
 	Targets          []target     `json:"targets,omitempty"`
-	// CPUPerOp is the process's CPU time (user and system, every thread;
-	// for spillcache with the pool this run started, the pool's process
-	// too) over the measured run, divided by its operations (Gets and
-	// Sets): unlike Gets/s, barely moved by what else the machine runs. 0
-	// where getrusage is not available.
+	// CPUPerOp is the process's CPU time (user and system, every thread:
+	// with an embedded pool the daemon's too) over the measured run,
+	// divided by its operations (Gets and Sets): unlike Gets/s, barely
+	// moved by what else the machine runs. 0 where getrusage is not
+	// available.
 	CPUPerOp int64 `json:"cpu_ns_per_op"`
 }
 
@@ -375,9 +373,9 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 	wgets, wops, _, welapsed := w.mix(s, w.cfg.warmup, w.cfg.warmupOps, nil, prog)
 	res.WarmupOps, res.WarmupGetsPerSec = wops, float64(wgets)/welapsed.Seconds()
 	mid := readGC()
-	cpu0, cpuErr := cpuOf(s)
+	cpu0, cpuErr := bench.SelfCPU()
 	gets, ops, wrong, elapsed := w.mix(s, w.cfg.duration, 0, hists, prog)
-	cpu1, _ := cpuOf(s)
+	cpu1, _ := bench.SelfCPU()
 	after := readGC()
 	if cpuErr == nil && ops > 0 {
 		res.CPUPerOp = int64(cpu1-cpu0) / ops
@@ -427,17 +425,6 @@ func (w *workload) measure(ctx context.Context, mk func() (subject, error), stat
 		}
 	}
 	return res, nil
-}
-
-// cpuOf is the CPU time so far of this process and, for spillcache with
-// the pool this run started, of the pool's process.
-func cpuOf(s subject) (time.Duration, error) {
-	cpu, err := bench.SelfCPU()
-	if sp, ok := s.(spill); ok && sp.daemon != 0 && err == nil {
-		d, derr := bench.ProcessCPU(sp.daemon)
-		cpu, err = cpu+d, derr
-	}
-	return cpu, err
 }
 
 // readAtSlot is the histogram of the rdma tier's own ReadAt.
@@ -537,12 +524,10 @@ func (w *workload) verify(s subject, wrong int64) (float64, int64) {
 	return float64(found.Load()) / float64(n), wrong + bad.Load()
 }
 
-// connect dials the local poold, or, when none answers, starts one sized
-// for the budgets in a child process, as a poold runs beside its
-// applications: a daemon in this process would share its Go scheduler,
-// and 64 busy goroutines delay its answers to the rdma tier's reads.
-func connect(ctx context.Context, status io.Writer, cfg config) (*alloc.Client, *embedded.Daemon, error) {
-	return embedded.Spawn(ctx, status, cfg.socket, "spillcache", func(pc *pool.Config) {
+// connect dials the local poold, or starts an embedded one sized for the
+// budgets when none answers.
+func connect(ctx context.Context, status io.Writer, cfg config) (*alloc.Client, func(), error) {
+	return embedded.Connect(ctx, status, cfg.socket, "spillcache", func(pc *pool.Config) {
 		// Room for the budgets, the arenas' partly used slabs and the far indexes.
 		pc.EmulateCXL = size.Size(cfg.cxl + cfg.cxl/4 + cfg.rdma/8 + 512<<20)
 		pc.ExportSize = size.Size(cfg.rdma + cfg.rdma/4 + 512<<20)

@@ -28,8 +28,6 @@ type spill struct {
 	c     *Cache
 	probe *alloc.Segment
 	size  int
-	// daemon is the pool's process when this run started it, else 0.
-	daemon int
 }
 
 // rawReader is a subject with a far tier whose own read the driver times
