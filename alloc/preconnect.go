@@ -28,6 +28,11 @@ type preconnects struct {
 	made atomic.Int64
 }
 
+// maxPreconnects bounds the dials ahead under way at once: a move's
+// notice names one node, and an evacuation moves a few segments at a
+// time; more notices than that wait for the operation's own dial.
+const maxPreconnects = 4
+
 // preconnect opens, in the background, the data-plane connection to the
 // node that one of this client's open segments is moving to, as its
 // daemon named it on the client's own session, unless the client has one
@@ -39,7 +44,7 @@ type preconnects struct {
 func (c *Client) preconnect(mv *poolv1.SegmentMoving) {
 	k := connKey{addr: mv.DataAddr}
 	c.mu.Lock()
-	if c.closed || mv.DataAddr == "" || len(mv.DataCredential) == 0 || c.data[k] != nil || c.pre.addrs[k.addr] || !c.holds(mv.Id) {
+	if c.closed || mv.DataAddr == "" || len(mv.DataCredential) == 0 || c.data[k] != nil || c.pre.addrs[k.addr] || len(c.pre.addrs) >= maxPreconnects || !c.holds(mv.Id) {
 		c.mu.Unlock()
 		return
 	}

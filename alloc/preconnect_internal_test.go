@@ -16,7 +16,7 @@ import (
 
 // TestPreconnectBounds: a moving notice makes the client dial only for a
 // segment it holds, one dial per address however many notices name it,
-// none where it is connected already, and a dial that does not complete
+// at most maxPreconnects at once, none where it is connected already, and a dial that does not complete
 // (a node that never answers the handshake) is abandoned by Client.Close,
 // counted nowhere. (TestMovePreconnects, cmd/poold, checks the dials
 // that complete, between real daemons.)
@@ -60,6 +60,14 @@ func TestPreconnectBounds(t *testing.T) {
 	dialing := maps.Clone(c.pre.addrs)
 	c.mu.Unlock()
 	require.Equal(t, map[string]bool{mute.Addr().String(): true}, dialing, "the dial to the mute node alone is under way")
+	// At most maxPreconnects dials at once, whatever the notices name.
+	for range maxPreconnects {
+		notice(seg.ID(), muteNode(t).Addr().String())
+	}
+	c.mu.Lock()
+	n := len(c.pre.addrs)
+	c.mu.Unlock()
+	require.Equal(t, maxPreconnects, n, "dials under way at once")
 
 	require.NoError(t, nc.SetReadDeadline(time.Now().Add(10*time.Second)))
 	require.NoError(t, c.Close()) // waits for the dials it ends

@@ -178,7 +178,7 @@ func (p *core) allocLocal(c caller, t poolv1.Tier, req allocRequest) (*record, [
 		// allocation is undone rather than kept lost, whose free could
 		// give the new allocator an extent another segment holds.
 		if err := p.st.delete(r); err != nil {
-			p.log.Warn("an allocation whose device changed during its commit left a record; it is lost, and freeing it frees nothing on the device", "segment", r.ID, "device", d.Name(), "err", err)
+			p.log.Error("an allocation whose device changed during its commit could not delete its record: after a restart the record names an extent the device may give to another segment; free segment the id names (memctl free) once the store commits again", "segment", r.ID, "device", d.Name(), "err", err)
 		}
 		p.unplace(r, d, true)
 		return nil, nil, fmt.Errorf("alloc on %s: %w", d.Name(), errDeviceChanged)
