@@ -138,6 +138,9 @@ func (p *core) push(ctx context.Context, seg record, req *poolv1.MoveOutRequest,
 	// writer of the target's copy (Replicate).
 	cred := req.Target.DataCredential
 	if len(cred) == 0 {
+		if _, err := p.ownCredTLS(req.Target.Node, req.Target.DataAddr, req.Target.DataTls, tls); err != nil {
+			return 0, 0, err
+		}
 		pc, err := p.homeSession(ctx, req.Target.Node, "push target")
 		if err != nil {
 			return 0, 0, fmt.Errorf("%w: the target of the push: %w", errMoveHome, err)

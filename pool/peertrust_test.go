@@ -13,6 +13,7 @@ import (
 	"github.com/farmem/farmem/alloc"
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/session"
 )
 
@@ -195,4 +196,36 @@ func sessionCtx(t *testing.T, d *Daemon, node string) context.Context {
 	ctx, _, err := d.pool.peerConns().conn(node).Call(t.Context())
 	require.NoError(t, err)
 	return ctx
+}
+
+// TestOwnCredTLS: a data-plane dial that carries this daemon's own
+// credential (a forwarding link, a push that names no credential) goes in
+// plaintext, while this daemon's data plane serves TLS, only to the
+// address the target node gossips: a peer cannot have the credential sent
+// in plaintext to an address of its choosing. A TLS dial, which verifies
+// the node's certificate, and a daemon without TLS, are as asked.
+func TestOwnCredTLS(t *testing.T) {
+	cfgA := clusterNodeConfig(t, "a")
+	a := startNode(t, cfgA)
+	startNode(t, clusterNodeConfig(t, "b"), a)
+	require.Eventually(t, func() bool {
+		m, ok := a.pool.cl.Member("b")
+		return ok && m.Meta.DataAddr != ""
+	}, 30*time.Second, 10*time.Millisecond, "a sees b's data plane")
+	m, _ := a.pool.cl.Member("b")
+	withTLS := moveTLS{byDefault: true}
+	useTLS, err := a.pool.ownCredTLS("b", "127.0.0.1:1", false, withTLS)
+	require.ErrorIs(t, err, errs.ErrAccessDenied, "plaintext to an address b does not gossip")
+	require.False(t, useTLS)
+	_, err = a.pool.ownCredTLS("nobody", m.Meta.DataAddr, false, withTLS)
+	require.ErrorIs(t, err, errs.ErrAccessDenied, "plaintext to a node that is no member")
+	useTLS, err = a.pool.ownCredTLS("b", m.Meta.DataAddr, false, withTLS)
+	require.NoError(t, err, "plaintext to b's gossiped address (a --data-insecure node)")
+	require.False(t, useTLS)
+	useTLS, err = a.pool.ownCredTLS("b", "127.0.0.1:1", true, withTLS)
+	require.NoError(t, err, "TLS verifies b's certificate wherever it is dialed")
+	require.True(t, useTLS)
+	useTLS, err = a.pool.ownCredTLS("b", "127.0.0.1:1", false, moveTLS{})
+	require.NoError(t, err, "a daemon without data-plane TLS")
+	require.False(t, useTLS)
 }
