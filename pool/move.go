@@ -579,7 +579,10 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	if crash := p.cfg.sim.announced; crash != nil && crash(r.ID) {
 		return m.res, fmt.Errorf("move segment %d: %w: the test stopped the origin after the announcement", r.ID, errs.ErrUnavailable)
 	}
-	m.tellMoved(ctx, next)
+	// In the background: describing the segment to a client may ask the
+	// target for its credential, which the commit is not to wait for (a
+	// client told MOVED meanwhile has its Stat answered the new home).
+	p.peers.later(moveStepTimeout, func(ctx context.Context) { m.tellMoved(ctx, next) })
 	cerr := p.commitSwitch(m.in)
 	sw.end()
 	if cerr != nil {
