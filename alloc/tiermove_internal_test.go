@@ -46,14 +46,19 @@ func TestDemotionAnswerLost(t *testing.T) {
 		cfg.GossipKeyFile = certs.GossipKeyFile(filepath.Dir(tf.CA))
 		return cfg
 	}
-	l, err := net.ListenPacket("udp", "127.0.0.1:0")
-	require.NoError(t, err)
-	seed := l.LocalAddr().String()
-	require.NoError(t, l.Close())
+	// b gossips on a port free for UDP and TCP when it was picked; another
+	// test may take it meanwhile: then b tries another.
 	cb := node("b")
-	cb.Gossip = seed
-	pooltest.Start(t, cb)
-	cfg := node("a", seed)
+	for try := 0; ; try++ {
+		cb.Gossip = freeGossipAddr(t)
+		b, err := pool.Start(cb, nil)
+		if err == nil {
+			t.Cleanup(func() { b.Close() })
+			break
+		}
+		require.Less(t, try, 10, "no free gossip port: %v", err)
+	}
+	cfg := node("a", cb.Gossip)
 	pooltest.Start(t, cfg)
 	ctx := t.Context()
 	c, err := Dial(ctx, cfg.Socket, WithClientID("answer-lost"), func(o *dialOptions) {
@@ -93,4 +98,20 @@ func TestDemotionAnswerLost(t *testing.T) {
 	require.Equal(t, "before the move", string(got))
 	require.NoError(t, again.Close())
 	require.NoError(t, seg.Free(ctx))
+}
+
+// freeGossipAddr is a loopback address whose port was free for both UDP
+// and TCP (memberlist binds both) when it returned.
+func freeGossipAddr(t *testing.T) string {
+	for {
+		tl, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addr := tl.Addr().String()
+		ul, err := net.ListenPacket("udp", addr)
+		tl.Close()
+		if err == nil {
+			ul.Close()
+			return addr
+		}
+	}
 }
