@@ -203,9 +203,15 @@ func (e *evacuator) due(r *evacRun) []evacItem {
 // moveOne asks the segment's origin to move it, within a time that grows
 // with its size.
 func (e *evacuator) moveOne(ctx context.Context, it evacItem) (time.Duration, error) {
+	return it.moveWithin(ctx, e.move)
+}
+
+// moveWithin asks the segment's origin, through move, to move it, within
+// evacMoveBase plus its size at evacMoveRate.
+func (it evacItem) moveWithin(ctx context.Context, move func(ctx context.Context, origin string, homeID uint64) (time.Duration, error)) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size/evacMoveRate)*time.Second)
 	defer cancel()
-	return e.move(ctx, it.origin, it.id)
+	return move(ctx, it.origin, it.id)
 }
 
 // finish records the outcome of a move.

@@ -84,10 +84,7 @@ func (p *core) rebalance(ctx context.Context, move func(ctx context.Context, ori
 		if !ok {
 			continue
 		}
-		mctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size/evacMoveRate)*time.Second)
-		_, err := move(mctx, it.origin, it.id)
-		cancel()
-		if err != nil {
+		if _, err := it.moveWithin(ctx, move); err != nil {
 			failed[it.id] = p.now().Add(evacRetryMax)
 			p.log.Info("rebalancing: a move failed; the segment is left alone for a while", "segment", it.id, "origin", it.origin, "size", it.size, "err", err)
 			continue

@@ -17,8 +17,8 @@ import (
 // origin's twelve 4 MiB segments all land on the third (75% used); once
 // they stop draining, that node is 50 points above the cluster's mean and
 // moves segments away, one at a time, until it is within the threshold
-// and no segment fits in what is over half of it, and the others take
-// them; then it settles. Every segment keeps its id and its bytes.
+// and no segment fits in what is over half of it (it settles), and the
+// others take them. Every segment keeps its id and its bytes.
 func TestRebalanceSim(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second})
 	for i, h := range sc.hosts {
@@ -70,14 +70,14 @@ func TestRebalanceSim(t *testing.T) {
 		return excess == 0 && u < 0.75
 	}
 	require.Eventually(t, within, time.Minute, 50*time.Millisecond, "the full node does not come within the threshold")
-	left := func() int { return len(sc.homedOn(full.name)[sc.hosts[0]]) }
-	// Settled: once no segment fits in what is over half the threshold,
-	// nothing moves.
-	time.Sleep(2 * (rebalanceScan + rebalanceSettle))
-	n := left()
-	time.Sleep(rebalanceScan + rebalanceSettle)
-	require.Equal(t, n, left(), "a node within the threshold settles")
-	moved := segs - n
+	// Settled: no segment left fits in what is over half the threshold,
+	// so the rebalancer has nothing more to move.
+	require.Eventually(t, func() bool {
+		_, _, excess := full.daemon().pool.rebalanceExcess(0.1)
+		_, more := pickRebalance(full.daemon().pool.peerHeldItems(), excess, nil, time.Now())
+		return !more
+	}, time.Minute, 50*time.Millisecond, "the full node does not settle")
+	moved := segs - len(sc.homedOn(full.name)[sc.hosts[0]])
 	require.Positive(t, moved)
 	u, mean, _ := full.daemon().pool.rebalanceExcess(0.2)
 	t.Logf("moved %d of %d segments away; the node's rdma tier is %.0f%% used, the cluster's mean %.0f%%", moved, segs, 100*u, 100*mean)
