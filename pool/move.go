@@ -85,6 +85,9 @@ type moves struct {
 	// switching are the switch-overs under way, from the seal of the
 	// source to the commit (or undoing) of the move.
 	switching map[uint64]*pendingSwitch
+	// idle are closed when the move of their segment ends: a Stat that
+	// asks for the settled segment waits on one (awaitIdle).
+	idle map[uint64]chan struct{}
 }
 
 // pendingSwitch is one switch-over under way: announced is closed when
@@ -178,18 +181,25 @@ func (ms *moves) awaitSwitch(ctx context.Context, id uint64) (rec record, ok boo
 // awaitIdle returns once no move of segment id is under way, or
 // ErrUnavailable when ctx ends first.
 func (ms *moves) awaitIdle(ctx context.Context, id uint64) error {
-	for {
-		ms.mu.Lock()
-		_, moving := ms.m[id]
+	ms.mu.Lock()
+	if _, moving := ms.m[id]; !moving {
 		ms.mu.Unlock()
-		if !moving {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("segment %d is still moving: %w", id, errs.ErrUnavailable)
-		case <-time.After(5 * time.Millisecond):
-		}
+		return nil
+	}
+	if ms.idle == nil {
+		ms.idle = map[uint64]chan struct{}{}
+	}
+	idle := ms.idle[id]
+	if idle == nil {
+		idle = make(chan struct{})
+		ms.idle[id] = idle
+	}
+	ms.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("segment %d is still moving: %w", id, errs.ErrUnavailable)
 	}
 }
 
@@ -217,11 +227,16 @@ func (ms *moves) set(in intent) {
 	ms.m[in.ID] = &in
 }
 
-// end forgets the move of segment id.
+// end forgets the move of segment id and wakes those waiting for it to
+// end.
 func (ms *moves) end(id uint64) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	delete(ms.m, id)
+	if idle := ms.idle[id]; idle != nil {
+		close(idle)
+		delete(ms.idle, id)
+	}
 }
 
 // involves reports whether a move (under way or left to finish) has node

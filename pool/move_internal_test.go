@@ -2,9 +2,11 @@ package pool
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -423,6 +425,50 @@ func TestAwaitSwitch(t *testing.T) {
 	_, ok = ms.awaitSwitch(t.Context(), 7)
 	require.False(t, ok, "an undone switch-over answers nothing")
 	require.Nil(t, ms.switchDone(7), "undone is ended")
+}
+
+// TestAwaitIdle: a settled Stat's wait (awaitIdle) for a segment that is
+// not moving returns at once; for one that is, it returns when that move
+// ends, woken by its end: in a synctest bubble, whose clock moves only
+// when every goroutine waits, no time has passed (a poll would have
+// needed the clock to move). The end of another segment's move does not
+// wake it. A wait whose ctx ends first returns ErrUnavailable at the
+// deadline, the move still under way, which can end later.
+func TestAwaitIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var ms moves
+		require.NoError(t, ms.awaitIdle(t.Context(), 7), "no move under way")
+
+		require.True(t, ms.begin(7))
+		require.True(t, ms.begin(8))
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- ms.awaitIdle(t.Context(), 7) }()
+		synctest.Wait()
+		ms.end(8)
+		synctest.Wait()
+		select {
+		case err := <-done:
+			t.Fatalf("the wait for segment 7 returned while it moves: %v", err)
+		default:
+		}
+		ms.end(7)
+		require.NoError(t, <-done)
+		require.Zero(t, time.Since(start), "woken by the move's end, not by a clock")
+
+		const deadline = time.Second
+		require.True(t, ms.begin(9))
+		ctx, cancel := context.WithTimeout(t.Context(), deadline)
+		defer cancel()
+		start = time.Now()
+		err := ms.awaitIdle(ctx, 9)
+		require.ErrorIs(t, err, errs.ErrUnavailable)
+		require.ErrorContains(t, err, "segment 9 is still moving")
+		require.Equal(t, deadline, time.Since(start), "returned at the deadline")
+		require.True(t, ms.has(9), "the move is still under way")
+		ms.end(9)
+		require.NoError(t, ms.awaitIdle(t.Context(), 9), "ended")
+	})
 }
 
 // TestSwitchOverCommit: the table names the target at the switch-over,
