@@ -169,6 +169,13 @@ func (p *core) allocLocal(c caller, t poolv1.Tier, req allocRequest) (*record, [
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
+		// A commit that failed may still have reached the disk (bbolt
+		// reports a failed sync after it wrote the pages). One refused for
+		// want of space is left alone: its removal would spend the reserve
+		// the store keeps for frees (see storeFile).
+		if !errors.Is(err, errs.ErrNoCapacity) {
+			p.forget(r)
+		}
 		p.unplace(r, d, true)
 		return nil, nil, fmt.Errorf("alloc: commit to the metadata store: %w", err)
 	}
@@ -177,9 +184,7 @@ func (p *core) allocLocal(c caller, t poolv1.Tier, req allocRequest) (*record, [
 		// name with an allocator where r's extent is not taken: the
 		// allocation is undone rather than kept lost, whose free could
 		// give the new allocator an extent another segment holds.
-		if err := p.st.delete(r); err != nil {
-			p.log.Error("an allocation whose device changed during its commit could not delete its record: after a restart the record names an extent the device may give to another segment; free segment the id names (memctl free) once the store commits again", "segment", r.ID, "device", d.Name(), "err", err)
-		}
+		p.forget(r)
 		p.unplace(r, d, true)
 		return nil, nil, fmt.Errorf("alloc on %s: %w", d.Name(), errDeviceChanged)
 	}
@@ -316,6 +321,54 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 // replaced under its name, while its backing was made: the next device
 // may have room.
 var errDeviceChanged = errs.Sub(errs.ErrNoCapacity, "the device went away or was replaced during the allocation")
+
+// forget removes from the store the record of r, an allocation undone
+// before it was acknowledged: a restart that found it would restore a
+// segment nobody was told of, counted against its owner, whose extent
+// the device may have given to another segment since. When the store
+// refuses the removal, it is retried in the background until it lands,
+// and once more when the core closes (forgetUnacked). p.mu is held.
+func (p *core) forget(r *record) {
+	err := p.st.delete(r)
+	if err == nil {
+		return
+	}
+	p.log.Warn("the record of an undone allocation could not be removed; retrying in the background", "segment", r.ID, "device", r.Device, "err", err)
+	if p.unacked == nil {
+		p.unacked = map[uint64]record{}
+	}
+	p.unacked[r.ID] = *r
+	id := r.ID
+	p.retryLater(func(context.Context) error {
+		p.mu.Lock()
+		r, ok := p.unacked[id]
+		p.mu.Unlock()
+		if !ok {
+			return nil
+		}
+		if err := p.st.delete(&r); err != nil {
+			return err
+		}
+		p.mu.Lock()
+		delete(p.unacked, id)
+		p.mu.Unlock()
+		p.log.Info("removed the record of an undone allocation", "segment", id)
+		return nil
+	})
+}
+
+// forgetUnacked makes a last try at removing the records forget could not,
+// before the store closes; the background retries have ended. p.mu is
+// held.
+func (p *core) forgetUnacked() {
+	for id, r := range p.unacked {
+		if err := p.st.delete(&r); err != nil {
+			p.log.Error("the record of an undone allocation could not be removed: after a restart it shows as a lost segment, whose extent the device may have given to another segment since; free it (memctl free) once the store commits again", "segment", id, "device", r.Device, "err", err)
+			continue
+		}
+		delete(p.unacked, id)
+	}
+}
 
 // unplace undoes the placement of r on d that no commit holds: the
 // owner's usage, the name, the export, the backing if made, and the

@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,15 +47,18 @@ func newHotSwap(t *testing.T) *hotSwap {
 	}
 	require.NotNil(t, h.d, "an emulated cxl device")
 	h.back = &dev{Device: h.d.Device, tier: h.d.tier, usable: true}
-	t.Cleanup(func() {
-		delete(h.p.gone, h.d.Name()) // the device is closed once, as back's
-		require.NoError(t, h.p.close())
-	})
+	t.Cleanup(func() { h.close(t) })
 	h.p.openSession("s-a", "app", "app", 1, 0)
 	var err error
 	h.c, err = h.p.callerFor("s-a")
 	require.NoError(t, err)
 	return h
+}
+
+// close closes the pool; the device is closed once, as back's.
+func (h *hotSwap) close(t *testing.T) {
+	delete(h.p.gone, h.d.Name())
+	require.NoError(t, h.p.close())
 }
 
 func (h *hotSwap) swap(t *testing.T, n int64) {
@@ -111,6 +116,17 @@ func TestUnplaceAfterHotplug(t *testing.T) {
 func TestAllocDeviceReplacedDuringCommit(t *testing.T) {
 	const n = 1 << 20
 	h := newHotSwap(t)
+	err := h.allocDuringSwap(t, n, func(*storeFile) {})
+	require.ErrorIs(t, err, errDeviceChanged)
+	h.failed(t, err, "replaced during the allocation", n)
+	require.Empty(t, storedIDs(t, h.p), "the record is deleted from the store")
+}
+
+// allocDuringSwap allocates n bytes named x on h's device, swaps the
+// device (hotSwap.swap) while the allocation's record commits, and calls
+// armed with the store file of that record before the commit goes on; it
+// returns the allocation's outcome.
+func (h *hotSwap) allocDuringSwap(t *testing.T, n int64, armed func(*storeFile)) error {
 	// A first allocation reserves a block of ids (a commit of its own).
 	warm, err := h.p.Alloc(t.Context(), h.c, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL})
 	require.NoError(t, err)
@@ -124,11 +140,59 @@ func TestAllocDeviceReplacedDuringCommit(t *testing.T) {
 	}()
 	require.Eventually(t, queued(f, 1), 10*time.Second, time.Millisecond, "the allocation's commit does not wait")
 	h.swap(t, n)
+	armed(f)
 	require.NoError(t, release())
-	err = <-done
-	require.ErrorIs(t, err, errDeviceChanged)
-	h.failed(t, err, "replaced during the allocation", n)
-	recs, _, _, err := h.p.st.load()
+	return <-done
+}
+
+// storedIDs are the ids of the segments p's store holds.
+func storedIDs(t *testing.T, p *core) []uint64 {
+	recs, _, _, err := p.st.load()
 	require.NoError(t, err)
-	require.Empty(t, recs, "the record is deleted from the store")
+	var ids []uint64
+	for _, r := range recs {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+// TestUndoneAllocForgotten: an allocation undone after its record was
+// committed (its device was swapped during the commit) whose record
+// removal the store refuses once: the allocation fails as it would
+// anyway, and the record goes all the same, by the background retry
+// while the daemon runs, or before the store closes when it stops first:
+// a restart serves and counts nothing of it.
+func TestUndoneAllocForgotten(t *testing.T) {
+	const n = 1 << 20
+	for _, restart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "retried", true: "restart"}[restart], func(t *testing.T) {
+			h := newHotSwap(t)
+			var refused atomic.Int32
+			err := h.allocDuringSwap(t, n, func(f *storeFile) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				f.inject = func(removal bool) error {
+					if removal && refused.CompareAndSwap(0, 1) {
+						return errors.New("injected: the disk refused the write")
+					}
+					return nil
+				}
+			})
+			require.ErrorIs(t, err, errDeviceChanged)
+			h.failed(t, err, "replaced during the allocation", n)
+			require.EqualValues(t, 1, refused.Load(), "the store refused the record's removal")
+			if !restart {
+				require.Eventually(t, func() bool { return len(storedIDs(t, h.p)) == 0 }, 30*time.Second, 10*time.Millisecond,
+					"the record is removed by the retry")
+				return
+			}
+			h.close(t)
+			p := newTestPool(t, h.p.cfg)
+			defer p.close()
+			require.Empty(t, p.List(), "the restart serves no segment of the undone allocation")
+			segs, bytes := p.usage.of([]string{h.c.id()}, tierName(poolv1.Tier_TIER_CXL))
+			require.Equal(t, []int64{0, 0}, []int64{int64(segs), bytes}, "and counts none")
+			require.Empty(t, storedIDs(t, p), "the record is gone from the store")
+		})
+	}
 }

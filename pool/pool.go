@@ -106,6 +106,10 @@ type core struct {
 	nextID        uint64
 	idLimit       uint64 // ids below idLimit are durable as used
 	closed        bool
+	// unacked are the records of undone allocations whose removal from
+	// the store failed, by id: retried until it lands, and once more
+	// before the store closes (forget).
+	unacked map[uint64]record
 	// measured is what the tier probe found, per tier (see measure.go);
 	// hmat is the firmware's read latency of the tier's NUMA node.
 	measured map[poolv1.Tier]*measurement
@@ -366,6 +370,7 @@ func (p *core) close() error {
 		err = p.dp.close()
 	}
 	p.fwd.closeAll()
+	p.forgetUnacked()
 	return errors.Join(err, p.closeDevices(), p.st.close())
 }
 

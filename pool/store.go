@@ -109,6 +109,10 @@ type storeFile struct {
 	// reserveOut: the reserve file is missing (used by a removal, or the
 	// filesystem was full when it was to be made).
 	reserveOut bool
+	// inject, set by tests only, is asked about each change before it
+	// commits (removal: the change only deletes); an error fails that
+	// change, as a disk that refuses the write would. nil in poold.
+	inject func(removal bool) error
 }
 
 // change is one queued update and where its outcome goes.
@@ -361,6 +365,15 @@ func (f *storeFile) await(c *change) error {
 func (f *storeFile) commit(group []*change) {
 	f.mu.Lock()
 	degraded := f.reserveOut
+	if f.inject != nil {
+		group = slices.DeleteFunc(group, func(c *change) bool {
+			err := f.inject(c.removal)
+			if err != nil {
+				c.done <- err
+			}
+			return err != nil
+		})
+	}
 	f.mu.Unlock()
 	if len(group) > 1 && !degraded {
 		err := f.tx(func(tx *bolt.Tx) error {
