@@ -64,13 +64,21 @@ func (h *hotSwap) close(t *testing.T) {
 func (h *hotSwap) swap(t *testing.T, n int64) {
 	h.p.mu.Lock()
 	defer h.p.mu.Unlock()
-	h.p.dropLocked(h.d)
+	replaceDevLocked(t, h.p, h.d, h.back)
 	var err error
-	h.back.ext, err = extent.New(h.d.Capacity(), h.d.Align())
-	require.NoError(t, err)
-	h.p.addLocked(h.back)
 	h.other, err = h.back.ext.Alloc(n)
 	require.NoError(t, err)
+}
+
+// replaceDevLocked takes d away from p, as a hotplug removal does, and
+// brings back in its place under its name, with an allocator of its own
+// (nothing taken), as a device that came back. p.mu is held.
+func replaceDevLocked(t *testing.T, p *core, d, back *dev) {
+	p.dropLocked(d)
+	var err error
+	back.ext, err = extent.New(d.Capacity(), d.Align())
+	require.NoError(t, err)
+	p.addLocked(back)
 }
 
 // failed checks that an allocation of n bytes named x failed with err,

@@ -237,7 +237,7 @@ func (p *core) promote(ctx context.Context, c caller, r record, req *poolv1.Move
 		if p.device(d.Name()) != d {
 			// Replaced during the copy: the new device's allocator does
 			// not hold the extent, which another segment may take.
-			return fmt.Errorf("on %s: %w", d.Name(), errDeviceChanged)
+			return fmt.Errorf("its new extent on %s: %w; it stays at its home %s: move it again", d.Name(), errDeviceChanged, r.Home)
 		}
 		next.Tier, next.Device, next.Offset, next.Extent = to, d.Name(), off, length
 		next.Key, next.Home, next.HomeID, next.DataAddr, next.DataTLS, next.Epoch, next.Sealed = rdma.Key{}, "", 0, "", nil, 1, false
