@@ -61,7 +61,11 @@ type Options struct {
 // heap: by more than admitMargin uses), so a run of
 // one-off far hits does not churn the hot tier. A promoted entry keeps its
 // far copy, so a clean entry that leaves the heap again is not rewritten.
-// A Set puts its entry on the heap: a value just written is likely read.
+// A Set of a new key puts its entry on the heap: a value just written is
+// likely read. A Set of a key that is cold (it has a far record, and is
+// used no more often than the hot tier's victim) keeps it where it is (a
+// cxl record of the same length is overwritten in place), so writes of
+// cold keys do not push hotter ones out either.
 //
 // No lock is held across far I/O. A Get finds an rdma record under its
 // shard's lock, by the far index's hash bits, then reads it unlocked; the
@@ -811,11 +815,53 @@ func (c *Cache) Set(key string, val []byte) {
 		e.val = append(e.val[:0], val...)
 		e.ref = true
 		c.evictHot(sh, si)
-	} else {
-		c.deleteFar(sh, si, h, key)
+	} else if len(c.tiers) == 0 || c.admitHot(sh, h, len(key)+len(val)) || !c.setFar(sh, si, key, val, h) {
+		c.deleteFar(sh, si, h, key, 0)
 		c.putHot(sh, si, key, val, h, 0, -1)
 	}
 	c.unlock(sh, si)
+}
+
+// setFar stores a Set's entry where the key's far record is, for a key
+// the admission policy keeps off the heap (used no more often than the hot
+// tier's victim): a key set again while it is cold does not push a hotter
+// one out. A record of the same length on a load/store tier is overwritten
+// where it is; else the entry is written to its record's tier, or the tier
+// above when it is used more often than that tier's victim. It reports
+// false when the entry is to go to the heap after all: the key has no far
+// record (a new key goes to the heap, as a hit would), or no tier took it.
+func (c *Cache) setFar(sh *shard, si int, key string, val []byte, h uint64) bool {
+	for ti, t := range c.tiers {
+		reg := t.table.region(si)
+		var rec []byte
+		b := t.table.find(reg, h, func(r alloc.Ref) bool {
+			if !t.loadStore {
+				return true // the hash bits stand for the key, as in deleteFar
+			}
+			k, _, err := c.mappedRecord(t, r, false)
+			if err == nil && string(k) == key {
+				rec, _ = t.arena.Bytes(r)
+			}
+			return err == nil && string(k) == key
+		})
+		if b < 0 {
+			continue
+		}
+		n := recordHeader + len(key) + len(val)
+		if len(rec) == n {
+			putRecord(rec, key, val)
+			reg[2*b] |= bucketRef
+			c.deleteFar(sh, si, h, key, ti+1)
+			return true
+		}
+		if ti > 0 && c.admitFar(sh, si, ti-1, h, n) {
+			ti--
+		}
+		c.deleteFar(sh, si, h, key, 0)
+		nt, _ := c.demote(sh, si, ti, key, val, h)
+		return nt >= 0
+	}
+	return false
 }
 
 // Delete removes key.
@@ -828,7 +874,7 @@ func (c *Cache) Delete(key string) {
 		c.freeSlot(sh, c.removeHot(sh, i))
 		return
 	}
-	c.deleteFar(sh, si, h, key)
+	c.deleteFar(sh, si, h, key, 0)
 }
 
 // farCopy reports whether a hot entry's far copy is still indexed or on
@@ -858,11 +904,12 @@ func (c *Cache) dropFarCopy(sh *shard, si int, e *hotEntry) {
 	e.farTier = -1
 }
 
-// deleteFar removes every far record of key. A record of a load/store tier
+// deleteFar removes every far record of key in tiers from on, and its
+// records on their way to a tier. A record of a load/store tier
 // is checked to be key's; one of an rdma tier is taken to be key's when
 // its bucket has key's hash bits, so a Set or Delete reads nothing remote
 // (the rare other key sharing them is evicted).
-func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string) {
+func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string, from int) {
 	for i, ph := range sh.pendingHash {
 		if !sameHash(ph, h) {
 			continue
@@ -872,7 +919,8 @@ func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string) {
 			c.cancel(sh, w)
 		}
 	}
-	for ti, t := range c.tiers {
+	for ti, t := range c.tiers[from:] {
+		ti += from
 		reg := t.table.region(si)
 		for {
 			b := t.table.find(reg, h, func(r alloc.Ref) bool {

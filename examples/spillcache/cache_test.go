@@ -89,6 +89,73 @@ func TestAdmission(t *testing.T) {
 	require.Equal(t, int64(4), st.Entries[LevelHot])
 }
 
+// A Set of a cold key (one with a far record, used no more often than the
+// hot tier's victim) keeps it off the heap, so the hot set stays: on the
+// cxl tier its record is overwritten where it is, an rdma key is written
+// to a far tier again. (A new key goes to the heap: TestFarCopyFollowsItsRecord.)
+func TestSetKeepsColdKeysFar(t *testing.T) {
+	v1, v2 := bytes.Repeat([]byte{1}, 100), bytes.Repeat([]byte{2}, 100)
+	slot := int64(alloc.SizeClass(recordHeader + 2 + len(v1)))
+	// One shard, a heap for two entries, cxl for two records.
+	c := newTestCache(t, Options{HotBytes: 2 * (2 + 100), CXLBytes: 2 * slot, RDMABytes: 64 << 10, Shards: 1, RecordBytes: 102})
+	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
+	for _, k := range keys {
+		c.Set(k, v1) // each pushes older ones down a tier
+	}
+	settle(t, c)
+	require.Equal(t, [numLevels]int64{2, 2, 2}, c.Stats().Entries)
+	at := map[Level][]string{}
+	for _, k := range keys {
+		at[levelOf(c, k)] = append(at[levelOf(c, k)], k)
+	}
+	hot, cxl, rdma := at[LevelHot], at[LevelCXL][0], at[LevelRDMA][0]
+	for range 5 {
+		for _, k := range hot {
+			_, l := c.GetLevel(nil, k)
+			require.Equal(t, LevelHot, l)
+		}
+	}
+
+	demoted := c.Stats().Demoted
+	c.Set(cxl, v2)
+	st := c.Stats()
+	require.Equal(t, [numLevels]int64{2, 2, 2}, st.Entries)
+	require.Equal(t, demoted, st.Demoted, "the cxl record is overwritten where it is")
+	v, l := c.GetLevel(nil, cxl)
+	require.Equal(t, LevelCXL, l)
+	require.Equal(t, v2, v)
+
+	c.Set(rdma, v2)
+	settle(t, c)
+	v, l = c.GetLevel(nil, rdma)
+	require.Contains(t, []Level{LevelCXL, LevelRDMA}, l, "a cold rdma key stays in a far tier")
+	require.Equal(t, v2, v)
+	for _, k := range hot {
+		v, l := c.GetLevel(nil, k)
+		require.Equal(t, LevelHot, l, "the hot set stays")
+		require.Equal(t, v1, v)
+	}
+}
+
+// levelOf says where key is, without counting a use or moving it.
+func levelOf(c *Cache, key string) Level {
+	h, sh, si := c.locate(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if _, ok := sh.hot[key]; ok {
+		return LevelHot
+	}
+	for _, t := range c.tiers {
+		if t.table.find(t.table.region(si), h, func(r alloc.Ref) bool {
+			k, _, err := c.mappedRecord(t, r, false)
+			return !t.loadStore || err == nil && string(k) == key
+		}) >= 0 {
+			return t.level
+		}
+	}
+	return LevelMiss
+}
+
 // A probe reads an rdma record only where the far index has the key's
 // hash bits: Gets of absent keys read nothing remote, and a Get served
 // from the rdma tier reads exactly one record.
