@@ -1,11 +1,13 @@
 package alloc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
@@ -134,36 +136,83 @@ func (r *redundant) readShard(i int, ps []piece) func(context.Context, *homeView
 	}
 }
 
-// decode fills the pieces ps of data shard i from the same ranges of k
+// decode fills the pieces ps of data shard i from the same ranges of
 // other shards whose homes hold them, read in parallel (one batch per
 // home, into one pooled buffer), and Reed–Solomon, which rebuilds shard i
 // only: each byte column decodes on its own, so only the pieces' ranges
 // are read.
+//
+// The shards are read while clients may write the same stripes: a data
+// home applies a write, then sends the parity deltas, so for a moment a
+// parity shard lacks a write its data shard holds (or holds one whose
+// data shard was read before it landed), and a decode from such a mix
+// yields bytes nobody wrote. So decode reads one shard more than the k it
+// needs when one is up, rebuilds that one too from the k others, and
+// compares: a write half applied across the shards read never matches
+// (any k+1 shards of the code detect one inconsistent shard, and a write
+// changes one data shard and its parity), and the read is made again
+// once the write has gone everywhere (decodeRetry). With exactly k shards
+// left nothing can tell, and the decode is taken as read: see
+// docs/REDUNDANCY.md ("Degraded reads under writes").
 func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) error {
+	wait := decodeRetry
+	for {
+		torn, err := r.decodeOnce(ctx, v, i, ps)
+		if err != nil || !torn {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("segment %d: data shard %d: the other shards kept changing under its decode (writes to the same stripes): %w", r.info.Id, i, ErrUnavailable)
+		case <-t.C:
+		}
+		wait = min(2*wait, decodeRetryMax)
+	}
+}
+
+// decodeRetry is the first wait before a degraded read whose shards did
+// not match is made again: a write's parity deltas land within a round
+// trip or two. It doubles up to decodeRetryMax.
+const (
+	decodeRetry    = 20 * time.Microsecond
+	decodeRetryMax = 5 * time.Millisecond
+)
+
+// decodeOnce is one read of the shards and decode (see decode); torn
+// reports that the spare shard read did not match the others.
+func (r *redundant) decodeOnce(ctx context.Context, v *homeView, i int, ps []piece) (torn bool, err error) {
 	total := 0
 	for _, p := range ps {
 		total += len(p.buf)
 	}
 	cands := v.order(i)
-	// k slots of total bytes, one per shard read: a try reads into a free
-	// one, which it keeps if it succeeds and gives to the next try if not
-	// (a Read writes its buffer only while it runs).
-	bp := getDecodeBuf(r.k * total)
+	want := min(r.k+1, len(cands)) // k to decode, one more to check them
+	// want slots of total bytes, one per shard read, and one to rebuild the
+	// spare into: a try reads into a free one, which it keeps if it
+	// succeeds and gives to the next try if not (a Read writes its buffer
+	// only while it runs).
+	bp := getDecodeBuf((want + 1) * total)
 	defer putDecodeBuf(bp)
 	buf := *bp
 	l := opLists.Get().(*opList)
 	defer l.put()
-	src := make([]int, 0, r.k)     // the shards read, k of them once done
-	bufs := make([][]byte, 0, r.k) // bufs[j]: shard src[j]'s bytes of every piece, in order
-	got := make([][]byte, r.k)     // got[:k-len(src)]: the free slots
+	src := make([]int, 0, want)     // the shards read, want of them once done
+	bufs := make([][]byte, 0, want) // bufs[j]: shard src[j]'s bytes of every piece, in order
+	got := make([][]byte, want)     // got[:want-len(src)]: the free slots
 	for j := range got {
 		got[j] = buf[j*total : (j+1)*total]
 	}
-	errs := make([]error, r.k)
-	for len(src) < r.k {
-		need := r.k - len(src)
+	spare := buf[want*total:]
+	errs := make([]error, want)
+	for len(src) < want {
+		need := want - len(src)
 		if need > len(cands) {
-			return fmt.Errorf("segment %d: data shard %d: only %d of the %d other shards needed to decode it could be read: %w", r.info.Id, i, len(src)+len(cands), r.k, ErrUnavailable)
+			if len(src) >= r.k {
+				break // no spare left to check with: decode from k
+			}
+			return false, fmt.Errorf("segment %d: data shard %d: only %d of the %d other shards needed to decode it could be read: %w", r.info.Id, i, len(src)+len(cands), r.k, ErrUnavailable)
 		}
 		try := cands[:need]
 		cands = cands[need:]
@@ -189,7 +238,7 @@ func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) 
 			case err == nil:
 				src, bufs = append(src, try[j]), append(bufs, got[j])
 			case answered(err) || ctx.Err() != nil:
-				return err
+				return false, err
 			default:
 				got[free] = got[j]
 				free++
@@ -197,24 +246,35 @@ func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) 
 		}
 	}
 	shards := make([][]byte, r.k+r.m)
-	want := make([]bool, r.k+r.m)
-	want[i] = true
+	want2 := make([]bool, r.k+r.m)
+	want2[i] = true
 	at := 0
 	for _, p := range ps {
 		clear(shards)
-		for j, s := range src {
+		for j, s := range src[:r.k] {
 			shards[s] = bufs[j][at : at+len(p.buf)]
 		}
 		shards[i] = p.buf[:0]
-		if err := r.enc.ReconstructSome(shards, want); err != nil {
-			return fmt.Errorf("segment %d: decode data shard %d at %d: %w (%w)", r.info.Id, i, p.off, err, ErrUnavailable)
+		check := len(src) > r.k
+		if check {
+			shards[src[r.k]], want2[src[r.k]] = spare[:0:len(p.buf)], true
+		}
+		err := r.enc.ReconstructSome(shards, want2)
+		if check {
+			want2[src[r.k]] = false
+		}
+		if err != nil {
+			return false, fmt.Errorf("segment %d: decode data shard %d at %d: %w (%w)", r.info.Id, i, p.off, err, ErrUnavailable)
+		}
+		if check && !bytes.Equal(shards[src[r.k]], bufs[r.k][at:at+len(p.buf)]) {
+			return true, nil
 		}
 		if len(shards[i]) > 0 && &shards[i][0] != &p.buf[0] {
 			copy(p.buf, shards[i])
 		}
 		at += len(p.buf)
 	}
-	return nil
+	return false, nil
 }
 
 // decodeBufs holds the buffers decode reads the other shards into.

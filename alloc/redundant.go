@@ -39,7 +39,9 @@ import (
 // write and updates the parity shards itself. A piece whose home fails is
 // read from k other shards at the same shard offsets and decoded
 // (Reed–Solomon: the byte columns are independent, so any sub-range
-// decodes alone).
+// decodes alone), checked against one more shard when one is up, so that
+// a write half applied across the stripe is read again, not decoded
+// (decode).
 type redundant struct {
 	c     *Client
 	info  *poolv1.Segment // as opened: id, size, redundancy, chunk

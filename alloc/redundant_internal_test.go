@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/klauspost/reedsolomon"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
@@ -340,4 +342,69 @@ func TestDegradedReadNextShard(t *testing.T) {
 		require.NoError(t, err, "degraded read of chunk %d", c)
 		require.Equal(t, want[c*chunk+5:(c+1)*chunk-5], got, "degraded read of chunk %d", c)
 	}
+}
+
+// TestDegradedReadUnderWrites: a degraded read decodes a lost data shard
+// from the others while writes to the other data shard of the same
+// stripes go on (their data homes apply them and forward the parity
+// deltas, as a daemon's forwarding does). The lost shard's bytes never
+// change, so every degraded read must return them: a decode from a data
+// shard that holds a write whose parity delta has not reached the parity
+// shard read with it (or the other way round) would return bytes nobody
+// wrote.
+func TestDegradedReadUnderWrites(t *testing.T) {
+	const k, m, chunk, stripes = 2, 2, 4096, 2
+	const size = k * chunk * stripes
+	f := startFakeHomes(t, ErasureCoded(k, m), chunk*stripes, size, tcp.DefaultConfig())
+	want := randomBytes(size, 5)
+	_, err := f.seg.WriteAt(want, 0)
+	require.NoError(t, err)
+	f.fillParity(t, k, m, chunk*stripes)
+	var targets []tcp.ForwardTarget
+	for p := range m {
+		h := f.homes[k+p]
+		cl, err := tcp.Dial(t.Context(), h.DataAddr)
+		require.NoError(t, err)
+		t.Cleanup(func() { cl.Close() })
+		r := rdma.Region{Segment: h.HomeId, Epoch: h.Epoch}
+		copy(r.Key[:], h.Key)
+		targets = append(targets, tcp.ForwardTarget{Conn: cl, Region: r})
+	}
+	require.NoError(t, f.srvs[1].Forward(f.homes[1].HomeId, &tcp.Forwarding{Mode: tcp.ForwardParity, Shard: 1, DataShards: k, ParityShards: m, Targets: targets}))
+	require.NoError(t, f.srvs[0].Close()) // data shard 0: chunks 0 and 2
+
+	got := make([]byte, chunk)
+	read := func(i int) bool {
+		c := 2 * (i % 2)
+		_, err := f.seg.ReadAt(got, int64(c*chunk))
+		return assert.NoError(t, err) && assert.True(t, bytes.Equal(want[c*chunk:(c+1)*chunk], got), "degraded read %d of chunk %d returned other bytes", i, c)
+	}
+	require.True(t, read(0) && read(1), "degraded reads with no write under way")
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { // writes to chunks 1 and 3, on data shard 1
+		buf := make([]byte, chunk)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for j := range buf {
+				buf[j] = byte(i + j)
+			}
+			if _, err := f.seg.WriteAt(buf, int64((1+2*(i%2))*chunk)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	for i := range 2000 {
+		if !read(i) {
+			break
+		}
+	}
+	close(stop)
+	wg.Wait()
 }
