@@ -284,6 +284,12 @@
 //     /reedsolomon, reedsolomon.New(k, m)) of delta = old XOR new, as data
 //     shard i's contribution (EncodeIdx), as an XOR at the same offset.
 //
+// Reads: a READ of a forwarding segment that overlaps an op not yet
+// settled (every live target acknowledged it, or was reported to OnFail
+// and OnFail returned) waits until it is, then copies its bytes under the
+// forwarding lock: a reader never sees a change that a target promoted in
+// the primary's place could lack.
+//
 // Order: the apply and the queueing of the forwarded ops on the targets'
 // connections happen under one lock per segment, and every op for one
 // target of one segment goes on one connection of its Client, so each
@@ -391,8 +397,12 @@
 // payload of 32 KiB or more the next read fetches only the next header, so a
 // stream of large writes goes straight to the mapping). READ payloads go
 // from the mapping to the socket with writev (net.Buffers{header,
-// mem[off:off+n]}), without an intermediate copy. The client reads READ
-// payloads into the caller's buffer the same way.
+// mem[off:off+n]}), without an intermediate copy, but for a forwarding
+// segment's: a READ there waits until no op whose change it overlaps is
+// still on its way to the targets (each answered, or reported to OnFail)
+// and copies the bytes under the segment's forwarding lock, so it never
+// returns a change a target may miss (see Forwarding). The client reads
+// READ payloads into the caller's buffer the same way.
 //
 // # Batching and hand-offs
 //

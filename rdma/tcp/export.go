@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -52,6 +53,14 @@ type export struct {
 	// none, stored under fwdMu.
 	fwdMu sync.Mutex
 	fwd   atomic.Pointer[forwarder]
+	// unsettled are the ranges of the ops forwarded and not yet settled
+	// (every target answered, or was reported to OnFail): a read that
+	// overlaps one waits on settled until it is, so that nothing is read
+	// here that a target could still miss (readSettled). Guarded by
+	// fwdMu; nUnsettled is its length, for reads to test unlocked.
+	unsettled  []fwdRange
+	nUnsettled atomic.Int32
+	settled    sync.Cond // L is &fwdMu
 
 	drainOnce sync.Once
 	drained   chan struct{}
@@ -59,6 +68,7 @@ type export struct {
 
 func newExport(seg uint64, mem []byte, key rdma.Key, epoch uint64) *export {
 	e := &export{seg: seg, mem: mem, key: key, drained: make(chan struct{})}
+	e.settled.L = &e.fwdMu
 	e.epoch.Store(epoch)
 	return e
 }
@@ -230,4 +240,41 @@ func faddGuarded(p *uint64, delta uint64) (prev uint64, fault bool) {
 		}
 	}()
 	return atomic.AddUint64(p, delta) - delta, false
+}
+
+// fwdRange is the range [off, off+n) an op forwarded and not yet settled
+// changed.
+type fwdRange struct {
+	off, n uint64
+	fo     *fwdOp
+}
+
+// unsettle notes that fo's change of [off, off+n) is on its way to the
+// targets. e.fwdMu is held.
+func (e *export) unsettle(off, n uint64, fo *fwdOp) {
+	e.unsettled = append(e.unsettled, fwdRange{off, n, fo})
+	e.nUnsettled.Store(int32(len(e.unsettled)))
+}
+
+// settle notes that fo's change reached every target that will have it,
+// and wakes the reads that wait for it.
+func (e *export) settle(fo *fwdOp) {
+	e.fwdMu.Lock()
+	if i := slices.IndexFunc(e.unsettled, func(r fwdRange) bool { return r.fo == fo }); i >= 0 {
+		e.unsettled = slices.Delete(e.unsettled, i, i+1)
+		e.nUnsettled.Store(int32(len(e.unsettled)))
+	}
+	e.fwdMu.Unlock()
+	e.settled.Broadcast()
+}
+
+// overlapsUnsettled reports whether [off, off+n) overlaps a range not yet
+// settled. e.fwdMu is held.
+func (e *export) overlapsUnsettled(off, n uint64) bool {
+	for _, r := range e.unsettled {
+		if off < r.off+r.n && r.off < off+n {
+			return true
+		}
+	}
+	return false
 }

@@ -554,6 +554,7 @@ func (fo *fwdOp) settle() {
 	if fo.status == statusOK && fo.f.missed() {
 		fo.status, fo.flags, fo.value = statusIndeterminate, 0, 0
 	}
+	fo.e.settle(fo)
 	for _, b := range fo.bufs {
 		putBuf(b)
 	}

@@ -739,6 +739,69 @@ func TestForwardHungTarget(t *testing.T) {
 	require.Equal(t, map[int]int{0: 1}, fails.count(), "reported once")
 }
 
+// TestReadWaitsForForward: a read at the primary that overlaps a write
+// whose forward has not settled (its target hung, and its loss not yet
+// recorded: OnFail is held) waits until it has, so that no reader sees a
+// write that a failover to the target could still lose; once OnFail has
+// returned it reads the write. A read of other bytes meanwhile does not
+// wait.
+func TestReadWaitsForForward(t *testing.T) {
+	release := make(chan struct{})
+	var held atomic.Bool
+	hcfg := fwdConfig()
+	hcfg.Observe = func(Observation) {
+		if held.Load() {
+			<-release
+		}
+	}
+	hung := startServer(t, hcfg)
+	_, hr := hung.export(t, 1, 4096)
+	t.Cleanup(func() { close(release) }) // before the servers close
+
+	cfg := fwdConfig()
+	cfg.ForwardTimeout = 100 * time.Millisecond
+	prim := startServer(t, cfg)
+	_, pr := prim.export(t, 1, 4096)
+	inFail, letFail := make(chan struct{}), make(chan struct{})
+	var failed atomic.Bool
+	onFail := func(int, error) error {
+		close(inFail)
+		<-letFail
+		failed.Store(true)
+		return nil
+	}
+	link := dial(t, hung.addr, WithConns(1), WithBusyPoll(-1))
+	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: hr}}, OnFail: onFail}))
+	cl := dial(t, prim.addr, WithBusyPoll(-1))
+	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("old!")))
+
+	held.Store(true)
+	wrote := make(chan error, 1)
+	go func() { wrote <- cl.Write(t.Context(), pr, 0, []byte("new!")) }()
+	<-inFail // applied at the primary, the target timed out, its loss not yet recorded
+	reader := dial(t, prim.addr, WithBusyPoll(-1))
+	other := make([]byte, 4)
+	require.NoError(t, reader.Read(t.Context(), pr, 100, other), "a read of other bytes does not wait")
+	type got struct {
+		b      []byte
+		failed bool
+		err    error
+	}
+	read := make(chan got, 1)
+	go func() {
+		b := make([]byte, 4)
+		err := reader.Read(t.Context(), pr, 0, b)
+		read <- got{b, failed.Load(), err}
+	}()
+	time.Sleep(100 * time.Millisecond) // time for a read that does not wait to come back
+	close(letFail)
+	g := <-read
+	require.NoError(t, g.err)
+	require.True(t, g.failed, "the read came back with %q before the write's forward settled", g.b)
+	require.Equal(t, "new!", string(g.b))
+	require.NoError(t, <-wrote)
+}
+
 // TestForwardRefusesBadSettings: what Forward refuses, with which error.
 func TestForwardRefusesBadSettings(t *testing.T) {
 	s := startServer(t, fwdConfig())

@@ -135,6 +135,7 @@ func (c *srvConn) mutate(h *reqHeader, e *export, data []byte, org *origin) erro
 	}
 	f.forward(fo, h.off, wasb, *now)
 	f.inflight.Add(1)
+	e.unsettle(h.off, n, fo)
 	e.fwdMu.Unlock()
 	c.status = statusOK
 	// A client's op alone on the connection is awaited here (see the

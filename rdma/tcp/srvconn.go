@@ -44,6 +44,7 @@ type srvConn struct {
 	iov       [][]byte               // pending batch: headers and READ payloads
 	nb        net.Buffers            // writev argument; a field so it does not escape per flush
 	pinned    []*export              // exports pinned by pending READ payloads
+	copies    []*[]byte              // pooled copies pending READ payloads were read into (readSettled)
 	npend     int                    // pending responses
 	pendBytes int                    // pending payload bytes
 	deadline  time.Time              // current write deadline
@@ -408,9 +409,37 @@ func (c *srvConn) read(h *reqHeader) error {
 		e.release()
 		return c.respond(h.id, statusOutOfRange, 0, 0, nil, nil)
 	}
+	if e.fwd.Load() != nil || e.nUnsettled.Load() > 0 {
+		return c.readSettled(h, e)
+	}
 	// The payload is sent straight from the mapping; e stays pinned until
 	// the batch is flushed.
 	return c.respond(h.id, statusOK, 0, 0, e.mem[h.off:h.off+uint64(h.length)], e)
+}
+
+// readSettled reads a segment that forwards its changes: once no op whose
+// change the read overlaps is still on its way to the targets, it copies
+// the bytes under the forwarding lock (no op applies meanwhile), so a read
+// here never returns a change that a target may still miss and a failover
+// then lose. The copy is sent at the next flush.
+func (c *srvConn) readSettled(h *reqHeader, e *export) error {
+	n := uint64(h.length)
+	buf := getBuf(int(n))
+	e.fwdMu.Lock()
+	for e.overlapsUnsettled(h.off, n) {
+		e.settled.Wait()
+	}
+	_, fault := copyGuarded(*buf, e.mem[h.off:h.off+n])
+	e.fwdMu.Unlock()
+	e.release()
+	if fault {
+		putBuf(buf)
+		e.state.CompareAndSwap(stateLive, stateLost)
+		c.log.Error("rdma/tcp: memory fault reading a segment; marked segment lost", "segment", e.seg, "offset", h.off, "length", n)
+		return c.respond(h.id, statusSegmentLost, 0, 0, nil, nil)
+	}
+	c.copies = append(c.copies, buf)
+	return c.respond(h.id, statusOK, 0, 0, *buf, nil)
 }
 
 // write stores a WRITE payload. Payload bytes that arrived in the same socket
@@ -546,6 +575,11 @@ func (c *srvConn) flush() error {
 	clear(c.iov)
 	c.iov = c.iov[:0]
 	c.unpin()
+	for i, b := range c.copies {
+		putBuf(b)
+		c.copies[i] = nil
+	}
+	c.copies = c.copies[:0]
 	c.lone.note(c.npend == 1)
 	// Written only when it changes: at one busy connection the shared
 	// word stays in every core's cache.
