@@ -500,11 +500,12 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 			targets = append(targets, hp)
 		}
 	}
+	restarted := make([]bool, len(r.Homes))
 	tell := func(idx []int, req func(i int) *poolv1.ReplicateRequest) error {
 		errsOf := make([]error, len(idx))
 		var wg sync.WaitGroup
 		for n, i := range idx {
-			wg.Go(func() { errsOf[n] = p.replicateAt(ctx, r, i, req(i)) })
+			wg.Go(func() { restarted[i], errsOf[n] = p.replicateAt(ctx, r, i, req(i)) })
 		}
 		wg.Wait()
 		return errors.Join(errsOf...)
@@ -516,7 +517,7 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 		return err
 	}
 	err = tell(forwarders, func(i int) *poolv1.ReplicateRequest {
-		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Targets: targets}
+		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Targets: targets, StaleIfRestarted: r.spares(i)}
 		if coded {
 			req.Mode, req.Shard = poolv1.ForwardMode_FORWARD_MODE_PARITY, uint32(i)
 			req.DataShards, req.ParityShards = uint32(r.Redundancy.Data), uint32(r.Redundancy.Parity)
@@ -526,7 +527,27 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 	if err != nil {
 		return err
 	}
+	if i := slices.Index(restarted, true); i >= 0 {
+		// Its loss promotes a backup or has the shard rebuilt, and tells
+		// the survivors again (replicateLater), whose replicate raises
+		// the epochs.
+		p.homeLost(r.ID, r.Homes[i].Node, r.Homes[i].HomeID, "its daemon restarted: a write it applied just before may not have reached the other homes, so it is rebuilt from them", false)
+		return nil
+	}
 	return p.raiseEpochs(r)
+}
+
+// spares reports whether r keeps its bytes without home i: every other
+// home that is not lost would still hold the segment (a copy is OK, or k
+// shards are).
+func (r *record) spares(i int) bool {
+	if r.Homes[i].State != poolv1.HomeState_HOME_STATE_OK {
+		return false
+	}
+	without := *r
+	without.Homes = slices.Clone(r.Homes)
+	without.Homes[i].State = poolv1.HomeState_HOME_STATE_LOST
+	return !without.wouldBeLost()
 }
 
 // raiseEpochs records that every home of r that is not lost holds r's
@@ -552,20 +573,21 @@ func (p *core) raiseEpochs(r *record) error {
 }
 
 // replicateAt sends one Replicate to home i of r.
-func (p *core) replicateAt(ctx context.Context, r *record, i int, req *poolv1.ReplicateRequest) error {
+func (p *core) replicateAt(ctx context.Context, r *record, i int, req *poolv1.ReplicateRequest) (restarted bool, err error) {
 	h := r.Homes[i]
 	ctx, cancel := context.WithTimeout(ctx, replicateTimeout)
 	defer cancel()
 	pc, err := p.homeSession(ctx, h.Node, "home")
+	var resp *poolv1.ReplicateResponse
 	if err == nil {
-		_, err = callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
+		resp, err = callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
 			return api.Replicate(ctx, req)
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("replicate segment %d at %s (home %d): %w", r.ID, h.Node, i, err)
+		return false, fmt.Errorf("replicate segment %d at %s (home %d): %w", r.ID, h.Node, i, err)
 	}
-	return nil
+	return resp.GetRestarted(), nil
 }
 
 // homeProto describes a home for the API, without credentials or TLS

@@ -260,6 +260,15 @@ func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.Replicat
 	if err != nil {
 		return nil, err
 	}
+	if req.StaleIfRestarted && p.fwd.holding(req.HomeId) {
+		// Restored after a restart: a write applied here just before it
+		// may never have been forwarded. The origin rebuilds this copy
+		// from the others instead; until then it stays held.
+		p.mu.Lock()
+		epoch := r.Epoch
+		p.mu.Unlock()
+		return &poolv1.ReplicateResponse{Epoch: epoch, Restarted: true}, nil
+	}
 	f, conns, err := p.dialTargets(ctx, c.id(), req, tls)
 	if err != nil {
 		return nil, err

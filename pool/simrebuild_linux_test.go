@@ -353,3 +353,38 @@ func (rs *redundantSim) checkHomes(t *testing.T, gone []string) {
 		}
 	}
 }
+
+// TestRestartedWriterRebuilt: the daemon holding the replicated segment's
+// primary stops without leaving the cluster (as kill -9 does) and starts
+// again at once, faster than gossip declares it dead, with the copy still
+// in its memory. A write it applied just before may never have reached
+// the backup, so the origin does not let the copy serve again: the backup
+// becomes the primary and the copy is rebuilt from it (the restarted
+// daemon's copy is freed, never served), every home holding the bytes
+// written.
+func TestRestartedWriterRebuilt(t *testing.T) {
+	const size = 1 << 20
+	rs := newRedundantSim(t, 9, size, func(*simHost) {})
+	sc, rep := rs.sc, rs.rep
+	was := rep.Homes[0]
+	h := sc.host(was.Node)
+	d := h.daemon()
+	crashed := errors.New("killed by the test")
+	d.failErr.Store(&crashed) // no leave: the others do not hear it go
+	require.NoError(t, d.Close())
+	require.NoError(t, sc.start(h))
+
+	origin := rs.oh.daemon()
+	require.Eventually(t, func() bool {
+		r, _ := origin.pool.redundantRecord(rs.repID)
+		for _, hm := range r.Homes {
+			if hm.State != poolv1.HomeState_HOME_STATE_OK || hm.Node == was.Node && hm.HomeID == was.HomeID {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 10*time.Millisecond, "the restarted primary's copy is not replaced")
+	r, _ := origin.pool.redundantRecord(rs.repID)
+	require.Equal(t, rep.Homes[1].Node, r.Homes[0].Node, "the backup is the primary")
+	rs.checkHomes(t, nil)
+}

@@ -4588,8 +4588,14 @@ type ReplicateRequest struct {
 	// Clients (the owner's delegated credentials) may only read it: a
 	// backup or a parity shard, written by the writers alone.
 	ClientsReadOnly bool `protobuf:"varint,39,opt,name=clients_read_only,json=clientsReadOnly,proto3" json:"clients_read_only,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The origin can spare this copy or shard (the others hold the
+	// segment): if its writes are held since the callee's daemon restarted,
+	// leave everything as it is and answer restarted, and the origin
+	// rebuilds it from the others. A write it applied just before the
+	// restart may not have reached the other homes.
+	StaleIfRestarted bool `protobuf:"varint,40,opt,name=stale_if_restarted,json=staleIfRestarted,proto3" json:"stale_if_restarted,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ReplicateRequest) Reset() {
@@ -4685,9 +4691,19 @@ func (x *ReplicateRequest) GetClientsReadOnly() bool {
 	return false
 }
 
+func (x *ReplicateRequest) GetStaleIfRestarted() bool {
+	if x != nil {
+		return x.StaleIfRestarted
+	}
+	return false
+}
+
 type ReplicateResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"` // the copy's epoch after the call
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"` // the copy's epoch after the call
+	// stale_if_restarted was set and the copy's writes are held since the
+	// callee's daemon restarted: nothing was changed.
+	Restarted     bool `protobuf:"varint,2,opt,name=restarted,proto3" json:"restarted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4727,6 +4743,13 @@ func (x *ReplicateResponse) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *ReplicateResponse) GetRestarted() bool {
+	if x != nil {
+		return x.Restarted
+	}
+	return false
 }
 
 type MoveOutResponse struct {
@@ -5394,7 +5417,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x06target\x18\x04 \x01(\v2\x1b.farmem.pool.v1.SegmentHomeR\x06target\x12\x10\n" +
 	"\x03all\x18\x05 \x01(\bR\x03all\x12\x16\n" +
 	"\x06offset\x18\x06 \x01(\x03R\x06offset\x12\x16\n" +
-	"\x06length\x18\a \x01(\x03R\x06length\"\xcb\x02\n" +
+	"\x06length\x18\a \x01(\x03R\x06length\"\xf9\x02\n" +
 	"\x10ReplicateRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12/\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1b.farmem.pool.v1.ForwardModeR\x04mode\x12\x14\n" +
@@ -5405,9 +5428,11 @@ const file_pool_proto_rawDesc = "" +
 	"\atargets\x18\x06 \x03(\v2\x1b.farmem.pool.v1.SegmentHomeR\atargets\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x18\n" +
 	"\awriters\x18& \x03(\tR\awriters\x12*\n" +
-	"\x11clients_read_only\x18' \x01(\bR\x0fclientsReadOnly\")\n" +
+	"\x11clients_read_only\x18' \x01(\bR\x0fclientsReadOnly\x12,\n" +
+	"\x12stale_if_restarted\x18( \x01(\bR\x10staleIfRestarted\"G\n" +
 	"\x11ReplicateResponse\x12\x14\n" +
-	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"\xd4\x01\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1c\n" +
+	"\trestarted\x18\x02 \x01(\bR\trestarted\"\xd4\x01\n" +
 	"\x0fMoveOutResponse\x12\x14\n" +
 	"\x05dirty\x18\x01 \x01(\fR\x05dirty\x12!\n" +
 	"\fdirty_chunks\x18\x02 \x01(\rR\vdirtyChunks\x12!\n" +
