@@ -14,6 +14,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
 )
@@ -650,4 +651,48 @@ func TestPushNotesGo(t *testing.T) {
 	require.NoError(t, p.close())
 	p, _ = servingPool(t, cfg)
 	require.Equal(t, map[uint64]bool{kept.ID: true}, notes(p), "a restart keeps the sealed segment's note alone")
+}
+
+// TestStatSettledForeign: a Stat that asks for the settled segment
+// (StatRequest.settled) of another client's segment is refused at once,
+// also while the segment moves: a foreign client learns nothing of its
+// moves (not "still moving" for one under way) and holds no wait on them.
+// Its owner's waits for the move's end, within its deadline.
+func TestStatSettledForeign(t *testing.T) {
+	cfg := testConfig(t)
+	d, err := Start(cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	dial := func(id string) *session.Conn {
+		s, err := session.Dial(t.Context(), "unix", cfg.Socket, session.Options{ClientID: id})
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	stat := func(s *session.Conn, id uint64, wait time.Duration) error {
+		ctx, cancel := context.WithTimeout(t.Context(), wait)
+		defer cancel()
+		cctx, _, err := s.Call(ctx)
+		require.NoError(t, err)
+		_, err = s.API().Stat(cctx, &poolv1.StatRequest{Id: id, Settled: true})
+		return errs.FromStatus(err)
+	}
+	victim, mallory := dial("victim"), dial("mallory")
+	cctx, _, err := victim.Call(t.Context())
+	require.NoError(t, err)
+	seg, err := victim.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL})
+	require.NoError(t, errs.FromStatus(err))
+
+	require.ErrorIs(t, stat(mallory, seg.Id, 5*time.Second), errs.ErrAccessDenied, "not moving")
+	require.True(t, d.pool.moving.begin(seg.Id), "a move of the segment under way")
+	err = stat(mallory, seg.Id, 5*time.Second)
+	require.ErrorIs(t, err, errs.ErrAccessDenied, "moving: refused as when it is not, before any wait")
+	require.NotContains(t, err.Error(), "moving")
+	err = stat(victim, seg.Id, 100*time.Millisecond)
+	require.Error(t, err, "the owner's waits for the move's end")
+	require.NotErrorIs(t, err, errs.ErrAccessDenied)
+	owner := make(chan error, 1)
+	go func() { owner <- stat(victim, seg.Id, 10*time.Second) }()
+	d.pool.moving.end(seg.Id)
+	require.NoError(t, <-owner, "answered at the move's end")
 }

@@ -227,7 +227,19 @@ func (s *service) Detach(ctx context.Context, req *poolv1.DetachRequest) (*poolv
 
 func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
 	c := s.viewer(ctx)
+	denied := func() error {
+		// Ids are not secrets, but what they hold is: nothing of it.
+		err := fmt.Errorf("segment %d: %w", req.Id, errs.ErrAccessDenied)
+		s.d.refused("stat", c, req.Id, "", err)
+		return errs.ToStatus(err)
+	}
 	if req.Settled {
+		// Who may see the segment is checked before the wait: a caller
+		// that may not learns nothing of its moves (whether one is under
+		// way, when it ends) and holds no wait on them.
+		if r, err := s.d.pool.Stat(req.Id); err == nil && !s.d.visible(c, &r) {
+			return nil, denied()
+		}
 		if err := s.d.pool.moving.awaitIdle(ctx, req.Id); err != nil {
 			return nil, errs.ToStatus(err)
 		}
@@ -237,13 +249,11 @@ func (s *service) Stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Se
 	if !ok {
 		r, err = s.d.pool.Stat(req.Id)
 	}
-	if err == nil && !s.d.visible(c, &r) {
-		// Ids are not secrets, but what they hold is: nothing of it.
-		err = fmt.Errorf("segment %d: %w", req.Id, errs.ErrAccessDenied)
-		s.d.refused("stat", c, req.Id, "", err)
-	}
 	if err != nil {
 		return nil, errs.ToStatus(err)
+	}
+	if !s.d.visible(c, &r) {
+		return nil, denied()
 	}
 	return s.d.forCaller(ctx, c, r), nil
 }
