@@ -385,6 +385,14 @@ func (p *core) moveSubject(c caller, req *poolv1.MoveRequest) (record, error) {
 		if !isPeer(c) || c.id() != peerClientPrefix+req.Home {
 			return record{}, fmt.Errorf("move segment %d of node %s: %w: only that node's daemon may ask by its id there, and the caller is %s", req.HomeId, req.Home, errs.ErrAccessDenied, c.ident)
 		}
+		// A home asks that the segment leave it (evacuation, rebalance);
+		// where it goes is this daemon's placement's to pick, within the
+		// rdma tier: a home may not send it to a node of its choosing,
+		// nor into this host's memory.
+		if req.ToNode != "" || req.ToTier != poolv1.Tier_TIER_UNSPECIFIED {
+			return record{}, fmt.Errorf("move segment %d of node %s: %w: a home asks only that the segment move away from it, and this node's placement picks where; the request named node %q and tier %s: ask without them",
+				req.HomeId, req.Home, errs.ErrAccessDenied, req.ToNode, tierName(req.ToTier))
+		}
 		for _, x := range p.segs {
 			if slices.Contains(x.idsOn(req.Home), req.HomeId) {
 				r = x

@@ -357,6 +357,8 @@ func TestMoveSubject(t *testing.T) {
 		{"its home", as("poold/b"), &poolv1.MoveRequest{Home: "b", HomeId: 50}, nil},
 		{"another client", as("other"), &poolv1.MoveRequest{Id: 5}, errs.ErrAccessDenied},
 		{"another home", as("poold/c"), &poolv1.MoveRequest{Home: "b", HomeId: 50}, errs.ErrAccessDenied},
+		{"its home, to a node it names", as("poold/b"), &poolv1.MoveRequest{Home: "b", HomeId: 50, ToNode: "c"}, errs.ErrAccessDenied},
+		{"its home, to this host's cxl tier", as("poold/b"), &poolv1.MoveRequest{Home: "b", HomeId: 50, ToTier: poolv1.Tier_TIER_CXL}, errs.ErrAccessDenied},
 		{"an administrator by home id", admin(), &poolv1.MoveRequest{Home: "b", HomeId: 50}, errs.ErrAccessDenied},
 		{"unknown at its home", as("poold/b"), &poolv1.MoveRequest{Home: "b", HomeId: 51}, errs.ErrNotFound},
 		{"unknown", admin(), &poolv1.MoveRequest{Id: 99}, errs.ErrNotFound},

@@ -21,14 +21,11 @@ import (
 )
 
 // homeMovable checks that the home a peer asks to move (req.Home,
-// req.HomeId) of the redundant segment r can move live: within the rdma
-// tier, to a host placement picks.
+// req.HomeId) of the redundant segment r can move live (within the rdma
+// tier, to a host placement picks: moveSubject refuses a request that
+// names a node or tier).
 func homeMovable(r *record, req *poolv1.MoveRequest) error {
-	switch {
-	case changesTier(r, req.ToTier) || req.ToNode != "":
-		return fmt.Errorf("move the home on %s of segment %d: %w: a home of a redundant segment (%s) moves within the rdma tier to a host placement picks, as a new home would be placed; ask without a target node or tier",
-			req.Home, r.ID, errs.ErrNotSupported, r.Redundancy.spec())
-	case r.Lost:
+	if r.Lost {
 		return fmt.Errorf("move the home on %s of segment %d: %w: more homes are lost than %s covers", req.Home, r.ID, errs.ErrSegmentLost, r.Redundancy.spec())
 	}
 	return nil
