@@ -138,7 +138,7 @@ func (p *core) push(ctx context.Context, seg record, req *poolv1.MoveOutRequest,
 	// writer of the target's copy (Replicate).
 	cred := req.Target.DataCredential
 	if len(cred) == 0 {
-		if _, err := p.ownCredTLS(req.Target.Node, req.Target.DataAddr, req.Target.DataTls, tls); err != nil {
+		if _, err := p.ownCredTLS(req.Target.Node, req.Target.DataAddr, req.Target.DataTls); err != nil {
 			return 0, 0, err
 		}
 		pc, err := p.homeSession(ctx, req.Target.Node, "push target")

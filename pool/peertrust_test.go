@@ -200,32 +200,32 @@ func sessionCtx(t *testing.T, d *Daemon, node string) context.Context {
 
 // TestOwnCredTLS: a data-plane dial that carries this daemon's own
 // credential (a forwarding link, a push that names no credential) goes in
-// plaintext, while this daemon's data plane serves TLS, only to the
-// address the target node gossips: a peer cannot have the credential sent
-// in plaintext to an address of its choosing. A TLS dial, which verifies
-// the node's certificate, and a daemon without TLS, are as asked.
+// plaintext only to the address the target node gossips: a peer cannot
+// have the credential sent in plaintext to an address of its choosing and
+// then use it at the target as this daemon. That holds for a daemon whose
+// own data plane is plaintext (--data-insecure, as a is here) too: the
+// target's may serve TLS, which keeps its connections there off the wire.
+// A TLS dial, which verifies the node's certificate, is as asked.
 func TestOwnCredTLS(t *testing.T) {
 	cfgA := clusterNodeConfig(t, "a")
+	cfgA.DataInsecure = true
 	a := startNode(t, cfgA)
 	startNode(t, clusterNodeConfig(t, "b"), a)
 	require.Eventually(t, func() bool {
 		m, ok := a.pool.cl.Member("b")
 		return ok && m.Meta.DataAddr != ""
 	}, 30*time.Second, 10*time.Millisecond, "a sees b's data plane")
+	require.False(t, a.moveTLS().byDefault, "a's own data plane is plaintext")
 	m, _ := a.pool.cl.Member("b")
-	withTLS := moveTLS{byDefault: true}
-	useTLS, err := a.pool.ownCredTLS("b", "127.0.0.1:1", false, withTLS)
+	useTLS, err := a.pool.ownCredTLS("b", "127.0.0.1:1", false)
 	require.ErrorIs(t, err, errs.ErrAccessDenied, "plaintext to an address b does not gossip")
 	require.False(t, useTLS)
-	_, err = a.pool.ownCredTLS("nobody", m.Meta.DataAddr, false, withTLS)
+	_, err = a.pool.ownCredTLS("nobody", m.Meta.DataAddr, false)
 	require.ErrorIs(t, err, errs.ErrAccessDenied, "plaintext to a node that is no member")
-	useTLS, err = a.pool.ownCredTLS("b", m.Meta.DataAddr, false, withTLS)
+	useTLS, err = a.pool.ownCredTLS("b", m.Meta.DataAddr, false)
 	require.NoError(t, err, "plaintext to b's gossiped address (a --data-insecure node)")
 	require.False(t, useTLS)
-	useTLS, err = a.pool.ownCredTLS("b", "127.0.0.1:1", true, withTLS)
+	useTLS, err = a.pool.ownCredTLS("b", "127.0.0.1:1", true)
 	require.NoError(t, err, "TLS verifies b's certificate wherever it is dialed")
 	require.True(t, useTLS)
-	useTLS, err = a.pool.ownCredTLS("b", "127.0.0.1:1", false, moveTLS{})
-	require.NoError(t, err, "a daemon without data-plane TLS")
-	require.False(t, useTLS)
 }

@@ -365,7 +365,7 @@ func (p *core) dialTargets(ctx context.Context, owner string, req *poolv1.Replic
 			pc, err := p.homeSession(ctx, t.Node, "target")
 			var useTLS bool
 			if err == nil {
-				useTLS, err = p.ownCredTLS(t.Node, t.DataAddr, t.DataTls, tls)
+				useTLS, err = p.ownCredTLS(t.Node, t.DataAddr, t.DataTls)
 			}
 			if err == nil {
 				cred := pc.DataCredential()
@@ -389,25 +389,27 @@ func (p *core) dialTargets(ctx context.Context, owner string, req *poolv1.Replic
 	return f, conns, nil
 }
 
-// dialHome connects to node's data plane at addr with cred, one
-// connection (forwarded and copied writes keep their order), over TLS
-// verified against ca under the node's name when the node serves it.
 // ownCredTLS checks a data-plane dial that is to carry this daemon's own
 // credential at node (asked: whether the request names TLS for it): a
-// plaintext dial, while this daemon's data plane serves TLS, goes only to
-// the address node gossips (one set --data-insecure), so that a peer
-// cannot have the credential sent in plaintext to an address of its
-// choosing; a TLS dial verifies node's certificate anyway.
-func (p *core) ownCredTLS(node, addr string, asked bool, tls moveTLS) (bool, error) {
-	if asked || !tls.byDefault || p.cl == nil {
+// plaintext dial goes only to the address node gossips (one set
+// --data-insecure), so that a peer cannot have the credential sent in
+// plaintext to an address of its choosing, and then use it at node as
+// this daemon; a TLS dial verifies node's certificate anyway. This holds
+// whether or not this daemon's own data plane serves TLS: node's may,
+// and keeps this daemon's connections to it off the wire.
+func (p *core) ownCredTLS(node, addr string, asked bool) (bool, error) {
+	if asked || p.cl == nil {
 		return asked, nil
 	}
 	if m, ok := p.cl.Member(node); ok && m.Meta.DataAddr == addr {
 		return false, nil
 	}
-	return false, fmt.Errorf("%w: a plaintext data-plane connection to %s at %s would carry this node's credential, and %s gossips no such address; this node's data plane serves TLS: name it (DataTls) or %s's gossiped address", errs.ErrAccessDenied, node, addr, node, node)
+	return false, fmt.Errorf("%w: a plaintext data-plane connection to %s at %s would carry this node's credential there, and %s gossips no such data address: name TLS for it (DataTls) or %s's gossiped address", errs.ErrAccessDenied, node, addr, node, node)
 }
 
+// dialHome connects to node's data plane at addr with cred, one
+// connection (forwarded and copied writes keep their order), over TLS
+// verified against ca under the node's name when the node serves it.
 func dialHome(ctx context.Context, node, addr string, useTLS bool, ca, cred []byte) (rdma.Conn, error) {
 	opts := []tcp.Option{tcp.WithCredential(cred), tcp.WithConns(1)}
 	if useTLS {
