@@ -14,6 +14,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -76,6 +77,7 @@ func (p *core) rebalance(ctx context.Context, move func(ctx context.Context, ori
 		if active {
 			trigger /= 2
 		}
+		p.meetPeers(ctx)
 		used, mean, excess := p.rebalanceExcess(trigger)
 		if active = excess > 0; !active {
 			continue
@@ -118,11 +120,51 @@ func pickRebalance(items []evacItem, excess int64, failed map[uint64]time.Time, 
 	return slices.MaxFunc(items, func(a, b evacItem) int { return cmp.Compare(a.size, b.size) }), true
 }
 
+// rebalancePeerDial bounds meetPeers, and rebalanceDials the dials it
+// makes at once.
+const (
+	rebalancePeerDial = 5 * time.Second
+	rebalanceDials    = 8
+)
+
+// meetPeers opens a session with each usable member that lends the rdma
+// tier and that this node holds none with (nor refused lately), so that
+// rebalanceExcess counts it: a session proves a member's name (its
+// certificate's), gossip alone does not.
+func (p *core) meetPeers(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, rebalancePeerDial)
+	defer cancel()
+	sem := make(chan struct{}, rebalanceDials)
+	var wg sync.WaitGroup
+	for _, m := range p.cl.Members() {
+		if _, ok := m.Meta.Tier(tierName(poolv1.Tier_TIER_RDMA)); !ok || m.Name == p.cfg.Node || !m.Usable() ||
+			m.Meta.GRPCAddr == "" || p.peers.conn(m.Name) != nil || p.peers.isRefused(m.Name, m.Meta.GRPCAddr) {
+			continue
+		}
+		wg.Go(func() {
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			case <-ctx.Done():
+				return
+			}
+			if _, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr); err != nil {
+				p.log.Debug("rebalancing: a member is left out of the cluster's mean until a session proves it", "node", m.Name, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // rebalanceExcess compares this node's rdma tier with the cluster's: it
 // returns this node's used fraction, the mean of the alive nodes that lend
 // the rdma tier and are not draining (this one included), and the bytes
 // to move away to come within half the threshold of that mean, when this
-// node is over it by more than trigger (else excess is 0).
+// node is over it by more than trigger (else excess is 0). Only members
+// this node holds a peer session with count (meetPeers): a gossip member
+// that no certificate proves (one holding the gossip key alone) could
+// otherwise announce an idle tier, drag the mean down until every node
+// is over it, and keep them all moving segments.
 func (p *core) rebalanceExcess(trigger float64) (used, mean float64, excess int64) {
 	name := tierName(poolv1.Tier_TIER_RDMA)
 	var capacity, free int64
@@ -138,7 +180,7 @@ func (p *core) rebalanceExcess(trigger float64) (used, mean float64, excess int6
 	sum, n := used, 1
 	for _, m := range p.cl.Members() {
 		t, ok := m.Meta.Tier(name)
-		if m.Name == p.cfg.Node || !ok || t.Capacity <= 0 || !m.Usable() {
+		if m.Name == p.cfg.Node || !ok || t.Capacity <= 0 || !m.Usable() || p.peers.conn(m.Name) == nil {
 			continue
 		}
 		sum += float64(t.Capacity-t.Free) / float64(t.Capacity)
