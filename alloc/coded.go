@@ -152,8 +152,9 @@ func (r *redundant) readShard(i int, ps []piece) func(context.Context, *homeView
 // (any k+1 shards of the code detect one inconsistent shard, and a write
 // changes one data shard and its parity), and the read is made again
 // once the write has gone everywhere (decodeRetry). With exactly k shards
-// left nothing can tell, and the decode is taken as read: see
-// docs/REDUNDANCY.md ("Degraded reads under writes").
+// left no spare can tell, and the reads are ordered instead
+// (decodeInOrder): see docs/REDUNDANCY.md ("Degraded reads under
+// writes").
 func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) error {
 	wait := decodeRetry
 	for {
@@ -188,6 +189,9 @@ func (r *redundant) decodeOnce(ctx context.Context, v *homeView, i int, ps []pie
 		total += len(p.buf)
 	}
 	cands := v.order(i)
+	if len(cands) == r.k {
+		return r.decodeInOrder(ctx, v, i, ps, cands)
+	}
 	want := min(r.k+1, len(cands)) // k to decode, one more to check them
 	// want slots of total bytes, one per shard read, and one to rebuild the
 	// spare into: a try reads into a free one, which it keeps if it
@@ -245,9 +249,20 @@ func (r *redundant) decodeOnce(ctx context.Context, v *homeView, i int, ps []pie
 			}
 		}
 	}
+	if len(src) == r.k { // the spare failed: none left to check with
+		return r.decodeInOrder(ctx, v, i, ps, src)
+	}
+	return r.reconstruct(i, ps, src, bufs, spare)
+}
+
+// reconstruct fills the pieces ps of data shard i from the shards src[:k]
+// read into bufs (bufs[j]: shard src[j]'s bytes of every piece, in order).
+// With spare (room for one piece) it also rebuilds shard src[k] and
+// reports torn when that differs from what was read of it.
+func (r *redundant) reconstruct(i int, ps []piece, src []int, bufs [][]byte, spare []byte) (torn bool, err error) {
 	shards := make([][]byte, r.k+r.m)
-	want2 := make([]bool, r.k+r.m)
-	want2[i] = true
+	want := make([]bool, r.k+r.m)
+	want[i] = true
 	at := 0
 	for _, p := range ps {
 		clear(shards)
@@ -255,18 +270,17 @@ func (r *redundant) decodeOnce(ctx context.Context, v *homeView, i int, ps []pie
 			shards[s] = bufs[j][at : at+len(p.buf)]
 		}
 		shards[i] = p.buf[:0]
-		check := len(src) > r.k
-		if check {
-			shards[src[r.k]], want2[src[r.k]] = spare[:0:len(p.buf)], true
+		if spare != nil {
+			shards[src[r.k]], want[src[r.k]] = spare[:0:len(p.buf)], true
 		}
-		err := r.enc.ReconstructSome(shards, want2)
-		if check {
-			want2[src[r.k]] = false
+		err := r.enc.ReconstructSome(shards, want)
+		if spare != nil {
+			want[src[r.k]] = false
 		}
 		if err != nil {
 			return false, fmt.Errorf("segment %d: decode data shard %d at %d: %w (%w)", r.info.Id, i, p.off, err, ErrUnavailable)
 		}
-		if check && !bytes.Equal(shards[src[r.k]], bufs[r.k][at:at+len(p.buf)]) {
+		if spare != nil && !bytes.Equal(shards[src[r.k]], bufs[r.k][at:at+len(p.buf)]) {
 			return true, nil
 		}
 		if len(shards[i]) > 0 && &shards[i][0] != &p.buf[0] {
@@ -275,6 +289,97 @@ func (r *redundant) decodeOnce(ctx context.Context, v *homeView, i int, ps []pie
 		at += len(p.buf)
 	}
 	return false, nil
+}
+
+// decodeInOrder is decodeOnce with exactly k other shards up (cands), so
+// none to check the decode with: it reads the data shards, then the
+// parity shards, then the data shards again, and decodes only when the
+// data shards did not change. A data home answers a read only once every
+// write the read overlaps has reached the parity shards (rdma/tcp
+// readSettled), so the parity read after it holds every write the data
+// shards showed; and a write that reached a parity shard before its read
+// was applied at its data shard before that, so the second read of the
+// data shards shows it, and differs. A write and one that undoes it both
+// landing between the first and last read would pass unseen.
+func (r *redundant) decodeInOrder(ctx context.Context, v *homeView, i int, ps []piece, cands []int) (torn bool, err error) {
+	total := 0
+	for _, p := range ps {
+		total += len(p.buf)
+	}
+	src := make([]int, 0, len(cands)) // the data shards, then the parity shards
+	for _, c := range cands {
+		if c < r.k {
+			src = append(src, c)
+		}
+	}
+	data := len(src)
+	for _, c := range cands {
+		if c >= r.k {
+			src = append(src, c)
+		}
+	}
+	bp := getDecodeBuf((len(src) + data) * total)
+	defer putDecodeBuf(bp)
+	buf := *bp
+	slots := make([][]byte, len(src)+data) // src's, then the data shards' second read
+	for j := range slots {
+		slots[j] = buf[j*total : (j+1)*total]
+	}
+	for _, step := range []struct {
+		shards []int
+		into   [][]byte
+	}{{src[:data], slots[:data]}, {src[data:], slots[data:len(src)]}, {src[:data], slots[len(src):]}} {
+		if err := r.readShards(ctx, v, i, step.shards, step.into, ps); err != nil {
+			return false, err
+		}
+	}
+	for j := range data {
+		if !bytes.Equal(slots[j], slots[len(src)+j]) {
+			return true, nil
+		}
+	}
+	return r.reconstruct(i, ps, src, slots[:len(src)], nil)
+}
+
+// readShards reads the ranges of ps at each shard of idx into the slot of
+// the same index (its bytes of every piece, in order), in parallel, for
+// the decode of data shard i.
+func (r *redundant) readShards(ctx context.Context, v *homeView, i int, idx []int, slots [][]byte, ps []piece) error {
+	l := opLists.Get().(*opList)
+	defer l.put()
+	l.ops, l.ptrs = slices.Grow(l.ops[:0], len(idx)*len(ps))[:len(idx)*len(ps)], l.ptrs[:0]
+	for j := range idx {
+		at := 0
+		for p, pc := range ps {
+			l.ops[j*len(ps)+p] = rdma.Op{Kind: rdma.OpRead, Offset: pc.off, Buf: slots[j][at : at+len(pc.buf)]}
+			at += len(pc.buf)
+		}
+	}
+	for j := range l.ops {
+		l.ptrs = append(l.ptrs, &l.ops[j])
+	}
+	read := func(j int) error {
+		pending := l.ptrs[j*len(ps) : (j+1)*len(ps) : (j+1)*len(ps)]
+		return r.attempt(ctx, v.homes[idx[j]], &pending)
+	}
+	var one [1]error
+	errs := one[:]
+	if len(idx) == 1 {
+		one[0] = read(0) // on this goroutine, as a read of one shard goes
+	} else {
+		errs = make([]error, len(idx))
+		parallel(len(idx), func(j int) error { errs[j] = read(j); return nil })
+	}
+	for j, err := range errs {
+		switch {
+		case err == nil:
+		case answered(err) || ctx.Err() != nil:
+			return err
+		default:
+			return fmt.Errorf("segment %d: data shard %d: shard %d, one of the last %d it decodes from, could not be read: %w (%w)", r.info.Id, i, idx[j], r.k, err, ErrUnavailable)
+		}
+	}
+	return nil
 }
 
 // decodeBufs holds the buffers decode reads the other shards into.
