@@ -517,7 +517,7 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 		return err
 	}
 	err = tell(forwarders, func(i int) *poolv1.ReplicateRequest {
-		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Targets: targets, StaleIfRestarted: r.spares(i)}
+		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Targets: targets, StaleIfRestarted: r.staleIfRestarted(i)}
 		if coded {
 			req.Mode, req.Shard = poolv1.ForwardMode_FORWARD_MODE_PARITY, uint32(i)
 			req.DataShards, req.ParityShards = uint32(r.Redundancy.Data), uint32(r.Redundancy.Parity)
@@ -528,21 +528,44 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 		return err
 	}
 	if i := slices.Index(restarted, true); i >= 0 {
-		// Its loss promotes a backup or has the shard rebuilt, and tells
-		// the survivors again (replicateLater), whose replicate raises
-		// the epochs.
-		p.homeLost(r.ID, r.Homes[i].Node, r.Homes[i].HomeID, "its daemon restarted: a write it applied just before may not have reached the other homes, so it is rebuilt from them", false)
+		// A primary's loss promotes the backup, which holds a prefix of
+		// the primary's writes (forwarded in order), and the copy is
+		// rebuilt from it. A data shard keeps its bytes, but a write's
+		// parity deltas may have reached some parity shards and not
+		// others: those are rebuilt from the data shards. Either way the
+		// survivors are told again (replicateLater), whose replicate
+		// raises the epochs and lets the home take writes.
+		const why = "a writer home's daemon restarted: a write it applied just before may not have reached the other homes"
+		if !coded {
+			p.homeLost(r.ID, r.Homes[i].Node, r.Homes[i].HomeID, why+", so it is rebuilt from them", false)
+			return nil
+		}
+		for _, h := range r.Homes[r.Redundancy.Data:] {
+			if h.State == poolv1.HomeState_HOME_STATE_OK {
+				p.homeLost(r.ID, h.Node, h.HomeID, why+" (data shard "+r.Homes[i].Node+"), so the parity is rebuilt from the data shards", false)
+			}
+		}
 		return nil
 	}
 	return p.raiseEpochs(r)
 }
 
-// spares reports whether r keeps its bytes without home i: every other
-// home that is not lost would still hold the segment (a copy is OK, or k
-// shards are).
-func (r *record) spares(i int) bool {
+// staleIfRestarted says whether writer home i of r is to be rebuilt
+// rather than written again if its daemon restarted (replicate): a
+// replicated segment's primary when another copy is OK; for an erasure-
+// coded data shard, the parity shards while one is OK and every data
+// shard is (the data shard then keeps its bytes, and the parity is
+// rebuilt from the data shards), so that a second Replicate, once they
+// are lost, lets the shard go on.
+func (r *record) staleIfRestarted(i int) bool {
 	if r.Homes[i].State != poolv1.HomeState_HOME_STATE_OK {
 		return false
+	}
+	if k := r.Redundancy.Data; k > 0 {
+		ok := func(h homeRef) bool { return h.State == poolv1.HomeState_HOME_STATE_OK }
+		// The parity is rebuilt from all k data shards; without one of
+		// them it cannot be, and stays as it is.
+		return !slices.ContainsFunc(r.Homes[:k], func(h homeRef) bool { return !ok(h) }) && slices.ContainsFunc(r.Homes[k:], ok)
 	}
 	without := *r
 	without.Homes = slices.Clone(r.Homes)

@@ -354,37 +354,51 @@ func (rs *redundantSim) checkHomes(t *testing.T, gone []string) {
 	}
 }
 
-// TestRestartedWriterRebuilt: the daemon holding the replicated segment's
-// primary stops without leaving the cluster (as kill -9 does) and starts
-// again at once, faster than gossip declares it dead, with the copy still
-// in its memory. A write it applied just before may never have reached
-// the backup, so the origin does not let the copy serve again: the backup
-// becomes the primary and the copy is rebuilt from it (the restarted
-// daemon's copy is freed, never served), every home holding the bytes
+// TestRestartedWriterRebuilt: the daemons holding the replicated
+// segment's primary and a data shard of the coded one stop without
+// leaving the cluster (as kill -9 does) and start again at once, faster
+// than gossip declares them dead, with their homes still in memory. A
+// write applied just before may never have reached the other homes, so
+// the origin does not let them go on as they were: the backup becomes the
+// primary and the copy is rebuilt from it (the restarted daemon's copy is
+// freed, never served); the data shard keeps its bytes and the parity
+// shards, which may each hold a different part of its last write's
+// deltas, are rebuilt from the data shards. Every home holds the bytes
 // written.
 func TestRestartedWriterRebuilt(t *testing.T) {
 	const size = 1 << 20
 	rs := newRedundantSim(t, 9, size, func(*simHost) {})
-	sc, rep := rs.sc, rs.rep
-	was := rep.Homes[0]
-	h := sc.host(was.Node)
-	d := h.daemon()
-	crashed := errors.New("killed by the test")
-	d.failErr.Store(&crashed) // no leave: the others do not hear it go
-	require.NoError(t, d.Close())
-	require.NoError(t, sc.start(h))
+	sc, rep, ec := rs.sc, rs.rep, rs.ec
+	primary, shard := rep.Homes[0], ec.Homes[0]
+	restart := func(node string) {
+		h := sc.host(node)
+		d := h.daemon()
+		crashed := errors.New("killed by the test")
+		d.failErr.Store(&crashed) // no leave: the others do not hear it go
+		require.NoError(t, d.Close())
+		require.NoError(t, sc.start(h))
+	}
+	restart(primary.Node)
+	if shard.Node != primary.Node {
+		restart(shard.Node)
+	}
 
 	origin := rs.oh.daemon()
+	allOK := func(r record) bool {
+		return !slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.State != poolv1.HomeState_HOME_STATE_OK })
+	}
+	same := func(a, b homeRef) bool { return a.Node == b.Node && a.HomeID == b.HomeID }
 	require.Eventually(t, func() bool {
 		r, _ := origin.pool.redundantRecord(rs.repID)
-		for _, hm := range r.Homes {
-			if hm.State != poolv1.HomeState_HOME_STATE_OK || hm.Node == was.Node && hm.HomeID == was.HomeID {
-				return false
-			}
-		}
-		return true
+		return allOK(r) && !slices.ContainsFunc(r.Homes, func(h homeRef) bool { return same(h, primary) })
 	}, time.Minute, 10*time.Millisecond, "the restarted primary's copy is not replaced")
 	r, _ := origin.pool.redundantRecord(rs.repID)
 	require.Equal(t, rep.Homes[1].Node, r.Homes[0].Node, "the backup is the primary")
+	require.Eventually(t, func() bool {
+		r, _ := origin.pool.redundantRecord(rs.ecID)
+		return allOK(r) && !slices.ContainsFunc(r.Homes[4:], func(h homeRef) bool { return same(h, ec.Homes[4]) || same(h, ec.Homes[5]) })
+	}, time.Minute, 10*time.Millisecond, "the coded segment's parity is not rebuilt")
+	r, _ = origin.pool.redundantRecord(rs.ecID)
+	require.True(t, same(r.Homes[0], shard), "the restarted data shard keeps its place")
 	rs.checkHomes(t, nil)
 }
