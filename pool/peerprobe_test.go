@@ -233,10 +233,12 @@ func TestPlacementWeighsPeerLatency(t *testing.T) {
 		require.Contains(t, r.placement.Reason, "on peer b: 100µs p50 (measured: peer b)")
 	}
 
+	bothAlive()
 	r, err := alloc(allocRequest{Size: 4096, MaxReadLatencyNs: time.Millisecond.Nanoseconds()})
 	require.NoError(t, err)
 	require.Equal(t, "b", r.Home)
 
+	bothAlive() // with b suspect, the best tier a names is c's
 	_, err = alloc(allocRequest{Size: 4096, MaxReadLatencyNs: (50 * time.Microsecond).Nanoseconds()})
 	require.ErrorIs(t, err, errs.ErrOverBudget)
 	require.ErrorContains(t, err, "reads in 100µs p50 (measured: peer b), over 50µs")
