@@ -220,17 +220,7 @@ func (r *redundant) decodeOnce(ctx context.Context, v *homeView, i int, ps []pie
 		}
 		try := cands[:need]
 		cands = cands[need:]
-		l.ops, l.ptrs = slices.Grow(l.ops[:0], need*len(ps))[:need*len(ps)], l.ptrs[:0]
-		for j := range need {
-			at := 0
-			for p, pc := range ps {
-				l.ops[j*len(ps)+p] = rdma.Op{Kind: rdma.OpRead, Offset: pc.off, Buf: got[j][at : at+len(pc.buf)]}
-				at += len(pc.buf)
-			}
-		}
-		for j := range l.ops {
-			l.ptrs = append(l.ptrs, &l.ops[j])
-		}
+		l.readsInto(ps, got[:need])
 		parallel(need, func(j int) error {
 			pending := l.ptrs[j*len(ps) : (j+1)*len(ps) : (j+1)*len(ps)]
 			errs[j] = r.attempt(ctx, v.homes[try[j]], &pending)
@@ -347,17 +337,7 @@ func (r *redundant) decodeInOrder(ctx context.Context, v *homeView, i int, ps []
 func (r *redundant) readShards(ctx context.Context, v *homeView, i int, idx []int, slots [][]byte, ps []piece) error {
 	l := opLists.Get().(*opList)
 	defer l.put()
-	l.ops, l.ptrs = slices.Grow(l.ops[:0], len(idx)*len(ps))[:len(idx)*len(ps)], l.ptrs[:0]
-	for j := range idx {
-		at := 0
-		for p, pc := range ps {
-			l.ops[j*len(ps)+p] = rdma.Op{Kind: rdma.OpRead, Offset: pc.off, Buf: slots[j][at : at+len(pc.buf)]}
-			at += len(pc.buf)
-		}
-	}
-	for j := range l.ops {
-		l.ptrs = append(l.ptrs, &l.ops[j])
-	}
+	l.readsInto(ps, slots[:len(idx)])
 	read := func(j int) error {
 		pending := l.ptrs[j*len(ps) : (j+1)*len(ps) : (j+1)*len(ps)]
 		return r.attempt(ctx, v.homes[idx[j]], &pending)
@@ -380,6 +360,24 @@ func (r *redundant) readShards(ctx context.Context, v *homeView, i int, idx []in
 		}
 	}
 	return nil
+}
+
+// readsInto makes l the reads of the ranges of ps from each of len(slots)
+// shards, shard j's into slots[j] (its bytes of every piece, in order):
+// ops j*len(ps) to (j+1)*len(ps) are shard j's.
+func (l *opList) readsInto(ps []piece, slots [][]byte) {
+	n := len(slots) * len(ps)
+	l.ops, l.ptrs = slices.Grow(l.ops[:0], n)[:n], l.ptrs[:0]
+	for j, slot := range slots {
+		at := 0
+		for p, pc := range ps {
+			l.ops[j*len(ps)+p] = rdma.Op{Kind: rdma.OpRead, Offset: pc.off, Buf: slot[at : at+len(pc.buf)]}
+			at += len(pc.buf)
+		}
+	}
+	for j := range l.ops {
+		l.ptrs = append(l.ptrs, &l.ops[j])
+	}
 }
 
 // decodeBufs holds the buffers decode reads the other shards into.

@@ -320,6 +320,19 @@ func TestCodedChunkWriteAllocs(t *testing.T) {
 	require.LessOrEqual(t, allocs(coded.seg), allocs(copies.seg), "a coded write of one chunk allocates as a write of copies")
 }
 
+// codedFake is an ErasureCoded(k, m) segment of fake homes with chunks of
+// chunk bytes and stripes stripes, written with random bytes of seed
+// (returned) and its parity filled.
+func codedFake(t *testing.T, k, m, chunk, stripes int, seed uint64) (*fakeHomes, []byte) {
+	size := k * chunk * stripes
+	f := startFakeHomes(t, ErasureCoded(k, m), int64(chunk*stripes), int64(size), tcp.DefaultConfig())
+	want := randomBytes(size, seed)
+	_, err := f.seg.WriteAt(want, 0)
+	require.NoError(t, err)
+	f.fillParity(t, k, m, chunk*stripes)
+	return f, want
+}
+
 // TestDegradedReadNextShard: a degraded read whose first pick of shards
 // to decode from holds one that fails too reads another in its place
 // (into the buffer slot the failed one had) and decodes the right bytes.
@@ -328,17 +341,12 @@ func TestCodedChunkWriteAllocs(t *testing.T) {
 // from 2 and 3.
 func TestDegradedReadNextShard(t *testing.T) {
 	const k, m, chunk, stripes = 2, 2, 4096, 2
-	const size = k * chunk * stripes
-	f := startFakeHomes(t, ErasureCoded(k, m), chunk*stripes, size, tcp.DefaultConfig())
-	want := randomBytes(size, 3)
-	_, err := f.seg.WriteAt(want, 0)
-	require.NoError(t, err)
-	f.fillParity(t, k, m, chunk*stripes)
+	f, want := codedFake(t, k, m, chunk, stripes, 3)
 	f.srvs[0].Close()
 	f.srvs[1].Close()
 	for _, c := range []int{0, 2} { // the chunks on data shard 0
 		got := make([]byte, chunk-10)
-		_, err = f.seg.ReadAt(got, int64(c*chunk+5))
+		_, err := f.seg.ReadAt(got, int64(c*chunk+5))
 		require.NoError(t, err, "degraded read of chunk %d", c)
 		require.Equal(t, want[c*chunk+5:(c+1)*chunk-5], got, "degraded read of chunk %d", c)
 	}
@@ -364,12 +372,7 @@ func TestDegradedReadUnderWrites(t *testing.T) {
 
 func degradedReadUnderWrites(t *testing.T, m int) {
 	const k, chunk, stripes = 2, 4096, 2
-	const size = k * chunk * stripes
-	f := startFakeHomes(t, ErasureCoded(k, m), chunk*stripes, size, tcp.DefaultConfig())
-	want := randomBytes(size, 5)
-	_, err := f.seg.WriteAt(want, 0)
-	require.NoError(t, err)
-	f.fillParity(t, k, m, chunk*stripes)
+	f, want := codedFake(t, k, m, chunk, stripes, 5)
 	var targets []tcp.ForwardTarget
 	for p := range m {
 		h := f.homes[k+p]

@@ -704,12 +704,12 @@ func TestForwardParityLostTarget(t *testing.T) {
 	require.True(t, equalBytes(make([]byte, shard), parity[0].mem), "the lost parity shard got nothing")
 }
 
-// TestForwardHungTarget: a target that stops answering (its connection's
-// goroutine is held) is reported to OnFail once ForwardTimeout has passed,
-// and the client's write is answered OK; later writes skip it.
-func TestForwardHungTarget(t *testing.T) {
+// hungPair starts a primary exporting segment 1 (4 KiB) that forwards
+// copies, with forwardTimeout and onFail, to a target whose connection's
+// goroutine is held once held is set (until the test ends).
+func hungPair(t *testing.T, forwardTimeout time.Duration, onFail func(int, error) error) (prim *testServer, pr rdma.Region, held *atomic.Bool) {
 	release := make(chan struct{})
-	var held atomic.Bool
+	held = new(atomic.Bool)
 	hcfg := fwdConfig()
 	hcfg.Observe = func(Observation) {
 		if held.Load() {
@@ -721,12 +721,20 @@ func TestForwardHungTarget(t *testing.T) {
 	t.Cleanup(func() { close(release) }) // before the servers close
 
 	cfg := fwdConfig()
-	cfg.ForwardTimeout = 200 * time.Millisecond
-	prim := startServer(t, cfg)
-	_, pr := prim.export(t, 1, 4096)
-	var fails failures
+	cfg.ForwardTimeout = forwardTimeout
+	prim = startServer(t, cfg)
+	_, pr = prim.export(t, 1, 4096)
 	link := dial(t, hung.addr, WithConns(1), WithBusyPoll(-1))
-	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: hr}}, OnFail: fails.onFail}))
+	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: hr}}, OnFail: onFail}))
+	return prim, pr, held
+}
+
+// TestForwardHungTarget: a target that stops answering (its connection's
+// goroutine is held) is reported to OnFail once ForwardTimeout has passed,
+// and the client's write is answered OK; later writes skip it.
+func TestForwardHungTarget(t *testing.T) {
+	var fails failures
+	prim, pr, held := hungPair(t, 200*time.Millisecond, fails.onFail)
 	cl := dial(t, prim.addr, WithBusyPoll(-1))
 	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("answered")))
 	require.Empty(t, fails.count())
@@ -746,22 +754,6 @@ func TestForwardHungTarget(t *testing.T) {
 // returned it reads the write. A read of other bytes meanwhile does not
 // wait.
 func TestReadWaitsForForward(t *testing.T) {
-	release := make(chan struct{})
-	var held atomic.Bool
-	hcfg := fwdConfig()
-	hcfg.Observe = func(Observation) {
-		if held.Load() {
-			<-release
-		}
-	}
-	hung := startServer(t, hcfg)
-	_, hr := hung.export(t, 1, 4096)
-	t.Cleanup(func() { close(release) }) // before the servers close
-
-	cfg := fwdConfig()
-	cfg.ForwardTimeout = 100 * time.Millisecond
-	prim := startServer(t, cfg)
-	_, pr := prim.export(t, 1, 4096)
 	inFail, letFail := make(chan struct{}), make(chan struct{})
 	var failed atomic.Bool
 	onFail := func(int, error) error {
@@ -770,8 +762,7 @@ func TestReadWaitsForForward(t *testing.T) {
 		failed.Store(true)
 		return nil
 	}
-	link := dial(t, hung.addr, WithConns(1), WithBusyPoll(-1))
-	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: hr}}, OnFail: onFail}))
+	prim, pr, held := hungPair(t, 100*time.Millisecond, onFail)
 	cl := dial(t, prim.addr, WithBusyPoll(-1))
 	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("old!")))
 
