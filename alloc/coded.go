@@ -157,7 +157,7 @@ func (r *redundant) readShard(i int, ps []piece) func(context.Context, *homeView
 // writes").
 func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) error {
 	wait := decodeRetry
-	for {
+	for try := 1; ; try++ {
 		torn, err := r.decodeOnce(ctx, v, i, ps)
 		if err != nil || !torn {
 			return err
@@ -166,12 +166,22 @@ func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("segment %d: data shard %d: the other shards kept changing under its decode (writes to the same stripes): %w", r.info.Id, i, ErrUnavailable)
+			return fmt.Errorf("segment %d: data shard %d: the other shards kept changing under its decode (writes to the same stripes), or disagree: %w", r.info.Id, i, ErrUnavailable)
 		case <-t.C:
 		}
 		wait = min(2*wait, decodeRetryMax)
+		if try%decodeRefresh == 0 {
+			// A shard that keeps disagreeing may be one the daemon has
+			// marked lost meanwhile (it missed writes): ask.
+			r.refresh(ctx, v)
+			v = r.view.Load()
+		}
 	}
 }
+
+// decodeRefresh is how many decodes in a row that do not match make a
+// degraded read ask the daemon for the homes again.
+const decodeRefresh = 4
 
 // decodeRetry is the first wait before a degraded read whose shards did
 // not match is made again: a write's parity deltas land within a round
