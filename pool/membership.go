@@ -118,6 +118,7 @@ func (d *Daemon) joinLoop() {
 				ctx, cancel := untilClosed(context.Background(), d.stop)
 				defer cancel()
 				d.pool.sweepPeers(ctx)
+				d.pool.closeIdleConns(time.Now())
 			}()
 		}
 		tiers := d.pool.gossipTiers()
@@ -165,7 +166,8 @@ func (d *Daemon) joinSeeds() bool {
 }
 
 // sweepTicks is how many announceTicks apart joinLoop sweeps its peers for
-// orphaned segments (core.sweepPeers): 30 s, one List per peer session.
+// orphaned segments (core.sweepPeers), one List per peer session, and
+// closes the connections no segment needs (core.closeIdleConns): 30 s.
 const sweepTicks = 300
 
 // announceTick is how often joinLoop compares this node's capacity with

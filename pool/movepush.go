@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
@@ -18,21 +19,32 @@ import (
 
 // pushers are the source's connections to the targets of the moves of
 // segments homed here, by the segment's id here, from the first push of a
-// move to its COMMIT or ABORT. Safe for concurrent use.
+// move to its COMMIT or ABORT, or until the segment goes (freed, moved
+// away), or until they have not pushed for pusherIdle (a move whose origin
+// gave up, or whose ABORT came before a late PUSH): each holds pushLanes
+// connections, and one left open holds them for good. Safe for concurrent
+// use.
 type pushers struct {
 	mu     sync.Mutex
 	m      map[uint64]*pusher
 	closed bool
 }
 
+// pusherIdle is how long a pusher may go without a push before closeIdle
+// closes it; a move's rounds follow each other within seconds, and a push
+// after it dials the target again.
+const pusherIdle = time.Minute
+
 // pusher writes one segment's chunks to its move's target, one round at a
 // time, on pushLanes connections.
 type pusher struct {
 	mu     sync.Mutex // held for a round
+	node   string     // the target's node
 	target string     // node, address and id of the target's copy
 	conns  []rdma.Conn
 	region rdma.Region
-	bufs   [][]byte // the batches' buffers, kept from round to round
+	bufs   [][]byte  // the batches' buffers, kept from round to round
+	used   time.Time // the last get; under pushers.mu
 }
 
 // close closes the pusher's connections.
@@ -49,6 +61,7 @@ func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, c
 	want := fmt.Sprintf("%s %s %d %x", t.Node, t.DataAddr, t.HomeId, cred)
 	ps.mu.Lock()
 	if pu := ps.m[seg]; pu != nil && pu.target == want {
+		pu.used = time.Now()
 		ps.mu.Unlock()
 		return pu, nil
 	}
@@ -58,7 +71,7 @@ func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, c
 		return nil, fmt.Errorf("%w: the target %q of the push has no data-plane address or key", errs.ErrInvalid, t.Node)
 	}
 	copy(key[:], t.Key)
-	pu := &pusher{target: want, region: rdma.Region{Segment: t.HomeId, Key: key, Epoch: t.Epoch}}
+	pu := &pusher{node: t.Node, target: want, region: rdma.Region{Segment: t.HomeId, Key: key, Epoch: t.Epoch}}
 	for range pushLanes {
 		conn, err := dialHome(ctx, t.Node, t.DataAddr, t.DataTls, tls.ca, cred)
 		if err != nil {
@@ -79,8 +92,36 @@ func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, c
 	if old := ps.m[seg]; old != nil {
 		old.close()
 	}
+	pu.used = time.Now()
 	ps.m[seg] = pu
 	return pu, nil
+}
+
+// closeIdle closes the pushers not used since before, but for one in the
+// middle of a round.
+func (ps *pushers) closeIdle(before time.Time) {
+	var idle []*pusher
+	ps.mu.Lock()
+	for seg, pu := range ps.m {
+		if pu.used.Before(before) && pu.mu.TryLock() {
+			delete(ps.m, seg)
+			idle = append(idle, pu)
+		}
+	}
+	ps.mu.Unlock()
+	for _, pu := range idle {
+		pu.close()
+		pu.mu.Unlock()
+	}
+}
+
+// nodes is the set of nodes the pushers write to.
+func (ps *pushers) nodes(into map[string]bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for _, pu := range ps.m {
+		into[pu.node] = true
+	}
 }
 
 // drop closes the pusher of segment seg, if any.

@@ -37,6 +37,10 @@ type peers struct {
 
 	mu    sync.Mutex
 	conns map[string]*session.Conn
+	// used is when get last returned each node's session: closeIdle
+	// closes those that nothing asked for within peerIdle and that no
+	// segment needs.
+	used map[string]time.Time
 	// refused holds the nodes whose certificate or Welcome named another
 	// node, until refuseFor passes or the node announces another address.
 	refused map[string]refusal
@@ -84,6 +88,7 @@ func (ps *peers) get(ctx context.Context, node, addr string) (*session.Conn, err
 		return nil, fmt.Errorf("peers: %w", errs.ErrUnavailable)
 	}
 	if c := ps.conns[node]; c != nil && c.Addr() == addr {
+		ps.useLocked(node)
 		ps.mu.Unlock()
 		return c, nil
 	}
@@ -127,6 +132,7 @@ func (ps *peers) get(ctx context.Context, node, addr string) (*session.Conn, err
 		c.Close()
 		return nil, fmt.Errorf("peers: %w", errs.ErrUnavailable)
 	}
+	ps.useLocked(node)
 	if old := ps.conns[node]; old != nil {
 		if old.Addr() == addr {
 			c.Close()
@@ -137,6 +143,88 @@ func (ps *peers) get(ctx context.Context, node, addr string) (*session.Conn, err
 	delete(ps.refused, node)
 	ps.conns[node] = c
 	return c, nil
+}
+
+// useLocked notes that node's session was asked for now; ps.mu is held.
+func (ps *peers) useLocked(node string) {
+	if ps.used == nil {
+		ps.used = map[string]time.Time{}
+	}
+	ps.used[node] = time.Now()
+}
+
+// peerIdle is how long a session with a peer that no segment needs stays
+// open after it was last asked for (peers.get): the sessions a home opens
+// to report a failed forward to its origin, a rebuild's with the homes it
+// read from, would otherwise stay for good, one TCP connection and a lease
+// at the peer each. A daemon whose segments live on every peer keeps every
+// session; one that needs a peer again dials it again.
+const peerIdle = time.Minute
+
+// idle lists the nodes whose sessions get has not returned since before.
+func (ps *peers) idle(before time.Time) []string {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var out []string
+	for node := range ps.conns {
+		if ps.used[node].Before(before) {
+			out = append(out, node)
+		}
+	}
+	return out
+}
+
+// closeIdle closes the sessions with nodes that get has not returned
+// since before (one asked for meanwhile stays).
+func (ps *peers) closeIdle(nodes []string, before time.Time) {
+	var idle []*session.Conn
+	ps.mu.Lock()
+	for _, node := range nodes {
+		if c := ps.conns[node]; c != nil && ps.used[node].Before(before) {
+			delete(ps.conns, node)
+			delete(ps.used, node)
+			idle = append(idle, c)
+		}
+	}
+	ps.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
+	}
+}
+
+// closeIdleConns closes the connections to peers that no segment needs
+// any more: pushes idle for pusherIdle, and the sessions that nothing
+// asked for within peerIdle with nodes where no record here has a home
+// (one marked lost included: its lease there keeps a home that is only
+// cut off), no allocation or move is under way, and no copy or shard here
+// forwards or pushes to.
+func (p *core) closeIdleConns(now time.Time) {
+	p.pushing.closeIdle(now.Add(-pusherIdle))
+	before := now.Add(-peerIdle)
+	idle := p.peers.idle(before)
+	if len(idle) == 0 {
+		return
+	}
+	need := map[string]bool{}
+	p.fwd.nodes(need)
+	p.pushing.nodes(need)
+	p.mu.Lock()
+	for _, r := range p.segs {
+		if r.Home != "" && !r.redundant() {
+			need[r.Home] = true
+		}
+		for _, h := range r.Homes {
+			if h.State != poolv1.HomeState_HOME_STATE_LOST {
+				need[h.Node] = true
+			}
+		}
+	}
+	for node, n := range p.pendingRemote {
+		need[node] = need[node] || n > 0
+	}
+	p.mu.Unlock()
+	idle = slices.DeleteFunc(idle, func(node string) bool { return need[node] || p.moving.involves(node) })
+	p.peers.closeIdle(idle, before)
 }
 
 // refuse records that node, dialed at addr, is not who it says, logs it
@@ -183,6 +271,7 @@ func (ps *peers) drop(node string) {
 	ps.mu.Lock()
 	c := ps.conns[node]
 	delete(ps.conns, node)
+	delete(ps.used, node)
 	ps.mu.Unlock()
 	if c != nil {
 		c.Close()

@@ -107,6 +107,15 @@ func (fw *forwards) unlink(conns []rdma.Conn) {
 	closeConns(idle)
 }
 
+// nodes adds the nodes of the shared connections to into.
+func (fw *forwards) nodes(into map[string]bool) {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	for k := range fw.links {
+		into[k.node] = true
+	}
+}
+
 // closeAll closes every shared connection: the daemon stops.
 func (fw *forwards) closeAll() {
 	fw.mu.Lock()
@@ -180,9 +189,12 @@ func closeConns(conns []rdma.Conn) {
 	}
 }
 
-// stopForwarding stops segment id's forwarding, if any, and closes its
-// connections: the segment is freed, fenced or moved away.
+// stopForwarding stops segment id's forwarding and its push to a move's
+// target, if any, and closes their connections: the segment is freed,
+// fenced or moved away (a move's ABORT that came too late, or never,
+// would leave the push's connections open).
 func (p *core) stopForwarding(id uint64) {
+	p.pushing.drop(id)
 	old := p.fwd.swap(id, nil)
 	if old == nil {
 		return
