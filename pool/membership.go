@@ -264,8 +264,14 @@ func seedAlive(seed string, alive map[string]bool) bool {
 
 // watchMembers turns membership changes into segment state: a dead or
 // partitioned home makes its segments lost, a returning one restores those
-// that survived.
+// that survived. The cluster drops the oldest queued event when this
+// daemon falls behind (a gap in Event.Seq); a missed death or return would
+// leave segments lost, or not, until the node's next change (the scale
+// simulation dropped hundreds of events per host while 200 daemons joined
+// on 2 cores), so a gap makes it judge every member again (resyncMembers).
 func (d *Daemon) watchMembers(events <-chan cluster.Event) {
+	judged := map[string]bool{} // each node as last judged: alive or not
+	var seq uint64
 	for {
 		select {
 		case <-d.stop:
@@ -274,29 +280,71 @@ func (d *Daemon) watchMembers(events <-chan cluster.Event) {
 			if !ok {
 				return
 			}
-			name := ev.Member.Name
-			if name == d.cfg.Node {
-				continue
+			if seq != 0 && ev.Seq > seq+1 {
+				d.resyncMembers(judged, ev.Seq-seq-1)
 			}
-			d.peerChanged(ev)
-			switch ev.Kind {
-			case cluster.EventJoin:
-				d.log.Info("node joined", "node", name, "addr", ev.Member.Addr)
-				go d.pool.homeChanged(name, true)
-			case cluster.EventAlive:
-				d.log.Info("node is back", "node", name, "addr", ev.Member.Addr)
-				go d.pool.homeChanged(name, true)
-			case cluster.EventDead:
-				d.log.Warn("node failed", "node", name)
-				d.pool.homeChanged(name, false)
-			case cluster.EventLeave:
-				d.log.Info("node left", "node", name)
-				d.pool.homeChanged(name, false)
-				// Its session only held a lease there for segments now
-				// marked lost; a returning node gets a fresh one, checked
-				// against its certificate again.
-				d.pool.peerConns().drop(name)
+			seq = ev.Seq
+			if ev.Member.Name != d.cfg.Node {
+				d.memberChanged(ev, judged)
 			}
+		}
+	}
+}
+
+// memberChanged applies one membership event of another node and notes
+// in judged whether the node is now judged alive.
+func (d *Daemon) memberChanged(ev cluster.Event, judged map[string]bool) {
+	name := ev.Member.Name
+	d.peerChanged(ev)
+	switch ev.Kind {
+	case cluster.EventJoin:
+		d.log.Info("node joined", "node", name, "addr", ev.Member.Addr)
+		judged[name] = true
+		go d.pool.homeChanged(name, true)
+	case cluster.EventAlive:
+		d.log.Info("node is back", "node", name, "addr", ev.Member.Addr)
+		judged[name] = true
+		go d.pool.homeChanged(name, true)
+	case cluster.EventDead:
+		d.log.Warn("node failed", "node", name)
+		judged[name] = false
+		d.pool.homeChanged(name, false)
+	case cluster.EventLeave:
+		d.log.Info("node left", "node", name)
+		judged[name] = false
+		d.pool.homeChanged(name, false)
+		// Its session only held a lease there for segments now
+		// marked lost; a returning node gets a fresh one, checked
+		// against its certificate again.
+		d.pool.peerConns().drop(name)
+	}
+}
+
+// resyncMembers judges again every node whose state in the member table
+// differs from the one judged last (missed events were dropped): a node
+// alive now and judged dead, or never judged, returns; one judged alive
+// and now dead, left or forgotten (reaped from the table) dies.
+func (d *Daemon) resyncMembers(judged map[string]bool, missed uint64) {
+	d.log.Warn("membership events were dropped: this daemon fell behind; judging every member again", "dropped", missed)
+	listed := map[string]bool{}
+	for _, m := range d.pool.gossip().Members() {
+		if m.Name == d.cfg.Node {
+			continue
+		}
+		listed[m.Name] = true
+		was, known := judged[m.Name]
+		switch alive := m.State == cluster.StateAlive; {
+		case alive && (!known || !was):
+			d.memberChanged(cluster.Event{Kind: cluster.EventAlive, Member: m}, judged)
+		case !alive && was && m.State == cluster.StateLeft:
+			d.memberChanged(cluster.Event{Kind: cluster.EventLeave, Member: m}, judged)
+		case !alive && was:
+			d.memberChanged(cluster.Event{Kind: cluster.EventDead, Member: m}, judged)
+		}
+	}
+	for name, was := range judged {
+		if was && !listed[name] {
+			d.memberChanged(cluster.Event{Kind: cluster.EventDead, Member: cluster.Member{Name: name}}, judged)
 		}
 	}
 }

@@ -255,7 +255,8 @@ func TestScale(t *testing.T) {
 	}()
 	fillBy := time.Now().Add(time.Duration(float64(target)/rate*3)*time.Second + time.Minute)
 	for w.held() < target*8/10 {
-		require.True(t, time.Now().Before(fillBy), "the workload holds %d of %d segments", w.held(), target)
+		require.True(t, time.Now().Before(fillBy), "the workload holds %d of %d segments after %d allocations and %d failures (the last: %s)",
+			w.held(), target, w.allocs.Load(), w.allocFails.Load(), w.allocErr())
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("workload: %d clients on %d hosts hold %d segments after %d allocations (%.0f ops/s)", workers, clientHosts, w.held(), w.allocs.Load(), rate)
@@ -346,6 +347,9 @@ func TestScale(t *testing.T) {
 		}
 		if tick%50 == 0 {
 			t.Logf("%.0fs after the heal: membership %v; %d segments lost (%d of them also gone at their home)", time.Since(healed).Seconds(), err, lost, gone)
+			if lost > 0 && lost <= 10 {
+				t.Logf("the lost ones:\n%s", sc.explainLost())
+			}
 		}
 		if time.Now().After(deadline) { // the diagnosis only then: it walks every record
 			require.Failf(t, "heal", "4 minutes after the heal: membership %v, %d segments lost:\n%s", err, lost, sc.explainLost())

@@ -616,6 +616,7 @@ type simWorkload struct {
 	wg          sync.WaitGroup
 
 	allocs, allocFails, frees, deaths, exits atomic.Uint64
+	lastAllocErr                             atomic.Pointer[error] // the last failed allocation's
 
 	mu      sync.Mutex
 	clients []*simClient // one per worker, the live ones at the end
@@ -780,11 +781,13 @@ func (w *simWorkload) alloc(c *simClient, rnd *rand.Rand) {
 	cctx, _, err := c.conn.Call(ctx)
 	if err != nil {
 		w.allocFails.Add(1)
+		w.lastAllocErr.Store(&err)
 		return
 	}
 	seg, err := c.conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: sz, Tier: poolv1.Tier_TIER_RDMA, Redundancy: simRedundancy(rnd, w.repShare, w.ecShare)})
 	if err != nil {
 		w.allocFails.Add(1)
+		w.lastAllocErr.Store(&err)
 		w.mu.Lock()
 		c.unsure = true // a timeout may have been allocated all the same
 		w.mu.Unlock()
@@ -817,6 +820,14 @@ func (w *simWorkload) free(c *simClient, i int, dropAnyway bool) {
 		c.segs = slices.Delete(c.segs, i, i+1)
 		w.mu.Unlock()
 	}
+}
+
+// allocErr is the last failed allocation's error, for a report ("none").
+func (w *simWorkload) allocErr() string {
+	if e := w.lastAllocErr.Load(); e != nil {
+		return (*e).Error()
+	}
+	return "none"
 }
 
 // held returns how many segments the live clients hold.
@@ -1117,6 +1128,13 @@ func (sc *simCluster) explainLost() string {
 					}
 				}
 				where = fmt.Sprintf("homed on %s (%s in its view; at home: %s)", r.Home, view, at)
+			}
+			if r.redundant() {
+				var homes []string
+				for _, x := range r.Homes {
+					homes = append(homes, x.Node+" "+strings.TrimPrefix(x.State.String(), "HOME_STATE_"))
+				}
+				where = fmt.Sprintf("redundant %s (homes %s)", r.Redundancy.spec(), strings.Join(homes, ", "))
 			}
 			kinds[fmt.Sprintf("on %s, %s, owned by %s", h.name, where, owner)]++
 		}

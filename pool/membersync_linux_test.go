@@ -1,0 +1,90 @@
+package pool
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+)
+
+// TestDroppedReturnResynced: a daemon that falls behind its membership
+// events loses the oldest (the cluster drops them rather than slow
+// gossip); when the one it lost is a home's return after a partition, the
+// gap in the events makes it judge every member again, and the segments
+// there are restored instead of staying lost until the node's next change.
+func TestDroppedReturnResynced(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 3, leaseTTL: 10 * time.Second, timing: fastDetection})
+	origin, home, other := sc.hosts[0], sc.hosts[1], sc.hosts[2]
+	origin.cfg.ExportSize, other.cfg.ExportSize = 0, 0 // the segment goes to home
+	gossipOn := origin.cfg.sim.cluster
+	origin.cfg.sim.cluster = func(cc *cluster.Config) error {
+		if err := gossipOn(cc); err != nil {
+			return err
+		}
+		cc.EventBuffer = 1 // every event the daemon has not taken yet is dropped by the next
+		return nil
+	}
+	var hold atomic.Pointer[chan struct{}]
+	marking := make(chan struct{}, 1)
+	origin.cfg.sim.judging = func(node string, up bool) {
+		if node != home.name || up {
+			return
+		}
+		if release := hold.Load(); release != nil {
+			select {
+			case marking <- struct{}{}:
+			default:
+			}
+			<-*release
+		}
+	}
+	sc.startAll()
+	defer sc.close()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	o := origin.daemon().pool
+	seg, err := o.Alloc(t.Context(), caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
+	require.NoError(t, err)
+	require.Equal(t, home.name, seg.Home)
+
+	// The home's death is being judged (and holds the daemon's events)
+	// while the partition heals and the home's return is dropped.
+	release := make(chan struct{})
+	hold.Store(&release)
+	epoch := o.peers.epoch(home.name)
+	sc.partition([]*simHost{home}, []*simHost{origin, other})
+	select {
+	case <-marking:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the origin has not judged the home dead 30 s into the partition")
+	}
+	sc.net.Heal()
+	require.Eventually(t, func() bool {
+		m, ok := o.cl.Member(home.name)
+		return ok && m.State == cluster.StateAlive
+	}, 30*time.Second, 20*time.Millisecond, "the origin's gossip lists the home alive again")
+	dropped := o.cl.Stats().EventsDropped
+	od := other.daemon().pool
+	for i := 0; o.cl.Stats().EventsDropped == dropped; i++ {
+		require.Less(t, i, 100, "no event of the origin's dropped after the home's return")
+		// A capacity change of the other host: one more event.
+		r, err := od.Alloc(context.Background(), caller{}, allocRequest{Size: 256 << 10, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+		require.NoError(t, err)
+		time.Sleep(300 * time.Millisecond)
+		require.NoError(t, od.Free(caller{}, r.ID, ""))
+	}
+	hold.Store(nil)
+	close(release)
+
+	// Judged twice since the hold: the death (which marked the segment
+	// lost), then the return.
+	require.Eventually(t, func() bool {
+		r, err := o.Stat(seg.ID)
+		return err == nil && !r.Lost && o.peers.epoch(home.name) >= epoch+2
+	}, 20*time.Second, 20*time.Millisecond, "the segment is restored: its home returned, and the event that said so was dropped")
+}
