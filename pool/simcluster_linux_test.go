@@ -1044,9 +1044,39 @@ func (sc *simCluster) lostAtHome() (wrong, gone int) {
 
 // heldAtHome reports whether r, a record on host owner, names a segment
 // that its running home still holds for owner, contents intact (a home
-// that rebooted keeps its records, lost).
+// that rebooted keeps its records, lost). A redundant record's segment is
+// held while it can be served again: enough of its copies or shards (one
+// copy, k shards), OK or kept unreachable, are held so at their homes, or
+// its origin is rebuilding a home of it. One with fewer is lost for real
+// (its origin's lease at the other homes ran out while it was down, say),
+// whichever home its first one is.
 func (sc *simCluster) heldAtHome(owner string, r record) bool {
-	home := sc.host(r.Home)
+	if !r.redundant() {
+		return sc.holds(owner, r.Home, r.HomeID)
+	}
+	n := 0
+	for _, h := range r.Homes {
+		if (h.State == poolv1.HomeState_HOME_STATE_OK || h.State == poolv1.HomeState_HOME_STATE_UNREACHABLE) && sc.holds(owner, h.Node, h.HomeID) {
+			n++
+		}
+	}
+	if n >= max(1, r.Redundancy.Data) {
+		return true
+	}
+	o := sc.host(owner)
+	if o == nil || o.daemon() == nil || o.daemon().pool.rb == nil {
+		return false
+	}
+	rb := o.daemon().pool.rb
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	return rb.busy[r.ID]
+}
+
+// holds reports whether node is running and holds its segment id for
+// owner, contents intact.
+func (sc *simCluster) holds(owner, node string, id uint64) bool {
+	home := sc.host(node)
 	if home == nil {
 		return false
 	}
@@ -1054,7 +1084,7 @@ func (sc *simCluster) heldAtHome(owner string, r record) bool {
 	if d == nil {
 		return false
 	}
-	hr, err := d.pool.Stat(r.HomeID)
+	hr, err := d.pool.Stat(id)
 	return err == nil && hr.Owner == peerClientPrefix+owner && !hr.Lost
 }
 
