@@ -115,7 +115,7 @@ func (ps *pushers) closeIdle(before time.Time) {
 	}
 }
 
-// nodes is the set of nodes the pushers write to.
+// nodes adds the nodes the pushers write to to into.
 func (ps *pushers) nodes(into map[string]bool) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
