@@ -29,7 +29,7 @@ import (
 // README's `go test -race ./...` does not run it; CI runs it at 200 hosts
 // without the race detector (.ci/run), and docs/scale.md larger:
 //
-//	go test ./pool/ -run '^TestScale$' -hosts 200 -count=1 -timeout 20m
+//	go test ./pool/ -run '^TestScale$' -hosts 200 -count=1 -timeout 25m
 //
 // The package comes first: go test hands every argument after a flag it
 // does not know (-hosts) to the test binary.
@@ -38,8 +38,8 @@ var (
 	scaleSegs  = flag.Int("scale.segs", 100, "TestScale: segments each host holds on average at the end of the workload")
 	scaleRate  = flag.Float64("scale.rate", 0, "TestScale: client operations per second in all (0: 2 per host, at most 400)")
 	scaleOut   = flag.String("scale.out", "", "TestScale: append the measurements as one JSON line to this file")
-	scaleRep   = flag.Float64("scale.replicas", 0, "TestScale: share of the segments allocated with replicas=2 (0 by default: see docs/scale.md, Redundant share)")
-	scaleEC    = flag.Float64("scale.ec", 0, "TestScale: share of the segments allocated with ec=4+2 (0 by default)")
+	scaleRep   = flag.Float64("scale.replicas", 0.02, "TestScale: share of the segments allocated with replicas=2 (0 for none; see docs/scale.md, Redundant share)")
+	scaleEC    = flag.Float64("scale.ec", 0.01, "TestScale: share of the segments allocated with ec=4+2 (0 for none)")
 )
 
 // scaleResult is what TestScale measures; -scale.out appends it as JSON.
@@ -173,7 +173,10 @@ func TestScale(t *testing.T) {
 	// 5,694 with the workload's segments held and 7,302 at the heal.
 	pairs := float64(n**scaleSegs) * (*scaleRep + *scaleEC*4*2)
 	redundantFDs := int(pairs * 2 * 2)
-	clientHosts := max(4, min(n, maxClientHosts, (int(fdLimit)-16*n-2000-redundantFDs)/(2*n)))
+	spare := int(fdLimit) - 16*n - 2000 - redundantFDs
+	require.GreaterOrEqual(t, spare, 4*2*n, "-hosts %d with this redundant share needs about %d descriptors for its homes' connections and %d for 4 client hosts beside the hosts' own, and RLIMIT_NOFILE allows %d: lower -scale.replicas and -scale.ec (0 for none)",
+		n, redundantFDs, 4*2*n, fdLimit)
+	clientHosts := max(4, min(n, maxClientHosts, spare/(2*n)))
 	res.ClientHosts = clientHosts
 
 	t.Run("memory per segment", func(t *testing.T) { measureSegmentMemory(t, &res) })
