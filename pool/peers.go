@@ -41,6 +41,11 @@ type peers struct {
 	// closes those that nothing asked for within peerIdle and that no
 	// segment needs.
 	used map[string]time.Time
+	// proven is the address at which each node's session last proved its
+	// name (certificate and Welcome): it outlives closeIdle, so that what
+	// counts proven members (the rebalancer's mean) does not redial a
+	// session nothing else needs every time closeIdle closes it.
+	proven map[string]string
 	// refused holds the nodes whose certificate or Welcome named another
 	// node, until refuseFor passes or the node announces another address.
 	refused map[string]refusal
@@ -142,7 +147,19 @@ func (ps *peers) get(ctx context.Context, node, addr string) (*session.Conn, err
 	}
 	delete(ps.refused, node)
 	ps.conns[node] = c
+	if ps.proven == nil {
+		ps.proven = map[string]string{}
+	}
+	ps.proven[node] = addr
 	return c, nil
+}
+
+// isProven reports whether a session proved node's name at addr (get),
+// whether or not it is still open.
+func (ps *peers) isProven(node, addr string) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.proven[node] == addr && addr != ""
 }
 
 // useLocked notes that node's session was asked for now; ps.mu is held.
@@ -243,6 +260,7 @@ func (ps *peers) refuse(node, addr, msg string, why error) error {
 		r.logged = now
 	}
 	ps.refused[node] = r
+	delete(ps.proven, node)
 	ps.mu.Unlock()
 	if log {
 		ps.log.Warn(msg, "node", node, "addr", addr, "err", why)

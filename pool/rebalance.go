@@ -128,9 +128,9 @@ const (
 )
 
 // meetPeers opens a session with each usable member that lends the rdma
-// tier and that this node holds none with (nor refused lately), so that
-// rebalanceExcess counts it: a session proves a member's name (its
-// certificate's), gossip alone does not.
+// tier and that no session proved yet at its address (nor refused
+// lately), so that rebalanceExcess counts it: a session proves a member's
+// name (its certificate's), gossip alone does not.
 func (p *core) meetPeers(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, rebalancePeerDial)
 	defer cancel()
@@ -138,7 +138,7 @@ func (p *core) meetPeers(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, m := range p.cl.Members() {
 		if _, ok := m.Meta.Tier(tierName(poolv1.Tier_TIER_RDMA)); !ok || m.Name == p.cfg.Node || !m.Usable() ||
-			m.Meta.GRPCAddr == "" || p.peers.conn(m.Name) != nil || p.peers.isRefused(m.Name, m.Meta.GRPCAddr) {
+			m.Meta.GRPCAddr == "" || p.peers.isProven(m.Name, m.Meta.GRPCAddr) || p.peers.isRefused(m.Name, m.Meta.GRPCAddr) {
 			continue
 		}
 		wg.Go(func() {
@@ -161,7 +161,8 @@ func (p *core) meetPeers(ctx context.Context) {
 // the rdma tier and are not draining (this one included), and the bytes
 // to move away to come within half the threshold of that mean, when this
 // node is over it by more than trigger (else excess is 0). Only members
-// this node holds a peer session with count (meetPeers): a gossip member
+// a peer session proved at their address count (meetPeers; the session may
+// have closed since, idle): a gossip member
 // that no certificate proves (one holding the gossip key alone) could
 // otherwise announce an idle tier, drag the mean down until every node
 // is over it, and keep them all moving segments.
@@ -180,7 +181,7 @@ func (p *core) rebalanceExcess(trigger float64) (used, mean float64, excess int6
 	sum, n := used, 1
 	for _, m := range p.cl.Members() {
 		t, ok := m.Meta.Tier(name)
-		if m.Name == p.cfg.Node || !ok || t.Capacity <= 0 || !m.Usable() || p.peers.conn(m.Name) == nil {
+		if m.Name == p.cfg.Node || !ok || t.Capacity <= 0 || !m.Usable() || !p.peers.isProven(m.Name, m.Meta.GRPCAddr) {
 			continue
 		}
 		sum += float64(t.Capacity-t.Free) / float64(t.Capacity)

@@ -80,4 +80,13 @@ func TestRebalanceMeanCountsPeers(t *testing.T) {
 	require.Greater(t, ua, ub+0.3)
 	require.InDelta(t, (ua+ub)/2, mean, 1e-9, "b counts")
 	require.Positive(t, excess, "a is over the mean of a and b")
+
+	// The session nothing else needs closes, idle: b proved its name once,
+	// so it still counts, and the rebalancer does not dial it again.
+	a.pool.peers.closeIdle([]string{"b"}, time.Now().Add(time.Second))
+	require.Nil(t, a.pool.peers.conn("b"))
+	a.pool.meetPeers(ctx)
+	require.Nil(t, a.pool.peers.conn("b"), "a proven member is not dialed again")
+	_, mean2, _ := a.pool.rebalanceExcess(0.1)
+	require.InDelta(t, mean, mean2, 1e-9, "b still counts")
 }
