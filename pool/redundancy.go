@@ -482,6 +482,11 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 	for i, h := range r.Homes {
 		switch {
 		case !live(h):
+		case coded && i < r.Redundancy.Data && h.State == poolv1.HomeState_HOME_STATE_REBUILDING:
+			// A data shard being filled takes the rebuild's writes only:
+			// were it to forward them, each would send the parity shards a
+			// delta from bytes the stripe never held.
+			writers = append(writers, i)
 		case coded && i < r.Redundancy.Data, !coded && i == 0:
 			forwarders = append(forwarders, i)
 		default:
@@ -511,7 +516,11 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 		return errors.Join(errsOf...)
 	}
 	err := tell(writers, func(i int) *poolv1.ReplicateRequest {
-		return &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Writers: writerNodes, ClientsReadOnly: true}
+		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Writers: writerNodes, ClientsReadOnly: true}
+		if coded && i < r.Redundancy.Data {
+			req.Writers = nil // a data shard being filled: only this daemon writes it
+		}
+		return req
 	})
 	if err != nil {
 		return err
