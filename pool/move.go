@@ -1032,14 +1032,11 @@ func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) err
 	if ctx.Err() != nil {
 		return nil
 	}
-	ops := make([]rdma.Op, len(batch))
-	ptrs := make([]*rdma.Op, len(batch))
 	var n int64
-	for i, span := range batch {
-		ops[i] = rdma.Op{Kind: rdma.OpRead, Region: m.srcReg, Offset: span[0], Buf: buf[n : n+span[1]-span[0]]}
-		ptrs[i] = &ops[i]
+	for _, span := range batch {
 		n += span[1] - span[0]
 	}
+	ptrs := spanOps(rdma.OpRead, m.srcReg, batch, buf)
 	if err := m.rate.wait(ctx, n); err != nil {
 		return err
 	}
@@ -1052,8 +1049,8 @@ func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) err
 	if err != nil {
 		return fmt.Errorf("read %d spans (%d bytes) from %d: %w", len(batch), n, batch[0][0], err)
 	}
-	for i := range ops {
-		ops[i].Kind, ops[i].Region = rdma.OpWrite, m.dstReg
+	for _, op := range ptrs {
+		op.Kind, op.Region = rdma.OpWrite, m.dstReg
 	}
 	if err := m.dstConn.Do(ctx, ptrs...); err != nil {
 		return fmt.Errorf("write %d spans (%d bytes) from %d: %w", len(batch), n, batch[0][0], err)

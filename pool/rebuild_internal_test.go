@@ -136,10 +136,55 @@ func TestRebuildDecode(t *testing.T) {
 		}
 		buf := make([]byte, n)
 		require.NoError(t, f.decode(t.Context(), buf, batch), "shard %d", lost)
-		off := int64(0)
-		for _, s := range batch {
-			require.Equal(t, shards[lost][s[0]:s[1]], buf[off:off+s[1]-s[0]], "shard %d, span %v", lost, s)
-			off += s[1] - s[0]
+		checkSpans(t, shards[lost], buf, batch)
+	}
+
+	// A data shard decoded with a spare: parity shard 5 disagrees with
+	// the others in the second span (a write hole). Before the seal the
+	// decode stands (from the sources) and the span's chunk is suspect;
+	// sealed, shard 5's span is rewritten in line with the data shards.
+	const chunk = 4096
+	ctx := t.Context()
+	parity := func() []byte {
+		b := make([]byte, shard)
+		require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpRead, Region: regions[5], Buf: b}))
+		return b
+	}
+	require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: regions[5], Offset: 8192 + 10, Buf: []byte{^shards[5][8192+10]}}))
+	f := &rebuildFill{r: record{ID: 9, Redundancy: redundancy{Data: k, Parity: m}}, i: 1, enc: enc}
+	f.m = &mover{batch: n, chunk: chunk}
+	f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
+	for j := range k + m {
+		s := rebuildPeer{idx: j, conn: conn, reg: regions[j], home: homeRef{Node: "x"}}
+		switch {
+		case j == 1:
+		case len(f.sources) < k:
+			f.sources = append(f.sources, s)
+		default:
+			f.spares = append(f.spares, s)
 		}
+	}
+	buf := make([]byte, n)
+	require.NoError(t, f.decode(ctx, buf, batch))
+	checkSpans(t, shards[1], buf, batch)
+	want, _ := rangeChunks(8192, 8192+100, chunk)
+	require.Equal(t, want, f.suspect, "the disagreeing span's chunk is suspect")
+	require.NotEqual(t, shards[5], parity(), "unsealed, the spare is left as it is")
+	f.sealed = true
+	clear(buf)
+	require.NoError(t, f.decode(ctx, buf, batch))
+	checkSpans(t, shards[1], buf, batch)
+	require.Equal(t, shards[5], parity(), "sealed, the spare is brought in line")
+	require.Equal(t, int64(100), f.repaired.Load())
+}
+
+// checkSpans checks that buf holds want's bytes of the batch's spans, in
+// turn.
+func checkSpans(t *testing.T, want, buf []byte, batch [][2]int64) {
+	t.Helper()
+	off := int64(0)
+	for _, s := range batch {
+		require.Equal(t, want[s[0]:s[1]], buf[off:off+s[1]-s[0]], "span %v", s)
+		off += s[1] - s[0]
 	}
 }

@@ -9,12 +9,14 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/klauspost/reedsolomon"
@@ -51,6 +53,18 @@ type rebuildFill struct {
 	tracked []rebuildPeer
 	// sources are the k shards an erasure-coded shard is decoded from.
 	sources []rebuildPeer
+	// spares are the other surviving shards of a lost data shard's
+	// stripe, read with the sources to check each decode (checkSpares).
+	spares []rebuildPeer
+	// suspect are the chunks whose decode a spare disagreed with before
+	// the seal; the sealed last round decodes them again.
+	suspectMu sync.Mutex
+	suspect   []byte
+	// sealed: the writers are sealed, no write is in flight, so a spare
+	// that still disagrees is out of line with the data shards for good
+	// and is rewritten (repaired counts its bytes).
+	sealed   bool
+	repaired atomic.Int64
 	// dirty are the chunks changed since the last round decoded.
 	dirty []byte
 	// pusher is the home that pushes its bytes to the target (f.m.target)
@@ -146,12 +160,24 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 		return nil, err
 	}
 	f.m.dstReg = homeRegion(target)
-	for _, s := range from[:n] {
+	// A lost data shard's decode is checked against every other surviving
+	// shard: a data home that died between sending a write's parity
+	// deltas to one parity shard and to another left them disagreeing
+	// about that write, and the decode must settle which outcome holds.
+	read := from[:n]
+	if i < k {
+		read = from
+	}
+	for j, s := range read {
 		if s.conn, err = f.m.dial(ctx, s.home.Node, s.home.DataAddr, s.home.DataTLS, s.pc); err != nil {
 			return nil, err
 		}
 		s.reg = homeRegion(s.home)
-		f.sources = append(f.sources, s)
+		if j < n {
+			f.sources = append(f.sources, s)
+		} else {
+			f.spares = append(f.spares, s)
+		}
 	}
 	return f, nil
 }
@@ -186,7 +212,7 @@ func (f *rebuildFill) close() {
 	if f.m.dstConn != nil {
 		f.m.dstConn.Close()
 	}
-	for _, s := range f.sources {
+	for _, s := range slices.Concat(f.sources, f.spares) {
 		s.conn.Close()
 	}
 }
@@ -280,7 +306,16 @@ func (f *rebuildFill) lastRound(ctx context.Context) error {
 		return err
 	}
 	orBitmap(f.dirty, last)
-	return m.copyChunks(ctx, f.dirty)
+	f.dirty = orGrow(f.dirty, f.suspect)
+	f.sealed = true
+	if err := m.copyChunks(ctx, f.dirty); err != nil {
+		return err
+	}
+	if n := f.repaired.Load(); n > 0 {
+		f.p.log.Warn("rebuild: parity shards disagreed about a write their lost data home had not finished; brought them in line with the data shards",
+			"segment", f.r.ID, "shard", f.i, "bytes", n)
+	}
+	return nil
 }
 
 // switchRebuilt is a rebuild's switch: the home marked OK, the writers
@@ -443,28 +478,22 @@ func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 }
 
 // decode fills buf with the lost shard's bytes of the batch's spans: it
-// reads the same spans from the k sources, in parallel, and reconstructs
-// the shard from them (Reed-Solomon works on each byte column alone, so
-// any sub-range of the shards decodes).
+// reads the same spans from the k sources (and the spares), in parallel,
+// and reconstructs the shard from them (Reed-Solomon works on each byte
+// column alone, so any sub-range of the shards decodes); checkSpares then
+// checks each span against the spares.
 func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) error {
-	reads := make([][]byte, len(f.sources))
+	read := slices.Concat(f.sources, f.spares)
+	reads := make([][]byte, len(read))
 	for j := range reads {
 		b := f.bufs.Get().(*[]byte)
 		defer f.bufs.Put(b)
 		reads[j] = (*b)[:len(buf)]
 	}
 	var g errgroup.Group
-	for j, s := range f.sources {
+	for j, s := range read {
 		g.Go(func() error {
-			ops := make([]rdma.Op, len(batch))
-			ptrs := make([]*rdma.Op, len(batch))
-			off := int64(0)
-			for x, span := range batch {
-				ops[x] = rdma.Op{Kind: rdma.OpRead, Region: s.reg, Offset: span[0], Buf: reads[j][off : off+span[1]-span[0]]}
-				ptrs[x] = &ops[x]
-				off += span[1] - span[0]
-			}
-			if err := s.conn.Do(ctx, ptrs...); err != nil {
+			if err := s.conn.Do(ctx, spanOps(rdma.OpRead, s.reg, batch, reads[j])...); err != nil {
 				return fmt.Errorf("shard %d on %s: %w", s.idx, s.home.Node, err)
 			}
 			return nil
@@ -477,12 +506,23 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 	shards := make([][]byte, total)
 	required := make([]bool, total)
 	required[f.i] = true
+	var want [][]byte // the spares' bytes as the decode makes them
+	for _, s := range f.spares {
+		required[s.idx] = true
+		b := f.bufs.Get().(*[]byte)
+		defer f.bufs.Put(b)
+		want = append(want, (*b)[:len(buf)])
+	}
 	off := int64(0)
-	for _, span := range batch {
+	var torn []bool
+	for x, span := range batch {
 		l := span[1] - span[0]
 		clear(shards)
 		for j, s := range f.sources {
 			shards[s.idx] = reads[j][off : off+l]
+		}
+		for j, s := range f.spares {
+			shards[s.idx] = want[j][off : off : off+l]
 		}
 		out := buf[off : off+l]
 		shards[f.i] = out[:0] // decoded in place
@@ -495,7 +535,94 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 		if &shards[f.i][0] != &out[0] {
 			copy(out, shards[f.i])
 		}
+		for j, s := range f.spares {
+			if &shards[s.idx][0] != &want[j][off] {
+				copy(want[j][off:off+l], shards[s.idx])
+			}
+			if !bytes.Equal(want[j][off:off+l], reads[len(f.sources)+j][off:off+l]) {
+				if torn == nil {
+					torn = make([]bool, len(batch))
+				}
+				torn[x] = true
+			}
+		}
 		off += l
 	}
-	return nil
+	if torn == nil {
+		return nil
+	}
+	return f.checkSpares(ctx, batch, torn, want, reads[len(f.sources):])
+}
+
+// checkSpares handles the spans of a batch (torn) whose decode a spare
+// disagreed with (want: the spares' bytes as decoded, got: as read).
+// Before the seal a client's write may have reached some shards and not
+// yet others: the spans' chunks are suspect, decoded again in the sealed
+// last round. Sealed, nothing is in flight: the disagreeing spares'
+// spans are rewritten in line with the data shards (the decode's choice
+// of outcome for a write their lost home did not finish, which was never
+// acknowledged).
+func (f *rebuildFill) checkSpares(ctx context.Context, batch [][2]int64, torn []bool, want, got [][]byte) error {
+	if !f.sealed {
+		f.suspectMu.Lock()
+		defer f.suspectMu.Unlock()
+		for x, span := range batch {
+			if torn[x] {
+				set, _ := rangeChunks(span[0], span[1], f.m.chunk)
+				f.suspect = orGrow(f.suspect, set)
+			}
+		}
+		return nil
+	}
+	var g errgroup.Group
+	for j, s := range f.spares {
+		var fix [][2]int64
+		var bufs [][]byte
+		off := int64(0)
+		for x, span := range batch {
+			l := span[1] - span[0]
+			if torn[x] && !bytes.Equal(want[j][off:off+l], got[j][off:off+l]) {
+				fix, bufs = append(fix, span), append(bufs, want[j][off:off+l])
+				f.repaired.Add(l)
+			}
+			off += l
+		}
+		if len(fix) == 0 {
+			continue
+		}
+		g.Go(func() error {
+			ops := make([]*rdma.Op, len(fix))
+			for x, span := range fix {
+				ops[x] = &rdma.Op{Kind: rdma.OpWrite, Region: s.reg, Offset: span[0], Buf: bufs[x]}
+			}
+			if err := s.conn.Do(ctx, ops...); err != nil {
+				return fmt.Errorf("bring shard %d on %s in line with the data shards: %w", s.idx, s.home.Node, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// spanOps are ops of kind on reg, one per span of batch, their buffers
+// laid out in turn in buf.
+func spanOps(kind rdma.OpKind, reg rdma.Region, batch [][2]int64, buf []byte) []*rdma.Op {
+	ops := make([]rdma.Op, len(batch))
+	ptrs := make([]*rdma.Op, len(batch))
+	off := int64(0)
+	for x, span := range batch {
+		ops[x] = rdma.Op{Kind: kind, Region: reg, Offset: span[0], Buf: buf[off : off+span[1]-span[0]]}
+		ptrs[x] = &ops[x]
+		off += span[1] - span[0]
+	}
+	return ptrs
+}
+
+// orGrow sets in dst the bits set in src, growing dst to src's length.
+func orGrow(dst, src []byte) []byte {
+	if len(dst) < len(src) {
+		dst = append(dst, make([]byte, len(src)-len(dst))...)
+	}
+	orBitmap(dst, src)
+	return dst
 }

@@ -402,3 +402,63 @@ func TestRestartedWriterRebuilt(t *testing.T) {
 	require.True(t, same(r.Homes[0], shard), "the restarted data shard keeps its place")
 	rs.checkHomes(t, nil)
 }
+
+// TestWriteHoleRepaired: a data home of an ec=4+2 segment sends a write's
+// parity deltas to one parity shard and dies before the other gets its
+// own (here: the first parity shard is written as the write would change
+// it, the second is not, and the data home's host crashes). The write was
+// never acknowledged, so either outcome may stand, but the shards must
+// agree on one: the rebuild decodes the lost shard, checks the decode
+// against the other parity shard, and in its sealed last round brings
+// that one in line. Afterwards the six shards are a consistent code of the
+// data shards, data shard 0 holds the bytes before or after the write,
+// and the other data shards hold theirs. The origin tells the homes how
+// they are written again while the rebuild copies (as a membership change
+// has it do): the shard being filled must not forward the copy's writes
+// to the parity shards as deltas.
+func TestWriteHoleRepaired(t *testing.T) {
+	// Shards of 1 MiB, copied in four batches of 256 KiB a second apart.
+	const size = 4 << 20
+	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.RebuildRate = 256 << 10 })
+	sc, ec := rs.sc, rs.ec
+	origin := rs.oh.daemon()
+	ctx := t.Context()
+	enc, err := reedsolomon.New(4, 2)
+	require.NoError(t, err)
+
+	const off, n = 8192 + 100, 512
+	after := make([][]byte, 6)
+	for i := range after {
+		after[i] = slices.Clone(rs.ecWant[i])
+	}
+	_, _ = rand.Read(after[0][off : off+n])
+	require.NoError(t, enc.Encode(after))
+	c := homeConn(t, origin, ec.Homes[4])
+	require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[4]), Offset: off, Buf: after[4][off : off+n]}))
+
+	victim := ec.Homes[0].Node
+	crashed := time.Now()
+	sc.crash(sc.host(victim))
+	require.Eventually(t, func() bool {
+		r, _ := origin.pool.redundantRecord(rs.ecID)
+		return r.Homes[0].State == poolv1.HomeState_HOME_STATE_REBUILDING && r.Homes[0].Rebuilt > 0
+	}, time.Minute, 5*time.Millisecond, "the shard's rebuild does not begin")
+	r, _ := origin.pool.redundantRecord(rs.ecID)
+	require.NoError(t, origin.pool.replicate(ctx, &r))
+	state, took := sc.waitRebuilt(t, map[*simHost][]uint64{rs.oh: {rs.ecID}}, victim, crashed, time.Minute)
+	require.Equal(t, 1, state.ok)
+	t.Logf("the data shard on %s rebuilt %v after the crash", victim, took.Round(time.Millisecond))
+
+	r, _ = origin.pool.redundantRecord(rs.ecID)
+	got := make([][]byte, 6)
+	for i, h := range r.Homes {
+		got[i] = homeBytes(ctx, t, origin, h, ec.shardSize())
+	}
+	agree, err := enc.Verify(got)
+	require.NoError(t, err)
+	require.True(t, agree, "the shards are not a consistent code of the data shards")
+	require.True(t, bytes.Equal(got[0], rs.ecWant[0]) || bytes.Equal(got[0], after[0]), "data shard 0 holds neither outcome of the write")
+	for i := 1; i < 4; i++ {
+		require.True(t, bytes.Equal(got[i], rs.ecWant[i]), "data shard %d changed", i)
+	}
+}
