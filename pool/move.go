@@ -860,14 +860,20 @@ func moveOutReq(ctx context.Context, pc *session.Conn, req *poolv1.MoveOutReques
 // no longer) use its copy id, as they may the segment.
 func (m *mover) authorize(ctx context.Context, clients []string, id uint64, withdraw bool) error {
 	for _, a := range clients {
-		_, err := callAt(ctx, m.dst, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
-			return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: a, Withdraw: withdraw})
-		})
-		if err != nil {
+		if err := authorizeOn(ctx, m.dst, id, a, withdraw); err != nil {
 			return fmt.Errorf("move segment %d: authorize client %q on %s: %w", m.rec.ID, a, m.to, err)
 		}
 	}
 	return nil
+}
+
+// authorizeOn tells the node of session pc that client may (or, with
+// withdraw, may no longer) use its segment id, which this daemon placed.
+func authorizeOn(ctx context.Context, pc *session.Conn, id uint64, client string, withdraw bool) error {
+	_, err := callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
+		return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: client, Withdraw: withdraw})
+	})
+	return err
 }
 
 // connect dials the source's and the target's data planes with this
@@ -1225,21 +1231,6 @@ func (p *core) rollForward(ctx context.Context, in intent) (bool, error) {
 	}
 	p.log.Info("a move left at its switch-over rolled forward: the source had pushed its last chunks to the target", "segment", in.ID, "from", in.From, "to", in.To)
 	return true, nil
-}
-
-// syncAttachers tells the target of the attachments made or withdrawn
-// during the move (attached is the record's list at the switch-over); a
-// client refused meanwhile asks Stat again and retries.
-func (m *mover) syncAttachers(attached []string, id uint64) {
-	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
-	defer cancel()
-	added := slices.DeleteFunc(slices.Clone(attached), func(a string) bool { return slices.Contains(m.rec.Attached, a) })
-	gone := slices.DeleteFunc(slices.Clone(m.rec.Attached), func(a string) bool { return slices.Contains(attached, a) })
-	for _, err := range []error{m.authorize(ctx, added, id, false), m.authorize(ctx, gone, id, true)} {
-		if err != nil {
-			m.p.log.Warn("moved segment: an attachment made during the move is not at the new home yet; the client retries", "segment", m.rec.ID, "err", err)
-		}
-	}
 }
 
 // finishMove tells the source of a switched move to let the segment go and
