@@ -304,7 +304,12 @@ func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.Replicat
 }
 
 // replicaSubject finds the segment of a Replicate request: an rdma
-// segment this node serves, c's, not lost, and not moving away.
+// segment this node serves, c's, and not lost. One under a MoveOut
+// (tracked, sealed) is fine: the origin sets the homes' forwarding and
+// raises their epochs while it holds the writers sealed (a rebuild's
+// switchOK, finishHomeMove), and a home that is leaving serves, and
+// forwards, until the move's COMMIT lets it go; from then on no record
+// here names it (letGo), and lookup answers not found.
 func (p *core) replicaSubject(c caller, req *poolv1.ReplicateRequest) (*record, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -75,3 +75,32 @@ func TestReplicaHome(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, rec.Forwards, "no targets: nothing forwarded")
 }
+
+// TestReplicaWhileMoving: a copy whose writes a MoveOut tracks and seals
+// (a rebuild's or a home move's survivor, or a leaving home) takes
+// Replicate: the origin sets the homes' forwarding and raises epochs while
+// the writers are sealed (switchOK, finishHomeMove), and a leaving home
+// forwards until it is let go. Once let go (COMMIT) it is not found.
+func TestReplicaWhileMoving(t *testing.T) {
+	p, _ := newServingPool(t)
+	ctx := t.Context()
+	x := peerCaller(t, p, "x", 1)
+	r, err := p.Alloc(ctx, x, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+	require.NoError(t, err)
+	for _, phase := range []poolv1.MoveOutPhase{poolv1.MoveOutPhase_MOVE_OUT_TRACK, poolv1.MoveOutPhase_MOVE_OUT_SEAL} {
+		_, err = p.moveOut(ctx, x, &poolv1.MoveOutRequest{HomeId: r.ID, Phase: phase, Chunk: 4096}, moveTLS{})
+		require.NoError(t, err, "%s", phase)
+	}
+	resp, err := p.replicateHere(ctx, x, &poolv1.ReplicateRequest{HomeId: r.ID, Epoch: 2, Writers: []string{"w"}, ClientsReadOnly: true}, moveTLS{})
+	require.NoError(t, err, "a sealed, tracked copy")
+	require.Equal(t, uint64(2), resp.Epoch)
+	rec, err := p.Stat(r.ID)
+	require.NoError(t, err)
+	require.True(t, rec.Sealed, "Replicate leaves the seal to the move")
+	require.Equal(t, []string{"w"}, rec.Writers)
+
+	_, err = p.moveOut(ctx, x, &poolv1.MoveOutRequest{HomeId: r.ID, Phase: poolv1.MoveOutPhase_MOVE_OUT_COMMIT}, moveTLS{})
+	require.NoError(t, err)
+	_, err = p.replicateHere(ctx, x, &poolv1.ReplicateRequest{HomeId: r.ID, Epoch: 3}, moveTLS{})
+	require.ErrorIs(t, err, errs.ErrNotFound, "a copy let go")
+}
