@@ -56,6 +56,9 @@ type metrics struct {
 
 	moves    *copyMetrics // live moves (move.go)
 	rebuilds *copyMetrics // rebuilds of redundant segments (rebuild.go)
+	// parityRepaired counts the bytes of parity shards a rebuild rewrote
+	// in line with the data shards (rebuildfill.go, checkSpares).
+	parityRepaired prometheus.Counter
 }
 
 // newMetrics makes the registry with every family poold exports except
@@ -72,6 +75,7 @@ func newMetrics() *metrics {
 	m.refusals = f.counterVec("access_denied_total", "Control-plane requests refused access to a segment, by operation.", "op")
 	m.moves = newMoveMetrics(f)
 	m.rebuilds = newRebuildMetrics(f)
+	m.parityRepaired = f.counter("rebuild_parity_repaired_bytes_total", "Bytes of parity shards a rebuild rewrote in line with the data shards: a data home died between sending one write's parity deltas to one parity shard and to another.")
 	ops := f.counterVec("dataplane_operations_total", "One-sided operations served by the data plane, by op and tier (failed ones included).", "op", "tier")
 	bytes := f.counterVec("dataplane_bytes_total", "Payload bytes moved by the data plane, by op and tier.", "op", "tier")
 	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{

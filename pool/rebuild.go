@@ -212,6 +212,9 @@ type rebuildResult struct {
 	rounds int
 	pause  time.Duration // the writers sealed
 	took   time.Duration
+	// repaired are the bytes of parity shards brought in line with the
+	// data shards (rebuildfill.go, checkSpares).
+	repaired int64
 }
 
 // run rebuilds one home and records the outcome: a failure is retried
@@ -305,7 +308,7 @@ func (rb *rebuilder) rebuild(ctx context.Context, w rebuildWork) (rebuildResult,
 	}
 	defer f.close()
 	err = f.run(ctx, f.switchRebuilt)
-	res.bytes, res.rounds, res.pause = f.m.copied.Load(), f.m.res.rounds, f.m.res.pause
+	res.bytes, res.rounds, res.pause, res.repaired = f.m.copied.Load(), f.m.res.rounds, f.m.res.pause, f.repaired.Load()
 	if err != nil && ctx.Err() == nil && (p.nodeGone(h.Node) || rb.failedBefore(w.id)) { // not when the daemon stops
 		// A target that died, or that failed a second fill in a row
 		// (its node restarted without the copy, say): another one.
@@ -502,6 +505,7 @@ func (m *metrics) rebuildDone(res rebuildResult, err error) {
 		return
 	}
 	m.rebuilds.bytes.Add(float64(res.bytes))
+	m.parityRepaired.Add(float64(res.repaired))
 	switch {
 	case err == nil:
 		m.rebuilds.runs.WithLabelValues("ok").Inc()

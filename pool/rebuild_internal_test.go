@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,6 +165,7 @@ func TestRebuildDecode(t *testing.T) {
 			f.spares = append(f.spares, s)
 		}
 	}
+	f.down = make([]atomic.Bool, len(f.spares))
 	buf := make([]byte, n)
 	require.NoError(t, f.decode(ctx, buf, batch))
 	checkSpans(t, shards[1], buf, batch)
@@ -176,6 +178,15 @@ func TestRebuildDecode(t *testing.T) {
 	checkSpans(t, shards[1], buf, batch)
 	require.Equal(t, shards[5], parity(), "sealed, the spare is brought in line")
 	require.Equal(t, int64(100), f.repaired.Load())
+
+	// A spare that fails its read (here: a wrong key) is taken out of the
+	// checks; the decode goes on from the sources.
+	f.p = &core{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	f.spares[0].reg.Key[0] ^= 1
+	clear(buf)
+	require.NoError(t, f.decode(ctx, buf, batch))
+	checkSpans(t, shards[1], buf, batch)
+	require.True(t, f.down[0].Load(), "the failed spare is down")
 }
 
 // checkSpans checks that buf holds want's bytes of the batch's spans, in

@@ -54,8 +54,12 @@ type rebuildFill struct {
 	// sources are the k shards an erasure-coded shard is decoded from.
 	sources []rebuildPeer
 	// spares are the other surviving shards of a lost data shard's
-	// stripe, read with the sources to check each decode (checkSpares).
+	// stripe, read with the sources to check each decode (checkSpares);
+	// one that fails a read or write is down for the rest of the fill
+	// (the decode goes on unchecked by it: its home is soon lost, or
+	// slow, and a rebuild must not wait on more homes than it needs).
 	spares []rebuildPeer
+	down   []atomic.Bool
 	// suspect are the chunks whose decode a spare disagreed with before
 	// the seal; the sealed last round decodes them again.
 	suspectMu sync.Mutex
@@ -179,6 +183,7 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 			f.spares = append(f.spares, s)
 		}
 	}
+	f.down = make([]atomic.Bool, len(f.spares))
 	return f, nil
 }
 
@@ -490,11 +495,22 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 		defer f.bufs.Put(b)
 		reads[j] = (*b)[:len(buf)]
 	}
+	ns := len(f.sources)
+	up := make([]bool, len(f.spares)) // the spares read for this batch
 	var g errgroup.Group
 	for j, s := range read {
+		if j >= ns && f.down[j-ns].Load() {
+			continue
+		}
 		g.Go(func() error {
-			if err := s.conn.Do(ctx, spanOps(rdma.OpRead, s.reg, batch, reads[j])...); err != nil {
+			err := s.conn.Do(ctx, spanOps(rdma.OpRead, s.reg, batch, reads[j])...)
+			switch {
+			case j < ns && err != nil:
 				return fmt.Errorf("shard %d on %s: %w", s.idx, s.home.Node, err)
+			case err != nil:
+				f.dropSpare(j-ns, "read", err)
+			case j >= ns:
+				up[j-ns] = true
 			}
 			return nil
 		})
@@ -507,8 +523,8 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 	required := make([]bool, total)
 	required[f.i] = true
 	var want [][]byte // the spares' bytes as the decode makes them
-	for _, s := range f.spares {
-		required[s.idx] = true
+	for j, s := range f.spares {
+		required[s.idx] = up[j]
 		b := f.bufs.Get().(*[]byte)
 		defer f.bufs.Put(b)
 		want = append(want, (*b)[:len(buf)])
@@ -522,7 +538,9 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 			shards[s.idx] = reads[j][off : off+l]
 		}
 		for j, s := range f.spares {
-			shards[s.idx] = want[j][off : off : off+l]
+			if up[j] {
+				shards[s.idx] = want[j][off : off : off+l]
+			}
 		}
 		out := buf[off : off+l]
 		shards[f.i] = out[:0] // decoded in place
@@ -536,10 +554,13 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 			copy(out, shards[f.i])
 		}
 		for j, s := range f.spares {
+			if !up[j] {
+				continue
+			}
 			if &shards[s.idx][0] != &want[j][off] {
 				copy(want[j][off:off+l], shards[s.idx])
 			}
-			if !bytes.Equal(want[j][off:off+l], reads[len(f.sources)+j][off:off+l]) {
+			if !bytes.Equal(want[j][off:off+l], reads[ns+j][off:off+l]) {
 				if torn == nil {
 					torn = make([]bool, len(batch))
 				}
@@ -551,18 +572,28 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 	if torn == nil {
 		return nil
 	}
-	return f.checkSpares(ctx, batch, torn, want, reads[len(f.sources):])
+	f.checkSpares(ctx, batch, torn, want, reads[ns:])
+	return nil
+}
+
+// dropSpare takes spare j out of the fill's checks after its op failed.
+func (f *rebuildFill) dropSpare(j int, op string, err error) {
+	if f.down[j].CompareAndSwap(false, true) {
+		s := f.spares[j]
+		f.p.log.Warn("rebuild: a spare shard failed; the decode goes on unchecked by it", "segment", f.r.ID, "shard", s.idx, "node", s.home.Node, "op", op, "err", err)
+	}
 }
 
 // checkSpares handles the spans of a batch (torn) whose decode a spare
-// disagreed with (want: the spares' bytes as decoded, got: as read).
+// disagreed with (want: the spares' bytes as decoded, got: as read; a
+// torn span's spares were all read).
 // Before the seal a client's write may have reached some shards and not
 // yet others: the spans' chunks are suspect, decoded again in the sealed
 // last round. Sealed, nothing is in flight: the disagreeing spares'
 // spans are rewritten in line with the data shards (the decode's choice
 // of outcome for a write their lost home did not finish, which was never
 // acknowledged).
-func (f *rebuildFill) checkSpares(ctx context.Context, batch [][2]int64, torn []bool, want, got [][]byte) error {
+func (f *rebuildFill) checkSpares(ctx context.Context, batch [][2]int64, torn []bool, want, got [][]byte) {
 	if !f.sealed {
 		f.suspectMu.Lock()
 		defer f.suspectMu.Unlock()
@@ -572,36 +603,37 @@ func (f *rebuildFill) checkSpares(ctx context.Context, batch [][2]int64, torn []
 				f.suspect = orGrow(f.suspect, set)
 			}
 		}
-		return nil
+		return
 	}
-	var g errgroup.Group
+	var wg sync.WaitGroup
 	for j, s := range f.spares {
 		var fix [][2]int64
 		var bufs [][]byte
-		off := int64(0)
+		off, n := int64(0), int64(0)
 		for x, span := range batch {
 			l := span[1] - span[0]
 			if torn[x] && !bytes.Equal(want[j][off:off+l], got[j][off:off+l]) {
 				fix, bufs = append(fix, span), append(bufs, want[j][off:off+l])
-				f.repaired.Add(l)
+				n += l
 			}
 			off += l
 		}
 		if len(fix) == 0 {
 			continue
 		}
-		g.Go(func() error {
+		wg.Go(func() {
 			ops := make([]*rdma.Op, len(fix))
 			for x, span := range fix {
 				ops[x] = &rdma.Op{Kind: rdma.OpWrite, Region: s.reg, Offset: span[0], Buf: bufs[x]}
 			}
 			if err := s.conn.Do(ctx, ops...); err != nil {
-				return fmt.Errorf("bring shard %d on %s in line with the data shards: %w", s.idx, s.home.Node, err)
+				f.dropSpare(j, "write", err)
+				return
 			}
-			return nil
+			f.repaired.Add(n)
 		})
 	}
-	return g.Wait()
+	wg.Wait()
 }
 
 // spanOps are ops of kind on reg, one per span of batch, their buffers

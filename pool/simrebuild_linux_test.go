@@ -458,6 +458,9 @@ func TestWriteHoleRepaired(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, agree, "the shards are not a consistent code of the data shards")
 	require.True(t, bytes.Equal(got[0], rs.ecWant[0]) || bytes.Equal(got[0], after[0]), "data shard 0 holds neither outcome of the write")
+	var m dto.Metric
+	require.NoError(t, origin.metrics.parityRepaired.Write(&m))
+	require.GreaterOrEqual(t, m.GetCounter().GetValue(), float64(n), "farmem_rebuild_parity_repaired_bytes_total counts the bytes rewritten")
 	for i := 1; i < 4; i++ {
 		require.True(t, bytes.Equal(got[i], rs.ecWant[i]), "data shard %d changed", i)
 	}
