@@ -19,7 +19,6 @@ import (
 func TestIdlePeerSessionsClosed(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 3, leaseTTL: 10 * time.Second})
 	sc.startAll()
-	defer sc.close()
 	_, err := sc.waitConverged(time.Minute)
 	require.NoError(t, err)
 	owner := sc.hosts[0].daemon().pool
@@ -72,7 +71,6 @@ func TestIdlePeerSessionsClosed(t *testing.T) {
 func TestIdlePushersClosed(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 10 * time.Second})
 	sc.startAll()
-	defer sc.close()
 	_, err := sc.waitConverged(time.Minute)
 	require.NoError(t, err)
 	owner, home := sc.hosts[0].daemon().pool, sc.hosts[1].daemon().pool

@@ -44,7 +44,6 @@ func TestDroppedReturnResynced(t *testing.T) {
 		}
 	}
 	sc.startAll()
-	defer sc.close()
 	_, err := sc.waitConverged(time.Minute)
 	require.NoError(t, err)
 	o := origin.daemon().pool

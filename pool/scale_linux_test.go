@@ -743,7 +743,6 @@ func measureSegmentMemory(t *testing.T, res *scaleResult) {
 func TestSweepFreesOrphans(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 10 * time.Second})
 	sc.startAll()
-	defer sc.close()
 	_, err := sc.waitConverged(time.Minute)
 	require.NoError(t, err)
 	owner, home := sc.hosts[0].daemon(), sc.hosts[1].daemon()
