@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,6 +138,109 @@ func waitAllAlive(t *testing.T, cs []*Cluster) {
 // name), to find them in packets.
 func capacityMark(c *Cluster) string {
 	return string(capUpdate{name: c.name, boot: c.boot}.encode()[:1+8+1+len(c.name)])
+}
+
+// waveWatch counts, through a memnet filter, the packets that carry one
+// node's capacity updates, by sender and receiver, so that a test can tell
+// a node its gossip wave never reached from one that lost what it was
+// sent. Safe for concurrent use.
+type waveWatch struct {
+	mu   sync.Mutex
+	sent map[[2]string]int // (from, to) -> packets carrying an update
+}
+
+// watchWave makes n's filter drop the packets that carry a capacity update
+// of origin and for which drop (nil: none) returns true, and count the
+// others. Other packets pass.
+func watchWave(n *memnet.Network, origin *Cluster, drop func(from, to string) bool) *waveWatch {
+	w := &waveWatch{sent: make(map[[2]string]int)}
+	mark := capacityMark(origin)
+	n.Filter(func(from, to string, p []byte) bool {
+		if !strings.Contains(string(p), mark) {
+			return false
+		}
+		if drop != nil && drop(from, to) {
+			return true
+		}
+		w.mu.Lock()
+		w.sent[[2]string{from, to}]++
+		w.mu.Unlock()
+		return false
+	})
+	return w
+}
+
+// count returns how many packets carrying an update from sent to; ""
+// stands for any node.
+func (w *waveWatch) count(from, to string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	total := 0
+	for k, v := range w.sent {
+		if (from == "" || k[0] == from) && (to == "" || k[1] == to) {
+			total += v
+		}
+	}
+	return total
+}
+
+// sees reports whether c sees origin's rdma tier with free bytes.
+func sees(c, origin *Cluster, free int64) bool {
+	m, _ := c.Member(origin.name)
+	return m.Meta.Tiers[2].Free == free
+}
+
+// waitWave waits until every node of cs but skip sees origin's rdma tier
+// with free bytes, or until the wave of origin's capacity update is over:
+// the origin made all its repairs (repairs0 is its CapacityRepairs before
+// the update), no node has a broadcast queued, and every node that was
+// sent the update (as w counted) applied it. It returns the nodes (skip
+// aside) without the change then, which no packet carrying it reached.
+//
+// Those are gossip's residue, not a fault: each node that applies an
+// update sends it to limit random peers (8 at 20 nodes with
+// RetransmitMult 4), so each node is sent about limit copies in a wave
+// and misses them all with probability about e^-8: at 20 nodes about one
+// wave in 150 misses a node. The origin's later repairs reach 3 random
+// peers each and rarely that one; push/pull, which startGossipOnlyCluster
+// runs once an hour, would bring it the update.
+func waitWave(t *testing.T, w *waveWatch, cs []*Cluster, origin *Cluster, repairs0 uint64, skip *Cluster, free int64) (missed []*Cluster) {
+	t.Helper()
+	defer func() {
+		if t.Failed() {
+			for _, c := range cs {
+				if c != skip && !sees(c, origin, free) {
+					t.Logf("%s does not see the change; it was sent %d packets carrying it", c.name, w.count("", c.name))
+				}
+			}
+			t.Logf("the origin made %d repairs", origin.Stats().CapacityRepairs-repairs0)
+		}
+	}()
+	waitFor(t, "every node sees the change or its wave is over", func() bool {
+		missed = missed[:0]
+		for _, c := range cs {
+			if c == skip || sees(c, origin, free) {
+				continue
+			}
+			if w.count("", c.name) > 0 {
+				return false // it got a packet carrying the update: still applying it, or lost it
+			}
+			missed = append(missed, c)
+		}
+		if len(missed) == 0 {
+			return true
+		}
+		if origin.Stats().CapacityRepairs < repairs0+uint64(len(repairRounds)) {
+			return false
+		}
+		for _, c := range cs {
+			if queued, _ := c.bcast.stats(); queued > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	return missed
 }
 
 // waitFor polls cond until it holds or patience runs out.

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"log/slog"
-	"strings"
 	"testing"
 
 	"github.com/farmem/farmem/internal/cluster/memnet"
@@ -19,29 +18,24 @@ func TestDroppedGossipIsResynced(t *testing.T) {
 	cs := startGossipOnlyCluster(t, n, 20)
 	origin, victim := cs[7], cs[3]
 	const want = 33 << 30
-	mark := capacityMark(origin)
-	n.Filter(func(_, to string, p []byte) bool {
-		return to == victim.name && strings.Contains(string(p), mark)
-	})
+	s0 := origin.Stats()
+	w := watchWave(n, origin, func(_, to string) bool { return to == victim.name })
 	require.NoError(t, origin.SetMeta(func(m *Meta) { m.Tiers[2].Free = want }))
-	waitFor(t, "every node but the victim sees the change", func() bool {
-		for _, c := range cs {
-			if m, _ := c.Member(origin.name); c != victim && m.Meta.Tiers[2].Free != want {
-				return false
-			}
-		}
-		return true
-	})
-	m, _ := victim.Member(origin.name)
-	require.NotEqual(t, int64(want), m.Meta.Tiers[2].Free, "the victim got a packet the filter should have dropped")
+	// The victim's resync must find the change at any peer it picks: a
+	// node the wave missed (waitWave) gets it by a push/pull with the
+	// origin, as it would by memberlist's periodic one.
+	for _, c := range waitWave(t, w, cs, origin, s0.CapacityRepairs, victim, want) {
+		t.Logf("the wave never reached %s; it exchanges state with the origin", c.name)
+		_, err := c.Join(t.Context(), []string{origin.Self().Addr})
+		require.NoError(t, err)
+		require.True(t, sees(c, origin, want), "%s pulled the origin's state and still does not see the change", c.name)
+	}
+	require.False(t, sees(victim, origin, want), "the victim got a packet the filter should have dropped")
 	require.Zero(t, victim.Stats().Resyncs)
 
 	victim.onHandoffDrop() // what memberlist's "handler queue full" log line calls
 	victim.onHandoffDrop() // a burst schedules one resync
-	waitFor(t, "the victim sees the change", func() bool {
-		m, _ := victim.Member(origin.name)
-		return m.Meta.Tiers[2].Free == want
-	})
+	waitFor(t, "the victim sees the change", func() bool { return sees(victim, origin, want) })
 	s := victim.Stats()
 	require.Equal(t, uint64(2), s.HandoffDrops)
 	require.Equal(t, uint64(1), s.Resyncs)
