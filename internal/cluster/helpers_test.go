@@ -141,17 +141,18 @@ func capacityMark(c *Cluster) string {
 }
 
 // waveWatch counts, through a memnet filter, the packets that carry one
-// node's capacity updates, by sender and receiver, so that a test can tell
-// a node its gossip wave never reached from one that lost what it was
-// sent. Safe for concurrent use.
+// node's capacity updates: those it dropped, and the others by sender and
+// receiver, so that a test can tell a node its gossip wave never reached
+// from one that lost what it was sent. Safe for concurrent use.
 type waveWatch struct {
-	mu   sync.Mutex
-	sent map[[2]string]int // (from, to) -> packets carrying an update
+	mu      sync.Mutex
+	dropped int
+	sent    map[[2]string]int // (from, to) -> packets carrying an update
 }
 
 // watchWave makes n's filter drop the packets that carry a capacity update
-// of origin and for which drop (nil: none) returns true, and count the
-// others. Other packets pass.
+// of origin and for which drop (nil: none) returns true, and count them
+// all. Other packets pass.
 func watchWave(n *memnet.Network, origin *Cluster, drop func(from, to string) bool) *waveWatch {
 	w := &waveWatch{sent: make(map[[2]string]int)}
 	mark := capacityMark(origin)
@@ -159,15 +160,23 @@ func watchWave(n *memnet.Network, origin *Cluster, drop func(from, to string) bo
 		if !strings.Contains(string(p), mark) {
 			return false
 		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
 		if drop != nil && drop(from, to) {
+			w.dropped++
 			return true
 		}
-		w.mu.Lock()
 		w.sent[[2]string{from, to}]++
-		w.mu.Unlock()
 		return false
 	})
 	return w
+}
+
+// lost returns how many packets carrying an update w dropped.
+func (w *waveWatch) lost() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.dropped
 }
 
 // count returns how many packets carrying an update from sent to; ""
