@@ -179,8 +179,8 @@ func (w *waveWatch) lost() int {
 	return w.dropped
 }
 
-// count returns how many packets carrying an update from sent to; ""
-// stands for any node.
+// count returns how many packets carrying an update from sent to and w
+// let pass; "" stands for any node.
 func (w *waveWatch) count(from, to string) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
