@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 )
@@ -16,11 +17,15 @@ import (
 // The erasure-coded side of redundant: where a logical byte lives, the
 // per-shard batches, and the degraded read.
 
-// errShardLost is the answer to a write or atomic on a chunk whose data
-// shard's home is lost: only that home writes its shard (and updates the
-// parity from the old bytes), so the write waits for the rebuild. It
-// matches ErrUnavailable.
-var errShardLost = errs.Sub(ErrUnavailable, "alloc: the home of this chunk's data shard is lost; writes and atomics to its chunks fail until the pool rebuilds it (reads decode it from the other shards)")
+// errShardLost is the answer to an atomic on a chunk whose data shard's
+// home is lost, and to a write there that the daemon cannot make (fewer
+// than k+1 other shards up): it waits for the rebuild. It matches
+// ErrUnavailable.
+var errShardLost = errs.Sub(ErrUnavailable, "alloc: the home of this chunk's data shard is lost; atomics on its chunks (and writes, with fewer than k+1 other shards up) fail until the pool rebuilds it (reads decode it from the other shards)")
+
+// lostWriteMax is the most bytes one WriteLostShard call carries (the
+// daemon's bound).
+const lostWriteMax = 1 << 20
 
 // piece is the part of a span within one chunk: at offset off of its data
 // shard's segment.
@@ -117,10 +122,48 @@ var chunkOps = sync.Pool{New: func() any { return new(chunkOp) }}
 func (r *redundant) atShard(i int) func(context.Context, *homeView, *[]*rdma.Op) error {
 	return func(ctx context.Context, v *homeView, pending *[]*rdma.Op) error {
 		if h := v.homes[i]; !h.ok {
-			return fmt.Errorf("segment %d: data shard %d on %s: %w", r.info.Id, i, h.plane.node, errShardLost)
+			return r.writeLost(ctx, i, h, pending)
 		}
 		return r.attempt(ctx, v.homes[i], pending)
 	}
+}
+
+// writeLost makes the writes of *pending, on data shard i whose home h is
+// lost, through the daemon (WriteLostShard), which decodes the shard's
+// bytes from the other shards and sends the parity shards the change;
+// done ops leave *pending. An atomic there waits for the rebuild
+// (errShardLost), as does a write the daemon cannot make.
+func (r *redundant) writeLost(ctx context.Context, i int, h *home, pending *[]*rdma.Op) error {
+	lost := func(err error) error {
+		return fmt.Errorf("segment %d: data shard %d on %s: %w (%w)", r.info.Id, i, h.plane.node, errShardLost, err)
+	}
+	for _, op := range *pending {
+		if op.Kind != rdma.OpWrite {
+			return lost(fmt.Errorf("%s is an atomic", op.Kind))
+		}
+	}
+	for len(*pending) > 0 {
+		op := (*pending)[0]
+		for b, off := op.Buf, op.Offset; len(b) > 0; {
+			n := min(len(b), lostWriteMax)
+			cctx, _, err := r.c.callCtx(ctx)
+			if err == nil {
+				_, err = r.c.api.WriteLostShard(cctx, &poolv1.WriteLostShardRequest{Id: r.info.Id, Shard: uint32(i), Offset: off, Data: b[:n]})
+				err = errs.FromStatus(err)
+			}
+			switch {
+			case errors.Is(err, ErrIndeterminate):
+				return err
+			case errors.Is(err, ErrUnavailable), errors.Is(err, ErrAccessDenied):
+				return lost(err)
+			case err != nil: // its home is back, say: the next round asks for the homes
+				return fmt.Errorf("segment %d: write data shard %d through the daemon: %w", r.info.Id, i, err)
+			}
+			b, off = b[n:], off+int64(n)
+		}
+		*pending = (*pending)[1:]
+	}
+	return nil
 }
 
 // readShard is a round of the reads of data shard i (ps): at its home,

@@ -30,13 +30,19 @@ import (
 //     data shards it touches, in parallel, and each updates the m parity
 //     shards (Reed–Solomon) before it answers. Size is padded up to a whole
 //     stripe (k chunks). Reading a chunk whose shard is lost fetches the
-//     same range from k other shards and decodes it: a degraded read.
+//     same range from k other shards and decodes it: a degraded read. A
+//     write there goes through the client's poold, which decodes the old
+//     bytes and updates the parity shards (milliseconds, one at a time per
+//     segment); an atomic there, or a write with fewer than k+1 other
+//     shards up, fails with ErrUnavailable until the pool rebuilds the
+//     shard.
 //
 // One limit of erasure coding: a data home lost in the middle of a write
 // may have updated some parity shards and not others, so the stripe's
-// parity disagrees about those bytes (the RAID write hole); losing a
-// second data shard of that stripe before the pool rebuilds the first
-// then decodes those bytes wrong. Copies have no such window.
+// parity disagrees about those bytes (the RAID write hole): reads and
+// writes of them fail with ErrUnavailable until the pool's rebuild
+// settles it, and losing a second data shard of that stripe before then
+// decodes those bytes wrong. Copies have no such window.
 //
 // A segment that has lost homes but no more than its redundancy covers is
 // degraded: every byte is still there and every call works (reads fail

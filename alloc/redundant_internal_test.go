@@ -2,11 +2,13 @@ package alloc
 
 import (
 	"bytes"
+	"context"
 	"crypto/x509"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,9 +16,11 @@ import (
 	"github.com/klauspost/reedsolomon"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/pooltest"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
@@ -86,9 +90,21 @@ func (f *fakeHomes) do(t *testing.T, i int, fn func(*tcp.Client, rdma.Region) er
 // bytes with cfg, opened through a client of a real in-process daemon
 // (whose Stat does not know the segment: refreshes change nothing).
 func startFakeHomes(t *testing.T, spec Redundancy, homeSize int64, size int64, cfg tcp.ServerConfig) *fakeHomes {
+	return startFakeHomesAs(t, spec, homeSize, size, cfg, nil, nil)
+}
+
+// startFakeHomesAs is startFakeHomes with the client's daemon API wrapped
+// by api (nil: as it is) and the segment's description changed by setup
+// (nil: none) before the client opens it.
+func startFakeHomesAs(t *testing.T, spec Redundancy, homeSize int64, size int64, cfg tcp.ServerConfig,
+	api func(poolv1.PoolClient) poolv1.PoolClient, setup func(*poolv1.Segment)) *fakeHomes {
 	pcfg := pooltest.Config(t)
 	pooltest.Start(t, pcfg)
-	c, err := Dial(t.Context(), pcfg.Socket, WithOpTimeout(3*time.Second), WithFailoverTimeout(500*time.Millisecond))
+	c, err := Dial(t.Context(), pcfg.Socket, WithOpTimeout(3*time.Second), WithFailoverTimeout(500*time.Millisecond), func(o *dialOptions) {
+		if api != nil {
+			o.api = api
+		}
+	})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 	f := &fakeHomes{}
@@ -108,6 +124,9 @@ func startFakeHomes(t *testing.T, spec Redundancy, homeSize int64, size int64, c
 	}
 	f.homes = info.Homes
 	info.Node, info.HomeId = info.Homes[0].Node, info.Homes[0].HomeId
+	if setup != nil {
+		setup(info)
+	}
 	f.seg, err = c.open(t.Context(), "", info, allocConfig{})
 	require.NoError(t, err)
 	return f
@@ -420,4 +439,71 @@ func degradedReadUnderWrites(t *testing.T, m int) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// lostWrites is a daemon API that records WriteLostShard requests and
+// answers them with err (nil: done).
+type lostWrites struct {
+	poolv1.PoolClient
+	mu    sync.Mutex
+	calls []*poolv1.WriteLostShardRequest
+	err   error
+}
+
+func (l *lostWrites) WriteLostShard(_ context.Context, req *poolv1.WriteLostShardRequest, _ ...grpc.CallOption) (*poolv1.WriteLostShardResponse, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, proto.Clone(req).(*poolv1.WriteLostShardRequest))
+	if l.err != nil {
+		return nil, errs.ToStatus(l.err)
+	}
+	return &poolv1.WriteLostShardResponse{}, nil
+}
+
+// sent are the requests recorded so far.
+func (l *lostWrites) sent() []*poolv1.WriteLostShardRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.calls)
+}
+
+// TestWritesToLostShard: ErasureCoded(2, 2) with data shard 0's home
+// lost. A write over a chunk of shard 0 and one of shard 1 sends the
+// first part to the daemon (WriteLostShard, at the offset in shard 0) and
+// writes the second at shard 1's home; an atomic on shard 0 fails at once
+// with ErrUnavailable, and so does a write the daemon cannot make (asked
+// once, not again until the operation's timeout).
+func TestWritesToLostShard(t *testing.T) {
+	const k, m, chunk = 2, 2, 4096
+	lw := &lostWrites{}
+	f := startFakeHomesAs(t, ErasureCoded(k, m), 2*chunk, 2*k*chunk, tcp.DefaultConfig(),
+		func(api poolv1.PoolClient) poolv1.PoolClient { lw.PoolClient = api; return lw },
+		func(info *poolv1.Segment) {
+			info.Homes[0].State = poolv1.HomeState_HOME_STATE_LOST
+			info.RedundancyState = poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED
+		})
+	b := randomBytes(2*chunk, 7)
+	_, err := f.seg.WriteAt(b[100:], 100) // chunk 0 (shard 0 at 0) from 100, chunk 1 (shard 1 at 0)
+	require.NoError(t, err)
+	sent := lw.sent()
+	require.Len(t, sent, 1)
+	require.Equal(t, []any{uint32(0), int64(100), b[100:chunk]}, []any{sent[0].Shard, sent[0].Offset, sent[0].Data})
+	require.Equal(t, b[chunk:], f.home(t, 1, 0, chunk), "shard 1 written at its home")
+
+	_, err = f.seg.WriteAt(b[:10], 2*chunk+5) // chunk 2: shard 0 at 4096
+	require.NoError(t, err)
+	sent = lw.sent()
+	require.Len(t, sent, 2)
+	require.Equal(t, []any{uint32(0), int64(chunk + 5), b[:10]}, []any{sent[1].Shard, sent[1].Offset, sent[1].Data})
+
+	_, err = f.seg.Add64(8, 1)
+	require.ErrorIs(t, err, ErrUnavailable, "an atomic on a lost data shard")
+	require.Len(t, lw.sent(), 2, "atomics are not sent to the daemon")
+
+	lw.mu.Lock()
+	lw.err = fmt.Errorf("only k shards up: %w", ErrUnavailable)
+	lw.mu.Unlock()
+	_, err = f.seg.WriteAt(b[:10], 0)
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.Len(t, lw.sent(), 3, "asked once")
 }

@@ -101,6 +101,9 @@ type core struct {
 	// replicateLocks orders replicate calls per segment (redundancy.go).
 	replicating    map[uint64]bool
 	replicateLocks sync.Map // segment id -> *sync.Mutex
+	// stripeLocks orders writes to a segment's lost data shards, and
+	// fences them from a rebuild's or move's switch (lostwrite.go).
+	stripeLocks sync.Map // segment id -> *sync.Mutex
 	// pendingRemote counts allocations on each peer not yet recorded here.
 	pendingRemote map[string]int
 	nextID        uint64

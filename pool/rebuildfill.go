@@ -149,42 +149,50 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 		}
 		return f, nil
 	}
-	if f.enc, err = reedsolomon.New(k, r.Redundancy.Parity); err != nil {
-		return nil, fmt.Errorf("%s: %w: erasure code %d+%d: %v", what, errs.ErrInvalid, k, r.Redundancy.Parity, err)
-	}
 	f.m.read = f.decode
-	f.m.batch = max(moveChunkMin, moveBatch/int64(k)/moveChunkMin*moveChunkMin)
-	f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
-	defer func() {
-		if err != nil {
-			f.close()
-		}
-	}()
+	if err = f.dialShards(ctx, from, moveBatch/int64(k)); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
 	if f.m.dstConn, err = f.m.dial(ctx, target.Node, target.DataAddr, target.DataTLS, dst); err != nil {
+		f.close()
 		return nil, err
 	}
 	f.m.dstReg = homeRegion(target)
-	// A lost data shard's decode is checked against every other surviving
-	// shard: a data home that died between sending a write's parity
-	// deltas to one parity shard and to another left them disagreeing
-	// about that write, and the decode must settle which outcome holds.
-	read := from[:n]
-	if i < k {
+	return f, nil
+}
+
+// dialShards readies the decode of shard f.i of f.r from the surviving
+// shards from (data shards first) in batches of up to batch bytes: the
+// first k are its sources; for a data shard the others are spares, every
+// one of them, since a data home that died between sending a write's
+// parity deltas to one parity shard and to another left them disagreeing
+// about that write, and the decode must settle which outcome holds. On an
+// error the connections made are closed.
+func (f *rebuildFill) dialShards(ctx context.Context, from []rebuildPeer, batch int64) (err error) {
+	k, m := f.r.Redundancy.Data, f.r.Redundancy.Parity
+	if f.enc, err = reedsolomon.New(k, m); err != nil {
+		return fmt.Errorf("%w: erasure code %d+%d: %v", errs.ErrInvalid, k, m, err)
+	}
+	f.m.batch = max(moveChunkMin, batch/moveChunkMin*moveChunkMin)
+	f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
+	read := from[:k]
+	if f.i < k {
 		read = from
 	}
 	for j, s := range read {
 		if s.conn, err = f.m.dial(ctx, s.home.Node, s.home.DataAddr, s.home.DataTLS, s.pc); err != nil {
-			return nil, err
+			f.close()
+			return err
 		}
 		s.reg = homeRegion(s.home)
-		if j < n {
+		if j < k {
 			f.sources = append(f.sources, s)
 		} else {
 			f.spares = append(f.spares, s)
 		}
 	}
 	f.down = make([]atomic.Bool, len(f.spares))
-	return f, nil
+	return nil
 }
 
 // letPush makes the pushing source a writer of the target's copy
@@ -252,6 +260,13 @@ func (f *rebuildFill) run(ctx context.Context, sw func(context.Context) error) e
 	}()
 	if err := f.copyRounds(ctx); err != nil {
 		return err
+	}
+	if f.r.Redundancy.Data > 0 {
+		// No write to a lost data shard (lostwrite.go) lands after the
+		// last round: it would change parity the copy no longer follows.
+		mu := f.p.stripeLock(f.r.ID)
+		mu.Lock()
+		defer mu.Unlock()
 	}
 	if f.beforeSeal != nil {
 		f.beforeSeal()

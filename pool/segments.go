@@ -111,6 +111,7 @@ func (p *core) release(r *record, reason string) {
 			p.peers.freeLater(h.Node, h.HomeID)
 		}
 		p.replicateLocks.Delete(r.ID)
+		p.stripeLocks.Delete(r.ID)
 	case r.Home != "":
 		p.peers.freeLater(r.Home, r.HomeID)
 	case !r.Key.IsZero() && p.dp != nil:

@@ -17,6 +17,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
 )
@@ -266,8 +267,9 @@ type redundantSim struct {
 	repID, ecID uint64
 	rep, ec     record // as placed
 	repWant     []byte
-	ecWant      [][]byte  // each shard's bytes, the parity shards' included
-	primary     rdma.Conn // to the copies' primary, with the origin's credential
+	ecWant      [][]byte      // each shard's bytes, the parity shards' included
+	primary     rdma.Conn     // to the copies' primary, with the origin's credential
+	conn        *session.Conn // the segments' owner's session with the origin
 }
 
 // newRedundantSim starts hosts simulated hosts, the fourth the origin
@@ -299,6 +301,7 @@ func newRedundantSim(t *testing.T, hosts int, size int64, setup func(oh *simHost
 	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "redundant-sim"})
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
+	rs.conn = conn
 	alloc := func(red *poolv1.Redundancy) (uint64, record) {
 		cctx, _, err := conn.Call(ctx)
 		require.NoError(t, err)
@@ -464,4 +467,75 @@ func TestWriteHoleRepaired(t *testing.T) {
 	for i := 1; i < 4; i++ {
 		require.True(t, bytes.Equal(got[i], rs.ecWant[i]), "data shard %d changed", i)
 	}
+}
+
+// TestLostShardWrites: with the home of data shard 0 of an ec=4+2
+// segment lost (its host crashed; the origin does not rebuild here), its
+// owner's writes to that shard go through the origin (WriteLostShard),
+// which decodes the old bytes and sends both parity shards the change,
+// while a data home's own writes to the same rows go on: the five
+// surviving shards then decode shard 0 as written, and the six are one
+// consistent code. Bad requests are refused with typed errors: while the
+// home is up, a parity shard, no bytes, bytes past the shard's end, and
+// another client's.
+func TestLostShardWrites(t *testing.T) {
+	const size = 1 << 20
+	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.Rebuild = false })
+	sc, ec := rs.sc, rs.ec
+	origin := rs.oh.daemon()
+	ctx := t.Context()
+	shard := ec.shardSize()
+	writeAs := func(conn *session.Conn, idx uint32, off int64, b []byte) error {
+		cctx, _, err := conn.Call(ctx)
+		require.NoError(t, err)
+		_, err = conn.API().WriteLostShard(cctx, &poolv1.WriteLostShardRequest{Id: rs.ecID, Shard: idx, Offset: off, Data: b})
+		return errs.FromStatus(err)
+	}
+	write := func(idx uint32, off int64, b []byte) error { return writeAs(rs.conn, idx, off, b) }
+	require.ErrorIs(t, write(0, 0, []byte{1}), errs.ErrInvalid, "its home is up")
+
+	sc.crash(sc.host(ec.Homes[0].Node))
+	require.Eventually(t, func() bool {
+		r, _ := origin.pool.redundantRecord(rs.ecID)
+		return r.Homes[0].State == poolv1.HomeState_HOME_STATE_LOST
+	}, time.Minute, 10*time.Millisecond, "the data shard's home is not marked lost")
+	require.ErrorIs(t, write(4, 0, []byte{1}), errs.ErrInvalid, "a parity shard")
+	require.ErrorIs(t, write(0, 0, nil), errs.ErrInvalid, "no bytes")
+	require.ErrorIs(t, write(0, shard-1, []byte{1, 2}), errs.ErrOutOfRange, "past the end")
+	stranger, err := session.Dial(ctx, "unix", rs.oh.cfg.Socket, session.Options{ClientID: "stranger"})
+	require.NoError(t, err)
+	defer stranger.Close()
+	require.ErrorIs(t, writeAs(stranger, 0, 0, []byte{1}), errs.ErrAccessDenied, "another client's")
+
+	// Writes to shard 0 through the origin, and to shard 1 at its home
+	// (which forwards its parity deltas), over the same rows.
+	want := [][]byte{slices.Clone(rs.ecWant[0]), slices.Clone(rs.ecWant[1])}
+	d1 := homeConn(t, origin, ec.Homes[1])
+	for _, w := range []struct{ off, n int64 }{{0, 4096}, {5000, 300}, {shard - 70000, 70000}, {4000, 200}} {
+		b := make([]byte, w.n)
+		_, _ = rand.Read(b)
+		require.NoError(t, write(0, w.off, b), "write %d bytes at %d", w.n, w.off)
+		copy(want[0][w.off:], b)
+		_, _ = rand.Read(b)
+		require.NoError(t, d1.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[1]), Offset: w.off, Buf: b}))
+		copy(want[1][w.off:], b)
+	}
+
+	got := make([][]byte, 6)
+	for i := 1; i < 6; i++ {
+		got[i] = homeBytes(ctx, t, origin, ec.Homes[i], shard)
+	}
+	require.True(t, bytes.Equal(want[1], got[1]), "data shard 1 holds its writes")
+	enc, err := reedsolomon.New(4, 2)
+	require.NoError(t, err)
+	for _, drop := range []int{4, 5} { // decoded from either parity shard
+		from := slices.Clone(got)
+		from[drop] = nil
+		require.NoError(t, enc.ReconstructData(from))
+		require.True(t, bytes.Equal(want[0], from[0]), "shard 0 as decoded without parity shard %d", drop)
+	}
+	got[0] = want[0]
+	agree, err := enc.Verify(got)
+	require.NoError(t, err)
+	require.True(t, agree, "the shards are one consistent code")
 }

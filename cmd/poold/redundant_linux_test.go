@@ -331,6 +331,51 @@ func TestRedundantSegmentsSurviveKill9(t *testing.T) {
 	}
 }
 
+// TestCodedWritesAfterDataHomeLoss: an ErasureCoded(4, 2) segment on six
+// lenders, every block written, loses a data home's daemon to kill -9
+// while idle (no host is left to rebuild on, so it stays degraded). The
+// block loop then writes and reads across the whole segment: writes to
+// the lost shard's chunks go through the daemon holding the record, which
+// sends the parity shards the change, and none fails; every read sees the
+// last write, decoded for the lost shard; afterwards every block holds
+// its last write.
+func TestCodedWritesAfterDataHomeLoss(t *testing.T) {
+	rc := startRedCluster(t, 6, "32MiB")
+	c := rc.client(t, "coded-lost-writes")
+	ctx := t.Context()
+	seg, err := c.Alloc(ctx, 1<<20, alloc.WithRedundancy(alloc.ErasureCoded(4, 2)))
+	require.NoError(t, err)
+	l := &blockLoad{seg: seg, acked: map[int64]byte{}, maybe: map[int64][]byte{}}
+	block := make([]byte, blockSize)
+	for off := int64(0); off < seg.Size(); off += blockSize {
+		for i := range block {
+			block[i] = 251
+		}
+		_, err := seg.WriteAt(block, off)
+		require.NoError(t, err)
+		l.acked[off] = 251
+	}
+	var victim string
+	for _, h := range seg.Redundancy().Homes {
+		if victim == "" && h.Role == "data" {
+			victim = h.Node
+		}
+	}
+	rc.lenders[victim].kill9(t)
+	require.Eventually(t, func() bool { return seg.Redundancy().State == "degraded" }, 30*time.Second, 50*time.Millisecond,
+		"segment %d is reported degraded: %+v", seg.ID(), seg.Redundancy())
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { l.run(stop, 3, func(error) bool { return true }) })
+	require.Eventually(t, func() bool { return l.count() > 400 }, 30*time.Second, 5*time.Millisecond, "the load runs: %s", l)
+	close(stop)
+	wg.Wait()
+	l.check(t)
+	require.Zero(t, l.failed, "writes failed: %s", l)
+	t.Logf("%s, the data home on %s lost", l, victim)
+}
+
 // TestReplicasLinearizableAcrossFailover: three clients share a named
 // Replicas(2) segment: counters add, registers read, write and
 // compare-and-swap, writers write blocks (moveLoad's workload), while the

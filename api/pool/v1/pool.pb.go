@@ -4952,6 +4952,110 @@ func (*HomeFailedResponse) Descriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{55}
 }
 
+type WriteLostShardRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`         // the segment
+	Shard         uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`   // a data shard (0 to k-1) whose home is not OK
+	Offset        int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"` // in the shard
+	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`      // 1 byte to 1 MiB, within the shard
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteLostShardRequest) Reset() {
+	*x = WriteLostShardRequest{}
+	mi := &file_pool_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteLostShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteLostShardRequest) ProtoMessage() {}
+
+func (x *WriteLostShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteLostShardRequest.ProtoReflect.Descriptor instead.
+func (*WriteLostShardRequest) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *WriteLostShardRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *WriteLostShardRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *WriteLostShardRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WriteLostShardRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type WriteLostShardResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteLostShardResponse) Reset() {
+	*x = WriteLostShardResponse{}
+	mi := &file_pool_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteLostShardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteLostShardResponse) ProtoMessage() {}
+
+func (x *WriteLostShardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteLostShardResponse.ProtoReflect.Descriptor instead.
+func (*WriteLostShardResponse) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{57}
+}
+
 // SegmentMoving names the node a segment is being moved to and how the
 // client the notice is for reaches its data plane: the address, the
 // credential delegated to that client there, and how to verify the node
@@ -4973,7 +5077,7 @@ type SegmentMoving struct {
 
 func (x *SegmentMoving) Reset() {
 	*x = SegmentMoving{}
-	mi := &file_pool_proto_msgTypes[56]
+	mi := &file_pool_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4985,7 +5089,7 @@ func (x *SegmentMoving) String() string {
 func (*SegmentMoving) ProtoMessage() {}
 
 func (x *SegmentMoving) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[56]
+	mi := &file_pool_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4998,7 +5102,7 @@ func (x *SegmentMoving) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentMoving.ProtoReflect.Descriptor instead.
 func (*SegmentMoving) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{56}
+	return file_pool_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SegmentMoving) GetId() uint64 {
@@ -5447,7 +5551,13 @@ const file_pool_proto_rawDesc = "" +
 	"targetNode\x12$\n" +
 	"\x0etarget_home_id\x18\x03 \x01(\x04R\ftargetHomeId\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x14\n" +
-	"\x12HomeFailedResponse\"\xde\x01\n" +
+	"\x12HomeFailedResponse\"i\n" +
+	"\x15WriteLostShardRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\"\x18\n" +
+	"\x16WriteLostShardResponse\"\xde\x01\n" +
 	"\rSegmentMoving\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1b\n" +
@@ -5493,8 +5603,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x0fMOVE_OUT_STATUS\x10\x06*=\n" +
 	"\vForwardMode\x12\x15\n" +
 	"\x11FORWARD_MODE_COPY\x10\x00\x12\x17\n" +
-	"\x13FORWARD_MODE_PARITY\x10\x012\xf7\n" +
-	"\n" +
+	"\x13FORWARD_MODE_PARITY\x10\x012\xd8\v\n" +
 	"\x04Pool\x12N\n" +
 	"\aSession\x12\x1e.farmem.pool.v1.SessionRequest\x1a\x1f.farmem.pool.v1.SessionResponse(\x010\x01\x12>\n" +
 	"\x05Alloc\x12\x1c.farmem.pool.v1.AllocRequest\x1a\x17.farmem.pool.v1.Segment\x12A\n" +
@@ -5515,7 +5624,8 @@ const file_pool_proto_rawDesc = "" +
 	"\aMoveOut\x12\x1e.farmem.pool.v1.MoveOutRequest\x1a\x1f.farmem.pool.v1.MoveOutResponse\x12P\n" +
 	"\tReplicate\x12 .farmem.pool.v1.ReplicateRequest\x1a!.farmem.pool.v1.ReplicateResponse\x12S\n" +
 	"\n" +
-	"HomeFailed\x12!.farmem.pool.v1.HomeFailedRequest\x1a\".farmem.pool.v1.HomeFailedResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
+	"HomeFailed\x12!.farmem.pool.v1.HomeFailedRequest\x1a\".farmem.pool.v1.HomeFailedResponse\x12_\n" +
+	"\x0eWriteLostShard\x12%.farmem.pool.v1.WriteLostShardRequest\x1a&.farmem.pool.v1.WriteLostShardResponseB-Z+github.com/farmem/farmem/api/pool/v1;poolv1b\x06proto3"
 
 var (
 	file_pool_proto_rawDescOnce sync.Once
@@ -5530,72 +5640,74 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_pool_proto_goTypes = []any{
-	(Tier)(0),                   // 0: farmem.pool.v1.Tier
-	(SegmentState)(0),           // 1: farmem.pool.v1.SegmentState
-	(RedundancyState)(0),        // 2: farmem.pool.v1.RedundancyState
-	(HomeState)(0),              // 3: farmem.pool.v1.HomeState
-	(KeyringOp)(0),              // 4: farmem.pool.v1.KeyringOp
-	(MoveOutPhase)(0),           // 5: farmem.pool.v1.MoveOutPhase
-	(ForwardMode)(0),            // 6: farmem.pool.v1.ForwardMode
-	(*SessionRequest)(nil),      // 7: farmem.pool.v1.SessionRequest
-	(*Hello)(nil),               // 8: farmem.pool.v1.Hello
-	(*KeepAlive)(nil),           // 9: farmem.pool.v1.KeepAlive
-	(*SessionResponse)(nil),     // 10: farmem.pool.v1.SessionResponse
-	(*SegmentEvents)(nil),       // 11: farmem.pool.v1.SegmentEvents
-	(*Welcome)(nil),             // 12: farmem.pool.v1.Welcome
-	(*KeepAliveAck)(nil),        // 13: farmem.pool.v1.KeepAliveAck
-	(*AllocRequest)(nil),        // 14: farmem.pool.v1.AllocRequest
-	(*Redundancy)(nil),          // 15: farmem.pool.v1.Redundancy
-	(*SegmentHome)(nil),         // 16: farmem.pool.v1.SegmentHome
-	(*FreeRequest)(nil),         // 17: farmem.pool.v1.FreeRequest
-	(*FreeResponse)(nil),        // 18: farmem.pool.v1.FreeResponse
-	(*AttachRequest)(nil),       // 19: farmem.pool.v1.AttachRequest
-	(*ListRequest)(nil),         // 20: farmem.pool.v1.ListRequest
-	(*ListResponse)(nil),        // 21: farmem.pool.v1.ListResponse
-	(*StatRequest)(nil),         // 22: farmem.pool.v1.StatRequest
-	(*Segment)(nil),             // 23: farmem.pool.v1.Segment
-	(*Placement)(nil),           // 24: farmem.pool.v1.Placement
-	(*TiersRequest)(nil),        // 25: farmem.pool.v1.TiersRequest
-	(*TiersResponse)(nil),       // 26: farmem.pool.v1.TiersResponse
-	(*Latency)(nil),             // 27: farmem.pool.v1.Latency
-	(*TierInfo)(nil),            // 28: farmem.pool.v1.TierInfo
-	(*Emulation)(nil),           // 29: farmem.pool.v1.Emulation
-	(*MeasureTiersRequest)(nil), // 30: farmem.pool.v1.MeasureTiersRequest
-	(*StatusRequest)(nil),       // 31: farmem.pool.v1.StatusRequest
-	(*StatusResponse)(nil),      // 32: farmem.pool.v1.StatusResponse
-	(*NameConflict)(nil),        // 33: farmem.pool.v1.NameConflict
-	(*QuotaUsage)(nil),          // 34: farmem.pool.v1.QuotaUsage
-	(*ClientInfo)(nil),          // 35: farmem.pool.v1.ClientInfo
-	(*TierOps)(nil),             // 36: farmem.pool.v1.TierOps
-	(*NodesRequest)(nil),        // 37: farmem.pool.v1.NodesRequest
-	(*NodeInfo)(nil),            // 38: farmem.pool.v1.NodeInfo
-	(*PeerLatency)(nil),         // 39: farmem.pool.v1.PeerLatency
-	(*LatencyRow)(nil),          // 40: farmem.pool.v1.LatencyRow
-	(*NodeTier)(nil),            // 41: farmem.pool.v1.NodeTier
-	(*NodesResponse)(nil),       // 42: farmem.pool.v1.NodesResponse
-	(*DrainRequest)(nil),        // 43: farmem.pool.v1.DrainRequest
-	(*DrainResponse)(nil),       // 44: farmem.pool.v1.DrainResponse
-	(*Evacuation)(nil),          // 45: farmem.pool.v1.Evacuation
-	(*DetachRequest)(nil),       // 46: farmem.pool.v1.DetachRequest
-	(*DetachResponse)(nil),      // 47: farmem.pool.v1.DetachResponse
-	(*KeyringRequest)(nil),      // 48: farmem.pool.v1.KeyringRequest
-	(*KeyringResponse)(nil),     // 49: farmem.pool.v1.KeyringResponse
-	(*NodeKeyring)(nil),         // 50: farmem.pool.v1.NodeKeyring
-	(*DelegateRequest)(nil),     // 51: farmem.pool.v1.DelegateRequest
-	(*DelegateResponse)(nil),    // 52: farmem.pool.v1.DelegateResponse
-	(*AuthorizeRequest)(nil),    // 53: farmem.pool.v1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),   // 54: farmem.pool.v1.AuthorizeResponse
-	(*MoveRequest)(nil),         // 55: farmem.pool.v1.MoveRequest
-	(*MoveResponse)(nil),        // 56: farmem.pool.v1.MoveResponse
-	(*MoveOutRequest)(nil),      // 57: farmem.pool.v1.MoveOutRequest
-	(*ReplicateRequest)(nil),    // 58: farmem.pool.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),   // 59: farmem.pool.v1.ReplicateResponse
-	(*MoveOutResponse)(nil),     // 60: farmem.pool.v1.MoveOutResponse
-	(*HomeFailedRequest)(nil),   // 61: farmem.pool.v1.HomeFailedRequest
-	(*HomeFailedResponse)(nil),  // 62: farmem.pool.v1.HomeFailedResponse
-	(*SegmentMoving)(nil),       // 63: farmem.pool.v1.SegmentMoving
+	(Tier)(0),                      // 0: farmem.pool.v1.Tier
+	(SegmentState)(0),              // 1: farmem.pool.v1.SegmentState
+	(RedundancyState)(0),           // 2: farmem.pool.v1.RedundancyState
+	(HomeState)(0),                 // 3: farmem.pool.v1.HomeState
+	(KeyringOp)(0),                 // 4: farmem.pool.v1.KeyringOp
+	(MoveOutPhase)(0),              // 5: farmem.pool.v1.MoveOutPhase
+	(ForwardMode)(0),               // 6: farmem.pool.v1.ForwardMode
+	(*SessionRequest)(nil),         // 7: farmem.pool.v1.SessionRequest
+	(*Hello)(nil),                  // 8: farmem.pool.v1.Hello
+	(*KeepAlive)(nil),              // 9: farmem.pool.v1.KeepAlive
+	(*SessionResponse)(nil),        // 10: farmem.pool.v1.SessionResponse
+	(*SegmentEvents)(nil),          // 11: farmem.pool.v1.SegmentEvents
+	(*Welcome)(nil),                // 12: farmem.pool.v1.Welcome
+	(*KeepAliveAck)(nil),           // 13: farmem.pool.v1.KeepAliveAck
+	(*AllocRequest)(nil),           // 14: farmem.pool.v1.AllocRequest
+	(*Redundancy)(nil),             // 15: farmem.pool.v1.Redundancy
+	(*SegmentHome)(nil),            // 16: farmem.pool.v1.SegmentHome
+	(*FreeRequest)(nil),            // 17: farmem.pool.v1.FreeRequest
+	(*FreeResponse)(nil),           // 18: farmem.pool.v1.FreeResponse
+	(*AttachRequest)(nil),          // 19: farmem.pool.v1.AttachRequest
+	(*ListRequest)(nil),            // 20: farmem.pool.v1.ListRequest
+	(*ListResponse)(nil),           // 21: farmem.pool.v1.ListResponse
+	(*StatRequest)(nil),            // 22: farmem.pool.v1.StatRequest
+	(*Segment)(nil),                // 23: farmem.pool.v1.Segment
+	(*Placement)(nil),              // 24: farmem.pool.v1.Placement
+	(*TiersRequest)(nil),           // 25: farmem.pool.v1.TiersRequest
+	(*TiersResponse)(nil),          // 26: farmem.pool.v1.TiersResponse
+	(*Latency)(nil),                // 27: farmem.pool.v1.Latency
+	(*TierInfo)(nil),               // 28: farmem.pool.v1.TierInfo
+	(*Emulation)(nil),              // 29: farmem.pool.v1.Emulation
+	(*MeasureTiersRequest)(nil),    // 30: farmem.pool.v1.MeasureTiersRequest
+	(*StatusRequest)(nil),          // 31: farmem.pool.v1.StatusRequest
+	(*StatusResponse)(nil),         // 32: farmem.pool.v1.StatusResponse
+	(*NameConflict)(nil),           // 33: farmem.pool.v1.NameConflict
+	(*QuotaUsage)(nil),             // 34: farmem.pool.v1.QuotaUsage
+	(*ClientInfo)(nil),             // 35: farmem.pool.v1.ClientInfo
+	(*TierOps)(nil),                // 36: farmem.pool.v1.TierOps
+	(*NodesRequest)(nil),           // 37: farmem.pool.v1.NodesRequest
+	(*NodeInfo)(nil),               // 38: farmem.pool.v1.NodeInfo
+	(*PeerLatency)(nil),            // 39: farmem.pool.v1.PeerLatency
+	(*LatencyRow)(nil),             // 40: farmem.pool.v1.LatencyRow
+	(*NodeTier)(nil),               // 41: farmem.pool.v1.NodeTier
+	(*NodesResponse)(nil),          // 42: farmem.pool.v1.NodesResponse
+	(*DrainRequest)(nil),           // 43: farmem.pool.v1.DrainRequest
+	(*DrainResponse)(nil),          // 44: farmem.pool.v1.DrainResponse
+	(*Evacuation)(nil),             // 45: farmem.pool.v1.Evacuation
+	(*DetachRequest)(nil),          // 46: farmem.pool.v1.DetachRequest
+	(*DetachResponse)(nil),         // 47: farmem.pool.v1.DetachResponse
+	(*KeyringRequest)(nil),         // 48: farmem.pool.v1.KeyringRequest
+	(*KeyringResponse)(nil),        // 49: farmem.pool.v1.KeyringResponse
+	(*NodeKeyring)(nil),            // 50: farmem.pool.v1.NodeKeyring
+	(*DelegateRequest)(nil),        // 51: farmem.pool.v1.DelegateRequest
+	(*DelegateResponse)(nil),       // 52: farmem.pool.v1.DelegateResponse
+	(*AuthorizeRequest)(nil),       // 53: farmem.pool.v1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),      // 54: farmem.pool.v1.AuthorizeResponse
+	(*MoveRequest)(nil),            // 55: farmem.pool.v1.MoveRequest
+	(*MoveResponse)(nil),           // 56: farmem.pool.v1.MoveResponse
+	(*MoveOutRequest)(nil),         // 57: farmem.pool.v1.MoveOutRequest
+	(*ReplicateRequest)(nil),       // 58: farmem.pool.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 59: farmem.pool.v1.ReplicateResponse
+	(*MoveOutResponse)(nil),        // 60: farmem.pool.v1.MoveOutResponse
+	(*HomeFailedRequest)(nil),      // 61: farmem.pool.v1.HomeFailedRequest
+	(*HomeFailedResponse)(nil),     // 62: farmem.pool.v1.HomeFailedResponse
+	(*WriteLostShardRequest)(nil),  // 63: farmem.pool.v1.WriteLostShardRequest
+	(*WriteLostShardResponse)(nil), // 64: farmem.pool.v1.WriteLostShardResponse
+	(*SegmentMoving)(nil),          // 65: farmem.pool.v1.SegmentMoving
 }
 var file_pool_proto_depIdxs = []int32{
 	8,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -5603,7 +5715,7 @@ var file_pool_proto_depIdxs = []int32{
 	12, // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
 	13, // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
 	11, // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
-	63, // 5: farmem.pool.v1.SegmentEvents.moving:type_name -> farmem.pool.v1.SegmentMoving
+	65, // 5: farmem.pool.v1.SegmentEvents.moving:type_name -> farmem.pool.v1.SegmentMoving
 	23, // 6: farmem.pool.v1.SegmentEvents.moved:type_name -> farmem.pool.v1.Segment
 	0,  // 7: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
 	0,  // 8: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
@@ -5671,27 +5783,29 @@ var file_pool_proto_depIdxs = []int32{
 	57, // 70: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
 	58, // 71: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
 	61, // 72: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
-	10, // 73: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	23, // 74: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	18, // 75: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	23, // 76: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	21, // 77: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	23, // 78: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	26, // 79: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	32, // 80: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	42, // 81: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	44, // 82: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	26, // 83: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	47, // 84: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	49, // 85: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	52, // 86: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	54, // 87: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	56, // 88: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	60, // 89: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	59, // 90: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
-	62, // 91: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
-	73, // [73:92] is the sub-list for method output_type
-	54, // [54:73] is the sub-list for method input_type
+	63, // 73: farmem.pool.v1.Pool.WriteLostShard:input_type -> farmem.pool.v1.WriteLostShardRequest
+	10, // 74: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	23, // 75: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	18, // 76: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	23, // 77: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	21, // 78: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	23, // 79: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	26, // 80: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	32, // 81: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	42, // 82: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	44, // 83: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	26, // 84: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	47, // 85: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	49, // 86: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	52, // 87: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	54, // 88: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	56, // 89: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	60, // 90: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	59, // 91: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
+	62, // 92: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
+	64, // 93: farmem.pool.v1.Pool.WriteLostShard:output_type -> farmem.pool.v1.WriteLostShardResponse
+	74, // [74:94] is the sub-list for method output_type
+	54, // [54:74] is the sub-list for method input_type
 	54, // [54:54] is the sub-list for extension type_name
 	54, // [54:54] is the sub-list for extension extendee
 	0,  // [0:54] is the sub-list for field type_name
@@ -5717,7 +5831,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

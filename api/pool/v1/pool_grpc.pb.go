@@ -28,25 +28,26 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Pool_Session_FullMethodName      = "/farmem.pool.v1.Pool/Session"
-	Pool_Alloc_FullMethodName        = "/farmem.pool.v1.Pool/Alloc"
-	Pool_Free_FullMethodName         = "/farmem.pool.v1.Pool/Free"
-	Pool_Attach_FullMethodName       = "/farmem.pool.v1.Pool/Attach"
-	Pool_List_FullMethodName         = "/farmem.pool.v1.Pool/List"
-	Pool_Stat_FullMethodName         = "/farmem.pool.v1.Pool/Stat"
-	Pool_Tiers_FullMethodName        = "/farmem.pool.v1.Pool/Tiers"
-	Pool_Status_FullMethodName       = "/farmem.pool.v1.Pool/Status"
-	Pool_Nodes_FullMethodName        = "/farmem.pool.v1.Pool/Nodes"
-	Pool_Drain_FullMethodName        = "/farmem.pool.v1.Pool/Drain"
-	Pool_MeasureTiers_FullMethodName = "/farmem.pool.v1.Pool/MeasureTiers"
-	Pool_Detach_FullMethodName       = "/farmem.pool.v1.Pool/Detach"
-	Pool_Keyring_FullMethodName      = "/farmem.pool.v1.Pool/Keyring"
-	Pool_Delegate_FullMethodName     = "/farmem.pool.v1.Pool/Delegate"
-	Pool_Authorize_FullMethodName    = "/farmem.pool.v1.Pool/Authorize"
-	Pool_Move_FullMethodName         = "/farmem.pool.v1.Pool/Move"
-	Pool_MoveOut_FullMethodName      = "/farmem.pool.v1.Pool/MoveOut"
-	Pool_Replicate_FullMethodName    = "/farmem.pool.v1.Pool/Replicate"
-	Pool_HomeFailed_FullMethodName   = "/farmem.pool.v1.Pool/HomeFailed"
+	Pool_Session_FullMethodName        = "/farmem.pool.v1.Pool/Session"
+	Pool_Alloc_FullMethodName          = "/farmem.pool.v1.Pool/Alloc"
+	Pool_Free_FullMethodName           = "/farmem.pool.v1.Pool/Free"
+	Pool_Attach_FullMethodName         = "/farmem.pool.v1.Pool/Attach"
+	Pool_List_FullMethodName           = "/farmem.pool.v1.Pool/List"
+	Pool_Stat_FullMethodName           = "/farmem.pool.v1.Pool/Stat"
+	Pool_Tiers_FullMethodName          = "/farmem.pool.v1.Pool/Tiers"
+	Pool_Status_FullMethodName         = "/farmem.pool.v1.Pool/Status"
+	Pool_Nodes_FullMethodName          = "/farmem.pool.v1.Pool/Nodes"
+	Pool_Drain_FullMethodName          = "/farmem.pool.v1.Pool/Drain"
+	Pool_MeasureTiers_FullMethodName   = "/farmem.pool.v1.Pool/MeasureTiers"
+	Pool_Detach_FullMethodName         = "/farmem.pool.v1.Pool/Detach"
+	Pool_Keyring_FullMethodName        = "/farmem.pool.v1.Pool/Keyring"
+	Pool_Delegate_FullMethodName       = "/farmem.pool.v1.Pool/Delegate"
+	Pool_Authorize_FullMethodName      = "/farmem.pool.v1.Pool/Authorize"
+	Pool_Move_FullMethodName           = "/farmem.pool.v1.Pool/Move"
+	Pool_MoveOut_FullMethodName        = "/farmem.pool.v1.Pool/MoveOut"
+	Pool_Replicate_FullMethodName      = "/farmem.pool.v1.Pool/Replicate"
+	Pool_HomeFailed_FullMethodName     = "/farmem.pool.v1.Pool/HomeFailed"
+	Pool_WriteLostShard_FullMethodName = "/farmem.pool.v1.Pool/WriteLostShard"
 )
 
 // PoolClient is the client API for Pool service.
@@ -116,6 +117,12 @@ type PoolClient interface {
 	// redundant segment (the callee) that a home of it (the caller) could
 	// not forward to another home of it: the origin marks that one lost.
 	HomeFailed(ctx context.Context, in *HomeFailedRequest, opts ...grpc.CallOption) (*HomeFailedResponse, error)
+	// WriteLostShard writes bytes of an erasure-coded segment's data shard
+	// whose home is lost (or being rebuilt), for a client that may use the
+	// segment: the callee, which holds the segment's record, decodes the
+	// shard's bytes there from the other shards and sends the parity shards
+	// the change. A data shard whose home is up is written at its home.
+	WriteLostShard(ctx context.Context, in *WriteLostShardRequest, opts ...grpc.CallOption) (*WriteLostShardResponse, error)
 }
 
 type poolClient struct {
@@ -319,6 +326,16 @@ func (c *poolClient) HomeFailed(ctx context.Context, in *HomeFailedRequest, opts
 	return out, nil
 }
 
+func (c *poolClient) WriteLostShard(ctx context.Context, in *WriteLostShardRequest, opts ...grpc.CallOption) (*WriteLostShardResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WriteLostShardResponse)
+	err := c.cc.Invoke(ctx, Pool_WriteLostShard_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServer is the server API for Pool service.
 // All implementations must embed UnimplementedPoolServer
 // for forward compatibility.
@@ -386,6 +403,12 @@ type PoolServer interface {
 	// redundant segment (the callee) that a home of it (the caller) could
 	// not forward to another home of it: the origin marks that one lost.
 	HomeFailed(context.Context, *HomeFailedRequest) (*HomeFailedResponse, error)
+	// WriteLostShard writes bytes of an erasure-coded segment's data shard
+	// whose home is lost (or being rebuilt), for a client that may use the
+	// segment: the callee, which holds the segment's record, decodes the
+	// shard's bytes there from the other shards and sends the parity shards
+	// the change. A data shard whose home is up is written at its home.
+	WriteLostShard(context.Context, *WriteLostShardRequest) (*WriteLostShardResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
 
@@ -452,6 +475,9 @@ func (UnimplementedPoolServer) Replicate(context.Context, *ReplicateRequest) (*R
 }
 func (UnimplementedPoolServer) HomeFailed(context.Context, *HomeFailedRequest) (*HomeFailedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method HomeFailed not implemented")
+}
+func (UnimplementedPoolServer) WriteLostShard(context.Context, *WriteLostShardRequest) (*WriteLostShardResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WriteLostShard not implemented")
 }
 func (UnimplementedPoolServer) mustEmbedUnimplementedPoolServer() {}
 func (UnimplementedPoolServer) testEmbeddedByValue()              {}
@@ -805,6 +831,24 @@ func _Pool_HomeFailed_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Pool_WriteLostShard_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteLostShardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServer).WriteLostShard(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pool_WriteLostShard_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServer).WriteLostShard(ctx, req.(*WriteLostShardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Pool_ServiceDesc is the grpc.ServiceDesc for Pool service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -883,6 +927,10 @@ var Pool_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "HomeFailed",
 			Handler:    _Pool_HomeFailed_Handler,
+		},
+		{
+			MethodName: "WriteLostShard",
+			Handler:    _Pool_WriteLostShard_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,249 @@
+// This file serves writes to the chunks of an erasure-coded segment's data
+// shard whose home is lost (WriteLostShard). Only a data shard's home
+// writes it and sends the parity shards the change, so with that home gone
+// the daemon holding the record stands in: it decodes the shard's bytes
+// from the other shards, checked against a spare, and sends each parity
+// shard its part of the change (old XOR new) as an XOR, which commutes
+// with the live data homes' own parity deltas to the same rows. Nothing
+// else writes the lost shard, and these writes go one at a time per
+// segment (stripeLock), so its bytes cannot change between the decode and
+// the XORs; a write run again (a client's retry after a lost answer)
+// computes its change from the bytes as they are then, so it is never
+// applied twice. A rebuild or a home's move holds the same lock from its
+// seal to its switch (rebuildFill.run): no such write lands after its
+// last round, and before that the parity shards' dirty tracking makes the
+// copy decode the rows again.
+
+package pool
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
+)
+
+const (
+	// maxLostWrite is the most bytes one WriteLostShard writes.
+	maxLostWrite = 1 << 20
+	// lostWriteRetry is the first wait before the decode of a lost
+	// shard's bytes is made again when a spare disagreed (a client's
+	// write half applied across the shards read); it doubles up to
+	// lostWriteRetryMax, until the caller's deadline.
+	lostWriteRetry    = 20 * time.Microsecond
+	lostWriteRetryMax = 5 * time.Millisecond
+	// lostWriteTimeout bounds one WriteLostShard when its caller set no
+	// deadline.
+	lostWriteTimeout = 10 * time.Second
+)
+
+// WriteLostShard writes bytes of a data shard whose home is lost (see the
+// file comment).
+func (s *service) WriteLostShard(ctx context.Context, req *poolv1.WriteLostShardRequest) (*poolv1.WriteLostShardResponse, error) {
+	c, err := s.caller(ctx)
+	if err == nil {
+		err = s.d.pool.writeLostShard(ctx, c, req, s.d.moveTLS())
+	}
+	if err != nil {
+		s.d.refused("write-lost-shard", c, req.Id, "", err)
+		return nil, errs.ToStatus(err)
+	}
+	return &poolv1.WriteLostShardResponse{}, nil
+}
+
+// stripeLock is the lock of segment id's writes to lost data shards; a
+// rebuild or a home's move holds it from its seal to its switch.
+func (p *core) stripeLock(id uint64) *sync.Mutex {
+	mu, _ := p.stripeLocks.LoadOrStore(id, new(sync.Mutex))
+	return mu.(*sync.Mutex)
+}
+
+// lostShardSubject finds the segment of a WriteLostShard request, a copy
+// of its record, and checks the request against it.
+func (p *core) lostShardSubject(c caller, req *poolv1.WriteLostShardRequest) (record, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(req.Id, "")
+	if err != nil {
+		return record{}, err
+	}
+	what := fmt.Sprintf("write data shard %d of segment %d", req.Shard, r.ID)
+	k := r.Redundancy.Data
+	switch {
+	case !mayUse(c, r):
+		return record{}, fmt.Errorf("%s: %w", what, errs.ErrAccessDenied)
+	case k == 0:
+		return record{}, fmt.Errorf("%s: %w: the segment is not erasure coded; write it at its home", what, errs.ErrInvalid)
+	case int64(req.Shard) >= int64(k):
+		return record{}, fmt.Errorf("%s: %w: the segment's data shards are 0 to %d", what, errs.ErrInvalid, k-1)
+	case len(req.Data) == 0 || len(req.Data) > maxLostWrite:
+		return record{}, fmt.Errorf("%s: %w: %d bytes; send 1 byte to %d at a time", what, errs.ErrInvalid, len(req.Data), maxLostWrite)
+	case req.Offset < 0 || req.Offset > r.shardSize()-int64(len(req.Data)):
+		return record{}, fmt.Errorf("%s: %w: %d bytes at %d, and the shard holds %d", what, errs.ErrOutOfRange, len(req.Data), req.Offset, r.shardSize())
+	case r.Lost:
+		return record{}, fmt.Errorf("%s: %w", what, errs.ErrSegmentLost)
+	case r.Homes[req.Shard].State == poolv1.HomeState_HOME_STATE_OK:
+		return record{}, fmt.Errorf("%s: %w: its home on %s is up; write it there (Stat names it)", what, errs.ErrInvalid, r.Homes[req.Shard].Node)
+	}
+	out := *r
+	out.Homes = append([]homeRef(nil), r.Homes...)
+	return out, nil
+}
+
+// writeLostShard applies a WriteLostShard request (see the file comment).
+func (p *core) writeLostShard(ctx context.Context, c caller, req *poolv1.WriteLostShardRequest, tls moveTLS) error {
+	if _, err := p.lostShardSubject(c, req); err != nil {
+		return err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, lostWriteTimeout)
+		defer cancel()
+	}
+	mu := p.stripeLock(req.Id)
+	mu.Lock()
+	defer mu.Unlock()
+	r, err := p.lostShardSubject(c, req) // again: a rebuild may have switched meanwhile
+	if err != nil {
+		return err
+	}
+	i, n := int(req.Shard), int64(len(req.Data))
+	what := fmt.Sprintf("write data shard %d of segment %d", i, r.ID)
+	f, err := p.lostShardReader(ctx, r, i, tls)
+	if err != nil {
+		return fmt.Errorf("%s: %w (%w)", what, err, errs.ErrUnavailable)
+	}
+	defer f.close()
+	old := make([]byte, n)
+	if err := f.decodeChecked(ctx, old, req.Offset); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	delta := make([]byte, n)
+	subtle.XORBytes(delta, old, req.Data)
+	k, m := r.Redundancy.Data, r.Redundancy.Parity
+	parity := make([][]byte, m)
+	for j := range parity {
+		parity[j] = make([]byte, n)
+	}
+	if err := f.enc.EncodeIdx(delta, i, parity); err != nil {
+		return fmt.Errorf("%s: encode the change: %w", what, err)
+	}
+	var wg sync.WaitGroup
+	failed := make([]error, m)
+	for j := range m {
+		h := r.Homes[k+j]
+		if h.State == poolv1.HomeState_HOME_STATE_LOST {
+			continue
+		}
+		wg.Go(func() {
+			failed[j] = f.xorAt(ctx, k+j, h, req.Offset, parity[j])
+		})
+	}
+	wg.Wait()
+	for j, err := range failed {
+		if err != nil {
+			h := r.Homes[k+j]
+			p.homeLost(r.ID, h.Node, h.HomeID, fmt.Sprintf("it missed a write to lost data shard %d: %v", i, err), true)
+		}
+	}
+	if err := errors.Join(failed...); err != nil {
+		if cur, ok := p.redundantRecord(r.ID); !ok || cur.Lost {
+			return fmt.Errorf("%s: %w: parity shards failed the change and the segment is lost: %w", what, errs.ErrIndeterminate, err)
+		}
+	}
+	return nil
+}
+
+// lostShardReader connects to the OK shards of r other than data shard
+// i, to decode i's bytes with at least one spare to check them.
+func (p *core) lostShardReader(ctx context.Context, r record, i int, tls moveTLS) (*rebuildFill, error) {
+	f := &rebuildFill{p: p, r: r, i: i}
+	size := r.shardSize()
+	f.m = &mover{p: p, rec: record{ID: r.ID, Size: size}, tls: tls, chunk: moveChunk(size)}
+	var from []rebuildPeer
+	for j, h := range r.Homes {
+		if j == i || h.State != poolv1.HomeState_HOME_STATE_OK {
+			continue
+		}
+		pc, err := p.homeSession(ctx, h.Node, "shard")
+		if err != nil {
+			return nil, err
+		}
+		from = append(from, rebuildPeer{idx: j, home: h, pc: pc})
+	}
+	if len(from) <= r.Redundancy.Data {
+		return nil, fmt.Errorf("%d other shards are up, and a checked decode needs %d: the write waits for the rebuild", len(from), r.Redundancy.Data+1)
+	}
+	if err := f.dialShards(ctx, from, maxLostWrite); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// decodeChecked fills buf with shard f.i's bytes at off, decoded from the
+// sources and matched by every spare still up, reading again while a
+// spare disagrees (a client's write half applied across the shards),
+// until ctx ends.
+func (f *rebuildFill) decodeChecked(ctx context.Context, buf []byte, off int64) error {
+	batch := [][2]int64{{off, off + int64(len(buf))}}
+	wait := lostWriteRetry
+	for {
+		f.suspect = nil
+		if err := f.decode(ctx, buf, batch); err != nil {
+			return fmt.Errorf("decode its bytes: %w (%w)", err, errs.ErrUnavailable)
+		}
+		up := 0
+		for j := range f.down {
+			if !f.down[j].Load() {
+				up++
+			}
+		}
+		switch {
+		case up == 0:
+			return fmt.Errorf("decode its bytes: no spare shard answered to check the decode: %w", errs.ErrUnavailable)
+		case f.suspect == nil:
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("decode its bytes: the other shards kept disagreeing (writes to the same stripes, or a write a lost home left half done, which the rebuild settles): %w", errs.ErrUnavailable)
+		case <-t.C:
+		}
+		wait = min(2*wait, lostWriteRetryMax)
+	}
+}
+
+// xorAt XORs b into the parity shard at home h (index j of the record)
+// at off, on the connection the decode read it through or, for a home
+// it did not read (being rebuilt), a new one.
+func (f *rebuildFill) xorAt(ctx context.Context, j int, h homeRef, off int64, b []byte) error {
+	op := &rdma.Op{Kind: rdma.OpXor, Region: homeRegion(h), Offset: off, Buf: b}
+	for _, s := range f.spares {
+		if s.idx == j {
+			return s.conn.Do(ctx, op)
+		}
+	}
+	for _, s := range f.sources {
+		if s.idx == j {
+			return s.conn.Do(ctx, op)
+		}
+	}
+	pc, err := f.p.homeSession(ctx, h.Node, "parity shard")
+	if err != nil {
+		return err
+	}
+	conn, err := f.m.dial(ctx, h.Node, h.DataAddr, h.DataTLS, pc)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Do(ctx, op)
+}
