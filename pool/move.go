@@ -573,9 +573,16 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	if err != nil {
 		return m.res, fmt.Errorf("move segment %d: alloc on %s: %w", r.ID, m.to, err)
 	}
-	if err := p.st.putIntent(m.in); err != nil {
-		return m.res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)
-	}
+	// The intent with the target's copy commits while the copy runs, and
+	// before the seal: until then a restart finds the intent without it,
+	// and the source never sealed, as it did before the allocation's
+	// answer. Submitted now, it commits before any later change of the
+	// store (an abort's removal of the intent included); its commit is
+	// awaited in the background, as the first waiter of a group commits
+	// it.
+	intentWait := p.st.submitIntent(m.in)
+	intentDone := make(chan error, 1)
+	go func() { intentDone <- intentWait() }()
 	if err := m.authorize(ctx, r.Attached, seg.Id, false); err != nil {
 		return m.res, err
 	}
@@ -591,6 +598,9 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	}
 	if err := m.settlePushes(ctx); err != nil {
 		return m.res, err
+	}
+	if err := <-intentDone; err != nil {
+		return m.res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)
 	}
 	sw := p.moving.sealing(r.ID)
 	defer sw.end()

@@ -139,9 +139,13 @@ func intentKey(id uint64) []byte { return binary.BigEndian.AppendUint64(bytes.Cl
 
 // putIntent commits a move intent (in segments.db: the records of segments
 // placed on peers are there).
-func (s *store) putIntent(in intent) error {
+func (s *store) putIntent(in intent) error { return s.submitIntent(in)() }
+
+// submitIntent queues the commit of a move intent as putIntent does and
+// returns the wait for it (storeFile.submit), which the caller must call.
+func (s *store) submitIntent(in intent) (wait func() error) {
 	v := encodeIntent(in)
-	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(intentKey(in.ID), v) }, false)
+	return s.submit(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(intentKey(in.ID), v) }, false)
 }
 
 // deleteIntent commits the end of a move.
