@@ -64,6 +64,9 @@ func (sc *simCluster) census() fdCensus {
 		for _, pu := range d.pool.pushing.m {
 			c.lanes += len(pu.conns)
 		}
+		for _, spare := range d.pool.pushing.spare {
+			c.lanes += len(spare)
+		}
 		d.pool.pushing.mu.Unlock()
 	}
 	tcp := map[string]string{} // socket inode -> kind

@@ -85,7 +85,7 @@ func TestIdlePushersClosed(t *testing.T) {
 	// (dialed with its own credential): what a PUSH step sets up.
 	push := func(r *record) *pusher {
 		target := &poolv1.SegmentHome{Node: sc.hosts[1].name, DataAddr: home.dp.addr, HomeId: r.HomeID, Key: make([]byte, len(rdma.Key{}))}
-		pu, err := home.pushing.get(ctx, r.HomeID, target, home.auth.self, moveTLS{})
+		pu, err := home.pushing.get(ctx, r.HomeID, target, home.auth.self, moveTLS{}, false)
 		require.NoError(t, err)
 		require.Len(t, pu.conns, pushLanes)
 		return pu
@@ -118,6 +118,30 @@ func TestIdlePushersClosed(t *testing.T) {
 	closed(puIdle)
 
 	// A later push dials again.
-	push(idle)
+	puAgain := push(idle)
 	require.Equal(t, 1, held())
+	require.False(t, puAgain.reused)
+
+	// A move that ends leaves its connections spare; the next push to the
+	// same node with the same credential takes them, and spares left
+	// unused for pusherIdle are closed.
+	spares := func() int {
+		home.pushing.mu.Lock()
+		defer home.pushing.mu.Unlock()
+		return len(home.pushing.spare[puAgain.lanes])
+	}
+	home.pushing.retire(idle.HomeID)
+	require.Zero(t, held())
+	require.Equal(t, pushLanes, spares())
+	next := push(alloc())
+	require.True(t, next.reused)
+	require.ElementsMatch(t, puAgain.conns, next.conns, "the next push takes the spares")
+	require.Zero(t, spares())
+	home.pushing.retire(next.region.Segment)
+	require.Equal(t, pushLanes, spares())
+	home.closeIdleConns(time.Now())
+	require.Equal(t, pushLanes, spares(), "spares left within pusherIdle stay")
+	home.closeIdleConns(time.Now().Add(2 * pusherIdle))
+	require.Zero(t, spares(), "spares left for pusherIdle are closed")
+	closed(next)
 }

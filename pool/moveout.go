@@ -65,10 +65,10 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 	case poolv1.MoveOutPhase_MOVE_OUT_SEAL:
 		err = p.sealOut(ctx, r, seg, req, tls, resp)
 	case poolv1.MoveOutPhase_MOVE_OUT_COMMIT:
-		p.pushing.drop(seg.ID)
+		p.pushing.retire(seg.ID)
 		err = p.letGo(r, seg.ID) // the push note goes with the record
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
-		p.pushing.drop(seg.ID)
+		p.pushing.retire(seg.ID)
 		// A copy whose writes are held until its origin sets its
 		// forwarding again (replicate.go) stays sealed: a rebuild that
 		// sealed it ends with Replicate, which releases it.

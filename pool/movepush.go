@@ -22,13 +22,29 @@ import (
 // move to its COMMIT or ABORT, or until the segment goes (freed, moved
 // away), or until they have not pushed for pusherIdle (a move whose origin
 // gave up, or whose ABORT came before a late PUSH): each holds pushLanes
-// connections, and one left open holds them for good. Safe for concurrent
-// use.
+// connections, and one left open holds them for good. A move that ends
+// with its COMMIT or ABORT leaves its connections spare, for the next
+// push to the same node with the same credential (an evacuation's moves
+// of one origin to one target share one), which saves a connection and
+// its TLS handshake per lane and move; spares not taken for pusherIdle
+// are closed. Safe for concurrent use.
 type pushers struct {
 	mu     sync.Mutex
 	m      map[uint64]*pusher
+	spare  map[string][]spareConn // by pusher.lanes
 	closed bool
 }
+
+// spareConn is a connection a finished push left for the next.
+type spareConn struct {
+	conn rdma.Conn
+	node string
+	left time.Time
+}
+
+// maxSpare bounds the spare connections kept for one node and credential:
+// enough for the pushes of an evacuation's concurrent moves.
+const maxSpare = 4 * pushLanes
 
 // pusherIdle is how long a pusher may go without a push before closeIdle
 // closes it; a move's rounds follow each other within seconds, and a push
@@ -40,7 +56,9 @@ const pusherIdle = time.Minute
 type pusher struct {
 	mu     sync.Mutex // held for a round
 	node   string     // the target's node
-	target string     // node, address and id of the target's copy
+	lanes  string     // node, address, TLS and credential of the connections
+	target string     // lanes and the id of the target's copy
+	reused bool       // some connection was a spare
 	conns  []rdma.Conn
 	region rdma.Region
 	bufs   [][]byte  // the batches' buffers, kept from round to round
@@ -54,25 +72,39 @@ func (pu *pusher) close() {
 	}
 }
 
-// get returns the pusher of segment seg towards t, dialing t's data plane
-// with cred (over TLS when t serves it, verified with tls.ca under t's
-// node name); a pusher towards another target is closed.
-func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, cred []byte, tls moveTLS) (*pusher, error) {
-	want := fmt.Sprintf("%s %s %d %x", t.Node, t.DataAddr, t.HomeId, cred)
+// get returns the pusher of segment seg towards t, with spare
+// connections to t's data plane under cred unless fresh, and dialing it
+// for the others (over TLS when t serves it, verified with tls.ca under
+// t's node name); a pusher towards another target is closed.
+func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, cred []byte, tls moveTLS, fresh bool) (*pusher, error) {
+	lanes := fmt.Sprintf("%s %s %t %x", t.Node, t.DataAddr, t.DataTls, cred)
+	want := fmt.Sprintf("%s %d", lanes, t.HomeId)
 	ps.mu.Lock()
 	if pu := ps.m[seg]; pu != nil && pu.target == want {
 		pu.used = time.Now()
 		ps.mu.Unlock()
 		return pu, nil
 	}
-	ps.mu.Unlock()
 	var key rdma.Key
 	if len(t.Key) != len(key) || t.DataAddr == "" {
+		ps.mu.Unlock()
 		return nil, fmt.Errorf("%w: the target %q of the push has no data-plane address or key", errs.ErrInvalid, t.Node)
 	}
 	copy(key[:], t.Key)
-	pu := &pusher{node: t.Node, target: want, region: rdma.Region{Segment: t.HomeId, Key: key, Epoch: t.Epoch}}
-	for range pushLanes {
+	pu := &pusher{node: t.Node, lanes: lanes, target: want, region: rdma.Region{Segment: t.HomeId, Key: key, Epoch: t.Epoch}}
+	if !fresh {
+		spare := ps.spare[lanes]
+		n := min(len(spare), pushLanes)
+		for _, sc := range spare[len(spare)-n:] {
+			pu.conns = append(pu.conns, sc.conn)
+		}
+		if n > 0 {
+			ps.spare[lanes] = spare[:len(spare)-n]
+			pu.reused = true
+		}
+	}
+	ps.mu.Unlock()
+	for len(pu.conns) < pushLanes {
 		conn, err := dialHome(ctx, t.Node, t.DataAddr, t.DataTls, tls.ca, cred)
 		if err != nil {
 			pu.close()
@@ -87,7 +119,7 @@ func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, c
 		return nil, fmt.Errorf("%w: the daemon is closing", errs.ErrUnavailable)
 	}
 	if ps.m == nil {
-		ps.m = map[uint64]*pusher{}
+		ps.m, ps.spare = map[uint64]*pusher{}, map[string][]spareConn{}
 	}
 	if old := ps.m[seg]; old != nil {
 		old.close()
@@ -98,9 +130,10 @@ func (ps *pushers) get(ctx context.Context, seg uint64, t *poolv1.SegmentHome, c
 }
 
 // closeIdle closes the pushers not used since before, but for one in the
-// middle of a round.
+// middle of a round, and the spare connections left before it.
 func (ps *pushers) closeIdle(before time.Time) {
 	var idle []*pusher
+	var stale []rdma.Conn
 	ps.mu.Lock()
 	for seg, pu := range ps.m {
 		if pu.used.Before(before) && pu.mu.TryLock() {
@@ -108,19 +141,43 @@ func (ps *pushers) closeIdle(before time.Time) {
 			idle = append(idle, pu)
 		}
 	}
+	for lanes, spare := range ps.spare {
+		keep := spare[:0]
+		for _, sc := range spare {
+			if sc.left.Before(before) {
+				stale = append(stale, sc.conn)
+			} else {
+				keep = append(keep, sc)
+			}
+		}
+		if len(keep) == 0 {
+			delete(ps.spare, lanes)
+		} else {
+			ps.spare[lanes] = keep
+		}
+	}
 	ps.mu.Unlock()
 	for _, pu := range idle {
 		pu.close()
 		pu.mu.Unlock()
 	}
+	for _, c := range stale {
+		c.Close()
+	}
 }
 
-// nodes adds the nodes the pushers write to to into.
+// nodes adds the nodes the pushers, and their spare connections, write
+// to to into.
 func (ps *pushers) nodes(into map[string]bool) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	for _, pu := range ps.m {
 		into[pu.node] = true
+	}
+	for _, spare := range ps.spare {
+		for _, sc := range spare {
+			into[sc.node] = true
+		}
 	}
 }
 
@@ -135,14 +192,48 @@ func (ps *pushers) drop(seg uint64) {
 	}
 }
 
-// close closes every pusher; none is made after.
+// retire ends the pusher of segment seg, if any, whose move ended (COMMIT,
+// ABORT): its connections become spares, once a round under way is over,
+// up to maxSpare for its node and credential; the others are closed.
+func (ps *pushers) retire(seg uint64) {
+	ps.mu.Lock()
+	pu := ps.m[seg]
+	delete(ps.m, seg)
+	ps.mu.Unlock()
+	if pu == nil {
+		return
+	}
+	pu.mu.Lock()
+	defer pu.mu.Unlock()
+	now := time.Now()
+	ps.mu.Lock()
+	var extra []rdma.Conn
+	for _, c := range pu.conns {
+		if ps.closed || len(ps.spare[pu.lanes]) >= maxSpare {
+			extra = append(extra, c)
+			continue
+		}
+		ps.spare[pu.lanes] = append(ps.spare[pu.lanes], spareConn{conn: c, node: pu.node, left: now})
+	}
+	ps.mu.Unlock()
+	for _, c := range extra {
+		c.Close()
+	}
+}
+
+// close closes every pusher and spare connection; none is made after.
 func (ps *pushers) close() {
 	ps.mu.Lock()
-	m := ps.m
-	ps.m, ps.closed = nil, true
+	m, spare := ps.m, ps.spare
+	ps.m, ps.spare, ps.closed = nil, nil, true
 	ps.mu.Unlock()
 	for _, pu := range m {
 		pu.close()
+	}
+	for _, s := range spare {
+		for _, sc := range s {
+			sc.conn.Close()
+		}
 	}
 }
 
@@ -188,16 +279,23 @@ func (p *core) push(ctx context.Context, seg record, req *poolv1.MoveOutRequest,
 		}
 		cred = pc.DataCredential()
 	}
-	pu, err := p.pushing.get(ctx, seg.ID, req.Target, cred, tls)
-	if err != nil {
-		return 0, 0, err
-	}
-	bytes, err := pu.round(ctx, p.dp.srv, seg.ID, spans(bitmap, chunk, seg.Size))
-	if err != nil {
+	for fresh := false; ; fresh = true {
+		pu, err := p.pushing.get(ctx, seg.ID, req.Target, cred, tls, fresh)
+		if err != nil {
+			return 0, 0, err
+		}
+		bytes, err := pu.round(ctx, p.dp.srv, seg.ID, spans(bitmap, chunk, seg.Size))
+		if err == nil {
+			return bytes, n, nil
+		}
 		p.pushing.drop(seg.ID) // a broken connection is dialed again
-		return bytes, n, fmt.Errorf("%w: push to %s: %w", errMoveHome, req.Target.Node, err)
+		// A spare may have broken while it waited (the target closed
+		// it): the round, which writes what the memory holds now, runs
+		// again on new connections.
+		if !pu.reused || fresh || ctx.Err() != nil {
+			return bytes, n, fmt.Errorf("%w: push to %s: %w", errMoveHome, req.Target.Node, err)
+		}
 	}
-	return bytes, n, nil
 }
 
 // rangeChunks is the bitmap of the chunks (of chunk bytes) that hold a
