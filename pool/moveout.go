@@ -94,9 +94,11 @@ func (p *core) pushOf(ctx context.Context, seg record, req *poolv1.MoveOutReques
 
 // sealOut runs a SEAL step: the sealed flag is committed first, while
 // writes still go on (a restarted source seals the segment again from it,
-// which only holds writes back until the origin commits or aborts); then
-// the data plane refuses writes and waits out those in flight, and the
-// last changed chunks are pushed to req.Target (or answered, without one).
+// which only holds writes back until the origin commits or aborts); with
+// req.Target, the chunks changed since the last round are pushed to it
+// while writes still go on; then the data plane refuses writes and waits
+// out those in flight, and the last changed chunks are pushed to
+// req.Target (or answered, without one).
 // A push that reached the target is noted (putPushed) before the answer:
 // the origin announces the target on that answer, before its own commit
 // is durable, and an origin restarted in between asks (STATUS) whether
@@ -106,8 +108,21 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	if err := p.setSealed(r, true); err != nil {
 		return err
 	}
+	// One more round while writes still go on, right before the seal:
+	// the sealed round, which operations wait for, then has only what
+	// changed during this one to push, mostly nothing, rather than what
+	// changed since the origin's last round and during the commit above
+	// (one round trip to the target a chunk or more).
+	var early int64
+	var earlyChunks int
+	var err error
+	if req.Target != nil {
+		early, earlyChunks, err = p.push(ctx, seg, req, tls)
+	}
 	sealed := time.Now()
-	err := p.dp.seal(seg.ID, seg.Owner)
+	if err == nil {
+		err = p.dp.seal(seg.ID, seg.Owner)
+	}
 	if err == nil {
 		if req.Target != nil {
 			if err = p.pushOf(ctx, seg, req, tls, resp); err == nil {
@@ -124,6 +139,8 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 		p.unsealData(seg.ID)
 		return errors.Join(err, p.setSealed(r, false))
 	}
+	resp.PushedBytes += uint64(early) // both rounds
+	resp.DirtyChunks += uint32(earlyChunks)
 	resp.SealedUs = time.Since(sealed).Microseconds()
 	return nil
 }
