@@ -88,8 +88,15 @@ func (p *core) lostShardSubject(c caller, req *poolv1.WriteLostShardRequest) (re
 		return record{}, fmt.Errorf("%s: %w: %d bytes at %d, and the shard holds %d", what, errs.ErrOutOfRange, len(req.Data), req.Offset, r.shardSize())
 	case r.Lost:
 		return record{}, fmt.Errorf("%s: %w", what, errs.ErrSegmentLost)
-	case r.Homes[req.Shard].State == poolv1.HomeState_HOME_STATE_OK:
-		return record{}, fmt.Errorf("%s: %w: its home on %s is up; write it there (Stat names it)", what, errs.ErrInvalid, r.Homes[req.Shard].Node)
+	}
+	switch h := r.Homes[req.Shard]; h.State {
+	case poolv1.HomeState_HOME_STATE_LOST, poolv1.HomeState_HOME_STATE_REBUILDING:
+	case poolv1.HomeState_HOME_STATE_OK:
+		return record{}, fmt.Errorf("%s: %w: its home on %s is up; write it there (Stat names it)", what, errs.ErrInvalid, h.Node)
+	default:
+		// Unreachable: kept at its node, whose bytes would be served again
+		// if it returns; a change made here would not be in them.
+		return record{}, fmt.Errorf("%s: %w: its home on %s is unreachable and may return with its bytes; the write waits for it", what, errs.ErrUnavailable, h.Node)
 	}
 	out := *r
 	out.Homes = append([]homeRef(nil), r.Homes...)

@@ -12,10 +12,10 @@ import (
 )
 
 // FuzzWriteLostShardRequest: a client's WriteLostShard request, as bytes,
-// against an ec=4+2 segment of its own whose data shard 0 is lost (and
-// one of another client's): it is refused with a sentinel the client can
-// act on, or it names a data shard whose home is not OK and 1 to
-// maxLostWrite bytes within that shard; never a panic. The seed corpus is
+// against an ec=4+2 segment of its own whose data shard 0 is lost and
+// shard 2 unreachable (and one of another client's): it is refused with a
+// sentinel the client can act on, or it names the lost data shard and 1
+// to maxLostWrite bytes within it; never a panic. The seed corpus is
 // testdata/fuzz/FuzzWriteLostShardRequest.
 func FuzzWriteLostShardRequest(f *testing.F) {
 	const size = 4 << 20
@@ -43,6 +43,7 @@ func FuzzWriteLostShardRequest(f *testing.F) {
 	homes := func() []homeRef {
 		hs := make([]homeRef, 6)
 		hs[0].State = poolv1.HomeState_HOME_STATE_LOST
+		hs[2].State = poolv1.HomeState_HOME_STATE_UNREACHABLE
 		return hs
 	}
 	p.mu.Lock()
@@ -57,7 +58,7 @@ func FuzzWriteLostShardRequest(f *testing.F) {
 		}
 		r, err := p.lostShardSubject(client, &req)
 		if err != nil {
-			for _, e := range []error{errs.ErrInvalid, errs.ErrOutOfRange, errs.ErrNotFound, errs.ErrAccessDenied, errs.ErrSegmentLost} {
+			for _, e := range []error{errs.ErrInvalid, errs.ErrOutOfRange, errs.ErrNotFound, errs.ErrAccessDenied, errs.ErrSegmentLost, errs.ErrUnavailable} {
 				if errors.Is(err, e) {
 					return
 				}
