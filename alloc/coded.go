@@ -17,11 +17,10 @@ import (
 // The erasure-coded side of redundant: where a logical byte lives, the
 // per-shard batches, and the degraded read.
 
-// errShardLost is the answer to an atomic on a chunk whose data shard's
-// home is lost, and to a write there that the daemon cannot make (fewer
-// than k+1 other shards up): it waits for the rebuild. It matches
-// ErrUnavailable.
-var errShardLost = errs.Sub(ErrUnavailable, "alloc: the home of this chunk's data shard is lost; atomics on its chunks (and writes, with fewer than k+1 other shards up) fail until the pool rebuilds it (reads decode it from the other shards)")
+// errShardLost is the answer to a write or atomic on a chunk whose data
+// shard's home is lost that the daemon cannot make (fewer than k+1 other
+// shards up, say): it waits for the rebuild. It matches ErrUnavailable.
+var errShardLost = errs.Sub(ErrUnavailable, "alloc: the home of this chunk's data shard is lost, and its poold cannot write it now (fewer than k+1 other shards up, or a write its home left half done); writes and atomics on its chunks fail until the pool rebuilds it (reads decode it from the other shards)")
 
 // lostWriteMax is the most bytes one WriteLostShard call carries (the
 // daemon's bound).
@@ -128,42 +127,52 @@ func (r *redundant) atShard(i int) func(context.Context, *homeView, *[]*rdma.Op)
 	}
 }
 
-// writeLost makes the writes of *pending, on data shard i whose home h is
-// lost, through the daemon (WriteLostShard), which decodes the shard's
-// bytes from the other shards and sends the parity shards the change;
-// done ops leave *pending. An atomic there waits for the rebuild
-// (errShardLost), as does a write the daemon cannot make.
+// writeLost makes the writes and atomics of *pending, on data shard i
+// whose home h is lost, through the daemon (WriteLostShard), which
+// decodes the shard's bytes from the other shards and sends the parity
+// shards the change; done ops leave *pending. What the daemon cannot do
+// (fewer than k+1 other shards up, say) fails at once (errShardLost); an
+// atomic whose answer is lost is indeterminate, never run again.
 func (r *redundant) writeLost(ctx context.Context, i int, h *home, pending *[]*rdma.Op) error {
-	lost := func(err error) error {
-		return fmt.Errorf("segment %d: data shard %d on %s: %w (%w)", r.info.Id, i, h.plane.node, errShardLost, err)
-	}
-	for _, op := range *pending {
-		if op.Kind != rdma.OpWrite {
-			return lost(fmt.Errorf("%s is an atomic", op.Kind))
-		}
-	}
 	for len(*pending) > 0 {
 		op := (*pending)[0]
-		for b, off := op.Buf, op.Offset; len(b) > 0; {
-			n := min(len(b), lostWriteMax)
-			cctx, _, err := r.c.callCtx(ctx)
+		var err error
+		if op.Kind == rdma.OpWrite {
+			for b, off := op.Buf, op.Offset; len(b) > 0 && err == nil; {
+				n := min(len(b), lostWriteMax)
+				_, err = r.callLost(ctx, &poolv1.WriteLostShardRequest{Id: r.info.Id, Shard: uint32(i), Offset: off, Data: b[:n]})
+				b, off = b[n:], off+int64(n)
+			}
+		} else {
+			var resp *poolv1.WriteLostShardResponse
+			resp, err = r.callLost(ctx, &poolv1.WriteLostShardRequest{Id: r.info.Id, Shard: uint32(i), Offset: op.Offset,
+				Atomic: uint32(op.Kind), Old: op.Old, New: op.New, Delta: op.Delta})
 			if err == nil {
-				_, err = r.c.api.WriteLostShard(cctx, &poolv1.WriteLostShardRequest{Id: r.info.Id, Shard: uint32(i), Offset: off, Data: b[:n]})
-				err = errs.FromStatus(err)
+				op.Prev, op.Swapped = resp.Prev, resp.Swapped
+			} else if !errs.Answered(err) {
+				return fmt.Errorf("segment %d: %s on lost data shard %d: the daemon's answer was lost, and it may have run: %w (%w)", r.info.Id, op.Kind, i, ErrIndeterminate, errs.FromStatus(err))
 			}
-			switch {
-			case errors.Is(err, ErrIndeterminate):
-				return err
-			case errors.Is(err, ErrUnavailable), errors.Is(err, ErrAccessDenied):
-				return lost(err)
-			case err != nil: // its home is back, say: the next round asks for the homes
-				return fmt.Errorf("segment %d: write data shard %d through the daemon: %w", r.info.Id, i, err)
-			}
-			b, off = b[n:], off+int64(n)
 		}
-		*pending = (*pending)[1:]
+		answered := errs.Answered(err)
+		switch err = errs.FromStatus(err); {
+		case err == nil:
+			*pending = (*pending)[1:]
+		case answered && (errors.Is(err, ErrUnavailable) || errors.Is(err, ErrAccessDenied) || errors.Is(err, ErrSegmentLost)):
+			return fmt.Errorf("segment %d: data shard %d on %s: %w (%w)", r.info.Id, i, h.plane.node, errShardLost, err)
+		default: // its home is back, or the daemon restarts: the next round asks for the homes
+			return fmt.Errorf("segment %d: data shard %d through the daemon: %w", r.info.Id, i, err)
+		}
 	}
 	return nil
+}
+
+// callLost sends one WriteLostShard request on the client's session.
+func (r *redundant) callLost(ctx context.Context, req *poolv1.WriteLostShardRequest) (*poolv1.WriteLostShardResponse, error) {
+	cctx, _, err := r.c.callCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.c.api.WriteLostShard(cctx, req)
 }
 
 // readShard is a round of the reads of data shard i (ps): at its home,

@@ -31,11 +31,11 @@ import (
 //     shards (Reed–Solomon) before it answers. Size is padded up to a whole
 //     stripe (k chunks). Reading a chunk whose shard is lost fetches the
 //     same range from k other shards and decodes it: a degraded read. A
-//     write there goes through the client's poold, which decodes the old
-//     bytes and updates the parity shards (milliseconds, one at a time per
-//     segment); an atomic there, or a write with fewer than k+1 other
-//     shards up, fails with ErrUnavailable until the pool rebuilds the
-//     shard.
+//     write or atomic there goes through the client's poold, which
+//     decodes the old bytes and updates the parity shards (milliseconds,
+//     one at a time per segment; an atomic whose answer is lost is
+//     ErrIndeterminate); with fewer than k+1 other shards up it fails with
+//     ErrUnavailable until the pool rebuilds the shard.
 //
 // One limit of erasure coding: a data home lost in the middle of a write
 // may have updated some parity shards and not others, so the stripe's

@@ -228,8 +228,8 @@ func (r *redundant) connect(ctx context.Context, h *home) (*route, error) {
 // answered reports whether err is the answer to the operation rather than
 // a failure of the home it ran at: out of range, unaligned, unsupported,
 // indeterminate (the op may have run; never retried), the client closed,
-// or an atomic (or a write the daemon cannot make) on a shard whose home
-// is lost. Anything else (an I/O error, a timeout, a home that refuses the
+// or a write or atomic the daemon cannot make on a shard whose home is
+// lost. Anything else (an I/O error, a timeout, a home that refuses the
 // segment: moved, fenced, lost there) sends the operation to another home.
 func answered(err error) bool {
 	for _, a := range []error{ErrOutOfRange, ErrUnaligned, ErrNotSupported, ErrIndeterminate, ErrClosed, errShardLost} {

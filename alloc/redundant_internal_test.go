@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -448,16 +450,20 @@ type lostWrites struct {
 	mu    sync.Mutex
 	calls []*poolv1.WriteLostShardRequest
 	err   error
+	lose  bool // answer as a broken connection would
 }
 
 func (l *lostWrites) WriteLostShard(_ context.Context, req *poolv1.WriteLostShardRequest, _ ...grpc.CallOption) (*poolv1.WriteLostShardResponse, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.calls = append(l.calls, proto.Clone(req).(*poolv1.WriteLostShardRequest))
-	if l.err != nil {
+	switch {
+	case l.lose:
+		return nil, status.Error(codes.Unavailable, "connection reset")
+	case l.err != nil:
 		return nil, errs.ToStatus(l.err)
 	}
-	return &poolv1.WriteLostShardResponse{}, nil
+	return &poolv1.WriteLostShardResponse{Prev: 7}, nil
 }
 
 // sent are the requests recorded so far.
@@ -470,9 +476,11 @@ func (l *lostWrites) sent() []*poolv1.WriteLostShardRequest {
 // TestWritesToLostShard: ErasureCoded(2, 2) with data shard 0's home
 // lost. A write over a chunk of shard 0 and one of shard 1 sends the
 // first part to the daemon (WriteLostShard, at the offset in shard 0) and
-// writes the second at shard 1's home; an atomic on shard 0 fails at once
-// with ErrUnavailable, and so does a write the daemon cannot make (asked
-// once, not again until the operation's timeout).
+// writes the second at shard 1's home; an atomic on shard 0 goes to the
+// daemon too and returns its answer; a write the daemon cannot make fails
+// at once with ErrUnavailable (asked once, not again until the
+// operation's timeout), and an atomic whose answer is lost with
+// ErrIndeterminate (sent once).
 func TestWritesToLostShard(t *testing.T) {
 	const k, m, chunk = 2, 2, 4096
 	lw := &lostWrites{}
@@ -496,14 +504,27 @@ func TestWritesToLostShard(t *testing.T) {
 	require.Len(t, sent, 2)
 	require.Equal(t, []any{uint32(0), int64(chunk + 5), b[:10]}, []any{sent[1].Shard, sent[1].Offset, sent[1].Data})
 
-	_, err = f.seg.Add64(8, 1)
-	require.ErrorIs(t, err, ErrUnavailable, "an atomic on a lost data shard")
-	require.Len(t, lw.sent(), 2, "atomics are not sent to the daemon")
+	v, err := f.seg.Add64(2*chunk+8, 3) // shard 0 at 4104
+	require.NoError(t, err)
+	require.Equal(t, uint64(7+3), v, "the daemon's previous value plus the delta")
+	sent = lw.sent()
+	require.Len(t, sent, 3)
+	require.Equal(t, []any{uint32(rdma.OpFetchAdd), int64(chunk + 8), uint64(3)}, []any{sent[2].Atomic, sent[2].Offset, sent[2].Delta})
 
 	lw.mu.Lock()
 	lw.err = fmt.Errorf("only k shards up: %w", ErrUnavailable)
 	lw.mu.Unlock()
 	_, err = f.seg.WriteAt(b[:10], 0)
 	require.ErrorIs(t, err, ErrUnavailable)
-	require.Len(t, lw.sent(), 3, "asked once")
+	require.Len(t, lw.sent(), 4, "asked once")
+
+	// An atomic whose answer is lost (no daemon's status) is indeterminate
+	// and not sent again.
+	lw.mu.Lock()
+	lw.err = nil
+	lw.lose = true
+	lw.mu.Unlock()
+	_, err = f.seg.CompareAndSwap64(8, 1, 2)
+	require.ErrorIs(t, err, ErrIndeterminate)
+	require.Len(t, lw.sent(), 5, "sent once")
 }

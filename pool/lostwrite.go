@@ -1,5 +1,5 @@
-// This file serves writes to the chunks of an erasure-coded segment's data
-// shard whose home is lost (WriteLostShard). Only a data shard's home
+// This file serves writes and atomics to the chunks of an erasure-coded
+// segment's data shard whose home is lost (WriteLostShard). Only a data shard's home
 // writes it and sends the parity shards the change, so with that home gone
 // the daemon holding the record stands in: it decodes the shard's bytes
 // from the other shards, checked against a spare, and sends each parity
@@ -7,9 +7,10 @@
 // with the live data homes' own parity deltas to the same rows. Nothing
 // else writes the lost shard, and these writes go one at a time per
 // segment (stripeLock), so its bytes cannot change between the decode and
-// the XORs; a write run again (a client's retry after a lost answer)
-// computes its change from the bytes as they are then, so it is never
-// applied twice. A rebuild or a home's move holds the same lock from its
+// the XORs, and an atomic on them is one. A write run again (a client's
+// retry after a lost answer) computes its change from the bytes as they
+// are then, so it is never applied twice; an atomic whose answer was lost
+// is not run again (the client reports it indeterminate). A rebuild or a home's move holds the same lock from its
 // seal to its switch (rebuildFill.run): no such write lands after its
 // last round, and before that the parity shards' dirty tracking makes the
 // copy decode the rows again.
@@ -19,6 +20,7 @@ package pool
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -47,14 +49,15 @@ const (
 // file comment).
 func (s *service) WriteLostShard(ctx context.Context, req *poolv1.WriteLostShardRequest) (*poolv1.WriteLostShardResponse, error) {
 	c, err := s.caller(ctx)
+	var resp *poolv1.WriteLostShardResponse
 	if err == nil {
-		err = s.d.pool.writeLostShard(ctx, c, req, s.d.moveTLS())
+		resp, err = s.d.pool.writeLostShard(ctx, c, req, s.d.moveTLS())
 	}
 	if err != nil {
 		s.d.refused("write-lost-shard", c, req.Id, "", err)
 		return nil, errs.ToStatus(err)
 	}
-	return &poolv1.WriteLostShardResponse{}, nil
+	return resp, nil
 }
 
 // stripeLock is the lock of segment id's writes to lost data shards; a
@@ -82,10 +85,16 @@ func (p *core) lostShardSubject(c caller, req *poolv1.WriteLostShardRequest) (re
 		return record{}, fmt.Errorf("%s: %w: the segment is not erasure coded; write it at its home", what, errs.ErrInvalid)
 	case int64(req.Shard) >= int64(k):
 		return record{}, fmt.Errorf("%s: %w: the segment's data shards are 0 to %d", what, errs.ErrInvalid, k-1)
-	case len(req.Data) == 0 || len(req.Data) > maxLostWrite:
+	case req.Atomic != 0 && req.Atomic != uint32(rdma.OpCompareAndSwap) && req.Atomic != uint32(rdma.OpFetchAdd):
+		return record{}, fmt.Errorf("%s: %w: atomic %d; use %d (compare-and-swap) or %d (fetch-and-add)", what, errs.ErrInvalid, req.Atomic, rdma.OpCompareAndSwap, rdma.OpFetchAdd)
+	case req.Atomic != 0 && len(req.Data) > 0:
+		return record{}, fmt.Errorf("%s: %w: an atomic carries no bytes, and this one carries %d", what, errs.ErrInvalid, len(req.Data))
+	case req.Atomic != 0 && req.Offset%8 != 0:
+		return record{}, fmt.Errorf("%s: %w: offset %d", what, errs.ErrUnaligned, req.Offset)
+	case req.Atomic == 0 && (len(req.Data) == 0 || len(req.Data) > maxLostWrite):
 		return record{}, fmt.Errorf("%s: %w: %d bytes; send 1 byte to %d at a time", what, errs.ErrInvalid, len(req.Data), maxLostWrite)
-	case req.Offset < 0 || req.Offset > r.shardSize()-int64(len(req.Data)):
-		return record{}, fmt.Errorf("%s: %w: %d bytes at %d, and the shard holds %d", what, errs.ErrOutOfRange, len(req.Data), req.Offset, r.shardSize())
+	case req.Offset < 0 || req.Offset > r.shardSize()-lostWriteLen(req):
+		return record{}, fmt.Errorf("%s: %w: %d bytes at %d, and the shard holds %d", what, errs.ErrOutOfRange, lostWriteLen(req), req.Offset, r.shardSize())
 	case r.Lost:
 		return record{}, fmt.Errorf("%s: %w", what, errs.ErrSegmentLost)
 	}
@@ -103,10 +112,20 @@ func (p *core) lostShardSubject(c caller, req *poolv1.WriteLostShardRequest) (re
 	return out, nil
 }
 
+// lostWriteLen is how many bytes of the shard req changes: its data's,
+// or an atomic's word.
+func lostWriteLen(req *poolv1.WriteLostShardRequest) int64 {
+	if req.Atomic != 0 {
+		return 8
+	}
+	return int64(len(req.Data))
+}
+
 // writeLostShard applies a WriteLostShard request (see the file comment).
-func (p *core) writeLostShard(ctx context.Context, c caller, req *poolv1.WriteLostShardRequest, tls moveTLS) error {
+// An error but ErrSegmentLost and a deadline means nothing was changed.
+func (p *core) writeLostShard(ctx context.Context, c caller, req *poolv1.WriteLostShardRequest, tls moveTLS) (*poolv1.WriteLostShardResponse, error) {
 	if _, err := p.lostShardSubject(c, req); err != nil {
-		return err
+		return nil, err
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -118,28 +137,41 @@ func (p *core) writeLostShard(ctx context.Context, c caller, req *poolv1.WriteLo
 	defer mu.Unlock()
 	r, err := p.lostShardSubject(c, req) // again: a rebuild may have switched meanwhile
 	if err != nil {
-		return err
+		return nil, err
 	}
-	i, n := int(req.Shard), int64(len(req.Data))
+	i, n := int(req.Shard), lostWriteLen(req)
 	what := fmt.Sprintf("write data shard %d of segment %d", i, r.ID)
 	f, err := p.lostShardReader(ctx, r, i, tls)
 	if err != nil {
-		return fmt.Errorf("%s: %w (%w)", what, err, errs.ErrUnavailable)
+		return nil, fmt.Errorf("%s: %w (%w)", what, err, errs.ErrUnavailable)
 	}
 	defer f.close()
 	old := make([]byte, n)
 	if err := f.decodeChecked(ctx, old, req.Offset); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	resp := &poolv1.WriteLostShardResponse{}
+	data := req.Data
+	if req.Atomic != 0 {
+		resp.Prev = binary.LittleEndian.Uint64(old)
+		next := resp.Prev + req.Delta
+		if req.Atomic == uint32(rdma.OpCompareAndSwap) {
+			if resp.Prev != req.Old {
+				return resp, nil
+			}
+			next, resp.Swapped = req.New, true
+		}
+		data = binary.LittleEndian.AppendUint64(nil, next)
 	}
 	delta := make([]byte, n)
-	subtle.XORBytes(delta, old, req.Data)
+	subtle.XORBytes(delta, old, data)
 	k, m := r.Redundancy.Data, r.Redundancy.Parity
 	parity := make([][]byte, m)
 	for j := range parity {
 		parity[j] = make([]byte, n)
 	}
 	if err := f.enc.EncodeIdx(delta, i, parity); err != nil {
-		return fmt.Errorf("%s: encode the change: %w", what, err)
+		return nil, fmt.Errorf("%s: encode the change: %w", what, err)
 	}
 	var wg sync.WaitGroup
 	failed := make([]error, m)
@@ -161,10 +193,10 @@ func (p *core) writeLostShard(ctx context.Context, c caller, req *poolv1.WriteLo
 	}
 	if err := errors.Join(failed...); err != nil {
 		if cur, ok := p.redundantRecord(r.ID); !ok || cur.Lost {
-			return fmt.Errorf("%s: %w: parity shards failed the change and the segment is lost: %w", what, errs.ErrIndeterminate, err)
+			return nil, fmt.Errorf("%s: parity shards failed the change (it may be in some), and the segment is lost: %w: %w", what, errs.ErrSegmentLost, err)
 		}
 	}
-	return nil
+	return resp, nil
 }
 
 // lostShardReader connects to the OK shards of r other than data shard

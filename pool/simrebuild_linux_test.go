@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -475,9 +476,10 @@ func TestWriteHoleRepaired(t *testing.T) {
 // which decodes the old bytes and sends both parity shards the change,
 // while a data home's own writes to the same rows go on: the five
 // surviving shards then decode shard 0 as written, and the six are one
-// consistent code. Bad requests are refused with typed errors: while the
-// home is up, a parity shard, no bytes, bytes past the shard's end, and
-// another client's.
+// consistent code. Atomics on a word of the lost shard answer and change
+// it as at a home. Bad requests are refused with typed errors: while the
+// home is up, a parity shard, no bytes, bytes past the shard's end, an
+// unaligned atomic, and another client's.
 func TestLostShardWrites(t *testing.T) {
 	const size = 1 << 20
 	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.Rebuild = false })
@@ -520,6 +522,32 @@ func TestLostShardWrites(t *testing.T) {
 		require.NoError(t, d1.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[1]), Offset: w.off, Buf: b}))
 		copy(want[1][w.off:], b)
 	}
+
+	// Atomics on a word of shard 0: a fetch-and-add, a compare-and-swap
+	// that fails and one that holds.
+	atomicErr := func(req *poolv1.WriteLostShardRequest) (*poolv1.WriteLostShardResponse, error) {
+		cctx, _, err := rs.conn.Call(ctx)
+		require.NoError(t, err)
+		req.Id, req.Shard = rs.ecID, 0
+		resp, err := rs.conn.API().WriteLostShard(cctx, req)
+		return resp, errs.FromStatus(err)
+	}
+	atomic := func(req *poolv1.WriteLostShardRequest) *poolv1.WriteLostShardResponse {
+		resp, err := atomicErr(req)
+		require.NoError(t, err)
+		return resp
+	}
+	const word = 8 * 1000
+	was := binary.LittleEndian.Uint64(want[0][word:])
+	resp := atomic(&poolv1.WriteLostShardRequest{Offset: word, Atomic: uint32(rdma.OpFetchAdd), Delta: 5})
+	require.Equal(t, was, resp.Prev, "fetch-and-add's previous value")
+	resp = atomic(&poolv1.WriteLostShardRequest{Offset: word, Atomic: uint32(rdma.OpCompareAndSwap), Old: was, New: 1})
+	require.Equal(t, []any{was + 5, false}, []any{resp.Prev, resp.Swapped}, "a swap against a stale value fails")
+	resp = atomic(&poolv1.WriteLostShardRequest{Offset: word, Atomic: uint32(rdma.OpCompareAndSwap), Old: was + 5, New: 42})
+	require.Equal(t, []any{was + 5, true}, []any{resp.Prev, resp.Swapped})
+	binary.LittleEndian.PutUint64(want[0][word:], 42)
+	_, err = atomicErr(&poolv1.WriteLostShardRequest{Offset: 4, Atomic: uint32(rdma.OpFetchAdd)})
+	require.ErrorIs(t, err, errs.ErrUnaligned)
 
 	got := make([][]byte, 6)
 	for i := 1; i < 6; i++ {

@@ -338,7 +338,8 @@ func TestRedundantSegmentsSurviveKill9(t *testing.T) {
 // the lost shard's chunks go through the daemon holding the record, which
 // sends the parity shards the change, and none fails; every read sees the
 // last write, decoded for the lost shard; afterwards every block holds
-// its last write.
+// its last write, and adds and a compare-and-swap on a word of the lost
+// shard hold too.
 func TestCodedWritesAfterDataHomeLoss(t *testing.T) {
 	rc := startRedCluster(t, 6, "32MiB")
 	c := rc.client(t, "coded-lost-writes")
@@ -374,6 +375,21 @@ func TestCodedWritesAfterDataHomeLoss(t *testing.T) {
 	l.check(t)
 	require.Zero(t, l.failed, "writes failed: %s", l)
 	t.Logf("%s, the data home on %s lost", l, victim)
+
+	// Atomics on the lost shard's first word (the segment's, chunk 0 being
+	// data shard 0's) go through the daemon too.
+	v0, err := seg.Add64(0, 0)
+	require.NoError(t, err)
+	for range 50 {
+		_, err := seg.Add64(0, 1)
+		require.NoError(t, err)
+	}
+	swapped, err := seg.CompareAndSwap64(0, v0+50, 7)
+	require.NoError(t, err)
+	require.True(t, swapped, "the word holds the 50 adds")
+	got, err := seg.Add64(0, 0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(7), got)
 }
 
 // TestReplicasLinearizableAcrossFailover: three clients share a named

@@ -114,6 +114,23 @@ func FromStatus(err error) error {
 	return err
 }
 
+// Answered reports whether err, returned by a gRPC call, is a farmem
+// daemon's answer (a status that carries one of the sentinels) rather
+// than a failure to reach it, a deadline or a cancellation: the daemon
+// decided it, so a refusal means the call did nothing.
+func Answered(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == domain {
+			return true
+		}
+	}
+	return false
+}
+
 // remoteError is an error the daemon returned: its text as the daemon wrote
 // it, matching the sentinel it carried.
 type remoteError struct {

@@ -1,6 +1,7 @@
 package errs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -82,4 +83,15 @@ func TestOverBudget(t *testing.T) {
 	require.ErrorIs(t, bare, ErrNoCapacity)
 	require.NotErrorIs(t, bare, ErrOverBudget)
 	require.ErrorIs(t, FromReason("OVER_BUDGET", "x"), ErrNoCapacity)
+}
+
+// TestAnswered: a status the daemon made from a sentinel is its answer;
+// a transport failure, a deadline or a plain error is not.
+func TestAnswered(t *testing.T) {
+	require.True(t, Answered(ToStatus(fmt.Errorf("home up: %w", ErrInvalid))))
+	require.True(t, Answered(ToStatus(ErrUnavailable)))
+	require.False(t, Answered(status.Error(codes.Unavailable, "connection reset")))
+	require.False(t, Answered(ToStatus(context.DeadlineExceeded)))
+	require.False(t, Answered(errors.New("plain")))
+	require.False(t, Answered(nil))
 }

@@ -4953,11 +4953,18 @@ func (*HomeFailedResponse) Descriptor() ([]byte, []int) {
 }
 
 type WriteLostShardRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`         // the segment
-	Shard         uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`   // a data shard (0 to k-1) whose home is not OK
-	Offset        int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"` // in the shard
-	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`      // 1 byte to 1 MiB, within the shard
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`         // the segment
+	Shard  uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`   // a data shard (0 to k-1) whose home is lost or being rebuilt
+	Offset int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"` // in the shard
+	Data   []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`      // a write: 1 byte to 1 MiB, within the shard
+	// An atomic on the 8-byte aligned little-endian word at offset instead
+	// of a write (data empty), by the data plane's op kinds: 3
+	// compare-and-swap (old, new), 4 fetch-and-add (delta).
+	Atomic        uint32 `protobuf:"varint,5,opt,name=atomic,proto3" json:"atomic,omitempty"`
+	Old           uint64 `protobuf:"varint,6,opt,name=old,proto3" json:"old,omitempty"`
+	New           uint64 `protobuf:"varint,7,opt,name=new,proto3" json:"new,omitempty"`
+	Delta         uint64 `protobuf:"varint,8,opt,name=delta,proto3" json:"delta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5020,8 +5027,38 @@ func (x *WriteLostShardRequest) GetData() []byte {
 	return nil
 }
 
+func (x *WriteLostShardRequest) GetAtomic() uint32 {
+	if x != nil {
+		return x.Atomic
+	}
+	return 0
+}
+
+func (x *WriteLostShardRequest) GetOld() uint64 {
+	if x != nil {
+		return x.Old
+	}
+	return 0
+}
+
+func (x *WriteLostShardRequest) GetNew() uint64 {
+	if x != nil {
+		return x.New
+	}
+	return 0
+}
+
+func (x *WriteLostShardRequest) GetDelta() uint64 {
+	if x != nil {
+		return x.Delta
+	}
+	return 0
+}
+
 type WriteLostShardResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Prev          uint64                 `protobuf:"varint,1,opt,name=prev,proto3" json:"prev,omitempty"`       // an atomic's word before it
+	Swapped       bool                   `protobuf:"varint,2,opt,name=swapped,proto3" json:"swapped,omitempty"` // a compare-and-swap's outcome
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5054,6 +5091,20 @@ func (x *WriteLostShardResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use WriteLostShardResponse.ProtoReflect.Descriptor instead.
 func (*WriteLostShardResponse) Descriptor() ([]byte, []int) {
 	return file_pool_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *WriteLostShardResponse) GetPrev() uint64 {
+	if x != nil {
+		return x.Prev
+	}
+	return 0
+}
+
+func (x *WriteLostShardResponse) GetSwapped() bool {
+	if x != nil {
+		return x.Swapped
+	}
+	return false
 }
 
 // SegmentMoving names the node a segment is being moved to and how the
@@ -5551,13 +5602,19 @@ const file_pool_proto_rawDesc = "" +
 	"targetNode\x12$\n" +
 	"\x0etarget_home_id\x18\x03 \x01(\x04R\ftargetHomeId\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x14\n" +
-	"\x12HomeFailedResponse\"i\n" +
+	"\x12HomeFailedResponse\"\xbb\x01\n" +
 	"\x15WriteLostShardRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"\x18\n" +
-	"\x16WriteLostShardResponse\"\xde\x01\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x16\n" +
+	"\x06atomic\x18\x05 \x01(\rR\x06atomic\x12\x10\n" +
+	"\x03old\x18\x06 \x01(\x04R\x03old\x12\x10\n" +
+	"\x03new\x18\a \x01(\x04R\x03new\x12\x14\n" +
+	"\x05delta\x18\b \x01(\x04R\x05delta\"F\n" +
+	"\x16WriteLostShardResponse\x12\x12\n" +
+	"\x04prev\x18\x01 \x01(\x04R\x04prev\x12\x18\n" +
+	"\aswapped\x18\x02 \x01(\bR\aswapped\"\xde\x01\n" +
 	"\rSegmentMoving\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1b\n" +

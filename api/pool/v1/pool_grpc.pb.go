@@ -117,11 +117,12 @@ type PoolClient interface {
 	// redundant segment (the callee) that a home of it (the caller) could
 	// not forward to another home of it: the origin marks that one lost.
 	HomeFailed(ctx context.Context, in *HomeFailedRequest, opts ...grpc.CallOption) (*HomeFailedResponse, error)
-	// WriteLostShard writes bytes of an erasure-coded segment's data shard
-	// whose home is lost (or being rebuilt), for a client that may use the
-	// segment: the callee, which holds the segment's record, decodes the
-	// shard's bytes there from the other shards and sends the parity shards
-	// the change. A data shard whose home is up is written at its home.
+	// WriteLostShard writes bytes of (or runs an atomic on) an
+	// erasure-coded segment's data shard whose home is lost (or being
+	// rebuilt), for a client that may use the segment: the callee, which
+	// holds the segment's record, decodes the shard's bytes there from the
+	// other shards and sends the parity shards the change. A data shard
+	// whose home is up is written at its home.
 	WriteLostShard(ctx context.Context, in *WriteLostShardRequest, opts ...grpc.CallOption) (*WriteLostShardResponse, error)
 }
 
@@ -403,11 +404,12 @@ type PoolServer interface {
 	// redundant segment (the callee) that a home of it (the caller) could
 	// not forward to another home of it: the origin marks that one lost.
 	HomeFailed(context.Context, *HomeFailedRequest) (*HomeFailedResponse, error)
-	// WriteLostShard writes bytes of an erasure-coded segment's data shard
-	// whose home is lost (or being rebuilt), for a client that may use the
-	// segment: the callee, which holds the segment's record, decodes the
-	// shard's bytes there from the other shards and sends the parity shards
-	// the change. A data shard whose home is up is written at its home.
+	// WriteLostShard writes bytes of (or runs an atomic on) an
+	// erasure-coded segment's data shard whose home is lost (or being
+	// rebuilt), for a client that may use the segment: the callee, which
+	// holds the segment's record, decodes the shard's bytes there from the
+	// other shards and sends the parity shards the change. A data shard
+	// whose home is up is written at its home.
 	WriteLostShard(context.Context, *WriteLostShardRequest) (*WriteLostShardResponse, error)
 	mustEmbedUnimplementedPoolServer()
 }
