@@ -23,6 +23,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -60,11 +61,74 @@ func (s *service) WriteLostShard(ctx context.Context, req *poolv1.WriteLostShard
 	return resp, nil
 }
 
-// stripeLock is the lock of segment id's writes to lost data shards; a
-// rebuild or a home's move holds it from its seal to its switch.
-func (p *core) stripeLock(id uint64) *sync.Mutex {
-	mu, _ := p.stripeLocks.LoadOrStore(id, new(sync.Mutex))
-	return mu.(*sync.Mutex)
+// stripe is a segment's state for writes to its lost data shards. Its
+// mu orders them; a rebuild or a home's move holds it from its seal to
+// its switch. Safe for concurrent use.
+type stripe struct {
+	mu sync.Mutex
+	// reader is the last write's connections to the shards, kept while
+	// the shards and their homes stay as they were (shard, homes) and
+	// closed once unused for lostReaderIdle (idle).
+	reader *rebuildFill
+	shard  int
+	homes  []homeRef
+	idle   *time.Timer
+}
+
+// lostReaderIdle is how long a stripe keeps its connections unused.
+const lostReaderIdle = 30 * time.Second
+
+// stripe is segment id's stripe.
+func (p *core) stripe(id uint64) *stripe {
+	st, _ := p.stripes.LoadOrStore(id, new(stripe))
+	return st.(*stripe)
+}
+
+// readerFor is a reader of shard i of r for a write, st.mu held: the
+// kept one if r's shards are where it reads them and none of its spares
+// went down, else a new one, kept.
+func (st *stripe) readerFor(ctx context.Context, p *core, r record, i int, tls moveTLS) (f *rebuildFill, kept bool, err error) {
+	if f = st.reader; f != nil && st.shard == i && sameShards(st.homes, r.Homes) && !f.anyDown() {
+		st.idle.Reset(lostReaderIdle)
+		return f, true, nil
+	}
+	st.drop()
+	if f, err = p.lostShardReader(ctx, r, i, tls); err != nil {
+		return nil, false, err
+	}
+	st.reader, st.shard, st.homes = f, i, r.Homes
+	if st.idle == nil {
+		st.idle = time.AfterFunc(lostReaderIdle, st.close)
+	} else {
+		st.idle.Reset(lostReaderIdle)
+	}
+	return f, false, nil
+}
+
+// drop closes the kept reader, st.mu held.
+func (st *stripe) drop() {
+	if st.reader != nil {
+		st.reader.close()
+		st.reader = nil
+	}
+}
+
+// close closes the kept reader (once idle, or the segment freed).
+func (st *stripe) close() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.idle != nil {
+		st.idle.Stop()
+	}
+	st.drop()
+}
+
+// sameShards reports whether a and b name the same homes in the same
+// states (progress aside).
+func sameShards(a, b []homeRef) bool {
+	return slices.EqualFunc(a, b, func(x, y homeRef) bool {
+		return x.Node == y.Node && x.HomeID == y.HomeID && x.Epoch == y.Epoch && x.State == y.State && x.DataAddr == y.DataAddr
+	})
 }
 
 // lostShardSubject finds the segment of a WriteLostShard request, a copy
@@ -132,23 +196,31 @@ func (p *core) writeLostShard(ctx context.Context, c caller, req *poolv1.WriteLo
 		ctx, cancel = context.WithTimeout(ctx, lostWriteTimeout)
 		defer cancel()
 	}
-	mu := p.stripeLock(req.Id)
-	mu.Lock()
-	defer mu.Unlock()
+	st := p.stripe(req.Id)
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	r, err := p.lostShardSubject(c, req) // again: a rebuild may have switched meanwhile
 	if err != nil {
 		return nil, err
 	}
 	i, n := int(req.Shard), lostWriteLen(req)
 	what := fmt.Sprintf("write data shard %d of segment %d", i, r.ID)
-	f, err := p.lostShardReader(ctx, r, i, tls)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w (%w)", what, err, errs.ErrUnavailable)
-	}
-	defer f.close()
 	old := make([]byte, n)
-	if err := f.decodeChecked(ctx, old, req.Offset); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+	var f *rebuildFill
+	for {
+		var kept bool
+		f, kept, err = st.readerFor(ctx, p, r, i, tls)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w (%w)", what, err, errs.ErrUnavailable)
+		}
+		err = f.decodeChecked(ctx, old, req.Offset)
+		if err == nil {
+			break
+		}
+		st.drop()
+		if !kept || ctx.Err() != nil { // a kept one may have gone stale: once more on new connections
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
 	}
 	resp := &poolv1.WriteLostShardResponse{}
 	data := req.Data
@@ -237,14 +309,8 @@ func (f *rebuildFill) decodeChecked(ctx context.Context, buf []byte, off int64) 
 		if err := f.decode(ctx, buf, batch); err != nil {
 			return fmt.Errorf("decode its bytes: %w (%w)", err, errs.ErrUnavailable)
 		}
-		up := 0
-		for j := range f.down {
-			if !f.down[j].Load() {
-				up++
-			}
-		}
 		switch {
-		case up == 0:
+		case f.allDown():
 			return fmt.Errorf("decode its bytes: no spare shard answered to check the decode: %w", errs.ErrUnavailable)
 		case f.suspect == nil:
 			return nil
@@ -258,6 +324,21 @@ func (f *rebuildFill) decodeChecked(ctx context.Context, buf []byte, off int64) 
 		}
 		wait = min(2*wait, lostWriteRetryMax)
 	}
+}
+
+// anyDown reports whether a spare went down; allDown whether all did.
+func (f *rebuildFill) anyDown() bool { return f.downs() > 0 }
+func (f *rebuildFill) allDown() bool { return f.downs() == len(f.down) }
+
+// downs counts the spares gone down.
+func (f *rebuildFill) downs() int {
+	n := 0
+	for j := range f.down {
+		if f.down[j].Load() {
+			n++
+		}
+	}
+	return n
 }
 
 // xorAt XORs b into the parity shard at home h (index j of the record)

@@ -101,9 +101,10 @@ type core struct {
 	// replicateLocks orders replicate calls per segment (redundancy.go).
 	replicating    map[uint64]bool
 	replicateLocks sync.Map // segment id -> *sync.Mutex
-	// stripeLocks orders writes to a segment's lost data shards, and
-	// fences them from a rebuild's or move's switch (lostwrite.go).
-	stripeLocks sync.Map // segment id -> *sync.Mutex
+	// stripes order writes to a segment's lost data shards, fence them
+	// from a rebuild's or move's switch, and keep their connections
+	// (lostwrite.go).
+	stripes sync.Map // segment id -> *stripe
 	// pendingRemote counts allocations on each peer not yet recorded here.
 	pendingRemote map[string]int
 	nextID        uint64
@@ -373,6 +374,11 @@ func (p *core) close() error {
 		err = p.dp.close()
 	}
 	p.fwd.closeAll()
+	p.stripes.Range(func(id, st any) bool {
+		p.stripes.Delete(id)
+		st.(*stripe).close()
+		return true
+	})
 	p.forgetUnacked()
 	return errors.Join(err, p.closeDevices(), p.st.close())
 }

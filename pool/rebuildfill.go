@@ -264,9 +264,9 @@ func (f *rebuildFill) run(ctx context.Context, sw func(context.Context) error) e
 	if f.r.Redundancy.Data > 0 {
 		// No write to a lost data shard (lostwrite.go) lands after the
 		// last round: it would change parity the copy no longer follows.
-		mu := f.p.stripeLock(f.r.ID)
-		mu.Lock()
-		defer mu.Unlock()
+		st := f.p.stripe(f.r.ID)
+		st.mu.Lock()
+		defer st.mu.Unlock()
 	}
 	if f.beforeSeal != nil {
 		f.beforeSeal()

@@ -111,7 +111,9 @@ func (p *core) release(r *record, reason string) {
 			p.peers.freeLater(h.Node, h.HomeID)
 		}
 		p.replicateLocks.Delete(r.ID)
-		p.stripeLocks.Delete(r.ID)
+		if st, ok := p.stripes.LoadAndDelete(r.ID); ok {
+			go st.(*stripe).close() // it may wait for a write in flight, which p.mu would block
+		}
 	case r.Home != "":
 		p.peers.freeLater(r.Home, r.HomeID)
 	case !r.Key.IsZero() && p.dp != nil:
