@@ -246,7 +246,8 @@ func TestDelegateOnlyForPeers(t *testing.T) {
 // TestCredentialResyncsHome: a home whose record of a segment names none
 // of the placing node's clients (placed before homes recorded them) serves
 // the owner once the placing node asks for the owner's credential on a
-// new peer session, which re-sends the client's segments there.
+// new peer session, which first tells the home who may use each segment
+// placed there.
 func TestCredentialResyncsHome(t *testing.T) {
 	cc := startCredCluster(t)
 	app := cc.client("resync-app", "app1")
@@ -268,6 +269,9 @@ func TestCredentialResyncsHome(t *testing.T) {
 	cc.a.pool.deleg.mu.Lock()
 	cc.a.pool.deleg.homes = nil // as after a new session with b
 	cc.a.pool.deleg.mu.Unlock()
+	cc.a.pool.told.mu.Lock()
+	cc.a.pool.told.nodes = nil
+	cc.a.pool.told.mu.Unlock()
 	again, err := app.s.API().Stat(app.ctx(t), &poolv1.StatRequest{Id: seg.Id})
 	require.NoError(t, errs.FromStatus(err))
 	require.Len(t, again.DataCredential, 16)

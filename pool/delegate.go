@@ -11,7 +11,6 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
-	"github.com/farmem/farmem/internal/session"
 )
 
 // Per-client data-plane credentials. At a segment's home every data-plane
@@ -138,6 +137,9 @@ func (s *service) Authorize(ctx context.Context, req *poolv1.AuthorizeRequest) (
 // authorizeRequest checks a peer's Authorize request and applies it to
 // each segment it names that is still here.
 func (p *core) authorizeRequest(c caller, req *poolv1.AuthorizeRequest) error {
+	if len(req.Sets) > 0 {
+		return p.replaceRequest(c, req)
+	}
 	if err := validDelegation(req.ClientId, "", false); err != nil {
 		return err
 	}
@@ -152,8 +154,68 @@ func (p *core) authorizeRequest(c caller, req *poolv1.AuthorizeRequest) error {
 	return nil
 }
 
-// maxAuthorizeIDs is the most segments one Authorize call names.
+// maxAuthorizeIDs is the most segments one Authorize call names, and the
+// most client ids its sets name in all (at most 1 MiB of names).
 const maxAuthorizeIDs = 4096
+
+// replaceRequest checks a peer's Authorize request with sets, all of it
+// before any set applies, and replaces the delegates of each segment a
+// set names that is still here.
+func (p *core) replaceRequest(c caller, req *poolv1.AuthorizeRequest) error {
+	if len(req.Ids) > 0 || req.ClientId != "" || req.Withdraw {
+		return fmt.Errorf("%w: authorize with sets names neither ids (%d), a client (%q) nor withdraw (%v): each set is a segment's complete list", errs.ErrInvalid, len(req.Ids), req.ClientId, req.Withdraw)
+	}
+	if len(req.Sets) > maxAuthorizeIDs {
+		return fmt.Errorf("%w: authorize names %d segments; at most %d per call", errs.ErrLimit, len(req.Sets), maxAuthorizeIDs)
+	}
+	names := 0
+	for _, set := range req.Sets {
+		names += len(set.ClientIds)
+		if names > maxAuthorizeIDs {
+			return fmt.Errorf("%w: authorize names more than %d clients in its sets; at most %d per call", errs.ErrLimit, maxAuthorizeIDs, maxAuthorizeIDs)
+		}
+		if len(set.ClientIds) > maxGrants {
+			return fmt.Errorf("authorize on segment %d: %w: %d clients; at most %d per segment", set.Id, errs.ErrLimit, len(set.ClientIds), maxGrants)
+		}
+		for _, client := range set.ClientIds {
+			if err := validDelegation(client, "", false); err != nil {
+				return fmt.Errorf("authorize on segment %d: %w", set.Id, err)
+			}
+		}
+	}
+	for _, set := range req.Sets {
+		if err := p.replaceDelegates(c, set.Id, set.ClientIds); err != nil && !errors.Is(err, errs.ErrNotFound) {
+			return err // not found: freed here meanwhile, nothing to authorize
+		}
+	}
+	return nil
+}
+
+// replaceDelegates makes clients the delegates of segment id, which the
+// calling peer must own: the clients of that peer that may use it.
+func (p *core) replaceDelegates(c caller, id uint64, clients []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, err := p.lookup(id, "")
+	if err != nil {
+		return err
+	}
+	if r.Owner != c.id() {
+		return fmt.Errorf("authorize on segment %d: %w: it belongs to %s, not to the caller %s", id, errs.ErrAccessDenied, r.Owner, c.id())
+	}
+	want := slices.Compact(slices.Sorted(slices.Values(clients)))
+	if slices.Equal(want, slices.Sorted(slices.Values(r.Delegates))) {
+		return nil
+	}
+	next := *r
+	next.Delegates = want
+	if err := p.st.put(&next); err != nil {
+		return fmt.Errorf("authorize on segment %d: commit to the metadata store: %w", id, err)
+	}
+	*r = next
+	p.allowData(r)
+	return nil
+}
 
 // authorize adds client to (or withdraws it from) the delegates of segment
 // id, which the calling peer must own.
@@ -252,10 +314,12 @@ func (d *Daemon) delegatedCred(ctx context.Context, home, client string) []byte 
 		if cred := d.pool.delegated().get(home, sid, client); cred != nil {
 			return cred
 		}
+		// The home is told who may use each segment placed there before
+		// it delegates on this session (homeclients.go).
+		err = d.pool.toldOn(ctx, pc, home)
 		var resp *poolv1.DelegateResponse
-		resp, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Identity: d.pool.credentials().identity(client)})
 		if err == nil {
-			err = d.authorizeAll(cctx, pc, client, d.pool.usableAt(home, client))
+			resp, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Identity: d.pool.credentials().identity(client)})
 		}
 		if err == nil {
 			d.pool.delegated().put(home, sid, client, resp.DataCredential)
@@ -267,34 +331,6 @@ func (d *Daemon) delegatedCred(ctx context.Context, home, client string) []byte 
 	return nil
 }
 
-// authorizeAll tells a home, in calls of at most maxAuthorizeIDs, that
-// client may use the segments ids this daemon placed there: on a new
-// session with the home, before handing the client its credential, so
-// that a home whose records name no client (placed before it recorded
-// them, or an authorization lost) serves the client what it holds.
-func (d *Daemon) authorizeAll(ctx context.Context, pc *session.Conn, client string, ids []uint64) error {
-	for chunk := range slices.Chunk(ids, maxAuthorizeIDs) {
-		if _, err := pc.API().Authorize(ctx, &poolv1.AuthorizeRequest{Ids: chunk, ClientId: client}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// usableAt is the ids at home of the segments placed there that client
-// owns or attached.
-func (p *core) usableAt(home, client string) []uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var ids []uint64
-	for _, r := range p.segs {
-		if r.Owner == client || slices.Contains(r.Attached, client) {
-			ids = append(ids, r.idsOn(home)...)
-		}
-	}
-	return ids
-}
-
 // authorizeAtHome tells the homes of a segment placed on peers (each copy
 // or shard of a redundant one that is not lost) that client attached it
 // (or, with withdraw, detached it).
@@ -302,16 +338,7 @@ func (d *Daemon) authorizeAtHome(ctx context.Context, r *record, client string, 
 	if r.Home == "" || client == "" || client == r.Owner {
 		return nil
 	}
-	nodes := []string{r.Home}
-	if r.redundant() {
-		nodes = nil
-		for _, h := range r.Homes {
-			if h.State != poolv1.HomeState_HOME_STATE_LOST && !slices.Contains(nodes, h.Node) {
-				nodes = append(nodes, h.Node)
-			}
-		}
-	}
-	for _, node := range nodes {
+	for _, node := range r.homeNodes() {
 		pc := d.pool.peerConns().conn(node)
 		if pc == nil {
 			return fmt.Errorf("segment %d: %w: no session with its home %s; retry when it is reachable", r.ID, errs.ErrUnavailable, node)

@@ -17,7 +17,8 @@ import (
 // the segment table of a pool where that peer owns one segment: every
 // refusal is a sentinel; a delegated credential identifies as the peer's
 // client and nothing else; an authorization changes only that segment's
-// delegates, and only as asked.
+// delegates, and only as asked (with sets: replaced by the last set that
+// names it; the owner and the writers kept).
 func FuzzDelegateRequest(f *testing.F) {
 	for _, m := range []proto.Message{
 		&poolv1.DelegateRequest{ClientId: "app", Identity: "cn:app"},
@@ -27,6 +28,10 @@ func FuzzDelegateRequest(f *testing.F) {
 		&poolv1.AuthorizeRequest{Ids: []uint64{1}, ClientId: "app"},
 		&poolv1.AuthorizeRequest{Ids: []uint64{1, 99}, ClientId: "app", Withdraw: true},
 		&poolv1.AuthorizeRequest{Ids: []uint64{99}, ClientId: "x"},
+		&poolv1.AuthorizeRequest{Sets: []*poolv1.SegmentClients{{Id: 1, ClientIds: []string{"app", "b", "app"}}, {Id: 99}}},
+		&poolv1.AuthorizeRequest{Sets: []*poolv1.SegmentClients{{Id: 1}}},
+		&poolv1.AuthorizeRequest{Sets: []*poolv1.SegmentClients{{Id: 1, ClientIds: []string{"poold/x"}}}},
+		&poolv1.AuthorizeRequest{Ids: []uint64{1}, ClientId: "app", Sets: []*poolv1.SegmentClients{{Id: 1, ClientIds: []string{"app"}}}},
 	} {
 		b, err := proto.Marshal(m)
 		require.NoError(f, err)
@@ -64,6 +69,17 @@ func FuzzDelegateRequest(f *testing.F) {
 			if slices.Contains(req.Ids, seg.ID) {
 				require.Equal(t, !req.Withdraw, slices.Contains(after.Delegates, req.ClientId))
 			}
+			var last *poolv1.SegmentClients
+			for _, set := range req.Sets {
+				if set.Id == seg.ID {
+					last = set
+				}
+			}
+			if last != nil {
+				require.ElementsMatch(t, slices.Compact(slices.Sorted(slices.Values(last.ClientIds))), after.Delegates, "a set replaces the delegates")
+			}
+			require.Equal(t, before.Owner, after.Owner)
+			require.Equal(t, before.Writers, after.Writers)
 			return
 		}
 		var req poolv1.DelegateRequest

@@ -55,6 +55,9 @@ type core struct {
 	// deleg holds the credentials peers delegated to this daemon's
 	// clients (delegate.go).
 	deleg delegations
+	// told is, per home node, the peer session on which that home was
+	// told who may use each segment placed there (homeclients.go).
+	told homesTold
 	// moving is the live moves under way or left to finish (move.go);
 	// leftMoves those the last run left, until Serve resumes them.
 	moving    moves
@@ -329,7 +332,10 @@ func (p *core) gossip() *cluster.Cluster { return p.cl }
 // get their segments' state back (homeChanged).
 func (p *core) useGossip(cl *cluster.Cluster) {
 	p.cl = cl
-	p.peers.onUp = func(node string) { p.homeChanged(node, true) }
+	p.peers.onUp = func(node string) {
+		go p.tellHomeUp(node)
+		p.homeChanged(node, true)
+	}
 }
 
 // data is the data plane serving rdma-tier segments; nil when disabled.

@@ -219,7 +219,8 @@ func (s *service) Detach(ctx context.Context, req *poolv1.DetachRequest) (*poolv
 	}
 	if r, err := s.d.pool.Stat(req.Id); err == nil && !mayUse(c, &r) {
 		if err := s.d.authorizeAtHome(ctx, &r, c.id(), true); err != nil {
-			s.d.log.Warn("detach: the home keeps the client's access until this daemon's session there ends", "err", err)
+			s.d.log.Warn("detach: a home of the segment was not told; retrying in the background (the client may use the segment there until it is told)", "segment", r.ID, "client", c.id(), "err", err)
+			s.d.pool.tellLater(r.ID)
 		}
 	}
 	return &poolv1.DetachResponse{}, nil

@@ -4197,12 +4197,16 @@ func (x *DelegateResponse) GetDataCredential() []byte {
 
 // AuthorizeRequest names segments the calling peer daemon placed here (at
 // most 4096; ids this daemon no longer holds are skipped) and one of its
-// clients.
+// clients. With sets instead (ids, client_id and withdraw then unset), it
+// replaces, for each segment a set names, the calling daemon's clients that
+// may use it with the set's (at most 4096 sets and 4096 client ids in all,
+// 64 per set); the segment's owner and the daemons that write it are kept.
 type AuthorizeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ids           []uint64               `protobuf:"varint,1,rep,packed,name=ids,proto3" json:"ids,omitempty"`
 	ClientId      string                 `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	Withdraw      bool                   `protobuf:"varint,3,opt,name=withdraw,proto3" json:"withdraw,omitempty"`
+	Sets          []*SegmentClients      `protobuf:"bytes,4,rep,name=sets,proto3" json:"sets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4258,6 +4262,67 @@ func (x *AuthorizeRequest) GetWithdraw() bool {
 	return false
 }
 
+func (x *AuthorizeRequest) GetSets() []*SegmentClients {
+	if x != nil {
+		return x.Sets
+	}
+	return nil
+}
+
+// SegmentClients is one segment the calling peer daemon placed here and
+// every client of that daemon that may use it.
+type SegmentClients struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	ClientIds     []string               `protobuf:"bytes,2,rep,name=client_ids,json=clientIds,proto3" json:"client_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SegmentClients) Reset() {
+	*x = SegmentClients{}
+	mi := &file_pool_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SegmentClients) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SegmentClients) ProtoMessage() {}
+
+func (x *SegmentClients) ProtoReflect() protoreflect.Message {
+	mi := &file_pool_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SegmentClients.ProtoReflect.Descriptor instead.
+func (*SegmentClients) Descriptor() ([]byte, []int) {
+	return file_pool_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *SegmentClients) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SegmentClients) GetClientIds() []string {
+	if x != nil {
+		return x.ClientIds
+	}
+	return nil
+}
+
 type AuthorizeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -4266,7 +4331,7 @@ type AuthorizeResponse struct {
 
 func (x *AuthorizeResponse) Reset() {
 	*x = AuthorizeResponse{}
-	mi := &file_pool_proto_msgTypes[47]
+	mi := &file_pool_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4278,7 +4343,7 @@ func (x *AuthorizeResponse) String() string {
 func (*AuthorizeResponse) ProtoMessage() {}
 
 func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[47]
+	mi := &file_pool_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4291,7 +4356,7 @@ func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{47}
+	return file_pool_proto_rawDescGZIP(), []int{48}
 }
 
 // MoveRequest names a segment by id or name (of the callee's records) or,
@@ -4311,7 +4376,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_pool_proto_msgTypes[48]
+	mi := &file_pool_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4323,7 +4388,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[48]
+	mi := &file_pool_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4336,7 +4401,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{48}
+	return file_pool_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *MoveRequest) GetId() uint64 {
@@ -4398,7 +4463,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_pool_proto_msgTypes[49]
+	mi := &file_pool_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4410,7 +4475,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[49]
+	mi := &file_pool_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4423,7 +4488,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{49}
+	return file_pool_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MoveResponse) GetSegment() *Segment {
@@ -4493,7 +4558,7 @@ type MoveOutRequest struct {
 
 func (x *MoveOutRequest) Reset() {
 	*x = MoveOutRequest{}
-	mi := &file_pool_proto_msgTypes[50]
+	mi := &file_pool_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4505,7 +4570,7 @@ func (x *MoveOutRequest) String() string {
 func (*MoveOutRequest) ProtoMessage() {}
 
 func (x *MoveOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[50]
+	mi := &file_pool_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4518,7 +4583,7 @@ func (x *MoveOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveOutRequest.ProtoReflect.Descriptor instead.
 func (*MoveOutRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{50}
+	return file_pool_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MoveOutRequest) GetHomeId() uint64 {
@@ -4600,7 +4665,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_pool_proto_msgTypes[51]
+	mi := &file_pool_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4612,7 +4677,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[51]
+	mi := &file_pool_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4625,7 +4690,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{51}
+	return file_pool_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReplicateRequest) GetHomeId() uint64 {
@@ -4710,7 +4775,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_pool_proto_msgTypes[52]
+	mi := &file_pool_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4722,7 +4787,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[52]
+	mi := &file_pool_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4735,7 +4800,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{52}
+	return file_pool_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ReplicateResponse) GetEpoch() uint64 {
@@ -4771,7 +4836,7 @@ type MoveOutResponse struct {
 
 func (x *MoveOutResponse) Reset() {
 	*x = MoveOutResponse{}
-	mi := &file_pool_proto_msgTypes[53]
+	mi := &file_pool_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4783,7 +4848,7 @@ func (x *MoveOutResponse) String() string {
 func (*MoveOutResponse) ProtoMessage() {}
 
 func (x *MoveOutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[53]
+	mi := &file_pool_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4796,7 +4861,7 @@ func (x *MoveOutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveOutResponse.ProtoReflect.Descriptor instead.
 func (*MoveOutResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{53}
+	return file_pool_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MoveOutResponse) GetDirty() []byte {
@@ -4860,7 +4925,7 @@ type HomeFailedRequest struct {
 
 func (x *HomeFailedRequest) Reset() {
 	*x = HomeFailedRequest{}
-	mi := &file_pool_proto_msgTypes[54]
+	mi := &file_pool_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4872,7 +4937,7 @@ func (x *HomeFailedRequest) String() string {
 func (*HomeFailedRequest) ProtoMessage() {}
 
 func (x *HomeFailedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[54]
+	mi := &file_pool_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4885,7 +4950,7 @@ func (x *HomeFailedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HomeFailedRequest.ProtoReflect.Descriptor instead.
 func (*HomeFailedRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{54}
+	return file_pool_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *HomeFailedRequest) GetHomeId() uint64 {
@@ -4924,7 +4989,7 @@ type HomeFailedResponse struct {
 
 func (x *HomeFailedResponse) Reset() {
 	*x = HomeFailedResponse{}
-	mi := &file_pool_proto_msgTypes[55]
+	mi := &file_pool_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4936,7 +5001,7 @@ func (x *HomeFailedResponse) String() string {
 func (*HomeFailedResponse) ProtoMessage() {}
 
 func (x *HomeFailedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[55]
+	mi := &file_pool_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4949,7 +5014,7 @@ func (x *HomeFailedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HomeFailedResponse.ProtoReflect.Descriptor instead.
 func (*HomeFailedResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{55}
+	return file_pool_proto_rawDescGZIP(), []int{56}
 }
 
 type WriteLostShardRequest struct {
@@ -4971,7 +5036,7 @@ type WriteLostShardRequest struct {
 
 func (x *WriteLostShardRequest) Reset() {
 	*x = WriteLostShardRequest{}
-	mi := &file_pool_proto_msgTypes[56]
+	mi := &file_pool_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4983,7 +5048,7 @@ func (x *WriteLostShardRequest) String() string {
 func (*WriteLostShardRequest) ProtoMessage() {}
 
 func (x *WriteLostShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[56]
+	mi := &file_pool_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4996,7 +5061,7 @@ func (x *WriteLostShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteLostShardRequest.ProtoReflect.Descriptor instead.
 func (*WriteLostShardRequest) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{56}
+	return file_pool_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *WriteLostShardRequest) GetId() uint64 {
@@ -5065,7 +5130,7 @@ type WriteLostShardResponse struct {
 
 func (x *WriteLostShardResponse) Reset() {
 	*x = WriteLostShardResponse{}
-	mi := &file_pool_proto_msgTypes[57]
+	mi := &file_pool_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5077,7 +5142,7 @@ func (x *WriteLostShardResponse) String() string {
 func (*WriteLostShardResponse) ProtoMessage() {}
 
 func (x *WriteLostShardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[57]
+	mi := &file_pool_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5090,7 +5155,7 @@ func (x *WriteLostShardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteLostShardResponse.ProtoReflect.Descriptor instead.
 func (*WriteLostShardResponse) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{57}
+	return file_pool_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *WriteLostShardResponse) GetPrev() uint64 {
@@ -5128,7 +5193,7 @@ type SegmentMoving struct {
 
 func (x *SegmentMoving) Reset() {
 	*x = SegmentMoving{}
-	mi := &file_pool_proto_msgTypes[58]
+	mi := &file_pool_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5140,7 +5205,7 @@ func (x *SegmentMoving) String() string {
 func (*SegmentMoving) ProtoMessage() {}
 
 func (x *SegmentMoving) ProtoReflect() protoreflect.Message {
-	mi := &file_pool_proto_msgTypes[58]
+	mi := &file_pool_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5153,7 +5218,7 @@ func (x *SegmentMoving) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentMoving.ProtoReflect.Descriptor instead.
 func (*SegmentMoving) Descriptor() ([]byte, []int) {
-	return file_pool_proto_rawDescGZIP(), []int{58}
+	return file_pool_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SegmentMoving) GetId() uint64 {
@@ -5545,11 +5610,16 @@ const file_pool_proto_rawDesc = "" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\tR\bidentity\";\n" +
 	"\x10DelegateResponse\x12'\n" +
-	"\x0fdata_credential\x18\x01 \x01(\fR\x0edataCredential\"]\n" +
+	"\x0fdata_credential\x18\x01 \x01(\fR\x0edataCredential\"\x91\x01\n" +
 	"\x10AuthorizeRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\x04R\x03ids\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1a\n" +
-	"\bwithdraw\x18\x03 \x01(\bR\bwithdraw\"\x13\n" +
+	"\bwithdraw\x18\x03 \x01(\bR\bwithdraw\x122\n" +
+	"\x04sets\x18\x04 \x03(\v2\x1e.farmem.pool.v1.SegmentClientsR\x04sets\"?\n" +
+	"\x0eSegmentClients\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
+	"\n" +
+	"client_ids\x18\x02 \x03(\tR\tclientIds\"\x13\n" +
 	"\x11AuthorizeResponse\"\xa6\x01\n" +
 	"\vMoveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
@@ -5697,7 +5767,7 @@ func file_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_pool_proto_goTypes = []any{
 	(Tier)(0),                      // 0: farmem.pool.v1.Tier
 	(SegmentState)(0),              // 1: farmem.pool.v1.SegmentState
@@ -5753,18 +5823,19 @@ var file_pool_proto_goTypes = []any{
 	(*DelegateRequest)(nil),        // 51: farmem.pool.v1.DelegateRequest
 	(*DelegateResponse)(nil),       // 52: farmem.pool.v1.DelegateResponse
 	(*AuthorizeRequest)(nil),       // 53: farmem.pool.v1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),      // 54: farmem.pool.v1.AuthorizeResponse
-	(*MoveRequest)(nil),            // 55: farmem.pool.v1.MoveRequest
-	(*MoveResponse)(nil),           // 56: farmem.pool.v1.MoveResponse
-	(*MoveOutRequest)(nil),         // 57: farmem.pool.v1.MoveOutRequest
-	(*ReplicateRequest)(nil),       // 58: farmem.pool.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),      // 59: farmem.pool.v1.ReplicateResponse
-	(*MoveOutResponse)(nil),        // 60: farmem.pool.v1.MoveOutResponse
-	(*HomeFailedRequest)(nil),      // 61: farmem.pool.v1.HomeFailedRequest
-	(*HomeFailedResponse)(nil),     // 62: farmem.pool.v1.HomeFailedResponse
-	(*WriteLostShardRequest)(nil),  // 63: farmem.pool.v1.WriteLostShardRequest
-	(*WriteLostShardResponse)(nil), // 64: farmem.pool.v1.WriteLostShardResponse
-	(*SegmentMoving)(nil),          // 65: farmem.pool.v1.SegmentMoving
+	(*SegmentClients)(nil),         // 54: farmem.pool.v1.SegmentClients
+	(*AuthorizeResponse)(nil),      // 55: farmem.pool.v1.AuthorizeResponse
+	(*MoveRequest)(nil),            // 56: farmem.pool.v1.MoveRequest
+	(*MoveResponse)(nil),           // 57: farmem.pool.v1.MoveResponse
+	(*MoveOutRequest)(nil),         // 58: farmem.pool.v1.MoveOutRequest
+	(*ReplicateRequest)(nil),       // 59: farmem.pool.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 60: farmem.pool.v1.ReplicateResponse
+	(*MoveOutResponse)(nil),        // 61: farmem.pool.v1.MoveOutResponse
+	(*HomeFailedRequest)(nil),      // 62: farmem.pool.v1.HomeFailedRequest
+	(*HomeFailedResponse)(nil),     // 63: farmem.pool.v1.HomeFailedResponse
+	(*WriteLostShardRequest)(nil),  // 64: farmem.pool.v1.WriteLostShardRequest
+	(*WriteLostShardResponse)(nil), // 65: farmem.pool.v1.WriteLostShardResponse
+	(*SegmentMoving)(nil),          // 66: farmem.pool.v1.SegmentMoving
 }
 var file_pool_proto_depIdxs = []int32{
 	8,  // 0: farmem.pool.v1.SessionRequest.hello:type_name -> farmem.pool.v1.Hello
@@ -5772,7 +5843,7 @@ var file_pool_proto_depIdxs = []int32{
 	12, // 2: farmem.pool.v1.SessionResponse.welcome:type_name -> farmem.pool.v1.Welcome
 	13, // 3: farmem.pool.v1.SessionResponse.ack:type_name -> farmem.pool.v1.KeepAliveAck
 	11, // 4: farmem.pool.v1.SessionResponse.events:type_name -> farmem.pool.v1.SegmentEvents
-	65, // 5: farmem.pool.v1.SegmentEvents.moving:type_name -> farmem.pool.v1.SegmentMoving
+	66, // 5: farmem.pool.v1.SegmentEvents.moving:type_name -> farmem.pool.v1.SegmentMoving
 	23, // 6: farmem.pool.v1.SegmentEvents.moved:type_name -> farmem.pool.v1.Segment
 	0,  // 7: farmem.pool.v1.AllocRequest.tier:type_name -> farmem.pool.v1.Tier
 	0,  // 8: farmem.pool.v1.AllocRequest.fallback:type_name -> farmem.pool.v1.Tier
@@ -5814,58 +5885,59 @@ var file_pool_proto_depIdxs = []int32{
 	45, // 44: farmem.pool.v1.DrainResponse.evacuation:type_name -> farmem.pool.v1.Evacuation
 	4,  // 45: farmem.pool.v1.KeyringRequest.op:type_name -> farmem.pool.v1.KeyringOp
 	50, // 46: farmem.pool.v1.KeyringResponse.nodes:type_name -> farmem.pool.v1.NodeKeyring
-	0,  // 47: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
-	23, // 48: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
-	0,  // 49: farmem.pool.v1.MoveResponse.from_tier:type_name -> farmem.pool.v1.Tier
-	5,  // 50: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
-	16, // 51: farmem.pool.v1.MoveOutRequest.target:type_name -> farmem.pool.v1.SegmentHome
-	6,  // 52: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
-	16, // 53: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
-	7,  // 54: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
-	14, // 55: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
-	17, // 56: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
-	19, // 57: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
-	20, // 58: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
-	22, // 59: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
-	25, // 60: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
-	31, // 61: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
-	37, // 62: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
-	43, // 63: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
-	30, // 64: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
-	46, // 65: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
-	48, // 66: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
-	51, // 67: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
-	53, // 68: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
-	55, // 69: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
-	57, // 70: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
-	58, // 71: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
-	61, // 72: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
-	63, // 73: farmem.pool.v1.Pool.WriteLostShard:input_type -> farmem.pool.v1.WriteLostShardRequest
-	10, // 74: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
-	23, // 75: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
-	18, // 76: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
-	23, // 77: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
-	21, // 78: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
-	23, // 79: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
-	26, // 80: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
-	32, // 81: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
-	42, // 82: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
-	44, // 83: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
-	26, // 84: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
-	47, // 85: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
-	49, // 86: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
-	52, // 87: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
-	54, // 88: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
-	56, // 89: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
-	60, // 90: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
-	59, // 91: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
-	62, // 92: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
-	64, // 93: farmem.pool.v1.Pool.WriteLostShard:output_type -> farmem.pool.v1.WriteLostShardResponse
-	74, // [74:94] is the sub-list for method output_type
-	54, // [54:74] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	54, // 47: farmem.pool.v1.AuthorizeRequest.sets:type_name -> farmem.pool.v1.SegmentClients
+	0,  // 48: farmem.pool.v1.MoveRequest.to_tier:type_name -> farmem.pool.v1.Tier
+	23, // 49: farmem.pool.v1.MoveResponse.segment:type_name -> farmem.pool.v1.Segment
+	0,  // 50: farmem.pool.v1.MoveResponse.from_tier:type_name -> farmem.pool.v1.Tier
+	5,  // 51: farmem.pool.v1.MoveOutRequest.phase:type_name -> farmem.pool.v1.MoveOutPhase
+	16, // 52: farmem.pool.v1.MoveOutRequest.target:type_name -> farmem.pool.v1.SegmentHome
+	6,  // 53: farmem.pool.v1.ReplicateRequest.mode:type_name -> farmem.pool.v1.ForwardMode
+	16, // 54: farmem.pool.v1.ReplicateRequest.targets:type_name -> farmem.pool.v1.SegmentHome
+	7,  // 55: farmem.pool.v1.Pool.Session:input_type -> farmem.pool.v1.SessionRequest
+	14, // 56: farmem.pool.v1.Pool.Alloc:input_type -> farmem.pool.v1.AllocRequest
+	17, // 57: farmem.pool.v1.Pool.Free:input_type -> farmem.pool.v1.FreeRequest
+	19, // 58: farmem.pool.v1.Pool.Attach:input_type -> farmem.pool.v1.AttachRequest
+	20, // 59: farmem.pool.v1.Pool.List:input_type -> farmem.pool.v1.ListRequest
+	22, // 60: farmem.pool.v1.Pool.Stat:input_type -> farmem.pool.v1.StatRequest
+	25, // 61: farmem.pool.v1.Pool.Tiers:input_type -> farmem.pool.v1.TiersRequest
+	31, // 62: farmem.pool.v1.Pool.Status:input_type -> farmem.pool.v1.StatusRequest
+	37, // 63: farmem.pool.v1.Pool.Nodes:input_type -> farmem.pool.v1.NodesRequest
+	43, // 64: farmem.pool.v1.Pool.Drain:input_type -> farmem.pool.v1.DrainRequest
+	30, // 65: farmem.pool.v1.Pool.MeasureTiers:input_type -> farmem.pool.v1.MeasureTiersRequest
+	46, // 66: farmem.pool.v1.Pool.Detach:input_type -> farmem.pool.v1.DetachRequest
+	48, // 67: farmem.pool.v1.Pool.Keyring:input_type -> farmem.pool.v1.KeyringRequest
+	51, // 68: farmem.pool.v1.Pool.Delegate:input_type -> farmem.pool.v1.DelegateRequest
+	53, // 69: farmem.pool.v1.Pool.Authorize:input_type -> farmem.pool.v1.AuthorizeRequest
+	56, // 70: farmem.pool.v1.Pool.Move:input_type -> farmem.pool.v1.MoveRequest
+	58, // 71: farmem.pool.v1.Pool.MoveOut:input_type -> farmem.pool.v1.MoveOutRequest
+	59, // 72: farmem.pool.v1.Pool.Replicate:input_type -> farmem.pool.v1.ReplicateRequest
+	62, // 73: farmem.pool.v1.Pool.HomeFailed:input_type -> farmem.pool.v1.HomeFailedRequest
+	64, // 74: farmem.pool.v1.Pool.WriteLostShard:input_type -> farmem.pool.v1.WriteLostShardRequest
+	10, // 75: farmem.pool.v1.Pool.Session:output_type -> farmem.pool.v1.SessionResponse
+	23, // 76: farmem.pool.v1.Pool.Alloc:output_type -> farmem.pool.v1.Segment
+	18, // 77: farmem.pool.v1.Pool.Free:output_type -> farmem.pool.v1.FreeResponse
+	23, // 78: farmem.pool.v1.Pool.Attach:output_type -> farmem.pool.v1.Segment
+	21, // 79: farmem.pool.v1.Pool.List:output_type -> farmem.pool.v1.ListResponse
+	23, // 80: farmem.pool.v1.Pool.Stat:output_type -> farmem.pool.v1.Segment
+	26, // 81: farmem.pool.v1.Pool.Tiers:output_type -> farmem.pool.v1.TiersResponse
+	32, // 82: farmem.pool.v1.Pool.Status:output_type -> farmem.pool.v1.StatusResponse
+	42, // 83: farmem.pool.v1.Pool.Nodes:output_type -> farmem.pool.v1.NodesResponse
+	44, // 84: farmem.pool.v1.Pool.Drain:output_type -> farmem.pool.v1.DrainResponse
+	26, // 85: farmem.pool.v1.Pool.MeasureTiers:output_type -> farmem.pool.v1.TiersResponse
+	47, // 86: farmem.pool.v1.Pool.Detach:output_type -> farmem.pool.v1.DetachResponse
+	49, // 87: farmem.pool.v1.Pool.Keyring:output_type -> farmem.pool.v1.KeyringResponse
+	52, // 88: farmem.pool.v1.Pool.Delegate:output_type -> farmem.pool.v1.DelegateResponse
+	55, // 89: farmem.pool.v1.Pool.Authorize:output_type -> farmem.pool.v1.AuthorizeResponse
+	57, // 90: farmem.pool.v1.Pool.Move:output_type -> farmem.pool.v1.MoveResponse
+	61, // 91: farmem.pool.v1.Pool.MoveOut:output_type -> farmem.pool.v1.MoveOutResponse
+	60, // 92: farmem.pool.v1.Pool.Replicate:output_type -> farmem.pool.v1.ReplicateResponse
+	63, // 93: farmem.pool.v1.Pool.HomeFailed:output_type -> farmem.pool.v1.HomeFailedResponse
+	65, // 94: farmem.pool.v1.Pool.WriteLostShard:output_type -> farmem.pool.v1.WriteLostShardResponse
+	75, // [75:95] is the sub-list for method output_type
+	55, // [55:75] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_pool_proto_init() }
@@ -5888,7 +5960,7 @@ func file_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pool_proto_rawDesc), len(file_pool_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   59,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -95,7 +95,8 @@ type PoolClient interface {
 	Delegate(ctx context.Context, in *DelegateRequest, opts ...grpc.CallOption) (*DelegateResponse, error)
 	// Authorize adds (or with withdraw removes) a client of the calling peer
 	// daemon to those whose delegated credentials may operate on segments
-	// that daemon placed here.
+	// that daemon placed here, or (with sets) replaces, per segment, all of
+	// them.
 	Authorize(ctx context.Context, in *AuthorizeRequest, opts ...grpc.CallOption) (*AuthorizeResponse, error)
 	// Move moves a segment to another home (or tier) while it is in use: it
 	// keeps its id, name, size and bytes. Asked of the daemon that holds the
@@ -382,7 +383,8 @@ type PoolServer interface {
 	Delegate(context.Context, *DelegateRequest) (*DelegateResponse, error)
 	// Authorize adds (or with withdraw removes) a client of the calling peer
 	// daemon to those whose delegated credentials may operate on segments
-	// that daemon placed here.
+	// that daemon placed here, or (with sets) replaces, per segment, all of
+	// them.
 	Authorize(context.Context, *AuthorizeRequest) (*AuthorizeResponse, error)
 	// Move moves a segment to another home (or tier) while it is in use: it
 	// keeps its id, name, size and bytes. Asked of the daemon that holds the

@@ -1,0 +1,236 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/session"
+)
+
+// Who may use a segment at its home. The home of a segment this daemon
+// placed on a peer serves it to the clients this daemon named for it
+// there (delegate.go): its owner and attachers here. A credential a home
+// delegates names a client, not a segment, so a client the home still
+// lists for a segment it detached from here gets back in with any
+// credential that home delegates to it (one for another segment of its
+// there will do), and through any data-plane connection it keeps open.
+// Adding and withdrawing one client at a time (Attach, Detach) leaves
+// such a client behind whenever a withdrawal fails, this daemon restarts
+// before it could tell the home, or the home restarts. So the lists are
+// reconciled: on every session with a home, before a credential that
+// home delegates on it is handed to a client, the home is told, per
+// segment placed there, the complete list (AuthorizeRequest.sets), which
+// replaces its own; and a detach whose withdrawal failed is told the same
+// way in the background until told, each try from the record as it is
+// then.
+
+// homesTold remembers, per home node, the peer session on which that home
+// was last told who may use every segment placed there. It is safe for
+// concurrent use.
+type homesTold struct {
+	mu    sync.Mutex
+	nodes map[string]*homeTold
+}
+
+// homeTold is one home's: mu is held while the home is told, so that one
+// telling serves the callers that wait for it.
+type homeTold struct {
+	mu  sync.Mutex
+	sid string
+}
+
+// of is node's entry.
+func (ht *homesTold) of(node string) *homeTold {
+	ht.mu.Lock()
+	defer ht.mu.Unlock()
+	if ht.nodes == nil {
+		ht.nodes = map[string]*homeTold{}
+	}
+	h := ht.nodes[node]
+	if h == nil {
+		h = &homeTold{}
+		ht.nodes[node] = h
+	}
+	return h
+}
+
+// toldOn makes sure node was told who may use every segment placed there
+// (tellHome) on the session of pc now current, telling it now if not.
+func (p *core) toldOn(ctx context.Context, pc *session.Conn, node string) error {
+	h := p.told.of(node)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, sid, err := pc.Call(ctx)
+	if err != nil || h.sid == sid {
+		return err
+	}
+	if err := p.tellHome(ctx, pc, node, 0); err != nil {
+		return err
+	}
+	h.sid = sid // a session that changed meanwhile is told again
+	return nil
+}
+
+// tellHomeUp tells node, whose peer session is new, who may use every
+// segment placed there; what fails is retried in the background until
+// told, or the session is gone (the next one is told when it comes up).
+func (p *core) tellHomeUp(node string) {
+	try := func(ctx context.Context) error {
+		pc := p.peers.conn(node)
+		if pc == nil {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+		defer cancel()
+		err := p.toldOn(ctx, pc, node)
+		if err != nil {
+			p.log.Debug("tell a home who may use the segments placed there: retrying", "node", node, "err", err)
+		}
+		return err
+	}
+	if try(context.Background()) != nil {
+		p.retryLater(try)
+	}
+}
+
+// tellLater tells every home of segment seg, in the background, who may
+// use it (after a withdrawal there failed): retried, backing off to 30 s,
+// until every home the record names then was told, the segment is gone
+// or the daemon closes. A home that is down is asked again: a restarted
+// one keeps its records, and with them the clients they name.
+func (p *core) tellLater(seg uint64) {
+	p.retryLater(func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+		defer cancel()
+		p.mu.Lock()
+		var nodes []string
+		if r, ok := p.segs[seg]; ok {
+			nodes = r.homeNodes()
+		}
+		p.mu.Unlock()
+		var failed []error
+		for _, node := range nodes {
+			pc, err := p.homeSession(ctx, node, "home")
+			if err == nil {
+				err = p.tellHome(ctx, pc, node, seg)
+			}
+			if err != nil {
+				failed = append(failed, err)
+			}
+		}
+		if err := errors.Join(failed...); err != nil {
+			p.log.Debug("tell a segment's homes who may use it: retrying", "segment", seg, "err", err)
+			return err
+		}
+		p.log.Info("a segment's homes were told who may use it after a retry", "segment", seg, "homes", nodes)
+		return nil
+	})
+}
+
+// tellHome tells node, over pc, who may use the copies there of segment
+// seg (0: of every segment placed there), replacing the lists it keeps,
+// and reads the records again until what it told matches them: an Attach
+// or Detach committed meanwhile tells node itself, in any order with
+// these calls.
+func (p *core) tellHome(ctx context.Context, pc *session.Conn, node string, seg uint64) error {
+	told := map[uint64][]string{}
+	for {
+		var due []*poolv1.SegmentClients
+		for id, clients := range p.clientsAt(node, seg) {
+			if was, ok := told[id]; !ok || !slices.Equal(was, clients) {
+				due = append(due, &poolv1.SegmentClients{Id: id, ClientIds: clients})
+			}
+		}
+		if len(due) == 0 {
+			return nil
+		}
+		for len(due) > 0 {
+			n, names := 0, 0
+			for n < len(due) && n < maxAuthorizeIDs && names+len(due[n].ClientIds) <= maxAuthorizeIDs {
+				names += len(due[n].ClientIds)
+				n++
+			}
+			_, err := callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
+				return api.Authorize(ctx, &poolv1.AuthorizeRequest{Sets: due[:n]})
+			})
+			if err != nil {
+				return fmt.Errorf("tell %s who may use %d segments placed there: %w", node, n, err)
+			}
+			for _, s := range due[:n] {
+				told[s.Id] = s.ClientIds
+			}
+			due = due[n:]
+		}
+	}
+}
+
+// clientsAt is, by id at node, who may use the copies there of segment
+// seg (0: of every segment placed there): the owner and the attachers,
+// and the source of a move to node while that move may write the copy
+// (delegateSource); sorted, at most maxGrants (those beyond, the last to
+// attach, the home refused at their Attach already).
+func (p *core) clientsAt(node string, seg uint64) map[uint64][]string {
+	sources := p.moving.sourcesTo(node)
+	out := map[uint64][]string{}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	add := func(r *record) {
+		for _, id := range r.idsOn(node) {
+			var clients []string
+			for _, c := range slices.Concat([]string{r.Owner, sources[id]}, r.Attached) {
+				if validDelegation(c, "", false) == nil && !slices.Contains(clients, c) {
+					clients = append(clients, c)
+				}
+			}
+			clients = clients[:min(len(clients), maxGrants)]
+			slices.Sort(clients)
+			out[id] = clients
+		}
+	}
+	if seg != 0 {
+		if r, ok := p.segs[seg]; ok {
+			add(r)
+		}
+		return out
+	}
+	for _, r := range p.segs {
+		add(r)
+	}
+	return out
+}
+
+// sourcesTo is, by the copy's id at node, the client id the source of
+// each move to node writes that copy as (moveSourceClient).
+func (ms *moves) sourcesTo(node string) map[uint64]string {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	out := map[uint64]string{}
+	for _, in := range ms.m {
+		if in.To == node && in.From != "" && in.ToID != 0 && !in.undoing {
+			out[in.ToID] = moveSourceClient(in.From)
+		}
+	}
+	return out
+}
+
+// homeNodes is the nodes that hold r's copy or its copies and shards (of
+// a redundant segment, those not lost); none for a segment homed here.
+func (r *record) homeNodes() []string {
+	if !r.redundant() {
+		if r.Home == "" {
+			return nil
+		}
+		return []string{r.Home}
+	}
+	var nodes []string
+	for _, h := range r.Homes {
+		if h.State != poolv1.HomeState_HOME_STATE_LOST && !slices.Contains(nodes, h.Node) {
+			nodes = append(nodes, h.Node)
+		}
+	}
+	return nodes
+}
