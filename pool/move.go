@@ -624,7 +624,7 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	} else {
 		p.finishMove(m.in)
 	}
-	m.syncAttachers(next.Attached, seg.Id)
+	m.syncAttachers()
 	m.withdrawSource(seg.Id)
 	return m.res, nil
 }

@@ -22,18 +22,19 @@ import (
 // authFault watches the Authorize calls that one host (node) serves for
 // one client, once armed: at the first that gives the client access to a
 // segment other than the client's own (a move's target authorizing the
-// attachers, as the move begins) it runs during before serving it; the
-// first that withdraws the client's access it refuses (UNAVAILABLE),
-// after running refused. It then reports, on answered, whether each call
-// for the client that the host answered gave access. Safe for concurrent
-// use.
+// attachers, as the move begins; that segment is the move's copy) it runs
+// during before serving it; the first that withdraws the client's access
+// to the copy it refuses (UNAVAILABLE), after running refused. It then
+// reports, on answered, whether each call that the host answered gave the
+// client access to the copy. Safe for concurrent use.
 type authFault struct {
 	client   string
 	answered chan bool
 
 	mu              sync.Mutex
 	node            string
-	own             uint64 // the client's own segment there, whose Authorize calls pass
+	own             uint64 // the client's own segment there
+	copy            uint64 // the move's copy there, once the move began
 	state           int    // 0: not armed; 1: armed; 2: the move began; 3: refusing; 4: refused
 	during, refused func()
 }
@@ -49,32 +50,47 @@ func (f *authFault) watch(node string, own uint64) {
 func (f *authFault) arm(during, refused func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.state, f.during, f.refused = 1, during, refused
+	f.state, f.copy, f.during, f.refused = 1, 0, during, refused
 	for len(f.answered) > 0 {
 		<-f.answered
 	}
+}
+
+// gives reports what ar says of the client's access to segment id: to
+// give it or to withdraw it; ok is false when ar says nothing of it.
+func (f *authFault) gives(ar *poolv1.AuthorizeRequest, id uint64) (give, ok bool) {
+	if ar.ClientId == f.client && slices.Contains(ar.Ids, id) {
+		return !ar.Withdraw, true
+	}
+	for _, set := range ar.Sets {
+		if set.Id == id {
+			return slices.Contains(set.ClientIds, f.client), true
+		}
+	}
+	return false, false
 }
 
 // interceptor is f's gRPC server interceptor for host.
 func (f *authFault) interceptor(host string) grpc.ServerOption {
 	return grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		ar, ok := req.(*poolv1.AuthorizeRequest)
-		if !ok || ar.ClientId != f.client {
+		if !ok {
 			return h(ctx, req)
 		}
 		f.mu.Lock()
-		state := f.state
+		state, copyID := f.state, f.copy
+		give, says := f.gives(ar, copyID)
 		switch {
-		case host != f.node || slices.Contains(ar.Ids, f.own):
+		case host != f.node:
 			f.mu.Unlock()
 			return h(ctx, req)
-		case state == 1 && !ar.Withdraw:
-			f.state = 2
+		case state == 1 && ar.ClientId == f.client && !ar.Withdraw && len(ar.Ids) == 1 && ar.Ids[0] != f.own:
+			f.state, f.copy = 2, ar.Ids[0]
 			during := f.during
 			f.mu.Unlock()
 			during()
 			return h(ctx, req)
-		case state == 2 && ar.Withdraw:
+		case state == 2 && says && !give:
 			f.state = 3
 			refused := f.refused
 			f.mu.Unlock()
@@ -88,8 +104,8 @@ func (f *authFault) interceptor(host string) grpc.ServerOption {
 		}
 		f.mu.Unlock()
 		resp, err := h(ctx, req)
-		if err == nil && state == 4 {
-			f.answered <- !ar.Withdraw
+		if err == nil && state == 4 && says {
+			f.answered <- give
 		}
 		return resp, err
 	})

@@ -132,7 +132,7 @@ func (p *core) demote(ctx context.Context, c caller, r record, req *poolv1.MoveR
 	p.freeExtent(d, r)
 	p.mu.Unlock()
 	res.rec, res.rounds, res.pause = next, 1, time.Since(began)
-	m.syncAttachers(next.Attached, seg.Id)
+	m.syncAttachers()
 	return res, nil
 }
 
