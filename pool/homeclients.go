@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/session"
 )
 
@@ -77,12 +79,17 @@ func (p *core) toldOn(ctx context.Context, pc *session.Conn, node string) error 
 
 // tellHomeUp tells node, whose peer session is new, who may use every
 // segment placed there; what fails is retried in the background until
-// told, or the session is gone (the next one is told when it comes up).
+// told, nothing is placed there, or node is no alive member (its next
+// session is told when it comes up). The first session with a node comes
+// up before peers.get keeps it: until then it is asked again.
 func (p *core) tellHomeUp(node string) {
 	try := func(ctx context.Context) error {
 		pc := p.peers.conn(node)
 		if pc == nil {
-			return nil
+			if m, ok := p.cl.Member(node); !ok || m.State != cluster.StateAlive || len(p.clientsAt(node, 0)) == 0 {
+				return nil
+			}
+			return fmt.Errorf("no session with %s yet: %w", node, errs.ErrUnavailable)
 		}
 		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
 		defer cancel()
@@ -92,9 +99,11 @@ func (p *core) tellHomeUp(node string) {
 		}
 		return err
 	}
-	if try(context.Background()) != nil {
-		p.retryLater(try)
-	}
+	p.peers.later(0, func(ctx context.Context) {
+		if try(ctx) != nil {
+			p.retryLater(try)
+		}
+	})
 }
 
 // tellLater tells every home of segment seg, in the background, who may

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -227,10 +228,11 @@ func TestDetachWithdrawnAfterRefusal(t *testing.T) {
 // TestRestartedOriginWithdrawsDetached: as TestDetachWithdrawnAfterRefusal,
 // but P refuses every withdrawal until the origin is closed (its retries
 // included), and the origin restarts from its store with the withdrawal
-// pending. After the new peer session, the reader's credential from P
-// (new) and its connection from before the restart are refused on the
-// detached segment and read its own; the keeper, still attached, reads
-// the segment before, meanwhile and after with its new credential.
+// pending. Once the new peer session is up, the reader's connection from
+// before the restart is refused on the detached segment (before any
+// client asks for a credential), and so is its new credential from P,
+// which reads its own; the keeper, still attached, reads the segment
+// before, meanwhile and after with its new credential.
 func TestRestartedOriginWithdrawsDetached(t *testing.T) {
 	fx := newDetachFixture(t)
 	old := fx.home("reader", fx.own)
@@ -251,9 +253,12 @@ func TestRestartedOriginWithdrawsDetached(t *testing.T) {
 	fx.fault.stopRefusing()
 	require.NoError(t, fx.sc.start(o))
 
+	// No client asks for a credential first: the new session tells P.
+	require.Eventually(t, func() bool {
+		return errors.Is(fx.read(old, fx.shared), rdma.ErrAccessDenied)
+	}, 20*time.Second, 50*time.Millisecond, "the detached reader's connection from before the restart")
 	now := fx.home("reader", fx.own)
 	require.ErrorIs(t, fx.read(now, fx.shared), rdma.ErrAccessDenied, "the detached reader's new credential at P")
-	require.ErrorIs(t, fx.read(old, fx.shared), rdma.ErrAccessDenied, "the detached reader's connection from before the restart")
 	require.NoError(t, fx.read(now, fx.own), "the reader's own segment at P")
 	require.NoError(t, fx.read(fx.home("keeper", fx.shared), fx.shared), "the keeper, still attached, after the restart")
 	_, answered := fx.fault.counts()

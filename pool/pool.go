@@ -333,7 +333,7 @@ func (p *core) gossip() *cluster.Cluster { return p.cl }
 func (p *core) useGossip(cl *cluster.Cluster) {
 	p.cl = cl
 	p.peers.onUp = func(node string) {
-		go p.tellHomeUp(node)
+		p.tellHomeUp(node)
 		p.homeChanged(node, true)
 	}
 }
