@@ -166,6 +166,9 @@ func (p *core) tellHome(ctx context.Context, pc *session.Conn, node string, seg 
 			_, err := callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
 				return api.Authorize(ctx, &poolv1.AuthorizeRequest{Sets: due[:n]})
 			})
+			if errors.Is(err, errs.ErrInvalid) {
+				err = p.tellOldHome(ctx, pc, node, due[:n])
+			}
 			if err != nil {
 				return fmt.Errorf("tell %s who may use %d segments placed there: %w", node, n, err)
 			}
@@ -175,6 +178,34 @@ func (p *core) tellHome(ctx context.Context, pc *session.Conn, node string, seg 
 			due = due[n:]
 		}
 	}
+}
+
+// tellOldHome is tellHome's way with a home that does not take complete
+// lists: an older poold, which knows no sets and refuses the request as
+// one without a client id (ErrInvalid). Each client of sets is added to
+// the segments it may use there, as such a home was told before; none is
+// withdrawn, so a detach takes effect there once the home is upgraded
+// (logged).
+func (p *core) tellOldHome(ctx context.Context, pc *session.Conn, node string, sets []*poolv1.SegmentClients) error {
+	by := map[string][]uint64{}
+	for _, s := range sets {
+		for _, c := range s.ClientIds {
+			by[c] = append(by[c], s.Id)
+		}
+	}
+	for c, ids := range by {
+		for chunk := range slices.Chunk(ids, maxAuthorizeIDs) {
+			_, err := callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
+				return api.Authorize(ctx, &poolv1.AuthorizeRequest{ClientId: c, Ids: chunk})
+			})
+			if err != nil {
+				return fmt.Errorf("tell %s (which takes no complete lists) that %s may use %d segments: %w", node, c, len(chunk), err)
+			}
+		}
+	}
+	p.log.Warn("a home takes no complete lists of who may use its segments (an older poold): clients are added there, none withdrawn, so a detach takes effect there once it is upgraded",
+		"node", node, "segments", len(sets))
+	return nil
 }
 
 // clientsAt is, by id at node, who may use the copies there of segment

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -26,6 +27,9 @@ import (
 // for concurrent use.
 type withdrawFault struct {
 	client string
+	// noSets answers every Authorize with sets as a poold built before
+	// them does: ErrInvalid (it reads a request with no client id).
+	noSets bool
 
 	mu       sync.Mutex
 	node     string
@@ -81,6 +85,9 @@ func (f *withdrawFault) interceptor(host string) grpc.ServerOption {
 		if !ok {
 			return h(ctx, req)
 		}
+		if f.noSets && len(ar.Sets) > 0 {
+			return nil, errs.ToStatus(fmt.Errorf("%w: delegated client id \"\"", errs.ErrInvalid))
+		}
 		f.mu.Lock()
 		if !f.withdraws(host, ar) {
 			f.mu.Unlock()
@@ -116,9 +123,12 @@ type detachFixture struct {
 	shared *poolv1.Segment // the owner's named segment, on P
 }
 
-func newDetachFixture(t *testing.T) *detachFixture {
+func newDetachFixture(t *testing.T, fault ...func(*withdrawFault)) *detachFixture {
 	sc := newSimCluster(t, simHostConfig{hosts: 3, leaseTTL: 10 * time.Second})
 	fx := &detachFixture{t: t, sc: sc, origin: sc.hosts[2], fault: &withdrawFault{client: "reader"}, conns: map[string]*session.Conn{}}
+	for _, f := range fault {
+		f(fx.fault)
+	}
 	for _, h := range sc.hosts {
 		h.cfg.sim.grpc = append(slices.Clip(h.cfg.sim.grpc), fx.fault.interceptor(h.name))
 	}
@@ -193,6 +203,19 @@ func (fx *detachFixture) detach() {
 	require.NoError(fx.t, errs.FromStatus(err))
 }
 
+// restartOrigin closes the origin's daemon, runs between, and starts it
+// again from its store.
+func (fx *detachFixture) restartOrigin(between func()) {
+	o := fx.origin
+	o.mu.Lock()
+	d := o.d
+	o.d = nil
+	o.mu.Unlock()
+	require.NoError(fx.t, d.Close())
+	between()
+	require.NoError(fx.t, fx.sc.start(o))
+}
+
 // waitCounts waits until the fault refused and answered at least as many
 // withdrawals as given.
 func (fx *detachFixture) waitCounts(refused, answered int, why string) {
@@ -244,14 +267,7 @@ func TestRestartedOriginWithdrawsDetached(t *testing.T) {
 	fx.waitCounts(1, 0, "the detach's withdrawal refused")
 	require.NoError(t, fx.read(keeper, fx.shared), "the keeper, while the withdrawal is pending")
 
-	o := fx.origin
-	o.mu.Lock()
-	d := o.d
-	o.d = nil
-	o.mu.Unlock()
-	require.NoError(t, d.Close())
-	fx.fault.stopRefusing()
-	require.NoError(t, fx.sc.start(o))
+	fx.restartOrigin(fx.fault.stopRefusing)
 
 	// No client asks for a credential first: the new session tells P.
 	require.Eventually(t, func() bool {
@@ -263,4 +279,19 @@ func TestRestartedOriginWithdrawsDetached(t *testing.T) {
 	require.NoError(t, fx.read(fx.home("keeper", fx.shared), fx.shared), "the keeper, still attached, after the restart")
 	_, answered := fx.fault.counts()
 	require.Positive(t, answered, "P was told after the restart")
+}
+
+// TestOldHomeTakesAdds: the peers answer complete lists of who may use a
+// segment as a poold built before them does (ErrInvalid: a request with
+// no client id). After the origin restarts, its new session with P tells
+// P who may use the segments there before P delegates: the origin adds
+// each client instead of the lists, so the reader reads its own segment
+// and the attached one at P, and the keeper the attached one.
+func TestOldHomeTakesAdds(t *testing.T) {
+	fx := newDetachFixture(t, func(f *withdrawFault) { f.noSets = true })
+	fx.restartOrigin(func() {})
+	dc := fx.home("reader", fx.own)
+	require.NoError(t, fx.read(dc, fx.own), "the reader's own segment at P")
+	require.NoError(t, fx.read(dc, fx.shared), "the attached segment at P")
+	require.NoError(t, fx.read(fx.home("keeper", fx.shared), fx.shared), "the keeper")
 }
