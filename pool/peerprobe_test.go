@@ -200,7 +200,12 @@ func TestPlacementWeighsPeerLatency(t *testing.T) {
 	require.Eventually(t, func() bool { pt := a.pool.peerTier(); return pt != nil && len(pt.Devices) == 2 },
 		30*time.Second, 20*time.Millisecond, "a never saw both peers")
 	for node, p50 := range map[string]time.Duration{"b": 100 * time.Microsecond, "c": 2 * time.Millisecond} {
-		a.pool.pm.set(&poolv1.PeerLatency{Node: node, ReadBandwidthBps: 1e9, MeasuredUnixMs: time.Now().UnixMilli(),
+		// At the address a knows: a gossip update of the peer's metadata
+		// drops figures taken at another one.
+		m, ok := a.pool.gossip().Member(node)
+		require.True(t, ok)
+		require.NotEmpty(t, m.Meta.DataAddr, "a knows %s's data plane", node)
+		a.pool.pm.set(&poolv1.PeerLatency{Node: node, DataAddr: m.Meta.DataAddr, ReadBandwidthBps: 1e9, MeasuredUnixMs: time.Now().UnixMilli(),
 			ReadLatency: &poolv1.Latency{P50Ns: p50.Nanoseconds(), P99Ns: 2 * p50.Nanoseconds(), Samples: 1, Source: peerSource(node)}})
 	}
 	alloc := func(req allocRequest) (*record, error) {
