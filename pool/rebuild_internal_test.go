@@ -1,11 +1,13 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -91,6 +93,126 @@ func TestRateLimit(t *testing.T) {
 // shard's bytes, data or parity, for spans of any length and offset.
 func TestRebuildDecode(t *testing.T) {
 	const k, m, shard = 4, 2, 64 << 10
+	enc, shards, regions, conn := codedShards(t, k, m, shard)
+
+	batch := [][2]int64{{0, 4096}, {8192, 8192 + 100}, {shard - 7000, shard}}
+	n := int64(0)
+	for _, s := range batch {
+		n += s[1] - s[0]
+	}
+	for _, lost := range []int{1, k + 1} { // a data shard, a parity shard
+		f := decodeFill(enc, k, m, lost, []int{lost}, n, conn, regions)
+		buf := make([]byte, n)
+		require.NoError(t, f.decode(t.Context(), buf, batch), "shard %d", lost)
+		checkSpans(t, shards[lost], buf, batch)
+	}
+
+	// A data shard decoded with a spare: parity shard 5 disagrees with
+	// the others in the second span (a write hole). Before the seal the
+	// decode stands (from the sources) and the span's chunk is suspect;
+	// sealed, shard 5's span is rewritten in line with the data shards.
+	ctx := t.Context()
+	parity := func() []byte {
+		b := make([]byte, shard)
+		require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpRead, Region: regions[5], Buf: b}))
+		return b
+	}
+	require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: regions[5], Offset: 8192 + 10, Buf: []byte{^shards[5][8192+10]}}))
+	f := decodeFill(enc, k, m, 1, []int{1}, n, conn, regions)
+	buf := make([]byte, n)
+	require.NoError(t, f.decode(ctx, buf, batch))
+	checkSpans(t, shards[1], buf, batch)
+	want, _ := rangeChunks(8192, 8192+100, f.m.chunk)
+	require.Equal(t, want, f.suspect, "the disagreeing span's chunk is suspect")
+	require.NotEqual(t, shards[5], parity(), "unsealed, the spare is left as it is")
+	f.sealed = true
+	clear(buf)
+	require.NoError(t, f.decode(ctx, buf, batch))
+	checkSpans(t, shards[1], buf, batch)
+	require.Equal(t, shards[5], parity(), "sealed, the spare is brought in line")
+	require.Equal(t, int64(100), f.repaired.Load())
+
+	// A spare that fails its read (here: a wrong key) is taken out of the
+	// checks; the decode goes on from the sources.
+	f.spares[0].reg.Key[0] ^= 1
+	clear(buf)
+	require.NoError(t, f.decode(ctx, buf, batch))
+	checkSpans(t, shards[1], buf, batch)
+	require.True(t, f.down[0].Load(), "the failed spare is down")
+}
+
+// TestRebuildDecodeVotes: sealed, a span the spares disagree with is
+// decoded from the parity shards the most others agree with, not from the
+// sources' first ones, and the parity shards that disagree with it are
+// brought in line. Two data shards of ec=4+4 missing: the decode rests on
+// two parity shards, and data shard 0's home died after its write's delta
+// reached parity shard 4 and before it reached 5, 6 and 7; a decode from
+// 4 and 5 would be bytes nobody wrote in both data shards, data shard 1's
+// acknowledged bytes among them. One data shard of ec=4+3 missing: parity
+// shard 4, a source, missed a write of the live data shard 0 that 5 and 6
+// hold; a decode from it would be wrong where the write was.
+func TestRebuildDecodeVotes(t *testing.T) {
+	const shard, off, n = 16 << 10, 100, 512
+	for _, tc := range []struct {
+		name     string
+		k, m, i  int
+		lost     []int
+		wrote    []int // the shards that hold data shard 0's write
+		outvoted int   // the parity shard rewritten
+	}{
+		{"write hole, two data shards missing", 4, 4, 0, []int{0, 1}, []int{4}, 4},
+		{"a parity source missed a write", 4, 3, 1, []int{1}, []int{0, 5, 6}, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			enc, shards, regions, conn := codedShards(t, tc.k, tc.m, shard)
+			ctx := t.Context()
+			after := make([][]byte, tc.k+tc.m)
+			for i := range after {
+				after[i] = slices.Clone(shards[i])
+			}
+			_, _ = rand.Read(after[0][off : off+n])
+			require.NoError(t, enc.Encode(after))
+			for _, i := range tc.wrote {
+				require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: regions[i], Offset: off, Buf: after[i][off : off+n]}))
+			}
+
+			f := decodeFill(enc, tc.k, tc.m, tc.i, tc.lost, shard, conn, regions)
+			f.sealed = true
+			buf := make([]byte, shard)
+			var batch [][2]int64 // spans of a chunk, as the mover's
+			for c := int64(0); c < shard; c += moveChunkMin {
+				batch = append(batch, [2]int64{c, c + moveChunkMin})
+			}
+			require.NoError(t, f.decode(ctx, buf, batch))
+			require.True(t, bytes.Equal(shards[tc.i], buf), "data shard %d holds bytes nobody wrote", tc.i)
+			got := make([][]byte, tc.k+tc.m)
+			for i := range got {
+				got[i] = make([]byte, shard)
+				require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpRead, Region: regions[i], Buf: got[i]}))
+			}
+			got[tc.i] = buf
+			agree, err := enc.Verify(got)
+			require.NoError(t, err)
+			require.True(t, agree, "the shards are not a consistent code of the data shards' bytes")
+			was := shards[tc.outvoted]
+			if slices.Contains(tc.wrote, tc.outvoted) {
+				was = after[tc.outvoted]
+			}
+			require.False(t, bytes.Equal(was, got[tc.outvoted]), "parity shard %d is not rewritten", tc.outvoted)
+			require.Equal(t, int64(moveChunkMin), f.repaired.Load(), "parity shard %d's span is rewritten, and only it", tc.outvoted)
+		})
+	}
+	// The vote's choices, bounded: beyond maxVote the sources' stand.
+	require.Equal(t, 6, choices(4, 2))
+	require.Equal(t, 20, choices(20, 19))
+	require.Greater(t, choices(63, 31), maxVote)
+}
+
+// codedShards serves the k+m shards of size bytes of a random erasure-
+// coded stripe on one real data plane and returns the code, the shards,
+// their regions and a connection to it.
+func codedShards(t *testing.T, k, m, size int) (reedsolomon.Encoder, [][]byte, []rdma.Region, rdma.Conn) {
+	t.Helper()
 	srv := tcp.NewServer(tcp.ServerConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -105,7 +227,7 @@ func TestRebuildDecode(t *testing.T) {
 	shards := make([][]byte, k+m)
 	regions := make([]rdma.Region, k+m)
 	for i := range shards {
-		shards[i] = make([]byte, shard)
+		shards[i] = make([]byte, size)
 		if i < k {
 			_, _ = rand.Read(shards[i])
 		}
@@ -120,73 +242,30 @@ func TestRebuildDecode(t *testing.T) {
 	conn, err := tcp.Dial(t.Context(), l.Addr().String())
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
+	return enc, shards, regions, conn
+}
 
-	batch := [][2]int64{{0, 4096}, {8192, 8192 + 100}, {shard - 7000, shard}}
-	n := int64(0)
-	for _, s := range batch {
-		n += s[1] - s[0]
-	}
-	for _, lost := range []int{1, k + 1} { // a data shard, a parity shard
-		f := &rebuildFill{r: record{ID: 9, Redundancy: redundancy{Data: k, Parity: m}}, i: lost, enc: enc}
-		f.m = &mover{batch: n}
-		f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
-		for j := range k + m {
-			if j != lost && len(f.sources) < k {
-				f.sources = append(f.sources, rebuildPeer{idx: j, conn: conn, reg: regions[j], home: homeRef{Node: "x"}})
-			}
-		}
-		buf := make([]byte, n)
-		require.NoError(t, f.decode(t.Context(), buf, batch), "shard %d", lost)
-		checkSpans(t, shards[lost], buf, batch)
-	}
-
-	// A data shard decoded with a spare: parity shard 5 disagrees with
-	// the others in the second span (a write hole). Before the seal the
-	// decode stands (from the sources) and the span's chunk is suspect;
-	// sealed, shard 5's span is rewritten in line with the data shards.
-	const chunk = 4096
-	ctx := t.Context()
-	parity := func() []byte {
-		b := make([]byte, shard)
-		require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpRead, Region: regions[5], Buf: b}))
-		return b
-	}
-	require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: regions[5], Offset: 8192 + 10, Buf: []byte{^shards[5][8192+10]}}))
-	f := &rebuildFill{r: record{ID: 9, Redundancy: redundancy{Data: k, Parity: m}}, i: 1, enc: enc}
-	f.m = &mover{batch: n, chunk: chunk}
+// decodeFill is the fill of shard i of the stripe at regions (over conn),
+// decoded in batches of n bytes, with the shards lost missing: the first
+// k others are its sources and, for a data shard as newFill has it, the
+// rest its spares.
+func decodeFill(enc reedsolomon.Encoder, k, m, i int, lost []int, n int64, conn rdma.Conn, regions []rdma.Region) *rebuildFill {
+	f := &rebuildFill{r: record{ID: 9, Redundancy: redundancy{Data: k, Parity: m}}, i: i, enc: enc}
+	f.p = &core{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	f.m = &mover{batch: n, chunk: moveChunkMin}
 	f.bufs.New = func() any { b := make([]byte, f.m.batch); return &b }
 	for j := range k + m {
 		s := rebuildPeer{idx: j, conn: conn, reg: regions[j], home: homeRef{Node: "x"}}
 		switch {
-		case j == 1:
+		case slices.Contains(lost, j):
 		case len(f.sources) < k:
 			f.sources = append(f.sources, s)
-		default:
+		case i < k:
 			f.spares = append(f.spares, s)
 		}
 	}
 	f.down = make([]atomic.Bool, len(f.spares))
-	buf := make([]byte, n)
-	require.NoError(t, f.decode(ctx, buf, batch))
-	checkSpans(t, shards[1], buf, batch)
-	want, _ := rangeChunks(8192, 8192+100, chunk)
-	require.Equal(t, want, f.suspect, "the disagreeing span's chunk is suspect")
-	require.NotEqual(t, shards[5], parity(), "unsealed, the spare is left as it is")
-	f.sealed = true
-	clear(buf)
-	require.NoError(t, f.decode(ctx, buf, batch))
-	checkSpans(t, shards[1], buf, batch)
-	require.Equal(t, shards[5], parity(), "sealed, the spare is brought in line")
-	require.Equal(t, int64(100), f.repaired.Load())
-
-	// A spare that fails its read (here: a wrong key) is taken out of the
-	// checks; the decode goes on from the sources.
-	f.p = &core{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	f.spares[0].reg.Key[0] ^= 1
-	clear(buf)
-	require.NoError(t, f.decode(ctx, buf, batch))
-	checkSpans(t, shards[1], buf, batch)
-	require.True(t, f.down[0].Load(), "the failed spare is down")
+	return f
 }
 
 // checkSpans checks that buf holds want's bytes of the batch's spans, in

@@ -54,7 +54,7 @@ type rebuildFill struct {
 	// sources are the k shards an erasure-coded shard is decoded from.
 	sources []rebuildPeer
 	// spares are the other surviving shards of a lost data shard's
-	// stripe, read with the sources to check each decode (checkSpares);
+	// stripe, read with the sources to check each decode (decode);
 	// one that fails a read or write is down for the rest of the fill
 	// (the decode goes on unchecked by it: its home is soon lost, or
 	// slow, and a rebuild must not wait on more homes than it needs).
@@ -500,8 +500,14 @@ func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 // decode fills buf with the lost shard's bytes of the batch's spans: it
 // reads the same spans from the k sources (and the spares), in parallel,
 // and reconstructs the shard from them (Reed-Solomon works on each byte
-// column alone, so any sub-range of the shards decodes); checkSpares then
-// checks each span against the spares.
+// column alone, so any sub-range of the shards decodes); each span's
+// decode is checked against the spares. Before the seal a client's write
+// may have reached some shards and not yet others, so a span a spare
+// disagrees with only makes its chunks suspect, decoded again in the
+// sealed last round. Sealed, nothing is in flight: a parity shard that
+// still disagrees is rewritten in line with the data shards
+// (rewriteParity), the decode's choice of outcome for a write their lost
+// home did not finish, which was never acknowledged.
 func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) error {
 	read := slices.Concat(f.sources, f.spares)
 	reads := make([][]byte, len(read))
@@ -511,7 +517,7 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 		reads[j] = (*b)[:len(buf)]
 	}
 	ns := len(f.sources)
-	up := make([]bool, len(f.spares)) // the spares read for this batch
+	up := make([]bool, len(read)) // the shards read for this batch
 	var g errgroup.Group
 	for j, s := range read {
 		if j >= ns && f.down[j-ns].Load() {
@@ -524,8 +530,8 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 				return fmt.Errorf("shard %d on %s: %w", s.idx, s.home.Node, err)
 			case err != nil:
 				f.dropSpare(j-ns, "read", err)
-			case j >= ns:
-				up[j-ns] = true
+			default:
+				up[j] = true
 			}
 			return nil
 		})
@@ -533,62 +539,151 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	total := f.r.Redundancy.Data + f.r.Redundancy.Parity
-	shards := make([][]byte, total)
-	required := make([]bool, total)
-	required[f.i] = true
-	var want [][]byte // the spares' bytes as the decode makes them
-	for j, s := range f.spares {
-		required[s.idx] = up[j]
-		b := f.bufs.Get().(*[]byte)
-		defer f.bufs.Put(b)
-		want = append(want, (*b)[:len(buf)])
-	}
-	off := int64(0)
-	var torn []bool
-	for x, span := range batch {
-		l := span[1] - span[0]
-		clear(shards)
-		for j, s := range f.sources {
-			shards[s.idx] = reads[j][off : off+l]
+	k := f.r.Redundancy.Data
+	var parity []int                  // the positions in read of the parity shards read
+	want := make([][]byte, len(read)) // a parity shard's bytes as a decode makes them
+	for j, s := range read {
+		if up[j] && s.idx >= k {
+			parity = append(parity, j)
+			b := f.bufs.Get().(*[]byte)
+			defer f.bufs.Put(b)
+			want[j] = (*b)[:len(buf)]
 		}
-		for j, s := range f.spares {
-			if up[j] {
-				shards[s.idx] = want[j][off : off : off+l]
+	}
+	shards := make([][]byte, k+f.r.Redundancy.Parity)
+	required := make([]bool, len(shards))
+	// span decodes out, the lost shard's bytes at off in the batch, from
+	// the shards read at positions from, and returns the positions of the
+	// other parity shards read that disagree with the decode.
+	span := func(from []int, out []byte, off int64) ([]int, error) {
+		l := int64(len(out))
+		clear(shards)
+		clear(required)
+		for _, j := range from {
+			shards[read[j].idx] = reads[j][off : off+l]
+		}
+		for _, j := range parity {
+			if !slices.Contains(from, j) {
+				shards[read[j].idx], required[read[j].idx] = want[j][off:off:off+l], true
 			}
 		}
-		out := buf[off : off+l]
-		shards[f.i] = out[:0] // decoded in place
+		shards[f.i], required[f.i] = out[:0], true // decoded in place
 		if err := f.enc.ReconstructSome(shards, required); err != nil {
-			return fmt.Errorf("decode shard %d at %d: %w", f.i, span[0], err)
+			return nil, err
 		}
 		if len(shards[f.i]) != int(l) {
-			return fmt.Errorf("decode shard %d at %d: %d bytes decoded of %d", f.i, span[0], len(shards[f.i]), l)
+			return nil, fmt.Errorf("%d bytes decoded of %d", len(shards[f.i]), l)
 		}
 		if &shards[f.i][0] != &out[0] {
 			copy(out, shards[f.i])
 		}
-		for j, s := range f.spares {
-			if !up[j] {
+		var bad []int
+		for _, j := range parity {
+			if slices.Contains(from, j) {
 				continue
 			}
-			if &shards[s.idx][0] != &want[j][off] {
-				copy(want[j][off:off+l], shards[s.idx])
+			if got := shards[read[j].idx]; &got[0] != &want[j][off] {
+				copy(want[j][off:off+l], got)
 			}
-			if !bytes.Equal(want[j][off:off+l], reads[ns+j][off:off+l]) {
-				if torn == nil {
-					torn = make([]bool, len(batch))
-				}
-				torn[x] = true
+			if !bytes.Equal(want[j][off:off+l], reads[j][off:off+l]) {
+				bad = append(bad, j)
 			}
 		}
-		off += l
+		return bad, nil
 	}
-	if torn == nil {
+	sources := make([]int, ns)
+	var data []int // the positions of the data shards among the sources
+	for j := range sources {
+		sources[j] = j
+		if read[j].idx < k {
+			data = append(data, j)
+		}
+	}
+	// choose redoes a sealed span's decode that parity shards disagree
+	// with (bad) from the parity shards the most others agree with, the
+	// sources' on a tie. With one data shard missing, any one parity
+	// shard gives an outcome of a write its dead home did not finish, but
+	// one that missed a live data home's write (a loss the home could not
+	// report: it answered the write INDETERMINATE, and the record still
+	// says OK) gives bytes nobody wrote. With more missing, the decode
+	// rests on as many parity shards, which the dead home's write may have
+	// split: a decode from both sides of the split is bytes nobody wrote,
+	// in the other missing data shards too, acknowledged bytes among them.
+	// Only a side with more parity shards than the decode needs outvotes
+	// the others; with exactly one spare every choice disagrees with it.
+	// With more than maxVote choices the sources' stands.
+	choose := func(out []byte, off int64, bad []int) ([]int, error) {
+		need := ns - len(data)
+		if need == 0 || choices(len(parity), need) > maxVote {
+			return bad, nil
+		}
+		best, fewest := sources, len(bad)
+		// Each set of need bits among len(parity), in increasing order
+		// (the next one with as many bits set: Gosper's hack).
+		for set := uint64(1)<<need - 1; set < 1<<len(parity); {
+			from := slices.Clone(data)
+			for b, j := range parity {
+				if set&(1<<b) != 0 {
+					from = append(from, j)
+				}
+			}
+			if bad, err := span(from, out, off); err != nil {
+				return nil, err
+			} else if len(bad) < fewest {
+				best, fewest = from, len(bad)
+			}
+			low := set & -set
+			next := set + low
+			set = ((next^set)>>2)/low | next
+		}
+		return span(best, out, off)
+	}
+	fixes := make([][]int, len(read)) // per position, the spans to rewrite
+	offs := make([]int64, len(batch))
+	off := int64(0)
+	for x, s := range batch {
+		offs[x] = off
+		out := buf[off : off+s[1]-s[0]]
+		off += s[1] - s[0]
+		bad, err := span(sources, out, offs[x])
+		if err == nil && len(bad) > 0 && f.sealed {
+			bad, err = choose(out, offs[x], bad)
+		}
+		switch {
+		case err != nil:
+			return fmt.Errorf("decode shard %d at %d: %w", f.i, s[0], err)
+		case len(bad) > 0 && !f.sealed:
+			set, _ := rangeChunks(s[0], s[1], f.m.chunk)
+			f.suspectMu.Lock()
+			f.suspect = orGrow(f.suspect, set)
+			f.suspectMu.Unlock()
+		}
+		for _, j := range bad {
+			fixes[j] = append(fixes[j], x)
+		}
+	}
+	if !f.sealed {
 		return nil
 	}
-	f.checkSpares(ctx, batch, torn, want, reads[ns:])
-	return nil
+	return f.rewriteParity(ctx, read, batch, offs, fixes, want)
+}
+
+// maxVote bounds the decodes a sealed span's vote among the parity shards
+// makes (decode): a code with many parity shards and several data shards
+// missing has more choices than the writers' pause should wait for, and
+// the sources' then stands.
+const maxVote = 64
+
+// choices is n choose r, or more than maxVote when it is.
+func choices(n, r int) int {
+	c := 1
+	for x := range min(r, n-r) {
+		c = c * (n - x) / (x + 1)
+		if c > maxVote {
+			return maxVote + 1
+		}
+	}
+	return c
 }
 
 // dropSpare takes spare j out of the fill's checks after its op failed.
@@ -599,56 +694,38 @@ func (f *rebuildFill) dropSpare(j int, op string, err error) {
 	}
 }
 
-// checkSpares handles the spans of a batch (torn) whose decode a spare
-// disagreed with (want: the spares' bytes as decoded, got: as read; a
-// torn span's spares were all read).
-// Before the seal a client's write may have reached some shards and not
-// yet others: the spans' chunks are suspect, decoded again in the sealed
-// last round. Sealed, nothing is in flight: the disagreeing spares'
-// spans are rewritten in line with the data shards (the decode's choice
-// of outcome for a write their lost home did not finish, which was never
-// acknowledged).
-func (f *rebuildFill) checkSpares(ctx context.Context, batch [][2]int64, torn []bool, want, got [][]byte) {
-	if !f.sealed {
-		f.suspectMu.Lock()
-		defer f.suspectMu.Unlock()
-		for x, span := range batch {
-			if torn[x] {
-				set, _ := rangeChunks(span[0], span[1], f.m.chunk)
-				f.suspect = orGrow(f.suspect, set)
-			}
-		}
-		return
-	}
-	var wg sync.WaitGroup
-	for j, s := range f.spares {
-		var fix [][2]int64
-		var bufs [][]byte
-		off, n := int64(0), int64(0)
-		for x, span := range batch {
-			l := span[1] - span[0]
-			if torn[x] && !bytes.Equal(want[j][off:off+l], got[j][off:off+l]) {
-				fix, bufs = append(fix, span), append(bufs, want[j][off:off+l])
-				n += l
-			}
-			off += l
-		}
-		if len(fix) == 0 {
+// rewriteParity writes the parity shards read (read, at their positions
+// in decode) their bytes as the sealed decode made them (want, at offs in
+// the batch) in the spans that disagreed (fixes), bringing them in line
+// with the data shards. A spare that fails is left out of the checks from
+// then on; a source that fails fails the decode.
+func (f *rebuildFill) rewriteParity(ctx context.Context, read []rebuildPeer, batch [][2]int64, offs []int64, fixes [][]int, want [][]byte) error {
+	var g errgroup.Group
+	for j, xs := range fixes {
+		if len(xs) == 0 {
 			continue
 		}
-		wg.Go(func() {
-			ops := make([]*rdma.Op, len(fix))
-			for x, span := range fix {
-				ops[x] = &rdma.Op{Kind: rdma.OpWrite, Region: s.reg, Offset: span[0], Buf: bufs[x]}
+		s, n := read[j], int64(0)
+		ops := make([]*rdma.Op, len(xs))
+		for y, x := range xs {
+			l := batch[x][1] - batch[x][0]
+			ops[y] = &rdma.Op{Kind: rdma.OpWrite, Region: s.reg, Offset: batch[x][0], Buf: want[j][offs[x] : offs[x]+l]}
+			n += l
+		}
+		g.Go(func() error {
+			err := s.conn.Do(ctx, ops...)
+			switch {
+			case err == nil:
+				f.repaired.Add(n)
+			case j < len(f.sources):
+				return fmt.Errorf("bring shard %d on %s in line with the data shards: %w", s.idx, s.home.Node, err)
+			default:
+				f.dropSpare(j-len(f.sources), "write", err)
 			}
-			if err := s.conn.Do(ctx, ops...); err != nil {
-				f.dropSpare(j, "write", err)
-				return
-			}
-			f.repaired.Add(n)
+			return nil
 		})
 	}
-	wg.Wait()
+	return g.Wait()
 }
 
 // spanOps are ops of kind on reg, one per span of batch, their buffers
