@@ -158,6 +158,16 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 		return nil, err
 	}
 	f.m.dstReg = homeRegion(target)
+	if i < k {
+		// A data shard's new home takes the fill's writes only. One a
+		// switch-over left forwarding when it failed after telling it to
+		// (switchOK) would send the parity shards each of them as a delta
+		// from bytes the stripe may not hold, and take clients' writes.
+		if f.m.dstReg.Epoch, err = f.holdTarget(ctx, nil); err != nil {
+			f.close()
+			return nil, fmt.Errorf("%s: have the new home on %s take the fill's writes only: %w", what, target.Node, err)
+		}
+	}
 	return f, nil
 }
 
@@ -196,23 +206,35 @@ func (f *rebuildFill) dialShards(ctx context.Context, from []rebuildPeer, batch 
 }
 
 // letPush makes the pushing source a writer of the target's copy
-// (Replicate: writers, at the record's epoch), which it writes as itself:
-// a rebuild's target is in the record, and replicate makes its owner's
-// clients only read it (a credential delegated to the source for it, as a
-// single home's move has, would be refused then), and a copy's only
-// writers are the homes that forward to it. Its clients only read it
-// meanwhile; the switch's replicate sets whom it takes writes from.
+// (holdTarget), which it writes as itself: a rebuild's target is in the
+// record, and replicate makes its owner's clients only read it (a
+// credential delegated to the source for it, as a single home's move has,
+// would be refused then), and a copy's only writers are the homes that
+// forward to it. The switch's replicate sets whom it takes writes from.
 func (f *rebuildFill) letPush(ctx context.Context) error {
 	t := f.target
-	req := &poolv1.ReplicateRequest{HomeId: t.HomeID, Epoch: max(t.Epoch, f.r.Epoch), Writers: []string{f.pusher.home.Node}, ClientsReadOnly: true}
+	epoch, err := f.holdTarget(ctx, []string{f.pusher.home.Node})
+	if err != nil {
+		return fmt.Errorf("fill a home of segment %d: let %s write the new one on %s: %w", f.r.ID, f.pusher.home.Node, t.Node, err)
+	}
+	f.m.target = &poolv1.SegmentHome{Node: t.Node, HomeId: t.HomeID, DataAddr: t.DataAddr, Key: t.Key[:], Epoch: epoch, DataTls: t.DataTLS}
+	return nil
+}
+
+// holdTarget tells the target how it is written while it is filled
+// (Replicate at the record's epoch): by writers and this daemon, its
+// owner, not forwarding, its clients only reading it. It returns the
+// target's epoch.
+func (f *rebuildFill) holdTarget(ctx context.Context, writers []string) (uint64, error) {
+	t := f.target
+	req := &poolv1.ReplicateRequest{HomeId: t.HomeID, Epoch: max(t.Epoch, f.r.Epoch), Writers: writers, ClientsReadOnly: true}
 	resp, err := callAt(ctx, f.m.dst, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.ReplicateResponse, error) {
 		return api.Replicate(ctx, req)
 	})
 	if err != nil {
-		return fmt.Errorf("fill a home of segment %d: let %s write the new one on %s: %w", f.r.ID, f.pusher.home.Node, t.Node, err)
+		return 0, err
 	}
-	f.m.target = &poolv1.SegmentHome{Node: t.Node, HomeId: t.HomeID, DataAddr: t.DataAddr, Key: t.Key[:], Epoch: resp.Epoch, DataTls: t.DataTLS}
-	return nil
+	return resp.Epoch, nil
 }
 
 // homeRegion is the region of h's segment.

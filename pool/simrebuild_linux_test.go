@@ -567,3 +567,52 @@ func TestLostShardWrites(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, agree, "the shards are one consistent code")
 }
+
+// TestRefilledShardHeld: a data shard's new home that a switch-over
+// left forwarding (switchOK told it to, then failed to tell another home
+// and put it back REBUILDING) is filled again by the next rebuild; that
+// fill has it stop forwarding and its clients only read it, so that the
+// fill's writes are not sent to the parity shards as deltas and no client
+// write races them. The shards hold their bytes afterwards.
+func TestRefilledShardHeld(t *testing.T) {
+	const size = 4 << 20
+	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.RebuildRate = 256 << 10 })
+	sc, origin, ctx := rs.sc, rs.oh.daemon(), t.Context()
+	victim := rs.ec.Homes[0].Node
+	crashed := time.Now()
+	sc.crash(sc.host(victim))
+	ids := map[*simHost][]uint64{rs.oh: {rs.ecID}}
+	sc.waitRebuilt(t, ids, victim, crashed, time.Minute)
+	r, _ := origin.pool.redundantRecord(rs.ecID)
+	h := r.Homes[0]
+	// held reports how the new home's daemon has it written: forwarding,
+	// and its clients only reading it.
+	held := func() (forwards, readOnly bool) {
+		p := sc.host(h.Node).daemon().pool
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		seg := p.segs[h.HomeID]
+		require.NotNil(t, seg, "the new home on %s", h.Node)
+		return seg.Forwards, seg.ReadOnly
+	}
+	forwards, _ := held()
+	require.True(t, forwards, "the rebuilt data shard does not forward")
+
+	require.NoError(t, origin.pool.setHome(rs.ecID, 0, h, func(x *homeRef) { x.State = poolv1.HomeState_HOME_STATE_REBUILDING }))
+	origin.pool.rebuildSoon(rs.ecID)
+	require.Eventually(t, func() bool {
+		r, _ := origin.pool.redundantRecord(rs.ecID)
+		return r.Homes[0].State == poolv1.HomeState_HOME_STATE_REBUILDING && r.Homes[0].Rebuilt > 0
+	}, time.Minute, 5*time.Millisecond, "the shard's second fill does not begin")
+	forwards, readOnly := held()
+	require.False(t, forwards, "refilled, the new home forwards the fill's writes")
+	require.True(t, readOnly, "refilled, the new home takes clients' writes")
+	state, _ := sc.waitRebuilt(t, ids, victim, crashed, time.Minute)
+	require.Equal(t, 1, state.ok)
+
+	r, _ = origin.pool.redundantRecord(rs.ecID)
+	require.Equal(t, h.HomeID, r.Homes[0].HomeID, "the same new home, filled again")
+	for i, x := range r.Homes {
+		require.True(t, bytes.Equal(rs.ecWant[i], homeBytes(ctx, t, origin, x, rs.ec.shardSize())), "shard %d", i)
+	}
+}
