@@ -372,7 +372,8 @@ func (f *rebuildFill) switchRebuilt(ctx context.Context) error {
 
 // switchOK marks the target OK and has the writers forward to it; if they
 // cannot be told, the home is REBUILDING again (the writers are still
-// sealed, so nothing was written that it missed).
+// sealed, so nothing was written that it missed), and a data shard's no
+// longer forwards.
 func (f *rebuildFill) switchOK(ctx context.Context) error {
 	p, r := f.p, f.r
 	var epoch uint64
@@ -398,6 +399,16 @@ func (f *rebuildFill) switchOK(ctx context.Context) error {
 	done := f.target
 	done.State, done.Rebuilt, done.Epoch = poolv1.HomeState_HOME_STATE_OK, 0, epoch
 	undo := p.setHome(r.ID, f.i, done, func(h *homeRef) { h.State = poolv1.HomeState_HOME_STATE_REBUILDING })
+	if f.i < r.Redundancy.Data {
+		// The replicate may have told the new home to forward, taking
+		// clients' writes: now, not at the next fill, it stops, since
+		// writes to the lost shard go through this daemon meanwhile
+		// (lostwrite.go), and a client's write there would send the
+		// parity shards a change from bytes that lack them.
+		if _, herr := f.holdTarget(ctx, nil); herr != nil {
+			undo = errors.Join(undo, fmt.Errorf("have the new home on %s stop forwarding: %w", f.target.Node, herr))
+		}
+	}
 	return errors.Join(fmt.Errorf("rebuild segment %d: have its writers forward to the new home on %s: %w", r.ID, f.target.Node, err), undo)
 }
 

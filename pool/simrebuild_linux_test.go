@@ -575,7 +575,7 @@ func TestLostShardWrites(t *testing.T) {
 // fill's writes are not sent to the parity shards as deltas and no client
 // write races them. The shards hold their bytes afterwards.
 func TestRefilledShardHeld(t *testing.T) {
-	const size = 4 << 20
+	const size = 2 << 20
 	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.RebuildRate = 256 << 10 })
 	sc, origin, ctx := rs.sc, rs.oh.daemon(), t.Context()
 	victim := rs.ec.Homes[0].Node
@@ -585,18 +585,11 @@ func TestRefilledShardHeld(t *testing.T) {
 	sc.waitRebuilt(t, ids, victim, crashed, time.Minute)
 	r, _ := origin.pool.redundantRecord(rs.ecID)
 	h := r.Homes[0]
-	// held reports how the new home's daemon has it written: forwarding,
-	// and its clients only reading it.
-	held := func() (forwards, readOnly bool) {
-		p := sc.host(h.Node).daemon().pool
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		seg := p.segs[h.HomeID]
-		require.NotNil(t, seg, "the new home on %s", h.Node)
-		return seg.Forwards, seg.ReadOnly
-	}
-	forwards, _ := held()
-	require.True(t, forwards, "the rebuilt data shard does not forward")
+	held := func() (forwards, readOnly bool) { return homeHeld(t, sc, h) }
+	require.Eventually(t, func() bool { // the record says OK before the switch's replicate ends
+		forwards, _ := held()
+		return forwards
+	}, time.Minute, 5*time.Millisecond, "the rebuilt data shard does not forward")
 
 	require.NoError(t, origin.pool.setHome(rs.ecID, 0, h, func(x *homeRef) { x.State = poolv1.HomeState_HOME_STATE_REBUILDING }))
 	origin.pool.rebuildSoon(rs.ecID)
@@ -612,6 +605,66 @@ func TestRefilledShardHeld(t *testing.T) {
 
 	r, _ = origin.pool.redundantRecord(rs.ecID)
 	require.Equal(t, h.HomeID, r.Homes[0].HomeID, "the same new home, filled again")
+	for i, x := range r.Homes {
+		require.True(t, bytes.Equal(rs.ecWant[i], homeBytes(ctx, t, origin, x, rs.ec.shardSize())), "shard %d", i)
+	}
+}
+
+// homeHeld reports how home h's daemon has it written: forwarding, and
+// its clients only reading it.
+func homeHeld(t *testing.T, sc *simCluster, h homeRef) (forwards, readOnly bool) {
+	p := sc.host(h.Node).daemon().pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seg := p.segs[h.HomeID]
+	require.NotNil(t, seg, "the home on %s", h.Node)
+	return seg.Forwards, seg.ReadOnly
+}
+
+// TestFailedSwitchHeld: a rebuild's switch-over whose replicate fails
+// after telling the data shard's new home to forward (here data home 1
+// refuses it as stale) puts the home back REBUILDING and has it stop
+// forwarding and its clients only read it at once, not at the next fill:
+// writes to the lost shard go through the origin meanwhile
+// (WriteLostShard), and a client's write at the new home would send the
+// parity shards a change from bytes that lack them. Data home 1 then
+// takes the replicate, and the shards hold their bytes.
+func TestFailedSwitchHeld(t *testing.T) {
+	const size = 4 << 20
+	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.RebuildRate = 256 << 10 })
+	sc, origin, ctx := rs.sc, rs.oh.daemon(), t.Context()
+	victim := rs.ec.Homes[0].Node
+	crashed := time.Now()
+	sc.crash(sc.host(victim))
+	require.Eventually(t, func() bool {
+		r, _ := origin.pool.redundantRecord(rs.ecID)
+		return r.Homes[0].State == poolv1.HomeState_HOME_STATE_REBUILDING && r.Homes[0].Rebuilt > 0
+	}, time.Minute, 5*time.Millisecond, "the shard's rebuild does not begin")
+	d1 := rs.ec.Homes[1]
+	epoch := func(e uint64) (was uint64) {
+		p := sc.host(d1.Node).daemon().pool
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		was, p.segs[d1.HomeID].Epoch = p.segs[d1.HomeID].Epoch, e
+		return was
+	}
+	was := epoch(1 << 40)
+	failed := func() bool {
+		var m dto.Metric
+		require.NoError(t, origin.metrics.rebuilds.runs.WithLabelValues("failed").Write(&m))
+		return m.GetCounter().GetValue() > 0
+	}
+	require.Eventually(t, failed, time.Minute, time.Millisecond, "the switch-over does not fail")
+	r, _ := origin.pool.redundantRecord(rs.ecID)
+	require.Equal(t, poolv1.HomeState_HOME_STATE_REBUILDING, r.Homes[0].State)
+	forwards, readOnly := homeHeld(t, sc, r.Homes[0])
+	require.False(t, forwards, "after the failed switch-over, the new home forwards")
+	require.True(t, readOnly, "after the failed switch-over, the new home takes clients' writes")
+
+	epoch(was)
+	state, _ := sc.waitRebuilt(t, map[*simHost][]uint64{rs.oh: {rs.ecID}}, victim, crashed, time.Minute)
+	require.Equal(t, 1, state.ok)
+	r, _ = origin.pool.redundantRecord(rs.ecID)
 	for i, x := range r.Homes {
 		require.True(t, bytes.Equal(rs.ecWant[i], homeBytes(ctx, t, origin, x, rs.ec.shardSize())), "shard %d", i)
 	}
