@@ -196,12 +196,9 @@ func (p *core) replaceRequest(c caller, req *poolv1.AuthorizeRequest) error {
 func (p *core) replaceDelegates(c caller, id uint64, clients []string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r, err := p.lookup(id, "")
+	r, err := p.ownedBy(c, id)
 	if err != nil {
 		return err
-	}
-	if r.Owner != c.id() {
-		return fmt.Errorf("authorize on segment %d: %w: it belongs to %s, not to the caller %s", id, errs.ErrAccessDenied, r.Owner, c.id())
 	}
 	want := slices.Compact(slices.Sorted(slices.Values(clients)))
 	if slices.Equal(want, slices.Sorted(slices.Values(r.Delegates))) {
@@ -217,17 +214,24 @@ func (p *core) replaceDelegates(c caller, id uint64, clients []string) error {
 	return nil
 }
 
+// ownedBy is segment id's record for an Authorize of the calling peer,
+// which must own it; p.mu held.
+func (p *core) ownedBy(c caller, id uint64) (*record, error) {
+	r, err := p.lookup(id, "")
+	if err == nil && r.Owner != c.id() {
+		err = fmt.Errorf("authorize on segment %d: %w: it belongs to %s, not to the caller %s", id, errs.ErrAccessDenied, r.Owner, c.id())
+	}
+	return r, err
+}
+
 // authorize adds client to (or withdraws it from) the delegates of segment
 // id, which the calling peer must own.
 func (p *core) authorize(c caller, id uint64, client string, withdraw bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r, err := p.lookup(id, "")
+	r, err := p.ownedBy(c, id)
 	if err != nil {
 		return err
-	}
-	if r.Owner != c.id() {
-		return fmt.Errorf("authorize on segment %d: %w: it belongs to %s, not to the caller %s", id, errs.ErrAccessDenied, r.Owner, c.id())
 	}
 	i := slices.Index(r.Delegates, client)
 	if withdraw == (i < 0) {

@@ -440,13 +440,7 @@ func TestWriteHoleRepaired(t *testing.T) {
 	c := homeConn(t, origin, ec.Homes[4])
 	require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[4]), Offset: off, Buf: after[4][off : off+n]}))
 
-	victim := ec.Homes[0].Node
-	crashed := time.Now()
-	sc.crash(sc.host(victim))
-	require.Eventually(t, func() bool {
-		r, _ := origin.pool.redundantRecord(rs.ecID)
-		return r.Homes[0].State == poolv1.HomeState_HOME_STATE_REBUILDING && r.Homes[0].Rebuilt > 0
-	}, time.Minute, 5*time.Millisecond, "the shard's rebuild does not begin")
+	victim, crashed := rs.crashShard0(t, true)
 	r, _ := origin.pool.redundantRecord(rs.ecID)
 	require.NoError(t, origin.pool.replicate(ctx, &r))
 	state, took := sc.waitRebuilt(t, map[*simHost][]uint64{rs.oh: {rs.ecID}}, victim, crashed, time.Minute)
@@ -577,10 +571,8 @@ func TestLostShardWrites(t *testing.T) {
 func TestRefilledShardHeld(t *testing.T) {
 	const size = 2 << 20
 	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.RebuildRate = 256 << 10 })
-	sc, origin, ctx := rs.sc, rs.oh.daemon(), t.Context()
-	victim := rs.ec.Homes[0].Node
-	crashed := time.Now()
-	sc.crash(sc.host(victim))
+	sc, origin := rs.sc, rs.oh.daemon()
+	victim, crashed := rs.crashShard0(t, false)
 	ids := map[*simHost][]uint64{rs.oh: {rs.ecID}}
 	sc.waitRebuilt(t, ids, victim, crashed, time.Minute)
 	r, _ := origin.pool.redundantRecord(rs.ecID)
@@ -605,8 +597,30 @@ func TestRefilledShardHeld(t *testing.T) {
 
 	r, _ = origin.pool.redundantRecord(rs.ecID)
 	require.Equal(t, h.HomeID, r.Homes[0].HomeID, "the same new home, filled again")
+	rs.checkShards(t)
+}
+
+// crashShard0 crashes the host of the coded segment's data shard 0 and
+// says which and when; with fill, it then waits until the shard's
+// rebuild has copied some bytes.
+func (rs *redundantSim) crashShard0(t *testing.T, fill bool) (victim string, crashed time.Time) {
+	victim, crashed = rs.ec.Homes[0].Node, time.Now()
+	rs.sc.crash(rs.sc.host(victim))
+	origin := rs.oh.daemon()
+	require.Eventually(t, func() bool {
+		r, _ := origin.pool.redundantRecord(rs.ecID)
+		return !fill || r.Homes[0].State == poolv1.HomeState_HOME_STATE_REBUILDING && r.Homes[0].Rebuilt > 0
+	}, time.Minute, 5*time.Millisecond, "the shard's rebuild does not begin")
+	return victim, crashed
+}
+
+// checkShards checks that every shard of the coded segment holds the
+// bytes written.
+func (rs *redundantSim) checkShards(t *testing.T) {
+	origin := rs.oh.daemon()
+	r, _ := origin.pool.redundantRecord(rs.ecID)
 	for i, x := range r.Homes {
-		require.True(t, bytes.Equal(rs.ecWant[i], homeBytes(ctx, t, origin, x, rs.ec.shardSize())), "shard %d", i)
+		require.True(t, bytes.Equal(rs.ecWant[i], homeBytes(t.Context(), t, origin, x, rs.ec.shardSize())), "shard %d", i)
 	}
 }
 
@@ -632,14 +646,8 @@ func homeHeld(t *testing.T, sc *simCluster, h homeRef) (forwards, readOnly bool)
 func TestFailedSwitchHeld(t *testing.T) {
 	const size = 4 << 20
 	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.RebuildRate = 256 << 10 })
-	sc, origin, ctx := rs.sc, rs.oh.daemon(), t.Context()
-	victim := rs.ec.Homes[0].Node
-	crashed := time.Now()
-	sc.crash(sc.host(victim))
-	require.Eventually(t, func() bool {
-		r, _ := origin.pool.redundantRecord(rs.ecID)
-		return r.Homes[0].State == poolv1.HomeState_HOME_STATE_REBUILDING && r.Homes[0].Rebuilt > 0
-	}, time.Minute, 5*time.Millisecond, "the shard's rebuild does not begin")
+	sc, origin := rs.sc, rs.oh.daemon()
+	victim, crashed := rs.crashShard0(t, true)
 	d1 := rs.ec.Homes[1]
 	epoch := func(e uint64) (was uint64) {
 		p := sc.host(d1.Node).daemon().pool
@@ -664,8 +672,5 @@ func TestFailedSwitchHeld(t *testing.T) {
 	epoch(was)
 	state, _ := sc.waitRebuilt(t, map[*simHost][]uint64{rs.oh: {rs.ecID}}, victim, crashed, time.Minute)
 	require.Equal(t, 1, state.ok)
-	r, _ = origin.pool.redundantRecord(rs.ecID)
-	for i, x := range r.Homes {
-		require.True(t, bytes.Equal(rs.ecWant[i], homeBytes(ctx, t, origin, x, rs.ec.shardSize())), "shard %d", i)
-	}
+	rs.checkShards(t)
 }
