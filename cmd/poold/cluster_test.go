@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/internal/certs"
@@ -139,14 +140,20 @@ func (n *poolNode) start(t *testing.T) {
 // of what it saw.
 func waitFor(t *testing.T, interval time.Duration, cond func() (ok bool, saw string)) time.Duration {
 	t.Helper()
+	return waitWithin(t, settle, interval, cond)
+}
+
+// waitWithin is waitFor with bound in place of settle.
+func waitWithin(t *testing.T, bound, interval time.Duration, cond func() (ok bool, saw string)) time.Duration {
+	t.Helper()
 	start := time.Now()
 	for {
 		ok, saw := cond()
 		if ok {
 			return time.Since(start)
 		}
-		if time.Since(start) > settle {
-			t.Fatalf("not so after %v: %s", settle, saw)
+		if time.Since(start) > bound {
+			t.Fatalf("not so after %v: %s", bound, saw)
 		}
 		select {
 		case <-t.Context().Done():
@@ -234,18 +241,22 @@ func (n *poolNode) states(ctx context.Context) (map[string]string, error) {
 // ("alive", or "!alive" for any other) and returns how long it took.
 func (n *poolNode) waitStates(t *testing.T, want map[string]string) time.Duration {
 	t.Helper()
-	return waitFor(t, 100*time.Millisecond, func() (bool, string) {
-		got, err := n.states(t.Context())
-		if err != nil {
-			return false, err.Error()
+	return waitFor(t, 100*time.Millisecond, func() (bool, string) { return n.seesStates(t, want) })
+}
+
+// seesStates reports whether n sees the nodes of want in their states
+// ("!alive": any but alive), and what it sees.
+func (n *poolNode) seesStates(t *testing.T, want map[string]string) (bool, string) {
+	got, err := n.states(t.Context())
+	if err != nil {
+		return false, err.Error()
+	}
+	for name, w := range want {
+		if s := got[name]; w == "!alive" && s == "alive" || w != "!alive" && s != w {
+			return false, fmt.Sprintf("node %s sees %v, want %v", n.name, got, want)
 		}
-		for name, w := range want {
-			if s := got[name]; w == "!alive" && s == "alive" || w != "!alive" && s != w {
-				return false, fmt.Sprintf("node %s sees %v, want %v", n.name, got, want)
-			}
-		}
-		return true, ""
-	})
+	}
+	return true, ""
 }
 
 // exportFree returns the capacity and free bytes of the memory n's poold
@@ -376,9 +387,15 @@ func waitAllAlive(t *testing.T, nodes []*poolNode) {
 		want[n.name] = "alive"
 	}
 	for _, n := range nodes {
-		n.waitStates(t, want)
+		waitWithin(t, joinSettle, 100*time.Millisecond, func() (bool, string) { return n.seesStates(t, want) })
 	}
 }
+
+// joinSettle bounds how long every node takes to list a new node: one
+// that missed the join's gossip (a wave misses a node now and then)
+// learns it at its next push/pull with a peer, every PushPullInterval of
+// the local profile the test clusters run (15 s), so three of them.
+var joinSettle = 3 * memberlist.DefaultLocalConfig().PushPullInterval
 
 func TestClusterJoinAndRemoteOps(t *testing.T) {
 	c := testcluster.New(t, testcluster.Options{Hosts: 3})
