@@ -61,8 +61,9 @@ func p50(t *testing.T, n int, op func() error) time.Duration {
 }
 
 // TestEmulatedLatency checks that a 64-byte ReadAt, a WriteAt and an atomic
-// on an emulated tier take their target: p50 / target within [0.8, 1.25],
-// tight enough to fail if emulation is off by 2×. The daemon injects 1 µs
+// on an emulated tier take their target: p50 / target within [0.8, 1.25]
+// (1.5 under the race detector) in one of three samples, tight enough to
+// fail if emulation is off by 2×. The daemon injects 1 µs
 // into cxl; clients override it with WithEmulateLatency.
 func TestEmulatedLatency(t *testing.T) {
 	cfg := startEmulated(t, "cxl=1us,rdma=400us", false)
@@ -109,10 +110,25 @@ func TestEmulatedLatency(t *testing.T) {
 				"Add64":   func() error { _, err := seg.Add64(8, 1); return err },
 			}
 			for _, name := range []string{"ReadAt", "WriteAt", "Add64"} {
-				ratio := ratioP50(t, n, tc.target, ops[name])
+				// Up to three samples: the machine's other load (CI runs
+				// the packages' tests in parallel) can stretch one p50 of
+				// microsecond calls by a quarter; emulation off by 2x is
+				// off in every sample. The race detector slows the path
+				// after the injected wait by about a quarter of a
+				// microsecond: the bound allows it.
+				most := 1.25
+				if alloc.RaceEnabled {
+					most = 1.5
+				}
+				var ratio float64
+				for range 3 {
+					if ratio = ratioP50(t, n, tc.target, ops[name]); ratio >= 0.8 && ratio <= most {
+						break
+					}
+				}
 				t.Logf("%s: p50/target = %.3f", name, ratio)
 				require.GreaterOrEqual(t, ratio, 0.8, name)
-				require.LessOrEqual(t, ratio, 1.25, name)
+				require.LessOrEqual(t, ratio, most, name)
 			}
 		})
 	}

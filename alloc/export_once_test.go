@@ -15,3 +15,6 @@ func DataSecrets(s *Segment) (cred, key []byte) {
 	k := p.region.Key
 	return cred, k[:]
 }
+
+// RaceEnabled reports whether the race detector is on (race_test.go).
+const RaceEnabled = raceEnabled
