@@ -334,27 +334,3 @@ func (d *Daemon) delegatedCred(ctx context.Context, home, client string) []byte 
 	d.log.Warn("no data-plane credential from a segment's home for a client; it cannot reach its segments there until the home answers", "home", home, "client", client, "err", err)
 	return nil
 }
-
-// authorizeAtHome tells the homes of a segment placed on peers (each copy
-// or shard of a redundant one that is not lost) that client attached it
-// (or, with withdraw, detached it).
-func (d *Daemon) authorizeAtHome(ctx context.Context, r *record, client string, withdraw bool) error {
-	if r.Home == "" || client == "" || client == r.Owner {
-		return nil
-	}
-	for _, node := range r.homeNodes() {
-		pc := d.pool.peerConns().conn(node)
-		if pc == nil {
-			return fmt.Errorf("segment %d: %w: no session with its home %s; retry when it is reachable", r.ID, errs.ErrUnavailable, node)
-		}
-		cctx, _, err := pc.Call(ctx)
-		if err == nil {
-			_, err = pc.API().Authorize(cctx, &poolv1.AuthorizeRequest{Ids: r.idsOn(node), ClientId: client, Withdraw: withdraw})
-			err = errs.FromStatus(err)
-		}
-		if err != nil {
-			return fmt.Errorf("segment %d: its home %s did not record client %q (withdraw %v): %w", r.ID, node, client, withdraw, err)
-		}
-	}
-	return nil
-}

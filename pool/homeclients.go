@@ -115,29 +115,35 @@ func (p *core) tellLater(seg uint64) {
 	p.retryLater(func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
 		defer cancel()
-		p.mu.Lock()
-		var nodes []string
-		if r, ok := p.segs[seg]; ok {
-			nodes = r.homeNodes()
-		}
-		p.mu.Unlock()
-		var failed []error
-		for _, node := range nodes {
-			pc, err := p.homeSession(ctx, node, "home")
-			if err == nil {
-				err = p.tellHome(ctx, pc, node, seg)
-			}
-			if err != nil {
-				failed = append(failed, err)
-			}
-		}
-		if err := errors.Join(failed...); err != nil {
+		if err := p.tellHomes(ctx, seg); err != nil {
 			p.log.Debug("tell a segment's homes who may use it: retrying", "segment", seg, "err", err)
 			return err
 		}
-		p.log.Info("a segment's homes were told who may use it after a retry", "segment", seg, "homes", nodes)
+		p.log.Info("a segment's homes were told who may use it after a retry", "segment", seg)
 		return nil
 	})
+}
+
+// tellHomes tells every home the record of segment seg names now who may
+// use its copy there (tellHome); a segment held here has none.
+func (p *core) tellHomes(ctx context.Context, seg uint64) error {
+	p.mu.Lock()
+	var nodes []string
+	if r, ok := p.segs[seg]; ok {
+		nodes = r.homeNodes()
+	}
+	p.mu.Unlock()
+	var failed []error
+	for _, node := range nodes {
+		pc, err := p.homeSession(ctx, node, "home")
+		if err == nil {
+			err = p.tellHome(ctx, pc, node, seg)
+		}
+		if err != nil {
+			failed = append(failed, fmt.Errorf("segment %d: its home %s was not told who may use it: %w", seg, node, err))
+		}
+	}
+	return errors.Join(failed...)
 }
 
 // tellHome tells node, over pc, who may use the copies there of segment
@@ -273,4 +279,31 @@ func (r *record) homeNodes() []string {
 		}
 	}
 	return nodes
+}
+
+// The attachments of a moved segment at its new home. A move authorizes
+// the segment's attachers at the target when it allocates the copy there
+// (mover.run, moveTier); clients attach and detach meanwhile at the
+// source, which the record names until the switch-over. Once switched,
+// the target is told who may use the copy as the record says then
+// (tellHome): a client attached meanwhile gets access there, and one
+// detached meanwhile loses it. The withdrawal matters most: the target
+// serves the copy to every principal its record names, so a client left
+// there would keep reading and writing a segment no longer its own with
+// any credential the target delegates to it (one for another segment of
+// its there will do). What cannot be told now is retried in the
+// background (tellLater) until told, and every try reads the record as it
+// is then: the client may have attached again, or the segment gone
+// elsewhere, meanwhile.
+
+// syncAttachers tells the target of a switched move, over the move's
+// session, who may use the segment's copy there; what fails is retried in
+// the background.
+func (m *mover) syncAttachers() {
+	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
+	defer cancel()
+	if err := m.p.tellHome(ctx, m.dst, m.to, m.rec.ID); err != nil {
+		m.p.log.Warn("moved segment: its new home is not told yet of the attachments made or withdrawn during the move; retrying (a client detached meanwhile may use it there until then)", "segment", m.rec.ID, "node", m.to, "err", err)
+		m.p.tellLater(m.rec.ID)
+	}
 }

@@ -67,11 +67,9 @@ func (s *service) WriteLostShard(ctx context.Context, req *poolv1.WriteLostShard
 type stripe struct {
 	mu sync.Mutex
 	// reader is the last write's connections to the shards, kept while
-	// the shards and their homes stay as they were (shard, homes) and
+	// the shard and the homes it read stay as they were (its i and r) and
 	// closed once unused for lostReaderIdle (idle).
 	reader *rebuildFill
-	shard  int
-	homes  []homeRef
 	idle   *time.Timer
 }
 
@@ -88,7 +86,7 @@ func (p *core) stripe(id uint64) *stripe {
 // kept one if r's shards are where it reads them and none of its spares
 // went down, else a new one, kept.
 func (st *stripe) readerFor(ctx context.Context, p *core, r record, i int, tls moveTLS) (f *rebuildFill, kept bool, err error) {
-	if f = st.reader; f != nil && st.shard == i && sameShards(st.homes, r.Homes) && !f.anyDown() {
+	if f = st.reader; f != nil && f.i == i && sameShards(f.r.Homes, r.Homes) && !f.anyDown() {
 		st.idle.Reset(lostReaderIdle)
 		return f, true, nil
 	}
@@ -96,7 +94,7 @@ func (st *stripe) readerFor(ctx context.Context, p *core, r record, i int, tls m
 	if f, err = p.lostShardReader(ctx, r, i, tls); err != nil {
 		return nil, false, err
 	}
-	st.reader, st.shard, st.homes = f, i, r.Homes
+	st.reader = f
 	if st.idle == nil {
 		st.idle = time.AfterFunc(lostReaderIdle, st.close)
 	} else {
@@ -277,16 +275,9 @@ func (p *core) lostShardReader(ctx context.Context, r record, i int, tls moveTLS
 	f := &rebuildFill{p: p, r: r, i: i}
 	size := r.shardSize()
 	f.m = &mover{p: p, rec: record{ID: r.ID, Size: size}, tls: tls, chunk: moveChunk(size)}
-	var from []rebuildPeer
-	for j, h := range r.Homes {
-		if j == i || h.State != poolv1.HomeState_HOME_STATE_OK {
-			continue
-		}
-		pc, err := p.homeSession(ctx, h.Node, "shard")
-		if err != nil {
-			return nil, err
-		}
-		from = append(from, rebuildPeer{idx: j, home: h, pc: pc})
+	from, err := p.okPeers(ctx, r, func(j int) bool { return j != i })
+	if err != nil {
+		return nil, err
 	}
 	if len(from) <= r.Redundancy.Data {
 		return nil, fmt.Errorf("%d other shards are up, and a checked decode needs %d: the write waits for the rebuild", len(from), r.Redundancy.Data+1)
@@ -346,12 +337,7 @@ func (f *rebuildFill) downs() int {
 // it did not read (being rebuilt), a new one.
 func (f *rebuildFill) xorAt(ctx context.Context, j int, h homeRef, off int64, b []byte) error {
 	op := &rdma.Op{Kind: rdma.OpXor, Region: homeRegion(h), Offset: off, Buf: b}
-	for _, s := range f.spares {
-		if s.idx == j {
-			return s.conn.Do(ctx, op)
-		}
-	}
-	for _, s := range f.sources {
+	for _, s := range slices.Concat(f.sources, f.spares) {
 		if s.idx == j {
 			return s.conn.Do(ctx, op)
 		}

@@ -870,20 +870,14 @@ func moveOutReq(ctx context.Context, pc *session.Conn, req *poolv1.MoveOutReques
 // no longer) use its copy id, as they may the segment.
 func (m *mover) authorize(ctx context.Context, clients []string, id uint64, withdraw bool) error {
 	for _, a := range clients {
-		if err := authorizeOn(ctx, m.dst, id, a, withdraw); err != nil {
+		_, err := callAt(ctx, m.dst, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
+			return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: a, Withdraw: withdraw})
+		})
+		if err != nil {
 			return fmt.Errorf("move segment %d: authorize client %q on %s: %w", m.rec.ID, a, m.to, err)
 		}
 	}
 	return nil
-}
-
-// authorizeOn tells the node of session pc that client may (or, with
-// withdraw, may no longer) use its segment id, which this daemon placed.
-func authorizeOn(ctx context.Context, pc *session.Conn, id uint64, client string, withdraw bool) error {
-	_, err := callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
-		return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: client, Withdraw: withdraw})
-	})
-	return err
 }
 
 // connect dials the source's and the target's data planes with this

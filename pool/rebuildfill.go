@@ -116,15 +116,8 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 	f.m = &mover{p: p, rec: record{ID: r.ID, Size: size}, dst: dst, to: target.Node, tls: tls, chunk: moveChunk(size), rate: rate}
 	f.m.dirty = f.changed
 	k := r.Redundancy.Data
-	for j, h := range r.Homes {
-		if j == i && !moving || h.State != poolv1.HomeState_HOME_STATE_OK || r.Redundancy.Replicas > 0 && j > 0 {
-			continue
-		}
-		pc, err := p.homeSession(ctx, h.Node, "rebuild source")
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		f.tracked = append(f.tracked, rebuildPeer{idx: j, home: h, pc: pc, writer: k == 0 || j < k})
+	if f.tracked, err = p.okPeers(ctx, r, func(j int) bool { return (j != i || moving) && (r.Redundancy.Replicas == 0 || j == 0) }); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	// The source: the primary, or a moving shard itself, which pushes;
 	// or the first k OK shards, decoded here (data shards first: their
@@ -203,6 +196,25 @@ func (f *rebuildFill) dialShards(ctx context.Context, from []rebuildPeer, batch 
 	}
 	f.down = make([]atomic.Bool, len(f.spares))
 	return nil
+}
+
+// okPeers are the OK homes of r whose index keep selects, each with a
+// session with its node; writer marks the homes clients write (the
+// primary, the data shards).
+func (p *core) okPeers(ctx context.Context, r record, keep func(j int) bool) ([]rebuildPeer, error) {
+	var out []rebuildPeer
+	k := r.Redundancy.Data
+	for j, h := range r.Homes {
+		if h.State != poolv1.HomeState_HOME_STATE_OK || !keep(j) {
+			continue
+		}
+		pc, err := p.homeSession(ctx, h.Node, "home")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rebuildPeer{idx: j, home: h, pc: pc, writer: k == 0 || j < k})
+	}
+	return out, nil
 }
 
 // letPush makes the pushing source a writer of the target's copy

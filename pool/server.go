@@ -200,7 +200,7 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 	}
 	r, err := s.d.pool.Attach(c, req.Name)
 	if err == nil {
-		err = s.d.authorizeAtHome(ctx, r, c.id(), false)
+		err = s.d.pool.tellHomes(ctx, r.ID)
 	}
 	if err != nil {
 		s.d.refused("attach", c, 0, req.Name, err)
@@ -217,11 +217,9 @@ func (s *service) Detach(ctx context.Context, req *poolv1.DetachRequest) (*poolv
 	if err := s.d.pool.Detach(c, req.Id); err != nil {
 		return nil, errs.ToStatus(err)
 	}
-	if r, err := s.d.pool.Stat(req.Id); err == nil && !mayUse(c, &r) {
-		if err := s.d.authorizeAtHome(ctx, &r, c.id(), true); err != nil {
-			s.d.log.Warn("detach: a home of the segment was not told; retrying in the background (the client may use the segment there until it is told)", "segment", r.ID, "client", c.id(), "err", err)
-			s.d.pool.tellLater(r.ID)
-		}
+	if err := s.d.pool.tellHomes(ctx, req.Id); err != nil {
+		s.d.log.Warn("detach: a home of the segment was not told; retrying in the background (the client may use the segment there until it is told)", "segment", req.Id, "client", c.id(), "err", err)
+		s.d.pool.tellLater(req.Id)
 	}
 	return &poolv1.DetachResponse{}, nil
 }
