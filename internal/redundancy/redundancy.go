@@ -115,7 +115,9 @@ func Parse(text string) (Spec, error) {
 		if n < 1 {
 			return bad("the number of copies must be at least 1")
 		}
-		s.Replicas = n
+		if n > 1 { // one copy is no redundancy: none, as String says
+			s.Replicas = n
+		}
 	case strings.HasPrefix(t, "ec="):
 		k, m, ok := strings.Cut(strings.TrimPrefix(t, "ec="), "+")
 		if !ok {
