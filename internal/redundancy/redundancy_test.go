@@ -12,7 +12,7 @@ func TestParse(t *testing.T) {
 	good := map[string]Spec{
 		"":                    {},
 		"none":                {},
-		"replicas=1":          {Replicas: 1},
+		"replicas=1":          {}, // one copy: none
 		"replicas=2":          {Replicas: 2},
 		"Replicas=3,or-fewer": {Replicas: 3, Fallback: true},
 		"ec=4+2":              {Data: 4, Parity: 2},
