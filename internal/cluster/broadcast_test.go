@@ -155,7 +155,7 @@ func TestBroadcastQueueRepairsOwnUpdate(t *testing.T) {
 // sends a broadcast, so that no peer hears of the change; push/pull is
 // too rare to help. The node's repair sends it again, the peers it reaches
 // pass it on, and every node sees the change, but for a node the repaired
-// wave never reached, which happens in about one run of 150 (waitWave).
+// wave never reached, which happens in about one run of 8,500 (waitWave).
 // Failure detection sees nothing amiss (no link is cut), so no refutation
 // carries the new Meta either.
 func TestLostCapacityWaveIsRepaired(t *testing.T) {

@@ -140,7 +140,7 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	d := &delegate{c}
 	mc.Delegate, mc.Events, mc.Conflict = d, d, d
 	c.reapAfter = mc.GossipToTheDeadTime
-	c.bcast = newBroadcastQueue(func() int { return retransmits(mc.RetransmitMult, int(c.alive.Load())) },
+	c.bcast = newBroadcastQueue(func() int { return transmits(mc.RetransmitMult, int(c.alive.Load())) },
 		mc.GossipNodes, mc.GossipInterval)
 
 	inner := cfg.Transport

@@ -51,9 +51,12 @@
 // Capacity updates and leave announcements wait in the Cluster's own
 // broadcast queue (broadcast.go), not in memberlist's TransmitLimitedQueue,
 // which (v0.7.0) can replace a queued message by another without a trace
-// once its ids restart. Each message goes out memberlist's retransmit limit
-// of times, RetransmitMult*ceil(log10(nodes+1)) (12 at 200 nodes), and
-// every node that finds it news does the same. A wave that dies at the
+// once its ids restart. Each message goes out RetransmitMult times more than
+// memberlist's retransmit limit, RetransmitMult*(ceil(log10(nodes+1))+1)
+// (16 at 200 nodes), and every node that finds it news does the same: a
+// node that misses a wave places on stale free bytes until its next
+// push/pull, so the wave is made wide enough that one in about 45,000
+// misses a node at 200 nodes (broadcast.go, transmits). A wave that dies at the
 // start (every peer the origin reached dropped it) would wait for a
 // push/pull, which memberlist spaces out to minutes at a few hundred
 // nodes; so the origin sends its newest capacity update again, to one
