@@ -267,6 +267,11 @@ func (c *Client) allocFast(ctx context.Context, sid string, req *poolv1.AllocReq
 // gives no right to free, and such a Free fails with ErrAccessDenied.
 // Client.Close unmaps it and keeps the attachment, so that a client with
 // the same WithClientID can Open it again.
+//
+// When a home of the segment cannot be told of the attachment (its host
+// does not answer), Attach fails with ErrUnavailable: the attachment is
+// recorded and the daemon tells the home in the background, so a retried
+// Attach succeeds once it was told; Detach withdraws it instead.
 func (c *Client) Attach(ctx context.Context, name string, opts ...AttachOption) (*Segment, error) {
 	var o attachOptions
 	for _, opt := range opts {

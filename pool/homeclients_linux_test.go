@@ -22,14 +22,16 @@ import (
 
 // withdrawFault refuses (UNAVAILABLE), at one host, the Authorize calls
 // that would take one client's access to one segment there: a withdrawal
-// naming it, or a set for it without the client. It refuses the next
-// refuse of them (-1: every one) and then counts those it answers. Safe
-// for concurrent use.
+// naming it, or a set for it without the client (with grants: a set for
+// it with the client, which gives the access). It refuses the next refuse
+// of them (-1: every one) and then counts those it answers. Safe for
+// concurrent use.
 type withdrawFault struct {
 	client string
 	// noSets answers every Authorize with sets as a poold built before
 	// them does: ErrInvalid (it reads a request with no client id).
 	noSets bool
+	grants bool
 
 	mu       sync.Mutex
 	node     string
@@ -61,17 +63,17 @@ func (f *withdrawFault) counts() (refused, answered int) {
 	return f.refused, f.answered
 }
 
-// withdraws reports whether req, served at host, takes f's client's
-// access to f's segment.
-func (f *withdrawFault) withdraws(host string, req *poolv1.AuthorizeRequest) bool {
+// hits reports whether req, served at host, takes f's client's access to
+// f's segment (with grants: gives it).
+func (f *withdrawFault) hits(host string, req *poolv1.AuthorizeRequest) bool {
 	if host != f.node || f.id == 0 {
 		return false
 	}
-	if req.Withdraw && req.ClientId == f.client && slices.Contains(req.Ids, f.id) {
+	if !f.grants && req.Withdraw && req.ClientId == f.client && slices.Contains(req.Ids, f.id) {
 		return true
 	}
 	for _, s := range req.Sets {
-		if s.Id == f.id && !slices.Contains(s.ClientIds, f.client) {
+		if s.Id == f.id && slices.Contains(s.ClientIds, f.client) == f.grants {
 			return true
 		}
 	}
@@ -89,7 +91,7 @@ func (f *withdrawFault) interceptor(host string) grpc.ServerOption {
 			return nil, errs.ToStatus(fmt.Errorf("%w: delegated client id \"\"", errs.ErrInvalid))
 		}
 		f.mu.Lock()
-		if !f.withdraws(host, ar) {
+		if !f.hits(host, ar) {
 			f.mu.Unlock()
 			return h(ctx, req)
 		}
@@ -246,6 +248,28 @@ func TestDetachWithdrawnAfterRefusal(t *testing.T) {
 	require.ErrorIs(t, fx.read(dc, fx.shared), rdma.ErrAccessDenied, "the detached reader at P")
 	require.NoError(t, fx.read(dc, fx.own), "the reader's own segment at P")
 	require.NoError(t, fx.read(keeper, fx.shared), "the keeper, still attached")
+}
+
+// TestAttachToldAfterRefusal: the reader detaches the shared segment and
+// attaches it again while P refuses the grant. Attach answers
+// ErrUnavailable (the attachment is recorded, P not told); the origin
+// tells P again in the background, after which the reader's credential
+// reads the segment at P and a retried Attach succeeds.
+func TestAttachToldAfterRefusal(t *testing.T) {
+	fx := newDetachFixture(t)
+	fx.detach()
+	fx.fault.mu.Lock()
+	fx.fault.grants = true
+	fx.fault.mu.Unlock()
+	fx.fault.arm(fx.own.Node, fx.shared.HomeId, 1)
+	_, err := fx.api("reader").Attach(fx.call("reader"), &poolv1.AttachRequest{Name: "shared"})
+	err = errs.FromStatus(err)
+	require.ErrorIs(t, err, errs.ErrUnavailable, "attach while P refuses the grant")
+	require.ErrorContains(t, err, "retry Attach")
+	fx.waitCounts(1, 1, "the origin tells P again after the refused grant")
+	require.NoError(t, fx.read(fx.home("reader", fx.own), fx.shared), "the reader at P after the retry")
+	_, err = fx.api("reader").Attach(fx.call("reader"), &poolv1.AttachRequest{Name: "shared"})
+	require.NoError(t, errs.FromStatus(err), "attach again")
 }
 
 // TestRestartedOriginWithdrawsDetached: as TestDetachWithdrawnAfterRefusal,

@@ -200,7 +200,13 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 	}
 	r, err := s.d.pool.Attach(c, req.Name)
 	if err == nil {
-		err = s.d.pool.tellHomes(ctx, r.ID)
+		// The attachment stays recorded and the homes are told in the
+		// background: a retried Attach then answers as soon as they were
+		// told, and the caller's credentials work there from then on.
+		if terr := s.d.pool.tellHomes(ctx, r.ID); terr != nil {
+			s.d.pool.tellLater(r.ID)
+			err = fmt.Errorf("%w: attach %q: the attachment is recorded, but %v; the daemon keeps telling the home in the background: retry Attach, which succeeds once it was told, or Detach to withdraw", errs.ErrUnavailable, req.Name, terr)
+		}
 	}
 	if err != nil {
 		s.d.refused("attach", c, 0, req.Name, err)
