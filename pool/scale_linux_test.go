@@ -26,7 +26,7 @@ import (
 )
 
 // The scale simulation's knobs. TestScale skips without -hosts, so the
-// README's `go test -race ./...` does not run it; CI runs it at 200 hosts
+// README's `go test -race -timeout 30m ./...` does not run it; CI runs it at 200 hosts
 // without the race detector (.ci/run), and docs/scale.md larger:
 //
 //	go test ./pool/ -run '^TestScale$' -hosts 200 -count=1 -timeout 25m

@@ -94,16 +94,24 @@ func (rc *redCluster) client(t *testing.T, id string) *alloc.Client {
 }
 
 // detectionBound is how long, at most, the gossip profile these daemons
-// run (--gossip-profile local) takes to declare a killed member of a
-// cluster of n dead: until a member probes it (one probe interval), the
-// probe's timeout, and memberlist's longest suspicion timeout
-// (SuspicionMaxTimeoutMult × SuspicionMult × max(1, log10 n) × probe
-// interval). A bound from the configuration, not a measurement.
+// run (--gossip-profile local) takes for one member of a cluster of n to
+// declare a killed member dead on its own: until it probes the member
+// (memberlist probes its members in turn, in an order it shuffles at each
+// pass, so within 2(n-1) probe intervals), the probe's timeout, and
+// memberlist's longest suspicion timeout (SuspicionMaxTimeoutMult ×
+// SuspicionMult × max(1, log10 n) × probe interval), the one a suspicion
+// no other member confirms runs to. Others' suspicions and death notices
+// usually come sooner, but not always: a member ignores those that carry
+// an older incarnation of the dead member than it knows (it saw a
+// refutation they missed), and under load gossip can be late (a CI run
+// saw the origin declare a killed member dead 23.5 s after the kill, on
+// its own, 13 s after the others). A bound from the configuration, not a
+// measurement.
 func detectionBound(n int) time.Duration {
 	c := memberlist.DefaultLocalConfig()
 	scale := math.Max(1, math.Log10(float64(n)))
 	suspicion := time.Duration(float64(c.SuspicionMaxTimeoutMult*c.SuspicionMult) * scale * float64(c.ProbeInterval))
-	return c.ProbeInterval + c.ProbeTimeout + suspicion
+	return time.Duration(2*(n-1))*c.ProbeInterval + c.ProbeTimeout + suspicion
 }
 
 // homeNodes are the nodes of seg's homes, in order.

@@ -116,7 +116,25 @@ func runSharedFault(t *testing.T, nodes []*poolNode, name, fault string) {
 		}
 		healed = monoNow()
 	}
-	time.Sleep(1500 * time.Millisecond) // the survivors go on
+	// The survivors go on: for 1.5 s, and until each completed an
+	// operation after the fault (on a loaded machine a cut-off sharer's
+	// way back, a new lease and its pages again, can take longer), or
+	// settle passed and the check below says which did not.
+	time.Sleep(1500 * time.Millisecond)
+	wentOn := func() bool {
+		for i, p := range sharers {
+			if i == killed {
+				continue
+			}
+			if l, err := parseSharer(lincheck.NewRecorder(), p.Output(), i, false); err == nil && l.after(healed) == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	for end := time.Now().Add(settle); !wentOn() && time.Now().Before(end); {
+		time.Sleep(100 * time.Millisecond)
+	}
 	require.NoError(t, os.WriteFile(stop, nil, 0o600))
 	for i, p := range sharers {
 		if i == killed {
