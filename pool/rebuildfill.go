@@ -360,6 +360,12 @@ func (f *rebuildFill) lastRound(ctx context.Context) error {
 		return err
 	}
 	orBitmap(f.dirty, last)
+	// A data home answers a write only once a parity shard that missed
+	// its delta is marked lost, and the writers are sealed: every such
+	// loss is in the record now.
+	if err := f.lostRead(); err != nil {
+		return err
+	}
 	f.dirty = orGrow(f.dirty, f.suspect)
 	f.sealed = true
 	if err := m.copyChunks(ctx, f.dirty); err != nil {
@@ -528,6 +534,10 @@ func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 			case <-t.C:
 				if !f.progress(min(f.m.copied.Load(), f.m.rec.Size)) {
 					cancel(fmt.Errorf("fill a home of segment %d on %s: %w: the record changed meanwhile (a home lost, or the segment freed)", f.r.ID, f.target.Node, errs.ErrUnavailable))
+					return
+				}
+				if err := f.lostRead(); err != nil {
+					cancel(err)
 					return
 				}
 			}
@@ -729,6 +739,31 @@ func choices(n, r int) int {
 		}
 	}
 	return c
+}
+
+// lostRead reports a shard the fill decodes from or checks against (a
+// source, a spare not down) that the record no longer names OK: marked
+// lost since the fill began, because a data home could not forward a
+// write's delta to it, say. Its bytes may then lack acknowledged writes,
+// and a decode from it (or a vote it takes part in) would be bytes nobody
+// wrote, so the fill must end; the next rebuild reads the shards left.
+func (f *rebuildFill) lostRead() error {
+	p := f.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.segs[f.r.ID]
+	if !ok {
+		return fmt.Errorf("fill a home of segment %d on %s: %w: freed meanwhile", f.r.ID, f.target.Node, errs.ErrNotFound)
+	}
+	ns := len(f.sources)
+	for j, s := range slices.Concat(f.sources, f.spares) {
+		if j >= ns && f.down[j-ns].Load() || sameHome(cur, s.idx, s.home) {
+			continue
+		}
+		return fmt.Errorf("fill a home of segment %d on %s: %w: shard %d on %s, which the fill reads, is no longer OK in the record (it may lack writes); the rebuild starts again from the shards left",
+			f.r.ID, f.target.Node, errs.ErrUnavailable, s.idx, s.home.Node)
+	}
+	return nil
 }
 
 // dropSpare takes spare j out of the fill's checks after its op failed.

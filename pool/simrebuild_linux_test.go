@@ -464,6 +464,45 @@ func TestWriteHoleRepaired(t *testing.T) {
 	}
 }
 
+// TestLostSourceEndsFill: while data shard 0 of an ec=4+2 segment is
+// rebuilt, data shard 1 takes a write whose delta parity shard 4, a
+// source of the decode, misses (here: its old bytes are written back),
+// and the record marks parity shard 4 lost, as a data home's report of
+// the failed forward does. The fill must not go on decoding from it: a
+// decode from it is wrong where the write was, and the sealed vote (one
+// spare, a tie) would keep it and rewrite parity shard 5 to match. The
+// fill ends and starts again from the shards left; every shard holds the
+// bytes written afterwards, parity shard 4 rebuilt.
+func TestLostSourceEndsFill(t *testing.T) {
+	const size = 4 << 20
+	rs := newRedundantSim(t, 9, size, func(oh *simHost) { oh.cfg.RebuildRate = 256 << 10 })
+	ec, origin, ctx := rs.ec, rs.oh.daemon(), t.Context()
+	victim, crashed := rs.crashShard0(t, true)
+
+	const off, n = 8192 + 100, 512
+	after := make([][]byte, 6)
+	for i := range after {
+		after[i] = slices.Clone(rs.ecWant[i])
+	}
+	_, _ = rand.Read(after[1][off : off+n])
+	enc, err := reedsolomon.New(4, 2)
+	require.NoError(t, err)
+	require.NoError(t, enc.Encode(after))
+	c := homeConn(t, origin, ec.Homes[1])
+	require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[1]), Offset: off, Buf: after[1][off : off+n]}))
+	c = homeConn(t, origin, ec.Homes[4])
+	require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[4]), Offset: off, Buf: rs.ecWant[4][off : off+n]}))
+	require.NoError(t, origin.pool.setHome(rs.ecID, 4, ec.Homes[4], func(x *homeRef) { x.State = poolv1.HomeState_HOME_STATE_LOST }))
+	rs.ecWant = after
+
+	require.Eventually(t, func() bool {
+		r, _ := origin.pool.redundantRecord(rs.ecID)
+		return r.Homes[4].HomeID != ec.Homes[4].HomeID && !slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.State != poolv1.HomeState_HOME_STATE_OK })
+	}, time.Minute, 10*time.Millisecond, "data shard 0 and parity shard 4 are not rebuilt")
+	t.Logf("data shard 0 (on %s) and parity shard 4 rebuilt %v after the crash", victim, time.Since(crashed).Round(time.Millisecond))
+	rs.checkShards(t)
+}
+
 // TestLostShardWrites: with the home of data shard 0 of an ec=4+2
 // segment lost (its host crashed; the origin does not rebuild here), its
 // owner's writes to that shard go through the origin (WriteLostShard),
