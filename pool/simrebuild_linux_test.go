@@ -495,10 +495,17 @@ func TestLostSourceEndsFill(t *testing.T) {
 	require.NoError(t, origin.pool.setHome(rs.ecID, 4, ec.Homes[4], func(x *homeRef) { x.State = poolv1.HomeState_HOME_STATE_LOST }))
 	rs.ecWant = after
 
-	require.Eventually(t, func() bool {
+	whole := func() bool {
 		r, _ := origin.pool.redundantRecord(rs.ecID)
-		return r.Homes[4].HomeID != ec.Homes[4].HomeID && !slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.State != poolv1.HomeState_HOME_STATE_OK })
-	}, time.Minute, 10*time.Millisecond, "data shard 0 and parity shard 4 are not rebuilt")
+		was := r.Homes[4].Node == ec.Homes[4].Node && r.Homes[4].HomeID == ec.Homes[4].HomeID
+		return !was && !slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.State != poolv1.HomeState_HOME_STATE_OK })
+	}
+	for deadline := time.Now().Add(time.Minute); !whole(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			r, _ := origin.pool.redundantRecord(rs.ecID)
+			t.Fatalf("data shard 0 and parity shard 4 are not rebuilt: %s", homesString(r.Homes))
+		}
+	}
 	t.Logf("data shard 0 (on %s) and parity shard 4 rebuilt %v after the crash", victim, time.Since(crashed).Round(time.Millisecond))
 	rs.checkShards(t)
 }
