@@ -57,7 +57,7 @@ type metrics struct {
 	moves    *copyMetrics // live moves (move.go)
 	rebuilds *copyMetrics // rebuilds of redundant segments (rebuild.go)
 	// parityRepaired counts the bytes of parity shards a rebuild rewrote
-	// in line with the data shards (rebuildfill.go, rewriteParity).
+	// in line with the data shards (rebuildfill.go, repair).
 	parityRepaired prometheus.Counter
 }
 

@@ -213,7 +213,7 @@ type rebuildResult struct {
 	pause  time.Duration // the writers sealed
 	took   time.Duration
 	// repaired are the bytes of parity shards brought in line with the
-	// data shards (rebuildfill.go, rewriteParity).
+	// data shards (rebuildfill.go, repair).
 	repaired int64
 }
 

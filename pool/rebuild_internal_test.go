@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -93,7 +94,7 @@ func TestRateLimit(t *testing.T) {
 // shard's bytes, data or parity, for spans of any length and offset.
 func TestRebuildDecode(t *testing.T) {
 	const k, m, shard = 4, 2, 64 << 10
-	enc, shards, regions, conn := codedShards(t, k, m, shard)
+	enc, shards, regions, conn, srv := codedShards(t, k, m, shard)
 
 	batch := [][2]int64{{0, 4096}, {8192, 8192 + 100}, {shard - 7000, shard}}
 	n := int64(0)
@@ -101,7 +102,7 @@ func TestRebuildDecode(t *testing.T) {
 		n += s[1] - s[0]
 	}
 	for _, lost := range []int{1, k + 1} { // a data shard, a parity shard
-		f := decodeFill(enc, k, m, lost, []int{lost}, n, conn, regions)
+		f := decodeFill(enc, k, m, lost, []int{lost}, n, conn, regions, srv)
 		buf := make([]byte, n)
 		require.NoError(t, f.decode(t.Context(), buf, batch), "shard %d", lost)
 		checkSpans(t, shards[lost], buf, batch)
@@ -110,7 +111,10 @@ func TestRebuildDecode(t *testing.T) {
 	// A data shard decoded with a spare: parity shard 5 disagrees with
 	// the others in the second span (a write hole). Before the seal the
 	// decode stands (from the sources) and the span's chunk is suspect;
-	// sealed, shard 5's span is rewritten in line with the data shards.
+	// sealed, shard 5's span is rewritten in line with the data shards,
+	// under a raised epoch: a data home's parity delta that was on its
+	// way from before the seal (its forward timed out, and the shard's
+	// loss could not be recorded) is refused, not applied a second time.
 	ctx := t.Context()
 	parity := func() []byte {
 		b := make([]byte, shard)
@@ -118,7 +122,7 @@ func TestRebuildDecode(t *testing.T) {
 		return b
 	}
 	require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: regions[5], Offset: 8192 + 10, Buf: []byte{^shards[5][8192+10]}}))
-	f := decodeFill(enc, k, m, 1, []int{1}, n, conn, regions)
+	f := decodeFill(enc, k, m, 1, []int{1}, n, conn, regions, srv)
 	buf := make([]byte, n)
 	require.NoError(t, f.decode(ctx, buf, batch))
 	checkSpans(t, shards[1], buf, batch)
@@ -129,8 +133,13 @@ func TestRebuildDecode(t *testing.T) {
 	clear(buf)
 	require.NoError(t, f.decode(ctx, buf, batch))
 	checkSpans(t, shards[1], buf, batch)
+	require.NoError(t, f.repair(ctx))
+	regions[5].Epoch++ // raised by the repair's fence
 	require.Equal(t, shards[5], parity(), "sealed, the spare is brought in line")
 	require.Equal(t, int64(100), f.repaired.Load())
+	late := &rdma.Op{Kind: rdma.OpXor, Region: rdma.Region{Segment: regions[5].Segment, Key: regions[5].Key, Epoch: 1}, Offset: 8192 + 10, Buf: []byte{0x5a}}
+	require.ErrorIs(t, conn.Do(ctx, late), rdma.ErrLeaseExpired, "a delta sent under the old epoch is applied after the repair")
+	require.Equal(t, shards[5], parity(), "a late delta undid the repair")
 
 	// A spare that fails its read (here: a wrong key) is taken out of the
 	// checks; the decode goes on from the sources.
@@ -139,6 +148,19 @@ func TestRebuildDecode(t *testing.T) {
 	require.NoError(t, f.decode(ctx, buf, batch))
 	checkSpans(t, shards[1], buf, batch)
 	require.True(t, f.down[0].Load(), "the failed spare is down")
+
+	// A spare whose repair fails stays out of line with the data shards:
+	// it is marked lost (and rebuilt), never left OK as it is.
+	require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: regions[5], Offset: 8192 + 20, Buf: []byte{^shards[5][8192+20]}}))
+	f = decodeFill(enc, k, m, 1, []int{1}, n, conn, regions, srv)
+	f.spares[0].conn = failWrites{conn}
+	f.sealed = true
+	require.NoError(t, f.decode(ctx, buf, batch))
+	checkSpans(t, shards[1], buf, batch)
+	require.NoError(t, f.repair(ctx))
+	require.Zero(t, f.repaired.Load())
+	require.True(t, f.outOfLine[k].Load(), "the spare whose repair failed is not to be marked lost")
+	require.False(t, f.outOfLine[k-1].Load(), "parity shard 4, in line, is to be marked lost")
 }
 
 // TestRebuildDecodeVotes: sealed, a span the spares disagree with is
@@ -164,7 +186,7 @@ func TestRebuildDecodeVotes(t *testing.T) {
 		{"a parity source missed a write", 4, 3, 1, []int{1}, []int{0, 5, 6}, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			enc, shards, regions, conn := codedShards(t, tc.k, tc.m, shard)
+			enc, shards, regions, conn, srv := codedShards(t, tc.k, tc.m, shard)
 			ctx := t.Context()
 			after := make([][]byte, tc.k+tc.m)
 			for i := range after {
@@ -176,7 +198,7 @@ func TestRebuildDecodeVotes(t *testing.T) {
 				require.NoError(t, conn.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: regions[i], Offset: off, Buf: after[i][off : off+n]}))
 			}
 
-			f := decodeFill(enc, tc.k, tc.m, tc.i, tc.lost, shard, conn, regions)
+			f := decodeFill(enc, tc.k, tc.m, tc.i, tc.lost, shard, conn, regions, srv)
 			f.sealed = true
 			buf := make([]byte, shard)
 			var batch [][2]int64 // spans of a chunk, as the mover's
@@ -184,6 +206,7 @@ func TestRebuildDecodeVotes(t *testing.T) {
 				batch = append(batch, [2]int64{c, c + moveChunkMin})
 			}
 			require.NoError(t, f.decode(ctx, buf, batch))
+			require.NoError(t, f.repair(ctx))
 			require.True(t, bytes.Equal(shards[tc.i], buf), "data shard %d holds bytes nobody wrote", tc.i)
 			got := make([][]byte, tc.k+tc.m)
 			for i := range got {
@@ -211,7 +234,7 @@ func TestRebuildDecodeVotes(t *testing.T) {
 // codedShards serves the k+m shards of size bytes of a random erasure-
 // coded stripe on one real data plane and returns the code, the shards,
 // their regions and a connection to it.
-func codedShards(t *testing.T, k, m, size int) (reedsolomon.Encoder, [][]byte, []rdma.Region, rdma.Conn) {
+func codedShards(t *testing.T, k, m, size int) (reedsolomon.Encoder, [][]byte, []rdma.Region, rdma.Conn, *tcp.Server) {
 	t.Helper()
 	srv := tcp.NewServer(tcp.ServerConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -242,14 +265,14 @@ func codedShards(t *testing.T, k, m, size int) (reedsolomon.Encoder, [][]byte, [
 	conn, err := tcp.Dial(t.Context(), l.Addr().String())
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	return enc, shards, regions, conn
+	return enc, shards, regions, conn, srv
 }
 
-// decodeFill is the fill of shard i of the stripe at regions (over conn),
-// decoded in batches of n bytes, with the shards lost missing: the first
-// k others are its sources and, for a data shard as newFill has it, the
-// rest its spares.
-func decodeFill(enc reedsolomon.Encoder, k, m, i int, lost []int, n int64, conn rdma.Conn, regions []rdma.Region) *rebuildFill {
+// decodeFill is the fill of shard i of the stripe at regions (over conn,
+// served by srv), decoded in batches of n bytes, with the shards lost
+// missing: the first k others are its sources and, for a data shard as
+// newFill has it, the rest its spares. Its fence raises the epochs at srv.
+func decodeFill(enc reedsolomon.Encoder, k, m, i int, lost []int, n int64, conn rdma.Conn, regions []rdma.Region, srv *tcp.Server) *rebuildFill {
 	f := &rebuildFill{r: record{ID: 9, Redundancy: redundancy{Data: k, Parity: m}}, i: i, enc: enc}
 	f.p = &core{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	f.m = &mover{batch: n, chunk: moveChunkMin}
@@ -265,7 +288,31 @@ func decodeFill(enc reedsolomon.Encoder, k, m, i int, lost []int, n int64, conn 
 		}
 	}
 	f.down = make([]atomic.Bool, len(f.spares))
+	read := slices.Concat(f.sources, f.spares)
+	f.repairs = make([][]repairSpan, len(read))
+	f.outOfLine = make([]atomic.Bool, len(read))
+	f.fence = func(_ context.Context, pos []int) ([]uint64, error) {
+		epochs := make([]uint64, len(pos))
+		for y, j := range pos {
+			reg := read[j].reg
+			epochs[y] = reg.Epoch + 1
+			if err := srv.SetEpoch(reg.Segment, epochs[y]); err != nil {
+				return nil, err
+			}
+		}
+		return epochs, nil
+	}
 	return f
+}
+
+// failWrites is a connection whose writes fail.
+type failWrites struct{ rdma.Conn }
+
+func (c failWrites) Do(ctx context.Context, ops ...*rdma.Op) error {
+	if slices.ContainsFunc(ops, func(o *rdma.Op) bool { return o.Kind == rdma.OpWrite }) {
+		return fmt.Errorf("a write refused by the test: %w", rdma.ErrClosed)
+	}
+	return c.Conn.Do(ctx, ops...)
 }
 
 // checkSpans checks that buf holds want's bytes of the batch's spans, in

@@ -64,11 +64,20 @@ type rebuildFill struct {
 	// the seal; the sealed last round decodes them again.
 	suspectMu sync.Mutex
 	suspect   []byte
-	// sealed: the writers are sealed, no write is in flight, so a spare
-	// that still disagrees is out of line with the data shards for good
-	// and is rewritten (repaired counts its bytes).
-	sealed   bool
-	repaired atomic.Int64
+	// sealed: the writers are sealed, no write is in flight, so a parity
+	// shard that still disagrees is out of line with the data shards for
+	// good: its bytes as the decode makes them wait in repairs (by
+	// position in sources, then spares) for repair, which writes them
+	// (repaired counts their bytes), or it is outOfLine, marked lost by
+	// repair (its repair failed, or would hold more than maxRepair).
+	sealed    bool
+	repairMu  sync.Mutex
+	repairs   [][]repairSpan
+	outOfLine []atomic.Bool
+	repaired  atomic.Int64
+	// fence raises the epoch of the homes at the given positions in
+	// sources, then spares, and returns their new epochs (fenceHomes).
+	fence func(ctx context.Context, pos []int) ([]uint64, error)
 	// dirty are the chunks changed since the last round decoded.
 	dirty []byte
 	// pusher is the home that pushes its bytes to the target (f.m.target)
@@ -77,6 +86,17 @@ type rebuildFill struct {
 	enc    reedsolomon.Encoder
 	bufs   sync.Pool // *[]byte of m.batch bytes, one per source and batch
 }
+
+// repairSpan is bytes a parity shard is to hold at off.
+type repairSpan struct {
+	off int64
+	b   []byte
+}
+
+// maxRepair bounds the bytes a fill keeps to bring one parity shard in
+// line: one that disagrees with the data shards in more is rebuilt
+// instead (marked lost), not held in memory.
+const maxRepair = 16 << 20
 
 // rebuildPeer is one surviving home of the rebuild.
 type rebuildPeer struct {
@@ -195,6 +215,9 @@ func (f *rebuildFill) dialShards(ctx context.Context, from []rebuildPeer, batch 
 		}
 	}
 	f.down = make([]atomic.Bool, len(f.spares))
+	f.repairs = make([][]repairSpan, len(read))
+	f.outOfLine = make([]atomic.Bool, len(read))
+	f.fence = f.fenceHomes
 	return nil
 }
 
@@ -371,10 +394,10 @@ func (f *rebuildFill) lastRound(ctx context.Context) error {
 	if err := m.copyChunks(ctx, f.dirty); err != nil {
 		return err
 	}
-	if n := f.repaired.Load(); n > 0 {
-		f.p.log.Warn("rebuild: parity shards disagreed about a write their lost data home had not finished; brought them in line with the data shards",
-			"segment", f.r.ID, "shard", f.i, "bytes", n)
+	if err := f.repair(ctx); err != nil {
+		return err
 	}
+	f.loseOutOfLine()
 	return nil
 }
 
@@ -560,9 +583,9 @@ func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 // may have reached some shards and not yet others, so a span a spare
 // disagrees with only makes its chunks suspect, decoded again in the
 // sealed last round. Sealed, nothing is in flight: a parity shard that
-// still disagrees is rewritten in line with the data shards
-// (rewriteParity), the decode's choice of outcome for a write their lost
-// home did not finish, which was never acknowledged.
+// still disagrees is to be rewritten in line with the data shards
+// (keepRepairs, then repair), the decode's choice of outcome for a write
+// their lost home did not finish, which was never acknowledged.
 func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) error {
 	read := slices.Concat(f.sources, f.spares)
 	reads := make([][]byte, len(read))
@@ -717,10 +740,10 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 			fixes[j] = append(fixes[j], x)
 		}
 	}
-	if !f.sealed {
-		return nil
+	if f.sealed {
+		f.keepRepairs(batch, offs, fixes, want)
 	}
-	return f.rewriteParity(ctx, read, batch, offs, fixes, want)
+	return nil
 }
 
 // maxVote bounds the decodes a sealed span's vote among the parity shards
@@ -757,7 +780,7 @@ func (f *rebuildFill) lostRead() error {
 	}
 	ns := len(f.sources)
 	for j, s := range slices.Concat(f.sources, f.spares) {
-		if j >= ns && f.down[j-ns].Load() || sameHome(cur, s.idx, s.home) {
+		if j >= ns && f.down[j-ns].Load() || f.outOfLine[j].Load() || sameHome(cur, s.idx, s.home) {
 			continue
 		}
 		return fmt.Errorf("fill a home of segment %d on %s: %w: shard %d on %s, which the fill reads, is no longer OK in the record (it may lack writes); the rebuild starts again from the shards left",
@@ -774,38 +797,118 @@ func (f *rebuildFill) dropSpare(j int, op string, err error) {
 	}
 }
 
-// rewriteParity writes the parity shards read (read, at their positions
-// in decode) their bytes as the sealed decode made them (want, at offs in
-// the batch) in the spans that disagreed (fixes), bringing them in line
-// with the data shards. A spare that fails is left out of the checks from
-// then on; a source that fails fails the decode.
-func (f *rebuildFill) rewriteParity(ctx context.Context, read []rebuildPeer, batch [][2]int64, offs []int64, fixes [][]int, want [][]byte) error {
-	var g errgroup.Group
+// keepRepairs keeps, for repair, the bytes the sealed decode made of the
+// parity shards read (want, at their positions in decode, at offs in the
+// batch) in the spans that disagreed (fixes). A shard whose repairs would
+// pass maxRepair is outOfLine instead.
+func (f *rebuildFill) keepRepairs(batch [][2]int64, offs []int64, fixes [][]int, want [][]byte) {
+	f.repairMu.Lock()
+	defer f.repairMu.Unlock()
 	for j, xs := range fixes {
-		if len(xs) == 0 {
+		if len(xs) == 0 || f.outOfLine[j].Load() {
 			continue
 		}
-		s, n := read[j], int64(0)
-		ops := make([]*rdma.Op, len(xs))
-		for y, x := range xs {
-			l := batch[x][1] - batch[x][0]
-			ops[y] = &rdma.Op{Kind: rdma.OpWrite, Region: s.reg, Offset: batch[x][0], Buf: want[j][offs[x] : offs[x]+l]}
-			n += l
+		n := int64(0)
+		for _, r := range f.repairs[j] {
+			n += int64(len(r.b))
 		}
-		g.Go(func() error {
-			err := s.conn.Do(ctx, ops...)
-			switch {
-			case err == nil:
-				f.repaired.Add(n)
-			case j < len(f.sources):
-				return fmt.Errorf("bring shard %d on %s in line with the data shards: %w", s.idx, s.home.Node, err)
-			default:
-				f.dropSpare(j-len(f.sources), "write", err)
+		for _, x := range xs {
+			l := batch[x][1] - batch[x][0]
+			if n += l; n > maxRepair {
+				f.outOfLine[j].Store(true)
+				f.repairs[j] = nil
+				break
 			}
-			return nil
+			f.repairs[j] = append(f.repairs[j], repairSpan{off: batch[x][0], b: slices.Clone(want[j][offs[x] : offs[x]+l])})
+		}
+	}
+}
+
+// repair writes the parity shards the sealed decode found out of line
+// their bytes as it made them (keepRepairs), bringing them in line with
+// the data shards, once fence has raised their epochs: a parity delta a
+// data home sent before the seal may still be on its way (it timed out
+// there, and the home could not have the shard marked lost: Server.Forward's
+// OnFail), and, arriving after the repair, it would apply a write the
+// repair holds already. Under the new epoch it is refused. A shard whose
+// write fails is outOfLine. A fence that fails fails the fill, which
+// writes nothing then and is retried.
+func (f *rebuildFill) repair(ctx context.Context) error {
+	var pos []int
+	for j, r := range f.repairs {
+		if len(r) > 0 && !f.outOfLine[j].Load() {
+			pos = append(pos, j)
+		}
+	}
+	if len(pos) == 0 {
+		return nil
+	}
+	epochs, err := f.fence(ctx, pos)
+	if err != nil {
+		return fmt.Errorf("rebuild segment %d: raise the epochs of the parity shards to bring in line: %w", f.r.ID, err)
+	}
+	read := slices.Concat(f.sources, f.spares)
+	var wg sync.WaitGroup
+	for y, j := range pos {
+		s, n := read[j], int64(0)
+		reg := s.reg
+		reg.Epoch = epochs[y]
+		ops := make([]*rdma.Op, len(f.repairs[j]))
+		for x, r := range f.repairs[j] {
+			ops[x] = &rdma.Op{Kind: rdma.OpWrite, Region: reg, Offset: r.off, Buf: r.b}
+			n += int64(len(r.b))
+		}
+		wg.Go(func() {
+			if err := s.conn.Do(ctx, ops...); err != nil {
+				f.outOfLine[j].Store(true)
+				f.p.log.Warn("rebuild: a parity shard out of line with the data shards could not be brought in line; it is marked lost and rebuilt", "segment", f.r.ID, "shard", s.idx, "node", s.home.Node, "err", err)
+				return
+			}
+			f.repaired.Add(n)
 		})
 	}
-	return g.Wait()
+	wg.Wait()
+	if n := f.repaired.Load(); n > 0 {
+		f.p.log.Warn("rebuild: parity shards disagreed about a write their lost data home had not finished; brought them in line with the data shards",
+			"segment", f.r.ID, "shard", f.i, "bytes", n)
+	}
+	return nil
+}
+
+// fenceHomes raises the epoch of the homes at positions pos (in sources,
+// then spares) to one past the record's and theirs, commits it, and has
+// replicate tell every home (the parity shards take it before the data
+// homes forward to them at it); it returns the new epochs.
+func (f *rebuildFill) fenceHomes(ctx context.Context, pos []int) ([]uint64, error) {
+	read := slices.Concat(f.sources, f.spares)
+	epochs := make([]uint64, len(pos))
+	next, err := f.p.updateRecord(f.r.ID, func(r *record) error {
+		for y, j := range pos {
+			s := read[j]
+			if !sameHome(r, s.idx, s.home) {
+				return fmt.Errorf("%w: shard %d on %s changed meanwhile", errs.ErrUnavailable, s.idx, s.home.Node)
+			}
+			h := &r.Homes[s.idx]
+			h.Epoch = max(h.Epoch, r.Epoch) + 1
+			epochs[y] = h.Epoch
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return epochs, f.p.replicate(ctx, &next)
+}
+
+// loseOutOfLine marks the parity shards the fill found out of line with
+// the data shards and could not bring in line lost: each is rebuilt from
+// the data shards after this fill, never read as they are.
+func (f *rebuildFill) loseOutOfLine() {
+	for j, s := range slices.Concat(f.sources, f.spares) {
+		if f.outOfLine[j].Load() {
+			f.p.homeLost(f.r.ID, s.home.Node, s.home.HomeID, "a rebuild found it out of line with the data shards and could not bring it in line", true)
+		}
+	}
 }
 
 // spanOps are ops of kind on reg, one per span of batch, their buffers

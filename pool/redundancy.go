@@ -455,7 +455,7 @@ const replicateTimeout = 10 * time.Second
 // replicate tells every home of r that is not lost how it is written:
 // the backups and parity shards who writes them (and that clients only
 // read them), then the primary or the data shards where to forward, each
-// with the record's epoch. Homes of one kind are told in parallel. For a
+// with the record's epoch (or the home's own, higher: homeEpoch). Homes of one kind are told in parallel. For a
 // committed segment it sends the record as the table holds it when its
 // turn comes (one replicate per segment at a time, so that an older view
 // never lands after a newer one), and sets *r to it; a record not yet
@@ -501,7 +501,7 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 	for i, h := range r.Homes {
 		if coded && i >= r.Redundancy.Data || !coded && i > 0 && live(h) {
 			hp := homeProto(h)
-			hp.Epoch = r.Epoch // the target is raised to it before the forwarders are told
+			hp.Epoch = r.homeEpoch(i) // the target is raised to it before the forwarders are told
 			targets = append(targets, hp)
 		}
 	}
@@ -516,7 +516,7 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 		return errors.Join(errsOf...)
 	}
 	err := tell(writers, func(i int) *poolv1.ReplicateRequest {
-		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Writers: writerNodes, ClientsReadOnly: true}
+		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.homeEpoch(i), Writers: writerNodes, ClientsReadOnly: true}
 		if coded && i < r.Redundancy.Data {
 			req.Writers = nil // a data shard being filled: only this daemon writes it
 		}
@@ -580,6 +580,13 @@ func (r *record) staleIfRestarted(i int) bool {
 	without.Homes = slices.Clone(r.Homes)
 	without.Homes[i].State = poolv1.HomeState_HOME_STATE_LOST
 	return !without.wouldBeLost()
+}
+
+// homeEpoch is the epoch home i of r takes: the record's, or the home's
+// own when that is higher (a rebuild fenced a parity shard it brought in
+// line with the data shards: rebuildFill.fenceHomes).
+func (r *record) homeEpoch(i int) uint64 {
+	return max(r.Epoch, r.Homes[i].Epoch)
 }
 
 // raiseEpochs records that every home of r that is not lost holds r's
