@@ -288,6 +288,7 @@ func decodeFill(enc reedsolomon.Encoder, k, m, i int, lost []int, n int64, conn 
 		}
 	}
 	f.down = make([]atomic.Bool, len(f.spares))
+	f.late = make([]atomic.Int32, len(f.spares))
 	read := slices.Concat(f.sources, f.spares)
 	f.repairs = make([][]repairSpan, len(read))
 	f.outOfLine = make([]atomic.Bool, len(read))
@@ -303,6 +304,50 @@ func decodeFill(enc reedsolomon.Encoder, k, m, i int, lost []int, n int64, conn 
 		return epochs, nil
 	}
 	return f
+}
+
+// TestRebuildSlowSpare: a spare that answers, but slowly, does not slow
+// every batch of the decode: a batch waits for it only a few times as
+// long as for the sources, marks its chunks suspect when it was late (the
+// sealed round checks them), and after spareLateMax late batches in a row
+// the spare is down for the rest of the fill. The time is compared with
+// the spare's delay, never with a fixed figure.
+func TestRebuildSlowSpare(t *testing.T) {
+	const k, m, shard, batches = 4, 2, 64 << 10, 6
+	enc, shards, regions, conn, srv := codedShards(t, k, m, shard)
+	ctx := t.Context()
+	const n = shard / batches / moveChunkMin * moveChunkMin
+	f := decodeFill(enc, k, m, 1, []int{1}, n, conn, regions, srv)
+	delay := time.Second
+	f.spares[0].conn = slowConn{conn, delay}
+	buf := make([]byte, n)
+	start := time.Now()
+	for b := range int64(batches) {
+		batch := [][2]int64{{b * n, (b + 1) * n}}
+		require.NoError(t, f.decode(ctx, buf, batch))
+		checkSpans(t, shards[1], buf, batch)
+	}
+	took := time.Since(start)
+	require.True(t, f.down[0].Load(), "the slow spare is not down")
+	require.Less(t, took, batches*delay/2, "%d batches took %v with a spare that answers in %v", batches, took, delay)
+	want, _ := rangeChunks(0, spareLateMax*n, f.m.chunk)
+	require.Equal(t, want, f.suspect[:len(want)], "the batches the slow spare was late for are suspect")
+}
+
+// slowConn is a connection that answers each call after delay (or the
+// call's end).
+type slowConn struct {
+	rdma.Conn
+	delay time.Duration
+}
+
+func (c slowConn) Do(ctx context.Context, ops ...*rdma.Op) error {
+	select {
+	case <-time.After(c.delay):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return c.Conn.Do(ctx, ops...)
 }
 
 // failWrites is a connection whose writes fail.

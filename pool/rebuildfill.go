@@ -55,11 +55,13 @@ type rebuildFill struct {
 	sources []rebuildPeer
 	// spares are the other surviving shards of a lost data shard's
 	// stripe, read with the sources to check each decode (decode);
-	// one that fails a read or write is down for the rest of the fill
-	// (the decode goes on unchecked by it: its home is soon lost, or
-	// slow, and a rebuild must not wait on more homes than it needs).
+	// one that fails a read, or is late for a few batches in a row
+	// (readShards), is down for the rest of the fill (the decode goes on
+	// unchecked by it: its home is soon lost, or slow, and a rebuild must
+	// not wait on more homes than it needs).
 	spares []rebuildPeer
 	down   []atomic.Bool
+	late   []atomic.Int32 // per spare, the batches in a row it was late for
 	// suspect are the chunks whose decode a spare disagreed with before
 	// the seal; the sealed last round decodes them again.
 	suspectMu sync.Mutex
@@ -215,6 +217,7 @@ func (f *rebuildFill) dialShards(ctx context.Context, from []rebuildPeer, batch 
 		}
 	}
 	f.down = make([]atomic.Bool, len(f.spares))
+	f.late = make([]atomic.Int32, len(f.spares))
 	f.repairs = make([][]repairSpan, len(read))
 	f.outOfLine = make([]atomic.Bool, len(read))
 	f.fence = f.fenceHomes
@@ -595,27 +598,12 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 		reads[j] = (*b)[:len(buf)]
 	}
 	ns := len(f.sources)
-	up := make([]bool, len(read)) // the shards read for this batch
-	var g errgroup.Group
-	for j, s := range read {
-		if j >= ns && f.down[j-ns].Load() {
-			continue
-		}
-		g.Go(func() error {
-			err := s.conn.Do(ctx, spanOps(rdma.OpRead, s.reg, batch, reads[j])...)
-			switch {
-			case j < ns && err != nil:
-				return fmt.Errorf("shard %d on %s: %w", s.idx, s.home.Node, err)
-			case err != nil:
-				f.dropSpare(j-ns, "read", err)
-			default:
-				up[j] = true
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
+	up, late, err := f.readShards(ctx, read, batch, reads)
+	if err != nil {
 		return err
+	}
+	if late && !f.sealed {
+		f.suspectBatch(batch) // unchecked by a spare: the sealed round checks it
 	}
 	k := f.r.Redundancy.Data
 	var parity []int                  // the positions in read of the parity shards read
@@ -731,10 +719,7 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 		case err != nil:
 			return fmt.Errorf("decode shard %d at %d: %w", f.i, s[0], err)
 		case len(bad) > 0 && !f.sealed:
-			set, _ := rangeChunks(s[0], s[1], f.m.chunk)
-			f.suspectMu.Lock()
-			f.suspect = orGrow(f.suspect, set)
-			f.suspectMu.Unlock()
+			f.suspectBatch(batch[x : x+1])
 		}
 		for _, j := range bad {
 			fixes[j] = append(fixes[j], x)
@@ -744,6 +729,87 @@ func (f *rebuildFill) decode(ctx context.Context, buf []byte, batch [][2]int64) 
 		f.keepRepairs(batch, offs, fixes, want)
 	}
 	return nil
+}
+
+// Spare pacing: a spare's read of a batch may take spareSlack times as
+// long as the sources' (at least spareGraceMin) before the batch goes on
+// without it; a spare late for spareLateMax batches in a row is down for
+// the rest of the fill, as one that fails.
+const (
+	spareSlack    = 4
+	spareGraceMin = 20 * time.Millisecond
+	spareLateMax  = 3
+)
+
+// readShards reads the batch's spans of the shards read (the sources,
+// then the spares) into reads, in parallel, and reports which were read
+// (up) and whether a spare was late. The sources' reads are waited for
+// (one that fails fails the batch); before the seal a spare's only until
+// spareSlack times the sources' took, so that a slow spare (one that
+// answers, slowly) does not slow every batch: the rebuild waits on the k
+// homes it decodes from. Sealed, the last changes and the suspect chunks
+// are checked against every spare still up, waited for: a batch it was
+// late for has no later round. A spare that fails, or is late
+// spareLateMax times in a row, is dropped (dropSpare).
+func (f *rebuildFill) readShards(ctx context.Context, read []rebuildPeer, batch [][2]int64, reads [][]byte) (up []bool, late bool, err error) {
+	ns := len(f.sources)
+	up = make([]bool, len(read))
+	spareCtx, stopSpares := context.WithCancel(ctx)
+	defer stopSpares()
+	var sources errgroup.Group
+	var spares sync.WaitGroup
+	var lateAny atomic.Bool
+	start := time.Now()
+	for j, s := range read {
+		if j < ns {
+			sources.Go(func() error {
+				if err := s.conn.Do(ctx, spanOps(rdma.OpRead, s.reg, batch, reads[j])...); err != nil {
+					return fmt.Errorf("shard %d on %s: %w", s.idx, s.home.Node, err)
+				}
+				up[j] = true
+				return nil
+			})
+			continue
+		}
+		if f.down[j-ns].Load() {
+			continue
+		}
+		spares.Go(func() {
+			err := s.conn.Do(spareCtx, spanOps(rdma.OpRead, s.reg, batch, reads[j])...)
+			switch {
+			case err == nil:
+				up[j] = true
+				f.late[j-ns].Store(0)
+			case spareCtx.Err() != nil && ctx.Err() == nil:
+				lateAny.Store(true)
+				if n := f.late[j-ns].Add(1); n >= spareLateMax {
+					f.dropSpare(j-ns, "read", fmt.Errorf("slower than the sources for %d batches in a row: %w", n, err))
+				}
+			default:
+				f.dropSpare(j-ns, "read", err)
+			}
+		})
+	}
+	err = sources.Wait()
+	switch {
+	case err != nil:
+		stopSpares()
+	case !f.sealed:
+		grace := time.AfterFunc(max(spareSlack*time.Since(start), spareGraceMin), stopSpares)
+		defer grace.Stop()
+	}
+	spares.Wait()
+	return up, lateAny.Load(), err
+}
+
+// suspectBatch marks the chunks of the batch's spans suspect.
+func (f *rebuildFill) suspectBatch(batch [][2]int64) {
+	f.suspectMu.Lock()
+	defer f.suspectMu.Unlock()
+	for _, s := range batch {
+		set, _ := rangeChunks(s[0], s[1], f.m.chunk)
+		f.suspect = orGrow(f.suspect, set)
+	}
 }
 
 // maxVote bounds the decodes a sealed span's vote among the parity shards
