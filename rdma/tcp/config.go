@@ -143,7 +143,11 @@ type ServerConfig struct {
 	// connections included; a target that has not answered by then is
 	// reported to Forwarding.OnFail and skipped from then on. It is the
 	// longest a client's op waits for a target that hangs, plus at most a
-	// sixteenth of it (ops starting close together share one timer).
+	// sixteenth of it (ops starting close together share one timer). An
+	// op given up on is not withdrawn: having left, it may still reach
+	// the target later, so whoever rewrites a target's bytes while its
+	// loss is not recorded raises its epoch first (Server.SetEpoch there),
+	// and the late op, which carries the old one, is refused.
 	// Default: 1s.
 	ForwardTimeout time.Duration
 }

@@ -390,6 +390,56 @@ func TestForwardUnrecordedLoss(t *testing.T) {
 	require.Equal(t, p.mem[200:229], hs[1].mem[200:229], "the live backup holds it")
 }
 
+// TestForwardLateDeltaFenced: a forwarded XOR that its target has not
+// answered within ForwardTimeout, and whose loss OnFail could not record,
+// is not withdrawn: held on the way (a proxy stalls the link), it reaches
+// the target after the client's op was answered INDETERMINATE. A target
+// whose epoch was raised meanwhile, as a daemon does before it rewrites a
+// parity shard (pool: rebuildFill.repair), refuses it, since it carries
+// the old one; without the raise it applies it.
+func TestForwardLateDeltaFenced(t *testing.T) {
+	const k, m, shard = 2, 1, 4096
+	cfg := fwdConfig()
+	cfg.ForwardTimeout = 200 * time.Millisecond
+	hs := homesWith(t, cfg, k+m, 1, shard)
+	data, parity := hs[:k], hs[k]
+	var hold atomic.Bool
+	gate := make(chan struct{})
+	px, err := faultproxy.Start(faultproxy.Config{
+		Target: parity.srv.addr,
+		Record: func(fromClient bool, _ []byte) {
+			if fromClient && hold.Load() {
+				<-gate
+			}
+		},
+	})
+	require.NoError(t, err)
+	defer px.Close()
+	// One connection: a read sent after the late XOR is taken after it.
+	tgt := dial(t, px.Addr(), WithConns(1), WithBusyPoll(-1))
+	fails := failures{refuse: errors.New("the origin does not answer")}
+	require.NoError(t, data[0].srv.Forward(1, &Forwarding{
+		Mode: ForwardParity, Shard: 0, DataShards: k, ParityShards: m,
+		Targets: []ForwardTarget{{Conn: tgt, Region: parity.r}}, OnFail: fails.onFail,
+	}))
+	ctx := t.Context()
+	read := func() []byte {
+		b := make([]byte, shard)
+		require.NoError(t, tgt.Do(ctx, &rdma.Op{Kind: rdma.OpRead, Region: parity.r, Buf: b}))
+		return b
+	}
+	before := read()
+
+	hold.Store(true)
+	c := dial(t, data[0].srv.addr)
+	require.ErrorIs(t, c.Write(ctx, data[0].r, 0, []byte("a write whose delta is late")), rdma.ErrIndeterminate)
+	require.Equal(t, map[int]int{0: 1}, fails.count(), "the target's loss was reported")
+	require.NoError(t, parity.srv.SetEpoch(1, parity.r.Epoch+1))
+	hold.Store(false)
+	close(gate)
+	require.Equal(t, before, read(), "the late delta was applied under the raised epoch")
+}
+
 // TestForwardLinkRetry: the primary-to-target link loses the answers of
 // forwarded XORs (a proxy cuts the connection after a budget of answer
 // bytes, the requests having reached the target); the forwarder sends the
