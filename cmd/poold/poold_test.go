@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -150,31 +151,65 @@ func requireAlive(t *testing.T, pid int) {
 	require.NotContains(t, []string{"Z", "X"}, strings.Fields(string(b[i+1:]))[0], "poold exited")
 }
 
-// freeAddr returns a loopback address with a port nobody listens on now,
-// for network "tcp", "udp", or "gossip" (free for both, as memberlist binds
+// freeAddr returns a loopback address with a port nobody uses now, for
+// network "tcp", "udp", or "gossip" (free for both, as memberlist binds
 // both); poold binds it next (another process taking it meanwhile fails
-// the test, not silently).
+// the test, not silently). The port lies below the kernel's ephemeral
+// range, from which every outgoing connection takes its local port: a
+// poold killed and started again on its ports (the restart tests) found
+// one of them taken by some connection of the machine's now and then
+// ("bind: address already in use").
 func freeAddr(t *testing.T, network string) string {
 	t.Helper()
-	for {
-		if network == "tcp" {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(t, err)
-			defer l.Close()
-			return l.Addr().String()
-		}
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		require.NoError(t, err)
-		addr := c.LocalAddr().String()
-		c.Close()
-		if network == "udp" {
-			return addr
-		}
-		if l, err := net.Listen("tcp", addr); err == nil {
-			l.Close()
+	lo, hi := 10000, ephemeralLow()
+	if hi-lo < 1000 {
+		lo = 1024
+	}
+	for range 1000 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(lo+mathrand.IntN(hi-lo)))
+		if portFree(network, addr) {
 			return addr
 		}
 	}
+	t.Fatalf("no free loopback port for %s in [%d, %d) after 1000 tries", network, lo, hi)
+	return ""
+}
+
+// portFree reports whether addr can be bound now for network (freeAddr's).
+func portFree(network, addr string) bool {
+	if network != "tcp" {
+		c, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return false
+		}
+		c.Close()
+	}
+	if network != "udp" {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return false
+		}
+		l.Close()
+	}
+	return true
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range; Linux's default 32768 where unreadable).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil || n <= 1024 {
+		return 32768
+	}
+	return n
 }
 
 func shortDir(t *testing.T) string {
