@@ -409,6 +409,7 @@ func TestScale(t *testing.T) {
 	// with it, and no rebuild starts before its death is detected.
 	rebuilt0 := sc.rebuildBytes()
 	var firstDead, allDead, lostAll time.Duration
+	var judged []lostOutside // lost at the crash on homes their owners declared dead
 	deadline = time.Now().Add(3 * time.Minute)
 	for firstDead == 0 || allDead == 0 || lostAll == 0 {
 		require.True(t, time.Now().Before(deadline), "3 minutes after the crash: first dead %v, all dead %v, lost everywhere %v", firstDead, allDead, lostAll)
@@ -436,7 +437,7 @@ func TestScale(t *testing.T) {
 			}
 			if done {
 				lostAll = now
-				require.Empty(t, sc.lostElsewhere(victim.name), "segments lost that were not on the crashed host")
+				judged = requireLostOnlyOnVictim(t, sc, victim.name, crashed)
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -444,7 +445,8 @@ func TestScale(t *testing.T) {
 	res.FirstDeadSeconds, res.AllDeadSeconds, res.LostAllSeconds = firstDead.Seconds(), allDead.Seconds(), lostAll.Seconds()
 	t.Logf("crash of %s (%d segments of %d hosts): first host declares it dead after %.2fs, all after %.2fs; its segments are lost on every owner after %.2fs (suspicion floor %.1fs)",
 		victim.name, res.CrashSegments, res.CrashOwners, res.FirstDeadSeconds, res.AllDeadSeconds, res.LostAllSeconds, res.SuspicionMinSecond)
-	require.Empty(t, sc.lostElsewhere(victim.name), "segments lost that were not on the crashed host")
+	judged = append(judged, requireLostOnlyOnVictim(t, sc, victim.name, crashed)...)
+	slices.SortFunc(judged, func(a, b lostOutside) int { return strings.Compare(a.String(), b.String()) })
 	// Its homes of redundant segments are rebuilt elsewhere by their
 	// origins, over the simulated hosts' real data planes.
 	rebuilt, took := sc.waitRebuilt(t, redundantHomed, victim.name, crashed, 3*time.Minute)
@@ -452,6 +454,7 @@ func TestScale(t *testing.T) {
 	res.RebuildBytes = sc.rebuildBytes() - rebuilt0
 	t.Logf("crash of %s: its homes of %d redundant segments rebuilt elsewhere after %.2fs (%d left degraded: no host without a home of theirs), %d bytes written to new homes",
 		victim.name, res.CrashRedundant, res.RebuildSeconds, res.RebuildDegraded, res.RebuildBytes)
+	awaitJudgedRestored(t, sc, judged) // after the rebuild's measurement, which a wait here would stretch
 	fds.log(t, "after the rebuild")
 
 	// The host reboots (its shared memory is gone) and the workload goes on.
@@ -685,6 +688,37 @@ func report(t *testing.T, r scaleResult) {
 	row("memory per 1,000 segments: home, owner heap", "%.0f KiB, %.0f KiB", r.HomeBytesPerSegment*1000/1024, r.OwnerBytesPerSegment*1000/1024)
 	row("metadata store per 1,000 segments", "%.0f KiB", r.StoreBytesPerSegment*1000/1024)
 	t.Log(b.String())
+}
+
+// requireLostOnlyOnVictim fails the test if a record is lost on a running
+// host although its home is not the victim, crashed at crashed, unless
+// its owner declared that home dead since the crash, and returns those:
+// they are lost as designed, and restored once the owner sees the home
+// back (awaitJudgedRestored). A host's failure detector can declare a live
+// node dead on its own (memberlist does when its suspicion times out
+// before the node's refutation reaches it), and a CI run at 200 hosts met
+// one at the crash.
+func requireLostOnlyOnVictim(t *testing.T, sc *simCluster, victim string, crashed time.Time) []lostOutside {
+	t.Helper()
+	judged, unexplained := sc.lostElsewhere(victim, crashed)
+	require.Empty(t, unexplained, "segments lost that were not on the crashed host, whose owners did not declare their homes dead since the crash")
+	return judged
+}
+
+// awaitJudgedRestored logs the records requireLostOnlyOnVictim returned,
+// with what their owners' views showed, and fails the test unless each is
+// restored (or freed) within 3 minutes: a home falsely declared dead
+// refutes it within seconds, and holds its segments meanwhile.
+func awaitJudgedRestored(t *testing.T, sc *simCluster, judged []lostOutside) {
+	t.Helper()
+	judged = slices.CompactFunc(judged, func(a, b lostOutside) bool { return a.host == b.host && a.id == b.id })
+	if len(judged) == 0 {
+		return
+	}
+	t.Logf("segments lost that were not on the crashed host, whose owners declared their homes dead since the crash: %v", judged)
+	start := time.Now()
+	require.Empty(t, sc.awaitRestored(judged, 3*time.Minute), "segments still lost 3 minutes after their owners declared their homes dead at the crash")
+	t.Logf("those segments were restored %.1fs later", time.Since(start).Seconds())
 }
 
 // measureSegmentMemory places K segments from one daemon on another (its

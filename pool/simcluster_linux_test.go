@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -944,25 +943,105 @@ func (sc *simCluster) hostUp(name string) bool {
 	return h != nil && h.daemon() != nil
 }
 
-// lostElsewhere lists records on running hosts other than except that are
-// lost although their home is not except (or they are not homed at all).
-func (sc *simCluster) lostElsewhere(except string) []string {
-	var out []string
+// lostOutside is a record lost on a running host although its home is
+// not the crashed host (or it has none), with what its owner's view
+// shows.
+type lostOutside struct {
+	host *simHost
+	id   uint64
+	// judged: the owner's failure detector declared the home dead since
+	// the crash began (it lists the home dead or left now, or alive again
+	// since then). Segments on a dead node are lost until its return is
+	// reconciled (homeChanged), so such a record is lost as designed, and
+	// restored once its home is back; a home falsely declared dead by one
+	// owner (it missed the home's refutation of a suspicion: memberlist
+	// then declares the death on its own) does this to that owner alone.
+	judged bool
+	// evidence says how the owner lists the home, since when, and what the
+	// home holds.
+	evidence string
+}
+
+func (l lostOutside) String() string { return fmt.Sprintf("%s:%d(%s)", l.host.name, l.id, l.evidence) }
+
+// lostElsewhere lists the records on running hosts other than except that
+// are lost although their home is not except (or they are not homed at
+// all), in two lists: those whose owner declared their home dead at or
+// after since (lostOutside.judged), and the others, which nothing
+// explains. A redundant record is never judged: its loss is that of its
+// homes together, not of its first home.
+func (sc *simCluster) lostElsewhere(except string, since time.Time) (judged, unexplained []lostOutside) {
 	for _, h := range sc.up() {
 		if h.name == except {
 			continue
 		}
 		p := h.daemon().pool
-		p.mu.Lock()
-		for _, r := range p.segs {
-			if r.Lost && r.Home != except {
-				out = append(out, fmt.Sprintf("%s:%d(home %q)", h.name, r.ID, r.Home))
+		for _, r := range p.List() {
+			if !r.Lost || r.Home == except {
+				continue
+			}
+			l := lostOutside{host: h, id: r.ID, evidence: "no home: lost on this host"}
+			if r.Home != "" {
+				view := "does not list it"
+				if m, ok := p.cl.Member(r.Home); ok {
+					view = fmt.Sprintf("lists it %s since %+.2fs from the crash", cluster.StateString(m.State), m.Since.Sub(since).Seconds())
+					l.judged = !r.redundant() && (m.State != cluster.StateAlive || m.Since.After(since))
+				}
+				l.evidence = fmt.Sprintf("home %q: the owner %s; at home: %s", r.Home, view, sc.atHome(h, &r))
+			}
+			if r.redundant() {
+				l.evidence += "; redundant " + r.Redundancy.spec().String()
+			}
+			if l.judged {
+				judged = append(judged, l)
+			} else {
+				unexplained = append(unexplained, l)
 			}
 		}
-		p.mu.Unlock()
 	}
-	sort.Strings(out)
-	return out
+	byName := func(a, b lostOutside) int { return strings.Compare(a.String(), b.String()) }
+	slices.SortFunc(judged, byName)
+	slices.SortFunc(unexplained, byName)
+	return judged, unexplained
+}
+
+// atHome says what the home of r, a record of h's, holds for it: "down",
+// "gone", "held for" another owner, "lost too" or "held intact".
+func (sc *simCluster) atHome(h *simHost, r *record) string {
+	home := sc.host(r.Home)
+	if home == nil || home.daemon() == nil {
+		return "down"
+	}
+	switch hr, err := home.daemon().pool.Stat(r.HomeID); {
+	case err != nil:
+		return "gone"
+	case hr.Owner != peerClientPrefix+h.name:
+		return "held for " + hr.Owner
+	case hr.Lost:
+		return "lost too"
+	default:
+		return "held intact"
+	}
+}
+
+// awaitRestored waits up to within until every record of ls is no longer
+// lost (or freed) and returns those still lost then.
+func (sc *simCluster) awaitRestored(ls []lostOutside, within time.Duration) []lostOutside {
+	deadline := time.Now().Add(within)
+	for {
+		left := slices.DeleteFunc(slices.Clone(ls), func(l lostOutside) bool {
+			d := l.host.daemon()
+			if d == nil {
+				return true
+			}
+			r, err := d.pool.Stat(l.id)
+			return err != nil || !r.Lost
+		})
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // homedOn lists, per running host, the ids of its records homed on node,
@@ -1144,20 +1223,7 @@ func (sc *simCluster) explainLost() string {
 				if m, ok := p.cl.Member(r.Home); ok {
 					view = cluster.StateString(m.State)
 				}
-				at := "down"
-				if home := sc.host(r.Home); home != nil && home.daemon() != nil {
-					switch hr, err := home.daemon().pool.Stat(r.HomeID); {
-					case err != nil:
-						at = "gone"
-					case hr.Owner != peerClientPrefix+h.name:
-						at = "held for " + hr.Owner
-					case hr.Lost:
-						at = "lost too"
-					default:
-						at = "held intact"
-					}
-				}
-				where = fmt.Sprintf("homed on %s (%s in its view; at home: %s)", r.Home, view, at)
+				where = fmt.Sprintf("homed on %s (%s in its view; at home: %s)", r.Home, view, sc.atHome(h, &r))
 			}
 			if r.redundant() {
 				var homes []string
