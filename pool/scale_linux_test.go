@@ -696,8 +696,8 @@ func report(t *testing.T, r scaleResult) {
 // they are lost as designed, and restored once the owner sees the home
 // back (awaitJudgedRestored). A host's failure detector can declare a live
 // node dead on its own (memberlist does when its suspicion times out
-// before the node's refutation reaches it), and a CI run at 200 hosts met
-// one at the crash.
+// before the node's refutation reaches it), a likelier event under the
+// crash's load at 200 hosts.
 func requireLostOnlyOnVictim(t *testing.T, sc *simCluster, victim string, crashed time.Time) []lostOutside {
 	t.Helper()
 	judged, unexplained := sc.lostElsewhere(victim, crashed)
