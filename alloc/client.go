@@ -144,8 +144,8 @@ func (c *Client) Node() string { return c.sess.Node() }
 func (c *Client) ID() string { return c.opts.clientID }
 
 // segmentEvents applies the daemon's lost/restored notices to our
-// segments, connects ahead to where moving ones go, and sends the
-// operations of moved ones to their new home.
+// segments, notes the copy moving ones go to and connects there ahead,
+// and sends the operations of moved ones to their new home.
 func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 	lost := map[uint64]bool{}
 	for _, id := range ev.Lost {
@@ -158,8 +158,12 @@ func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 	for _, info := range ev.Moved {
 		moved[info.Id] = info
 	}
+	moving := map[uint64]*poolv1.SegmentMoving{}
+	for _, mv := range ev.Moving {
+		moving[mv.Id] = mv
+	}
 	c.mu.Lock()
-	var hit, went []*Segment
+	var hit, went, going []*Segment
 	for s := range c.segs {
 		if _, ok := lost[s.info.Id]; ok {
 			hit = append(hit, s)
@@ -167,8 +171,16 @@ func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 		if moved[s.info.Id] != nil {
 			went = append(went, s)
 		}
+		if moving[s.info.Id] != nil {
+			going = append(going, s)
+		}
 	}
 	c.mu.Unlock()
+	for _, s := range going {
+		if r, ok := s.base().(*remote); ok {
+			r.expect(moving[s.info.Id])
+		}
+	}
 	for _, s := range hit {
 		s.setLost(lost[s.info.Id])
 	}

@@ -24,8 +24,9 @@ type preconnects struct {
 	ctx  context.Context
 	stop context.CancelFunc
 	wg   sync.WaitGroup
-	// made counts the connections opened ahead (ClientStats).
-	made atomic.Int64
+	// made counts the connections opened ahead (ClientStats);
+	// handovers the operations that followed a move's handover.
+	made, handovers atomic.Int64
 }
 
 // maxPreconnects bounds the dials ahead under way at once: a move's

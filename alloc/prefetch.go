@@ -87,6 +87,11 @@ type ClientStats struct {
 	// switch-over, on its daemon's notice (docs/MOVE.md, "Clients").
 	DataConnects    int64
 	MovePreconnects int64
+	// MoveHandovers counts the operations that, refused MOVED by a
+	// segment's old home once its switch-over was done there, went
+	// straight to the copy the daemon had told of ahead, without asking
+	// the daemon (docs/MOVE.md, "Clients").
+	MoveHandovers int64
 }
 
 // Stats returns the client's counters. Safe for concurrent use.
@@ -101,6 +106,7 @@ func (c *Client) Stats() ClientStats {
 		PrefetchWastedBytes: p.wasted.Load(),
 		DataConnects:        c.dials.Load(),
 		MovePreconnects:     c.pre.made.Load(),
+		MoveHandovers:       c.pre.handovers.Load(),
 	}
 }
 

@@ -44,6 +44,20 @@ type remote struct {
 	// loadStore is set once the daemon describes the segment on a
 	// load/store tier: it was promoted, and no home serves it any more.
 	loadStore atomic.Bool
+	// next is the live move the daemon told of before its seal (the
+	// moving notice), which an operation refused MOVED with its token
+	// follows at once; nil when none was told.
+	next atomic.Pointer[handover]
+}
+
+// handover is a live move of a segment as its daemon told the client
+// before the seal: the home it leaves, and the copy at the new home with
+// its token (rdma.MoveToken), which the old home's MOVED answers carry
+// once the copy has every change. Immutable.
+type handover struct {
+	from  *plane
+	to    *plane
+	token uint64
 }
 
 // deadlineCtx is a context that ends opTimeout plus one slice after it was
@@ -362,6 +376,7 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 	// takes the next; one that keeps failing gets the backoff.
 	quick := true
 	follow := movedWait
+	polls := 0      // rounds at an old home that is to hand the segment over
 	recheck := true // one Stat for a refusal by a home that may have forgotten a move
 	pending := ops
 	var err error
@@ -380,6 +395,12 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 				err = post(ctx, rt.conn, ready)
 				if moved(ready) && !final(err) {
 					pending = unfinished(pending)
+					if r.handedOver(p, ready) {
+						continue // to the copy the old home handed the segment to
+					}
+					if r.awaitHandover(ctx, p, &follow, &polls) {
+						continue // the old home again
+					}
 					if err = r.follow(ctx, p, &follow); errors.Is(err, errTierMoved) {
 						return err
 					} else if err != nil {
@@ -500,6 +521,82 @@ func (r *remote) follow(ctx context.Context, old *plane, wait *time.Duration) er
 	}
 	*wait = min(2**wait, movedWaitMax)
 	return nil
+}
+
+// handedOver reports whether one of ops was refused MOVED by the home at p
+// with the token of the move the daemon told of ahead (r.next): the old
+// home's switch-over is done and the copy has every change, so the
+// operations go there now, without asking the daemon, whose own word of
+// the switch-over (its moved notice, its Stat) comes a hop later. The
+// segment's plane is then the copy's, unless another switch replaced p
+// meanwhile.
+func (r *remote) handedOver(p *plane, ops []*rdma.Op) bool {
+	h := r.next.Load()
+	if h == nil || h.from.elsewhere(p) {
+		return false
+	}
+	for _, op := range ops {
+		var me *rdma.MovedError
+		if errors.As(op.Err, &me) && me.Token == h.token {
+			r.plane.CompareAndSwap(p, h.to)
+			r.c.pre.handovers.Add(1)
+			return true
+		}
+	}
+	return false
+}
+
+// handoverPolls bounds the rounds an operation refused MOVED (without a
+// token) runs again at the old home of a move its daemon told of ahead,
+// waiting movedWait, doubling to movedWaitMax, between them: about 20 ms
+// in all. The old home hands the segment over as soon as its sealed push
+// is done, a hop before its daemon hears of it, so asking the old home
+// again is the quicker way to the copy; after these rounds, or when no
+// move was told, the operation asks its daemon (follow).
+const handoverPolls = 12
+
+// awaitHandover waits before the next round at the old home p while a
+// move from p was told ahead (r.next) and fewer than handoverPolls rounds
+// ran; false when the operation is to ask its daemon instead, or ctx
+// ended.
+func (r *remote) awaitHandover(ctx context.Context, p *plane, wait *time.Duration, polls *int) bool {
+	h := r.next.Load()
+	if h == nil || h.from.elsewhere(p) || *polls >= handoverPolls {
+		return false
+	}
+	*polls++
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(*wait):
+	}
+	*wait = min(2**wait, movedWaitMax)
+	return true
+}
+
+// expect notes, for the operations of this segment that its old home
+// refuses once the switch-over is done, the move its daemon told of
+// before the seal (SegmentEvents.moving): the copy at node mv.Node, by
+// its id, epoch and key there, reached at mv.DataAddr with the
+// credential and TLS settings of the notice. A notice without the copy
+// (a daemon from before) notes nothing: the operations ask the daemon.
+func (r *remote) expect(mv *poolv1.SegmentMoving) {
+	var key rdma.Key
+	if mv.HomeId == 0 || len(mv.Key) != len(key) || mv.DataAddr == "" {
+		return
+	}
+	copy(key[:], mv.Key)
+	tc, err := dataTLS(&poolv1.Segment{Id: mv.Id, DataAddr: mv.DataAddr, DataTls: mv.DataTls, DataTlsCa: mv.DataTlsCa, DataServerName: mv.DataServerName}, r.c.dataCerts())
+	if err != nil {
+		return
+	}
+	from := r.plane.Load()
+	cred := mv.DataCredential
+	if len(cred) == 0 {
+		cred = from.cred
+	}
+	to := &plane{node: mv.Node, region: rdma.Region{Segment: mv.HomeId, Epoch: mv.Epoch, Key: key}, addr: mv.DataAddr, cred: cred, tls: tc}
+	r.next.Store(&handover{from: from, to: to, token: rdma.MoveToken(key, mv.HomeId)})
 }
 
 // denied reports whether the home refused every op of pending that it

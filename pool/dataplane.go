@@ -126,6 +126,7 @@ func (dp *dataPlane) track(id uint64, chunk int64) error   { return dp.srv.Track
 func (dp *dataPlane) dirty(id uint64) ([]byte, int, error) { return dp.srv.Dirty(id) }
 func (dp *dataPlane) seal(id uint64, reader string) error  { return dp.srv.Seal(id, reader) }
 func (dp *dataPlane) unseal(id uint64) error               { return dp.srv.Unseal(id) }
+func (dp *dataPlane) handover(id, token uint64) error      { return dp.srv.Handover(id, token) }
 func (dp *dataPlane) moveAway(id uint64)                   { dp.withdraw(id, dp.srv.MoveAway) }
 
 func (dp *dataPlane) withdraw(id uint64, how func(uint64) error) {

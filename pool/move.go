@@ -564,9 +564,12 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	announced := false
 	defer func() {
 		if err != nil && !announced {
-			in := m.in
-			in.ToAddr = "" // never announced: undone, whatever the source says
-			p.abortMove(in, err)
+			// Not announced, but the source may have answered the SEAL
+			// (the answer was lost, or the switch failed after it) and
+			// handed the segment over, and clients written the copy:
+			// resolve asks it, and rolls forward if its last chunks
+			// reached the target, else undoes.
+			p.abortMove(m.in, err)
 		}
 	}()
 	seg, err := m.allocTarget(ctx)
@@ -649,6 +652,11 @@ func (m *mover) sealAndSwitch(ctx context.Context, sw *pendingSwitch) (record, e
 		return record{}, err
 	}
 	answered := time.Now()
+	if hook := m.p.cfg.sim.sealAnswered; hook != nil {
+		if err := hook(m.rec.ID); err != nil {
+			return record{}, err
+		}
+	}
 	m.copied.Add(int64(last.PushedBytes))
 	m.res.rounds++
 	next, err := m.switchOver()
@@ -681,7 +689,8 @@ func (m *mover) warmCredentials(ctx context.Context, seg *poolv1.Segment) {
 		if cred == nil {
 			continue
 		}
-		mv := &poolv1.SegmentMoving{Id: m.rec.ID, Node: m.to, DataAddr: seg.DataAddr, DataCredential: cred}
+		mv := &poolv1.SegmentMoving{Id: m.rec.ID, Node: m.to, DataAddr: seg.DataAddr, DataCredential: cred,
+			HomeId: seg.Id, Epoch: seg.Epoch, Key: seg.Key}
 		if seg.DataTls {
 			mv.DataTls, mv.DataTlsCa, mv.DataServerName = true, m.tls.ca, m.to
 		}

@@ -16,6 +16,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
 )
 
 // moveChunkMin is the smallest chunk the data plane tracks writes in.
@@ -138,6 +139,14 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	if err != nil {
 		p.unsealData(seg.ID)
 		return errors.Join(err, p.setSealed(r, false))
+	}
+	if req.Target != nil && len(req.Target.Key) == len(rdma.Key{}) {
+		// The switch-over is done here: the segment's clients that know
+		// the copy (the moving notice) go there on their next MOVED,
+		// rather than through their daemon once this answer reached it.
+		if err := p.dp.handover(seg.ID, rdma.MoveToken(rdma.Key(req.Target.Key), req.Target.HomeId)); err != nil {
+			p.log.Debug("hand over a sealed segment", "segment", seg.ID, "err", err)
+		}
 	}
 	resp.PushedBytes += uint64(early) // both rounds
 	resp.DirtyChunks += uint32(earlyChunks)

@@ -27,6 +27,10 @@ type simHooks struct {
 	// commit, no retry, nothing undone (a test then crashes the daemon
 	// and restarts it from its store).
 	announced func(segment uint64) (crash bool)
+	// sealAnswered runs when the source of a move this daemon drives
+	// answered its SEAL, before the switch-over is announced; an error
+	// fails the move there, as a SEAL whose answer was lost would.
+	sealAnswered func(segment uint64) error
 	// judging runs when homeChanged is about to judge a change of node's
 	// redundant homes, under node's judge lock.
 	judging func(node string, up bool)

@@ -72,6 +72,23 @@ var ErrIndeterminate = errs.Sub(errs.ErrIndeterminate, "rdma: outcome unknown: t
 // home.
 var ErrMoved = errs.Sub(errs.ErrUnavailable, "rdma: segment moved: the operation was not applied; ask the segment's daemon where it lives now and retry there")
 
+// MovedError is the ErrMoved of an old home whose move's switch-over is
+// done there: the copy at the new home has every change, and Token
+// (MoveToken of that copy) names it. A client that was told of the copy
+// ahead (its daemon's notice before the seal) sends the operation there
+// at once; any other asks its daemon as for ErrMoved. errors.Is(err,
+// ErrMoved) holds. Immutable once made, safe to share.
+type MovedError struct {
+	Token uint64
+}
+
+func (e *MovedError) Error() string {
+	return fmt.Sprintf("%v (switched over to the copy %#x)", ErrMoved, e.Token)
+}
+
+// Unwrap returns ErrMoved.
+func (e *MovedError) Unwrap() error { return ErrMoved }
+
 // ErrUnaligned means an atomic operation addressed an offset that is not a
 // multiple of 8. CompareAndSwap64 and FetchAdd64 need 8-byte aligned offsets.
 var ErrUnaligned = errs.Sub(errs.ErrUnaligned, "rdma: atomic operation needs an 8-byte aligned offset")

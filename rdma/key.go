@@ -2,6 +2,8 @@ package rdma
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 )
@@ -54,4 +56,20 @@ func (k *Key) UnmarshalText(b []byte) error {
 	}
 	*k = p
 	return nil
+}
+
+// MoveToken is the token by which a move's old home tells the clients of
+// a segment that its switch-over is done there (its last changed chunks
+// reached the copy at the new home, whose id there is home and key key):
+// it answers their operations MOVED carrying it (MovedError). A client
+// told of the copy ahead of the switch-over goes there on that answer at
+// once. The token is a hash of the copy's key and id, never zero: it
+// names the copy without revealing anything of its key.
+func MoveToken(key Key, home uint64) uint64 {
+	h := sha256.New()
+	h.Write([]byte("farmem move token\x00"))
+	h.Write(key[:])
+	h.Write(binary.LittleEndian.AppendUint64(nil, home))
+	t := binary.LittleEndian.Uint64(h.Sum(nil))
+	return max(t, 1)
 }

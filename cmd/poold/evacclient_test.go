@@ -73,9 +73,12 @@ type evacResult struct {
 	Mismatches    []string `json:"mismatches"`    // reads that saw other bytes than the last acknowledged write
 	Lost          []string `json:"lost"`          // acknowledged writes or adds missing at the end
 	// DataConnects is how many data-plane connections the client
-	// opened, MovePreconnects how many of them ahead of a move.
+	// opened, MovePreconnects how many of them ahead of a move;
+	// MoveHandovers how many operations went from an old home's MOVED
+	// straight to the new home (alloc.ClientStats).
 	DataConnects    int64 `json:"data_connects"`
 	MovePreconnects int64 `json:"move_preconnects"`
+	MoveHandovers   int64 `json:"move_handovers"`
 }
 
 // evacSeg is one segment of an evac-load client and its account.
@@ -232,7 +235,7 @@ func roleEvacLoad(ctx context.Context) error {
 		}
 	}
 	st := c.Stats()
-	res.DataConnects, res.MovePreconnects = st.DataConnects, st.MovePreconnects
+	res.DataConnects, res.MovePreconnects, res.MoveHandovers = st.DataConnects, st.MovePreconnects, st.MoveHandovers
 	b, err := json.Marshal(res)
 	if err != nil {
 		return err

@@ -226,9 +226,9 @@ func TestEvacuateUnderLoad(t *testing.T) {
 	var stream, before, during float64
 	var p99Before, p99During, maxDuring int64
 	var follows []time.Duration
-	var connects, ahead int64
+	var connects, ahead, handovers int64
 	for _, r := range rs {
-		connects, ahead = connects+r.DataConnects, ahead+r.MovePreconnects
+		connects, ahead, handovers = connects+r.DataConnects, ahead+r.MovePreconnects, handovers+r.MoveHandovers
 		for _, us := range r.FollowUs {
 			follows = append(follows, time.Duration(us)*time.Microsecond)
 		}
@@ -255,7 +255,7 @@ func TestEvacuateUnderLoad(t *testing.T) {
 	seen := probe.Summarize(follows)
 	t.Logf("pauses the applications saw (%d operations that followed a moved segment): p50 %s, p99 %s, max %s",
 		len(follows), seen.P50, seen.P99, slices.Max(append(follows, 0)))
-	t.Logf("the applications opened %d data-plane connections, %d of them to a new home ahead of its switch-over", connects, ahead)
+	t.Logf("the applications opened %d data-plane connections, %d of them to a new home ahead of its switch-over; %d operations went to a new home on its old home's handover", connects, ahead, handovers)
 }
 
 // pauseRE finds the pauses in the evacuator's "evacuation done" log line.

@@ -43,6 +43,10 @@ func (s *Server) Seal(seg uint64, reader string) error { return s.tcp.Seal(seg, 
 // Unseal undoes Seal and stops tracking.
 func (s *Server) Unseal(seg uint64) error { return s.tcp.Unseal(seg) }
 
+// Handover marks a sealed segment's switch-over done: its MOVED answers
+// carry token (see tcp.Server.Handover).
+func (s *Server) Handover(seg, token uint64) error { return s.tcp.Handover(seg, token) }
+
 // MoveAway withdraws the segment as Fence does, and every later operation
 // naming it with its key answers rdma.ErrMoved.
 func (s *Server) MoveAway(seg uint64) error { return s.tcp.MoveAway(seg) }

@@ -216,7 +216,7 @@ func (c *cliConn) readOne(leadCtx context.Context) error {
 // is broken (o.err is set too).
 func (c *cliConn) complete(o *op, h *respHeader) error {
 	if h.status != statusOK {
-		o.err = statusError(h.status, o.kind, o.region.Segment, o.off, len(o.buf))
+		o.err = statusError(h.status, h.value, o.kind, o.region.Segment, o.off, len(o.buf))
 		return nil
 	}
 	want := 0

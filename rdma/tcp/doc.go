@@ -262,7 +262,13 @@
 //	                  A client asks the segment's daemon where it lives now
 //	                  and sends the op there (with a new exactly-once
 //	                  ticket or the same: the refusal is not cached). Clients
-//	                  older than this status see PROTOCOL.
+//	                  older than this status see PROTOCOL. Once a sealed
+//	                  segment's switch-over is done here (Server.Handover),
+//	                  the response's value is the move's token
+//	                  (rdma.MoveToken, rdma.MovedError; 0 before and
+//	                  after the withdrawal): a client told of that copy
+//	                  ahead goes there without asking. Older clients
+//	                  ignore the value.
 //
 // The server checks, in this order, key (constant-time), segment state,
 // epoch, alignment and bounds (overflow-safe: offset ≤ size and

@@ -38,6 +38,10 @@ type export struct {
 	writers atomic.Int64
 	// reader is the principal whose reads a sealed export still serves.
 	reader atomic.Pointer[string]
+	// handover is the token (rdma.MoveToken) of the copy a sealed export's
+	// last changes reached (Server.Handover), which its MOVED answers
+	// carry; 0 until then.
+	handover atomic.Uint64
 	// dirty records the chunks mutating ops changed while a move copies
 	// the segment (Server.Track); nil when nobody tracks.
 	dirty atomic.Pointer[dirtyMap]

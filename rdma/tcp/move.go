@@ -157,6 +157,7 @@ func (s *Server) Seal(seg uint64, reader string) error {
 		return fmt.Errorf("rdma/tcp: seal segment %d: %w", seg, rdma.ErrNotExported)
 	}
 	e.reader.Store(&reader)
+	e.handover.Store(0)
 	if !e.state.CompareAndSwap(stateLive, stateSealed) {
 		switch e.state.Load() {
 		case stateSealed:
@@ -186,7 +187,25 @@ func (s *Server) Unseal(seg uint64) error {
 		return fmt.Errorf("rdma/tcp: unseal segment %d: %w", seg, rdma.ErrNotExported)
 	}
 	e.state.CompareAndSwap(stateSealed, stateLive)
+	e.handover.Store(0)
 	e.dirty.Store(nil)
+	return nil
+}
+
+// Handover marks the switch-over of sealed segment seg done here: its
+// last changes reached the copy that token (rdma.MoveToken) names, and
+// operations refused MOVED from now on carry the token in the response's
+// value, so that a client told of that copy ahead goes there at once
+// rather than asking its daemon. An Unseal, or a new Seal, clears it.
+func (s *Server) Handover(seg, token uint64) error {
+	e := s.lookup(seg)
+	if e == nil {
+		return fmt.Errorf("rdma/tcp: hand over segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	if e.state.Load() != stateSealed {
+		return fmt.Errorf("rdma/tcp: hand over segment %d: it is not sealed; call Seal first", seg)
+	}
+	e.handover.Store(token)
 	return nil
 }
 

@@ -97,6 +97,45 @@ func TestMoveSteps(t *testing.T) {
 	})
 }
 
+// TestHandoverToken: a sealed segment's MOVED answers carry no token
+// until Handover, then the token (rdma.MovedError, which matches
+// ErrMoved) to writes, atomics and reads alike; Unseal and a new Seal
+// clear it, and Handover refuses a segment that is not sealed.
+func TestHandoverToken(t *testing.T) {
+	overBoth(t, func(t *testing.T, cfg ServerConfig, opts []Option) {
+		s := startServer(t, cfg)
+		_, r := s.export(t, 1, 64<<10)
+		app := dial(t, s.addr, opts...)
+		ctx := t.Context()
+		buf := make([]byte, 8)
+		token := func(err error) uint64 {
+			t.Helper()
+			require.ErrorIs(t, err, rdma.ErrMoved)
+			var me *rdma.MovedError
+			if errors.As(err, &me) {
+				return me.Token
+			}
+			return 0
+		}
+		require.Error(t, s.Handover(1, 7), "not sealed")
+		require.ErrorIs(t, s.Handover(9, 7), rdma.ErrNotExported)
+		require.NoError(t, s.Seal(1, "mover"))
+		require.Zero(t, token(app.Write(ctx, r, 0, buf)), "sealed, the last push not done")
+		require.NoError(t, s.Handover(1, 0xfeed))
+		require.EqualValues(t, 0xfeed, token(app.Write(ctx, r, 0, buf)))
+		_, err := app.FetchAdd64(ctx, r, 8, 1)
+		require.EqualValues(t, 0xfeed, token(err))
+		require.EqualValues(t, 0xfeed, token(app.Read(ctx, r, 0, buf)))
+		require.NoError(t, s.Seal(1, "mover"))
+		require.Zero(t, token(app.Write(ctx, r, 0, buf)), "a new seal clears the token")
+		require.NoError(t, s.Handover(1, 0xfeed))
+		require.NoError(t, s.Unseal(1))
+		require.NoError(t, app.Write(ctx, r, 0, buf))
+		require.NoError(t, s.Seal(1, "mover"))
+		require.Zero(t, token(app.Write(ctx, r, 0, buf)), "Unseal cleared the token")
+	})
+}
+
 // TestSealWaitsOutWrites: while writers and atomics hammer a segment, the
 // memory Seal leaves is final: after Seal returns nothing changes it, every
 // operation acknowledged before is in it (each acknowledged FADD counted

@@ -51,6 +51,7 @@ type srvConn struct {
 	streaming atomic.Pointer[export] // export a WRITE payload is streaming into
 	cut       atomic.Bool            // Revoke interrupted a streaming WRITE
 	status    uint16                 // status of the last response queued, for ServerConfig.Observe
+	handover  uint64                 // the token of the MOVED that pin answered last (export.handover)
 	lone      streak                 // flushes in a row that wrote one response
 	src       netip.Prefix           // source counted for MaxHandshakesPerSource, if valid
 
@@ -365,6 +366,7 @@ func (c *srvConn) discard(n int) error {
 // sealed for its move's switch-over) MOVED; any other key gets
 // ACCESS_DENIED. A mutating op's pin is dropped with unpin(true).
 func (c *srvConn) pin(h *reqHeader, mutating bool) (*export, uint16) {
+	c.handover = 0
 	e := c.s.lookup(h.seg)
 	if e == nil || subtle.ConstantTimeCompare(e.key[:], h.key[:]) != 1 {
 		if e == nil {
@@ -381,9 +383,14 @@ func (c *srvConn) pin(h *reqHeader, mutating bool) (*export, uint16) {
 	if st == pinSealedRead {
 		if !e.readableBy(c.principal) {
 			e.unpin(false)
-			return nil, statusMoved
+			st = statusMoved
+		} else {
+			st = statusOK
 		}
-		st = statusOK
+	}
+	if st == statusMoved {
+		c.handover = e.handover.Load()
+		return nil, st
 	}
 	if st != statusOK {
 		if st == statusAccessDenied {
@@ -539,6 +546,9 @@ func (c *srvConn) atomic(h *reqHeader) error {
 // batch holding payload has been written.
 func (c *srvConn) respond(id uint64, status uint16, flags uint8, value uint64, payload []byte, pinned *export) error {
 	c.status = status
+	if status == statusMoved {
+		value = c.handover // the token of a switch-over done, or 0
+	}
 	if c.record != nil {
 		c.record.record(c.recSeq, status, flags, value)
 		c.record = nil

@@ -371,8 +371,10 @@ func replyError(addr string, r reply) error {
 	}
 }
 
-// statusError maps a non-OK response status to an error for op kind k.
-func statusError(status uint16, k rdma.OpKind, seg, off uint64, n int) error {
+// statusError maps a non-OK response status to an error for op kind k;
+// value is the response's value field, which a MOVED answer of an old home
+// whose switch-over is done sets to the move's token (Server.Handover).
+func statusError(status uint16, value uint64, k rdma.OpKind, seg, off uint64, n int) error {
 	var base error
 	switch status {
 	case statusAccessDenied:
@@ -391,6 +393,9 @@ func statusError(status uint16, k rdma.OpKind, seg, off uint64, n int) error {
 		base = rdma.ErrIndeterminate
 	case statusMoved:
 		base = rdma.ErrMoved
+		if value != 0 {
+			base = &rdma.MovedError{Token: value}
+		}
 	default:
 		base = rdma.ErrProtocol
 	}

@@ -73,7 +73,7 @@ func TestStatusErrors(t *testing.T) {
 		statusMoved:        rdma.ErrMoved,
 		999:                rdma.ErrProtocol,
 	} {
-		err := statusError(status, rdma.OpRead, 1, 2, 3)
+		err := statusError(status, 0, rdma.OpRead, 1, 2, 3)
 		require.ErrorIs(t, err, want, "status %d", status)
 		require.Contains(t, err.Error(), "segment 1 offset 2")
 	}

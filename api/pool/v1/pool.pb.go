@@ -5175,9 +5175,11 @@ func (x *WriteLostShardResponse) GetSwapped() bool {
 // SegmentMoving names the node a segment is being moved to and how the
 // client the notice is for reaches its data plane: the address, the
 // credential delegated to that client there, and how to verify the node
-// when it serves TLS (as Segment's fields of the same names). It carries
-// no id or key at the new home: the client's operations go there once
-// Stat names the new home at the switch-over.
+// when it serves TLS (as Segment's fields of the same names), and the
+// copy there (home_id, epoch, key), which the client addresses only once
+// the old home answers an operation MOVED with the copy's token
+// (rdma.MoveToken: its last chunks reached the copy), or its daemon names
+// the new home at the switch-over.
 type SegmentMoving struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Id             uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"` // the segment, by its id at the daemon
@@ -5187,6 +5189,9 @@ type SegmentMoving struct {
 	DataTls        bool                   `protobuf:"varint,5,opt,name=data_tls,json=dataTls,proto3" json:"data_tls,omitempty"`
 	DataTlsCa      []byte                 `protobuf:"bytes,6,opt,name=data_tls_ca,json=dataTlsCa,proto3" json:"data_tls_ca,omitempty"`
 	DataServerName string                 `protobuf:"bytes,7,opt,name=data_server_name,json=dataServerName,proto3" json:"data_server_name,omitempty"`
+	HomeId         uint64                 `protobuf:"varint,8,opt,name=home_id,json=homeId,proto3" json:"home_id,omitempty"` // the copy's id at the new home
+	Epoch          uint64                 `protobuf:"varint,9,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Key            []byte                 `protobuf:"bytes,10,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -5268,6 +5273,27 @@ func (x *SegmentMoving) GetDataServerName() string {
 		return x.DataServerName
 	}
 	return ""
+}
+
+func (x *SegmentMoving) GetHomeId() uint64 {
+	if x != nil {
+		return x.HomeId
+	}
+	return 0
+}
+
+func (x *SegmentMoving) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SegmentMoving) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
 }
 
 var File_pool_proto protoreflect.FileDescriptor
@@ -5684,7 +5710,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x05delta\x18\b \x01(\x04R\x05delta\"F\n" +
 	"\x16WriteLostShardResponse\x12\x12\n" +
 	"\x04prev\x18\x01 \x01(\x04R\x04prev\x12\x18\n" +
-	"\aswapped\x18\x02 \x01(\bR\aswapped\"\xde\x01\n" +
+	"\aswapped\x18\x02 \x01(\bR\aswapped\"\x9f\x02\n" +
 	"\rSegmentMoving\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1b\n" +
@@ -5692,7 +5718,11 @@ const file_pool_proto_rawDesc = "" +
 	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\x12\x19\n" +
 	"\bdata_tls\x18\x05 \x01(\bR\adataTls\x12\x1e\n" +
 	"\vdata_tls_ca\x18\x06 \x01(\fR\tdataTlsCa\x12(\n" +
-	"\x10data_server_name\x18\a \x01(\tR\x0edataServerName*I\n" +
+	"\x10data_server_name\x18\a \x01(\tR\x0edataServerName\x12\x17\n" +
+	"\ahome_id\x18\b \x01(\x04R\x06homeId\x12\x14\n" +
+	"\x05epoch\x18\t \x01(\x04R\x05epoch\x12\x10\n" +
+	"\x03key\x18\n" +
+	" \x01(\fR\x03key*I\n" +
 	"\x04Tier\x12\x14\n" +
 	"\x10TIER_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
