@@ -125,12 +125,18 @@ func (p *core) tellLater(seg uint64) {
 }
 
 // tellHomes tells every home the record of segment seg names now who may
-// use its copy there (tellHome); a segment held here has none.
+// use its copy there (tellHome), and the target of its move under way,
+// whose copy is allocated, who may use that copy; a segment held here has
+// none.
 func (p *core) tellHomes(ctx context.Context, seg uint64) error {
+	to := p.moving.copyTarget(seg, p.cfg.Node)
 	p.mu.Lock()
 	var nodes []string
 	if r, ok := p.segs[seg]; ok {
 		nodes = r.homeNodes()
+		if to != "" && !r.redundant() && !slices.Contains(nodes, to) {
+			nodes = append(nodes, to) // clientsAt lists the copy there
+		}
 	}
 	p.mu.Unlock()
 	var failed []error
@@ -218,16 +224,29 @@ func (p *core) tellOldHome(ctx context.Context, pc *session.Conn, node string, s
 // seg (0: of every segment placed there): the owner and the attachers,
 // and the source of a move to node while that move may write the copy
 // (delegateSource); sorted, at most maxGrants (those beyond, the last to
-// attach, the home refused at their Attach already).
+// attach, the home refused at their Attach already). The copy a move
+// allocated at node is among them before the switch-over: clients attach
+// and detach at the source until then, and the target serves the copy to
+// those it lists, to the clients told of it ahead (the moving notice)
+// once the source hands it over.
 func (p *core) clientsAt(node string, seg uint64) map[uint64][]string {
-	sources := p.moving.sourcesTo(node)
+	copies := p.moving.copiesTo(node)
 	out := map[uint64][]string{}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	add := func(r *record) {
-		for _, id := range r.idsOn(node) {
+		ids := r.idsOn(node)
+		mv, moving := copies[r.ID]
+		if moving && !r.redundant() && !slices.Contains(ids, mv.ToID) {
+			ids = append(ids, mv.ToID)
+		}
+		for _, id := range ids {
+			source := ""
+			if moving && id == mv.ToID {
+				source = moveSourceClient(mv.From)
+			}
 			var clients []string
-			for _, c := range slices.Concat([]string{r.Owner, sources[id]}, r.Attached) {
+			for _, c := range slices.Concat([]string{r.Owner, source}, r.Attached) {
 				if validDelegation(c, "", false) == nil && !slices.Contains(clients, c) {
 					clients = append(clients, c)
 				}
@@ -249,18 +268,33 @@ func (p *core) clientsAt(node string, seg uint64) map[uint64][]string {
 	return out
 }
 
-// sourcesTo is, by the copy's id at node, the client id the source of
-// each move to node writes that copy as (moveSourceClient).
-func (ms *moves) sourcesTo(node string) map[uint64]string {
+// copiesTo is, by the segment's id here, the moves to node whose copy
+// there is allocated and not being undone.
+func (ms *moves) copiesTo(node string) map[uint64]intent {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
-	out := map[uint64]string{}
+	out := map[uint64]intent{}
 	for _, in := range ms.m {
-		if in.To == node && in.From != "" && in.ToID != 0 && !in.undoing {
-			out[in.ToID] = moveSourceClient(in.From)
+		if in.To == node && in.copyHeld() {
+			out[in.ID] = *in
 		}
 	}
 	return out
+}
+
+// copyHeld reports whether the target holds the copy of move in for it:
+// allocated, and not being undone.
+func (in *intent) copyHeld() bool { return in.From != "" && in.ToID != 0 && !in.undoing }
+
+// copyTarget is the node, other than self, where a move of segment id
+// under way allocated its copy, not being undone; "" when none.
+func (ms *moves) copyTarget(id uint64, self string) string {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if in := ms.m[id]; in != nil && in.copyHeld() && in.To != self {
+		return in.To
+	}
+	return ""
 }
 
 // homeNodes is the nodes that hold r's copy or its copies and shards (of

@@ -568,8 +568,16 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 			// (the answer was lost, or the switch failed after it) and
 			// handed the segment over, and clients written the copy:
 			// resolve asks it, and rolls forward if its last chunks
-			// reached the target, else undoes.
-			p.abortMove(m.in, err)
+			// reached the target, else undoes. A move rolled forward
+			// happened: it succeeds.
+			if p.abortMove(m.in, err) {
+				p.mu.Lock()
+				if cur, ok := p.segs[r.ID]; ok {
+					m.res.rec = *cur
+				}
+				p.mu.Unlock()
+				err = nil
+			}
 		}
 	}()
 	seg, err := m.allocTarget(ctx)
@@ -628,18 +636,39 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 		p.finishMove(m.in)
 	}
 	m.syncAttachers()
-	m.withdrawSource(seg.Id)
+	p.withdrawSource(m.in)
 	return m.res, nil
 }
 
 // withdrawSource takes back, in the background, the source's right to
-// write the target's copy id (delegateSource): the move is over.
-func (m *mover) withdrawSource(id uint64) {
-	m.p.peers.later(moveStepTimeout, func(ctx context.Context) {
-		if err := m.authorize(ctx, []string{moveSourceClient(m.rec.Home)}, id, true); err != nil {
-			m.p.log.Warn("moved segment: its old home may still write it at the new one until this daemon's session there ends", "segment", m.rec.ID, "err", err)
+// write the target's copy of move in (delegateSource): the move is over.
+func (p *core) withdrawSource(in intent) {
+	p.peers.later(moveStepTimeout, func(ctx context.Context) {
+		pc, err := p.homeSession(ctx, in.To, "target")
+		if err == nil {
+			_, err = callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
+				return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{in.ToID}, ClientId: moveSourceClient(in.From), Withdraw: true})
+			})
+		}
+		if err != nil {
+			p.log.Warn("moved segment: its old home may still write it at the new one until this daemon's session there ends", "segment", in.ID, "err", err)
 		}
 	})
+}
+
+// rolledForward settles, once its intent is gone, a move that failed
+// after its SEAL and rolled forward (resolve): as at the end of a move
+// that succeeded, the target is told who may use the copy now (clients
+// attached or detached during the move), retried until told
+// (tellLater), and the source's right to write the copy is withdrawn.
+func (p *core) rolledForward(in intent) {
+	p.peers.later(moveStepTimeout, func(ctx context.Context) {
+		if err := p.tellHomes(ctx, in.ID); err != nil {
+			p.log.Warn("moved segment (rolled forward): its new home is not told yet who may use it; retrying", "segment", in.ID, "node", in.To, "err", err)
+			p.tellLater(in.ID)
+		}
+	})
+	p.withdrawSource(in)
 }
 
 // sealAndSwitch asks the source to seal the segment and push the last
@@ -675,10 +704,12 @@ func (m *mover) sealAndSwitch(ctx context.Context, sw *pendingSwitch) (record, e
 // fails is asked for again at that Stat. Each of those clients that got
 // its credential is told, on its sessions, where the segment is going
 // (SegmentEvents.moving: the target's node, data address, TLS name and
-// the client's credential there, not the copy's id or key), so that it
-// connects to the target's data plane during the copy rather than in the
-// pause; a client that misses the notice connects at its first operation
-// there, as without one.
+// the client's credential there, and the copy's id, epoch and key), so
+// that it connects to the target's data plane during the copy rather than
+// in the pause, and goes to the copy at once when the source hands the
+// segment over (its MOVED with the move's token); a client that misses
+// the notice connects at its first operation there, and follows the
+// segment through its daemon, as without one.
 func (m *mover) warmCredentials(ctx context.Context, seg *poolv1.Segment) {
 	if m.clients.cred == nil {
 		return
@@ -1272,43 +1303,63 @@ func (p *core) finishMove(in intent) {
 }
 
 // abortMove undoes a move that failed before its switch-over: the source
-// unseals and stops tracking, the target's copy is freed, the intent goes.
-// What cannot be done now is retried (resolveLater).
-func (p *core) abortMove(in intent, why error) {
+// unseals and stops tracking, the target's copy is freed, the intent goes;
+// or, when the source handed the segment over, rolls it forward (resolve),
+// and reports true. What cannot be done now is retried (resolveLater).
+func (p *core) abortMove(in intent, why error) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
 	defer cancel()
-	if err := p.resolve(ctx, in); err != nil {
+	fwd, err := p.resolve(ctx, in)
+	if err != nil {
 		p.log.Warn("failed move: the old home is to unseal the segment; retrying", "segment", in.ID, "node", in.From, "move-err", why, "err", err)
 		p.resolveLater(in)
-		return
+		return false
 	}
 	p.moving.end(in.ID)
+	if fwd {
+		p.rolledForward(in)
+	}
+	return fwd
 }
 
 // resolve finishes a move intent: a switched one by the source's COMMIT,
 // another by the source's ABORT and a free of the target's copy, unless it
 // may have been announced and rolls forward (rollForward); then the intent
 // goes. A source or target that holds the segment no more has nothing
-// left to do. The move of a redundant segment's home finishes as
-// finishHomeMove says.
-func (p *core) resolve(ctx context.Context, in intent) error {
+// left to do. The source refuses the ABORT once it handed the segment
+// over (errHandedOver: a SEAL that completed after the origin gave up on
+// it, and after its STATUS): the move then rolls forward. fwd reports a
+// move that rolled forward here. The move of a redundant segment's home
+// finishes as finishHomeMove says.
+func (p *core) resolve(ctx context.Context, in intent) (fwd bool, err error) {
 	if p.isHomeMove(in) {
-		return p.finishHomeMove(ctx, in) // movehome.go
+		return false, p.finishHomeMove(ctx, in) // movehome.go
 	}
-	if !in.Switched && in.ToAddr != "" { // it may have been announced
-		fwd, err := p.rollForward(ctx, in)
-		if err != nil {
-			return err
+	mayForward := !in.Switched && in.ToAddr != "" // it may have been announced
+	if mayForward {
+		if fwd, err = p.rollForward(ctx, in); err != nil {
+			return false, err
 		}
 		in.Switched = fwd
 	}
-	if err := p.resolveHomes(ctx, in); err != nil {
-		return err
+	err = p.resolveHomes(ctx, in)
+	if mayForward && !in.Switched && errors.Is(err, errs.ErrInUse) {
+		if fwd, err = p.rollForward(ctx, in); err != nil {
+			return false, err
+		}
+		if !fwd {
+			return false, fmt.Errorf("the source %s refused to undo the move, and no handover is noted there: %w", in.From, errMoveHome)
+		}
+		in.Switched = true
+		err = p.resolveHomes(ctx, in)
+	}
+	if err != nil {
+		return false, err
 	}
 	if err := p.st.deleteIntent(in.ID); err != nil {
-		return fmt.Errorf("remove the move intent: %w", err)
+		return false, fmt.Errorf("remove the move intent: %w", err)
 	}
-	return nil
+	return fwd, nil
 }
 
 // resolveHomes is resolve but for the intent: the source's COMMIT or
@@ -1320,7 +1371,14 @@ func (p *core) resolveHomes(ctx context.Context, in intent) error {
 	}
 	src, err := p.homeSession(ctx, in.From, "source")
 	if err == nil {
-		_, err = moveOutAt(ctx, src, in.FromID, phase, 0)
+		// The ABORT of a move that may roll forward (resolve) names the
+		// target: the source refuses it once it handed the segment over
+		// to that copy (errHandedOver).
+		req := &poolv1.MoveOutRequest{HomeId: in.FromID, Phase: phase}
+		if !in.Switched && in.ToAddr != "" {
+			req.Target = &poolv1.SegmentHome{Node: in.To, HomeId: in.ToID}
+		}
+		_, err = moveOutReq(ctx, src, req)
 	}
 	if err != nil && !errors.Is(err, errs.ErrNotFound) {
 		return fmt.Errorf("%s at %s: %w", phase, in.From, err)
@@ -1365,12 +1423,16 @@ func (p *core) resolveLater(in intent) {
 	p.retryLater(func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
 		defer cancel()
-		if err := p.resolve(ctx, in); err != nil {
+		fwd, err := p.resolve(ctx, in)
+		if err != nil {
 			p.log.Debug("finish a move: retrying", "segment", in.ID, "err", err)
 			return err
 		}
 		p.log.Info("move finished after a retry", "segment", in.ID, "from", in.From, "to", in.To)
 		p.moving.end(in.ID)
+		if fwd {
+			p.rolledForward(in)
+		}
 		return nil
 	})
 }

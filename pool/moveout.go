@@ -48,6 +48,11 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 	if err != nil {
 		return nil, err
 	}
+	if hook := p.cfg.sim.moveOutStep; hook != nil {
+		if err := hook(c, req); err != nil {
+			return nil, err
+		}
+	}
 	what := fmt.Sprintf("move segment %d away (%s)", seg.ID, req.Phase)
 	resp := &poolv1.MoveOutResponse{}
 	switch req.Phase {
@@ -69,14 +74,7 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		p.pushing.retire(seg.ID)
 		err = p.letGo(r, seg.ID) // the push note goes with the record
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
-		p.pushing.retire(seg.ID)
-		// A copy whose writes are held until its origin sets its
-		// forwarding again (replicate.go) stays sealed: a rebuild that
-		// sealed it ends with Replicate, which releases it.
-		if !p.fwd.holding(seg.ID) {
-			p.unsealData(seg.ID)
-		}
-		err = p.setSealed(r, false) // and the push note with the seal
+		err = p.abortOut(r, seg, req.Target)
 	case poolv1.MoveOutPhase_MOVE_OUT_STATUS:
 		err = p.moveStatus(seg, req.Target, resp)
 	}
@@ -127,7 +125,7 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	if err == nil {
 		if req.Target != nil {
 			if err = p.pushOf(ctx, seg, req, tls, resp); err == nil {
-				err = p.st.putPushed(&seg, req.Target)
+				err = p.handOver(ctx, r, seg, req.Target)
 			}
 		} else {
 			resp.Dirty, err = p.dirtyOf(seg.ID, resp)
@@ -135,22 +133,80 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	}
 	// A failure to take the changes means they are unknown (not tracked:
 	// this daemon restarted since TRACK); one to push them, that the
-	// target lacks them. Either way the move cannot go on.
+	// target lacks them; a SEAL whose caller gave up, or that an ABORT
+	// overtook, is not to hand over. Either way the move cannot go on.
+	// (Nothing fails after the handover: a segment handed over is never
+	// unsealed here but by an ABORT that names no target.)
 	if err != nil {
 		p.unsealData(seg.ID)
 		return errors.Join(err, p.setSealed(r, false))
 	}
-	if req.Target != nil && len(req.Target.Key) == len(rdma.Key{}) {
-		// The switch-over is done here: the segment's clients that know
-		// the copy (the moving notice) go there on their next MOVED,
-		// rather than through their daemon once this answer reached it.
-		if err := p.dp.handover(seg.ID, rdma.MoveToken(rdma.Key(req.Target.Key), req.Target.HomeId)); err != nil {
-			p.log.Debug("hand over a sealed segment", "segment", seg.ID, "err", err)
-		}
-	}
 	resp.PushedBytes += uint64(early) // both rounds
 	resp.DirtyChunks += uint32(earlyChunks)
 	resp.SealedUs = time.Since(sealed).Microseconds()
+	return nil
+}
+
+// errHandedOver is an ABORT refused because the SEAL of the move it
+// names pushed its last chunks to the target and handed the segment over:
+// clients may have written the copy since, so the move rolls forward.
+var errHandedOver = errs.Sub(errs.ErrInUse, "the segment was handed over to its move's target, whose copy clients may have written: the move is not undone; roll it forward (ask STATUS, then COMMIT)")
+
+// abortOut runs an ABORT step: it unseals the segment and drops its push
+// note, unless target names the move whose SEAL noted a push to it (the
+// segment was handed over: errHandedOver). An ABORT without a target (a
+// rebuild's, or an older origin's) unseals as ever. It runs under
+// p.handing, so that a SEAL that completes late, after its origin gave up
+// on it, either notes its push before this check or fails for the unseal.
+func (p *core) abortOut(r *record, seg record, target *poolv1.SegmentHome) error {
+	p.pushing.retire(seg.ID)
+	p.handing.Lock()
+	defer p.handing.Unlock()
+	if target != nil && target.Node != "" {
+		node, id, ok, err := p.st.pushed(&seg)
+		if err != nil {
+			return err
+		}
+		if ok && node == target.Node && id == target.HomeId {
+			return fmt.Errorf("%w (target %s, id %d there)", errHandedOver, node, id)
+		}
+	}
+	// A copy whose writes are held until its origin sets its
+	// forwarding again (replicate.go) stays sealed: a rebuild that
+	// sealed it ends with Replicate, which releases it.
+	if !p.fwd.holding(seg.ID) {
+		p.unsealData(seg.ID)
+	}
+	return p.setSealed(r, false) // and the push note with the seal
+}
+
+// handOver notes that seg's last chunks reached target (putPushed) and
+// hands the segment over: the segment's clients that know the copy (the
+// moving notice) go there on their next MOVED, rather than through their
+// daemon once the SEAL's answer reached it. Under p.handing, it checks
+// first that the SEAL's caller still waits for it (an origin that gave
+// up asks STATUS and may undo the move) and that no ABORT unsealed the
+// segment since it was sealed.
+func (p *core) handOver(ctx context.Context, r *record, seg record, target *poolv1.SegmentHome) error {
+	p.handing.Lock()
+	defer p.handing.Unlock()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("the SEAL's caller gave up before the handover: %w", err)
+	}
+	p.mu.Lock()
+	sealed := p.segs[seg.ID] == r && r.Sealed
+	p.mu.Unlock()
+	if !sealed {
+		return fmt.Errorf("segment %d: %w: an ABORT unsealed it or it was freed during the SEAL", seg.ID, errs.ErrUnavailable)
+	}
+	if err := p.st.putPushed(&seg, target); err != nil {
+		return err
+	}
+	if len(target.Key) == len(rdma.Key{}) {
+		if err := p.dp.handover(seg.ID, rdma.MoveToken(rdma.Key(target.Key), target.HomeId)); err != nil {
+			p.log.Debug("hand over a sealed segment", "segment", seg.ID, "err", err)
+		}
+	}
 	return nil
 }
 

@@ -71,6 +71,10 @@ type core struct {
 	// pushing is the connections of this node, the source of moves, to
 	// their targets (movepush.go).
 	pushing pushers
+	// handing orders, on this node as a move's source, a SEAL's push
+	// note and handover against an ABORT of that move (moveOut): one
+	// runs wholly before the other.
+	handing sync.Mutex
 
 	mu sync.Mutex
 	// devs are the devices placements go to, in the order tried. The

@@ -3,6 +3,8 @@ package pool
 import (
 	"google.golang.org/grpc"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+
 	"github.com/farmem/farmem/internal/cluster"
 )
 
@@ -31,6 +33,9 @@ type simHooks struct {
 	// answered its SEAL, before the switch-over is announced; an error
 	// fails the move there, as a SEAL whose answer was lost would.
 	sealAnswered func(segment uint64) error
+	// moveOutStep runs when this daemon, a move's source, is asked a
+	// MoveOut step by c, before it runs it; an error refuses the step.
+	moveOutStep func(c caller, req *poolv1.MoveOutRequest) error
 	// judging runs when homeChanged is about to judge a change of node's
 	// redundant homes, under node's judge lock.
 	judging func(node string, up bool)
