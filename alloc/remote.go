@@ -538,8 +538,10 @@ func (r *remote) handedOver(p *plane, ops []*rdma.Op) bool {
 	for _, op := range ops {
 		var me *rdma.MovedError
 		if errors.As(op.Err, &me) && me.Token == h.token {
-			r.plane.CompareAndSwap(p, h.to)
-			r.c.pre.handovers.Add(1)
+			if r.plane.CompareAndSwap(p, h.to) {
+				r.c.pre.handovers.Add(1)
+			}
+			r.settled()
 			return true
 		}
 	}
@@ -574,6 +576,16 @@ func (r *remote) awaitHandover(ctx context.Context, p *plane, wait *time.Duratio
 	return true
 }
 
+// settled forgets the move told ahead (r.next) once the segment's plane
+// is no longer the home that move leaves: the move ended (a handover, the
+// daemon's moved notice or Stat) or another replaced it, and a MOVED
+// from the new home is no reason to poll it (awaitHandover).
+func (r *remote) settled() {
+	if h := r.next.Load(); h != nil && h.from.elsewhere(r.plane.Load()) {
+		r.next.CompareAndSwap(h, nil)
+	}
+}
+
 // expect notes, for the operations of this segment that its old home
 // refuses once the switch-over is done, the move its daemon told of
 // before the seal (SegmentEvents.moving): the copy at node mv.Node, by
@@ -590,13 +602,11 @@ func (r *remote) expect(mv *poolv1.SegmentMoving) {
 	if err != nil {
 		return
 	}
-	from := r.plane.Load()
-	cred := mv.DataCredential
-	if len(cred) == 0 {
-		cred = from.cred
-	}
-	to := &plane{node: mv.Node, region: rdma.Region{Segment: mv.HomeId, Epoch: mv.Epoch, Key: key}, addr: mv.DataAddr, cred: cred, tls: tc}
-	r.next.Store(&handover{from: from, to: to, token: rdma.MoveToken(key, mv.HomeId)})
+	// A notice without the client's credential there leaves it empty:
+	// the new home is reached with the session's own (credential), never
+	// with the one the old home delegated.
+	to := &plane{node: mv.Node, region: rdma.Region{Segment: mv.HomeId, Epoch: mv.Epoch, Key: key}, addr: mv.DataAddr, cred: mv.DataCredential, tls: tc}
+	r.next.Store(&handover{from: r.plane.Load(), to: to, token: rdma.MoveToken(key, mv.HomeId)})
 }
 
 // denied reports whether the home refused every op of pending that it
@@ -768,6 +778,7 @@ func (r *remote) adopt(info *poolv1.Segment) {
 	}
 	r.plane.Store(next)
 	r.c.mu.Unlock()
+	r.settled()
 }
 
 // setLost marks the segment lost (or reachable again) as the daemon

@@ -25,3 +25,30 @@ func TestFinal(t *testing.T) {
 		require.False(t, final(fmt.Errorf("rdma/tcp: read segment 3: %w", err)), "%v", err)
 	}
 }
+
+// TestHandedOverOnce: an operation refused MOVED with the token of the
+// move told ahead sends the segment to the copy, counts one handover and
+// forgets the move (the plane left the home it leaves); a second refusal
+// with that token, from an operation in flight at the old home
+// meanwhile, still goes to the copy but counts nothing, and a MOVED
+// without the token follows as without a move told.
+func TestHandedOverOnce(t *testing.T) {
+	r := &remote{c: &Client{}}
+	from := &plane{addr: "old:1", region: rdma.Region{Segment: 1}}
+	to := &plane{addr: "new:1", region: rdma.Region{Segment: 2}}
+	h := &handover{from: from, to: to, token: 7}
+	r.plane.Store(from)
+	r.next.Store(h)
+	refused := []*rdma.Op{{Err: &rdma.MovedError{Token: 7}}}
+	require.True(t, r.handedOver(from, refused))
+	require.Same(t, to, r.plane.Load())
+	require.EqualValues(t, 1, r.c.pre.handovers.Load())
+	require.Nil(t, r.next.Load(), "the move ended: nothing to wait for at any home")
+
+	r.next.Store(h) // as an operation that loaded it before the first handover
+	require.True(t, r.handedOver(from, refused), "to the copy, where the segment is now")
+	require.Same(t, to, r.plane.Load())
+	require.EqualValues(t, 1, r.c.pre.handovers.Load(), "one handover")
+	require.Nil(t, r.next.Load())
+	require.False(t, r.handedOver(to, []*rdma.Op{{Err: rdma.ErrMoved}}))
+}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -203,7 +204,7 @@ func (s *Server) Handover(seg, token uint64) error {
 		return fmt.Errorf("rdma/tcp: hand over segment %d: %w", seg, rdma.ErrNotExported)
 	}
 	if e.state.Load() != stateSealed {
-		return fmt.Errorf("rdma/tcp: hand over segment %d: it is not sealed; call Seal first", seg)
+		return fmt.Errorf("rdma/tcp: hand over segment %d: %w: it is not sealed; call Seal first", seg, errs.ErrInvalid)
 	}
 	e.handover.Store(token)
 	return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -117,7 +118,7 @@ func TestHandoverToken(t *testing.T) {
 			}
 			return 0
 		}
-		require.Error(t, s.Handover(1, 7), "not sealed")
+		require.ErrorIs(t, s.Handover(1, 7), errs.ErrInvalid, "not sealed")
 		require.ErrorIs(t, s.Handover(9, 7), rdma.ErrNotExported)
 		require.NoError(t, s.Seal(1, "mover"))
 		require.Zero(t, token(app.Write(ctx, r, 0, buf)), "sealed, the last push not done")
