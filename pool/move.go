@@ -646,9 +646,7 @@ func (p *core) withdrawSource(in intent) {
 	p.peers.later(moveStepTimeout, func(ctx context.Context) {
 		pc, err := p.homeSession(ctx, in.To, "target")
 		if err == nil {
-			_, err = callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
-				return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{in.ToID}, ClientId: moveSourceClient(in.From), Withdraw: true})
-			})
+			err = authorizeAt(ctx, pc, in.ToID, moveSourceClient(in.From), true)
 		}
 		if err != nil {
 			p.log.Warn("moved segment: its old home may still write it at the new one until this daemon's session there ends", "segment", in.ID, "err", err)
@@ -910,14 +908,20 @@ func moveOutReq(ctx context.Context, pc *session.Conn, req *poolv1.MoveOutReques
 // no longer) use its copy id, as they may the segment.
 func (m *mover) authorize(ctx context.Context, clients []string, id uint64, withdraw bool) error {
 	for _, a := range clients {
-		_, err := callAt(ctx, m.dst, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
-			return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: a, Withdraw: withdraw})
-		})
-		if err != nil {
+		if err := authorizeAt(ctx, m.dst, id, a, withdraw); err != nil {
 			return fmt.Errorf("move segment %d: authorize client %q on %s: %w", m.rec.ID, a, m.to, err)
 		}
 	}
 	return nil
+}
+
+// authorizeAt tells the node of pc that client may (or, with withdraw,
+// may no longer) use its segment id.
+func authorizeAt(ctx context.Context, pc *session.Conn, id uint64, client string, withdraw bool) error {
+	_, err := callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.AuthorizeResponse, error) {
+		return api.Authorize(ctx, &poolv1.AuthorizeRequest{Ids: []uint64{id}, ClientId: client, Withdraw: withdraw})
+	})
+	return err
 }
 
 // connect dials the source's and the target's data planes with this

@@ -587,8 +587,9 @@ func queued(f *storeFile, k int) func() bool {
 // TestPushNotesGo: a source's push notes last no longer than the seal
 // they belong to. Each segment is pushed to a target and sealed, which
 // notes the push; then a COMMIT (in one commit of the store, the record's
-// removal), an ABORT, a plain Free: the meta bucket holds no note of the
-// segment. A restart keeps the note of a segment still sealed (an
+// removal), an ABORT that names no target (one that names the target
+// the SEAL handed over to is refused, errHandedOver), a plain Free: the
+// meta bucket holds no note of the segment. A restart keeps the note of a segment still sealed (an
 // origin restarted later asks for it) and removes a note a daemon left
 // behind for a segment that is not.
 func TestPushNotesGo(t *testing.T) {
@@ -640,7 +641,11 @@ func TestPushNotesGo(t *testing.T) {
 	require.False(t, notes(p)[committed.ID], "the COMMIT removed the note")
 
 	aborted := sealed()
-	step(aborted, poolv1.MoveOutPhase_MOVE_OUT_ABORT)
+	_, err := p.moveOut(ctx, x, &poolv1.MoveOutRequest{HomeId: aborted.ID, Phase: poolv1.MoveOutPhase_MOVE_OUT_ABORT, Target: target}, moveTLS{})
+	require.ErrorIs(t, err, errHandedOver, "an ABORT naming the target the SEAL handed over to is refused")
+	require.True(t, notes(p)[aborted.ID], "the refused ABORT kept the note")
+	_, err = p.moveOut(ctx, x, &poolv1.MoveOutRequest{HomeId: aborted.ID, Phase: poolv1.MoveOutPhase_MOVE_OUT_ABORT}, moveTLS{})
+	require.NoError(t, err, "an ABORT naming no target (a rebuild's) unseals")
 	require.False(t, notes(p)[aborted.ID], "the ABORT removed the note")
 
 	freed := sealed()
