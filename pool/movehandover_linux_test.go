@@ -31,37 +31,12 @@ import (
 func TestMoveHandover(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second})
 	oh := sc.hosts[3]
-	held := make(chan uint64, 1)
-	release := make(chan struct{})
-	oh.cfg.sim.sealAnswered = func(seg uint64) error {
-		held <- seg
-		<-release
-		return fmt.Errorf("the test failed the move after its SEAL answered: %w", errs.ErrUnavailable)
-	}
-	sc.startAll()
-	_, err := sc.waitConverged(time.Minute)
-	require.NoError(t, err)
-	ctx := t.Context()
-
-	const size = 1 << 20
-	c, err := alloc.Dial(ctx, oh.cfg.Socket, alloc.WithClientID("app"))
-	require.NoError(t, err)
-	defer c.Close()
-	seg, err := c.Alloc(ctx, size, alloc.WithTier(alloc.TierRDMA))
-	require.NoError(t, err)
-	before := bytes.Repeat([]byte{0xa5}, size)
-	_, err = seg.WriteAt(before, 0)
-	require.NoError(t, err)
-	from := seg.Node()
+	held, release := holdAfterSeal(t, oh)
+	c, seg, before := startHandover(t, sc, oh)
+	ctx, from := t.Context(), seg.Node()
 
 	moved := make(chan error, 1)
 	go func() { moved <- c.Move(ctx, seg) }()
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
 	select {
 	case id := <-held:
 		require.Equal(t, seg.ID(), id)
@@ -85,23 +60,9 @@ func TestMoveHandover(t *testing.T) {
 	require.NotEqual(t, from, seg.Node(), "the write went to the new home")
 	require.EqualValues(t, 1, c.Stats().MoveHandovers)
 
-	close(release)
-	released = true
+	release()
 	require.NoError(t, <-moved, "the move the test failed after its SEAL answered rolled forward: it happened")
-	origin := oh.daemon()
-	require.Eventually(t, func() bool {
-		ins, err := origin.pool.st.intents()
-		return err == nil && len(ins) == 0
-	}, 30*time.Second, 50*time.Millisecond, "the move is resolved")
-	r, err := origin.pool.Stat(seg.ID())
-	require.NoError(t, err)
-	require.Equal(t, seg.Node(), r.Home, "rolled forward: the record names the new home")
-	want := bytes.Clone(before)
-	copy(want[8192:], after)
-	got := make([]byte, size)
-	_, err = seg.ReadAt(got, 0)
-	require.NoError(t, err)
-	require.True(t, bytes.Equal(want, got), "the bytes from before the move and the write made at the new home")
+	checkRolledForward(t, oh, seg, from, before, after)
 }
 
 // copyDelegates is who the home node serves its segment id to (the
@@ -127,13 +88,7 @@ func copyDelegates(sc *simCluster, node string, id uint64) []string {
 func TestMoveRolledForwardTellsClients(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second})
 	oh := sc.hosts[3]
-	held := make(chan uint64, 1)
-	release := make(chan struct{})
-	oh.cfg.sim.sealAnswered = func(seg uint64) error {
-		held <- seg
-		<-release
-		return fmt.Errorf("the test failed the move after its SEAL answered: %w", errs.ErrUnavailable)
-	}
+	held, release := holdAfterSeal(t, oh)
 	sc.startAll()
 	_, err := sc.waitConverged(time.Minute)
 	require.NoError(t, err)
@@ -157,12 +112,6 @@ func TestMoveRolledForwardTellsClients(t *testing.T) {
 
 	moved := make(chan error, 1)
 	go func() { moved <- app.Move(ctx, seg) }()
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
 	select {
 	case id := <-held:
 		require.Equal(t, seg.ID(), id)
@@ -172,8 +121,7 @@ func TestMoveRolledForwardTellsClients(t *testing.T) {
 	require.NoError(t, rs.Close(), "the reader detaches during the move")
 	ls, err := late.Attach(ctx, "rolled")
 	require.NoError(t, err, "late attaches during the move")
-	close(release)
-	released = true
+	release()
 	require.NoError(t, <-moved, "the move rolled forward: it happened")
 
 	origin := oh.daemon()
@@ -230,21 +178,8 @@ func TestMoveLateSealHandedOver(t *testing.T) {
 			return nil
 		}
 	}
-	sc.startAll()
-	_, err := sc.waitConverged(time.Minute)
-	require.NoError(t, err)
-	ctx := t.Context()
-
-	const size = 1 << 20
-	c, err := alloc.Dial(ctx, oh.cfg.Socket, alloc.WithClientID("app"))
-	require.NoError(t, err)
-	defer c.Close()
-	seg, err := c.Alloc(ctx, size, alloc.WithTier(alloc.TierRDMA))
-	require.NoError(t, err)
-	before := bytes.Repeat([]byte{0xa5}, size)
-	_, err = seg.WriteAt(before, 0)
-	require.NoError(t, err)
-	from := seg.Node()
+	c, seg, before := startHandover(t, sc, oh)
+	ctx, from := t.Context(), seg.Node()
 	after := bytes.Repeat([]byte{0x5a}, 4096)
 	mu.Lock()
 	armed = true
@@ -266,6 +201,51 @@ func TestMoveLateSealHandedOver(t *testing.T) {
 	}
 	require.NoError(t, merr, "the move rolled forward: it happened")
 	require.EqualValues(t, 1, c.Stats().MoveHandovers, "the write followed the handover")
+	checkRolledForward(t, oh, seg, from, before, after)
+}
+
+// holdAfterSeal holds every move oh's daemon directs after its source
+// answered the SEAL (the sealAnswered hook): held gets the segment's id,
+// and release lets the move go on, failed there as a SEAL whose answer
+// was lost would be. The test's end releases a move still held.
+func holdAfterSeal(t *testing.T, oh *simHost) (held chan uint64, release func()) {
+	held = make(chan uint64, 1)
+	ch := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	oh.cfg.sim.sealAnswered = func(seg uint64) error {
+		held <- seg
+		<-ch
+		return fmt.Errorf("the test failed the move after its SEAL answered: %w", errs.ErrUnavailable)
+	}
+	return held, release
+}
+
+// startHandover starts sc and has client "app" of oh allocate a 1 MiB
+// rdma segment filled with 0xa5 (before).
+func startHandover(t *testing.T, sc *simCluster, oh *simHost) (c *alloc.Client, seg *alloc.Segment, before []byte) {
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	c, err = alloc.Dial(t.Context(), oh.cfg.Socket, alloc.WithClientID("app"))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	seg, err = c.Alloc(t.Context(), handoverSize, alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	before = bytes.Repeat([]byte{0xa5}, handoverSize)
+	_, err = seg.WriteAt(before, 0)
+	require.NoError(t, err)
+	return c, seg, before
+}
+
+// handoverSize is startHandover's segment size.
+const handoverSize = 1 << 20
+
+// checkRolledForward waits until oh's daemon resolved the move of seg,
+// then checks that its record names a home other than from, the one seg
+// uses, and that seg reads before with after written at 8192.
+func checkRolledForward(t *testing.T, oh *simHost, seg *alloc.Segment, from string, before, after []byte) {
 	origin := oh.daemon()
 	require.Eventually(t, func() bool {
 		ins, err := origin.pool.st.intents()
@@ -274,9 +254,10 @@ func TestMoveLateSealHandedOver(t *testing.T) {
 	r, err := origin.pool.Stat(seg.ID())
 	require.NoError(t, err)
 	require.NotEqual(t, from, r.Home, "rolled forward: the record names the new home")
+	require.Equal(t, r.Home, seg.Node(), "the client reads and writes at the home the record names")
 	want := bytes.Clone(before)
 	copy(want[8192:], after)
-	got := make([]byte, size)
+	got := make([]byte, handoverSize)
 	_, err = seg.ReadAt(got, 0)
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(want, got), "the bytes from before the move and the write made at the new home")
