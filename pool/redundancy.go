@@ -455,11 +455,12 @@ const replicateTimeout = 10 * time.Second
 // replicate tells every home of r that is not lost how it is written:
 // the backups and parity shards who writes them (and that clients only
 // read them), then the primary or the data shards where to forward, each
-// with the record's epoch (or the home's own, higher: homeEpoch). Homes of one kind are told in parallel. For a
-// committed segment it sends the record as the table holds it when its
-// turn comes (one replicate per segment at a time, so that an older view
-// never lands after a newer one), and sets *r to it; a record not yet
-// committed (an Alloc under way) is sent as given.
+// with the record's epoch (or the home's own, higher: homeEpoch). Homes
+// of one kind are told in parallel. For a committed segment it sends the
+// record as the table holds it when its turn comes (one replicate per
+// segment at a time, so that an older view never lands after a newer
+// one), and sets *r to it; a record not yet committed (an Alloc under
+// way) is sent as given.
 func (p *core) replicate(ctx context.Context, r *record) error {
 	if r.ID != 0 {
 		mu, _ := p.replicateLocks.LoadOrStore(r.ID, new(sync.Mutex))
