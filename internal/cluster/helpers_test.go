@@ -210,7 +210,7 @@ func sees(c, origin *Cluster, free int64) bool {
 // update sends it to limit random peers (12 at 20 nodes with
 // RetransmitMult 4), so each node is sent about limit copies in a wave
 // and misses them all with probability about e^-12: at 20 nodes about one
-// wave in 8,500 misses a node (one in 150 when the limit was 8). The origin's later repairs reach 3 random
+// wave in 8,500 misses a node. The origin's later repairs reach 3 random
 // peers each and rarely that one; push/pull, which startGossipOnlyCluster
 // runs once an hour, would bring it the update.
 func waitWave(t *testing.T, w *waveWatch, cs []*Cluster, origin *Cluster, repairs0 uint64, skip *Cluster, free int64) (missed []*Cluster) {
