@@ -140,16 +140,14 @@ func newRedundant(c *Client, info *poolv1.Segment) (*redundant, error) {
 func (r *redundant) newView(info *poolv1.Segment) (*homeView, error) {
 	v := &homeView{info: info}
 	for i, h := range info.Homes {
-		var key rdma.Key
-		if len(h.Key) != len(key) || h.DataAddr == "" {
+		p, err := r.c.homePlane(h.Node, h.HomeId, h.Epoch, h.Key, h.DataCredential,
+			&poolv1.Segment{Id: info.Id, DataAddr: h.DataAddr, DataTls: h.DataTls, DataTlsCa: h.DataTlsCa, DataServerName: h.DataServerName})
+		if errors.Is(err, errNoHome) {
 			return nil, fmt.Errorf("segment %d: the daemon gave no data-plane address or key for its home %d (%s): %w", info.Id, i, h.Node, ErrAccessDenied)
 		}
-		copy(key[:], h.Key)
-		tc, err := dataTLS(&poolv1.Segment{Id: info.Id, DataAddr: h.DataAddr, DataTls: h.DataTls, DataTlsCa: h.DataTlsCa, DataServerName: h.DataServerName}, r.c.dataCerts())
 		if err != nil {
 			return nil, err
 		}
-		p := &plane{node: h.Node, region: rdma.Region{Segment: h.HomeId, Key: key, Epoch: h.Epoch}, addr: h.DataAddr, cred: h.DataCredential, tls: tc}
 		v.homes = append(v.homes, &home{plane: p, ok: h.State == poolv1.HomeState_HOME_STATE_OK})
 		if h.Node == info.Node && h.HomeId == info.HomeId {
 			v.primary = i // the single-home fields name the primary

@@ -176,22 +176,20 @@ var _ backend = (*remote)(nil)
 // newRemote is the backend of a segment the daemon placed on the rdma tier;
 // it presents c's client certificate to the home (see dataTLS).
 func newRemote(c *Client, info *poolv1.Segment) (*remote, error) {
-	var key rdma.Key
 	if len(info.Key) == 0 && info.DataAddr != "" {
 		// The daemon withholds the key from a client that may not use the
 		// segment (Stat shows it, Open cannot reach it).
 		return nil, fmt.Errorf("segment %d: %w: this client neither allocated it nor holds an attachment; attach it by name first", info.Id, ErrAccessDenied)
 	}
-	if len(info.Key) != len(key) || info.DataAddr == "" {
+	p, err := c.homePlane(info.Node, info.HomeId, info.Epoch, info.Key, info.DataCredential, info)
+	if errors.Is(err, errNoHome) {
 		return nil, fmt.Errorf("segment %d: the daemon gave no data-plane address or key for an rdma segment: %w", info.Id, ErrSegmentLost)
 	}
-	copy(key[:], info.Key)
-	tc, err := dataTLS(info, c.dataCerts())
 	if err != nil {
 		return nil, err
 	}
 	r := &remote{c: c, info: info}
-	r.plane.Store(&plane{node: info.Node, region: rdma.Region{Segment: info.HomeId, Key: key, Epoch: info.Epoch}, addr: info.DataAddr, cred: info.DataCredential, tls: tc})
+	r.plane.Store(p)
 	r.lost.Store(newLostCtx())
 	return r, nil
 }
@@ -593,20 +591,41 @@ func (r *remote) settled() {
 // credential and TLS settings of the notice. A notice without the copy
 // (a daemon from before) notes nothing: the operations ask the daemon.
 func (r *remote) expect(mv *poolv1.SegmentMoving) {
-	var key rdma.Key
-	if mv.HomeId == 0 || len(mv.Key) != len(key) || mv.DataAddr == "" {
-		return
-	}
-	copy(key[:], mv.Key)
-	tc, err := dataTLS(&poolv1.Segment{Id: mv.Id, DataAddr: mv.DataAddr, DataTls: mv.DataTls, DataTlsCa: mv.DataTlsCa, DataServerName: mv.DataServerName}, r.c.dataCerts())
-	if err != nil {
+	if mv.HomeId == 0 {
 		return
 	}
 	// A notice without the client's credential there leaves it empty:
 	// the new home is reached with the session's own (credential), never
 	// with the one the old home delegated.
-	to := &plane{node: mv.Node, region: rdma.Region{Segment: mv.HomeId, Epoch: mv.Epoch, Key: key}, addr: mv.DataAddr, cred: mv.DataCredential, tls: tc}
-	r.next.Store(&handover{from: r.plane.Load(), to: to, token: rdma.MoveToken(key, mv.HomeId)})
+	to, err := r.c.homePlane(mv.Node, mv.HomeId, mv.Epoch, mv.Key, mv.DataCredential,
+		&poolv1.Segment{Id: mv.Id, DataAddr: mv.DataAddr, DataTls: mv.DataTls, DataTlsCa: mv.DataTlsCa, DataServerName: mv.DataServerName})
+	if err != nil {
+		return
+	}
+	r.next.Store(&handover{from: r.plane.Load(), to: to, token: rdma.MoveToken(to.region.Key, mv.HomeId)})
+}
+
+// errNoHome is homePlane's answer for a home described without a key or
+// a data-plane address.
+var errNoHome = errors.New("no data-plane address or key for the home")
+
+// homePlane is the plane of a home at node that holds a segment as id
+// with epoch and key there, reached with cred at the data-plane address
+// and TLS settings of at (the daemon describes a segment's home, a
+// redundant segment's homes and a move's copy alike); errNoHome when the
+// key or the address is missing.
+func (c *Client) homePlane(node string, id, epoch uint64, key, cred []byte, at *poolv1.Segment) (*plane, error) {
+	p := &plane{node: node, region: rdma.Region{Segment: id, Epoch: epoch}, addr: at.DataAddr, cred: cred}
+	if len(key) != len(p.region.Key) || at.DataAddr == "" {
+		return nil, errNoHome
+	}
+	copy(p.region.Key[:], key)
+	tc, err := dataTLS(at, c.dataCerts())
+	if err != nil {
+		return nil, err
+	}
+	p.tls = tc
+	return p, nil
 }
 
 // denied reports whether the home refused every op of pending that it
