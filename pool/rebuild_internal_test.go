@@ -310,43 +310,45 @@ func decodeFill(enc reedsolomon.Encoder, k, m, i int, lost []int, n int64, conn 
 // every batch of the decode: a batch waits for it only a few times as
 // long as for the sources, marks its chunks suspect when it was late (the
 // sealed round checks them), and after spareLateMax late batches in a row
-// the spare is down for the rest of the fill. The time is compared with
-// the spare's delay, never with a fixed figure.
+// the spare is down for the rest of the fill: it is asked in the first
+// spareLateMax batches only, and no batch waits out its delay.
 func TestRebuildSlowSpare(t *testing.T) {
 	const k, m, shard, batches = 4, 2, 64 << 10, 6
 	enc, shards, regions, conn, srv := codedShards(t, k, m, shard)
 	ctx := t.Context()
 	const n = shard / batches / moveChunkMin * moveChunkMin
 	f := decodeFill(enc, k, m, 1, []int{1}, n, conn, regions, srv)
-	delay := time.Second
-	f.spares[0].conn = slowConn{conn, delay}
+	slow := &slowConn{Conn: conn, delay: time.Second}
+	f.spares[0].conn = slow
 	buf := make([]byte, n)
-	start := time.Now()
 	for b := range int64(batches) {
 		batch := [][2]int64{{b * n, (b + 1) * n}}
 		require.NoError(t, f.decode(ctx, buf, batch))
 		checkSpans(t, shards[1], buf, batch)
 	}
-	took := time.Since(start)
 	require.True(t, f.down[0].Load(), "the slow spare is not down")
-	require.Less(t, took, batches*delay/2, "%d batches took %v with a spare that answers in %v", batches, took, delay)
+	require.EqualValues(t, spareLateMax, slow.calls.Load(), "batches that asked the slow spare")
+	require.Zero(t, slow.answered.Load(), "batches that waited out the slow spare's %v", slow.delay)
 	want, _ := rangeChunks(0, spareLateMax*n, f.m.chunk)
 	require.Equal(t, want, f.suspect[:len(want)], "the batches the slow spare was late for are suspect")
 }
 
 // slowConn is a connection that answers each call after delay (or the
-// call's end).
+// call's end), counting the calls and those it answered.
 type slowConn struct {
 	rdma.Conn
-	delay time.Duration
+	delay           time.Duration
+	calls, answered atomic.Int32
 }
 
-func (c slowConn) Do(ctx context.Context, ops ...*rdma.Op) error {
+func (c *slowConn) Do(ctx context.Context, ops ...*rdma.Op) error {
+	c.calls.Add(1)
 	select {
 	case <-time.After(c.delay):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	c.answered.Add(1)
 	return c.Conn.Do(ctx, ops...)
 }
 
