@@ -597,11 +597,36 @@ func (a *Arena) Bytes(r Ref) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.view(r, slot, int(n))
+}
+
+// view returns the first n bytes of slot's memory, or ErrNotSupported on a
+// tier without a load/store mapping.
+func (s *slab) view(r Ref, slot uint16, n int) ([]byte, error) {
 	if s.mem == nil {
 		return nil, fmt.Errorf("%v is on tier %s, which has no load/store mapping; use ReadAt and WriteAt: %w", r, s.seg.tier, ErrNotSupported)
 	}
 	off := int(slot) * int(s.size)
-	return s.mem[off : off+int(n) : off+int(n)], nil
+	return s.mem[off : off+n : off+n], nil
+}
+
+// SlotBytes is Bytes for a caller that knows its objects' lengths and when
+// they are freed: it returns the whole slot r names (SizeClass of the
+// length the object was allocated with) without reading the slot's
+// metadata, one cache miss fewer than Bytes, which matters where every
+// read of an object starts cold (an index of records in far memory). It
+// does not check r's generation: for an object freed meanwhile it returns
+// the slot as it is now, perhaps another object's. Use it only where r
+// cannot be freed while the slice is used (the caller frees under a lock it
+// holds across the use) and keep the object's length in the object itself.
+// A Ref of another arena, of a released slab or past a slab's slots is
+// ErrBadRef; the rdma tier is ErrNotSupported.
+func (a *Arena) SlotBytes(r Ref) ([]byte, error) {
+	s, slot, err := a.lookup(r)
+	if err != nil {
+		return nil, err
+	}
+	return s.view(r, slot, int(s.size))
 }
 
 // Tier returns the tier holding the object.

@@ -79,11 +79,17 @@ func TestArenaEachTier(t *testing.T) {
 			_, err = a.WriteAt(r, msg, 1)
 			require.ErrorIs(t, err, alloc.ErrOutOfRange, "a write past the end writes nothing")
 			b, err := a.Bytes(r)
+			slot, serr := a.SlotBytes(r)
 			if tier == alloc.TierRDMA {
 				require.ErrorIs(t, err, alloc.ErrNotSupported)
+				require.ErrorIs(t, serr, alloc.ErrNotSupported)
 			} else {
 				require.NoError(t, err)
 				require.Equal(t, msg, b)
+				require.NoError(t, serr)
+				require.Len(t, slot, alloc.SizeClass(len(msg)), "the whole slot")
+				require.Equal(t, msg, slot[:len(msg)])
+				require.Equal(t, &b[0], &slot[0], "the same memory")
 			}
 			st := a.Stats()
 			require.Equal(t, int64(1), st.Objects)
@@ -259,6 +265,14 @@ func TestArenaBadRefs(t *testing.T) {
 			require.ErrorIs(t, err, alloc.ErrBadRef)
 			_, err = a.Bytes(tc.ref)
 			require.ErrorIs(t, err, alloc.ErrBadRef)
+			// SlotBytes does not read the slot's metadata: a freed or
+			// never allocated slot, or one under another generation, is
+			// still a slot of this arena's; every other bad Ref is refused.
+			if _, err = a.SlotBytes(tc.ref); tc.ref == freed || tc.ref == r+5000 || tc.ref == r+2<<48 {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, alloc.ErrBadRef)
+			}
 			_, err = a.Len(tc.ref)
 			require.ErrorIs(t, err, alloc.ErrBadRef)
 			require.ErrorIs(t, a.Free(tc.ref), alloc.ErrBadRef)

@@ -377,7 +377,7 @@ func (c *Cache) probe(sh *shard, si int, key string, h uint64, dst []byte) ([]by
 		var ferr error
 		b := t.table.find(reg, h, func(r alloc.Ref) bool {
 			var k []byte
-			k, val, ferr = c.mappedRecord(t, r, true)
+			k, val, _, ferr = c.mappedRecord(t, r, true)
 			return ferr != nil || string(k) == key
 		})
 		if b < 0 {
@@ -527,23 +527,34 @@ func (c *Cache) GetMany(reqs []GetReq) {
 	}
 }
 
-// mappedRecord returns the key and value of a record on a load/store
-// tier, aliasing far memory: valid while the shard's lock is held. whole
-// says the caller reads the value too: the misses of all the record's
-// lines then start at once, not one after another as the copy walks it.
-func (c *Cache) mappedRecord(t *farTier, r alloc.Ref, whole bool) ([]byte, []byte, error) {
-	rec, err := t.arena.Bytes(r)
+// mappedRecord returns the key, value and whole record of a record on a
+// load/store tier, aliasing far memory: valid while the shard's lock is
+// held. It reads the record's slot as the arena's SlotBytes gives it, by
+// the record's own header and without the arena's metadata, which would
+// be one more DRAM miss in turn before the record's: a record is freed
+// only under its shard's lock, so the Ref the index names under that lock
+// is live. whole says the caller reads the value too: the misses of all
+// the slot's lines then start at once, not one after another as the copy
+// walks it.
+func (c *Cache) mappedRecord(t *farTier, r alloc.Ref, whole bool) (key, val, rec []byte, err error) {
+	slot, err := t.arena.SlotBytes(r)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	if whole && len(rec) > 0 {
-		prefetchLines(uintptr(unsafe.Pointer(&rec[0])), uintptr(len(rec)))
+	if whole && len(slot) > 0 {
+		prefetchLines(uintptr(unsafe.Pointer(&slot[0])), uintptr(len(slot)))
+	}
+	if len(slot) >= recordHeader {
+		kl, vl := binary.LittleEndian.Uint32(slot), binary.LittleEndian.Uint32(slot[4:])
+		if n := uint64(kl) + uint64(vl) + recordHeader; n <= uint64(len(slot)) {
+			rec = slot[:n:n]
+		}
 	}
 	k, v, ok := parseRecord(rec)
 	if !ok {
-		return nil, nil, fmt.Errorf("far record %v of %d bytes: its header does not match its length", r, len(rec))
+		return nil, nil, nil, fmt.Errorf("far record %v in a %d-byte slot: its header does not fit the slot", r, len(slot))
 	}
-	return k, v, nil
+	return k, v, rec, nil
 }
 
 // parseRecord splits a record into key and value; ok is false when its
@@ -838,9 +849,9 @@ func (c *Cache) setFar(sh *shard, si int, key string, val []byte, h uint64) bool
 			if !t.loadStore {
 				return true // the hash bits stand for the key, as in deleteFar
 			}
-			k, _, err := c.mappedRecord(t, r, false)
+			k, _, whole, err := c.mappedRecord(t, r, false)
 			if err == nil && string(k) == key {
-				rec, _ = t.arena.Bytes(r)
+				rec = whole
 			}
 			return err == nil && string(k) == key
 		})
@@ -927,7 +938,7 @@ func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string, from int) {
 				if !t.loadStore {
 					return true
 				}
-				k, _, err := c.mappedRecord(t, r, false)
+				k, _, _, err := c.mappedRecord(t, r, false)
 				return err != nil || string(k) == key
 			})
 			if b < 0 {

@@ -147,7 +147,7 @@ func levelOf(c *Cache, key string) Level {
 	}
 	for _, t := range c.tiers {
 		if t.table.find(t.table.region(si), h, func(r alloc.Ref) bool {
-			k, _, err := c.mappedRecord(t, r, false)
+			k, _, _, err := c.mappedRecord(t, r, false)
 			return !t.loadStore || err == nil && string(k) == key
 		}) >= 0 {
 			return t.level
