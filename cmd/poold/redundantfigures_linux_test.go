@@ -25,13 +25,16 @@ var runRedundancyFigures = flag.Bool("redundancy-figures", false, "run TestRedun
 // ReadAt p50 of a Replicas(2) and an ErasureCoded(4, 2) segment, the far
 // memory the coded segment holds per byte of data (from the lenders' free
 // bytes), and, after kill -9 of one data home, the p50 of a degraded 4 KiB
-// read (decoded from four shards) against a read of a live shard. The
-// three segments are measured in turns of 100 writes and then 100 reads
-// each, so that the machine's other load falls on all of them alike. One
-// client of a lender-less daemon, six lending daemons on loopback,
-// read-ahead off; once with busy polling as by default (client and
-// daemons), once with it off everywhere: seven daemons polling on a
-// small machine take its cores from each other.
+// read (decoded from four shards) against a read of a live shard. Beside
+// them, "none, 4 homes": four unreplicated segments on the coded segment's
+// four data homes, each 4 KiB chunk on the home its shard is on, which
+// sends each operation to one of the same four daemons with no code of
+// redundancy in the way. The segments are measured in turns of 100
+// writes and then 100 reads each, so that the machine's other load falls
+// on all of them alike. One client of a lender-less daemon, six lending
+// daemons on loopback, read-ahead off; once with busy polling as by
+// default (client and daemons), once with it off everywhere: seven
+// daemons polling on a small machine take its cores from each other.
 //
 //	go test -run TestRedundancyFigures -v ./cmd/poold -args -redundancy-figures
 func TestRedundancyFigures(t *testing.T) {
@@ -61,13 +64,35 @@ func redundancyFigures(t *testing.T, poll time.Duration) {
 	require.NoError(t, err)
 	held := float64(rc.lentBytes(t)-afterRep) / float64(ec.Size())
 	repHeld := float64(afterRep-before-plain.Size()) / float64(rep.Size())
-	for _, s := range []*alloc.Segment{plain, rep, ec} {
-		_, err := s.WriteAt(make([]byte, size), 0) // every page touched at every home
+	// The same access pattern as the coded segment's without its code: a
+	// quarter of the data on each of its four data homes, unreplicated, so
+	// that each 4 KiB operation goes to one of the same four daemons.
+	var spread [4]*alloc.Segment
+	for i := range spread {
+		spread[i], err = c.Alloc(ctx, size/4, alloc.WithTier(alloc.TierRDMA))
+		require.NoError(t, err)
+		if home := ec.Redundancy().Homes[i].Node; spread[i].Node() != home {
+			require.NoError(t, c.Move(ctx, spread[i], alloc.ToNode(home)))
+		}
+	}
+	for _, s := range append([]*alloc.Segment{plain, rep, ec}, spread[:]...) {
+		_, err := s.WriteAt(make([]byte, s.Size()), 0) // every page touched at every home
 		require.NoError(t, err)
 	}
+	onSpread := func(op func(*alloc.Segment) func([]byte, int64) (int, error)) func([]byte, int64) (int, error) {
+		return func(p []byte, off int64) (int, error) {
+			chunk := off / 4096
+			return op(spread[chunk%4])(p, chunk/4*4096)
+		}
+	}
 
-	segs := []*alloc.Segment{plain, rep, ec}
-	writes, reads := make([][]time.Duration, 3), make([][]time.Duration, 3)
+	type measured struct {
+		write, read func([]byte, int64) (int, error)
+	}
+	segs := []measured{{plain.WriteAt, plain.ReadAt}, {rep.WriteAt, rep.ReadAt}, {ec.WriteAt, ec.ReadAt},
+		{onSpread(func(s *alloc.Segment) func([]byte, int64) (int, error) { return s.WriteAt }),
+			onSpread(func(s *alloc.Segment) func([]byte, int64) (int, error) { return s.ReadAt })}}
+	writes, reads := make([][]time.Duration, len(segs)), make([][]time.Duration, len(segs))
 	buf := make([]byte, 4096)
 	rnd := rand.New(rand.NewPCG(5, 6))
 	timed := func(into *[]time.Duration, op func([]byte, int64) (int, error)) {
@@ -80,10 +105,10 @@ func redundancyFigures(t *testing.T, poll time.Duration) {
 	for range 20 {
 		for i, s := range segs {
 			for range 100 {
-				timed(&writes[i], s.WriteAt)
+				timed(&writes[i], s.write)
 			}
 			for range 100 {
-				timed(&reads[i], s.ReadAt)
+				timed(&reads[i], s.read)
 			}
 		}
 	}
@@ -111,7 +136,7 @@ func redundancyFigures(t *testing.T, poll time.Duration) {
 
 	var out strings.Builder
 	fmt.Fprintf(&out, "4 KiB p50 (µs)         write   ratio   read   ratio\n")
-	for i, name := range []string{"none", "replicas=2", "ec=4+2"} {
+	for i, name := range []string{"none", "replicas=2", "ec=4+2", "none, 4 homes"} {
 		fmt.Fprintf(&out, "%-20s %8.1f %7.2f %6.1f %7.2f\n", name, us(w[i].P50), ratio(w[i].P50, w[0].P50), us(r[i].P50), ratio(r[i].P50, r[0].P50))
 	}
 	fmt.Fprintf(&out, "far memory held per byte: replicas=2 %.2f, ec=4+2 %.2f\n", repHeld, held)
