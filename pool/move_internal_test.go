@@ -660,6 +660,89 @@ func TestPushNotesGo(t *testing.T) {
 	require.Equal(t, map[uint64]bool{kept.ID: true}, notes(p), "a restart keeps the sealed segment's note alone")
 }
 
+// TestMoveOutAborted: a source remembers the moves whose ABORT named
+// their target and refuses a later PUSH or SEAL of one (errMoveAborted),
+// also once a later move's TRACK tracks the segment again: the segment
+// stays unsealed and tracked, with no push note; a SEAL to another copy
+// (a later move's) is not refused. A handover checks again, under
+// p.handing, for an ABORT that ran after moveOut's check.
+func TestMoveOutAborted(t *testing.T) {
+	p, _ := newServingPool(t)
+	ctx := t.Context()
+	x := peerCaller(t, p, "x", 1)
+	alloc := func() *record {
+		r, err := p.Alloc(ctx, x, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+		require.NoError(t, err)
+		return r
+	}
+	cred := p.auth.issue("s-x2", "poold/x", "poold x")
+	copyOf := func(r *record) *poolv1.SegmentHome {
+		return &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: r.ID, DataAddr: p.dp.addr, Key: r.Key[:], Epoch: r.Epoch, DataCredential: cred}
+	}
+	src, first, second := alloc(), copyOf(alloc()), copyOf(alloc())
+	step := func(phase poolv1.MoveOutPhase, target *poolv1.SegmentHome) error {
+		_, err := p.moveOut(ctx, x, &poolv1.MoveOutRequest{HomeId: src.ID, Phase: phase, Chunk: 4096, Target: target}, moveTLS{})
+		return err
+	}
+	unsealed := func(why string) {
+		t.Helper()
+		p.mu.Lock()
+		sealed := p.segs[src.ID].Sealed
+		p.mu.Unlock()
+		require.False(t, sealed, why)
+		_, _, ok, err := p.st.pushed(src)
+		require.NoError(t, err)
+		require.False(t, ok, "no push note: %s", why)
+	}
+
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_TRACK, nil))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_PUSH, first))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, first))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_TRACK, nil), "a later move's TRACK")
+	require.ErrorIs(t, step(poolv1.MoveOutPhase_MOVE_OUT_SEAL, first), errMoveAborted, "a late SEAL of the aborted move")
+	unsealed("the refused SEAL")
+	require.ErrorIs(t, step(poolv1.MoveOutPhase_MOVE_OUT_PUSH, first), errMoveAborted, "a late PUSH of the aborted move")
+	_, err := p.dp.srv.Chunk(src.ID)
+	require.NoError(t, err, "the later move's tracking is left as it was")
+
+	// An ABORT that runs after moveOut's check of a SEAL and before its
+	// handover.
+	p.mu.Lock()
+	r := p.segs[src.ID]
+	p.mu.Unlock()
+	require.NoError(t, p.setSealed(r, true))
+	p.aborted.add(src.ID, second, time.Now())
+	require.ErrorIs(t, p.handOver(ctx, r, *r, second), errMoveAborted)
+	require.NoError(t, p.setSealed(r, false))
+	unsealed("the refused handover")
+
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_SEAL, copyOf(alloc())), "a SEAL to another copy")
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, nil))
+}
+
+// TestAbortedMovesBounded: abortedMoves forgets a move abortedFor after
+// its ABORT, and the oldest once abortedMax are remembered; a move
+// aborted again is remembered from its last ABORT.
+func TestAbortedMovesBounded(t *testing.T) {
+	var a abortedMoves
+	to := func(id uint64) *poolv1.SegmentHome { return &poolv1.SegmentHome{Node: "n", HomeId: id} }
+	now := time.Now()
+	a.add(1, to(1), now.Add(-abortedFor))
+	require.False(t, a.has(1, to(1)), "forgotten abortedFor after its ABORT")
+	require.False(t, a.has(1, nil), "a step without a target names no move")
+
+	a.add(1, to(2), now)
+	a.add(1, to(3), now)
+	a.add(1, to(2), now)                     // aborted again: its first slot is overwritten first
+	for id := range uint64(abortedMax - 1) { // the ring wraps past (1, 3)
+		a.add(2, to(id), now)
+	}
+	require.False(t, a.has(1, to(3)), "the oldest forgotten once abortedMax are remembered")
+	require.True(t, a.has(1, to(2)), "remembered from its last ABORT")
+	require.True(t, a.has(2, to(0)))
+	require.Len(t, a.at, abortedMax)
+}
+
 // TestStatSettledForeign: a Stat that asks for the settled segment
 // (StatRequest.settled) of another client's segment is refused at once,
 // also while the segment moves: a foreign client learns nothing of its

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	"github.com/farmem/farmem/alloc"
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -62,7 +65,7 @@ func TestMoveHandover(t *testing.T) {
 
 	release()
 	require.NoError(t, <-moved, "the move the test failed after its SEAL answered rolled forward: it happened")
-	checkRolledForward(t, oh, seg, from, before, after)
+	checkMovedAway(t, oh, seg, from, before, after)
 }
 
 // copyDelegates is who the home node serves its segment id to (the
@@ -201,7 +204,119 @@ func TestMoveLateSealHandedOver(t *testing.T) {
 	}
 	require.NoError(t, merr, "the move rolled forward: it happened")
 	require.EqualValues(t, 1, c.Stats().MoveHandovers, "the write followed the handover")
-	checkRolledForward(t, oh, seg, from, before, after)
+	checkMovedAway(t, oh, seg, from, before, after)
+}
+
+// TestMoveLateSealAfterAbort: on 4 simulated hosts, the source refuses a
+// move's SEAL (the moveOutStep hook: the origin's call fails before the
+// handler ran), so the origin asks STATUS, finds the segment not sealed
+// and sends ABORT, which runs; the move fails. The copy's node refuses
+// the origin's Free of the copy (as one unreachable then would), so the
+// copy outlives the ABORT. A second move of the segment begins; before
+// its first PUSH of the changed chunks, the client writes (the source
+// tracks it for the second move), and the test runs the SEAL the source
+// refused first, as a handler that completes late would: the source
+// refuses it (errMoveAborted) rather than take the second move's changed
+// chunks, push them to the first move's copy, seal the segment and hand
+// it over there. The client, told of both copies, writes and reads
+// again at the old home, following nothing; the second move then
+// succeeds, and its copy holds the bytes from before and the write.
+func TestMoveLateSealAfterAbort(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second})
+	oh := sc.hosts[3]
+	const (
+		loseSeal = iota + 1 // the first move's SEAL is refused
+		runLate             // the second move's first PUSH runs it first
+	)
+	var (
+		mu       sync.Mutex
+		stage    int
+		sealBy   caller
+		sealReq  *poolv1.MoveOutRequest
+		write    func() error // the client's write before the late SEAL
+		client   func() error // its write and read at the old home after it
+		sealErr  = make(chan error, 1)
+		useErr   = make(chan error, 1)
+		keepCopy atomic.Bool
+	)
+	for _, h := range sc.hosts[:3] {
+		h.cfg.sim.grpc = append(h.cfg.sim.grpc, grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+			if keepCopy.Load() && strings.HasSuffix(info.FullMethod, "/Free") {
+				return nil, errs.ToStatus(fmt.Errorf("the test keeps the copy of the failed move: %w", errs.ErrUnavailable))
+			}
+			return next(ctx, req)
+		}))
+		h.cfg.sim.moveOutStep = func(c caller, req *poolv1.MoveOutRequest) error {
+			mu.Lock()
+			switch {
+			case stage == loseSeal && req.Phase == poolv1.MoveOutPhase_MOVE_OUT_SEAL:
+				stage, sealBy, sealReq = 0, c, req
+				mu.Unlock()
+				return fmt.Errorf("the test lost the SEAL: %w", errs.ErrUnavailable)
+			case stage == runLate && req.Phase == poolv1.MoveOutPhase_MOVE_OUT_PUSH && !req.All:
+				stage = 0
+				mu.Unlock()
+				werr := write()
+				d := h.daemon()
+				_, err := d.pool.moveOut(context.Background(), sealBy, sealReq, d.moveTLS())
+				sealErr <- err
+				useErr <- errors.Join(werr, client())
+				return nil
+			}
+			mu.Unlock()
+			return nil
+		}
+	}
+	// A client that bounced between the old home and a copy would fail
+	// its write after this, rather than the default 30 s.
+	c, seg, before := startHandover(t, sc, oh, alloc.WithOpTimeout(5*time.Second))
+	ctx, from := t.Context(), seg.Node()
+	after := bytes.Repeat([]byte{0x5a}, 4096)
+	write = func() error {
+		_, err := seg.WriteAt(after, 8192)
+		return err
+	}
+	client = func() error {
+		if _, err := seg.WriteAt(before[:4096], 0); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		got := make([]byte, len(after))
+		if _, err := seg.ReadAt(got, 8192); err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		if !bytes.Equal(after, got) {
+			return errors.New("the read did not return the write")
+		}
+		if seg.Node() != from {
+			return fmt.Errorf("the client uses %s, not the old home %s", seg.Node(), from)
+		}
+		return nil
+	}
+
+	mu.Lock()
+	stage = loseSeal
+	mu.Unlock()
+	keepCopy.Store(true)
+	require.Error(t, c.Move(ctx, seg), "the first move failed: its SEAL was lost and the source not sealed")
+	require.Eventually(t, func() bool { return c.Stats().MovePreconnects == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the client was told of the first move's copy")
+	mu.Lock()
+	require.NotNil(t, sealReq, "the test lost the first move's SEAL")
+	stage = runLate
+	mu.Unlock()
+
+	merr := c.Move(ctx, seg)
+	select {
+	case err := <-useErr:
+		require.NoError(t, err, "the client's write and read at the old home after the late SEAL")
+	default:
+		t.Fatal("the second move sent no PUSH")
+	}
+	require.ErrorIs(t, <-sealErr, errMoveAborted, "the late SEAL of the aborted move is refused")
+	require.NoError(t, merr, "the second move")
+	require.Zero(t, c.Stats().MoveHandovers, "no operation followed a handover")
+	keepCopy.Store(false)
+	checkMovedAway(t, oh, seg, from, before, after)
 }
 
 // holdAfterSeal holds every move oh's daemon directs after its source
@@ -222,13 +337,13 @@ func holdAfterSeal(t *testing.T, oh *simHost) (held chan uint64, release func())
 	return held, release
 }
 
-// startHandover starts sc and has client "app" of oh allocate a 1 MiB
-// rdma segment filled with 0xa5 (before).
-func startHandover(t *testing.T, sc *simCluster, oh *simHost) (c *alloc.Client, seg *alloc.Segment, before []byte) {
+// startHandover starts sc and has client "app" of oh, dialed with opts,
+// allocate a 1 MiB rdma segment filled with 0xa5 (before).
+func startHandover(t *testing.T, sc *simCluster, oh *simHost, opts ...alloc.DialOption) (c *alloc.Client, seg *alloc.Segment, before []byte) {
 	sc.startAll()
 	_, err := sc.waitConverged(time.Minute)
 	require.NoError(t, err)
-	c, err = alloc.Dial(t.Context(), oh.cfg.Socket, alloc.WithClientID("app"))
+	c, err = alloc.Dial(t.Context(), oh.cfg.Socket, append([]alloc.DialOption{alloc.WithClientID("app")}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	seg, err = c.Alloc(t.Context(), handoverSize, alloc.WithTier(alloc.TierRDMA))
@@ -242,10 +357,11 @@ func startHandover(t *testing.T, sc *simCluster, oh *simHost) (c *alloc.Client, 
 // handoverSize is startHandover's segment size.
 const handoverSize = 1 << 20
 
-// checkRolledForward waits until oh's daemon resolved the move of seg,
-// then checks that its record names a home other than from, the one seg
-// uses, and that seg reads before with after written at 8192.
-func checkRolledForward(t *testing.T, oh *simHost, seg *alloc.Segment, from string, before, after []byte) {
+// checkMovedAway waits until oh's daemon resolved the move of seg (one
+// that rolled forward, or succeeded), then checks that its record names
+// a home other than from, the one seg uses, and that seg reads before
+// with after written at 8192.
+func checkMovedAway(t *testing.T, oh *simHost, seg *alloc.Segment, from string, before, after []byte) {
 	origin := oh.daemon()
 	require.Eventually(t, func() bool {
 		ins, err := origin.pool.st.intents()
@@ -253,12 +369,12 @@ func checkRolledForward(t *testing.T, oh *simHost, seg *alloc.Segment, from stri
 	}, 30*time.Second, 50*time.Millisecond, "the move is resolved")
 	r, err := origin.pool.Stat(seg.ID())
 	require.NoError(t, err)
-	require.NotEqual(t, from, r.Home, "rolled forward: the record names the new home")
+	require.NotEqual(t, from, r.Home, "the record names the new home")
 	require.Equal(t, r.Home, seg.Node(), "the client reads and writes at the home the record names")
 	want := bytes.Clone(before)
 	copy(want[8192:], after)
 	got := make([]byte, handoverSize)
 	_, err = seg.ReadAt(got, 0)
 	require.NoError(t, err)
-	require.True(t, bytes.Equal(want, got), "the bytes from before the move and the write made at the new home")
+	require.True(t, bytes.Equal(want, got), "the bytes from before the move and the write made during it")
 }

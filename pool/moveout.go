@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -54,6 +55,9 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		}
 	}
 	what := fmt.Sprintf("move segment %d away (%s)", seg.ID, req.Phase)
+	if (req.Phase == poolv1.MoveOutPhase_MOVE_OUT_PUSH || req.Phase == poolv1.MoveOutPhase_MOVE_OUT_SEAL) && p.aborted.has(seg.ID, req.Target) {
+		return nil, fmt.Errorf("%s: %w (target %s, id %d there)", what, errMoveAborted, req.Target.Node, req.Target.HomeId)
+	}
 	resp := &poolv1.MoveOutResponse{}
 	switch req.Phase {
 	case poolv1.MoveOutPhase_MOVE_OUT_TRACK:
@@ -147,6 +151,15 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	return nil
 }
 
+// errMoveAborted is a PUSH or SEAL refused because it names a move whose
+// ABORT ran here (abortedMoves): it arrived late, after its origin gave up
+// on it. Nothing of it ran: the segment is not sealed for it, no chunk was
+// taken from a later move's tracking, and nothing was handed over. It
+// matches ErrNotFound: the move it names is no more; an origin that got
+// it would fail the move as for any SEAL that failed (STATUS finds the
+// segment not sealed: undone).
+var errMoveAborted = errs.Sub(errs.ErrNotFound, "the move this step names was undone here (its ABORT ran, and its target's copy is freed): nothing was pushed, sealed or handed over for it; start a new move")
+
 // errHandedOver is an ABORT refused because the SEAL of the move it
 // names pushed its last chunks to the target and handed the segment over:
 // clients may have written the copy since, so the move rolls forward.
@@ -154,10 +167,13 @@ var errHandedOver = errs.Sub(errs.ErrInUse, "the segment was handed over to its 
 
 // abortOut runs an ABORT step: it unseals the segment and drops its push
 // note, unless target names the move whose SEAL noted a push to it (the
-// segment was handed over: errHandedOver). An ABORT without a target (a
-// rebuild's, or an older origin's) unseals as ever. It runs under
+// segment was handed over: errHandedOver). The move it undoes is
+// remembered (p.aborted), so that a PUSH or SEAL of it that arrives later
+// is refused (errMoveAborted). An ABORT without a target (a rebuild's, or
+// an older origin's) unseals as ever, and is not remembered. It runs under
 // p.handing, so that a SEAL that completes late, after its origin gave up
-// on it, either notes its push before this check or fails for the unseal.
+// on it, either notes its push before this check or fails for the unseal
+// or the remembered ABORT.
 func (p *core) abortOut(r *record, seg record, target *poolv1.SegmentHome) error {
 	p.pushing.retire(seg.ID)
 	p.handing.Lock()
@@ -170,6 +186,7 @@ func (p *core) abortOut(r *record, seg record, target *poolv1.SegmentHome) error
 		if ok && node == target.Node && id == target.HomeId {
 			return fmt.Errorf("%w (target %s, id %d there)", errHandedOver, node, id)
 		}
+		p.aborted.add(seg.ID, target, time.Now())
 	}
 	// A copy whose writes are held until its origin sets its
 	// forwarding again (replicate.go) stays sealed: a rebuild that
@@ -185,13 +202,18 @@ func (p *core) abortOut(r *record, seg record, target *poolv1.SegmentHome) error
 // moving notice) go there on their next MOVED, rather than through their
 // daemon once the SEAL's answer reached it. Under p.handing, it checks
 // first that the SEAL's caller still waits for it (an origin that gave
-// up asks STATUS and may undo the move) and that no ABORT unsealed the
-// segment since it was sealed.
+// up asks STATUS and may undo the move), that no ABORT of this move ran
+// since moveOut checked (p.aborted: one that ran before this SEAL sealed
+// the segment did not unseal it), and that no ABORT unsealed the segment
+// since it was sealed.
 func (p *core) handOver(ctx context.Context, r *record, seg record, target *poolv1.SegmentHome) error {
 	p.handing.Lock()
 	defer p.handing.Unlock()
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("the SEAL's caller gave up before the handover: %w", err)
+	}
+	if p.aborted.has(seg.ID, target) {
+		return fmt.Errorf("%w (target %s, id %d there)", errMoveAborted, target.Node, target.HomeId)
 	}
 	p.mu.Lock()
 	sealed := p.segs[seg.ID] == r && r.Sealed
@@ -364,4 +386,86 @@ func (p *core) resealData(r *record) error {
 		return fmt.Errorf("seal segment %d again, as a move left it: %w", r.ID, err)
 	}
 	return nil
+}
+
+const (
+	// abortedMax bounds the moves abortedMoves remembers (under 200 KiB
+	// of them), the oldest forgotten first.
+	abortedMax = 1024
+	// abortedFor is how long abortedMoves remembers a move: well beyond
+	// moveStepTimeout, which bounds the SEAL's call at the origin and,
+	// from its arrival, its handler's context here.
+	abortedFor = 6 * moveStepTimeout
+)
+
+// abortedMoves remembers, on this node as the source of moves, the moves
+// whose ABORT named their target: the origin undid them and frees the
+// target's copy. A PUSH or SEAL of one that arrives after its ABORT (its
+// call failed at the origin before the handler ran) is refused
+// (errMoveAborted). Without that, once a later move's TRACK has the
+// segment's writes tracked again (the ABORT stopped tracking them, and a
+// push fails without), it would take that move's changed chunks and push
+// them to the aborted move's copy, which the later move's copy then
+// lacks; a SEAL would also seal the segment and hand it over to that
+// copy, where a client told of it would write until it is freed, and
+// other clients bounce until the later move seals or aborts. Each is
+// remembered for abortedFor, at most abortedMax of them. Nothing
+// survives a restart, and needs not: a step in flight is lost with the
+// connection it came on, and the origin sends none again. Safe for
+// concurrent use.
+type abortedMoves struct {
+	mu   sync.Mutex
+	at   map[abortedMove]abortedAt
+	ring []abortedMove // abortedMax moves, the one at n%abortedMax overwritten next
+	n    uint64        // ABORTs remembered so far
+}
+
+// abortedMove names one move of a segment from this node: the segment's
+// id here and its target's copy (node and id there), which each move
+// allocates anew.
+type abortedMove struct {
+	seg  uint64
+	node string
+	id   uint64
+}
+
+// abortedAt is when a move's last ABORT ran, and its number
+// (abortedMoves.n), which names its slot in the ring.
+type abortedAt struct {
+	time time.Time
+	n    uint64
+}
+
+// add remembers the move of segment seg to target, aborted at now.
+func (a *abortedMoves) add(seg uint64, target *poolv1.SegmentHome, now time.Time) {
+	m := abortedMove{seg: seg, node: target.Node, id: target.HomeId}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.at == nil {
+		a.at = make(map[abortedMove]abortedAt)
+		a.ring = make([]abortedMove, abortedMax)
+	}
+	// The slot's move is forgotten unless a later ABORT of it is in
+	// another slot.
+	slot := a.n % abortedMax
+	if a.n >= abortedMax {
+		if old := a.ring[slot]; a.at[old].n == a.n-abortedMax {
+			delete(a.at, old)
+		}
+	}
+	a.ring[slot] = m
+	a.at[m] = abortedAt{time: now, n: a.n}
+	a.n++
+}
+
+// has reports whether the move of segment seg to target was aborted here
+// less than abortedFor ago; a step that names no target names no move.
+func (a *abortedMoves) has(seg uint64, target *poolv1.SegmentHome) bool {
+	if target == nil || target.Node == "" {
+		return false
+	}
+	a.mu.Lock()
+	at, ok := a.at[abortedMove{seg: seg, node: target.Node, id: target.HomeId}]
+	a.mu.Unlock()
+	return ok && time.Since(at.time) < abortedFor
 }

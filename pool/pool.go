@@ -75,6 +75,9 @@ type core struct {
 	// note and handover against an ABORT of that move (moveOut): one
 	// runs wholly before the other.
 	handing sync.Mutex
+	// aborted is the moves from this node whose ABORT ran (moveout.go):
+	// a late PUSH or SEAL of one is refused.
+	aborted abortedMoves
 
 	mu sync.Mutex
 	// devs are the devices placements go to, in the order tried. The
