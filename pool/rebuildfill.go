@@ -925,7 +925,14 @@ func (f *rebuildFill) repair(ctx context.Context) error {
 			n += int64(len(r.b))
 		}
 		wg.Go(func() {
-			if err := s.conn.Do(ctx, ops...); err != nil {
+			var err error
+			if hook := f.p.cfg.sim.repairing; hook != nil {
+				err = hook(f.r.ID, s.idx)
+			}
+			if err == nil {
+				err = s.conn.Do(ctx, ops...)
+			}
+			if err != nil {
 				f.outOfLine[j].Store(true)
 				f.p.log.Warn("rebuild: a parity shard out of line with the data shards could not be brought in line; it is marked lost and rebuilt", "segment", f.r.ID, "shard", s.idx, "node", s.home.Node, "err", err)
 				return

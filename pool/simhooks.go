@@ -39,4 +39,9 @@ type simHooks struct {
 	// judging runs when homeChanged is about to judge a change of node's
 	// redundant homes, under node's judge lock.
 	judging func(node string, up bool)
+	// repairing runs when a rebuild this daemon drives is about to write
+	// parity shard shard of segment back in line with the data shards
+	// (the sealed round's repair, rebuildfill.go); an error fails that
+	// write, as a home that refused it would.
+	repairing func(segment uint64, shard int) error
 }

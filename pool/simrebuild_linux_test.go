@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -278,6 +279,12 @@ type redundantSim struct {
 // to the origin's host first, and places and writes the two segments of
 // size bytes.
 func newRedundantSim(t *testing.T, hosts int, size int64, setup func(oh *simHost)) *redundantSim {
+	return newRedundantSimOf(t, hosts, size, size, setup)
+}
+
+// newRedundantSimOf is newRedundantSim with the replicated segment of
+// repSize bytes and the coded one of ecSize.
+func newRedundantSimOf(t *testing.T, hosts int, repSize, ecSize int64, setup func(oh *simHost)) *redundantSim {
 	sc := newSimCluster(t, simHostConfig{hosts: hosts, leaseTTL: 10 * time.Second})
 	for _, h := range sc.hosts {
 		h.cfg.GossipProfile = cluster.ProfileLocal // failure detection in about a second
@@ -303,7 +310,7 @@ func newRedundantSim(t *testing.T, hosts int, size int64, setup func(oh *simHost
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	rs.conn = conn
-	alloc := func(red *poolv1.Redundancy) (uint64, record) {
+	alloc := func(red *poolv1.Redundancy, size int64) (uint64, record) {
 		cctx, _, err := conn.Call(ctx)
 		require.NoError(t, err)
 		seg, err := conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, Redundancy: red})
@@ -312,14 +319,18 @@ func newRedundantSim(t *testing.T, hosts int, size int64, setup func(oh *simHost
 		require.True(t, ok)
 		return seg.Id, r
 	}
-	rs.repID, rs.rep = alloc(&poolv1.Redundancy{Replicas: 2})
-	rs.ecID, rs.ec = alloc(&poolv1.Redundancy{DataShards: 4, ParityShards: 2})
+	rs.repID, rs.rep = alloc(&poolv1.Redundancy{Replicas: 2}, repSize)
+	rs.ecID, rs.ec = alloc(&poolv1.Redundancy{DataShards: 4, ParityShards: 2}, ecSize)
 	require.Len(t, rs.rep.Homes, 2)
 	require.Len(t, rs.ec.Homes, 6)
 	shard := rs.ec.shardSize()
 
-	// The bytes: random, written at the primary and at each data home.
-	rs.repWant = make([]byte, size)
+	// The bytes: random, written at the primary and at each data home,
+	// there in writes of at most 1 MiB: a data home forwards each write's
+	// delta to the parity shards within ForwardTimeout (1 s), which a
+	// 16 MiB one can outlast on a busy machine under -race (the parity
+	// shard is then marked lost).
+	rs.repWant = make([]byte, repSize)
 	_, _ = rand.Read(rs.repWant)
 	rs.primary = homeConn(t, origin, rs.rep.Homes[0])
 	require.NoError(t, rs.primary.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rs.rep.Homes[0]), Buf: rs.repWant}))
@@ -329,7 +340,10 @@ func newRedundantSim(t *testing.T, hosts int, size int64, setup func(oh *simHost
 		if i < 4 {
 			_, _ = rand.Read(rs.ecWant[i])
 			c := homeConn(t, origin, rs.ec.Homes[i])
-			require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rs.ec.Homes[i]), Buf: rs.ecWant[i]}))
+			for off := int64(0); off < shard; off += 1 << 20 {
+				b := rs.ecWant[i][off:min(off+1<<20, shard)]
+				require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rs.ec.Homes[i]), Offset: off, Buf: b}))
+			}
 		}
 	}
 	enc, err := reedsolomon.New(4, 2)
@@ -508,6 +522,119 @@ func TestLostSourceEndsFill(t *testing.T) {
 	}
 	t.Logf("data shard 0 (on %s) and parity shard 4 rebuilt %v after the crash", victim, time.Since(crashed).Round(time.Millisecond))
 	rs.checkShards(t)
+}
+
+// TestRepairFailureLosesParity: a data home of an ec=4+2 segment sends a
+// write's parity delta to parity shard 4 and dies before parity shard 5
+// gets its own (the write hole of TestWriteHoleRepaired), and the sealed
+// round of data shard 0's rebuild cannot bring parity shard 5 in line:
+// its repair write fails (the repairing hook), or it disagrees in more
+// than maxRepair (16 MiB) bytes, which the fill does not hold (no write
+// is tried). The record must then mark parity shard 5 lost, never leave
+// it OK out of line with the data shards: while the one host left that
+// could take a home drains, it stays lost (the segment degraded); once
+// that host takes homes again, parity shard 5 is rebuilt there from the
+// data shards. Afterwards every shard holds the code of the data shards
+// (data shard 0 the outcome of the write the decode chose, parity shard
+// 4's), so any one home lost decodes every byte.
+func TestRepairFailureLosesParity(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ecSize int64
+		// from, to: the bytes of data shard 0 the dead home's write
+		// changed, whose delta reached parity shard 4 only.
+		from, to  int64
+		failWrite bool // the repair write of parity shard 5 fails
+	}{
+		{"its repair write fails", 4 << 20, 8192 + 100, 8192 + 612, true},
+		{"out of line in more than 16 MiB", 4 * (maxRepair + 1<<20), 0, maxRepair + 1<<20, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tried atomic.Int32 // repair writes of parity shard 5
+			rs := newRedundantSimOf(t, 9, 1<<20, tc.ecSize, func(oh *simHost) {
+				oh.cfg.sim.repairing = func(_ uint64, shard int) error {
+					if shard != 5 {
+						return nil
+					}
+					tried.Add(1)
+					if !tc.failWrite {
+						return nil
+					}
+					return fmt.Errorf("the repair write refused by the test: %w", rdma.ErrClosed)
+				}
+			})
+			sc, ec, origin, ctx := rs.sc, rs.ec, rs.oh.daemon(), t.Context()
+
+			// Of the two hosts that hold no shard, one drains: the other
+			// takes data shard 0's new home, and no host is left for
+			// parity shard 5.
+			free := slices.DeleteFunc(sc.up(), func(h *simHost) bool {
+				return h == rs.oh || slices.ContainsFunc(ec.Homes, func(x homeRef) bool { return x.Node == h.name })
+			})
+			require.Len(t, free, 2)
+			spare := free[0]
+			require.NoError(t, sc.drain(spare, false))
+			require.Eventually(t, func() bool {
+				m, ok := origin.pool.cl.Member(spare.name)
+				return ok && m.Meta.Draining
+			}, time.Minute, 10*time.Millisecond, "the spare's drain is not gossiped to the origin")
+
+			r, _ := origin.pool.redundantRecord(rs.ecID)
+			require.Equal(t, homesString(ec.Homes), homesString(r.Homes), "the segment's homes changed before the write hole")
+
+			after := make([][]byte, 6)
+			for i := range after {
+				after[i] = slices.Clone(rs.ecWant[i])
+			}
+			_, _ = rand.Read(after[0][tc.from:tc.to])
+			enc, err := reedsolomon.New(4, 2)
+			require.NoError(t, err)
+			require.NoError(t, enc.Encode(after))
+			c := homeConn(t, origin, ec.Homes[4])
+			require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ec.Homes[4]), Offset: tc.from, Buf: after[4][tc.from:tc.to]}))
+
+			victim, crashed := rs.crashShard0(t, false)
+			parity := ec.Homes[5]
+			lost := func() bool {
+				r, _ := origin.pool.redundantRecord(rs.ecID)
+				return r.Homes[0].State == poolv1.HomeState_HOME_STATE_OK && r.Homes[0].Node != victim &&
+					r.Homes[5].Node == parity.Node && r.Homes[5].HomeID == parity.HomeID && r.Homes[5].State == poolv1.HomeState_HOME_STATE_LOST
+			}
+			for deadline := time.Now().Add(2 * time.Minute); !lost(); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					r, _ := origin.pool.redundantRecord(rs.ecID)
+					t.Fatalf("after data shard 0's rebuild, parity shard 5 (out of line, not brought in line) is not marked lost: %s", homesString(r.Homes))
+				}
+			}
+			t.Logf("data shard 0 rebuilt and parity shard 5 marked lost %v after the crash", time.Since(crashed).Round(time.Millisecond))
+			if tc.failWrite {
+				require.Positive(t, tried.Load(), "the sealed round did not try to bring parity shard 5 in line")
+			} else {
+				require.Zero(t, tried.Load(), "the sealed round wrote more than maxRepair bytes of parity shard 5")
+			}
+			r, _ = origin.pool.redundantRecord(rs.ecID)
+			require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED, r.redundancyState(), "parity shard 5 lost, no host to rebuild it on: %s", homesString(r.Homes))
+			var m dto.Metric
+			require.NoError(t, origin.metrics.parityRepaired.Write(&m))
+			require.Zero(t, m.GetCounter().GetValue(), "farmem_rebuild_parity_repaired_bytes_total counts bytes not rewritten")
+
+			require.NoError(t, sc.drain(spare, true))
+			whole := func() bool {
+				r, _ := origin.pool.redundantRecord(rs.ecID)
+				return r.Homes[5].Node == spare.name && !slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.State != poolv1.HomeState_HOME_STATE_OK })
+			}
+			undrained := time.Now()
+			for deadline := time.Now().Add(2 * time.Minute); !whole(); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					r, _ := origin.pool.redundantRecord(rs.ecID)
+					t.Fatalf("parity shard 5 is not rebuilt on %s, which takes homes again: %s", spare.name, homesString(r.Homes))
+				}
+			}
+			t.Logf("parity shard 5 rebuilt on %s %v after it took homes again", spare.name, time.Since(undrained).Round(time.Millisecond))
+			rs.ecWant = after
+			rs.checkShards(t)
+		})
+	}
 }
 
 // TestLostShardWrites: with the home of data shard 0 of an ec=4+2
