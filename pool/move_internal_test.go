@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
@@ -175,7 +177,8 @@ func TestMoveOutPush(t *testing.T) {
 	require.NoError(t, mover.Write(ctx, region(t, src), 0, pattern))
 
 	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target, All: true})
-	require.Error(t, err, "a push before TRACK: no changes are recorded")
+	require.ErrorIs(t, err, rdma.ErrNotTracked, "a push before TRACK: no changes are recorded")
+	require.Equal(t, codes.NotFound, status.Code(errs.ToStatus(err)), "the refusal's gRPC code")
 	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_TRACK, Chunk: 4096})
 	require.NoError(t, err)
 	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, All: true})

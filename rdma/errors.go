@@ -93,6 +93,14 @@ func (e *MovedError) Unwrap() error { return ErrMoved }
 // multiple of 8. CompareAndSwap64 and FetchAdd64 need 8-byte aligned offsets.
 var ErrUnaligned = errs.Sub(errs.ErrUnaligned, "rdma: atomic operation needs an 8-byte aligned offset")
 
+// ErrNotTracked means a segment's changed chunks were asked for (Dirty,
+// Chunk: a move's source taking or pushing them) while its writes are not
+// tracked: Track was never called, an Unseal stopped it (the move's
+// ABORT), or the host restarted since. The changes since are unknown, so
+// that move cannot go on; a new one starts with Track. It matches
+// errs.ErrNotFound: no tracking of the segment is found here.
+var ErrNotTracked = errs.Sub(errs.ErrNotFound, "rdma: the segment's writes are not tracked here (never tracked, its move's ABORT stopped it, or this host restarted since), so its changes are unknown: start the move again, from its TRACK")
+
 // ErrNotExported means an exporter was asked to revoke, re-epoch or mark a
 // segment id that it does not export (never exported, or already revoked).
 var ErrNotExported = errors.New("rdma: segment is not exported by this host; check the segment id")

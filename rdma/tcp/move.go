@@ -84,7 +84,7 @@ func (s *Server) Dirty(seg uint64) (bitmap []byte, n int, err error) {
 	}
 	d := e.dirty.Load()
 	if d == nil {
-		return nil, 0, fmt.Errorf("rdma/tcp: changed chunks of segment %d: it is not tracked; call Track first", seg)
+		return nil, 0, fmt.Errorf("rdma/tcp: changed chunks of segment %d: %w", seg, rdma.ErrNotTracked)
 	}
 	bitmap = make([]byte, len(d.words)*8)
 	for i := range d.words {
@@ -104,7 +104,7 @@ func (s *Server) Chunk(seg uint64) (int64, error) {
 	}
 	d := e.dirty.Load()
 	if d == nil {
-		return 0, fmt.Errorf("rdma/tcp: chunk of segment %d: it is not tracked; call Track first", seg)
+		return 0, fmt.Errorf("rdma/tcp: chunk of segment %d: %w", seg, rdma.ErrNotTracked)
 	}
 	return 1 << d.shift, nil
 }

@@ -42,7 +42,7 @@ func TestMoveSteps(t *testing.T) {
 		buf := make([]byte, 8)
 
 		_, _, err := s.Dirty(1)
-		require.Error(t, err, "not tracked yet")
+		require.ErrorIs(t, err, rdma.ErrNotTracked, "not tracked yet")
 		require.Error(t, s.Track(1, 1000), "not a power of two")
 		require.Error(t, s.Track(1, 2048), "below MinChunk")
 		require.ErrorIs(t, s.Track(9, 4096), rdma.ErrNotExported)
@@ -216,7 +216,7 @@ func TestReadLocal(t *testing.T) {
 	require.NoError(t, c.Write(ctx, r, 4096, []byte("local")))
 
 	_, err := s.Chunk(1)
-	require.Error(t, err, "not tracked yet")
+	require.ErrorIs(t, err, rdma.ErrNotTracked, "not tracked yet")
 	require.NoError(t, s.Track(1, 8192))
 	chunk, err := s.Chunk(1)
 	require.NoError(t, err)
