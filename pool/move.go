@@ -539,6 +539,9 @@ type mover struct {
 	read  func(ctx context.Context, buf []byte, batch [][2]int64) error
 	batch int64
 	dirty func(ctx context.Context) (bitmap []byte, n int, err error)
+	// fill names a rebuild's fill on the source's PUSH steps
+	// (rebuildFill.id).
+	fill uint64
 }
 
 // run allocates the target, copies, and switches over; on a failure before
@@ -873,7 +876,7 @@ func (m *mover) pushRange(ctx context.Context, all bool, off, n int64) (*poolv1.
 		}
 		timeout += time.Duration(bytes/moveMinRate) * time.Second
 	}
-	resp, err := m.step(ctx, &poolv1.MoveOutRequest{HomeId: m.rec.HomeID, Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: m.target, All: all, Offset: off, Length: n}, timeout)
+	resp, err := m.step(ctx, &poolv1.MoveOutRequest{HomeId: m.rec.HomeID, Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: m.target, All: all, Offset: off, Length: n, Fill: m.fill}, timeout)
 	if err != nil {
 		return nil, err
 	}

@@ -714,13 +714,67 @@ func TestMoveOutAborted(t *testing.T) {
 	r := p.segs[src.ID]
 	p.mu.Unlock()
 	require.NoError(t, p.setSealed(r, true))
-	p.aborted.add(src.ID, second, time.Now())
-	require.ErrorIs(t, p.handOver(ctx, r, *r, second), errMoveAborted)
+	late := &poolv1.MoveOutRequest{HomeId: src.ID, Phase: poolv1.MoveOutPhase_MOVE_OUT_SEAL, Target: second}
+	m, _ := moveOf(src.ID, late)
+	p.aborted.add(m, time.Now())
+	require.ErrorIs(t, p.handOver(ctx, r, *r, late), errMoveAborted)
 	require.NoError(t, p.setSealed(r, false))
 	unsealed("the refused handover")
 
 	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_SEAL, copyOf(alloc())), "a SEAL to another copy")
 	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, nil))
+}
+
+// TestMoveOutAbortedFill: a fill of a redundant segment's new home (a
+// rebuild's, a home move's) names itself on its steps (MoveOutRequest's
+// fill): its ABORT is remembered without a target, and a late TRACK,
+// DIRTY, PUSH or SEAL of it is refused, also once a later fill of the
+// same target tracks the segment again, whose steps go on. A fill's
+// ABORT unseals even after its SEAL noted a push to the target.
+func TestMoveOutAbortedFill(t *testing.T) {
+	p, _ := newServingPool(t)
+	ctx := t.Context()
+	x := peerCaller(t, p, "x", 1)
+	alloc := func() *record {
+		r, err := p.Alloc(ctx, x, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+		require.NoError(t, err)
+		return r
+	}
+	src, dst := alloc(), alloc()
+	cred := p.auth.issue("s-x2", "poold/x", "poold x")
+	target := &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: dst.ID, DataAddr: p.dp.addr, Key: dst.Key[:], Epoch: dst.Epoch, DataCredential: cred}
+	const first, second = 0x11, 0x23
+	step := func(phase poolv1.MoveOutPhase, fill uint64) error {
+		req := &poolv1.MoveOutRequest{HomeId: src.ID, Phase: phase, Chunk: 4096, Fill: fill}
+		if phase == poolv1.MoveOutPhase_MOVE_OUT_PUSH || phase == poolv1.MoveOutPhase_MOVE_OUT_SEAL {
+			req.Target = target
+		}
+		_, err := p.moveOut(ctx, x, req, moveTLS{})
+		return err
+	}
+	sealed := func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.segs[src.ID].Sealed
+	}
+
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_TRACK, first))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_PUSH, first))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, first))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_TRACK, second), "a later fill of the same target")
+	for _, phase := range []poolv1.MoveOutPhase{poolv1.MoveOutPhase_MOVE_OUT_SEAL, poolv1.MoveOutPhase_MOVE_OUT_PUSH, poolv1.MoveOutPhase_MOVE_OUT_DIRTY, poolv1.MoveOutPhase_MOVE_OUT_TRACK} {
+		require.ErrorIs(t, step(phase, first), errMoveAborted, "a late %s of the aborted fill", phase)
+	}
+	require.False(t, sealed(), "the late SEAL sealed nothing")
+	_, err := p.dp.srv.Chunk(src.ID)
+	require.NoError(t, err, "the later fill's tracking is left as it was")
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_PUSH, second))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_SEAL, second))
+	_, _, noted, err := p.st.pushed(src)
+	require.NoError(t, err)
+	require.True(t, noted, "the fill's SEAL noted its push")
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, second), "a fill's ABORT after its SEAL's push")
+	require.False(t, sealed(), "the fill's ABORT unsealed")
 }
 
 // TestAbortedMovesBounded: abortedMoves forgets a move abortedFor after
@@ -729,20 +783,29 @@ func TestMoveOutAborted(t *testing.T) {
 func TestAbortedMovesBounded(t *testing.T) {
 	var a abortedMoves
 	to := func(id uint64) *poolv1.SegmentHome { return &poolv1.SegmentHome{Node: "n", HomeId: id} }
-	now := time.Now()
-	a.add(1, to(1), now.Add(-abortedFor))
-	require.False(t, a.has(1, to(1)), "forgotten abortedFor after its ABORT")
-	require.False(t, a.has(1, nil), "a step without a target names no move")
-
-	a.add(1, to(2), now)
-	a.add(1, to(3), now)
-	a.add(1, to(2), now)                     // aborted again: its first slot is overwritten first
-	for id := range uint64(abortedMax - 1) { // the ring wraps past (1, 3)
-		a.add(2, to(id), now)
+	mv := func(seg, id uint64) abortedMove {
+		m, ok := moveOf(seg, &poolv1.MoveOutRequest{Target: to(id)})
+		require.True(t, ok)
+		return m
 	}
-	require.False(t, a.has(1, to(3)), "the oldest forgotten once abortedMax are remembered")
-	require.True(t, a.has(1, to(2)), "remembered from its last ABORT")
-	require.True(t, a.has(2, to(0)))
+	now := time.Now()
+	a.add(mv(1, 1), now.Add(-abortedFor))
+	require.False(t, a.has(mv(1, 1)), "forgotten abortedFor after its ABORT")
+	_, ok := moveOf(1, &poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_SEAL})
+	require.False(t, ok, "a step without a target or fill names no move")
+	m, ok := moveOf(1, &poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_SEAL, Target: to(1), Fill: 7})
+	require.True(t, ok)
+	require.Equal(t, abortedMove{seg: 1, fill: 7}, m, "a fill's step names the fill, not its target")
+
+	a.add(mv(1, 2), now)
+	a.add(mv(1, 3), now)
+	a.add(mv(1, 2), now)                     // aborted again: its first slot is overwritten first
+	for id := range uint64(abortedMax - 1) { // the ring wraps past (1, 3)
+		a.add(mv(2, id), now)
+	}
+	require.False(t, a.has(mv(1, 3)), "the oldest forgotten once abortedMax are remembered")
+	require.True(t, a.has(mv(1, 2)), "remembered from its last ABORT")
+	require.True(t, a.has(mv(2, 0)))
 	require.Len(t, a.at, abortedMax)
 }
 

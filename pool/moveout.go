@@ -55,8 +55,8 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		}
 	}
 	what := fmt.Sprintf("move segment %d away (%s)", seg.ID, req.Phase)
-	if (req.Phase == poolv1.MoveOutPhase_MOVE_OUT_PUSH || req.Phase == poolv1.MoveOutPhase_MOVE_OUT_SEAL) && p.aborted.has(seg.ID, req.Target) {
-		return nil, fmt.Errorf("%s: %w (target %s, id %d there)", what, errMoveAborted, req.Target.Node, req.Target.HomeId)
+	if m, ok := moveOf(seg.ID, req); ok && lateRefused(req.Phase) && p.aborted.has(m) {
+		return nil, fmt.Errorf("%s: %w (%s)", what, errMoveAborted, m)
 	}
 	resp := &poolv1.MoveOutResponse{}
 	switch req.Phase {
@@ -78,7 +78,7 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		p.pushing.retire(seg.ID)
 		err = p.letGo(r, seg.ID) // the push note goes with the record
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
-		err = p.abortOut(r, seg, req.Target)
+		err = p.abortOut(r, seg, req)
 	case poolv1.MoveOutPhase_MOVE_OUT_STATUS:
 		err = p.moveStatus(seg, req.Target, resp)
 	}
@@ -129,7 +129,7 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	if err == nil {
 		if req.Target != nil {
 			if err = p.pushOf(ctx, seg, req, tls, resp); err == nil {
-				err = p.handOver(ctx, r, seg, req.Target)
+				err = p.handOver(ctx, r, seg, req)
 			}
 		} else {
 			resp.Dirty, err = p.dirtyOf(seg.ID, resp)
@@ -151,13 +151,14 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	return nil
 }
 
-// errMoveAborted is a PUSH or SEAL refused because it names a move whose
-// ABORT ran here (abortedMoves): it arrived late, after its origin gave up
-// on it. Nothing of it ran: the segment is not sealed for it, no chunk was
-// taken from a later move's tracking, and nothing was handed over. It
-// matches ErrNotFound: the move it names is no more; an origin that got
-// it would fail the move as for any SEAL that failed (STATUS finds the
-// segment not sealed: undone).
+// errMoveAborted is a PUSH or SEAL (or a fill's TRACK or DIRTY: lateRefused)
+// refused because it names a move or fill whose ABORT ran here
+// (abortedMoves): it arrived late, after its origin gave up on it.
+// Nothing of it ran: the segment is not sealed for it, no chunk was taken
+// from a later move's tracking, and nothing was handed over. It matches
+// ErrNotFound: the move it names is no more; an origin that got it would
+// fail the move as for any SEAL that failed (STATUS finds the segment not
+// sealed: undone).
 var errMoveAborted = errs.Sub(errs.ErrNotFound, "the move this step names was undone here (its ABORT ran, and its target's copy is freed): nothing was pushed, sealed or handed over for it; start a new move")
 
 // errHandedOver is an ABORT refused because the SEAL of the move it
@@ -166,27 +167,34 @@ var errMoveAborted = errs.Sub(errs.ErrNotFound, "the move this step names was un
 var errHandedOver = errs.Sub(errs.ErrInUse, "the segment was handed over to its move's target, whose copy clients may have written: the move is not undone; roll it forward (ask STATUS, then COMMIT)")
 
 // abortOut runs an ABORT step: it unseals the segment and drops its push
-// note, unless target names the move whose SEAL noted a push to it (the
-// segment was handed over: errHandedOver). The move it undoes is
-// remembered (p.aborted), so that a PUSH or SEAL of it that arrives later
-// is refused (errMoveAborted). An ABORT without a target (a rebuild's, or
-// an older origin's) unseals as ever, and is not remembered. It runs under
-// p.handing, so that a SEAL that completes late, after its origin gave up
-// on it, either notes its push before this check or fails for the unseal
-// or the remembered ABORT.
-func (p *core) abortOut(r *record, seg record, target *poolv1.SegmentHome) error {
+// note, unless req's target names the move whose SEAL noted a push to it
+// (the segment was handed over: errHandedOver). The move or fill it
+// undoes (moveOf) is remembered (p.aborted), so that a step of it that
+// arrives later is refused (errMoveAborted). A fill's ABORT is not
+// refused for a push note: the fill's SEAL pushed to a new home of a
+// redundant segment that its record names only once the fill switched,
+// and the fill is undone on any failure before. An ABORT that names
+// neither (the one a fill sends before its TRACK, a home move's undo
+// after its fill's own ABORT, or an older origin's) unseals as ever, and
+// is not remembered. It runs under p.handing, so
+// that a SEAL that completes late, after its origin gave up on it, either
+// notes its push before this check or fails for the unseal or the
+// remembered ABORT.
+func (p *core) abortOut(r *record, seg record, req *poolv1.MoveOutRequest) error {
 	p.pushing.retire(seg.ID)
 	p.handing.Lock()
 	defer p.handing.Unlock()
-	if target != nil && target.Node != "" {
-		node, id, ok, err := p.st.pushed(&seg)
-		if err != nil {
-			return err
+	if m, ok := moveOf(seg.ID, req); ok {
+		if m.fill == 0 {
+			node, id, ok, err := p.st.pushed(&seg)
+			if err != nil {
+				return err
+			}
+			if ok && node == m.node && id == m.id {
+				return fmt.Errorf("%w (target %s, id %d there)", errHandedOver, node, id)
+			}
 		}
-		if ok && node == target.Node && id == target.HomeId {
-			return fmt.Errorf("%w (target %s, id %d there)", errHandedOver, node, id)
-		}
-		p.aborted.add(seg.ID, target, time.Now())
+		p.aborted.add(m, time.Now())
 	}
 	// A copy whose writes are held until its origin sets its
 	// forwarding again (replicate.go) stays sealed: a rebuild that
@@ -202,18 +210,19 @@ func (p *core) abortOut(r *record, seg record, target *poolv1.SegmentHome) error
 // moving notice) go there on their next MOVED, rather than through their
 // daemon once the SEAL's answer reached it. Under p.handing, it checks
 // first that the SEAL's caller still waits for it (an origin that gave
-// up asks STATUS and may undo the move), that no ABORT of this move ran
-// since moveOut checked (p.aborted: one that ran before this SEAL sealed
-// the segment did not unseal it), and that no ABORT unsealed the segment
-// since it was sealed.
-func (p *core) handOver(ctx context.Context, r *record, seg record, target *poolv1.SegmentHome) error {
+// up asks STATUS and may undo the move), that no ABORT of this move (or
+// fill) ran since moveOut checked (p.aborted: one that ran before this
+// SEAL sealed the segment did not unseal it), and that no ABORT unsealed
+// the segment since it was sealed.
+func (p *core) handOver(ctx context.Context, r *record, seg record, req *poolv1.MoveOutRequest) error {
+	target := req.Target
 	p.handing.Lock()
 	defer p.handing.Unlock()
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("the SEAL's caller gave up before the handover: %w", err)
 	}
-	if p.aborted.has(seg.ID, target) {
-		return fmt.Errorf("%w (target %s, id %d there)", errMoveAborted, target.Node, target.HomeId)
+	if m, ok := moveOf(seg.ID, req); ok && p.aborted.has(m) {
+		return fmt.Errorf("%w (%s)", errMoveAborted, m)
 	}
 	p.mu.Lock()
 	sealed := p.segs[seg.ID] == r && r.Sealed
@@ -399,20 +408,21 @@ const (
 )
 
 // abortedMoves remembers, on this node as the source of moves, the moves
-// whose ABORT named their target: the origin undid them and frees the
-// target's copy. A PUSH or SEAL of one that arrives after its ABORT (its
-// call failed at the origin before the handler ran) is refused
-// (errMoveAborted). Without that, once a later move's TRACK has the
-// segment's writes tracked again (the ABORT stopped tracking them, and a
-// push fails without), it would take that move's changed chunks and push
-// them to the aborted move's copy, which the later move's copy then
-// lacks; a SEAL would also seal the segment and hand it over to that
-// copy, where a client told of it would write until it is freed, and
-// other clients bounce until the later move seals or aborts. Each is
-// remembered for abortedFor, at most abortedMax of them. Nothing
-// survives a restart, and needs not: a step in flight is lost with the
-// connection it came on, and the origin sends none again. Safe for
-// concurrent use.
+// and fills whose ABORT named them (moveOf): the origin undid them and
+// frees the target's copy. A step of one that arrives after its ABORT
+// (its call failed at the origin before the handler ran) is refused
+// (errMoveAborted, lateRefused). Without that, once a later move's (or
+// fill's) TRACK has the segment's writes tracked again (the ABORT stopped
+// tracking them, and a push fails without), a PUSH or SEAL of it would
+// take that move's changed chunks and push them to the aborted move's
+// copy, which the later move's copy then lacks (a fill's DIRTY would take
+// them too, and its TRACK start the tracking afresh); a SEAL would also
+// seal the segment and hand it over to that copy, where a client told of
+// it would write until it is freed, and other clients bounce until the
+// later move seals or aborts. Each is remembered for abortedFor, at most
+// abortedMax of them. Nothing survives a restart, and needs not: a step
+// in flight is lost with the connection it came on, and the origin sends
+// none again. Safe for concurrent use.
 type abortedMoves struct {
 	mu   sync.Mutex
 	at   map[abortedMove]abortedAt
@@ -421,12 +431,48 @@ type abortedMoves struct {
 }
 
 // abortedMove names one move of a segment from this node: the segment's
-// id here and its target's copy (node and id there), which each move
-// allocates anew.
+// id here and either the fill it is (MoveOutRequest.fill: a rebuild's or
+// a home move's, which may fill the same new home again after a failure)
+// or its target's copy (node and id there), which each move of a whole
+// segment allocates anew.
 type abortedMove struct {
 	seg  uint64
+	fill uint64
 	node string
 	id   uint64
+}
+
+// String names m for messages.
+func (m abortedMove) String() string {
+	if m.fill != 0 {
+		return fmt.Sprintf("fill %#x", m.fill)
+	}
+	return fmt.Sprintf("target %s, id %d there", m.node, m.id)
+}
+
+// moveOf names the move or fill of segment seg that step req belongs to:
+// its fill, if it names one, else its target; ok is false for a step
+// that names neither.
+func moveOf(seg uint64, req *poolv1.MoveOutRequest) (m abortedMove, ok bool) {
+	switch {
+	case req.Fill != 0:
+		return abortedMove{seg: seg, fill: req.Fill}, true
+	case req.Target != nil && req.Target.Node != "":
+		return abortedMove{seg: seg, node: req.Target.Node, id: req.Target.HomeId}, true
+	}
+	return abortedMove{}, false
+}
+
+// lateRefused reports whether a step of phase that names an aborted move
+// is refused: those that track, take or push the segment's changes, or
+// seal it. (A move of a whole segment names its target on PUSH and SEAL
+// only.) ABORT, COMMIT and STATUS only settle the move's end.
+func lateRefused(phase poolv1.MoveOutPhase) bool {
+	switch phase {
+	case poolv1.MoveOutPhase_MOVE_OUT_TRACK, poolv1.MoveOutPhase_MOVE_OUT_DIRTY, poolv1.MoveOutPhase_MOVE_OUT_PUSH, poolv1.MoveOutPhase_MOVE_OUT_SEAL:
+		return true
+	}
+	return false
 }
 
 // abortedAt is when a move's last ABORT ran, and its number
@@ -436,9 +482,8 @@ type abortedAt struct {
 	n    uint64
 }
 
-// add remembers the move of segment seg to target, aborted at now.
-func (a *abortedMoves) add(seg uint64, target *poolv1.SegmentHome, now time.Time) {
-	m := abortedMove{seg: seg, node: target.Node, id: target.HomeId}
+// add remembers move m, aborted at now.
+func (a *abortedMoves) add(m abortedMove, now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.at == nil {
@@ -458,14 +503,10 @@ func (a *abortedMoves) add(seg uint64, target *poolv1.SegmentHome, now time.Time
 	a.n++
 }
 
-// has reports whether the move of segment seg to target was aborted here
-// less than abortedFor ago; a step that names no target names no move.
-func (a *abortedMoves) has(seg uint64, target *poolv1.SegmentHome) bool {
-	if target == nil || target.Node == "" {
-		return false
-	}
+// has reports whether move m was aborted here less than abortedFor ago.
+func (a *abortedMoves) has(m abortedMove) bool {
 	a.mu.Lock()
-	at, ok := a.at[abortedMove{seg: seg, node: target.Node, id: target.HomeId}]
+	at, ok := a.at[m]
 	a.mu.Unlock()
 	return ok && time.Since(at.time) < abortedFor
 }

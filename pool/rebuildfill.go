@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,10 @@ type rebuildFill struct {
 	i      int    // the index of the home rebuilt
 	target homeRef
 	m      *mover
+	// id names this fill on its steps at the survivors (MoveOutRequest's
+	// fill, nonzero): a fill of the same target again after a failure is
+	// another, so a late step of the undone one is refused there.
+	id uint64
 	// moving: home i is alive and leaves (a move of it, movehome.go),
 	// not lost: it is tracked and, a shard, copied from.
 	moving bool
@@ -126,7 +131,7 @@ func (rb *rebuilder) newFill(ctx context.Context, r record, i int, target homeRe
 // goes at most rate (nil: unlimited).
 func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls moveTLS, rate *rateLimit, moving bool) (*rebuildFill, error) {
 	size := r.shardSize()
-	f := &rebuildFill{p: p, r: r, i: i, target: target, moving: moving}
+	f := &rebuildFill{p: p, r: r, i: i, target: target, moving: moving, id: rand.Uint64() | 1}
 	what := fmt.Sprintf("rebuild segment %d", r.ID)
 	if moving {
 		what = fmt.Sprintf("move a home of segment %d", r.ID)
@@ -135,7 +140,7 @@ func (p *core) newFill(ctx context.Context, r record, i int, target homeRef, tls
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	f.m = &mover{p: p, rec: record{ID: r.ID, Size: size}, dst: dst, to: target.Node, tls: tls, chunk: moveChunk(size), rate: rate}
+	f.m = &mover{p: p, rec: record{ID: r.ID, Size: size}, dst: dst, to: target.Node, tls: tls, chunk: moveChunk(size), rate: rate, fill: f.id}
 	f.m.dirty = f.changed
 	k := r.Redundancy.Data
 	if f.tracked, err = p.okPeers(ctx, r, func(j int) bool { return (j != i || moving) && (r.Redundancy.Replicas == 0 || j == 0) }); err != nil {
@@ -458,7 +463,9 @@ func (f *rebuildFill) switchOK(ctx context.Context) error {
 
 // step runs one MoveOut phase at the tracked survivors that pick selects,
 // in parallel, and returns the union of the chunks they report changed
-// and its count.
+// and its count. Each step names the fill (f.id) but an ABORT: the one
+// step sends, before the TRACK, undoes what a previous run left, not this
+// fill (unseal's names it).
 func (f *rebuildFill) step(ctx context.Context, phase poolv1.MoveOutPhase, pick func(rebuildPeer) bool) ([]byte, int, error) {
 	var g errgroup.Group
 	var mu sync.Mutex
@@ -468,6 +475,9 @@ func (f *rebuildFill) step(ctx context.Context, phase poolv1.MoveOutPhase, pick 
 			continue
 		}
 		req := &poolv1.MoveOutRequest{HomeId: s.home.HomeID, Phase: phase, Chunk: f.m.chunk}
+		if phase != poolv1.MoveOutPhase_MOVE_OUT_ABORT {
+			req.Fill = f.id
+		}
 		if phase == poolv1.MoveOutPhase_MOVE_OUT_SEAL && f.pusher != nil && s.idx == f.pusher.idx {
 			req.Target = f.m.target // it pushes its last changes itself
 		}
@@ -500,22 +510,23 @@ func (f *rebuildFill) changed(ctx context.Context) ([]byte, int, error) {
 	return f.step(ctx, poolv1.MoveOutPhase_MOVE_OUT_DIRTY, func(rebuildPeer) bool { return true })
 }
 
-// unseal asks every tracked survivor to ABORT (serve writes again, stop
-// tracking); one that cannot be told now is told in the background.
+// unseal asks every tracked survivor to ABORT this fill (serve writes
+// again, stop tracking, refuse a late step of it); one that cannot be told
+// now is told in the background.
 func (f *rebuildFill) unseal() {
 	for _, s := range f.tracked {
-		f.p.unsealAt(s.home.Node, s.home.HomeID)
+		f.p.unsealAt(s.home.Node, s.home.HomeID, f.id)
 	}
 }
 
-// unsealAt asks node to ABORT the move of its segment id, retrying in the
-// background while node is alive and cannot be told: a writer left
-// sealed would refuse every write.
-func (p *core) unsealAt(node string, id uint64) {
+// unsealAt asks node to ABORT the move of its segment id, the fill fill
+// (0: none named), retrying in the background while node is alive and
+// cannot be told: a writer left sealed would refuse every write.
+func (p *core) unsealAt(node string, id, fill uint64) {
 	try := func(ctx context.Context) error {
 		pc, err := p.homeSession(ctx, node, "rebuild source")
 		if err == nil {
-			_, err = moveOutAt(ctx, pc, id, poolv1.MoveOutPhase_MOVE_OUT_ABORT, 0)
+			_, err = moveOutReq(ctx, pc, &poolv1.MoveOutRequest{HomeId: id, Phase: poolv1.MoveOutPhase_MOVE_OUT_ABORT, Fill: fill})
 		}
 		if errors.Is(err, errs.ErrNotFound) || errors.Is(err, errs.ErrSegmentLost) {
 			return nil

@@ -5,14 +5,20 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
+	"google.golang.org/grpc"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/session"
+	"github.com/farmem/farmem/rdma"
 )
 
 // TestMoveHomeSim: on 8 simulated hosts, a replicas=2 and an ec=4+2
@@ -120,4 +126,117 @@ func TestMoveHomeSim(t *testing.T) {
 		ec, _ := origin.pool.redundantRecord(rs.ecID)
 		return fmt.Sprint(homesString(ec.Homes))
 	}())
+}
+
+// TestMoveHomeLateSealAfterAbort: on 4 simulated hosts, the origin moves
+// the backup of a replicas=2 segment (as an evacuation of its host asks)
+// and the primary's SEAL, which pushes the fill's last changes itself, is
+// lost: the move is undone, and the copy it filled is kept (its Free
+// refused). A second move's fill starts; at its first PUSH of changed
+// chunks, a write at the primary is acknowledged, then the lost SEAL
+// arrives there after all: it is refused (errMoveAborted), so it neither
+// takes the second fill's changed chunks to the undone copy nor seals the
+// primary. The second move succeeds, and every home of the segment holds
+// the write.
+func TestMoveHomeLateSealAfterAbort(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second})
+	oh := sc.hosts[3]
+	const (
+		loseSeal = iota + 1 // the first fill's SEAL is refused
+		runLate             // the second fill's first PUSH of changes runs it first
+	)
+	var (
+		mu       sync.Mutex
+		stage    int
+		sealBy   caller
+		sealReq  *poolv1.MoveOutRequest
+		write    func() error // the write at the primary before the late SEAL
+		sealErr  = make(chan error, 1)
+		writeErr = make(chan error, 1)
+		keepCopy atomic.Bool
+	)
+	for _, h := range sc.hosts[:3] {
+		h.cfg.sim.grpc = append(h.cfg.sim.grpc, grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+			if keepCopy.Load() && strings.HasSuffix(info.FullMethod, "/Free") {
+				return nil, errs.ToStatus(fmt.Errorf("the test keeps the copy of the undone move: %w", errs.ErrUnavailable))
+			}
+			return next(ctx, req)
+		}))
+		h.cfg.sim.moveOutStep = func(c caller, req *poolv1.MoveOutRequest) error {
+			mu.Lock()
+			switch {
+			case stage == loseSeal && req.Phase == poolv1.MoveOutPhase_MOVE_OUT_SEAL && req.Target != nil:
+				stage, sealBy, sealReq = 0, c, req
+				mu.Unlock()
+				return fmt.Errorf("the test lost the SEAL: %w", errs.ErrUnavailable)
+			case stage == runLate && req.Phase == poolv1.MoveOutPhase_MOVE_OUT_PUSH && !req.All:
+				stage = 0
+				mu.Unlock()
+				writeErr <- write()
+				d := h.daemon()
+				_, err := d.pool.moveOut(context.Background(), sealBy, sealReq, d.moveTLS())
+				sealErr <- err
+				return nil
+			}
+			mu.Unlock()
+			return nil
+		}
+	}
+	sc.startDrainedOrigin(t, oh)
+	ctx, origin := t.Context(), oh.daemon()
+	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "app"})
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	cctx, _, err := conn.Call(ctx)
+	require.NoError(t, err)
+	const size = 1 << 20
+	seg, err := conn.API().Alloc(cctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, Redundancy: &poolv1.Redundancy{Replicas: 2}})
+	require.NoError(t, err)
+	r, ok := origin.pool.redundantRecord(seg.Id)
+	require.True(t, ok)
+	want := bytes.Repeat([]byte{0xa5}, size)
+	primary := homeConn(t, origin, r.Homes[0])
+	require.NoError(t, primary.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(r.Homes[0]), Buf: want}))
+	after := bytes.Repeat([]byte{0x5a}, 4096)
+	write = func() error {
+		return primary.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(r.Homes[0]), Offset: 8192, Buf: after})
+	}
+	leaving := r.Homes[1]
+	moveBackup := func() error {
+		_, err := origin.pool.move(ctx, caller{client: &client{id: peerClientPrefix + leaving.Node}},
+			&poolv1.MoveRequest{Home: leaving.Node, HomeId: leaving.HomeID}, origin.moveTLS(), origin.moveClients())
+		return err
+	}
+
+	mu.Lock()
+	stage = loseSeal
+	mu.Unlock()
+	keepCopy.Store(true)
+	require.Error(t, moveBackup(), "the first move failed: its SEAL was lost")
+	mu.Lock()
+	require.NotNil(t, sealReq, "the test lost the first fill's SEAL")
+	stage = runLate
+	mu.Unlock()
+	require.Eventually(t, func() bool {
+		ins, err := origin.pool.st.intents()
+		return err == nil && len(ins) == 0
+	}, 30*time.Second, 50*time.Millisecond, "the first move is undone")
+
+	require.NoError(t, moveBackup(), "the second move")
+	select {
+	case err := <-writeErr:
+		require.NoError(t, err, "the write at the primary before the late SEAL")
+	default:
+		t.Fatal("the second move's fill sent no PUSH of changes")
+	}
+	copy(want[8192:], after)
+	keepCopy.Store(false)
+	r, ok = origin.pool.redundantRecord(seg.Id)
+	require.True(t, ok)
+	require.NotEqual(t, leaving.Node, r.Homes[1].Node, "the backup moved")
+	for i, h := range r.Homes {
+		require.Equal(t, poolv1.HomeState_HOME_STATE_OK, h.State, "home %d on %s", i, h.Node)
+		require.True(t, bytes.Equal(want, homeBytes(ctx, t, origin, h, size)), "home %d on %s holds every acknowledged write", i, h.Node)
+	}
+	require.ErrorIs(t, <-sealErr, errMoveAborted, "the late SEAL of the undone fill is refused")
 }

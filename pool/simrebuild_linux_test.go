@@ -291,20 +291,9 @@ func newRedundantSimOf(t *testing.T, hosts int, repSize, ecSize int64, setup fun
 	}
 	rs := &redundantSim{sc: sc, oh: sc.hosts[3]}
 	setup(rs.oh)
-	sc.startAll()
-	_, err := sc.waitConverged(time.Minute)
-	require.NoError(t, err)
+	sc.startDrainedOrigin(t, rs.oh)
 	ctx := t.Context()
 	oh := rs.oh
-	require.NoError(t, sc.drain(oh, false))
-	require.Eventually(t, func() bool {
-		for _, h := range sc.up() {
-			if m, ok := h.daemon().pool.cl.Member(oh.name); !ok || !m.Meta.Draining {
-				return false
-			}
-		}
-		return true
-	}, time.Minute, 10*time.Millisecond, "the origin's drain is not gossiped")
 	origin := oh.daemon()
 	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "redundant-sim"})
 	require.NoError(t, err)
@@ -350,6 +339,24 @@ func newRedundantSimOf(t *testing.T, hosts int, repSize, ecSize int64, setup fun
 	require.NoError(t, err)
 	require.NoError(t, enc.Encode(rs.ecWant))
 	return rs
+}
+
+// startDrainedOrigin starts sc and drains oh, the origin of the
+// segments a test places, until every host knows: their homes go on the
+// other hosts.
+func (sc *simCluster) startDrainedOrigin(t *testing.T, oh *simHost) {
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, sc.drain(oh, false))
+	require.Eventually(t, func() bool {
+		for _, h := range sc.up() {
+			if m, ok := h.daemon().pool.cl.Member(oh.name); !ok || !m.Meta.Draining {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 10*time.Millisecond, "the origin's drain is not gossiped")
 }
 
 // checkHomes checks the segments' records at the origin now: no home on a

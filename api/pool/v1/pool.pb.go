@@ -4550,8 +4550,19 @@ type MoveOutRequest struct {
 	// PUSH with all: only the chunks that hold a byte of [offset,
 	// offset+length); length 0: to the segment's end. The caller paces a
 	// whole copy by pushing it a slice at a time.
-	Offset        int64 `protobuf:"varint,6,opt,name=offset,proto3" json:"offset,omitempty"`
-	Length        int64 `protobuf:"varint,7,opt,name=length,proto3" json:"length,omitempty"`
+	Offset int64 `protobuf:"varint,6,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length int64 `protobuf:"varint,7,opt,name=length,proto3" json:"length,omitempty"`
+	// The fill of a redundant segment's new home (a rebuild's, or a home
+	// move's) this step belongs to: an id the origin picks at random for
+	// each fill, nonzero, on its TRACK, DIRTY, PUSH and SEAL steps and on
+	// the ABORT that undoes it. A rebuild may fill the same new home again
+	// after a failure, so the target does not name one fill. The callee
+	// remembers a fill's ABORT for a while and refuses a later step of it
+	// (a late one, which would take a later fill's changed chunks). An
+	// ABORT with a fill is never refused for a handover (its target is
+	// unset: the record names the new home only once the fill switched).
+	// 0: no fill (a move of a whole segment, named by its target).
+	Fill          uint64 `protobuf:"varint,8,opt,name=fill,proto3" json:"fill,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4631,6 +4642,13 @@ func (x *MoveOutRequest) GetOffset() int64 {
 func (x *MoveOutRequest) GetLength() int64 {
 	if x != nil {
 		return x.Length
+	}
+	return 0
+}
+
+func (x *MoveOutRequest) GetFill() uint64 {
+	if x != nil {
+		return x.Fill
 	}
 	return 0
 }
@@ -5660,7 +5678,7 @@ const file_pool_proto_rawDesc = "" +
 	"\fbytes_copied\x18\x03 \x01(\x04R\vbytesCopied\x12\x16\n" +
 	"\x06rounds\x18\x04 \x01(\rR\x06rounds\x12\x19\n" +
 	"\bpause_us\x18\x05 \x01(\x03R\apauseUs\x121\n" +
-	"\tfrom_tier\x18\x06 \x01(\x0e2\x14.farmem.pool.v1.TierR\bfromTier\"\xea\x01\n" +
+	"\tfrom_tier\x18\x06 \x01(\x0e2\x14.farmem.pool.v1.TierR\bfromTier\"\xfe\x01\n" +
 	"\x0eMoveOutRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x122\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x1c.farmem.pool.v1.MoveOutPhaseR\x05phase\x12\x14\n" +
@@ -5668,7 +5686,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x06target\x18\x04 \x01(\v2\x1b.farmem.pool.v1.SegmentHomeR\x06target\x12\x10\n" +
 	"\x03all\x18\x05 \x01(\bR\x03all\x12\x16\n" +
 	"\x06offset\x18\x06 \x01(\x03R\x06offset\x12\x16\n" +
-	"\x06length\x18\a \x01(\x03R\x06length\"\xf9\x02\n" +
+	"\x06length\x18\a \x01(\x03R\x06length\x12\x12\n" +
+	"\x04fill\x18\b \x01(\x04R\x04fill\"\xf9\x02\n" +
 	"\x10ReplicateRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12/\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1b.farmem.pool.v1.ForwardModeR\x04mode\x12\x14\n" +
