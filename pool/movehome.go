@@ -288,7 +288,9 @@ func (p *core) finishHomeMove(ctx context.Context, in intent) error {
 // unsealHomes asks every home of r that is not lost, but the one on skip,
 // to ABORT a move (unseal, stop tracking), retrying in the background.
 // The ABORT names no fill: the fill of an undone move ABORTed its own
-// (rebuildFill.unseal) when it failed, and an intent does not keep it.
+// (rebuildFill.unseal) when it failed, and an intent does not keep it. A
+// writer a kill of this daemon left sealed meanwhile, the intent gone, is
+// unsealed after its restart (replicateLater, unsealIdle).
 func (p *core) unsealHomes(r record, skip string) {
 	for _, h := range r.Homes {
 		if h.State != poolv1.HomeState_HOME_STATE_LOST && h.Node != skip {

@@ -523,34 +523,82 @@ func (f *rebuildFill) unseal() {
 // (0: none named), retrying in the background while node is alive and
 // cannot be told: a writer left sealed would refuse every write.
 func (p *core) unsealAt(node string, id, fill uint64) {
-	try := func(ctx context.Context) error {
-		pc, err := p.homeSession(ctx, node, "rebuild source")
-		if err == nil {
-			_, err = moveOutReq(ctx, pc, &poolv1.MoveOutRequest{HomeId: id, Phase: poolv1.MoveOutPhase_MOVE_OUT_ABORT, Fill: fill})
-		}
-		if errors.Is(err, errs.ErrNotFound) || errors.Is(err, errs.ErrSegmentLost) {
-			return nil
-		}
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
-	err := try(ctx)
+	err := p.unsealOnce(ctx, node, id, fill)
 	cancel()
 	p.mu.Lock()
 	closed := p.closed
 	p.mu.Unlock()
-	if err == nil || closed { // closed: the next start's rebuild unseals it first
+	if err == nil || closed { // closed: the next start unseals it (unsealIdle)
 		return
 	}
 	p.log.Warn("rebuild: a surviving home is to unseal a segment; retrying", "node", node, "segment", id, "err", err)
 	p.retryLater(func(ctx context.Context) error {
 		if !p.alive(node) {
-			return nil // not waited for once it is gone
+			return nil // not waited for once it is gone; unsealIdle unseals it if it returns
 		}
 		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
 		defer cancel()
-		return try(ctx)
+		return p.unsealOnce(ctx, node, id, fill)
 	})
+}
+
+// unsealOnce asks node once to ABORT the move of its segment id (unseal,
+// stop tracking), the fill fill (0: none named); a segment that is gone
+// or lost there is fine.
+func (p *core) unsealOnce(ctx context.Context, node string, id, fill uint64) error {
+	pc, err := p.homeSession(ctx, node, "rebuild source")
+	if err == nil {
+		_, err = moveOutReq(ctx, pc, &poolv1.MoveOutRequest{HomeId: id, Phase: poolv1.MoveOutPhase_MOVE_OUT_ABORT, Fill: fill})
+	}
+	if errors.Is(err, errs.ErrNotFound) || errors.Is(err, errs.ErrSegmentLost) {
+		return nil
+	}
+	return err
+}
+
+// errUnsealBusy is an unsealIdle that waits: a move or rebuild of the
+// segment is under way, and unseals its writers when it ends.
+var errUnsealBusy = errs.Sub(errs.ErrLimit, "the segment is moving or rebuilding; its writers are unsealed once that ends")
+
+// unsealIdle unseals the writer homes of segment id (the primary of
+// replicas, the data shards of erasure coding) that are OK, unless a move
+// or rebuild of it is under way (errUnsealBusy), holding off any that
+// would begin meanwhile. A fill seals them at its switch and unseals them
+// after it, and a home move after its finish, but a daemon killed in
+// between leaves them sealed, with nothing in the record that says so: a
+// rebuild whose switch committed the new home OK leaves nothing to
+// rebuild, a home move's intent is gone once its finish asked the homes
+// (retrying in the background), and a rebuild that cannot place a new
+// home never starts the fill that would unseal them first. So
+// replicateLater calls this once its replicate has set the forwarding
+// (every home the record names OK then takes the writes), which a
+// restarted daemon runs for every redundant segment as the homes' nodes
+// join, and again when a node returns. An ABORT of a home that is not
+// sealed changes nothing.
+func (p *core) unsealIdle(ctx context.Context, id uint64) error {
+	if !p.moving.begin(id) {
+		return errUnsealBusy
+	}
+	defer p.moving.end(id)
+	r, ok := p.redundantRecord(id)
+	if !ok || r.Lost {
+		return nil
+	}
+	var errsOf []error
+	k := r.Redundancy.Data
+	for i, h := range r.Homes {
+		if h.State != poolv1.HomeState_HOME_STATE_OK || k > 0 && i >= k || k == 0 && i > 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
+		err := p.unsealOnce(ctx, h.Node, h.HomeID, 0)
+		cancel()
+		if err != nil {
+			errsOf = append(errsOf, fmt.Errorf("unseal the %s on %s: %w", homeRoleName(&r, i), h.Node, err))
+		}
+	}
+	return errors.Join(errsOf...)
 }
 
 // publish shows the bytes copied (f.progress: a rebuild's in the

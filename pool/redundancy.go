@@ -808,11 +808,13 @@ func (p *core) homeReturned(node string, held map[uint64]bool) {
 var errHomeGone = errors.New("no such home that is not lost")
 
 // replicateLater runs replicate on segment id's current record in the
-// background until it succeeds, backing off from reconcileRetry to 5 s,
-// while the segment exists and is not lost and the daemon runs. One runs
-// per segment at a time: asked again meanwhile, it runs once more when
-// done, on the record as it is then (an older record sent last would
-// undo a newer one's forwarding).
+// background until it succeeds, then unsealIdle until that does (writers
+// a killed move or rebuild left sealed serve again, now that they forward
+// to every home the record names OK), backing off from reconcileRetry to
+// 5 s, while the segment exists and is not lost and the daemon runs. One
+// runs per segment at a time: asked again meanwhile, it runs once more
+// (replicate included) when done, on the record as it is then (an older
+// record sent last would undo a newer one's forwarding).
 func (p *core) replicateLater(id uint64) {
 	p.mu.Lock()
 	if p.replicating == nil {
@@ -831,6 +833,7 @@ func (p *core) replicateLater(id uint64) {
 			p.mu.Unlock()
 		}()
 		wait := reconcileRetry
+		replicated := false
 		for {
 			p.mu.Lock()
 			cur, ok := p.segs[id]
@@ -844,18 +847,26 @@ func (p *core) replicateLater(id uint64) {
 			if !ok || r.Lost || !r.redundant() {
 				return
 			}
-			err := p.replicate(ctx, &r)
+			var err error
+			if !replicated {
+				err = p.replicate(ctx, &r)
+				replicated = err == nil
+			}
+			if replicated {
+				err = p.unsealIdle(ctx, id)
+			}
 			p.mu.Lock()
 			again := p.replicating[id]
 			p.mu.Unlock()
 			switch {
 			case again: // at once, on the newer record
-				wait = reconcileRetry
+				wait, replicated = reconcileRetry, false
 				continue
 			case err == nil:
 				return
+			case !errors.Is(err, errUnsealBusy):
+				p.log.Info("telling the homes of a redundant segment how to forward: retrying", "segment", id, "err", err)
 			}
-			p.log.Info("telling the homes of a redundant segment how to forward: retrying", "segment", id, "err", err)
 			select {
 			case <-ctx.Done():
 				return
