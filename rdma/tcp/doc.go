@@ -352,9 +352,20 @@
 // ops of a session it no longer holds: from then on an origin block opens
 // a session as a RESUME hello does (its other slots' history unknown).
 // This relies on a copy taking every change through forwarding from its
-// export on: a daemon that fills a copy's memory any other way (copying
-// it from a surviving home) must export it with Server.ExportKey, so that
-// this server counts its sessions as forgotten.
+// export on. A copy filled any other way (copying a surviving home's
+// memory while that home goes on applying ops: a rebuild's new copy, a
+// moved home's target) holds the effect of ops whose answers it never
+// saw, and its server may well hold the client's session with those slots
+// known (an origin block of another slot, another segment there):
+// exported with Server.ExportCopy, it carries a join mark, unset until
+// Server.Join, which its daemon calls once every home that applied ops
+// before is sealed or gone (the copy's switch), and which ExportKey sets
+// at the export. A RETRY on such a segment whose seq is not the slot's
+// cached one answers INDETERMINATE unless the slot recorded an op on this
+// server since the mark: the client sends a slot's next seq only once its
+// previous one was answered, which was recorded here before that answer,
+// so a seq after a record made past the mark was applied nowhere without
+// reaching here too, and runs. A first send (no RETRY) runs as ever.
 //
 //	origin block (FORWARD), 40 bytes + owner:
 //	+---------------------------------------------------------------+

@@ -50,6 +50,11 @@ type export struct {
 	allowed atomic.Pointer[principals]
 	// readers may only read the segment (Server.AllowReaders); nil: none.
 	readers atomic.Pointer[principals]
+	// joined is the join mark of memory that took ops outside this
+	// server's reply cache (Server.ExportCopy, ExportKey): the onceClock
+	// reading since which every change reaches it here; notJoined while
+	// it is filled; 0 for memory that took every op here (Export).
+	joined atomic.Uint64
 
 	// fwdMu serialises the mutating ops of a forwarding segment with the
 	// handing of their changes to the targets (forward.go), and the XORs
@@ -69,6 +74,9 @@ type export struct {
 	drainOnce sync.Once
 	drained   chan struct{}
 }
+
+// notJoined is the join mark of an export still filled by copy.
+const notJoined = ^uint64(0)
 
 func newExport(seg uint64, mem []byte, key rdma.Key, epoch uint64) *export {
 	e := &export{seg: seg, mem: mem, key: key, drained: make(chan struct{})}

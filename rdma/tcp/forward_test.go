@@ -999,3 +999,121 @@ func TestForwardFailoverUnderLoad(t *testing.T) {
 	}
 	require.EqualValues(t, len(answers), le.Uint64(bmem), "every add applied once at the backup")
 }
+
+// copiedSpare starts a spare whose segment 1 is exported by ExportCopy,
+// filled with pmem's bytes, and joins the primary's forwarding over a
+// link as principal "poold/a"; join (Server.Join) is called once the
+// forwarding is set.
+func copiedSpare(t *testing.T, prim *testServer, pmem []byte, fails *failures) (spare *testServer, smem []byte, sr rdma.Region) {
+	t.Helper()
+	cfg := fwdConfig()
+	cfg.Identify = principalAt
+	spare = startServer(t, cfg)
+	smem = mapMem(t, len(pmem))
+	key, err := spare.ExportCopy(1, smem, 1)
+	require.NoError(t, err)
+	sr = rdma.Region{Segment: 1, Key: key, Epoch: 1}
+	require.NoError(t, spare.Allow(1, []string{"app", "poold/a"}))
+	copy(smem, pmem)
+	link := dial(t, spare.addr, WithCredential([]byte("poold/a@b")), WithBusyPoll(-1))
+	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: sr}}, OnFail: fails.onFail}))
+	require.NoError(t, spare.Join(1))
+	return spare, smem, sr
+}
+
+// TestRetryAtCopiedHomeIndeterminate: a copy filled by copying the
+// primary's memory (ExportCopy) holds the effect of every op the primary
+// applied before it joined the forwarding, but no answer of theirs. Once
+// an origin block of another slot opened the client's session there (its
+// slots known at seq 0), a RETRY of such an op at the copy, promoted after
+// the primary died, must not run a second time: it answers INDETERMINATE.
+func TestRetryAtCopiedHomeIndeterminate(t *testing.T) {
+	var fails failures
+	cfg := fwdConfig()
+	cfg.Identify = principalAt
+	prim := startServer(t, cfg)
+	pmem, pr := prim.export(t, 1, 4096)
+	require.NoError(t, prim.Allow(1, []string{"app"}))
+
+	sess := rdma.NewSession()
+	app := dial(t, prim.addr, WithCredential([]byte("app@a")), WithSession(sess), WithBusyPoll(-1))
+	ctx := t.Context()
+	// A FADD the primary applies while it has no target; the client never
+	// sees the answer (its connection is cut).
+	lost := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Delta: 1}
+	tk, err := sess.Acquire(ctx)
+	require.NoError(t, err)
+	lost.Once = tk
+	require.NoError(t, app.Do(ctx, lost))
+	require.EqualValues(t, 1, le.Uint64(pmem))
+
+	spare, smem, sr := copiedSpare(t, prim, pmem, &fails)
+
+	// Another op of the client's session (another slot) is forwarded: the
+	// spare opens the session, every slot known.
+	other := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Offset: 8, Delta: 1}
+	tk2, err := sess.Acquire(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, tk.Slot, tk2.Slot)
+	other.Once = tk2
+	require.NoError(t, app.Do(ctx, other))
+	tk2.Release()
+
+	// The primary dies; the spare takes its place; the client retries the
+	// FADD whose answer it never had, with RETRY and the same ticket.
+	require.NoError(t, prim.Close())
+	app2 := dial(t, spare.addr, WithCredential([]byte("app@b")), WithSession(sess), WithBusyPoll(-1))
+	lost.Region, lost.Prev = sr, 0
+	err = app2.Do(ctx, lost)
+	tk.Release()
+	require.ErrorIs(t, err, rdma.ErrIndeterminate, "the retry ran again at the copy (prev %d)", lost.Prev)
+	require.EqualValues(t, 1, le.Uint64(smem))
+	require.Empty(t, fails.count())
+}
+
+// TestRetryAtCopiedHomeAfterJoinRuns: at a copy that joined, a RETRY whose
+// slot recorded an op there since the join runs (its seq came after that
+// op's, so had the primary applied it, it would have been forwarded), and
+// is answered from the cache when its forward arrived.
+func TestRetryAtCopiedHomeAfterJoinRuns(t *testing.T) {
+	var fails failures
+	cfg := fwdConfig()
+	cfg.Identify = principalAt
+	prim := startServer(t, cfg)
+	pmem, pr := prim.export(t, 1, 4096)
+	require.NoError(t, prim.Allow(1, []string{"app"}))
+	spare, smem, sr := copiedSpare(t, prim, pmem, &fails)
+
+	sess := rdma.NewSession()
+	app := dial(t, prim.addr, WithCredential([]byte("app@a")), WithSession(sess), WithBusyPoll(-1))
+	ctx := t.Context()
+	// One op on the slot after the join: forwarded, recorded at the copy.
+	tk, err := sess.Acquire(ctx)
+	require.NoError(t, err)
+	first := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Delta: 1, Once: tk}
+	require.NoError(t, app.Do(ctx, first))
+	tk.Release()
+	require.EqualValues(t, 1, le.Uint64(smem))
+
+	// The slot's next op never reached the primary, which dies; its retry
+	// at the copy runs once, and a repeat is answered from the cache.
+	require.NoError(t, prim.Close())
+	slot := tk.Slot
+	for tk = nil; tk == nil; {
+		next, ok := sess.TryAcquire()
+		require.True(t, ok)
+		defer next.Release()
+		if next.Slot == slot {
+			tk = next
+		}
+	}
+	tk.Post() // sent to the primary, which never received it
+	app2 := dial(t, spare.addr, WithCredential([]byte("app@b")), WithSession(sess), WithBusyPoll(-1))
+	for range 2 {
+		retry := &rdma.Op{Kind: rdma.OpFetchAdd, Region: sr, Delta: 1, Once: tk}
+		require.NoError(t, app2.Do(ctx, retry))
+		require.EqualValues(t, 1, retry.Prev)
+	}
+	require.EqualValues(t, 2, le.Uint64(smem))
+	require.Empty(t, fails.count())
+}

@@ -77,7 +77,7 @@ func (s *Server) Export(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) 
 	if err != nil {
 		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: %w", seg, err)
 	}
-	return key, s.export(seg, mem, epoch, key)
+	return key, s.export(seg, mem, epoch, key, 0)
 }
 
 // ExportKey is Export under a key the caller chose: a daemon restarting
@@ -88,11 +88,47 @@ func (s *Server) Export(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) 
 // unknown (see doc.go, Forwarding).
 func (s *Server) ExportKey(seg uint64, mem []byte, epoch uint64, key rdma.Key) error {
 	s.sessions.forget()
-	return s.export(seg, mem, epoch, key)
+	return s.export(seg, mem, epoch, key, onceClock.Add(1))
 }
 
-// export registers mem as segment seg under key.
-func (s *Server) export(seg uint64, mem []byte, epoch uint64, key rdma.Key) error {
+// ExportCopy is Export for memory a daemon fills by copying another
+// home's while that home goes on applying clients' ops (a rebuild's new
+// copy or shard, the target of a home's move): the copy holds the effect
+// of ops whose answers this server never saw. Until Join(seg), a RETRY
+// of an exactly-once op on it answers INDETERMINATE unless its answer is
+// cached here; after, unless the op's session slot recorded an op here
+// since the Join (see doc.go, Forwarding).
+func (s *Server) ExportCopy(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) {
+	key, err := rdma.NewKey()
+	if err != nil {
+		return rdma.Key{}, fmt.Errorf("rdma/tcp: export segment %d: %w", seg, err)
+	}
+	return key, s.export(seg, mem, epoch, key, notJoined)
+}
+
+// Join records that segment seg, exported by ExportCopy or ExportKey,
+// takes every change from now on through this server (its forwarders
+// forward each to it, or it is the primary), and held every earlier one
+// when this is called: call it once the homes that applied ops before
+// are sealed against writes or gone, before they apply another. Calling
+// it again moves the mark later, which only makes more retries answer
+// INDETERMINATE. It does nothing to a segment exported by Export.
+func (s *Server) Join(seg uint64) error {
+	e := s.lookup(seg)
+	if e == nil {
+		return fmt.Errorf("rdma/tcp: join segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	for {
+		j := e.joined.Load()
+		if j == 0 || e.joined.CompareAndSwap(j, onceClock.Add(1)) {
+			return nil
+		}
+	}
+}
+
+// export registers mem as segment seg under key with the join mark
+// joined (export.joined).
+func (s *Server) export(seg uint64, mem []byte, epoch uint64, key rdma.Key, joined uint64) error {
 	if s.cfgErr != nil {
 		return s.cfgErr
 	}
@@ -115,7 +151,9 @@ func (s *Server) export(seg uint64, mem []byte, epoch uint64, key rdma.Key) erro
 	for k, v := range old {
 		m[k] = v
 	}
-	m[seg] = newExport(seg, mem, key, epoch)
+	e := newExport(seg, mem, key, epoch)
+	e.joined.Store(joined)
+	m[seg] = e
 	s.exports.Store(&m)
 	s.fences.forget(seg)
 	return nil

@@ -74,7 +74,17 @@ type slot struct {
 	status uint16 // its answer
 	flags  uint8
 	value  uint64
+	// at is when seq was recorded (onceClock), 0 if it never was: a
+	// RETRY at an export filled by copy is compared with its join mark
+	// (decideAt).
+	at uint64
 }
+
+// onceClock orders a slot's records against the join marks of exports
+// filled by copy (Server.ExportCopy, Server.Join). One clock serves every
+// server of the process: only the order of a record and a mark on the
+// same server is ever compared.
+var onceClock atomic.Uint64
 
 // announce records that a hello without RESUME named key: its client had
 // no server accept the session before, so nothing of it ran anywhere. The
@@ -204,6 +214,25 @@ func (sl *slot) decide(seq uint32, retry bool) verdict {
 	}
 }
 
+// decideAt is decide for a request on an export whose memory may hold
+// ops it took outside this server's reply cache until the mark joined (a
+// copy filled by copying another home's, see Server.ExportCopy; 0: none,
+// never reached: still filled). A RETRY of a seq the slot has not run
+// answers INDETERMINATE unless the slot recorded an op at or after that
+// mark: the client sends seq only once the slot's previous seq was
+// answered, and was recorded here, so a seq after a record made once
+// every change reached this export through it (forwarding, or as the
+// primary) could only have been applied elsewhere if it reached here too.
+// A first send (no RETRY) never ran anywhere and still runs. The caller
+// holds sl.mu.
+func (sl *slot) decideAt(seq uint32, retry bool, joined uint64) verdict {
+	v := sl.decide(seq, retry)
+	if v == execute && retry && joined != 0 && sl.at < joined {
+		return indeterminate
+	}
+	return v
+}
+
 // record caches the answer of seq; the caller holds sl.mu. A refusal
 // (refused) is not cached: the op was not applied and the slot stays at
 // its last executed seq, so a retry of seq runs again and may find the
@@ -212,7 +241,7 @@ func (sl *slot) record(seq uint32, status uint16, flags uint8, value uint64) {
 	if refused(status) {
 		return
 	}
-	sl.known, sl.seq = true, seq
+	sl.known, sl.seq, sl.at = true, seq, onceClock.Add(1)
 	sl.status, sl.flags, sl.value = status, flags, value
 }
 

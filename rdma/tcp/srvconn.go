@@ -306,9 +306,13 @@ func (c *srvConn) once(h *reqHeader) error {
 		// counted per connection, so requests share no counter.
 		c.sess = c.s.sessions.open(*c.sessKey, c.sessResume)
 	}
+	var joined uint64
+	if e := c.s.lookup(h.seg); e != nil && subtle.ConstantTimeCompare(e.key[:], h.key[:]) == 1 {
+		joined = e.joined.Load()
+	}
 	sl := &c.sess.slots[h.slot]
 	sl.mu.Lock()
-	switch sl.decide(h.seq, h.flags&reqFlagRetry != 0) {
+	switch sl.decideAt(h.seq, h.flags&reqFlagRetry != 0, joined) {
 	case replay:
 		defer sl.mu.Unlock()
 		if err := c.discard(int(h.payloadLen)); err != nil {
