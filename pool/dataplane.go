@@ -87,8 +87,9 @@ func (dp *dataPlane) serve() {
 }
 
 // export maps a segment's backing and registers it; with a non-nil key
-// (a restart) under that key, else under a fresh one.
-func (dp *dataPlane) export(id uint64, b device.Backing, epoch uint64, key *rdma.Key) (rdma.Key, error) {
+// (a restart) under that key, else under a fresh one, as a copy a peer
+// fills from another home (tcp.Server.ExportCopy) if copied is set.
+func (dp *dataPlane) export(id uint64, b device.Backing, epoch uint64, key *rdma.Key, copied bool) (rdma.Key, error) {
 	m, err := device.Map(b)
 	if err != nil {
 		return rdma.Key{}, err
@@ -97,6 +98,8 @@ func (dp *dataPlane) export(id uint64, b device.Backing, epoch uint64, key *rdma
 	if key != nil {
 		k = *key
 		err = dp.srv.ExportKey(id, m.Bytes(), epoch, k)
+	} else if copied {
+		k, err = dp.srv.ExportCopy(id, m.Bytes(), epoch)
 	} else {
 		k, err = dp.srv.Export(id, m.Bytes(), epoch)
 	}

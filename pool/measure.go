@@ -195,7 +195,7 @@ func measureMemory(mem []byte) (*measurement, error) {
 // measureLoopback exports b on the data plane under probeID and measures
 // one-sided operations on it over TCP from this process.
 func (p *core) measureLoopback(ctx context.Context, b device.Backing) (*measurement, error) {
-	key, err := p.dp.export(probeID, b, 1, nil)
+	key, err := p.dp.export(probeID, b, 1, nil, false)
 	if err != nil {
 		return nil, err
 	}

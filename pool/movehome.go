@@ -258,7 +258,7 @@ func (p *core) finishHomeMove(ctx context.Context, in intent) error {
 		return p.dropIntent(in)
 	}
 	if ok {
-		if err := p.replicate(ctx, &r); err != nil {
+		if err := p.replicateJoining(ctx, &r, &homeRef{Node: in.To, HomeID: in.ToID}); err != nil {
 			return err
 		}
 	}

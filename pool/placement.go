@@ -33,6 +33,10 @@ type allocRequest struct {
 	Fallback []poolv1.Tier
 	// HomeOnly places on this daemon's own memory (a peer asking).
 	HomeOnly bool
+	// FilledByCopy (with HomeOnly): the peer fills the segment by copying
+	// another home's memory; it is exported so (dataPlane.export) until a
+	// Replicate request says it joined.
+	FilledByCopy bool
 	// Allow and AllowFree are identities besides the creator's that may
 	// attach a named segment, and attach and free it (see grants.go).
 	Allow, AllowFree []string
@@ -304,7 +308,7 @@ func (p *core) allocOn(c caller, d *dev, req allocRequest) (*record, error) {
 		// memory with another segment's.
 		err = fmt.Errorf("alloc on %s: %w", d.Name(), errDeviceChanged)
 	case d.tier == poolv1.Tier_TIER_RDMA:
-		if r.Key, err = p.dp.export(id, b, r.Epoch, nil); err != nil {
+		if r.Key, err = p.dp.export(id, b, r.Epoch, nil, req.HomeOnly && req.FilledByCopy); err != nil {
 			err = fmt.Errorf("alloc: export on the data plane: %w", err)
 		} else {
 			p.allowData(r)

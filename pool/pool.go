@@ -306,7 +306,7 @@ func (p *core) reexport(r *record, b device.Backing) error {
 		return errors.New("the data plane is disabled")
 	}
 	key := r.Key
-	if _, err := p.dp.export(r.ID, b, r.Epoch, &key); err != nil {
+	if _, err := p.dp.export(r.ID, b, r.Epoch, &key, false); err != nil {
 		return err
 	}
 	p.allowData(r)

@@ -440,7 +440,7 @@ func (f *rebuildFill) switchOK(ctx context.Context) error {
 	if !ok {
 		err = fmt.Errorf("%w: freed meanwhile", errs.ErrNotFound)
 	} else {
-		err = p.replicate(ctx, &cur)
+		err = p.replicateJoining(ctx, &cur, &f.target)
 	}
 	if err == nil {
 		return nil

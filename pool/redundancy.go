@@ -324,7 +324,7 @@ func (p *core) makeHomes(ctx context.Context, nodes []cluster.Member, size int64
 	errsOf := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	for i, m := range nodes {
-		wg.Go(func() { homes[i], errsOf[i] = p.makeHome(ctx, m, size, client) })
+		wg.Go(func() { homes[i], errsOf[i] = p.makeHome(ctx, m, size, client, false) })
 	}
 	wg.Wait()
 	if err := errors.Join(errsOf...); err != nil {
@@ -334,14 +334,17 @@ func (p *core) makeHomes(ctx context.Context, nodes []cluster.Member, size int64
 	return homes, nil
 }
 
-// makeHome allocates one copy or shard of size bytes at m for client.
-func (p *core) makeHome(ctx context.Context, m cluster.Member, size int64, client string) (homeRef, error) {
+// makeHome allocates one copy or shard of size bytes at m for client;
+// copied: one filled by copying another home's memory (a rebuild's, a
+// moved home's target), which serves retried exactly-once ops from what
+// it records once a replicate joined it (ReplicateRequest.joined).
+func (p *core) makeHome(ctx context.Context, m cluster.Member, size int64, client string, copied bool) (homeRef, error) {
 	pc, err := p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
 	if err != nil {
 		return homeRef{}, err
 	}
 	seg, err := callAt(ctx, pc, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.Segment, error) {
-		return api.Alloc(ctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: client})
+		return api.Alloc(ctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: client, FilledByCopy: copied})
 	})
 	if err != nil {
 		return homeRef{}, fmt.Errorf("alloc on %s: %w", m.Name, err)
@@ -407,7 +410,7 @@ func (p *core) placeHome(ctx context.Context, r *record, exclude []string) (home
 		return homeRef{}, fmt.Errorf("segment %d: a new home for %d bytes: %w", r.ID, shard, err)
 	}
 	defer p.placing(chosen[0].Name)()
-	h, err := p.makeHome(ctx, chosen[0], shard, r.Owner)
+	h, err := p.makeHome(ctx, chosen[0], shard, r.Owner, true)
 	h.State = poolv1.HomeState_HOME_STATE_REBUILDING
 	return h, err
 }
@@ -462,6 +465,16 @@ const replicateTimeout = 10 * time.Second
 // one), and sets *r to it; a record not yet committed (an Alloc under
 // way) is sent as given.
 func (p *core) replicate(ctx context.Context, r *record) error {
+	return p.replicateJoining(ctx, r, nil)
+}
+
+// replicateJoining is replicate at the switch of a home filled by copy
+// (a rebuild's switchOK, a home move's finishHomeMove): join, if r names
+// it OK, is told it joined (ReplicateRequest.joined), so that it serves
+// retried exactly-once ops from what it records from then on. The homes
+// it was copied from are sealed from before this call until it returns,
+// so it holds every change they applied and takes every later one.
+func (p *core) replicateJoining(ctx context.Context, r *record, join *homeRef) error {
 	if r.ID != 0 {
 		mu, _ := p.replicateLocks.LoadOrStore(r.ID, new(sync.Mutex))
 		mu.(*sync.Mutex).Lock()
@@ -506,6 +519,10 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 			targets = append(targets, hp)
 		}
 	}
+	joined := func(i int) bool {
+		h := r.Homes[i]
+		return join != nil && h.Node == join.Node && h.HomeID == join.HomeID && h.State == poolv1.HomeState_HOME_STATE_OK
+	}
 	restarted := make([]bool, len(r.Homes))
 	tell := func(idx []int, req func(i int) *poolv1.ReplicateRequest) error {
 		errsOf := make([]error, len(idx))
@@ -517,7 +534,7 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 		return errors.Join(errsOf...)
 	}
 	err := tell(writers, func(i int) *poolv1.ReplicateRequest {
-		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.homeEpoch(i), Writers: writerNodes, ClientsReadOnly: true}
+		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.homeEpoch(i), Writers: writerNodes, ClientsReadOnly: true, Joined: joined(i)}
 		if coded && i < r.Redundancy.Data {
 			req.Writers = nil // a data shard being filled: only this daemon writes it
 		}
@@ -527,7 +544,7 @@ func (p *core) replicate(ctx context.Context, r *record) error {
 		return err
 	}
 	err = tell(forwarders, func(i int) *poolv1.ReplicateRequest {
-		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Targets: targets, StaleIfRestarted: r.staleIfRestarted(i)}
+		req := &poolv1.ReplicateRequest{HomeId: r.Homes[i].HomeID, Epoch: r.Epoch, Targets: targets, StaleIfRestarted: r.staleIfRestarted(i), Joined: joined(i)}
 		if coded {
 			req.Mode, req.Shard = poolv1.ForwardMode_FORWARD_MODE_PARITY, uint32(i)
 			req.DataShards, req.ParityShards = uint32(r.Redundancy.Data), uint32(r.Redundancy.Parity)

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/farmem/farmem/internal/errs"
 	redspec "github.com/farmem/farmem/internal/redundancy"
 	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // fastDetection declares a crashed host dead within about a second.
@@ -465,4 +467,97 @@ func TestReturnJudgedAfterDeath(t *testing.T) {
 	require.Equal(t, keep.Node, now.Home)
 	require.Equal(t, poolv1.HomeState_HOME_STATE_OK, now.Homes[0].State, "%+v", now.Homes)
 	require.Contains(t, sc.heldFor(origin.cfg.Node)[keep.Node], keep.HomeID, "the kept copy is not freed")
+}
+
+// TestRetryAtRebuiltHomeIndeterminate: a rebuild fills a replicas=2
+// segment's new backup by copying the primary's memory, which holds an add
+// whose answer the client never had; the backup has no answer for it. Once
+// another add of the client's session (another slot) is forwarded there,
+// the backup holds the session with its slots known, and when the primary
+// dies and the backup is promoted, the client's retry of the first add
+// with its ticket must not run again: it is ErrIndeterminate and the word
+// holds one add. A retry on the other slot, which ran an op there since
+// the switch, still runs.
+func TestRetryAtRebuiltHomeIndeterminate(t *testing.T) {
+	sc := redundantCluster(t, 4, fastDetection, true)
+	ctx := t.Context()
+	origin := sc.hosts[0].daemon()
+	require.NoError(t, origin.pool.credentials().bind("app", uidIdentity(1000)))
+	origin.pool.openSession("s-app", "app", "app", 1, 1000)
+	app, err := origin.pool.callerFor("s-app")
+	require.NoError(t, err)
+	s := redspec.Spec{Replicas: 2}
+	rep, err := origin.pool.Alloc(ctx, app, allocRequest{Size: 8192, Tier: poolv1.Tier_TIER_RDMA, Redundancy: &s})
+	require.NoError(t, err)
+	primary, backup := rep.Homes[0], rep.Homes[1]
+	sess := rdma.NewSession()
+	appConn := func(h homeRef) rdma.Conn {
+		c, err := tcp.Dial(ctx, h.DataAddr, tcp.WithCredential(origin.delegatedCred(ctx, h.Node, "app")), tcp.WithSession(sess), tcp.WithConns(1))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	atPrimary := appConn(primary)
+	lost := &rdma.Op{Kind: rdma.OpFetchAdd, Region: homeRegion(primary), Delta: 1}
+	tk, err := sess.Acquire(ctx)
+	require.NoError(t, err)
+	defer tk.Release()
+	lost.Once = tk
+	require.NoError(t, atPrimary.Do(ctx, lost)) // its answer is taken for lost
+
+	// The backup's host dies; a rebuild places a new backup and fills it
+	// from the primary.
+	sc.crash(sc.host(backup.Node))
+	var now record
+	require.Eventually(t, func() bool {
+		now, err = origin.pool.Stat(rep.ID)
+		return err == nil && now.Homes[1].State == poolv1.HomeState_HOME_STATE_LOST
+	}, 30*time.Second, 20*time.Millisecond, "the backup is marked lost")
+	_, err = newRebuilder(origin.pool, 0).rebuild(ctx, rebuildWork{id: rep.ID, home: 1})
+	require.NoError(t, err)
+	now, err = origin.pool.Stat(rep.ID)
+	require.NoError(t, err)
+	require.Equal(t, poolv1.HomeState_HOME_STATE_OK, now.Homes[1].State)
+	spare := now.Homes[1]
+
+	// Another add of the session, on another slot, is forwarded to it.
+	tk2, err := sess.Acquire(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, tk.Slot, tk2.Slot)
+	other := &rdma.Op{Kind: rdma.OpFetchAdd, Region: homeRegion(now.Homes[0]), Offset: 8, Delta: 1, Once: tk2}
+	require.NoError(t, atPrimary.Do(ctx, other))
+	tk2.Release()
+
+	// The primary dies; the new backup is promoted; the client retries.
+	sc.crash(sc.host(primary.Node))
+	require.Eventually(t, func() bool {
+		now, err = origin.pool.Stat(rep.ID)
+		return err == nil && now.Home == spare.Node
+	}, 30*time.Second, 20*time.Millisecond, "the rebuilt backup is promoted")
+	promoted := now.Homes[0]
+	lost.Region, lost.Prev = homeRegion(promoted), 0
+	err = appConn(promoted).Do(ctx, lost)
+	require.ErrorIs(t, err, rdma.ErrIndeterminate, "the retried add ran again at the rebuilt home (prev %d)", lost.Prev)
+	got := make([]byte, 16)
+	require.NoError(t, homeConn(t, origin, promoted).Read(ctx, homeRegion(promoted), 0, got))
+	require.EqualValues(t, 1, binary.LittleEndian.Uint64(got), "the add is applied once")
+
+	// The other slot ran an op there after the rebuild's switch joined the
+	// copy (not moved later by the promotion): the retry of its next add,
+	// which never reached the old primary, runs.
+	var next *rdma.Ticket
+	for next == nil {
+		tk3, ok := sess.TryAcquire()
+		require.True(t, ok)
+		defer tk3.Release()
+		if tk3.Slot == tk2.Slot {
+			next = tk3
+		}
+	}
+	next.Post() // sent to the old primary, which never had it
+	again := &rdma.Op{Kind: rdma.OpFetchAdd, Region: homeRegion(promoted), Offset: 8, Delta: 1, Once: next}
+	require.NoError(t, appConn(promoted).Do(ctx, again))
+	require.EqualValues(t, 1, again.Prev)
+	require.NoError(t, homeConn(t, origin, promoted).Read(ctx, homeRegion(promoted), 0, got))
+	require.EqualValues(t, 2, binary.LittleEndian.Uint64(got[8:]))
 }

@@ -296,6 +296,13 @@ func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.Replicat
 		p.fwd.unlink(conns)
 		return nil, fmt.Errorf("replicate segment %d: %w", req.HomeId, err)
 	}
+	if req.Joined {
+		// A copy filled from another home serves retried exactly-once
+		// ops from what it records from now on (tcp.Server.Join).
+		if err := p.dp.srv.Join(req.HomeId); err != nil {
+			return nil, fmt.Errorf("replicate segment %d: %w", req.HomeId, err)
+		}
+	}
 	p.fwd.unlink(p.fwd.swap(req.HomeId, conns))
 	if p.fwd.release(req.HomeId) {
 		p.unsealData(req.HomeId)

@@ -151,7 +151,7 @@ func (d *Daemon) alloc(ctx context.Context, c caller, req *poolv1.AllocRequest) 
 // allocRequestOf is what an API request asks of core.Alloc.
 func allocRequestOf(req *poolv1.AllocRequest) allocRequest {
 	return allocRequest{Size: req.Size, Tier: req.Tier, Name: req.Name, Persist: req.Persist, Fallback: req.Fallback,
-		HomeOnly: req.HomeOnly, Allow: req.Allow, AllowFree: req.AllowFree, ForClient: req.ForClient,
+		HomeOnly: req.HomeOnly, FilledByCopy: req.FilledByCopy, Allow: req.Allow, AllowFree: req.AllowFree, ForClient: req.ForClient,
 		MaxReadLatencyNs: req.MaxReadLatencyNs, MinReadBandwidthBps: req.MinReadBandwidthBps, Redundancy: specOf(req.Redundancy)}
 }
 

@@ -53,7 +53,25 @@ func (s *Server) Reason() string { return s.reason }
 
 // Export registers mem with every transport under one fresh key.
 func (s *Server) Export(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) {
-	k, err := s.tcp.Export(seg, mem, epoch)
+	return s.withVerbs(seg, mem, epoch, s.tcp.Export)
+}
+
+// ExportCopy is Export for memory filled by copying another home's (see
+// tcp.Server.ExportCopy): until Join, the tcp transport answers a retried
+// exactly-once op there INDETERMINATE unless it holds its answer.
+func (s *Server) ExportCopy(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) {
+	return s.withVerbs(seg, mem, epoch, s.tcp.ExportCopy)
+}
+
+// Join records that a segment exported by ExportCopy (or ExportKey) takes
+// every change from now on (see tcp.Server.Join). Exactly-once ops go
+// over the tcp transport only.
+func (s *Server) Join(seg uint64) error { return s.tcp.Join(seg) }
+
+// withVerbs registers mem with the tcp transport by export, then with
+// verbs under the same key.
+func (s *Server) withVerbs(seg uint64, mem []byte, epoch uint64, export func(uint64, []byte, uint64) (rdma.Key, error)) (rdma.Key, error) {
+	k, err := export(seg, mem, epoch)
 	if err != nil || s.verbs == nil {
 		return k, err
 	}

@@ -908,7 +908,13 @@ type AllocRequest struct {
 	MinReadBandwidthBps int64 `protobuf:"varint,11,opt,name=min_read_bandwidth_bps,json=minReadBandwidthBps,proto3" json:"min_read_bandwidth_bps,omitempty"`
 	// How many lost homes the segment survives (rdma tier only); unset:
 	// the daemon's default (poold --default-redundancy, none unless set).
-	Redundancy    *Redundancy `protobuf:"bytes,12,opt,name=redundancy,proto3" json:"redundancy,omitempty"`
+	Redundancy *Redundancy `protobuf:"bytes,12,opt,name=redundancy,proto3" json:"redundancy,omitempty"`
+	// With home_only: the caller fills the segment by copying another
+	// home's memory while that home goes on taking writes (a rebuild's new
+	// copy or shard, a moved home's target). Its data plane answers a
+	// retried exactly-once op there INDETERMINATE, unless it holds its
+	// answer, until a Replicate request with joined.
+	FilledByCopy  bool `protobuf:"varint,13,opt,name=filled_by_copy,json=filledByCopy,proto3" json:"filled_by_copy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1025,6 +1031,13 @@ func (x *AllocRequest) GetRedundancy() *Redundancy {
 		return x.Redundancy
 	}
 	return nil
+}
+
+func (x *AllocRequest) GetFilledByCopy() bool {
+	if x != nil {
+		return x.FilledByCopy
+	}
+	return false
 }
 
 // Redundancy is a segment's protection against losing homes: n full
@@ -4677,8 +4690,14 @@ type ReplicateRequest struct {
 	// rebuilds it from the others. A write it applied just before the
 	// restart may not have reached the other homes.
 	StaleIfRestarted bool `protobuf:"varint,40,opt,name=stale_if_restarted,json=staleIfRestarted,proto3" json:"stale_if_restarted,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The copy or shard holds every change made before this call and takes
+	// every later one through its writers or its clients (its state in the
+	// record is OK, and any home that applied writes it did not take is
+	// sealed or gone): a segment allocated filled_by_copy serves retried
+	// exactly-once ops from the ops it records after this call on.
+	Joined        bool `protobuf:"varint,41,opt,name=joined,proto3" json:"joined,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicateRequest) Reset() {
@@ -4777,6 +4796,13 @@ func (x *ReplicateRequest) GetClientsReadOnly() bool {
 func (x *ReplicateRequest) GetStaleIfRestarted() bool {
 	if x != nil {
 		return x.StaleIfRestarted
+	}
+	return false
+}
+
+func (x *ReplicateRequest) GetJoined() bool {
+	if x != nil {
+		return x.Joined
 	}
 	return false
 }
@@ -5349,7 +5375,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12'\n" +
 	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\"A\n" +
 	"\fKeepAliveAck\x121\n" +
-	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xbd\x03\n" +
+	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xe3\x03\n" +
 	"\fAllocRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12(\n" +
 	"\x04tier\x18\x02 \x01(\x0e2\x14.farmem.pool.v1.TierR\x04tier\x12\x12\n" +
@@ -5367,7 +5393,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x16min_read_bandwidth_bps\x18\v \x01(\x03R\x13minReadBandwidthBps\x12:\n" +
 	"\n" +
 	"redundancy\x18\f \x01(\v2\x1a.farmem.pool.v1.RedundancyR\n" +
-	"redundancy\"\x95\x01\n" +
+	"redundancy\x12$\n" +
+	"\x0efilled_by_copy\x18\r \x01(\bR\ffilledByCopy\"\x95\x01\n" +
 	"\n" +
 	"Redundancy\x12\x1a\n" +
 	"\breplicas\x18\x01 \x01(\rR\breplicas\x12\x1f\n" +
@@ -5687,7 +5714,7 @@ const file_pool_proto_rawDesc = "" +
 	"\x03all\x18\x05 \x01(\bR\x03all\x12\x16\n" +
 	"\x06offset\x18\x06 \x01(\x03R\x06offset\x12\x16\n" +
 	"\x06length\x18\a \x01(\x03R\x06length\x12\x12\n" +
-	"\x04fill\x18\b \x01(\x04R\x04fill\"\xf9\x02\n" +
+	"\x04fill\x18\b \x01(\x04R\x04fill\"\x91\x03\n" +
 	"\x10ReplicateRequest\x12\x17\n" +
 	"\ahome_id\x18\x01 \x01(\x04R\x06homeId\x12/\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1b.farmem.pool.v1.ForwardModeR\x04mode\x12\x14\n" +
@@ -5699,7 +5726,8 @@ const file_pool_proto_rawDesc = "" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x18\n" +
 	"\awriters\x18& \x03(\tR\awriters\x12*\n" +
 	"\x11clients_read_only\x18' \x01(\bR\x0fclientsReadOnly\x12,\n" +
-	"\x12stale_if_restarted\x18( \x01(\bR\x10staleIfRestarted\"G\n" +
+	"\x12stale_if_restarted\x18( \x01(\bR\x10staleIfRestarted\x12\x16\n" +
+	"\x06joined\x18) \x01(\bR\x06joined\"G\n" +
 	"\x11ReplicateResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1c\n" +
 	"\trestarted\x18\x02 \x01(\bR\trestarted\"\xd4\x01\n" +
