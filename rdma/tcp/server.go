@@ -81,11 +81,11 @@ func (s *Server) Export(seg uint64, mem []byte, epoch uint64) (rdma.Key, error) 
 }
 
 // ExportKey is Export under a key the caller chose: a daemon restarting
-// re-exports its surviving segments under the keys their owners hold, and
-// a daemon exports under it a copy it fills from another home. Such
-// memory may hold ops of exactly-once sessions this server never saw, so
-// from then on a session an origin block opens starts with its history
-// unknown (see doc.go, Forwarding).
+// re-exports its surviving segments under the keys their owners hold.
+// Such memory may hold ops of exactly-once sessions this server never
+// saw, so from then on a session an origin block opens starts with its
+// history unknown, and the segment joins at once (see ExportCopy and
+// doc.go, Forwarding).
 func (s *Server) ExportKey(seg uint64, mem []byte, epoch uint64, key rdma.Key) error {
 	s.sessions.forget()
 	return s.export(seg, mem, epoch, key, onceClock.Add(1))
