@@ -51,10 +51,14 @@ func (s *Session) Opened() bool { return s.opened.Load() }
 func (s *Session) MarkOpened() { s.opened.Store(true) }
 
 // Acquire takes a free slot for one operation, waiting while all
-// SessionSlots are taken, and returns its ticket with the slot's next
+// SessionSlots are taken (until ctx ends), and returns its ticket with the slot's next
 // sequence number. Release the ticket once the operation's outcome is
 // known, whatever it was.
 func (s *Session) Acquire(ctx context.Context) (*Ticket, error) {
+	// A free slot is taken even if ctx has ended: only a wait fails.
+	if tk, ok := s.TryAcquire(); ok {
+		return tk, nil
+	}
 	select {
 	case slot := <-s.free:
 		return s.take(slot), nil

@@ -51,6 +51,7 @@ type cliConn struct {
 
 	rdToken     chan struct{} // capacity 1: held by whoever reads responses
 	lastPayload int           // size of the last response payload; guarded by rdToken
+	answered    atomic.Uint64 // responses read (Client.answers)
 	rdKick      chan struct{} // capacity 1: wakes readLoop
 
 	leadMu        sync.Mutex // guards the three fields below

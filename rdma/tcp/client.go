@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -102,6 +103,19 @@ type Client struct {
 	session   *rdma.Session
 	conns     []*cliConn
 	closeOnce sync.Once
+	// fwdBytes is the payload bytes of the ops forwarded over the Client
+	// (Server.Forward) that wait on the peer (fwdTarget.begin).
+	fwdBytes atomic.Int64
+}
+
+// answers returns how many responses the Client's connections have read:
+// while it moves, the peer is answering.
+func (cl *Client) answers() uint64 {
+	var n uint64
+	for _, c := range cl.conns {
+		n += c.answered.Load()
+	}
+	return n
 }
 
 var _ rdma.Conn = (*Client)(nil)

@@ -191,6 +191,7 @@ func (c *cliConn) readOne(leadCtx context.Context) error {
 		return c.err // fail swept it: the connection is closing
 	}
 	c.free <- s
+	c.answered.Add(1)
 	claimed := false
 	for !claimed {
 		st := o.state.Load()

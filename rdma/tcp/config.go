@@ -138,17 +138,24 @@ type ServerConfig struct {
 	// (MSG is answered UNSUPPORTED).
 	Message func(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int) ([]byte, error)
 
-	// ForwardTimeout bounds how long a forwarding segment (Server.Forward)
-	// waits for one op's targets to acknowledge it, retries after broken
-	// connections included; a target that has not answered by then is
-	// reported to Forwarding.OnFail and skipped from then on. It is the
-	// longest a client's op waits for a target that hangs, plus at most a
-	// sixteenth of it (ops starting close together share one timer). An
-	// op given up on is not withdrawn: having left, it may still reach
-	// the target later, so whoever rewrites a target's bytes while its
-	// loss is not recorded raises its epoch first (Server.SetEpoch there),
-	// and the late op, which carries the old one, is refused.
-	// Default: 1s.
+	// ForwardTimeout is how long a forwarding segment (Server.Forward)
+	// waits on a target that answers nothing: a target with forwarded
+	// ops waiting on it (for an exactly-once slot of its Client's
+	// session, a connection slot, or their acknowledgements, retries
+	// after broken connections included) that has read no response on
+	// any connection of its Client for ForwardTimeout plus a second per
+	// 4 MiB of forwarded bytes waiting on it is reported to
+	// Forwarding.OnFail and skipped from then on. The deadline measures
+	// silence, not total time: a large write, or many small ones queued
+	// for the session's slots, is waited for as long as the target keeps
+	// answering; one that stops is declared failed at most ForwardTimeout
+	// and an eighth of it, plus those bytes' allowance, after the later
+	// of its last answer and the op's start (its watch checks sixteen
+	// times per ForwardTimeout). An op given up on is not withdrawn:
+	// having left, it may still reach the target later, so whoever
+	// rewrites a target's bytes while its loss is not recorded raises its
+	// epoch first (Server.SetEpoch there), and the late op, which carries
+	// the old one, is refused. Default: 1s.
 	ForwardTimeout time.Duration
 }
 

@@ -320,15 +320,27 @@
 // order and before any later op, on the Client's next live connection,
 // with RETRY if they may have left (the target answers a repeat from its
 // reply cache). A target that answers an error, has no live connection
-// left, or has not answered within ServerConfig.ForwardTimeout (1 s, plus
-// at most a sixteenth of it) is
-// reported to Forwarding.OnFail once and skipped from then on; the
+// left, or is silent while forwarded ops wait on it is reported to
+// Forwarding.OnFail once and skipped from then on; the
 // client's op is still answered OK if every other target acknowledged,
 // after OnFail returned. When OnFail returns an error (the loss could not
 // be recorded where promotions are decided), that op and every later op
 // of the segment are applied but answered INDETERMINATE until Forward is
 // called again: a target that missed them must not be promoted over
 // acknowledged writes.
+//
+// Silence: a target is silent once its Client has read no response on
+// any connection for ServerConfig.ForwardTimeout (1 s) plus a second per
+// 4 MiB of forwarded payload waiting on the target (queued for one of the
+// session's 128 exactly-once slots, in flight, or unanswered). The clock
+// measures silence, not the ops' total time: a 16 MiB write, or a
+// client's large write cut into thousands of 4 KiB ops of a coded
+// segment that queue for the slots, is waited for as long as the target
+// keeps answering, so a slow but live target keeps the segment's
+// redundancy. A target that stops answering is declared failed at most
+// ForwardTimeout and an eighth, plus that allowance, after the later of
+// its last answer and the op's start: a watch checks sixteen times per
+// ForwardTimeout while ops wait on it, and ends the waits of them all.
 //
 // Exactly-once across failover: a forwarded op that stems from a client's
 // exactly-once op (ONCE) has the flag FORWARD and carries, before its

@@ -112,9 +112,6 @@ type forwarder struct {
 	onFail  func(int, error) error
 	timeout time.Duration
 	log     func(msg string, args ...any)
-	// deadline is the context the ops of the current slice of timeout
-	// share (opCtx).
-	deadline atomic.Pointer[fwdDeadline]
 	// inflight counts the ops forwarded and not yet answered; Added
 	// under the export's fwdMu while the forwarder is current.
 	inflight sync.WaitGroup
@@ -125,8 +122,9 @@ type forwarder struct {
 // setting; one applying while Forward runs follows the old one or the
 // new, so set forwarding before the segment takes writes, or while it is
 // sealed (Seal). Forward returns once every op forwarded under the
-// previous setting was answered (its targets acknowledged or failed, at
-// most ServerConfig.ForwardTimeout and a sixteenth): from then on every op the segment
+// previous setting was answered (its targets acknowledged or failed; a
+// target that stops answering is failed within the bound that
+// ServerConfig.ForwardTimeout states): from then on every op the segment
 // applied under it is on its live targets, and their Clients may be
 // closed if no other forwarding uses them. Closing a Client while ops
 // forwarded over it are in flight fails them: its target is reported to
@@ -148,40 +146,88 @@ func (s *Server) Forward(seg uint64, f *Forwarding) error {
 	e.fwdMu.Unlock()
 	if old != nil {
 		old.inflight.Wait()
-		if d := old.deadline.Load(); d != nil {
-			d.cancel()
+		for _, t := range old.targets {
+			t.halt()
 		}
 	}
 	return nil
 }
 
-// fwdSlices is how many slices a forwarder's timeout is cut into: the ops
-// that start within one slice share one context (and its timer), ending a
-// timeout plus at most one slice after each of them started.
-const fwdSlices = 16
+// fwdMinRate is the slowest rate, in bytes a second, at which a target
+// is expected to take forwarded bytes: a target is declared silent only
+// once it has answered nothing for ForwardTimeout plus the forwarded bytes
+// awaiting its answers at this rate (the rate the pool's moves assume).
+const fwdMinRate = 4 << 20
 
-// fwdDeadline is a context shared by the ops a forwarder starts until
-// until. Immutable.
-type fwdDeadline struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	until  time.Time
+// fwdChecks is how many times per ForwardTimeout a busy target's watch
+// checks whether it answered.
+const fwdChecks = 16
+
+// begin counts an op of n payload bytes as waiting on t (for a session
+// slot, a connection slot or its answer) and starts t's watch if it was
+// idle; end, called once the op finished, stops counting it.
+func (t *fwdTarget) begin(n int) {
+	t.busy.Add(1)
+	t.cl.fwdBytes.Add(int64(n))
+	if !t.armed.Load() && t.armed.CompareAndSwap(false, true) {
+		t.watchFrom(time.Now())
+	}
 }
 
-// opCtx is the context of an op f starts now: it ends f.timeout plus at
-// most f.timeout/fwdSlices from now. One made per slice rather than per op
-// spares each op a context, a timer and their allocations.
-func (f *forwarder) opCtx() context.Context {
-	now := time.Now()
-	if d := f.deadline.Load(); d != nil && now.Before(d.until) {
-		return d.ctx
+func (t *fwdTarget) end(n int) {
+	t.cl.fwdBytes.Add(-int64(n))
+	t.busy.Add(-1)
+}
+
+// watchFrom (re)starts t's watch, counting silence from now; the caller
+// holds t.armed.
+func (t *fwdTarget) watchFrom(now time.Time) {
+	t.watchMu.Lock()
+	t.heard, t.quiet = t.cl.answers(), now
+	t.watchMu.Unlock()
+	t.timer.Reset(t.f.timeout / fwdChecks)
+}
+
+// watch runs every ForwardTimeout/fwdChecks while ops wait on t: it ends
+// t.ctx, failing every op waiting on t, once t's peer has answered nothing
+// (no response on any connection of its Client) for ForwardTimeout plus
+// the forwarded bytes awaiting the peer's answers at fwdMinRate. The
+// deadline measures silence, not total time: a peer that keeps answering
+// is waited for however long the ops queued before an op take, and one
+// that stops is declared failed within that silence plus two checks.
+func (t *fwdTarget) watch() {
+	if t.busy.Load() == 0 {
+		t.armed.Store(false)
+		// An op that began after the load above saw armed set and
+		// left the watch to us.
+		if t.busy.Load() == 0 || !t.armed.CompareAndSwap(false, true) {
+			return
+		}
+		t.watchFrom(time.Now())
+		return
 	}
-	slice := f.timeout / fwdSlices
-	ctx, cancel := context.WithDeadline(context.Background(), now.Add(f.timeout+slice))
-	// Ops start under the segment's fwdMu, so no other op races this
-	// store; the context it replaces ends at its own deadline.
-	f.deadline.Store(&fwdDeadline{ctx: ctx, cancel: cancel, until: now.Add(slice)})
-	return ctx
+	now := time.Now()
+	allow := t.f.timeout + time.Duration(t.cl.fwdBytes.Load()*int64(time.Second)/fwdMinRate)
+	t.watchMu.Lock()
+	if n := t.cl.answers(); n != t.heard {
+		t.heard, t.quiet = n, now
+	}
+	silent := now.Sub(t.quiet)
+	t.watchMu.Unlock()
+	if silent >= allow {
+		t.stop(fmt.Errorf("rdma/tcp: forward target %s answered nothing for %v with ops waiting on it (allowed: ForwardTimeout plus a second per %d MiB awaiting answers): %w", t.cl.addr, silent.Round(time.Millisecond), fwdMinRate>>20, context.DeadlineExceeded))
+		return // armed stays set: t is failed for good
+	}
+	t.timer.Reset(t.f.timeout / fwdChecks)
+}
+
+// halt ends t's watch and context once the forwarder is replaced and no op
+// waits on t any more.
+func (t *fwdTarget) halt() {
+	if t.timer != nil {
+		t.timer.Stop()
+		t.stop(errors.New("rdma/tcp: forwarding replaced"))
+	}
 }
 
 // newForwarder checks f and builds the forwarder of segment seg.
@@ -208,6 +254,9 @@ func (s *Server) newForwarder(seg uint64, f *Forwarding) (*forwarder, error) {
 			ft.dead.Store(true)
 		case *Client:
 			ft.cl = c
+			ft.ctx, ft.stop = context.WithCancelCause(context.Background())
+			ft.timer = time.AfterFunc(time.Hour, ft.watch)
+			ft.timer.Stop()
 		default:
 			return nil, &rdma.NotSupportedError{
 				Feature: fmt.Sprintf("forwarding segment %d to a %T", seg, t.Conn),
@@ -234,6 +283,20 @@ type fwdTarget struct {
 	// under way. unrecorded says OnFail could not record the loss.
 	failed     sync.Once
 	unrecorded atomic.Bool
+
+	// ctx bounds every wait of an op to t (for a session slot, a
+	// connection slot, its answer); watch ends it once t's peer is
+	// silent too long. Nil for a target lost from the start.
+	ctx   context.Context
+	stop  context.CancelCauseFunc
+	timer *time.Timer  // runs watch while ops wait on t
+	busy  atomic.Int64 // ops between begin and end
+	armed atomic.Bool  // the watch runs (or t was declared silent)
+	// The peer's answer count at the watch's last check, and since when
+	// it has not moved; guarded by watchMu.
+	watchMu sync.Mutex
+	heard   uint64
+	quiet   time.Time
 
 	mu      sync.Mutex // taken under the export's fwdMu when posting
 	conn    *cliConn
@@ -273,9 +336,6 @@ type fwdOp struct {
 	sends  []*fwdSend
 	bufs   []*[]byte // pooled buffers to return
 	org    []byte    // the origin block the sends carry, or empty
-	// ctx bounds the op's forwarding (posting and waiting) to the
-	// forwarder's timeout (opCtx).
-	ctx context.Context
 	// Targets that failed the op, told to OnFail by run (never under the
 	// forwarding lock, nor counted in flight: OnFail may call Forward).
 	failed []targetErr
@@ -454,6 +514,10 @@ func (t *fwdTarget) finish(s *fwdSend, o *op, err error) error {
 		o.release()
 	}
 	s.ticket.Release()
+	t.end(len(s.buf))
+	if err != nil && t.ctx.Err() != nil {
+		err = fmt.Errorf("%w (%w)", context.Cause(t.ctx), err)
+	}
 	return err
 }
 
@@ -543,7 +607,7 @@ func (fo *fwdOp) run() {
 // segment) does not wait for itself.
 func (fo *fwdOp) settle() {
 	for _, s := range fo.sends {
-		if err := s.await(fo.ctx); err != nil {
+		if err := s.await(s.t.ctx); err != nil {
 			fo.failed = append(fo.failed, targetErr{s.t, fmt.Errorf("rdma/tcp: forward %s of segment %d offset %d to target %d (%s, %s): %w", s.kind, fo.f.seg, s.off, s.t.idx, s.t.cl.addr, s.t.region, err)})
 		}
 	}
@@ -569,10 +633,9 @@ func (fo *fwdOp) settle() {
 // target of f, adding the sends to fo: now holds the range's bytes after
 // the op, was (ForwardParity only) before it; both are fo's to keep, and
 // was is overwritten. The sends carry fo.org as their origin block unless
-// it is empty. It starts fo's ctx. The export's fwdMu is held.
+// it is empty. Waiting for a session slot of a target counts as waiting
+// on it (fwdTarget.watch). The export's fwdMu is held.
 func (f *forwarder) forward(fo *fwdOp, off uint64, was, now []byte) {
-	fo.ctx = f.opCtx()
-	ctx := fo.ctx
 	org := fo.org
 	if len(org) == 0 {
 		org = nil
@@ -605,19 +668,26 @@ func (f *forwarder) forward(fo *fwdOp, off uint64, was, now []byte) {
 		if t.dead.Load() {
 			continue
 		}
-		tk, err := t.cl.session.Acquire(ctx)
+		t.begin(len(bufs[i]))
+		tk, err := t.cl.session.Acquire(t.ctx)
 		if err != nil {
-			fo.failed = append(fo.failed, targetErr{t, fmt.Errorf("rdma/tcp: forward to target %d (%s): %w", i, t.cl.addr, err)})
+			t.end(len(bufs[i]))
+			fo.failed = append(fo.failed, targetErr{t, fmt.Errorf("rdma/tcp: forward to target %d (%s): %w (%w)", i, t.cl.addr, context.Cause(t.ctx), err)})
 			continue
 		}
 		s := fo.newSend()
 		*s = fwdSend{t: t, kind: kind, off: off, buf: bufs[i], origin: org, ticket: tk}
 		t.mu.Lock()
-		ok := t.post(ctx, s)
+		ok := t.post(t.ctx, s)
 		t.mu.Unlock()
 		if !ok {
 			tk.Release()
-			fo.failed = append(fo.failed, targetErr{t, fmt.Errorf("rdma/tcp: forward to target %d (%s): no live connection: %w", i, t.cl.addr, rdma.ErrClosed)})
+			t.end(len(bufs[i]))
+			why := fmt.Errorf("no live connection: %w", rdma.ErrClosed)
+			if t.ctx.Err() != nil {
+				why = context.Cause(t.ctx)
+			}
+			fo.failed = append(fo.failed, targetErr{t, fmt.Errorf("rdma/tcp: forward to target %d (%s): %w", i, t.cl.addr, why)})
 			continue
 		}
 		fo.sends = append(fo.sends, s)

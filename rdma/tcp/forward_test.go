@@ -1117,3 +1117,95 @@ func TestRetryAtCopiedHomeAfterJoinRuns(t *testing.T) {
 	require.EqualValues(t, 2, le.Uint64(smem))
 	require.Empty(t, fails.count())
 }
+
+// TestForwardSlowTargetKept: a target that is slow but keeps answering is
+// waited for, however long the forward of a large write takes in all,
+// and one that stops answering is still reported to OnFail. With a
+// ForwardTimeout of 100ms:
+//   - parity: a 2 MiB write cut into 4 KiB ops (as a client cuts a write
+//     of an erasure-coded segment at its chunks), whose deltas queue for
+//     the 128 exactly-once slots of the link to a parity home that
+//     answers one op per 2ms: the last ones wait far longer than the
+//     timeout for a slot and their answer, while answers keep coming;
+//     then the parity home stops answering, and the next write's forward
+//     fails it;
+//   - copy: one 16 MiB write forwarded through a proxy that passes the
+//     bytes at 32 MiB/s, so that no answer comes for half a second.
+func TestForwardSlowTargetKept(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	t.Run("parity", func(t *testing.T) {
+		const k, m, size, piece = 2, 1, 2 << 20, 4096
+		var slow, held atomic.Bool
+		release := make(chan struct{})
+		pcfg := fwdConfig()
+		pcfg.Observe = func(Observation) {
+			if slow.Load() {
+				time.Sleep(2 * time.Millisecond)
+			}
+			if held.Load() {
+				<-release
+			}
+		}
+		cfg := fwdConfig()
+		cfg.ForwardTimeout = timeout
+		data := homesWith(t, cfg, k, 1, size)
+		parity := homesWith(t, pcfg, m, 1, size)
+		t.Cleanup(func() { close(release) }) // before the servers close
+		var fails failures
+		for i, d := range data {
+			link := dial(t, parity[0].srv.addr, WithConns(1), WithBusyPoll(-1))
+			require.NoError(t, d.srv.Forward(1, &Forwarding{
+				Mode: ForwardParity, Shard: i, DataShards: k, ParityShards: m,
+				Targets: []ForwardTarget{{Conn: link, Region: parity[0].r}}, OnFail: fails.onFail,
+			}))
+		}
+		want := make([]byte, size)
+		for i := range want {
+			want[i] = byte(rand.Uint32())
+		}
+		c := dial(t, data[0].srv.addr, WithBusyPoll(-1))
+		ops := make([]*rdma.Op, 0, size/piece)
+		for off := 0; off < size; off += piece {
+			ops = append(ops, &rdma.Op{Kind: rdma.OpWrite, Region: data[0].r, Offset: int64(off), Buf: want[off : off+piece]})
+		}
+		slow.Store(true)
+		require.NoError(t, c.Do(t.Context(), ops...))
+		slow.Store(false)
+		require.Empty(t, fails.count(), "the slow parity home was failed")
+		requireParity(t, data, parity)
+
+		held.Store(true)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		require.NoError(t, c.Write(ctx, data[0].r, 0, []byte("its parity home stopped answering")), "answered OK without the silent target")
+		require.Equal(t, map[int]int{0: 1}, fails.count(), "the silent parity home was failed")
+		require.ErrorIs(t, fails.errs[0], context.DeadlineExceeded)
+	})
+	t.Run("copy", func(t *testing.T) {
+		const size = 16 << 20
+		cfg := fwdConfig()
+		cfg.ForwardTimeout = timeout
+		hs := homesWith(t, cfg, 2, 1, size)
+		px, err := faultproxy.Start(faultproxy.Config{
+			Target: hs[1].srv.addr,
+			Record: func(fromClient bool, p []byte) {
+				if fromClient {
+					time.Sleep(time.Duration(len(p)) * time.Second / (32 << 20))
+				}
+			},
+		})
+		require.NoError(t, err)
+		defer px.Close()
+		var fails failures
+		link := dial(t, px.Addr(), WithConns(1), WithBusyPoll(-1))
+		require.NoError(t, hs[0].srv.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: hs[1].r}}, OnFail: fails.onFail}))
+		want := make([]byte, size)
+		for i := range want {
+			want[i] = byte(rand.Uint32())
+		}
+		c := dial(t, hs[0].srv.addr, WithBusyPoll(-1))
+		require.NoError(t, c.Write(t.Context(), hs[0].r, 0, want))
+		require.Empty(t, fails.count(), "the slow copy was failed")
+		require.True(t, equalBytes(want, hs[1].mem), "the copy holds the write")
+	})
+}
