@@ -314,11 +314,10 @@ func newRedundantSimOf(t *testing.T, hosts int, repSize, ecSize int64, setup fun
 	require.Len(t, rs.ec.Homes, 6)
 	shard := rs.ec.shardSize()
 
-	// The bytes: random, written at the primary and at each data home,
-	// there in writes of at most 1 MiB: a data home forwards each write's
-	// delta to the parity shards within ForwardTimeout (1 s), which a
-	// 16 MiB one can outlast on a busy machine under -race (the parity
-	// shard is then marked lost).
+	// The bytes: random, written at the primary and at each data home in
+	// one write (a data home waits for a parity shard that is slow to take
+	// a 16 MiB delta as long as it keeps answering: rdma/tcp
+	// TestForwardSlowTargetKept).
 	rs.repWant = make([]byte, repSize)
 	_, _ = rand.Read(rs.repWant)
 	rs.primary = homeConn(t, origin, rs.rep.Homes[0])
@@ -329,10 +328,7 @@ func newRedundantSimOf(t *testing.T, hosts int, repSize, ecSize int64, setup fun
 		if i < 4 {
 			_, _ = rand.Read(rs.ecWant[i])
 			c := homeConn(t, origin, rs.ec.Homes[i])
-			for off := int64(0); off < shard; off += 1 << 20 {
-				b := rs.ecWant[i][off:min(off+1<<20, shard)]
-				require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rs.ec.Homes[i]), Offset: off, Buf: b}))
-			}
+			require.NoError(t, c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(rs.ec.Homes[i]), Buf: rs.ecWant[i]}))
 		}
 	}
 	enc, err := reedsolomon.New(4, 2)
