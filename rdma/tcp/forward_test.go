@@ -1121,18 +1121,18 @@ func TestRetryAtCopiedHomeAfterJoinRuns(t *testing.T) {
 // TestForwardSlowTargetKept: a target that is slow but keeps answering is
 // waited for, however long the forward of a large write takes in all,
 // and one that stops answering is still reported to OnFail. With a
-// ForwardTimeout of 100ms:
+// ForwardTimeout of 200ms:
 //   - parity: a 2 MiB write cut into 4 KiB ops (as a client cuts a write
 //     of an erasure-coded segment at its chunks), whose deltas queue for
 //     the 128 exactly-once slots of the link to a parity home that
-//     answers one op per 2ms: the last ones wait far longer than the
+//     answers one op per 4ms: the last ones wait far longer than the
 //     timeout for a slot and their answer, while answers keep coming;
 //     then the parity home stops answering, and the next write's forward
 //     fails it;
 //   - copy: one 16 MiB write forwarded through a proxy that passes the
-//     bytes at 32 MiB/s, so that no answer comes for half a second.
+//     bytes at 16 MiB/s, so that no answer comes for a second.
 func TestForwardSlowTargetKept(t *testing.T) {
-	const timeout = 100 * time.Millisecond
+	const timeout = 200 * time.Millisecond
 	t.Run("parity", func(t *testing.T) {
 		const k, m, size, piece = 2, 1, 2 << 20, 4096
 		var slow, held atomic.Bool
@@ -1140,7 +1140,7 @@ func TestForwardSlowTargetKept(t *testing.T) {
 		pcfg := fwdConfig()
 		pcfg.Observe = func(Observation) {
 			if slow.Load() {
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(4 * time.Millisecond)
 			}
 			if held.Load() {
 				<-release
@@ -1190,7 +1190,7 @@ func TestForwardSlowTargetKept(t *testing.T) {
 			Target: hs[1].srv.addr,
 			Record: func(fromClient bool, p []byte) {
 				if fromClient {
-					time.Sleep(time.Duration(len(p)) * time.Second / (32 << 20))
+					time.Sleep(time.Duration(len(p)) * time.Second / (16 << 20))
 				}
 			},
 		})
