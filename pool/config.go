@@ -85,6 +85,12 @@ type Config struct {
 	// GossipProfile tunes failure detection: lan (default), local (fast,
 	// for one machine and tests) or wan.
 	GossipProfile string `yaml:"gossip-profile"`
+	// GossipPushPull is how often this node syncs its whole membership
+	// state with one random peer, which repairs what a broadcast missed (a
+	// drain, a capacity change, a join): a node that missed one learns it
+	// within this long. Default 0: the profile's (lan 30s, local 15s, wan
+	// 60s).
+	GossipPushPull time.Duration `yaml:"gossip-push-pull"`
 	// GossipKeyFile names the gossip key file: base64 keys of 16, 24 or 32
 	// bytes, one a line, the first the primary ('memctl certs init' writes
 	// gossip.key). Every gossip packet is then sealed with AES-GCM and a
@@ -358,8 +364,11 @@ func (c *Config) Validate() error {
 	if c.Gossip != "" && c.Listen == "" {
 		return fmt.Errorf("%w: gossip needs listen: peers reach this daemon's control plane at --listen ADDR", ErrConfig)
 	}
-	if (len(c.Join) > 0 || c.GossipProfile != "" || c.GossipKeyFile != "" || c.GossipInsecure) && c.Gossip == "" {
-		return fmt.Errorf("%w: join, gossip-profile, gossip-key-file and gossip-insecure need gossip: set --gossip ADDR", ErrConfig)
+	if (len(c.Join) > 0 || c.GossipProfile != "" || c.GossipPushPull != 0 || c.GossipKeyFile != "" || c.GossipInsecure) && c.Gossip == "" {
+		return fmt.Errorf("%w: join, gossip-profile, gossip-push-pull, gossip-key-file and gossip-insecure need gossip: set --gossip ADDR", ErrConfig)
+	}
+	if c.GossipPushPull < 0 {
+		return fmt.Errorf("%w: gossip-push-pull %s: use a positive duration such as 10s, or 0 for the gossip profile's", ErrConfig, c.GossipPushPull)
 	}
 	switch {
 	case c.GossipKeyFile != "" && c.GossipInsecure:

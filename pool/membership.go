@@ -33,7 +33,7 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 	}
 	cc := cluster.DefaultConfig()
 	cc.Name, cc.BindAddr, cc.BindPort, cc.Logger = d.cfg.Node, host, pn, d.log
-	cc.Profile, cc.Join = d.cfg.GossipProfile, d.cfg.Join
+	cc.Profile, cc.Join, cc.PushPullInterval = d.cfg.GossipProfile, d.cfg.Join, d.cfg.GossipPushPull
 	if cc.Keys, err = d.cfg.gossipKeys(); err != nil {
 		return err
 	}

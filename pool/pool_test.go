@@ -320,6 +320,10 @@ func TestValidate(t *testing.T) {
 			c.Gossip, c.Listen, c.Insecure, c.GossipKeyFile, c.GossipInsecure = "127.0.0.1:0", "127.0.0.1:0", true, "k", true
 		}, "gossip-key-file and gossip-insecure are both set"},
 		{"gossip key without gossip", func(c *Config) { c.GossipKeyFile = "k" }, "need gossip"},
+		{"push-pull without gossip", func(c *Config) { c.GossipPushPull = time.Second }, "need gossip"},
+		{"negative push-pull period", func(c *Config) {
+			c.Gossip, c.Listen, c.Insecure, c.GossipPushPull = "127.0.0.1:0", "127.0.0.1:0", true, -time.Second
+		}, "gossip-push-pull -1s: use a positive duration"},
 		{"zone", func(c *Config) { c.Zone = "Rack 3" }, "set --zone"},
 		{"default redundancy", func(c *Config) { c.DefaultRedundancy = "mirror" }, "default-redundancy: invalid argument: redundancy \"mirror\""},
 	} {
