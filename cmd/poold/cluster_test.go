@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/internal/certs"
@@ -36,6 +35,11 @@ const (
 	// as -race on a small shared machine is slow. The times actually taken
 	// are logged.
 	settle = 30 * time.Second
+	// gossipPushPull is the daemons' --gossip-push-pull: a node that missed
+	// a broadcast (a join, a drain; the local profile sends each only a
+	// few times) learns it at its next push/pull with a peer, within this
+	// long rather than the profile's 15 s.
+	gossipPushPull = time.Second
 )
 
 // poolNode is one poold in a test host: its directories, its arguments and
@@ -85,7 +89,7 @@ func startPoolsEach(t *testing.T, c *testcluster.Cluster, each func(i int) []str
 			"--node", n.name, "--data-dir", filepath.Join(n.dir, "data"), "--socket", n.sock,
 			"--shm-dir", shmDir(t, n.dir),
 			"--listen", ip + ":7950", "--gossip", ip + ":7946", "--data-listen", ip + ":7960",
-			"--gossip-profile", "local", "--lease-ttl", leaseTTL.String(),
+			"--gossip-profile", "local", "--gossip-push-pull", gossipPushPull.String(), "--lease-ttl", leaseTTL.String(),
 			"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--export-size", "128MiB",
 			"--sysfs-root", "../../cxl/testdata/plain", "--measure-tiers=false",
 			"--tls-cert", certs.CertFile(certDir, n.name), "--tls-key", certs.KeyFile(certDir, n.name), "--tls-ca", certs.CAFile(certDir),
@@ -379,7 +383,10 @@ func nodeNamed(t *testing.T, nodes []*poolNode, name string) *poolNode {
 	return nil
 }
 
-// waitAllAlive waits until every node sees every node alive.
+// waitAllAlive waits until every node sees every node alive. A node that
+// missed a join's gossip (a wave misses a node now and then) learns it at
+// its next push/pull with a peer, every gossipPushPull: settle is many of
+// them.
 func waitAllAlive(t *testing.T, nodes []*poolNode) {
 	t.Helper()
 	want := map[string]string{}
@@ -387,15 +394,9 @@ func waitAllAlive(t *testing.T, nodes []*poolNode) {
 		want[n.name] = "alive"
 	}
 	for _, n := range nodes {
-		waitWithin(t, joinSettle, 100*time.Millisecond, func() (bool, string) { return n.seesStates(t, want) })
+		waitFor(t, 100*time.Millisecond, func() (bool, string) { return n.seesStates(t, want) })
 	}
 }
-
-// joinSettle bounds how long every node takes to list a new node: one
-// that missed the join's gossip (a wave misses a node now and then)
-// learns it at its next push/pull with a peer, every PushPullInterval of
-// the local profile the test clusters run (15 s), so three of them.
-var joinSettle = 3 * memberlist.DefaultLocalConfig().PushPullInterval
 
 func TestClusterJoinAndRemoteOps(t *testing.T) {
 	c := testcluster.New(t, testcluster.Options{Hosts: 3})

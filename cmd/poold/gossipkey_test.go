@@ -35,7 +35,7 @@ func tlsGossip(t *testing.T, name string) gossipNode {
 
 func (n gossipNode) args() []string {
 	return []string{"--node", n.name, "--socket", n.sock, "--data-dir", n.data, "--shm-dir", filepath.Join(n.data, "shm"),
-		"--listen", "127.0.0.1:0", "--gossip", n.gossip, "--gossip-profile", "local",
+		"--listen", "127.0.0.1:0", "--gossip", n.gossip, "--gossip-profile", "local", "--gossip-push-pull", gossipPushPull.String(),
 		"--tls-cert", certs.CertFile(n.certs, n.name), "--tls-key", certs.KeyFile(n.certs, n.name), "--tls-ca", certs.CAFile(n.certs)}
 }
 
