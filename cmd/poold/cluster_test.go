@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -203,7 +202,7 @@ func checkNoRace(t *testing.T, nodes []*poolNode) {
 func memctlJSON(ctx context.Context, sock string, v any, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, memctl, append(append([]string{"--socket", sock}, args...), "-o", "json")...)
+	cmd := memctlCommand(ctx, append(append([]string{"--socket", sock}, args...), "-o", "json")...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

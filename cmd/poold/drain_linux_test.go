@@ -40,7 +40,7 @@ func memctlText(t *testing.T, sock string, args ...string) (stdout, stderr strin
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, memctl, append([]string{"--socket", sock}, args...)...)
+	cmd := memctlCommand(ctx, append([]string{"--socket", sock}, args...)...)
 	var out, errOut strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()

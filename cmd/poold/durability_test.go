@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"net/http"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -97,7 +96,7 @@ type segmentRow struct {
 }
 
 func segmentRows(t *testing.T, sock string) []segmentRow {
-	out, err := exec.Command("go", "run", "../memctl", "--socket", sock, "segments", "-o", "json").Output()
+	out, err := memctlCommand(t.Context(), "--socket", sock, "segments", "-o", "json").Output()
 	require.NoError(t, err)
 	var rows []segmentRow
 	require.NoError(t, json.Unmarshal(out, &rows), "%s", out)

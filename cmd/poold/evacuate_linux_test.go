@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -173,7 +172,7 @@ func evacuate(t *testing.T, via, node *poolNode) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, memctl, "--socket", via.sock, "drain", node.name, "--evacuate", "--wait", "--stuck-grace", "20s")
+	cmd := memctlCommand(ctx, "--socket", via.sock, "drain", node.name, "--evacuate", "--wait", "--stuck-grace", "20s")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "memctl drain --evacuate --wait: %s", out)
 	return string(out)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -69,7 +68,7 @@ func TestKeylessNodeNotAdmitted(t *testing.T) {
 	_, _ = start("c", "--gossip-insecure", "--export-size", "512MiB", "--join", na.gossip)
 
 	nodes := func(sock string) []string {
-		out, err := exec.Command(memctl, "--socket", sock, "nodes", "-o", "json").CombinedOutput()
+		out, err := memctlCommand(t.Context(), "--socket", sock, "nodes", "-o", "json").CombinedOutput()
 		require.NoError(t, err, "%s", out)
 		var ns []struct {
 			Name  string `json:"name"`
@@ -103,7 +102,7 @@ func TestKeylessNodeNotAdmitted(t *testing.T) {
 	for _, d := range []*daemon{a, b} {
 		require.ElementsMatch(t, []string{"a", "b"}, nodes(d.socket), "c gossips without the key")
 	}
-	out, err := exec.Command(memctl, "--socket", a.socket, "status").CombinedOutput()
+	out, err := memctlCommand(t.Context(), "--socket", a.socket, "status").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.NotContains(t, string(out), "gossip is not sealed")
 }

@@ -44,7 +44,7 @@ func TestSameNodeNameRefused(t *testing.T) {
 	run := func(args ...string) string {
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, memctl, append([]string{"--socket", a.socket}, args...)...).CombinedOutput()
+		out, err := memctlCommand(ctx, append([]string{"--socket", a.socket}, args...)...).CombinedOutput()
 		require.NoError(t, err, "memctl %v: %s", args, out)
 		return string(out)
 	}

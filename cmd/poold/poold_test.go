@@ -83,6 +83,18 @@ func clientProcess(sock string) int {
 	select {}
 }
 
+// memctlCommand runs the memctl binary with args. A binary built with
+// -race sleeps a second at exit by default (GORACE atexit_sleep_ms, time
+// for goroutines still running to show a race) which, for a command that
+// has done its work, only makes every call and every poll through memctl
+// a second longer: the command turns it off. A race memctl runs into
+// while it works is still reported, and fails its call.
+func memctlCommand(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, memctl, args...)
+	cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	return cmd
+}
+
 // daemon is one run of the poold binary.
 type daemon struct {
 	cmd    *exec.Cmd
@@ -287,7 +299,7 @@ func TestKill9KeepsSegmentsAndBytes(t *testing.T) {
 }
 
 func listJSON(t *testing.T, sock string) string {
-	out, err := exec.Command("go", "run", "../memctl", "--socket", sock, "segments").CombinedOutput()
+	out, err := memctlCommand(t.Context(), "--socket", sock, "segments").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	return string(out)
 }

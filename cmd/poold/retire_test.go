@@ -23,7 +23,7 @@ func TestRetire(t *testing.T) {
 	ctl := func(args ...string) string {
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, memctl, append([]string{"--socket", sock}, args...)...).CombinedOutput()
+		out, err := memctlCommand(ctx, append([]string{"--socket", sock}, args...)...).CombinedOutput()
 		require.NoError(t, err, "memctl %v: %s", args, out)
 		return string(out)
 	}
