@@ -20,7 +20,7 @@ import (
 // and no segment fits in what is over half of it (it settles), and the
 // others take them. Every segment keeps its id and its bytes.
 func TestRebalanceSim(t *testing.T) {
-	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second})
+	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second, timing: pushPullEverySecond})
 	for i, h := range sc.hosts {
 		h.cfg.GossipProfile = cluster.ProfileLocal
 		h.cfg.ExportSize = 64 * size.MiB

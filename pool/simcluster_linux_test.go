@@ -141,6 +141,12 @@ func raiseFileLimit(t testing.TB, want uint64) uint64 {
 	return lim.Cur
 }
 
+// pushPullEverySecond has the hosts sync their whole state with a peer
+// every second: the local profile sends a broadcast (a drain) only twice,
+// and a host it missed would otherwise learn it at the next 15 s
+// push-pull, which a test waiting for every host to see it runs into.
+func pushPullEverySecond(c *cluster.Config) { c.PushPullInterval = time.Second }
+
 // newSimCluster prepares n hosts (none started).
 func newSimCluster(t testing.TB, hc simHostConfig) *simCluster {
 	root, err := os.MkdirTemp(shmBase(), "farmem-scale")

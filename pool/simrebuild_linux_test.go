@@ -277,9 +277,7 @@ type redundantSim struct {
 // newRedundantSim starts hosts simulated hosts, the fourth the origin
 // (no seed: a restarted seed would join only itself), with setup applied
 // to the origin's host first, and places and writes the two segments of
-// size bytes. The hosts sync their whole state every second: the local
-// profile sends a broadcast (such as the origin's drain) only twice, and
-// a host it missed would otherwise learn it at the next 15 s push-pull.
+// size bytes.
 func newRedundantSim(t *testing.T, hosts int, size int64, setup func(oh *simHost)) *redundantSim {
 	return newRedundantSimOf(t, hosts, size, size, setup)
 }
@@ -287,7 +285,7 @@ func newRedundantSim(t *testing.T, hosts int, size int64, setup func(oh *simHost
 // newRedundantSimOf is newRedundantSim with the replicated segment of
 // repSize bytes and the coded one of ecSize.
 func newRedundantSimOf(t *testing.T, hosts int, repSize, ecSize int64, setup func(oh *simHost)) *redundantSim {
-	sc := newSimCluster(t, simHostConfig{hosts: hosts, leaseTTL: 10 * time.Second, timing: func(c *cluster.Config) { c.PushPullInterval = time.Second }})
+	sc := newSimCluster(t, simHostConfig{hosts: hosts, leaseTTL: 10 * time.Second, timing: pushPullEverySecond})
 	for _, h := range sc.hosts {
 		h.cfg.GossipProfile = cluster.ProfileLocal // failure detection in about a second
 	}
