@@ -777,6 +777,74 @@ func TestMoveOutAbortedFill(t *testing.T) {
 	require.False(t, sealed(), "the fill's ABORT unsealed")
 }
 
+// TestMoveOutStaleFillAbort: an ABORT of fill X that arrives after the
+// origin's next fill Y of the segment tracked and sealed it (a background
+// retry of X's undo, or its call delivered late) leaves Y be: writes
+// still answer MOVED until Y ends, and Y's new home holds every write
+// the source acknowledged. X's late steps are refused from Y's TRACK on,
+// though X's ABORT had not arrived yet.
+func TestMoveOutStaleFillAbort(t *testing.T) {
+	p, _ := newServingPool(t)
+	ctx := t.Context()
+	x := peerCaller(t, p, "x", 1)
+	const n = 64 << 10
+	alloc := func() *record {
+		r, err := p.Alloc(ctx, x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+		require.NoError(t, err)
+		return r
+	}
+	src, dst := alloc(), alloc()
+	cred := p.auth.issue("s-x2", "poold/x", "poold x")
+	writer, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(cred))
+	require.NoError(t, err)
+	t.Cleanup(func() { writer.Close() })
+	target := &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: dst.ID, DataAddr: p.dp.addr, Key: dst.Key[:], Epoch: dst.Epoch, DataCredential: cred}
+	const stale, next = 0x31, 0x47
+	step := func(phase poolv1.MoveOutPhase, fill uint64) error {
+		req := &poolv1.MoveOutRequest{HomeId: src.ID, Phase: phase, Chunk: 4096, Fill: fill, All: true}
+		if phase == poolv1.MoveOutPhase_MOVE_OUT_PUSH || phase == poolv1.MoveOutPhase_MOVE_OUT_SEAL {
+			req.Target = target
+		}
+		_, err := p.moveOut(ctx, x, req, moveTLS{})
+		return err
+	}
+	same := func(msg string) {
+		t.Helper()
+		a, b := make([]byte, n), make([]byte, n)
+		require.NoError(t, writer.Read(ctx, region(t, src), 0, a))
+		require.NoError(t, writer.Read(ctx, region(t, dst), 0, b))
+		require.Equal(t, a, b, msg)
+	}
+
+	// Fill X tracks and pushes; its ABORT does not arrive. The origin's
+	// next fill Y unseals before its TRACK (an ABORT naming no fill).
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_TRACK, stale))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_PUSH, stale))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, 0))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_TRACK, next))
+	for _, phase := range []poolv1.MoveOutPhase{poolv1.MoveOutPhase_MOVE_OUT_DIRTY, poolv1.MoveOutPhase_MOVE_OUT_PUSH, poolv1.MoveOutPhase_MOVE_OUT_SEAL} {
+		require.ErrorIs(t, step(phase, stale), errMoveAborted, "a late %s of the fill the next one's TRACK superseded", phase)
+	}
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_PUSH, next))
+	require.NoError(t, writer.Write(ctx, region(t, src), 5*4096+3, []byte("acknowledged")))
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_SEAL, next))
+	require.ErrorIs(t, writer.Write(ctx, region(t, src), 0, []byte("held")), rdma.ErrMoved, "sealed for the fill")
+
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, stale), "the stale fill's ABORT arrives")
+	require.ErrorIs(t, writer.Write(ctx, region(t, src), 0, []byte("late")), rdma.ErrMoved, "still sealed for the next fill")
+	p.mu.Lock()
+	sealed := p.segs[src.ID].Sealed
+	p.mu.Unlock()
+	require.True(t, sealed, "the record stays sealed")
+	require.True(t, p.tracked(src.ID), "the next fill's tracking is left as it was")
+	same("the next fill's new home holds every acknowledged write")
+	require.ErrorIs(t, step(poolv1.MoveOutPhase_MOVE_OUT_TRACK, stale), errMoveAborted, "the stale fill stays refused")
+
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, next), "the fill ends: its switch unseals the writers")
+	require.NoError(t, writer.Write(ctx, region(t, src), 0, []byte("after")), "unsealed")
+	require.False(t, p.tracked(src.ID))
+}
+
 // TestAbortedMovesBounded: abortedMoves forgets a move abortedFor after
 // its ABORT, and the oldest once abortedMax are remembered; a move
 // aborted again is remembered from its last ABORT.

@@ -67,7 +67,7 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		if p.dp.coh.isShared(seg.ID) {
 			return nil, fmt.Errorf("%s: %w: it is a shared segment, whose pages sharers cache under leases from this home's coherence directory; it is not moved (detach its sharers and allocate a new segment where it should live)", what, errs.ErrInvalid)
 		}
-		err = p.dp.track(seg.ID, req.Chunk)
+		err = p.trackOut(seg.ID, req)
 	case poolv1.MoveOutPhase_MOVE_OUT_DIRTY:
 		resp.Dirty, err = p.dirtyOf(seg.ID, resp)
 	case poolv1.MoveOutPhase_MOVE_OUT_PUSH:
@@ -77,6 +77,7 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 	case poolv1.MoveOutPhase_MOVE_OUT_COMMIT:
 		p.pushing.retire(seg.ID)
 		err = p.letGo(r, seg.ID) // the push note goes with the record
+		p.trackFills.drop(seg.ID)
 	case poolv1.MoveOutPhase_MOVE_OUT_ABORT:
 		err = p.abortOut(r, seg, req)
 	case poolv1.MoveOutPhase_MOVE_OUT_STATUS:
@@ -166,6 +167,43 @@ var errMoveAborted = errs.Sub(errs.ErrNotFound, "the move this step names was un
 // clients may have written the copy since, so the move rolls forward.
 var errHandedOver = errs.Sub(errs.ErrInUse, "the segment was handed over to its move's target, whose copy clients may have written: the move is not undone; roll it forward (ask STATUS, then COMMIT)")
 
+// trackOut runs a TRACK step: it starts tracking segment id's writes
+// afresh for the move or fill req belongs to, and notes its fill
+// (p.trackFills). A tracked fill other than req's is remembered as
+// aborted (endTrackedFill), so that a late DIRTY, PUSH or SEAL of it
+// cannot take or seal what the new tracking is for. It runs under
+// p.handing, so that an ABORT sees the tracking and its fill as one.
+func (p *core) trackOut(id uint64, req *poolv1.MoveOutRequest) error {
+	p.handing.Lock()
+	defer p.handing.Unlock()
+	if m, ok := moveOf(id, req); ok && p.aborted.has(m) {
+		return fmt.Errorf("%w (%s)", errMoveAborted, m) // its ABORT ran since moveOut checked
+	}
+	p.endTrackedFill(id, req.Fill)
+	if err := p.dp.track(id, req.Chunk); err != nil {
+		return err
+	}
+	p.trackFills.set(id, req.Fill)
+	return nil
+}
+
+// endTrackedFill remembers the fill segment id is tracked for as
+// aborted, unless it is fill: the origin, which runs one fill of a
+// segment at a time, is done with it when it starts a move or fill of the
+// segment, or undoes any (an ABORT that names no fill), though the fill's
+// own ABORT may still be on its way. Under p.handing.
+func (p *core) endTrackedFill(id, fill uint64) {
+	if prev := p.trackFills.of(id); prev != 0 && prev != fill && p.tracked(id) {
+		p.aborted.add(abortedMove{seg: id, fill: prev}, time.Now())
+	}
+}
+
+// tracked reports whether the data plane tracks segment id's writes.
+func (p *core) tracked(id uint64) bool {
+	_, err := p.dp.srv.Chunk(id)
+	return err == nil
+}
+
 // abortOut runs an ABORT step: it unseals the segment and drops its push
 // note, unless req's target names the move whose SEAL noted a push to it
 // (the segment was handed over: errHandedOver). The move or fill it
@@ -173,15 +211,18 @@ var errHandedOver = errs.Sub(errs.ErrInUse, "the segment was handed over to its 
 // arrives later is refused (errMoveAborted). A fill's ABORT is not
 // refused for a push note: the fill's SEAL pushed to a new home of a
 // redundant segment that its record names only once the fill switched,
-// and the fill is undone on any failure before. An ABORT that names
-// neither (the one a fill sends before its TRACK, a home move's undo
-// after its fill's own ABORT, or an older origin's) unseals as ever, and
-// is not remembered. It runs under p.handing, so
+// and the fill is undone on any failure before. A fill's ABORT that
+// arrives while the segment is tracked for another fill (p.trackFills: a
+// retry of it that arrived after the origin's next fill began) changes
+// nothing else: that fill's seal and tracking are its own to end. An
+// ABORT that names neither (the one a fill sends before its TRACK, a
+// home move's undo after its fill's own ABORT, or an older origin's)
+// unseals as ever, and is not remembered; the fill it ends the tracking
+// of is (endTrackedFill). It runs under p.handing, so
 // that a SEAL that completes late, after its origin gave up on it, either
 // notes its push before this check or fails for the unseal or the
-// remembered ABORT.
+// remembered ABORT, and so that a TRACK runs wholly before or after it.
 func (p *core) abortOut(r *record, seg record, req *poolv1.MoveOutRequest) error {
-	p.pushing.retire(seg.ID)
 	p.handing.Lock()
 	defer p.handing.Unlock()
 	if m, ok := moveOf(seg.ID, req); ok {
@@ -195,7 +236,13 @@ func (p *core) abortOut(r *record, seg record, req *poolv1.MoveOutRequest) error
 			}
 		}
 		p.aborted.add(m, time.Now())
+		if other := p.trackFills.of(seg.ID); m.fill != 0 && other != 0 && other != m.fill && p.tracked(seg.ID) {
+			p.log.Debug("a fill's ABORT after the next fill's TRACK leaves that fill be", "segment", seg.ID, "aborted", m, "tracked", fmt.Sprintf("fill %#x", other))
+			return nil
+		}
 	}
+	p.endTrackedFill(seg.ID, req.Fill)
+	p.pushing.retire(seg.ID)
 	// A copy whose writes are held until its origin sets its
 	// forwarding again (replicate.go) stays sealed: a rebuild that
 	// sealed it ends with Replicate, which releases it.
@@ -351,12 +398,14 @@ func (p *core) dirtyOf(id uint64, resp *poolv1.MoveOutResponse) ([]byte, error) 
 	return bm, err
 }
 
-// unsealData serves segment id again and stops tracking it; one that was
-// not sealed or tracked is fine as it is.
+// unsealData serves segment id again and stops tracking it (and forgets
+// the fill it was tracked for); one that was not sealed or tracked is
+// fine as it is.
 func (p *core) unsealData(id uint64) {
 	if err := p.dp.unseal(id); err != nil {
 		p.log.Debug("unseal a segment", "segment", id, "err", err)
 	}
+	p.trackFills.drop(id)
 }
 
 // setSealed commits r's sealed flag (a restarted home seals it again when
@@ -510,3 +559,40 @@ func (a *abortedMoves) has(m abortedMove) bool {
 	a.mu.Unlock()
 	return ok && time.Since(at.time) < abortedFor
 }
+
+// trackFills is, on this node as the source of moves, the fill
+// (MoveOutRequest.fill) whose TRACK started the tracking of each
+// segment's writes, for the segments a fill's TRACK tracked last. It is
+// in memory as the tracking is (the data plane's, which a restart ends).
+// An entry outlives the tracking only until the segment's next TRACK,
+// unseal or move away; readers check that the segment is still tracked.
+// Safe for concurrent use.
+type trackFills struct {
+	mu sync.Mutex
+	m  map[uint64]uint64
+}
+
+// of returns the fill segment id was last tracked for, 0 for none.
+func (t *trackFills) of(id uint64) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[id]
+}
+
+// set notes that segment id is tracked for fill (0: a move or fill that
+// names none).
+func (t *trackFills) set(id, fill uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if fill == 0 {
+		delete(t.m, id)
+		return
+	}
+	if t.m == nil {
+		t.m = make(map[uint64]uint64)
+	}
+	t.m[id] = fill
+}
+
+// drop forgets segment id's fill: its tracking ended.
+func (t *trackFills) drop(id uint64) { t.set(id, 0) }

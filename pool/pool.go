@@ -78,6 +78,10 @@ type core struct {
 	// aborted is the moves from this node whose ABORT ran (moveout.go):
 	// a late PUSH or SEAL of one is refused.
 	aborted abortedMoves
+	// trackFills is the fill each segment here is tracked for, on this
+	// node as a fill's source (moveout.go): an ABORT of another fill
+	// leaves the tracking and seal be.
+	trackFills trackFills
 
 	mu sync.Mutex
 	// devs are the devices placements go to, in the order tried. The

@@ -105,6 +105,7 @@ func (p *core) freeLocked(r *record, reason string) error {
 func (p *core) release(r *record, reason string) {
 	p.usage.sub(r)
 	delete(p.mappers, r.ID)
+	p.trackFills.drop(r.ID)
 	switch {
 	case r.redundant():
 		for _, h := range r.Homes {
