@@ -146,17 +146,18 @@ func newDetachFixture(t *testing.T, fault ...func(*withdrawFault)) *detachFixtur
 	fx.own, err = fx.api("reader").Alloc(fx.call("reader"), &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA})
 	require.NoError(t, errs.FromStatus(err))
 	require.NotEmpty(t, fx.own.Node, "the reader's segment is on a peer")
-	for try := 0; ; try++ {
-		seg, err := fx.api("owner").Alloc(fx.call("owner"), &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Name: "shared"})
+	// The shared segment goes where the reader's own is: placed there, or
+	// moved there (placement prefers the nearer peer by measured latency,
+	// which can keep choosing the other one).
+	seg, err := fx.api("owner").Alloc(fx.call("owner"), &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Name: "shared"})
+	require.NoError(t, errs.FromStatus(err))
+	if seg.Node != fx.own.Node {
+		moved, err := fx.api("owner").Move(fx.call("owner"), &poolv1.MoveRequest{Id: seg.Id, ToNode: fx.own.Node})
 		require.NoError(t, errs.FromStatus(err))
-		if seg.Node == fx.own.Node {
-			fx.shared = seg
-			break
-		}
-		_, err = fx.api("owner").Free(fx.call("owner"), &poolv1.FreeRequest{Id: seg.Id})
-		require.NoError(t, errs.FromStatus(err))
-		require.Less(t, try, 100, "placement put the shared segment off %s at each of 100 tries", fx.own.Node)
+		seg = moved.Segment
 	}
+	require.Equal(t, fx.own.Node, seg.Node)
+	fx.shared = seg
 	for _, id := range []string{"reader", "keeper"} {
 		_, err := fx.api(id).Attach(fx.call(id), &poolv1.AttachRequest{Name: "shared"})
 		require.NoError(t, errs.FromStatus(err), "attach by %s", id)

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -513,7 +514,13 @@ func TestRetryAtRebuiltHomeIndeterminate(t *testing.T) {
 		now, err = origin.pool.Stat(rep.ID)
 		return err == nil && now.Homes[1].State == poolv1.HomeState_HOME_STATE_LOST
 	}, 30*time.Second, 20*time.Millisecond, "the backup is marked lost")
-	_, err = newRebuilder(origin.pool, 0).rebuild(ctx, rebuildWork{id: rep.ID, home: 1})
+	// The origin's own reaction to the loss (replicate, then unsealing
+	// the writers) holds the segment's move lock for a moment: the rebuild
+	// waits for it (errRebuildBusy), as the rebuilder does.
+	require.Eventually(t, func() bool {
+		_, err = newRebuilder(origin.pool, 0).rebuild(ctx, rebuildWork{id: rep.ID, home: 1})
+		return !errors.Is(err, errRebuildBusy)
+	}, 30*time.Second, 20*time.Millisecond, "the segment stays busy")
 	require.NoError(t, err)
 	now, err = origin.pool.Stat(rep.ID)
 	require.NoError(t, err)
