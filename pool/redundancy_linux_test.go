@@ -562,8 +562,16 @@ func TestRetryAtRebuiltHomeIndeterminate(t *testing.T) {
 		}
 	}
 	next.Post() // sent to the old primary, which never had it
+	// The promoted home takes clients' writes once the origin's replicate
+	// after the promotion told it it is the primary (a retry's
+	// INDETERMINATE above is answered before that check): wait until it
+	// takes a write of the bytes it holds.
+	pc := appConn(promoted)
+	require.Eventually(t, func() bool {
+		return pc.Read(ctx, homeRegion(promoted), 0, got) == nil && pc.Write(ctx, homeRegion(promoted), 0, got) == nil
+	}, 30*time.Second, 20*time.Millisecond, "the promoted home never took the client's writes")
 	again := &rdma.Op{Kind: rdma.OpFetchAdd, Region: homeRegion(promoted), Offset: 8, Delta: 1, Once: next}
-	require.NoError(t, appConn(promoted).Do(ctx, again))
+	require.NoError(t, pc.Do(ctx, again))
 	require.EqualValues(t, 1, again.Prev)
 	require.NoError(t, homeConn(t, origin, promoted).Read(ctx, homeRegion(promoted), 0, got))
 	require.EqualValues(t, 2, binary.LittleEndian.Uint64(got[8:]))
