@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -843,6 +844,97 @@ func TestMoveOutStaleFillAbort(t *testing.T) {
 	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, next), "the fill ends: its switch unseals the writers")
 	require.NoError(t, writer.Write(ctx, region(t, src), 0, []byte("after")), "unsealed")
 	require.False(t, p.tracked(src.ID))
+}
+
+// TestMoveOutLateStepRecheck: a late DIRTY, PUSH or SEAL of fill X that
+// passed moveOut's check before the origin's next fill Y unsealed (an
+// ABORT naming no fill) and tracked the segment, but reaches the taking
+// of changed chunks, or the seal, after them, is refused: it takes none
+// of Y's changed chunks (Y's new home then holds every write the source
+// acknowledged), seals nothing and leaves Y's tracking be. The
+// moveOutRecheck hook runs Y's steps and a write at the k-th recheck of
+// X's step (whileCurrent): before the take, or each of a SEAL's record
+// seal, early round, data-plane seal and last round.
+func TestMoveOutLateStepRecheck(t *testing.T) {
+	p, _ := newServingPool(t)
+	ctx := t.Context()
+	x := peerCaller(t, p, "x", 1)
+	const n = 64 << 10
+	alloc := func() *record {
+		r, err := p.Alloc(ctx, x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+		require.NoError(t, err)
+		return r
+	}
+	src, dst, stale := alloc(), alloc(), alloc()
+	cred := p.auth.issue("s-x2", "poold/x", "poold x")
+	writer, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(cred))
+	require.NoError(t, err)
+	t.Cleanup(func() { writer.Close() })
+	to := func(r *record) *poolv1.SegmentHome {
+		return &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: r.ID, DataAddr: p.dp.addr, Key: r.Key[:], Epoch: r.Epoch, DataCredential: cred}
+	}
+	req := func(phase poolv1.MoveOutPhase, fill uint64, target *poolv1.SegmentHome) *poolv1.MoveOutRequest {
+		return &poolv1.MoveOutRequest{HomeId: src.ID, Phase: phase, Chunk: 4096, Fill: fill, Target: target}
+	}
+	step := func(r *poolv1.MoveOutRequest) error {
+		_, err := p.moveOut(ctx, x, r, moveTLS{})
+		return err
+	}
+	const (
+		dirty = poolv1.MoveOutPhase_MOVE_OUT_DIRTY
+		push  = poolv1.MoveOutPhase_MOVE_OUT_PUSH
+		seal  = poolv1.MoveOutPhase_MOVE_OUT_SEAL
+	)
+	for i, c := range []struct {
+		phase  poolv1.MoveOutPhase
+		target bool // the late step pushes to the stale fill's target
+		k      int  // the recheck of the late step Y's steps run at
+	}{
+		{dirty, false, 1}, {push, true, 1},
+		{seal, true, 1}, {seal, true, 2}, {seal, true, 3}, {seal, true, 4},
+		{seal, false, 1}, {seal, false, 2}, {seal, false, 3},
+	} {
+		name := fmt.Sprintf("late %s (target %v) at recheck %d", c.phase, c.target, c.k)
+		t.Run(name, func(t *testing.T) {
+			xf, yf := uint64(0x100+i), uint64(0x200+i)
+			var xTarget *poolv1.SegmentHome
+			if c.target {
+				xTarget = to(stale)
+			}
+			require.NoError(t, step(req(poolv1.MoveOutPhase_MOVE_OUT_TRACK, xf, nil)))
+			all := req(push, xf, to(stale))
+			all.All = true
+			require.NoError(t, step(all))
+
+			rechecks := 0
+			p.cfg.sim.moveOutRecheck = func(r *poolv1.MoveOutRequest) {
+				if r.Fill != xf {
+					return
+				}
+				if rechecks++; rechecks != c.k {
+					return
+				}
+				require.NoError(t, step(req(poolv1.MoveOutPhase_MOVE_OUT_ABORT, 0, nil)))
+				require.NoError(t, step(req(poolv1.MoveOutPhase_MOVE_OUT_TRACK, yf, nil)))
+				all := req(push, yf, to(dst))
+				all.All = true
+				require.NoError(t, step(all))
+				require.NoError(t, writer.Write(ctx, region(t, src), int64(i)*4096+3, []byte(name)))
+			}
+			require.ErrorIs(t, step(req(c.phase, xf, xTarget)), errMoveAborted)
+			p.cfg.sim.moveOutRecheck = nil
+			require.GreaterOrEqual(t, rechecks, c.k, "Y's steps ran")
+			require.NoError(t, writer.Write(ctx, region(t, src), n-4096, []byte(name)), "not sealed for the late step")
+			require.True(t, p.tracked(src.ID), "Y's tracking is left be")
+
+			require.NoError(t, step(req(seal, yf, to(dst))))
+			a, b := make([]byte, n), make([]byte, n)
+			require.NoError(t, writer.Read(ctx, region(t, src), 0, a))
+			require.NoError(t, writer.Read(ctx, region(t, dst), 0, b))
+			require.Equal(t, a, b, "Y's new home holds every acknowledged write")
+			require.NoError(t, step(req(poolv1.MoveOutPhase_MOVE_OUT_ABORT, yf, nil)))
+		})
+	}
 }
 
 // TestAbortedMovesBounded: abortedMoves forgets a move abortedFor after

@@ -69,7 +69,7 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 		}
 		err = p.trackOut(seg.ID, req)
 	case poolv1.MoveOutPhase_MOVE_OUT_DIRTY:
-		resp.Dirty, err = p.dirtyOf(seg.ID, resp)
+		resp.Dirty, err = p.dirtyOf(seg.ID, req, resp)
 	case poolv1.MoveOutPhase_MOVE_OUT_PUSH:
 		err = p.pushOf(ctx, seg, req, tls, resp)
 	case poolv1.MoveOutPhase_MOVE_OUT_SEAL:
@@ -107,9 +107,13 @@ func (p *core) pushOf(ctx context.Context, seg record, req *poolv1.MoveOutReques
 // the origin announces the target on that answer, before its own commit
 // is durable, and an origin restarted in between asks (STATUS) whether
 // the target's copy is whole. On a failure the segment is unsealed, and
-// the move cannot go on.
+// the move cannot go on. The record's seal, each take of changed chunks,
+// the data plane's seal and the unseal run only while the SEAL's move or
+// fill is still the segment's (whileCurrent): a SEAL that an ABORT or a
+// later fill's TRACK ended seals nothing, takes no chunk, and leaves the
+// seal and the tracking as the step that ended it left them.
 func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.MoveOutRequest, tls moveTLS, resp *poolv1.MoveOutResponse) error {
-	if err := p.setSealed(r, true); err != nil {
+	if err := p.whileCurrent(seg.ID, req, func() error { return p.setSealed(r, true) }); err != nil {
 		return err
 	}
 	// One more round while writes still go on, right before the seal:
@@ -125,7 +129,7 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	}
 	sealed := time.Now()
 	if err == nil {
-		err = p.dp.seal(seg.ID, seg.Owner)
+		err = p.sealData(seg, req)
 	}
 	if err == nil {
 		if req.Target != nil {
@@ -133,7 +137,7 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 				err = p.handOver(ctx, r, seg, req)
 			}
 		} else {
-			resp.Dirty, err = p.dirtyOf(seg.ID, resp)
+			resp.Dirty, err = p.dirtyOf(seg.ID, req, resp)
 		}
 	}
 	// A failure to take the changes means they are unknown (not tracked:
@@ -143,8 +147,7 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 	// (Nothing fails after the handover: a segment handed over is never
 	// unsealed here but by an ABORT that names no target.)
 	if err != nil {
-		p.unsealData(seg.ID)
-		return errors.Join(err, p.setSealed(r, false))
+		return errors.Join(err, p.unsealOut(r, seg.ID, req))
 	}
 	resp.PushedBytes += uint64(early) // both rounds
 	resp.DirtyChunks += uint32(earlyChunks)
@@ -154,9 +157,11 @@ func (p *core) sealOut(ctx context.Context, r *record, seg record, req *poolv1.M
 
 // errMoveAborted is a PUSH or SEAL (or a fill's TRACK or DIRTY: lateRefused)
 // refused because it names a move or fill whose ABORT ran here
-// (abortedMoves): it arrived late, after its origin gave up on it.
-// Nothing of it ran: the segment is not sealed for it, no chunk was taken
-// from a later move's tracking, and nothing was handed over. It matches
+// (abortedMoves), or that a later TRACK ended (whileCurrent): it arrived
+// late, after its origin gave up on it. From the check that refused it
+// on, nothing of it ran: it took no chunk from a later move's tracking,
+// sealed nothing and handed nothing over (a seal it set before is the
+// ABORT's or TRACK's that ended it to undo or keep). It matches
 // ErrNotFound: the move it names is no more; an origin that got it would
 // fail the move as for any SEAL that failed (STATUS finds the segment not
 // sealed: undone).
@@ -172,10 +177,13 @@ var errHandedOver = errs.Sub(errs.ErrInUse, "the segment was handed over to its 
 // (p.trackFills). A tracked fill other than req's is remembered as
 // aborted (endTrackedFill), so that a late DIRTY, PUSH or SEAL of it
 // cannot take or seal what the new tracking is for. It runs under
-// p.handing, so that an ABORT sees the tracking and its fill as one.
+// p.handing, so that an ABORT sees the tracking and its fill as one, and
+// a step's check before it takes chunks or seals (whileCurrent) sees
+// them before or after this TRACK.
 func (p *core) trackOut(id uint64, req *poolv1.MoveOutRequest) error {
 	p.handing.Lock()
 	defer p.handing.Unlock()
+	p.waitSealing(id)
 	if m, ok := moveOf(id, req); ok && p.aborted.has(m) {
 		return fmt.Errorf("%w (%s)", errMoveAborted, m) // its ABORT ran since moveOut checked
 	}
@@ -225,6 +233,7 @@ func (p *core) tracked(id uint64) bool {
 func (p *core) abortOut(r *record, seg record, req *poolv1.MoveOutRequest) error {
 	p.handing.Lock()
 	defer p.handing.Unlock()
+	p.waitSealing(seg.ID)
 	if m, ok := moveOf(seg.ID, req); ok {
 		if m.fill == 0 {
 			node, id, ok, err := p.st.pushed(&seg)
@@ -390,12 +399,101 @@ func (s *store) pushed(r *record) (node string, id uint64, ok bool, err error) {
 	return node, id, ok, err
 }
 
-// dirtyOf takes the chunks of segment id changed since the last call and
-// sets their count in resp.
-func (p *core) dirtyOf(id uint64, resp *poolv1.MoveOutResponse) ([]byte, error) {
-	bm, n, err := p.dp.dirty(id)
+// dirtyOf takes the chunks of segment id changed since the last call, if
+// step req's move or fill is still the segment's (whileCurrent), and sets
+// their count in resp.
+func (p *core) dirtyOf(id uint64, req *poolv1.MoveOutRequest, resp *poolv1.MoveOutResponse) ([]byte, error) {
+	var bm []byte
+	var n int
+	err := p.whileCurrent(id, req, func() (err error) {
+		bm, n, err = p.dp.dirty(id)
+		return err
+	})
 	resp.DirtyChunks = uint32(n)
 	return bm, err
+}
+
+// whileCurrent runs do under p.handing if step req's move or fill is
+// still segment id's: not aborted (p.aborted), and the segment's writes
+// tracked for its fill (p.trackFills; for none, if it names none) or not
+// tracked at all (then the chunks' take fails, as after a restart).
+// Otherwise it returns errMoveAborted and do does not run. moveOut checks
+// the first before it runs a step, but an ABORT or a later fill's TRACK
+// (which ends the fill the segment was tracked for: endTrackedFill) may
+// run between that check and the step's taking of changed chunks or
+// sealing: do is where those run, then, so that a late step of an ended
+// fill cannot take the next fill's changed chunks (the next fill's copy
+// would lack writes this home acknowledged) nor seal for it. do must not
+// wait on the network: every MoveOut step of this node takes p.handing.
+func (p *core) whileCurrent(id uint64, req *poolv1.MoveOutRequest, do func() error) error {
+	if hook := p.cfg.sim.moveOutRecheck; hook != nil {
+		hook(req)
+	}
+	p.handing.Lock()
+	defer p.handing.Unlock()
+	p.waitSealing(id)
+	if m, ok := moveOf(id, req); ok && p.aborted.has(m) {
+		return fmt.Errorf("%w (%s)", errMoveAborted, m)
+	}
+	if fill := p.trackFills.of(id); fill != req.Fill && p.tracked(id) {
+		owner := "a move or fill that names none"
+		if fill != 0 {
+			owner = fmt.Sprintf("fill %#x", fill)
+		}
+		return fmt.Errorf("%w (its writes are tracked for %s since)", errMoveAborted, owner)
+	}
+	return do()
+}
+
+// sealData seals segment id in the data plane for SEAL req, if its move
+// or fill is still the segment's (whileCurrent). The seal waits out the
+// writes in flight, a stalled one's payload up to the data plane's
+// interrupt, which is not to hold p.handing (and every other segment's
+// steps): the segment is noted as sealing (p.sealing) instead, and a
+// TRACK or ABORT of it, or another check, waits until it is sealed
+// (waitSealing), so that none runs between the check and the seal.
+func (p *core) sealData(seg record, req *poolv1.MoveOutRequest) error {
+	done := make(chan struct{})
+	if err := p.whileCurrent(seg.ID, req, func() error {
+		if p.sealing == nil {
+			p.sealing = make(map[uint64]chan struct{})
+		}
+		p.sealing[seg.ID] = done
+		return nil
+	}); err != nil {
+		return err
+	}
+	err := p.dp.seal(seg.ID, seg.Owner)
+	p.handing.Lock()
+	delete(p.sealing, seg.ID)
+	p.handing.Unlock()
+	close(done)
+	return err
+}
+
+// waitSealing returns, under p.handing, once no SEAL is sealing segment
+// id (sealData); it lets p.handing go while it waits.
+func (p *core) waitSealing(id uint64) {
+	for done := p.sealing[id]; done != nil; done = p.sealing[id] {
+		p.handing.Unlock()
+		<-done
+		p.handing.Lock()
+	}
+}
+
+// unsealOut undoes a SEAL that failed: it unseals segment id and commits
+// r unsealed, unless the SEAL's move or fill is no longer the segment's
+// (whileCurrent): the ABORT or TRACK that ended it left the seal and the
+// tracking as they are to be, another fill's by now perhaps.
+func (p *core) unsealOut(r *record, id uint64, req *poolv1.MoveOutRequest) error {
+	err := p.whileCurrent(id, req, func() error {
+		p.unsealData(id)
+		return p.setSealed(r, false)
+	})
+	if errors.Is(err, errMoveAborted) {
+		return nil
+	}
+	return err
 }
 
 // unsealData serves segment id again and stops tracking it (and forgets

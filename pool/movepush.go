@@ -244,22 +244,30 @@ func (p *core) push(ctx context.Context, seg record, req *poolv1.MoveOutRequest,
 	if req.Target == nil {
 		return 0, 0, fmt.Errorf("%w: the push names no target", errs.ErrInvalid)
 	}
-	chunk, err := p.dp.srv.Chunk(seg.ID)
-	if err != nil { // not tracked: this daemon restarted since TRACK
-		return 0, 0, err
+	end := seg.Size
+	if req.Length > 0 {
+		end = min(end, req.Offset+req.Length)
 	}
+	if req.All && (req.Offset < 0 || req.Length < 0 || req.Offset > seg.Size || end < req.Offset) {
+		return 0, 0, fmt.Errorf("%w: push of %d bytes from %d of a segment of %d; use a range within it (length 0: to its end)", errs.ErrInvalid, req.Length, req.Offset, seg.Size)
+	}
+	// The chunks are taken only while req's move or fill is still the
+	// segment's (whileCurrent).
+	var chunk int64
 	var bitmap []byte
 	var n int
-	if req.All {
-		end := seg.Size
-		if req.Length > 0 {
-			end = min(end, req.Offset+req.Length)
+	err := p.whileCurrent(seg.ID, req, func() (err error) {
+		if chunk, err = p.dp.srv.Chunk(seg.ID); err != nil { // not tracked: this daemon restarted since TRACK
+			return err
 		}
-		if req.Offset < 0 || req.Length < 0 || req.Offset > seg.Size || end < req.Offset {
-			return 0, 0, fmt.Errorf("%w: push of %d bytes from %d of a segment of %d; use a range within it (length 0: to its end)", errs.ErrInvalid, req.Length, req.Offset, seg.Size)
+		if req.All {
+			bitmap, n = rangeChunks(req.Offset, end, chunk)
+			return nil
 		}
-		bitmap, n = rangeChunks(req.Offset, end, chunk)
-	} else if bitmap, n, err = p.dp.dirty(seg.ID); err != nil {
+		bitmap, n, err = p.dp.dirty(seg.ID)
+		return err
+	})
+	if err != nil {
 		return 0, 0, err
 	}
 	if n == 0 {

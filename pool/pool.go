@@ -72,9 +72,14 @@ type core struct {
 	// their targets (movepush.go).
 	pushing pushers
 	// handing orders, on this node as a move's source, a SEAL's push
-	// note and handover against an ABORT of that move (moveOut): one
-	// runs wholly before the other.
+	// note and handover, and a step's taking of changed chunks or
+	// sealing (whileCurrent), against an ABORT or TRACK of the segment
+	// (moveOut): one runs wholly before the other.
 	handing sync.Mutex
+	// sealing is, under handing, the segments a SEAL is sealing in the
+	// data plane, each with a channel closed once it is sealed
+	// (moveout.go's sealData).
+	sealing map[uint64]chan struct{}
 	// aborted is the moves from this node whose ABORT ran (moveout.go):
 	// a late PUSH or SEAL of one is refused.
 	aborted abortedMoves

@@ -36,6 +36,11 @@ type simHooks struct {
 	// moveOutStep runs when this daemon, a move's source, is asked a
 	// MoveOut step by c, before it runs it; an error refuses the step.
 	moveOutStep func(c caller, req *poolv1.MoveOutRequest) error
+	// moveOutRecheck runs when a MoveOut step req is about to check
+	// again, under p.handing, that its move or fill is still the
+	// segment's, before it takes chunks, seals or unseals (whileCurrent);
+	// it runs before p.handing is taken.
+	moveOutRecheck func(req *poolv1.MoveOutRequest)
 	// judging runs when homeChanged is about to judge a change of node's
 	// redundant homes, under node's judge lock.
 	judging func(node string, up bool)
