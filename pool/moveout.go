@@ -266,10 +266,10 @@ func (p *core) abortOut(r *record, seg record, req *poolv1.MoveOutRequest) error
 // moving notice) go there on their next MOVED, rather than through their
 // daemon once the SEAL's answer reached it. Under p.handing, it checks
 // first that the SEAL's caller still waits for it (an origin that gave
-// up asks STATUS and may undo the move), that no ABORT of this move (or
-// fill) ran since moveOut checked (p.aborted: one that ran before this
-// SEAL sealed the segment did not unseal it), and that no ABORT unsealed
-// the segment since it was sealed.
+// up asks STATUS and may undo the move), that its move or fill is still
+// the segment's (ended: no ABORT of it, nor a later fill's TRACK, ran
+// since the last take of changed chunks), and that no ABORT unsealed the
+// segment since it was sealed.
 func (p *core) handOver(ctx context.Context, r *record, seg record, req *poolv1.MoveOutRequest) error {
 	target := req.Target
 	p.handing.Lock()
@@ -277,8 +277,8 @@ func (p *core) handOver(ctx context.Context, r *record, seg record, req *poolv1.
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("the SEAL's caller gave up before the handover: %w", err)
 	}
-	if m, ok := moveOf(seg.ID, req); ok && p.aborted.has(m) {
-		return fmt.Errorf("%w (%s)", errMoveAborted, m)
+	if err := p.ended(seg.ID, req); err != nil {
+		return err
 	}
 	p.mu.Lock()
 	sealed := p.segs[seg.ID] == r && r.Sealed
@@ -432,6 +432,15 @@ func (p *core) whileCurrent(id uint64, req *poolv1.MoveOutRequest, do func() err
 	p.handing.Lock()
 	defer p.handing.Unlock()
 	p.waitSealing(id)
+	if err := p.ended(id, req); err != nil {
+		return err
+	}
+	return do()
+}
+
+// ended returns errMoveAborted if step req's move or fill is no longer
+// segment id's (whileCurrent), nil if it is. Under p.handing.
+func (p *core) ended(id uint64, req *poolv1.MoveOutRequest) error {
 	if m, ok := moveOf(id, req); ok && p.aborted.has(m) {
 		return fmt.Errorf("%w (%s)", errMoveAborted, m)
 	}
@@ -442,7 +451,7 @@ func (p *core) whileCurrent(id uint64, req *poolv1.MoveOutRequest, do func() err
 		}
 		return fmt.Errorf("%w (its writes are tracked for %s since)", errMoveAborted, owner)
 	}
-	return do()
+	return nil
 }
 
 // sealData seals segment id in the data plane for SEAL req, if its move
