@@ -145,21 +145,12 @@ func TestMoveOutSource(t *testing.T) {
 // one. ABORT closes the connection to the target, unseals and forgets the
 // push.
 func TestMoveOutPush(t *testing.T) {
-	p, _ := newServingPool(t)
-	ctx := t.Context()
-	x := peerCaller(t, p, "x", 1)
+	m := newMoveOutSource(t)
+	p, x, cred, ctx := m.p, m.x, m.cred, t.Context()
 	const n = 256 << 10
-	alloc := func() *record {
-		r, err := p.Alloc(ctx, x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
-		require.NoError(t, err)
-		return r
-	}
-	src, dst := alloc(), alloc()
-	cred := p.auth.issue("s-x2", "poold/x", "poold x")
-	mover, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(cred))
-	require.NoError(t, err)
-	t.Cleanup(func() { mover.Close() })
-	target := &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: dst.ID, DataAddr: p.dp.addr, Key: dst.Key[:], Epoch: dst.Epoch, DataCredential: cred}
+	src, dst := m.alloc(n), m.alloc(n)
+	mover := m.conn()
+	target := m.home(dst)
 	step := func(req *poolv1.MoveOutRequest) (*poolv1.MoveOutResponse, error) {
 		req.HomeId = src.ID
 		return p.moveOut(ctx, x, req, moveTLS{})
@@ -177,7 +168,7 @@ func TestMoveOutPush(t *testing.T) {
 	}
 	require.NoError(t, mover.Write(ctx, region(t, src), 0, pattern))
 
-	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target, All: true})
+	_, err := step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_PUSH, Target: target, All: true})
 	require.ErrorIs(t, err, rdma.ErrNotTracked, "a push before TRACK: no changes are recorded")
 	require.Equal(t, codes.NotFound, status.Code(errs.ToStatus(err)), "the refusal's gRPC code")
 	_, err = step(&poolv1.MoveOutRequest{Phase: poolv1.MoveOutPhase_MOVE_OUT_TRACK, Chunk: 4096})
@@ -560,6 +551,42 @@ func peerCaller(t *testing.T, p *core, node string, pid int64) caller {
 	return c
 }
 
+// moveOutSource is the setup the MoveOut tests share: a serving pool p,
+// the peer x that moves its segments, and the data-plane credential its
+// moves push with.
+type moveOutSource struct {
+	t    *testing.T
+	p    *core
+	x    caller
+	cred []byte
+}
+
+func newMoveOutSource(t *testing.T) *moveOutSource {
+	p, _ := newServingPool(t)
+	return &moveOutSource{t: t, p: p, x: peerCaller(t, p, "x", 1), cred: p.auth.issue("s-x2", "poold/x", "poold x")}
+}
+
+// alloc places an rdma segment of n bytes on p for x's client "app".
+func (m *moveOutSource) alloc(n int64) *record {
+	r, err := m.p.Alloc(m.t.Context(), m.x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+	require.NoError(m.t, err)
+	return r
+}
+
+// home names r as a move's target, reached with the moves' credential.
+func (m *moveOutSource) home(r *record) *poolv1.SegmentHome {
+	return &poolv1.SegmentHome{Node: m.p.cfg.Node, HomeId: r.ID, DataAddr: m.p.dp.addr, Key: r.Key[:], Epoch: r.Epoch, DataCredential: m.cred}
+}
+
+// conn is a data-plane connection to p with the moves' credential, closed
+// when the test ends.
+func (m *moveOutSource) conn() *tcp.Client {
+	c, err := tcp.Dial(m.t.Context(), m.p.dp.addr, tcp.WithCredential(m.cred))
+	require.NoError(m.t, err)
+	m.t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // holdCommit holds a commit of f open until release is called (which
 // returns its outcome): what is submitted meanwhile waits for it.
 func holdCommit(f *storeFile) (release func() error) {
@@ -671,19 +698,9 @@ func TestPushNotesGo(t *testing.T) {
 // (a later move's) is not refused. A handover checks again, under
 // p.handing, for an ABORT that ran after moveOut's check.
 func TestMoveOutAborted(t *testing.T) {
-	p, _ := newServingPool(t)
-	ctx := t.Context()
-	x := peerCaller(t, p, "x", 1)
-	alloc := func() *record {
-		r, err := p.Alloc(ctx, x, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
-		require.NoError(t, err)
-		return r
-	}
-	cred := p.auth.issue("s-x2", "poold/x", "poold x")
-	copyOf := func(r *record) *poolv1.SegmentHome {
-		return &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: r.ID, DataAddr: p.dp.addr, Key: r.Key[:], Epoch: r.Epoch, DataCredential: cred}
-	}
-	src, first, second := alloc(), copyOf(alloc()), copyOf(alloc())
+	m := newMoveOutSource(t)
+	p, x, ctx := m.p, m.x, t.Context()
+	src, first, second := m.alloc(64<<10), m.home(m.alloc(64<<10)), m.home(m.alloc(64<<10))
 	step := func(phase poolv1.MoveOutPhase, target *poolv1.SegmentHome) error {
 		_, err := p.moveOut(ctx, x, &poolv1.MoveOutRequest{HomeId: src.ID, Phase: phase, Chunk: 4096, Target: target}, moveTLS{})
 		return err
@@ -716,13 +733,13 @@ func TestMoveOutAborted(t *testing.T) {
 	p.mu.Unlock()
 	require.NoError(t, p.setSealed(r, true))
 	late := &poolv1.MoveOutRequest{HomeId: src.ID, Phase: poolv1.MoveOutPhase_MOVE_OUT_SEAL, Target: second}
-	m, _ := moveOf(src.ID, late)
-	p.aborted.add(m, time.Now())
+	mv, _ := moveOf(src.ID, late)
+	p.aborted.add(mv, time.Now())
 	require.ErrorIs(t, p.handOver(ctx, r, *r, late), errMoveAborted)
 	require.NoError(t, p.setSealed(r, false))
 	unsealed("the refused handover")
 
-	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_SEAL, copyOf(alloc())), "a SEAL to another copy")
+	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_SEAL, m.home(m.alloc(64<<10))), "a SEAL to another copy")
 	require.NoError(t, step(poolv1.MoveOutPhase_MOVE_OUT_ABORT, nil))
 }
 
@@ -733,17 +750,10 @@ func TestMoveOutAborted(t *testing.T) {
 // same target tracks the segment again, whose steps go on. A fill's
 // ABORT unseals even after its SEAL noted a push to the target.
 func TestMoveOutAbortedFill(t *testing.T) {
-	p, _ := newServingPool(t)
-	ctx := t.Context()
-	x := peerCaller(t, p, "x", 1)
-	alloc := func() *record {
-		r, err := p.Alloc(ctx, x, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
-		require.NoError(t, err)
-		return r
-	}
-	src, dst := alloc(), alloc()
-	cred := p.auth.issue("s-x2", "poold/x", "poold x")
-	target := &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: dst.ID, DataAddr: p.dp.addr, Key: dst.Key[:], Epoch: dst.Epoch, DataCredential: cred}
+	m := newMoveOutSource(t)
+	p, x, ctx := m.p, m.x, t.Context()
+	src, dst := m.alloc(64<<10), m.alloc(64<<10)
+	target := m.home(dst)
 	const first, second = 0x11, 0x23
 	step := func(phase poolv1.MoveOutPhase, fill uint64) error {
 		req := &poolv1.MoveOutRequest{HomeId: src.ID, Phase: phase, Chunk: 4096, Fill: fill}
@@ -785,21 +795,12 @@ func TestMoveOutAbortedFill(t *testing.T) {
 // the source acknowledged. X's late steps are refused from Y's TRACK on,
 // though X's ABORT had not arrived yet.
 func TestMoveOutStaleFillAbort(t *testing.T) {
-	p, _ := newServingPool(t)
-	ctx := t.Context()
-	x := peerCaller(t, p, "x", 1)
+	m := newMoveOutSource(t)
+	p, x, ctx := m.p, m.x, t.Context()
 	const n = 64 << 10
-	alloc := func() *record {
-		r, err := p.Alloc(ctx, x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
-		require.NoError(t, err)
-		return r
-	}
-	src, dst := alloc(), alloc()
-	cred := p.auth.issue("s-x2", "poold/x", "poold x")
-	writer, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(cred))
-	require.NoError(t, err)
-	t.Cleanup(func() { writer.Close() })
-	target := &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: dst.ID, DataAddr: p.dp.addr, Key: dst.Key[:], Epoch: dst.Epoch, DataCredential: cred}
+	src, dst := m.alloc(n), m.alloc(n)
+	writer := m.conn()
+	target := m.home(dst)
 	const stale, next = 0x31, 0x47
 	step := func(phase poolv1.MoveOutPhase, fill uint64) error {
 		req := &poolv1.MoveOutRequest{HomeId: src.ID, Phase: phase, Chunk: 4096, Fill: fill, All: true}
@@ -856,23 +857,12 @@ func TestMoveOutStaleFillAbort(t *testing.T) {
 // X's step (whileCurrent): before the take, or each of a SEAL's record
 // seal, early round, data-plane seal and last round.
 func TestMoveOutLateStepRecheck(t *testing.T) {
-	p, _ := newServingPool(t)
-	ctx := t.Context()
-	x := peerCaller(t, p, "x", 1)
+	m := newMoveOutSource(t)
+	p, x, ctx := m.p, m.x, t.Context()
 	const n = 64 << 10
-	alloc := func() *record {
-		r, err := p.Alloc(ctx, x, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
-		require.NoError(t, err)
-		return r
-	}
-	src, dst, stale := alloc(), alloc(), alloc()
-	cred := p.auth.issue("s-x2", "poold/x", "poold x")
-	writer, err := tcp.Dial(ctx, p.dp.addr, tcp.WithCredential(cred))
-	require.NoError(t, err)
-	t.Cleanup(func() { writer.Close() })
-	to := func(r *record) *poolv1.SegmentHome {
-		return &poolv1.SegmentHome{Node: p.cfg.Node, HomeId: r.ID, DataAddr: p.dp.addr, Key: r.Key[:], Epoch: r.Epoch, DataCredential: cred}
-	}
+	src, dst, stale := m.alloc(n), m.alloc(n), m.alloc(n)
+	writer := m.conn()
+	to := m.home
 	req := func(phase poolv1.MoveOutPhase, fill uint64, target *poolv1.SegmentHome) *poolv1.MoveOutRequest {
 		return &poolv1.MoveOutRequest{HomeId: src.ID, Phase: phase, Chunk: 4096, Fill: fill, Target: target}
 	}
