@@ -183,16 +183,8 @@ func homeConn(t *testing.T, origin *Daemon, h homeRef) rdma.Conn {
 // the segment is degraded; the data is there. When the backup's host
 // crashes too, the segment is lost.
 func TestRedundantFailover(t *testing.T) {
-	sc := redundantCluster(t, 4, fastDetection, true)
+	sc, origin, app, rep := replicatedForApp(t)
 	ctx := t.Context()
-	origin := sc.hosts[0].daemon()
-	require.NoError(t, origin.pool.credentials().bind("app", uidIdentity(1000)))
-	origin.pool.openSession("s-app", "app", "app", 1, 1000)
-	app, err := origin.pool.callerFor("s-app")
-	require.NoError(t, err)
-	s := redspec.Spec{Replicas: 2}
-	rep, err := origin.pool.Alloc(ctx, app, allocRequest{Size: 8192, Tier: poolv1.Tier_TIER_RDMA, Redundancy: &s})
-	require.NoError(t, err)
 	primary, backup := rep.Homes[0], rep.Homes[1]
 	// The client, with the credentials its daemon's peers delegated to it.
 	appConn := func(h homeRef) rdma.Conn {
@@ -219,7 +211,7 @@ func TestRedundantFailover(t *testing.T) {
 	// A backup that stops taking forwarded writes (freed at its host) is
 	// reported by the primary and marked lost; the client's write is
 	// answered all the same.
-	rep2, err := origin.pool.Alloc(ctx, app, allocRequest{Size: 8192, Tier: poolv1.Tier_TIER_RDMA, Redundancy: &s})
+	rep2, err := origin.pool.Alloc(ctx, app, allocRequest{Size: 8192, Tier: poolv1.Tier_TIER_RDMA, Redundancy: &redspec.Spec{Replicas: 2}})
 	require.NoError(t, err)
 	gone := rep2.Homes[1]
 	require.NoError(t, sc.host(gone.Node).daemon().pool.Free(caller{}, gone.HomeID, ""))
@@ -480,16 +472,8 @@ func TestReturnJudgedAfterDeath(t *testing.T) {
 // holds one add. A retry on the other slot, which ran an op there since
 // the switch, still runs.
 func TestRetryAtRebuiltHomeIndeterminate(t *testing.T) {
-	sc := redundantCluster(t, 4, fastDetection, true)
+	sc, origin, _, rep := replicatedForApp(t)
 	ctx := t.Context()
-	origin := sc.hosts[0].daemon()
-	require.NoError(t, origin.pool.credentials().bind("app", uidIdentity(1000)))
-	origin.pool.openSession("s-app", "app", "app", 1, 1000)
-	app, err := origin.pool.callerFor("s-app")
-	require.NoError(t, err)
-	s := redspec.Spec{Replicas: 2}
-	rep, err := origin.pool.Alloc(ctx, app, allocRequest{Size: 8192, Tier: poolv1.Tier_TIER_RDMA, Redundancy: &s})
-	require.NoError(t, err)
 	primary, backup := rep.Homes[0], rep.Homes[1]
 	sess := rdma.NewSession()
 	appConn := func(h homeRef) rdma.Conn {
@@ -575,4 +559,20 @@ func TestRetryAtRebuiltHomeIndeterminate(t *testing.T) {
 	require.EqualValues(t, 1, again.Prev)
 	require.NoError(t, homeConn(t, origin, promoted).Read(ctx, homeRegion(promoted), 0, got))
 	require.EqualValues(t, 2, binary.LittleEndian.Uint64(got[8:]))
+}
+
+// replicatedForApp starts 4 simulated hosts with fast failure detection
+// and places an 8 KiB replicas=2 segment for the client "app" (uid 1000,
+// whose caller it returns) of the first, the origin.
+func replicatedForApp(t *testing.T) (*simCluster, *Daemon, caller, *record) {
+	sc := redundantCluster(t, 4, fastDetection, true)
+	origin := sc.hosts[0].daemon()
+	require.NoError(t, origin.pool.credentials().bind("app", uidIdentity(1000)))
+	origin.pool.openSession("s-app", "app", "app", 1, 1000)
+	app, err := origin.pool.callerFor("s-app")
+	require.NoError(t, err)
+	s := redspec.Spec{Replicas: 2}
+	rep, err := origin.pool.Alloc(t.Context(), app, allocRequest{Size: 8192, Tier: poolv1.Tier_TIER_RDMA, Redundancy: &s})
+	require.NoError(t, err)
+	return sc, origin, app, rep
 }
