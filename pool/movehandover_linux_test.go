@@ -240,12 +240,7 @@ func TestMoveLateSealAfterAbort(t *testing.T) {
 		keepCopy atomic.Bool
 	)
 	for _, h := range sc.hosts[:3] {
-		h.cfg.sim.grpc = append(h.cfg.sim.grpc, grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-			if keepCopy.Load() && strings.HasSuffix(info.FullMethod, "/Free") {
-				return nil, errs.ToStatus(fmt.Errorf("the test keeps the copy of the failed move: %w", errs.ErrUnavailable))
-			}
-			return next(ctx, req)
-		}))
+		h.cfg.sim.grpc = append(h.cfg.sim.grpc, refuseFreeWhile(&keepCopy, "the test keeps the copy of the failed move"))
 		h.cfg.sim.moveOutStep = func(c caller, req *poolv1.MoveOutRequest) error {
 			mu.Lock()
 			switch {
@@ -377,4 +372,16 @@ func checkMovedAway(t *testing.T, oh *simHost, seg *alloc.Segment, from string, 
 	_, err = seg.ReadAt(got, 0)
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(want, got), "the bytes from before the move and the write made during it")
+}
+
+// refuseFreeWhile is a host's gRPC interceptor that refuses every Free
+// (ErrUnavailable, saying why) while keep is set: a test keeps the copy
+// of a move it undid, so that a late step of that move finds it.
+func refuseFreeWhile(keep *atomic.Bool, why string) grpc.ServerOption {
+	return grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		if keep.Load() && strings.HasSuffix(info.FullMethod, "/Free") {
+			return nil, errs.ToStatus(fmt.Errorf("%s: %w", why, errs.ErrUnavailable))
+		}
+		return next(ctx, req)
+	})
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
-	"google.golang.org/grpc"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
@@ -156,12 +154,7 @@ func TestMoveHomeLateSealAfterAbort(t *testing.T) {
 		keepCopy atomic.Bool
 	)
 	for _, h := range sc.hosts[:3] {
-		h.cfg.sim.grpc = append(h.cfg.sim.grpc, grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-			if keepCopy.Load() && strings.HasSuffix(info.FullMethod, "/Free") {
-				return nil, errs.ToStatus(fmt.Errorf("the test keeps the copy of the undone move: %w", errs.ErrUnavailable))
-			}
-			return next(ctx, req)
-		}))
+		h.cfg.sim.grpc = append(h.cfg.sim.grpc, refuseFreeWhile(&keepCopy, "the test keeps the copy of the undone move"))
 		h.cfg.sim.moveOutStep = func(c caller, req *poolv1.MoveOutRequest) error {
 			mu.Lock()
 			switch {
