@@ -964,7 +964,8 @@ type lostOutside struct {
 	// then declares the death on its own) does this to that owner alone.
 	judged bool
 	// evidence says how the owner lists the home, since when, and what the
-	// home holds.
+	// home holds; for a redundant record also each home's state in it and
+	// how the owner lists that home's node.
 	evidence string
 }
 
@@ -996,7 +997,14 @@ func (sc *simCluster) lostElsewhere(except string, since time.Time) (judged, une
 				l.evidence = fmt.Sprintf("home %q: the owner %s; at home: %s", r.Home, view, sc.atHome(h, &r))
 			}
 			if r.redundant() {
-				l.evidence += "; redundant " + r.Redundancy.spec().String()
+				l.evidence += "; redundant " + r.Redundancy.spec().String() + ", homes:"
+				for _, hr := range r.Homes {
+					view := "not listed"
+					if m, ok := p.cl.Member(hr.Node); ok {
+						view = fmt.Sprintf("%s since %+.2fs", cluster.StateString(m.State), m.Since.Sub(since).Seconds())
+					}
+					l.evidence += fmt.Sprintf(" %s %s (owner: %s)", hr.Node, strings.ToLower(strings.TrimPrefix(hr.State.String(), "HOME_STATE_")), view)
+				}
 			}
 			if l.judged {
 				judged = append(judged, l)
