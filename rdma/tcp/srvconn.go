@@ -306,13 +306,18 @@ func (c *srvConn) once(h *reqHeader) error {
 		// counted per connection, so requests share no counter.
 		c.sess = c.s.sessions.open(*c.sessKey, c.sessResume)
 	}
+	retry := h.flags&reqFlagRetry != 0
+	// Only a RETRY is judged by its export's join mark: a first send
+	// costs no second export lookup (pin makes the one that counts).
 	var joined uint64
-	if e := c.s.lookup(h.seg); e != nil && subtle.ConstantTimeCompare(e.key[:], h.key[:]) == 1 {
-		joined = e.joined.Load()
+	if retry {
+		if e := c.s.lookup(h.seg); e != nil && subtle.ConstantTimeCompare(e.key[:], h.key[:]) == 1 {
+			joined = e.joined.Load()
+		}
 	}
 	sl := &c.sess.slots[h.slot]
 	sl.mu.Lock()
-	switch sl.decideAt(h.seq, h.flags&reqFlagRetry != 0, joined) {
+	switch sl.decideAt(h.seq, retry, joined) {
 	case replay:
 		defer sl.mu.Unlock()
 		if err := c.discard(int(h.payloadLen)); err != nil {
