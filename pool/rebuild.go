@@ -234,8 +234,8 @@ func (rb *rebuilder) run(ctx context.Context, w rebuildWork) {
 		p.log.Info("rebuilt a home of a redundant segment", "segment", w.id, "home", w.home, "node", res.node,
 			"bytes", res.bytes, "rounds", res.rounds, "pause", res.pause, "took", res.took.Round(time.Millisecond))
 	case errors.Is(err, errRebuildAgain):
-		// Nothing to do now (freed or rebuilt meanwhile), or a dead
-		// target dropped: the next look decides.
+		// Nothing to do now (freed or rebuilt meanwhile), a dead target
+		// dropped, or a source gone: the next look decides.
 		delete(rb.retry, w.id)
 	case errors.Is(err, errRebuildBusy):
 		rb.retry[w.id] = rebuildBackoff{next: time.Now().Add(rebuildRetry)}
@@ -264,8 +264,8 @@ func (rb *rebuilder) failedBefore(id uint64) bool {
 var errRebuildBusy = errs.Sub(errs.ErrLimit, "the segment is moving; its rebuild waits")
 
 // errRebuildAgain is a rebuild that did nothing and is to be looked at
-// again at once: the segment changed meanwhile, or its target was
-// dropped.
+// again at once: the segment changed meanwhile, its target was dropped,
+// or a source was found gone and marked lost (homeMissing).
 var errRebuildAgain = errors.New("rebuild: look again")
 
 // rebuild rebuilds home w.home of segment w.id: a new home placed for a
@@ -309,7 +309,7 @@ func (rb *rebuilder) rebuild(ctx context.Context, w rebuildWork) (rebuildResult,
 	defer f.close()
 	err = f.run(ctx, f.switchRebuilt)
 	res.bytes, res.rounds, res.pause, res.repaired = f.m.copied.Load(), f.m.res.rounds, f.m.res.pause, f.repaired.Load()
-	if err != nil && ctx.Err() == nil && (p.nodeGone(h.Node) || rb.failedBefore(w.id)) { // not when the daemon stops
+	if err != nil && ctx.Err() == nil && !errors.Is(err, errRebuildAgain) && (p.nodeGone(h.Node) || rb.failedBefore(w.id)) { // not when the daemon stops
 		// A target that died, or that failed a second fill in a row
 		// (its node restarted without the copy, say): another one.
 		err = errors.Join(err, p.dropRebuildTarget(w.id, w.home, h))

@@ -484,7 +484,12 @@ func (f *rebuildFill) step(ctx context.Context, phase poolv1.MoveOutPhase, pick 
 		g.Go(func() error {
 			resp, err := moveOutReq(ctx, s.pc, req)
 			if err != nil {
-				return fmt.Errorf("rebuild segment %d: %s at %s: %w", f.r.ID, phase, s.home.Node, err)
+				err = fmt.Errorf("rebuild segment %d: %s at %s: %w", f.r.ID, phase, s.home.Node, err)
+				if f.p.homeMissing(ctx, f.r.ID, s.home, err) {
+					// A source gone: the rebuild looks at the record again.
+					err = errors.Join(errRebuildAgain, err)
+				}
+				return err
 			}
 			f.m.copied.Add(int64(resp.PushedBytes))
 			mu.Lock()

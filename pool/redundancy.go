@@ -642,6 +642,9 @@ func (p *core) replicateAt(ctx context.Context, r *record, i int, req *poolv1.Re
 		})
 	}
 	if err != nil {
+		if p.homeMissing(ctx, r.ID, h, err) {
+			err = fmt.Errorf("%w (marked lost: its node holds it no more)", err)
+		}
 		return false, fmt.Errorf("replicate segment %d at %s (home %d): %w", r.ID, h.Node, i, err)
 	}
 	return resp.GetRestarted(), nil
@@ -719,6 +722,25 @@ func (p *core) homeLost(id uint64, node string, homeID uint64, why string, misse
 	p.log.Warn("redundant segment degraded: a home is lost", "segment", id, "node", node, "promoted", promoted, "epoch", next.Epoch, "why", why)
 	p.replicateLater(id)
 	p.rebuildSoon(id)
+}
+
+// homeMissing marks home h of segment id lost when err, a step's answer
+// from h's node, says the node has no such segment (or lost it) and the
+// node's list of what it holds for this daemon agrees, and reports whether
+// it did: the caller looks at the record again rather than retry a step
+// the home can never take. A home ends so when its node reclaimed it (this
+// daemon's lease there ran out while a partition cut them off) after the
+// record last judged it.
+func (p *core) homeMissing(ctx context.Context, id uint64, h homeRef, err error) bool {
+	if !errors.Is(err, errs.ErrNotFound) && !errors.Is(err, errs.ErrSegmentLost) {
+		return false
+	}
+	held, ok := p.reconcile(ctx, h.Node)
+	if !ok || held[h.HomeID] {
+		return false
+	}
+	p.homeLost(id, h.Node, h.HomeID, "its node no longer holds it", true)
+	return true
 }
 
 // wouldBeLost reports whether r, settled as it is now, is lost.
@@ -899,11 +921,16 @@ func (p *core) replicateLater(id uint64) {
 type segHome struct{ seg, homeID uint64 }
 
 // homesOn is the copies and shards on node, not lost, of the redundant
-// segments that are not lost. p.mu must be held.
+// segments, those lost for now included: a segment that waits for a kept
+// home to return (homeLost) has others OK, and their node's death and
+// return are to be judged like any other's. Skipped, a node that reclaimed
+// such a home while the origin could not reach it (its lease there ran
+// out) stayed OK in the record, and the segment, restored when the kept
+// home returned, named a home that no longer held it. p.mu must be held.
 func (p *core) homesOn(node string) map[segHome]bool {
 	out := map[segHome]bool{}
 	for _, r := range p.segs {
-		if !r.redundant() || r.Lost {
+		if !r.redundant() {
 			continue
 		}
 		for _, id := range r.idsOn(node) {

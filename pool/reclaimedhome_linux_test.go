@@ -1,0 +1,115 @@
+package pool
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/cluster"
+)
+
+// reclaimAt frees home h of a redundant segment at its node as the node
+// does when the origin's lease there runs out (sessions.go, reap): the
+// origin is not told, and finds out only by asking the node.
+func reclaimAt(t *testing.T, sc *simCluster, h homeRef) {
+	t.Helper()
+	p := sc.host(h.Node).daemon().pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.segs[h.HomeID]
+	require.NotNil(t, r, "the home on %s", h.Node)
+	require.NoError(t, p.freeLocked(r, "lease expired"))
+}
+
+// TestHomeJudgedWhileSegmentLost: an ec=4+2 segment loses both parity
+// homes (crashed), then a partition cuts its origin off from every data
+// home: the first one it hears dead is kept (UNREACHABLE) and the segment
+// is lost for now, waiting for it. The other data homes' deaths are judged
+// all the same, and while the partition lasts two of their nodes reclaim
+// their shards (the origin's lease there ran out). At the heal the homes
+// that return with their shard are OK again, and the two that return
+// without are lost: the segment stays lost, never restored with a home
+// that no longer holds its shard. Judged only for a segment not lost, the
+// two stayed OK through the partition and the segment came back naming
+// them.
+func TestHomeJudgedWhileSegmentLost(t *testing.T) {
+	sc := redundantCluster(t, 7, fastDetection, true)
+	oh := sc.hosts[0]
+	origin := oh.daemon()
+	seg, err := allocSpec(t.Context(), t, origin, 64<<10, "ec=4+2")
+	require.NoError(t, err)
+	ec := *seg
+	state := func() record {
+		r, ok := origin.pool.redundantRecord(ec.ID)
+		require.True(t, ok)
+		return r
+	}
+	sc.crash(sc.host(ec.Homes[4].Node))
+	sc.crash(sc.host(ec.Homes[5].Node))
+	require.Eventually(t, func() bool { r := state(); return r.homesIn(poolv1.HomeState_HOME_STATE_LOST) == 2 }, time.Minute, 10*time.Millisecond,
+		"the parity homes are not marked lost: %s", homesString(state().Homes))
+	require.False(t, state().Lost)
+
+	var others []*simHost
+	for _, h := range sc.up() {
+		if h != oh {
+			others = append(others, h)
+		}
+	}
+	sc.partition([]*simHost{oh}, others)
+	dead := func(node string) bool {
+		m, ok := origin.pool.cl.Member(node)
+		return ok && m.State != cluster.StateAlive
+	}
+	require.Eventually(t, func() bool {
+		return state().Lost && !slices.ContainsFunc(ec.Homes[:4], func(h homeRef) bool { return !dead(h.Node) })
+	}, time.Minute, 10*time.Millisecond, "the origin does not list the data homes dead, the segment lost: %s", homesString(state().Homes))
+	reclaimAt(t, sc, ec.Homes[1])
+	reclaimAt(t, sc, ec.Homes[2])
+
+	sc.net.Heal()
+	require.Eventually(t, func() bool {
+		r := state()
+		return !slices.ContainsFunc(ec.Homes[:4], func(h homeRef) bool { return dead(h.Node) }) &&
+			r.homesIn(poolv1.HomeState_HOME_STATE_UNREACHABLE) == 0
+	}, time.Minute, 10*time.Millisecond, "the data homes' return is not judged: %s", homesString(state().Homes))
+	r := state()
+	require.Equal(t, poolv1.HomeState_HOME_STATE_LOST, r.Homes[1].State, "returned without its shard: %s", homesString(r.Homes))
+	require.Equal(t, poolv1.HomeState_HOME_STATE_LOST, r.Homes[2].State, "returned without its shard: %s", homesString(r.Homes))
+	require.Equal(t, poolv1.HomeState_HOME_STATE_OK, r.Homes[0].State, "returned with its shard: %s", homesString(r.Homes))
+	require.Equal(t, poolv1.HomeState_HOME_STATE_OK, r.Homes[3].State, "returned with its shard: %s", homesString(r.Homes))
+	require.True(t, r.Lost, "two shards of six are left")
+}
+
+// TestReclaimedSourceLost: a data home of an ec=4+2 segment is reclaimed
+// at its node without the origin knowing (its lease there ran out while
+// a partition cut them off, after the origin last judged the home). When
+// another data home crashes, the rebuild's steps (and the origin's
+// replicate) at the reclaimed home answer that it has no such segment: the
+// origin asks the node what it holds, marks the home lost, and rebuilds
+// both shards from the four left, rather than retry a step the home can
+// never take. Every shard then holds the code of the bytes written.
+func TestReclaimedSourceLost(t *testing.T) {
+	rs := newRedundantSim(t, 9, 64<<10, func(*simHost) {})
+	origin, ec := rs.oh.daemon(), rs.ec
+	reclaimAt(t, rs.sc, ec.Homes[1])
+	victim, crashed := rs.crashShard0(t, false)
+	whole := func() bool {
+		r, _ := origin.pool.redundantRecord(rs.ecID)
+		return !slices.ContainsFunc(r.Homes, func(h homeRef) bool {
+			was := func(x homeRef) bool { return h.Node == x.Node && h.HomeID == x.HomeID }
+			return h.State != poolv1.HomeState_HOME_STATE_OK || was(ec.Homes[0]) || was(ec.Homes[1])
+		})
+	}
+	for deadline := time.Now().Add(time.Minute); !whole(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			r, _ := origin.pool.redundantRecord(rs.ecID)
+			t.Fatalf("data shards 0 and 1 are not rebuilt: %s", homesString(r.Homes))
+		}
+	}
+	t.Logf("data shard 0 (on %s, crashed) and 1 (reclaimed on %s) rebuilt %v after the crash", victim, ec.Homes[1].Node, time.Since(crashed).Round(time.Millisecond))
+	rs.checkShards(t)
+}
