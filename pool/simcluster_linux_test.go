@@ -3,7 +3,9 @@ package pool
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -241,12 +243,12 @@ func shmBase() string {
 // start starts h; a restarted host comes back at its previous control
 // and data plane ports, as a real host would.
 func (sc *simCluster) start(h *simHost) error {
-	d, err := Start(h.cfg, nil)
+	d, err := Start(h.cfg, simLog(h.name))
 	if err != nil && h.cfg.Listen != "127.0.0.1:0" {
 		// The old port was taken meanwhile (an outgoing connection's
 		// ephemeral port): take any.
 		h.cfg.Listen, h.cfg.DataListen = "127.0.0.1:0", "127.0.0.1:0"
-		d, err = Start(h.cfg, nil)
+		d, err = Start(h.cfg, simLog(h.name))
 	}
 	if err != nil {
 		return fmt.Errorf("start %s: %w", h.name, err)
@@ -1250,4 +1252,30 @@ func (sc *simCluster) explainLost() string {
 		}
 	}
 	return kindLines(kinds, 40)
+}
+
+// simLogPath is -sim.log: where the simulated daemons log, for a look at
+// what they did in a failed run (TestScale's included).
+var simLogPath = flag.String("sim.log", "", "simulated hosts: append every daemon's log (text, info and up, with its host) to this file; none if empty")
+
+// simLogFile is -sim.log opened once, shared by every simulated daemon.
+var simLogFile = sync.OnceValue(func() *os.File {
+	if *simLogPath == "" {
+		return nil
+	}
+	f, err := os.OpenFile(*simLogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		panic(fmt.Sprintf("-sim.log: %v", err))
+	}
+	return f
+})
+
+// simLog is the logger of the simulated daemon of host name: nil (none)
+// without -sim.log.
+func simLog(name string) *slog.Logger {
+	f := simLogFile()
+	if f == nil {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo})).With("host", name)
 }

@@ -29,14 +29,14 @@ import (
 // checks the same on a few simulated hosts with the bytes compared.
 
 // redundantOn lists, per running host, the ids of its redundant records
-// with a home on node.
+// with a home on node, or all of them if node is empty.
 func (sc *simCluster) redundantOn(node string) map[*simHost][]uint64 {
 	out := map[*simHost][]uint64{}
 	for _, h := range sc.up() {
 		p := h.daemon().pool
 		p.mu.Lock()
 		for _, r := range p.segs {
-			if r.redundant() && slices.ContainsFunc(r.Homes, func(x homeRef) bool { return x.Node == node }) {
+			if r.redundant() && (node == "" || slices.ContainsFunc(r.Homes, func(x homeRef) bool { return x.Node == node })) {
 				out[h] = append(out[h], r.ID)
 			}
 		}
@@ -54,7 +54,7 @@ type simRebuild struct {
 }
 
 // rebuildState looks at the records of ids (per owner host) that had a
-// home on gone.
+// home on gone (or at any redundant records, gone empty).
 func (sc *simCluster) rebuildState(ids map[*simHost][]uint64, gone string) simRebuild {
 	var s simRebuild
 	lenders := slices.DeleteFunc(sc.up(), func(h *simHost) bool { return !h.daemon().pool.drainState().since.IsZero() })
