@@ -61,11 +61,24 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	if err := s.d.bindSession(hello.ClientId, ident); err != nil {
 		return errs.ToStatus(err)
 	}
+	if hook := s.d.cfg.sim.sessionBound; hook != nil {
+		hook(hello.ClientId)
+	}
 	sid := newSessionID()
 	cred := s.d.pool.credentials().issue(sid, hello.ClientId, ident)
 	defer s.d.pool.credentials().revokeSession(sid)
 	events := s.d.pool.openSession(sid, hello.ClientId, hello.ClientName, hello.Pid, uid)
 	defer s.d.pool.closeSession(sid)
+	// The session holds the client's lease now. A reap of its lapsed lease
+	// between the bind and here, once its last segments went, forgot the
+	// binding, and every call of this session would then be refused as
+	// another identity's: bind again (refused if another identity took the
+	// id meanwhile).
+	if s.d.pool.credentials().identity(hello.ClientId) != ident {
+		if err := s.d.bindSession(hello.ClientId, ident); err != nil {
+			return errs.ToStatus(err)
+		}
+	}
 	s.d.log.Debug("session opened", "session", sid, "client", hello.ClientId, "name", hello.ClientName, "pid", hello.Pid)
 	err = stream.Send(&poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Welcome{Welcome: &poolv1.Welcome{
 		SessionId: sid, LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(), Node: s.d.cfg.Node, DataCredential: cred,

@@ -49,4 +49,8 @@ type simHooks struct {
 	// (the sealed round's repair, rebuildfill.go); an error fails that
 	// write, as a home that refused it would.
 	repairing func(segment uint64, shard int) error
+	// sessionBound runs when a new session's client id has been bound to
+	// the caller's identity, before the session counts for the client's
+	// lease (openSession).
+	sessionBound func(clientID string)
 }
