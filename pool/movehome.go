@@ -147,6 +147,11 @@ func (p *core) switchHome(ctx context.Context, f *rebuildFill, in intent, leavin
 	in.Switched = true
 	p.moving.set(in)
 	if err := p.finishHomeMove(ctx, in); err != nil {
+		if errors.Is(err, errNewHomeLost) {
+			// The leaving home takes its place back; the move is then
+			// undone (moveHome: abortMove), its new home freed.
+			return record{}, errors.Join(fmt.Errorf("move segment %d: %w", r.ID, err), p.keepLeaving(ctx, r.ID, leaving, target))
+		}
 		p.log.Warn("moved a home of a redundant segment: its homes are still to be told; retrying", "segment", r.ID, "from", in.From, "to", in.To, "err", err)
 		p.resolveLater(in)
 		return next, nil
@@ -217,6 +222,45 @@ func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in in
 	return next, nil
 }
 
+// errNewHomeLost is a switched home move whose new home the record no
+// longer names OK (its node no longer holds it, or is dead) before the
+// leaving home was let go. The writers are sealed from before the switch
+// until the leaving home is let go, so it holds every acknowledged write:
+// it is kept, never let go for a copy that is gone.
+var errNewHomeLost = errs.Sub(errs.ErrUnavailable, "the home move's new home was lost before the leaving home was let go; the leaving home is kept")
+
+// keepLeaving puts leaving back as a home of segment id in place of
+// target, which the record names but not OK (errNewHomeLost), and
+// commits that (a restart then finds the move not switched: loadMoves);
+// then the homes are told how the record writes them, before the move's
+// undo unseals them (or in the background, if they cannot be now).
+func (p *core) keepLeaving(ctx context.Context, id uint64, leaving, target homeRef) error {
+	var drop []homeRef
+	next, err := p.updateRecord(id, func(r *record) error {
+		j := slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.Node == target.Node && h.HomeID == target.HomeID })
+		if j < 0 || r.Homes[j].State == poolv1.HomeState_HOME_STATE_OK {
+			return fmt.Errorf("segment %d: %w: its new home on %s changed meanwhile", id, errs.ErrUnavailable, target.Node)
+		}
+		back := leaving
+		back.State, back.Epoch = poolv1.HomeState_HOME_STATE_OK, max(leaving.Epoch, r.Homes[j].Epoch)
+		r.Homes[j] = back
+		drop = r.serveAgain()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("move segment %d: put the leaving home on %s back: %w", id, leaving.Node, err)
+	}
+	for _, h := range drop {
+		p.peers.freeLater(h.Node, h.HomeID)
+	}
+	p.log.Warn("a home move's new home was lost at its switch; the leaving home is kept", "segment", id, "leaving", leaving.Node, "new", target.Node, "lost", next.Lost)
+	if err := p.replicate(ctx, &next); err != nil {
+		p.replicateLater(id)
+	}
+	p.rebuildSoon(id)
+	return nil
+}
+
 // unswitchHome puts leaving back as home i of segment id in place of
 // target, after the commit of their switch failed, and commits that.
 func (p *core) unswitchHome(id uint64, i int, leaving, target homeRef) error {
@@ -257,10 +301,19 @@ func (p *core) finishHomeMove(ctx context.Context, in intent) error {
 		p.freeLaterAt(in.To, in.ToID)
 		return p.dropIntent(in)
 	}
+	var err error
 	if ok {
-		if err := p.replicateJoining(ctx, &r, &homeRef{Node: in.To, HomeID: in.ToID}); err != nil {
-			return err
-		}
+		err = p.replicateJoining(ctx, &r, &homeRef{Node: in.To, HomeID: in.ToID})
+	}
+	// The replicate may have found the new home gone (homeMissing), or
+	// its node died since the switch.
+	if cur, found := p.redundantRecord(in.ID); found && !slices.ContainsFunc(cur.Homes, func(h homeRef) bool {
+		return h.Node == in.To && h.HomeID == in.ToID && h.State == poolv1.HomeState_HOME_STATE_OK
+	}) {
+		return errors.Join(fmt.Errorf("%w (new home %d on %s)", errNewHomeLost, in.ToID, in.To), err)
+	}
+	if err != nil {
+		return err
 	}
 	pc, err := p.homeSession(ctx, in.From, "leaving home")
 	if err == nil {

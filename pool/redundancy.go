@@ -807,16 +807,7 @@ func (p *core) homeReturned(node string, held map[uint64]bool) {
 				return nil
 			}
 			r.Homes[i].State = poolv1.HomeState_HOME_STATE_OK
-			if r.wouldBeLost() {
-				return nil
-			}
-			for k, h := range r.Homes {
-				if h.State == poolv1.HomeState_HOME_STATE_UNREACHABLE {
-					r.Homes[k].State = poolv1.HomeState_HOME_STATE_LOST
-					drop = append(drop, h)
-				}
-			}
-			r.promote()
+			drop = r.serveAgain()
 			return nil
 		})
 		switch {
@@ -841,6 +832,25 @@ func (p *core) homeReturned(node string, held map[uint64]bool) {
 		p.replicateLater(b.seg)
 		p.rebuildSoon(b.seg)
 	}
+}
+
+// serveAgain applies a home of r that is OK again (a kept home returned,
+// or a home move's leaving home put back): when r is whole enough to
+// serve, its UNREACHABLE homes become LOST (writes go on without them
+// from now on; returned, to be freed) and a replicated segment's first OK
+// copy its primary. A record still lost is left as it is.
+func (r *record) serveAgain() (drop []homeRef) {
+	if r.wouldBeLost() {
+		return nil
+	}
+	for k, h := range r.Homes {
+		if h.State == poolv1.HomeState_HOME_STATE_UNREACHABLE {
+			r.Homes[k].State = poolv1.HomeState_HOME_STATE_LOST
+			drop = append(drop, h)
+		}
+	}
+	r.promote()
+	return drop
 }
 
 // errHomeGone is a home homeLost does not find (lost already).
