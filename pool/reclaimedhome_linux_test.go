@@ -3,6 +3,7 @@ package pool
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -179,4 +181,26 @@ func TestMoveHomeTargetGoneAtSwitch(t *testing.T) {
 	require.False(t, cur.Lost, "the leaving primary held every write: %s", homesString(cur.Homes))
 	require.Equal(t, poolv1.HomeState_HOME_STATE_OK, cur.Homes[0].State, homesString(cur.Homes))
 	require.True(t, bytes.Equal(want, homeBytes(ctx, t, origin, cur.Homes[0], size)), "the primary on %s holds the bytes written", cur.Homes[0].Node)
+}
+
+// TestHomeMissingUnmarked: homeMissing reports a home marked lost only
+// when the record says so. A home whose node no longer holds it, found
+// while the origin's store cannot commit, is still OK in the record:
+// reported marked, the rebuild looked again at once (errRebuildAgain, no
+// backoff) and found it again, a List at its node and an error logged
+// each time, for as long as the store failed.
+func TestHomeMissingUnmarked(t *testing.T) {
+	sc := redundantCluster(t, 7, fastDetection, true)
+	origin := sc.hosts[0].daemon()
+	seg, err := allocSpec(t.Context(), t, origin, 64<<10, "ec=4+2")
+	require.NoError(t, err)
+	h := seg.Homes[1]
+	reclaimAt(t, sc, h)
+	require.NoError(t, origin.pool.st.db.Close()) // every commit fails from now on
+	notFound := fmt.Errorf("rebuild segment %d: TRACK at %s: %w", seg.ID, h.Node, errs.ErrNotFound)
+	marked := origin.pool.homeMissing(t.Context(), seg.ID, h, notFound)
+	r, ok := origin.pool.redundantRecord(seg.ID)
+	require.True(t, ok)
+	require.Equal(t, poolv1.HomeState_HOME_STATE_OK, r.Homes[1].State, "the store commits nothing")
+	require.False(t, marked, "homeMissing reports a home marked lost that the record still names OK")
 }
