@@ -683,7 +683,11 @@ func redundancyProto(rd redundancy) *poolv1.Redundancy {
 // copies alive. A home that missed a write (missed: another home could
 // not forward to it) is never kept, and one kept is lost when such a
 // report comes.
-func (p *core) homeLost(id uint64, node string, homeID uint64, why string, missed bool) {
+//
+// It reports whether the record no longer names the home as it was:
+// marked now, or lost already, or the segment freed; false when the
+// record could not be committed.
+func (p *core) homeLost(id uint64, node string, homeID uint64, why string, missed bool) bool {
 	var promoted string
 	kept := false
 	next, err := p.updateRecord(id, func(r *record) error {
@@ -707,28 +711,32 @@ func (p *core) homeLost(id uint64, node string, homeID uint64, why string, misse
 	})
 	switch {
 	case errors.Is(err, errHomeGone) || errors.Is(err, errs.ErrNotFound):
-		return // marked already, or the segment is gone
+		return true // marked already, or the segment is gone
 	case err != nil:
 		p.log.Error("a home of a redundant segment is lost, and the record does not say so yet", "segment", id, "node", node, "why", why, "err", err)
-		return
+		return false
 	}
 	if !kept {
 		p.peers.freeLater(node, homeID)
 	}
 	if next.Lost {
 		p.log.Warn("redundant segment lost: more homes lost than its redundancy covers", "segment", id, "node", node, "redundancy", next.Redundancy.spec().String(), "lost", next.lostHomes(), "kept", kept, "why", why)
-		return
+		return true
 	}
 	p.log.Warn("redundant segment degraded: a home is lost", "segment", id, "node", node, "promoted", promoted, "epoch", next.Epoch, "why", why)
 	p.replicateLater(id)
 	p.rebuildSoon(id)
+	return true
 }
 
 // homeMissing marks home h of segment id lost when err, a step's answer
 // from h's node, says the node has no such segment (or lost it) and the
 // node's list of what it holds for this daemon agrees, and reports whether
-// it did: the caller looks at the record again rather than retry a step
-// the home can never take. A home ends so when its node reclaimed it (this
+// the record no longer names h as it was (homeLost): the caller looks at
+// the record again rather than retry a step the home can never take. A
+// mark that could not be committed is not reported: the record is as it
+// was, and looked at again at once it would send the same step, and this
+// List, in a loop. A home ends so when its node reclaimed it (this
 // daemon's lease there ran out while a partition cut them off) after the
 // record last judged it.
 func (p *core) homeMissing(ctx context.Context, id uint64, h homeRef, err error) bool {
@@ -739,8 +747,7 @@ func (p *core) homeMissing(ctx context.Context, id uint64, h homeRef, err error)
 	if !ok || held[h.HomeID] {
 		return false
 	}
-	p.homeLost(id, h.Node, h.HomeID, "its node no longer holds it", true)
-	return true
+	return p.homeLost(id, h.Node, h.HomeID, "its node no longer holds it", true)
 }
 
 // wouldBeLost reports whether r, settled as it is now, is lost.
