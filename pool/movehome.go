@@ -224,9 +224,10 @@ func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in in
 
 // errNewHomeLost is a switched home move whose new home the record no
 // longer names OK (its node no longer holds it, or is dead) before the
-// leaving home was let go. The writers are sealed from before the switch
-// until the leaving home is let go, so it holds every acknowledged write:
-// it is kept, never let go for a copy that is gone.
+// leaving home was let go, and the segment is lost without it. The
+// writers are sealed from before the switch until the leaving home is let
+// go, so it holds every acknowledged write: it is kept, never let go for a
+// copy that is gone.
 var errNewHomeLost = errs.Sub(errs.ErrUnavailable, "the home move's new home was lost before the leaving home was let go; the leaving home is kept")
 
 // keepLeaving puts leaving back as a home of segment id in place of
@@ -306,8 +307,11 @@ func (p *core) finishHomeMove(ctx context.Context, in intent) error {
 		err = p.replicateJoining(ctx, &r, &homeRef{Node: in.To, HomeID: in.ToID})
 	}
 	// The replicate may have found the new home gone (homeMissing), or
-	// its node died since the switch.
-	if cur, found := p.redundantRecord(in.ID); found && !slices.ContainsFunc(cur.Homes, func(h homeRef) bool {
+	// its node died since the switch. Without it the segment may be
+	// lost: the leaving home is then the copy that holds its writes.
+	// (One not lost without it lets the leaving home go, and the new
+	// home is rebuilt.)
+	if cur, found := p.redundantRecord(in.ID); found && cur.Lost && !slices.ContainsFunc(cur.Homes, func(h homeRef) bool {
 		return h.Node == in.To && h.HomeID == in.ToID && h.State == poolv1.HomeState_HOME_STATE_OK
 	}) {
 		return errors.Join(fmt.Errorf("%w (new home %d on %s)", errNewHomeLost, in.ToID, in.To), err)
