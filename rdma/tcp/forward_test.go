@@ -526,10 +526,7 @@ func TestForwardFailoverExactlyOnce(t *testing.T) {
 	add := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Offset: 0, Delta: 2}
 	cas := &rdma.Op{Kind: rdma.OpCompareAndSwap, Region: pr, Offset: 8, Old: 0, New: 7}
 	for _, op := range []*rdma.Op{add, cas} {
-		tk, err := sess.Acquire(ctx)
-		require.NoError(t, err)
-		op.Once = tk
-		require.NoError(t, app.Do(ctx, op))
+		doOnce(t, app, sess, op)
 	}
 	require.EqualValues(t, 40, add.Prev)
 	require.True(t, cas.Swapped)
@@ -587,11 +584,7 @@ func TestForwardFailoverUnforwardedSlot(t *testing.T) {
 			sess := rdma.NewSession()
 			app := dial(t, prim.addr, WithCredential([]byte("app@a")), WithSession(sess), WithBusyPoll(-1))
 			ctx := t.Context()
-			first := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Delta: 1}
-			tk, err := sess.Acquire(ctx)
-			require.NoError(t, err)
-			first.Once = tk
-			require.NoError(t, app.Do(ctx, first))
+			tk := doOnce(t, app, sess, &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Delta: 1})
 			tk.Release()
 			require.EqualValues(t, 1, le.Uint64(bmem), "forwarded: the backup opened the client's session")
 
@@ -1041,22 +1034,15 @@ func TestRetryAtCopiedHomeIndeterminate(t *testing.T) {
 	// A FADD the primary applies while it has no target; the client never
 	// sees the answer (its connection is cut).
 	lost := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Delta: 1}
-	tk, err := sess.Acquire(ctx)
-	require.NoError(t, err)
-	lost.Once = tk
-	require.NoError(t, app.Do(ctx, lost))
+	tk := doOnce(t, app, sess, lost)
 	require.EqualValues(t, 1, le.Uint64(pmem))
 
 	spare, smem, sr := copiedSpare(t, prim, pmem, &fails)
 
 	// Another op of the client's session (another slot) is forwarded: the
 	// spare opens the session, every slot known.
-	other := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Offset: 8, Delta: 1}
-	tk2, err := sess.Acquire(ctx)
-	require.NoError(t, err)
+	tk2 := doOnce(t, app, sess, &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Offset: 8, Delta: 1})
 	require.NotEqual(t, tk.Slot, tk2.Slot)
-	other.Once = tk2
-	require.NoError(t, app.Do(ctx, other))
 	tk2.Release()
 
 	// The primary dies; the spare takes its place; the client retries the
@@ -1064,7 +1050,7 @@ func TestRetryAtCopiedHomeIndeterminate(t *testing.T) {
 	require.NoError(t, prim.Close())
 	app2 := dial(t, spare.addr, WithCredential([]byte("app@b")), WithSession(sess), WithBusyPoll(-1))
 	lost.Region, lost.Prev = sr, 0
-	err = app2.Do(ctx, lost)
+	err := app2.Do(ctx, lost)
 	tk.Release()
 	require.ErrorIs(t, err, rdma.ErrIndeterminate, "the retry ran again at the copy (prev %d)", lost.Prev)
 	require.EqualValues(t, 1, le.Uint64(smem))
@@ -1088,10 +1074,7 @@ func TestRetryAtCopiedHomeAfterJoinRuns(t *testing.T) {
 	app := dial(t, prim.addr, WithCredential([]byte("app@a")), WithSession(sess), WithBusyPoll(-1))
 	ctx := t.Context()
 	// One op on the slot after the join: forwarded, recorded at the copy.
-	tk, err := sess.Acquire(ctx)
-	require.NoError(t, err)
-	first := &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Delta: 1, Once: tk}
-	require.NoError(t, app.Do(ctx, first))
+	tk := doOnce(t, app, sess, &rdma.Op{Kind: rdma.OpFetchAdd, Region: pr, Delta: 1})
 	tk.Release()
 	require.EqualValues(t, 1, le.Uint64(smem))
 
@@ -1208,4 +1191,15 @@ func TestForwardSlowTargetKept(t *testing.T) {
 		require.Empty(t, fails.count(), "the slow copy was failed")
 		require.True(t, equalBytes(want, hs[1].mem), "the copy holds the write")
 	})
+}
+
+// doOnce runs op at c as an exactly-once op of sess (a ticket of its own)
+// and returns the ticket, which the caller releases or keeps for a retry.
+func doOnce(t *testing.T, c *Client, sess *rdma.Session, op *rdma.Op) *rdma.Ticket {
+	t.Helper()
+	tk, err := sess.Acquire(t.Context())
+	require.NoError(t, err)
+	op.Once = tk
+	require.NoError(t, c.Do(t.Context(), op))
+	return tk
 }
