@@ -1476,8 +1476,10 @@ func (p *core) loadMoves() error {
 			// The record says: an intent marked switched whose record
 			// names the source again lost a race with a change to the
 			// record (switchOver), and its move is undone. A redundant
-			// segment's record names the target among its homes.
-			in.Switched = slices.Contains(r.idsOn(in.To), in.ToID)
+			// segment's record names the target among its homes, lost
+			// too: the leaving home is kept then (keepLeaving), or let
+			// go, but never freed as no record's.
+			in.Switched = in.switchedIn(r)
 		}
 		p.moving.set(in)
 		p.leftMoves = append(p.leftMoves, in)

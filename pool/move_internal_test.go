@@ -257,7 +257,7 @@ func TestMoveIntents(t *testing.T) {
 	r2.ID, r2.HomeID = 8, 80
 	require.NoError(t, p.st.put(&r2))
 	in7 := intent{ID: 7, From: "b", FromID: 70, To: "c", ToID: 700}
-	in8 := intent{ID: 8, From: "b", FromID: 80, To: "c", ToID: 800}
+	in8 := intent{ID: 8, From: "b", FromID: 80, To: "c", ToID: 800, FromAddr: "127.0.0.1:1", FromKey: rdma.Key{1}, FromEpoch: 1, FromTLS: true}
 	require.NoError(t, p.st.putIntent(in7))
 	require.NoError(t, p.st.putIntent(in8))
 	next := *r
@@ -297,10 +297,14 @@ func TestMoveIntents(t *testing.T) {
 // ErrInvalid (corrupt) or ErrNotSupported (a newer form); never a panic.
 func FuzzDecodeIntent(f *testing.F) {
 	for _, in := range []intent{{ID: 1, From: "b", FromID: 2, To: "c", ToID: 3}, {ID: 1 << 60, From: "node-b", FromID: 1<<64 - 1, To: "c", Switched: true},
-		{ID: 4, From: "b", FromID: 5, To: "c", ToID: 6, ToAddr: "10.0.0.3:7960", ToKey: rdma.Key{7, 8}, ToEpoch: 2, ToTLS: true}} {
+		{ID: 4, From: "b", FromID: 5, To: "c", ToID: 6, ToAddr: "10.0.0.3:7960", ToKey: rdma.Key{7, 8}, ToEpoch: 2, ToTLS: true},
+		{ID: 9, From: "b", FromID: 5, To: "c", ToID: 6, Switched: true, ToAddr: "10.0.0.3:7960", ToKey: rdma.Key{7}, ToEpoch: 2,
+			FromAddr: "10.0.0.2:7960", FromKey: rdma.Key{9}, FromEpoch: 1, FromTLS: true}} {
 		f.Add(encodeIntent(in))
 	}
-	f.Add([]byte{1, 1, 0, 1, 'b', 2, 1, 'c', 3}) // version 1: no target's copy
+	// Version 1 (no target's copy), version 2 (no leaving home's copy).
+	f.Add([]byte{1, 1, 0, 1, 'b', 2, 1, 'c', 3})
+	f.Add(append(append([]byte{2, 1, 0, 1, 'b', 2, 1, 'c', 3, 0}, make([]byte, 16)...), 0, 0))
 	f.Add([]byte{})
 	f.Add([]byte{2, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {

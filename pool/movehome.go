@@ -18,6 +18,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/rdma"
 )
 
 // homeMovable checks that the home a peer asks to move (req.Home,
@@ -54,7 +55,8 @@ func (p *core) moveHome(ctx context.Context, r record, node string, homeID uint6
 		return res, fmt.Errorf("move the %s on %s of segment %d: %w", homeRoleName(&r, i), node, r.ID, err)
 	}
 	res.to = target.Node
-	in := intent{ID: r.ID, From: node, FromID: homeID, To: target.Node, ToID: target.HomeID}
+	in := intent{ID: r.ID, From: node, FromID: homeID, To: target.Node, ToID: target.HomeID,
+		FromAddr: leaving.DataAddr, FromKey: leaving.Key, FromEpoch: leaving.Epoch, FromTLS: leaving.DataTLS}
 	p.moving.set(in)
 	if err := p.st.putIntent(in); err != nil {
 		p.moving.end(r.ID)
@@ -128,9 +130,9 @@ func (p *core) homeIs(id uint64, i int, h homeRef) bool {
 // target filled: a target that takes clients' writes (a primary, a data
 // shard) is sealed too until it forwards them; the record naming the
 // target in the leaving home's place and the intent marked switched are
-// committed in one transaction; then finishHomeMove sets the forwarding,
-// lets the leaving home go and unseals (in the background, retried, if
-// it cannot now). It returns the record committed.
+// committed in one transaction; then finishSwitchedHome sets the
+// forwarding, lets the leaving home go and unseals (in the background,
+// retried, if it cannot now). It returns the record committed.
 func (p *core) switchHome(ctx context.Context, f *rebuildFill, in intent, leaving homeRef) (record, error) {
 	r, i, target := f.r, f.i, f.target
 	if k := r.Redundancy.Data; k > 0 && i < k || k == 0 && i == 0 {
@@ -146,11 +148,11 @@ func (p *core) switchHome(ctx context.Context, f *rebuildFill, in intent, leavin
 	}
 	in.Switched = true
 	p.moving.set(in)
-	if err := p.finishHomeMove(ctx, in); err != nil {
+	if err := p.finishSwitchedHome(ctx, in); err != nil {
 		if errors.Is(err, errNewHomeLost) {
-			// The leaving home takes its place back; the move is then
-			// undone (moveHome: abortMove), its new home freed.
-			return record{}, errors.Join(fmt.Errorf("move segment %d: %w", r.ID, err), p.keepLeaving(ctx, r.ID, leaving, target))
+			// The leaving home took its place back; the move is undone
+			// (moveHome: abortMove), its new home freed.
+			return record{}, err
 		}
 		p.log.Warn("moved a home of a redundant segment: its homes are still to be told; retrying", "segment", r.ID, "from", in.From, "to", in.To, "err", err)
 		p.resolveLater(in)
@@ -223,42 +225,77 @@ func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in in
 }
 
 // errNewHomeLost is a switched home move whose new home the record no
-// longer names OK (its node no longer holds it, or is dead) before the
-// leaving home was let go, and the segment is lost without it. The
-// writers are sealed from before the switch until the leaving home is let
-// go, so it holds every acknowledged write: it is kept, never let go for a
-// copy that is gone.
+// longer names OK (its node no longer holds it, or is dead or cut off)
+// before the leaving home was let go, and the segment is lost without it.
+// The writers are sealed from before the switch until the leaving home is
+// let go, so it holds every acknowledged write: it took its place back
+// (keepLeaving), never let go for a copy that is gone or out of reach.
 var errNewHomeLost = errs.Sub(errs.ErrUnavailable, "the home move's new home was lost before the leaving home was let go; the leaving home is kept")
 
-// keepLeaving puts leaving back as a home of segment id in place of
-// target, which the record names but not OK (errNewHomeLost), and
-// commits that (a restart then finds the move not switched: loadMoves);
-// then the homes are told how the record writes them, before the move's
-// undo unseals them (or in the background, if they cannot be now).
-func (p *core) keepLeaving(ctx context.Context, id uint64, leaving, target homeRef) error {
+// keepLeaving puts the leaving home of move in (its copy as the intent
+// holds it) back as a home of its segment in place of the target, which
+// the record names but not OK (errNewHomeLost), and commits that (a
+// restart then finds the move not switched: loadMoves); then the homes
+// are told how the record writes them, before the move's undo unseals
+// them (or in the background, if they cannot be now). The target, lost
+// or unreachable, leaves the record; its copy is freed with the undo.
+//
+// The leaving home is put back only while its node still holds its copy:
+// it has not let it go (COMMIT, which comes before any writer is
+// unsealed), so it holds every acknowledged write. A node that cannot be
+// asked now is asked again at the next try; the writers stay sealed
+// meanwhile.
+func (p *core) keepLeaving(ctx context.Context, in intent) error {
+	if cur, ok := p.moving.get(in.ID); ok && cur.To == in.To && cur.ToID == in.ToID {
+		in = cur // a try since may have given the leaving home up (forgetLeaving)
+	}
+	leaving, known := in.leaving()
+	if !known {
+		return fmt.Errorf("move segment %d: %w: the move intent does not hold the leaving home's copy on %s (an intent of an older poold, or a leaving home given up); the move waits for its new home", in.ID, errs.ErrUnavailable, in.From)
+	}
+	held, ok := p.reconcile(ctx, in.From)
+	switch {
+	case !ok:
+		return fmt.Errorf("move segment %d: %w: %s cannot be asked whether it still holds the leaving home; asking again", in.ID, errs.ErrUnavailable, in.From)
+	case !held[in.FromID]:
+		return fmt.Errorf("move segment %d: %w: %s no longer holds the leaving home %d; the move waits for its new home", in.ID, errs.ErrUnavailable, in.From, in.FromID)
+	}
 	var drop []homeRef
-	next, err := p.updateRecord(id, func(r *record) error {
-		j := slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.Node == target.Node && h.HomeID == target.HomeID })
+	next, err := p.updateRecord(in.ID, func(r *record) error {
+		j := slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.Node == in.To && h.HomeID == in.ToID })
 		if j < 0 || r.Homes[j].State == poolv1.HomeState_HOME_STATE_OK {
-			return fmt.Errorf("segment %d: %w: its new home on %s changed meanwhile", id, errs.ErrUnavailable, target.Node)
+			return fmt.Errorf("segment %d: %w: its new home on %s changed meanwhile", in.ID, errs.ErrUnavailable, in.To)
 		}
 		back := leaving
-		back.State, back.Epoch = poolv1.HomeState_HOME_STATE_OK, max(leaving.Epoch, r.Homes[j].Epoch)
+		back.Epoch = max(leaving.Epoch, r.Homes[j].Epoch)
 		r.Homes[j] = back
 		drop = r.serveAgain()
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("move segment %d: put the leaving home on %s back: %w", id, leaving.Node, err)
+		return fmt.Errorf("move segment %d: put the leaving home on %s back: %w", in.ID, leaving.Node, err)
 	}
 	for _, h := range drop {
 		p.peers.freeLater(h.Node, h.HomeID)
 	}
-	p.log.Warn("a home move's new home was lost at its switch; the leaving home is kept", "segment", id, "leaving", leaving.Node, "new", target.Node, "lost", next.Lost)
+	p.log.Warn("a home move's new home was lost before the leaving home was let go; the leaving home is kept", "segment", in.ID, "leaving", leaving.Node, "new", in.To, "lost", next.Lost)
 	if err := p.replicate(ctx, &next); err != nil {
-		p.replicateLater(id)
+		p.replicateLater(in.ID)
 	}
-	p.rebuildSoon(id)
+	p.rebuildSoon(in.ID)
+	return nil
+}
+
+// forgetLeaving commits move in without its leaving home's copy, before
+// the writers serve without that home, which did not answer its COMMIT
+// (finishSwitchedHome): should its node come back with the copy, neither
+// a retry nor a restarted origin puts it back (keepLeaving).
+func (p *core) forgetLeaving(in intent) error {
+	in.FromAddr, in.FromKey, in.FromEpoch, in.FromTLS = "", rdma.Key{}, 0, false
+	if err := p.st.putIntent(in); err != nil {
+		return fmt.Errorf("move segment %d: forget the leaving home on %s in the move intent: %w", in.ID, in.From, err)
+	}
+	p.moving.set(in)
 	return nil
 }
 
@@ -283,38 +320,62 @@ func (p *core) unswitchHome(id uint64, i int, leaving, target homeRef) error {
 }
 
 // finishHomeMove finishes the move of a home in (resolve's part for a
-// redundant segment). A switched one: every home told how the record
-// writes it now (replicate), the leaving home let go (MoveOut COMMIT: its
-// key answers MOVED, its copy is freed) while the writers are still
-// sealed, so no client reads it after a write it would miss; then the
-// target unsealed before the others, which forward to it once they serve.
-// One not switched is undone: every home unsealed (the leaving one serves
-// on), the target's copy freed. The intent goes last.
+// redundant segment): a switched one as finishSwitchedHome says. One not
+// switched, or whose leaving home took its place back, is undone: every
+// home unsealed (the leaving one serves on), the target's copy freed.
+// The intent goes last.
 func (p *core) finishHomeMove(ctx context.Context, in intent) error {
-	r, ok := p.redundantRecord(in.ID)
-	ok = ok && !r.Lost
-	if !in.Switched {
-		if ok {
-			p.unsealHomes(r, "")
+	if in.Switched {
+		err := p.finishSwitchedHome(ctx, in)
+		if !errors.Is(err, errNewHomeLost) {
+			return err
 		}
-		in.undoing = true // the target's copy is an orphan now
-		p.moving.set(in)
-		p.freeLaterAt(in.To, in.ToID)
-		return p.dropIntent(in)
+		in.Switched = false // the leaving home is back: undone as not switched
 	}
+	if r, ok := p.redundantRecord(in.ID); ok && !r.Lost {
+		p.unsealHomes(r, "")
+	}
+	in.undoing = true // the target's copy is an orphan now
+	p.moving.set(in)
+	p.freeLaterAt(in.To, in.ToID)
+	return p.dropIntent(in)
+}
+
+// finishSwitchedHome finishes a switched home move: every home told how
+// the record writes it now (replicate), the leaving home let go (MoveOut
+// COMMIT: its key answers MOVED, its copy is freed) while the writers are
+// still sealed, so no client reads it after a write it would miss; then
+// the target unsealed before the others, which forward to it once they
+// serve. A new home the record no longer names OK (lost or unreachable)
+// while the segment is lost without it is no copy to let the leaving home
+// go for: the leaving home takes its place back (keepLeaving) and
+// errNewHomeLost is reported, the move to be undone; so too when an
+// earlier try put it back.
+func (p *core) finishSwitchedHome(ctx context.Context, in intent) error {
+	r, ok := p.redundantRecord(in.ID)
+	if ok && !in.switchedIn(&r) {
+		return fmt.Errorf("move segment %d: %w", in.ID, errNewHomeLost)
+	}
+	ok = ok && !r.Lost
 	var err error
 	if ok {
 		err = p.replicateJoining(ctx, &r, &homeRef{Node: in.To, HomeID: in.ToID})
 	}
 	// The replicate may have found the new home gone (homeMissing), or
-	// its node died since the switch. Without it the segment may be
-	// lost: the leaving home is then the copy that holds its writes.
-	// (One not lost without it lets the leaving home go, and the new
-	// home is rebuilt.)
+	// its node died since the switch (before or after a restart of this
+	// daemon). Without it the segment may be lost: the leaving home is
+	// then the copy that holds its writes. (One not lost without it lets
+	// the leaving home go, and the new home is rebuilt.)
 	if cur, found := p.redundantRecord(in.ID); found && cur.Lost && !slices.ContainsFunc(cur.Homes, func(h homeRef) bool {
 		return h.Node == in.To && h.HomeID == in.ToID && h.State == poolv1.HomeState_HOME_STATE_OK
 	}) {
-		return errors.Join(fmt.Errorf("%w (new home %d on %s)", errNewHomeLost, in.ToID, in.To), err)
+		if crash := p.cfg.sim.newHomeLost; crash != nil && crash(in.ID) {
+			return fmt.Errorf("move segment %d: %w: the test stopped the origin before the leaving home was put back", in.ID, errs.ErrUnavailable)
+		}
+		if kerr := p.keepLeaving(ctx, in); kerr != nil {
+			return errors.Join(fmt.Errorf("move segment %d: its new home %d on %s is lost, and the segment without it; the leaving home is not back yet: %w", in.ID, in.ToID, in.To, kerr), err)
+		}
+		return fmt.Errorf("move segment %d: %w (new home %d on %s)", in.ID, errNewHomeLost, in.ToID, in.To)
 	}
 	if err != nil {
 		return err
@@ -323,13 +384,19 @@ func (p *core) finishHomeMove(ctx context.Context, in intent) error {
 	if err == nil {
 		_, err = moveOutAt(ctx, pc, in.FromID, poolv1.MoveOutPhase_MOVE_OUT_COMMIT, 0)
 	}
-	if err != nil && !errors.Is(err, errs.ErrNotFound) && !p.nodeGone(in.From) {
+	if err != nil && !errors.Is(err, errs.ErrNotFound) {
+		if !p.nodeGone(in.From) {
+			return fmt.Errorf("let the leaving home on %s go: %w", in.From, err)
+		}
 		// A gone node frees the copy at its next reconcile: no record
-		// names it once the intent goes.
-		return fmt.Errorf("let the leaving home on %s go: %w", in.From, err)
+		// names it once the intent goes. The writers serve without it
+		// from now on: the intent forgets it first (forgetLeaving).
+		if err := p.forgetLeaving(in); err != nil {
+			return err
+		}
 	}
 	if ok {
-		if slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.Node == in.To && h.HomeID == in.ToID }) {
+		if slices.Contains(r.idsOn(in.To), in.ToID) { // a lost one has nothing to unseal
 			if pc, err = p.homeSession(ctx, in.To, "new home"); err == nil {
 				_, err = moveOutAt(ctx, pc, in.ToID, poolv1.MoveOutPhase_MOVE_OUT_ABORT, 0)
 			}
@@ -371,6 +438,18 @@ func (p *core) isHomeMove(in intent) bool {
 	defer p.mu.Unlock()
 	r, ok := p.segs[in.ID]
 	return ok && r.redundant()
+}
+
+// get returns where the move of segment id stands; false when none is
+// under way.
+func (ms *moves) get(id uint64) (intent, bool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	in := ms.m[id]
+	if in == nil {
+		return intent{}, false
+	}
+	return *in, true
 }
 
 // progress notes n bytes copied by the move of segment id; false when no

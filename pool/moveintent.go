@@ -9,9 +9,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	bolt "go.etcd.io/bbolt"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 )
@@ -37,6 +39,17 @@ type intent struct {
 	ToKey   rdma.Key
 	ToEpoch uint64
 	ToTLS   bool
+	// The leaving home's copy of the move of a redundant segment's home,
+	// as the record named it before the switch (FromAddr "" when not
+	// known: an intent of an older poold, the move of a whole segment,
+	// or a leaving home given up unanswered, after which the writers
+	// serve without it): a restarted origin puts it back in the record
+	// when the new home is lost and the segment is lost without it
+	// (keepLeaving).
+	FromAddr  string
+	FromKey   rdma.Key
+	FromEpoch uint64
+	FromTLS   bool
 	// undoing: the move failed and the target's copy is being freed (not
 	// stored: a restarted daemon undoes it again).
 	undoing bool
@@ -62,10 +75,15 @@ type intent struct {
 //	to key    16 bytes              (version 2 on)
 //	to epoch  uv                    (version 2 on)
 //	to tls    1 byte, 0 or 1        (version 2 on)
+//	from addr str                   (version 3 on)
+//	from key  16 bytes              (version 3 on)
+//	from epoch uv                   (version 3 on)
+//	from tls  1 byte, 0 or 1        (version 3 on)
 //
 // with uv and str as in the segment record (record.go). Version 1 intents
-// (without the target's copy) still decode.
-const intentVersion = 2
+// (without the target's copy) and version 2 ones (without the leaving
+// home's) still decode.
+const intentVersion = 3
 
 // errIntentCorrupt is a move intent that does not decode.
 var errIntentCorrupt = errs.Sub(errs.ErrInvalid, "corrupt move intent")
@@ -81,7 +99,11 @@ func encodeIntent(in intent) []byte {
 	b = appendString(b, in.ToAddr)
 	b = append(b, in.ToKey[:]...)
 	b = binary.AppendUvarint(b, in.ToEpoch)
-	return append(b, boolByte(in.ToTLS))
+	b = append(b, boolByte(in.ToTLS))
+	b = appendString(b, in.FromAddr)
+	b = append(b, in.FromKey[:]...)
+	b = binary.AppendUvarint(b, in.FromEpoch)
+	return append(b, boolByte(in.FromTLS))
 }
 
 func boolByte(v bool) byte {
@@ -106,25 +128,50 @@ func decodeIntent(v []byte) (intent, error) {
 	sw := d.byte()
 	in.From, in.FromID = d.string(), d.uvarint()
 	in.To, in.ToID = d.string(), d.uvarint()
-	var tls byte
+	var tls, fromTLS byte
 	if v[0] >= 2 {
 		in.ToAddr = d.string()
 		d.bytes(in.ToKey[:])
 		in.ToEpoch = d.uvarint()
 		tls = d.byte()
 	}
+	if v[0] >= 3 {
+		in.FromAddr = d.string()
+		d.bytes(in.FromKey[:])
+		in.FromEpoch = d.uvarint()
+		fromTLS = d.byte()
+	}
 	switch {
 	case d.err != nil:
 		return intent{}, fmt.Errorf("%w: %v", errIntentCorrupt, d.err)
 	case len(d.b) > 0:
 		return intent{}, fmt.Errorf("%w: %d bytes after the last field", errIntentCorrupt, len(d.b))
-	case sw > 1 || tls > 1:
-		return intent{}, fmt.Errorf("%w: switched byte %d, tls byte %d", errIntentCorrupt, sw, tls)
+	case sw > 1 || tls > 1 || fromTLS > 1:
+		return intent{}, fmt.Errorf("%w: switched byte %d, tls bytes %d and %d", errIntentCorrupt, sw, tls, fromTLS)
 	case in.From == "" || in.To == "":
 		return intent{}, fmt.Errorf("%w: no source or target node", errIntentCorrupt)
 	}
-	in.Switched, in.ToTLS = sw == 1, tls == 1
+	in.Switched, in.ToTLS, in.FromTLS = sw == 1, tls == 1, fromTLS == 1
 	return in, nil
+}
+
+// leaving is the leaving home of the move of a redundant segment's home,
+// OK, as the record named it before the switch; false when the intent
+// does not hold its copy (FromAddr).
+func (in intent) leaving() (homeRef, bool) {
+	return homeRef{Node: in.From, HomeID: in.FromID, DataAddr: in.FromAddr, Key: in.FromKey, Epoch: in.FromEpoch, DataTLS: in.FromTLS,
+		State: poolv1.HomeState_HOME_STATE_OK}, in.FromAddr != ""
+}
+
+// switchedIn reports whether r names the target of move in: its
+// switch-over committed. A redundant segment's record names it among its
+// homes, lost or not: only the switch puts it there, and only putting the
+// leaving home back (keepLeaving, unswitchHome) takes it out.
+func (in intent) switchedIn(r *record) bool {
+	if !r.redundant() {
+		return r.Home == in.To && r.HomeID == in.ToID
+	}
+	return slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.Node == in.To && h.HomeID == in.ToID })
 }
 
 // switched is r as it is once move in switched over: homed at the

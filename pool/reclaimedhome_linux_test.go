@@ -1,9 +1,6 @@
 package pool
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -11,12 +8,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
 	"github.com/farmem/farmem/internal/errs"
-	"github.com/farmem/farmem/rdma"
 )
 
 // reclaimAt frees home h of a redundant segment at its node as the node
@@ -133,63 +128,17 @@ func TestReclaimedSourceLost(t *testing.T) {
 // its place back, and the segment is not lost. Let go as for a move that
 // succeeded, the data was gone for good.
 func TestMoveHomeTargetGoneAtSwitch(t *testing.T) {
-	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second, timing: fastDetection})
-	oh := sc.hosts[3]
-	var gone atomic.Bool // the next joining Replicate finds its copy freed
-	for _, h := range sc.hosts {
-		h.cfg.Rebuild = false
-		h.cfg.sim.grpc = append(h.cfg.sim.grpc, grpc.ChainUnaryInterceptor(
-			func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-				if rr, ok := req.(*poolv1.ReplicateRequest); ok && rr.Joined && gone.CompareAndSwap(true, false) {
-					p := h.daemon().pool
-					p.mu.Lock()
-					if r := p.segs[rr.HomeId]; r != nil {
-						_ = p.freeLocked(r, "the test's target lost its copy")
-					}
-					p.mu.Unlock()
-				}
-				return next(ctx, req)
-			}))
-	}
-	sc.startDrainedOrigin(t, oh)
-	ctx, origin := t.Context(), oh.daemon()
-	const size = 64 << 10
-	seg, err := allocSpec(ctx, t, origin, size, "replicas=2")
-	require.NoError(t, err)
-	r := *seg
-	want := bytes.Repeat([]byte{0xc3}, size)
-	require.NoError(t, homeConn(t, origin, r.Homes[0]).Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(r.Homes[0]), Buf: want}))
-	state := func() record {
-		cur, ok := origin.pool.redundantRecord(r.ID)
-		require.True(t, ok)
-		return cur
-	}
-	sc.crash(sc.host(r.Homes[1].Node))
-	require.Eventually(t, func() bool { return state().Homes[1].State == poolv1.HomeState_HOME_STATE_LOST }, time.Minute, 10*time.Millisecond,
-		"the backup is not marked lost: %s", homesString(state().Homes))
-
-	leaving := r.Homes[0]
-	gone.Store(true)
-	for {
-		// The backup's loss has the homes told again (replicateLater),
-		// which holds the segment's move lock a while.
-		_, err = origin.pool.move(ctx, caller{client: &client{id: peerClientPrefix + leaving.Node}},
-			&poolv1.MoveRequest{Home: leaving.Node, HomeId: leaving.HomeID}, origin.moveTLS(), origin.moveClients())
-		if !errors.Is(err, errMoveBusy) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	ls := newLostBackupSim(t)
+	var armed atomic.Bool
+	armed.Store(true)
+	ls.arm(func(h *simHost, req *poolv1.ReplicateRequest) error {
+		armed.Store(false)
+		return freeCopy(h, req)
+	})
+	err := ls.movePrimary(t)
 	t.Logf("the move: %v", err)
-	require.False(t, gone.Load(), "the switch's Replicate did not reach the new copy")
-	require.Eventually(t, func() bool {
-		ins, err := origin.pool.st.intents()
-		return err == nil && len(ins) == 0
-	}, time.Minute, 20*time.Millisecond, "the origin keeps the move's intent")
-	cur := state()
-	require.False(t, cur.Lost, "the leaving primary held every write: %s", homesString(cur.Homes))
-	require.Equal(t, poolv1.HomeState_HOME_STATE_OK, cur.Homes[0].State, homesString(cur.Homes))
-	require.True(t, bytes.Equal(want, homeBytes(ctx, t, origin, cur.Homes[0], size)), "the primary on %s holds the bytes written", cur.Homes[0].Node)
+	require.False(t, armed.Load(), "the switch's Replicate did not reach the new copy")
+	ls.checkLeavingServes(t)
 }
 
 // TestHomeMissingUnmarked: homeMissing reports a home marked lost only

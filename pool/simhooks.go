@@ -29,6 +29,13 @@ type simHooks struct {
 	// commit, no retry, nothing undone (a test then crashes the daemon
 	// and restarts it from its store).
 	announced func(segment uint64) (crash bool)
+	// newHomeLost runs when the finish of a home move this daemon drives
+	// finds its new home lost (or unreachable) and the segment lost
+	// without it, before the leaving home is put back (keepLeaving); true
+	// stops that try there, as if the daemon died (a test then crashes
+	// the daemon and restarts it from its store; a retry meanwhile runs
+	// the hook again).
+	newHomeLost func(segment uint64) (crash bool)
 	// sealAnswered runs when the source of a move this daemon drives
 	// answered its SEAL, before the switch-over is announced; an error
 	// fails the move there, as a SEAL whose answer was lost would.
