@@ -49,16 +49,19 @@ func (p *core) moveHome(ctx context.Context, r record, node string, homeID uint6
 		return res, fmt.Errorf("move the home on %s of segment %d: %w", node, r.ID, errHomeNotServing)
 	}
 	leaving := r.Homes[i]
-	target, err := p.placeHome(ctx, &r, nil)
+	target, placed, err := p.placeHome(ctx, &r, nil)
 	if err != nil {
 		p.moving.end(r.ID)
 		return res, fmt.Errorf("move the %s on %s of segment %d: %w", homeRoleName(&r, i), node, r.ID, err)
 	}
+	p.simPlaced(r.ID, target)
 	res.to = target.Node
 	in := intent{ID: r.ID, From: node, FromID: homeID, To: target.Node, ToID: target.HomeID,
 		FromAddr: leaving.DataAddr, FromKey: leaving.Key, FromEpoch: leaving.Epoch, FromTLS: leaving.DataTLS}
 	p.moving.set(in)
-	if err := p.st.putIntent(in); err != nil {
+	err = p.st.putIntent(in)
+	placed() // the intent names the target (moves.held keeps it), or it is given up below
+	if err != nil {
 		p.moving.end(r.ID)
 		p.freeLaterAt(target.Node, target.HomeID)
 		return res, fmt.Errorf("move segment %d: commit the move intent: %w", r.ID, err)

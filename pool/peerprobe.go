@@ -201,14 +201,7 @@ func (p *core) readPeer(ctx context.Context, m cluster.Member) (probe.Remote, er
 		return probe.Remote{}, fmt.Errorf("peer session: %w", err)
 	}
 	// Until it is freed, the sweep must not take the probe for an orphan.
-	p.mu.Lock()
-	p.pendingRemote[m.Name]++
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		p.pendingRemote[m.Name]--
-		p.mu.Unlock()
-	}()
+	defer p.placing(m.Name)()
 	seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: peerProbeSize, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
 	if err != nil {
 		return probe.Remote{}, fmt.Errorf("allocate a %s probe segment there: %w", size.Size(peerProbeSize).Human(), errs.FromStatus(err))

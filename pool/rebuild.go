@@ -369,10 +369,12 @@ func (p *core) placeRebuild(ctx context.Context, w rebuildWork, r record) (homeR
 	for _, h := range r.Homes {
 		exclude = append(exclude, h.Node)
 	}
-	h, err := p.placeHome(ctx, &r, exclude)
+	h, placed, err := p.placeHome(ctx, &r, exclude)
 	if err != nil {
 		return homeRef{}, fmt.Errorf("rebuild segment %d: place a new home for the one lost on %s: %w", r.ID, lost.Node, err)
 	}
+	defer placed() // once the record names it, or it is freed
+	p.simPlaced(r.ID, h)
 	h.State, h.Rebuilt = poolv1.HomeState_HOME_STATE_REBUILDING, 0
 	if err := p.setHome(r.ID, w.home, lost, func(x *homeRef) { *x = h }); err != nil {
 		p.freeLaterAt(h.Node, h.HomeID)

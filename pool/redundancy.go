@@ -389,10 +389,12 @@ func (p *core) commitRedundant(r *record) error {
 // placeHome allocates one new copy or shard of r (its shard size) on a
 // host that is not in exclude and holds no home of r that is not lost,
 // in a zone none of those holds while there is one; it returns the home
-// in state REBUILDING. The record is not changed: the caller commits the
-// home (updateRecord) before the next reconcile with its node would take
-// it for an orphan.
-func (p *core) placeHome(ctx context.Context, r *record, exclude []string) (homeRef, error) {
+// in state REBUILDING. The record is not changed: the caller names the
+// home durably (the record, or a move's intent) or gives it up (frees it),
+// then calls placed, which ends the allocation's count as under way at
+// its node (p.placing): until then a reconcile of the node does not take
+// the home for an orphan and free it. On an error nothing is under way.
+func (p *core) placeHome(ctx context.Context, r *record, exclude []string) (h homeRef, placed func(), err error) {
 	shard := r.shardSize()
 	var taken []cluster.Member
 	hosts := slices.DeleteFunc(p.homeHosts(shard), func(m cluster.Member) bool {
@@ -407,12 +409,24 @@ func (p *core) placeHome(ctx context.Context, r *record, exclude []string) (home
 	p.mu.Unlock()
 	chosen, err := pickHomes(hosts, 1, shard, taken, pl.near)
 	if err != nil {
-		return homeRef{}, fmt.Errorf("segment %d: a new home for %d bytes: %w", r.ID, shard, err)
+		return homeRef{}, nil, fmt.Errorf("segment %d: a new home for %d bytes: %w", r.ID, shard, err)
 	}
-	defer p.placing(chosen[0].Name)()
-	h, err := p.makeHome(ctx, chosen[0], shard, r.Owner, true)
+	placed = p.placing(chosen[0].Name)
+	h, err = p.makeHome(ctx, chosen[0], shard, r.Owner, true)
+	if err != nil {
+		placed()
+		return homeRef{}, nil, err
+	}
 	h.State = poolv1.HomeState_HOME_STATE_REBUILDING
-	return h, err
+	return h, placed, nil
+}
+
+// simPlaced runs the placed hook (simHooks), if set, on new home h of
+// segment id.
+func (p *core) simPlaced(id uint64, h homeRef) {
+	if hook := p.cfg.sim.placed; hook != nil {
+		hook(id, h)
+	}
 }
 
 // updateRecord changes the record of segment id with fn, on a copy, and

@@ -268,12 +268,13 @@ func TestRedundantFailover(t *testing.T) {
 	// What a rebuild builds on: a new home in the lost one's place,
 	// committed REBUILDING, and the homes told again; it is raised to the
 	// promoted epoch and the primary forwards to it.
-	fresh, err := origin.pool.placeHome(ctx, &now, nil)
+	fresh, placed, err := origin.pool.placeHome(ctx, &now, nil)
 	require.NoError(t, err)
 	require.NotEqual(t, promoted.Node, fresh.Node)
 	require.Equal(t, poolv1.HomeState_HOME_STATE_REBUILDING, fresh.State)
 	now, err = origin.pool.updateRecord(rep.ID, func(r *record) error { r.Homes[1] = fresh; return nil })
 	require.NoError(t, err)
+	placed()
 	require.Equal(t, poolv1.RedundancyState_REDUNDANCY_STATE_REBUILDING, now.redundancyState())
 	// Retried as replicateLater does: the new home may be the returned
 	// host, which the primary's session from before its restart no
