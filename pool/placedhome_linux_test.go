@@ -5,14 +5,17 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -122,5 +125,44 @@ func TestPlacedHomeKept(t *testing.T) {
 	require.Zero(t, count(origin.metrics.moves.runs.WithLabelValues("failed")), "farmem_moves_total{result=\"failed\"}")
 	for _, h := range cur.Homes {
 		require.True(t, bytes.Equal(want, homeBytes(ctx, t, origin, h, size)), "the home on %s holds the bytes written", h.Node)
+	}
+}
+
+// TestAllocHomeGoneUnmarked: a home of a redundant segment being
+// allocated that its node no longer holds when the allocation tells it how
+// it is written (here: freed there as the Replicate arrives) fails the
+// allocation with an error that says the node no longer holds it, and not
+// that the home was marked lost: there is no record yet to mark.
+func TestAllocHomeGoneUnmarked(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 3, leaseTTL: 10 * time.Second})
+	var gone atomic.Bool // the next Replicate finds its copy freed
+	for _, h := range sc.hosts {
+		h.cfg.Rebuild = false
+		h.cfg.sim.grpc = append(h.cfg.sim.grpc, grpc.ChainUnaryInterceptor(
+			func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+				if rr, ok := req.(*poolv1.ReplicateRequest); ok && gone.CompareAndSwap(true, false) {
+					p := h.daemon().pool
+					p.mu.Lock()
+					if r := p.segs[rr.HomeId]; r != nil {
+						_ = p.freeLocked(r, "the test's home lost its copy")
+					}
+					p.mu.Unlock()
+				}
+				return next(ctx, req)
+			}))
+	}
+	sc.hosts[0].cfg.ExportSize = 0
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	origin := sc.hosts[0].daemon()
+	gone.Store(true)
+	_, err = allocSpec(t.Context(), t, origin, 8192, "replicas=2")
+	require.False(t, gone.Load(), "no Replicate reached a home")
+	require.ErrorIs(t, err, errs.ErrNotFound)
+	require.ErrorContains(t, err, "its node holds it no more")
+	require.NotContains(t, err.Error(), "marked lost", "no record names the home yet")
+	for _, r := range origin.pool.List() {
+		require.False(t, r.redundant(), "no record of the failed allocation: %+v", r)
 	}
 }

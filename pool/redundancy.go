@@ -656,6 +656,12 @@ func (p *core) replicateAt(ctx context.Context, r *record, i int, req *poolv1.Re
 		})
 	}
 	if err != nil {
+		if r.ID == 0 { // an Alloc's homes: no record to mark lost yet
+			if p.homeGone(ctx, h, err) {
+				err = fmt.Errorf("%w (its node holds it no more)", err)
+			}
+			return false, fmt.Errorf("replicate the segment being allocated at %s (home %d): %w", h.Node, i, err)
+		}
 		if p.homeMissing(ctx, r.ID, h, err) {
 			err = fmt.Errorf("%w (marked lost: its node holds it no more)", err)
 		}
@@ -743,25 +749,27 @@ func (p *core) homeLost(id uint64, node string, homeID uint64, why string, misse
 	return true
 }
 
-// homeMissing marks home h of segment id lost when err, a step's answer
-// from h's node, says the node has no such segment (or lost it) and the
-// node's list of what it holds for this daemon agrees, and reports whether
-// the record no longer names h as it was (homeLost): the caller looks at
-// the record again rather than retry a step the home can never take. A
-// mark that could not be committed is not reported: the record is as it
-// was, and looked at again at once it would send the same step, and this
-// List, in a loop. A home ends so when its node reclaimed it (this
-// daemon's lease there ran out while a partition cut them off) after the
-// record last judged it.
+// homeMissing marks home h of segment id lost when its node no longer
+// holds it (homeGone), and reports whether the record no longer names h
+// as it was (homeLost): the caller looks at the record again rather than
+// retry a step the home can never take. A mark that could not be
+// committed is not reported: the record is as it was, and looked at again
+// at once it would send the same step, and this List, in a loop. A home
+// ends so when its node reclaimed it (this daemon's lease there ran out
+// while a partition cut them off) after the record last judged it.
 func (p *core) homeMissing(ctx context.Context, id uint64, h homeRef, err error) bool {
+	return p.homeGone(ctx, h, err) && p.homeLost(id, h.Node, h.HomeID, "its node no longer holds it", true)
+}
+
+// homeGone reports whether err, a step's answer from h's node, says the
+// node has no such segment (or lost it) and the node's list of what it
+// holds for this daemon agrees.
+func (p *core) homeGone(ctx context.Context, h homeRef, err error) bool {
 	if !errors.Is(err, errs.ErrNotFound) && !errors.Is(err, errs.ErrSegmentLost) {
 		return false
 	}
 	held, ok := p.reconcile(ctx, h.Node)
-	if !ok || held[h.HomeID] {
-		return false
-	}
-	return p.homeLost(id, h.Node, h.HomeID, "its node no longer holds it", true)
+	return ok && !held[h.HomeID]
 }
 
 // wouldBeLost reports whether r, settled as it is now, is lost.
