@@ -88,6 +88,9 @@ type moves struct {
 	// idle are closed when the move of their segment ends: a Stat that
 	// asks for the settled segment waits on one (awaitIdle).
 	idle map[uint64]chan struct{}
+	// sealed are the redundant segments whose writer homes may be sealed
+	// (mightSeal): unsealIdle unseals only these.
+	sealed map[uint64]bool
 }
 
 // pendingSwitch is one switch-over under way: announced is closed when

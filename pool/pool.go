@@ -219,6 +219,9 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 	var migrated []*record
 	for _, r := range recs {
 		p.restore(r)
+		if r.redundant() {
+			p.moving.mightSeal(r.ID) // unsealIdle unseals them once
+		}
 		if p.migrateGrants(r) {
 			migrated = append(migrated, r)
 		}

@@ -49,6 +49,10 @@ type rebuildFill struct {
 	progress func(n int64) bool
 	// beforeSeal, if set, runs just before the writers are sealed.
 	beforeSeal func()
+	// ownSeal: the writers were not sealed (moves.mightSeal) before this
+	// fill sealed them, so an ABORT of it at every tracked home leaves
+	// none sealed.
+	ownSeal bool
 
 	// tracked are the surviving homes whose changes the copy follows:
 	// the primary of replicas (every write lands there first), every OK
@@ -336,6 +340,7 @@ func (f *rebuildFill) run(ctx context.Context, sw func(context.Context) error) e
 	if f.beforeSeal != nil {
 		f.beforeSeal()
 	}
+	f.ownSeal = !f.p.moving.mightSeal(f.r.ID)
 	sealed := time.Now()
 	m.rate = nil // writes wait for the last round: it goes at full speed
 	if err := f.lastRound(ctx); err != nil {
@@ -517,25 +522,34 @@ func (f *rebuildFill) changed(ctx context.Context) ([]byte, int, error) {
 
 // unseal asks every tracked survivor to ABORT this fill (serve writes
 // again, stop tracking, refuse a late step of it); one that cannot be told
-// now is told in the background.
+// now is told in the background. When every one was told now and this
+// fill's seal was the only one (ownSeal), no writer is sealed any more.
 func (f *rebuildFill) unseal() {
+	all := true
 	for _, s := range f.tracked {
-		f.p.unsealAt(s.home.Node, s.home.HomeID, f.id)
+		all = f.p.unsealAt(s.home.Node, s.home.HomeID, f.id) && all
+	}
+	if all && f.ownSeal {
+		f.p.moving.unsealed(f.r.ID)
 	}
 }
 
 // unsealAt asks node to ABORT the move of its segment id, the fill fill
 // (0: none named), retrying in the background while node is alive and
-// cannot be told: a writer left sealed would refuse every write.
-func (p *core) unsealAt(node string, id, fill uint64) {
+// cannot be told: a writer left sealed would refuse every write. It
+// reports whether node took the ABORT now.
+func (p *core) unsealAt(node string, id, fill uint64) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
 	err := p.unsealOnce(ctx, node, id, fill)
 	cancel()
 	p.mu.Lock()
 	closed := p.closed
 	p.mu.Unlock()
-	if err == nil || closed { // closed: the next start unseals it (unsealIdle)
-		return
+	if err == nil {
+		return true
+	}
+	if closed { // the next start unseals it (unsealIdle)
+		return false
 	}
 	p.log.Warn("rebuild: a surviving home is to unseal a segment; retrying", "node", node, "segment", id, "err", err)
 	p.retryLater(func(ctx context.Context) error {
@@ -546,6 +560,7 @@ func (p *core) unsealAt(node string, id, fill uint64) {
 		defer cancel()
 		return p.unsealOnce(ctx, node, id, fill)
 	})
+	return false
 }
 
 // unsealOnce asks node once to ABORT the move of its segment id (unseal,
@@ -567,25 +582,34 @@ func (p *core) unsealOnce(ctx context.Context, node string, id, fill uint64) err
 var errUnsealBusy = errs.Sub(errs.ErrLimit, "the segment is moving or rebuilding; its writers are unsealed once that ends")
 
 // unsealIdle unseals the writer homes of segment id (the primary of
-// replicas, the data shards of erasure coding) that are OK, unless a move
-// or rebuild of it is under way (errUnsealBusy), holding off any that
-// would begin meanwhile. A fill seals them at its switch and unseals them
-// after it, and a home move after its finish, but a daemon killed in
-// between leaves them sealed, with nothing in the record that says so: a
-// rebuild whose switch committed the new home OK leaves nothing to
-// rebuild, a home move's intent is gone once its finish asked the homes
-// (retrying in the background), and a rebuild that cannot place a new
-// home never starts the fill that would unseal them first. So
-// replicateLater calls this once its replicate has set the forwarding
-// (every home the record names OK then takes the writes), which a
-// restarted daemon runs for every redundant segment as the homes' nodes
-// join, and again when a node returns. An ABORT of a home that is not
-// sealed changes nothing.
+// replicas, the data shards of erasure coding) that are OK, when they may
+// be sealed (moves.mightSeal), unless a move or rebuild of it is under
+// way (errUnsealBusy), holding off any that would begin meanwhile. A fill
+// seals them at its switch and unseals them after it, and a home move
+// after its finish, but a daemon killed in between leaves them sealed,
+// with nothing in the record that says so: a rebuild whose switch
+// committed the new home OK leaves nothing to rebuild, a home move's
+// intent is gone once its finish asked the homes (retrying in the
+// background), and a rebuild that cannot place a new home never starts
+// the fill that would unseal them first. So replicateLater calls this
+// once its replicate has set the forwarding (every home the record names
+// OK then takes the writes), which a restarted daemon runs for every
+// redundant segment as the homes' nodes join, and again when a node
+// returns. An ABORT of a home that is not sealed changes nothing, but it
+// is a call to each writer after every replicate (thousands in a heal of
+// the scale simulation), so it is sent only while a seal may be left:
+// once every writer took one, the segment counts as unsealed.
 func (p *core) unsealIdle(ctx context.Context, id uint64) error {
+	if !p.moving.mayBeSealed(id) {
+		return nil
+	}
 	if !p.moving.begin(id) {
 		return errUnsealBusy
 	}
 	defer p.moving.end(id)
+	if !p.moving.mayBeSealed(id) {
+		return nil // the fill that ended meanwhile unsealed them
+	}
 	r, ok := p.redundantRecord(id)
 	if !ok || r.Lost {
 		return nil
@@ -603,7 +627,44 @@ func (p *core) unsealIdle(ctx context.Context, id uint64) error {
 			errsOf = append(errsOf, fmt.Errorf("unseal the %s on %s: %w", homeRoleName(&r, i), h.Node, err))
 		}
 	}
-	return errors.Join(errsOf...)
+	if len(errsOf) > 0 {
+		return errors.Join(errsOf...)
+	}
+	p.moving.unsealed(id)
+	return nil
+}
+
+// mightSeal notes that the writer homes of segment id may be sealed from
+// now on: a fill is about to seal them (until an ABORT of it reached every
+// writer: rebuildFill.unseal, or unsealIdle unsealed them), or the
+// segment was found at start (a run killed mid-fill leaves nothing that
+// says whether it sealed them). It reports whether they might be sealed
+// already.
+func (ms *moves) mightSeal(id uint64) (before bool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.sealed == nil {
+		ms.sealed = map[uint64]bool{}
+	}
+	before = ms.sealed[id]
+	ms.sealed[id] = true
+	return before
+}
+
+// mayBeSealed reports whether the writer homes of segment id may be
+// sealed (mightSeal).
+func (ms *moves) mayBeSealed(id uint64) bool {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return ms.sealed[id]
+}
+
+// unsealed notes that no writer home of segment id is sealed (every one
+// took an ABORT), or that the segment is gone.
+func (ms *moves) unsealed(id uint64) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	delete(ms.sealed, id)
 }
 
 // publish shows the bytes copied (f.progress: a rebuild's in the

@@ -1,13 +1,16 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
@@ -63,4 +66,84 @@ func TestRebuildUnsealAfterOriginRestart(t *testing.T) {
 	}, 30*time.Second, 10*time.Millisecond, "the restarted origin does not unseal the primary")
 	c := homeConn(t, rs.oh.daemon(), primary)
 	require.NoError(t, c.Do(t.Context(), &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(primary), Buf: []byte{1}}))
+}
+
+// TestUnsealOnlyWhenSealed: replicateLater unseals the writers of a
+// redundant segment (MoveOut ABORT at its primary) only while a seal may be
+// left on them (unsealIdle): not for a segment just allocated, nor after a
+// rebuild whose fill unsealed every survivor itself; after the origin
+// restarts, which cannot know, once, and not again after that. Each
+// replicateLater still tells both homes how they are written.
+func TestUnsealOnlyWhenSealed(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second, timing: fastDetection})
+	var aborts, replicates atomic.Int64
+	for _, h := range sc.hosts {
+		h.cfg.sim.grpc = append(h.cfg.sim.grpc, grpc.ChainUnaryInterceptor(
+			func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+				switch r := req.(type) {
+				case *poolv1.MoveOutRequest:
+					if r.Phase == poolv1.MoveOutPhase_MOVE_OUT_ABORT {
+						aborts.Add(1)
+					}
+				case *poolv1.ReplicateRequest:
+					replicates.Add(1)
+				}
+				return next(ctx, req)
+			}))
+	}
+	oh := sc.hosts[3]     // not the seed: it rejoins through it
+	oh.cfg.ExportSize = 0 // every home on another host
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	seg, err := allocSpec(t.Context(), t, oh.daemon(), 64<<10, "replicas=2")
+	require.NoError(t, err)
+	id := seg.ID
+	idle := func(p *core) bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		_, running := p.replicating[id]
+		return !running
+	}
+	// replicateOnce runs replicateLater on the segment and waits for it to
+	// end; it returns the ABORTs and Replicates sent meanwhile.
+	replicateOnce := func() (abort, replicate int64) {
+		t.Helper()
+		p := oh.daemon().pool
+		a, r := aborts.Load(), replicates.Load()
+		p.replicateLater(id)
+		require.Eventually(t, func() bool { return idle(p) }, 30*time.Second, 10*time.Millisecond, "replicateLater does not end")
+		return aborts.Load() - a, replicates.Load() - r
+	}
+
+	a, r := replicateOnce()
+	require.Zero(t, a, "a segment just allocated was never sealed")
+	require.GreaterOrEqual(t, r, int64(2), "both homes are told")
+
+	sc.crash(sc.host(seg.Homes[1].Node))
+	require.Eventually(t, func() bool {
+		cur, ok := oh.daemon().pool.redundantRecord(id)
+		return ok && cur.redundancyState() == poolv1.RedundancyState_REDUNDANCY_STATE_OK && cur.Homes[1].Node != seg.Homes[1].Node
+	}, time.Minute, 10*time.Millisecond, "the backup is not rebuilt")
+	rebuilt := oh.daemon().metrics.rebuilds.runs.WithLabelValues("ok")
+	require.Eventually(t, func() bool {
+		var m dto.Metric
+		_ = rebuilt.Write(&m) // a counter's Write does not fail
+		return m.GetCounter().GetValue() == 1 && idle(oh.daemon().pool)
+	}, 30*time.Second, 10*time.Millisecond, "the rebuild (its fill's unseal included) does not end")
+	a, r = replicateOnce()
+	require.Zero(t, a, "the rebuild's fill unsealed the primary itself")
+	require.GreaterOrEqual(t, r, int64(2))
+
+	before := aborts.Load()
+	crashed := errors.New("killed by the test")
+	origin := oh.daemon()
+	origin.failErr.Store(&crashed) // no leave: the others do not hear it go
+	require.NoError(t, origin.Close())
+	require.NoError(t, sc.start(oh))
+	require.Eventually(t, func() bool { return aborts.Load() > before && idle(oh.daemon().pool) }, 30*time.Second, 10*time.Millisecond,
+		"the restarted origin does not unseal the primary, which it cannot know unsealed")
+	a, r = replicateOnce()
+	require.Zero(t, a, "unsealed once after the restart")
+	require.GreaterOrEqual(t, r, int64(2))
 }

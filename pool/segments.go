@@ -112,6 +112,7 @@ func (p *core) release(r *record, reason string) {
 			p.peers.freeLater(h.Node, h.HomeID)
 		}
 		p.replicateLocks.Delete(r.ID)
+		p.moving.unsealed(r.ID)
 		if st, ok := p.stripes.LoadAndDelete(r.ID); ok {
 			go st.(*stripe).close() // it may wait for a write in flight, which p.mu would block
 		}
