@@ -581,10 +581,12 @@ func (p *core) unsealOnce(ctx context.Context, node string, id, fill uint64) err
 // segment is under way, and unseals its writers when it ends.
 var errUnsealBusy = errs.Sub(errs.ErrLimit, "the segment is moving or rebuilding; its writers are unsealed once that ends")
 
-// unsealIdle unseals the writer homes of segment id (the primary of
-// replicas, the data shards of erasure coding) that are OK, when they may
-// be sealed (moves.mightSeal), unless a move or rebuild of it is under
-// way (errUnsealBusy), holding off any that would begin meanwhile. A fill
+// unsealIdle unseals the writer homes of segment id (every copy of
+// replicas: a home move seals the backup that leaves too, and a backup
+// becomes the primary when the primary is lost; the data shards of
+// erasure coding) that are OK, when they may be sealed
+// (moves.mightSeal), unless a move or rebuild of it is under way
+// (errUnsealBusy), holding off any that would begin meanwhile. A fill
 // seals them at its switch and unseals them after it, and a home move
 // after its finish, but a daemon killed in between leaves them sealed,
 // with nothing in the record that says so: a rebuild whose switch
@@ -617,7 +619,7 @@ func (p *core) unsealIdle(ctx context.Context, id uint64) error {
 	var errsOf []error
 	k := r.Redundancy.Data
 	for i, h := range r.Homes {
-		if h.State != poolv1.HomeState_HOME_STATE_OK || k > 0 && i >= k || k == 0 && i > 0 {
+		if h.State != poolv1.HomeState_HOME_STATE_OK || k > 0 && i >= k {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)

@@ -147,3 +147,59 @@ func TestUnsealOnlyWhenSealed(t *testing.T) {
 	require.Zero(t, a, "unsealed once after the restart")
 	require.GreaterOrEqual(t, r, int64(2))
 }
+
+// TestUnsealPromotedBackup: a home move seals the backup that leaves
+// (every copy of replicas is a writer to it), and an undo whose ABORTs
+// did not reach that backup leaves it sealed, for unsealIdle to unseal
+// (unsealHomes). Here the origin seals the backup of a replicas=2
+// segment as such a move does and counts it as possibly sealed, as a
+// start does; replicateLater then runs. When the primary's host crashes,
+// the backup is promoted (no host is left to rebuild on, so no fill
+// unseals it), and a write there is applied: unsealIdle did not take the
+// segment for unsealed while its backup was sealed.
+func TestUnsealPromotedBackup(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 3, leaseTTL: 10 * time.Second, timing: fastDetection})
+	oh := sc.hosts[2]     // not the seed
+	oh.cfg.ExportSize = 0 // both homes on the other hosts, and nowhere to rebuild
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	seg, err := allocSpec(t.Context(), t, oh.daemon(), 64<<10, "replicas=2")
+	require.NoError(t, err)
+	id, primary, backup := seg.ID, seg.Homes[0], seg.Homes[1]
+	origin := oh.daemon().pool
+	pc, err := origin.homeSession(t.Context(), backup.Node, "backup")
+	require.NoError(t, err)
+	for _, phase := range []poolv1.MoveOutPhase{poolv1.MoveOutPhase_MOVE_OUT_TRACK, poolv1.MoveOutPhase_MOVE_OUT_SEAL} {
+		_, err := moveOutAt(t.Context(), pc, backup.HomeID, phase, moveChunkMin)
+		require.NoError(t, err, "%s at the backup", phase)
+	}
+	bp := sc.host(backup.Node).daemon().pool
+	sealed := func() bool {
+		bp.mu.Lock()
+		defer bp.mu.Unlock()
+		rec, ok := bp.segs[backup.HomeID]
+		return ok && rec.Sealed
+	}
+	require.True(t, sealed())
+	origin.moving.mightSeal(id)
+	idle := func() bool {
+		origin.mu.Lock()
+		defer origin.mu.Unlock()
+		_, running := origin.replicating[id]
+		return !running
+	}
+	origin.replicateLater(id)
+	require.Eventually(t, idle, 30*time.Second, 10*time.Millisecond, "replicateLater does not end")
+
+	sc.crash(sc.host(primary.Node))
+	require.Eventually(t, func() bool {
+		cur, ok := origin.redundantRecord(id)
+		return ok && cur.Homes[0].Node == backup.Node && cur.Homes[0].State == poolv1.HomeState_HOME_STATE_OK
+	}, time.Minute, 10*time.Millisecond, "the backup is not promoted")
+	require.Eventually(t, func() bool { return !sealed() }, 30*time.Second, 10*time.Millisecond,
+		"the promoted backup stays sealed: every write to the segment is refused")
+	cur, _ := origin.redundantRecord(id)
+	c := homeConn(t, oh.daemon(), cur.Homes[0])
+	require.NoError(t, c.Do(t.Context(), &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(cur.Homes[0]), Buf: []byte{1}}))
+}
