@@ -245,9 +245,10 @@ var errNewHomeLost = errs.Sub(errs.ErrUnavailable, "the home move's new home was
 //
 // The leaving home is put back only while its node still holds its copy:
 // it has not let it go (COMMIT, which comes before any writer is
-// unsealed), so it holds every acknowledged write. A node that cannot be
-// asked now is asked again at the next try; the writers stay sealed
-// meanwhile.
+// unsealed), so it holds every acknowledged write; and only while no
+// copy that no seal held was promoted to primary since (the record's
+// epoch is still the leaving home's). A node that cannot be asked now is
+// asked again at the next try; the writers stay sealed meanwhile.
 func (p *core) keepLeaving(ctx context.Context, in intent) error {
 	if cur, ok := p.moving.get(in.ID); ok && cur.To == in.To && cur.ToID == in.ToID {
 		in = cur // a try since may have given the leaving home up (forgetLeaving)
@@ -268,6 +269,12 @@ func (p *core) keepLeaving(ctx context.Context, in intent) error {
 		j := slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.Node == in.To && h.HomeID == in.ToID })
 		if j < 0 || r.Homes[j].State == poolv1.HomeState_HOME_STATE_OK {
 			return fmt.Errorf("segment %d: %w: its new home on %s changed meanwhile", in.ID, errs.ErrUnavailable, in.To)
+		}
+		if r.Redundancy.Data == 0 && r.Epoch > leaving.Epoch {
+			// A promotion (its epoch) made a copy that no seal held the
+			// primary since the move began: it may have acknowledged
+			// writes the leaving home never got.
+			return fmt.Errorf("segment %d: %w: a copy became its primary under epoch %d since the move began (the leaving home's is %d), and may have taken writes the leaving home missed; the move waits for its new home", in.ID, errs.ErrUnavailable, r.Epoch, leaving.Epoch)
 		}
 		back := leaving
 		back.Epoch = max(leaving.Epoch, r.Homes[j].Epoch)

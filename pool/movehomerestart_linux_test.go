@@ -16,8 +16,8 @@ import (
 )
 
 // lostBackupSim is a replicas=2 segment whose backup is lost (its host
-// crashed; no rebuild here) and whose primary holds want, on a 4-host
-// cluster whose origin (hosts[3], no seed: a restarted seed would join
+// crashed; no rebuild here; newMoveHomeSim keeps it) and whose primary
+// holds want, on a 4-host cluster whose origin (hosts[3], no seed: a restarted seed would join
 // only itself) drains: a move of the primary goes to the one host left.
 type lostBackupSim struct {
 	sc   *simCluster
@@ -35,6 +35,15 @@ type lostBackupSim struct {
 }
 
 func newLostBackupSim(t *testing.T) *lostBackupSim {
+	ls := newMoveHomeSim(t)
+	ls.sc.crash(ls.sc.host(ls.r.Homes[1].Node))
+	require.Eventually(t, func() bool { return ls.state(t).Homes[1].State == poolv1.HomeState_HOME_STATE_LOST }, time.Minute, 10*time.Millisecond,
+		"the backup is not marked lost: %s", homesString(ls.state(t).Homes))
+	return ls
+}
+
+// newMoveHomeSim is newLostBackupSim with the backup still OK.
+func newMoveHomeSim(t *testing.T) *lostBackupSim {
 	ls := &lostBackupSim{stopped: make(chan uint64, 1)}
 	ls.sc = newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second, timing: fastDetection})
 	ls.oh = ls.sc.hosts[3]
@@ -70,9 +79,6 @@ func newLostBackupSim(t *testing.T) *lostBackupSim {
 	ls.r = *seg
 	ls.want = bytes.Repeat([]byte{0xc3}, size)
 	require.NoError(t, homeConn(t, origin, ls.r.Homes[0]).Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ls.r.Homes[0]), Buf: ls.want}))
-	ls.sc.crash(ls.sc.host(ls.r.Homes[1].Node))
-	require.Eventually(t, func() bool { return ls.state(t).Homes[1].State == poolv1.HomeState_HOME_STATE_LOST }, time.Minute, 10*time.Millisecond,
-		"the backup is not marked lost: %s", homesString(ls.state(t).Homes))
 	return ls
 }
 
@@ -90,7 +96,12 @@ func (ls *lostBackupSim) state(t *testing.T) record {
 
 // movePrimary moves the primary as its host's evacuation asks.
 func (ls *lostBackupSim) movePrimary(t *testing.T) error {
-	origin, leaving := ls.oh.daemon(), ls.r.Homes[0]
+	return ls.moveHome(t, ls.r.Homes[0])
+}
+
+// moveHome moves home leaving as its host's evacuation asks.
+func (ls *lostBackupSim) moveHome(t *testing.T, leaving homeRef) error {
+	origin := ls.oh.daemon()
 	for {
 		// The backup's loss has the homes told again (replicateLater),
 		// which holds the segment's move lock a while.
@@ -199,4 +210,54 @@ func TestMoveHomeUnreachableAfterRestart(t *testing.T) {
 	ls.restartOrigin(t)
 	ls.checkLeavingServes(t)
 	require.Nil(t, h.daemon(), "the new home's host stays down")
+}
+
+// TestMoveHomePromotedNotPutBack: a backup moves; the switch's Replicate
+// does not reach its new copy, so the finish is retried, the writers
+// sealed. The primary's host crashes: the new copy, which no seal holds,
+// is promoted and acknowledges a write; then its host crashes too, and
+// without it the segment is lost. The leaving backup, whose node still
+// holds it, missed that write: it is not put back (the segment waits for
+// the new copy). Put back, it served the bytes from before the write.
+func TestMoveHomePromotedNotPutBack(t *testing.T) {
+	ls := newMoveHomeSim(t)
+	ls.stop.Store(true) // the test asks keepLeaving itself
+	var target atomic.Pointer[simHost]
+	var fail func(h *simHost, _ *poolv1.ReplicateRequest) error
+	fail = func(h *simHost, _ *poolv1.ReplicateRequest) error {
+		target.Store(h)
+		ls.arm(fail)
+		return errors.New("the test's new copy does not join")
+	}
+	ls.arm(fail)
+	leaving := ls.r.Homes[1]
+	require.NoError(t, ls.moveHome(t, leaving), "the switch is committed; its finish is retried")
+	h := target.Load()
+	require.NotNil(t, h, "the switch's Replicate did not reach the new copy")
+
+	ls.sc.crash(ls.sc.host(ls.r.Homes[0].Node))
+	require.Eventually(t, func() bool {
+		cur := ls.state(t)
+		return cur.Homes[0].Node == h.name && cur.Homes[0].State == poolv1.HomeState_HOME_STATE_OK
+	}, time.Minute, 10*time.Millisecond, "the new copy is not promoted: %s", homesString(ls.state(t).Homes))
+	ctx, origin := t.Context(), ls.oh.daemon()
+	written := bytes.Repeat([]byte{0x5a}, len(ls.want))
+	c := homeConn(t, origin, ls.state(t).Homes[0])
+	require.Eventually(t, func() bool {
+		return c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ls.state(t).Homes[0]), Buf: written}) == nil
+	}, 30*time.Second, 20*time.Millisecond, "the promoted copy does not take writes")
+
+	ls.sc.crash(h)
+	select {
+	case <-ls.stopped:
+	case <-time.After(time.Minute):
+		t.Fatalf("the move's finish did not find its new home lost: %s", homesString(ls.state(t).Homes))
+	}
+	in, ok := origin.pool.moving.get(ls.r.ID)
+	require.True(t, ok, "the move ended")
+	err := origin.pool.keepLeaving(ctx, in)
+	t.Logf("keepLeaving: %v", err)
+	cur := ls.state(t)
+	require.True(t, cur.Lost, "the leaving backup on %s, which missed a write, serves: %s", leaving.Node, homesString(cur.Homes))
+	require.Error(t, err)
 }
