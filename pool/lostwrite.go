@@ -13,7 +13,9 @@
 // is not run again (the client reports it indeterminate). A rebuild or a home's move holds the same lock from its
 // seal to its switch (rebuildFill.run): no such write lands after its
 // last round, and before that the parity shards' dirty tracking makes the
-// copy decode the rows again.
+// copy decode the rows again. A home move switched but not finished (its
+// finish retried, or left to a restarted origin) refuses them until it
+// is, as its sealed writers do (errLostWriteMoving).
 
 package pool
 
@@ -45,6 +47,13 @@ const (
 	// deadline.
 	lostWriteTimeout = 10 * time.Second
 )
+
+// errLostWriteMoving is a write to a lost data shard while a home move of
+// the segment is switched and its leaving home not let go: the write
+// would change the parity shards the record names, the new home and not
+// the leaving one, which the move puts back should the new home be lost
+// (keepLeaving). The writers are sealed meanwhile too; the client retries.
+var errLostWriteMoving = errs.Sub(errs.ErrLimit, "a home of the segment moved and the home it left is not let go yet; the write waits for the move to finish (retry)")
 
 // WriteLostShard writes bytes of a data shard whose home is lost (see the
 // file comment).
@@ -200,6 +209,9 @@ func (p *core) writeLostShard(ctx context.Context, c caller, req *poolv1.WriteLo
 	r, err := p.lostShardSubject(c, req) // again: a rebuild may have switched meanwhile
 	if err != nil {
 		return nil, err
+	}
+	if in, ok := p.moving.get(r.ID); ok && (in.Switched || in.switching) {
+		return nil, fmt.Errorf("write data shard %d of segment %d: %w", req.Shard, r.ID, errLostWriteMoving)
 	}
 	i, n := int(req.Shard), lostWriteLen(req)
 	what := fmt.Sprintf("write data shard %d of segment %d", i, r.ID)

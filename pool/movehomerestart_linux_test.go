@@ -35,18 +35,20 @@ type lostBackupSim struct {
 }
 
 func newLostBackupSim(t *testing.T) *lostBackupSim {
-	ls := newMoveHomeSim(t)
+	ls := newMoveHomeSim(t, 4, "replicas=2")
 	ls.sc.crash(ls.sc.host(ls.r.Homes[1].Node))
 	require.Eventually(t, func() bool { return ls.state(t).Homes[1].State == poolv1.HomeState_HOME_STATE_LOST }, time.Minute, 10*time.Millisecond,
 		"the backup is not marked lost: %s", homesString(ls.state(t).Homes))
 	return ls
 }
 
-// newMoveHomeSim is newLostBackupSim with the backup still OK.
-func newMoveHomeSim(t *testing.T) *lostBackupSim {
+// newMoveHomeSim is newLostBackupSim with the backup still OK, or, on
+// hosts hosts (the origin the last), a segment of redundancy spec whose
+// first home holds want.
+func newMoveHomeSim(t *testing.T, hosts int, spec string) *lostBackupSim {
 	ls := &lostBackupSim{stopped: make(chan uint64, 1)}
-	ls.sc = newSimCluster(t, simHostConfig{hosts: 4, leaseTTL: 10 * time.Second, timing: fastDetection})
-	ls.oh = ls.sc.hosts[3]
+	ls.sc = newSimCluster(t, simHostConfig{hosts: hosts, leaseTTL: 10 * time.Second, timing: fastDetection})
+	ls.oh = ls.sc.hosts[hosts-1]
 	for _, h := range ls.sc.hosts {
 		h.cfg.Rebuild = false
 		h.cfg.sim.grpc = append(h.cfg.sim.grpc, grpc.ChainUnaryInterceptor(
@@ -74,10 +76,10 @@ func newMoveHomeSim(t *testing.T) *lostBackupSim {
 	ls.sc.startDrainedOrigin(t, ls.oh)
 	ctx, origin := t.Context(), ls.oh.daemon()
 	const size = 64 << 10
-	seg, err := allocSpec(ctx, t, origin, size, "replicas=2")
+	seg, err := allocSpec(ctx, t, origin, size, spec)
 	require.NoError(t, err)
 	ls.r = *seg
-	ls.want = bytes.Repeat([]byte{0xc3}, size)
+	ls.want = bytes.Repeat([]byte{0xc3}, int(ls.r.shardSize()))
 	require.NoError(t, homeConn(t, origin, ls.r.Homes[0]).Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ls.r.Homes[0]), Buf: ls.want}))
 	return ls
 }
@@ -118,11 +120,7 @@ func (ls *lostBackupSim) moveHome(t *testing.T, leaving homeRef) error {
 // move's finish (no leave: the others do not hear it go) and starts it
 // again from its store, the hook no longer stopping anything.
 func (ls *lostBackupSim) restartOrigin(t *testing.T) {
-	select {
-	case <-ls.stopped:
-	case <-time.After(time.Minute):
-		t.Fatalf("the move's finish did not find its new home lost: %s", homesString(ls.state(t).Homes))
-	}
+	ls.waitStopped(t)
 	origin := ls.oh.daemon()
 	crashed := errors.New("killed by the test")
 	origin.failErr.Store(&crashed)
@@ -212,16 +210,10 @@ func TestMoveHomeUnreachableAfterRestart(t *testing.T) {
 	require.Nil(t, h.daemon(), "the new home's host stays down")
 }
 
-// TestMoveHomePromotedNotPutBack: a backup moves; the switch's Replicate
-// does not reach its new copy, so the finish is retried, the writers
-// sealed. The primary's host crashes: the new copy, which no seal holds,
-// is promoted and acknowledges a write; then its host crashes too, and
-// without it the segment is lost. The leaving backup, whose node still
-// holds it, missed that write: it is not put back (the segment waits for
-// the new copy). Put back, it served the bytes from before the write.
-func TestMoveHomePromotedNotPutBack(t *testing.T) {
-	ls := newMoveHomeSim(t)
-	ls.stop.Store(true) // the test asks keepLeaving itself
+// moveUnjoined moves home leaving while every Replicate that joins its
+// new copy fails there, so that the switch commits and its finish is
+// retried, and returns the new copy's host.
+func (ls *lostBackupSim) moveUnjoined(t *testing.T, leaving homeRef) *simHost {
 	var target atomic.Pointer[simHost]
 	var fail func(h *simHost, _ *poolv1.ReplicateRequest) error
 	fail = func(h *simHost, _ *poolv1.ReplicateRequest) error {
@@ -230,10 +222,34 @@ func TestMoveHomePromotedNotPutBack(t *testing.T) {
 		return errors.New("the test's new copy does not join")
 	}
 	ls.arm(fail)
-	leaving := ls.r.Homes[1]
 	require.NoError(t, ls.moveHome(t, leaving), "the switch is committed; its finish is retried")
 	h := target.Load()
 	require.NotNil(t, h, "the switch's Replicate did not reach the new copy")
+	return h
+}
+
+// waitStopped waits until the origin's move finish finds its new home
+// lost and the segment lost without it (the newHomeLost hook).
+func (ls *lostBackupSim) waitStopped(t *testing.T) {
+	select {
+	case <-ls.stopped:
+	case <-time.After(time.Minute):
+		t.Fatalf("the move's finish did not find its new home lost: %s", homesString(ls.state(t).Homes))
+	}
+}
+
+// TestMoveHomePromotedNotPutBack: a backup moves; the switch's Replicate
+// does not reach its new copy, so the finish is retried, the writers
+// sealed. The primary's host crashes: the new copy, which no seal holds,
+// is promoted and acknowledges a write; then its host crashes too, and
+// without it the segment is lost. The leaving backup, whose node still
+// holds it, missed that write: it is not put back (the segment waits for
+// the new copy). Put back, it served the bytes from before the write.
+func TestMoveHomePromotedNotPutBack(t *testing.T) {
+	ls := newMoveHomeSim(t, 4, "replicas=2")
+	ls.stop.Store(true) // the test asks keepLeaving itself
+	leaving := ls.r.Homes[1]
+	h := ls.moveUnjoined(t, leaving)
 
 	ls.sc.crash(ls.sc.host(ls.r.Homes[0].Node))
 	require.Eventually(t, func() bool {
@@ -248,11 +264,7 @@ func TestMoveHomePromotedNotPutBack(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "the promoted copy does not take writes")
 
 	ls.sc.crash(h)
-	select {
-	case <-ls.stopped:
-	case <-time.After(time.Minute):
-		t.Fatalf("the move's finish did not find its new home lost: %s", homesString(ls.state(t).Homes))
-	}
+	ls.waitStopped(t)
 	in, ok := origin.pool.moving.get(ls.r.ID)
 	require.True(t, ok, "the move ended")
 	err := origin.pool.keepLeaving(ctx, in)
@@ -260,4 +272,37 @@ func TestMoveHomePromotedNotPutBack(t *testing.T) {
 	cur := ls.state(t)
 	require.True(t, cur.Lost, "the leaving backup on %s, which missed a write, serves: %s", leaving.Node, homesString(cur.Homes))
 	require.Error(t, err)
+}
+
+// TestMoveHomeLostShardWriteNotMissed: a parity shard of an ec=2+2
+// segment whose data shard 0 is lost moves; the switch's Replicate does
+// not reach its new shard, so the finish is retried. A write to the lost
+// data shard (WriteLostShard) changes the parity shards the record names,
+// the new one and not the leaving one; then the other parity shard and
+// the new one are lost too, and the segment with them. The leaving shard
+// is put back only if no such write was acknowledged: with it, shard 0
+// decoded from the leaving parity lacked the write.
+func TestMoveHomeLostShardWriteNotMissed(t *testing.T) {
+	ls := newMoveHomeSim(t, 6, "ec=2+2")
+	ls.stop.Store(true) // the test asks keepLeaving itself
+	ls.sc.crash(ls.sc.host(ls.r.Homes[0].Node))
+	require.Eventually(t, func() bool { return ls.state(t).Homes[0].State == poolv1.HomeState_HOME_STATE_LOST }, time.Minute, 10*time.Millisecond,
+		"data shard 0 is not marked lost: %s", homesString(ls.state(t).Homes))
+	h := ls.moveUnjoined(t, ls.r.Homes[2])
+
+	ctx, origin := t.Context(), ls.oh.daemon()
+	_, werr := origin.pool.writeLostShard(ctx, caller{}, &poolv1.WriteLostShardRequest{Id: ls.r.ID, Shard: 0, Data: bytes.Repeat([]byte{0x5a}, 4096)}, origin.moveTLS())
+	t.Logf("the write to the lost data shard: %v", werr)
+
+	ls.sc.crash(ls.sc.host(ls.r.Homes[3].Node))
+	require.Eventually(t, func() bool { return ls.state(t).Homes[3].State == poolv1.HomeState_HOME_STATE_LOST }, time.Minute, 10*time.Millisecond,
+		"parity shard 1 is not marked lost: %s", homesString(ls.state(t).Homes))
+	ls.sc.crash(h)
+	ls.waitStopped(t)
+	in, ok := origin.pool.moving.get(ls.r.ID)
+	require.True(t, ok, "the move ended")
+	err := origin.pool.keepLeaving(ctx, in)
+	t.Logf("keepLeaving: %v", err)
+	cur := ls.state(t)
+	require.False(t, werr == nil && !cur.Lost, "the leaving parity shard, which missed an acknowledged write, serves: %s", homesString(cur.Homes))
 }
