@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -305,4 +306,47 @@ func TestMoveHomeLostShardWriteNotMissed(t *testing.T) {
 	t.Logf("keepLeaving: %v", err)
 	cur := ls.state(t)
 	require.False(t, werr == nil && !cur.Lost, "the leaving parity shard, which missed an acknowledged write, serves: %s", homesString(cur.Homes))
+}
+
+// TestMoveHomeLeavingGoneNotPutBack: as in
+// TestMoveHomeLeavingKeptAfterRestart, the new copy of a moved primary is
+// gone at the switch and the segment lost without the leaving primary.
+// A leaving home the intent forgot (forgetLeaving: given up unanswered,
+// the writers unsealed without it) is not put back though its node still
+// holds it, and the intent is committed without its copy; nor is one its
+// node no longer holds (it took its COMMIT). The segment stays lost.
+func TestMoveHomeLeavingGoneNotPutBack(t *testing.T) {
+	ls := newLostBackupSim(t)
+	ls.stop.Store(true) // the test asks keepLeaving itself
+	ls.arm(freeCopy)
+	require.NoError(t, ls.movePrimary(t), "the switch is committed; its finish is retried")
+	ls.waitStopped(t)
+	ctx, origin, leaving := t.Context(), ls.oh.daemon(), ls.r.Homes[0]
+	in, ok := origin.pool.moving.get(ls.r.ID)
+	require.True(t, ok, "the move ended")
+	require.NotEmpty(t, in.FromAddr, "the intent holds the leaving home's copy")
+	stillLost := func(err error) {
+		t.Logf("keepLeaving: %v", err)
+		t.Helper()
+		require.ErrorIs(t, err, errs.ErrUnavailable)
+		cur := ls.state(t)
+		require.True(t, cur.Lost, "the leaving primary was put back: %s", homesString(cur.Homes))
+	}
+
+	require.NoError(t, origin.pool.forgetLeaving(in))
+	stillLost(origin.pool.keepLeaving(ctx, in))
+	ins, err := origin.pool.st.intents()
+	require.NoError(t, err)
+	require.Len(t, ins, 1)
+	require.Empty(t, ins[0].FromAddr, "the stored intent still holds the leaving home's copy")
+	require.True(t, ins[0].Switched)
+
+	origin.pool.moving.set(in) // the copy known again: only the node's answer refuses it now
+	p := ls.sc.host(leaving.Node).daemon().pool
+	p.mu.Lock()
+	if r := p.segs[leaving.HomeID]; r != nil {
+		_ = p.freeLocked(r, "the test's leaving home let its copy go")
+	}
+	p.mu.Unlock()
+	stillLost(origin.pool.keepLeaving(ctx, in))
 }
