@@ -319,8 +319,12 @@ func (r *redundant) run(caller context.Context, ops []*rdma.Op, try func(ctx con
 			return err
 		}
 		if ctx.Err() == nil {
+			// New homes are tried at once, the same ones after the wait:
+			// each Stat gives a new view, and a refusal the daemon repeats
+			// (ErrLimit while a home move finishes) would be asked again
+			// without a pause.
 			r.refresh(ctx, v)
-			if r.view.Load() != v {
+			if cur := r.view.Load(); cur != v && !sameHomes(cur, v) {
 				continue
 			}
 			select {

@@ -528,3 +528,40 @@ func TestWritesToLostShard(t *testing.T) {
 	require.ErrorIs(t, err, ErrIndeterminate)
 	require.Len(t, lw.sent(), 5, "sent once")
 }
+
+// statWrites is lostWrites whose daemon also answers Stat for the fake
+// segment, with info as it is set up.
+type statWrites struct {
+	*lostWrites
+	info *poolv1.Segment
+}
+
+func (s *statWrites) Stat(ctx context.Context, req *poolv1.StatRequest, o ...grpc.CallOption) (*poolv1.Segment, error) {
+	if s.info != nil && req.Id == s.info.Id {
+		return proto.Clone(s.info).(*poolv1.Segment), nil
+	}
+	return s.lostWrites.PoolClient.Stat(ctx, req, o...)
+}
+
+// TestLostShardWriteRefusalWaits: a write to a lost data shard that the
+// daemon refuses with ErrLimit (a home move of the segment finishing)
+// while its Stat answers the same homes is asked again after a wait that
+// grows, not at once each round (each Stat gives a new view): until the
+// operation's timeout it is sent a handful of times, not hundreds of
+// thousands, and then fails with ErrLimit and ErrUnavailable.
+func TestLostShardWriteRefusalWaits(t *testing.T) {
+	const k, m, chunk = 2, 2, 4096
+	sw := &statWrites{lostWrites: &lostWrites{err: fmt.Errorf("a home move finishes: %w", ErrLimit)}}
+	f := startFakeHomesAs(t, ErasureCoded(k, m), 2*chunk, 2*k*chunk, tcp.DefaultConfig(),
+		func(api poolv1.PoolClient) poolv1.PoolClient { sw.PoolClient = api; return sw },
+		func(info *poolv1.Segment) {
+			info.Homes[0].State = poolv1.HomeState_HOME_STATE_LOST
+			info.RedundancyState = poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED
+			sw.info = proto.Clone(info).(*poolv1.Segment)
+		})
+	_, err := f.seg.WriteAt(make([]byte, 10), 0)
+	require.ErrorIs(t, err, ErrLimit)
+	require.ErrorIs(t, err, ErrUnavailable)
+	// 3 s of waits from 20 ms doubling to 500 ms: about a dozen rounds.
+	require.Less(t, len(sw.sent()), 100, "the refused write was sent again without a wait")
+}
