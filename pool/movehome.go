@@ -145,7 +145,7 @@ func (p *core) switchHome(ctx context.Context, f *rebuildFill, in intent, leavin
 			}
 		}
 	}
-	next, err := p.commitHomeSwitch(r.ID, i, leaving, target, in)
+	next, err := p.commitHomeSwitch(r.ID, i, leaving, target, in, r.Epoch)
 	if err != nil {
 		return record{}, err
 	}
@@ -171,7 +171,12 @@ func (p *core) switchHome(ctx context.Context, f *rebuildFill, in intent, leavin
 // commitHomeSwitch commits the record of segment id with target, OK, as
 // home i in place of leaving (which must still be there), and the intent
 // in marked switched, in one transaction (store.switchMove). It returns
-// the record committed.
+// the record committed. A replicated segment whose epoch is no longer
+// epoch, the one its fill began at, is refused: a copy was promoted to
+// primary meanwhile, which no seal held and which forwards its writes to
+// the record's copies, the leaving home among them and not the target, so
+// the target may lack writes it acknowledged; the move is undone and
+// tried again.
 //
 // The commit is queued under p.mu, with the table switched in the same
 // hold, so that any later change of the record is built on the switch
@@ -189,7 +194,7 @@ func (p *core) switchHome(ctx context.Context, f *rebuildFill, in intent, leavin
 // and asks again. A commit that fails has the table switched back (and
 // that committed, in case a later change committed the switch) before
 // the move is undone.
-func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in intent) (record, error) {
+func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in intent, epoch uint64) (record, error) {
 	p.mu.Lock()
 	cur, ok := p.segs[id]
 	switch {
@@ -199,6 +204,9 @@ func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in in
 	case cur.Lost || !sameHome(cur, i, leaving):
 		p.mu.Unlock()
 		return record{}, fmt.Errorf("move segment %d: %w: its home %d on %s changed during the move (lost); a rebuild replaces it", id, errs.ErrUnavailable, i, leaving.Node)
+	case cur.Redundancy.Data == 0 && cur.Epoch != epoch:
+		p.mu.Unlock()
+		return record{}, fmt.Errorf("move segment %d: %w: a copy became its primary during the move (epoch %d, the copy began at %d) and may have taken writes the new home lacks; the move is tried again", id, errs.ErrUnavailable, cur.Epoch, epoch)
 	}
 	next := *cur
 	next.Homes = slices.Clone(cur.Homes)

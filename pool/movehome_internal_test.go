@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -48,7 +49,7 @@ func TestHomeSwitchCommit(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rec, err := p.commitHomeSwitch(in.ID, 0, leaving, target, in)
+		rec, err := p.commitHomeSwitch(in.ID, 0, leaving, target, in, 1)
 		done <- result{rec, err}
 	}()
 	require.Eventually(t, queued(p.st.storeFile, 1), 10*time.Second, time.Millisecond, "the switch queued its commit")
@@ -94,10 +95,36 @@ func TestHomeSwitchCommitFails(t *testing.T) {
 	defer p.close()
 	leaving, target, in := homeSwitchCase(t, p)
 	require.NoError(t, p.st.db.Close())
-	_, err := p.commitHomeSwitch(in.ID, 0, leaving, target, in)
+	_, err := p.commitHomeSwitch(in.ID, 0, leaving, target, in, 1)
 	require.ErrorContains(t, err, "commit the switch-over")
 	rec, err := p.Stat(in.ID)
 	require.NoError(t, err)
 	require.Equal(t, "b", rec.Home)
 	require.Equal(t, leaving, rec.Homes[0])
+}
+
+// TestHomeSwitchAfterPromotion: the switch of a replicated segment's
+// home is refused once a copy was promoted to primary since its fill
+// began (the record's epoch passed the fill's): that copy, held by no
+// seal, forwards the writes it acknowledges to the record's copies, the
+// leaving home among them and not the target, so committing the target
+// in the leaving home's place would drop writes. The record keeps the
+// leaving home.
+func TestHomeSwitchAfterPromotion(t *testing.T) {
+	p := newTestPool(t, testConfig(t))
+	defer p.close()
+	leaving, target, in := homeSwitchCase(t, p)
+	_, err := p.updateRecord(in.ID, func(r *record) error {
+		r.Homes[1].Epoch = 2 // the backup, promoted under a new epoch
+		r.Homes[0], r.Homes[1] = r.Homes[1], r.Homes[0]
+		return nil
+	})
+	require.NoError(t, err)
+	_, err = p.commitHomeSwitch(in.ID, 1, leaving, target, in, 1)
+	require.ErrorIs(t, err, errs.ErrUnavailable)
+	require.ErrorContains(t, err, "became its primary during the move")
+	rec, err := p.Stat(in.ID)
+	require.NoError(t, err)
+	require.Equal(t, []string{"d", "b"}, []string{rec.Homes[0].Node, rec.Homes[1].Node})
+	require.Equal(t, leaving, rec.Homes[1])
 }
