@@ -264,15 +264,23 @@ func TestMoveHomePromotedNotPutBack(t *testing.T) {
 		return c.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: homeRegion(ls.state(t).Homes[0]), Buf: written}) == nil
 	}, 30*time.Second, 20*time.Millisecond, "the promoted copy does not take writes")
 
-	ls.sc.crash(h)
-	ls.waitStopped(t)
-	in, ok := origin.pool.moving.get(ls.r.ID)
-	require.True(t, ok, "the move ended")
-	err := origin.pool.keepLeaving(ctx, in)
-	t.Logf("keepLeaving: %v", err)
-	cur := ls.state(t)
+	cur, err := ls.keepLeavingAfter(t, h)
 	require.True(t, cur.Lost, "the leaving backup on %s, which missed a write, serves: %s", leaving.Node, homesString(cur.Homes))
 	require.Error(t, err)
+}
+
+// keepLeavingAfter crashes h, the move's new home, waits for the finish
+// the newHomeLost hook stops, and asks keepLeaving itself; it returns the
+// record after that and keepLeaving's error.
+func (ls *lostBackupSim) keepLeavingAfter(t *testing.T, h *simHost) (record, error) {
+	ls.sc.crash(h)
+	ls.waitStopped(t)
+	origin := ls.oh.daemon()
+	in, ok := origin.pool.moving.get(ls.r.ID)
+	require.True(t, ok, "the move ended")
+	err := origin.pool.keepLeaving(t.Context(), in)
+	t.Logf("keepLeaving: %v", err)
+	return ls.state(t), err
 }
 
 // TestMoveHomeLostShardWriteNotMissed: a parity shard of an ec=2+2
@@ -298,13 +306,7 @@ func TestMoveHomeLostShardWriteNotMissed(t *testing.T) {
 	ls.sc.crash(ls.sc.host(ls.r.Homes[3].Node))
 	require.Eventually(t, func() bool { return ls.state(t).Homes[3].State == poolv1.HomeState_HOME_STATE_LOST }, time.Minute, 10*time.Millisecond,
 		"parity shard 1 is not marked lost: %s", homesString(ls.state(t).Homes))
-	ls.sc.crash(h)
-	ls.waitStopped(t)
-	in, ok := origin.pool.moving.get(ls.r.ID)
-	require.True(t, ok, "the move ended")
-	err := origin.pool.keepLeaving(ctx, in)
-	t.Logf("keepLeaving: %v", err)
-	cur := ls.state(t)
+	cur, _ := ls.keepLeavingAfter(t, h)
 	require.False(t, werr == nil && !cur.Lost, "the leaving parity shard, which missed an acknowledged write, serves: %s", homesString(cur.Homes))
 }
 
