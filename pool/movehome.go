@@ -54,7 +54,6 @@ func (p *core) moveHome(ctx context.Context, r record, node string, homeID uint6
 		p.moving.end(r.ID)
 		return res, fmt.Errorf("move the %s on %s of segment %d: %w", homeRoleName(&r, i), node, r.ID, err)
 	}
-	p.simPlaced(r.ID, target)
 	res.to = target.Node
 	in := intent{ID: r.ID, From: node, FromID: homeID, To: target.Node, ToID: target.HomeID,
 		FromAddr: leaving.DataAddr, FromKey: leaving.Key, FromEpoch: leaving.Epoch, FromTLS: leaving.DataTLS}
@@ -274,7 +273,7 @@ func (p *core) keepLeaving(ctx context.Context, in intent) error {
 	}
 	var drop []homeRef
 	next, err := p.updateRecord(in.ID, func(r *record) error {
-		j := slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.Node == in.To && h.HomeID == in.ToID })
+		j := in.targetAt(r)
 		if j < 0 || r.Homes[j].State == poolv1.HomeState_HOME_STATE_OK {
 			return fmt.Errorf("segment %d: %w: its new home on %s changed meanwhile", in.ID, errs.ErrUnavailable, in.To)
 		}
@@ -384,9 +383,7 @@ func (p *core) finishSwitchedHome(ctx context.Context, in intent) error {
 	// daemon). Without it the segment may be lost: the leaving home is
 	// then the copy that holds its writes. (One not lost without it lets
 	// the leaving home go, and the new home is rebuilt.)
-	if cur, found := p.redundantRecord(in.ID); found && cur.Lost && !slices.ContainsFunc(cur.Homes, func(h homeRef) bool {
-		return h.Node == in.To && h.HomeID == in.ToID && h.State == poolv1.HomeState_HOME_STATE_OK
-	}) {
+	if cur, found := p.redundantRecord(in.ID); found && cur.Lost && !in.targetOK(&cur) {
 		if crash := p.cfg.sim.newHomeLost; crash != nil && crash(in.ID) {
 			return fmt.Errorf("move segment %d: %w: the test stopped the origin before the leaving home was put back", in.ID, errs.ErrUnavailable)
 		}

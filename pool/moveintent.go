@@ -171,7 +171,19 @@ func (in intent) switchedIn(r *record) bool {
 	if !r.redundant() {
 		return r.Home == in.To && r.HomeID == in.ToID
 	}
-	return slices.ContainsFunc(r.Homes, func(h homeRef) bool { return h.Node == in.To && h.HomeID == in.ToID })
+	return in.targetAt(r) >= 0
+}
+
+// targetOK reports whether r names move in's target OK.
+func (in intent) targetOK(r *record) bool {
+	j := in.targetAt(r)
+	return j >= 0 && r.Homes[j].State == poolv1.HomeState_HOME_STATE_OK
+}
+
+// targetAt is the index of move in's target among r's homes, -1 when r
+// does not name it.
+func (in intent) targetAt(r *record) int {
+	return slices.IndexFunc(r.Homes, func(h homeRef) bool { return h.Node == in.To && h.HomeID == in.ToID })
 }
 
 // switched is r as it is once move in switched over: homed at the

@@ -374,7 +374,6 @@ func (p *core) placeRebuild(ctx context.Context, w rebuildWork, r record) (homeR
 		return homeRef{}, fmt.Errorf("rebuild segment %d: place a new home for the one lost on %s: %w", r.ID, lost.Node, err)
 	}
 	defer placed() // once the record names it, or it is freed
-	p.simPlaced(r.ID, h)
 	h.State, h.Rebuilt = poolv1.HomeState_HOME_STATE_REBUILDING, 0
 	if err := p.setHome(r.ID, w.home, lost, func(x *homeRef) { *x = h }); err != nil {
 		p.freeLaterAt(h.Node, h.HomeID)

@@ -418,15 +418,10 @@ func (p *core) placeHome(ctx context.Context, r *record, exclude []string) (h ho
 		return homeRef{}, nil, err
 	}
 	h.State = poolv1.HomeState_HOME_STATE_REBUILDING
-	return h, placed, nil
-}
-
-// simPlaced runs the placed hook (simHooks), if set, on new home h of
-// segment id.
-func (p *core) simPlaced(id uint64, h homeRef) {
 	if hook := p.cfg.sim.placed; hook != nil {
-		hook(id, h)
+		hook(r.ID, h)
 	}
+	return h, placed, nil
 }
 
 // updateRecord changes the record of segment id with fn, on a copy, and

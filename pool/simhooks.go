@@ -58,7 +58,7 @@ type simHooks struct {
 	repairing func(segment uint64, shard int) error
 	// placed runs when a rebuild or a home move this daemon drives has
 	// made new home h of segment at h.Node, before the record or the
-	// move's intent names it (placeRebuild, moveHome).
+	// move's intent names it (placeHome, for placeRebuild and moveHome).
 	placed func(segment uint64, h homeRef)
 	// sessionBound runs when a new session's client id has been bound to
 	// the caller's identity, before the session counts for the client's
