@@ -107,6 +107,15 @@ type Config struct {
 	GossipInsecure bool `yaml:"gossip-insecure"`
 	// LeaseTTL is how long a client's unnamed segments outlive its last session. Default: 10s.
 	LeaseTTL time.Duration `yaml:"lease-ttl"`
+	// PeerLeaseTTL is how long the segments another poold placed here
+	// (for its clients, or as a copy or shard of a redundant segment)
+	// outlive that daemon's last session here. It is longer than LeaseTTL
+	// because a peer's session also ends when the network between the two
+	// hosts is cut, and the memory here may then hold the only copy of a
+	// segment the peer will serve again once the partition heals; a peer
+	// that restarts frees what it no longer holds at once. A value below
+	// LeaseTTL counts as LeaseTTL. Default: 5m.
+	PeerLeaseTTL time.Duration `yaml:"peer-lease-ttl"`
 	// AllowDevdaxFD lets the daemon hand a whole devdax device's descriptor to
 	// clients. One descriptor reaches every segment on the device, so this
 	// trusts every local client with all of them. Default: false, and devdax
@@ -292,6 +301,7 @@ func DefaultConfig() Config {
 		ExportSize:           size.GiB,
 		DataListen:           "127.0.0.1:0",
 		LeaseTTL:             10 * time.Second,
+		PeerLeaseTTL:         5 * time.Minute,
 		MetadataFsync:        true,
 		LogLevel:             "info",
 		MeasureTiers:         true,
@@ -343,6 +353,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: local-size %d is negative", ErrConfig, c.LocalSize)
 	case c.LeaseTTL < 100*time.Millisecond:
 		return fmt.Errorf("%w: lease-ttl %s is below the 100ms minimum", ErrConfig, c.LeaseTTL)
+	case c.PeerLeaseTTL < 100*time.Millisecond:
+		return fmt.Errorf("%w: peer-lease-ttl %s is below the 100ms minimum", ErrConfig, c.PeerLeaseTTL)
 	case c.RebuildRate < 0:
 		return fmt.Errorf("%w: rebuild-rate %d is negative; use bytes a second, e.g. 512MiB, or 0 for unlimited", ErrConfig, c.RebuildRate)
 	case !(c.RebalanceThreshold > 0 && c.RebalanceThreshold < 1):

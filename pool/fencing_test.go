@@ -131,3 +131,56 @@ func TestFencing(t *testing.T) {
 	require.NoError(t, p.Free(newC, r2.ID, ""))
 	require.ErrorIs(t, cNew.Write(ctx, next, 0, want[:8]), rdma.ErrLeaseExpired)
 }
+
+// TestPeerLease: the segments a peer poold placed here outlive its last
+// session for PeerLeaseTTL, not LeaseTTL: a partition between the hosts
+// ends that session, and the memory may hold the only copy of a segment
+// the peer serves again once the partition heals. An application's
+// segment is reclaimed one LeaseTTL after its session ends, as before;
+// a restart keeps the same two leases for the owners it finds.
+func TestPeerLease(t *testing.T) {
+	p, now := newServingPool(t)
+	cfg := p.cfg
+	require.Greater(t, cfg.PeerLeaseTTL, 4*cfg.LeaseTTL, "the default peer lease is well beyond a client's")
+	ctx := t.Context()
+	alloc := func(p *core, session, client string) *record {
+		p.openSession(session, client, client, 1, 0)
+		c, err := p.callerFor(session)
+		require.NoError(t, err)
+		r, err := p.Alloc(ctx, c, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA})
+		require.NoError(t, err)
+		return r
+	}
+	held := func(p *core, id uint64) bool {
+		_, err := p.Stat(id)
+		return err == nil
+	}
+	// passes moves the clock on by d, in steps of a quarter lease, reaping
+	// at each as the daemon does.
+	passes := func(p *core, now *time.Time, d time.Duration) {
+		for step := cfg.LeaseTTL / 4; d > 0; d -= step {
+			*now = now.Add(min(step, d))
+			p.reap()
+		}
+	}
+
+	app, peer := alloc(p, "s-app", "app"), alloc(p, "s-peer", peerClientPrefix+"b")
+	p.closeSession("s-app")
+	p.closeSession("s-peer")
+	passes(p, now, 2*cfg.LeaseTTL)
+	require.False(t, held(p, app.ID), "the application's segment is reclaimed one lease after its session")
+	require.True(t, held(p, peer.ID), "the peer's segment outlives a client's lease")
+	passes(p, now, cfg.PeerLeaseTTL)
+	require.False(t, held(p, peer.ID), "the peer's segment is reclaimed one peer lease after its session")
+
+	// A restart: the owners found in the store get the same leases.
+	app, peer = alloc(p, "s-app2", "app"), alloc(p, "s-peer2", peerClientPrefix+"b")
+	require.NoError(t, p.close())
+	p, now = servingPool(t, cfg)
+	*now = time.Now() // the restored leases run from the restart, on the real clock
+	passes(p, now, 2*(cfg.LeaseTTL+restartGrace))
+	require.False(t, held(p, app.ID), "after a restart, the application's segment is reclaimed one lease (and the restart's grace) on")
+	require.True(t, held(p, peer.ID), "after a restart, the peer's segment outlives a client's lease")
+	passes(p, now, cfg.PeerLeaseTTL)
+	require.False(t, held(p, peer.ID))
+}

@@ -786,12 +786,14 @@ func (m *mover) allocTarget(ctx context.Context) (*poolv1.Segment, error) {
 	seg, err := callAt(ctx, m.dst, moveStepTimeout, func(ctx context.Context, api poolv1.PoolClient) (*poolv1.Segment, error) {
 		return api.Alloc(ctx, &poolv1.AllocRequest{Size: m.rec.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: m.rec.Owner})
 	})
-	if err == nil {
-		m.in.ToID, m.in.ToAddr, m.in.ToEpoch, m.in.ToTLS = seg.Id, seg.DataAddr, seg.Epoch, seg.DataTls
-		copy(m.in.ToKey[:], seg.Key)
-		p.moving.set(m.in)
+	if err != nil {
+		p.mayHoldOrphans(m.to) // the allocation may have been made, its answer lost
+		return nil, err
 	}
-	return seg, err
+	m.in.ToID, m.in.ToAddr, m.in.ToEpoch, m.in.ToTLS = seg.Id, seg.DataAddr, seg.Epoch, seg.DataTls
+	copy(m.in.ToKey[:], seg.Key)
+	p.moving.set(m.in)
+	return seg, nil
 }
 
 // callAt runs one call on the session with a home, within timeout.
@@ -1411,8 +1413,8 @@ func (p *core) resolveHomes(ctx context.Context, in intent) error {
 
 // freeLaterAt frees segment id at node in the background (a session with
 // node is dialed if there is none: a restarted daemon undoing a move has
-// none yet); a node that cannot be asked reclaims it when this daemon's
-// lease there ends, or this daemon's next reconcile with it frees it.
+// none yet); a node that cannot be asked is asked again what it holds once
+// it answers (mayHoldOrphans), and frees it then.
 func (p *core) freeLaterAt(node string, id uint64) {
 	p.peers.later(moveStepTimeout, func(ctx context.Context) {
 		pc, err := p.homeSession(ctx, node, "target")
@@ -1420,7 +1422,8 @@ func (p *core) freeLaterAt(node string, id uint64) {
 			err = freeOn(ctx, pc, id)
 		}
 		if err != nil {
-			p.log.Info("the copy of a failed move is not freed yet; its node reclaims it when this daemon's lease there ends, or at their next reconcile", "node", node, "segment", id, "err", err)
+			p.log.Info("the copy of a failed move is not freed yet; its node is asked again once it answers", "node", node, "segment", id, "err", err)
+			p.mayHoldOrphans(node)
 		}
 	})
 }

@@ -34,6 +34,9 @@ type peers struct {
 	tls  *tls.Config // this node's certificate for calls to peers; nil with --insecure
 	// onUp runs when a session with a peer is (re)established.
 	onUp func(node string)
+	// onOrphan runs when a free at a peer failed or could not be sent:
+	// the peer may hold a segment no record names (core.mayHoldOrphans).
+	onOrphan func(node string)
 
 	mu    sync.Mutex
 	conns map[string]*session.Conn
@@ -61,7 +64,8 @@ type peers struct {
 	wg   sync.WaitGroup // asynchronous frees
 	done bool
 	// stop cancels asynchronous frees at close: a peer that does not answer
-	// reclaims the segments itself when this daemon's lease there ends.
+	// is asked again by the next run of this daemon (orphans), and reclaims
+	// the segments itself when this daemon's lease there ends.
 	stop chan struct{}
 }
 
@@ -303,11 +307,12 @@ func (ps *peers) conn(node string) *session.Conn {
 	return ps.conns[node]
 }
 
-// freeLater frees a segment at its home in the background; a failure is
-// logged (the home reclaims it when this daemon's lease there ends).
+// freeLater frees a segment at its home in the background; on a failure
+// the home is asked again once it answers (onOrphan).
 func (ps *peers) freeLater(node string, homeID uint64) {
 	c := ps.conn(node)
 	if c == nil {
+		ps.orphaned(node)
 		return
 	}
 	if got := c.Node(); got != node {
@@ -316,9 +321,18 @@ func (ps *peers) freeLater(node string, homeID uint64) {
 	}
 	ps.later(10*time.Second, func(ctx context.Context) {
 		if err := freeOn(ctx, c, homeID); err != nil {
-			ps.log.Warn("free at the home node failed; it reclaims the segment when this daemon's lease there ends", "node", node, "segment", homeID, "err", err)
+			ps.log.Warn("free at the home node failed; it is asked again once it answers", "node", node, "segment", homeID, "err", err)
+			ps.orphaned(node)
 		}
 	})
+}
+
+// orphaned reports that node may hold a segment of this daemon's that no
+// record names (onOrphan).
+func (ps *peers) orphaned(node string) {
+	if ps.onOrphan != nil {
+		ps.onOrphan(node)
+	}
 }
 
 // freeOn frees segment id at the node of session c; one that is gone
@@ -401,6 +415,7 @@ func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest, pl p
 	defer p.placing(m.Name)()
 	seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: req.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: c.id()})
 	if err != nil {
+		p.mayHoldOrphans(m.Name) // the allocation may have been made, its answer lost
 		return nil, fmt.Errorf("alloc on peer %s: %w", m.Name, errs.FromStatus(err))
 	}
 	var key rdma.Key
@@ -534,6 +549,11 @@ func (p *core) homeChanged(node string, up bool) {
 		judge.Lock()
 	}
 	epoch := p.peers.nextEpoch(node)
+	if up && p.orphans.firstReturn(node) {
+		// What was in flight there when this daemon stopped is not
+		// recorded: the reconcile below asks node for it.
+		p.orphans.mark(node)
+	}
 	asked := map[*record]bool{}
 	p.mu.Lock()
 	for _, r := range p.segs {
@@ -645,12 +665,18 @@ func (p *core) homeChanged(node string, up bool) {
 func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	marks := p.orphans.marked(node)
 	pc := p.peers.conn(node)
+	if pc != nil && p.cl != nil {
+		if m, found := p.cl.Member(node); found && m.Meta.GRPCAddr != "" && m.Meta.GRPCAddr != pc.Addr() {
+			pc = nil // node restarted at another address: its session from before answers no more
+		}
+	}
 	if pc == nil {
 		p.mu.Lock()
 		homed := slices.ContainsFunc(slices.Collect(maps.Values(p.segs)), func(r *record) bool { return r.homedOn(node) })
 		p.mu.Unlock()
-		homed = homed || p.moving.involves(node)
+		homed = homed || p.moving.involves(node) || marks > 0
 		if !homed || p.cl == nil {
 			return nil, true // nothing to ask about
 		}
@@ -707,6 +733,9 @@ func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool
 			p.peers.freeLater(node, seg.Id)
 		}
 	}
+	if marks > 0 && pending == 0 {
+		p.orphans.clear(node, marks) // a free that fails marks it again
+	}
 	return held, true
 }
 
@@ -723,6 +752,11 @@ func (p *core) sweepPeers(ctx context.Context) {
 	p.peers.mu.Lock()
 	nodes := slices.Collect(maps.Keys(p.peers.conns))
 	p.peers.mu.Unlock()
+	for _, node := range p.orphans.nodes() {
+		if !slices.Contains(nodes, node) {
+			nodes = append(nodes, node)
+		}
+	}
 	for _, node := range nodes {
 		if ctx.Err() != nil {
 			return

@@ -46,6 +46,7 @@ type core struct {
 	dp      *dataPlane       // serves rdma-tier segments; nil when disabled
 	cl      *cluster.Cluster // gossip membership; nil without --gossip
 	peers   *peers
+	orphans orphans  // peers that may hold segments no record here names
 	metrics *metrics // nil when the core runs without a Daemon
 	auth    auth     // client ids' identities, data-plane credentials (auth.go)
 	usage   usage    // segments and bytes per owner, for quotas and limits (quota.go)
@@ -206,6 +207,8 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 		p.log.Info("rewrote segment records in the current schema", "records", rewritten, "version", recordVersion)
 	}
 	p.nextID, p.idLimit = next, next
+	p.orphans.restarted = next > 1 || len(recs) > 0
+	p.peers.onOrphan = p.mayHoldOrphans
 	if p.drained, err = p.st.drainState(); err != nil {
 		p.st.close()
 		return nil, fmt.Errorf("metadata store: %w", err)
@@ -307,7 +310,7 @@ func (p *core) restore(r *record) {
 		}
 	}
 	if r.Owner != "" && p.clients[r.Owner] == nil {
-		p.clients[r.Owner] = &client{id: r.Owner, expires: p.now().Add(p.cfg.LeaseTTL + restartGrace)}
+		p.clients[r.Owner] = &client{id: r.Owner, expires: p.now().Add(p.leaseTTL(r.Owner) + restartGrace)}
 	}
 	p.presumeMapped(r)
 }

@@ -309,6 +309,7 @@ func TestValidate(t *testing.T) {
 		{"long socket", func(c *Config) { c.Socket = "/" + strings.Repeat("s", 120) }, "socket"},
 		{"negative", func(c *Config) { c.EmulateCXL = -1 }, "emulate-cxl"},
 		{"short ttl", func(c *Config) { c.LeaseTTL = time.Millisecond }, "lease-ttl"},
+		{"short peer ttl", func(c *Config) { c.PeerLeaseTTL = time.Millisecond }, "peer-lease-ttl"},
 		{"negative peer probe period", func(c *Config) { c.MeasurePeersEvery = -time.Second }, "measure-peers-every"},
 		{"peer probe period below a second", func(c *Config) { c.MeasurePeersEvery = time.Millisecond }, "measure-peers-every"},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, "log-level"},

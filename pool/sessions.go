@@ -5,6 +5,7 @@ package pool
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -103,8 +104,19 @@ func (p *core) closeSession(sessionID string) {
 	delete(p.sessions, sessionID)
 	c.sessions--
 	if c.sessions == 0 {
-		c.expires = p.now().Add(p.cfg.LeaseTTL)
+		c.expires = p.now().Add(p.leaseTTL(c.id))
 	}
+}
+
+// leaseTTL is how long client id's segments outlive its last session: a
+// peer daemon's (PeerLeaseTTL) at least as long as an application's
+// (LeaseTTL), since a peer's session also ends with a partition between
+// the hosts, after which the peer serves the segments again.
+func (p *core) leaseTTL(id string) time.Duration {
+	if strings.HasPrefix(id, peerClientPrefix) {
+		return max(p.cfg.PeerLeaseTTL, p.cfg.LeaseTTL)
+	}
+	return p.cfg.LeaseTTL
 }
 
 // callerFor resolves a session id ("" for an administrator).

@@ -27,8 +27,13 @@ import (
 // inside the hosts only.
 
 const (
-	leaseTTL   = 2 * time.Second
-	exportSize = 128 << 20
+	leaseTTL = 2 * time.Second
+	// peerLeaseTTL is the daemons' --peer-lease-ttl: how long a home keeps
+	// the segments of a peer daemon whose session there ended (a partition
+	// or its death), longer than a client's lease as by default, and short
+	// enough for the tests that wait for a home to reclaim them.
+	peerLeaseTTL = 5 * leaseTTL
+	exportSize   = 128 << 20
 	// settle bounds how long the cluster may take for anything that needs
 	// failure detection, a lease to expire or a daemon to start; generous,
 	// as -race on a small shared machine is slow. The times actually taken
@@ -89,6 +94,7 @@ func startPoolsEach(t *testing.T, c *testcluster.Cluster, each func(i int) []str
 			"--shm-dir", shmDir(t, n.dir),
 			"--listen", ip + ":7950", "--gossip", ip + ":7946", "--data-listen", ip + ":7960",
 			"--gossip-profile", "local", "--gossip-push-pull", gossipPushPull.String(), "--lease-ttl", leaseTTL.String(),
+			"--peer-lease-ttl", peerLeaseTTL.String(),
 			"--emulate-cxl", "64MiB", "--local-size", "16MiB", "--export-size", "128MiB",
 			"--sysfs-root", "../../cxl/testdata/plain", "--measure-tiers=false",
 			"--tls-cert", certs.CertFile(certDir, n.name), "--tls-key", certs.KeyFile(certDir, n.name), "--tls-ca", certs.CAFile(certDir),
@@ -493,31 +499,55 @@ func TestClientDeathReturnsCapacity(t *testing.T) {
 	back := h.waitExportFree(t, exportSize)
 	t.Logf("client killed: %s's rdma tier was full again after %v (lease TTL %v)", h.name, back, leaseTTL)
 
-	// A's poold dies: H's lease for A ends, H reclaims A's segment itself.
+	// A's poold dies: H's lease for A ends, H reclaims A's segment itself,
+	// one peer lease (not a client's) after A's session there ended, which
+	// was after the kill.
 	holder = startClient(t, a.host, "hold", a.sock, sizeVar)
 	h = nodeNamed(t, nodes, readyNode(t, holder))
 	require.NotEqual(t, a, h, "an rdma segment goes to a peer")
 	h.waitExportFree(t, exportSize-size)
 	a.kill9(t)
 	back = h.waitExportFree(t, exportSize)
-	t.Logf("poold %s killed: %s reclaimed its segment after %v (lease TTL %v)", a.name, h.name, back, leaseTTL)
+	t.Logf("poold %s killed: %s reclaimed its segment after %v (lease TTL %v, peer lease TTL %v)", a.name, h.name, back, leaseTTL, peerLeaseTTL)
+	require.GreaterOrEqual(t, back, peerLeaseTTL-time.Second, "a peer daemon's segments outlive a client's lease")
 }
 
+// TestPartition: the home of a's named rdma segment is cut off from the
+// others past memberlist's memory of dead nodes and far past the clients'
+// lease, then comes back: the cluster heals, and a serves the segment
+// again with its bytes, since the home keeps a peer daemon's segments for
+// the peer lease (here two minutes), not a client's.
 func TestPartition(t *testing.T) {
 	c := testcluster.New(t, testcluster.Options{Hosts: 3})
-	nodes := startPools(t, c)
-	a, b := nodes[0], nodes[1]
+	nodes := startPools(t, c, "--peer-lease-ttl", "2m")
+	a := nodes[0]
 	waitAllAlive(t, nodes)
+	creator := startClient(t, a.host, "alloc-shared", a.sock)
+	b := nodeNamed(t, nodes, readyNode(t, creator))
+	require.NotEqual(t, a, b, "an rdma segment goes to a peer")
+	require.NoError(t, creator.Wait(), creator.Output())
+	other := map[string]string{"b": "c", "c": "b"}[b.name]
 
 	b.host.LinkDown(t)
-	down := a.waitStates(t, map[string]string{"b": "!alive", "c": "alive"})
+	down := a.waitStates(t, map[string]string{b.name: "!alive", other: "alive"})
 	t.Logf("link of %s down: %s saw it not alive after %v", b.name, a.name, down)
 	// Stay partitioned past the time memberlist remembers dead nodes (15 s
 	// with the local profile): healing must not depend on being remembered.
 	time.Sleep(16 * time.Second)
 
 	b.host.LinkUp(t)
-	up := a.waitStates(t, map[string]string{"b": "alive", "c": "alive"})
+	up := a.waitStates(t, map[string]string{b.name: "alive", other: "alive"})
 	t.Logf("link of %s up: %s saw it alive again after %v", b.name, a.name, up)
 	waitAllAlive(t, nodes)
+	// a restores the segment once it hears from its home again.
+	var line string
+	waitFor(t, 200*time.Millisecond, func() (bool, string) {
+		check := startClient(t, a.host, "check", a.sock)
+		line, _, _ = waitLine(t, check, 0, settle, func(l string) bool {
+			return strings.HasPrefix(l, "values ") || strings.HasPrefix(l, "error: ")
+		})
+		check.Wait()
+		return strings.HasPrefix(line, "values "), line
+	})
+	require.Equal(t, "values 0 0 pattern ok", line, "the segment's bytes after the partition")
 }

@@ -155,9 +155,9 @@ func roleFenceOwner(ctx context.Context) error {
 }
 
 // TestFencingUnderPartition: a client on host a writes its rdma segment on
-// home h; a's link goes down past the lease, h reclaims the segment and
-// gives its memory to a client on the third host; the link comes back.
-// Every write the old client retries from then on is refused — with
+// home h; a's link goes down past h's lease for a's poold (the peer
+// lease), h reclaims the segment and gives its memory to a client on the
+// third host; the link comes back. Every write the old client retries from then on is refused — with
 // ErrLeaseExpired by the home's data plane — and the new owner's bytes are
 // intact.
 func TestFencingUnderPartition(t *testing.T) {
@@ -179,7 +179,7 @@ func TestFencingUnderPartition(t *testing.T) {
 
 	a.host.LinkDown(t)
 	reclaimed := h.waitExportFree(t, exportSize)
-	t.Logf("link of %s down: %s reclaimed the segment after %v (lease TTL %v)", a.name, h.name, reclaimed, leaseTTL)
+	t.Logf("link of %s down: %s reclaimed the segment after %v (peer lease TTL %v)", a.name, h.name, reclaimed, peerLeaseTTL)
 	// From here on no write of the old client may succeed: the segment is gone.
 	fenced := len(old.Output())
 	// x must not place on a, which it cannot reach.

@@ -93,6 +93,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.StringVar(&cfg.NUMADir, "numa-dir", cfg.NUMADir, "tmpfs directory for segments on memory-only NUMA nodes (default: a per-daemon directory in /dev/shm)")
 	f.Var(&cfg.LocalSize, "local-size", "capacity of the local DRAM tier (0 disables)")
 	f.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long a client's unnamed segments outlive its last session")
+	f.DurationVar(&cfg.PeerLeaseTTL, "peer-lease-ttl", cfg.PeerLeaseTTL, "how long the segments another poold placed here outlive its last session here (a partition shorter than this loses none of them); never shorter than --lease-ttl")
 	f.BoolVar(&cfg.AllowDevdaxFD, "allow-devdax-fd", cfg.AllowDevdaxFD, "hand whole devdax devices to clients (one descriptor reaches every segment on the device)")
 	f.BoolVar(&cfg.MetadataFsync, "metadata-fsync", cfg.MetadataFsync, "fsync every metadata commit of a segment on persistent memory or a peer before the reply (default; volatile memory's records are never fsynced); --metadata-fsync=false is unsafe: a host crash can then lose acknowledged allocations and frees")
 	f.BoolVar(&cfg.Hotplug, "hotplug", cfg.Hotplug, "follow the kernel's device events and pick up CXL regions and DAX devices that appear, or drop those that go, while running")

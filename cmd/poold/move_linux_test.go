@@ -524,9 +524,9 @@ func requireWhole(t *testing.T, seg *alloc.Segment, want []byte) {
 // TestMoveTargetKilled: kill -9 of the target's poold while a 64 MiB
 // segment is copied to it: Move fails, the segment stays at its home whole
 // and usable (unsealed), farmem_moves_total counts the failure, and once
-// the target is back its copy is freed (by a's reconcile with it, or at
-// the end of the lease of a's session from before the kill: the restarted
-// target listens on another port).
+// the target is back (listening on another port) its copy is freed by a,
+// which asks it what it holds once it answers: the lease of a's session
+// from before the kill, a peer's, runs for minutes.
 func TestMoveTargetKilled(t *testing.T) {
 	mc, seg, want, done := startKilledMove(t)
 	home := seg.Node()
