@@ -22,6 +22,16 @@ import (
 // shards up, say): it waits for the rebuild. It matches ErrUnavailable.
 var errShardLost = errs.Sub(ErrUnavailable, "alloc: the home of this chunk's data shard is lost, and its poold cannot write it now (fewer than k+1 other shards up, or a write its home left half done); writes and atomics on its chunks fail until the pool rebuilds it (reads decode it from the other shards)")
 
+// errRedundancyShort is the failure of an operation on a redundant
+// segment that its homes cannot serve now, while the local daemon answers:
+// none of its copies answered, too few of its shards could be read to
+// decode a missing one, the shards read disagreed while writes landed, or
+// the daemon refused again and again to stand in for a lost home (ErrLimit
+// while a move of the segment finishes). The pool rebuilds lost homes
+// elsewhere, so the operation may succeed later. It matches
+// ErrUnavailable.
+var errRedundancyShort = errs.Sub(ErrUnavailable, "redundant segment unavailable for now: too few of its homes could serve the operation (hosts down or cut off, shards that disagree while writes land, or a lost home the daemon cannot stand in for yet); the call may be retried; 'memctl segments' shows the segment's REDUNDANCY state and 'memctl nodes' which hosts are alive, and the pool rebuilds lost homes elsewhere")
+
 // lostWriteMax is the most bytes one WriteLostShard call carries (the
 // daemon's bound).
 const lostWriteMax = 1 << 20
@@ -218,7 +228,7 @@ func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("segment %d: data shard %d: the other shards kept changing under its decode (writes to the same stripes), or disagree: %w", r.info.Id, i, ErrUnavailable)
+			return fmt.Errorf("segment %d: data shard %d: the other shards kept changing under its decode (writes to the same stripes), or disagree: %w", r.info.Id, i, errRedundancyShort)
 		case <-t.C:
 		}
 		wait = min(2*wait, decodeRetryMax)
@@ -278,7 +288,7 @@ func (r *redundant) decodeOnce(ctx context.Context, v *homeView, i int, ps []pie
 			if len(src) >= r.k {
 				break // no spare left to check with: decode from k
 			}
-			return false, fmt.Errorf("segment %d: data shard %d: only %d of the %d other shards needed to decode it could be read: %w", r.info.Id, i, len(src)+len(cands), r.k, ErrUnavailable)
+			return false, fmt.Errorf("segment %d: data shard %d: only %d of the %d other shards needed to decode it could be read: %w", r.info.Id, i, len(src)+len(cands), r.k, errRedundancyShort)
 		}
 		try := cands[:need]
 		cands = cands[need:]
@@ -330,7 +340,7 @@ func (r *redundant) reconstruct(i int, ps []piece, src []int, bufs [][]byte, spa
 			want[src[r.k]] = false
 		}
 		if err != nil {
-			return false, fmt.Errorf("segment %d: decode data shard %d at %d: %w (%w)", r.info.Id, i, p.off, err, ErrUnavailable)
+			return false, fmt.Errorf("segment %d: decode data shard %d at %d: %w (%w)", r.info.Id, i, p.off, err, errRedundancyShort)
 		}
 		if spare != nil && !bytes.Equal(shards[src[r.k]], bufs[r.k][at:at+len(p.buf)]) {
 			return true, nil
@@ -418,7 +428,7 @@ func (r *redundant) readShards(ctx context.Context, v *homeView, i int, idx []in
 		case answered(err) || ctx.Err() != nil:
 			return err
 		default:
-			return fmt.Errorf("segment %d: data shard %d: shard %d, one of the last %d it decodes from, could not be read: %w (%w)", r.info.Id, i, idx[j], r.k, err, ErrUnavailable)
+			return fmt.Errorf("segment %d: data shard %d: shard %d, one of the last %d it decodes from, could not be read: %w (%w)", r.info.Id, i, idx[j], r.k, err, errRedundancyShort)
 		}
 	}
 	return nil

@@ -33,7 +33,10 @@ var (
 	ErrExists = errs.ErrExists
 	// ErrUnaligned: a 64-bit atomic at an offset that is not a multiple of 8.
 	ErrUnaligned = errs.ErrUnaligned
-	// ErrUnavailable: poold cannot be reached; the call may be retried.
+	// ErrUnavailable: poold, or a far home of a segment, cannot be reached,
+	// or a redundant segment's homes cannot serve the call now; the call
+	// may be retried. The message says which: only a failure to reach the
+	// local poold asks whether it runs.
 	ErrUnavailable = errs.ErrUnavailable
 	// ErrIndeterminate: a WriteAt, CompareAndSwap64 or FetchAdd64 on an
 	// rdma segment may or may not have taken effect. The connection broke

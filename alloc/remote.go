@@ -463,7 +463,7 @@ func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err e
 	if caller.Err() != nil {
 		return fmt.Errorf("segment %d on %s: %s: %w", r.info.Id, node, why, err)
 	}
-	return fmt.Errorf("segment %d on %s: home unreachable for %s: %w (%w; retry, or wait for the pool to report the segment lost)", r.info.Id, r.info.Node, r.c.opts.opTimeout, err, ErrUnavailable)
+	return fmt.Errorf("segment %d on %s: not reached within %s: %w (%w)", r.info.Id, node, r.c.opts.opTimeout, err, errs.ErrHomeUnreachable)
 }
 
 // movedWait is the first wait for the daemon to name a moved segment's new

@@ -26,6 +26,8 @@ var (
 	// ErrUnaligned: a 64-bit atomic at an offset that is not a multiple of 8.
 	ErrUnaligned = errors.New("unaligned: 64-bit atomics need an offset that is a multiple of 8")
 	// ErrUnavailable: the daemon cannot be reached or is restarting; the call may be retried.
+	// Its text is about the local daemon: a failure elsewhere (a far home)
+	// wraps a Sub of it with its own text, such as ErrHomeUnreachable.
 	ErrUnavailable = errors.New("pool unavailable: is poold running? start it with 'poold' or set FARMEM_SOCKET")
 	// ErrLimit: a request went past a configured limit (segments per client,
 	// name length, frame size, operations in flight); the message names the
@@ -46,6 +48,14 @@ var ErrOverBudget = Sub(ErrNoCapacity, "over budget: no tier meets the read late
 // clients other than the mover may reach. The message names the clients
 // and how they let go of it. errors.Is(err, ErrInvalid) is true for it too.
 var ErrInUse = Sub(ErrInvalid, "in use: other clients hold the segment; they release it (alloc.Segment.Close) before it changes tier")
+
+// ErrHomeUnreachable: a far host that holds a segment's memory (its home,
+// a peer poold) did not answer, while the local poold did: the host may be
+// down, or cut off from this one. It matches ErrUnavailable, so callers
+// retry on it as on any unreachable daemon; its message sends the reader
+// to the pool's view of its hosts rather than to starting poold, which is
+// up. ErrUnavailable's own text is for the local daemon alone.
+var ErrHomeUnreachable = Sub(ErrUnavailable, "far memory home unreachable: the host that holds the memory did not answer (down, or cut off from this host), while the local poold is up; the call may be retried; 'memctl nodes' shows which hosts the pool sees alive, and a home that stays away is reported lost (ErrSegmentLost) or, for a redundant segment, rebuilt elsewhere")
 
 // ErrIndeterminate: a write or atomic may or may not have taken effect, and
 // retrying it could apply it twice: the connection broke after the request

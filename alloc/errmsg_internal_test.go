@@ -1,0 +1,73 @@
+package alloc
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/rdma/tcp"
+)
+
+// TestFarFailureBlamesNoPoold: an operation that fails because a far home
+// does not answer, or because a redundant segment's homes cannot serve it,
+// while the client's own poold is up, matches ErrUnavailable (callers
+// retry on it) but its message names what failed and never sends the user
+// to start poold.
+func TestFarFailureBlamesNoPoold(t *testing.T) {
+	const chunk = 4096
+	for _, tc := range []struct {
+		name string
+		// fail makes the segment's failure and returns the operation's error.
+		fail func(t *testing.T) error
+		want string // a phrase the message must contain
+	}{
+		{"remote home down", func(t *testing.T) error {
+			f := startFakeHomesAs(t, Replicas(1), 1<<16, 1<<16, tcp.DefaultConfig(), nil, func(info *poolv1.Segment) {
+				h := info.Homes[0]
+				info.DataAddr, info.Key, info.Epoch = h.DataAddr, h.Key, h.Epoch
+			})
+			f.srvs[0].Close()
+			_, err := f.seg.ReadAt(make([]byte, 64), 0)
+			return err
+		}, "far memory home unreachable"},
+		{"every copy down", func(t *testing.T) error {
+			f := startFakeHomes(t, Replicas(2), 1<<16, 1<<16, tcp.DefaultConfig())
+			for _, s := range f.srvs {
+				s.Close()
+			}
+			_, err := f.seg.ReadAt(make([]byte, 64), 0)
+			return err
+		}, "redundant segment unavailable"},
+		{"too few shards to decode", func(t *testing.T) error {
+			f := startFakeHomes(t, ErasureCoded(2, 1), 2*chunk, 2*2*chunk, tcp.DefaultConfig())
+			f.srvs[0].Close()
+			f.srvs[1].Close()
+			_, err := f.seg.ReadAt(make([]byte, 64), 0)
+			return err
+		}, "redundant segment unavailable"},
+		{"lost shard write refused by a busy daemon", func(t *testing.T) error {
+			sw := &statWrites{lostWrites: &lostWrites{err: fmt.Errorf("a home move finishes: %w", ErrLimit)}}
+			f := startFakeHomesAs(t, ErasureCoded(2, 2), 2*chunk, 2*2*chunk, tcp.DefaultConfig(),
+				func(api poolv1.PoolClient) poolv1.PoolClient { sw.PoolClient = api; return sw },
+				func(info *poolv1.Segment) {
+					info.Homes[0].State = poolv1.HomeState_HOME_STATE_LOST
+					info.RedundancyState = poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED
+					sw.info = proto.Clone(info).(*poolv1.Segment)
+				})
+			_, err := f.seg.WriteAt(make([]byte, 10), 0)
+			return err
+		}, "redundant segment unavailable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := tc.fail(t)
+			t.Log(err)
+			require.ErrorIs(t, err, ErrUnavailable, "callers retry on ErrUnavailable")
+			require.NotContains(t, err.Error(), "is poold running", "the local poold is up; a far home or the segment's redundancy failed")
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
