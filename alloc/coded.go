@@ -22,16 +22,6 @@ import (
 // shards up, say): it waits for the rebuild. It matches ErrUnavailable.
 var errShardLost = errs.Sub(ErrUnavailable, "alloc: the home of this chunk's data shard is lost, and its poold cannot write it now (fewer than k+1 other shards up, or a write its home left half done); writes and atomics on its chunks fail until the pool rebuilds it (reads decode it from the other shards)")
 
-// errRedundancyShort is the failure of an operation on a redundant
-// segment that its homes cannot serve now, while the local daemon answers:
-// none of its copies answered, too few of its shards could be read to
-// decode a missing one, the shards read disagreed while writes landed, or
-// the daemon refused again and again to stand in for a lost home (ErrLimit
-// while a move of the segment finishes). The pool rebuilds lost homes
-// elsewhere, so the operation may succeed later. It matches
-// ErrUnavailable.
-var errRedundancyShort = errs.Sub(ErrUnavailable, "redundant segment unavailable for now: too few of its homes could serve the operation (hosts down or cut off, shards that disagree while writes land, or a lost home the daemon cannot stand in for yet); the call may be retried; 'memctl segments' shows the segment's REDUNDANCY state and 'memctl nodes' which hosts are alive, and the pool rebuilds lost homes elsewhere")
-
 // lostWriteMax is the most bytes one WriteLostShard call carries (the
 // daemon's bound).
 const lostWriteMax = 1 << 20
@@ -228,7 +218,7 @@ func (r *redundant) decode(ctx context.Context, v *homeView, i int, ps []piece) 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("segment %d: data shard %d: the other shards kept changing under its decode (writes to the same stripes), or disagree: %w", r.info.Id, i, errRedundancyShort)
+			return fmt.Errorf("segment %d: data shard %d: the other shards kept changing under its decode (writes to the same stripes), or disagree: %w", r.info.Id, i, errs.ErrTooFewHomes)
 		case <-t.C:
 		}
 		wait = min(2*wait, decodeRetryMax)
@@ -281,25 +271,25 @@ func (r *redundant) decodeOnce(ctx context.Context, v *homeView, i int, ps []pie
 		got[j] = buf[j*total : (j+1)*total]
 	}
 	spare := buf[want*total:]
-	errs := make([]error, want)
+	failed := make([]error, want)
 	for len(src) < want {
 		need := want - len(src)
 		if need > len(cands) {
 			if len(src) >= r.k {
 				break // no spare left to check with: decode from k
 			}
-			return false, fmt.Errorf("segment %d: data shard %d: only %d of the %d other shards needed to decode it could be read: %w", r.info.Id, i, len(src)+len(cands), r.k, errRedundancyShort)
+			return false, fmt.Errorf("segment %d: data shard %d: only %d of the %d other shards needed to decode it could be read: %w", r.info.Id, i, len(src)+len(cands), r.k, errs.ErrTooFewHomes)
 		}
 		try := cands[:need]
 		cands = cands[need:]
 		l.readsInto(ps, got[:need])
 		parallel(need, func(j int) error {
 			pending := l.ptrs[j*len(ps) : (j+1)*len(ps) : (j+1)*len(ps)]
-			errs[j] = r.attempt(ctx, v.homes[try[j]], &pending)
+			failed[j] = r.attempt(ctx, v.homes[try[j]], &pending)
 			return nil
 		})
 		free := 0
-		for j, err := range errs[:need] {
+		for j, err := range failed[:need] {
 			switch {
 			case err == nil:
 				src, bufs = append(src, try[j]), append(bufs, got[j])
@@ -340,7 +330,7 @@ func (r *redundant) reconstruct(i int, ps []piece, src []int, bufs [][]byte, spa
 			want[src[r.k]] = false
 		}
 		if err != nil {
-			return false, fmt.Errorf("segment %d: decode data shard %d at %d: %w (%w)", r.info.Id, i, p.off, err, errRedundancyShort)
+			return false, fmt.Errorf("segment %d: decode data shard %d at %d: %w (%w)", r.info.Id, i, p.off, err, errs.ErrTooFewHomes)
 		}
 		if spare != nil && !bytes.Equal(shards[src[r.k]], bufs[r.k][at:at+len(p.buf)]) {
 			return true, nil
@@ -415,20 +405,20 @@ func (r *redundant) readShards(ctx context.Context, v *homeView, i int, idx []in
 		return r.attempt(ctx, v.homes[idx[j]], &pending)
 	}
 	var one [1]error
-	errs := one[:]
+	failed := one[:]
 	if len(idx) == 1 {
 		one[0] = read(0) // on this goroutine, as a read of one shard goes
 	} else {
-		errs = make([]error, len(idx))
-		parallel(len(idx), func(j int) error { errs[j] = read(j); return nil })
+		failed = make([]error, len(idx))
+		parallel(len(idx), func(j int) error { failed[j] = read(j); return nil })
 	}
-	for j, err := range errs {
+	for j, err := range failed {
 		switch {
 		case err == nil:
 		case answered(err) || ctx.Err() != nil:
 			return err
 		default:
-			return fmt.Errorf("segment %d: data shard %d: shard %d, one of the last %d it decodes from, could not be read: %w (%w)", r.info.Id, i, idx[j], r.k, err, errRedundancyShort)
+			return fmt.Errorf("segment %d: data shard %d: shard %d, one of the last %d it decodes from, could not be read: %w (%w)", r.info.Id, i, idx[j], r.k, err, errs.ErrTooFewHomes)
 		}
 	}
 	return nil

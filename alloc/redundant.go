@@ -341,7 +341,7 @@ func (r *redundant) run(caller context.Context, ops []*rdma.Op, try func(ctx con
 
 // timedOut is the error of ops that ctx ended before they were done, err
 // the last failure. One that ran out the operation timeout matches
-// errRedundancyShort (once: a failure to decode matches it already).
+// errs.ErrTooFewHomes (once: a failure to decode matches it already).
 func (r *redundant) timedOut(caller, ctx context.Context, pending []*rdma.Op, err error) error {
 	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) || errors.Is(cause, ErrClosed) {
 		return fmt.Errorf("segment %d: %w", r.info.Id, cause)
@@ -355,10 +355,10 @@ func (r *redundant) timedOut(caller, ctx context.Context, pending []*rdma.Op, er
 			return fmt.Errorf("segment %d: %s at %d sent, but %s after: %w (%w)", r.info.Id, op.Kind, op.Offset, why, ErrIndeterminate, err)
 		}
 	}
-	if caller.Err() != nil || errors.Is(err, errRedundancyShort) {
+	if caller.Err() != nil || errors.Is(err, errs.ErrTooFewHomes) {
 		return fmt.Errorf("segment %d: %s: %w", r.info.Id, why, err)
 	}
-	return fmt.Errorf("segment %d: %s: %w (%w)", r.info.Id, why, err, errRedundancyShort)
+	return fmt.Errorf("segment %d: %s: %w (%w)", r.info.Id, why, err, errs.ErrTooFewHomes)
 }
 
 // atPrimary is a round of writes or atomics on copies: at the primary.
@@ -374,7 +374,7 @@ func (r *redundant) atAny(ctx context.Context, v *homeView, pending *[]*rdma.Op)
 			return err
 		}
 	}
-	err := fmt.Errorf("segment %d: every home of the segment is lost: %w", r.info.Id, errRedundancyShort)
+	err := fmt.Errorf("segment %d: every home of the segment is lost: %w", r.info.Id, errs.ErrTooFewHomes)
 	for _, i := range v.order(-1) {
 		if err = r.attempt(ctx, v.homes[i], pending); err == nil || answered(err) || ctx.Err() != nil {
 			return err

@@ -445,7 +445,9 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 }
 
 // timedOut is the error of ops that ctx ended before they were done, with
-// err the last failure to reach the home.
+// err the last failure to reach the home. One that ran out the operation
+// timeout matches errs.ErrHomeUnreachable, or, when the home is the
+// client's own poold, ErrUnavailable, whose text asks whether it runs.
 func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err error) error {
 	node := r.plane.Load().node
 	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) {
@@ -463,7 +465,11 @@ func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err e
 	if caller.Err() != nil {
 		return fmt.Errorf("segment %d on %s: %s: %w", r.info.Id, node, why, err)
 	}
-	return fmt.Errorf("segment %d on %s: not reached within %s: %w (%w)", r.info.Id, node, r.c.opts.opTimeout, err, errs.ErrHomeUnreachable)
+	unreachable := errs.ErrHomeUnreachable
+	if node == r.c.Node() {
+		unreachable = ErrUnavailable
+	}
+	return fmt.Errorf("segment %d on %s: not reached within %s: %w (%w)", r.info.Id, node, r.c.opts.opTimeout, err, unreachable)
 }
 
 // movedWait is the first wait for the daemon to name a moved segment's new

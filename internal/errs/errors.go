@@ -55,7 +55,16 @@ var ErrInUse = Sub(ErrInvalid, "in use: other clients hold the segment; they rel
 // retry on it as on any unreachable daemon; its message sends the reader
 // to the pool's view of its hosts rather than to starting poold, which is
 // up. ErrUnavailable's own text is for the local daemon alone.
-var ErrHomeUnreachable = Sub(ErrUnavailable, "far memory home unreachable: the host that holds the memory did not answer (down, or cut off from this host), while the local poold is up; the call may be retried; 'memctl nodes' shows which hosts the pool sees alive, and a home that stays away is reported lost (ErrSegmentLost) or, for a redundant segment, rebuilt elsewhere")
+var ErrHomeUnreachable = Sub(ErrUnavailable, "far memory home unreachable: its host may be down or cut off from this one (the local poold is up); the call may be retried; 'memctl nodes' shows which hosts are alive, and the pool reports a home that stays away lost")
+
+// ErrTooFewHomes: a redundant segment's homes cannot serve an operation
+// now, while the local poold answers: none of its copies answered, too few
+// of its shards could be read to decode a missing one, the shards read
+// kept disagreeing while writes landed, or the daemon refused again and
+// again to stand in for a lost home (ErrLimit while a move of the segment
+// finishes). The pool rebuilds lost homes elsewhere, so the call may
+// succeed later. It matches ErrUnavailable.
+var ErrTooFewHomes = Sub(ErrUnavailable, "redundant segment unavailable for now: too few of its homes can serve the call (down, lost, or disagreeing while writes land); the call may be retried; the pool rebuilds lost homes ('memctl segments' shows the REDUNDANCY state, 'memctl nodes' which hosts are alive)")
 
 // ErrIndeterminate: a write or atomic may or may not have taken effect, and
 // retrying it could apply it twice: the connection broke after the request

@@ -70,20 +70,23 @@ func TestSub(t *testing.T) {
 	require.ErrorIs(t, FromStatus(st), ErrNoCapacity)
 }
 
-// TestHomeUnreachable: a far home's failure is retried as ErrUnavailable,
-// on this side of the wire and on the other, and its message, which
-// crosses the wire whole, never sends the reader to start poold.
-func TestHomeUnreachable(t *testing.T) {
-	err := fmt.Errorf("segment 9 on b: %w", ErrHomeUnreachable)
-	require.ErrorIs(t, err, ErrUnavailable)
-	require.True(t, Retryable(err))
-	st := ToStatus(err)
-	require.Equal(t, codes.Unavailable, status.Code(st))
-	back := FromStatus(st)
-	require.ErrorIs(t, back, ErrUnavailable)
-	require.True(t, Retryable(back))
-	require.Equal(t, err.Error(), back.Error())
-	require.NotContains(t, back.Error(), "is poold running")
+// TestFarSubs: a far home's failure, or a redundant segment's homes that
+// cannot serve a call, is retried as ErrUnavailable, on this side of the
+// wire and on the other, and its message, which crosses the wire whole,
+// never sends the reader to start poold.
+func TestFarSubs(t *testing.T) {
+	for _, sub := range []error{ErrHomeUnreachable, ErrTooFewHomes} {
+		err := fmt.Errorf("segment 9 on b: %w", sub)
+		require.ErrorIs(t, err, ErrUnavailable)
+		require.True(t, Retryable(err))
+		st := ToStatus(err)
+		require.Equal(t, codes.Unavailable, status.Code(st))
+		back := FromStatus(st)
+		require.ErrorIs(t, back, ErrUnavailable)
+		require.True(t, Retryable(back))
+		require.Equal(t, err.Error(), back.Error())
+		require.NotContains(t, back.Error(), "is poold running")
+	}
 }
 
 // TestOverBudget: ErrOverBudget crosses the wire as itself, still matching
