@@ -89,7 +89,7 @@ func (p *core) tellHomeUp(node string) {
 			if m, ok := p.cl.Member(node); !ok || m.State != cluster.StateAlive || len(p.clientsAt(node, 0)) == 0 {
 				return nil
 			}
-			return fmt.Errorf("no session with %s yet: %w", node, errs.ErrUnavailable)
+			return fmt.Errorf("no session with %s yet: %w", node, errs.ErrHomeUnreachable)
 		}
 		ctx, cancel := context.WithTimeout(ctx, moveStepTimeout)
 		defer cancel()

@@ -176,7 +176,7 @@ func (p *core) lostShardSubject(c caller, req *poolv1.WriteLostShardRequest) (re
 	default:
 		// Unreachable: kept at its node, whose bytes would be served again
 		// if it returns; a change made here would not be in them.
-		return record{}, fmt.Errorf("%s: %w: its home on %s is unreachable and may return with its bytes; the write waits for it", what, errs.ErrUnavailable, h.Node)
+		return record{}, fmt.Errorf("%s: its home on %s may return with its bytes; the write waits for it: %w", what, h.Node, errs.ErrHomeUnreachable)
 	}
 	out := *r
 	out.Homes = append([]homeRef(nil), r.Homes...)
@@ -221,7 +221,7 @@ func (p *core) writeLostShard(ctx context.Context, c caller, req *poolv1.WriteLo
 		var kept bool
 		f, kept, err = st.readerFor(ctx, p, r, i, tls)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w (%w)", what, err, errs.ErrUnavailable)
+			return nil, fmt.Errorf("%s: %w (%w)", what, err, errs.ErrTooFewHomes)
 		}
 		err = f.decodeChecked(ctx, old, req.Offset)
 		if err == nil {
@@ -310,11 +310,11 @@ func (f *rebuildFill) decodeChecked(ctx context.Context, buf []byte, off int64) 
 	for {
 		f.suspect = nil
 		if err := f.decode(ctx, buf, batch); err != nil {
-			return fmt.Errorf("decode its bytes: %w (%w)", err, errs.ErrUnavailable)
+			return fmt.Errorf("decode its bytes: %w (%w)", err, errs.ErrTooFewHomes)
 		}
 		switch {
 		case f.allDown():
-			return fmt.Errorf("decode its bytes: no spare shard answered to check the decode: %w", errs.ErrUnavailable)
+			return fmt.Errorf("decode its bytes: no spare shard answered to check the decode: %w", errs.ErrTooFewHomes)
 		case f.suspect == nil:
 			return nil
 		}
@@ -322,7 +322,7 @@ func (f *rebuildFill) decodeChecked(ctx context.Context, buf []byte, off int64) 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("decode its bytes: the other shards kept disagreeing (writes to the same stripes, or a write a lost home left half done, which the rebuild settles): %w", errs.ErrUnavailable)
+			return fmt.Errorf("decode its bytes: the other shards kept disagreeing (writes to the same stripes, or a write a lost home left half done, which the rebuild settles): %w", errs.ErrTooFewHomes)
 		case <-t.C:
 		}
 		wait = min(2*wait, lostWriteRetryMax)

@@ -182,7 +182,7 @@ func (ms *moves) awaitSwitch(ctx context.Context, id uint64) (rec record, ok boo
 }
 
 // awaitIdle returns once no move of segment id is under way, or
-// ErrUnavailable when ctx ends first.
+// ErrSegmentChanging when ctx ends first.
 func (ms *moves) awaitIdle(ctx context.Context, id uint64) error {
 	ms.mu.Lock()
 	if _, moving := ms.m[id]; !moving {
@@ -202,7 +202,7 @@ func (ms *moves) awaitIdle(ctx context.Context, id uint64) error {
 	case <-idle:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("segment %d is still moving: %w", id, errs.ErrUnavailable)
+		return fmt.Errorf("segment %d is still moving: %w", id, errs.ErrSegmentChanging)
 	}
 }
 
@@ -453,7 +453,7 @@ func movable(r *record, tier poolv1.Tier, self string) error {
 // errors.
 func (p *core) homeSession(ctx context.Context, node, role string) (*session.Conn, error) {
 	if p.cl == nil {
-		return nil, fmt.Errorf("%s node %q: %w: this daemon gossips with nobody", role, node, errs.ErrUnavailable)
+		return nil, fmt.Errorf("%s node %q: this daemon gossips with nobody, so it reaches no other node: %w", role, node, errs.ErrHomeUnreachable)
 	}
 	m, ok := p.cl.Member(node)
 	if !ok || m.State != cluster.StateAlive || m.Meta.GRPCAddr == "" {
@@ -461,7 +461,7 @@ func (p *core) homeSession(ctx context.Context, node, role string) (*session.Con
 		if ok {
 			state = cluster.StateString(m.State)
 		}
-		return nil, fmt.Errorf("%s node %q is %s: %w; retry once it is back", role, node, state, errs.ErrUnavailable)
+		return nil, fmt.Errorf("%s node %q is %s: %w", role, node, state, errs.ErrHomeUnreachable)
 	}
 	return p.peers.get(ctx, m.Name, m.Meta.GRPCAddr)
 }

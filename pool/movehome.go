@@ -202,10 +202,10 @@ func (p *core) commitHomeSwitch(id uint64, i int, leaving, target homeRef, in in
 		return record{}, fmt.Errorf("move segment %d: %w: it was freed during the move", id, errs.ErrNotFound)
 	case cur.Lost || !sameHome(cur, i, leaving):
 		p.mu.Unlock()
-		return record{}, fmt.Errorf("move segment %d: %w: its home %d on %s changed during the move (lost); a rebuild replaces it", id, errs.ErrUnavailable, i, leaving.Node)
+		return record{}, fmt.Errorf("move segment %d: its home %d on %s changed during the move (lost); a rebuild replaces it: %w", id, i, leaving.Node, errs.ErrSegmentChanging)
 	case cur.Redundancy.Data == 0 && cur.Epoch != epoch:
 		p.mu.Unlock()
-		return record{}, fmt.Errorf("move segment %d: %w: a copy became its primary during the move (epoch %d, the copy began at %d) and may have taken writes the new home lacks; the move is tried again", id, errs.ErrUnavailable, cur.Epoch, epoch)
+		return record{}, fmt.Errorf("move segment %d: a copy became its primary during the move (epoch %d, the copy began at %d) and may have taken writes the new home lacks; the move is tried again: %w", id, cur.Epoch, epoch, errs.ErrSegmentChanging)
 	}
 	next := *cur
 	next.Homes = slices.Clone(cur.Homes)
@@ -262,26 +262,26 @@ func (p *core) keepLeaving(ctx context.Context, in intent) error {
 	}
 	leaving, known := in.leaving()
 	if !known {
-		return fmt.Errorf("move segment %d: %w: the move intent does not hold the leaving home's copy on %s (an intent of an older poold, or a leaving home given up); the move waits for its new home", in.ID, errs.ErrUnavailable, in.From)
+		return fmt.Errorf("move segment %d: the move intent does not hold the leaving home's copy on %s (an intent of an older poold, or a leaving home given up); the move waits for its new home: %w", in.ID, in.From, errs.ErrSegmentChanging)
 	}
 	held, ok := p.reconcile(ctx, in.From)
 	switch {
 	case !ok:
-		return fmt.Errorf("move segment %d: %w: %s cannot be asked whether it still holds the leaving home; asking again", in.ID, errs.ErrUnavailable, in.From)
+		return fmt.Errorf("move segment %d: %s cannot be asked whether it still holds the leaving home; asking again: %w", in.ID, in.From, errs.ErrHomeUnreachable)
 	case !held[in.FromID]:
-		return fmt.Errorf("move segment %d: %w: %s no longer holds the leaving home %d; the move waits for its new home", in.ID, errs.ErrUnavailable, in.From, in.FromID)
+		return fmt.Errorf("move segment %d: %s no longer holds the leaving home %d; the move waits for its new home: %w", in.ID, in.From, in.FromID, errs.ErrSegmentChanging)
 	}
 	var drop []homeRef
 	next, err := p.updateRecord(in.ID, func(r *record) error {
 		j := in.targetAt(r)
 		if j < 0 || r.Homes[j].State == poolv1.HomeState_HOME_STATE_OK {
-			return fmt.Errorf("segment %d: %w: its new home on %s changed meanwhile", in.ID, errs.ErrUnavailable, in.To)
+			return fmt.Errorf("segment %d: its new home on %s changed meanwhile: %w", in.ID, in.To, errs.ErrSegmentChanging)
 		}
 		if r.Redundancy.Data == 0 && r.Epoch > leaving.Epoch {
 			// A promotion (its epoch) made a copy that no seal held the
 			// primary since the move began: it may have acknowledged
 			// writes the leaving home never got.
-			return fmt.Errorf("segment %d: %w: a copy became its primary under epoch %d since the move began (the leaving home's is %d), and may have taken writes the leaving home missed; the move waits for its new home", in.ID, errs.ErrUnavailable, r.Epoch, leaving.Epoch)
+			return fmt.Errorf("segment %d: a copy became its primary under epoch %d since the move began (the leaving home's is %d), and may have taken writes the leaving home missed; the move waits for its new home: %w", in.ID, r.Epoch, leaving.Epoch, errs.ErrSegmentChanging)
 		}
 		back := leaving
 		back.Epoch = max(leaving.Epoch, r.Homes[j].Epoch)

@@ -284,7 +284,7 @@ func (p *core) handOver(ctx context.Context, r *record, seg record, req *poolv1.
 	sealed := p.segs[seg.ID] == r && r.Sealed
 	p.mu.Unlock()
 	if !sealed {
-		return fmt.Errorf("segment %d: %w: an ABORT unsealed it or it was freed during the SEAL", seg.ID, errs.ErrUnavailable)
+		return fmt.Errorf("segment %d: an ABORT unsealed it or it was freed during the SEAL: %w", seg.ID, errs.ErrSegmentChanging)
 	}
 	if err := p.st.putPushed(&seg, target); err != nil {
 		return err

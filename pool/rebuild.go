@@ -401,7 +401,7 @@ func (p *core) dropRebuildTarget(id uint64, i int, h homeRef) error {
 func (p *core) setHome(id uint64, i int, was homeRef, set func(*homeRef)) error {
 	_, err := p.updateRecord(id, func(r *record) error {
 		if !sameHome(r, i, was) {
-			return fmt.Errorf("segment %d: %w: its home %d changed meanwhile", id, errs.ErrUnavailable, i)
+			return fmt.Errorf("segment %d: its home %d changed meanwhile: %w", id, i, errs.ErrSegmentChanging)
 		}
 		set(&r.Homes[i])
 		return nil

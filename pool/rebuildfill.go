@@ -686,7 +686,7 @@ func (f *rebuildFill) publish(cancel context.CancelCauseFunc) (stop func()) {
 				return
 			case <-t.C:
 				if !f.progress(min(f.m.copied.Load(), f.m.rec.Size)) {
-					cancel(fmt.Errorf("fill a home of segment %d on %s: %w: the record changed meanwhile (a home lost, or the segment freed)", f.r.ID, f.target.Node, errs.ErrUnavailable))
+					cancel(fmt.Errorf("fill a home of segment %d on %s: the record changed meanwhile (a home lost, or the segment freed): %w", f.r.ID, f.target.Node, errs.ErrSegmentChanging))
 					return
 				}
 				if err := f.lostRead(); err != nil {
@@ -976,8 +976,8 @@ func (f *rebuildFill) lostRead() error {
 		if j >= ns && f.down[j-ns].Load() || f.outOfLine[j].Load() || sameHome(cur, s.idx, s.home) {
 			continue
 		}
-		return fmt.Errorf("fill a home of segment %d on %s: %w: shard %d on %s, which the fill reads, is no longer OK in the record (it may lack writes); the rebuild starts again from the shards left",
-			f.r.ID, f.target.Node, errs.ErrUnavailable, s.idx, s.home.Node)
+		return fmt.Errorf("fill a home of segment %d on %s: shard %d on %s, which the fill reads, is no longer OK in the record (it may lack writes); the rebuild starts again from the shards left: %w",
+			f.r.ID, f.target.Node, s.idx, s.home.Node, errs.ErrSegmentChanging)
 	}
 	return nil
 }
@@ -1086,7 +1086,7 @@ func (f *rebuildFill) fenceHomes(ctx context.Context, pos []int) ([]uint64, erro
 		for y, j := range pos {
 			s := read[j]
 			if !sameHome(r, s.idx, s.home) {
-				return fmt.Errorf("%w: shard %d on %s changed meanwhile", errs.ErrUnavailable, s.idx, s.home.Node)
+				return fmt.Errorf("shard %d on %s changed meanwhile: %w", s.idx, s.home.Node, errs.ErrSegmentChanging)
 			}
 			h := &r.Homes[s.idx]
 			h.Epoch = max(h.Epoch, r.Epoch) + 1

@@ -218,7 +218,7 @@ func (s *service) Attach(ctx context.Context, req *poolv1.AttachRequest) (*poolv
 		// told, and the caller's credentials work there from then on.
 		if terr := s.d.pool.tellHomes(ctx, r.ID); terr != nil {
 			s.d.pool.tellLater(r.ID)
-			err = fmt.Errorf("%w: attach %q: the attachment is recorded, but %v; the daemon keeps telling the home in the background: retry Attach, which succeeds once it was told, or Detach to withdraw", errs.ErrUnavailable, req.Name, terr)
+			err = fmt.Errorf("attach %q: the attachment is recorded, but %v; the daemon keeps telling the home in the background: retry Attach, which succeeds once it was told, or Detach to withdraw: %w", req.Name, terr, errs.ErrHomeUnreachable)
 		}
 	}
 	if err != nil {

@@ -70,12 +70,13 @@ func TestSub(t *testing.T) {
 	require.ErrorIs(t, FromStatus(st), ErrNoCapacity)
 }
 
-// TestFarSubs: a far home's failure, or a redundant segment's homes that
-// cannot serve a call, is retried as ErrUnavailable, on this side of the
-// wire and on the other, and its message, which crosses the wire whole,
-// never sends the reader to start poold.
+// TestFarSubs: a far home's failure, a redundant segment's homes that
+// cannot serve a call, or a segment changing under a request, is retried
+// as ErrUnavailable, on this side of the wire and on the other, and its
+// message, which crosses the wire whole, never sends the reader to start
+// poold.
 func TestFarSubs(t *testing.T) {
-	for _, sub := range []error{ErrHomeUnreachable, ErrTooFewHomes} {
+	for _, sub := range []error{ErrHomeUnreachable, ErrTooFewHomes, ErrSegmentChanging} {
 		err := fmt.Errorf("segment 9 on b: %w", sub)
 		require.ErrorIs(t, err, ErrUnavailable)
 		require.True(t, Retryable(err))
