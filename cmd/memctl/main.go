@@ -117,8 +117,11 @@ func (g *globals) callWithin(d time.Duration, fn func(context.Context, poolv1.Po
 		ctx, cancel = context.WithTimeout(ctx, d)
 	}
 	defer cancel()
-	err = errs.FromStatus(fn(ctx, poolv1.NewPoolClient(conn)))
-	if errors.Is(err, errs.ErrUnavailable) {
+	raw := fn(ctx, poolv1.NewPoolClient(conn))
+	// An ErrUnavailable the daemon answered is its word about something
+	// else (a far home away, a segment being moved): only a call it did
+	// not answer means no poold is there.
+	if err = errs.FromStatus(raw); errors.Is(err, errs.ErrUnavailable) && !errs.Answered(raw) {
 		if network == "tcp" {
 			return g.tcpUnavailable(addr)
 		}

@@ -2,8 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +14,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/pooltest"
 )
 
@@ -124,6 +130,30 @@ func TestNoDaemon(t *testing.T) {
 	require.Contains(t, stderr, "start it with 'poold'")
 	require.Equal(t, 1, strings.Count(stderr, "\n"))
 	require.NotContains(t, stderr, "goroutine")
+}
+
+// unavailableAnswer is a daemon that answers Status with an ErrUnavailable
+// of its own: a far home of its away.
+type unavailableAnswer struct{ poolv1.UnimplementedPoolServer }
+
+func (unavailableAnswer) Status(context.Context, *poolv1.StatusRequest) (*poolv1.StatusResponse, error) {
+	return nil, errs.ToStatus(fmt.Errorf("node b: %w", errs.ErrHomeUnreachable))
+}
+
+// TestDaemonAnswersUnavailable: an ErrUnavailable the daemon answered is
+// shown as it said it, not as a poold that is not there.
+func TestDaemonAnswersUnavailable(t *testing.T) {
+	sock := pooltest.SocketPath(t)
+	l, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	poolv1.RegisterPoolServer(srv, unavailableAnswer{})
+	go srv.Serve(l)
+	defer srv.Stop()
+	_, stderr, code := memctl(t, sock, "status")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "node b: far memory home unreachable")
+	require.NotContains(t, stderr, "no poold is listening")
 }
 
 // alloc's help shows --size as required, with no default beside it.
