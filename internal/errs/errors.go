@@ -67,11 +67,11 @@ var ErrHomeUnreachable = Sub(ErrUnavailable, "far memory home unreachable: its h
 var ErrTooFewHomes = Sub(ErrUnavailable, "redundant segment unavailable for now: too few of its homes can serve the call (down, lost, or disagreeing while writes land); the call may be retried; the pool rebuilds lost homes ('memctl segments' shows the REDUNDANCY state, 'memctl nodes' which hosts are alive)")
 
 // ErrSegmentChanging: a request met a move, rebuild or promotion of the
-// segment under way, which changed the segment's record (its homes, its
-// epoch) while the request ran, so the request stopped; the local poold
-// is up. The call may be retried once the change settles. It matches
+// segment under way (one that changed the segment's record, its homes or
+// its epoch, while the request ran, or that the request waited for in
+// vain), so the request stopped; the local poold is up. The call may be retried once the change settles. It matches
 // ErrUnavailable.
-var ErrSegmentChanging = Sub(ErrUnavailable, "segment changing: a move, rebuild or promotion of the segment is under way and changed it under this request; the call may be retried once it settles")
+var ErrSegmentChanging = Sub(ErrUnavailable, "segment changing: a move, rebuild or promotion of the segment is under way, and the request met it; the call may be retried once it settles")
 
 // ErrIndeterminate: a write or atomic may or may not have taken effect, and
 // retrying it could apply it twice: the connection broke after the request
