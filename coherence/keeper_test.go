@@ -93,6 +93,7 @@ func TestPartitionedSharerServesNoExpiredCopy(t *testing.T) {
 	cancel()
 	require.Error(t, err, "read %d from the copy whose lease ran out while cut off from the home", v)
 	require.ErrorIs(t, err, ErrUnavailable)
+	require.NotContains(t, err.Error(), "is poold running", "the home is cut off, not the local poold")
 
 	la.down.Store(false)
 	clk.add(cfg.Lease / 8) // the request sent while cut off is due to be sent again

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/farmem/farmem/internal/errs"
 )
 
 // Link carries a sharer's messages to its segment's home. Call sends one
@@ -372,7 +374,7 @@ func (s *Sharer) call(ctx context.Context, m Message) (Message, error) {
 			serr = s.sleep(ctx, backoff)
 		}
 		if ctx.Err() != nil { // also when it ended during the backoff
-			return Message{}, fmt.Errorf("coherence: %s for page %d: the home did not answer: %w (%w)", m.Kind, m.Page, err, ErrUnavailable)
+			return Message{}, fmt.Errorf("coherence: %s for page %d: the home did not answer: %w (%w)", m.Kind, m.Page, err, errs.ErrHomeUnreachable)
 		}
 		if serr != nil {
 			return Message{}, serr
@@ -479,7 +481,7 @@ func (f *inflight) wait(ctx context.Context) error {
 	case <-zero:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("coherence: sync: data handed over on invalidation is still on its way to the home: %w (%w)", ctx.Err(), ErrUnavailable)
+		return fmt.Errorf("coherence: sync: data handed over on invalidation is still on its way to the home: %w (%w)", ctx.Err(), errs.ErrHomeUnreachable)
 	}
 }
 

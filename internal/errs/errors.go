@@ -50,12 +50,12 @@ var ErrOverBudget = Sub(ErrNoCapacity, "over budget: no tier meets the read late
 var ErrInUse = Sub(ErrInvalid, "in use: other clients hold the segment; they release it (alloc.Segment.Close) before it changes tier")
 
 // ErrHomeUnreachable: a far host that holds a segment's memory (its home,
-// a peer poold) did not answer, while the local poold did: the host may be
-// down, or cut off from this one. It matches ErrUnavailable, so callers
-// retry on it as on any unreachable daemon; its message sends the reader
-// to the pool's view of its hosts rather than to starting poold, which is
-// up. ErrUnavailable's own text is for the local daemon alone.
-var ErrHomeUnreachable = Sub(ErrUnavailable, "far memory home unreachable: its host may be down or cut off from this one (the local poold is up); the call may be retried; 'memctl nodes' shows which hosts are alive, and the pool reports a home that stays away lost")
+// a peer poold) did not answer: the host may be down, or cut off from this
+// one. It matches ErrUnavailable, so callers retry on it as on any
+// unreachable daemon; its message sends the reader to the pool's view of
+// its hosts rather than to starting the local poold, which is not what
+// failed. ErrUnavailable's own text is for the local daemon alone.
+var ErrHomeUnreachable = Sub(ErrUnavailable, "far memory home unreachable: its host may be down or cut off from this one; the call may be retried; 'memctl nodes' shows which hosts are alive, and the pool reports a home that stays away lost")
 
 // ErrTooFewHomes: a redundant segment's homes cannot serve an operation
 // now, while the local poold answers: none of its copies answered, too few
