@@ -113,7 +113,8 @@ type Config struct {
 	// because a peer's session also ends when the network between the two
 	// hosts is cut, and the memory here may then hold the only copy of a
 	// segment the peer will serve again once the partition heals; a peer
-	// that restarts frees what it no longer holds at once. A value below
+	// that restarts with its data directory asks for what it no longer
+	// records and frees it at once. A value below
 	// LeaseTTL counts as LeaseTTL. Default: 5m.
 	PeerLeaseTTL time.Duration `yaml:"peer-lease-ttl"`
 	// AllowDevdaxFD lets the daemon hand a whole devdax device's descriptor to

@@ -170,7 +170,9 @@ func TestPeerLease(t *testing.T) {
 	passes(p, now, 2*cfg.LeaseTTL)
 	require.False(t, held(p, app.ID), "the application's segment is reclaimed one lease after its session")
 	require.True(t, held(p, peer.ID), "the peer's segment outlives a client's lease")
-	passes(p, now, cfg.PeerLeaseTTL)
+	passes(p, now, cfg.PeerLeaseTTL-3*cfg.LeaseTTL)
+	require.True(t, held(p, peer.ID), "the peer's segment is held until its peer lease ends")
+	passes(p, now, 2*cfg.LeaseTTL)
 	require.False(t, held(p, peer.ID), "the peer's segment is reclaimed one peer lease after its session")
 
 	// A restart: the owners found in the store get the same leases.

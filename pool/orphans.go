@@ -10,6 +10,7 @@ package pool
 
 import (
 	"context"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -17,13 +18,20 @@ import (
 	"github.com/farmem/farmem/internal/cluster"
 )
 
+// orphanSettle is how long after a peer's latest mark a reconcile must
+// start for its answer to clear the mark: an allocation whose answer was
+// lost may still be under way at the peer when the mark is made, and a
+// listing taken before it completes does not show it.
+const orphanSettle = 10 * time.Second
+
 // orphans is the set of peers that may hold orphans of this daemon's. It
 // is safe for concurrent use.
 type orphans struct {
 	mu sync.Mutex
-	// marks holds, for each suspect peer, the count of marks it has had:
-	// a reconcile clears the mark only when no mark came while it asked.
-	marks map[string]uint64
+	// marks holds, for each suspect peer, the count of marks it has had
+	// and when the latest came: a reconcile clears the mark only when no
+	// mark came while it asked, and it began orphanSettle after the last.
+	marks map[string]orphanMark
 	// checking holds the peers a check loop runs for.
 	checking map[string]bool
 	// restarted: this daemon's store held segments or issued ids before
@@ -32,14 +40,29 @@ type orphans struct {
 	returned  map[string]bool
 }
 
+// orphanMark is a suspect peer's count of marks and the time of the latest.
+type orphanMark struct {
+	n  uint64
+	at time.Time
+}
+
 // mark makes node suspect.
 func (o *orphans) mark(node string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.marks == nil {
-		o.marks = map[string]uint64{}
+		o.marks = map[string]orphanMark{}
 	}
-	o.marks[node]++
+	m := o.marks[node]
+	o.marks[node] = orphanMark{n: m.n + 1, at: time.Now()}
+}
+
+// forget ends node's suspicion: it left the cluster, or the peer lease has
+// run out there, so it holds nothing of this daemon's any more.
+func (o *orphans) forget(node string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.marks, node)
 }
 
 // startCheck reports whether a check loop must start for node (none
@@ -68,15 +91,16 @@ func (o *orphans) stopCheck(node string) {
 func (o *orphans) marked(node string) uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.marks[node]
+	return o.marks[node].n
 }
 
-// clear ends node's suspicion if it was marked n times: a reconcile that
-// read n before it asked node answered for all of those marks.
-func (o *orphans) clear(node string, n uint64) {
+// clear ends node's suspicion if it was marked n times, the latest at
+// least orphanSettle before started: a reconcile that read n and began at
+// started answered for all of those marks.
+func (o *orphans) clear(node string, n uint64, started time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.marks[node] == n {
+	if m := o.marks[node]; m.n == n && started.Sub(m.at) >= orphanSettle {
 		delete(o.marks, node)
 	}
 }
@@ -113,7 +137,7 @@ func (o *orphans) firstReturn(node string) bool {
 func (o *orphans) stillSuspect(node string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.marks[node] > 0 {
+	if o.marks[node].n > 0 {
 		return true
 	}
 	delete(o.checking, node)
@@ -121,11 +145,13 @@ func (o *orphans) stillSuspect(node string) bool {
 }
 
 // mayHoldOrphans notes that node may hold orphans of this daemon's, and
-// asks it (reconcile, which frees them) until it answered: at once, then
-// after a backoff that doubles to 5 s, also while node is not alive. The
-// asking ends when node answered, at close, or after the peer lease, by
-// which node has reclaimed them itself; sweepPeers asks the suspect peers
-// too.
+// asks it (reconcile, which frees them) while it is alive, until an answer
+// cleared the suspicion: after a backoff from reconcileRetry that doubles
+// to 5 s, each wait drawn at random between half and all of it, so that
+// the daemons that marked a node during a partition do not all ask it at
+// once when it heals. The asking ends then, at close, or after the peer
+// lease, by which node has reclaimed them itself; sweepPeers asks the
+// suspect peers too.
 func (p *core) mayHoldOrphans(node string) {
 	p.orphans.mark(node)
 	if p.cl == nil || !p.orphans.startCheck(node) {
@@ -133,17 +159,20 @@ func (p *core) mayHoldOrphans(node string) {
 	}
 	p.peers.later(max(p.cfg.PeerLeaseTTL, p.cfg.LeaseTTL), func(ctx context.Context) {
 		for wait := reconcileRetry; ; wait = min(2*wait, 5*time.Second) {
+			select {
+			case <-ctx.Done():
+				p.orphans.stopCheck(node)
+				if ctx.Err() == context.DeadlineExceeded {
+					p.orphans.forget(node)
+				}
+				return
+			case <-time.After(wait/2 + rand.N(wait/2+1)):
+			}
 			if m, ok := p.cl.Member(node); ok && m.State == cluster.StateAlive {
 				p.reconcile(ctx, node)
 			}
 			if !p.orphans.stillSuspect(node) {
 				return
-			}
-			select {
-			case <-ctx.Done():
-				p.orphans.stopCheck(node)
-				return
-			case <-time.After(wait):
 			}
 		}
 	})

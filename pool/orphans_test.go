@@ -2,6 +2,7 @@ package pool
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -14,18 +15,24 @@ func TestOrphanMarks(t *testing.T) {
 	require.Zero(t, o.marked("b"))
 	o.mark("b")
 	n := o.marked("b")
-	o.mark("b") // a free fails while the reconcile asks
-	o.clear("b", n)
+	o.mark("b")                               // a free fails while the reconcile asks
+	later := time.Now().Add(2 * orphanSettle) // a reconcile begun well after the marks
+	o.clear("b", n, later)
 	require.NotZero(t, o.marked("b"), "a mark that came during the reconcile stays")
-	o.clear("b", o.marked("b"))
+	o.clear("b", o.marked("b"), time.Now())
+	require.NotZero(t, o.marked("b"), "an answer right after the mark may miss an allocation still under way")
+	o.clear("b", o.marked("b"), later)
 	require.Zero(t, o.marked("b"))
 	require.Empty(t, o.nodes())
+	o.mark("e")
+	o.forget("e")
+	require.Zero(t, o.marked("e"), "a node that left is forgotten")
 
 	require.True(t, o.startCheck("c"))
 	require.False(t, o.startCheck("c"), "one loop per peer")
 	o.mark("c")
 	require.True(t, o.stillSuspect("c"))
-	o.clear("c", o.marked("c"))
+	o.clear("c", o.marked("c"), later)
 	require.False(t, o.stillSuspect("c"), "the loop ends with the suspicion")
 	require.True(t, o.startCheck("c"), "a later mark starts another")
 

@@ -551,8 +551,10 @@ func (p *core) homeChanged(node string, up bool) {
 	epoch := p.peers.nextEpoch(node)
 	if up && p.orphans.firstReturn(node) {
 		// What was in flight there when this daemon stopped is not
-		// recorded: the reconcile below asks node for it.
-		p.orphans.mark(node)
+		// recorded: node is asked for it, once this judgment is done (a
+		// mark now would have the reconcile below dial every peer, and
+		// retry one that does not answer for as long as it is up).
+		defer p.mayHoldOrphans(node)
 	}
 	asked := map[*record]bool{}
 	p.mu.Lock()
@@ -657,15 +659,16 @@ func (p *core) homeChanged(node string, up bool) {
 // returns the ids (at node) of those that are active, and frees those
 // that no record here names any more (a free that failed while node was
 // unreachable), so that their capacity returns even while this daemon's
-// session there lives. Without a session, it opens one when segments are
-// homed on node (this daemon restarted), which also keeps them leased
-// there. ok is false when node could not be asked; without a session and
-// without segments homed on node there is nothing to ask: held is nil and
-// ok true.
+// session there lives. Without a session (or with one to the address node
+// had before it restarted), it opens one when segments are homed on node
+// (this daemon restarted), which also keeps them leased there, or when
+// node may hold orphans (orphans: their marks clear once node answered).
+// ok is false when node could not be asked; without a session and with
+// neither there is nothing to ask: held is nil and ok true.
 func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	marks := p.orphans.marked(node)
+	started, marks := time.Now(), p.orphans.marked(node)
 	pc := p.peers.conn(node)
 	if pc != nil && p.cl != nil {
 		if m, found := p.cl.Member(node); found && m.Meta.GRPCAddr != "" && m.Meta.GRPCAddr != pc.Addr() {
@@ -718,8 +721,10 @@ func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool
 			known[id] = true
 		}
 	}
-	p.mu.Unlock()
+	// Under the same hold as the records: a switch-over between the two
+	// reads would leave a moved segment's new home out of both.
 	p.moving.held(node, known)
+	p.mu.Unlock()
 	held = map[uint64]bool{}
 	for _, seg := range segs {
 		if seg.Owner != peerClientPrefix+p.cfg.Node {
@@ -734,7 +739,7 @@ func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool
 		}
 	}
 	if marks > 0 && pending == 0 {
-		p.orphans.clear(node, marks) // a free that fails marks it again
+		p.orphans.clear(node, marks, started) // a free that fails marks it again
 	}
 	return held, true
 }
@@ -767,6 +772,7 @@ func (p *core) sweepPeers(ctx context.Context) {
 				// Departed: its session only held a lease there for
 				// segments already marked lost.
 				p.peers.drop(node)
+				p.orphans.forget(node)
 				continue
 			}
 			if !ok || m.State != cluster.StateAlive {

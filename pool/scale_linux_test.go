@@ -75,7 +75,7 @@ type scaleResult struct {
 	HealSeconds          float64 `json:"heal_all_restored_s"`
 	HealRedundantSeconds float64 `json:"heal_redundant_s"`      // every redundant segment's homes rebuilt (first time)
 	HealStableSeconds    float64 `json:"heal_stable_s"`         // the last flap of a member or segment after the heal
-	PartitionReclaimed   int     `json:"partition_reclaimed"`   // segments their home reclaimed during the partition (the owner's lease there ran out)
+	PartitionReclaimed   int     `json:"partition_reclaimed"`   // segments their home reclaimed during the partition (the owner's peer lease there ran out)
 	LostFreedAfterHalt   int     `json:"lost_freed_after_halt"` // lost segments that their applications freed only after the workload (reported lost late)
 
 	CrashSegments      int     `json:"crash_segments"`
@@ -324,7 +324,7 @@ func TestScale(t *testing.T) {
 	// about the crash alone.
 	//
 	// A segment whose home reclaimed it during the partition (the owner's
-	// session there lapsed for longer than the lease) is lost for real; it
+	// session there lapsed for longer than the peer lease) is lost for real; it
 	// must be reported lost, and its application frees it.
 	//
 	// Holding still includes redundancy: every redundant segment whose
@@ -683,7 +683,7 @@ func report(t *testing.T, r scaleResult) {
 	row("workload", "%d allocs (%d failed), %d frees, %d client deaths", r.Allocations, r.AllocFailures, r.Frees, r.ClientDeaths)
 	row("partition: sides list each other dead", "%.1f s (%d segments lost)", r.PartitionDeadSeconds, r.PartitionLost)
 	row("heal: all restored, redundancy, last flap", "%.1f s, %.1f s, %.1f s after the heal", r.HealSeconds, r.HealRedundantSeconds, r.HealStableSeconds)
-	row("  reclaimed at their home (lease ran out)", "%d segments, reported lost and freed", r.PartitionReclaimed)
+	row("  reclaimed at their home (peer lease ran out)", "%d segments, reported lost and freed", r.PartitionReclaimed)
 	row("crash: first detection, all hosts", "%.2f s, %.2f s (suspicion floor %.1f s)", r.FirstDeadSeconds, r.AllDeadSeconds, r.SuspicionMinSecond)
 	row("crash: segments lost on every owner", "%.2f s = detection + %.2f s (%d segments, %d owners)", r.LostAllSeconds, r.LostAllSeconds-r.FirstDeadSeconds, r.CrashSegments, r.CrashOwners)
 	row("crash: redundant segments rebuilt", "%.2f s (%d segments, %d bytes written, %d left degraded)", r.RebuildSeconds, r.CrashRedundant, r.RebuildBytes, r.RebuildDegraded)
