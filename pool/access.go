@@ -11,15 +11,18 @@ import (
 
 // bindSession checks that a session's client id may be used by ident: a
 // client id belongs to the identity that first opened a session with it,
-// and a peer's client id (poold/NODE) to that node's certificate.
+// and a peer's client id (poold/NODE) to that node's certificate, or with
+// an insecure control plane to whoever reaches it over TCP; never to a
+// local client, whose binding would lock the node's daemon out and whose
+// segments would outlive its session for the peer lease.
 func (d *Daemon) bindSession(clientID, ident string) error {
-	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && strings.HasPrefix(ident, "cn:") && ident != "cn:"+node {
-		err := fmt.Errorf("%w: client id %q is reserved for node %s's certificate, and the caller is %s", errs.ErrAccessDenied, clientID, node, ident)
-		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
-		return err
-	}
 	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && strings.Contains(node, "/") {
 		return fmt.Errorf("%w: client id %q: ids poold/NODE/... name clients of peer daemons (delegated credentials); choose another", errs.ErrInvalid, clientID)
+	}
+	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && (strings.HasPrefix(ident, "cn:") && ident != "cn:"+node || strings.HasPrefix(ident, "uid:")) {
+		err := fmt.Errorf("%w: client id %q is reserved for node %s's daemon, which calls over TCP with its certificate, and the caller is %s; choose another client id", errs.ErrAccessDenied, clientID, node, ident)
+		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
+		return err
 	}
 	if err := d.pool.credentials().bind(clientID, ident); err != nil {
 		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)

@@ -224,8 +224,10 @@ func TestCredentialBoundToCertificate(t *testing.T) {
 
 // TestDelegateOnlyForPeers: a client's session cannot ask for delegated
 // credentials nor authorize anyone, nor set how a copy is replicated or
-// report a failed forward (peer-only calls), and a client id of the delegated form
-// (poold/NODE/CLIENT) is refused for a session.
+// report a failed forward (peer-only calls), a client id of the delegated form
+// (poold/NODE/CLIENT) is refused for a session, and a local client cannot take a
+// peer daemon's id (poold/NODE), which would lock that node's daemon out here
+// and give the client's segments the peer lease.
 func TestDelegateOnlyForPeers(t *testing.T) {
 	cc := startCredCluster(t)
 	app := cc.client("deleg-app", "app1")
@@ -241,6 +243,8 @@ func TestDelegateOnlyForPeers(t *testing.T) {
 	defer cancel()
 	_, err = session.Dial(ctx, "unix", cc.a.cfg.Socket, session.Options{ClientID: "poold/b/app"})
 	require.ErrorIs(t, err, errs.ErrInvalid)
+	_, err = session.Dial(ctx, "unix", cc.a.cfg.Socket, session.Options{ClientID: "poold/b"})
+	require.ErrorIs(t, err, errs.ErrAccessDenied, "a local client takes no peer daemon's id")
 }
 
 // TestCredentialResyncsHome: a home whose record of a segment names none
