@@ -36,6 +36,13 @@ func floodFrom(t *testing.T, n int, dial func() (net.Conn, error), slow []byte) 
 	one := make([]byte, 1)
 	for i := range n {
 		c, err := dial()
+		// A unix socket whose accept backlog is full refuses at once with
+		// EAGAIN (the daemon is behind on a loaded machine): a flooding
+		// client retries, as this one does, for up to 10 s.
+		for wait := time.Now().Add(10 * time.Second); errors.Is(err, syscall.EAGAIN) && time.Now().Before(wait); {
+			time.Sleep(time.Millisecond)
+			c, err = dial()
+		}
 		require.NoError(t, err, "flood connection %d", i)
 		if i%10 == 0 {
 			c.Write(slow) // the server may have closed it already: no matter
