@@ -205,14 +205,22 @@ func TestPrefetchBadInput(t *testing.T) {
 }
 
 // TestReadAheadConcurrent: a reader scanning and one reading at random,
-// while a writer of the same client rewrites chunks, never read a version
-// of a chunk older than the last write that returned before the read
-// began, and the race detector finds nothing.
+// while a writer of the same client rewrites chunks until both are done,
+// never read a version of a chunk older than the last write that returned
+// before the read began, and the race detector finds nothing. The
+// detector follows one stream per segment, and the random reader's calls
+// break the scan's pattern whenever they come in between, so the scanner
+// reads ahead with Prefetch, 64 KiB at a time one block ahead of itself,
+// as Segment.Prefetch advises goroutines that share a segment: pieces are
+// held, in flight and dropped by the writes throughout the run.
 func TestReadAheadConcurrent(t *testing.T) {
 	_, c := startPool(t)
-	const n, chunk = 4 << 20, 4096
+	const n, chunk, block = 4 << 20, 4096, 64 << 10
 	seg, _ := rdmaSegment(t, c, n, 0)
-	// version[i] is the last salt written to chunk i, read under mu.
+	// version[i] counts the writes to chunk i that returned, read under
+	// mu. A chunk is written with its count in byte 4 of each word (the
+	// salt count<<32): one byte, which a read that races the write cannot
+	// tear into a value that is neither.
 	var mu sync.Mutex
 	version := make([]uint64, n/chunk)
 	seen := func(off int64) uint64 {
@@ -220,15 +228,25 @@ func TestReadAheadConcurrent(t *testing.T) {
 		defer mu.Unlock()
 		return version[off/chunk]
 	}
-	var wg sync.WaitGroup
+	before := c.Stats().PrefetchHits
+	// The readers start once the first write returned, and the writer
+	// writes until they are done.
+	started, done := make(chan struct{}), make(chan struct{})
+	var readers, wg sync.WaitGroup
 	for g := range 2 {
-		wg.Go(func() {
+		readers.Go(func() {
+			<-started
 			p := make([]byte, chunk)
 			rng := rand.New(rand.NewPCG(uint64(g), 1))
 			for i := range 1200 {
 				off := int64(i%(n/chunk)) * chunk
 				if g == 1 {
 					off = int64(rng.IntN(n/chunk)) * chunk
+				} else if off%block == 0 {
+					if err := seg.Prefetch((off+block)%n, block); err != nil {
+						t.Error(err)
+						return
+					}
 				}
 				// The last write that returned before the read began; a
 				// newer one may land while it runs, an older one may not.
@@ -237,28 +255,45 @@ func TestReadAheadConcurrent(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if got := binary.LittleEndian.Uint64(p) - uint64(off); got < v {
-					t.Errorf("reader %d at %d: read version %#x, older than %#x, written before the read began", g, off, got, v)
+				if got := (binary.LittleEndian.Uint64(p) - uint64(off)) >> 32; got < v {
+					t.Errorf("reader %d at %d: read version %d, older than %d, written before the read began", g, off, got, v)
 					return
 				}
 			}
 		})
 	}
+	start := sync.OnceFunc(func() { close(started) })
 	wg.Go(func() {
+		defer start() // also when the writer fails
 		rng := rand.New(rand.NewPCG(9, 9))
-		for v := uint64(1); v < 200; v++ {
+		for w := 0; ; w++ {
+			if w == 1 {
+				start()
+			}
+			select {
+			case <-done:
+				return
+			default:
+			}
 			i := rng.IntN(n / chunk)
+			v := seen(int64(i*chunk)) + 1
+			if v > 0xff {
+				t.Errorf("chunk %d: write %d does not fit its byte", i, v)
+				return
+			}
 			if _, err := seg.WriteAt(patternAt(int64(i*chunk), chunk, v<<32), int64(i*chunk)); err != nil {
 				t.Error(err)
 				return
 			}
 			mu.Lock()
-			version[i] = v << 32
+			version[i] = v
 			mu.Unlock()
 		}
 	})
+	readers.Wait()
+	close(done)
 	wg.Wait()
-	require.Positive(t, c.Stats().PrefetchHits, "the scan was read ahead")
+	require.Greater(t, c.Stats().PrefetchHits, before, "reads were served from what was read ahead")
 }
 
 // TestReadAheadHomeFails: when the home stops answering in the middle of a
