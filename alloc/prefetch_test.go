@@ -296,6 +296,61 @@ func TestReadAheadConcurrent(t *testing.T) {
 	require.Greater(t, c.Stats().PrefetchHits, before, "reads were served from what was read ahead")
 }
 
+// TestReadAheadWriteDropsPieceOnItsWay: a piece whose background read
+// fetched the home's bytes before a write of this client landed there,
+// and that completes only after the write returned, is never served: the
+// write drops the pieces it touches after it ran as well as before. A
+// proxy holds the write's reply once the home applied it; meanwhile such
+// a piece, holding the bytes from before the write, is put on its way;
+// the write then returns, the piece's read completes, and a read of the
+// bytes returns the write's.
+func TestReadAheadWriteDropsPieceOnItsWay(t *testing.T) {
+	cfg, _ := startPool(t)
+	// While hold is set, the proxy signals held at the first reply to a
+	// request sent meanwhile and delivers it once release is closed.
+	var hold, sent atomic.Bool
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	through, _ := lazyProxy(t, faultproxy.Config{Record: func(fromClient bool, _ []byte) {
+		switch {
+		case !hold.Load():
+		case fromClient:
+			sent.Store(true)
+		case sent.Load():
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+	}})
+	c := dial(t, cfg.Socket, alloc.WithDataAddr(through))
+	before, after := bytes.Repeat([]byte{1}, 4096), bytes.Repeat([]byte{2}, 4096)
+	seg, err := c.Alloc(t.Context(), 1<<20, alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	t.Cleanup(func() { seg.Free(t.Context()) })
+	_, err = seg.WriteAt(before, 0)
+	require.NoError(t, err)
+
+	hold.Store(true)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := seg.WriteAt(after, 0)
+		wrote <- err
+	}()
+	<-held // the home applied the write; its reply waits at the proxy
+	complete, ok := alloc.HoldPiece(seg, 0, bytes.Clone(before))
+	require.True(t, ok, "a segment this client holds alone reads ahead")
+	hold.Store(false)
+	close(release)
+	require.NoError(t, <-wrote)
+	complete() // the piece's read completes after the write returned
+
+	p := make([]byte, len(after))
+	_, err = seg.ReadAt(p, 0)
+	require.NoError(t, err)
+	require.Equal(t, after, p, "a read after the write returns the write's bytes")
+}
+
 // TestReadAheadHomeFails: when the home stops answering in the middle of a
 // read-ahead stream, ReadAt fails with ErrUnavailable within the operation
 // timeout (never a hang, never bytes it did not read); when the home
