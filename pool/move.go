@@ -787,7 +787,7 @@ func (m *mover) allocTarget(ctx context.Context) (*poolv1.Segment, error) {
 		return api.Alloc(ctx, &poolv1.AllocRequest{Size: m.rec.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: m.rec.Owner})
 	})
 	if err != nil {
-		p.mayHoldOrphans(m.to) // the allocation may have been made, its answer lost
+		p.mayHoldOrphans(m.to, err) // the allocation may have been made, its answer lost
 		return nil, err
 	}
 	m.in.ToID, m.in.ToAddr, m.in.ToEpoch, m.in.ToTLS = seg.Id, seg.DataAddr, seg.Epoch, seg.DataTls
@@ -1423,7 +1423,7 @@ func (p *core) freeLaterAt(node string, id uint64) {
 		}
 		if err != nil {
 			p.log.Info("the copy of a failed move is not freed yet; its node is asked again once it answers", "node", node, "segment", id, "err", err)
-			p.mayHoldOrphans(node)
+			p.mayHoldOrphans(node, nil)
 		}
 	})
 }

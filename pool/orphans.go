@@ -10,12 +10,14 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/farmem/farmem/internal/cluster"
+	"github.com/farmem/farmem/internal/errs"
 )
 
 // orphanSettle is how long after a peer's latest mark a reconcile must
@@ -144,29 +146,83 @@ func (o *orphans) stillSuspect(node string) bool {
 	return false
 }
 
-// mayHoldOrphans notes that node may hold orphans of this daemon's, and
-// asks it (reconcile, which frees them) while it is alive, until an answer
-// cleared the suspicion: after a backoff from reconcileRetry that doubles
-// to 5 s, each wait drawn at random between half and all of it, so that
-// the daemons that marked a node during a partition do not all ask it at
-// once when it heals. The asking ends then, at close, or after the peer
-// lease, by which node has reclaimed them itself; sweepPeers asks the
-// suspect peers too.
-func (p *core) mayHoldOrphans(node string) {
+// expire ends node's check loop, begun at start, whose time ran out: the
+// marks made before it are forgotten (the peer lease has run out at node
+// since them); it reports whether a later mark wants a loop of its own.
+func (o *orphans) expire(node string, start time.Time) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.checking, node)
+	if m := o.marks[node]; m.n > 0 && m.at.After(start) {
+		return true
+	}
+	delete(o.marks, node)
+	return false
+}
+
+// settled is when an answer of node's may clear its marks: orphanSettle
+// after the latest.
+func (o *orphans) settled(node string) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.marks[node].at.Add(orphanSettle)
+}
+
+// outcomeUnknown reports whether a call to a peer that failed with err may
+// have been done there all the same, its answer lost: a deadline, a
+// cancellation, the peer unreachable, a failure farmem does not name. A
+// refusal the peer answered (no capacity, a limit, access denied, bad
+// input) did nothing there.
+func outcomeUnknown(err error) bool {
+	err = errs.FromStatus(err)
+	for _, refused := range []error{errs.ErrNoCapacity, errs.ErrLimit, errs.ErrAccessDenied, errs.ErrInvalid,
+		errs.ErrNotFound, errs.ErrLeaseExpired, errs.ErrInUse, errs.ErrExists, errs.ErrNotSupported} {
+		if errors.Is(err, refused) {
+			return false
+		}
+	}
+	return true
+}
+
+// mayHoldOrphans notes that node may hold orphans of this daemon's (a call
+// that may have allocated there failed with err, when err is not nil: one
+// the peer refused allocated nothing), and asks it (reconcile, which frees
+// them) while it is alive, until an answer cleared the suspicion: after a
+// backoff from reconcileRetry that doubles to 5 s, each wait drawn at
+// random between half and all of it, so that the daemons that marked a
+// node during a partition do not all ask it at once when it heals, and no
+// sooner than the marks can clear. The asking ends then, at close, or
+// after the peer lease, by which node has reclaimed them itself;
+// sweepPeers asks the suspect peers too.
+func (p *core) mayHoldOrphans(node string, err error) {
+	if err != nil && !outcomeUnknown(err) {
+		return
+	}
 	p.orphans.mark(node)
+	p.checkOrphans(node)
+}
+
+// checkOrphans runs mayHoldOrphans's loop for node, unless one runs.
+func (p *core) checkOrphans(node string) {
 	if p.cl == nil || !p.orphans.startCheck(node) {
 		return
 	}
+	start := time.Now()
 	p.peers.later(max(p.cfg.PeerLeaseTTL, p.cfg.LeaseTTL), func(ctx context.Context) {
-		for wait := reconcileRetry; ; wait = min(2*wait, 5*time.Second) {
+		for backoff := reconcileRetry; ; backoff = min(2*backoff, 5*time.Second) {
+			wait := max(backoff/2+rand.N(backoff/2+1), time.Until(p.orphans.settled(node)))
+			if backoff == reconcileRetry {
+				wait = backoff/2 + rand.N(backoff/2+1) // the first ask frees what it finds at once
+			}
 			select {
 			case <-ctx.Done():
-				p.orphans.stopCheck(node)
-				if ctx.Err() == context.DeadlineExceeded {
-					p.orphans.forget(node)
+				if ctx.Err() == context.DeadlineExceeded && p.orphans.expire(node, start) {
+					p.checkOrphans(node)
+				} else if ctx.Err() != context.DeadlineExceeded {
+					p.orphans.stopCheck(node)
 				}
 				return
-			case <-time.After(wait/2 + rand.N(wait/2+1)):
+			case <-time.After(wait):
 			}
 			if m, ok := p.cl.Member(node); ok && m.State == cluster.StateAlive {
 				p.reconcile(ctx, node)

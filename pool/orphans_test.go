@@ -1,10 +1,14 @@
 package pool
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/internal/errs"
 )
 
 // TestOrphanMarks: a reconcile clears a peer's suspicion only when no mark
@@ -35,6 +39,19 @@ func TestOrphanMarks(t *testing.T) {
 	o.clear("c", o.marked("c"), later)
 	require.False(t, o.stillSuspect("c"), "the loop ends with the suspicion")
 	require.True(t, o.startCheck("c"), "a later mark starts another")
+
+	o.mark("f")
+	require.WithinDuration(t, time.Now().Add(orphanSettle), o.settled("f"), time.Second)
+	start := time.Now()
+	require.False(t, o.expire("f", start), "marks before the loop began are forgotten when it ends")
+	require.Zero(t, o.marked("f"))
+	o.mark("f")
+	require.True(t, o.expire("f", start), "a mark made while the loop ran wants a loop of its own")
+	require.NotZero(t, o.marked("f"))
+
+	require.True(t, outcomeUnknown(context.DeadlineExceeded))
+	require.True(t, outcomeUnknown(errs.ErrUnavailable))
+	require.False(t, outcomeUnknown(errs.ToStatus(fmt.Errorf("tier full: %w", errs.ErrNoCapacity))), "a refusal the peer answered allocated nothing")
 
 	require.False(t, o.firstReturn("d"), "a fresh daemon left nothing in flight")
 	o.restarted = true

@@ -204,7 +204,7 @@ func (p *core) readPeer(ctx context.Context, m cluster.Member) (probe.Remote, er
 	defer p.placing(m.Name)()
 	seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: peerProbeSize, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
 	if err != nil {
-		p.mayHoldOrphans(m.Name) // the allocation may have been made, its answer lost
+		p.mayHoldOrphans(m.Name, err) // the allocation may have been made, its answer lost
 		return probe.Remote{}, fmt.Errorf("allocate a %s probe segment there: %w", size.Size(peerProbeSize).Human(), errs.FromStatus(err))
 	}
 	defer func() {

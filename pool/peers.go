@@ -415,7 +415,7 @@ func (p *core) allocRemote(ctx context.Context, c caller, req allocRequest, pl p
 	defer p.placing(m.Name)()
 	seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: req.Size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: c.id()})
 	if err != nil {
-		p.mayHoldOrphans(m.Name) // the allocation may have been made, its answer lost
+		p.mayHoldOrphans(m.Name, err) // the allocation may have been made, its answer lost
 		return nil, fmt.Errorf("alloc on peer %s: %w", m.Name, errs.FromStatus(err))
 	}
 	var key rdma.Key
@@ -554,7 +554,7 @@ func (p *core) homeChanged(node string, up bool) {
 		// recorded: node is asked for it, once this judgment is done (a
 		// mark now would have the reconcile below dial every peer, and
 		// retry one that does not answer for as long as it is up).
-		defer p.mayHoldOrphans(node)
+		defer p.mayHoldOrphans(node, nil)
 	}
 	asked := map[*record]bool{}
 	p.mu.Lock()
@@ -568,7 +568,7 @@ func (p *core) homeChanged(node string, up bool) {
 	var held map[uint64]bool
 	for wait := reconcileRetry; up; wait = min(2*wait, 5*time.Second) {
 		var ok bool
-		if held, ok = p.reconcile(context.Background(), node); ok && held == nil {
+		if held, ok = p.reconcileWith(context.Background(), node, false); ok && held == nil {
 			return // nothing homed there
 		} else if ok {
 			break
@@ -666,9 +666,21 @@ func (p *core) homeChanged(node string, up bool) {
 // ok is false when node could not be asked; without a session and with
 // neither there is nothing to ask: held is nil and ok true.
 func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool, ok bool) {
+	return p.reconcileWith(ctx, node, true)
+}
+
+// reconcileWith is reconcile; orphans says whether a suspicion of orphans
+// at node (orphans.marked) is reason enough to ask it. homeChanged, which
+// asks again until node answered, leaves those to the time-limited check
+// (checkOrphans), so that a node that gossip lists alive but that cannot
+// be called is not called every few seconds for as long as that lasts.
+func (p *core) reconcileWith(ctx context.Context, node string, orphans bool) (held map[uint64]bool, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	started, marks := time.Now(), p.orphans.marked(node)
+	started, marks := time.Now(), uint64(0)
+	if orphans {
+		marks = p.orphans.marked(node)
+	}
 	pc := p.peers.conn(node)
 	if pc != nil && p.cl != nil {
 		if m, found := p.cl.Member(node); found && m.Meta.GRPCAddr != "" && m.Meta.GRPCAddr != pc.Addr() {

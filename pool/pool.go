@@ -208,7 +208,7 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 	}
 	p.nextID, p.idLimit = next, next
 	p.orphans.restarted = next > 1 || len(recs) > 0
-	p.peers.onOrphan = p.mayHoldOrphans
+	p.peers.onOrphan = func(node string) { p.mayHoldOrphans(node, nil) }
 	if p.drained, err = p.st.drainState(); err != nil {
 		p.st.close()
 		return nil, fmt.Errorf("metadata store: %w", err)

@@ -347,7 +347,7 @@ func (p *core) makeHome(ctx context.Context, m cluster.Member, size int64, clien
 		return api.Alloc(ctx, &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: client, FilledByCopy: copied})
 	})
 	if err != nil {
-		p.mayHoldOrphans(m.Name) // the allocation may have been made, its answer lost
+		p.mayHoldOrphans(m.Name, err) // the allocation may have been made, its answer lost
 		return homeRef{}, fmt.Errorf("alloc on %s: %w", m.Name, err)
 	}
 	var key rdma.Key
