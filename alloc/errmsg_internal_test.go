@@ -1,11 +1,9 @@
 package alloc
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/proto"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/pooltest"
@@ -63,14 +61,7 @@ func TestFarFailureBlamesNoPoold(t *testing.T) {
 			return err
 		}, "redundant segment unavailable", false},
 		{"lost shard write refused by a busy daemon", func(t *testing.T) error {
-			sw := &statWrites{lostWrites: &lostWrites{err: fmt.Errorf("a home move finishes: %w", ErrLimit)}}
-			f := startFakeHomesAs(t, ErasureCoded(2, 2), 2*chunk, 2*2*chunk, tcp.DefaultConfig(),
-				func(api poolv1.PoolClient) poolv1.PoolClient { sw.PoolClient = api; return sw },
-				func(info *poolv1.Segment) {
-					info.Homes[0].State = poolv1.HomeState_HOME_STATE_LOST
-					info.RedundancyState = poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED
-					sw.info = proto.Clone(info).(*poolv1.Segment)
-				})
+			f, _ := lostShardRefusingWrites(t)
 			_, err := f.seg.WriteAt(make([]byte, 10), 0)
 			return err
 		}, "redundant segment unavailable", false},

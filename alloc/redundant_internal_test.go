@@ -543,13 +543,11 @@ func (s *statWrites) Stat(ctx context.Context, req *poolv1.StatRequest, o ...grp
 	return s.lostWrites.PoolClient.Stat(ctx, req, o...)
 }
 
-// TestLostShardWriteRefusalWaits: a write to a lost data shard that the
-// daemon refuses with ErrLimit (a home move of the segment finishing)
-// while its Stat answers the same homes is asked again after a wait that
-// grows, not at once each round (each Stat gives a new view): until the
-// operation's timeout it is sent a handful of times, not hundreds of
-// thousands, and then fails with ErrLimit and ErrUnavailable.
-func TestLostShardWriteRefusalWaits(t *testing.T) {
+// lostShardRefusingWrites is an ErasureCoded(2, 2) segment of fake homes of
+// two chunks whose data shard 0 is lost, and whose daemon refuses each
+// write of it with ErrLimit (a home move of the segment finishing) while
+// its Stat answers the same homes.
+func lostShardRefusingWrites(t *testing.T) (*fakeHomes, *statWrites) {
 	const k, m, chunk = 2, 2, 4096
 	sw := &statWrites{lostWrites: &lostWrites{err: fmt.Errorf("a home move finishes: %w", ErrLimit)}}
 	f := startFakeHomesAs(t, ErasureCoded(k, m), 2*chunk, 2*k*chunk, tcp.DefaultConfig(),
@@ -559,6 +557,17 @@ func TestLostShardWriteRefusalWaits(t *testing.T) {
 			info.RedundancyState = poolv1.RedundancyState_REDUNDANCY_STATE_DEGRADED
 			sw.info = proto.Clone(info).(*poolv1.Segment)
 		})
+	return f, sw
+}
+
+// TestLostShardWriteRefusalWaits: a write to a lost data shard that the
+// daemon refuses with ErrLimit (a home move of the segment finishing)
+// while its Stat answers the same homes is asked again after a wait that
+// grows, not at once each round (each Stat gives a new view): until the
+// operation's timeout it is sent a handful of times, not hundreds of
+// thousands, and then fails with ErrLimit and ErrUnavailable.
+func TestLostShardWriteRefusalWaits(t *testing.T) {
+	f, sw := lostShardRefusingWrites(t)
 	_, err := f.seg.WriteAt(make([]byte, 10), 0)
 	require.ErrorIs(t, err, ErrLimit)
 	require.ErrorIs(t, err, ErrUnavailable)

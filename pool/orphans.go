@@ -82,13 +82,6 @@ func (o *orphans) startCheck(node string) bool {
 	return true
 }
 
-// stopCheck ends node's check loop.
-func (o *orphans) stopCheck(node string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	delete(o.checking, node)
-}
-
 // marked returns node's mark count, 0 when it is not suspect.
 func (o *orphans) marked(node string) uint64 {
 	o.mu.Lock()
@@ -216,10 +209,10 @@ func (p *core) checkOrphans(node string) {
 			}
 			select {
 			case <-ctx.Done():
+				// At close nothing asks again; at the deadline a later
+				// mark does.
 				if ctx.Err() == context.DeadlineExceeded && p.orphans.expire(node, start) {
 					p.checkOrphans(node)
-				} else if ctx.Err() != context.DeadlineExceeded {
-					p.orphans.stopCheck(node)
 				}
 				return
 			case <-time.After(wait):
