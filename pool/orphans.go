@@ -30,10 +30,10 @@ const orphanSettle = 10 * time.Second
 // is safe for concurrent use.
 type orphans struct {
 	mu sync.Mutex
-	// marks holds, for each suspect peer, the count of marks it has had
-	// and when the latest came: a reconcile clears the mark only when no
-	// mark came while it asked, and it began orphanSettle after the last.
-	marks map[string]orphanMark
+	// marks holds, for each suspect peer, when its latest mark came: a
+	// reconcile clears it only when it began orphanSettle after that, so
+	// also when no mark came while it asked.
+	marks map[string]time.Time
 	// checking holds the peers a check loop runs for.
 	checking map[string]bool
 	// restarted: this daemon's store held segments or issued ids before
@@ -42,21 +42,27 @@ type orphans struct {
 	returned  map[string]bool
 }
 
-// orphanMark is a suspect peer's count of marks and the time of the latest.
-type orphanMark struct {
-	n  uint64
-	at time.Time
-}
-
 // mark makes node suspect.
 func (o *orphans) mark(node string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.marks == nil {
-		o.marks = map[string]orphanMark{}
+		o.marks = map[string]time.Time{}
 	}
-	m := o.marks[node]
-	o.marks[node] = orphanMark{n: m.n + 1, at: time.Now()}
+	o.marks[node] = time.Now()
+}
+
+// claim adds key to the set *m, made on first use, and reports whether it
+// was not there.
+func claim(m *map[string]bool, key string) bool {
+	if (*m)[key] {
+		return false
+	}
+	if *m == nil {
+		*m = map[string]bool{}
+	}
+	(*m)[key] = true
+	return true
 }
 
 // forget ends node's suspicion: it left the cluster, or the peer lease has
@@ -72,30 +78,24 @@ func (o *orphans) forget(node string) {
 func (o *orphans) startCheck(node string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.checking[node] {
-		return false
-	}
-	if o.checking == nil {
-		o.checking = map[string]bool{}
-	}
-	o.checking[node] = true
-	return true
+	return claim(&o.checking, node)
 }
 
-// marked returns node's mark count, 0 when it is not suspect.
-func (o *orphans) marked(node string) uint64 {
+// marked reports whether node is suspect.
+func (o *orphans) marked(node string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.marks[node].n
+	_, ok := o.marks[node]
+	return ok
 }
 
-// clear ends node's suspicion if it was marked n times, the latest at
-// least orphanSettle before started: a reconcile that read n and began at
-// started answered for all of those marks.
-func (o *orphans) clear(node string, n uint64, started time.Time) {
+// clear ends node's suspicion if its latest mark came at least
+// orphanSettle before started: a reconcile that began at started answered
+// for all of its marks.
+func (o *orphans) clear(node string, started time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if m := o.marks[node]; m.n == n && started.Sub(m.at) >= orphanSettle {
+	if at, ok := o.marks[node]; ok && started.Sub(at) >= orphanSettle {
 		delete(o.marks, node)
 	}
 }
@@ -117,14 +117,7 @@ func (o *orphans) nodes() []string {
 func (o *orphans) firstReturn(node string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if !o.restarted || o.returned[node] {
-		return false
-	}
-	if o.returned == nil {
-		o.returned = map[string]bool{}
-	}
-	o.returned[node] = true
-	return true
+	return o.restarted && claim(&o.returned, node)
 }
 
 // stillSuspect reports whether node is suspect; when it is not, its check
@@ -132,7 +125,7 @@ func (o *orphans) firstReturn(node string) bool {
 func (o *orphans) stillSuspect(node string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.marks[node].n > 0 {
+	if _, ok := o.marks[node]; ok {
 		return true
 	}
 	delete(o.checking, node)
@@ -146,7 +139,7 @@ func (o *orphans) expire(node string, start time.Time) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	delete(o.checking, node)
-	if m := o.marks[node]; m.n > 0 && m.at.After(start) {
+	if at, ok := o.marks[node]; ok && at.After(start) {
 		return true
 	}
 	delete(o.marks, node)
@@ -158,7 +151,7 @@ func (o *orphans) expire(node string, start time.Time) bool {
 func (o *orphans) settled(node string) time.Time {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.marks[node].at.Add(orphanSettle)
+	return o.marks[node].Add(orphanSettle)
 }
 
 // outcomeUnknown reports whether a call to a peer that failed with err may

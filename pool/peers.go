@@ -677,10 +677,7 @@ func (p *core) reconcile(ctx context.Context, node string) (held map[uint64]bool
 func (p *core) reconcileWith(ctx context.Context, node string, orphans bool) (held map[uint64]bool, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	started, marks := time.Now(), uint64(0)
-	if orphans {
-		marks = p.orphans.marked(node)
-	}
+	started, suspect := time.Now(), orphans && p.orphans.marked(node)
 	pc := p.peers.conn(node)
 	if pc != nil && p.cl != nil {
 		if m, found := p.cl.Member(node); found && m.Meta.GRPCAddr != "" && m.Meta.GRPCAddr != pc.Addr() {
@@ -691,7 +688,7 @@ func (p *core) reconcileWith(ctx context.Context, node string, orphans bool) (he
 		p.mu.Lock()
 		homed := slices.ContainsFunc(slices.Collect(maps.Values(p.segs)), func(r *record) bool { return r.homedOn(node) })
 		p.mu.Unlock()
-		homed = homed || p.moving.involves(node) || marks > 0
+		homed = homed || p.moving.involves(node) || suspect
 		if !homed || p.cl == nil {
 			return nil, true // nothing to ask about
 		}
@@ -750,8 +747,8 @@ func (p *core) reconcileWith(ctx context.Context, node string, orphans bool) (he
 			p.peers.freeLater(node, seg.Id)
 		}
 	}
-	if marks > 0 && pending == 0 {
-		p.orphans.clear(node, marks, started) // a free that fails marks it again
+	if suspect && pending == 0 {
+		p.orphans.clear(node, started) // a free that fails marks it again
 	}
 	return held, true
 }
