@@ -62,6 +62,10 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 	// peer's, through a session with itself: after a restart, reconcile
 	// reopens it and the homes here are told again how to forward.
 	go d.pool.homeChanged(d.cfg.Node, true)
+	remembered, err := d.pool.st.knownMembers()
+	if err != nil {
+		d.log.Warn("cannot read the members remembered in the metadata store; contacting only the --join seeds", "err", err)
+	}
 	events, unsubscribe := cl.Subscribe()
 	d.wg.Add(2)
 	go func() {
@@ -71,7 +75,7 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 	}()
 	go func() {
 		defer d.wg.Done()
-		d.joinLoop()
+		d.joinLoop(remembered)
 	}()
 	return nil
 }
@@ -81,19 +85,22 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 // cluster may learn of a node whose own join attempts still fail (a seed
 // merged its state, then the push/pull timed out on a busy seed), and such
 // a node must announce its capacity changes like any other. Seeds that
-// left are contacted again once the first join is done.
-func (d *Daemon) joinLoop() {
+// left are contacted again once the first join is done. Beside the seeds
+// it contacts a few of the members the store remembers (members.go), and
+// it keeps that list current.
+func (d *Daemon) joinLoop(remembered []string) {
 	var joined atomic.Bool
 	joined.Store(len(d.cfg.Join) == 0)
-	if !joined.Load() {
+	if targets := rejoinTargets(d.cfg.Join, remembered); len(targets) > 0 {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			if d.joinSeeds() {
+			if d.joinSeeds(targets) {
 				joined.Store(true)
 			}
 		}()
 	}
+	lastMembers, lastAt := remembered, time.Time{}
 	t := time.NewTicker(announceTick)
 	defer t.Stop()
 	var last []cluster.TierFree
@@ -107,6 +114,9 @@ func (d *Daemon) joinLoop() {
 		}
 		if tick%20 == 0 && joined.Load() {
 			d.rejoinSeeds()
+		}
+		if tick%10 == 0 {
+			lastMembers = d.rememberMembers(lastMembers, &lastAt)
 		}
 		if tick%sweepTicks == sweepAt && sweeping.CompareAndSwap(false, true) {
 			d.wg.Add(1)
@@ -133,19 +143,21 @@ func (d *Daemon) joinLoop() {
 	}
 }
 
-// joinSeeds tries the seeds until one answers; false when the daemon
-// stopped first.
-func (d *Daemon) joinSeeds() bool {
+// joinSeeds tries targets (the --join seeds and remembered members) until
+// one answers; false when the daemon stopped first. Without --join seeds
+// it gives up after rememberedTries rounds: the remembered members may all
+// be gone, and such a node is a cluster's first, which others join.
+func (d *Daemon) joinSeeds(targets []string) bool {
 	stopped, cancel := untilClosed(context.Background(), d.stop)
 	defer cancel()
 	backoff := 200 * time.Millisecond
-	for {
+	for round := 1; ; round++ {
 		ctx, cancelT := context.WithTimeout(stopped, 5*time.Second)
-		n, err := d.pool.gossip().Join(ctx, d.cfg.Join)
+		n, err := d.pool.gossip().Join(ctx, targets)
 		cancelT()
 		if err == nil {
 			// n is 0 when the only seed is this node itself.
-			d.log.Info("joined the cluster", "contacted", n, "seeds", d.cfg.Join)
+			d.log.Info("joined the cluster", "contacted", n, "seeds", d.cfg.Join, "remembered", len(targets)-len(d.cfg.Join))
 			return true
 		}
 		if errors.Is(err, cluster.ErrNameConflict) {
@@ -155,7 +167,15 @@ func (d *Daemon) joinSeeds() bool {
 			d.fail(fmt.Errorf("refusing to join the cluster: %w", err))
 			return false
 		}
-		d.log.Warn("cannot join the cluster yet; retrying", "seeds", d.cfg.Join, "err", err)
+		if len(d.cfg.Join) == 0 {
+			if round >= rememberedTries {
+				d.log.Info("no remembered member answered; this node waits for others to join it", "tried", targets, "err", err)
+				return false
+			}
+			d.log.Info("no remembered member answered yet; retrying", "tried", targets, "err", err)
+		} else {
+			d.log.Warn("cannot join the cluster yet; retrying", "seeds", d.cfg.Join, "remembered", len(targets)-len(d.cfg.Join), "err", err)
+		}
 		select {
 		case <-stopped.Done():
 			return false

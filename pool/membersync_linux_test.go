@@ -87,3 +87,33 @@ func TestDroppedReturnResynced(t *testing.T) {
 		return err == nil && !r.Lost && o.peers.epoch(home.name) >= epoch+2
 	}, 20*time.Second, 20*time.Millisecond, "the segment is restored: its home returned, and the event that said so was dropped")
 }
+
+// TestRestartRejoinsRememberedMembers: a poold started without seeds (the
+// cluster's first, as h0000 here, whose only seed is itself) and
+// restarted before its peers notice it went knows no member: they still
+// list it alive and never contact it to join, so it would wait for one of
+// them to pick it for a push/pull (30 s or more). It contacts the members
+// its store remembers instead, and sees them at once.
+func TestRestartRejoinsRememberedMembers(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 3, leaseTTL: time.Second, timing: fastDetection})
+	first := sc.hosts[0]
+	require.Len(t, first.cfg.Join, 1, "the first host's only seed is itself")
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	var peers []string
+	for _, h := range sc.hosts[1:] {
+		peers = append(peers, h.cfg.Gossip)
+	}
+	require.Eventually(t, func() bool {
+		addrs, err := first.daemon().pool.st.knownMembers()
+		return err == nil && len(addrs) == 2 && addrs[0] == min(peers[0], peers[1]) && addrs[1] == max(peers[0], peers[1])
+	}, 10*time.Second, 20*time.Millisecond, "the store remembers both peers")
+
+	sc.crash(first)
+	sc.net.Heal()
+	require.NoError(t, sc.start(first))
+	took, err := sc.waitConverged(10 * time.Second)
+	require.NoError(t, err, "the restarted first host sees its peers again")
+	t.Logf("every host lists every other alive %v after the restart", took)
+}

@@ -18,7 +18,7 @@ import (
 // sight of it. Otherwise it would wait for the peer lease (minutes).
 func TestRestartAsksEveryPeer(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 3, leaseTTL: time.Second, timing: fastDetection})
-	origin := sc.hosts[2]     // not the first host, which joins no seed when it restarts
+	origin := sc.hosts[2]
 	origin.cfg.ExportSize = 0 // its segments go to the two peers
 	sc.startAll()
 	_, err := sc.waitConverged(time.Minute)
