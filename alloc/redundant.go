@@ -312,6 +312,7 @@ func (r *redundant) run(caller context.Context, ops []*rdma.Op, try func(ctx con
 	defer releaseTickets(ops)
 	pending := ops
 	backoff := 20 * time.Millisecond
+	var reach error // the last round's failure while ctx ran
 	for {
 		v := r.view.Load()
 		err := try(ctx, v, &pending)
@@ -319,6 +320,7 @@ func (r *redundant) run(caller context.Context, ops []*rdma.Op, try func(ctx con
 			return err
 		}
 		if ctx.Err() == nil {
+			reach = err
 			// New homes are tried at once, the same ones after the wait:
 			// each Stat gives a new view, and a refusal the daemon repeats
 			// (ErrLimit while a home move finishes) would be asked again
@@ -334,21 +336,26 @@ func (r *redundant) run(caller context.Context, ops []*rdma.Op, try func(ctx con
 			backoff = min(backoff*2, 500*time.Millisecond)
 		}
 		if ctx.Err() != nil {
-			return r.timedOut(caller, ctx, pending, err)
+			return r.timedOut(caller, ctx, pending, err, reach)
 		}
 	}
 }
 
 // timedOut is the error of ops that ctx ended before they were done, err
-// the last failure. One that ran out the operation timeout matches
-// errs.ErrTooFewHomes (once: a failure to decode matches it already).
-func (r *redundant) timedOut(caller, ctx context.Context, pending []*rdma.Op, err error) error {
+// the last failure, reach the last round's failure while ctx ran (nil:
+// none), which an error for the caller's context keeps beside its end.
+// One that ran out the operation timeout matches errs.ErrTooFewHomes
+// (once: a failure to decode matches it already).
+func (r *redundant) timedOut(caller, ctx context.Context, pending []*rdma.Op, err, reach error) error {
 	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) || errors.Is(cause, ErrClosed) {
 		return fmt.Errorf("segment %d: %w", r.info.Id, cause)
 	}
 	why := fmt.Sprintf("its homes did not complete it within %s", r.c.opts.opTimeout)
 	if caller.Err() != nil {
 		why, err = "the caller's context ended", caller.Err()
+		if reach != nil {
+			err = fmt.Errorf("%w; the last try failed: %w", err, reach)
+		}
 	}
 	for _, op := range pending {
 		if op.Once != nil && op.Once.Posted() {

@@ -269,6 +269,9 @@ func (c *Client) dataConn(ctx context.Context, k connKey, cred []byte, tc *tls.C
 	}
 	dc, _, err := dialer.Dial(ctx, dialAddr, cred, append(tlsOption(tc), tcp.WithBusyPoll(c.opts.busyPoll), tcp.WithSession(once))...)
 	if err != nil {
+		if !final(err) { // not the home's refusal: it was not reached
+			err = fmt.Errorf("alloc: data plane at %s not reached (check that the home's poold runs and that this address, its --data-listen, is reachable from here): %w", dialAddr, err)
+		}
 		return nil, nil, err
 	}
 	c.dials.Add(1)
@@ -377,7 +380,10 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 	polls := 0      // rounds at an old home that is to hand the segment over
 	recheck := true // one Stat for a refusal by a home that may have forgotten a move
 	pending := ops
-	var err error
+	// reach is the last failure to reach the home while ctx ran (or a
+	// dial it cut short, when none came before): what the error says when
+	// ctx ends, rather than the end of an attempt it cut short.
+	var err, reach error
 	for {
 		p := r.plane.Load()
 		for _, op := range pending {
@@ -402,7 +408,7 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 					if err = r.follow(ctx, p, &follow); errors.Is(err, errTierMoved) {
 						return err
 					} else if err != nil {
-						return r.timedOut(caller, ctx, pending, err)
+						return r.timedOut(caller, ctx, pending, err, nil)
 					}
 					continue
 				}
@@ -422,6 +428,7 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 				}
 				pending = unfinished(pending)
 				if ctx.Err() == nil {
+					reach = err
 					r.c.dropDataConn(connKey{addr: p.addr}, rt.conn)
 					if quick {
 						quick = false
@@ -429,9 +436,11 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 					}
 				}
 			}
+		} else if reach == nil || ctx.Err() == nil {
+			reach = err
 		}
 		if ctx.Err() != nil {
-			return r.timedOut(caller, ctx, pending, err)
+			return r.timedOut(caller, ctx, pending, err, reach)
 		}
 		select {
 		case <-ctx.Done():
@@ -445,17 +454,23 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 }
 
 // timedOut is the error of ops that ctx ended before they were done, with
-// err the last failure to reach the home. One that ran out the operation
-// timeout matches errs.ErrHomeUnreachable, or, when the home is the
-// client's own poold, ErrUnavailable, whose text asks whether it runs.
-func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err error) error {
+// err the last round's failure and reach the last failure to reach the
+// home (nil: none), which the error keeps beside the context's end: a
+// refused dial says more than the deadline that ended its retries. One
+// that ran out the operation timeout matches errs.ErrHomeUnreachable, or,
+// when the home is the client's own poold, ErrUnavailable, whose text asks
+// whether it runs.
+func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err, reach error) error {
 	node := r.plane.Load().node
 	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) {
 		return fmt.Errorf("segment %d on %s: %w", r.info.Id, node, cause)
 	}
-	why := fmt.Sprintf("the home was unreachable for %s", r.c.opts.opTimeout)
+	why, end := fmt.Sprintf("the home was unreachable for %s", r.c.opts.opTimeout), ctx.Err()
 	if caller.Err() != nil {
-		why, err = "the caller's context ended", caller.Err()
+		why, err, end = "the caller's context ended", caller.Err(), caller.Err()
+	}
+	if reach != nil {
+		err = fmt.Errorf("%w; the last try to reach the home failed: %w", end, reach)
 	}
 	for _, op := range pending {
 		if op.Once != nil && op.Once.Posted() {
