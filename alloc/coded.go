@@ -18,9 +18,18 @@ import (
 // per-shard batches, and the degraded read.
 
 // errShardLost is the answer to a write or atomic on a chunk whose data
-// shard's home is lost that the daemon cannot make (fewer than k+1 other
-// shards up, say): it waits for the rebuild. It matches ErrUnavailable.
+// shard's home is lost (the pool declared it dead, or rebuilds it
+// elsewhere) that the daemon cannot make (fewer than k+1 other shards up,
+// say): it waits for the rebuild. It matches ErrUnavailable.
 var errShardLost = errs.Sub(ErrUnavailable, "alloc: the home of this chunk's data shard is lost, and its poold cannot write it now (fewer than k+1 other shards up, or a write its home left half done); writes and atomics on its chunks fail until the pool rebuilds it (reads decode it from the other shards)")
+
+// errShardAway is errShardLost for a data shard whose home is not lost
+// but does not answer now (HOME_STATE_UNREACHABLE): the pool keeps it,
+// with its bytes, for its node's return, and nothing writes the shard
+// meanwhile (a change made elsewhere would be missing from it): it waits
+// for that node, not for a rebuild. It matches errs.ErrHomeUnreachable,
+// and so ErrUnavailable.
+var errShardAway = errs.Sub(errs.ErrHomeUnreachable, "alloc: the home of this chunk's data shard does not answer now (its node is down or cut off); the pool keeps it, with its bytes, for that node's return, so no poold writes the shard meanwhile: writes and atomics on its chunks fail until the node is back ('memctl nodes' shows which hosts are alive), and reads decode it from the other shards while k of them are up")
 
 // lostWriteMax is the most bytes one WriteLostShard call carries (the
 // daemon's bound).
@@ -121,19 +130,20 @@ var chunkOps = sync.Pool{New: func() any { return new(chunkOp) }}
 func (r *redundant) atShard(i int) func(context.Context, *homeView, *[]*rdma.Op) error {
 	return func(ctx context.Context, v *homeView, pending *[]*rdma.Op) error {
 		if h := v.homes[i]; !h.ok {
-			return r.writeLost(ctx, i, h, pending)
+			return r.writeLost(ctx, i, h, v.info.Homes[i].State == poolv1.HomeState_HOME_STATE_UNREACHABLE, pending)
 		}
 		return r.attempt(ctx, v.homes[i], pending)
 	}
 }
 
 // writeLost makes the writes and atomics of *pending, on data shard i
-// whose home h is lost, through the daemon (WriteLostShard), which
-// decodes the shard's bytes from the other shards and sends the parity
-// shards the change; done ops leave *pending. What the daemon cannot do
-// (fewer than k+1 other shards up, say) fails at once (errShardLost); an
-// atomic whose answer is lost is indeterminate, never run again.
-func (r *redundant) writeLost(ctx context.Context, i int, h *home, pending *[]*rdma.Op) error {
+// whose home h is lost (or, away, does not answer now), through the
+// daemon (WriteLostShard), which decodes the shard's bytes from the other
+// shards and sends the parity shards the change; done ops leave *pending.
+// What the daemon cannot do (fewer than k+1 other shards up, say) fails
+// at once (errShardLost, or errShardAway for a home that does not answer);
+// an atomic whose answer is lost is indeterminate, never run again.
+func (r *redundant) writeLost(ctx context.Context, i int, h *home, away bool, pending *[]*rdma.Op) error {
 	for len(*pending) > 0 {
 		op := (*pending)[0]
 		var err error
@@ -158,7 +168,11 @@ func (r *redundant) writeLost(ctx context.Context, i int, h *home, pending *[]*r
 		case err == nil:
 			*pending = (*pending)[1:]
 		case answered && (errors.Is(err, ErrUnavailable) || errors.Is(err, ErrAccessDenied) || errors.Is(err, ErrSegmentLost)):
-			return fmt.Errorf("segment %d: data shard %d on %s: %w (%w)", r.info.Id, i, h.plane.node, errShardLost, err)
+			why := errShardLost
+			if away {
+				why = errShardAway
+			}
+			return fmt.Errorf("segment %d: data shard %d on %s: %w (%w)", r.info.Id, i, h.plane.node, why, err)
 		default: // its home is back, or the daemon restarts: the next round asks for the homes
 			return fmt.Errorf("segment %d: data shard %d through the daemon: %w", r.info.Id, i, err)
 		}

@@ -227,10 +227,10 @@ func (r *redundant) connect(ctx context.Context, h *home) (*route, error) {
 // a failure of the home it ran at: out of range, unaligned, unsupported,
 // indeterminate (the op may have run; never retried), the client closed,
 // or a write or atomic the daemon cannot make on a shard whose home is
-// lost. Anything else (an I/O error, a timeout, a home that refuses the
+// lost or does not answer. Anything else (an I/O error, a timeout, a home that refuses the
 // segment: moved, fenced, lost there) sends the operation to another home.
 func answered(err error) bool {
-	for _, a := range []error{ErrOutOfRange, ErrUnaligned, ErrNotSupported, ErrIndeterminate, ErrClosed, errShardLost} {
+	for _, a := range []error{ErrOutOfRange, ErrUnaligned, ErrNotSupported, ErrIndeterminate, ErrClosed, errShardLost, errShardAway} {
 		if errors.Is(err, a) {
 			return true
 		}

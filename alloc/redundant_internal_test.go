@@ -529,6 +529,41 @@ func TestWritesToLostShard(t *testing.T) {
 	require.Len(t, lw.sent(), 5, "sent once")
 }
 
+// TestLostShardWriteNamesCause: a write to a data shard that the daemon
+// cannot make says the shard's home is lost when the pool declared it
+// lost, and that it does not answer now when the pool keeps it for its
+// node's return (HOME_STATE_UNREACHABLE), which matches
+// ErrHomeUnreachable; both match ErrUnavailable and are asked once.
+func TestLostShardWriteNamesCause(t *testing.T) {
+	const k, m, chunk = 2, 2, 4096
+	for _, tc := range []struct {
+		state  poolv1.HomeState
+		answer error // the daemon's
+		want   string
+		not    string
+	}{
+		{poolv1.HomeState_HOME_STATE_LOST, fmt.Errorf("only k shards up: %w", errs.ErrTooFewHomes), "data shard is lost", "does not answer now"},
+		{poolv1.HomeState_HOME_STATE_UNREACHABLE, fmt.Errorf("its home on h0 may return with its bytes; the write waits for it: %w", errs.ErrHomeUnreachable),
+			"data shard does not answer now", "is lost"},
+	} {
+		t.Run(tc.state.String(), func(t *testing.T) {
+			lw := &lostWrites{err: tc.answer}
+			f := startFakeHomesAs(t, ErasureCoded(k, m), 2*chunk, 2*k*chunk, tcp.DefaultConfig(),
+				func(api poolv1.PoolClient) poolv1.PoolClient { lw.PoolClient = api; return lw },
+				func(info *poolv1.Segment) { info.Homes[0].State = tc.state })
+			_, err := f.seg.WriteAt(make([]byte, 10), 0)
+			t.Log(err)
+			require.ErrorIs(t, err, ErrUnavailable)
+			require.Contains(t, err.Error(), tc.want)
+			require.NotContains(t, err.Error(), tc.not)
+			if tc.state == poolv1.HomeState_HOME_STATE_UNREACHABLE {
+				require.ErrorIs(t, err, errs.ErrHomeUnreachable)
+			}
+			require.Len(t, lw.sent(), 1, "asked once: the daemon's answer ends the call")
+		})
+	}
+}
+
 // statWrites is lostWrites whose daemon also answers Stat for the fake
 // segment, with info as it is set up.
 type statWrites struct {
