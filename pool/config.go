@@ -81,9 +81,10 @@ type Config struct {
 	// replicas=N, ec=K+M, optionally ",or-fewer"). Default: "none".
 	DefaultRedundancy string `yaml:"default-redundancy"`
 	// Join lists peers' gossip addresses (host:port) to join at start.
-	// A restarted node also contacts a few of the members its metadata
-	// store remembers seeing alive, so a node without seeds (a cluster's
-	// first) or whose seeds are gone finds the cluster again.
+	// When none of them answers (or there are none but this node), a
+	// restarted node contacts a few of the members its metadata store
+	// remembers seeing alive, so a cluster's first node, or one whose
+	// seeds are gone, finds the cluster again.
 	Join []string `yaml:"join"`
 	// GossipProfile tunes failure detection: lan (default), local (fast,
 	// for one machine and tests) or wan.

@@ -39,6 +39,10 @@ type Daemon struct {
 
 	remeasuring remeasuring // measurements after device changes (hotplug.go)
 
+	// joined is set once a first join of the cluster answered (or there
+	// were no seeds); rejoining while rejoinSeeds runs (membership.go).
+	joined, rejoining atomic.Bool
+
 	metrics   *metrics   // Prometheus instrumentation; see metrics.go
 	listeners *listeners // every listener above, for readiness; see accepting.go
 	health    *health    // gRPC health service and readiness; see health.go

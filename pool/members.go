@@ -1,6 +1,6 @@
 // This file holds the members a node remembers: the gossip addresses of
 // the peers it last saw alive, kept in its metadata store, so that a
-// restarted poold contacts them beside its --join seeds. Without them a
+// restarted poold contacts them when none of its --join seeds answers. Without them a
 // node started without seeds (the cluster's first) or whose seeds are all
 // gone would, after a restart its peers did not notice, know no member
 // until one of them happened to pick it for a push/pull: its peers still
@@ -10,6 +10,7 @@ package pool
 
 import (
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -28,8 +29,8 @@ const (
 	// of a large cluster reaches it as well as the whole list would.
 	rememberedMax = 256
 	// rejoinMax is how many remembered addresses a restarted node
-	// contacts beside its seeds: any one that answers hands it the
-	// cluster's whole membership in its push/pull.
+	// contacts in a round in which no seed answered: any one that
+	// answers hands it the cluster's whole membership in its push/pull.
 	rejoinMax = 8
 	// rememberedTries is how many rounds (each up to 5 s, then a growing
 	// pause) a node without --join seeds tries the members it remembers:
@@ -43,8 +44,12 @@ const (
 // knownMembers returns the addresses keyMembers holds.
 func (s *store) knownMembers() (addrs []string, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyMembers); len(v) > 0 {
-			addrs = strings.Split(string(v), "\n")
+		for a := range strings.SplitSeq(string(tx.Bucket(bucketMeta).Get(keyMembers)), "\n") {
+			// An entry that is not host:port (a damaged store) would
+			// make the whole join fail: it is skipped.
+			if _, _, err := net.SplitHostPort(a); err == nil {
+				addrs = append(addrs, a)
+			}
 		}
 		return nil
 	})
@@ -70,8 +75,7 @@ func aliveAddrs(cl *cluster.Cluster) []string {
 	}
 	slices.Sort(addrs)
 	if len(addrs) > rememberedMax {
-		// A sample spread over the sorted list, so that it keeps the
-		// same addresses while they stay members.
+		// A sample spread evenly over the sorted list.
 		step := float64(len(addrs)) / rememberedMax
 		picked := make([]string, rememberedMax)
 		for i := range picked {
@@ -82,40 +86,35 @@ func aliveAddrs(cl *cluster.Cluster) []string {
 	return addrs
 }
 
-// rejoinTargets returns the seeds a starting node contacts: its --join
-// seeds and up to rejoinMax of the addresses it remembers, picked at
-// random, that are not seeds already.
-func rejoinTargets(seeds, remembered []string) []string {
-	var extra []string
-	for _, a := range remembered {
-		if a != "" && !slices.Contains(seeds, a) {
-			extra = append(extra, a)
-		}
-	}
-	rand.Shuffle(len(extra), func(i, j int) { extra[i], extra[j] = extra[j], extra[i] })
-	if len(extra) > rejoinMax {
-		extra = extra[:rejoinMax]
-	}
-	return append(slices.Clone(seeds), extra...)
+// pickRemembered returns up to rejoinMax of the remembered addresses,
+// picked at random each time, so that a silent one does not take every
+// round's place.
+func pickRemembered(remembered []string) []string {
+	out := slices.Clone(remembered)
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out[:min(len(out), rejoinMax)]
 }
 
 // rememberMembers writes the members this node sees alive to its store
-// when they changed since the last write (last), at most once per
-// rememberEvery; it returns what the store now holds. An empty view (the
-// node alone, or cut off) is not written: the members it had are the ones
-// to try after a restart.
+// when they changed since the last write (last): at once when it sees
+// members the list lacks (a joining node learns the cluster in a few
+// steps), else at most once per rememberEvery since the last attempt; it
+// returns what the store now holds. An empty view (the node alone, or cut
+// off) is not written: the members it had are the ones to try after a
+// restart.
 func (d *Daemon) rememberMembers(last []string, lastAt *time.Time) []string {
-	if time.Since(*lastAt) < rememberEvery {
-		return last
-	}
 	now := aliveAddrs(d.pool.gossip())
 	if len(now) == 0 || slices.Equal(now, last) {
 		return last
 	}
+	grew := slices.ContainsFunc(now, func(a string) bool { _, found := slices.BinarySearch(last, a); return !found })
+	if !grew && time.Since(*lastAt) < rememberEvery {
+		return last
+	}
+	*lastAt = time.Now()
 	if err := d.pool.st.setKnownMembers(now); err != nil {
 		d.log.Warn("cannot remember the cluster's members in the metadata store; a restart will contact only the --join seeds", "err", err)
 		return last
 	}
-	*lastAt = time.Now()
 	return now
 }

@@ -85,18 +85,19 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 // cluster may learn of a node whose own join attempts still fail (a seed
 // merged its state, then the push/pull timed out on a busy seed), and such
 // a node must announce its capacity changes like any other. Seeds that
-// left are contacted again once the first join is done. Beside the seeds
-// it contacts a few of the members the store remembers (members.go), and
-// it keeps that list current.
+// left are contacted again once the first join is done. When no seed
+// answers, it contacts members the store remembers (members.go), and it
+// keeps that list current.
 func (d *Daemon) joinLoop(remembered []string) {
-	var joined atomic.Bool
-	joined.Store(len(d.cfg.Join) == 0)
-	if targets := rejoinTargets(d.cfg.Join, remembered); len(targets) > 0 {
+	self := d.pool.gossip().Self().Addr
+	seeds := slices.DeleteFunc(slices.Clone(d.cfg.Join), func(s string) bool { return s == self })
+	d.joined.Store(len(seeds) == 0)
+	if len(seeds) > 0 || len(remembered) > 0 {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			if d.joinSeeds(targets) {
-				joined.Store(true)
+			if d.joinSeeds(seeds, remembered) {
+				d.joined.Store(true)
 			}
 		}()
 	}
@@ -112,8 +113,16 @@ func (d *Daemon) joinLoop(remembered []string) {
 			return
 		case <-t.C:
 		}
-		if tick%20 == 0 && joined.Load() {
-			d.rejoinSeeds()
+		// A seed whose host is off lets a dial run to the gossip's TCP
+		// timeout (10 s lan, 30 s wan): it is contacted off this loop,
+		// which announces capacity and sweeps meanwhile.
+		if tick%20 == 0 && d.joined.Load() && d.rejoining.CompareAndSwap(false, true) {
+			d.wg.Add(1)
+			go func() {
+				defer d.wg.Done()
+				defer d.rejoining.Store(false)
+				d.rejoinSeeds()
+			}()
 		}
 		if tick%10 == 0 {
 			lastMembers = d.rememberMembers(lastMembers, &lastAt)
@@ -143,38 +152,62 @@ func (d *Daemon) joinLoop(remembered []string) {
 	}
 }
 
-// joinSeeds tries targets (the --join seeds and remembered members) until
-// one answers; false when the daemon stopped first. Without --join seeds
-// it gives up after rememberedTries rounds: the remembered members may all
-// be gone, and such a node is a cluster's first, which others join.
-func (d *Daemon) joinSeeds(targets []string) bool {
+// joinSeeds contacts the seeds (without this node's own address) until
+// one answers, and in each round in which none did, up to rejoinMax of the
+// members the store remembers; false when the daemon stopped first, or,
+// without seeds, after rememberedTries rounds: the remembered members may
+// all be gone, and such a node is a cluster's first, which others join.
+// The remembered members are only a fallback: a node moved to another
+// cluster (new --join, old data directory) joins its new seeds and never
+// the members of the old one, unless none of its seeds answers.
+func (d *Daemon) joinSeeds(seeds, remembered []string) bool {
 	stopped, cancel := untilClosed(context.Background(), d.stop)
 	defer cancel()
+	try := func(targets []string) (int, error) {
+		ctx, cancel := context.WithTimeout(stopped, 5*time.Second)
+		defer cancel()
+		return d.pool.gossip().Join(ctx, targets)
+	}
 	backoff := 200 * time.Millisecond
 	for round := 1; ; round++ {
-		ctx, cancelT := context.WithTimeout(stopped, 5*time.Second)
-		n, err := d.pool.gossip().Join(ctx, targets)
-		cancelT()
-		if err == nil {
-			// n is 0 when the only seed is this node itself.
-			d.log.Info("joined the cluster", "contacted", n, "seeds", d.cfg.Join, "remembered", len(targets)-len(d.cfg.Join))
-			return true
-		}
-		if errors.Is(err, cluster.ErrNameConflict) {
-			// Peers keep the member that held the name first and never
-			// see this one: serving on would place nothing here and
-			// leave every rdma allocation on loopback.
-			d.fail(fmt.Errorf("refusing to join the cluster: %w", err))
-			return false
-		}
-		if len(d.cfg.Join) == 0 {
-			if round >= rememberedTries {
-				d.log.Info("no remembered member answered; this node waits for others to join it", "tried", targets, "err", err)
+		var err error
+		if len(seeds) > 0 {
+			var n int
+			if n, err = try(seeds); err == nil {
+				d.log.Info("joined the cluster", "contacted", n, "seeds", seeds)
+				return true
+			}
+			if errors.Is(err, cluster.ErrNameConflict) {
+				// Peers keep the member that held the name first and never
+				// see this one: serving on would place nothing here and
+				// leave every rdma allocation on loopback.
+				d.fail(fmt.Errorf("refusing to join the cluster: %w", err))
 				return false
 			}
-			d.log.Info("no remembered member answered yet; retrying", "tried", targets, "err", err)
+		}
+		if len(remembered) > 0 {
+			targets := pickRemembered(remembered)
+			switch n, rerr := try(targets); {
+			case rerr == nil:
+				d.log.Info("joined the cluster through members remembered from before the restart", "contacted", n, "tried", targets, "seeds", seeds)
+				return true
+			case errors.Is(rerr, cluster.ErrNameConflict):
+				// Not this node's cluster, or its own previous run at
+				// another address: the seeds, not the store, decide.
+				d.log.Error("a remembered member's cluster has a live member with this node's name; the remembered members are not contacted again", "err", rerr)
+				remembered = nil
+			default:
+				err = errors.Join(err, rerr)
+			}
+		}
+		if len(seeds) == 0 {
+			if round >= rememberedTries || len(remembered) == 0 {
+				d.log.Info("no remembered member answered; this node waits for others to join it", "err", err)
+				return false
+			}
+			d.log.Info("no remembered member answered yet; retrying", "err", err)
 		} else {
-			d.log.Warn("cannot join the cluster yet; retrying", "seeds", d.cfg.Join, "remembered", len(targets)-len(d.cfg.Join), "err", err)
+			d.log.Warn("cannot join the cluster yet; retrying", "seeds", seeds, "remembered", len(remembered), "err", err)
 		}
 		select {
 		case <-stopped.Done():

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -116,4 +117,78 @@ func TestRestartRejoinsRememberedMembers(t *testing.T) {
 	took, err := sc.waitConverged(10 * time.Second)
 	require.NoError(t, err, "the restarted first host sees its peers again")
 	t.Logf("every host lists every other alive %v after the restart", took)
+}
+
+// TestSilentSeedHoldsNoAnnouncement: a seed whose host is powered off
+// does not refuse a connection, it lets the dial run to the gossip's TCP
+// timeout (10 s in the lan profile, 30 s in wan). Contacting it again must
+// not hold up the rest of what the daemon does on its gossip tick: here,
+// telling its peers that its free memory changed.
+func TestSilentSeedHoldsNoAnnouncement(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 3, leaseTTL: time.Second, timing: fastDetection})
+	h, peer := sc.hosts[2], sc.hosts[0]
+	const gone = "127.1.9.9:7946" // nobody there: refused at once until Silence
+	h.cfg.Join = append(slices.Clone(h.cfg.Join), gone)
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	// The first join has run its round (the gone seed refused at once);
+	// from now on a dial to it hangs as one to a powered-off host does.
+	require.Eventually(t, func() bool { return h.daemon().joined.Load() }, 10*time.Second, 20*time.Millisecond)
+	sc.net.Silence(gone, 30*time.Second) // the wan profile's TCP timeout
+	time.Sleep(3 * time.Second)          // rejoinSeeds runs every 2 s: a dial to gone is under way
+
+	free := func() int64 {
+		m, ok := peer.daemon().pool.cl.Member(h.name)
+		if !ok {
+			return -1
+		}
+		for _, ti := range m.Meta.Tiers {
+			if ti.Name == "cxl" {
+				return ti.Free
+			}
+		}
+		return -1
+	}
+	before := free()
+	_, err = h.daemon().pool.Alloc(t.Context(), caller{}, allocRequest{Size: 2 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return free() == before-2<<20 }, 15*time.Second, 20*time.Millisecond,
+		"the peer learns the daemon's new free cxl memory while a dial to a silent seed hangs (%d bytes before)", before)
+}
+
+// TestRememberedOnlyWhenSeedsFail: the members a store remembers are a
+// fallback for seeds that do not answer. A poold whose seeds answer never
+// contacts them: moved to another cluster with its old data directory (or
+// remembering an address another cluster took since), it would otherwise
+// merge the two, since gossip merges whatever views it is handed.
+func TestRememberedOnlyWhenSeedsFail(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 3, leaseTTL: time.Second, timing: fastDetection})
+	h := sc.hosts[2]
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+
+	// A stranger: a lone gossip node of another cluster on the same network.
+	tr, err := sc.net.NewTransport("stranger")
+	require.NoError(t, err)
+	cc := cluster.DefaultConfig()
+	cc.Name, cc.Transport, cc.NoCompression = "stranger", tr, true
+	stranger, err := cluster.New(cc, cluster.Meta{Proto: protoVersion, GRPCAddr: "127.0.0.1:1", DataAddr: "127.0.0.1:2"})
+	require.NoError(t, err)
+	t.Cleanup(func() { stranger.Shutdown() })
+
+	sc.crash(h)
+	st, err := openStore(h.cfg.DataDir, false)
+	require.NoError(t, err)
+	require.NoError(t, st.setKnownMembers([]string{stranger.Self().Addr}))
+	require.NoError(t, st.close())
+	sc.net.Heal()
+	require.NoError(t, sc.start(h))
+	_, err = sc.waitConverged(30 * time.Second)
+	require.NoError(t, err, "the restarted host joins its seeds")
+	time.Sleep(time.Second) // a contact of the stranger would have merged by now
+	require.Len(t, stranger.Members(), 1, "the stranger's cluster stays apart")
+	_, ok := h.daemon().pool.cl.Member("stranger")
+	require.False(t, ok, "the restarted host never contacted the remembered stranger")
 }

@@ -85,7 +85,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.StringVar(&cfg.Gossip, "gossip", cfg.Gossip, "gossip (memberlist) address ip:port to find peers, e.g. 10.0.0.5:7946 (default: no cluster)")
 	f.StringVar(&cfg.Zone, "zone", cfg.Zone, "this node's failure domain (rack, power feed, cloud zone), gossiped: copies of a redundant segment go to distinct zones (default: none)")
 	f.StringVar(&cfg.DefaultRedundancy, "default-redundancy", cfg.DefaultRedundancy, "redundancy of rdma-tier allocations that ask for none: none, replicas=N or ec=K+M, optionally ,or-fewer (default: none)")
-	f.StringSliceVar(&cfg.Join, "join", cfg.Join, "peers' gossip addresses to join, host:port[,...]; a restart also contacts members the data directory remembers")
+	f.StringSliceVar(&cfg.Join, "join", cfg.Join, "peers' gossip addresses to join, host:port[,...]; when none answers, a restart contacts members the data directory remembers")
 	f.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "failure-detection timing: lan (default), local or wan")
 	f.DurationVar(&cfg.GossipPushPull, "gossip-push-pull", cfg.GossipPushPull, "sync the whole membership state with one random peer this often, which repairs what a broadcast missed (0: the gossip profile's, lan 30s, local 15s, wan 60s)")
 	f.StringVar(&cfg.GossipKeyFile, "gossip-key-file", cfg.GossipKeyFile, "gossip keys, base64 of 16, 24 or 32 bytes, one a line, the first the primary: gossip sealed with AES-GCM, nodes without the key not admitted ('memctl certs init' writes gossip.key); required with --gossip and TLS")

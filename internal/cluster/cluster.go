@@ -205,12 +205,15 @@ func newNetTransport(cfg Config, mc *memberlist.Config) (*memberlist.NetTranspor
 // be seen by its peers. The caller should stop this node (Shutdown, not
 // Leave: a leave under a contested name is about the other node too).
 //
-// Join tries every seed once per round and returns after the first round
-// in which any seed answered; seeds that failed are logged. When none
-// answered it retries with backoff (100 ms doubling to 5 s) until ctx ends,
-// then returns an error matching ErrNoSeed and ctx.Err(). ctx is checked
-// between seeds; one seed can take up to the profile's TCP timeout (1 s
-// local, 10 s lan, 30 s wan), plus a DNS lookup for host names.
+// Join contacts every seed of a round at once and returns after the first
+// round in which any seed answered; seeds that failed are logged. When
+// none answered it retries with backoff (100 ms doubling to 5 s) until ctx
+// ends, then returns an error matching ErrNoSeed and ctx.Err(). A seed can
+// take up to the profile's TCP timeout (1 s local, 10 s lan, 30 s wan),
+// plus a DNS lookup for host names, when its host is off: a round ends
+// when every seed answered or failed, joinGrace after the first answer,
+// or when ctx ends, whichever is first; a contact still under way then
+// finishes on its own.
 func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 	if seeds == nil {
 		seeds = c.cfg.Join
@@ -230,26 +233,15 @@ func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 	}
 	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		var errs []error
-		n := 0
-		for _, s := range todo {
-			if err := c.usable(); err != nil {
-				return n, err
-			}
-			if ctx.Err() != nil {
-				break
-			}
-			mark := c.selfClaimMark()
-			k, err := c.ml.Join([]string{s})
-			n += k
-			if err != nil {
-				errs = append(errs, err)
-			}
-			// The push/pull with the seed merged its view synchronously: a
-			// live member with this node's name shows up as a conflict now.
-			if holder, clash := c.selfConflictSince(mark); clash {
-				return n, &NameConflictError{Name: c.name, Holder: holder, Self: self}
-			}
+		if err := c.usable(); err != nil {
+			return 0, err
+		}
+		mark := c.selfClaimMark()
+		n, errs := c.joinRound(ctx, todo)
+		// Each push/pull merged its seed's view synchronously: a live
+		// member with this node's name shows up as a conflict now.
+		if holder, clash := c.selfConflictSince(mark); clash {
+			return n, &NameConflictError{Name: c.name, Holder: holder, Self: self}
 		}
 		if n > 0 {
 			if len(errs) > 0 {
@@ -272,6 +264,53 @@ func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 		backoff = min(2*backoff, 5*time.Second)
 	}
 }
+
+// joinRound contacts every seed at once (a push/pull each) and returns how
+// many answered and the errors of those that did not, once all are done or
+// ctx ended or the cluster closed; the contacts still under way then are
+// counted as not answered.
+func (c *Cluster) joinRound(ctx context.Context, seeds []string) (int, []error) {
+	type result struct {
+		n   int
+		err error
+	}
+	results := make(chan result, len(seeds)) // buffered: a late contact never blocks
+	for _, s := range seeds {
+		go func() {
+			k, err := c.ml.Join([]string{s})
+			results <- result{k, err}
+		}()
+	}
+	n := 0
+	var errs []error
+	var grace <-chan time.Time // from the first answer on: how long the others may take
+	for range seeds {
+		select {
+		case r := <-results:
+			n += r.n
+			if r.err != nil {
+				errs = append(errs, r.err)
+			}
+			if n > 0 && grace == nil {
+				tm := time.NewTimer(joinGrace)
+				defer tm.Stop()
+				grace = tm.C
+			}
+		case <-grace:
+			return n, append(errs, fmt.Errorf("other seeds still contacted %v after the first answer", joinGrace))
+		case <-ctx.Done():
+			return n, append(errs, fmt.Errorf("contacting the other seeds: %w", ctx.Err()))
+		case <-c.done:
+			return n, append(errs, ErrClosed)
+		}
+	}
+	return n, errs
+}
+
+// joinGrace is how long a join round waits for the other seeds once one
+// answered: its push/pull brought the cluster's view already, and a seed
+// whose host is off would hold the round for TCP's whole timeout.
+const joinGrace = time.Second
 
 // usable returns ErrClosed or ErrLeft once the node can no longer change.
 func (c *Cluster) usable() error {

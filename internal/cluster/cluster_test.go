@@ -257,6 +257,31 @@ func TestJoinSeeds(t *testing.T) {
 	require.Equal(t, 1, got)
 }
 
+// TestJoinPastSilentSeed: a seed whose host is off lets a dial hang until
+// TCP gives up (10 s lan, 30 s wan). Join contacts the seeds of a round at
+// once, so a reachable one answers meanwhile, and its ctx bounds the
+// round: the silent seed, listed first, costs neither the other seed's
+// answer nor a wait past ctx.
+func TestJoinPastSilentSeed(t *testing.T) {
+	n := memnet.New(0)
+	c := startMem(t, n, "a")
+	b := startMem(t, n, "b")
+	const silent = "127.1.9.9:7946"
+	n.Silence(silent, time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	got, err := c.Join(ctx, []string{silent, b.Self().Addr})
+	require.NoError(t, err, "the reachable seed answers while the silent one hangs")
+	require.Equal(t, 1, got)
+	require.NoError(t, ctx.Err(), "the round ended with the answers, not with ctx")
+
+	ctx, cancel = context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err = c.Join(ctx, []string{silent})
+	require.ErrorIs(t, err, ErrNoSeed, "a round of silent seeds ends with ctx, not with their dial")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
 func TestJoinStopsAtShutdown(t *testing.T) {
 	n := memnet.New(0)
 	c := startMem(t, n, "a")

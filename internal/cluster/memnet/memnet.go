@@ -45,9 +45,10 @@ type Network struct {
 	queue int
 
 	mu     sync.RWMutex
-	byAddr map[string]*Transport  // open transports
-	addrOf map[string]string      // name -> address, stable for the Network's life
-	cut    map[[2]string]struct{} // directed (from name, to name) pairs that drop traffic
+	byAddr map[string]*Transport    // open transports
+	addrOf map[string]string        // name -> address, stable for the Network's life
+	cut    map[[2]string]struct{}   // directed (from name, to name) pairs that drop traffic
+	silent map[string]time.Duration // address -> how long a dial there hangs (Silence)
 	filter atomic.Pointer[func(from, to string, packet []byte) bool]
 
 	packets, packetBytes, dropped, streams, refused atomic.Uint64
@@ -64,6 +65,7 @@ func New(queue int) *Network {
 		byAddr: make(map[string]*Transport),
 		addrOf: make(map[string]string),
 		cut:    make(map[[2]string]struct{}),
+		silent: make(map[string]time.Duration),
 	}
 }
 
@@ -126,6 +128,21 @@ func (n *Network) Heal() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	clear(n.cut)
+}
+
+// Silence makes a dial to addr hang for hold (or until the dialing
+// transport shuts down) and then fail with a timeout, as one to a host
+// that is powered off does until TCP gives up, whatever timeout the
+// dialer asked for; hold 0 removes it. Packets to addr are dropped as to
+// any address nobody listens on.
+func (n *Network) Silence(addr string, hold time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if hold <= 0 {
+		delete(n.silent, addr)
+		return
+	}
+	n.silent[addr] = hold
 }
 
 // Filter drops every packet for which drop returns true, given the
@@ -244,6 +261,18 @@ func (t *Transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, e
 func (t *Transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
 	if t.closed() {
 		return nil, fmt.Errorf("memnet: dial %s from %s after shutdown", a.Addr, t.addr)
+	}
+	t.net.mu.RLock()
+	hold := t.net.silent[a.Addr]
+	t.net.mu.RUnlock()
+	if hold > 0 {
+		tm := time.NewTimer(hold)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+		case <-t.done:
+		}
+		return nil, &net.OpError{Op: "dial", Net: "memnet", Addr: addr(a.Addr), Err: errTimeout{}}
 	}
 	dst := t.net.route(t.name, a.Addr)
 	if dst == nil {
