@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -70,6 +71,9 @@ func newDataPlane(addr string, cfg tcp.ServerConfig, sec dataSecurity, ls *liste
 	cfg.TLS = sec.server
 	cfg.Authenticate = dp.authenticate // verbs
 	cfg.Identify = dp.identify
+	// Forwarded ops come from the primary homes of redundant segments:
+	// peer daemons, on the sessions their nodes hold here.
+	cfg.Forwarders = func(principal string) bool { return strings.HasPrefix(principal, peerClientPrefix) }
 	dp.coh = newCoherenceHost(log)
 	cfg.Message = dp.coh.message
 	dp.srv = dialer.NewServer(cfg)

@@ -29,6 +29,18 @@ type ServerConfig struct {
 	// It may be called concurrently. Default: nil.
 	Identify func(cred []byte, cert *x509.Certificate) (principal string, err error)
 
+	// Forwarders, when set, says which principals (as Identify named the
+	// connection's) may send forwarded ops (request flag FORWARD): a
+	// primary home's copies of its clients' writes, whose origin block
+	// names the client's session and the answer the reply cache keeps for
+	// it. Any other connection's forwarded op is answered ACCESS_DENIED
+	// unapplied: an origin block names another session's slot, which a
+	// tenant must not fill with an answer (its own op would then be
+	// answered from the cache, never applied) nor lock. Nil accepts them
+	// from every connection: only for tests and single-host development.
+	// It may be called concurrently. Default: nil.
+	Forwarders func(principal string) bool
+
 	// TLS, when set, makes every connection run a TLS handshake with it
 	// before the hello (bounded by HandshakeTimeout), and carries the
 	// protocol over TLS from then on: the credential, keys and data are

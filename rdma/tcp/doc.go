@@ -169,7 +169,10 @@
 // or FORWARD without ONCE, ONCE on another opcode or with a slot ≥ 128,
 // FORWARD on another opcode than WRITE and XOR, or an opcode the server
 // does not know, is answered UNSUPPORTED after its payload has been
-// skipped, so newer clients can probe older servers. Without ONCE the
+// skipped, so newer clients can probe older servers. FORWARD from a
+// connection whose principal ServerConfig.Forwarders refuses is answered
+// ACCESS_DENIED, unapplied; an origin block naming the connection's own
+// session is answered PROTOCOL. Without ONCE the
 // slot and seq fields are reserved and must be 0. Atomics need offset to be
 // a multiple of 8 and operate on the word in the byte order of the
 // exporting host.

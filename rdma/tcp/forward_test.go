@@ -697,6 +697,56 @@ func TestForwardedFrames(t *testing.T) {
 	require.EqualValues(t, 99, sl.value)
 }
 
+// TestForwardOnlyFromForwarders: a forwarded op's origin block names
+// another session's slot and the answer its cache is to keep. From a
+// connection whose principal ServerConfig.Forwarders refuses (a tenant,
+// not a peer daemon) it is ACCESS_DENIED and changes nothing: neither the
+// memory nor the named session, whose own op would otherwise be answered
+// from the cache and never applied. An origin naming the sending
+// connection's own session (whose slot the op holds while it runs) is
+// PROTOCOL, answered at once instead of waiting on itself forever.
+func TestForwardOnlyFromForwarders(t *testing.T) {
+	cfg := fwdConfig()
+	cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, error) { return string(cred), nil }
+	cfg.Forwarders = func(p string) bool { return strings.HasPrefix(p, "poold/") }
+	s := startServer(t, cfg)
+	mem, r := s.export(t, 1, 4096)
+	as := func(cred string, session byte) func(org origin, data []byte) respHeader {
+		nc := rawConn(t, s.addr)
+		_, err := nc.Write(appendHello(nil, hello{version: Version, cred: []byte(cred), session: [sessionIDSize]byte{session}}))
+		require.NoError(t, err)
+		require.Equal(t, replyAccept, readReply(t, nc).code)
+		id := uint64(0)
+		return func(org origin, data []byte) respHeader {
+			id++
+			ob := appendOrigin(nil, &org)
+			h := reqHeader{id: id, op: opWrite, flags: reqFlagOnce | reqFlagForward, slot: 5, seq: uint32(id), seg: 1, key: r.Key, epoch: 1, off: 64, length: uint32(len(data)), payloadLen: uint32(len(ob) + len(data))}
+			_, err := nc.Write(append(append(requestFrame(t, &h), ob...), data...))
+			require.NoError(t, err)
+			return readResponse(t, nc)
+		}
+	}
+	bob := origin{key: sessionKey{name: "p:bob", id: [sessionIDSize]byte{9}}, slot: 5, seq: 1, value: 7}
+
+	alice := as("alice", 1)
+	require.Equal(t, statusAccessDenied, alice(bob, []byte("evil")).status)
+	require.Equal(t, []byte{0, 0, 0, 0}, mem[64:68], "nothing applied")
+	sl := &s.sessions.open(bob.key, true).slots[bob.slot]
+	sl.mu.Lock()
+	require.False(t, sl.known, "bob's slot holds no answer alice made up")
+	sl.mu.Unlock()
+
+	peer := as("poold/a", 2)
+	self := origin{key: sessionKey{name: "p:poold/a", id: [sessionIDSize]byte{2}}, slot: 5, seq: 1}
+	require.Equal(t, statusProtocol, peer(self, []byte("self")).status, "an origin naming the sender's own session")
+	require.Equal(t, statusOK, peer(bob, []byte("copy")).status)
+	require.Equal(t, []byte("copy"), mem[64:68])
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	require.True(t, sl.known, "a peer's forwarded op keeps its origin's answer")
+	require.EqualValues(t, 7, sl.value)
+}
+
 // TestForwardAddTarget: the rebuild's switch-over adds a target while
 // clients write: Seal waits out the writes in flight (forwarded ones until
 // their targets acknowledged), the new copy takes the sealed bytes,

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"runtime"
+
+	"github.com/farmem/farmem/rdma"
 )
 
 // writeStaged serves a WRITE or XOR whose payload cannot stream into the
@@ -41,6 +43,11 @@ func (c *srvConn) writeStaged(h *reqHeader, e *export) error {
 	var org *origin
 	if pre > 0 {
 		o, err := decodeOrigin((*b)[:pre])
+		if err == nil && c.sessKey != nil && o.key == *c.sessKey {
+			// The op holds its own session's slot while it runs: an origin
+			// naming that session would wait on it forever.
+			err = fmt.Errorf("origin block names the sending connection's own session: %w", rdma.ErrProtocol)
+		}
 		if err != nil {
 			e.unpin(true)
 			c.log.Warn("rdma/tcp: malformed origin block of a forwarded op", "remote", c.remote, "request", h.id, "err", err)

@@ -301,6 +301,12 @@ func (c *srvConn) once(h *reqHeader) error {
 	if (!writes && h.op != opCAS && h.op != opFADD) || int(h.slot) >= rdma.SessionSlots || (h.flags&reqFlagForward != 0 && !writes) {
 		return c.unsupported(h)
 	}
+	if h.flags&reqFlagForward != 0 && c.s.cfg.Forwarders != nil && !c.s.cfg.Forwarders(c.principal) {
+		if err := c.discard(int(h.payloadLen)); err != nil {
+			return err
+		}
+		return c.respond(h.id, statusAccessDenied, 0, 0, nil, nil)
+	}
 	if c.sess == nil {
 		// open marks it used, and the connection's end does again: use is
 		// counted per connection, so requests share no counter.
