@@ -280,7 +280,9 @@ func (d *Daemon) rejoinSeeds() {
 	if len(missing) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	stopped, stop := untilClosed(context.Background(), d.stop)
+	defer stop()
+	ctx, cancel := context.WithTimeout(stopped, 2*time.Second)
 	defer cancel()
 	n, err := d.pool.gossip().Join(ctx, missing)
 	switch {
