@@ -85,7 +85,11 @@ type ServerConfig struct {
 	// its rdma.SessionSlots slots, about 4 KiB. Opening one more evicts the
 	// least recently used; that client's retries of operations whose
 	// answers were lost then get INDETERMINATE (rdma.ErrIndeterminate),
-	// never a second application. Unit: sessions. Default: 1024.
+	// never a second application. While a client (principal, or
+	// credential) holds more than a sixteenth of the table (at least 4),
+	// the evicted one is its least recently used instead, so a client that
+	// opens session after session does not push the others out. Unit:
+	// sessions. Default: 1024.
 	MaxSessions int
 
 	// HandshakeTimeout bounds the hello/reply exchange of a new connection.

@@ -323,6 +323,30 @@ func TestSessionTableBound(t *testing.T) {
 	require.NotSame(t, tb.open(sessionKey{name: "other", id: key(5).id}, false), tb.m[key(5)], "another credential is another session")
 }
 
+// TestSessionTableFairShare: a client that opens session after session
+// (a new session id at each hello) fills the table and then evicts its
+// own, not the sessions of the others, even those used less recently.
+func TestSessionTableFairShare(t *testing.T) {
+	tb := newSessionTable(64) // a share of 4
+	bob := sessionKey{name: "p:bob", id: [sessionIDSize]byte{1}}
+	carol := sessionKey{name: "p:carol", id: [sessionIDSize]byte{2}}
+	b, c := tb.open(bob, false), tb.open(carol, false)
+	for i := range 1000 {
+		tb.open(sessionKey{name: "p:mallory", id: [sessionIDSize]byte{3, byte(i), byte(i >> 8)}}, false)
+	}
+	require.Len(t, tb.m, 64)
+	require.Same(t, b, tb.m[bob], "bob's session outlives mallory's churn")
+	require.Same(t, c, tb.m[carol])
+	require.Equal(t, 62, tb.owned["p:mallory"])
+	for i := range 8 { // a newcomer takes mallory's places, past its own share too
+		tb.open(sessionKey{name: "p:dave", id: [sessionIDSize]byte{4, byte(i)}}, false)
+	}
+	require.Len(t, tb.m, 64)
+	require.Equal(t, 8, tb.owned["p:dave"])
+	require.Equal(t, 54, tb.owned["p:mallory"])
+	require.Same(t, b, tb.m[bob])
+}
+
 // TestVersions: a version 1 client is still served, without sessions (its
 // ONCE flag is UNSUPPORTED); a server that speaks only version 1 refuses
 // this client with an error matching rdma.ErrNotSupported.

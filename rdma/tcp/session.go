@@ -29,13 +29,17 @@ func sessionName(principal bool, who string) string {
 
 // sessionTable is a server's reply cache: the exactly-once sessions of its
 // clients, at most max of them; opening one more evicts the least recently
-// used. It is safe for concurrent use.
+// used of the name that holds the most, if that is more than its share
+// (ownerShare), else the least recently used: a client that opens session
+// after session evicts its own, not the others'. It is safe for
+// concurrent use.
 type sessionTable struct {
 	max  int
 	tick atomic.Uint64 // logical clock for least-recently-used eviction
 
-	mu sync.Mutex
-	m  map[sessionKey]*session
+	mu    sync.Mutex
+	m     map[sessionKey]*session
+	owned map[string]int // sessions per sessionKey name
 	// fresh holds the sessions a hello without RESUME named (their
 	// client had no server accept them before) that no ONCE request has
 	// opened yet, at most max of them, the oldest forgotten first
@@ -52,8 +56,15 @@ type sessionTable struct {
 }
 
 func newSessionTable(max int) *sessionTable {
-	return &sessionTable{max: max, m: make(map[sessionKey]*session)}
+	return &sessionTable{max: max, m: make(map[sessionKey]*session), owned: make(map[string]int)}
 }
+
+// ownerShare is how many sessions one name may hold in a full table
+// before the next one opened evicts one of its: a client uses one session per
+// process (a peer daemon one per node), so a sixteenth of the table (at
+// least 4) leaves room for many of them, while a name that churns
+// sessions cannot push every other client's replies out.
+func (t *sessionTable) ownerShare() int { return max(4, t.max/16) }
 
 // session is one client session's reply cache: the last answer of each of
 // its slots. A connection keeps a pointer to it, so an evicted session
@@ -142,8 +153,9 @@ func (t *sessionTable) openLocked(key sessionKey, known bool) *session {
 	s := t.m[key]
 	if s == nil {
 		if len(t.m) >= t.max {
-			t.evictOldest()
+			t.evictOldest(t.overShare())
 		}
+		t.owned[key.name]++
 		_, fresh := t.fresh[key]
 		delete(t.fresh, key)
 		s = &session{}
@@ -164,21 +176,40 @@ func (t *sessionTable) forget() {
 	t.mu.Unlock()
 }
 
-// evictOldest drops the least recently used session; t.mu is held. The
-// scan is linear, and runs only when a session is opened at a full table.
-func (t *sessionTable) evictOldest() {
+// overShare returns the name holding the most sessions if that is more
+// than ownerShare, else ""; t.mu is held.
+func (t *sessionTable) overShare() string {
+	most, n := "", t.ownerShare()
+	for name, c := range t.owned {
+		if c > n {
+			most, n = name, c
+		}
+	}
+	return most
+}
+
+// evictOldest drops the least recently used session, of those named
+// name if it is not ""; t.mu is held. The scan is linear, and runs only
+// when a session is opened at a full table.
+func (t *sessionTable) evictOldest(name string) {
 	var (
 		oldest    sessionKey
 		oldestUse uint64
 		found     bool
 	)
 	for k, s := range t.m {
+		if name != "" && k.name != name {
+			continue
+		}
 		if u := s.lastUsed.Load(); !found || u < oldestUse {
 			oldest, oldestUse, found = k, u, true
 		}
 	}
 	if found {
 		delete(t.m, oldest)
+		if t.owned[oldest.name]--; t.owned[oldest.name] == 0 {
+			delete(t.owned, oldest.name)
+		}
 		t.forgot = true
 	}
 }
