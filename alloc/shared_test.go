@@ -16,9 +16,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/coherence"
 	"github.com/farmem/farmem/coherence/lincheck"
 	"github.com/farmem/farmem/internal/pooltest"
 	"github.com/farmem/farmem/pool"
+	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // sharedPool starts a pool and allocates a named rdma segment on it.
@@ -281,4 +283,14 @@ func TestSharedSegmentHomeRestart(t *testing.T) {
 	v, err := s2.Load64(0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, v, "the home keeps what was written back, not the later write")
+}
+
+// TestCoherenceFitsMSG: the largest requests a sharer sends, a page of the
+// largest page size and a poll carrying a full batch of acks without data,
+// fit in one MSG, whose payload the home refuses beyond tcp.MaxMessage.
+func TestCoherenceFitsMSG(t *testing.T) {
+	page := coherence.AppendBatch(nil, []coherence.Message{{Kind: coherence.WriteBack, HasData: true, Data: make([]byte, coherence.MaxData)}})
+	require.LessOrEqual(t, len(page), tcp.MaxMessage, "a WriteBack of a %d-byte page", coherence.MaxData)
+	poll := coherence.AppendBatch(nil, make([]coherence.Message, coherence.MaxBatch))
+	require.LessOrEqual(t, len(poll), tcp.MaxMessage, "a poll with %d acks", coherence.MaxBatch-1)
 }

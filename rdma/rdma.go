@@ -75,7 +75,7 @@ type Conn interface {
 	// length. The handler may hold the call (a long poll), and with it the
 	// operations queued behind it, so a caller that may be held uses a
 	// connection of its own. A transport bounds req and resp (rdma/tcp:
-	// MaxMessage) and refuses larger with ErrOutOfRange; one that cannot
+	// MaxMessage and MaxPayload) and refuses larger with ErrOutOfRange; one that cannot
 	// carry messages fails with an error matching ErrNotSupported.
 	Message(ctx context.Context, r Region, req, resp []byte) (int, error)
 	// Close releases the connection. Operations in flight fail with

@@ -148,7 +148,13 @@
 //	         the hook's answer. The coherence protocol of shared segments
 //	         rides it; a hook may block (the sharer's long poll), so a client
 //	         keeps such calls on a connection of their own. A server without
-//	         the hook answers UNSUPPORTED.
+//	         the hook answers UNSUPPORTED. The payload is at most 1 MiB +
+//	         64 KiB (MaxMessage: the largest coherence message, with room
+//	         to spare). The server checks the length and the segment (key,
+//	         principal, state) before it reads the payload: a longer
+//	         payload is answered OUT_OF_RANGE, a segment the connection may
+//	         not use with its status (ACCESS_DENIED, ...), both at once,
+//	         and the payload is skipped, never buffered.
 //	6 XOR    XOR the payload into the bytes at offset; payload len = length
 //	         (with FORWARD, length plus the origin block); arg0, arg1 0. XORs
 //	         of a segment are atomic with each other (a parity shard takes

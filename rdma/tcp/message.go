@@ -10,16 +10,22 @@ import (
 
 // MSG (opcode 5) carries an opaque request to the server's Message hook and
 // its response back: the coherence protocol of shared segments rides it.
-// The request payload is the message; length is the largest response the
-// client accepts; offset, arg0 and arg1 are 0. The response payload (at
-// most length bytes) is the hook's answer.
+// The request payload is the message (at most MaxMessage bytes); length is
+// the largest response the client accepts; offset, arg0 and arg1 are 0.
+// The response payload (at most length bytes) is the hook's answer.
 
 // opKindMessage is the op kind of a MSG on the client side. It is not an
 // rdma.OpKind a caller may pass to Do.
 const opKindMessage = rdma.OpKind(opMsg)
 
-// MaxMessage is the largest MSG request or response (16 MiB, MaxPayload).
-const MaxMessage = MaxPayload
+// MaxMessage is the largest MSG request (1 MiB + 64 KiB): the largest
+// coherence message, a page of the largest page size (1 MiB) with its
+// header, or a poll carrying a batch of acks without data (at most 4096
+// of 72 bytes), with room to spare. A server answers a longer one
+// OUT_OF_RANGE, so that a client that never sends such messages cannot
+// make it buffer MaxPayload per connection. An answer may be as long as
+// MaxPayload.
+const MaxMessage = 1<<20 + 64<<10
 
 // Message implements rdma.Conn.Message with the MSG opcode: it sends req to
 // the Message hook of the server for region r and reads its answer into
@@ -29,8 +35,8 @@ const MaxMessage = MaxPayload
 // long poll) holds up every op behind it on that connection, so such calls
 // belong on a Client of their own.
 func (cl *Client) Message(ctx context.Context, r rdma.Region, req, resp []byte) (int, error) {
-	if len(req) > MaxMessage || len(resp) > MaxMessage {
-		return 0, fmt.Errorf("rdma/tcp: MSG %s of %d bytes with a %d-byte answer buffer exceeds the %d-byte limit: %w", r, len(req), len(resp), MaxMessage, rdma.ErrOutOfRange)
+	if len(req) > MaxMessage || len(resp) > MaxPayload {
+		return 0, fmt.Errorf("rdma/tcp: MSG %s of %d bytes with a %d-byte answer buffer exceeds the limits (%d-byte request, MaxMessage; %d-byte answer, MaxPayload): %w", r, len(req), len(resp), MaxMessage, MaxPayload, rdma.ErrOutOfRange)
 	}
 	o := getOp()
 	o.kind, o.region, o.req, o.buf = opKindMessage, r, req, resp
@@ -57,11 +63,29 @@ func (c *cliConn) completeMessage(o *op, h *respHeader) error {
 	return nil
 }
 
-// message serves one MSG: the request payload is read into a buffer of its
-// own (the hook may keep the connection's goroutine for long), pending
-// responses are flushed first (the hook may block), then the hook runs with
-// the segment pinned.
+// message serves one MSG. Its length and segment are checked before its
+// payload is read: a payload over MaxMessage is answered OUT_OF_RANGE, a
+// segment the connection may not use as pin answers, and the payload is
+// skipped without a buffer. Otherwise the payload is read into a buffer of
+// its own (the hook may keep the connection's goroutine for long), with
+// the segment unpinned so that a client slow to send it holds up no
+// Revoke; pending responses are flushed (the hook may block), then the
+// hook runs with the segment pinned again.
 func (c *srvConn) message(h *reqHeader) error {
+	st := statusOutOfRange
+	if h.payloadLen <= MaxMessage {
+		var e *export
+		if e, st = c.pin(h, false); st == statusOK {
+			e.release()
+		}
+	}
+	if st != statusOK {
+		// Answered first: the answer leaves while the payload is skipped.
+		if err := c.respond(h.id, st, 0, 0, nil, nil); err != nil {
+			return err
+		}
+		return c.discard(int(h.payloadLen))
+	}
 	req := make([]byte, h.payloadLen)
 	if err := c.rd.readInto(req); err != nil {
 		return fmt.Errorf("read %d-byte MSG payload: %w", len(req), err)

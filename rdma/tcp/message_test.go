@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -95,4 +96,51 @@ func TestMessage(t *testing.T) {
 		within(t, "Close with a blocked MSG", func() { require.NoError(t, s3.Close()) })
 		<-done
 	})
+}
+
+// TestMessageCheckedBeforePayload: a MSG is checked (its segment, its
+// length) before its payload is read, so that a client cannot make the
+// server buffer a payload it will refuse: the answer comes while the
+// payload is still withheld, and the connection stays in sync once the
+// payload (skipped) follows.
+func TestMessageCheckedBeforePayload(t *testing.T) {
+	s := startServer(t, ServerConfig{Message: func(_ context.Context, _ uint64, _ []byte, req []byte, _ int) ([]byte, error) {
+		return []byte(fmt.Sprintf("%d bytes", len(req))), nil
+	}})
+	_, r := s.export(t, 1, 4096)
+	nc := rawConn(t, s.addr)
+	handshake(t, nc)
+	for _, tc := range []struct {
+		name   string
+		h      reqHeader
+		status uint16
+	}{
+		{"unexported segment", reqHeader{id: 1, op: opMsg, seg: 2, key: r.Key, payloadLen: MaxMessage, length: 64}, statusAccessDenied},
+		{"wrong key", reqHeader{id: 2, op: opMsg, seg: 1, payloadLen: MaxMessage, length: 64}, statusAccessDenied},
+		{"over MaxMessage", reqHeader{id: 3, op: opMsg, seg: 1, key: r.Key, payloadLen: MaxMessage + 1, length: 64}, statusOutOfRange},
+		{"16 MiB", reqHeader{id: 4, op: opMsg, seg: 1, key: r.Key, payloadLen: MaxPayload, length: 64}, statusOutOfRange},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := nc.Write(requestFrame(t, &tc.h))
+			require.NoError(t, err)
+			resp := readResponse(t, nc) // before the payload: the check read none of it
+			require.Equal(t, tc.h.id, resp.id)
+			require.Equal(t, tc.status, resp.status)
+			_, err = nc.Write(make([]byte, tc.h.payloadLen))
+			require.NoError(t, err)
+		})
+	}
+	// Still in sync: a MSG within the limit is served on the same connection.
+	_, err := nc.Write(append(requestFrame(t, &reqHeader{id: 5, op: opMsg, seg: 1, key: r.Key, payloadLen: 3, length: 64}), "abc"...))
+	require.NoError(t, err)
+	resp := readResponse(t, nc)
+	require.Equal(t, statusOK, resp.status)
+	got := make([]byte, resp.payloadLen)
+	_, err = io.ReadFull(nc, got)
+	require.NoError(t, err)
+	require.Equal(t, "3 bytes", string(got))
+
+	c := dial(t, s.addr)
+	_, err = c.Message(t.Context(), r, make([]byte, MaxMessage+1), make([]byte, 64))
+	require.ErrorIs(t, err, rdma.ErrOutOfRange, "the client refuses what the server would")
 }
