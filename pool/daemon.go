@@ -130,7 +130,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if dp != nil {
 		m.reg.MustRegister(newCoherenceCollector(dp.coh))
 	}
-	ops, err := listenOps(cfg.Metrics, ls)
+	ops, err := listenOps(cfg.Metrics, ls, log)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/farmem/farmem/internal/listener"
 )
 
 // opsHTTP is the HTTP server on Config.Metrics that operators' tools
@@ -20,8 +22,22 @@ type opsHTTP struct {
 	done chan struct{} // closed when Serve returns; nil until serve
 }
 
+// Bounds of the metrics and health endpoints' connections: at most
+// maxOpsConnsPerSource open from one IP (maxOpsConns in all), the rest
+// closed at once as they come; a connection idle between requests for
+// opsIdleTimeout is closed, and an answer must be written within
+// opsWriteTimeout. A scraper or probe keeps one or two connections, so
+// these leave room for many while a host that opens them by the hundred
+// cannot take the descriptors the daemon's other listeners need.
+const (
+	maxOpsConns          = 64
+	maxOpsConnsPerSource = 16
+	opsIdleTimeout       = 30 * time.Second
+	opsWriteTimeout      = 30 * time.Second
+)
+
 // listenOps binds the metrics address; "" means no server (nil, nil).
-func listenOps(addr string, ls *listeners) (*opsHTTP, error) {
+func listenOps(addr string, ls *listeners, log *slog.Logger) (*opsHTTP, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -29,7 +45,15 @@ func listenOps(addr string, ls *listeners) (*opsHTTP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics on %s: %w (choose another address with --metrics, or leave it empty for none)", addr, err)
 	}
-	return &opsHTTP{l: ls.wrap(l, listenerMetrics)}, nil
+	// Connections are never settled: each counts until it is closed.
+	h, err := listener.NewHandshakes(ls.wrap(l, listenerMetrics), listener.Limits{
+		Name: listenerMetrics, Logger: log, Total: maxOpsConns, PerSource: maxOpsConnsPerSource,
+	})
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return &opsHTTP{l: h}, nil
 }
 
 // addr is the bound address ("" when off).
@@ -45,7 +69,7 @@ func (o *opsHTTP) serve(h http.Handler, log *slog.Logger) {
 	if o == nil {
 		return
 	}
-	o.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	o.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: opsIdleTimeout, WriteTimeout: opsWriteTimeout}
 	o.done = make(chan struct{})
 	go func() {
 		defer close(o.done)
