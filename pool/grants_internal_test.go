@@ -1,7 +1,10 @@
 package pool
 
 import (
+	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
@@ -75,4 +78,64 @@ func TestGrantsMigration(t *testing.T) {
 	require.NoError(t, err, "the owner's identity is the creator")
 	_, err = p.Attach(admin(), "orphan")
 	require.NoError(t, err)
+}
+
+// TestAttachersBounded: a segment lists at most maxAttachers client ids
+// as attached, refusing more with ErrLimit (one already attached attaches
+// again); a detach makes room, and so does the end of an attacher's lease,
+// which also ends its access: whoever opens a session with its client id
+// next must be granted attach again.
+func TestAttachersBounded(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	defer p.close()
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	require.NoError(t, p.auth.bind("app", "uid:1000"))
+	p.openSession("s-app", "app", "app", 1, 1000)
+	app, err := p.callerFor("s-app")
+	require.NoError(t, err)
+	app.ident = "uid:1000"
+	seg, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared"})
+	require.NoError(t, err)
+
+	// attacher opens a session as client id of identity ident.
+	attacher := func(id, ident string) caller {
+		require.NoError(t, p.auth.bind(id, ident))
+		p.openSession("s-"+id, id, id, 2, 1000)
+		c, err := p.callerFor("s-" + id)
+		require.NoError(t, err)
+		c.ident = ident
+		return c
+	}
+	first := attacher("first", "uid:1000")
+	_, err = p.Attach(first, "shared")
+	require.NoError(t, err)
+	p.mu.Lock()
+	for i := len(p.segs[seg.ID].Attached); i < maxAttachers; i++ {
+		p.segs[seg.ID].Attached = append(p.segs[seg.ID].Attached, fmt.Sprintf("gone-%d", i))
+	}
+	p.mu.Unlock()
+
+	one := attacher("one-more", "uid:1000")
+	_, err = p.Attach(one, "shared")
+	require.ErrorIs(t, err, errs.ErrLimit)
+	require.ErrorContains(t, err, "detach")
+	_, err = p.Attach(first, "shared")
+	require.NoError(t, err, "an attacher attaches again")
+	require.NoError(t, p.Detach(first, seg.ID))
+	_, err = p.Attach(one, "shared")
+	require.NoError(t, err, "a detach makes room")
+
+	// one-more's lease ends: its attachment with it.
+	p.closeSession("s-one-more")
+	now = now.Add(cfg.LeaseTTL)
+	p.reap()
+	got, err := p.Stat(seg.ID)
+	require.NoError(t, err)
+	require.False(t, slices.Contains(got.Attached, "one-more"))
+	require.Equal(t, maxAttachers-1, len(got.Attached))
+	require.Empty(t, p.auth.identity("one-more"), "reap forgot the binding of a client that owns nothing")
+	_, err = p.Attach(attacher("one-more", "uid:2000"), "shared")
+	require.ErrorIs(t, err, errs.ErrAccessDenied, "another identity with the reaped client's id gets no access")
 }

@@ -156,6 +156,9 @@ func (p *core) Attach(c caller, name string) (*record, error) {
 		return nil, attachDenied(c, r)
 	}
 	if !mayUse(c, r) {
+		if len(r.Attached) >= maxAttachers {
+			return nil, fmt.Errorf("attach %q: %w: %d clients have attached it, at most %d per segment; have those that no longer use it detach (Segment.Close or Client.Close; a client's attachments also end with its lease)", name, errs.ErrLimit, len(r.Attached), maxAttachers)
+		}
 		next := *r
 		next.Attached = append(slices.Clone(r.Attached), c.client.id)
 		if err := p.st.put(&next); err != nil {
@@ -167,6 +170,11 @@ func (p *core) Attach(c caller, name string) (*record, error) {
 	cp := *r
 	return &cp, nil
 }
+
+// maxAttachers is the most client ids one segment lists as attached:
+// each Attach rewrites the whole record, and the data plane's principals
+// of the segment are the list.
+const maxAttachers = 1024
 
 // Detach withdraws the caller's attachment to a segment (its client id
 // from Attached), so that the caller may no longer map or free it; the
@@ -182,18 +190,25 @@ func (p *core) Detach(c caller, id uint64) error {
 	if c.client == nil {
 		return nil
 	}
-	i := slices.Index(r.Attached, c.client.id)
+	_, err = p.detachLocked(r, c.client.id)
+	return err
+}
+
+// detachLocked removes client from r's attachers, committed, and reports
+// whether it was one. p.mu is held.
+func (p *core) detachLocked(r *record, client string) (bool, error) {
+	i := slices.Index(r.Attached, client)
 	if i < 0 {
-		return nil
+		return false, nil
 	}
 	next := *r
 	next.Attached = slices.Delete(slices.Clone(r.Attached), i, i+1)
 	if err := p.st.put(&next); err != nil {
-		return fmt.Errorf("detach segment %d: commit to the metadata store: %w", id, err)
+		return false, fmt.Errorf("detach segment %d: commit to the metadata store: %w", r.ID, err)
 	}
 	*r = next
 	p.allowData(r)
-	return nil
+	return true, nil
 }
 
 // Stat returns a copy of one segment.

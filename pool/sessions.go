@@ -133,7 +133,12 @@ func (p *core) callerFor(sessionID string) (caller, error) {
 	return caller{client: st.client}, nil
 }
 
-// reap reclaims the unpinned segments of clients whose lease ran out.
+// reap reclaims the unpinned segments of clients whose lease ran out and
+// ends their attachments: a client id whose binding reap forgets (it owns
+// nothing) must not keep access to what it attached for whoever takes the
+// id next, and attachers that came and went must not fill a segment's
+// list (maxAttachers). The homes of a segment held elsewhere are told in
+// the background.
 func (p *core) reap() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -142,7 +147,7 @@ func (p *core) reap() {
 		if c.sessions > 0 || now.Before(c.expires) {
 			continue
 		}
-		var n int
+		var n, detached int
 		var bytes int64
 		for _, r := range p.segs {
 			if r.Owner == id && !r.pinned() {
@@ -152,6 +157,18 @@ func (p *core) reap() {
 				}
 				n++
 				bytes += r.Size
+				continue
+			}
+			ok, err := p.detachLocked(r, id)
+			if err != nil {
+				p.log.Error("end the attachment of a client whose lease expired", "segment", r.ID, "client", id, "err", err)
+				continue
+			}
+			if ok {
+				detached++
+				if len(r.homeNodes()) > 0 {
+					p.tellLater(r.ID)
+				}
 			}
 		}
 		delete(p.clients, id)
@@ -159,8 +176,8 @@ func (p *core) reap() {
 			p.auth.forget(id)
 		}
 		p.metrics.leaseExpired()
-		if n > 0 {
-			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes)
+		if n > 0 || detached > 0 {
+			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes, "attachments", detached)
 		}
 	}
 }
