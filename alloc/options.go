@@ -86,8 +86,9 @@ func WithBusyPoll(d time.Duration) DialOption { return func(o *dialOptions) { o.
 // segments. Default: a random id, new on every Dial.
 func WithClientID(id string) DialOption { return func(o *dialOptions) { o.clientID = id } }
 
-// WithClientName sets a free-text name memctl shows for the client.
-// Default: the program's name.
+// WithClientName sets a free-text name memctl shows for the client, at
+// most 255 bytes (Dial fails with ErrInvalid beyond). Default: the
+// program's name.
 func WithClientName(name string) DialOption { return func(o *dialOptions) { o.clientName = name } }
 
 // WithDialTimeout bounds how long Dial waits for the daemon when ctx has

@@ -142,12 +142,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	d := &Daemon{cfg: cfg, log: log, data: sec, pool: p, stop: make(chan struct{}), metrics: m, listeners: ls, health: newHealth(), ops: ops, lock: lock}
 	d.inv.Store(inv)
 	p.setHMAT(inv)
-	d.grpc = grpc.NewServer(append([]grpc.ServerOption{
-		grpc.Creds(peerCreds{}),
-		grpc.ConnectionTimeout(handshakeTimeout),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(sessionProbe(cfg.LeaseTTL)),
-	}, cfg.sim.grpc...)...)
+	d.grpc = grpc.NewServer(append(controlOptions(cfg), grpc.Creds(peerCreds{}))...)
 	poolv1.RegisterPoolServer(d.grpc, &service{d: d})
 	d.health.register(d.grpc)
 	if d.mux, err = newMux(ls.wrap(l, listenerUnix), d.allow, d.serveFD, log); err != nil {
@@ -158,11 +153,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			d.mux.shutdown()
 			return nil, err
 		}
-		opts, err := cfg.tcpServerOptions(append([]grpc.ServerOption{
-			grpc.ConnectionTimeout(handshakeTimeout),
-			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
-			grpc.KeepaliveParams(sessionProbe(cfg.LeaseTTL)),
-		}, cfg.sim.grpc...)...)
+		opts, err := cfg.tcpServerOptions(controlOptions(cfg)...)
 		if err != nil {
 			d.tcpL.Close()
 			d.mux.shutdown()
@@ -210,6 +201,24 @@ func absPath(p string) string {
 func sessionProbe(ttl time.Duration) keepalive.ServerParameters {
 	d := max(ttl/4, time.Second)
 	return keepalive.ServerParameters{Time: d, Timeout: d}
+}
+
+// maxStreamsPerConn bounds the calls one control-plane connection has
+// open at once (HTTP/2 MaxConcurrentStreams), so that one connection
+// cannot hold goroutines and buffers by the thousand. A client holds one
+// session stream and its calls; one past the bound waits for a call to
+// end (grpc-go queues it) rather than fail.
+const maxStreamsPerConn = 256
+
+// controlOptions are the options both gRPC servers (the unix socket and
+// Config.Listen) share.
+func controlOptions(cfg Config) []grpc.ServerOption {
+	return append([]grpc.ServerOption{
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.MaxConcurrentStreams(maxStreamsPerConn),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(sessionProbe(cfg.LeaseTTL)),
+	}, cfg.sim.grpc...)
 }
 
 // untilClosed returns a context derived from parent that also ends when

@@ -56,6 +56,9 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	if hello == nil || hello.ClientId == "" || len(hello.ClientId) > MaxNameLen || hello.ClientId == nobody.id {
 		return errs.ToStatus(fmt.Errorf("%w: a session starts with a Hello carrying a client id of 1 to %d bytes", errs.ErrInvalid, MaxNameLen))
 	}
+	if len(hello.ClientName) > MaxNameLen {
+		return errs.ToStatus(fmt.Errorf("%w: client name of %d bytes is longer than %d; choose a shorter one (alloc.WithClientName)", errs.ErrInvalid, len(hello.ClientName), MaxNameLen))
+	}
 	t, uid := identityOf(stream.Context())
 	ident := t.ident
 	if err := s.d.bindSession(hello.ClientId, ident); err != nil {

@@ -27,7 +27,8 @@ const Header = "farmem-session"
 type Options struct {
 	// ClientID is the stable identity the session is opened under (required).
 	ClientID string
-	// ClientName is shown by memctl.
+	// ClientName is shown by memctl; at most pool.MaxNameLen (255) bytes,
+	// or the daemon refuses the session with ErrInvalid.
 	ClientName string
 	// OnEvents receives the daemon's segment lost/restored notices; it runs
 	// on the session goroutine and must not block.
