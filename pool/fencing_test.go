@@ -3,13 +3,20 @@ package pool
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
+	"io"
 	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
@@ -186,3 +193,158 @@ func TestPeerLease(t *testing.T) {
 	passes(p, now, cfg.PeerLeaseTTL)
 	require.False(t, held(p, peer.ID))
 }
+
+// TestFreeFenceOutsideLock: a client that stops reading the answer of a
+// large READ holds up the fence of its segment until it reads again (or
+// the data plane's WriteTimeout cuts it off); a Free of that segment, or
+// the reclaim of its owner's lease, waits for the fence, but another
+// client's Alloc meanwhile does not wait behind it, and is not given the
+// memory being fenced. The READ begun before gets its whole answer once
+// its client reads again.
+func TestFreeFenceOutsideLock(t *testing.T) {
+	for _, reclaim := range []string{"free", "lease expired"} {
+		t.Run(reclaim, func(t *testing.T) {
+			p, now := newServingPool(t)
+			ctx := t.Context()
+			session := func(sid, client string) caller {
+				p.openSession(sid, client, client, 1, 0)
+				c, err := p.callerFor(sid)
+				require.NoError(t, err)
+				return c
+			}
+			a, b := session("s-a", "a"), session("s-b", "b")
+			const n = 8 << 20 // beyond what the sockets between the data plane and the client buffer
+			r, err := p.Alloc(ctx, a, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
+			require.NoError(t, err)
+			cred := tcp.WithCredential(p.auth.issue("s-a", "a", "a"))
+
+			px := newStallingProxy(t, p.dp.addr)
+			stuck, err := tcp.Dial(ctx, px.addr, tcp.WithConns(1), cred)
+			require.NoError(t, err)
+			t.Cleanup(func() { stuck.Close() })
+			px.stall()
+			read := make(chan error, 1)
+			go func() { read <- stuck.Read(ctx, region(t, r), 0, make([]byte, n)) }()
+			<-px.stalled // the answer began: the READ holds the segment until it is flushed
+
+			freed := make(chan error, 1)
+			if reclaim == "free" {
+				go func() { freed <- p.Free(a, r.ID, "") }()
+			} else {
+				p.closeSession("s-a")
+				*now = now.Add(2 * p.cfg.LeaseTTL)
+				go func() { p.reap(); freed <- nil }()
+			}
+			// The fence began once an operation with the segment's key is refused.
+			probe, err := tcp.Dial(ctx, p.dp.addr, cred)
+			require.NoError(t, err)
+			t.Cleanup(func() { probe.Close() })
+			for !errors.Is(probe.Read(ctx, region(t, r), 0, make([]byte, 8)), rdma.ErrLeaseExpired) {
+				time.Sleep(time.Millisecond)
+			}
+
+			other := make(chan *record, 1)
+			go func() {
+				r2, err := p.Alloc(ctx, b, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA})
+				assert.NoError(t, err)
+				other <- r2
+			}()
+			var r2 *record
+			select {
+			case r2 = <-other:
+			case err := <-freed:
+				t.Fatalf("the %s (err %v) returned before another client's Alloc, which waited for its fence", reclaim, err)
+			}
+			select {
+			case err := <-freed:
+				t.Fatalf("the %s (err %v) returned while the READ it fences was unanswered", reclaim, err)
+			default:
+			}
+			require.NotNil(t, r2)
+			require.True(t, r2.Device != r.Device || r2.Offset >= r.Offset+r.Extent || r2.Offset+r2.Extent <= r.Offset,
+				"the Alloc was given memory of the segment being fenced: %d+%d within %d+%d", r2.Offset, r2.Extent, r.Offset, r.Extent)
+
+			px.resume()
+			require.NoError(t, <-read, "the READ begun before gets its whole answer (an error: the data plane cut the stalled client off, its fence ended before it read again)")
+			require.NoError(t, <-freed)
+			_, err = p.Stat(r.ID)
+			require.ErrorIs(t, err, errs.ErrNotFound)
+			require.ErrorIs(t, probe.Read(ctx, region(t, r), 0, make([]byte, 8)), rdma.ErrLeaseExpired)
+		})
+	}
+}
+
+// stallingProxy relays one connection to a data plane and, once told to
+// stall, holds the data plane's bytes from the next that arrive until told
+// to resume: a client that stops reading its answers.
+type stallingProxy struct {
+	addr    string
+	stalls  atomic.Bool
+	stalled chan struct{} // closed once it holds bytes
+	resumed chan struct{}
+	once    sync.Once
+}
+
+func newStallingProxy(t *testing.T, to string) *stallingProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	px := &stallingProxy{addr: l.Addr().String(), stalled: make(chan struct{}), resumed: make(chan struct{})}
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		px.resume()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		down, err := l.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", to)
+		mu.Lock()
+		conns = append(conns, down)
+		if err == nil {
+			conns = append(conns, up)
+		}
+		mu.Unlock()
+		if err != nil {
+			down.Close()
+			return
+		}
+		// A small receive buffer keeps the data plane's answer in its own
+		// socket rather than here.
+		up.(*net.TCPConn).SetReadBuffer(256 << 10)
+		wg.Go(func() { io.Copy(up, down) })
+		buf := make([]byte, 32<<10)
+		for {
+			k, err := up.Read(buf)
+			if k > 0 && px.stalls.CompareAndSwap(true, false) {
+				close(px.stalled)
+				<-px.resumed
+			}
+			if k > 0 {
+				if _, err := down.Write(buf[:k]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				down.Close()
+				return
+			}
+		}
+	})
+	return px
+}
+
+// stall holds the data plane's next bytes and all after them.
+func (px *stallingProxy) stall() { px.stalls.Store(true) }
+
+// resume relays what the proxy holds and all that follows.
+func (px *stallingProxy) resume() { px.once.Do(func() { close(px.resumed) }) }

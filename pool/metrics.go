@@ -200,7 +200,7 @@ func allocFailureReason(err error) string {
 	return "other"
 }
 
-// released counts a segment leaving the table; reason is freeLocked's
+// released counts a segment leaving the table; reason is release's
 // ("freed" by its owner, else why it was reclaimed).
 func (m *metrics) released(r *record, reason string) {
 	if m == nil {

@@ -156,12 +156,7 @@ func (ls *lostBackupSim) checkLeavingServes(t *testing.T) {
 // freeCopy frees the new copy a joining Replicate names at h, as h does
 // when the origin's lease there runs out: the origin finds it gone.
 func freeCopy(h *simHost, req *poolv1.ReplicateRequest) error {
-	p := h.daemon().pool
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if r := p.segs[req.HomeId]; r != nil {
-		_ = p.freeLocked(r, "the test's target lost its copy")
-	}
+	reclaimHere(h.daemon().pool, req.HomeId, "the test's target lost its copy")
 	return nil
 }
 
@@ -344,11 +339,6 @@ func TestMoveHomeLeavingGoneNotPutBack(t *testing.T) {
 	require.True(t, ins[0].Switched)
 
 	origin.pool.moving.set(in) // the copy known again: only the node's answer refuses it now
-	p := ls.sc.host(leaving.Node).daemon().pool
-	p.mu.Lock()
-	if r := p.segs[leaving.HomeID]; r != nil {
-		_ = p.freeLocked(r, "the test's leaving home let its copy go")
-	}
-	p.mu.Unlock()
+	reclaimHere(ls.sc.host(leaving.Node).daemon().pool, leaving.HomeID, "the test's leaving home let its copy go")
 	stillLost(origin.pool.keepLeaving(ctx, in))
 }

@@ -141,12 +141,7 @@ func TestAllocHomeGoneUnmarked(t *testing.T) {
 		h.cfg.sim.grpc = append(h.cfg.sim.grpc, grpc.ChainUnaryInterceptor(
 			func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
 				if rr, ok := req.(*poolv1.ReplicateRequest); ok && gone.CompareAndSwap(true, false) {
-					p := h.daemon().pool
-					p.mu.Lock()
-					if r := p.segs[rr.HomeId]; r != nil {
-						_ = p.freeLocked(r, "the test's home lost its copy")
-					}
-					p.mu.Unlock()
+					reclaimHere(h.daemon().pool, rr.HomeId, "the test's home lost its copy")
 				}
 				return next(ctx, req)
 			}))

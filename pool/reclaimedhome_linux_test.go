@@ -19,12 +19,21 @@ import (
 // origin is not told, and finds out only by asking the node.
 func reclaimAt(t *testing.T, sc *simCluster, h homeRef) {
 	t.Helper()
-	p := sc.host(h.Node).daemon().pool
+	require.True(t, reclaimHere(sc.host(h.Node).daemon().pool, h.HomeID, "lease expired"), "the home on %s", h.Node)
+}
+
+// reclaimHere frees segment id of p, if p holds it, as the lease of its
+// owner running out does, and reports whether p held it.
+func reclaimHere(p *core, id uint64, reason string) bool {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	r := p.segs[h.HomeID]
-	require.NotNil(t, r, "the home on %s", h.Node)
-	require.NoError(t, p.freeLocked(r, "lease expired"))
+	r := p.segs[id]
+	if r == nil || p.unlinkFreed(r) != nil {
+		p.mu.Unlock()
+		return false
+	}
+	p.mu.Unlock()
+	p.dispose(reason, r)
+	return true
 }
 
 // TestHomeJudgedWhileSegmentLost: an ec=4+2 segment loses both parity

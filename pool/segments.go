@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/device"
@@ -58,12 +59,17 @@ func (p *core) Free(c caller, id uint64, name string) error {
 			return err
 		}
 	}
-	// Out of the table while the removal commits outside p.mu (grouped
-	// with concurrent commits): nobody else frees, maps or reclaims it
-	// meanwhile. A crash before the commit leaves it whole, as never freed.
+	// Out of the table while the removal commits (grouped with concurrent
+	// commits) and the data plane fences it, both outside p.mu: nobody
+	// else frees, maps, moves or reclaims it meanwhile, and its extent and
+	// backing stay its own until release, after the fence. A crash before
+	// the commit leaves it whole, as never freed; one after it leaves no
+	// record, so the restart sweeps its file and its extent is free.
 	p.unlink(r)
 	p.mu.Unlock()
-	err = p.st.delete(r)
+	if err = p.st.delete(r); err == nil {
+		p.fence(r)
+	}
 	p.mu.Lock()
 	if err != nil {
 		p.link(r)
@@ -91,17 +97,62 @@ func (p *core) unlink(r *record) {
 	}
 }
 
-func (p *core) freeLocked(r *record, reason string) error {
+// unlinkFreed commits the removal of r and takes it out of the table, for
+// dispose to fence and release; p.mu is held.
+func (p *core) unlinkFreed(r *record) error {
 	if err := p.st.delete(r); err != nil {
 		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
 	}
 	p.unlink(r)
-	p.release(r, reason)
 	return nil
 }
 
-// release returns a record's memory once its removal is committed: the
-// data plane fences it, its backing goes and its extent is free again.
+// dispose fences and releases records whose removal committed and that
+// left the table (unlinkFreed); p.mu is not held.
+func (p *core) dispose(reason string, rs ...*record) {
+	p.fence(rs...)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range rs {
+		p.release(r, reason)
+	}
+}
+
+// fencedHere reports whether r's memory is served by this node's data
+// plane, to be fenced before it is released. Such a segment is on the rdma
+// tier, whose device (the export device) never goes away (hotplug.go): no
+// device that came back under its name, with a new allocator that did not
+// reserve the extent of a segment out of the table, is ever given its
+// extent back by release.
+func (p *core) fencedHere(r *record) bool {
+	return p.dp != nil && !r.redundant() && r.Home == "" && !r.Key.IsZero()
+}
+
+// fence takes freed segments off the data plane once their removal is
+// committed, before release gives their memory back; p.mu is not held.
+// Each fence waits until no operation touches the segment's memory, which
+// a client that stops reading a READ's answer holds up to the data plane's
+// WriteTimeout: under p.mu that stalled every call of every client, and
+// the segments fence concurrently so that n such readers cost one
+// WriteTimeout, not n. Segments served elsewhere are skipped: release
+// tells their homes.
+func (p *core) fence(rs ...*record) {
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		if !p.fencedHere(r) {
+			continue
+		}
+		wg.Go(func() {
+			p.stopForwarding(r.ID)
+			p.dp.fence(r.ID)
+		})
+	}
+	wg.Wait()
+}
+
+// release returns a record's memory once its removal is committed and
+// the data plane fenced it (fence): its backing goes and its extent is
+// free again. p.mu is held.
 func (p *core) release(r *record, reason string) {
 	p.usage.sub(r)
 	delete(p.mappers, r.ID)
@@ -118,9 +169,6 @@ func (p *core) release(r *record, reason string) {
 		}
 	case r.Home != "":
 		p.peers.freeLater(r.Home, r.HomeID)
-	case !r.Key.IsZero() && p.dp != nil:
-		p.stopForwarding(r.ID)
-		p.dp.fence(r.ID)
 	}
 	if g := p.gone[r.Device]; g != nil && r.Home == "" && g.Kind() != device.KindDevdax {
 		// Its device went away: the backing file goes (a closed devdax

@@ -134,12 +134,35 @@ func (p *core) callerFor(sessionID string) (caller, error) {
 }
 
 // reap reclaims the unpinned segments of clients whose lease ran out and
-// ends their attachments: a client id whose binding reap forgets (it owns
-// nothing) must not keep access to what it attached for whoever takes the
-// id next, and attachers that came and went must not fill a segment's
-// list (maxAttachers). The homes of a segment held elsewhere are told in
-// the background.
+// ends their attachments: under p.mu their removals commit and they leave
+// the table, then those the data plane serves are fenced outside it and
+// released (dispose), and then the bindings of clients left with nothing
+// are forgotten. A client id whose binding reap forgets must not keep
+// access to what it attached for whoever takes the id next, and attachers
+// that came and went must not fill a segment's list (maxAttachers); the
+// homes of a segment held elsewhere are told in the background.
 func (p *core) reap() {
+	reaped, gone := p.unlinkExpired()
+	p.dispose("lease expired", reaped...)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range gone {
+		// A client that came back while its segments were fenced holds
+		// its binding: its session bound it before it was counted again.
+		if p.clients[id] != nil {
+			continue
+		}
+		if segs, _ := p.usage.of([]string{id}, ""); segs == 0 {
+			p.auth.forget(id)
+		}
+	}
+}
+
+// unlinkExpired ends the clients whose lease ran out, ends their
+// attachments and takes their unpinned segments out of the store and the
+// table; it releases those the data plane does not serve and returns the
+// others, to be fenced and released by reap, and the clients' ids.
+func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
@@ -151,9 +174,14 @@ func (p *core) reap() {
 		var bytes int64
 		for _, r := range p.segs {
 			if r.Owner == id && !r.pinned() {
-				if err := p.freeLocked(r, "lease expired"); err != nil {
+				if err := p.unlinkFreed(r); err != nil {
 					p.log.Error("reclaim", "segment", r.ID, "err", err)
 					continue
+				}
+				if p.fencedHere(r) {
+					reaped = append(reaped, r)
+				} else {
+					p.release(r, "lease expired") // nothing to wait for
 				}
 				n++
 				bytes += r.Size
@@ -172,14 +200,13 @@ func (p *core) reap() {
 			}
 		}
 		delete(p.clients, id)
-		if segs, _ := p.usage.of([]string{id}, ""); segs == 0 {
-			p.auth.forget(id)
-		}
+		gone = append(gone, id)
 		p.metrics.leaseExpired()
 		if n > 0 || detached > 0 {
 			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes, "attachments", detached)
 		}
 	}
+	return reaped, gone
 }
 
 // sessionCount is the number of live sessions.
