@@ -199,12 +199,19 @@ func TestPeerLease(t *testing.T) {
 // the data plane's WriteTimeout cuts it off); a Free of that segment, or
 // the reclaim of its owner's lease, waits for the fence, but another
 // client's Alloc meanwhile does not wait behind it, and is not given the
-// memory being fenced. The READ begun before gets its whole answer once
-// its client reads again.
+// memory being fenced. A reclaim fences its segments together: the second
+// one's fence begins while the first one's waits. A READ begun before
+// gets its whole answer once its client reads again.
 func TestFreeFenceOutsideLock(t *testing.T) {
-	for _, reclaim := range []string{"free", "lease expired"} {
-		t.Run(reclaim, func(t *testing.T) {
-			p, now := newServingPool(t)
+	for _, tc := range []struct {
+		reclaim string
+		segs    int
+	}{{"free", 1}, {"lease expired", 2}} {
+		t.Run(tc.reclaim, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.ExportSize = 32 * size.MiB
+			cfg.DataListen = "127.0.0.1:0"
+			p, now := servingPool(t, cfg)
 			ctx := t.Context()
 			session := func(sid, client string) caller {
 				p.openSession(sid, client, client, 1, 0)
@@ -213,34 +220,40 @@ func TestFreeFenceOutsideLock(t *testing.T) {
 				return c
 			}
 			a, b := session("s-a", "a"), session("s-b", "b")
-			const n = 8 << 20 // beyond what the sockets between the data plane and the client buffer
-			r, err := p.Alloc(ctx, a, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
-			require.NoError(t, err)
 			cred := tcp.WithCredential(p.auth.issue("s-a", "a", "a"))
-
-			px := newStallingProxy(t, p.dp.addr)
-			stuck, err := tcp.Dial(ctx, px.addr, tcp.WithConns(1), cred)
-			require.NoError(t, err)
-			t.Cleanup(func() { stuck.Close() })
-			px.stall()
-			read := make(chan error, 1)
-			go func() { read <- stuck.Read(ctx, region(t, r), 0, make([]byte, n)) }()
-			<-px.stalled // the answer began: the READ holds the segment until it is flushed
+			const n = 8 << 20 // beyond what the sockets between the data plane and the client buffer
+			var segs []*record
+			var proxies []*stallingProxy
+			reads := make(chan error, tc.segs)
+			for range tc.segs {
+				r, err := p.Alloc(ctx, a, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
+				require.NoError(t, err)
+				px := newStallingProxy(t, p.dp.addr)
+				stuck, err := tcp.Dial(ctx, px.addr, tcp.WithConns(1), cred)
+				require.NoError(t, err)
+				t.Cleanup(func() { stuck.Close() })
+				px.stall()
+				go func() { reads <- stuck.Read(ctx, region(t, r), 0, make([]byte, n)) }()
+				<-px.stalled // the answer began: the READ holds the segment until it is flushed
+				segs, proxies = append(segs, r), append(proxies, px)
+			}
 
 			freed := make(chan error, 1)
-			if reclaim == "free" {
-				go func() { freed <- p.Free(a, r.ID, "") }()
+			if tc.reclaim == "free" {
+				go func() { freed <- p.Free(a, segs[0].ID, "") }()
 			} else {
 				p.closeSession("s-a")
 				*now = now.Add(2 * p.cfg.LeaseTTL)
 				go func() { p.reap(); freed <- nil }()
 			}
-			// The fence began once an operation with the segment's key is refused.
+			// A segment's fence began once an operation with its key is refused.
 			probe, err := tcp.Dial(ctx, p.dp.addr, cred)
 			require.NoError(t, err)
 			t.Cleanup(func() { probe.Close() })
-			for !errors.Is(probe.Read(ctx, region(t, r), 0, make([]byte, 8)), rdma.ErrLeaseExpired) {
-				time.Sleep(time.Millisecond)
+			for _, r := range segs {
+				for !errors.Is(probe.Read(ctx, region(t, r), 0, make([]byte, 8)), rdma.ErrLeaseExpired) {
+					time.Sleep(time.Millisecond)
+				}
 			}
 
 			other := make(chan *record, 1)
@@ -253,23 +266,31 @@ func TestFreeFenceOutsideLock(t *testing.T) {
 			select {
 			case r2 = <-other:
 			case err := <-freed:
-				t.Fatalf("the %s (err %v) returned before another client's Alloc, which waited for its fence", reclaim, err)
+				t.Fatalf("the %s (err %v) returned before another client's Alloc, which waited for its fence", tc.reclaim, err)
 			}
 			select {
 			case err := <-freed:
-				t.Fatalf("the %s (err %v) returned while the READ it fences was unanswered", reclaim, err)
+				t.Fatalf("the %s (err %v) returned while the READs it fences were unanswered", tc.reclaim, err)
 			default:
 			}
 			require.NotNil(t, r2)
-			require.True(t, r2.Device != r.Device || r2.Offset >= r.Offset+r.Extent || r2.Offset+r2.Extent <= r.Offset,
-				"the Alloc was given memory of the segment being fenced: %d+%d within %d+%d", r2.Offset, r2.Extent, r.Offset, r.Extent)
+			for _, r := range segs {
+				require.True(t, r2.Device != r.Device || r2.Offset >= r.Offset+r.Extent || r2.Offset+r2.Extent <= r.Offset,
+					"the Alloc was given memory of a segment being fenced: %d+%d within %d+%d", r2.Offset, r2.Extent, r.Offset, r.Extent)
+			}
 
-			px.resume()
-			require.NoError(t, <-read, "the READ begun before gets its whole answer (an error: the data plane cut the stalled client off, its fence ended before it read again)")
+			for _, px := range proxies {
+				px.resume()
+			}
+			for range segs {
+				require.NoError(t, <-reads, "a READ begun before gets its whole answer (an error: the data plane cut the stalled client off, its fence ended before it read again)")
+			}
 			require.NoError(t, <-freed)
-			_, err = p.Stat(r.ID)
-			require.ErrorIs(t, err, errs.ErrNotFound)
-			require.ErrorIs(t, probe.Read(ctx, region(t, r), 0, make([]byte, 8)), rdma.ErrLeaseExpired)
+			for _, r := range segs {
+				_, err = p.Stat(r.ID)
+				require.ErrorIs(t, err, errs.ErrNotFound)
+				require.ErrorIs(t, probe.Read(ctx, region(t, r), 0, make([]byte, 8)), rdma.ErrLeaseExpired)
+			}
 		})
 	}
 }
