@@ -5,9 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/farmem/farmem/internal/listener"
 )
@@ -142,7 +140,7 @@ func (s *Server) refused(why Refusal, remote net.Addr, err error) {
 	if fn := s.cfg.Refused; fn != nil {
 		fn(why)
 	}
-	n, ok := s.sampler.take(why, time.Now())
+	n, ok := s.refusalLog.Take(why)
 	if !ok {
 		return
 	}
@@ -185,26 +183,4 @@ func handshakeRefusal(code uint16, err error) Refusal {
 	default:
 		return RefusedBadHello
 	}
-}
-
-// logSampler lets through at most one log line per Refusal per second and
-// counts the lines it held back. Safe for concurrent use.
-type logSampler struct {
-	mu         sync.Mutex
-	last       [numRefusals]time.Time
-	suppressed [numRefusals]int
-}
-
-// take reports whether a line for r may be logged at now and, if so, how
-// many were suppressed since the last one.
-func (l *logSampler) take(r Refusal, now time.Time) (suppressed int, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.last[r].IsZero() && now.Sub(l.last[r]) < time.Second {
-		l.suppressed[r]++
-		return 0, false
-	}
-	n := l.suppressed[r]
-	l.last[r], l.suppressed[r] = now, 0
-	return n, true
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/farmem/farmem/internal/logsample"
 	"github.com/farmem/farmem/internal/syncbuf"
 	"github.com/farmem/farmem/rdma"
 )
@@ -239,36 +240,26 @@ func TestFrameTimeout(t *testing.T) {
 	})
 }
 
+// TestRefusalLogSampled: a flood of 300 refused connections within one
+// logsample.Interval logs one line for its reason; the next one, an
+// Interval later, says how many were held back.
 func TestRefusalLogSampled(t *testing.T) {
-	var l logSampler
-	t0 := time.Unix(1000, 0)
-	n, ok := l.take(RefusedSourceLimit, t0)
-	require.True(t, ok)
-	require.Zero(t, n)
-	for i := range 999 {
-		_, ok := l.take(RefusedSourceLimit, t0.Add(time.Duration(i)*time.Millisecond))
-		require.False(t, ok)
-	}
-	n, ok = l.take(RefusedTimeout, t0)
-	require.True(t, ok, "each reason has its own budget")
-	require.Zero(t, n)
-	n, ok = l.take(RefusedSourceLimit, t0.Add(time.Second))
-	require.True(t, ok)
-	require.Equal(t, 999, n)
-
-	// Through a server: a flood of 300 refused connections logs at most
-	// one line per second it lasts, per reason.
 	var logs syncbuf.Buffer
 	var rc refusalCounter
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	s := startServer(t, ServerConfig{MaxHandshakesPerSource: 1, Logger: log, Refused: rc.hook})
-	start := time.Now()
+	// The first connection holds the source's one handshake slot
+	// throughout.
+	s := startServer(t, ServerConfig{MaxHandshakesPerSource: 1, HandshakeTimeout: time.Minute, Logger: log, Refused: rc.hook})
+	t0 := time.Unix(1000, 0)
+	s.refusalLog.SetClock(func() time.Time { return t0 })
 	idleConns(t, s.addr, "127.0.0.2", 301)
 	rc.waitRefused(t, RefusedSourceLimit, 300)
-	secs := int(time.Since(start)/time.Second) + 1
-	lines := strings.Count(logs.String(), "refused connection")
-	t.Logf("300 refusals in %d s: %d log lines", secs, lines)
-	require.GreaterOrEqual(t, lines, 1)
-	require.LessOrEqual(t, lines, secs)
-	require.Contains(t, logs.String(), "reason=source_limit")
+	lines := strings.Count(logs.String(), "reason=source_limit")
+	t.Logf("300 refusals: %d log lines", lines)
+	require.Equal(t, 1, lines)
+
+	s.refusalLog.SetClock(func() time.Time { return t0.Add(logsample.Interval) })
+	idleConns(t, s.addr, "127.0.0.2", 1)
+	rc.waitRefused(t, RefusedSourceLimit, 301)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "suppressed_since_last=299") }, 10*time.Second, 5*time.Millisecond, logs.String())
 }

@@ -3,13 +3,20 @@ package tcp
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/internal/logsample"
+	"github.com/farmem/farmem/internal/syncbuf"
 )
 
 // rawConn opens a plain TCP connection to addr, closed when the test ends.
@@ -207,4 +214,65 @@ func TestTruncatedWritePayload(t *testing.T) {
 	expectClosed(t, nc)
 	require.Equal(t, make([]byte, 1000), mem[:1000], "bytes before the write changed")
 	require.Equal(t, make([]byte, 4096-1300), mem[1300:], "bytes past the received prefix changed")
+}
+
+// TestConnWarningsSampled: the warnings an authenticated client can
+// provoke at will are sampled per message and principal. 1,000 malformed
+// origin blocks on one connection (each answered PROTOCOL and observed),
+// and 1,000 connections closed for a malformed frame, log one line each
+// within a logsample.Interval; the next line, an Interval later, counts
+// the ones held back.
+func TestConnWarningsSampled(t *testing.T) {
+	var logs syncbuf.Buffer
+	var protocol atomic.Int64
+	cfg := fwdConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.Observe = func(o Observation) {
+		if o.Status == OpStatus(statusProtocol) {
+			protocol.Add(1)
+		}
+	}
+	s := startServer(t, cfg)
+	_, r := s.export(t, 1, 4096)
+	t0 := time.Unix(1000, 0)
+	s.connLog.SetClock(func() time.Time { return t0 })
+	const n = 1000
+
+	org := origin{key: sessionKey{name: "c:someone", id: [sessionIDSize]byte{7}}, slot: 5, seq: 3}
+	bad := appendOrigin(nil, &org)
+	bad[33] = 1 // a reserved byte
+	fwd := rawConn(t, s.addr)
+	handshake(t, fwd)
+	malformed := func(id uint64) {
+		t.Helper()
+		h := reqHeader{id: id, op: opWrite, flags: reqFlagOnce | reqFlagForward, slot: 1, seq: uint32(id), seg: 1, key: r.Key, epoch: 1, length: 4, payloadLen: uint32(len(bad) + 4)}
+		_, err := fwd.Write(append(append(requestFrame(t, &h), bad...), 1, 2, 3, 4))
+		require.NoError(t, err)
+		require.Equal(t, statusProtocol, readResponse(t, fwd).status)
+	}
+	closed := func() {
+		t.Helper()
+		nc := rawConn(t, s.addr)
+		handshake(t, nc)
+		_, err := nc.Write(bytes.Repeat([]byte{0xFF}, reqHeaderSize))
+		require.NoError(t, err)
+		expectClosed(t, nc)
+		nc.Close()
+	}
+	for id := range uint64(n) {
+		malformed(id + 1)
+	}
+	for range n {
+		closed()
+	}
+	require.Eventually(t, func() bool { return protocol.Load() == n }, 10*time.Second, time.Millisecond, "every malformed op is observed")
+	origins, closes := strings.Count(logs.String(), "malformed origin block"), strings.Count(logs.String(), "closing connection")
+	t.Logf("%d malformed origin blocks: %d lines; %d connections closed: %d lines", n, origins, n, closes)
+	require.Equal(t, 1, origins)
+	require.Equal(t, 1, closes)
+
+	s.connLog.SetClock(func() time.Time { return t0.Add(logsample.Interval) })
+	malformed(n + 1)
+	closed()
+	require.Equal(t, 2, strings.Count(logs.String(), fmt.Sprintf("suppressed_since_last=%d", n-1)), logs.String())
 }

@@ -50,7 +50,7 @@ func (c *srvConn) writeStaged(h *reqHeader, e *export) error {
 		}
 		if err != nil {
 			e.unpin(true)
-			c.log.Warn("rdma/tcp: malformed origin block of a forwarded op", "remote", c.remote, "request", h.id, "err", err)
+			c.warn("rdma/tcp: malformed origin block of a forwarded op", "remote", c.remote, "request", h.id, "err", err)
 			return c.respond(h.id, statusProtocol, 0, 0, nil, nil)
 		}
 		org = &o

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/farmem/farmem/internal/listener"
+	"github.com/farmem/farmem/internal/logsample"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -38,7 +39,11 @@ type Server struct {
 	// guarded by mu.
 	handshakes int
 	sources    map[netip.Prefix]int
-	sampler    logSampler // of refusal warnings
+
+	// Warnings a client can provoke at will, sampled: refusals by reason,
+	// those about an authenticated connection by what and whose.
+	refusalLog logsample.Sampler[Refusal]
+	connLog    logsample.Sampler[connWarning]
 
 	ctx    context.Context // ends when Close is called; given to Message
 	cancel context.CancelFunc

@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"context"
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
@@ -192,20 +191,38 @@ func (c *srvConn) serve() {
 	}
 }
 
-// closeWith logs why the connection is being closed. A connection closed by
-// Server.Close is not worth a warning.
+// closeWith logs why the connection is being closed: a warning, sampled
+// (warn), as a client can have its connections closed at will; a
+// connection closed by Server.Close is not worth a warning.
 func (c *srvConn) closeWith(what string, err error) {
-	level := slog.LevelWarn
-	if c.s.isClosed() || errors.Is(err, net.ErrClosed) {
-		level = slog.LevelDebug
-	}
 	switch {
 	case c.cut.Load():
 		what = "a segment was revoked while a WRITE payload was streaming into it"
 	case c.framing && errors.Is(err, os.ErrDeadlineExceeded):
 		what = fmt.Sprintf("a request frame did not complete within ServerConfig.FrameTimeout (%v) of its first byte", c.s.cfg.FrameTimeout)
 	}
-	c.log.Log(context.Background(), level, "rdma/tcp: closing connection", "remote", c.remote, "reason", what, "err", err)
+	const msg = "rdma/tcp: closing connection"
+	if c.s.isClosed() || errors.Is(err, net.ErrClosed) {
+		c.log.Debug(msg, "remote", c.remote, "reason", what, "err", err)
+		return
+	}
+	c.warn(msg, "remote", c.remote, "reason", what, "err", err)
+}
+
+// connWarning keys the sampled warnings about authenticated connections:
+// the message and the connection's principal, so that a client provoking
+// one at will hides neither other warnings nor other clients' lines.
+type connWarning struct{ msg, principal string }
+
+// warn logs a warning about the connection, at most one per
+// logsample.Interval per message and principal, with the number held back
+// since the last one (suppressed_since_last).
+func (c *srvConn) warn(msg string, args ...any) {
+	n, ok := c.s.connLog.Take(connWarning{msg, c.principal})
+	if !ok {
+		return
+	}
+	c.log.Warn(msg, append(args, "suppressed_since_last", n)...)
 }
 
 // handshake runs the TLS handshake (with ServerConfig.TLS), then reads
