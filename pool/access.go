@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
@@ -21,14 +22,21 @@ func (d *Daemon) bindSession(clientID, ident string) error {
 	}
 	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && (strings.HasPrefix(ident, "cn:") && ident != "cn:"+node || strings.HasPrefix(ident, "uid:")) {
 		err := fmt.Errorf("%w: client id %q is reserved for node %s's daemon, which calls over TCP with its certificate, and the caller is %s; choose another client id", errs.ErrAccessDenied, clientID, node, ident)
-		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
+		d.sessionRefused(clientID, ident, err)
 		return err
 	}
 	if err := d.pool.credentials().bind(clientID, ident); err != nil {
-		d.log.Warn("access refused", "op", "session", "client", clientID, "identity", ident, "err", err)
+		d.sessionRefused(clientID, ident, err)
 		return err
 	}
 	return nil
+}
+
+// sessionRefused counts and logs (sampled: logRefused) a session refused
+// its client id.
+func (d *Daemon) sessionRefused(clientID, ident string, err error) {
+	d.metrics.refused("session")
+	d.logRefused(slog.LevelWarn, "access refused", "session", ident, "op", "session", "client", clientID, "identity", ident, "err", err)
 }
 
 // forCaller describes a segment for a caller: one who may use it (owner,

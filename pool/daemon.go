@@ -21,6 +21,7 @@ import (
 	"github.com/farmem/farmem/cxl"
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/fdpass"
+	"github.com/farmem/farmem/internal/logsample"
 )
 
 // Daemon is a running poold: the pool, its unix socket (gRPC and descriptor
@@ -47,6 +48,8 @@ type Daemon struct {
 	listeners *listeners // every listener above, for readiness; see accepting.go
 	health    *health    // gRPC health service and readiness; see health.go
 	ops       *opsHTTP   // /metrics, /healthz, /readyz on Config.Metrics; nil without it
+
+	refusalLog logsample.Sampler[refusalKey] // lines about refused requests (refusal.go)
 
 	lock *os.File // the data directory's lock, held until Close
 

@@ -72,7 +72,7 @@ func newMetrics() *metrics {
 	m.allocFailures = f.counterVec("alloc_failures_total", "Allocations refused, by reason.", "reason")
 	m.renewals = f.counter("lease_renewals_total", "Session keep-alives received: each renews its client's lease.")
 	m.expiries = f.counter("lease_expiries_total", "Client leases that ran out (their unpinned segments are then reclaimed).")
-	m.refusals = f.counterVec("access_denied_total", "Control-plane requests refused access to a segment, by operation.", "op")
+	m.refusals = f.counterVec("access_denied_total", "Control-plane requests refused access to a segment (or a session its client id), by operation.", "op")
 	m.moves = newMoveMetrics(f)
 	m.rebuilds = newRebuildMetrics(f)
 	m.parityRepaired = f.counter("rebuild_parity_repaired_bytes_total", "Bytes of parity shards a rebuild rewrote in line with the data shards: a data home died between sending one write's parity deltas to one parity shard and to another.")
@@ -114,7 +114,7 @@ func newMetrics() *metrics {
 	for _, r := range []string{"over_budget", "no_capacity", "invalid", "name_in_use", "unavailable", "canceled", "other"} {
 		m.allocFailures.WithLabelValues(r)
 	}
-	for _, op := range []string{"free", "attach", "stat", "descriptor"} {
+	for _, op := range []string{"free", "attach", "stat", "descriptor", "session"} {
 		m.refusals.WithLabelValues(op)
 	}
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{

@@ -15,8 +15,9 @@ import (
 )
 
 // TestMemberlistLogSampled: 1,000 packets no gossip key opens, from as many
-// addresses, make memberlist log 1,000 lines (its format, in memberlist's
-// net.go, ingestPacket: "[ERR] memberlist: Decrypt packet failed: %v %s");
+// addresses, make memberlist log 1,000 lines (its format, in
+// memberlist's net.go, ingestPacket: "[ERR] memberlist: Decrypt packet
+// failed: %v %s");
 // within one logsample.Interval one of them is logged, and a line of
 // another kind still is; the next one, an Interval later, says how many
 // were held back. Every handler-queue drop is counted, sampled or not.
