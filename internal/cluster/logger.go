@@ -70,11 +70,12 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 const maxKind = 48
 
 // lineKind is what a memberlist line says without the particulars that
-// follow its first ':' or '(' or its " from=" (an error, a count, the
-// sender's address): "Decrypt packet failed" for every packet no key
-// opens, from whichever address. At most maxKind bytes.
+// follow its first ':', '(', quote or " from=" (an error, a count, a
+// quoted name or label the packet carried, the sender's address):
+// "Decrypt packet failed" for every packet no key opens, from whichever
+// address. At most maxKind bytes.
 func lineKind(line string) string {
-	if i := strings.IndexAny(line, ":("); i >= 0 {
+	if i := strings.IndexAny(line, ":(\"'"); i >= 0 {
 		line = line[:i]
 	}
 	if i := strings.Index(line, " from="); i >= 0 {

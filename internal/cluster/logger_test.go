@@ -52,6 +52,8 @@ func TestLineKind(t *testing.T) {
 		"Decrypt packet failed: cipher: message authentication failed from=10.0.0.1:7946": "Decrypt packet failed",
 		"Received invalid msgType (77) from=10.0.0.1:7946":                                "Received invalid msgType ",
 		"missing message type byte from=10.0.0.1:7946":                                    "missing message type byte",
+		`discarding packet with unacceptable label "\x86\xb0RR": from=10.0.0.1:7946`:      "discarding packet with unacceptable label ",
+		"Got ping for unexpected node 'x' from=10.0.0.1:7946":                             "Got ping for unexpected node ",
 		"Suspect b has failed, no acks received":                                          "Suspect b has failed, no acks received",
 		strings.Repeat("x", 100):                                                          strings.Repeat("x", maxKind),
 	} {
