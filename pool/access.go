@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -32,10 +33,12 @@ func (d *Daemon) bindSession(clientID, ident string) error {
 	return nil
 }
 
-// sessionRefused counts and logs (sampled: logRefused) a session refused
-// its client id.
+// sessionRefused logs (sampled: logRefused) a session refused its client
+// id, and counts it if access was denied (not if the store failed).
 func (d *Daemon) sessionRefused(clientID, ident string, err error) {
-	d.metrics.refused("session")
+	if errors.Is(err, errs.ErrAccessDenied) {
+		d.metrics.refused("session")
+	}
 	d.logRefused(slog.LevelWarn, "access refused", "session", ident, "op", "session", "client", clientID, "identity", ident, "err", err)
 }
 
