@@ -11,18 +11,22 @@ import (
 	"github.com/farmem/farmem/internal/errs"
 )
 
-// bindSession checks that a session's client id may be used by ident: a
+// bindSession checks that a session's client id may be used by who: a
 // client id belongs to the identity that first opened a session with it,
-// and a peer's client id (poold/NODE) to that node's certificate, or with
-// an insecure control plane to whoever reaches it over TCP; never to a
-// local client, whose binding would lock the node's daemon out and whose
-// segments would outlive its session for the peer lease.
-func (d *Daemon) bindSession(clientID, ident string) error {
+// and a peer's client id (poold/NODE) to that node's certificate (one
+// that may serve TLS, as a node's does: a client certificate of the same
+// CA whose name is NODE is not enough), or with an insecure control plane
+// to whoever reaches it over TCP; never to a local client, whose binding
+// would lock the node's daemon out and whose segments would outlive its
+// session for the peer lease. A peer's sessions may forward ops on the
+// data plane (tcp.ServerConfig.Forwarders).
+func (d *Daemon) bindSession(clientID string, who caller) error {
+	ident := who.ident
 	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && strings.Contains(node, "/") {
 		return fmt.Errorf("%w: client id %q: ids poold/NODE/... name clients of peer daemons (delegated credentials); choose another", errs.ErrInvalid, clientID)
 	}
-	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && (strings.HasPrefix(ident, "cn:") && ident != "cn:"+node || strings.HasPrefix(ident, "uid:")) {
-		err := fmt.Errorf("%w: client id %q is reserved for node %s's daemon, which calls over TCP with its certificate, and the caller is %s; choose another client id", errs.ErrAccessDenied, clientID, node, ident)
+	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && (strings.HasPrefix(ident, "cn:") && (ident != "cn:"+node || !who.node) || strings.HasPrefix(ident, "uid:")) {
+		err := fmt.Errorf("%w: client id %q is reserved for node %s's daemon, which calls over TCP with its node certificate, and the caller is %s; choose another client id", errs.ErrAccessDenied, clientID, node, ident)
 		d.sessionRefused(clientID, ident, err)
 		return err
 	}

@@ -41,7 +41,7 @@ func identityOf(ctx context.Context) (c caller, uid uint32) {
 		return localCaller(ai), ai.UID
 	case credentials.TLSInfo:
 		if cn := certs.Identity(ai.State); cn != "" {
-			return caller{ident: "cn:" + cn}, 0
+			return caller{ident: "cn:" + cn, node: certs.ServesTLS(ai.State)}, 0
 		}
 	}
 	return caller{ident: identityInsecure}, 0

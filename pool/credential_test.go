@@ -227,7 +227,8 @@ func TestCredentialBoundToCertificate(t *testing.T) {
 // report a failed forward (peer-only calls), a client id of the delegated form
 // (poold/NODE/CLIENT) is refused for a session, and a local client cannot take a
 // peer daemon's id (poold/NODE), which would lock that node's daemon out here
-// and give the client's segments the peer lease.
+// and give the client's segments the peer lease; nor can a TLS client whose
+// certificate is not a node's.
 func TestDelegateOnlyForPeers(t *testing.T) {
 	cc := startCredCluster(t)
 	app := cc.client("deleg-app", "app1")
@@ -245,6 +246,22 @@ func TestDelegateOnlyForPeers(t *testing.T) {
 	require.ErrorIs(t, err, errs.ErrInvalid)
 	_, err = session.Dial(ctx, "unix", cc.a.cfg.Socket, session.Options{ClientID: "poold/b"})
 	require.ErrorIs(t, err, errs.ErrAccessDenied, "a local client takes no peer daemon's id")
+
+	// Over TLS a peer's id needs the node's certificate, not only its
+	// name: a client certificate of the same CA that names a node (or a
+	// name no node has) is refused, so that its sessions cannot forward
+	// ops on the data plane, which only peers' may.
+	for _, name := range []string{"b", "app9"} {
+		tc, err := certs.ForTest(t, name, false).Client()
+		require.NoError(t, err)
+		_, err = session.Dial(ctx, "tcp", cc.a.ListenAddr(), session.Options{ClientID: "poold/" + name, TLS: tc})
+		require.ErrorIs(t, err, errs.ErrAccessDenied, "a client certificate named %s takes no peer daemon's id", name)
+	}
+	tc, err := certs.ForTest(t, "b", true).Client()
+	require.NoError(t, err)
+	peer, err := session.Dial(ctx, "tcp", cc.a.ListenAddr(), session.Options{ClientID: "poold/b", TLS: tc})
+	require.NoError(t, err, "b's node certificate opens b's peer session")
+	peer.Close()
 }
 
 // TestCredentialResyncsHome: a home whose record of a segment names none

@@ -37,7 +37,7 @@ func TestRefusalLogSampled(t *testing.T) {
 
 	const n = 1000
 	free := func() { require.ErrorIs(t, intruder.FreeByID(ctx, owned.ID()), alloc.ErrAccessDenied) }
-	session := func() { require.ErrorIs(t, d.bindSession("poold/b", "uid:4242"), errs.ErrAccessDenied) }
+	session := func() { require.ErrorIs(t, d.bindSession("poold/b", caller{ident: "uid:4242"}), errs.ErrAccessDenied) }
 	for range n {
 		free()
 		session()

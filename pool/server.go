@@ -61,7 +61,7 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	}
 	t, uid := identityOf(stream.Context())
 	ident := t.ident
-	if err := s.d.bindSession(hello.ClientId, ident); err != nil {
+	if err := s.d.bindSession(hello.ClientId, t); err != nil {
 		return errs.ToStatus(err)
 	}
 	if hook := s.d.cfg.sim.sessionBound; hook != nil {
@@ -78,7 +78,7 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	// another identity's: bind again (refused if another identity took the
 	// id meanwhile).
 	if s.d.pool.credentials().identity(hello.ClientId) != ident {
-		if err := s.d.bindSession(hello.ClientId, ident); err != nil {
+		if err := s.d.bindSession(hello.ClientId, t); err != nil {
 			return errs.ToStatus(err)
 		}
 	}

@@ -33,6 +33,9 @@ type caller struct {
 	// gid is the primary gid of a unix-socket caller (local).
 	gid   uint32
 	local bool
+	// node says the caller's TLS certificate may serve TLS, as a node's
+	// does (certs.ServesTLS): only such a caller may act as a peer daemon.
+	node bool
 }
 
 func (c caller) id() string {

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
+	"slices"
 )
 
 // Files names the three files of one side of a mutual TLS connection. A
@@ -114,6 +115,18 @@ func Identity(cs tls.ConnectionState) string {
 		return ""
 	}
 	return cs.VerifiedChains[0][0].Subject.CommonName
+}
+
+// ServesTLS reports whether the verified peer certificate of cs may serve
+// TLS (extended key usage server authentication, any, or none listed), as
+// a node's certificate must, since its daemon's listeners serve with it;
+// the client certificates Init writes may not.
+func ServesTLS(cs tls.ConnectionState) bool {
+	if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return false
+	}
+	eku := cs.VerifiedChains[0][0].ExtKeyUsage
+	return len(eku) == 0 || slices.Contains(eku, x509.ExtKeyUsageServerAuth) || slices.Contains(eku, x509.ExtKeyUsageAny)
 }
 
 // CheckName reports an error matching ErrWrongName unless the peer

@@ -703,8 +703,9 @@ func TestForwardedFrames(t *testing.T) {
 // not a peer daemon) it is ACCESS_DENIED and changes nothing: neither the
 // memory nor the named session, whose own op would otherwise be answered
 // from the cache and never applied. An origin naming the sending
-// connection's own session (whose slot the op holds while it runs) is
-// PROTOCOL, answered at once instead of waiting on itself forever.
+// connection's own session (whose slot the op holds while it runs), or
+// another forwarder's (whose op may hold its slot and name the sender's),
+// is PROTOCOL, answered at once instead of waiting forever.
 func TestForwardOnlyFromForwarders(t *testing.T) {
 	cfg := fwdConfig()
 	cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, error) { return string(cred), nil }
@@ -739,6 +740,12 @@ func TestForwardOnlyFromForwarders(t *testing.T) {
 	peer := as("poold/a", 2)
 	self := origin{key: sessionKey{name: "p:poold/a", id: [sessionIDSize]byte{2}}, slot: 5, seq: 1}
 	require.Equal(t, statusProtocol, peer(self, []byte("self")).status, "an origin naming the sender's own session")
+	// Two forwarders' ops naming each other's sessions would each hold
+	// its own slot and wait for the other's: an origin never names a
+	// forwarder's session.
+	other := origin{key: sessionKey{name: "p:poold/b", id: [sessionIDSize]byte{3}}, slot: 5, seq: 1}
+	require.Equal(t, statusProtocol, peer(other, []byte("peer")).status, "an origin naming another forwarder's session")
+	require.Equal(t, []byte{0, 0, 0, 0}, mem[64:68], "nothing applied")
 	require.Equal(t, statusOK, peer(bob, []byte("copy")).status)
 	require.Equal(t, []byte("copy"), mem[64:68])
 	sl.mu.Lock()

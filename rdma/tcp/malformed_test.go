@@ -192,12 +192,18 @@ func TestRefusedFramesKeepTheConnection(t *testing.T) {
 	copy(mem, "synced")
 	_, err := nc.Write(requestFrame(t, &reqHeader{id: 20, op: opRead, seg: 1, key: r.Key, length: 6}))
 	require.NoError(t, err)
+	require.Equal(t, "synced", string(readOKPayload(t, nc)))
+}
+
+// readOKPayload reads a response that must be OK and returns its payload.
+func readOKPayload(t *testing.T, nc net.Conn) []byte {
+	t.Helper()
 	resp := readResponse(t, nc)
 	require.Equal(t, statusOK, resp.status)
 	got := make([]byte, resp.payloadLen)
-	_, err = io.ReadFull(nc, got)
+	_, err := io.ReadFull(nc, got)
 	require.NoError(t, err)
-	require.Equal(t, "synced", string(got))
+	return got
 }
 
 // TestTruncatedWritePayload: a WRITE cut short leaves at most a prefix of its

@@ -3,7 +3,6 @@ package tcp
 import (
 	"context"
 	"fmt"
-	"io"
 	"testing"
 	"time"
 
@@ -133,12 +132,7 @@ func TestMessageCheckedBeforePayload(t *testing.T) {
 	// Still in sync: a MSG within the limit is served on the same connection.
 	_, err := nc.Write(append(requestFrame(t, &reqHeader{id: 5, op: opMsg, seg: 1, key: r.Key, payloadLen: 3, length: 64}), "abc"...))
 	require.NoError(t, err)
-	resp := readResponse(t, nc)
-	require.Equal(t, statusOK, resp.status)
-	got := make([]byte, resp.payloadLen)
-	_, err = io.ReadFull(nc, got)
-	require.NoError(t, err)
-	require.Equal(t, "3 bytes", string(got))
+	require.Equal(t, "3 bytes", string(readOKPayload(t, nc)))
 
 	c := dial(t, s.addr)
 	_, err = c.Message(t.Context(), r, make([]byte, MaxMessage+1), make([]byte, 64))

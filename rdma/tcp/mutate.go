@@ -43,10 +43,13 @@ func (c *srvConn) writeStaged(h *reqHeader, e *export) error {
 	var org *origin
 	if pre > 0 {
 		o, err := decodeOrigin((*b)[:pre])
-		if err == nil && c.sessKey != nil && o.key == *c.sessKey {
-			// The op holds its own session's slot while it runs: an origin
-			// naming that session would wait on it forever.
-			err = fmt.Errorf("origin block names the sending connection's own session: %w", rdma.ErrProtocol)
+		if err == nil && (c.sessKey != nil && o.key == *c.sessKey || c.s.namesForwarder(o.key)) {
+			// The op holds its sender's slot while it runs, and then takes
+			// the origin's: an origin naming a forwarder's session (its
+			// own, or another forwarder's that names it back) would wait
+			// forever. An origin names a client's session, never a peer
+			// daemon's, so slots are always taken in that order.
+			err = fmt.Errorf("origin block names a session of a forwarder (%s), not of a client: %w", o.key.name, rdma.ErrProtocol)
 		}
 		if err != nil {
 			e.unpin(true)

@@ -83,6 +83,13 @@ func decodeOrigin(b []byte) (origin, error) {
 	return o, nil
 }
 
+// namesForwarder reports whether key is a session of a principal that
+// ServerConfig.Forwarders lets forward; false without Forwarders.
+func (s *Server) namesForwarder(key sessionKey) bool {
+	principal, ok := strings.CutPrefix(key.name, "p:")
+	return ok && s.cfg.Forwarders != nil && s.cfg.Forwarders(principal)
+}
+
 // remember stores o's answer in the reply cache of its client's session,
 // opening the session if it is new (openForwarded), unless the slot
 // already holds a later sequence number.
