@@ -139,3 +139,37 @@ func TestAttachersBounded(t *testing.T) {
 	_, err = p.Attach(attacher("one-more", "uid:2000"), "shared")
 	require.ErrorIs(t, err, errs.ErrAccessDenied, "another identity with the reaped client's id gets no access")
 }
+
+// TestAttachmentEndsAfterRestart: a restarted daemon gives each client it
+// finds attached to a segment a lease from its start, as it does owners:
+// an attacher that never comes back loses its attachment when that lease
+// runs out, so the list (at most maxAttachers) does not keep it for good.
+func TestAttachmentEndsAfterRestart(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	open := func(id string) caller {
+		require.NoError(t, p.auth.bind(id, "uid:1000"))
+		p.openSession("s-"+id, id, id, 2, 1000)
+		c, err := p.callerFor("s-" + id)
+		require.NoError(t, err)
+		c.ident = "uid:1000"
+		return c
+	}
+	seg, err := p.Alloc(t.Context(), open("app"), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared"})
+	require.NoError(t, err)
+	_, err = p.Attach(open("att"), "shared")
+	require.NoError(t, err)
+	p.close()
+
+	p = newTestPool(t, cfg)
+	defer p.close()
+	got, err := p.Stat(seg.ID)
+	require.NoError(t, err)
+	require.Contains(t, got.Attached, "att")
+	later := time.Now().Add(cfg.LeaseTTL + restartGrace + time.Second)
+	p.now = func() time.Time { return later }
+	p.reap()
+	got, err = p.Stat(seg.ID)
+	require.NoError(t, err, "the named segment stays")
+	require.NotContains(t, got.Attached, "att", "the attacher that did not come back is detached")
+}

@@ -309,8 +309,13 @@ func (p *core) restore(r *record) {
 			p.log.Error("segment lost: cannot export it again", "segment", r.ID, "err", err)
 		}
 	}
-	if r.Owner != "" && p.clients[r.Owner] == nil {
-		p.clients[r.Owner] = &client{id: r.Owner, expires: p.now().Add(p.leaseTTL(r.Owner) + restartGrace)}
+	// Owners and attachers get a lease from now: those that do not come
+	// back lose their segments and their attachments as if their lease
+	// had run out before the restart (reap).
+	for _, id := range append([]string{r.Owner}, r.Attached...) {
+		if id != "" && p.clients[id] == nil {
+			p.clients[id] = &client{id: id, expires: p.now().Add(p.leaseTTL(id) + restartGrace)}
+		}
 	}
 	p.presumeMapped(r)
 }
