@@ -299,3 +299,14 @@ func TestCredentialResyncsHome(t *testing.T) {
 	require.NoError(t, dc.Read(t.Context(), segRegion(seg), 0, buf))
 	require.Equal(t, "before", string(buf))
 }
+
+// TestForwardersArePeerDaemons: the data plane takes forwarded ops only
+// from a peer daemon's own sessions (poold/NODE), not from the clients a
+// peer acts for on delegated credentials (poold/NODE/CLIENT), whose
+// origin blocks name client sessions and must stay apart from the
+// forwarders' (tcp.ServerConfig.Forwarders).
+func TestForwardersArePeerDaemons(t *testing.T) {
+	for id, want := range map[string]bool{"poold/a": true, "poold/a/app": false, "poold/": false, "app": false, "poold": false} {
+		require.Equal(t, want, isPeerDaemon(id), id)
+	}
+}

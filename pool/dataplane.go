@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -72,8 +71,9 @@ func newDataPlane(addr string, cfg tcp.ServerConfig, sec dataSecurity, ls *liste
 	cfg.Authenticate = dp.authenticate // verbs
 	cfg.Identify = dp.identify
 	// Forwarded ops come from the primary homes of redundant segments:
-	// peer daemons, on the sessions their nodes hold here.
-	cfg.Forwarders = func(principal string) bool { return strings.HasPrefix(principal, peerClientPrefix) }
+	// peer daemons, on the sessions their nodes hold here (poold/NODE),
+	// not their clients on delegated credentials (poold/NODE/CLIENT).
+	cfg.Forwarders = isPeerDaemon
 	dp.coh = newCoherenceHost(log)
 	cfg.Message = dp.coh.message
 	dp.srv = dialer.NewServer(cfg)

@@ -26,6 +26,13 @@ import (
 // one session from A, and reclaimed by the peer when A's lease ends.
 const peerClientPrefix = "poold/"
 
+// isPeerDaemon reports whether client id names a peer daemon (poold/NODE),
+// not one of its clients (poold/NODE/CLIENT, a delegated credential's).
+func isPeerDaemon(id string) bool {
+	node, ok := strings.CutPrefix(id, peerClientPrefix)
+	return ok && node != "" && !strings.Contains(node, "/")
+}
+
 // peers holds this daemon's sessions with the daemons it places segments on.
 // It is safe for concurrent use.
 type peers struct {
