@@ -11,7 +11,9 @@ import (
 // refused logs and counts a control-plane request that was denied access
 // to a segment: one "access refused" line with the keys op, segment, name,
 // client, pid and err, sampled (logRefused). Other errors (and nil) pass
-// by silently; op is free, attach, stat or descriptor.
+// by silently; op names the call (free, attach, stat, descriptor, move,
+// authorize, delegate, replicate, home-failed, move-out, write-lost-shard),
+// the label farmem_access_denied_total counts it under.
 func (d *Daemon) refused(op string, c caller, id uint64, name string, err error) {
 	if !errors.Is(err, errs.ErrAccessDenied) {
 		return
