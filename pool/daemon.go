@@ -41,8 +41,9 @@ type Daemon struct {
 	remeasuring remeasuring // measurements after device changes (hotplug.go)
 
 	// joined is set once a first join of the cluster answered (or there
-	// were no seeds); rejoining while rejoinSeeds runs (membership.go).
-	joined, rejoining atomic.Bool
+	// were no seeds but this node): from then on joinLoop contacts again
+	// the seeds that left (membership.go).
+	joined atomic.Bool
 
 	metrics   *metrics   // Prometheus instrumentation; see metrics.go
 	listeners *listeners // every listener above, for readiness; see accepting.go

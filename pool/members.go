@@ -87,8 +87,8 @@ func aliveAddrs(cl *cluster.Cluster) []string {
 }
 
 // pickRemembered returns up to rejoinMax of the remembered addresses,
-// picked at random each time, so that a silent one does not take every
-// round's place.
+// picked at random each round, so that rounds after one whose picks are
+// all gone try others.
 func pickRemembered(remembered []string) []string {
 	out := slices.Clone(remembered)
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })

@@ -105,7 +105,7 @@ func (d *Daemon) joinLoop(remembered []string) {
 	t := time.NewTicker(announceTick)
 	defer t.Stop()
 	var last []cluster.TierFree
-	var sweeping atomic.Bool
+	var sweeping, rejoining atomic.Bool
 	sweepAt := rand.IntN(sweepTicks) // spread the daemons' sweeps over the period
 	for tick := 1; ; tick++ {
 		select {
@@ -116,29 +116,21 @@ func (d *Daemon) joinLoop(remembered []string) {
 		// A seed whose host is off lets a dial run to the gossip's TCP
 		// timeout (10 s lan, 30 s wan): it is contacted off this loop,
 		// which announces capacity and sweeps meanwhile.
-		if tick%20 == 0 && d.joined.Load() && d.rejoining.CompareAndSwap(false, true) {
-			d.wg.Add(1)
-			go func() {
-				defer d.wg.Done()
-				defer d.rejoining.Store(false)
-				d.rejoinSeeds()
-			}()
+		if tick%20 == 0 && d.joined.Load() {
+			d.goUnlessRunning(&rejoining, d.rejoinSeeds)
 		}
 		if tick%10 == 0 {
 			lastMembers = d.rememberMembers(lastMembers, &lastAt)
 		}
-		if tick%sweepTicks == sweepAt && sweeping.CompareAndSwap(false, true) {
-			d.wg.Add(1)
-			go func() {
-				defer d.wg.Done()
-				defer sweeping.Store(false)
+		if tick%sweepTicks == sweepAt {
+			d.goUnlessRunning(&sweeping, func() {
 				// Close waits for this goroutine before it closes the
 				// peer sessions: stop asking at once.
 				ctx, cancel := untilClosed(context.Background(), d.stop)
 				defer cancel()
 				d.pool.sweepPeers(ctx)
 				d.pool.closeIdleConns(time.Now())
-			}()
+			})
 		}
 		tiers := d.pool.gossipTiers()
 		if !capacityMoved(last, tiers) {
@@ -150,6 +142,20 @@ func (d *Daemon) joinLoop(remembered []string) {
 		}
 		last = tiers
 	}
+}
+
+// goUnlessRunning runs fn in a goroutine Close waits for, unless the one
+// it started last with the same running flag is still at it.
+func (d *Daemon) goUnlessRunning(running *atomic.Bool, fn func()) {
+	if !running.CompareAndSwap(false, true) {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer running.Store(false)
+		fn()
+	}()
 }
 
 // joinSeeds contacts the seeds (without this node's own address) until

@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 
@@ -48,9 +47,5 @@ type refusalKey struct{ msg, op, ident string }
 // number held back since the last one (suppressed_since_last): a client
 // can be refused as fast as it can ask, and the metrics count every one.
 func (d *Daemon) logRefused(level slog.Level, msg, op, ident string, args ...any) {
-	n, ok := d.refusalLog.Take(refusalKey{msg, op, ident})
-	if !ok {
-		return
-	}
-	d.log.Log(context.Background(), level, msg, append(args, "suppressed_since_last", n)...)
+	d.refusalLog.Log(d.log, level, refusalKey{msg, op, ident}, msg, args...)
 }

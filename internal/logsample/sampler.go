@@ -1,6 +1,8 @@
 package logsample
 
 import (
+	"context"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -55,6 +57,15 @@ func (s *Sampler[K]) Take(k K) (suppressed int, ok bool) {
 	n := b.suppressed
 	b.last, b.suppressed = now, 0
 	return n, true
+}
+
+// Log logs msg with args to l at level if Take lets a line of key k
+// through, with the number held back since k's last line
+// (suppressed_since_last).
+func (s *Sampler[K]) Log(l *slog.Logger, level slog.Level, k K, msg string, args ...any) {
+	if n, ok := s.Take(k); ok {
+		l.Log(context.Background(), level, msg, append(args, "suppressed_since_last", n)...)
+	}
 }
 
 // add returns the budget of a key not remembered: a new one, unless

@@ -218,11 +218,7 @@ type connWarning struct{ msg, principal string }
 // logsample.Interval per message and principal, with the number held back
 // since the last one (suppressed_since_last).
 func (c *srvConn) warn(msg string, args ...any) {
-	n, ok := c.s.connLog.Take(connWarning{msg, c.principal})
-	if !ok {
-		return
-	}
-	c.log.Warn(msg, append(args, "suppressed_since_last", n)...)
+	c.s.connLog.Log(c.log, slog.LevelWarn, connWarning{msg, c.principal}, msg, args...)
 }
 
 // handshake runs the TLS handshake (with ServerConfig.TLS), then reads
@@ -319,10 +315,7 @@ func (c *srvConn) once(h *reqHeader) error {
 		return c.unsupported(h)
 	}
 	if h.flags&reqFlagForward != 0 && c.s.cfg.Forwarders != nil && !c.s.cfg.Forwarders(c.principal) {
-		if err := c.discard(int(h.payloadLen)); err != nil {
-			return err
-		}
-		return c.respond(h.id, statusAccessDenied, 0, 0, nil, nil)
+		return c.reject(h, statusAccessDenied)
 	}
 	if c.sess == nil {
 		// open marks it used, and the connection's end does again: use is
@@ -349,10 +342,7 @@ func (c *srvConn) once(h *reqHeader) error {
 		return c.respond(h.id, sl.status, sl.flags, sl.value, nil, nil)
 	case indeterminate:
 		defer sl.mu.Unlock()
-		if err := c.discard(int(h.payloadLen)); err != nil {
-			return err
-		}
-		return c.respond(h.id, statusIndeterminate, 0, 0, nil, nil)
+		return c.reject(h, statusIndeterminate)
 	}
 	// A WRITE whose payload is cut short returns an error without an
 	// answer: nothing is cached, and a retry runs it again in full. A
@@ -374,11 +364,15 @@ func (c *srvConn) once(h *reqHeader) error {
 
 // unsupported skips the payload of an op this server does not know and
 // answers statusUnsupported, so newer clients can probe older servers.
-func (c *srvConn) unsupported(h *reqHeader) error {
+func (c *srvConn) unsupported(h *reqHeader) error { return c.reject(h, statusUnsupported) }
+
+// reject skips the payload of a request that is not run and answers it
+// with status st.
+func (c *srvConn) reject(h *reqHeader, st uint16) error {
 	if err := c.discard(int(h.payloadLen)); err != nil {
 		return err
 	}
-	return c.respond(h.id, statusUnsupported, 0, 0, nil, nil)
+	return c.respond(h.id, st, 0, 0, nil, nil)
 }
 
 // discard skips n payload bytes, flushing pending responses first if it
