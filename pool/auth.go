@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	bolt "go.etcd.io/bbolt"
@@ -87,12 +88,15 @@ type auth struct {
 // dataCred is a data-plane credential: 128 random bits issued to one
 // session, or delegated over a peer's session to one of its clients, and
 // accepted until that session ends. client is the principal the data plane
-// checks segments against (a client id, or a delegated principal), and
-// identity the one its certificate must name when a connection presents one.
+// checks segments against (a client id, or a delegated principal), identity
+// the one its certificate must name when a connection presents one, and
+// tenant whose share of the data plane's reply cache its sessions count
+// against (tenant).
 type dataCred struct {
 	session  string
 	client   string
 	identity string
+	tenant   string
 }
 
 func (a *auth) load() {
@@ -199,13 +203,19 @@ func (a *auth) owners(ident string) []string {
 	return out
 }
 
-// issue makes the data-plane credential of a new session.
+// issue makes the data-plane credential of a new session; its tenant is
+// the session's identity.
 func (a *auth) issue(session, clientID, ident string) []byte {
+	return a.issueFor(session, clientID, ident, ident)
+}
+
+// issueFor makes a data-plane credential.
+func (a *auth) issueFor(session, clientID, ident, tenant string) []byte {
 	a.load()
 	b := make([]byte, 16)
 	rand.Read(b)
 	a.mu.Lock()
-	a.creds[string(b)] = dataCred{session: session, client: clientID, identity: ident}
+	a.creds[string(b)] = dataCred{session: session, client: clientID, identity: ident, tenant: tenant}
 	a.byClient[clientID] = b
 	a.mu.Unlock()
 	return b
@@ -235,10 +245,15 @@ func (a *auth) revokeSession(session string) {
 	}
 }
 
-// delegate issues the credential of principal, a client of the peer
-// daemon whose session this is, with the identity the peer proved for it;
-// asked again, it returns the same one.
-func (a *auth) delegate(session, principal, ident string) ([]byte, error) {
+// delegate issues the credential of client of the peer daemon whose
+// client id here is peer and whose session this is (its principal is
+// delegatedPrincipal), with the identity the peer proved for it; asked
+// again, it returns the same one. Its tenant is that identity if a
+// certificate proved it (cn:NAME, one holder across the cluster), else
+// the identity on that peer ("poold/A uid:N"): a uid, or insecure, names
+// someone only on the host that saw it.
+func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
+	principal := delegatedPrincipal(peer, client)
 	a.load()
 	a.mu.Lock()
 	for k, c := range a.creds {
@@ -253,7 +268,22 @@ func (a *auth) delegate(session, principal, ident string) ([]byte, error) {
 	}
 	a.delegated[session]++
 	a.mu.Unlock()
-	return a.issue(session, principal, ident), nil
+	tenant := ident
+	if !strings.HasPrefix(ident, "cn:") {
+		tenant = peer + " " + ident
+	}
+	return a.issueFor(session, principal, ident, tenant), nil
+}
+
+// tenant is the tenant of the data-plane sessions of principal (rdma/tcp
+// ServerConfig.Tenant): the identity its live credential was issued for,
+// so that one identity's many client ids share one share of the reply
+// cache; "" (the principal is its own) without a live credential.
+func (a *auth) tenant(principal string) string {
+	a.load()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.creds[string(a.byClient[principal])].tenant
 }
 
 // identify is the data plane's check of a handshake (rdma/tcp
@@ -331,6 +361,15 @@ func (p *core) startAuth() error {
 		p.dp.creds.Store(&p.auth)
 	}
 	return nil
+}
+
+// tenant is the data plane's ServerConfig.Tenant; "" while the daemon
+// starts.
+func (dp *dataPlane) tenant(principal string) string {
+	if a := dp.creds.Load(); a != nil {
+		return a.tenant(principal)
+	}
+	return ""
 }
 
 // credOf is a live data-plane credential of the client's (nil if none).

@@ -74,6 +74,8 @@ func newDataPlane(addr string, cfg tcp.ServerConfig, sec dataSecurity, ls *liste
 	// peer daemons, on the sessions their nodes hold here (poold/NODE),
 	// not their clients on delegated credentials (poold/NODE/CLIENT).
 	cfg.Forwarders = isPeerDaemon
+	// One identity's client ids share one share of the reply cache.
+	cfg.Tenant = dp.tenant
 	dp.coh = newCoherenceHost(log)
 	cfg.Message = dp.coh.message
 	dp.srv = dialer.NewServer(cfg)

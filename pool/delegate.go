@@ -110,7 +110,7 @@ func (s *service) Delegate(ctx context.Context, req *poolv1.DelegateRequest) (*p
 		s.d.refused("delegate", c, 0, req.ClientId, err)
 		return nil, errs.ToStatus(err)
 	}
-	cred, err := s.d.pool.credentials().delegate(sessionOf(ctx), delegatedPrincipal(c.client.id, req.ClientId), req.Identity)
+	cred, err := s.d.pool.credentials().delegate(sessionOf(ctx), c.client.id, req.ClientId, req.Identity)
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}

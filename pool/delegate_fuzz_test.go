@@ -91,7 +91,7 @@ func FuzzDelegateRequest(f *testing.F) {
 			return
 		}
 		principal := delegatedPrincipal(peer, req.ClientId)
-		cred, err := p.auth.delegate("s", principal, req.Identity)
+		cred, err := p.auth.delegate("s", peer, req.ClientId, req.Identity)
 		require.NoError(t, err)
 		got, err := p.auth.identify(cred, nil)
 		require.NoError(t, err)

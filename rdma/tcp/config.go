@@ -41,6 +41,17 @@ type ServerConfig struct {
 	// It may be called concurrently. Default: nil.
 	Forwarders func(principal string) bool
 
+	// Tenant, when set, names the tenant a principal (as Identify named
+	// it, or as an origin block names a forwarded op's client) acts for:
+	// the sessions of every principal of one tenant share one fair share
+	// of the reply cache (MaxSessions), so an identity that holds many
+	// principals (poold: one per client id it opened a session with)
+	// cannot push the others' sessions out by spreading its own over
+	// them. "" or nil: each principal is its own tenant. It is called when
+	// a session is created, outside the server's locks, and may be called
+	// concurrently. Default: nil.
+	Tenant func(principal string) string
+
 	// TLS, when set, makes every connection run a TLS handshake with it
 	// before the hello (bounded by HandshakeTimeout), and carries the
 	// protocol over TLS from then on: the credential, keys and data are
@@ -85,11 +96,12 @@ type ServerConfig struct {
 	// its rdma.SessionSlots slots, about 4 KiB. Opening one more evicts the
 	// least recently used; that client's retries of operations whose
 	// answers were lost then get INDETERMINATE (rdma.ErrIndeterminate),
-	// never a second application. While a client (principal, or
-	// credential) holds more than a sixteenth of the table (at least 4),
-	// the evicted one is its least recently used instead, so a client that
-	// opens session after session does not push the others out. Unit:
-	// sessions. Default: 1024.
+	// never a second application. While a tenant (Tenant; else a
+	// principal, or a credential) holds more than a sixteenth of the table
+	// (at least 4), the evicted one is its least recently used instead, so
+	// a client that opens session after session, under one principal or
+	// many of one tenant, does not push the others out. Unit: sessions.
+	// Default: 1024.
 	MaxSessions int
 
 	// HandshakeTimeout bounds the hello/reply exchange of a new connection.

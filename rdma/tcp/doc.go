@@ -200,7 +200,10 @@
 // request's response header (status, flags, value): a bounded reply cache,
 // 128 answers per session, at most ServerConfig.MaxSessions sessions (least
 // recently used evicted, use counted when a connection sends its first
-// ONCE request and when it ends). A server keeps a session only once a
+// ONCE request and when it ends; while one tenant holds more than a
+// sixteenth of them, its own least recently used: ServerConfig.Tenant
+// names the identity a principal acts for, so one identity's many
+// principals share one share). A server keeps a session only once a
 // connection of it sends a ONCE request: a client that only reads takes no
 // place. For a request with ONCE, under the slot's lock:
 //

@@ -614,7 +614,7 @@ func TestForwardFailoverUnforwardedSlot(t *testing.T) {
 // TestSessionForgotByEviction: once the table evicted a session, a
 // session an origin block opens starts with its history unknown.
 func TestSessionForgotByEviction(t *testing.T) {
-	tbl := newSessionTable(1)
+	tbl := newSessionTable(1, nil)
 	a := sessionKey{name: "p:a", id: [sessionIDSize]byte{1}}
 	b := sessionKey{name: "p:b", id: [sessionIDSize]byte{2}}
 	require.True(t, tbl.openForwarded(a).slots[5].known, "nothing evicted yet")

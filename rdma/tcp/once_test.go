@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -305,7 +307,7 @@ func TestSlotDecide(t *testing.T) {
 // TestSessionTableBound: the table holds at most max sessions and evicts
 // the least recently used; a resumed unknown session has unknown slots.
 func TestSessionTableBound(t *testing.T) {
-	tb := newSessionTable(3)
+	tb := newSessionTable(3, nil)
 	key := func(i byte) sessionKey { return sessionKey{name: "c", id: [sessionIDSize]byte{i}} }
 	a := tb.open(key(1), false)
 	tb.open(key(2), false)
@@ -327,7 +329,7 @@ func TestSessionTableBound(t *testing.T) {
 // (a new session id at each hello) fills the table and then evicts its
 // own, not the sessions of the others, even those used less recently.
 func TestSessionTableFairShare(t *testing.T) {
-	tb := newSessionTable(64) // a share of 4
+	tb := newSessionTable(64, nil) // a share of 4
 	bob := sessionKey{name: "p:bob", id: [sessionIDSize]byte{1}}
 	carol := sessionKey{name: "p:carol", id: [sessionIDSize]byte{2}}
 	b, c := tb.open(bob, false), tb.open(carol, false)
@@ -345,6 +347,48 @@ func TestSessionTableFairShare(t *testing.T) {
 	require.Equal(t, 8, tb.owned["p:dave"])
 	require.Equal(t, 54, tb.owned["p:mallory"])
 	require.Same(t, b, tb.m[bob])
+}
+
+// TestSessionTableTenantShare: one identity that opens its sessions under
+// many principals (a client id each, as poold's clients of one identity
+// may), directly or forwarded, shares one share of the table: it evicts
+// its own sessions, not those of another identity's principals, nor of a
+// principal Tenant names no tenant for.
+func TestSessionTableTenantShare(t *testing.T) {
+	tenant := func(principal string) string {
+		ident, _, _ := strings.Cut(principal, "-")
+		if ident == "anon" {
+			return ""
+		}
+		return "cn:" + ident
+	}
+	tb := newSessionTable(64, tenant) // a share of 4
+	others := []sessionKey{
+		{name: "p:bob-1", id: [sessionIDSize]byte{1}},
+		{name: "p:carol-1", id: [sessionIDSize]byte{2}},
+		{name: "p:carol-2", id: [sessionIDSize]byte{3}},
+		{name: "p:anon-1", id: [sessionIDSize]byte{4}},
+		{name: "c:credential", id: [sessionIDSize]byte{5}},
+	}
+	kept := make([]*session, len(others))
+	for i, k := range others {
+		kept[i] = tb.open(k, false)
+	}
+	for i := range 1100 {
+		k := sessionKey{name: fmt.Sprintf("p:mallory-%d", i), id: [sessionIDSize]byte{6, byte(i), byte(i >> 8)}}
+		if i%2 == 0 {
+			tb.open(k, false)
+		} else {
+			tb.openForwarded(k)
+		}
+	}
+	require.Len(t, tb.m, 64)
+	for i, k := range others {
+		require.True(t, kept[i] == tb.m[k], "%s's session outlives mallory's principals", k.name)
+	}
+	require.Equal(t, 59, tb.owned["t:cn:mallory"])
+	require.Equal(t, 2, tb.owned["t:cn:carol"])
+	require.Equal(t, 1, tb.owned["p:anon-1"], "a principal without a tenant is its own")
 }
 
 // TestVersions: a version 1 client is still served, without sessions (its

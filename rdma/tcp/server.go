@@ -67,7 +67,7 @@ func NewServer(cfg ServerConfig) *Server {
 		fwdRuns:   make(chan *fwdOp),
 	}
 	s.log = s.cfg.Logger
-	s.sessions = newSessionTable(s.cfg.MaxSessions)
+	s.sessions = newSessionTable(s.cfg.MaxSessions, s.cfg.Tenant)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	m := make(map[uint64]*export)
 	s.exports.Store(&m)

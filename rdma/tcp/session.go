@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -29,17 +30,18 @@ func sessionName(principal bool, who string) string {
 
 // sessionTable is a server's reply cache: the exactly-once sessions of its
 // clients, at most max of them; opening one more evicts the least recently
-// used of the name that holds the most, if that is more than its share
+// used of the tenant that holds the most, if that is more than its share
 // (ownerShare), else the least recently used: a client that opens session
-// after session evicts its own, not the others'. It is safe for
-// concurrent use.
+// after session, under one principal or many of one tenant, evicts its
+// own, not the others'. It is safe for concurrent use.
 type sessionTable struct {
-	max  int
-	tick atomic.Uint64 // logical clock for least-recently-used eviction
+	max    int
+	tenant func(principal string) string // ServerConfig.Tenant; nil: none
+	tick   atomic.Uint64                 // logical clock for least-recently-used eviction
 
 	mu    sync.Mutex
 	m     map[sessionKey]*session
-	owned map[string]int // sessions per sessionKey name
+	owned map[string]int // sessions per tenant (tenantOf)
 	// fresh holds the sessions a hello without RESUME named (their
 	// client had no server accept them before) that no ONCE request has
 	// opened yet, at most max of them, the oldest forgotten first
@@ -55,16 +57,32 @@ type sessionTable struct {
 	forgot bool
 }
 
-func newSessionTable(max int) *sessionTable {
-	return &sessionTable{max: max, m: make(map[sessionKey]*session), owned: make(map[string]int)}
+func newSessionTable(max int, tenant func(principal string) string) *sessionTable {
+	return &sessionTable{max: max, tenant: tenant, m: make(map[sessionKey]*session), owned: make(map[string]int)}
 }
 
-// ownerShare is how many sessions one name may hold in a full table
+// ownerShare is how many sessions one tenant may hold in a full table
 // before the next one opened evicts one of its: a client uses one session per
 // process (a peer daemon one per node), so a sixteenth of the table (at
-// least 4) leaves room for many of them, while a name that churns
-// sessions cannot push every other client's replies out.
+// least 4) leaves room for many of them, while a tenant that churns
+// sessions, or principals, cannot push every other client's replies out.
 func (t *sessionTable) ownerShare() int { return max(4, t.max/16) }
+
+// tenantOf is whose share a session of key counts against: "t:" and the
+// tenant ServerConfig.Tenant names for its principal, so that one
+// identity's many principals share one; else the key's name (its
+// principal, or its credential). It is called outside t.mu: Tenant is the
+// embedder's code.
+func (t *sessionTable) tenantOf(key sessionKey) string {
+	if t.tenant != nil {
+		if p, ok := strings.CutPrefix(key.name, "p:"); ok {
+			if tn := t.tenant(p); tn != "" {
+				return "t:" + tn
+			}
+		}
+	}
+	return key.name
+}
 
 // session is one client session's reply cache: the last answer of each of
 // its slots. A connection keeps a pointer to it, so an evicted session
@@ -72,6 +90,7 @@ func (t *sessionTable) ownerShare() int { return max(4, t.max/16) }
 // resumes it later finds it gone and answers its retries INDETERMINATE.
 type session struct {
 	lastUsed atomic.Uint64
+	tenant   string // whose share it counts against (tenantOf)
 	slots    [rdma.SessionSlots]slot
 }
 
@@ -128,9 +147,13 @@ func (t *sessionTable) announce(key sessionKey) {
 // the session), and a retry on a slot that has not executed anything
 // since is INDETERMINATE.
 func (t *sessionTable) open(key sessionKey, resume bool) *session {
+	if s := t.find(key); s != nil {
+		return s
+	}
+	tenant := t.tenantOf(key)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.openLocked(key, !resume)
+	return t.openLocked(key, tenant, !resume)
 }
 
 // openForwarded is open for an origin block (origin.go): a primary
@@ -142,23 +165,40 @@ func (t *sessionTable) open(key sessionKey, resume bool) *session {
 // answered nobody before every live copy acknowledged it, so running the
 // client's retry of it applies it once.
 func (t *sessionTable) openForwarded(key sessionKey) *session {
+	if s := t.find(key); s != nil {
+		return s
+	}
+	tenant := t.tenantOf(key)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.openLocked(key, !t.forgot)
+	return t.openLocked(key, tenant, !t.forgot)
 }
 
-// openLocked returns the session of key, creating it with its slots
-// known if known is set or a hello announced it fresh; t.mu is held.
-func (t *sessionTable) openLocked(key sessionKey, known bool) *session {
+// find returns the session of key, marked used, or nil if the table lacks
+// it.
+func (t *sessionTable) find(key sessionKey) *session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.m[key]
+	if s != nil {
+		t.touch(s)
+	}
+	return s
+}
+
+// openLocked returns the session of key, creating it for tenant
+// (tenantOf) with its slots known if known is set or a hello announced it
+// fresh; t.mu is held.
+func (t *sessionTable) openLocked(key sessionKey, tenant string, known bool) *session {
 	s := t.m[key]
 	if s == nil {
 		if len(t.m) >= t.max {
 			t.evictOldest(t.overShare())
 		}
-		t.owned[key.name]++
+		t.owned[tenant]++
 		_, fresh := t.fresh[key]
 		delete(t.fresh, key)
-		s = &session{}
+		s = &session{tenant: tenant}
 		for i := range s.slots {
 			s.slots[i].known = known || fresh
 		}
@@ -176,29 +216,29 @@ func (t *sessionTable) forget() {
 	t.mu.Unlock()
 }
 
-// overShare returns the name holding the most sessions if that is more
+// overShare returns the tenant holding the most sessions if that is more
 // than ownerShare, else ""; t.mu is held.
 func (t *sessionTable) overShare() string {
 	most, n := "", t.ownerShare()
-	for name, c := range t.owned {
+	for tenant, c := range t.owned {
 		if c > n {
-			most, n = name, c
+			most, n = tenant, c
 		}
 	}
 	return most
 }
 
-// evictOldest drops the least recently used session, of those named
-// name if it is not ""; t.mu is held. The scan is linear, and runs only
-// when a session is opened at a full table.
-func (t *sessionTable) evictOldest(name string) {
+// evictOldest drops the least recently used session, of tenant's if it
+// is not ""; t.mu is held. The scan is linear, and runs only when a
+// session is opened at a full table.
+func (t *sessionTable) evictOldest(tenant string) {
 	var (
 		oldest    sessionKey
 		oldestUse uint64
 		found     bool
 	)
 	for k, s := range t.m {
-		if name != "" && k.name != name {
+		if tenant != "" && s.tenant != tenant {
 			continue
 		}
 		if u := s.lastUsed.Load(); !found || u < oldestUse {
@@ -206,9 +246,10 @@ func (t *sessionTable) evictOldest(name string) {
 		}
 	}
 	if found {
+		gone := t.m[oldest].tenant
 		delete(t.m, oldest)
-		if t.owned[oldest.name]--; t.owned[oldest.name] == 0 {
-			delete(t.owned, oldest.name)
+		if t.owned[gone]--; t.owned[gone] == 0 {
+			delete(t.owned, gone)
 		}
 		t.forgot = true
 	}

@@ -1,0 +1,40 @@
+package pool
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestDataPlaneTenants: the data plane counts a principal's reply-cache
+// sessions against the identity its credential was issued for, so one
+// identity's client ids share one tenant; a delegated credential's
+// identity is its own across the cluster when a certificate proved it,
+// and scoped to the delegating peer otherwise (a uid names someone only
+// on its host). A principal without a live credential has none.
+func TestDataPlaneTenants(t *testing.T) {
+	var a auth
+	a.issue("s-1", "mallory-1", "cn:mallory")
+	a.issue("s-2", "mallory-2", "cn:mallory")
+	a.issue("s-3", "bob", "uid:1000")
+	_, err := a.delegate("s-peer-a", "poold/a", "app", "uid:1000")
+	require.NoError(t, err)
+	_, err = a.delegate("s-peer-b", "poold/b", "app", "uid:1000")
+	require.NoError(t, err)
+	_, err = a.delegate("s-peer-a", "poold/a", "mallory-3", "cn:mallory")
+	require.NoError(t, err)
+
+	for principal, want := range map[string]string{
+		"mallory-1":         "cn:mallory",
+		"mallory-2":         "cn:mallory",
+		"poold/a/mallory-3": "cn:mallory",
+		"bob":               "uid:1000",
+		"poold/a/app":       "poold/a uid:1000",
+		"poold/b/app":       "poold/b uid:1000",
+		"nobody-here":       "",
+	} {
+		require.Equal(t, want, a.tenant(principal), principal)
+	}
+	a.revokeSession("s-1")
+	require.Empty(t, a.tenant("mallory-1"), "a revoked credential names no tenant")
+}
