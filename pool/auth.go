@@ -189,6 +189,23 @@ func (a *auth) identity(clientID string) string {
 	return a.bound[clientID]
 }
 
+// boundTo counts the client ids of ids bound to ident (none for "").
+func (a *auth) boundTo(ids []string, ident string) int {
+	if ident == "" {
+		return 0
+	}
+	a.load()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		if a.bound[id] == ident {
+			n++
+		}
+	}
+	return n
+}
+
 // owners returns the client ids bound to ident.
 func (a *auth) owners(ident string) []string {
 	a.load()

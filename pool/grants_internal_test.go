@@ -140,6 +140,54 @@ func TestAttachersBounded(t *testing.T) {
 	require.ErrorIs(t, err, errs.ErrAccessDenied, "another identity with the reaped client's id gets no access")
 }
 
+// TestAttachersPerIdentity: one granted identity that attaches a segment
+// under client id after client id takes at most maxAttachersPerIdentity
+// places, refused with ErrLimit past them, so another granted identity
+// still attaches; a client id of its own that detaches makes room for
+// another of its own.
+func TestAttachersPerIdentity(t *testing.T) {
+	p := newTestPool(t, testConfig(t))
+	defer p.close()
+	require.NoError(t, p.auth.bind("app", "uid:1000"))
+	p.openSession("s-app", "app", "app", 1, 1000)
+	app, err := p.callerFor("s-app")
+	require.NoError(t, err)
+	app.ident = "uid:1000"
+	seg, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared", Allow: []string{"cn:mallory", "cn:bob"}})
+	require.NoError(t, err)
+
+	// attacher opens a session as client id of identity ident.
+	attacher := func(id, ident string) caller {
+		require.NoError(t, p.auth.bind(id, ident))
+		p.openSession("s-"+id, id, id, 2, 1000)
+		c, err := p.callerFor("s-" + id)
+		require.NoError(t, err)
+		c.ident = ident
+		return c
+	}
+	var mallory []caller
+	for i := range maxAttachers {
+		c := attacher(fmt.Sprintf("mallory-%d", i), "cn:mallory")
+		if _, err = p.Attach(c, "shared"); err != nil {
+			break
+		}
+		mallory = append(mallory, c)
+	}
+	require.ErrorIs(t, err, errs.ErrLimit)
+	require.ErrorContains(t, err, "cn:mallory")
+	require.ErrorContains(t, err, "detach")
+	require.Len(t, mallory, maxAttachersPerIdentity)
+
+	_, err = p.Attach(attacher("bob", "cn:bob"), "shared")
+	require.NoError(t, err, "another identity attaches past mallory's client ids")
+	require.NoError(t, p.Detach(mallory[0], seg.ID))
+	_, err = p.Attach(attacher("mallory-again", "cn:mallory"), "shared")
+	require.NoError(t, err, "a detach makes room for the same identity")
+	got, err := p.Stat(seg.ID)
+	require.NoError(t, err)
+	require.Len(t, got.Attached, maxAttachersPerIdentity+1)
+}
+
 // TestAttachmentEndsAfterRestart: a restarted daemon gives each client it
 // finds attached to a segment a lease from its start, as it does owners:
 // an attacher that never comes back loses its attachment when that lease

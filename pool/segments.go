@@ -204,6 +204,9 @@ func (p *core) Attach(c caller, name string) (*record, error) {
 		return nil, attachDenied(c, r)
 	}
 	if !mayUse(c, r) {
+		if n := p.auth.boundTo(r.Attached, c.ident); n >= maxAttachersPerIdentity {
+			return nil, fmt.Errorf("attach %q: %w: %d client ids of %s have attached it, at most %d of one identity per segment, so that other identities can still attach; have those of yours that no longer use it detach (Segment.Close or Client.Close), or share one client (alloc.Dial) among more of your goroutines instead of dialing a client each", name, errs.ErrLimit, n, c.ident, maxAttachersPerIdentity)
+		}
 		if len(r.Attached) >= maxAttachers {
 			return nil, fmt.Errorf("attach %q: %w: %d clients have attached it, at most %d per segment; have those that no longer use it detach (Segment.Close or Client.Close; a client's attachments also end with its lease)", name, errs.ErrLimit, len(r.Attached), maxAttachers)
 		}
@@ -223,6 +226,14 @@ func (p *core) Attach(c caller, name string) (*record, error) {
 // each Attach rewrites the whole record, and the data plane's principals
 // of the segment are the list.
 const maxAttachers = 1024
+
+// maxAttachersPerIdentity is the most of a segment's attachers whose
+// client ids are bound to one identity: an identity may open sessions
+// under as many client ids as it likes, and without this one granted
+// identity could take every place of maxAttachers and lock every other
+// out. An eighth of the list still lets a service attach a segment from
+// 128 processes of one user, and leaves room for seven such identities.
+const maxAttachersPerIdentity = maxAttachers / 8
 
 // Detach withdraws the caller's attachment to a segment (its client id
 // from Attached), so that the caller may no longer map or free it; the
