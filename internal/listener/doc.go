@@ -13,8 +13,9 @@
 // While it backs off the Listener reports itself failing (Status), so that
 // readiness probes and placement can tell the truth; it recovers by itself
 // at the next successful Accept, or FailWindow after the last error. Errors
-// are counted through Config.OnError and logged at most once per LogEvery
-// with the number of errors suppressed meanwhile.
+// are counted through Config.OnError and logged through a
+// logsample.Sampler: at most one line per logsample.Interval, with the
+// number held back meanwhile.
 //
 // Slots count what each source (an IP, a process) holds under a total and
 // a per-source limit. A Handshakes listener uses them to bound the

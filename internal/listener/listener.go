@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/farmem/farmem/internal/logsample"
 )
 
 // Defaults of Config.
@@ -15,7 +17,6 @@ const (
 	DefaultMinBackoff = 5 * time.Millisecond
 	DefaultMaxBackoff = time.Second
 	DefaultFailWindow = 3 * time.Second
-	DefaultLogEvery   = time.Second
 )
 
 // Config says how a Listener names itself, reports and backs off. Zero
@@ -24,7 +25,8 @@ type Config struct {
 	// Name labels the listener in logs, metrics and readiness, e.g.
 	// "data-plane". Required.
 	Name string
-	// Logger receives the rate-limited warnings; nil discards them.
+	// Logger receives the warnings, at most one per logsample.Interval;
+	// nil discards them.
 	Logger *slog.Logger
 	// OnError is called (without locks held) for every accept error, e.g.
 	// to count it in metrics; nil: none.
@@ -38,8 +40,6 @@ type Config struct {
 	// 3s. It must exceed MaxBackoff, so that an error that recurs at every
 	// retry keeps the listener failing without a gap.
 	FailWindow time.Duration
-	// LogEvery is the least time between two warnings; default 1s.
-	LogEvery time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -54,9 +54,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FailWindow <= 0 {
 		c.FailWindow = max(DefaultFailWindow, 2*c.MaxBackoff)
-	}
-	if c.LogEvery <= 0 {
-		c.LogEvery = DefaultLogEvery
 	}
 	return c
 }
@@ -101,7 +98,7 @@ type Listener struct {
 	lastErrAt time.Time
 	since     time.Time // first error of the current spell
 	errors    uint64
-	warn      warnings
+	warn      logsample.Sampler[string] // by message
 }
 
 // New wraps l. It panics on an empty cfg.Name, a programming error.
@@ -110,7 +107,7 @@ func New(l net.Listener, cfg Config) *Listener {
 		panic("listener: Config.Name is empty")
 	}
 	cfg = cfg.withDefaults()
-	return &Listener{Listener: l, cfg: cfg, now: time.Now, sleep: sleep, done: make(chan struct{}), warn: warnings{every: cfg.LogEvery}}
+	return &Listener{Listener: l, cfg: cfg, now: time.Now, sleep: sleep, done: make(chan struct{})}
 }
 
 // Wrap is New, except that a *Listener is returned as it is: code that
@@ -167,7 +164,7 @@ func (l *Listener) accepted() {
 	if l.lastErr == nil {
 		return
 	}
-	l.cfg.Logger.Info("accepting again", "listener", l.cfg.Name, "failing-for", l.now().Sub(l.since).Round(time.Millisecond), "suppressed", l.warn.flush())
+	l.cfg.Logger.Info("accepting again", "listener", l.cfg.Name, "failing-for", l.now().Sub(l.since).Round(time.Millisecond), "suppressed_since_last", l.warn.Flush(msgAcceptFailed))
 	l.backoff, l.lastErr, l.since = 0, nil, time.Time{}
 }
 
@@ -185,15 +182,17 @@ func (l *Listener) failed(err error) time.Duration {
 		l.backoff = min(max(2*l.backoff, l.cfg.MinBackoff), l.cfg.MaxBackoff)
 		l.lastErr, l.lastErrAt, pause = err, now, l.backoff
 	}
-	if ok, suppressed := l.warn.allow(now); ok {
-		l.cfg.Logger.Warn("accept failed; retrying", "listener", l.cfg.Name, "err", err, "backoff", pause, "suppressed", suppressed)
-	}
 	l.mu.Unlock()
+	l.warn.Log(l.cfg.Logger, slog.LevelWarn, msgAcceptFailed, msgAcceptFailed, "listener", l.cfg.Name, "err", err, "backoff", pause)
 	if l.cfg.OnError != nil {
 		l.cfg.OnError(err)
 	}
 	return pause
 }
+
+// msgAcceptFailed is the warning about an accept error, and its key in
+// Listener.warn: one line a second at most, however many errors.
+const msgAcceptFailed = "accept failed; retrying"
 
 // connError reports whether err concerns one connection that died in the
 // backlog, not the listener or the process: retrying at once is right.

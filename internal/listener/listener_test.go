@@ -99,6 +99,7 @@ func newTest(t *testing.T, f net.Listener, cfg Config) (*Listener, *fakeClock, *
 	l := New(f, cfg)
 	clk := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	l.now, l.sleep = clk.now, clk.sleep
+	l.warn.SetClock(clk.now)
 	t.Cleanup(func() { l.Close() })
 	return l, clk, &logs, &seen
 }
@@ -194,13 +195,14 @@ func TestFailingExpires(t *testing.T) {
 
 // TestWarningsRateLimited: a thousand errors within one second log one
 // warning; the next warning, a second later, says how many were left out,
-// and so does the line that says it accepts again.
+// and so does the line that says it accepts again (one more error came
+// right after that warning).
 func TestWarningsRateLimited(t *testing.T) {
-	script := make([]error, 0, 1002)
+	script := make([]error, 0, 1003)
 	for range 1000 {
 		script = append(script, acceptErr(syscall.ECONNABORTED))
 	}
-	script = append(script, acceptErr(syscall.EMFILE), nil)
+	script = append(script, acceptErr(syscall.EMFILE), acceptErr(syscall.EMFILE), nil)
 	l, clk, logs, seen := newTest(t, newFake(script...), Config{})
 	n := 0
 	l.cfg.OnError = func(error) {
@@ -213,15 +215,15 @@ func TestWarningsRateLimited(t *testing.T) {
 	require.NoError(t, err)
 	c.Close()
 	require.Empty(t, *seen) // OnError replaced
-	require.Equal(t, 1001, n)
+	require.Equal(t, 1002, n)
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 	require.Len(t, lines, 3, logs.String())
 	require.Contains(t, lines[0], "accept failed; retrying")
-	require.Contains(t, lines[0], "suppressed=0")
-	require.Contains(t, lines[1], "suppressed=999")
+	require.Contains(t, lines[0], "suppressed_since_last=0")
+	require.Contains(t, lines[1], "suppressed_since_last=999")
 	require.Contains(t, lines[1], "too many open files")
 	require.Contains(t, lines[2], "accepting again")
-	require.Contains(t, lines[2], "suppressed=0")
+	require.Contains(t, lines[2], "suppressed_since_last=1")
 }
 
 // TestCloseEndsBackoff: Close during a pause makes Accept return at once

@@ -4,14 +4,16 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
+
+	"github.com/farmem/farmem/internal/logsample"
 )
 
 // Limits bound what Slots hand out.
 type Limits struct {
 	// Name labels the holder in logs, e.g. "control-plane". Required.
 	Name string
-	// Logger receives the rate-limited refusal warnings; nil discards them.
+	// Logger receives the refusal warnings, at most one per
+	// logsample.Interval; nil discards them.
 	Logger *slog.Logger
 	// Total is the most slots held at once; >= 1.
 	Total int
@@ -24,8 +26,8 @@ type Limits struct {
 }
 
 // Slots count what each source holds (connections, usually) under a total
-// and a per-source limit, and log refusals at most once a second with the
-// number left out. Safe for concurrent use.
+// and a per-source limit, and log refusals at most once per
+// logsample.Interval with the number held back. Safe for concurrent use.
 type Slots struct {
 	lim Limits
 	log *slog.Logger
@@ -33,7 +35,7 @@ type Slots struct {
 	mu       sync.Mutex
 	held     int
 	bySource map[string]int
-	warn     warnings
+	warn     logsample.Sampler[string] // by message
 }
 
 // NewSlots returns empty slots; an error for limits out of range.
@@ -45,7 +47,7 @@ func NewSlots(lim Limits) (*Slots, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Slots{lim: lim, log: log, bySource: map[string]int{}, warn: warnings{every: DefaultLogEvery}}, nil
+	return &Slots{lim: lim, log: log, bySource: map[string]int{}}, nil
 }
 
 // Acquire takes a slot for src and reports whether there was one; the
@@ -59,16 +61,19 @@ func (s *Slots) Acquire(src string) bool {
 		s.mu.Unlock()
 		return true
 	}
-	if ok, suppressed := s.warn.allow(time.Now()); ok {
-		s.log.Warn("refused a connection: limit reached", "listener", s.lim.Name, "source", src,
-			"held", s.held, "from-source", n, "limit", s.lim.Total, "limit-per-source", s.lim.PerSource, "suppressed", suppressed)
-	}
+	held := s.held
 	s.mu.Unlock()
+	s.warn.Log(s.log, slog.LevelWarn, msgRefused, msgRefused, "listener", s.lim.Name, "source", src,
+		"held", held, "from-source", n, "limit", s.lim.Total, "limit-per-source", s.lim.PerSource)
 	if s.lim.OnRefuse != nil {
 		s.lim.OnRefuse(src)
 	}
 	return false
 }
+
+// msgRefused is the warning about a slot refused, and its key in
+// Slots.warn: one line a second at most, whatever the source.
+const msgRefused = "refused a connection: limit reached"
 
 // Release gives back a slot src acquired.
 func (s *Slots) Release(src string) {

@@ -68,6 +68,23 @@ func (s *Sampler[K]) Log(l *slog.Logger, level slog.Level, k K, msg string, args
 	}
 }
 
+// Flush returns how many lines of key k were held back since its last
+// one and forgets them, for a line outside the sample that ends a spell
+// of k's lines and reports what they held back itself (a listener's
+// "accepting again" after its sampled "accept failed"). k's next line is
+// still held back within Interval of its last.
+func (s *Sampler[K]) Flush(k K) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.keys[k]
+	if b == nil {
+		return 0
+	}
+	n := b.suppressed
+	b.suppressed = 0
+	return n
+}
+
 // add returns the budget of a key not remembered: a new one, unless
 // maxKeys keys are remembered after forgetting those whose last line is
 // an Interval old (searched for at most once per Interval), the shared

@@ -59,3 +59,28 @@ func TestSamplerKeysBounded(t *testing.T) {
 	require.Zero(t, n)
 	require.Len(t, s.keys, 1)
 }
+
+// TestSamplerFlush: Flush hands over the count of lines held back and
+// forgets it, without opening the key's budget early; other keys keep
+// theirs.
+func TestSamplerFlush(t *testing.T) {
+	var s Sampler[string]
+	t0 := time.Unix(1000, 0)
+	s.SetClock(at(t0))
+	require.Zero(t, s.Flush("a"), "an unknown key held nothing back")
+	for range 10 {
+		s.Take("a")
+		s.Take("b")
+	}
+	require.Equal(t, 9, s.Flush("a"))
+	require.Zero(t, s.Flush("a"))
+	_, ok := s.Take("a")
+	require.False(t, ok, "a flush does not open the budget within the Interval")
+	s.SetClock(at(t0.Add(Interval)))
+	n, ok := s.Take("a")
+	require.True(t, ok)
+	require.Equal(t, 1, n, "only the line held back after the flush")
+	n, ok = s.Take("b")
+	require.True(t, ok)
+	require.Equal(t, 9, n)
+}
