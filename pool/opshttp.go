@@ -23,12 +23,17 @@ type opsHTTP struct {
 }
 
 // Bounds of the metrics and health endpoints' connections: at most
-// maxOpsConnsPerSource open from one IP (maxOpsConns in all), the rest
-// closed at once as they come; a connection idle between requests for
-// opsIdleTimeout is closed, and an answer must be written within
-// opsWriteTimeout. A scraper or probe keeps one or two connections, so
-// these leave room for many while a host that opens them by the hundred
-// cannot take the descriptors the daemon's other listeners need.
+// maxOpsConnsPerSource open from one IP (maxOpsConns in all). A new
+// connection beyond either limit takes the place of the oldest idle one
+// (the IP's own at its limit, anyone's at the total) and is closed at
+// once only when all those are in the middle of a request, so a tenant on
+// the host that keeps its 16 connections open and idle cannot keep the
+// local health probes and scrapes out (listener.Conns). A connection idle
+// between requests for opsIdleTimeout is closed, and an answer must be
+// written within opsWriteTimeout. A scraper or probe keeps one or two
+// connections, so these leave room for many while a host that opens them
+// by the hundred cannot take the descriptors the daemon's other listeners
+// need.
 const (
 	maxOpsConns          = 64
 	maxOpsConnsPerSource = 16
@@ -45,8 +50,7 @@ func listenOps(addr string, ls *listeners, log *slog.Logger) (*opsHTTP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics on %s: %w (choose another address with --metrics, or leave it empty for none)", addr, err)
 	}
-	// Connections are never settled: each counts until it is closed.
-	h, err := listener.NewHandshakes(ls.wrap(l, listenerMetrics), listener.Limits{
+	h, err := listener.NewConns(ls.wrap(l, listenerMetrics), listener.Limits{
 		Name: listenerMetrics, Logger: log, Total: maxOpsConns, PerSource: maxOpsConnsPerSource,
 	})
 	if err != nil {
@@ -69,7 +73,13 @@ func (o *opsHTTP) serve(h http.Handler, log *slog.Logger) {
 	if o == nil {
 		return
 	}
-	o.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: opsIdleTimeout, WriteTimeout: opsWriteTimeout}
+	o.srv = &http.Server{
+		Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: opsIdleTimeout, WriteTimeout: opsWriteTimeout,
+		// A connection is busy from a request read until its answer is
+		// written; before its first request and between requests it may
+		// be closed to make room (listenOps).
+		ConnState: func(c net.Conn, s http.ConnState) { listener.SetIdle(c, s == http.StateNew || s == http.StateIdle) },
+	}
 	o.done = make(chan struct{})
 	go func() {
 		defer close(o.done)

@@ -25,6 +25,12 @@
 // descriptors and goroutines that legitimate clients need; Settle marks a
 // connection's handshake finished.
 //
+// A Conns listener bounds the connections open at once the same way, for
+// servers whose clients keep connections idle between requests (HTTP
+// keep-alive): at a limit it closes the oldest idle connection (the
+// source's own at its limit, anyone's at the total) to make room, and
+// refuses the new one only when all those are busy; SetIdle marks them.
+//
 // Every exported type is safe for concurrent use. The package needs no
 // particular OS; the errno classification is that of syscall on Unix.
 package listener

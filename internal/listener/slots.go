@@ -25,29 +25,59 @@ type Limits struct {
 	OnRefuse func(source string)
 }
 
+// limited is what Slots and Conns share: their limits, checked, and the
+// sampled warnings. Its fields are set once by init; warn is safe for
+// concurrent use.
+type limited struct {
+	lim  Limits
+	log  *slog.Logger
+	warn logsample.Sampler[string] // by message
+}
+
+// init checks lim and keeps it; an error for limits out of range.
+func (l *limited) init(lim Limits) error {
+	if lim.Name == "" || lim.Total < 1 || lim.PerSource < 1 || lim.PerSource > lim.Total {
+		return fmt.Errorf("listener: limits %q total %d per source %d: name them and use 1 <= per source <= total", lim.Name, lim.Total, lim.PerSource)
+	}
+	l.lim, l.log = lim, lim.Logger
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// refuse logs (sampled) that src was refused while held were taken, n of
+// them by src, and tells OnRefuse. No lock may be held.
+func (l *limited) refuse(src string, held, n int) {
+	l.warn.Log(l.log, slog.LevelWarn, msgRefused, msgRefused, "listener", l.lim.Name, "source", src,
+		"held", held, "from-source", n, "limit", l.lim.Total, "limit-per-source", l.lim.PerSource)
+	if l.lim.OnRefuse != nil {
+		l.lim.OnRefuse(src)
+	}
+}
+
+// msgRefused is the warning about a slot refused, and its key in
+// limited.warn: one line a second at most, whatever the source.
+const msgRefused = "refused a connection: limit reached"
+
 // Slots count what each source holds (connections, usually) under a total
 // and a per-source limit, and log refusals at most once per
 // logsample.Interval with the number held back. Safe for concurrent use.
 type Slots struct {
-	lim Limits
-	log *slog.Logger
+	limited
 
 	mu       sync.Mutex
 	held     int
 	bySource map[string]int
-	warn     logsample.Sampler[string] // by message
 }
 
 // NewSlots returns empty slots; an error for limits out of range.
 func NewSlots(lim Limits) (*Slots, error) {
-	if lim.Name == "" || lim.Total < 1 || lim.PerSource < 1 || lim.PerSource > lim.Total {
-		return nil, fmt.Errorf("listener: limits %q total %d per source %d: name them and use 1 <= per source <= total", lim.Name, lim.Total, lim.PerSource)
+	s := &Slots{bySource: map[string]int{}}
+	if err := s.init(lim); err != nil {
+		return nil, err
 	}
-	log := lim.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &Slots{lim: lim, log: log, bySource: map[string]int{}}, nil
+	return s, nil
 }
 
 // Acquire takes a slot for src and reports whether there was one; the
@@ -63,17 +93,9 @@ func (s *Slots) Acquire(src string) bool {
 	}
 	held := s.held
 	s.mu.Unlock()
-	s.warn.Log(s.log, slog.LevelWarn, msgRefused, msgRefused, "listener", s.lim.Name, "source", src,
-		"held", held, "from-source", n, "limit", s.lim.Total, "limit-per-source", s.lim.PerSource)
-	if s.lim.OnRefuse != nil {
-		s.lim.OnRefuse(src)
-	}
+	s.refuse(src, held, n)
 	return false
 }
-
-// msgRefused is the warning about a slot refused, and its key in
-// Slots.warn: one line a second at most, whatever the source.
-const msgRefused = "refused a connection: limit reached"
 
 // Release gives back a slot src acquired.
 func (s *Slots) Release(src string) {
