@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/internal/faultproxy"
+	"github.com/farmem/farmem/internal/syncbuf"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -337,6 +339,34 @@ func TestForwardParity(t *testing.T) {
 	}
 	within(t, "parity writers", wg.Wait)
 	require.Empty(t, fails.count(), "no target failed: %v", fails.errs)
+	requireParity(t, data, parity)
+}
+
+// TestForwardParityEmptyWrite: empty writes to an erasure-coded segment's
+// data home are answered OK and forwarded as empty changes, with no
+// warning: a client can send them as fast as the network allows, and the
+// parity of an empty change, which the code refuses to compute, is empty.
+func TestForwardParityEmptyWrite(t *testing.T) {
+	const k, m, shard = 2, 1, 4096
+	var logs syncbuf.Buffer
+	cfg := fwdConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var fails failures
+	hs := homesWith(t, cfg, k+m, 1, shard)
+	data, parity := hs[:k], hs[k:]
+	for i, d := range data {
+		require.NoError(t, d.srv.Forward(1, &Forwarding{
+			Mode: ForwardParity, Shard: i, DataShards: k, ParityShards: m,
+			Targets: targets(t, parity), OnFail: fails.onFail,
+		}))
+	}
+	cl := dial(t, data[0].srv.addr, WithConns(1), WithBusyPoll(-1))
+	for i := range 100 {
+		require.NoError(t, cl.Write(t.Context(), data[0].r, int64(i), nil))
+	}
+	require.NoError(t, cl.Write(t.Context(), data[0].r, 10, []byte{1, 2, 3}))
+	require.Empty(t, fails.count(), "no target failed: %v", fails.errs)
+	require.Empty(t, logs.String())
 	requireParity(t, data, parity)
 }
 
