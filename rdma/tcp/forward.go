@@ -660,8 +660,17 @@ func (f *forwarder) forward(fo *fwdOp, off uint64, was, now []byte) {
 			if err := f.enc.EncodeIdx(was, f.shard, bufs); err != nil {
 				// k, m and the shard were checked by Forward, and the
 				// buffers have one length: this does not happen. Were it
-				// to, it would for every op, so the line is sampled.
+				// to, it would for every op, so the line is sampled; and
+				// the parity homes missed the change (a zero delta would
+				// leave their parity silently wrong): they fail as targets
+				// that missed a write do.
 				fo.c.warn("rdma/tcp: parity of a forwarded op", "segment", f.seg, "err", err)
+				for i, t := range f.targets {
+					if !t.dead.Load() {
+						fo.failed = append(fo.failed, targetErr{t, fmt.Errorf("rdma/tcp: forward to target %d (%s): parity of the change: %w", i, t.cl.addr, err)})
+					}
+				}
+				return
 			}
 		}
 	}

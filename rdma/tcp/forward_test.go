@@ -370,6 +370,34 @@ func TestForwardParityEmptyWrite(t *testing.T) {
 	requireParity(t, data, parity)
 }
 
+// failingCode is a Reed-Solomon code whose parity of a change fails.
+type failingCode struct{ reedsolomon.Encoder }
+
+func (failingCode) EncodeIdx([]byte, int, [][]byte) error { return errors.New("the code failed") }
+
+// TestForwardParityCodeFails: were the parity of a change not computed,
+// the parity homes would get a zero delta and keep a parity the data no
+// longer matches, silently; they are failed as targets that missed the
+// write instead, each reported to OnFail once.
+func TestForwardParityCodeFails(t *testing.T) {
+	const k, m, shard = 2, 2, 4096
+	var fails failures
+	hs := homesWith(t, fwdConfig(), k+m, 1, shard)
+	data, parity := hs[:k], hs[k:]
+	require.NoError(t, data[0].srv.Forward(1, &Forwarding{
+		Mode: ForwardParity, Shard: 0, DataShards: k, ParityShards: m,
+		Targets: targets(t, parity), OnFail: fails.onFail,
+	}))
+	fw := (*data[0].srv.exports.Load())[1].fwd.Load()
+	fw.enc = failingCode{fw.enc}
+	cl := dial(t, data[0].srv.addr, WithConns(1), WithBusyPoll(-1))
+	require.NoError(t, cl.Write(t.Context(), data[0].r, 10, []byte{1, 2, 3}))
+	require.Equal(t, map[int]int{0: 1, 1: 1}, fails.count(), "both parity homes failed, once each")
+	for _, err := range fails.errs {
+		require.ErrorContains(t, err, "parity of the change")
+	}
+}
+
 // TestForwardTargetKilled: a backup's data plane dies while clients write
 // the primary: the primary reports that target to OnFail once, goes on
 // answering every op OK, and the surviving backup holds the primary's
