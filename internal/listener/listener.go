@@ -164,9 +164,20 @@ func (l *Listener) accepted() {
 	if l.lastErr == nil {
 		return
 	}
-	l.cfg.Logger.Info("accepting again", "listener", l.cfg.Name, "failing-for", l.now().Sub(l.since).Round(time.Millisecond), "suppressed_since_last", l.warn.Flush(msgAcceptFailed))
+	// Spells that end as fast as they start (a process at its descriptor
+	// limit, accepting between failures) would write this line each time:
+	// it is sampled too, and one held back leaves the failures it ended
+	// to the next line that reports them.
+	if n, ok := l.warn.Take(msgAcceptingAgain); ok {
+		l.cfg.Logger.Info(msgAcceptingAgain, "listener", l.cfg.Name, "failing-for", l.now().Sub(l.since).Round(time.Millisecond),
+			"suppressed_since_last", l.warn.Flush(msgAcceptFailed), "spells_suppressed", n)
+	}
 	l.backoff, l.lastErr, l.since = 0, nil, time.Time{}
 }
+
+// msgAcceptingAgain is the line that ends a spell of accept errors, and
+// its key in Listener.warn.
+const msgAcceptingAgain = "accepting again"
 
 // failed records an accept error and returns how long to pause.
 func (l *Listener) failed(err error) time.Duration {

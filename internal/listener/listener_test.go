@@ -226,6 +226,36 @@ func TestWarningsRateLimited(t *testing.T) {
 	require.Contains(t, lines[2], "suppressed_since_last=1")
 }
 
+// TestRecoveriesSampled: a listener that fails and accepts by turns (at
+// its descriptor limit, each closed connection frees the next accept)
+// writes one "accepting again" line a second, not one per spell, and the
+// failures a held-back recovery ended are counted by the next line.
+func TestRecoveriesSampled(t *testing.T) {
+	var script []error
+	for range 100 {
+		script = append(script, acceptErr(syscall.EMFILE), nil)
+	}
+	script = append(script, acceptErr(syscall.EMFILE), nil)
+	l, clk, logs, _ := newTest(t, newFake(script...), Config{})
+	for i := range 101 {
+		if i == 100 {
+			clk.advance(time.Second)
+		}
+		c, err := l.Accept()
+		require.NoError(t, err)
+		c.Close()
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	require.Len(t, lines, 4, logs.String())
+	require.Contains(t, lines[0], "accept failed; retrying")
+	require.Contains(t, lines[1], "accepting again")
+	require.Contains(t, lines[1], "spells_suppressed=0")
+	require.Contains(t, lines[2], "accept failed; retrying")
+	require.Contains(t, lines[2], "suppressed_since_last=99")
+	require.Contains(t, lines[3], "accepting again")
+	require.Contains(t, lines[3], "spells_suppressed=99")
+}
+
 // TestCloseEndsBackoff: Close during a pause makes Accept return at once
 // with an error, and Close is idempotent.
 func TestCloseEndsBackoff(t *testing.T) {
