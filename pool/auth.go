@@ -191,8 +191,8 @@ func (a *auth) identity(clientID string) string {
 
 // boundTo counts the client ids of ids bound to ident (none for "").
 func (a *auth) boundTo(ids []string, ident string) int {
-	if ident == "" {
-		return 0
+	if ident == "" || ident == identityInsecure {
+		return 0 // nothing proved: not one identity's
 	}
 	a.load()
 	a.mu.Lock()
@@ -221,9 +221,23 @@ func (a *auth) owners(ident string) []string {
 }
 
 // issue makes the data-plane credential of a new session; its tenant is
-// the session's identity.
+// the session's identity (tenantOf).
 func (a *auth) issue(session, clientID, ident string) []byte {
-	return a.issueFor(session, clientID, ident, ident)
+	return a.issueFor(session, clientID, ident, tenantOf(clientID, ident))
+}
+
+// tenantOf is the tenant (rdma/tcp ServerConfig.Tenant) of the data-plane
+// sessions of a client id holding identity ident: the identity, whose
+// client ids share one share of the reply cache, except where it proves
+// nothing (--insecure: every client is "insecure") and for a peer
+// daemon's own sessions (poold/NODE), which carry its forwarded ops and
+// keep a share of their own rather than one with clients whose
+// certificate names the node: "" then, each client id its own tenant.
+func tenantOf(clientID, ident string) string {
+	if ident == identityInsecure || isPeerDaemon(clientID) {
+		return ""
+	}
+	return ident
 }
 
 // issueFor makes a data-plane credential.
@@ -285,8 +299,8 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 	}
 	a.delegated[session]++
 	a.mu.Unlock()
-	tenant := ident
-	if !strings.HasPrefix(ident, "cn:") {
+	tenant := tenantOf(principal, ident)
+	if tenant != "" && !strings.HasPrefix(ident, "cn:") {
 		tenant = peer + " " + ident
 	}
 	return a.issueFor(session, principal, ident, tenant), nil

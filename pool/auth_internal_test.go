@@ -23,6 +23,11 @@ func TestDataPlaneTenants(t *testing.T) {
 	require.NoError(t, err)
 	_, err = a.delegate("s-peer-a", "poold/a", "mallory-3", "cn:mallory")
 	require.NoError(t, err)
+	a.issue("s-4", "poold/c", "cn:c") // peer c's own session, which forwards
+	a.issue("s-5", "c-named", "cn:c") // a client whose certificate names node c
+	a.issue("s-6", "open-1", identityInsecure)
+	_, err = a.delegate("s-peer-a", "poold/a", "open-2", identityInsecure)
+	require.NoError(t, err)
 
 	for principal, want := range map[string]string{
 		"mallory-1":         "cn:mallory",
@@ -32,6 +37,10 @@ func TestDataPlaneTenants(t *testing.T) {
 		"poold/a/app":       "poold/a uid:1000",
 		"poold/b/app":       "poold/b uid:1000",
 		"nobody-here":       "",
+		"poold/c":           "", // its own share, not one with c-named
+		"c-named":           "cn:c",
+		"open-1":            "", // --insecure proves no identity
+		"poold/a/open-2":    "",
 	} {
 		require.Equal(t, want, a.tenant(principal), principal)
 	}

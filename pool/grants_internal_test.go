@@ -140,11 +140,11 @@ func TestAttachersBounded(t *testing.T) {
 	require.ErrorIs(t, err, errs.ErrAccessDenied, "another identity with the reaped client's id gets no access")
 }
 
-// TestAttachersPerIdentity: one granted identity that attaches a segment
-// under client id after client id takes at most maxAttachersPerIdentity
-// places, refused with ErrLimit past them, so another granted identity
-// still attaches; a client id of its own that detaches makes room for
-// another of its own.
+// TestAttachersPerIdentity: one granted identity attaches a segment under
+// client id after client id while its list is less than half full; then
+// an identity holding maxAttachersPerIdentity places or more is refused
+// with ErrLimit, so another granted identity still attaches, and clients
+// that prove no identity (--insecure) are not counted as one.
 func TestAttachersPerIdentity(t *testing.T) {
 	p := newTestPool(t, testConfig(t))
 	defer p.close()
@@ -153,7 +153,7 @@ func TestAttachersPerIdentity(t *testing.T) {
 	app, err := p.callerFor("s-app")
 	require.NoError(t, err)
 	app.ident = "uid:1000"
-	seg, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared", Allow: []string{"cn:mallory", "cn:bob"}})
+	seg, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared", Allow: []string{"cn:mallory", "cn:bob", "cn:carol"}})
 	require.NoError(t, err)
 
 	// attacher opens a session as client id of identity ident.
@@ -164,6 +164,14 @@ func TestAttachersPerIdentity(t *testing.T) {
 		require.NoError(t, err)
 		c.ident = ident
 		return c
+	}
+	// While the list is less than half full an identity attaches from as
+	// many client ids as it likes: a service with many processes of one
+	// user.
+	const carols = 200
+	for i := range carols {
+		_, err := p.Attach(attacher(fmt.Sprintf("carol-%d", i), "cn:carol"), "shared")
+		require.NoError(t, err, "carol's attacher %d, the list less than half full", i)
 	}
 	var mallory []caller
 	for i := range maxAttachers {
@@ -176,16 +184,20 @@ func TestAttachersPerIdentity(t *testing.T) {
 	require.ErrorIs(t, err, errs.ErrLimit)
 	require.ErrorContains(t, err, "cn:mallory")
 	require.ErrorContains(t, err, "detach")
-	require.Len(t, mallory, maxAttachersPerIdentity)
+	require.Len(t, mallory, maxAttachers/2-carols, "mallory is refused once the list is half full")
 
 	_, err = p.Attach(attacher("bob", "cn:bob"), "shared")
 	require.NoError(t, err, "another identity attaches past mallory's client ids")
+	_, err = p.Attach(attacher("carol-again", "cn:carol"), "shared")
+	require.ErrorIs(t, err, errs.ErrLimit, "carol holds more than her share of a half-full list")
+	for i := range 2 {
+		require.NoError(t, p.auth.bind(fmt.Sprintf("insecure-%d", i), identityInsecure))
+	}
+	require.Zero(t, p.auth.boundTo([]string{"insecure-0", "insecure-1"}, identityInsecure), "clients that prove no identity are not one identity")
 	require.NoError(t, p.Detach(mallory[0], seg.ID))
-	_, err = p.Attach(attacher("mallory-again", "cn:mallory"), "shared")
-	require.NoError(t, err, "a detach makes room for the same identity")
 	got, err := p.Stat(seg.ID)
 	require.NoError(t, err)
-	require.Len(t, got.Attached, maxAttachersPerIdentity+1)
+	require.Len(t, got.Attached, maxAttachers/2)
 }
 
 // TestAttachmentEndsAfterRestart: a restarted daemon gives each client it

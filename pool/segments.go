@@ -204,7 +204,7 @@ func (p *core) Attach(c caller, name string) (*record, error) {
 		return nil, attachDenied(c, r)
 	}
 	if !mayUse(c, r) {
-		if n := p.auth.boundTo(r.Attached, c.ident); n >= maxAttachersPerIdentity {
+		if n := p.auth.boundTo(r.Attached, c.ident); n >= maxAttachersPerIdentity && len(r.Attached) >= maxAttachers/2 {
 			return nil, fmt.Errorf("attach %q: %w: %d client ids of %s have attached it, at most %d of one identity per segment, so that other identities can still attach; have those of yours that no longer use it detach (Segment.Close or Client.Close), or share one client (alloc.Dial) among more of your goroutines instead of dialing a client each", name, errs.ErrLimit, n, c.ident, maxAttachersPerIdentity)
 		}
 		if len(r.Attached) >= maxAttachers {
@@ -231,8 +231,10 @@ const maxAttachers = 1024
 // client ids are bound to one identity: an identity may open sessions
 // under as many client ids as it likes, and without this one granted
 // identity could take every place of maxAttachers and lock every other
-// out. An eighth of the list still lets a service attach a segment from
-// 128 processes of one user, and leaves room for seven such identities.
+// out. It applies once the list is half full, so one service may attach
+// a segment from more processes of one user while there is room; then an
+// eighth of the list (128) is an identity's, and room for seven such
+// identities is left. Not for --insecure, whose clients prove no identity.
 const maxAttachersPerIdentity = maxAttachers / 8
 
 // Detach withdraws the caller's attachment to a segment (its client id

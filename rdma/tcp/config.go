@@ -47,9 +47,12 @@ type ServerConfig struct {
 	// of the reply cache (MaxSessions), so an identity that holds many
 	// principals (poold: one per client id it opened a session with)
 	// cannot push the others' sessions out by spreading its own over
-	// them. "" or nil: each principal is its own tenant. It is called when
-	// a session is created, outside the server's locks, and may be called
-	// concurrently. Default: nil.
+	// them. "" or nil: each principal is its own tenant. It is called at
+	// a connection's hello, right after Identify (the tenant then holds
+	// for the connection's session however the credential fares), and
+	// when an op forwarded by a primary opens a session, with that
+	// segment's forwarding lock held: it must answer without blocking.
+	// It may be called concurrently. Default: nil.
 	Tenant func(principal string) string
 
 	// TLS, when set, makes every connection run a TLS handshake with it

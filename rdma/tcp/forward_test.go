@@ -676,7 +676,7 @@ func TestSessionForgotByEviction(t *testing.T) {
 	a := sessionKey{name: "p:a", id: [sessionIDSize]byte{1}}
 	b := sessionKey{name: "p:b", id: [sessionIDSize]byte{2}}
 	require.True(t, tbl.openForwarded(a).slots[5].known, "nothing evicted yet")
-	tbl.open(b, false) // evicts a
+	tbl.open(b, "", false) // evicts a
 	require.False(t, tbl.openForwarded(a).slots[5].known, "a may have run ops here before its eviction")
 }
 
@@ -746,7 +746,7 @@ func TestForwardedFrames(t *testing.T) {
 	require.Equal(t, statusOK, send(3, opXor, reqFlagForward, appendOrigin(nil, &org), []byte{1, 2, 3, 4}).status)
 	require.Equal(t, []byte{1, 2, 3, 4}, mem[64:68])
 
-	sess := s.sessions.open(org.key, true)
+	sess := s.sessions.open(org.key, "", true)
 	sl := &sess.slots[org.slot]
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
@@ -790,7 +790,7 @@ func TestForwardOnlyFromForwarders(t *testing.T) {
 	alice := as("alice", 1)
 	require.Equal(t, statusAccessDenied, alice(bob, []byte("evil")).status)
 	require.Equal(t, []byte{0, 0, 0, 0}, mem[64:68], "nothing applied")
-	sl := &s.sessions.open(bob.key, true).slots[bob.slot]
+	sl := &s.sessions.open(bob.key, "", true).slots[bob.slot]
 	sl.mu.Lock()
 	require.False(t, sl.known, "bob's slot holds no answer alice made up")
 	sl.mu.Unlock()

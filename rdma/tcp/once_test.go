@@ -309,20 +309,20 @@ func TestSlotDecide(t *testing.T) {
 func TestSessionTableBound(t *testing.T) {
 	tb := newSessionTable(3, nil)
 	key := func(i byte) sessionKey { return sessionKey{name: "c", id: [sessionIDSize]byte{i}} }
-	a := tb.open(key(1), false)
-	tb.open(key(2), false)
-	tb.open(key(3), false)
+	a := tb.open(key(1), "", false)
+	tb.open(key(2), "", false)
+	tb.open(key(3), "", false)
 	tb.touch(a) // 2 is now the least recently used
-	tb.open(key(4), false)
+	tb.open(key(4), "", false)
 	require.Len(t, tb.m, 3)
-	require.Same(t, a, tb.open(key(1), true), "a live session is kept, resumed or not")
+	require.Same(t, a, tb.open(key(1), "", true), "a live session is kept, resumed or not")
 	require.Len(t, tb.m, 3)
 	require.NotContains(t, tb.m, key(2))
-	resumed := tb.open(key(2), true)
+	resumed := tb.open(key(2), "", true)
 	require.False(t, resumed.slots[0].known, "a resumed session the table lost must have unknown slots")
-	require.True(t, tb.open(key(5), false).slots[0].known)
+	require.True(t, tb.open(key(5), "", false).slots[0].known)
 	require.Len(t, tb.m, 3)
-	require.NotSame(t, tb.open(sessionKey{name: "other", id: key(5).id}, false), tb.m[key(5)], "another credential is another session")
+	require.NotSame(t, tb.open(sessionKey{name: "other", id: key(5).id}, "", false), tb.m[key(5)], "another credential is another session")
 }
 
 // TestSessionTableFairShare: a client that opens session after session
@@ -332,16 +332,16 @@ func TestSessionTableFairShare(t *testing.T) {
 	tb := newSessionTable(64, nil) // a share of 4
 	bob := sessionKey{name: "p:bob", id: [sessionIDSize]byte{1}}
 	carol := sessionKey{name: "p:carol", id: [sessionIDSize]byte{2}}
-	b, c := tb.open(bob, false), tb.open(carol, false)
+	b, c := tb.open(bob, "", false), tb.open(carol, "", false)
 	for i := range 1000 {
-		tb.open(sessionKey{name: "p:mallory", id: [sessionIDSize]byte{3, byte(i), byte(i >> 8)}}, false)
+		tb.open(sessionKey{name: "p:mallory", id: [sessionIDSize]byte{3, byte(i), byte(i >> 8)}}, "", false)
 	}
 	require.Len(t, tb.m, 64)
 	require.Same(t, b, tb.m[bob], "bob's session outlives mallory's churn")
 	require.Same(t, c, tb.m[carol])
 	require.Equal(t, 62, tb.owned["p:mallory"])
 	for i := range 8 { // a newcomer takes mallory's places, past its own share too
-		tb.open(sessionKey{name: "p:dave", id: [sessionIDSize]byte{4, byte(i)}}, false)
+		tb.open(sessionKey{name: "p:dave", id: [sessionIDSize]byte{4, byte(i)}}, "", false)
 	}
 	require.Len(t, tb.m, 64)
 	require.Equal(t, 8, tb.owned["p:dave"])
@@ -372,12 +372,12 @@ func TestSessionTableTenantShare(t *testing.T) {
 	}
 	kept := make([]*session, len(others))
 	for i, k := range others {
-		kept[i] = tb.open(k, false)
+		kept[i] = tb.open(k, tb.tenantOf(k), false)
 	}
 	for i := range 1100 {
 		k := sessionKey{name: fmt.Sprintf("p:mallory-%d", i), id: [sessionIDSize]byte{6, byte(i), byte(i >> 8)}}
 		if i%2 == 0 {
-			tb.open(k, false)
+			tb.open(k, tb.tenantOf(k), false)
 		} else {
 			tb.openForwarded(k)
 		}
@@ -389,6 +389,52 @@ func TestSessionTableTenantShare(t *testing.T) {
 	require.Equal(t, 59, tb.owned["t:cn:mallory"])
 	require.Equal(t, 2, tb.owned["t:cn:carol"])
 	require.Equal(t, 1, tb.owned["p:anon-1"], "a principal without a tenant is its own")
+}
+
+// TestTenantNamedAtHello: a session counts against the tenant its
+// principal had when the client authenticated. A client that ends its
+// credential between its hello and its first ONCE request (poold revokes
+// a data-plane credential when its control session ends) is no tenant
+// by then; counted as a tenant of its own, each of its many principals
+// would stay within a share and push the other tenants' sessions out.
+func TestTenantNamedAtHello(t *testing.T) {
+	var ended sync.Map
+	cfg := ServerConfig{MaxSessions: 64, Identify: namedCreds}
+	cfg.Tenant = func(p string) string {
+		if _, ok := ended.Load(p); ok {
+			return ""
+		}
+		ident, _, _ := strings.Cut(p, "-")
+		return "cn:" + ident
+	}
+	s := startServer(t, cfg)
+	_, r := s.export(t, 1, 4096)
+	fadd := func(cred string) {
+		sess := rdma.NewSession()
+		cl := dial(t, s.addr, WithCredential([]byte(cred)), WithSession(sess))
+		if strings.HasPrefix(cred, "mallory") {
+			ended.Store(cred, true)
+		}
+		tk, err := sess.Acquire(t.Context())
+		require.NoError(t, err)
+		defer tk.Release()
+		op := rdma.Op{Kind: rdma.OpFetchAdd, Region: r, Delta: 1, Once: tk}
+		require.NoError(t, cl.Do(t.Context(), &op))
+	}
+	fadd("bob-1")
+	fadd("carol-1")
+	for i := range 100 {
+		fadd(fmt.Sprintf("mallory-%d", i))
+	}
+	s.sessions.mu.Lock()
+	defer s.sessions.mu.Unlock()
+	names := map[string]int{}
+	for k := range s.sessions.m {
+		names[k.name]++
+	}
+	require.Equal(t, 1, names["p:bob-1"], "bob's session outlives mallory's ended credentials")
+	require.Equal(t, 1, names["p:carol-1"], "carol's session outlives mallory's ended credentials")
+	require.Len(t, s.sessions.owned, 3, "three tenants: %v", s.sessions.owned)
 }
 
 // TestVersions: a version 1 client is still served, without sessions (its

@@ -146,11 +146,17 @@ func (t *sessionTable) announce(key sessionKey) {
 // fresh here: then this server lost its replies (it restarted, or evicted
 // the session), and a retry on a slot that has not executed anything
 // since is INDETERMINATE.
-func (t *sessionTable) open(key sessionKey, resume bool) *session {
+//
+// tenant is whose share a new session counts against, as tenantOf named
+// it when the client authenticated ("": the key's own name): a principal
+// whose credential ended since still counts as the identity it acted for.
+func (t *sessionTable) open(key sessionKey, tenant string, resume bool) *session {
 	if s := t.find(key); s != nil {
 		return s
 	}
-	tenant := t.tenantOf(key)
+	if tenant == "" {
+		tenant = key.name
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.openLocked(key, tenant, !resume)
