@@ -369,3 +369,86 @@ func (px *stallingProxy) stall() { px.stalls.Store(true) }
 
 // resume relays what the proxy holds and all that follows.
 func (px *stallingProxy) resume() { px.once.Do(func() { close(px.resumed) }) }
+
+// TestUndoneAllocRevokeOutsideLock: an rdma allocation whose commit the
+// store refuses is undone, and the data plane revokes its export, which
+// waits until no operation touches the segment's memory, without p.mu
+// held: another client's Alloc goes on meanwhile, and is given other
+// memory than the undone segment's, which is free again only after the
+// revoke.
+func TestUndoneAllocRevokeOutsideLock(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ExportSize = 16 * size.MiB
+	cfg.DataListen = "127.0.0.1:0"
+	revoking, resume := make(chan uint64, 1), make(chan struct{})
+	cfg.sim.revoking = func(seg uint64) {
+		revoking <- seg
+		<-resume
+	}
+	p, _ := servingPool(t, cfg)
+	ctx := t.Context()
+	session := func(sid, client string) caller {
+		p.openSession(sid, client, client, 1, 0)
+		c, err := p.callerFor(sid)
+		require.NoError(t, err)
+		return c
+	}
+	a, b := session("s-a", "a"), session("s-b", "b")
+	free := func() int64 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, d := range p.devs {
+			if d.tier == poolv1.Tier_TIER_RDMA {
+				return d.ext.Stats().Free
+			}
+		}
+		t.Fatal("no rdma device")
+		return 0
+	}
+	// The first allocation reserves a block of ids, a commit of its own.
+	_, err := p.Alloc(ctx, b, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL})
+	require.NoError(t, err)
+	before := free()
+	var refused atomic.Bool
+	for _, f := range p.st.files() {
+		f.mu.Lock()
+		f.inject = func(removal bool) error {
+			if !removal && refused.CompareAndSwap(false, true) {
+				return errors.New("injected: the disk refused the write")
+			}
+			return nil
+		}
+		f.mu.Unlock()
+	}
+	const n = 1 << 20
+	failed := make(chan error, 1)
+	go func() {
+		_, err := p.Alloc(ctx, a, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
+		failed <- err
+	}()
+	select {
+	case <-revoking:
+	case err := <-failed:
+		t.Fatalf("the allocation ended (err %v) before its export was revoked", err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			close(resume)
+		}
+	}()
+	require.Eventually(t, func() bool {
+		if !p.mu.TryLock() {
+			return false
+		}
+		p.mu.Unlock()
+		return true
+	}, 10*time.Second, time.Millisecond, "p.mu is held while the undone allocation's export is revoked")
+	r2, err := p.Alloc(ctx, b, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
+	require.NoError(t, err, "another client's Alloc while the revoke waits")
+	require.Equal(t, before-2*r2.Extent, free(), "the undone segment's extent stays taken until its export is revoked")
+	close(resume)
+	resumed = true
+	require.ErrorContains(t, <-failed, "injected")
+	require.Equal(t, before-r2.Extent, free(), "the undone segment's extent is free once its export is revoked")
+}

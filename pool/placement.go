@@ -375,20 +375,30 @@ func (p *core) forgetUnacked() {
 }
 
 // unplace undoes the placement of r on d that no commit holds: the
-// owner's usage, the name, the export, the backing if made, and the
+// name, the export, the owner's usage, the backing if made, and the
 // extent. The extent is given back only while d is the device of its
 // name: one that went away meanwhile (hotplug.go) took its allocator
 // with it, and one that came back under the name since has a new one,
 // where r's extent is not taken (another segment may hold it). p.mu is
-// held.
+// held, and let go while the data plane revokes the export: the revoke
+// waits until no operation touches the segment's memory, and unmaps it,
+// which must not stall every other call. Nobody else reaches r meanwhile
+// (it is in no table), and its backing and extent stay its own until the
+// revoke is done, so no other segment is given memory the data plane
+// still serves.
 func (p *core) unplace(r *record, d *dev, backing bool) {
-	p.usage.sub(r)
-	if !r.Key.IsZero() {
-		p.dp.revoke(r.ID)
-	}
 	if r.Name != "" && p.names[r.Name] == r.ID {
 		delete(p.names, r.Name)
 	}
+	if !r.Key.IsZero() {
+		p.mu.Unlock()
+		if hook := p.cfg.sim.revoking; hook != nil {
+			hook(r.ID)
+		}
+		p.dp.revoke(r.ID)
+		p.mu.Lock()
+	}
+	p.usage.sub(r)
 	if backing {
 		// d's own: a device that went away keeps removing its segments'
 		// files while it is in p.gone.

@@ -64,4 +64,8 @@ type simHooks struct {
 	// the caller's identity, before the session counts for the client's
 	// lease (openSession).
 	sessionBound func(clientID string)
+	// revoking runs when an allocation whose segment the data plane
+	// exported is undone (unplace), before the export is revoked; p.mu is
+	// not held.
+	revoking func(segment uint64)
 }
