@@ -29,10 +29,12 @@ import (
 // segments whose writes are held (sealed) since this daemon restarted
 // until the origin sets their forwarding again. Safe for concurrent use.
 type forwards struct {
-	// setting orders Replicate calls: each sets the forwarding and then
-	// swaps in its connections, and two interleaved would close the
-	// connections of the forwarding in force. Taken before the core's mu,
-	// never under it.
+	// setting orders Replicate calls and the stop of a segment's
+	// forwarding (stopForwarding): each sets the forwarding and then swaps
+	// in its connections, and two interleaved would close the connections
+	// of the forwarding in force, or set it on a segment whose stop
+	// already ran, which nothing would stop again. Taken before the core's
+	// mu, never under it.
 	setting sync.Mutex
 	mu      sync.Mutex
 	conns   map[uint64][]rdma.Conn
@@ -190,11 +192,18 @@ func closeConns(conns []rdma.Conn) {
 }
 
 // stopForwarding stops segment id's forwarding and its push to a move's
-// target, if any, and closes their connections: the segment is freed,
-// fenced or moved away (a move's ABORT that came too late, or never,
-// would leave the push's connections open).
+// target, if any, closes their connections and forgets that its writes
+// are held: the segment is freed, fenced or moved away (a move's ABORT
+// that came too late, or never, would leave the push's connections
+// open). It waits for a Replicate of the segment that is setting its
+// forwarding (fwd.setting), which found the segment in the table before
+// it left: the forwarding that one sets is stopped here, before the data
+// plane withdraws the segment. p.mu is not held.
 func (p *core) stopForwarding(id uint64) {
+	p.fwd.setting.Lock()
+	defer p.fwd.setting.Unlock()
 	p.pushing.drop(id)
+	p.fwd.release(id)
 	old := p.fwd.swap(id, nil)
 	if old == nil {
 		return
@@ -295,6 +304,9 @@ func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.Replicat
 	if err := p.dp.srv.Forward(req.HomeId, f); err != nil {
 		p.fwd.unlink(conns)
 		return nil, fmt.Errorf("replicate segment %d: %w", req.HomeId, err)
+	}
+	if hook := p.cfg.sim.forwarding; hook != nil {
+		hook(req.HomeId)
 	}
 	if req.Joined {
 		// A copy filled from another home serves retried exactly-once

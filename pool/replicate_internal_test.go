@@ -1,12 +1,16 @@
 package pool
 
 import (
+	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/size"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
 )
@@ -103,4 +107,80 @@ func TestReplicaWhileMoving(t *testing.T) {
 	require.NoError(t, err)
 	_, err = p.replicateHere(ctx, x, &poolv1.ReplicateRequest{HomeId: r.ID, Epoch: 3}, moveTLS{})
 	require.ErrorIs(t, err, errs.ErrNotFound, "a copy let go")
+}
+
+// TestReplicaFreedWhileForwardingSet: a Free of a copy that races a
+// Replicate setting its forwarding: the Replicate found the copy in the
+// table and set the forwarding on the data plane, and the Free unlinks
+// the copy and fences it before the Replicate records the forwarding's
+// connections. The fence stops the forwarding the Replicate set (it waits
+// for it), so no forwarding or connection of the freed copy is left.
+func TestReplicaFreedWhileForwardingSet(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ExportSize = 16 * size.MiB
+	cfg.DataListen = "127.0.0.1:0"
+	set, resume := make(chan uint64, 1), make(chan struct{})
+	cfg.sim.forwarding = func(seg uint64) {
+		set <- seg
+		<-resume
+	}
+	p, _ := servingPool(t, cfg)
+	ctx := t.Context()
+	x := peerCaller(t, p, "x", 1)
+	r, err := p.Alloc(ctx, x, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
+	require.NoError(t, err)
+
+	replicated := make(chan error, 1)
+	go func() {
+		// A lost target: the forwarding has a target and no connection to dial.
+		_, err := p.replicateHere(ctx, x, &poolv1.ReplicateRequest{HomeId: r.ID, Epoch: 2,
+			Targets: []*poolv1.SegmentHome{{State: poolv1.HomeState_HOME_STATE_LOST}}}, moveTLS{})
+		replicated <- err
+	}()
+	<-set
+	resumed := false
+	defer func() {
+		if !resumed {
+			close(resume)
+		}
+	}()
+	freed := make(chan error, 1)
+	go func() { freed <- p.Free(x, r.ID, "") }()
+	// The Free either ends (nothing holds it up) or waits in its fence
+	// for the Replicate; either way it has unlinked the copy.
+	var freeErr error
+	ended := false
+	require.Eventually(t, func() bool {
+		select {
+		case freeErr = <-freed:
+			ended = true
+			return true
+		default:
+			return waitsOnLock("pool.(*core).stopForwarding")
+		}
+	}, 10*time.Second, time.Millisecond, "the Free neither ends nor waits for the Replicate")
+	close(resume)
+	resumed = true
+	require.NoError(t, <-replicated)
+	if !ended {
+		freeErr = <-freed
+	}
+	require.NoError(t, freeErr)
+	_, err = p.Stat(r.ID)
+	require.ErrorIs(t, err, errs.ErrNotFound)
+	p.fwd.mu.Lock()
+	defer p.fwd.mu.Unlock()
+	require.NotContains(t, p.fwd.conns, r.ID, "the freed copy's forwarding is stopped")
+}
+
+// waitsOnLock reports whether a goroutine waits for a sync.Mutex in fn.
+func waitsOnLock(fn string) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "[sync.Mutex.Lock") && strings.Contains(g, fn+"(") {
+			return true
+		}
+	}
+	return false
 }

@@ -68,4 +68,8 @@ type simHooks struct {
 	// exported is undone (unplace), before the export is revoked; p.mu is
 	// not held.
 	revoking func(segment uint64)
+	// forwarding runs when a Replicate has set a segment's forwarding on
+	// the data plane, before it records the forwarding's connections; it
+	// holds fwd.setting, not p.mu.
+	forwarding func(segment uint64)
 }
