@@ -29,13 +29,17 @@ import (
 // segments whose writes are held (sealed) since this daemon restarted
 // until the origin sets their forwarding again. Safe for concurrent use.
 type forwards struct {
-	// setting orders Replicate calls and the stop of a segment's
-	// forwarding (stopForwarding): each sets the forwarding and then swaps
-	// in its connections, and two interleaved would close the connections
-	// of the forwarding in force, or set it on a segment whose stop
-	// already ran, which nothing would stop again. Taken before the core's
-	// mu, never under it.
-	setting sync.Mutex
+	// setting orders the Replicate calls and the stop of one segment's
+	// forwarding (stopForwarding; settingOf): each sets the forwarding and
+	// then swaps in its connections, and two interleaved would close the
+	// connections of the forwarding in force, or set it on a segment whose
+	// stop already ran, which nothing would stop again. A stop waits for
+	// the segment's forwarded writes in flight (up to the forward
+	// timeout), so segments take one of several locks by id: a reclaim
+	// stopping many copies' forwarding, or a stop waiting on a dead
+	// target, holds up few others. Taken before the core's mu, never
+	// under it.
+	setting [64]sync.Mutex
 	mu      sync.Mutex
 	conns   map[uint64][]rdma.Conn
 	held    map[uint64]bool
@@ -47,6 +51,10 @@ type forwards struct {
 	links  map[linkKey]*link
 	byConn map[rdma.Conn]linkKey
 }
+
+// settingOf is the lock (setting) that orders segment id's Replicate
+// calls and the stop of its forwarding.
+func (f *forwards) settingOf(id uint64) *sync.Mutex { return &f.setting[id%uint64(len(f.setting))] }
 
 // linkKey names a shared connection to a target's data plane.
 type linkKey struct{ node, addr, cred string }
@@ -200,8 +208,9 @@ func closeConns(conns []rdma.Conn) {
 // it left: the forwarding that one sets is stopped here, before the data
 // plane withdraws the segment. p.mu is not held.
 func (p *core) stopForwarding(id uint64) {
-	p.fwd.setting.Lock()
-	defer p.fwd.setting.Unlock()
+	mu := p.fwd.settingOf(id)
+	mu.Lock()
+	defer mu.Unlock()
 	p.pushing.drop(id)
 	p.fwd.release(id)
 	old := p.fwd.swap(id, nil)
@@ -294,8 +303,9 @@ func (p *core) replicateHere(ctx context.Context, c caller, req *poolv1.Replicat
 	if err != nil {
 		return nil, err
 	}
-	p.fwd.setting.Lock()
-	defer p.fwd.setting.Unlock()
+	mu := p.fwd.settingOf(req.HomeId)
+	mu.Lock()
+	defer mu.Unlock()
 	epoch, err := p.setReplica(r, req)
 	if err != nil {
 		p.fwd.unlink(conns)

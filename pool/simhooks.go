@@ -70,6 +70,6 @@ type simHooks struct {
 	revoking func(segment uint64)
 	// forwarding runs when a Replicate has set a segment's forwarding on
 	// the data plane, before it records the forwarding's connections; it
-	// holds fwd.setting, not p.mu.
+	// holds the segment's fwd.settingOf lock, not p.mu.
 	forwarding func(segment uint64)
 }
