@@ -296,6 +296,17 @@ func (ds *delegations) put(home, session, client string, cred []byte) {
 	h.creds[client] = cred
 }
 
+// forget drops client's credentials at every home: a client id whose
+// binding reap forgot may be bound next to another identity, and the
+// credentials homes delegated to it name the old one.
+func (ds *delegations) forget(client string) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	for _, h := range ds.homes {
+		delete(h.creds, client)
+	}
+}
+
 // delegateTimeout bounds asking a home for a delegated credential, so that
 // a Stat or a listing is not held up by a home that does not answer.
 const delegateTimeout = 5 * time.Second

@@ -127,7 +127,9 @@ func TestAttachersBounded(t *testing.T) {
 	_, err = p.Attach(one, "shared")
 	require.NoError(t, err, "a detach makes room")
 
-	// one-more's lease ends: its attachment with it.
+	// one-more's lease ends: its attachment with it, and the credentials
+	// homes delegated to it.
+	p.deleg.put("home-b", "s-peer-b", "one-more", []byte("delegated to uid:1000"))
 	p.closeSession("s-one-more")
 	now = now.Add(cfg.LeaseTTL)
 	p.reap()
@@ -136,6 +138,7 @@ func TestAttachersBounded(t *testing.T) {
 	require.False(t, slices.Contains(got.Attached, "one-more"))
 	require.Equal(t, maxAttachers-1, len(got.Attached))
 	require.Empty(t, p.auth.identity("one-more"), "reap forgot the binding of a client that owns nothing")
+	require.Nil(t, p.deleg.get("home-b", "s-peer-b", "one-more"), "and the credentials delegated to it, which homes issued for its old identity")
 	_, err = p.Attach(attacher("one-more", "uid:2000"), "shared")
 	require.ErrorIs(t, err, errs.ErrAccessDenied, "another identity with the reaped client's id gets no access")
 }

@@ -160,6 +160,7 @@ func (p *core) reap() {
 		}
 		if segs, _ := p.usage.of([]string{id}, ""); segs == 0 {
 			p.auth.forget(id)
+			p.deleg.forget(id)
 		}
 	}
 }
