@@ -279,7 +279,8 @@ func (a *auth) revokeSession(session string) {
 // delegate issues the credential of client of the peer daemon whose
 // client id here is peer and whose session this is (its principal is
 // delegatedPrincipal), with the identity the peer proved for it; asked
-// again, it returns the same one. Its tenant is that identity if a
+// again for the same identity, it returns the same one (for another, it
+// withdraws that one and issues a new one). Its tenant is that identity if a
 // certificate proved it (cn:NAME, one holder across the cluster), else
 // the identity on that peer ("poold/A uid:N"): a uid, or insecure, names
 // someone only on the host that saw it.
@@ -289,8 +290,15 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 	a.mu.Lock()
 	for k, c := range a.creds {
 		if c.session == session && c.client == principal {
-			a.mu.Unlock()
-			return []byte(k), nil
+			if c.identity == ident {
+				a.mu.Unlock()
+				return []byte(k), nil
+			}
+			// The peer's client id is bound to another identity now
+			// (the old binding was reaped there): the old credential
+			// speaks for nobody.
+			delete(a.creds, k)
+			a.delegated[session]--
 		}
 	}
 	if a.delegated[session] >= maxDelegated {

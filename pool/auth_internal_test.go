@@ -47,3 +47,24 @@ func TestDataPlaneTenants(t *testing.T) {
 	a.revokeSession("s-1")
 	require.Empty(t, a.tenant("mallory-1"), "a revoked credential names no tenant")
 }
+
+// TestDelegateRebound: a home asked again for the credential of a peer's
+// client id returns the one it issued while the peer proves the same
+// identity for it; once the peer proves another (the id was reaped there
+// and bound anew), the old credential is withdrawn and a new one names
+// the new identity.
+func TestDelegateRebound(t *testing.T) {
+	var a auth
+	c1, err := a.delegate("s-peer-a", "poold/a", "app", "uid:1000")
+	require.NoError(t, err)
+	again, err := a.delegate("s-peer-a", "poold/a", "app", "uid:1000")
+	require.NoError(t, err)
+	require.Equal(t, c1, again)
+	c2, err := a.delegate("s-peer-a", "poold/a", "app", "uid:2000")
+	require.NoError(t, err)
+	require.NotEqual(t, c1, c2)
+	require.NoError(t, a.authenticate(c2))
+	require.Error(t, a.authenticate(c1), "the credential of the old identity is withdrawn")
+	require.Equal(t, "poold/a uid:2000", a.tenant("poold/a/app"))
+	require.Equal(t, 1, a.delegated["s-peer-a"], "the peer session holds one delegated credential")
+}
