@@ -27,11 +27,10 @@ func reclaimAt(t *testing.T, sc *simCluster, h homeRef) {
 func reclaimHere(p *core, id uint64, reason string) bool {
 	p.mu.Lock()
 	r := p.segs[id]
-	if r == nil || p.st.delete(r) != nil {
+	if r == nil || p.unlinkFreed(r) != nil {
 		p.mu.Unlock()
 		return false
 	}
-	p.unlink(r)
 	p.mu.Unlock()
 	p.dispose(reason, r)
 	return true

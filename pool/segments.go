@@ -97,8 +97,18 @@ func (p *core) unlink(r *record) {
 	}
 }
 
+// unlinkFreed commits the removal of r and takes it out of the table, for
+// dispose to fence and release; p.mu is held.
+func (p *core) unlinkFreed(r *record) error {
+	if err := p.st.delete(r); err != nil {
+		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
+	}
+	p.unlink(r)
+	return nil
+}
+
 // dispose fences and releases records whose removal committed and that
-// left the table (unlinkExpired); p.mu is not held.
+// left the table (unlinkFreed); p.mu is not held.
 func (p *core) dispose(reason string, rs ...*record) {
 	p.fence(rs...)
 	p.mu.Lock()

@@ -4,9 +4,7 @@
 package pool
 
 import (
-	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -139,14 +137,13 @@ func (p *core) callerFor(sessionID string) (caller, error) {
 }
 
 // reap reclaims the unpinned segments of clients whose lease ran out and
-// ends their attachments: under p.mu their removals and the records
-// without them commit in one batch and the segments leave the table, then
-// those the data plane serves are fenced outside it and released
-// (dispose), and then the bindings of clients left with nothing are
-// forgotten. A client id whose binding reap forgets must not keep access
-// to what it attached for whoever takes the id next, and attachers that
-// came and went must not fill a segment's list (maxAttachers); the homes
-// of a segment held elsewhere are told in the background.
+// ends their attachments: under p.mu their removals commit and they leave
+// the table, then those the data plane serves are fenced outside it and
+// released (dispose), and then the bindings of clients left with nothing
+// are forgotten. A client id whose binding reap forgets must not keep
+// access to what it attached for whoever takes the id next, and attachers
+// that came and went must not fill a segment's list (maxAttachers); the
+// homes of a segment held elsewhere are told in the background.
 func (p *core) reap() {
 	reaped, gone := p.unlinkExpired()
 	p.dispose("lease expired", reaped...)
@@ -169,92 +166,48 @@ func (p *core) reap() {
 // attachments and takes their unpinned segments out of the store and the
 // table; it releases those the data plane does not serve and returns the
 // others, to be fenced and released by reap, and the clients' ids.
-//
-// Every removal and every record without an expired attacher commits in
-// one batch (store.submitBatch: one transaction per file, the removals
-// apart only when they need the store's reserve), not one commit each
-// under p.mu, during which every other call waits. As with a commit each,
-// the table changes only once the store holds the change: a crash before
-// leaves the clients' segments and attachments whole, and the restarted
-// daemon gives them leases again. When the batch fails, the clients stay,
-// expired, and the next reap tries them again; their bindings stay too.
 func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
-	expired := map[string]bool{}
 	for id, c := range p.clients {
-		if c.sessions == 0 && !now.Before(c.expires) {
-			expired[id] = true
-		}
-	}
-	if len(expired) == 0 {
-		return nil, nil
-	}
-	type tally struct {
-		segs, detached int
-		bytes          int64
-	}
-	tallies := map[string]*tally{}
-	count := func(id string) *tally {
-		if tallies[id] == nil {
-			tallies[id] = &tally{}
-		}
-		return tallies[id]
-	}
-	var freed, detached []*record
-	for _, r := range p.segs {
-		if expired[r.Owner] && !r.pinned() {
-			freed = append(freed, r)
-			t := count(r.Owner)
-			t.segs++
-			t.bytes += r.Size
+		if c.sessions > 0 || now.Before(c.expires) {
 			continue
 		}
-		kept := slices.DeleteFunc(slices.Clone(r.Attached), func(id string) bool { return expired[id] })
-		if len(kept) == len(r.Attached) {
-			continue
-		}
-		for _, id := range r.Attached {
-			if expired[id] {
-				count(id).detached++
+		var n, detached int
+		var bytes int64
+		for _, r := range p.segs {
+			if r.Owner == id && !r.pinned() {
+				if err := p.unlinkFreed(r); err != nil {
+					p.log.Error("reclaim", "segment", r.ID, "err", err)
+					continue
+				}
+				if p.fencedHere(r) {
+					reaped = append(reaped, r)
+				} else {
+					p.release(r, "lease expired") // nothing to wait for
+				}
+				n++
+				bytes += r.Size
+				continue
+			}
+			ok, err := p.detachLocked(r, id)
+			if err != nil {
+				p.log.Error("end the attachment of a client whose lease expired", "segment", r.ID, "client", id, "err", err)
+				continue
+			}
+			if ok {
+				detached++
+				if len(r.homeNodes()) > 0 {
+					p.tellLater(r.ID)
+				}
 			}
 		}
-		next := *r
-		next.Attached = kept
-		detached = append(detached, &next)
-	}
-	putErr, delErr := p.st.submitBatch(detached, freed)()
-	if delErr == nil {
-		for _, r := range freed {
-			p.unlink(r)
-			if p.fencedHere(r) {
-				reaped = append(reaped, r)
-			} else {
-				p.release(r, "lease expired") // nothing to wait for
-			}
-		}
-	}
-	if putErr == nil {
-		for _, next := range detached {
-			r := p.segs[next.ID]
-			*r = *next
-			p.allowData(r)
-			if len(r.homeNodes()) > 0 {
-				p.tellLater(r.ID)
-			}
-		}
-	}
-	if err := errors.Join(delErr, putErr); err != nil {
-		p.log.Error("reclaim the segments and end the attachments of clients whose lease expired: commit to the metadata store; the next sweep tries again", "clients", len(expired), "segments", len(freed), "attachments", len(detached), "err", err)
-		return reaped, nil
-	}
-	for id := range expired {
 		delete(p.clients, id)
 		gone = append(gone, id)
 		p.metrics.leaseExpired()
-		if t := tallies[id]; t != nil {
-			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", t.segs, "bytes", t.bytes, "attachments", t.detached)
+		if n > 0 || detached > 0 {
+			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes, "attachments", detached)
 		}
 	}
 	return reaped, gone

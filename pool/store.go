@@ -604,11 +604,29 @@ func (s *store) reserveIDs(next uint64) error {
 // record is sealed, so the move that left it was undone or is over.
 func (s *store) put(rs ...*record) error {
 	for f, rs := range s.byFile(rs) {
-		fn, err := putRecords(rs)
-		if err != nil {
-			return err
+		vs := make([][]byte, len(rs))
+		for i, r := range rs {
+			v, err := encodeRecord(r)
+			if err != nil {
+				return err
+			}
+			vs[i] = v
 		}
-		if err := f.update(fn, false); err != nil {
+		err := f.update(func(tx *bolt.Tx) error {
+			b, meta := tx.Bucket(bucketSegments), tx.Bucket(bucketMeta)
+			for i, r := range rs {
+				if err := b.Put(idKey(r.ID), vs[i]); err != nil {
+					return err
+				}
+				if !r.Sealed {
+					if err := meta.Delete(pushedKey(r.ID)); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}, false)
+		if err != nil {
 			return err
 		}
 	}
@@ -619,85 +637,20 @@ func (s *store) put(rs ...*record) error {
 // from each file in one transaction.
 func (s *store) delete(rs ...*record) error {
 	for f, rs := range s.byFile(rs) {
-		if err := f.update(deleteRecords(rs), true); err != nil {
+		err := f.update(func(tx *bolt.Tx) error {
+			b, meta := tx.Bucket(bucketSegments), tx.Bucket(bucketMeta)
+			for _, r := range rs {
+				if err := errors.Join(b.Delete(idKey(r.ID)), meta.Delete(pushedKey(r.ID))); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, true)
+		if err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// submitBatch queues the commit of the records put and the removal of
-// those del, as put and delete do, and returns the wait for them
-// (storeFile.submit), which the caller must call, with the outcome of
-// each: queued together, each file commits them in one transaction unless
-// the removals need the reserve (see storeFile). Unlike put's, the files'
-// commits are not ordered.
-func (s *store) submitBatch(put, del []*record) (wait func() (putErr, delErr error)) {
-	var puts, dels []func() error
-	for f, rs := range s.byFile(del) {
-		dels = append(dels, f.submit(deleteRecords(rs), true))
-	}
-	for f, rs := range s.byFile(put) {
-		fn, err := putRecords(rs)
-		if err != nil {
-			puts = append(puts, func() error { return err })
-			continue
-		}
-		puts = append(puts, f.submit(fn, false))
-	}
-	// In the order submitted: a file hands its next commit to the first
-	// change queued, which commits once its wait is called.
-	all := func(waits []func() error) error {
-		var out []error
-		for _, w := range waits {
-			out = append(out, w())
-		}
-		return errors.Join(out...)
-	}
-	return func() (putErr, delErr error) {
-		delErr = all(dels)
-		return all(puts), delErr
-	}
-}
-
-// putRecords is the transaction that writes rs, and removes the push
-// notes of those unsealed.
-func putRecords(rs []*record) (func(*bolt.Tx) error, error) {
-	vs := make([][]byte, len(rs))
-	for i, r := range rs {
-		v, err := encodeRecord(r)
-		if err != nil {
-			return nil, err
-		}
-		vs[i] = v
-	}
-	return func(tx *bolt.Tx) error {
-		b, meta := tx.Bucket(bucketSegments), tx.Bucket(bucketMeta)
-		for i, r := range rs {
-			if err := b.Put(idKey(r.ID), vs[i]); err != nil {
-				return err
-			}
-			if !r.Sealed {
-				if err := meta.Delete(pushedKey(r.ID)); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}, nil
-}
-
-// deleteRecords is the transaction that removes rs with their push notes.
-func deleteRecords(rs []*record) func(*bolt.Tx) error {
-	return func(tx *bolt.Tx) error {
-		b, meta := tx.Bucket(bucketSegments), tx.Bucket(bucketMeta)
-		for _, r := range rs {
-			if err := errors.Join(b.Delete(idKey(r.ID)), meta.Delete(pushedKey(r.ID))); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 }
 
 // byFile yields each file that holds some of rs and those records, the
