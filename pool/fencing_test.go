@@ -452,3 +452,49 @@ func TestUndoneAllocRevokeOutsideLock(t *testing.T) {
 	require.ErrorContains(t, <-failed, "injected")
 	require.Equal(t, before-r2.Extent, free(), "the undone segment's extent is free once its export is revoked")
 }
+
+// TestFailedFreeKeepsItsName: a free commits its removal outside p.mu, and
+// an allocation of the same name during it is refused (the name is still
+// the segment's), so a removal that fails puts the segment back under its
+// name rather than over another segment that took it meanwhile (which the
+// name would then no longer find, and a restart would find two of).
+func TestFailedFreeKeepsItsName(t *testing.T) {
+	p, _ := servingPool(t, testConfig(t))
+	ctx := t.Context()
+	sess := func(id string) caller {
+		p.openSession("s-"+id, id, id, 1, 1000)
+		c, err := p.callerFor("s-" + id)
+		require.NoError(t, err)
+		c.ident = "uid:1000"
+		return c
+	}
+	a, b := sess("a"), sess("b")
+	old, err := p.Alloc(ctx, a, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "X"})
+	require.NoError(t, err)
+	var during error
+	f := p.st.storeFile
+	f.mu.Lock()
+	f.inject = func(removal bool) error {
+		if !removal {
+			return nil
+		}
+		f.inject = nil // under f.mu
+		_, during = p.Alloc(ctx, b, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Name: "X"})
+		return errors.New("injected: the disk refused the removal")
+	}
+	f.mu.Unlock()
+	require.Error(t, p.Free(a, old.ID, ""))
+	require.ErrorIs(t, during, errs.ErrExists, "the name is the freeing segment's until its removal commits")
+	named := func() uint64 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		r, err := p.lookup(0, "X")
+		require.NoError(t, err)
+		return r.ID
+	}
+	require.Equal(t, old.ID, named(), "the segment whose free failed keeps its name")
+	require.NoError(t, p.Free(a, old.ID, ""))
+	fresh, err := p.Alloc(ctx, b, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Name: "X"})
+	require.NoError(t, err, "a committed free gives the name up")
+	require.Equal(t, fresh.ID, named())
+}

@@ -332,7 +332,7 @@ func (p *core) letGo(r *record, id uint64) error {
 		p.mu.Unlock()
 		return fmt.Errorf("segment %d: %w: freed meanwhile", id, errs.ErrNotFound)
 	}
-	p.unlink(r) // nobody else frees it meanwhile
+	p.hide(r) // nobody else frees it meanwhile, nor takes its name
 	p.mu.Unlock()
 	if err := p.st.delete(r); err != nil {
 		p.mu.Lock()
@@ -344,6 +344,7 @@ func (p *core) letGo(r *record, id uint64) error {
 	p.dp.moveAway(id)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.dropName(r)
 	p.release(r, "freed")
 	p.log.Debug("segment moved away", "segment", r.ID, "owner", r.Owner, "size", r.Size)
 	return nil

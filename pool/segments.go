@@ -65,7 +65,9 @@ func (p *core) Free(c caller, id uint64, name string) error {
 	// backing stay its own until release, after the fence. A crash before
 	// the commit leaves it whole, as never freed; one after it leaves no
 	// record, so the restart sweeps its file and its extent is free.
-	p.unlink(r)
+	// Its name stays taken until the removal committed: a failed one
+	// puts the record back under it, which nobody else took meanwhile.
+	p.hide(r)
 	p.mu.Unlock()
 	if err = p.st.delete(r); err == nil {
 		p.fence(r)
@@ -73,11 +75,9 @@ func (p *core) Free(c caller, id uint64, name string) error {
 	p.mu.Lock()
 	if err != nil {
 		p.link(r)
-		if r.Name != "" {
-			p.names[r.Name] = r.ID
-		}
 		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
 	}
+	p.dropName(r)
 	p.release(r, "freed")
 	return nil
 }
@@ -88,10 +88,21 @@ func (p *core) link(r *record) {
 	p.order.ReplaceOrInsert(r.ID)
 }
 
-// unlink takes a record out of the table, not the store.
+// unlink takes a record and its name out of the table, not the store.
 func (p *core) unlink(r *record) {
+	p.hide(r)
+	p.dropName(r)
+}
+
+// hide takes a record out of the table but leaves its name taken, for a
+// removal that commits outside p.mu and, failing, links the record back.
+func (p *core) hide(r *record) {
 	delete(p.segs, r.ID)
 	p.order.Delete(r.ID)
+}
+
+// dropName frees r's name, if it is still r's.
+func (p *core) dropName(r *record) {
 	if r.Name != "" && p.names[r.Name] == r.ID {
 		delete(p.names, r.Name)
 	}
