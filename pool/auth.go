@@ -298,6 +298,9 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 			// (the old binding was reaped there): the old credential
 			// speaks for nobody.
 			delete(a.creds, k)
+			if string(a.byClient[principal]) == k {
+				delete(a.byClient, principal)
+			}
 			a.delegated[session]--
 		}
 	}
