@@ -151,10 +151,7 @@ func TestPeerLease(t *testing.T) {
 	require.Greater(t, cfg.PeerLeaseTTL, 4*cfg.LeaseTTL, "the default peer lease is well beyond a client's")
 	ctx := t.Context()
 	alloc := func(p *core, session, client string) *record {
-		p.openSession(session, client, client, 1, 0)
-		c, err := p.callerFor(session)
-		require.NoError(t, err)
-		r, err := p.Alloc(ctx, c, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA})
+		r, err := p.Alloc(ctx, sessionCaller(t, p, session, client, 1, 0), allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_RDMA})
 		require.NoError(t, err)
 		return r
 	}
@@ -213,13 +210,7 @@ func TestFreeFenceOutsideLock(t *testing.T) {
 			cfg.DataListen = "127.0.0.1:0"
 			p, now := servingPool(t, cfg)
 			ctx := t.Context()
-			session := func(sid, client string) caller {
-				p.openSession(sid, client, client, 1, 0)
-				c, err := p.callerFor(sid)
-				require.NoError(t, err)
-				return c
-			}
-			a, b := session("s-a", "a"), session("s-b", "b")
+			a, b := sessionCaller(t, p, "s-a", "a", 1, 0), sessionCaller(t, p, "s-b", "b", 1, 0)
 			cred := tcp.WithCredential(p.auth.issue("s-a", "a", "a"))
 			const n = 8 << 20 // beyond what the sockets between the data plane and the client buffer
 			var segs []*record
@@ -387,13 +378,7 @@ func TestUndoneAllocRevokeOutsideLock(t *testing.T) {
 	}
 	p, _ := servingPool(t, cfg)
 	ctx := t.Context()
-	session := func(sid, client string) caller {
-		p.openSession(sid, client, client, 1, 0)
-		c, err := p.callerFor(sid)
-		require.NoError(t, err)
-		return c
-	}
-	a, b := session("s-a", "a"), session("s-b", "b")
+	a, b := sessionCaller(t, p, "s-a", "a", 1, 0), sessionCaller(t, p, "s-b", "b", 1, 0)
 	free := func() int64 {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -461,14 +446,7 @@ func TestUndoneAllocRevokeOutsideLock(t *testing.T) {
 func TestFailedFreeKeepsItsName(t *testing.T) {
 	p, _ := servingPool(t, testConfig(t))
 	ctx := t.Context()
-	sess := func(id string) caller {
-		p.openSession("s-"+id, id, id, 1, 1000)
-		c, err := p.callerFor("s-" + id)
-		require.NoError(t, err)
-		c.ident = "uid:1000"
-		return c
-	}
-	a, b := sess("a"), sess("b")
+	a, b := sessionCaller(t, p, "s-a", "a", 1, 1000), sessionCaller(t, p, "s-b", "b", 1, 1000)
 	old, err := p.Alloc(ctx, a, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "X"})
 	require.NoError(t, err)
 	var during error
@@ -497,4 +475,24 @@ func TestFailedFreeKeepsItsName(t *testing.T) {
 	fresh, err := p.Alloc(ctx, b, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Name: "X"})
 	require.NoError(t, err, "a committed free gives the name up")
 	require.Equal(t, fresh.ID, named())
+}
+
+// sessionCaller opens session sid of client id client (named the same)
+// for process pid of user uid and returns its caller.
+func sessionCaller(t testing.TB, p *core, sid, client string, pid int64, uid uint32) caller {
+	t.Helper()
+	p.openSession(sid, client, client, pid, uid)
+	c, err := p.callerFor(sid)
+	require.NoError(t, err)
+	return c
+}
+
+// identCaller binds client id id to identity ident and opens a session of
+// it (process 2 of uid 1000) whose caller proved ident.
+func identCaller(t testing.TB, p *core, id, ident string) caller {
+	t.Helper()
+	require.NoError(t, p.auth.bind(id, ident))
+	c := sessionCaller(t, p, "s-"+id, id, 2, 1000)
+	c.ident = ident
+	return c
 }

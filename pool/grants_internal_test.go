@@ -99,15 +99,7 @@ func TestAttachersBounded(t *testing.T) {
 	seg, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared"})
 	require.NoError(t, err)
 
-	// attacher opens a session as client id of identity ident.
-	attacher := func(id, ident string) caller {
-		require.NoError(t, p.auth.bind(id, ident))
-		p.openSession("s-"+id, id, id, 2, 1000)
-		c, err := p.callerFor("s-" + id)
-		require.NoError(t, err)
-		c.ident = ident
-		return c
-	}
+	attacher := func(id, ident string) caller { return identCaller(t, p, id, ident) }
 	first := attacher("first", "uid:1000")
 	_, err = p.Attach(first, "shared")
 	require.NoError(t, err)
@@ -159,15 +151,7 @@ func TestAttachersPerIdentity(t *testing.T) {
 	seg, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared", Allow: []string{"cn:mallory", "cn:bob", "cn:carol"}})
 	require.NoError(t, err)
 
-	// attacher opens a session as client id of identity ident.
-	attacher := func(id, ident string) caller {
-		require.NoError(t, p.auth.bind(id, ident))
-		p.openSession("s-"+id, id, id, 2, 1000)
-		c, err := p.callerFor("s-" + id)
-		require.NoError(t, err)
-		c.ident = ident
-		return c
-	}
+	attacher := func(id, ident string) caller { return identCaller(t, p, id, ident) }
 	// While the list is less than half full an identity attaches from as
 	// many client ids as it likes: a service with many processes of one
 	// user.
@@ -210,14 +194,7 @@ func TestAttachersPerIdentity(t *testing.T) {
 func TestAttachmentEndsAfterRestart(t *testing.T) {
 	cfg := testConfig(t)
 	p := newTestPool(t, cfg)
-	open := func(id string) caller {
-		require.NoError(t, p.auth.bind(id, "uid:1000"))
-		p.openSession("s-"+id, id, id, 2, 1000)
-		c, err := p.callerFor("s-" + id)
-		require.NoError(t, err)
-		c.ident = "uid:1000"
-		return c
-	}
+	open := func(id string) caller { return identCaller(t, p, id, "uid:1000") }
 	seg, err := p.Alloc(t.Context(), open("app"), allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared"})
 	require.NoError(t, err)
 	_, err = p.Attach(open("att"), "shared")

@@ -25,13 +25,7 @@ func TestReplicaHome(t *testing.T) {
 	p, _ := newServingPool(t)
 	cfg := p.cfg
 	ctx := t.Context()
-	session := func(p *core, id string) caller {
-		p.openSession("s-"+id, id, id, 1, 0)
-		c, err := p.callerFor("s-" + id)
-		require.NoError(t, err)
-		return c
-	}
-	x, y := session(p, "poold/x"), session(p, "poold/y")
+	x, y := sessionCaller(t, p, "s-poold/x", "poold/x", 1, 0), sessionCaller(t, p, "s-poold/y", "poold/y", 1, 0)
 	r, err := p.Alloc(ctx, x, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true, ForClient: "app"})
 	require.NoError(t, err)
 	dial := func(p *core, principal string) *tcp.Client {
@@ -68,7 +62,7 @@ func TestReplicaHome(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, p.close())
 	p, _ = servingPool(t, cfg)
-	x = session(p, "poold/x")
+	x = sessionCaller(t, p, "s-poold/x", "poold/x", 1, 0)
 	owner, app = dial(p, "poold/x"), dial(p, delegatedPrincipal("poold/x", "app"))
 	require.ErrorIs(t, app.Write(ctx, reg, 0, []byte("x")), rdma.ErrMoved, "writes wait for the forwarding")
 	require.NoError(t, owner.Read(ctx, reg, 0, got), "the origin reads")
