@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -212,4 +213,42 @@ func TestAttachmentEndsAfterRestart(t *testing.T) {
 	got, err = p.Stat(seg.ID)
 	require.NoError(t, err, "the named segment stays")
 	require.NotContains(t, got.Attached, "att", "the attacher that did not come back is detached")
+}
+
+// TestReapKeepsClientWhoseDetachFailed: a reap that cannot commit the end
+// of an expired client's attachment keeps the client, expired, and its
+// binding for the next sweep: forgotten, the binding would go while the
+// store still listed the client id attached, and whoever took the id
+// next would inherit the attachment.
+func TestReapKeepsClientWhoseDetachFailed(t *testing.T) {
+	p := newTestPool(t, testConfig(t))
+	defer p.close()
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	owner := identCaller(t, p, "owner", "uid:1000")
+	seg, err := p.Alloc(t.Context(), owner, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared", Allow: []string{"uid:2000"}})
+	require.NoError(t, err)
+	_, err = p.Attach(identCaller(t, p, "gone", "uid:2000"), "shared")
+	require.NoError(t, err)
+	p.closeSession("s-gone")
+	now = now.Add(p.cfg.LeaseTTL)
+
+	f := p.st.storeFile
+	f.mu.Lock()
+	f.inject = func(bool) error { return errors.New("injected: the disk refused the detach") }
+	f.mu.Unlock()
+	p.reap()
+	require.Equal(t, "uid:2000", p.auth.identity("gone"), "the binding stays while the store lists the attachment")
+	got, err := p.Stat(seg.ID)
+	require.NoError(t, err)
+	require.Contains(t, got.Attached, "gone")
+
+	f.mu.Lock()
+	f.inject = nil
+	f.mu.Unlock()
+	p.reap()
+	got, err = p.Stat(seg.ID)
+	require.NoError(t, err)
+	require.NotContains(t, got.Attached, "gone", "the next sweep ends the attachment")
+	require.Empty(t, p.auth.identity("gone"), "and forgets the binding")
 }

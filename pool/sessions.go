@@ -165,7 +165,9 @@ func (p *core) reap() {
 // unlinkExpired ends the clients whose lease ran out, ends their
 // attachments and takes their unpinned segments out of the store and the
 // table; it releases those the data plane does not serve and returns the
-// others, to be fenced and released by reap, and the clients' ids.
+// others, to be fenced and released by reap, and the clients' ids. A
+// client whose removal or detach the store refused stays, expired, for
+// the next sweep to try again.
 func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -176,10 +178,12 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 		}
 		var n, detached int
 		var bytes int64
+		failed := false
 		for _, r := range p.segs {
 			if r.Owner == id && !r.pinned() {
 				if err := p.unlinkFreed(r); err != nil {
 					p.log.Error("reclaim", "segment", r.ID, "err", err)
+					failed = true
 					continue
 				}
 				if p.fencedHere(r) {
@@ -194,6 +198,7 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 			ok, err := p.detachLocked(r, id)
 			if err != nil {
 				p.log.Error("end the attachment of a client whose lease expired", "segment", r.ID, "client", id, "err", err)
+				failed = true
 				continue
 			}
 			if ok {
@@ -203,12 +208,18 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 				}
 			}
 		}
-		delete(p.clients, id)
-		gone = append(gone, id)
-		p.metrics.leaseExpired()
 		if n > 0 || detached > 0 {
 			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes, "attachments", detached)
 		}
+		if failed {
+			// Kept, expired, for the next sweep: forgotten, its binding
+			// would go while the store still lists it attached, and
+			// whoever takes its client id next would inherit that.
+			continue
+		}
+		delete(p.clients, id)
+		gone = append(gone, id)
+		p.metrics.leaseExpired()
 	}
 	return reaped, gone
 }
