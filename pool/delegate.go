@@ -268,21 +268,34 @@ func (p *core) delegated() *delegations { return &p.deleg }
 
 type homeCreds struct {
 	session string
-	creds   map[string][]byte // client id -> credential
+	creds   map[string]heldCred // by client id
 }
 
-// get is client's cached credential at home under session, if any.
-func (ds *delegations) get(home, session, client string) []byte {
+// heldCred is a credential a home delegated to a client, and the
+// identity the client id was bound to when this daemon asked for it.
+type heldCred struct {
+	ident string
+	cred  []byte
+}
+
+// get is client's cached credential at home under session, if any, and
+// if it was asked for the identity client is bound to now (ident): one
+// asked for before a reap and a rebinding of the id speaks for the old
+// identity.
+func (ds *delegations) get(home, session, client, ident string) []byte {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	if h := ds.homes[home]; h != nil && h.session == session {
-		return h.creds[client]
+		if c, ok := h.creds[client]; ok && c.ident == ident {
+			return c.cred
+		}
 	}
 	return nil
 }
 
-// put caches client's credential at home under session.
-func (ds *delegations) put(home, session, client string, cred []byte) {
+// put caches client's credential at home under session, asked for with
+// identity ident.
+func (ds *delegations) put(home, session, client, ident string, cred []byte) {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	if ds.homes == nil {
@@ -290,10 +303,10 @@ func (ds *delegations) put(home, session, client string, cred []byte) {
 	}
 	h := ds.homes[home]
 	if h == nil || h.session != session {
-		h = &homeCreds{session: session, creds: map[string][]byte{}}
+		h = &homeCreds{session: session, creds: map[string]heldCred{}}
 		ds.homes[home] = h
 	}
-	h.creds[client] = cred
+	h.creds[client] = heldCred{ident, cred}
 }
 
 // forget drops client's credentials at every home: a client id whose
@@ -324,9 +337,10 @@ func (d *Daemon) delegatedCred(ctx context.Context, home, client string) []byte 
 	}
 	ctx, cancel := context.WithTimeout(ctx, delegateTimeout)
 	defer cancel()
+	ident := d.pool.credentials().identity(client)
 	cctx, sid, err := pc.Call(ctx)
 	if err == nil {
-		if cred := d.pool.delegated().get(home, sid, client); cred != nil {
+		if cred := d.pool.delegated().get(home, sid, client, ident); cred != nil {
 			return cred
 		}
 		// The home is told who may use each segment placed there before
@@ -334,10 +348,10 @@ func (d *Daemon) delegatedCred(ctx context.Context, home, client string) []byte 
 		err = d.pool.toldOn(ctx, pc, home)
 		var resp *poolv1.DelegateResponse
 		if err == nil {
-			resp, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Identity: d.pool.credentials().identity(client)})
+			resp, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Identity: ident})
 		}
 		if err == nil {
-			d.pool.delegated().put(home, sid, client, resp.DataCredential)
+			d.pool.delegated().put(home, sid, client, ident, resp.DataCredential)
 			return resp.DataCredential
 		}
 		err = errs.FromStatus(err)
