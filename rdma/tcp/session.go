@@ -151,9 +151,6 @@ func (t *sessionTable) announce(key sessionKey) {
 // it when the client authenticated ("": the key's own name): a principal
 // whose credential ended since still counts as the identity it acted for.
 func (t *sessionTable) open(key sessionKey, tenant string, resume bool) *session {
-	if s := t.find(key); s != nil {
-		return s
-	}
 	if tenant == "" {
 		tenant = key.name
 	}
@@ -181,7 +178,8 @@ func (t *sessionTable) openForwarded(key sessionKey) *session {
 }
 
 // find returns the session of key, marked used, or nil if the table lacks
-// it.
+// it: openForwarded runs it per forwarded op, so that only a new session
+// asks ServerConfig.Tenant.
 func (t *sessionTable) find(key sessionKey) *session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
