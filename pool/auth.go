@@ -83,6 +83,10 @@ type auth struct {
 	// delegated counts the credentials each peer session holds for its
 	// clients (at most maxDelegated).
 	delegated map[string]int
+	// disconnect closes the data-plane connections that act for a
+	// principal but those of tenant keep (tcp.Server.Disconnect); nil
+	// without a data plane.
+	disconnect func(principal, keep string) int
 }
 
 // dataCred is a data-plane credential: 128 random bits issued to one
@@ -314,7 +318,24 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 	if tenant != "" && !strings.HasPrefix(ident, "cn:") {
 		tenant = peer + " " + ident
 	}
+	// Nor do the connections opened with a credential of another identity
+	// (withdrawn above, or with an earlier session of the peer), which
+	// would act for this one: they are cut before its credential is
+	// handed out. Their tenant, named after their identity, tells them
+	// apart ("" proves none: --insecure's are all cut).
+	if a.disconnect != nil {
+		a.disconnect(principal, tenant)
+	}
 	return a.issueFor(session, principal, ident, tenant), nil
+}
+
+// cut closes the data-plane connections that act for principal, whose
+// binding to an identity was dropped: whoever holds the principal next
+// must not share them.
+func (a *auth) cut(principal string) {
+	if a.disconnect != nil {
+		a.disconnect(principal, "")
+	}
 }
 
 // tenant is the tenant of the data-plane sessions of principal (rdma/tcp
@@ -400,6 +421,7 @@ func (p *core) startAuth() error {
 	p.peers.tls = tc
 	p.auth.self = p.auth.issue("", "", "poold")
 	if p.dp != nil {
+		p.auth.disconnect = p.dp.srv.Disconnect
 		p.dp.creds.Store(&p.auth)
 	}
 	return nil

@@ -1,9 +1,15 @@
 package pool
 
 import (
+	"errors"
+	"log/slog"
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // TestDataPlaneTenants: the data plane counts a principal's reply-cache
@@ -67,4 +73,54 @@ func TestDelegateRebound(t *testing.T) {
 	require.Error(t, a.authenticate(c1), "the credential of the old identity is withdrawn")
 	require.Equal(t, "poold/a uid:2000", a.tenant("poold/a/app"))
 	require.Equal(t, 1, a.delegated["s-peer-a"], "the peer session holds one delegated credential")
+}
+
+// TestDelegateReboundCutsConnections: the data-plane connections opened
+// with a delegated credential are closed once the peer's client id is
+// delegated for another identity, whether the old credential was still
+// live or went with an earlier session of the peer; a new credential for
+// the same identity leaves them open.
+func TestDelegateReboundCutsConnections(t *testing.T) {
+	var a auth
+	srv := tcp.NewServer(tcp.ServerConfig{Identify: a.identify, Tenant: a.tenant, Logger: slog.New(slog.DiscardHandler)})
+	a.disconnect = srv.Disconnect
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go srv.Serve(l)
+	defer srv.Close()
+	mem := make([]byte, 4096)
+	key, err := srv.Export(1, mem, 1)
+	require.NoError(t, err)
+	region := rdma.Region{Segment: 1, Key: key, Epoch: 1}
+	ctx := t.Context()
+	connect := func(cred []byte) *tcp.Client {
+		c, err := tcp.Dial(ctx, l.Addr().String(), tcp.WithCredential(cred), tcp.WithConns(1))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		require.NoError(t, c.Read(ctx, region, 0, make([]byte, 8)))
+		return c
+	}
+	closed := func(c *tcp.Client) bool {
+		return errors.Is(c.Read(ctx, region, 0, make([]byte, 8)), rdma.ErrClosed)
+	}
+
+	c1, err := a.delegate("s-peer-a", "poold/a", "app", "uid:1000")
+	require.NoError(t, err)
+	first := connect(c1)
+	// The peer's session ends and comes back: a new credential, the
+	// same identity; the connection stays.
+	a.revokeSession("s-peer-a")
+	c2, err := a.delegate("s-peer-a2", "poold/a", "app", "uid:1000")
+	require.NoError(t, err)
+	require.NotEqual(t, c1, c2)
+	require.False(t, closed(first), "a new credential of the same identity keeps its connections")
+	second := connect(c2)
+
+	// The id is bound to another identity there: both earlier
+	// connections go, the one of a withdrawn session's credential too.
+	c3, err := a.delegate("s-peer-a2", "poold/a", "app", "uid:2000")
+	require.NoError(t, err)
+	require.True(t, closed(first), "the connection of an earlier session's credential of uid:1000")
+	require.True(t, closed(second), "the connection of uid:1000's live credential")
+	connect(c3)
 }

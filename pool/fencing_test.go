@@ -89,6 +89,12 @@ func TestFencing(t *testing.T) {
 	}
 	_, err = p.Stat(r1.ID)
 	require.Error(t, err, "the lease ran out although the client kept reading")
+	// Reap forgot the client id's binding and closed its connections,
+	// which would otherwise act for whoever binds the id next; the old
+	// client comes back with a new session (bound anew) and redials.
+	require.True(t, errors.Is(c.Read(ctx, old, 0, make([]byte, 8)), rdma.ErrClosed), "the reaped client's connection is closed")
+	require.Empty(t, p.auth.identity("old"))
+	c = dial("s-old-again", "old")
 
 	// The same memory goes to a new client.
 	p.openSession("s-new", "new", "new", 2, 0)

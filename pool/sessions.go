@@ -140,15 +140,27 @@ func (p *core) callerFor(sessionID string) (caller, error) {
 // ends their attachments: under p.mu their removals commit and they leave
 // the table, then those the data plane serves are fenced outside it and
 // released (dispose), and then the bindings of clients left with nothing
-// are forgotten. A client id whose binding reap forgets must not keep
-// access to what it attached for whoever takes the id next, and attachers
+// are forgotten, and their data-plane connections closed. A client id
+// whose binding reap forgets must not keep access to what it attached, or
+// its connections, for whoever takes the id next, and attachers
 // that came and went must not fill a segment's list (maxAttachers); the
 // homes of a segment held elsewhere are told in the background.
 func (p *core) reap() {
 	reaped, gone := p.unlinkExpired()
 	p.dispose("lease expired", reaped...)
+	for _, id := range p.forgetGone(gone) {
+		// Its data-plane connections, opened with a credential of the
+		// identity it was bound to, would act for whoever binds it next.
+		p.auth.cut(id)
+	}
+}
+
+// forgetGone forgets the bindings of the reaped clients gone that hold
+// nothing now and returns their ids.
+func (p *core) forgetGone(gone []string) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var forgot []string
 	for _, id := range gone {
 		// A client that came back while its segments were fenced holds
 		// its binding: its session bound it before it was counted again.
@@ -158,8 +170,10 @@ func (p *core) reap() {
 		if segs, _ := p.usage.of([]string{id}, ""); segs == 0 {
 			p.auth.forget(id)
 			p.deleg.forget(id)
+			forgot = append(forgot, id)
 		}
 	}
+	return forgot
 }
 
 // unlinkExpired ends the clients whose lease ran out, ends their

@@ -125,6 +125,14 @@ func (s *Server) Allow(seg uint64, principals []string) error {
 	return s.tcp.Allow(seg, principals)
 }
 
+// Disconnect closes the tcp transport's connections that act for
+// principal (see tcp.Server.Disconnect). Verbs peers have no principal
+// (their queue pairs are authenticated by the credential alone): the
+// segments' rkeys guard them.
+func (s *Server) Disconnect(principal, keep string) int {
+	return s.tcp.Disconnect(principal, keep)
+}
+
 // SetEpoch raises the segment's epoch on every transport.
 func (s *Server) SetEpoch(seg, epoch uint64) error {
 	return s.both(func(e rdma.Exporter) error { return e.SetEpoch(seg, epoch) })

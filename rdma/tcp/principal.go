@@ -59,6 +59,29 @@ func (s *Server) AllowReaders(seg uint64, names []string) error {
 	return nil
 }
 
+// Disconnect closes every connection that acts for principal (as
+// ServerConfig.Identify named it at the hello) except, when keep is not
+// empty, those whose tenant (ServerConfig.Tenant, at their hello) is
+// keep: a principal that changed hands keeps the new holder's. Their
+// operations in flight fail and their clients redial, presenting a
+// credential that Identify checks again. The caller withdraws first what
+// Identify accepted for the connections it cuts (their credential, or
+// its binding to whom it spoke for): one in its hello meanwhile is then
+// refused. It returns how many it closed. Safe for concurrent use.
+func (s *Server) Disconnect(principal, keep string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cutGen.Add(1)
+	n := 0
+	for c := range s.conns {
+		if c.identified && c.principal == principal && (keep == "" || c.tenant != keep) {
+			c.sock.Close()
+			n++
+		}
+	}
+	return n
+}
+
 // permits reports whether the connection's principal may operate on e, a
 // mutating op or a read. It remembers the last sets it checked e against,
 // so that a run of requests on one segment costs two atomic loads and
@@ -95,12 +118,34 @@ func (c *srvConn) permits(e *export, mutating bool) bool {
 func (c *srvConn) identify(cred []byte, cert *x509.Certificate) error {
 	cfg := &c.s.cfg
 	if cfg.Identify != nil {
-		p, err := cfg.Identify(cred, cert)
-		if err != nil {
-			return err
+		for try := 0; ; try++ {
+			gen := c.s.cutGen.Load()
+			p, err := cfg.Identify(cred, cert)
+			if err != nil {
+				return err
+			}
+			var tenant string
+			if cfg.Tenant != nil {
+				tenant = cfg.Tenant(p)
+			}
+			c.s.mu.Lock()
+			again := c.s.cutGen.Load() != gen
+			if !again {
+				c.principal, c.tenant, c.identified = p, tenant, true
+			}
+			c.s.mu.Unlock()
+			if !again {
+				return nil
+			}
+			// A Disconnect ran since Identify accepted the credential,
+			// and could not see this connection's principal yet: its
+			// caller withdrew what it cut before, so a second look
+			// refuses a credential withdrawn (and names the tenant
+			// anew).
+			if try == 2 {
+				return fmt.Errorf("%w: the server disconnected principals three times while this hello was checked", rdma.ErrClosed)
+			}
 		}
-		c.principal, c.identified = p, true
-		return nil
 	}
 	if cfg.Authenticate != nil {
 		return cfg.Authenticate(cred)

@@ -133,3 +133,131 @@ func BenchmarkPrincipalCost(b *testing.B) {
 	b.ReportMetric(ratio(lat), "p50-ratio")
 	b.ReportMetric(ratio(rate), "rate-ratio")
 }
+
+// liveCreds is an Identify over a set of credentials the test withdraws
+// (each names its principal), as poold's table of live ones; hold, when
+// set, runs inside Identify after the credential was found live.
+type liveCreds struct {
+	mu   sync.Mutex
+	live map[string]bool
+	hold func()
+}
+
+func (l *liveCreds) identify(cred []byte, _ *x509.Certificate) (string, error) {
+	l.mu.Lock()
+	ok, hold := l.live[string(cred)], l.hold
+	l.mu.Unlock()
+	if !ok {
+		return "", fmt.Errorf("credential %q withdrawn", cred)
+	}
+	if hold != nil {
+		hold()
+	}
+	return string(cred), nil
+}
+
+func (l *liveCreds) withdraw(cred string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.live, cred)
+}
+
+// TestDisconnectPrincipal: Disconnect closes every connection of one
+// principal, whose operations then fail, and leaves the others serving; a
+// redial with the withdrawn credential is refused. A hello whose
+// credential Identify accepted just before it was withdrawn, and whose
+// connection the Disconnect could not see yet, is refused too: it is
+// checked again.
+func TestDisconnectPrincipal(t *testing.T) {
+	overBoth(t, func(t *testing.T, cfg ServerConfig, opts []Option) {
+		creds := &liveCreds{live: map[string]bool{"alice": true, "bob": true, "carol": true}}
+		cfg.Identify = creds.identify
+		s := startServer(t, cfg)
+		_, r := s.export(t, 1, 4096)
+		require.NoError(t, s.Allow(1, []string{"alice", "bob", "carol"}))
+		ctx := t.Context()
+		opts = append(opts, WithConns(2))
+		alice1 := dial(t, s.addr, append(opts, WithCredential([]byte("alice")))...)
+		alice2 := dial(t, s.addr, append(opts, WithCredential([]byte("alice")))...)
+		bob := dial(t, s.addr, append(opts, WithCredential([]byte("bob")))...)
+		buf := make([]byte, 8)
+		for _, c := range []*Client{alice1, alice2, bob} {
+			require.NoError(t, c.Read(ctx, r, 0, buf))
+		}
+
+		creds.withdraw("alice")
+		require.Equal(t, 4, s.Disconnect("alice", ""), "two clients of alice, two connections each")
+		for _, c := range []*Client{alice1, alice2} {
+			within(t, "a read on a disconnected connection", func() {
+				err := c.Read(ctx, r, 0, buf)
+				require.True(t, isClosedish(err), "a read on a connection of a disconnected principal: %v", err)
+			})
+		}
+		require.NoError(t, bob.Read(ctx, r, 0, buf))
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := Dial(dctx, s.addr, append(opts, WithCredential([]byte("alice")))...)
+		require.ErrorIs(t, err, rdma.ErrAccessDenied)
+
+		// carol's hello: Identify finds her credential live, then it is
+		// withdrawn and Disconnect runs before the hello finishes.
+		inside, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		creds.mu.Lock()
+		creds.hold = func() {
+			once.Do(func() {
+				close(inside)
+				<-release
+			})
+		}
+		creds.mu.Unlock()
+		dialed := make(chan error, 1)
+		go func() {
+			// One connection: a second one's hello would find the
+			// credential withdrawn anyway.
+			c, err := Dial(dctx, s.addr, append(opts, WithConns(1), WithCredential([]byte("carol")))...)
+			if c != nil {
+				c.Close()
+			}
+			dialed <- err
+		}()
+		<-inside
+		creds.withdraw("carol")
+		require.Zero(t, s.Disconnect("carol", ""), "carol's connection has no principal yet")
+		close(release)
+		require.ErrorIs(t, <-dialed, rdma.ErrAccessDenied)
+		require.NoError(t, bob.Read(ctx, r, 0, buf))
+	})
+}
+
+// TestDisconnectKeepsTenant: Disconnect with a tenant to keep closes the
+// principal's connections opened while Tenant named another, the ones of
+// an earlier holder of the principal, and leaves those of the holder now.
+func TestDisconnectKeepsTenant(t *testing.T) {
+	var mu sync.Mutex
+	holder := "uid:1000"
+	s := startServer(t, ServerConfig{Identify: namedCreds, Tenant: func(principal string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		if principal == "peer/app" {
+			return holder
+		}
+		return ""
+	}})
+	_, r := s.export(t, 1, 4096)
+	require.NoError(t, s.Allow(1, []string{"peer/app"}))
+	ctx := t.Context()
+	buf := make([]byte, 8)
+	before := dial(t, s.addr, WithConns(1), WithCredential([]byte("peer/app")))
+	require.NoError(t, before.Read(ctx, r, 0, buf))
+	mu.Lock()
+	holder = "uid:2000"
+	mu.Unlock()
+	now := dial(t, s.addr, WithConns(1), WithCredential([]byte("peer/app")))
+	require.Equal(t, 1, s.Disconnect("peer/app", "uid:2000"))
+	within(t, "a read on the earlier holder's connection", func() {
+		err := before.Read(ctx, r, 0, buf)
+		require.True(t, isClosedish(err), "the earlier holder's connection: %v", err)
+	})
+	require.NoError(t, now.Read(ctx, r, 0, buf))
+}

@@ -76,10 +76,17 @@ func (t *sessionTable) ownerShare() int { return max(4, t.max/16) }
 func (t *sessionTable) tenantOf(key sessionKey) string {
 	if t.tenant != nil {
 		if p, ok := strings.CutPrefix(key.name, "p:"); ok {
-			if tn := t.tenant(p); tn != "" {
-				return "t:" + tn
-			}
+			return tenantName(key, t.tenant(p))
 		}
+	}
+	return key.name
+}
+
+// tenantName is whose share a session of key counts against when
+// ServerConfig.Tenant named tenant for its principal (tenantOf).
+func tenantName(key sessionKey, tenant string) string {
+	if tenant != "" {
+		return "t:" + tenant
 	}
 	return key.name
 }

@@ -77,9 +77,12 @@ type srvConn struct {
 	late, spare []byte
 	lateWriting bool
 
-	// The principal the hello's credential names (ServerConfig.Identify),
-	// and the last export and principal set it was found in (permits).
+	// The principal the hello's credential names (ServerConfig.Identify)
+	// and its tenant then (ServerConfig.Tenant), set under s.mu
+	// (Disconnect reads them), and the last export and principal set it
+	// was found in (permits).
 	principal  string
+	tenant     string
 	identified bool
 	okExport   *export
 	okSet      *principals
@@ -256,7 +259,7 @@ func (c *srvConn) handshake() (uint16, error) {
 			// The tenant is named now, while the credential is live: a
 			// client that ends it before its first ONCE still counts
 			// against its identity's share.
-			c.sessTenant = c.s.sessions.tenantOf(*c.sessKey)
+			c.sessTenant = tenantName(*c.sessKey, c.tenant)
 			if !h.resume {
 				c.s.sessions.announce(*c.sessKey)
 			}
