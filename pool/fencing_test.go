@@ -283,6 +283,16 @@ func TestFreeFenceOutsideLock(t *testing.T) {
 				require.NoError(t, <-reads, "a READ begun before gets its whole answer (an error: the data plane cut the stalled client off, its fence ended before it read again)")
 			}
 			require.NoError(t, <-freed)
+			if tc.reclaim == "lease expired" {
+				// The reaped client's connections were closed after the
+				// fence (the READs above had their answers); it redials.
+				require.ErrorIs(t, probe.Read(ctx, region(t, segs[0]), 0, make([]byte, 8)), rdma.ErrClosed)
+				probe.Close()
+				again, err := tcp.Dial(ctx, p.dp.addr, cred)
+				require.NoError(t, err)
+				t.Cleanup(func() { again.Close() })
+				probe = again
+			}
 			for _, r := range segs {
 				_, err = p.Stat(r.ID)
 				require.ErrorIs(t, err, errs.ErrNotFound)

@@ -68,6 +68,10 @@ type peers struct {
 	// before it has marked every home.
 	judges map[string]*sync.Mutex
 
+	// frees are the frees freeLater queued at each node and not yet
+	// answered (freeQueue).
+	frees map[string]*freeQueue
+
 	wg   sync.WaitGroup // asynchronous frees
 	done bool
 	// stop cancels asynchronous frees at close: a peer that does not answer
@@ -314,24 +318,113 @@ func (ps *peers) conn(node string) *session.Conn {
 	return ps.conns[node]
 }
 
-// freeLater frees a segment at its home in the background; on a failure
-// the home is asked again once it answers (onOrphan).
+// freeQueue is the segments freeLater is to free at one node, in order,
+// and the set of them (queued, also those being freed): a segment is
+// queued once however often it is asked for (a reconcile every few
+// seconds lists the orphans whose frees are still under way).
+type freeQueue struct {
+	ids    []uint64
+	queued map[uint64]bool
+}
+
+// Frees at a node: freeAtOnce sent together, each bounded by freeTimeout.
+const (
+	freeAtOnce  = 4
+	freeTimeout = 10 * time.Second
+)
+
+// freeLater frees a segment at its home in the background: one worker per
+// node sends the frees queued there, freeAtOnce at a time, so that a heal
+// that finds thousands of orphans neither sends one twice nor floods the
+// node. When a free fails the rest of the node's queue is dropped and the
+// home is asked again once it answers (onOrphan: a reconcile lists what it
+// still holds and frees it), so that a node that does not answer costs one
+// timeout, not one per segment.
 func (ps *peers) freeLater(node string, homeID uint64) {
-	c := ps.conn(node)
-	if c == nil {
-		ps.orphaned(node)
+	ps.mu.Lock()
+	if ps.done {
+		ps.mu.Unlock()
 		return
 	}
-	if got := c.Node(); got != node {
-		ps.log.Warn("not freeing a segment at a peer that answers as another node", "node", node, "answers-as", got, "segment", homeID)
-		return
-	}
-	ps.later(10*time.Second, func(ctx context.Context) {
-		if err := freeOn(ctx, c, homeID); err != nil {
-			ps.log.Warn("free at the home node failed; it is asked again once it answers", "node", node, "segment", homeID, "err", err)
-			ps.orphaned(node)
+	q := ps.frees[node]
+	start := q == nil
+	if start {
+		q = &freeQueue{queued: map[uint64]bool{}}
+		if ps.frees == nil {
+			ps.frees = map[string]*freeQueue{}
 		}
-	})
+		ps.frees[node] = q
+	}
+	if !q.queued[homeID] {
+		q.queued[homeID] = true
+		q.ids = append(q.ids, homeID)
+	}
+	ps.mu.Unlock()
+	if start {
+		ps.later(0, func(ctx context.Context) { ps.sendFrees(ctx, node, q) })
+	}
+}
+
+// sendFrees sends the frees queued at node (q) until none is left; the
+// queue is gone when it returns, and the next freeLater starts another.
+func (ps *peers) sendFrees(ctx context.Context, node string, q *freeQueue) {
+	for {
+		ps.mu.Lock()
+		batch := slices.Clone(q.ids[:min(freeAtOnce, len(q.ids))])
+		q.ids = q.ids[len(batch):]
+		if len(batch) == 0 {
+			delete(ps.frees, node)
+		}
+		ps.mu.Unlock()
+		if len(batch) == 0 {
+			return
+		}
+		c := ps.conn(node)
+		if c == nil || ctx.Err() != nil {
+			ps.dropFrees(node)
+			ps.orphaned(node)
+			return
+		}
+		if got := c.Node(); got != node {
+			ps.log.Warn("not freeing segments at a peer that answers as another node", "node", node, "answers-as", got, "segments", len(batch)+ps.dropFrees(node))
+			return
+		}
+		failed := make([]error, len(batch))
+		var wg sync.WaitGroup
+		for i, id := range batch {
+			wg.Go(func() {
+				fctx, cancel := context.WithTimeout(ctx, freeTimeout)
+				defer cancel()
+				failed[i] = freeOn(fctx, c, id)
+			})
+		}
+		wg.Wait()
+		ps.mu.Lock()
+		for _, id := range batch {
+			delete(q.queued, id)
+		}
+		ps.mu.Unlock()
+		if err := errors.Join(failed...); err != nil {
+			n := len(slices.DeleteFunc(failed, func(e error) bool { return e == nil }))
+			ps.log.Warn("free at the home node failed; it is asked again once it answers", "node", node,
+				"failed", n, "of", len(batch), "put-off", ps.dropFrees(node), "err", err)
+			ps.orphaned(node)
+			return
+		}
+	}
+}
+
+// dropFrees forgets the frees queued at node, ending its queue, and
+// returns how many there were.
+func (ps *peers) dropFrees(node string) int {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	q := ps.frees[node]
+	if q == nil {
+		return 0
+	}
+	delete(ps.frees, node)
+	return len(q.ids)
 }
 
 // orphaned reports that node may hold a segment of this daemon's that no
@@ -742,6 +835,7 @@ func (p *core) reconcileWith(ctx context.Context, node string, orphans bool) (he
 	p.moving.held(node, known)
 	p.mu.Unlock()
 	held = map[uint64]bool{}
+	var freeing []uint64
 	for _, seg := range segs {
 		if seg.Owner != peerClientPrefix+p.cfg.Node {
 			continue
@@ -750,9 +844,13 @@ func (p *core) reconcileWith(ctx context.Context, node string, orphans bool) (he
 		// An allocation there not recorded yet is no orphan; the next
 		// reconnect checks again.
 		if !known[seg.Id] && pending == 0 {
-			p.log.Info("freeing a segment a peer still holds for this node but no record names", "node", node, "segment", seg.Id)
+			freeing = append(freeing, seg.Id)
 			p.peers.freeLater(node, seg.Id)
 		}
+	}
+	if len(freeing) > 0 {
+		p.log.Info("freeing segments a peer still holds for this node but no record names", "node", node,
+			"segments", len(freeing), "first", freeing[:min(8, len(freeing))])
 	}
 	if suspect && pending == 0 {
 		p.orphans.clear(node, started) // a free that fails marks it again

@@ -1,0 +1,100 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
+	"github.com/farmem/farmem/internal/errs"
+)
+
+// TestFreeQueue: frees at a peer queued by freeLater go out a few at a
+// time, each segment once however often it is asked for; when the peer
+// does not answer, the rest of its queue is dropped after the first
+// batch's timeout (one timeout, not one per segment) and the peer is
+// marked, and the reconcile once it answers frees them all.
+func TestFreeQueue(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 10 * time.Second})
+	var stall atomic.Bool
+	var frees, inFlight, most atomic.Int64
+	sc.hosts[1].cfg.sim.grpc = append(sc.hosts[1].cfg.sim.grpc, grpc.ChainUnaryInterceptor(
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+			if !strings.HasSuffix(info.FullMethod, "/Free") || !stall.Load() {
+				return next(ctx, req)
+			}
+			frees.Add(1)
+			n := inFlight.Add(1)
+			defer inFlight.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			<-ctx.Done() // a home that does not answer
+			return nil, ctx.Err()
+		}))
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	owner, home := sc.hosts[0].daemon(), sc.hosts[1].daemon()
+	ctx := t.Context()
+	kept, err := owner.pool.Alloc(ctx, caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
+	require.NoError(t, err)
+	require.Equal(t, home.cfg.Node, kept.Home)
+	pc := owner.pool.peers.conn(home.cfg.Node)
+	require.NotNil(t, pc)
+	const n = 40
+	var orphans []uint64
+	for range n {
+		cctx, _, err := pc.Call(ctx)
+		require.NoError(t, err)
+		seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
+		require.NoError(t, err)
+		orphans = append(orphans, seg.Id)
+	}
+	ps := owner.pool.peers
+
+	stall.Store(true)
+	for range 3 {
+		for _, id := range orphans {
+			ps.freeLater(home.cfg.Node, id)
+		}
+	}
+	queued := func() (waiting, all int) {
+		ps.mu.Lock()
+		defer ps.mu.Unlock()
+		if q := ps.frees[home.cfg.Node]; q != nil {
+			return len(q.ids), len(q.queued)
+		}
+		return 0, 0
+	}
+	_, all := queued()
+	require.Equal(t, n, all, "each segment is queued once")
+	require.Eventually(t, func() bool { w, a := queued(); return w == 0 && a == 0 }, 3*freeTimeout, 50*time.Millisecond,
+		"the queue of a peer that does not answer is dropped after the first batch's timeout")
+	require.EqualValues(t, freeAtOnce, frees.Load(), "one batch was sent, the rest put off")
+	require.LessOrEqual(t, most.Load(), int64(freeAtOnce))
+	require.True(t, owner.pool.orphans.marked(home.cfg.Node), "and the peer is marked, to be asked once it answers")
+	for _, id := range orphans {
+		_, err := home.pool.Stat(id)
+		require.NoError(t, err, "unanswered: still held")
+	}
+
+	stall.Store(false)
+	deadline := time.Now().Add(time.Minute)
+	for _, id := range orphans {
+		for {
+			if _, err := home.pool.Stat(id); errors.Is(err, errs.ErrNotFound) {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "orphan %d is still held a minute after the home answers again", id)
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	_, err = home.pool.Stat(kept.HomeID)
+	require.NoError(t, err, "the recorded segment stays")
+}
