@@ -84,9 +84,9 @@ type auth struct {
 	// clients (at most maxDelegated).
 	delegated map[string]int
 	// disconnect closes the data-plane connections that act for a
-	// principal but those of tenant keep (tcp.Server.Disconnect); nil
-	// without a data plane.
-	disconnect func(principal, keep string) int
+	// principal but those whose tenant keep accepts
+	// (tcp.Server.Disconnect); nil without a data plane.
+	disconnect func(principal string, keep func(tenant string) bool) int
 }
 
 // dataCred is a data-plane credential: 128 random bits issued to one
@@ -322,9 +322,9 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 	// (withdrawn above, or with an earlier session of the peer), which
 	// would act for this one: they are cut before its credential is
 	// handed out. Their tenant, named after their identity, tells them
-	// apart ("" proves none: --insecure's are all cut).
+	// apart (--insecure's, "", proves none: those stay).
 	if a.disconnect != nil {
-		a.disconnect(principal, tenant)
+		a.disconnect(principal, func(t string) bool { return t == tenant })
 	}
 	return a.issueFor(session, principal, ident, tenant), nil
 }
@@ -334,7 +334,7 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 // must not share them.
 func (a *auth) cut(principal string) {
 	if a.disconnect != nil {
-		a.disconnect(principal, "")
+		a.disconnect(principal, nil)
 	}
 }
 

@@ -123,4 +123,17 @@ func TestDelegateReboundCutsConnections(t *testing.T) {
 	require.True(t, closed(first), "the connection of an earlier session's credential of uid:1000")
 	require.True(t, closed(second), "the connection of uid:1000's live credential")
 	connect(c3)
+
+	// --insecure proves no identity: a new credential for it keeps the
+	// connections of the earlier one; one for a proved identity cuts them.
+	o1, err := a.delegate("s-peer-a2", "poold/a", "open", identityInsecure)
+	require.NoError(t, err)
+	open := connect(o1)
+	a.revokeSession("s-peer-a2")
+	_, err = a.delegate("s-peer-a3", "poold/a", "open", identityInsecure)
+	require.NoError(t, err)
+	require.False(t, closed(open), "--insecure's connections stay")
+	_, err = a.delegate("s-peer-a3", "poold/a", "open", "uid:3000")
+	require.NoError(t, err)
+	require.True(t, closed(open), "and go once the name is delegated for a proved identity")
 }

@@ -129,7 +129,7 @@ func (s *Server) Allow(seg uint64, principals []string) error {
 // principal (see tcp.Server.Disconnect). Verbs peers have no principal
 // (their queue pairs are authenticated by the credential alone): the
 // segments' rkeys guard them.
-func (s *Server) Disconnect(principal, keep string) int {
+func (s *Server) Disconnect(principal string, keep func(tenant string) bool) int {
 	return s.tcp.Disconnect(principal, keep)
 }
 

@@ -60,21 +60,22 @@ func (s *Server) AllowReaders(seg uint64, names []string) error {
 }
 
 // Disconnect closes every connection that acts for principal (as
-// ServerConfig.Identify named it at the hello) except, when keep is not
-// empty, those whose tenant (ServerConfig.Tenant, at their hello) is
-// keep: a principal that changed hands keeps the new holder's. Their
-// operations in flight fail and their clients redial, presenting a
-// credential that Identify checks again. The caller withdraws first what
-// Identify accepted for the connections it cuts (their credential, or
-// its binding to whom it spoke for): one in its hello meanwhile is then
-// refused. It returns how many it closed. Safe for concurrent use.
-func (s *Server) Disconnect(principal, keep string) int {
+// ServerConfig.Identify named it at the hello) but those whose tenant
+// (ServerConfig.Tenant, at their hello) keep accepts (nil keeps none): a
+// principal that changed hands keeps the new holder's. Their operations
+// in flight fail and their clients redial, presenting a credential that
+// Identify checks again. The caller withdraws first what Identify
+// accepted for the connections it cuts (their credential, or its binding
+// to whom it spoke for): one in its hello meanwhile is then refused. It
+// returns how many it closed. Safe for concurrent use; keep runs with the
+// server's connection table locked and must not call the server.
+func (s *Server) Disconnect(principal string, keep func(tenant string) bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cutGen.Add(1)
 	n := 0
 	for c := range s.conns {
-		if c.identified && c.principal == principal && (keep == "" || c.tenant != keep) {
+		if c.identified && c.principal == principal && (keep == nil || !keep(c.tenant)) {
 			c.sock.Close()
 			n++
 		}

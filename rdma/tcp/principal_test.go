@@ -186,7 +186,7 @@ func TestDisconnectPrincipal(t *testing.T) {
 		}
 
 		creds.withdraw("alice")
-		require.Equal(t, 4, s.Disconnect("alice", ""), "two clients of alice, two connections each")
+		require.Equal(t, 4, s.Disconnect("alice", nil), "two clients of alice, two connections each")
 		for _, c := range []*Client{alice1, alice2} {
 			within(t, "a read on a disconnected connection", func() {
 				err := c.Read(ctx, r, 0, buf)
@@ -223,7 +223,7 @@ func TestDisconnectPrincipal(t *testing.T) {
 		}()
 		<-inside
 		creds.withdraw("carol")
-		require.Zero(t, s.Disconnect("carol", ""), "carol's connection has no principal yet")
+		require.Zero(t, s.Disconnect("carol", nil), "carol's connection has no principal yet")
 		close(release)
 		require.ErrorIs(t, <-dialed, rdma.ErrAccessDenied)
 		require.NoError(t, bob.Read(ctx, r, 0, buf))
@@ -254,7 +254,7 @@ func TestDisconnectKeepsTenant(t *testing.T) {
 	holder = "uid:2000"
 	mu.Unlock()
 	now := dial(t, s.addr, WithConns(1), WithCredential([]byte("peer/app")))
-	require.Equal(t, 1, s.Disconnect("peer/app", "uid:2000"))
+	require.Equal(t, 1, s.Disconnect("peer/app", func(t string) bool { return t == "uid:2000" }))
 	within(t, "a read on the earlier holder's connection", func() {
 		err := before.Read(ctx, r, 0, buf)
 		require.True(t, isClosedish(err), "the earlier holder's connection: %v", err)
