@@ -273,7 +273,7 @@ func TestRedundantNotMoved(t *testing.T) {
 // here), and once the home takes writes the add is applied once.
 func TestRefusedTicketRetried(t *testing.T) {
 	cfg := tcp.DefaultConfig()
-	cfg.Identify = func([]byte, *x509.Certificate) (string, error) { return "app", nil }
+	cfg.Identify = func([]byte, *x509.Certificate) (string, string, error) { return "app", "", nil }
 	f := startFakeHomes(t, Replicas(2), 4096, 4096, cfg)
 	r := f.seg.base().(*redundant)
 	home := f.homes[0].HomeId

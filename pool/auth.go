@@ -227,7 +227,10 @@ func (a *auth) owners(ident string) []string {
 // issue makes the data-plane credential of a new session; its tenant is
 // the session's identity (tenantOf).
 func (a *auth) issue(session, clientID, ident string) []byte {
-	return a.issueFor(session, clientID, ident, tenantOf(clientID, ident))
+	a.load()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.issueLocked(session, clientID, ident, tenantOf(clientID, ident))
 }
 
 // tenantOf is the tenant (rdma/tcp ServerConfig.Tenant) of the data-plane
@@ -244,15 +247,12 @@ func tenantOf(clientID, ident string) string {
 	return ident
 }
 
-// issueFor makes a data-plane credential.
-func (a *auth) issueFor(session, clientID, ident, tenant string) []byte {
-	a.load()
+// issueLocked makes a data-plane credential; a.mu is held.
+func (a *auth) issueLocked(session, clientID, ident, tenant string) []byte {
 	b := make([]byte, 16)
 	rand.Read(b)
-	a.mu.Lock()
 	a.creds[string(b)] = dataCred{session: session, client: clientID, identity: ident, tenant: tenant}
 	a.byClient[clientID] = b
-	a.mu.Unlock()
 	return b
 }
 
@@ -290,43 +290,57 @@ func (a *auth) revokeSession(session string) {
 // someone only on the host that saw it.
 func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 	principal := delegatedPrincipal(peer, client)
-	a.load()
-	a.mu.Lock()
-	for k, c := range a.creds {
-		if c.session == session && c.client == principal {
-			if c.identity == ident {
-				a.mu.Unlock()
-				return []byte(k), nil
-			}
-			// The peer's client id is bound to another identity now
-			// (the old binding was reaped there): the old credential
-			// speaks for nobody.
-			delete(a.creds, k)
-			if string(a.byClient[principal]) == k {
-				delete(a.byClient, principal)
-			}
-			a.delegated[session]--
-		}
-	}
-	if a.delegated[session] >= maxDelegated {
-		a.mu.Unlock()
-		return nil, fmt.Errorf("%w: the peer session holds %d delegated credentials already, the most one may", errs.ErrLimit, maxDelegated)
-	}
-	a.delegated[session]++
-	a.mu.Unlock()
 	tenant := tenantOf(principal, ident)
 	if tenant != "" && !strings.HasPrefix(ident, "cn:") {
 		tenant = peer + " " + ident
 	}
-	// Nor do the connections opened with a credential of another identity
-	// (withdrawn above, or with an earlier session of the peer), which
-	// would act for this one: they are cut before its credential is
-	// handed out. Their tenant, named after their identity, tells them
-	// apart (--insecure's, "", proves none: those stay).
-	if a.disconnect != nil {
+	a.load()
+	a.mu.Lock()
+	var same []byte
+	withdrew := false
+	for k, c := range a.creds {
+		if c.client != principal {
+			continue
+		}
+		if c.identity == ident {
+			if c.session == session {
+				same = []byte(k)
+			}
+			continue
+		}
+		// The peer's client id is bound to another identity now (the
+		// old binding was reaped there): a credential of the old one,
+		// over this session of the peer's or another still open,
+		// speaks for nobody.
+		delete(a.creds, k)
+		if string(a.byClient[principal]) == k {
+			delete(a.byClient, principal)
+		}
+		a.delegated[c.session]--
+		withdrew = true
+	}
+	var cred []byte
+	var err error
+	switch {
+	case same != nil:
+		cred = same
+	case a.delegated[session] >= maxDelegated:
+		err = fmt.Errorf("%w: the peer session holds %d delegated credentials already, the most one may", errs.ErrLimit, maxDelegated)
+	default:
+		a.delegated[session]++
+		cred = a.issueLocked(session, principal, ident, tenant)
+	}
+	a.mu.Unlock()
+	if (withdrew || same == nil) && a.disconnect != nil {
+		// Nor do the connections opened with them, or with a credential
+		// of another identity that an earlier session of the peer's
+		// took with it, which would act for this identity: they are cut
+		// before its credential is handed out. Their tenant, named
+		// after their identity, tells them apart (--insecure's, "",
+		// proves none).
 		a.disconnect(principal, func(t string) bool { return t == tenant })
 	}
-	return a.issueFor(session, principal, ident, tenant), nil
+	return cred, err
 }
 
 // cut closes the data-plane connections that act for principal, whose
@@ -353,16 +367,16 @@ func (a *auth) tenant(principal string) string {
 // ServerConfig.Identify): the credential must be a live session's, and
 // when the connection presents a client certificate it must name the
 // identity the credential was issued for. It returns the credential's
-// principal.
-func (a *auth) identify(cred []byte, cert *x509.Certificate) (string, error) {
+// principal and tenant.
+func (a *auth) identify(cred []byte, cert *x509.Certificate) (principal, tenant string, err error) {
 	c, err := a.lookup(cred)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if cert != nil && c.identity != "cn:"+cert.Subject.CommonName {
-		return "", fmt.Errorf("%w: the data-plane credential was issued to %s (client %q) and the connection's certificate names cn:%s; present your own credential over your own certificate", errs.ErrAccessDenied, c.identity, c.client, cert.Subject.CommonName)
+		return "", "", fmt.Errorf("%w: the data-plane credential was issued to %s (client %q) and the connection's certificate names cn:%s; present your own credential over your own certificate", errs.ErrAccessDenied, c.identity, c.client, cert.Subject.CommonName)
 	}
-	return c.client, nil
+	return c.client, c.tenant, nil
 }
 
 // authenticate is the data plane's check of a handshake credential
@@ -398,16 +412,16 @@ func (dp *dataPlane) authenticate(cred []byte) error {
 
 // identify is the data plane's handshake check for tcp clients; a refusal
 // for a certificate that names another identity is logged.
-func (dp *dataPlane) identify(cred []byte, cert *x509.Certificate) (string, error) {
+func (dp *dataPlane) identify(cred []byte, cert *x509.Certificate) (principal, tenant string, err error) {
 	a := dp.creds.Load()
 	if a == nil {
-		return "", fmt.Errorf("%w: the daemon is starting; retry", errs.ErrUnavailable)
+		return "", "", fmt.Errorf("%w: the daemon is starting; retry", errs.ErrUnavailable)
 	}
-	p, err := a.identify(cred, cert)
+	principal, tenant, err = a.identify(cred, cert)
 	if err != nil && cert != nil {
 		dp.log.Warn("data-plane connection refused", "certificate", "cn:"+cert.Subject.CommonName, "err", err)
 	}
-	return p, err
+	return principal, tenant, err
 }
 
 // startAuth connects the data plane's handshake check to the sessions'

@@ -124,6 +124,21 @@ func TestDelegateReboundCutsConnections(t *testing.T) {
 	require.True(t, closed(second), "the connection of uid:1000's live credential")
 	connect(c3)
 
+	// The peer's earlier session is still open at the home (half-open,
+	// say) when the id is delegated for another identity over a new
+	// one: the old identity's credential over it is withdrawn too, and
+	// its connection cut.
+	k1, err := a.delegate("s-peer-b1", "poold/b", "app", "uid:1000")
+	require.NoError(t, err)
+	old := connect(k1)
+	k2, err := a.delegate("s-peer-b2", "poold/b", "app", "uid:2000")
+	require.NoError(t, err)
+	require.Error(t, a.authenticate(k1), "the old identity's credential over the earlier session is withdrawn")
+	require.True(t, closed(old))
+	principal, tenant, err := a.identify(k2, nil)
+	require.NoError(t, err)
+	require.Equal(t, [2]string{"poold/b/app", "poold/b uid:2000"}, [2]string{principal, tenant}, "the tenant is the presented credential's")
+
 	// --insecure proves no identity: a new credential for it keeps the
 	// connections of the earlier one; one for a proved identity cuts them.
 	o1, err := a.delegate("s-peer-a2", "poold/a", "open", identityInsecure)

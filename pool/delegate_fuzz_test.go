@@ -93,7 +93,7 @@ func FuzzDelegateRequest(f *testing.F) {
 		principal := delegatedPrincipal(peer, req.ClientId)
 		cred, err := p.auth.delegate("s", peer, req.ClientId, req.Identity)
 		require.NoError(t, err)
-		got, err := p.auth.identify(cred, nil)
+		got, _, err := p.auth.identify(cred, nil)
 		require.NoError(t, err)
 		require.Equal(t, principal, got)
 	})

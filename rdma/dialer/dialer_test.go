@@ -49,7 +49,7 @@ func TestServerForwards(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { unix.Munmap(mem) })
 		cfg := tcp.DefaultConfig()
-		cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, error) { return string(cred), nil }
+		cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, string, error) { return string(cred), "", nil }
 		srv := NewServer(cfg)
 		key, err := srv.Export(1, mem, 1)
 		require.NoError(t, err)

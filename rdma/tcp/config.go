@@ -23,11 +23,15 @@ type ServerConfig struct {
 	// hello's credential together with the client certificate the TLS
 	// session verified (nil without TLS, or when the client presented
 	// none; ask for one with TLS.ClientAuth tls.VerifyClientCertIfGiven)
-	// and names the principal the connection acts for. Segments given a
-	// principal set (Server.Allow) serve only connections whose principal
-	// is in it. A non-nil error rejects the connection with AUTH_FAILED.
-	// It may be called concurrently. Default: nil.
-	Identify func(cred []byte, cert *x509.Certificate) (principal string, err error)
+	// and names the principal the connection acts for, and the tenant of
+	// that credential (see Tenant; "": the principal is its own): the
+	// connection's session counts against that tenant's share however the
+	// credential fares later, and Server.Disconnect tells the holders of
+	// a principal apart by it. Segments given a principal set
+	// (Server.Allow) serve only connections whose principal is in it. A
+	// non-nil error rejects the connection with AUTH_FAILED. It may be
+	// called concurrently. Default: nil.
+	Identify func(cred []byte, cert *x509.Certificate) (principal, tenant string, err error)
 
 	// Forwarders, when set, says which principals (as Identify named the
 	// connection's) may send forwarded ops (request flag FORWARD): a
@@ -41,18 +45,16 @@ type ServerConfig struct {
 	// It may be called concurrently. Default: nil.
 	Forwarders func(principal string) bool
 
-	// Tenant, when set, names the tenant a principal (as Identify named
-	// it, or as an origin block names a forwarded op's client) acts for:
-	// the sessions of every principal of one tenant share one fair share
-	// of the reply cache (MaxSessions), so an identity that holds many
-	// principals (poold: one per client id it opened a session with)
-	// cannot push the others' sessions out by spreading its own over
-	// them. "" or nil: each principal is its own tenant. It is called at
-	// a connection's hello, right after Identify (the tenant then holds
-	// for the connection's session however the credential fares), and
-	// when an op forwarded by a primary opens a session, with that
-	// segment's forwarding lock held: it must answer without blocking.
-	// It may be called concurrently. Default: nil.
+	// Tenant, when set, names the tenant a principal acts for when an
+	// origin block names it as a forwarded op's client (Identify names a
+	// connection's own): the sessions of every principal of one tenant
+	// share one fair share of the reply cache (MaxSessions), so an
+	// identity that holds many principals (poold: one per client id it
+	// opened a session with) cannot push the others' sessions out by
+	// spreading its own over them. "" or nil: each principal is its own
+	// tenant. It is called when an op forwarded by a primary opens a
+	// session, with that segment's forwarding lock held: it must answer
+	// without blocking. It may be called concurrently. Default: nil.
 	Tenant func(principal string) string
 
 	// TLS, when set, makes every connection run a TLS handshake with it

@@ -539,12 +539,12 @@ func TestForwardLinkRetry(t *testing.T) {
 // principalAt is an Identify whose credentials read "principal@home": each
 // home issues a client its own credential for the same principal, as
 // poold's delegated credentials do.
-func principalAt(cred []byte, _ *x509.Certificate) (string, error) {
+func principalAt(cred []byte, _ *x509.Certificate) (string, string, error) {
 	p, _, ok := strings.Cut(string(cred), "@")
 	if !ok {
-		return "", errors.New("credential is not principal@home")
+		return "", "", errors.New("credential is not principal@home")
 	}
-	return p, nil
+	return p, "", nil
 }
 
 // failoverPair starts a primary and a backup whose servers name
@@ -766,7 +766,7 @@ func TestForwardedFrames(t *testing.T) {
 // is PROTOCOL, answered at once instead of waiting forever.
 func TestForwardOnlyFromForwarders(t *testing.T) {
 	cfg := fwdConfig()
-	cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, error) { return string(cred), nil }
+	cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, string, error) { return string(cred), "", nil }
 	cfg.Forwarders = func(p string) bool { return strings.HasPrefix(p, "poold/") }
 	s := startServer(t, cfg)
 	mem, r := s.export(t, 1, 4096)

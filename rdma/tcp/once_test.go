@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -399,7 +400,13 @@ func TestSessionTableTenantShare(t *testing.T) {
 // would stay within a share and push the other tenants' sessions out.
 func TestTenantNamedAtHello(t *testing.T) {
 	var ended sync.Map
-	cfg := ServerConfig{MaxSessions: 64, Identify: namedCreds}
+	cfg := ServerConfig{MaxSessions: 64}
+	// The hello's credential names its tenant; Tenant, asked later,
+	// would find an ended one's gone (it serves forwarded ops).
+	cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, string, error) {
+		ident, _, _ := strings.Cut(string(cred), "-")
+		return string(cred), "cn:" + ident, nil
+	}
 	cfg.Tenant = func(p string) string {
 		if _, ok := ended.Load(p); ok {
 			return ""

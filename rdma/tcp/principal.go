@@ -61,18 +61,19 @@ func (s *Server) AllowReaders(seg uint64, names []string) error {
 
 // Disconnect closes every connection that acts for principal (as
 // ServerConfig.Identify named it at the hello) but those whose tenant
-// (ServerConfig.Tenant, at their hello) keep accepts (nil keeps none): a
-// principal that changed hands keeps the new holder's. Their operations
-// in flight fail and their clients redial, presenting a credential that
-// Identify checks again. The caller withdraws first what Identify
-// accepted for the connections it cuts (their credential, or its binding
-// to whom it spoke for): one in its hello meanwhile is then refused. It
-// returns how many it closed. Safe for concurrent use; keep runs with the
-// server's connection table locked and must not call the server.
+// (named with it) keep accepts (nil keeps none): a principal that changed
+// hands keeps the new holder's. Their operations in flight fail and their
+// clients redial, presenting a credential that Identify checks again. The
+// caller withdraws first what Identify accepted for the connections it
+// cuts (their credential, or its binding to whom it spoke for): a hello
+// of principal that Identify was checking meanwhile is checked again, and
+// refused. It returns how many it closed. Safe for concurrent use; keep
+// runs with the server's connection table locked and must not call the
+// server.
 func (s *Server) Disconnect(principal string, keep func(tenant string) bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cutGen.Add(1)
+	s.cuts.add(principal)
 	n := 0
 	for c := range s.conns {
 		if c.identified && c.principal == principal && (keep == nil || !keep(c.tenant)) {
@@ -82,6 +83,63 @@ func (s *Server) Disconnect(principal string, keep func(tenant string) bool) int
 	}
 	return n
 }
+
+// maxRecheck is how many times a hello is checked again because its
+// principal was disconnected meanwhile before it is refused.
+const maxRecheck = 3
+
+// cutLog remembers, while hellos are being checked, which principals
+// Disconnect cut and when, so that a hello whose Identify ran across a cut
+// checks again only when it cut the hello's principal: another tenant's
+// cuts never refuse it. Guarded by Server.mu.
+type cutLog struct {
+	n      uint64              // Disconnect calls so far
+	at     map[string]uint64   // principal -> n after its latest cut
+	checks map[*srvConn]uint64 // hellos whose Identify runs -> n when it began
+}
+
+// begin records that c's Identify begins.
+func (l *cutLog) begin(c *srvConn) {
+	if l.checks == nil {
+		l.checks = map[*srvConn]uint64{}
+	}
+	l.checks[c] = l.n
+}
+
+// end records that c's Identify ended and reports whether principal was
+// cut since it began.
+func (l *cutLog) end(c *srvConn, principal string) bool {
+	began := l.checks[c]
+	delete(l.checks, c)
+	return l.at[principal] > began
+}
+
+// add records a Disconnect of principal. The cuts no hello began before
+// are forgotten once there are many: what a hello checks is bounded by
+// the hellos under way (MaxHandshakes) and the cuts meanwhile.
+func (l *cutLog) add(principal string) {
+	l.n++
+	if l.at == nil {
+		l.at = map[string]uint64{}
+	}
+	l.at[principal] = l.n
+	if len(l.at) <= maxCutsKept {
+		return
+	}
+	oldest := l.n
+	for _, g := range l.checks {
+		oldest = min(oldest, g)
+	}
+	for p, g := range l.at {
+		if g <= oldest {
+			delete(l.at, p)
+		}
+	}
+}
+
+// maxCutsKept is how many principals' cuts are kept before those no
+// hello under way needs are forgotten.
+const maxCutsKept = 1024
 
 // permits reports whether the connection's principal may operate on e, a
 // mutating op or a read. It remembers the last sets it checked e against,
@@ -120,31 +178,25 @@ func (c *srvConn) identify(cred []byte, cert *x509.Certificate) error {
 	cfg := &c.s.cfg
 	if cfg.Identify != nil {
 		for try := 0; ; try++ {
-			gen := c.s.cutGen.Load()
-			p, err := cfg.Identify(cred, cert)
-			if err != nil {
-				return err
-			}
-			var tenant string
-			if cfg.Tenant != nil {
-				tenant = cfg.Tenant(p)
-			}
 			c.s.mu.Lock()
-			again := c.s.cutGen.Load() != gen
-			if !again {
+			c.s.cuts.begin(c)
+			c.s.mu.Unlock()
+			p, tenant, err := cfg.Identify(cred, cert)
+			c.s.mu.Lock()
+			again := c.s.cuts.end(c, p)
+			if err == nil && !again {
 				c.principal, c.tenant, c.identified = p, tenant, true
 			}
 			c.s.mu.Unlock()
-			if !again {
-				return nil
+			if err != nil || !again {
+				return err
 			}
-			// A Disconnect ran since Identify accepted the credential,
-			// and could not see this connection's principal yet: its
+			// A Disconnect of this principal ran while Identify checked
+			// the credential, and could not see this connection yet: its
 			// caller withdrew what it cut before, so a second look
-			// refuses a credential withdrawn (and names the tenant
-			// anew).
-			if try == 2 {
-				return fmt.Errorf("%w: the server disconnected principals three times while this hello was checked", rdma.ErrClosed)
+			// refuses a credential withdrawn.
+			if try == maxRecheck {
+				return fmt.Errorf("%w: principal %q was disconnected %d times while this hello was checked; reconnect", rdma.ErrClosed, p, maxRecheck+1)
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,11 +20,11 @@ import (
 
 // namedCreds is an Identify that takes the credential for the principal's
 // name, as tests' stand-in for poold's credential table.
-func namedCreds(cred []byte, _ *x509.Certificate) (string, error) {
+func namedCreds(cred []byte, _ *x509.Certificate) (string, string, error) {
 	if len(cred) == 0 {
-		return "", errors.New("no credential")
+		return "", "", errors.New("no credential")
 	}
-	return string(cred), nil
+	return string(cred), "", nil
 }
 
 // TestAllowPrincipals: a segment given a principal set serves only
@@ -71,7 +72,7 @@ func TestIdentifySeesClientCertificate(t *testing.T) {
 	srv.ClientAuth, srv.ClientCAs = tls.VerifyClientCertIfGiven, roots
 	var mu sync.Mutex
 	seen := map[string]bool{} // the common names Identify got ("none": no certificate)
-	s := startServer(t, ServerConfig{TLS: srv, Identify: func(cred []byte, cert *x509.Certificate) (string, error) {
+	s := startServer(t, ServerConfig{TLS: srv, Identify: func(cred []byte, cert *x509.Certificate) (string, string, error) {
 		name := "none"
 		if cert != nil {
 			name = cert.Subject.CommonName
@@ -80,9 +81,9 @@ func TestIdentifySeesClientCertificate(t *testing.T) {
 		seen[name] = true
 		mu.Unlock()
 		if name != "none" && name != string(cred) {
-			return "", fmt.Errorf("credential of %s over a certificate of %s", cred, name)
+			return "", "", fmt.Errorf("credential of %s over a certificate of %s", cred, name)
 		}
-		return string(cred), nil
+		return string(cred), "", nil
 	}})
 	saw := func() map[string]bool {
 		mu.Lock()
@@ -143,17 +144,17 @@ type liveCreds struct {
 	hold func()
 }
 
-func (l *liveCreds) identify(cred []byte, _ *x509.Certificate) (string, error) {
+func (l *liveCreds) identify(cred []byte, _ *x509.Certificate) (string, string, error) {
 	l.mu.Lock()
 	ok, hold := l.live[string(cred)], l.hold
 	l.mu.Unlock()
 	if !ok {
-		return "", fmt.Errorf("credential %q withdrawn", cred)
+		return "", "", fmt.Errorf("credential %q withdrawn", cred)
 	}
 	if hold != nil {
 		hold()
 	}
-	return string(cred), nil
+	return string(cred), "", nil
 }
 
 func (l *liveCreds) withdraw(cred string) {
@@ -227,33 +228,65 @@ func TestDisconnectPrincipal(t *testing.T) {
 		close(release)
 		require.ErrorIs(t, <-dialed, rdma.ErrAccessDenied)
 		require.NoError(t, bob.Read(ctx, r, 0, buf))
+
+		// dave's hello while other principals are cut during each of its
+		// checks, more than the server keeps: his is not checked again
+		// (another tenant's cuts cannot get it refused).
+		creds.mu.Lock()
+		creds.live["dave"] = true
+		checks := make(chan chan struct{})
+		creds.hold = func() {
+			release := make(chan struct{})
+			checks <- release
+			<-release
+		}
+		creds.mu.Unlock()
+		go func() {
+			c, err := Dial(dctx, s.addr, append(opts, WithConns(1), WithCredential([]byte("dave")))...)
+			if c != nil {
+				c.Close()
+			}
+			dialed <- err
+		}()
+		n := 0
+	hello:
+		for {
+			select {
+			case release := <-checks:
+				n++
+				for i := range 2 * maxCutsKept {
+					s.Disconnect(fmt.Sprintf("reaped-%d", i), nil)
+				}
+				close(release)
+			case err := <-dialed:
+				require.NoError(t, err, "after cuts of others in each of %d checks", n)
+				break hello
+			}
+		}
+		require.Equal(t, 1, n, "checked once")
+		creds.mu.Lock()
+		creds.hold = nil
+		creds.mu.Unlock()
 	})
 }
 
 // TestDisconnectKeepsTenant: Disconnect with a tenant to keep closes the
-// principal's connections opened while Tenant named another, the ones of
-// an earlier holder of the principal, and leaves those of the holder now.
+// principal's connections whose credential Identify named another tenant
+// for (an earlier holder of the principal) and leaves those of the holder
+// now.
 func TestDisconnectKeepsTenant(t *testing.T) {
-	var mu sync.Mutex
-	holder := "uid:1000"
-	s := startServer(t, ServerConfig{Identify: namedCreds, Tenant: func(principal string) string {
-		mu.Lock()
-		defer mu.Unlock()
-		if principal == "peer/app" {
-			return holder
-		}
-		return ""
+	// The credential "peer/app#T" acts for peer/app as tenant T.
+	s := startServer(t, ServerConfig{Identify: func(cred []byte, _ *x509.Certificate) (string, string, error) {
+		p, tenant, _ := strings.Cut(string(cred), "#")
+		return p, tenant, nil
 	}})
 	_, r := s.export(t, 1, 4096)
 	require.NoError(t, s.Allow(1, []string{"peer/app"}))
 	ctx := t.Context()
 	buf := make([]byte, 8)
-	before := dial(t, s.addr, WithConns(1), WithCredential([]byte("peer/app")))
+	before := dial(t, s.addr, WithConns(1), WithCredential([]byte("peer/app#uid:1000")))
+	now := dial(t, s.addr, WithConns(1), WithCredential([]byte("peer/app#uid:2000")))
 	require.NoError(t, before.Read(ctx, r, 0, buf))
-	mu.Lock()
-	holder = "uid:2000"
-	mu.Unlock()
-	now := dial(t, s.addr, WithConns(1), WithCredential([]byte("peer/app")))
 	require.Equal(t, 1, s.Disconnect("peer/app", func(t string) bool { return t == "uid:2000" }))
 	within(t, "a read on the earlier holder's connection", func() {
 		err := before.Read(ctx, r, 0, buf)

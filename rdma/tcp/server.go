@@ -32,9 +32,7 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*srvConn]struct{}
 	nconns    atomic.Int64
-	// cutGen counts Disconnect calls: a hello that saw it change while
-	// Identify ran checks its credential again (srvConn.identify).
-	cutGen    atomic.Uint64
+	cuts      cutLog                  // the principals Disconnect cut lately (srvConn.identify)
 	lastFlush atomic.Pointer[srvConn] // the connection that flushed last, for busy polling
 	wg        sync.WaitGroup
 

@@ -77,8 +77,8 @@ type srvConn struct {
 	late, spare []byte
 	lateWriting bool
 
-	// The principal the hello's credential names (ServerConfig.Identify)
-	// and its tenant then (ServerConfig.Tenant), set under s.mu
+	// The principal the hello's credential names and its tenant
+	// (ServerConfig.Identify), set under s.mu
 	// (Disconnect reads them), and the last export and principal set it
 	// was found in (permits).
 	principal  string
