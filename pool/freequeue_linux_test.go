@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,11 +25,18 @@ import (
 func TestFreeQueue(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 10 * time.Second})
 	var stall atomic.Bool
+	var refuse atomic.Uint64 // a segment whose Free the home refuses
 	var inFlight, most atomic.Int64
 	var sent sync.Map // the segments whose Free the home was sent while it did not answer
 	sc.hosts[1].cfg.sim.grpc = append(sc.hosts[1].cfg.sim.grpc, grpc.ChainUnaryInterceptor(
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-			if !strings.HasSuffix(info.FullMethod, "/Free") || !stall.Load() {
+			if !strings.HasSuffix(info.FullMethod, "/Free") {
+				return next(ctx, req)
+			}
+			if req.(*poolv1.FreeRequest).Id == refuse.Load() {
+				return nil, errs.ToStatus(fmt.Errorf("the test refuses this free: %w", errs.ErrInUse))
+			}
+			if !stall.Load() {
 				return next(ctx, req)
 			}
 			sent.Store(req.(*poolv1.FreeRequest).Id, true)
@@ -105,4 +113,31 @@ func TestFreeQueue(t *testing.T) {
 	}
 	_, err = home.pool.Stat(kept.HomeID)
 	require.NoError(t, err, "the recorded segment stays")
+
+	// A free the home answers with a refusal holds up none of the others
+	// queued behind it, and is asked again.
+	orphans = orphans[:0]
+	for range 3 * freeAtOnce {
+		cctx, _, err := pc.Call(ctx)
+		require.NoError(t, err)
+		seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
+		require.NoError(t, err)
+		orphans = append(orphans, seg.Id)
+	}
+	refuse.Store(orphans[0])
+	for _, id := range orphans {
+		ps.freeLater(home.cfg.Node, id)
+	}
+	gone := func(id uint64) bool {
+		_, err := home.pool.Stat(id)
+		return errors.Is(err, errs.ErrNotFound)
+	}
+	// One pass of the queue frees them: it is not dropped at the refusal.
+	require.Eventually(t, func() bool { _, all := queued(); return all == 0 }, time.Minute, 10*time.Millisecond)
+	for _, id := range orphans[1:] {
+		require.True(t, gone(id), "segment %d, queued behind a refused free, is freed in the same pass", id)
+	}
+	require.False(t, gone(orphans[0]), "the refused one is held")
+	refuse.Store(0)
+	require.Eventually(t, func() bool { return gone(orphans[0]) }, time.Minute, 50*time.Millisecond, "the refused one, asked again")
 }

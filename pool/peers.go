@@ -336,10 +336,11 @@ const (
 // freeLater frees a segment at its home in the background: one worker per
 // node sends the frees queued there, freeAtOnce at a time, so that a heal
 // that finds thousands of orphans neither sends one twice nor floods the
-// node. When a free fails the rest of the node's queue is dropped and the
-// home is asked again once it answers (onOrphan: a reconcile lists what it
-// still holds and frees it), so that a node that does not answer costs one
-// timeout, not one per segment.
+// node. When a free fails without an answer (outcomeUnknown) the rest of
+// the node's queue is dropped and the home is asked again once it answers
+// (onOrphan: a reconcile lists what it still holds and frees it), so that
+// a node that does not answer costs one timeout, not one per segment; one
+// it refuses is asked again that way while the others go on.
 func (ps *peers) freeLater(node string, homeID uint64) {
 	ps.mu.Lock()
 	if ps.done {
@@ -404,13 +405,22 @@ func (ps *peers) sendFrees(ctx context.Context, node string, q *freeQueue) {
 			delete(q.queued, id)
 		}
 		ps.mu.Unlock()
-		if err := errors.Join(failed...); err != nil {
-			n := len(slices.DeleteFunc(failed, func(e error) bool { return e == nil }))
+		err := errors.Join(failed...)
+		if err == nil {
+			continue
+		}
+		failed = slices.DeleteFunc(failed, func(e error) bool { return e == nil })
+		if slices.ContainsFunc(failed, outcomeUnknown) {
 			ps.log.Warn("free at the home node failed; it is asked again once it answers", "node", node,
-				"failed", n, "of", len(batch), "put-off", ps.dropFrees(node), "err", err)
+				"failed", len(failed), "of", len(batch), "put-off", ps.dropFrees(node), "err", err)
 			ps.orphaned(node)
 			return
 		}
+		// The node answered, refusing these: the others are freed
+		// all the same (one it keeps refusing must not hold them up).
+		ps.log.Warn("free at the home node refused; it is asked again later", "node", node,
+			"failed", len(failed), "of", len(batch), "err", err)
+		ps.orphaned(node)
 	}
 }
 
