@@ -33,12 +33,12 @@ type forwards struct {
 	// forwarding (stopForwarding; settingOf): each sets the forwarding and
 	// then swaps in its connections, and two interleaved would close the
 	// connections of the forwarding in force, or set it on a segment whose
-	// stop already ran, which nothing would stop again. A stop waits for
-	// the segment's forwarded writes in flight (up to the forward
-	// timeout), so segments take one of several locks by id: a reclaim
-	// stopping many copies' forwarding, or a stop waiting on a dead
-	// target, holds up few others. Taken before the core's mu, never
-	// under it.
+	// stop already ran, which nothing would stop again. A Replicate waits
+	// for the segment's forwarded writes in flight under the previous
+	// forwarding (up to the forward timeout), so segments take one of
+	// several locks by id: one waiting on a dead target holds up few
+	// others (a stop waits after it let go). Taken before the core's mu,
+	// never under it.
 	setting [64]sync.Mutex
 	mu      sync.Mutex
 	conns   map[uint64][]rdma.Conn
@@ -210,15 +210,22 @@ func closeConns(conns []rdma.Conn) {
 func (p *core) stopForwarding(id uint64) {
 	mu := p.fwd.settingOf(id)
 	mu.Lock()
-	defer mu.Unlock()
 	p.pushing.drop(id)
 	p.fwd.release(id)
 	old := p.fwd.swap(id, nil)
 	if old == nil {
+		mu.Unlock()
 		return
 	}
-	if err := p.dp.srv.Forward(id, nil); err != nil {
+	wait, err := p.dp.srv.StopForward(id)
+	// The wait for the forwarded writes in flight, up to the forward
+	// timeout on a dead target, holds up no Replicate of the segments
+	// that share the lock.
+	mu.Unlock()
+	if err != nil {
 		p.log.Debug("stop forwarding a segment", "segment", id, "err", err)
+	} else {
+		wait()
 	}
 	p.fwd.unlink(old)
 }

@@ -63,6 +63,10 @@ func (s *Server) Forward(seg uint64, f *tcp.Forwarding) error {
 	return s.tcp.Forward(seg, f)
 }
 
+// StopForward stops the segment's forwarding and returns the wait for its
+// ops in flight (see tcp.Server.StopForward).
+func (s *Server) StopForward(seg uint64) (wait func(), err error) { return s.tcp.StopForward(seg) }
+
 // AllowReaders sets who may only read the segment over the tcp transport
 // (see tcp.Server.AllowReaders). Verbs peers are guarded by the segment's
 // rkey alone, as with Allow.

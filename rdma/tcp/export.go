@@ -62,6 +62,9 @@ type export struct {
 	// none, stored under fwdMu.
 	fwdMu sync.Mutex
 	fwd   atomic.Pointer[forwarder]
+	// stopped is the forwarding StopForward took off whose ops may still
+	// be in flight: the next Forward waits for them too. Guarded by fwdMu.
+	stopped *forwarder
 	// unsettled are the ranges of the ops forwarded and not yet settled
 	// (every target answered, or was reported to OnFail): a read that
 	// overlaps one waits on settled until it is, so that nothing is read

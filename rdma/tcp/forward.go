@@ -142,15 +142,48 @@ func (s *Server) Forward(seg uint64, f *Forwarding) error {
 		}
 	}
 	e.fwdMu.Lock()
-	old := e.fwd.Swap(fw)
+	old, stopped := e.fwd.Swap(fw), e.stopped
+	e.stopped = nil
 	e.fwdMu.Unlock()
-	if old != nil {
-		old.inflight.Wait()
-		for _, t := range old.targets {
-			t.halt()
-		}
-	}
+	old.retire()
+	stopped.retire()
 	return nil
+}
+
+// StopForward stops segment seg's forwarding as Forward(seg, nil) does,
+// but returns at once: wait, which the caller must call, returns once
+// every op forwarded under it was answered (Forward's guarantee). The
+// caller may so release what orders its forwarding changes before it
+// waits, up to ForwardTimeout on a target that stopped answering; a
+// Forward of seg meanwhile waits for the stopped one's ops too. Safe for
+// concurrent use.
+func (s *Server) StopForward(seg uint64) (wait func(), err error) {
+	e := s.lookup(seg)
+	if e == nil {
+		return nil, fmt.Errorf("rdma/tcp: stop forwarding segment %d: %w", seg, rdma.ErrNotExported)
+	}
+	e.fwdMu.Lock()
+	if old := e.fwd.Swap(nil); old != nil {
+		// An earlier stopped one was waited for by the Forward that
+		// set old.
+		e.stopped = old
+	}
+	stopped := e.stopped
+	e.fwdMu.Unlock()
+	return stopped.retire, nil
+}
+
+// retire waits until every op forwarded under fw was answered and halts
+// its targets' watches; nil does nothing. Called again, it returns at
+// once.
+func (fw *forwarder) retire() {
+	if fw == nil {
+		return
+	}
+	fw.inflight.Wait()
+	for _, t := range fw.targets {
+		t.halt()
+	}
 }
 
 // fwdMinRate is the slowest rate, in bytes a second, at which a target

@@ -864,19 +864,21 @@ func TestForwardParityLostTarget(t *testing.T) {
 
 // hungPair starts a primary exporting segment 1 (4 KiB) that forwards
 // copies, with forwardTimeout and onFail, to a target whose connection's
-// goroutine is held once held is set (until the test ends).
-func hungPair(t *testing.T, forwardTimeout time.Duration, onFail func(int, error) error) (prim *testServer, pr rdma.Region, held *atomic.Bool) {
-	release := make(chan struct{})
+// goroutine is held once held is set, until release is called (or the
+// test ends).
+func hungPair(t *testing.T, forwardTimeout time.Duration, onFail func(int, error) error) (prim *testServer, pr rdma.Region, held *atomic.Bool, release func()) {
+	released := make(chan struct{})
+	release = sync.OnceFunc(func() { close(released) })
 	held = new(atomic.Bool)
 	hcfg := fwdConfig()
 	hcfg.Observe = func(Observation) {
 		if held.Load() {
-			<-release
+			<-released
 		}
 	}
 	hung := startServer(t, hcfg)
 	_, hr := hung.export(t, 1, 4096)
-	t.Cleanup(func() { close(release) }) // before the servers close
+	t.Cleanup(release) // before the servers close
 
 	cfg := fwdConfig()
 	cfg.ForwardTimeout = forwardTimeout
@@ -884,7 +886,7 @@ func hungPair(t *testing.T, forwardTimeout time.Duration, onFail func(int, error
 	_, pr = prim.export(t, 1, 4096)
 	link := dial(t, hung.addr, WithConns(1), WithBusyPoll(-1))
 	require.NoError(t, prim.Forward(1, &Forwarding{Mode: ForwardCopy, Targets: []ForwardTarget{{Conn: link, Region: hr}}, OnFail: onFail}))
-	return prim, pr, held
+	return prim, pr, held, release
 }
 
 // TestForwardHungTarget: a target that stops answering (its connection's
@@ -892,7 +894,7 @@ func hungPair(t *testing.T, forwardTimeout time.Duration, onFail func(int, error
 // and the client's write is answered OK; later writes skip it.
 func TestForwardHungTarget(t *testing.T) {
 	var fails failures
-	prim, pr, held := hungPair(t, 200*time.Millisecond, fails.onFail)
+	prim, pr, held, _ := hungPair(t, 200*time.Millisecond, fails.onFail)
 	cl := dial(t, prim.addr, WithBusyPoll(-1))
 	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("answered")))
 	require.Empty(t, fails.count())
@@ -903,6 +905,50 @@ func TestForwardHungTarget(t *testing.T) {
 	require.ErrorIs(t, fails.errs[0], context.DeadlineExceeded)
 	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("skipped")))
 	require.Equal(t, map[int]int{0: 1}, fails.count(), "reported once")
+}
+
+// TestStopForwardWaitsApart: StopForward returns at once while a write
+// forwarded to a target that does not answer is in flight; its wait
+// returns once the write was answered, as does a Forward set meanwhile,
+// which waits for the stopped forwarding's ops too.
+func TestStopForwardWaitsApart(t *testing.T) {
+	prim, pr, held, release := hungPair(t, time.Hour, func(int, error) error { return nil })
+	cl := dial(t, prim.addr, WithBusyPoll(-1))
+	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("answered")))
+	held.Store(true)
+	wrote := make(chan error, 1)
+	go func() { wrote <- cl.Write(t.Context(), pr, 0, []byte("in flight")) }()
+	e := prim.lookup(1)
+	for {
+		// The write is forwarded once its range waits to settle.
+		if e.nUnsettled.Load() > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	var wait func()
+	within(t, "StopForward while a forwarded write is in flight", func() {
+		var err error
+		wait, err = prim.StopForward(1)
+		require.NoError(t, err)
+	})
+	waited, reset := make(chan struct{}), make(chan error, 1)
+	go func() { wait(); close(waited) }()
+	go func() { reset <- prim.Forward(1, nil) }()
+	select {
+	case <-waited:
+		t.Fatal("the stop's wait returned while its forwarded write was in flight")
+	case err := <-reset:
+		t.Fatalf("a Forward set after the stop returned (%v) while the stopped forwarding's write was in flight", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	within(t, "the stop's wait once the target answers", func() { <-waited })
+	within(t, "the Forward set meanwhile", func() { require.NoError(t, <-reset) })
+	require.NoError(t, <-wrote)
+	_, err := prim.StopForward(2)
+	require.ErrorIs(t, err, rdma.ErrNotExported)
 }
 
 // TestReadWaitsForForward: a read at the primary that overlaps a write
@@ -920,7 +966,7 @@ func TestReadWaitsForForward(t *testing.T) {
 		failed.Store(true)
 		return nil
 	}
-	prim, pr, held := hungPair(t, 100*time.Millisecond, onFail)
+	prim, pr, held, _ := hungPair(t, 100*time.Millisecond, onFail)
 	cl := dial(t, prim.addr, WithBusyPoll(-1))
 	require.NoError(t, cl.Write(t.Context(), pr, 0, []byte("old!")))
 
