@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
 )
@@ -151,4 +152,27 @@ func TestDelegateReboundCutsConnections(t *testing.T) {
 	_, err = a.delegate("s-peer-a3", "poold/a", "open", "uid:3000")
 	require.NoError(t, err)
 	require.True(t, closed(open), "and go once the name is delegated for a proved identity")
+}
+
+// TestDelegateOverEndedSession: a delegated credential asked for over a
+// peer session that ended before it was issued is not left live (the
+// session's end withdrew the credentials it knew of).
+func TestDelegateOverEndedSession(t *testing.T) {
+	p := newTestPool(t, testConfig(t))
+	defer p.close()
+	sessionCaller(t, p, "s-peer", "poold/a", 1, 0)
+	live, err := p.delegate("s-peer", "poold/a", "app", "uid:1000")
+	require.NoError(t, err)
+	require.NoError(t, p.auth.authenticate(live))
+	// The peer's stream ends (server.go: closeSession, then revokeSession).
+	p.closeSession("s-peer")
+	p.auth.revokeSession("s-peer")
+	require.Error(t, p.auth.authenticate(live))
+	late, err := p.delegate("s-peer", "poold/a", "app", "uid:1000")
+	require.ErrorIs(t, err, errs.ErrLeaseExpired)
+	require.Nil(t, late)
+	require.Empty(t, p.auth.delegated, "nothing counted for the ended session")
+	for k, c := range p.auth.creds {
+		require.NotEqual(t, "s-peer", c.session, "credential %x of the ended session is live", k)
+	}
 }

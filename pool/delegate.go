@@ -110,11 +110,27 @@ func (s *service) Delegate(ctx context.Context, req *poolv1.DelegateRequest) (*p
 		s.d.refused("delegate", c, 0, req.ClientId, err)
 		return nil, errs.ToStatus(err)
 	}
-	cred, err := s.d.pool.credentials().delegate(sessionOf(ctx), c.client.id, req.ClientId, req.Identity)
+	cred, err := s.d.pool.delegate(sessionOf(ctx), c.client.id, req.ClientId, req.Identity)
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
 	return &poolv1.DelegateResponse{DataCredential: cred}, nil
+}
+
+// delegate issues the credential of a peer's client over session, the
+// peer's session here (auth.delegate), if that session is still live: one
+// that ended meanwhile withdrew the credentials it knew of at its end, and
+// this one, issued after, is withdrawn here.
+func (p *core) delegate(session, peer, client, ident string) ([]byte, error) {
+	cred, err := p.auth.delegate(session, peer, client, ident)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := p.callerFor(session); err != nil {
+		p.auth.revokeSession(session)
+		return nil, err
+	}
+	return cred, nil
 }
 
 // Authorize adds or withdraws a client of the calling peer daemon on a

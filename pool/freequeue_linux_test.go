@@ -25,13 +25,19 @@ import (
 func TestFreeQueue(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 10 * time.Second})
 	var stall atomic.Bool
-	var refuse atomic.Uint64 // a segment whose Free the home refuses
+	var refuse atomic.Uint64  // a segment whose Free the home refuses
+	var refuseAll atomic.Bool // the home refuses every Free
+	var refusedCalls atomic.Int64
 	var inFlight, most atomic.Int64
 	var sent sync.Map // the segments whose Free the home was sent while it did not answer
 	sc.hosts[1].cfg.sim.grpc = append(sc.hosts[1].cfg.sim.grpc, grpc.ChainUnaryInterceptor(
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
 			if !strings.HasSuffix(info.FullMethod, "/Free") {
 				return next(ctx, req)
+			}
+			if refuseAll.Load() {
+				refusedCalls.Add(1)
+				return nil, errs.ToStatus(fmt.Errorf("the test refuses every free: %w", errs.ErrLeaseExpired))
 			}
 			if req.(*poolv1.FreeRequest).Id == refuse.Load() {
 				return nil, errs.ToStatus(fmt.Errorf("the test refuses this free: %w", errs.ErrInUse))
@@ -140,4 +146,25 @@ func TestFreeQueue(t *testing.T) {
 	require.False(t, gone(orphans[0]), "the refused one is held")
 	refuse.Store(0)
 	require.Eventually(t, func() bool { return gone(orphans[0]) }, time.Minute, 50*time.Millisecond, "the refused one, asked again")
+
+	// A node that refuses a whole batch (this daemon's session there
+	// ended, say) is not sent the rest: its queue waits for a reconcile.
+	orphans = orphans[:0]
+	for range 3 * freeAtOnce {
+		cctx, _, err := pc.Call(ctx)
+		require.NoError(t, err)
+		seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
+		require.NoError(t, err)
+		orphans = append(orphans, seg.Id)
+	}
+	refuseAll.Store(true)
+	for _, id := range orphans {
+		ps.freeLater(home.cfg.Node, id)
+	}
+	require.Eventually(t, func() bool { _, all := queued(); return refusedCalls.Load() > 0 && all == 0 }, time.Minute, 5*time.Millisecond)
+	require.Less(t, refusedCalls.Load(), int64(len(orphans)), "the queue stops at a batch refused whole")
+	refuseAll.Store(false)
+	for _, id := range orphans {
+		require.Eventually(t, func() bool { return gone(id) }, time.Minute, 50*time.Millisecond, "segment %d, once the node takes frees again", id)
+	}
 }

@@ -336,11 +336,13 @@ const (
 // freeLater frees a segment at its home in the background: one worker per
 // node sends the frees queued there, freeAtOnce at a time, so that a heal
 // that finds thousands of orphans neither sends one twice nor floods the
-// node. When a free fails without an answer (outcomeUnknown) the rest of
-// the node's queue is dropped and the home is asked again once it answers
-// (onOrphan: a reconcile lists what it still holds and frees it), so that
-// a node that does not answer costs one timeout, not one per segment; one
-// it refuses is asked again that way while the others go on.
+// node. When a free fails without an answer (outcomeUnknown), or a
+// whole batch is refused, the rest of the node's queue is dropped and the
+// home is asked again once it answers (onOrphan: a reconcile lists what
+// it still holds and frees it), so that a node that does not answer, or
+// refuses everything, costs one batch, not one per segment; a free it
+// refuses among others that it does is asked again that way while the
+// others go on.
 func (ps *peers) freeLater(node string, homeID uint64) {
 	ps.mu.Lock()
 	if ps.done {
@@ -368,7 +370,16 @@ func (ps *peers) freeLater(node string, homeID uint64) {
 
 // sendFrees sends the frees queued at node (q) until none is left; the
 // queue is gone when it returns, and the next freeLater starts another.
+// The frees the node refused are logged once, when it returns.
 func (ps *peers) sendFrees(ctx context.Context, node string, q *freeQueue) {
+	var refused []error
+	defer func() {
+		if len(refused) > 0 {
+			ps.log.Warn("frees at the home node refused; it is asked again later", "node", node,
+				"refused", len(refused), "err", refused[0])
+			ps.orphaned(node)
+		}
+	}()
 	for {
 		ps.mu.Lock()
 		batch := slices.Clone(q.ids[:min(freeAtOnce, len(q.ids))])
@@ -409,18 +420,23 @@ func (ps *peers) sendFrees(ctx context.Context, node string, q *freeQueue) {
 		if err == nil {
 			continue
 		}
+		if ctx.Err() != nil { // closing: the next run of this daemon asks again
+			ps.dropFrees(node)
+			return
+		}
 		failed = slices.DeleteFunc(failed, func(e error) bool { return e == nil })
-		if slices.ContainsFunc(failed, outcomeUnknown) {
+		if len(failed) == len(batch) || slices.ContainsFunc(failed, outcomeUnknown) {
+			// No answer, or a node that refuses every free now (this
+			// daemon's session there ended, say): the rest waits for
+			// the reconcile once it answers.
 			ps.log.Warn("free at the home node failed; it is asked again once it answers", "node", node,
 				"failed", len(failed), "of", len(batch), "put-off", ps.dropFrees(node), "err", err)
 			ps.orphaned(node)
 			return
 		}
-		// The node answered, refusing these: the others are freed
-		// all the same (one it keeps refusing must not hold them up).
-		ps.log.Warn("free at the home node refused; it is asked again later", "node", node,
-			"failed", len(failed), "of", len(batch), "err", err)
-		ps.orphaned(node)
+		// The node refused some of these: the others are freed all the
+		// same (one it keeps refusing must not hold them up).
+		refused = append(refused, failed...)
 	}
 }
 

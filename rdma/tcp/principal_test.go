@@ -294,3 +294,26 @@ func TestDisconnectKeepsTenant(t *testing.T) {
 	})
 	require.NoError(t, now.Read(ctx, r, 0, buf))
 }
+
+// TestCutLogKeepsWhatHellosNeed: the cuts a hello under way needs are kept
+// however many others come after it, and those no hello needs are
+// forgotten once many are kept.
+func TestCutLogKeepsWhatHellosNeed(t *testing.T) {
+	var l cutLog
+	c, d := &srvConn{}, &srvConn{}
+	l.begin(c)
+	for i := range 3 * maxCutsKept {
+		l.add(fmt.Sprintf("other-%d", i))
+	}
+	l.add("p")
+	for i := range 3 * maxCutsKept {
+		l.add(fmt.Sprintf("more-%d", i))
+	}
+	l.begin(d)
+	require.False(t, l.end(d, "p"), "cut before d began")
+	require.True(t, l.end(c, "p"), "cut while c's Identify ran, %d cuts of others around it", 6*maxCutsKept)
+	for i := range maxCutsKept + 1 {
+		l.add(fmt.Sprintf("late-%d", i))
+	}
+	require.LessOrEqual(t, len(l.at), maxCutsKept+1, "no hello under way: the old cuts are forgotten")
+}
