@@ -343,6 +343,25 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 	return cred, err
 }
 
+// undelegate withdraws every credential delegated to client of the peer
+// daemon whose client id here is peer, over any of its sessions, and
+// closes their connections: the peer forgot the client id.
+func (a *auth) undelegate(peer, client string) {
+	principal := delegatedPrincipal(peer, client)
+	a.load()
+	a.mu.Lock()
+	for k, c := range a.creds {
+		if c.client != principal {
+			continue
+		}
+		delete(a.creds, k)
+		a.delegated[c.session]--
+	}
+	delete(a.byClient, principal)
+	a.mu.Unlock()
+	a.cut(principal)
+}
+
 // cut closes the data-plane connections that act for principal, whose
 // binding to an identity was dropped: whoever holds the principal next
 // must not share them.

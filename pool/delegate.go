@@ -97,22 +97,43 @@ func validDelegation(client, identity string, needIdentity bool) error {
 }
 
 // Delegate issues a credential for one client of the calling peer daemon
-// (see the package comment above); only a peer daemon's session may ask.
+// (see the package comment above), or withdraws those it issued to one;
+// only a peer daemon's session may ask.
 func (s *service) Delegate(ctx context.Context, req *poolv1.DelegateRequest) (*poolv1.DelegateResponse, error) {
 	c, err := s.caller(ctx)
 	if err == nil && !isPeer(c) {
 		err = fmt.Errorf("%w: only a peer daemon's session may ask for delegated credentials, and the caller is %s", errs.ErrAccessDenied, c.ident)
 	}
+	var resp *poolv1.DelegateResponse
 	if err == nil {
-		err = validDelegation(req.ClientId, req.Identity, true)
+		resp, err = s.d.pool.delegateRequest(sessionOf(ctx), c.client.id, req)
 	}
 	if err != nil {
-		s.d.refused("delegate", c, 0, req.ClientId, err)
+		if !errors.Is(err, errs.ErrLeaseExpired) {
+			s.d.refused("delegate", c, 0, req.ClientId, err)
+		}
 		return nil, errs.ToStatus(err)
 	}
-	cred, err := s.d.pool.delegate(sessionOf(ctx), c.client.id, req.ClientId, req.Identity)
+	return resp, nil
+}
+
+// delegateRequest applies a Delegate request of the peer daemon whose
+// client id here is peer, over its session.
+func (p *core) delegateRequest(session, peer string, req *poolv1.DelegateRequest) (*poolv1.DelegateResponse, error) {
+	err := validDelegation(req.ClientId, req.Identity, !req.Withdraw)
+	if err == nil && req.Withdraw && req.Identity != "" {
+		err = fmt.Errorf("%w: a withdrawal of client %q's credentials names no identity (%q)", errs.ErrInvalid, req.ClientId, req.Identity)
+	}
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, err
+	}
+	if req.Withdraw {
+		p.auth.undelegate(peer, req.ClientId)
+		return &poolv1.DelegateResponse{}, nil
+	}
+	cred, err := p.delegate(session, peer, req.ClientId, req.Identity)
+	if err != nil {
+		return nil, err
 	}
 	return &poolv1.DelegateResponse{DataCredential: cred}, nil
 }
@@ -328,12 +349,38 @@ func (ds *delegations) put(home, session, client, ident string, cred []byte) {
 // forget drops client's credentials at every home: a client id whose
 // binding reap forgot may be bound next to another identity, and the
 // credentials homes delegated to it name the old one.
-func (ds *delegations) forget(client string) {
+func (ds *delegations) forget(client string) (homes []string) {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	for _, h := range ds.homes {
-		delete(h.creds, client)
+	for home, h := range ds.homes {
+		if _, ok := h.creds[client]; ok {
+			delete(h.creds, client)
+			homes = append(homes, home)
+		}
 	}
+	return homes
+}
+
+// undelegateLater tells home, in the background, that this daemon forgot
+// client (its lease ran out here): the home withdraws the credentials it
+// delegated to it and closes their connections, which would otherwise
+// act for whoever binds the id here next until that one's delegation.
+// Best effort: the home withdraws them at the latest when this daemon's
+// session there ends, or when the id is delegated for another identity.
+func (p *core) undelegateLater(home, client string) {
+	p.peers.later(delegateTimeout, func(ctx context.Context) {
+		pc := p.peers.conn(home)
+		if pc == nil {
+			return
+		}
+		cctx, _, err := pc.Call(ctx)
+		if err == nil {
+			_, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Withdraw: true})
+		}
+		if err != nil {
+			p.log.Debug("withdraw a forgotten client's delegated credentials at a home", "home", home, "client", client, "err", errs.FromStatus(err))
+		}
+	})
 }
 
 // delegateTimeout bounds asking a home for a delegated credential, so that

@@ -16,7 +16,7 @@ import (
 // their bytes arrive, to validation and then to the credential table and
 // the segment table of a pool where that peer owns one segment: every
 // refusal is a sentinel; a delegated credential identifies as the peer's
-// client and nothing else; an authorization changes only that segment's
+// client and nothing else, and a withdrawn one as nobody; an authorization changes only that segment's
 // delegates, and only as asked (with sets: replaced by the last set that
 // names it; the owner and the writers kept).
 func FuzzDelegateRequest(f *testing.F) {
@@ -25,6 +25,8 @@ func FuzzDelegateRequest(f *testing.F) {
 		&poolv1.DelegateRequest{ClientId: "app", Identity: "uid:1000"},
 		&poolv1.DelegateRequest{ClientId: "poold/b", Identity: "cn:b"},
 		&poolv1.DelegateRequest{ClientId: "", Identity: "insecure"},
+		&poolv1.DelegateRequest{ClientId: "app", Withdraw: true},
+		&poolv1.DelegateRequest{ClientId: "app", Identity: "cn:app", Withdraw: true},
 		&poolv1.AuthorizeRequest{Ids: []uint64{1}, ClientId: "app"},
 		&poolv1.AuthorizeRequest{Ids: []uint64{1, 99}, ClientId: "app", Withdraw: true},
 		&poolv1.AuthorizeRequest{Ids: []uint64{99}, ClientId: "x"},
@@ -86,14 +88,24 @@ func FuzzDelegateRequest(f *testing.F) {
 		if proto.Unmarshal(b, &req) != nil {
 			return
 		}
-		if err := validDelegation(req.ClientId, req.Identity, true); err != nil {
-			require.ErrorIs(t, err, errs.ErrInvalid)
+		principal := delegatedPrincipal(peer, req.ClientId)
+		held := p.auth.credOf(principal)
+		resp, err := p.delegateRequest("s", peer, &req)
+		if err != nil {
+			if !errors.Is(err, errs.ErrInvalid) && !errors.Is(err, errs.ErrLimit) {
+				t.Fatalf("Delegate(%v) refused with %v, which matches no sentinel", &req, err)
+			}
 			return
 		}
-		principal := delegatedPrincipal(peer, req.ClientId)
-		cred, err := p.auth.delegate("s", peer, req.ClientId, req.Identity)
-		require.NoError(t, err)
-		got, _, err := p.auth.identify(cred, nil)
+		if req.Withdraw {
+			require.Empty(t, resp.DataCredential)
+			if held != nil {
+				_, _, err := p.auth.identify(held, nil)
+				require.Error(t, err, "a withdrawn credential identifies nobody")
+			}
+			return
+		}
+		got, _, err := p.auth.identify(resp.DataCredential, nil)
 		require.NoError(t, err)
 		require.Equal(t, principal, got)
 	})

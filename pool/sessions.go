@@ -140,7 +140,8 @@ func (p *core) callerFor(sessionID string) (caller, error) {
 // ends their attachments: under p.mu their removals commit and they leave
 // the table, then those the data plane serves are fenced outside it and
 // released (dispose), and then the bindings of clients left with nothing
-// are forgotten, and their data-plane connections closed. A client id
+// are forgotten, and their data-plane connections closed (the homes that
+// delegated them credentials are told to withdraw them). A client id
 // whose binding reap forgets must not keep access to what it attached, or
 // its connections, for whoever takes the id next, and attachers
 // that came and went must not fill a segment's list (maxAttachers); the
@@ -148,19 +149,24 @@ func (p *core) callerFor(sessionID string) (caller, error) {
 func (p *core) reap() {
 	reaped, gone := p.unlinkExpired()
 	p.dispose("lease expired", reaped...)
-	for _, id := range p.forgetGone(gone) {
+	for id, homes := range p.forgetGone(gone) {
 		// Its data-plane connections, opened with a credential of the
-		// identity it was bound to, would act for whoever binds it next.
+		// identity it was bound to, would act for whoever binds it next,
+		// here and at the homes that delegated it credentials.
 		p.auth.cut(id)
+		for _, home := range homes {
+			p.undelegateLater(home, id)
+		}
 	}
 }
 
 // forgetGone forgets the bindings of the reaped clients gone that hold
-// nothing now and returns their ids.
-func (p *core) forgetGone(gone []string) []string {
+// nothing now and returns their ids, each with the homes whose delegated
+// credentials it held.
+func (p *core) forgetGone(gone []string) map[string][]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var forgot []string
+	forgot := map[string][]string{}
 	for _, id := range gone {
 		// A client that came back while its segments were fenced holds
 		// its binding: its session bound it before it was counted again.
@@ -169,8 +175,7 @@ func (p *core) forgetGone(gone []string) []string {
 		}
 		if segs, _ := p.usage.of([]string{id}, ""); segs == 0 {
 			p.auth.forget(id)
-			p.deleg.forget(id)
-			forgot = append(forgot, id)
+			forgot[id] = p.deleg.forget(id)
 		}
 	}
 	return forgot

@@ -4111,11 +4111,16 @@ func (x *NodeKeyring) GetError() string {
 }
 
 // DelegateRequest names a client of the calling peer daemon and the
-// identity that daemon's transport proved for it (uid:N, cn:NAME).
+// identity that daemon's transport proved for it (uid:N, cn:NAME). With
+// withdraw set (identity then unset), the calling daemon forgot the client
+// id (its lease ran out there): every credential delegated to it here is
+// withdrawn and its data-plane connections are closed; the answer carries
+// no credential.
 type DelegateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	Identity      string                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
+	Withdraw      bool                   `protobuf:"varint,3,opt,name=withdraw,proto3" json:"withdraw,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4162,6 +4167,13 @@ func (x *DelegateRequest) GetIdentity() string {
 		return x.Identity
 	}
 	return ""
+}
+
+func (x *DelegateRequest) GetWithdraw() bool {
+	if x != nil {
+		return x.Withdraw
+	}
+	return false
 }
 
 type DelegateResponse struct {
@@ -5676,10 +5688,11 @@ const file_pool_proto_rawDesc = "" +
 	"\vNodeKeyring\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\"\n" +
 	"\ffingerprints\x18\x02 \x03(\tR\ffingerprints\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"J\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"f\n" +
 	"\x0fDelegateRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1a\n" +
-	"\bidentity\x18\x02 \x01(\tR\bidentity\";\n" +
+	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x1a\n" +
+	"\bwithdraw\x18\x03 \x01(\bR\bwithdraw\";\n" +
 	"\x10DelegateResponse\x12'\n" +
 	"\x0fdata_credential\x18\x01 \x01(\fR\x0edataCredential\"\x91\x01\n" +
 	"\x10AuthorizeRequest\x12\x10\n" +
