@@ -85,7 +85,9 @@ type auth struct {
 	delegated map[string]int
 	// disconnect closes the data-plane connections that act for a
 	// principal but those whose tenant keep accepts
-	// (tcp.Server.Disconnect); nil without a data plane.
+	// (tcp.Server.Disconnect); nil without a data plane. It may be
+	// called with mu held: the data plane calls identify and tenant only
+	// outside its own lock.
 	disconnect func(principal string, keep func(tenant string) bool) int
 }
 
@@ -330,16 +332,17 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 		a.delegated[session]++
 		cred = a.issueLocked(session, principal, ident, tenant)
 	}
-	a.mu.Unlock()
 	if (withdrew || same == nil) && a.disconnect != nil {
 		// Nor do the connections opened with them, or with a credential
 		// of another identity that an earlier session of the peer's
 		// took with it, which would act for this identity: they are cut
-		// before its credential is handed out. Their tenant, named
-		// after their identity, tells them apart (--insecure's, "",
-		// proves none).
+		// before its credential is handed out, here or to a concurrent
+		// ask (a.mu held; the data plane takes it only outside its own
+		// lock). Their tenant, named after their identity, tells them
+		// apart (--insecure's, "", proves none).
 		a.disconnect(principal, func(t string) bool { return t == tenant })
 	}
+	a.mu.Unlock()
 	return cred, err
 }
 
