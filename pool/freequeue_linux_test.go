@@ -15,6 +15,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/session"
 )
 
 // TestFreeQueue: frees at a peer queued by freeLater go out a few at a
@@ -53,28 +54,12 @@ func TestFreeQueue(t *testing.T) {
 			<-ctx.Done() // a home that does not answer
 			return nil, ctx.Err()
 		}))
-	sc.startAll()
-	_, err := sc.waitConverged(time.Minute)
-	require.NoError(t, err)
-	owner, home := sc.hosts[0].daemon(), sc.hosts[1].daemon()
-	ctx := t.Context()
-	kept, err := owner.pool.Alloc(ctx, caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
-	require.NoError(t, err)
-	require.Equal(t, home.cfg.Node, kept.Home)
-	pc := owner.pool.peers.conn(home.cfg.Node)
-	require.NotNil(t, pc)
+	owner, home, kept, pc := startOwnerAndHome(t, sc)
 	// From here on the home answers no Free: the reconcile that the new
 	// session with it started may list the orphans below too.
 	stall.Store(true)
 	const n = 40
-	var orphans []uint64
-	for range n {
-		cctx, _, err := pc.Call(ctx)
-		require.NoError(t, err)
-		seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
-		require.NoError(t, err)
-		orphans = append(orphans, seg.Id)
-	}
+	orphans := orphansAt(t, pc, n)
 	ps := owner.pool.peers
 	for range 3 {
 		for _, id := range orphans {
@@ -117,19 +102,12 @@ func TestFreeQueue(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	_, err = home.pool.Stat(kept.HomeID)
+	_, err := home.pool.Stat(kept.HomeID)
 	require.NoError(t, err, "the recorded segment stays")
 
 	// A free the home answers with a refusal holds up none of the others
 	// queued behind it, and is asked again.
-	orphans = orphans[:0]
-	for range 3 * freeAtOnce {
-		cctx, _, err := pc.Call(ctx)
-		require.NoError(t, err)
-		seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
-		require.NoError(t, err)
-		orphans = append(orphans, seg.Id)
-	}
+	orphans = orphansAt(t, pc, 3*freeAtOnce)
 	refuse.Store(orphans[0])
 	for _, id := range orphans {
 		ps.freeLater(home.cfg.Node, id)
@@ -149,14 +127,7 @@ func TestFreeQueue(t *testing.T) {
 
 	// A node that refuses a whole batch (this daemon's session there
 	// ended, say) is not sent the rest: its queue waits for a reconcile.
-	orphans = orphans[:0]
-	for range 3 * freeAtOnce {
-		cctx, _, err := pc.Call(ctx)
-		require.NoError(t, err)
-		seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
-		require.NoError(t, err)
-		orphans = append(orphans, seg.Id)
-	}
+	orphans = orphansAt(t, pc, 3*freeAtOnce)
 	refuseAll.Store(true)
 	for _, id := range orphans {
 		ps.freeLater(home.cfg.Node, id)
@@ -167,4 +138,36 @@ func TestFreeQueue(t *testing.T) {
 	for _, id := range orphans {
 		require.Eventually(t, func() bool { return gone(id) }, time.Minute, 50*time.Millisecond, "segment %d, once the node takes frees again", id)
 	}
+}
+
+// startOwnerAndHome starts sc's two hosts and places a persistent
+// segment of the first's (owner) on the second (home), which opens the
+// owner's peer session there (pc).
+func startOwnerAndHome(t *testing.T, sc *simCluster) (owner, home *Daemon, kept *record, pc *session.Conn) {
+	t.Helper()
+	sc.startAll()
+	_, err := sc.waitConverged(time.Minute)
+	require.NoError(t, err)
+	owner, home = sc.hosts[0].daemon(), sc.hosts[1].daemon()
+	kept, err = owner.pool.Alloc(t.Context(), caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
+	require.NoError(t, err)
+	require.Equal(t, home.cfg.Node, kept.Home)
+	pc = owner.pool.peers.conn(home.cfg.Node)
+	require.NotNil(t, pc)
+	return owner, home, kept, pc
+}
+
+// orphansAt allocates n segments at pc's node for its daemon, through its
+// own session, that no record at the daemon names: orphans.
+func orphansAt(t *testing.T, pc *session.Conn, n int) []uint64 {
+	t.Helper()
+	var ids []uint64
+	for range n {
+		cctx, _, err := pc.Call(t.Context())
+		require.NoError(t, err)
+		seg, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
+		require.NoError(t, err)
+		ids = append(ids, seg.Id)
+	}
+	return ids
 }

@@ -791,30 +791,17 @@ func measureSegmentMemory(t *testing.T, res *scaleResult) {
 // stays.
 func TestSweepFreesOrphans(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 10 * time.Second})
-	sc.startAll()
-	_, err := sc.waitConverged(time.Minute)
-	require.NoError(t, err)
-	owner, home := sc.hosts[0].daemon(), sc.hosts[1].daemon()
-	ctx := t.Context()
-	kept, err := owner.pool.Alloc(ctx, caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
-	require.NoError(t, err)
-	require.Equal(t, home.cfg.Node, kept.Home)
-
+	owner, home, kept, pc := startOwnerAndHome(t, sc)
 	// The orphan: allocated at the home through the owner's own session,
 	// with no record at the owner.
-	pc := owner.pool.peers.conn(home.cfg.Node)
-	require.NotNil(t, pc)
-	cctx, _, err := pc.Call(ctx)
-	require.NoError(t, err)
-	orphan, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
-	require.NoError(t, err)
-	_, err = home.pool.Stat(orphan.Id)
+	orphan := orphansAt(t, pc, 1)[0]
+	_, err := home.pool.Stat(orphan)
 	require.NoError(t, err)
 
-	owner.pool.sweepPeers(ctx)
+	owner.pool.sweepPeers(t.Context())
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := home.pool.Stat(orphan.Id); errors.Is(err, errs.ErrNotFound) {
+		if _, err := home.pool.Stat(orphan); errors.Is(err, errs.ErrNotFound) {
 			break
 		}
 		require.True(t, time.Now().Before(deadline), "the orphan is still held after the sweep")

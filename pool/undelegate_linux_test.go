@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
 )
@@ -18,14 +17,8 @@ import (
 // otherwise act for whoever binds the id at that daemon next.
 func TestReapWithdrawsDelegations(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 2 * time.Second})
-	sc.startAll()
-	_, err := sc.waitConverged(time.Minute)
-	require.NoError(t, err)
-	origin, home := sc.hosts[0].daemon(), sc.hosts[1].daemon()
+	origin, home, kept, _ := startOwnerAndHome(t, sc)
 	ctx := t.Context()
-	kept, err := origin.pool.Alloc(ctx, caller{}, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_RDMA, Persist: true})
-	require.NoError(t, err)
-	require.Equal(t, home.cfg.Node, kept.Home)
 
 	require.NoError(t, origin.pool.auth.bind("app", "uid:1000"))
 	origin.pool.openSession("s-app", "app", "app", 1, 1000)
