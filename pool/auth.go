@@ -129,7 +129,8 @@ func (a *auth) load() {
 
 // bind binds a client id to ident on its first session, and refuses a
 // session for a client id bound to another identity: one identity cannot
-// take over another's segments by naming its client id.
+// take over another's segments by naming its client id, nor, once the id
+// is bound anew, keep the data-plane connections it opened under it.
 func (a *auth) bind(clientID, ident string) error {
 	a.load()
 	a.mu.Lock()
@@ -142,6 +143,13 @@ func (a *auth) bind(clientID, ident string) error {
 		return nil
 	}
 	a.bound[clientID] = ident
+	if a.disconnect != nil {
+		// The id's binding was forgotten (its lease ran out): the
+		// connections an earlier holder of another identity left open
+		// would act for this one. Cut before its credential is issued.
+		tenant := tenantOf(clientID, ident)
+		a.disconnect(clientID, func(t string) bool { return t == tenant })
+	}
 	gone := a.forgotten
 	a.forgotten = nil
 	a.mu.Unlock()
@@ -366,8 +374,7 @@ func (a *auth) undelegate(peer, client string) {
 }
 
 // cut closes the data-plane connections that act for principal, whose
-// binding to an identity was dropped: whoever holds the principal next
-// must not share them.
+// delegated credentials were withdrawn.
 func (a *auth) cut(principal string) {
 	if a.disconnect != nil {
 		a.disconnect(principal, nil)

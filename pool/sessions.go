@@ -140,20 +140,20 @@ func (p *core) callerFor(sessionID string) (caller, error) {
 // ends their attachments: under p.mu their removals commit and they leave
 // the table, then those the data plane serves are fenced outside it and
 // released (dispose), and then the bindings of clients left with nothing
-// are forgotten, and their data-plane connections closed (the homes that
-// delegated them credentials are told to withdraw them). A client id
-// whose binding reap forgets must not keep access to what it attached, or
-// its connections, for whoever takes the id next, and attachers
+// are forgotten (the homes that delegated them credentials are told to
+// withdraw them). A client id whose binding reap forgets must not keep
+// access to what it attached for whoever takes the id next, and attachers
 // that came and went must not fill a segment's list (maxAttachers); the
 // homes of a segment held elsewhere are told in the background.
 func (p *core) reap() {
 	reaped, gone := p.unlinkExpired()
 	p.dispose("lease expired", reaped...)
 	for id, homes := range p.forgetGone(gone) {
-		// Its data-plane connections, opened with a credential of the
-		// identity it was bound to, would act for whoever binds it next,
-		// here and at the homes that delegated it credentials.
-		p.auth.cut(id)
+		// Its connections at the homes that delegated it credentials,
+		// opened with a credential of the identity it was bound to,
+		// would act for whoever binds it here next. Those here go when
+		// another identity binds it (auth.bind); until then they get
+		// LEASE_EXPIRED for what was reaped.
 		for _, home := range homes {
 			p.undelegateLater(home, id)
 		}
