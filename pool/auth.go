@@ -85,9 +85,7 @@ type auth struct {
 	delegated map[string]int
 	// disconnect closes the data-plane connections that act for a
 	// principal but those whose tenant keep accepts
-	// (tcp.Server.Disconnect); nil without a data plane. It may be
-	// called with mu held: the data plane calls identify and tenant only
-	// outside its own lock.
+	// (tcp.Server.Disconnect); nil without a data plane (closeConns).
 	disconnect func(principal string, keep func(tenant string) bool) int
 }
 
@@ -143,13 +141,10 @@ func (a *auth) bind(clientID, ident string) error {
 		return nil
 	}
 	a.bound[clientID] = ident
-	if a.disconnect != nil {
-		// The id's binding was forgotten (its lease ran out): the
-		// connections an earlier holder of another identity left open
-		// would act for this one. Cut before its credential is issued.
-		tenant := tenantOf(clientID, ident)
-		a.disconnect(clientID, func(t string) bool { return t == tenant })
-	}
+	// The id's binding was forgotten (its lease ran out): the connections
+	// an earlier holder of another identity left open would act for this
+	// one. Cut before its credential is issued.
+	a.closeConns(clientID, keepTenant(tenantOf(clientID, ident)))
 	gone := a.forgotten
 	a.forgotten = nil
 	a.mu.Unlock()
@@ -322,11 +317,7 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 		// old binding was reaped there): a credential of the old one,
 		// over this session of the peer's or another still open,
 		// speaks for nobody.
-		delete(a.creds, k)
-		if string(a.byClient[principal]) == k {
-			delete(a.byClient, principal)
-		}
-		a.delegated[c.session]--
+		a.withdrawLocked(k, c)
 		withdrew = true
 	}
 	var cred []byte
@@ -340,15 +331,14 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 		a.delegated[session]++
 		cred = a.issueLocked(session, principal, ident, tenant)
 	}
-	if (withdrew || same == nil) && a.disconnect != nil {
+	if withdrew || same == nil {
 		// Nor do the connections opened with them, or with a credential
 		// of another identity that an earlier session of the peer's
 		// took with it, which would act for this identity: they are cut
 		// before its credential is handed out, here or to a concurrent
-		// ask (a.mu held; the data plane takes it only outside its own
-		// lock). Their tenant, named after their identity, tells them
+		// ask. Their tenant, named after their identity, tells them
 		// apart (--insecure's, "", proves none).
-		a.disconnect(principal, func(t string) bool { return t == tenant })
+		a.closeConns(principal, keepTenant(tenant))
 	}
 	a.mu.Unlock()
 	return cred, err
@@ -361,24 +351,37 @@ func (a *auth) undelegate(peer, client string) {
 	principal := delegatedPrincipal(peer, client)
 	a.load()
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	for k, c := range a.creds {
-		if c.client != principal {
-			continue
+		if c.client == principal {
+			a.withdrawLocked(k, c)
 		}
-		delete(a.creds, k)
-		a.delegated[c.session]--
 	}
-	delete(a.byClient, principal)
-	a.mu.Unlock()
-	a.cut(principal)
+	a.closeConns(principal, nil)
 }
 
-// cut closes the data-plane connections that act for principal, whose
-// delegated credentials were withdrawn.
-func (a *auth) cut(principal string) {
-	if a.disconnect != nil {
-		a.disconnect(principal, nil)
+// withdrawLocked withdraws delegated credential k (c); a.mu is held.
+func (a *auth) withdrawLocked(k string, c dataCred) {
+	delete(a.creds, k)
+	if string(a.byClient[c.client]) == k {
+		delete(a.byClient, c.client)
 	}
+	a.delegated[c.session]--
+}
+
+// closeConns closes the data-plane connections that act for principal
+// but those whose tenant keep accepts (nil keeps none). It may run with
+// a.mu held: the data plane calls identify and tenant only outside its
+// own lock.
+func (a *auth) closeConns(principal string, keep func(tenant string) bool) {
+	if a.disconnect != nil {
+		a.disconnect(principal, keep)
+	}
+}
+
+// keepTenant accepts the connections of tenant, the holder's now.
+func keepTenant(tenant string) func(string) bool {
+	return func(t string) bool { return t == tenant }
 }
 
 // tenant is the tenant of the data-plane sessions of principal (rdma/tcp

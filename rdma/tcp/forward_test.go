@@ -919,13 +919,8 @@ func TestStopForwardWaitsApart(t *testing.T) {
 	wrote := make(chan error, 1)
 	go func() { wrote <- cl.Write(t.Context(), pr, 0, []byte("in flight")) }()
 	e := prim.lookup(1)
-	for {
-		// The write is forwarded once its range waits to settle.
-		if e.nUnsettled.Load() > 0 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	// The write is forwarded once its range waits to settle.
+	require.Eventually(t, func() bool { return e.nUnsettled.Load() > 0 }, 20*time.Second, time.Millisecond, "the write is forwarded")
 
 	var wait func()
 	within(t, "StopForward while a forwarded write is in flight", func() {

@@ -62,7 +62,6 @@ type srvConn struct {
 	sess               *session    // the client's exactly-once session, opened by its first ONCE request
 	sessKey            *sessionKey // the session the hello named; nil before version 2
 	sessResume         bool        // the hello resumed sessKey (see sessionTable.open)
-	sessTenant         string      // whose share sessKey's session counts against (sessionTable.tenantOf)
 	record             *slot       // the slot whose request runs; respond caches its answer
 	recSeq             uint32      // the sequence number of that request
 	tookSlot           bool        // a forwarded op took record (and its lock) to answer later
@@ -78,7 +77,8 @@ type srvConn struct {
 	lateWriting bool
 
 	// The principal the hello's credential names and its tenant
-	// (ServerConfig.Identify), set under s.mu
+	// (ServerConfig.Identify; the session's share counts against that
+	// tenant however the credential fares later), set under s.mu
 	// (Disconnect reads them), and the last export and principal set it
 	// was found in (permits).
 	principal  string
@@ -256,10 +256,6 @@ func (c *srvConn) handshake() (uint16, error) {
 				who = c.principal
 			}
 			c.sessKey, c.sessResume = &sessionKey{name: sessionName(c.identified, who), id: h.session}, h.resume
-			// The tenant is named now, while the credential is live: a
-			// client that ends it before its first ONCE still counts
-			// against its identity's share.
-			c.sessTenant = tenantName(*c.sessKey, c.tenant)
 			if !h.resume {
 				c.s.sessions.announce(*c.sessKey)
 			}
@@ -328,7 +324,7 @@ func (c *srvConn) once(h *reqHeader) error {
 	if c.sess == nil {
 		// open marks it used, and the connection's end does again: use is
 		// counted per connection, so requests share no counter.
-		c.sess = c.s.sessions.open(*c.sessKey, c.sessTenant, c.sessResume)
+		c.sess = c.s.sessions.open(*c.sessKey, tenantName(*c.sessKey, c.tenant), c.sessResume)
 	}
 	retry := h.flags&reqFlagRetry != 0
 	// Only a RETRY is judged by its export's join mark: a first send
