@@ -18,8 +18,12 @@ const (
 	evacuateEffect = "evacuating: moving the segments its peers placed there to other nodes"
 )
 
-// drainWait is how often drain --wait asks for the progress.
-const drainWait = time.Second
+// drainWait is how often drain --wait shows the progress; drainPoll how
+// often it asks for it, so that it returns soon after the evacuation ends.
+const (
+	drainWait = time.Second
+	drainPoll = 100 * time.Millisecond
+)
 
 func newDrainCmd(g *globals) *cobra.Command {
 	var undo, evacuate, wait bool
@@ -99,13 +103,13 @@ func (g *globals) drain(req *poolv1.DrainRequest) (resp *poolv1.DrainResponse, e
 	return resp, err
 }
 
-// waitEvacuation shows the evacuation's progress every drainWait until
-// it is done (nil), stuck for longer than grace, ended by an undo, or
-// limit (if not 0) has passed. Failed queries (the node's daemon
-// restarting) are retried for as long as grace.
+// waitEvacuation asks for the evacuation's progress every drainPoll and
+// shows it every drainWait until it is done (nil), stuck for longer than
+// grace, ended by an undo, or limit (if not 0) has passed. Failed queries
+// (the node's daemon restarting) are retried for as long as grace.
 func (g *globals) waitEvacuation(resp *poolv1.DrainResponse, grace, limit time.Duration) error {
 	node, start := resp.Node, time.Now()
-	var stuckSince, failingSince time.Time
+	var stuckSince, failingSince, shown time.Time
 	for {
 		ev := resp.GetEvacuation()
 		switch {
@@ -129,10 +133,11 @@ func (g *globals) waitEvacuation(resp *poolv1.DrainResponse, grace, limit time.D
 			return fmt.Errorf("%w: the evacuation of %s is not done after --timeout %s: %d segments (%s) left (it goes on; run the command again to keep waiting)",
 				context.DeadlineExceeded, node, limit, ev.GetSegmentsLeft(), human(int64(ev.GetBytesLeft())))
 		}
-		if g.output != "json" {
+		if g.output != "json" && time.Since(shown) >= drainWait {
 			fmt.Fprintln(g.out, progressLine(node, ev))
+			shown = time.Now()
 		}
-		time.Sleep(drainWait)
+		time.Sleep(drainPoll)
 		next, err := g.drain(&poolv1.DrainRequest{Node: node, Query: true})
 		switch {
 		case err == nil:
@@ -143,8 +148,9 @@ func (g *globals) waitEvacuation(resp *poolv1.DrainResponse, grace, limit time.D
 			failingSince = time.Now()
 			fallthrough
 		case time.Since(failingSince) <= grace:
-			if g.output != "json" {
+			if g.output != "json" && time.Since(shown) >= drainWait {
 				fmt.Fprintf(g.out, "%s: no answer (%v); asking again\n", node, err)
+				shown = time.Now()
 			}
 		default:
 			return fmt.Errorf("the evacuation of %s: no answer for %s: %w", node, grace, err)
