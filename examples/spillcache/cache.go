@@ -129,7 +129,7 @@ type hotEntry struct {
 
 type shard struct {
 	mu      sync.Mutex
-	hot     map[string]int32
+	hot     hotIndex // of entries
 	entries []hotEntry
 	holes   []int32
 	hand    int
@@ -243,7 +243,7 @@ func NewCache(ctx context.Context, c *alloc.Client, o Options) (*Cache, error) {
 	cc.hotSlot = o.RecordBytes
 	for i := range cc.shards {
 		sh := &cc.shards[i]
-		sh.hot = make(map[string]int32, hotKeys)
+		sh.hot.init(hotKeys)
 		sh.freq = newSketch(keys)
 		sh.slab = make([]byte, (hotKeys+1)*cc.hotSlot)
 		sh.freeSlots = make([]int32, hotKeys+1)
@@ -297,6 +297,7 @@ func (c *Cache) GetLevel(dst []byte, key string) ([]byte, Level) {
 		c.tiers[0].table.prefetch(si, h)
 	}
 	sh.freq.prefetch(h)
+	sh.hot.prefetch(h)
 	for try := range retries {
 		sh.mu.Lock()
 		if try == 0 {
@@ -345,7 +346,7 @@ type lookup struct {
 // the shard: two keys of a shard share them once in some 2^56 pairs, and
 // then the Get of the one indexed later misses).
 func (c *Cache) probe(sh *shard, si int, key string, h uint64, dst []byte) ([]byte, lookup) {
-	if i, ok := sh.hot[key]; ok {
+	if i, ok := sh.hot.get(sh.entries, h, key); ok {
 		e := &sh.entries[i]
 		e.ref = true
 		return append(dst, e.val...), lookup{level: LevelHot}
@@ -446,7 +447,7 @@ func (c *Cache) finishFar(sh *shard, si int, key string, h uint64, l lookup, rec
 	sh.mu.Lock()
 	// Another Get of the key may have promoted it meanwhile, keeping the
 	// record as its far copy: the key is then hot already.
-	if _, hot := sh.hot[key]; !hot {
+	if _, hot := sh.hot.get(sh.entries, h, key); !hot {
 		if b := c.bucketOf(si, l.ti, h, l.ref); b >= 0 {
 			c.promote(sh, si, l.ti, uint64(b), key, dst[start:], h)
 		}
@@ -759,7 +760,7 @@ func (c *Cache) written(sh *shard, si int, w *farWrite, err error) {
 		sh.n.lost.Add(1)
 		c.log.Warn("spillcache: writing a far entry failed", "tier", t.level, "err", err)
 		if k, _, ok := parseRecord(w.rec); ok {
-			if j, hot := sh.hot[string(k)]; hot && sh.entries[j].far == w.ref {
+			if j, hot := sh.hot.get(sh.entries, w.hash, string(k)); hot && sh.entries[j].far == w.ref {
 				sh.entries[j].farTier = -1
 			}
 		}
@@ -815,7 +816,7 @@ func (c *Cache) Set(key string, val []byte) {
 	h, sh, si := c.locate(key)
 	sh.mu.Lock()
 	sh.freq.add(h)
-	if i, ok := sh.hot[key]; ok {
+	if i, ok := sh.hot.get(sh.entries, h, key); ok {
 		e := &sh.entries[i]
 		c.dropFarCopy(sh, si, e)
 		sh.bytes += int64(len(val) - len(e.val))
@@ -880,7 +881,7 @@ func (c *Cache) Delete(key string) {
 	h, sh, si := c.locate(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if i, ok := sh.hot[key]; ok {
+	if i, ok := sh.hot.get(sh.entries, h, key); ok {
 		c.dropFarCopy(sh, si, &sh.entries[i])
 		c.freeSlot(sh, c.removeHot(sh, i))
 		return
@@ -954,7 +955,7 @@ func (c *Cache) deleteFar(sh *shard, si int, h uint64, key string, from int) {
 func (c *Cache) removeHot(sh *shard, i int32) int32 {
 	e := &sh.entries[i]
 	slot := e.slot
-	delete(sh.hot, e.key)
+	sh.hot.del(sh.entries, e.hash, i)
 	sh.bytes -= int64(len(e.key) + len(e.val))
 	*e = hotEntry{}
 	sh.holes = append(sh.holes, i)
@@ -994,7 +995,7 @@ func (c *Cache) putHot(sh *shard, si int, key string, val []byte, h uint64, far 
 		i = int32(len(sh.entries))
 		sh.entries = append(sh.entries, e)
 	}
-	sh.hot[key] = i
+	sh.hot.put(sh.entries, h, i)
 	sh.bytes += int64(len(key) + len(val))
 	c.evictHot(sh, si)
 }
@@ -1020,7 +1021,7 @@ func (c *Cache) hotVictim(sh *shard) (int, bool) {
 // evictHot evicts clock victims until the shard fits its budget, demoting
 // them to the first spill tier.
 func (c *Cache) evictHot(sh *shard, si int) {
-	for sh.bytes > c.hotCap && len(sh.hot) > 0 {
+	for sh.bytes > c.hotCap && sh.hot.n > 0 {
 		i, ok := c.hotVictim(sh)
 		if !ok {
 			return
@@ -1150,7 +1151,7 @@ func (c *Cache) evictFar(sh *shard, si, ti int) bool {
 	// it lands: else the entry, taken for dirty, would write a second
 	// record when it leaves the heap, and a Set or Delete would leave the
 	// moved one behind, stale.
-	if i, ok := sh.hot[key]; ok {
+	if i, ok := sh.hot.get(sh.entries, w&hashMask, key); ok {
 		if e := &sh.entries[i]; int(e.farTier) == ti && e.far == r {
 			e.farTier, e.far = nt, nr
 		}
@@ -1179,7 +1180,7 @@ func (c *Cache) Stats() CacheStats {
 	for si := range c.shards {
 		sh := &c.shards[si]
 		sh.mu.Lock()
-		st.Entries[LevelHot] += int64(len(sh.hot))
+		st.Entries[LevelHot] += int64(sh.hot.n)
 		for i := range sh.entries {
 			if e := &sh.entries[i]; e.used {
 				if c.farCopy(sh, si, e) {

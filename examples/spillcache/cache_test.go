@@ -142,7 +142,7 @@ func levelOf(c *Cache, key string) Level {
 	h, sh, si := c.locate(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if _, ok := sh.hot[key]; ok {
+	if _, ok := sh.hot.get(sh.entries, h, key); ok {
 		return LevelHot
 	}
 	for _, t := range c.tiers {
