@@ -3,7 +3,8 @@
 # emulated CXL Type-3 device and a Soft-RoCE NIC, and runs poold, memctl and
 # farmem's verbs transport on them. One line per check (PASS/FAIL/SKIP).
 #
-#   lab/run.sh [-d DIR] [--only cxl|cxl-ram|rdma] [--update-fixtures]
+#   lab/run.sh [-d DIR] [--only cxl|cxl-ram|rdma] [--update-fixtures] [--report-perf]
+#   lab/run.sh [-d DIR] --prepare
 #
 #   -d DIR             cache and work directory (default $FARMEM_LAB or
 #                      /var/tmp/farmem-lab): the guest images are built there
@@ -15,7 +16,10 @@
 #                      (otherwise they are only checked by the cxl tests)
 #   --report-perf      print the verbs-vs-perftest ratios as SKIP lines
 #                      instead of PASS/FAIL (CI: a shared host's load makes
-#                      TCG timings too noisy to gate on)
+#                      TCG timings too noisy to gate on), from five latency
+#                      rounds and one bandwidth round instead of 15 and 3
+#   --prepare          build (or find cached) the guest images and the QEMU
+#                      10 chroot, and exit: CI does it beside other work
 #
 # Needs root (debootstrap, chroot) and the Debian packages qemu-system-x86
 # qemu-utils debootstrap e2fsprogs, plus libibverbs-dev gcc pkg-config for
@@ -25,13 +29,15 @@ set -uo pipefail
 ONLY=""
 UPDATE=0
 PERF=enforce
+PREPARE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -d) export FARMEM_LAB=$2; shift ;;
     --only) ONLY=$2; shift ;;
     --update-fixtures) UPDATE=1 ;;
     --report-perf) PERF=report ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --prepare) PREPARE=1 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "lab/run.sh: unknown argument $1 (see --help)"; exit 2 ;;
   esac
   shift
@@ -64,6 +70,21 @@ fi
 rc=$?
 if [ $rc = 3 ]; then echo "SKIP lab-image a package download failed; the lab did not run"; exit 3; fi
 [ $rc = 0 ] || { echo "FAIL lab-image image build failed (see $LAB/*.log)"; exit 1; }
+
+# The volatile CXL guest's QEMU 10 chroot and Debian 13 image (cached).
+# A volatile CXL device (volatile-memdev) needs QEMU >= 8 and a kernel >=
+# 6.3; Debian 12 has 7.2 and 6.1, so QEMU 10 runs from a Debian 13 chroot
+# (qemu10.sh) and the guest is a Debian 13 image.
+prepare_cxl_ram() {
+  local vrc=0
+  "$HERE/qemu10.sh" || vrc=$?
+  if [ $vrc = 0 ]; then FARMEM_LAB="$LAB/trixie" SUITE=trixie "$HERE/image.sh" || vrc=$?; fi
+  return $vrc
+}
+if [ $PREPARE = 1 ]; then
+  prepare_cxl_ram
+  exit $?
+fi
 
 # 2. Binaries under test, built on the host: static Go for the CXL guest,
 # cgo + libibverbs (-tags verbs) for the RDMA guest.
@@ -117,12 +138,8 @@ if [ -z "$ONLY" ] || [ "$ONLY" = cxl ]; then
     -object memory-backend-file,id=cxl-lsa0,share=on,mem-path="$LAB/cxl-lsa0.raw",size=256M
 fi
 if [ -z "$ONLY" ] || [ "$ONLY" = cxl-ram ]; then
-  # A volatile CXL device (volatile-memdev) needs QEMU >= 8 and a kernel
-  # >= 6.3; Debian 12 has 7.2 and 6.1, so QEMU 10 runs from a Debian 13
-  # chroot (qemu10.sh) and the guest is a Debian 13 image, both cached.
   vrc=0
-  "$HERE/qemu10.sh" || vrc=$?
-  if [ $vrc = 0 ]; then FARMEM_LAB="$LAB/trixie" SUITE=trixie "$HERE/image.sh" || vrc=$?; fi
+  prepare_cxl_ram || vrc=$?
   if [ $vrc = 3 ]; then
     echo "SKIP cxl-ram-guest a package download for QEMU 10 or the Debian 13 image failed; the volatile CXL guest did not run"
   elif [ $vrc != 0 ]; then
