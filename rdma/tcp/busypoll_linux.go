@@ -67,15 +67,15 @@ type busyReader struct {
 }
 
 // newBusyReader returns a reader of nc that busy-polls for up to spin
-// when want says so, or nc itself when spin <= 0 or nc is not a TCP
-// connection.
+// when want says so (spin <= 0: never), reading with raw system calls
+// (rawRead), or nc itself when nc is not a non-blocking TCP connection.
 func newBusyReader(nc net.Conn, spin time.Duration, want func() bool) io.Reader {
 	tc, ok := nc.(*net.TCPConn)
-	if !ok || spin <= 0 {
+	if !ok {
 		return nc
 	}
 	rc, err := tc.SyscallConn()
-	if err != nil {
+	if err != nil || !nonBlocking(rc) {
 		return nc
 	}
 	r := &busyReader{nc: nc, rc: rc, spin: spin, want: want, gap: preemptedGap}
@@ -87,14 +87,13 @@ func (r *busyReader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if !r.want() {
-		return r.nc.Read(p)
-	}
-	if r.skip > 0 {
+	spin := r.spin > 0 && r.want()
+	if spin && r.skip > 0 {
 		r.skip--
-		return r.nc.Read(p)
+		spin = false
 	}
-	r.buf, r.n, r.err, r.spun = p, 0, nil, false
+	// spun set: try reads once and parks, as net.Conn.Read would.
+	r.buf, r.n, r.err, r.spun = p, 0, nil, !spin
 	err := r.rc.Read(r.tryRead)
 	r.buf = nil
 	if err == nil {
@@ -112,7 +111,7 @@ func (r *busyReader) try(fd uintptr) bool {
 	spinning := false
 	var last, until time.Time
 	for {
-		n, err := unix.Read(int(fd), r.buf)
+		n, err := rawRead(fd, r.buf)
 		switch {
 		case err == nil && n > 0:
 			r.n = n

@@ -69,9 +69,19 @@ func readString(t *testing.T, r io.Reader) string {
 }
 
 func TestBusyReaderOnlyWhereItCan(t *testing.T) {
-	a, _ := tcpPair(t)
-	require.Equal(t, a, newBusyReader(a, 0, nil), "spin 0: the connection itself")
-	require.Equal(t, a, newBusyReader(a, -1, nil), "negative spin: off")
+	a, b := tcpPair(t)
+	for _, spin := range []time.Duration{0, -1} {
+		// Off: it reads (with raw system calls) without asking want, nil
+		// here, and parks until the data comes.
+		r, ok := newBusyReader(a, spin, nil).(*busyReader)
+		require.True(t, ok, "spin %v: a raw reader", spin)
+		go func() {
+			time.Sleep(10 * time.Millisecond)
+			b.Write([]byte("off"))
+		}()
+		require.Equal(t, "off", readString(t, r), "spin %v", spin)
+		require.Zero(t, r.miss, "spin %v: no spin", spin)
+	}
 	p, q := net.Pipe()
 	defer p.Close()
 	defer q.Close()

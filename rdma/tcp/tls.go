@@ -27,6 +27,11 @@ type polledConn struct {
 	mu     sync.Mutex
 	corked bool   // writes gather in out until uncork
 	out    []byte // records gathered while corked
+	// raw writes the gathered records (rawWrites) on a TCP socket; set
+	// at the first flush.
+	raw     func(*net.Buffers) error
+	rawDone bool
+	one     net.Buffers // p.out, for raw
 }
 
 const (
@@ -78,7 +83,16 @@ func (p *polledConn) flushLocked() error {
 	if len(p.out) == 0 {
 		return nil
 	}
-	_, err := p.Conn.Write(p.out)
+	if !p.rawDone {
+		p.raw, p.rawDone = rawWrites(p.Conn), true
+	}
+	var err error
+	if p.raw != nil {
+		p.one = append(p.one[:0], p.out)
+		err = p.raw(&p.one)
+	} else {
+		_, err = p.Conn.Write(p.out)
+	}
 	p.out = p.out[:0]
 	return err
 }
@@ -107,9 +121,10 @@ func pollingReader(nc net.Conn, spin time.Duration, want func() bool) io.Reader 
 // then written together (polledConn's cork). Owned by the connection's
 // writer.
 type batchWriter struct {
-	nc net.Conn
-	bw *bufio.Writer // nil on a plain socket
-	pc *polledConn   // the TLS connection's socket; nil on a plain socket
+	nc  net.Conn
+	raw func(*net.Buffers) error // on a plain TCP socket where raw writes are made (rawWrites), else nil
+	bw  *bufio.Writer            // nil on a plain socket
+	pc  *polledConn              // the TLS connection's socket; nil on a plain socket
 }
 
 // maxRecord is the most plaintext one TLS record carries.
@@ -118,7 +133,7 @@ const maxRecord = 16 << 10
 func newBatchWriter(nc net.Conn) batchWriter {
 	tc, ok := nc.(*tls.Conn)
 	if !ok {
-		return batchWriter{nc: nc}
+		return batchWriter{nc: nc, raw: rawWrites(nc)}
 	}
 	pc, _ := tc.NetConn().(*polledConn)
 	return batchWriter{nc: nc, bw: bufio.NewWriterSize(nc, maxRecord), pc: pc}
@@ -129,6 +144,9 @@ func newBatchWriter(nc net.Conn) batchWriter {
 // the connection must then be closed. The calling goroutine must have
 // SetPanicOnFault(true) when nb holds mapped memory.
 func (w batchWriter) write(nb *net.Buffers) (err error) {
+	if w.raw != nil {
+		return w.raw(nb)
+	}
 	if w.bw == nil {
 		_, err = nb.WriteTo(w.nc)
 		return err
