@@ -70,12 +70,8 @@ type busyReader struct {
 // when want says so (spin <= 0: never), reading with raw system calls
 // (rawRead), or nc itself when nc is not a non-blocking TCP connection.
 func newBusyReader(nc net.Conn, spin time.Duration, want func() bool) io.Reader {
-	tc, ok := nc.(*net.TCPConn)
+	rc, ok := nonBlockingTCP(nc)
 	if !ok {
-		return nc
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil || !nonBlocking(rc) {
 		return nc
 	}
 	r := &busyReader{nc: nc, rc: rc, spin: spin, want: want, gap: preemptedGap}

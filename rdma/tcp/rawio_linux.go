@@ -46,15 +46,22 @@ const maxIovecs = 1024
 // rawMaxWrite is the largest batch written with raw writev calls.
 const rawMaxWrite = 64 << 10
 
-// nonBlocking reports whether rc's socket is in non-blocking mode, where a
-// raw read or write cannot wait.
-func nonBlocking(rc syscall.RawConn) bool {
-	var fl int
-	var err error
-	if cerr := rc.Control(func(fd uintptr) { fl, err = unix.FcntlInt(fd, unix.F_GETFL, 0) }); cerr != nil || err != nil {
-		return false
+// nonBlockingTCP returns the RawConn of nc when nc is a TCP connection in
+// non-blocking mode, where a raw read or write cannot wait.
+func nonBlockingTCP(nc net.Conn) (syscall.RawConn, bool) {
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		return nil, false
 	}
-	return fl&unix.O_NONBLOCK != 0
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nil, false
+	}
+	var fl int
+	if cerr := rc.Control(func(fd uintptr) { fl, err = unix.FcntlInt(fd, unix.F_GETFL, 0) }); cerr != nil || err != nil {
+		return nil, false
+	}
+	return rc, fl&unix.O_NONBLOCK != 0
 }
 
 // rawWriter writes batches of buffers to a TCP connection with raw
@@ -76,12 +83,8 @@ type rawWriter struct {
 // buffers on nc, with raw writev calls when it is small (rawMaxWrite), or
 // nil when nc is not a non-blocking TCP connection.
 func rawWrites(nc net.Conn) func(*net.Buffers) error {
-	tc, ok := nc.(*net.TCPConn)
+	rc, ok := nonBlockingTCP(nc)
 	if !ok {
-		return nil
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil || !nonBlocking(rc) {
 		return nil
 	}
 	w := &rawWriter{nc: nc, rc: rc}
