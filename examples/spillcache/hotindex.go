@@ -22,7 +22,9 @@ import (
 type hotIndex struct {
 	words []uint64 // a power of two of them
 	n     int      // used buckets
-	pub   atomic.Pointer[[]uint64]
+	// pub is words for prefetch: its own copy of the slice header, which
+	// growth replaces rather than writes.
+	pub atomic.Pointer[[]uint64]
 }
 
 const tagMask = 1<<30 - 1
@@ -35,9 +37,13 @@ func (x *hotIndex) init(n int) {
 	for size*3 < n*4 {
 		size <<= 1
 	}
-	x.words = make([]uint64, size)
+	x.setTable(make([]uint64, size))
 	x.n = 0
-	x.pub.Store(&x.words)
+}
+
+func (x *hotIndex) setTable(w []uint64) {
+	x.words = w
+	x.pub.Store(&w)
 }
 
 // prefetch starts loading h's bucket.
@@ -84,13 +90,12 @@ func (x *hotIndex) insert(h, word uint64) {
 // grow doubles the table, taking each entry's home from its hash.
 func (x *hotIndex) grow(entries []hotEntry) {
 	old := x.words
-	x.words = make([]uint64, 2*len(old))
+	x.setTable(make([]uint64, 2*len(old)))
 	for _, w := range old {
 		if w != 0 {
 			x.insert(entries[uint32(w)-1].hash, w)
 		}
 	}
-	x.pub.Store(&x.words)
 }
 
 // del removes entry i, whose hash is h, while entries still holds the
@@ -106,15 +111,12 @@ func (x *hotIndex) del(entries []hotEntry, h uint64, i int32) {
 		b = (b + 1) & mask
 	}
 	x.n--
-	// Shift later words of the run back over the hole where their home
-	// is not in the cyclic range (hole, j].
 	for j := (b + 1) & mask; ; j = (j + 1) & mask {
 		w := x.words[j]
 		if w == 0 {
 			break
 		}
-		home := entries[uint32(w)-1].hash & mask
-		if (j > b && (home <= b || home > j)) || (j < b && home <= b && home > j) {
+		if shiftsBack(b, j, entries[uint32(w)-1].hash&mask) {
 			x.words[b] = w
 			b = j
 		}

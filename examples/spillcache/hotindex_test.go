@@ -70,3 +70,37 @@ func TestHotIndex(t *testing.T) {
 	require.True(t, ok)
 	require.Zero(t, i)
 }
+
+// TestHotIndexPrefetchDuringGrowth: prefetch, which a Get calls before it
+// takes the shard's lock, reads the published table while puts under the
+// lock grow it (the race detector checks that they share no memory).
+func TestHotIndexPrefetchDuringGrowth(t *testing.T) {
+	var x hotIndex
+	x.init(4)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for h := uint64(0); ; h++ {
+			select {
+			case <-stop:
+				return
+			default:
+				x.prefetch(h)
+			}
+		}
+	}()
+	var entries []hotEntry
+	for i := range 5000 {
+		h := uint64(i) * 0x9E3779B97F4A7C15
+		entries = append(entries, hotEntry{key: fmt.Sprint(i), hash: h})
+		x.put(entries, h, int32(i))
+	}
+	close(stop)
+	<-done
+	for i := range 5000 {
+		got, ok := x.get(entries, entries[i].hash, entries[i].key)
+		require.True(t, ok)
+		require.Equal(t, int32(i), got)
+	}
+}

@@ -90,14 +90,19 @@ func (t *farTable) remove(reg []uint64, i uint64) {
 		if w == 0 {
 			break
 		}
-		home := w & hashMask & mask
-		// Move j to i if its home is not in the cyclic range (i, j].
-		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
+		if shiftsBack(i, j, w&hashMask&mask) {
 			reg[2*i], reg[2*i+1] = w, reg[2*j+1]
 			i = j
 		}
 	}
 	reg[2*i], reg[2*i+1] = 0, 0
+}
+
+// shiftsBack says whether the entry in bucket j of a linear-probing run,
+// whose home bucket is home, moves back into the hole at bucket i when
+// the hole's entry is deleted: its home is not in the cyclic range (i, j].
+func shiftsBack(i, j, home uint64) bool {
+	return (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)
 }
 
 // prefetch starts loading the home bucket of hash h in a shard's region.

@@ -62,7 +62,7 @@ type busyReader struct {
 	buf     []byte
 	n       int
 	err     error
-	spun    bool
+	poll    bool // the next try polls for up to spin before it parks
 	tryRead func(fd uintptr) bool
 }
 
@@ -88,8 +88,8 @@ func (r *busyReader) Read(p []byte) (int, error) {
 		r.skip--
 		spin = false
 	}
-	// spun set: try reads once and parks, as net.Conn.Read would.
-	r.buf, r.n, r.err, r.spun = p, 0, nil, !spin
+	// Without polling, try reads once and parks, as net.Conn.Read would.
+	r.buf, r.n, r.err, r.poll = p, 0, nil, spin
 	err := r.rc.Read(r.tryRead)
 	r.buf = nil
 	if err == nil {
@@ -100,10 +100,10 @@ func (r *busyReader) Read(p []byte) (int, error) {
 
 // try is the RawConn callback: it reads what is there and reports true, or
 // reports false to park until the socket is readable. On its first call
-// of a Read it polls for up to r.spin first.
+// of a Read that polls, it polls for up to r.spin first.
 func (r *busyReader) try(fd uintptr) bool {
-	first := !r.spun
-	r.spun = true
+	first := r.poll
+	r.poll = false
 	spinning := false
 	var last, until time.Time
 	for {

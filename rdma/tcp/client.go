@@ -164,7 +164,7 @@ func dialConn(ctx context.Context, addr string, cred []byte, sess *rdma.Session,
 	stop := context.AfterFunc(ctx, func() { raw.SetDeadline(time.Now()) })
 	defer stop()
 	if tc != nil {
-		tlsConn := tls.Client(&polledConn{Conn: nc}, tc)
+		tlsConn := tls.Client(newPolledConn(nc), tc)
 		if err := tlsConn.Handshake(); err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("rdma/tcp: TLS handshake with %s (does it serve TLS, with a certificate the client's CA and server name accept?): %w%s", addr, errors.Join(ctx.Err(), err), resetHint(err))

@@ -28,11 +28,8 @@ import (
 // A socket that is not non-blocking (something set it blocking through a
 // dup of its descriptor) is read and written the runtime's way too.
 
-// rawRead reads fd once.
+// rawRead reads fd once into p, which is not empty.
 func rawRead(fd uintptr, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
 	n, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	if e != 0 {
 		return 0, e
@@ -102,10 +99,7 @@ func (w *rawWriter) write(nb *net.Buffers) error {
 		}
 	}
 	w.nb, w.err = nb, nil
-	defer func() {
-		clear(w.iov[:cap(w.iov)]) // drop the references to the caller's buffers
-		w.nb = nil
-	}()
+	defer func() { w.nb = nil }()
 	for w.err == nil && len(*nb) > 0 {
 		if err := w.rc.Write(w.fn); err != nil {
 			return err
@@ -136,6 +130,7 @@ func (w *rawWriter) try(fd uintptr) bool {
 			return true
 		}
 		n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		clear(iov) // drop the references to the caller's buffers
 		switch {
 		case e == unix.EINTR:
 			continue

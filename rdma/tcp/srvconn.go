@@ -233,7 +233,7 @@ func (c *srvConn) handshake() (uint16, error) {
 	cfg := &c.s.cfg
 	c.nc.SetDeadline(time.Now().Add(cfg.HandshakeTimeout))
 	if cfg.TLS != nil {
-		tc := tls.Server(&polledConn{Conn: c.sock}, cfg.TLS)
+		tc := tls.Server(newPolledConn(c.sock), cfg.TLS)
 		if err := tc.Handshake(); err != nil {
 			return replyBadMagic, fmt.Errorf("TLS handshake: %w", err)
 		}

@@ -25,14 +25,14 @@ type polledConn struct {
 	in *bufio.Reader // set by pollingReader before the first frame is read
 
 	mu     sync.Mutex
-	corked bool   // writes gather in out until uncork
-	out    []byte // records gathered while corked
-	// raw writes the gathered records (rawWrites) on a TCP socket; set
-	// at the first flush.
-	raw     func(*net.Buffers) error
-	rawDone bool
-	one     net.Buffers // p.out, for raw
+	corked bool                     // writes gather in out until uncork
+	out    []byte                   // records gathered while corked
+	raw    func(*net.Buffers) error // writes the gathered records (rawWrites); nil: p.Conn.Write
+	one    net.Buffers              // p.out, for raw
 }
+
+// newPolledConn returns the polledConn of socket nc.
+func newPolledConn(nc net.Conn) *polledConn { return &polledConn{Conn: nc, raw: rawWrites(nc)} }
 
 const (
 	// tlsReadBuffer is how much one read(2) of a TLS connection's socket
@@ -82,9 +82,6 @@ func (p *polledConn) uncork() error {
 func (p *polledConn) flushLocked() error {
 	if len(p.out) == 0 {
 		return nil
-	}
-	if !p.rawDone {
-		p.raw, p.rawDone = rawWrites(p.Conn), true
 	}
 	var err error
 	if p.raw != nil {
