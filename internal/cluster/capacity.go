@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/binary"
 	"math"
+	"reflect"
 	"slices"
 )
 
@@ -103,10 +104,11 @@ func (r *metaReader) capBody() capUpdate {
 }
 
 // freeOnly reports whether b differs from a in nothing but free bytes, so
-// that a capacity update can carry the change.
+// that a capacity update can carry the change. Every other field is
+// compared, whatever fields Meta gains: a change a capacity update cannot
+// carry must go out as a new Meta.
 func freeOnly(a, b Meta) bool {
-	if a.Proto != b.Proto || a.GRPCAddr != b.GRPCAddr || a.DataAddr != b.DataAddr ||
-		a.Draining != b.Draining || a.DrainingSince != b.DrainingSince || a.Evacuating != b.Evacuating || len(a.Tiers) != len(b.Tiers) {
+	if len(a.Tiers) != len(b.Tiers) {
 		return false
 	}
 	for i, t := range b.Tiers {
@@ -114,7 +116,8 @@ func freeOnly(a, b Meta) bool {
 			return false
 		}
 	}
-	return true
+	a.Tiers, b.Tiers = nil, nil
+	return reflect.DeepEqual(a, b)
 }
 
 // withFree returns m with u's free bytes, each capped at its tier's
