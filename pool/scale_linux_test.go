@@ -214,8 +214,8 @@ func TestScale(t *testing.T) {
 			h := up[rnd.IntN(len(up))]
 			c, err := sc.measureConvergence(h, time.Minute)
 			require.NoError(t, err, label)
-			t.Logf("%s: %s's change seen by every host after %.1f rounds, by half after %.1f (meanwhile it sent its capacity updates %d times, memberlist offered room %d times, %d bytes on average; the cluster dropped %d gossip messages on receipt and resynced %d times)",
-				label, h.name, rounds(c.all), rounds(c.each[len(c.each)/2]), c.sends, c.offers, c.room, c.drops, c.resyncs)
+			t.Logf("%s: %s's change seen by every host after %.1f rounds, by half after %.1f (meanwhile it sent its capacity updates %d times, memberlist offered room %d times, %d bytes on average; the cluster dropped %d gossip messages on receipt, resynced %d times and sent %d overflow lane packets)",
+				label, h.name, rounds(c.all), rounds(c.each[len(c.each)/2]), c.sends, c.offers, c.room, c.drops, c.resyncs, c.lanes)
 			out = append(out, c)
 			time.Sleep(sc.gossip * 3)
 		}

@@ -407,8 +407,9 @@ type simConvergence struct {
 	// offered room for them in a packet and how much on average.
 	sends, offers, room uint64
 	// Meanwhile in the whole cluster: gossip messages memberlists dropped
-	// on receipt, and the resyncs that followed.
-	drops, resyncs uint64
+	// on receipt, the resyncs that followed, and the packets the hosts'
+	// overflow lanes sent while memberlist's own messages crowded theirs.
+	drops, resyncs, lanes uint64
 }
 
 // measureConvergence changes h's cxl capacity (clients of the simulation
@@ -492,6 +493,7 @@ func (sc *simCluster) measureConvergence(h *simHost, timeout time.Duration) (sim
 	c.drops = g1.handoffDrops - g0.handoffDrops
 	for name, s := range g1.each {
 		c.resyncs += s.Resyncs - g0.each[name].Resyncs
+		c.lanes += s.LanePackets - g0.each[name].LanePackets
 	}
 	return c, nil
 }

@@ -59,6 +59,11 @@ type broadcastQueue struct {
 	repairs  int
 	repairAt time.Time
 	repaired uint64 // repairs done, all updates
+
+	// fit is set when a gossip packet took every queued message or found
+	// none queued, and cleared by crowded; waiting is whether messages
+	// were queued at crowded's last look (the overflow lane's signals).
+	fit, waiting bool
 }
 
 // repairRounds are the gossip rounds, after an own capacity update's last
@@ -124,9 +129,43 @@ func (q *broadcastQueue) push(b *gossipBroadcast, transmits int) {
 func (q *broadcastQueue) get(overhead, limit int) (msgs [][]byte, own int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	msgs, own, left := q.packLocked(overhead, limit)
+	q.fit = q.fit || !left
+	return msgs, own
+}
+
+// overflow is get for the overflow lane's packets (lane.go): it does not
+// count as a gossip packet that took what was queued.
+func (q *broadcastQueue) overflow(overhead, limit int) (msgs [][]byte, own int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	msgs, own, _ = q.packLocked(overhead, limit)
+	return msgs, own
+}
+
+// crowded reports whether messages were queued at the last call and
+// still are, and no gossip packet took all that were queued in between
+// (memberlist's own messages left too little room, or none, which it does
+// not offer), and starts a new period. A message queued since the last
+// call does not count: the lane's timer and memberlist's gossip timer
+// tick at the same interval but not in step, so it may not have met a
+// gossip packet yet.
+func (q *broadcastQueue) crowded() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.repairLocked()
+	c := q.waiting && len(q.items) > 0 && !q.fit
+	q.fit, q.waiting = false, len(q.items) > 0
+	return c
+}
+
+// packLocked picks the messages for a packet of limit bytes, overhead
+// bytes each, and counts their transmissions; left reports that some
+// stayed behind for lack of room. Caller holds q.mu.
+func (q *broadcastQueue) packLocked(overhead, limit int) (msgs [][]byte, own int, left bool) {
 	q.repairLocked()
 	if len(q.items) == 0 {
-		return nil, 0
+		return nil, 0, false
 	}
 	all := q.sort[:0]
 	for _, it := range q.items {
@@ -143,6 +182,7 @@ func (q *broadcastQueue) get(overhead, limit int) (msgs [][]byte, own int) {
 	for _, it := range all {
 		n := overhead + len(it.b.msg)
 		if used+n > limit {
+			left = true
 			continue // a smaller one may fit
 		}
 		used += n
@@ -160,7 +200,7 @@ func (q *broadcastQueue) get(overhead, limit int) (msgs [][]byte, own int) {
 	}
 	clear(all)
 	q.sort = all[:0]
-	return msgs, own
+	return msgs, own, left
 }
 
 // repairLocked queues the own capacity update again when a repair is due:

@@ -49,8 +49,10 @@ type Cluster struct {
 
 	state  atomic.Int32 // running, leaving, closed
 	resync resyncer     // push/pulls after dropped gossip (resync.go)
-	lifeMu sync.Mutex   // serializes Leave and Shutdown
-	done   chan struct{}
+	// laneDone is done when the overflow lane's goroutine ends (lane.go).
+	laneDone sync.WaitGroup
+	lifeMu   sync.Mutex // serializes Leave and Shutdown
+	done     chan struct{}
 
 	metaMu  sync.Mutex             // serializes SetMeta's read-modify-write of meta
 	updMu   sync.Mutex             // serializes memberlist.UpdateNode, which reads its own node unlocked
@@ -83,6 +85,7 @@ type record struct {
 	base    Meta       // raw decoded; m.Meta is base with cap's free bytes
 	metaSeq uint64     // the capacity sequence number raw carries
 	cap     *capUpdate // the newest capacity update newer than raw, or nil
+	lane    bool       // raw says the node reads overflow lane batches
 }
 
 // New starts gossip for this node: it binds the transport (or takes over
@@ -101,7 +104,7 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	cfg = cfg.withDefaults()
 	cfg.Join = slices.Clone(cfg.Join)
 	boot := rand.Uint64() | 1 // never 0, which means "unknown"
-	enc, err := encodeMeta(meta, stamp{boot: boot})
+	enc, err := encodeMeta(meta, stamp{boot: boot, lane: true})
 	if err != nil {
 		return fail(fmt.Errorf("cluster: node %q: %w", cfg.Name, err))
 	}
@@ -161,6 +164,8 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 		return nil, fmt.Errorf("cluster: node %q: start gossip: %w", cfg.Name, err)
 	}
 	c.ml = ml
+	c.laneDone.Add(1)
+	go c.laneLoop(mc.GossipInterval, mc.GossipNodes, mc.UDPBufferSize-laneOverhead)
 	return c, nil
 }
 
@@ -344,7 +349,7 @@ func (c *Cluster) SetMeta(fn func(*Meta)) error {
 	if fn != nil {
 		fn(&m)
 	}
-	enc, err := encodeMeta(m, stamp{boot: c.boot, capSeq: c.capSeq})
+	enc, err := encodeMeta(m, stamp{boot: c.boot, capSeq: c.capSeq, lane: true})
 	if err != nil {
 		c.metaMu.Unlock()
 		return fmt.Errorf("cluster: node %q: SetMeta: %w", c.name, err)
@@ -357,7 +362,7 @@ func (c *Cluster) SetMeta(fn func(*Meta)) error {
 		// memberlist builds from NodeMeta (refutations) and for the next
 		// full announcement.
 		c.capSeq++
-		enc, err = encodeMeta(m, stamp{boot: c.boot, capSeq: c.capSeq})
+		enc, err = encodeMeta(m, stamp{boot: c.boot, capSeq: c.capSeq, lane: true})
 		if err == nil {
 			c.enc.Store(&enc)
 		}
@@ -550,6 +555,7 @@ func (c *Cluster) Shutdown() error {
 	err := errors.Join(c.ml.Shutdown(), c.tr.Shutdown())
 	c.stopResync()
 	close(c.done)
+	c.laneDone.Wait()
 	c.mu.Lock()
 	for s := range c.subs {
 		close(s.ch)
@@ -590,9 +596,11 @@ type Stats struct {
 	// offered.
 	BroadcastCalls, BroadcastRoom uint64
 	// CapacitySends counts the times one of this node's own capacity
-	// updates went into a gossip packet; CapacityRepairs the times the
+	// updates went into a gossip or overflow lane packet; LanePackets the
+	// packets the overflow lane sent, when memberlist's own messages left
+	// too little room (lane.go); CapacityRepairs the times the
 	// node sent its newest one again after its wave (broadcast.go).
-	CapacitySends, CapacityRepairs uint64
+	CapacitySends, LanePackets, CapacityRepairs uint64
 	// HandoffDrops counts gossip messages memberlist dropped on receipt
 	// because its handler queue was full (the node could not keep up);
 	// Resyncs the push/pulls the node started after such drops (resync.go).
@@ -640,6 +648,7 @@ func (c *Cluster) Stats() Stats {
 	s.CapacitySends = c.ctr.capacitySends.Load()
 	s.HandoffDrops = c.ctr.handoffDrops.Load()
 	s.Resyncs = c.ctr.resyncs.Load()
+	s.LanePackets = c.ctr.lanePackets.Load()
 	return s
 }
 
@@ -687,7 +696,7 @@ func (c *Cluster) onAlive(name, addr string, raw []byte) {
 	}
 	r.raw = raw
 	r.m.Addr = addr
-	r.base, r.metaSeq = meta, st.capSeq
+	r.base, r.metaSeq, r.lane = meta, st.capSeq, st.lane
 	r.m.Meta, r.m.Boot, r.m.MetaErr = meta, st.boot, err
 	if err != nil {
 		r.m.Boot = 0

@@ -29,10 +29,23 @@ func (d *delegate) NodeMeta(limit int) []byte {
 }
 
 // NotifyMsg receives user messages gossiped by peers: leave announcements
-// and capacity updates. News is passed on, so that it spreads like
-// memberlist's own broadcasts (even if a leaving node shuts down soon).
-// Unknown messages are ignored so that newer nodes can add kinds.
+// and capacity updates, alone or batched by a peer's overflow lane
+// (lane.go). News is passed on, so that it spreads like memberlist's own
+// broadcasts (even if a leaving node shuts down soon). Unknown messages
+// are ignored so that newer nodes can add kinds.
 func (d *delegate) NotifyMsg(b []byte) {
+	if msgs, ok := decodeBatch(b); ok {
+		for _, m := range msgs {
+			d.notifyOne(m)
+		}
+		return
+	}
+	d.notifyOne(b)
+}
+
+// notifyOne applies one leave announcement or capacity update and queues
+// it for gossip if it was news.
+func (d *delegate) notifyOne(b []byte) {
 	if name, boot, ok := decodeLeave(b); ok {
 		if d.c.onLeave(name, boot) {
 			d.c.bcast.queue(&gossipBroadcast{key: "leave/" + name, msg: append([]byte(nil), b...)}, false)

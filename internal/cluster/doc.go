@@ -67,9 +67,14 @@
 // (its handler queue was full), resyncs: 1 s after the first such drop,
 // and at most every 10 s, it exchanges state with one random peer by
 // push/pull, which carries every node's newest capacity update
-// (resync.go). Stats counts the queue, the room memberlist leaves it, the
-// node's own sends and repairs, the messages memberlist dropped on receipt
-// and the resyncs.
+// (resync.go). memberlist offers the queue only the room its own messages
+// leave in a packet; when suspicions crowd that out (a starved machine, a
+// flaky link), a round in which no gossip packet took all that was queued
+// makes the node send the queued messages itself, batched in packets of
+// its own to a gossip round's peers, their transmissions counted in the
+// same queue (lane.go). Stats counts the queue, the room memberlist leaves
+// it, the node's own sends and repairs, the overflow lane's packets, the
+// messages memberlist dropped on receipt and the resyncs.
 //
 // # Keys
 //

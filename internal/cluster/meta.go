@@ -35,6 +35,9 @@ const (
 	flagDraining = 1 << 0
 	// flagEvacuating came later: a reader that predates it sees a drain.
 	flagEvacuating = 1 << 1
+	// flagLane: the node reads overflow lane batches (lane.go), so peers
+	// may send it theirs; a node that predates them would drop them.
+	flagLane = 1 << 2
 )
 
 // TierFree is one tier's capacity as a node gossips it. A value; safe to copy.
@@ -173,10 +176,12 @@ func (m Meta) EncodedSize() (int, error) {
 // stamp is what the encoding carries beside a Meta: the node's boot id and
 // the sequence number of the newest capacity update (capacity.go) whose free
 // bytes the Meta's tiers already hold, so that a receiver can tell whether a
-// capacity update it holds is newer than the Meta.
+// capacity update it holds is newer than the Meta; and whether the node
+// reads overflow lane batches (flagLane).
 type stamp struct {
 	boot   uint64
 	capSeq uint64
+	lane   bool
 }
 
 // encodeMeta encodes m with its stamp. Layout, version 1:
@@ -186,7 +191,8 @@ type stamp struct {
 //	| 1 byte  | 1 byte| big endian| uvarint| uvarint+len | uvarint+len | uvarint| uvarint+len, uvarint, uvarint | uvarint |
 //	+---------+-------+-----------+--------+-------------+-------------+--------+-------------------------------+---------+
 //
-// Flags: bit 0 draining, bit 1 evacuating (added later).
+// Flags: bit 0 draining, bit 1 evacuating, bit 2 reads overflow lane
+// batches (the last two added later).
 // Appended later, after the tiers: cap seq (uvarint), then draining since
 // (uvarint, Unix ms), then zone (uvarint+len). Each is left out when 0 (or
 // empty) and nothing follows it, and readers that predate a field ignore it. Bytes after them are reserved for
@@ -202,6 +208,9 @@ func encodeMeta(m Meta, st stamp) ([]byte, error) {
 	}
 	if m.Evacuating {
 		flags |= flagEvacuating
+	}
+	if st.lane {
+		flags |= flagLane
 	}
 	b = append(b, metaVersion, flags)
 	b = binary.BigEndian.AppendUint64(b, st.boot)
@@ -294,7 +303,7 @@ func decodeMeta(b []byte) (Meta, stamp, error) {
 	}
 	m.Draining = b[1]&flagDraining != 0
 	m.Evacuating = b[1]&flagEvacuating != 0
-	st := stamp{boot: binary.BigEndian.Uint64(b[2:10])}
+	st := stamp{boot: binary.BigEndian.Uint64(b[2:10]), lane: b[1]&flagLane != 0}
 	r := metaReader{b: b[10:]}
 	m.Proto = uint32(r.uvarint("proto", math.MaxUint32))
 	m.GRPCAddr = r.str("grpc addr", MaxAddr)

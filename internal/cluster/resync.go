@@ -2,8 +2,11 @@ package cluster
 
 import (
 	"math/rand/v2"
+	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 // Resync after lost gossip. memberlist drops a gossip message on receipt
@@ -57,13 +60,13 @@ func (c *Cluster) resyncNow() {
 	if c.usable() != nil {
 		return
 	}
-	peer := c.randomPeer()
-	if peer == "" {
+	peers := c.randomPeers(1, false)
+	if len(peers) == 0 {
 		return
 	}
 	c.ctr.resyncs.Add(1)
-	if _, err := c.ml.Join([]string{peer}); err != nil {
-		c.log.Debug("resync after dropped gossip failed", "peer", peer, "err", err)
+	if _, err := c.ml.Join([]string{peers[0].Address()}); err != nil {
+		c.log.Debug("resync after dropped gossip failed", "peer", peers[0].Name, "err", err)
 	}
 }
 
@@ -80,19 +83,31 @@ func (c *Cluster) stopResync() {
 	r.wg.Wait()
 }
 
-// randomPeer returns the gossip address of a random alive member other
-// than this node, or "".
-func (c *Cluster) randomPeer() string {
+// randomPeers returns up to k random alive members other than this node,
+// those that read overflow lane batches only if lane is set.
+func (c *Cluster) randomPeers(k int, lane bool) []*memberlist.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var addr string
+	var out []*memberlist.Node
 	n := 0
 	for name, r := range c.members {
-		if name != c.name && r.m.State == StateAlive && r.m.Addr != "" {
-			if n++; rand.IntN(n) == 0 { // reservoir sampling: each with probability 1/n
-				addr = r.m.Addr
-			}
+		if name == c.name || r.m.State != StateAlive || (lane && !r.lane) {
+			continue
+		}
+		ap, err := netip.ParseAddrPort(r.m.Addr)
+		if err != nil {
+			continue // not yet known, or not an IP (memberlist always gives one)
+		}
+		// Reservoir sampling: each is kept with probability k/n.
+		n++
+		// A memberlist node as gossip addresses it; PMax 5 (memberlist
+		// v0.7.0's, every node of this build) has packets to it carry a CRC.
+		node := &memberlist.Node{Name: name, Addr: ap.Addr().AsSlice(), Port: ap.Port(), PMax: 5}
+		if len(out) < k {
+			out = append(out, node)
+		} else if i := rand.IntN(n); i < k {
+			out[i] = node
 		}
 	}
-	return addr
+	return out
 }

@@ -16,7 +16,7 @@ import (
 // is set, and otherwise checks that the committed corpus holds every one of
 // them.
 func TestWriteFuzzSeeds(t *testing.T) {
-	for target, seeds := range map[string][][]byte{"FuzzDecodeMeta": fuzzSeeds(), "FuzzDecodeCapacity": capacitySeeds()} {
+	for target, seeds := range map[string][][]byte{"FuzzDecodeMeta": fuzzSeeds(), "FuzzDecodeCapacity": capacitySeeds(), "FuzzDecodeBatch": batchSeeds()} {
 		dir := filepath.Join("testdata", "fuzz", target)
 		for _, s := range seeds {
 			name := fmt.Sprintf("seed-%x", sha256.Sum256(s))[:21]

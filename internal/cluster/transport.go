@@ -21,6 +21,7 @@ type counters struct {
 	broadcastRoom              atomic.Uint64
 	capacitySends              atomic.Uint64
 	resyncs                    atomic.Uint64
+	lanePackets                atomic.Uint64
 }
 
 // countingTransport wraps the node's transport to count gossip bytes. One
