@@ -581,13 +581,12 @@ func TestScale(t *testing.T) {
 	res.BalanceMax = slices.Max(fracs) / res.MeanUsed
 	res.BalanceMin = slices.Min(fracs) / res.MeanUsed
 	res.WallSeconds = time.Since(began).Seconds()
+	vanished, vanishedOf := w.vanished()
 	t.Logf("after the workload (%d lost segments freed by their owners, %d of them reported lost after the halt; %d listed by clients whose frees had been applied with their answers lost, %d their daemons dropped without a free): %d segments held, rdma used fraction mean %.3f, max/mean %.3f, min/mean %.3f",
-		freed, res.LostFreedAfterHalt, w.phantoms.Load(), w.vanished.Load(), res.Segments, res.MeanUsed, res.BalanceMax, res.BalanceMin)
+		freed, res.LostFreedAfterHalt, w.phantoms.Load(), vanished, res.Segments, res.MeanUsed, res.BalanceMax, res.BalanceMin)
 
-	if w.vanished.Load() > 0 {
-		w.mu.Lock()
-		t.Logf("segments their clients' daemons hold no record of, by client: %v", w.vanishedOf)
-		w.mu.Unlock()
+	if vanished > 0 {
+		t.Logf("segments their clients' daemons hold no record of, by client: %v", vanishedOf)
 	}
 	report(t, res)
 	if *scaleOut != "" {

@@ -632,12 +632,13 @@ type simWorkload struct {
 	lastAllocErr                             atomic.Pointer[error] // the last failed allocation's
 	// phantoms counts segments a client listed although its daemon had
 	// none after a failed free of them: frees applied whose answers were
-	// lost; vanished those it had none of without a free (freeLostOf).
-	phantoms, vanished atomic.Uint64
+	// lost (freeLostOf).
+	phantoms atomic.Uint64
 
 	mu      sync.Mutex
 	clients []*simClient // one per worker, the live ones at the end
-	// vanishedOf counts the vanished segments per client id (guarded by mu).
+	// vanishedOf counts, per client id, the segments a client listed that
+	// its daemon had no record of without a free of them (freeLostOf).
 	vanishedOf map[string]int
 }
 
@@ -852,6 +853,18 @@ func (w *simWorkload) allocErr() string {
 	return "none"
 }
 
+// vanished returns how many segments clients listed that their daemons
+// had no record of without a free of them, and the count per client.
+func (w *simWorkload) vanished() (int, map[string]int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, k := range w.vanishedOf {
+		n += k
+	}
+	return n, maps.Clone(w.vanishedOf)
+}
+
 // held returns how many segments the live clients hold.
 func (w *simWorkload) held() int {
 	w.mu.Lock()
@@ -918,7 +931,6 @@ func (w *simWorkload) freeLostOf(c *simClient) int {
 				w.phantoms.Add(1)
 			case !c.segs[i].vanished:
 				c.segs[i].vanished = true
-				w.vanished.Add(1)
 				w.vanishedOf[c.id]++
 			}
 			w.mu.Unlock()

@@ -84,29 +84,30 @@ func (c *Cluster) stopResync() {
 }
 
 // randomPeers returns up to k random alive members other than this node,
-// those that read overflow lane batches only if lane is set.
+// those that read overflow lane batches only if lane is set, as memberlist
+// addresses them: every node of this build speaks memberlist's newest
+// protocol version, with which packets carry a CRC.
 func (c *Cluster) randomPeers(k int, lane bool) []*memberlist.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []*memberlist.Node
+	var picked []*record
 	n := 0
 	for name, r := range c.members {
-		if name == c.name || r.m.State != StateAlive || (lane && !r.lane) {
+		if name == c.name || r.m.State != StateAlive || (lane && !r.lane) || r.m.Addr == "" {
 			continue
-		}
-		ap, err := netip.ParseAddrPort(r.m.Addr)
-		if err != nil {
-			continue // not yet known, or not an IP (memberlist always gives one)
 		}
 		// Reservoir sampling: each is kept with probability k/n.
 		n++
-		// A memberlist node as gossip addresses it; PMax 5 (memberlist
-		// v0.7.0's, every node of this build) has packets to it carry a CRC.
-		node := &memberlist.Node{Name: name, Addr: ap.Addr().AsSlice(), Port: ap.Port(), PMax: 5}
-		if len(out) < k {
-			out = append(out, node)
+		if len(picked) < k {
+			picked = append(picked, r)
 		} else if i := rand.IntN(n); i < k {
-			out[i] = node
+			picked[i] = r
+		}
+	}
+	out := make([]*memberlist.Node, 0, len(picked))
+	for _, r := range picked {
+		if ap, err := netip.ParseAddrPort(r.m.Addr); err == nil { // memberlist always gives an IP
+			out = append(out, &memberlist.Node{Name: r.m.Name, Addr: ap.Addr().AsSlice(), Port: ap.Port(), PMax: memberlist.ProtocolVersionMax})
 		}
 	}
 	return out
