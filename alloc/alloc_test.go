@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/farmem/farmem/alloc"
+	"github.com/farmem/farmem/internal/faultproxy"
 	"github.com/farmem/farmem/internal/pooltest"
 	"github.com/farmem/farmem/pool"
 )
@@ -420,6 +422,63 @@ func TestDialWithoutDaemon(t *testing.T) {
 	require.ErrorIs(t, err, alloc.ErrInvalid)
 	_, err = alloc.Dial(ctx, "tcp://127.0.0.1:1")
 	require.Error(t, err)
+}
+
+// TestReclaimedWhileAway cuts a live remote client off its daemon for
+// longer than the lease TTL: the daemon reclaims its unnamed segment and,
+// when the client is back, tells it so first, and the segment's operations
+// then fail at once with ErrLeaseExpired saying why, while its named
+// segment is still its own.
+func TestReclaimedWhileAway(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.Listen = "127.0.0.1:0"
+	pooltest.TLS(t, &cfg)
+	d := pooltest.Start(t, cfg)
+	var cut atomic.Bool
+	proxy, err := faultproxy.Start(faultproxy.Config{Target: d.ListenAddr(), ReplyBudget: func() int {
+		if cut.Load() {
+			return 1 // not even a TLS handshake gets through
+		}
+		return 0
+	}})
+	require.NoError(t, err)
+	defer proxy.Close()
+	c := dial(t, "tcp://"+proxy.Addr(), alloc.WithTLS(pooltest.ClientTLS(t, "away-app")))
+	ctx := t.Context()
+	seg, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	kept, err := c.Alloc(ctx, 1<<20, alloc.WithTier(alloc.TierRDMA), alloc.WithName("kept-while-away"))
+	require.NoError(t, err)
+	_, err = seg.WriteAt([]byte("before"), 0)
+	require.NoError(t, err)
+
+	cut.Store(true)
+	proxy.KillAll()
+	watcher := dial(t, cfg.Socket)
+	rdmaSegments := func() int64 {
+		tiers, err := watcher.Tiers(ctx)
+		require.NoError(t, err)
+		for _, ti := range tiers {
+			if ti.Tier == alloc.TierRDMA {
+				return ti.Segments
+			}
+		}
+		return -1
+	}
+	require.Eventually(t, func() bool { return rdmaSegments() == 1 }, 10*time.Second, 20*time.Millisecond,
+		"the daemon reclaims the unnamed segment of a client away for longer than the lease (1s)")
+	cut.Store(false)
+
+	require.Eventually(t, func() bool {
+		_, err := seg.ReadAt(make([]byte, 6), 0)
+		return errors.Is(err, alloc.ErrLeaseExpired) && strings.Contains(err.Error(), "lease ran out")
+	}, 10*time.Second, 20*time.Millisecond, "the returning client is told that its segment was reclaimed")
+	_, err = seg.WriteAt([]byte("after"), 0)
+	require.ErrorIs(t, err, alloc.ErrLeaseExpired)
+	require.NoError(t, seg.Free(ctx), "freeing a reclaimed segment only lets go of it here")
+	_, err = kept.WriteAt([]byte("still mine"), 0)
+	require.NoError(t, err)
+	require.NoError(t, kept.Free(ctx))
 }
 
 func TestClosedClient(t *testing.T) {

@@ -102,10 +102,10 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	c.pre.ctx, c.pre.stop = context.WithCancel(context.Background())
 	c.sess, err = session.Dial(ctx, network, path, session.Options{
 		ClientID: o.clientID, ClientName: o.clientName,
-		OnEvents: c.segmentEvents,
-		TLS:      tlsFor(network, o.tls),
-		OnDown:   c.dropFD,
-		MaxWait:  o.timeout,
+		OnEvents: c.segmentEvents, OnReclaimed: c.segmentsReclaimed,
+		TLS:     tlsFor(network, o.tls),
+		OnDown:  c.dropFD,
+		MaxWait: o.timeout,
 	})
 	if err != nil {
 		return nil, dialError(ctx, network, path, o.tls, err)
@@ -191,6 +191,27 @@ func (c *Client) segmentEvents(ev *poolv1.SegmentEvents) {
 		if r, ok := s.base().(*remote); ok {
 			r.adopt(moved[s.info.Id])
 		}
+	}
+}
+
+// segmentsReclaimed fails the operations of the client's segments ids,
+// which the daemon reclaimed when the client's lease ran out, with
+// ErrLeaseExpired (Segment.setReclaimed).
+func (c *Client) segmentsReclaimed(ids []uint64) {
+	gone := map[uint64]bool{}
+	for _, id := range ids {
+		gone[id] = true
+	}
+	c.mu.Lock()
+	var hit []*Segment
+	for s := range c.segs {
+		if gone[s.info.Id] {
+			hit = append(hit, s)
+		}
+	}
+	c.mu.Unlock()
+	for _, s := range hit {
+		s.setReclaimed()
 	}
 }
 
@@ -435,6 +456,9 @@ func (c *Client) free(ctx context.Context, s *Segment) error {
 	c.mu.Lock()
 	delete(c.segs, s)
 	c.mu.Unlock()
+	if s.reclaimed.Load() {
+		return nil // freed by the daemon when the lease ran out
+	}
 	if c.network == "unix" {
 		_, sid, err := c.callCtx(ctx)
 		if err != nil {

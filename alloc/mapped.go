@@ -46,12 +46,16 @@ type mapped struct {
 // ErrSegmentLost, whether or not the kernel has taken the pages yet.
 type guarded struct {
 	mapped
-	id   uint64      // the segment's, for errors
-	lost atomic.Bool // the daemon reported the segment lost
+	id        uint64      // the segment's, for errors
+	lost      atomic.Bool // the daemon reported the segment lost
+	reclaimed atomic.Bool // the daemon reclaimed it when the client's lease ran out
 }
 
-// check fails once the segment is reported lost.
+// check fails once the segment is reported lost or reclaimed.
 func (g *guarded) check() error {
+	if g.reclaimed.Load() {
+		return reclaimedErr(g.id)
+	}
 	if g.lost.Load() {
 		return fmt.Errorf("segment %d: its device went away (poold reported it lost): %w", g.id, ErrSegmentLost)
 	}

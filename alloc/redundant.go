@@ -347,7 +347,7 @@ func (r *redundant) run(caller context.Context, ops []*rdma.Op, try func(ctx con
 // One that ran out the operation timeout matches errs.ErrTooFewHomes
 // (once: a failure to decode matches it already).
 func (r *redundant) timedOut(caller, ctx context.Context, pending []*rdma.Op, err, reach error) error {
-	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) || errors.Is(cause, ErrClosed) {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) || errors.Is(cause, ErrLeaseExpired) || errors.Is(cause, ErrClosed) {
 		return fmt.Errorf("segment %d: %w", r.info.Id, cause)
 	}
 	why := fmt.Sprintf("its homes did not complete it within %s", r.c.opts.opTimeout)

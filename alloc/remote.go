@@ -462,7 +462,7 @@ func (r *remote) run(caller context.Context, ops []*rdma.Op) error {
 // whether it runs.
 func (r *remote) timedOut(caller, ctx context.Context, pending []*rdma.Op, err, reach error) error {
 	node := r.plane.Load().node
-	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrSegmentLost) || errors.Is(cause, ErrLeaseExpired) {
 		return fmt.Errorf("segment %d on %s: %w", r.info.Id, node, cause)
 	}
 	why, end := fmt.Sprintf("the home was unreachable for %s", r.c.opts.opTimeout), ctx.Err()
@@ -826,6 +826,9 @@ func (r *remote) adopt(info *poolv1.Segment) {
 // of retrying, and so do those of a segment mapped from a device that went
 // away (guarded). Other backends learn of a loss from their memory or home.
 func (s *Segment) setLost(lost bool) {
+	if s.reclaimed.Load() {
+		return
+	}
 	switch b := s.base().(type) {
 	case *remote:
 		b.setLost(lost)
@@ -834,6 +837,31 @@ func (s *Segment) setLost(lost bool) {
 	case *guarded:
 		b.lost.Store(lost)
 	}
+}
+
+// setReclaimed fails the segment's operations from now on with
+// ErrLeaseExpired: its daemon reclaimed it when this client's lease ran
+// out (the client held no session for longer than the lease TTL). A
+// segment mapped with pages of its own (an emulated device's file on
+// tmpfs, a DRAM memfd) keeps them: its calls and its Bytes view go on
+// reading and writing them, but they are the pool's no more.
+func (s *Segment) setReclaimed() {
+	s.reclaimed.Store(true)
+	why := func() error { return reclaimedErr(s.info.Id) }
+	switch b := s.base().(type) {
+	case *remote:
+		markLost(b.c, &b.lost, true, why)
+	case *redundant:
+		markLost(b.c, &b.lost, true, why)
+	case *guarded:
+		b.reclaimed.Store(true)
+	}
+}
+
+// reclaimedErr is what an operation on segment id answers once its
+// daemon said it reclaimed it.
+func reclaimedErr(id uint64) error {
+	return fmt.Errorf("segment %d was reclaimed: this client had no session with poold for longer than the lease TTL, so its lease ran out; allocate a new segment (alloc.WithName or WithPersist keeps one across a long disconnection): %w", id, ErrLeaseExpired)
 }
 
 func (r *remote) setLost(lost bool) {

@@ -47,6 +47,9 @@ type Segment struct {
 	// switching is closed when the tier switch under way ends; nil when
 	// none is.
 	switching atomic.Pointer[chan struct{}]
+	// reclaimed: the daemon said it reclaimed the segment when the
+	// client's lease ran out (setReclaimed); no notice undoes it.
+	reclaimed atomic.Bool
 }
 
 // The states of a Segment (Segment.state&stateMask), the unit of its
@@ -373,7 +376,9 @@ func (s *Segment) Add64(off int64, delta uint64) (uint64, error) {
 // Calls on the segment then return ErrClosed; a slice from Bytes must not
 // be used. Freeing twice, or after Close, returns ErrClosed. A shared
 // attachment is detached first (its modified pages written back), then the
-// segment freed for every sharer.
+// segment freed for every sharer. A segment the daemon reclaimed when the
+// client's lease ran out (its calls answer ErrLeaseExpired) is only
+// unmapped: its memory went back to the pool then.
 func (s *Segment) Free(ctx context.Context) error {
 	ok, derr := s.retire(ctx)
 	if !ok {

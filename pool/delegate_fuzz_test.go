@@ -45,7 +45,7 @@ func FuzzDelegateRequest(f *testing.F) {
 	p := newTestPool(f, cfg)
 	f.Cleanup(func() { p.close() })
 	const peer = peerClientPrefix + "a"
-	p.openSession("s", peer, "poold a", 1, 0)
+	p.openSession("s", peer, "", "poold a", 1, 0)
 	c, err := p.callerFor("s")
 	require.NoError(f, err)
 	seg, err := p.Alloc(f.Context(), c, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, HomeOnly: true, ForClient: "app"})

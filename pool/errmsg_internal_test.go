@@ -17,7 +17,7 @@ import (
 func TestAnswersBlameNoPoold(t *testing.T) {
 	p := newTestPool(t, testConfig(t)) // gossips with nobody
 	t.Cleanup(func() { p.close() })
-	p.openSession("s", "errmsg-client", "errmsg", 1, 0)
+	p.openSession("s", "errmsg-client", "", "errmsg", 1, 0)
 	client, err := p.callerFor("s")
 	require.NoError(t, err)
 	homes := make([]homeRef, 6)

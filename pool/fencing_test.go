@@ -62,7 +62,7 @@ func region(t *testing.T, r *record) rdma.Region {
 func TestFencing(t *testing.T) {
 	p, now := newServingPool(t)
 	ctx := t.Context()
-	p.openSession("s-old", "old", "old", 1, 0)
+	p.openSession("s-old", "old", "", "old", 1, 0)
 	oldC, err := p.callerFor("s-old")
 	require.NoError(t, err)
 	const n = 64 << 10
@@ -92,7 +92,7 @@ func TestFencing(t *testing.T) {
 	require.Empty(t, p.auth.identity("old"), "reap forgot the client id's binding")
 
 	// The same memory goes to a new client.
-	p.openSession("s-new", "new", "new", 2, 0)
+	p.openSession("s-new", "new", "", "new", 2, 0)
 	newC, err := p.callerFor("s-new")
 	require.NoError(t, err)
 	r2, err := p.Alloc(ctx, newC, allocRequest{Size: n, Tier: poolv1.Tier_TIER_RDMA})
@@ -492,7 +492,7 @@ func TestFailedFreeKeepsItsName(t *testing.T) {
 // for process pid of user uid and returns its caller.
 func sessionCaller(t testing.TB, p *core, sid, client string, pid int64, uid uint32) caller {
 	t.Helper()
-	p.openSession(sid, client, client, pid, uid)
+	p.openSession(sid, client, "", client, pid, uid)
 	c, err := p.callerFor(sid)
 	require.NoError(t, err)
 	return c

@@ -26,7 +26,7 @@ func TestGrantsMigration(t *testing.T) {
 	for id, ident := range map[string]string{"app": "uid:1000", "reader": "cn:reader", "other": "cn:other"} {
 		require.NoError(t, p.auth.bind(id, ident))
 	}
-	p.openSession("s1", "app", "app", 1, 1000)
+	p.openSession("s1", "app", "", "app", 1, 1000)
 	app, err := p.callerFor("s1")
 	require.NoError(t, err)
 	shared, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "shared"})
@@ -93,7 +93,7 @@ func TestAttachersBounded(t *testing.T) {
 	now := time.Unix(1000, 0)
 	p.now = func() time.Time { return now }
 	require.NoError(t, p.auth.bind("app", "uid:1000"))
-	p.openSession("s-app", "app", "app", 1, 1000)
+	p.openSession("s-app", "app", "", "app", 1, 1000)
 	app, err := p.callerFor("s-app")
 	require.NoError(t, err)
 	app.ident = "uid:1000"
@@ -147,7 +147,7 @@ func TestAttachersPerIdentity(t *testing.T) {
 	p := newTestPool(t, testConfig(t))
 	defer p.close()
 	require.NoError(t, p.auth.bind("app", "uid:1000"))
-	p.openSession("s-app", "app", "app", 1, 1000)
+	p.openSession("s-app", "app", "", "app", 1, 1000)
 	app, err := p.callerFor("s-app")
 	require.NoError(t, err)
 	app.ident = "uid:1000"

@@ -43,7 +43,7 @@ func FuzzWriteLostShardRequest(f *testing.F) {
 	cfg := testConfig(f)
 	p := newTestPool(f, cfg)
 	f.Cleanup(func() { p.close() })
-	p.openSession("s", "fuzz-client", "fuzz", 1, 0)
+	p.openSession("s", "fuzz-client", "", "fuzz", 1, 0)
 	client, err := p.callerFor("s")
 	require.NoError(f, err)
 	homes := func() []homeRef {

@@ -549,7 +549,7 @@ func TestSwitchOverCommit(t *testing.T) {
 // process pid) on p and returns its caller.
 func peerCaller(t *testing.T, p *core, node string, pid int64) caller {
 	t.Helper()
-	p.openSession("s-"+node, "poold/"+node, "poold "+node, pid, 0)
+	p.openSession("s-"+node, "poold/"+node, "", "poold "+node, pid, 0)
 	c, err := p.callerFor("s-" + node)
 	require.NoError(t, err)
 	return c

@@ -48,7 +48,7 @@ func newHotSwap(t *testing.T) *hotSwap {
 	require.NotNil(t, h.d, "an emulated cxl device")
 	h.back = &dev{Device: h.d.Device, tier: h.d.tier, usable: true}
 	t.Cleanup(func() { h.close(t) })
-	h.p.openSession("s-a", "app", "app", 1, 0)
+	h.p.openSession("s-a", "app", "", "app", 1, 0)
 	var err error
 	h.c, err = h.p.callerFor("s-a")
 	require.NoError(t, err)

@@ -103,6 +103,9 @@ type core struct {
 	names    map[string]uint64
 	clients  map[string]*client
 	sessions map[string]*sessionState
+	// reclaimed holds, per client whose lease ran out, the ids of the
+	// segments the reap freed, for its next session to be told.
+	reclaimed reclaimNotices
 	// drained is when memctl drain stopped placements for peers on this
 	// node (zero while it takes them) and when it began to evacuate
 	// (drain.go).

@@ -123,10 +123,10 @@ func TestLeaseReap(t *testing.T) {
 	defer p.close()
 	now := time.Unix(1000, 0)
 	p.now = func() time.Time { return now }
-	p.openSession("s1", "app", "app", 1, 0)
+	p.openSession("s1", "app", "", "app", 1, 0)
 	c, err := p.callerFor("s1")
 	require.NoError(t, err)
-	_, err = p.Alloc(t.Context(), c, allocRequest{Size: 1 << 20})
+	unnamed, err := p.Alloc(t.Context(), c, allocRequest{Size: 1 << 20})
 	require.NoError(t, err)
 	_, err = p.Alloc(t.Context(), c, allocRequest{Size: 1 << 20, Name: "kept"})
 	require.NoError(t, err)
@@ -137,7 +137,7 @@ func TestLeaseReap(t *testing.T) {
 	require.Len(t, p.List(), 2, "within the TTL nothing is reclaimed")
 
 	// The client comes back with the same identity, then leaves again.
-	p.openSession("s2", "app", "app", 2, 0)
+	p.openSession("s2", "app", "", "app", 2, 0)
 	now = now.Add(time.Hour)
 	p.reap()
 	require.Len(t, p.List(), 2, "a live session holds the lease")
@@ -150,6 +150,69 @@ func TestLeaseReap(t *testing.T) {
 
 	_, err = p.callerFor("s1")
 	require.ErrorIs(t, err, errs.ErrLeaseExpired)
+
+	// The client's next session is told which segments went (in its
+	// Welcome); the one after it is not told again, nor is a session of
+	// another identity that took the id.
+	_, reclaimed := p.openSession("s3", "app", "", "app", 3, 0)
+	require.Equal(t, []uint64{unnamed.ID}, reclaimed)
+	_, reclaimed = p.openSession("s4", "app", "", "app", 4, 0)
+	require.Empty(t, reclaimed)
+	p.unreclaimedTold("app", "", []uint64{unnamed.ID}) // s4's Welcome was not sent
+	_, reclaimed = p.openSession("s5", "app", "cn:other", "app", 5, 0)
+	require.Empty(t, reclaimed, "another identity is not told")
+	p.unreclaimedTold("app", "", []uint64{unnamed.ID})
+	_, reclaimed = p.openSession("s6", "app", "", "app", 6, 0)
+	require.Equal(t, []uint64{unnamed.ID}, reclaimed, "a notice whose Welcome was not sent is told next time")
+}
+
+// TestReclaimNotices checks the bounds of what a lease's expiry leaves for
+// the client's next session: the oldest notices go first past
+// maxReclaimedIDs, maxReclaimedClients or maxReclaimedAge, one notice
+// alone keeps its newest ids, and a notice is given only to the identity
+// its segments were reclaimed under.
+func TestReclaimNotices(t *testing.T) {
+	var n reclaimNotices
+	now := time.Unix(1000, 0)
+	ids := func(from, k int) []uint64 {
+		out := make([]uint64, k)
+		for i := range out {
+			out[i] = uint64(from + i)
+		}
+		return out
+	}
+	n.add("a", "uid:1", ids(1, 10), now)
+	n.add("b", "uid:2", ids(100, maxReclaimedIDs-20), now)
+	n.add("c", "uid:3", ids(900000, 10), now)
+	require.Equal(t, maxReclaimedIDs, n.total)
+	n.add("c", "uid:3", ids(900010, 1), now)
+	require.Nil(t, n.take("a", "uid:1", now), "the oldest notice went past the bound on ids")
+	require.Equal(t, ids(900000, 11), n.take("c", "uid:3", now), "a notice grows while its client stays away")
+	require.Nil(t, n.take("b", "uid:9", now), "another identity that took the client id is not told")
+	require.Nil(t, n.take("b", "uid:2", now), "a notice is given once, to whoever opens the next session")
+	require.Zero(t, n.total)
+	require.Zero(t, n.order.Len())
+
+	n.add("d", "uid:4", ids(1, maxReclaimedIDs+5), now)
+	require.Equal(t, ids(6, maxReclaimedIDs), n.take("d", "uid:4", now), "one notice alone keeps its newest ids")
+
+	n.add("e", "uid:5", ids(1, 3), now)
+	n.add("e", "uid:6", ids(7, 2), now)
+	require.Equal(t, ids(7, 2), n.take("e", "uid:6", now), "a notice under another identity replaces the old one")
+	require.Zero(t, n.total)
+
+	for i := range maxReclaimedClients + 1 {
+		n.add(fmt.Sprintf("client-%d", i), "uid:7", ids(i, 1), now)
+	}
+	require.Equal(t, maxReclaimedClients, n.order.Len(), "past the bound on clients")
+	require.Nil(t, n.take("client-0", "uid:7", now), "the oldest client's notice went")
+	require.Equal(t, ids(1, 1), n.take("client-1", "uid:7", now))
+
+	later := now.Add(maxReclaimedAge)
+	require.Nil(t, n.take("client-2", "uid:7", later), "a notice older than maxReclaimedAge is not told")
+	n.add("f", "uid:8", ids(5, 1), later)
+	require.Equal(t, 1, n.order.Len(), "the notices older than maxReclaimedAge went")
+	require.Equal(t, 1, n.total)
 }
 
 func TestDevdaxFromFixture(t *testing.T) {

@@ -569,7 +569,7 @@ func replicatedForApp(t *testing.T) (*simCluster, *Daemon, caller, *record) {
 	sc := redundantCluster(t, 4, fastDetection, true)
 	origin := sc.hosts[0].daemon()
 	require.NoError(t, origin.pool.credentials().bind("app", uidIdentity(1000)))
-	origin.pool.openSession("s-app", "app", "app", 1, 1000)
+	origin.pool.openSession("s-app", "app", "", "app", 1, 1000)
 	app, err := origin.pool.callerFor("s-app")
 	require.NoError(t, err)
 	s := redspec.Spec{Replicas: 2}

@@ -42,7 +42,7 @@ func FuzzAllocRequest(f *testing.F) {
 	cfg.MetadataFsync = false // thousands of commits; durability is not what this checks
 	p := newTestPool(f, cfg)
 	f.Cleanup(func() { p.close() })
-	p.openSession("s", "fuzz-client", "fuzz", 1, 0)
+	p.openSession("s", "fuzz-client", "", "fuzz", 1, 0)
 	client, err := p.callerFor("s")
 	require.NoError(f, err)
 

@@ -61,14 +61,18 @@ type scaleResult struct {
 	LoadConvMedRounds   float64 `json:"load_conv_median_rounds"`
 	HostP50Rounds       float64 `json:"host_p50_rounds"` // half the hosts had seen a change after this
 
-	Allocations   uint64  `json:"allocations"`
-	AllocFailures uint64  `json:"alloc_failures"`
-	Frees         uint64  `json:"frees"`
-	ClientDeaths  uint64  `json:"client_deaths"`
-	Segments      int     `json:"segments_held"`
-	MeanUsed      float64 `json:"mean_used_fraction"`
-	BalanceMax    float64 `json:"balance_max_over_mean"`
-	BalanceMin    float64 `json:"balance_min_over_mean"`
+	Allocations   uint64 `json:"allocations"`
+	AllocFailures uint64 `json:"alloc_failures"`
+	Frees         uint64 `json:"frees"`
+	ClientDeaths  uint64 `json:"client_deaths"`
+	// LeaseReclaimed counts segments live clients were told their daemon
+	// reclaimed when their lease ran out (cut off from it for longer than
+	// the lease TTL: a process starved of CPU for that long).
+	LeaseReclaimed uint64  `json:"lease_reclaimed"`
+	Segments       int     `json:"segments_held"`
+	MeanUsed       float64 `json:"mean_used_fraction"`
+	BalanceMax     float64 `json:"balance_max_over_mean"`
+	BalanceMin     float64 `json:"balance_min_over_mean"`
 
 	PartitionDeadSeconds float64 `json:"partition_all_dead_s"`
 	PartitionLost        int     `json:"partition_lost_segments"`
@@ -420,6 +424,7 @@ func TestScale(t *testing.T) {
 	res.SuspicionMinSecond = float64(sc.susp) * math.Max(1, math.Log10(float64(n))) * sc.probe.Seconds()
 	crashed := time.Now()
 	sc.crash(victim)
+	w.hostCrashed(victim) // its applications die with it
 	// Counted over the hosts still up: the victim's counter leaves the sum
 	// with it, and no rebuild starts before its death is detected.
 	rebuilt0 := sc.rebuildBytes()
@@ -582,8 +587,9 @@ func TestScale(t *testing.T) {
 	res.BalanceMin = slices.Min(fracs) / res.MeanUsed
 	res.WallSeconds = time.Since(began).Seconds()
 	vanished, vanishedOf := w.vanished()
-	t.Logf("after the workload (%d lost segments freed by their owners, %d of them reported lost after the halt; %d listed by clients whose frees had been applied with their answers lost, %d their daemons dropped without a free): %d segments held, rdma used fraction mean %.3f, max/mean %.3f, min/mean %.3f",
-		freed, res.LostFreedAfterHalt, w.phantoms.Load(), vanished, res.Segments, res.MeanUsed, res.BalanceMax, res.BalanceMin)
+	res.LeaseReclaimed = w.reclaimed.Load()
+	t.Logf("after the workload (%d lost segments freed by their owners, %d of them reported lost after the halt; %d listed by clients whose frees had been applied with their answers lost, %d their daemons reclaimed when the clients' leases ran out, %d their daemons dropped otherwise): %d segments held, rdma used fraction mean %.3f, max/mean %.3f, min/mean %.3f",
+		freed, res.LostFreedAfterHalt, w.phantoms.Load(), res.LeaseReclaimed, vanished, res.Segments, res.MeanUsed, res.BalanceMax, res.BalanceMin)
 
 	if vanished > 0 {
 		t.Logf("segments their clients' daemons hold no record of, by client: %v", vanishedOf)
@@ -685,6 +691,7 @@ func report(t *testing.T, r scaleResult) {
 	row("half the hosts saw a change after", "%.1f rounds", r.HostP50Rounds)
 	row("placement: used fraction max/mean, min/mean", "%.3f, %.3f (mean %.3f, %d segments)", r.BalanceMax, r.BalanceMin, r.MeanUsed, r.Segments)
 	row("workload", "%d allocs (%d failed), %d frees, %d client deaths", r.Allocations, r.AllocFailures, r.Frees, r.ClientDeaths)
+	row("  reclaimed when a live client's lease ran out", "%d segments (the client told so at its return)", r.LeaseReclaimed)
 	row("partition: sides list each other dead", "%.1f s (%d segments lost)", r.PartitionDeadSeconds, r.PartitionLost)
 	row("heal: all restored, redundancy, last flap", "%.1f s, %.1f s, %.1f s after the heal", r.HealSeconds, r.HealRedundantSeconds, r.HealStableSeconds)
 	row("  reclaimed at their home (peer lease ran out)", "%d segments, reported lost and freed", r.PartitionReclaimed)

@@ -70,8 +70,14 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	sid := newSessionID()
 	cred := s.d.pool.credentials().issue(sid, hello.ClientId, ident)
 	defer s.d.pool.credentials().revokeSession(sid)
-	events := s.d.pool.openSession(sid, hello.ClientId, hello.ClientName, hello.Pid, uid)
+	events, reclaimed := s.d.pool.openSession(sid, hello.ClientId, ident, hello.ClientName, hello.Pid, uid)
 	defer s.d.pool.closeSession(sid)
+	told := false
+	defer func() {
+		if !told && len(reclaimed) > 0 {
+			s.d.pool.unreclaimedTold(hello.ClientId, ident, reclaimed)
+		}
+	}()
 	// The session holds the client's lease now. A reap of its lapsed lease
 	// between the bind and here, once its last segments went, forgot the
 	// binding, and every call of this session would then be refused as
@@ -85,10 +91,12 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	s.d.log.Debug("session opened", "session", sid, "client", hello.ClientId, "name", hello.ClientName, "pid", hello.Pid)
 	err = stream.Send(&poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Welcome{Welcome: &poolv1.Welcome{
 		SessionId: sid, LeaseTtlMs: s.d.cfg.LeaseTTL.Milliseconds(), Node: s.d.cfg.Node, DataCredential: cred,
+		Reclaimed: reclaimed,
 	}}})
 	if err != nil {
 		return err
 	}
+	told = true
 	// One goroutine receives; this one sends (a gRPC stream allows one
 	// sender at a time): keep-alive acks and segment notices.
 	recvErr := make(chan error, 1)

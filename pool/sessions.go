@@ -4,7 +4,9 @@
 package pool
 
 import (
+	"container/list"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,8 +54,11 @@ type sessionState struct {
 }
 
 // openSession starts (or resumes) a client's session and returns the
-// channel on which the client's segment notices arrive.
-func (p *core) openSession(sessionID, clientID, name string, pid int64, uid uint32) <-chan *poolv1.SegmentEvents {
+// channel on which the client's segment notices arrive, and the segments
+// its lease's expiry reclaimed, for its Welcome, if the identity ident the
+// caller proved is the one the client id was bound to then. A session that
+// fails before its Welcome is sent gives them back (unreclaimedTold).
+func (p *core) openSession(sessionID, clientID, ident, name string, pid int64, uid uint32) (<-chan *poolv1.SegmentEvents, []uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := p.clients[clientID]
@@ -65,7 +70,110 @@ func (p *core) openSession(sessionID, clientID, name string, pid int64, uid uint
 	c.sessions++
 	st := &sessionState{client: c, events: make(chan *poolv1.SegmentEvents, 64)}
 	p.sessions[sessionID] = st
-	return st.events
+	return st.events, p.reclaimed.take(clientID, ident, p.now())
+}
+
+// unreclaimedTold puts back the reclaimed segments openSession handed a
+// session that ended before its Welcome told them, for the next one.
+func (p *core) unreclaimedTold(clientID, ident string, ids []uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reclaimed.add(clientID, ident, ids, p.now())
+}
+
+// Bounds of reclaimNotices: the segment ids held for all clients together
+// (8 bytes each, 2 MiB), the clients (each notice also holds its client id
+// and identity, up to 255 bytes each), and how long a notice waits for its
+// client. A client id that never comes back (the library's default id is
+// new in every process) must not hold memory for good. Past a bound the
+// oldest notices go; a client whose notice went finds each reclaimed
+// segment gone at its next use (ErrLeaseExpired from its home, ErrNotFound
+// from the control plane).
+const (
+	maxReclaimedIDs     = 1 << 18
+	maxReclaimedClients = 1 << 14
+	maxReclaimedAge     = time.Hour
+)
+
+// reclaimNotices keeps, per client id, the segments a lease expiry
+// reclaimed until the client's next session takes them (openSession), so
+// that an application that came back too late learns at once which of
+// its segments are gone rather than at each one's next use. Not safe for
+// concurrent use: the core's mu guards it.
+type reclaimNotices struct {
+	of    map[string]*list.Element // of *reclaimNotice, in order
+	order list.List                // the notices by when they last grew, oldest first
+	total int                      // ids held in all
+}
+
+// reclaimNotice is one client's: the identity its id was bound to when
+// its segments ids were reclaimed. The binding of a client left with
+// nothing is forgotten (reap), and another identity may take the id next:
+// it is not told.
+type reclaimNotice struct {
+	client, ident string
+	ids           []uint64
+	at            time.Time // when ids last grew
+}
+
+// add records that client's segments ids were reclaimed at now while the
+// client id was bound to ident, dropping the notices past the bounds,
+// oldest first (and a single notice's oldest ids).
+func (n *reclaimNotices) add(client, ident string, ids []uint64, now time.Time) {
+	if len(ids) == 0 {
+		return
+	}
+	if n.of == nil {
+		n.of = map[string]*list.Element{}
+	}
+	var rn *reclaimNotice
+	if e := n.of[client]; e != nil {
+		rn = e.Value.(*reclaimNotice)
+		n.order.MoveToBack(e)
+		if rn.ident != ident {
+			n.total -= len(rn.ids)
+			rn.ident, rn.ids = ident, nil
+		}
+	} else {
+		rn = &reclaimNotice{client: client, ident: ident}
+		n.of[client] = n.order.PushBack(rn)
+	}
+	rn.ids = append(rn.ids, ids...)
+	rn.at = now
+	n.total += len(ids)
+	for n.order.Len() > 1 {
+		oldest := n.order.Front().Value.(*reclaimNotice)
+		if n.total <= maxReclaimedIDs && n.order.Len() <= maxReclaimedClients && now.Sub(oldest.at) < maxReclaimedAge {
+			break
+		}
+		n.remove(oldest)
+	}
+	if n.total > maxReclaimedIDs {
+		rn.ids = slices.Clone(rn.ids[n.total-maxReclaimedIDs:])
+		n.total = maxReclaimedIDs
+	}
+}
+
+// take returns client's notice and forgets it: its ids if ident is the
+// identity they were reclaimed under and the notice is younger than
+// maxReclaimedAge at now, none otherwise.
+func (n *reclaimNotices) take(client, ident string, now time.Time) []uint64 {
+	e := n.of[client]
+	if e == nil {
+		return nil
+	}
+	rn := e.Value.(*reclaimNotice)
+	n.remove(rn)
+	if rn.ident != ident || now.Sub(rn.at) >= maxReclaimedAge {
+		return nil
+	}
+	return rn.ids
+}
+
+func (n *reclaimNotices) remove(rn *reclaimNotice) {
+	n.order.Remove(n.of[rn.client])
+	delete(n.of, rn.client)
+	n.total -= len(rn.ids)
 }
 
 // notifyLocked queues segment notices for every session of each owner; a
@@ -197,6 +305,7 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 		}
 		var n, detached int
 		var bytes int64
+		var freed []uint64
 		failed := false
 		for _, r := range p.segs {
 			if r.Owner == id && !r.pinned() {
@@ -212,6 +321,7 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 				}
 				n++
 				bytes += r.Size
+				freed = append(freed, r.ID)
 				continue
 			}
 			ok, err := p.detachLocked(r, id)
@@ -229,6 +339,11 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 		}
 		if n > 0 || detached > 0 {
 			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes, "attachments", detached)
+		}
+		if !strings.HasPrefix(id, peerClientPrefix) {
+			// A peer daemon learns what went when it next reconciles
+			// with this home; an application, at its next session.
+			p.reclaimed.add(id, p.auth.identity(id), freed, now)
 		}
 		if failed {
 			// Kept, expired, for the next sweep: forgotten, its binding

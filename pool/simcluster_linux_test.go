@@ -595,6 +595,11 @@ type simClient struct {
 	id   string // its ClientID, the owner of its segments' records
 	conn *session.Conn
 	segs []simSeg
+	// reclaimed collects the ids its daemon said it reclaimed when the
+	// client's lease ran out (Welcome.reclaimed, on its next session).
+	reclaimed *simReclaimed
+	// dead: its host crashed, and the application with it.
+	dead atomic.Bool
 	// unsure: an Alloc failed (a timeout may have been allocated all the
 	// same), so the daemon may hold a segment for it that segs lacks;
 	// freeLostOf then adopts such segments, as an application would that
@@ -610,6 +615,30 @@ type simSeg struct {
 	// same, its answer lost. vanished: its daemon was found without a
 	// record of it, with no free of it tried (counted once).
 	freeFailed, vanished bool
+}
+
+// simReclaimed is what a client's session was told its lease's expiry
+// reclaimed; safe for concurrent use (the session's goroutine adds).
+type simReclaimed struct {
+	mu  sync.Mutex
+	ids map[uint64]bool
+}
+
+func (r *simReclaimed) add(ids []uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ids == nil {
+		r.ids = map[uint64]bool{}
+	}
+	for _, id := range ids {
+		r.ids[id] = true
+	}
+}
+
+func (r *simReclaimed) has(id uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ids[id]
 }
 
 // simWorkload drives clients that allocate, free and die on random hosts
@@ -629,7 +658,11 @@ type simWorkload struct {
 	wg          sync.WaitGroup
 
 	allocs, allocFails, frees, deaths, exits atomic.Uint64
-	lastAllocErr                             atomic.Pointer[error] // the last failed allocation's
+	// reclaimed counts segments clients dropped because their daemon
+	// said their lease's expiry reclaimed them (a client cut off its
+	// daemon for longer than the lease TTL).
+	reclaimed    atomic.Uint64
+	lastAllocErr atomic.Pointer[error] // the last failed allocation's
 	// phantoms counts segments a client listed although its daemon had
 	// none after a failed free of them: frees applied whose answers were
 	// lost (freeLostOf).
@@ -718,8 +751,9 @@ func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
 		h := w.sc.hosts[rnd.IntN(w.clientHosts)]
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		id := fmt.Sprintf("sim-%d-%d", slot, gen)
+		reclaimed := &simReclaimed{}
 		conn, err := session.Dial(ctx, "unix", h.cfg.Socket, session.Options{
-			ClientID: id, ClientName: "scale simulation client",
+			ClientID: id, ClientName: "scale simulation client", OnReclaimed: reclaimed.add,
 		})
 		cancel()
 		if err != nil { // the host went down meanwhile
@@ -728,9 +762,12 @@ func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
 			}
 			continue
 		}
-		c := &simClient{host: h, id: id, conn: conn}
+		c := &simClient{host: h, id: id, conn: conn, reclaimed: reclaimed}
 		w.mu.Lock()
 		w.clients[slot] = c
+		if h.daemon() == nil { // its host crashed since the dial
+			c.dead.Store(true)
+		}
 		w.mu.Unlock()
 		life := w.quota + rnd.IntN(2*w.quota) // operations before it exits or dies
 		seenLost := w.lostGen.Load()
@@ -738,6 +775,10 @@ func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
 			if !w.wait() {
 				return // stays alive: part of the final population
 			}
+			if c.dead.Load() {
+				break
+			}
+			w.dropReclaimed(c)
 			if g := w.lostGen.Load(); g != seenLost {
 				seenLost = g
 				w.freeLostOf(c)
@@ -748,11 +789,11 @@ func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
 				w.free(c, rnd.IntN(len(c.segs)), false)
 			}
 		}
-		if rnd.IntN(2) == 0 { // a clean exit frees first
+		if rnd.IntN(2) == 0 && !c.dead.Load() { // a clean exit frees first
 			// Each Free may wait out its timeout when daemons do not
 			// answer; once the workload halts (a failed check ends the
 			// test) the client stops freeing and dies instead.
-			for len(c.segs) > 0 && !w.halted() {
+			for len(c.segs) > 0 && !w.halted() && !c.dead.Load() {
 				w.free(c, len(c.segs)-1, true)
 			}
 		}
@@ -766,6 +807,47 @@ func (w *simWorkload) worker(slot int, rnd *rand.Rand) {
 		w.mu.Unlock()
 		conn.Close()
 	}
+}
+
+// hostCrashed ends the applications of host h, which crashed: they die
+// with it (their workers start new ones). Their segments' records survive
+// in the host's store; with no application coming back for them, the
+// rebooted host reclaims them when their lease runs out.
+func (w *simWorkload) hostCrashed(h *simHost) {
+	w.mu.Lock()
+	var dying []*simClient
+	for i, c := range w.clients {
+		if c != nil && c.host == h {
+			c.dead.Store(true)
+			w.clients[i] = nil
+			dying = append(dying, c)
+		}
+	}
+	w.mu.Unlock()
+	for _, c := range dying {
+		c.conn.Close()
+	}
+}
+
+// dropReclaimed drops from c's list the segments its daemon said it
+// reclaimed when c's lease ran out, as an application told so would. The
+// caller owns c.
+func (w *simWorkload) dropReclaimed(c *simClient) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := len(c.segs)
+	c.segs = slices.DeleteFunc(c.segs, func(s simSeg) bool {
+		if !c.reclaimed.has(s.id) {
+			return false
+		}
+		if s.vanished { // counted before the notice came
+			if w.vanishedOf[c.id]--; w.vanishedOf[c.id] == 0 {
+				delete(w.vanishedOf, c.id)
+			}
+		}
+		return true
+	})
+	w.reclaimed.Add(uint64(n - len(c.segs)))
 }
 
 // topUp has every live client allocate until it holds the quota, at the
@@ -904,6 +986,7 @@ func (w *simWorkload) freeLostOf(c *simClient) int {
 	if d == nil {
 		return 0
 	}
+	w.dropReclaimed(c)
 	if c.unsure { // adopt what an unanswered Alloc left it, once per failure
 		c.unsure = false
 		for _, r := range d.pool.List() {

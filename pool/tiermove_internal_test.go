@@ -47,8 +47,8 @@ func TestSwitchMoveVolatile(t *testing.T) {
 func TestMappers(t *testing.T) {
 	cfg := testConfig(t)
 	p := newTestPool(t, cfg)
-	p.openSession("s-app", "app", "app", 1, 0)
-	p.openSession("s-reader", "reader", "reader", 2, 0)
+	p.openSession("s-app", "app", "", "app", 1, 0)
+	p.openSession("s-reader", "reader", "", "reader", 2, 0)
 	// Two clients of one identity: the reader may attach what app made.
 	app, reader := caller{client: p.clients["app"], ident: "cn:app"}, caller{client: p.clients["reader"], ident: "cn:app"}
 	r, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "mapped"})

@@ -21,7 +21,7 @@ func TestReapWithdrawsDelegations(t *testing.T) {
 	ctx := t.Context()
 
 	require.NoError(t, origin.pool.auth.bind("app", "uid:1000"))
-	origin.pool.openSession("s-app", "app", "app", 1, 1000)
+	origin.pool.openSession("s-app", "app", "", "app", 1, 1000)
 	cred := origin.delegatedCred(ctx, home.cfg.Node, "app")
 	require.NotNil(t, cred)
 	conn, err := tcp.Dial(ctx, home.pool.dp.addr, tcp.WithCredential(cred), tcp.WithConns(1))

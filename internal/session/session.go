@@ -33,6 +33,11 @@ type Options struct {
 	// OnEvents receives the daemon's segment lost/restored notices; it runs
 	// on the session goroutine and must not block.
 	OnEvents func(*poolv1.SegmentEvents)
+	// OnReclaimed receives the ids of the client's segments that the
+	// daemon reclaimed because the client's lease ran out while it had no
+	// session (Welcome.reclaimed); it runs on the session goroutine, before
+	// Call hands out the new session, and must not block.
+	OnReclaimed func(ids []uint64)
 	// OnDown runs (on the session goroutine) when an established session
 	// breaks, before it is re-established.
 	OnDown func()
@@ -257,6 +262,9 @@ func (c *Conn) run(first chan<- error) (up bool) {
 	if w == nil {
 		report(fmt.Errorf("%w: poold answered Hello without Welcome", errs.ErrUnavailable))
 		return false
+	}
+	if len(w.Reclaimed) > 0 && c.opts.OnReclaimed != nil {
+		c.opts.OnReclaimed(w.Reclaimed)
 	}
 	c.mu.Lock()
 	c.session, c.node, c.leaseTTL = w.SessionId, w.Node, time.Duration(w.LeaseTtlMs)*time.Millisecond

@@ -778,8 +778,14 @@ type Welcome struct {
 	// (rdma/tcp hello) to this daemon: random, bound to the client's
 	// identity, refused once the session ends.
 	DataCredential []byte `protobuf:"bytes,4,opt,name=data_credential,json=dataCredential,proto3" json:"data_credential,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Segments of the client that the daemon reclaimed because the client's
+	// lease ran out while it held no session (it came back later than the
+	// lease TTL): its own segments without a name or persistence, freed.
+	// Told once, in the Welcome of the client's next session under the same
+	// identity; their ids name nothing of the client's any more.
+	Reclaimed     []uint64 `protobuf:"varint,5,rep,packed,name=reclaimed,proto3" json:"reclaimed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -836,6 +842,13 @@ func (x *Welcome) GetNode() string {
 func (x *Welcome) GetDataCredential() []byte {
 	if x != nil {
 		return x.DataCredential
+	}
+	return nil
+}
+
+func (x *Welcome) GetReclaimed() []uint64 {
+	if x != nil {
+		return x.Reclaimed
 	}
 	return nil
 }
@@ -5378,14 +5391,15 @@ const file_pool_proto_rawDesc = "" +
 	"\x04lost\x18\x01 \x03(\x04R\x04lost\x12\x1a\n" +
 	"\brestored\x18\x02 \x03(\x04R\brestored\x125\n" +
 	"\x06moving\x18\x03 \x03(\v2\x1d.farmem.pool.v1.SegmentMovingR\x06moving\x12-\n" +
-	"\x05moved\x18\x04 \x03(\v2\x17.farmem.pool.v1.SegmentR\x05moved\"\x87\x01\n" +
+	"\x05moved\x18\x04 \x03(\v2\x17.farmem.pool.v1.SegmentR\x05moved\"\xa5\x01\n" +
 	"\aWelcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12 \n" +
 	"\flease_ttl_ms\x18\x02 \x01(\x03R\n" +
 	"leaseTtlMs\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12'\n" +
-	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\"A\n" +
+	"\x0fdata_credential\x18\x04 \x01(\fR\x0edataCredential\x12\x1c\n" +
+	"\treclaimed\x18\x05 \x03(\x04R\treclaimed\"A\n" +
 	"\fKeepAliveAck\x121\n" +
 	"\x15lease_expires_unix_ms\x18\x01 \x01(\x03R\x12leaseExpiresUnixMs\"\xe3\x03\n" +
 	"\fAllocRequest\x12\x12\n" +
