@@ -361,24 +361,50 @@ func (ds *delegations) forget(client string) (homes []string) {
 	return homes
 }
 
-// undelegateLater tells home, in the background, that this daemon forgot
-// client (its lease ran out here): the home withdraws the credentials it
-// delegated to it and closes their connections, which would otherwise
-// act for whoever binds the id here next until that one's delegation.
-// Best effort: the home withdraws them at the latest when this daemon's
-// session there ends, or when the id is delegated for another identity.
+// undelegateLater withdraws, in the background, the credentials home
+// delegated to client over this daemon's peer session with it, once the
+// reap forgot client's binding: retried, backing off to 30 s
+// (retryLater), until the home answers, the peer session they were
+// delegated on has ended (they ended with it), or client is bound again
+// (whose next credential at home settles it: another identity's
+// withdraws these there, the same identity's keeps its connections). One
+// try that the home did not answer (a busy or cut-off home) left them
+// acting for whoever binds the id here next.
 func (p *core) undelegateLater(home, client string) {
-	p.peers.later(delegateTimeout, func(ctx context.Context) {
+	var first string // the peer session of the first answered call
+	try := func(ctx context.Context) error {
+		if p.auth.identity(client) != "" {
+			return nil // bound again
+		}
 		pc := p.peers.conn(home)
 		if pc == nil {
-			return
+			return nil // no session with home: its delegations ended with it
 		}
-		cctx, _, err := pc.Call(ctx)
+		ctx, cancel := context.WithTimeout(ctx, delegateTimeout)
+		defer cancel()
+		cctx, sid, err := pc.Call(ctx)
 		if err == nil {
+			if first == "" {
+				first = sid
+			} else if sid != first {
+				return nil // a new session: the old one's delegations ended with it
+			}
 			_, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Withdraw: true})
 		}
-		if err != nil {
-			p.log.Debug("withdraw a forgotten client's delegated credentials at a home", "home", home, "client", client, "err", errs.FromStatus(err))
+		switch err = errs.FromStatus(err); {
+		case err == nil:
+		case errors.Is(err, errs.ErrAccessDenied) || errors.Is(err, errs.ErrInvalid) || errors.Is(err, errs.ErrNotSupported):
+			// Refused, not failed: asking again gets the same answer.
+			p.log.Warn("withdraw a forgotten client's delegated credentials at a home: refused", "home", home, "client", client, "err", err)
+			return nil
+		default:
+			p.log.Debug("withdraw a forgotten client's delegated credentials at a home: retrying", "home", home, "client", client, "err", err)
+		}
+		return err
+	}
+	p.peers.later(0, func(ctx context.Context) {
+		if try(ctx) != nil {
+			p.retryLater(try)
 		}
 	})
 }

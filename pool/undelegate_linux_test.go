@@ -1,12 +1,18 @@
 package pool
 
 import (
+	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/tcp"
 )
@@ -15,8 +21,24 @@ import (
 // whose lease ran out, the homes that delegated it a credential withdraw
 // it and close the data-plane connections opened with it, which would
 // otherwise act for whoever binds the id at that daemon next.
+//
+// The home fails the first withdrawals it is asked in one case (as a busy
+// or cut-off one does): the origin asks again until it answers.
 func TestReapWithdrawsDelegations(t *testing.T) {
+	t.Run("answered", func(t *testing.T) { testReapWithdrawsDelegations(t, 0) })
+	t.Run("failed twice", func(t *testing.T) { testReapWithdrawsDelegations(t, 2) })
+}
+
+func testReapWithdrawsDelegations(t *testing.T, failures int64) {
 	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 2 * time.Second})
+	var withdrawals atomic.Int64
+	sc.hosts[1].cfg.sim.grpc = append(sc.hosts[1].cfg.sim.grpc, grpc.ChainUnaryInterceptor(
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+			if d, ok := req.(*poolv1.DelegateRequest); ok && d.Withdraw && withdrawals.Add(1) <= failures {
+				return nil, status.Error(codes.Unavailable, "the test fails this withdrawal")
+			}
+			return next(ctx, req)
+		}))
 	origin, home, kept, _ := startOwnerAndHome(t, sc)
 	ctx := t.Context()
 
@@ -38,4 +60,5 @@ func TestReapWithdrawsDelegations(t *testing.T) {
 	require.Eventually(t, func() bool { return home.pool.auth.authenticate(cred) != nil }, time.Minute, 50*time.Millisecond,
 		"the home withdraws the credential it delegated to app")
 	require.True(t, errors.Is(conn.Read(ctx, region, 0, make([]byte, 8)), rdma.ErrClosed), "and closes its connection")
+	require.Equal(t, failures+1, withdrawals.Load(), "the origin asked until the home answered, and no more")
 }
