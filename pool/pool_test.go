@@ -166,6 +166,37 @@ func TestLeaseReap(t *testing.T) {
 	require.Equal(t, []uint64{unnamed.ID}, reclaimed, "a notice whose Welcome was not sent is told next time")
 }
 
+// TestReapCommitsOnce: the reap of a client whose lease ran out removes
+// its segments from the metadata store in one commit, not one each under
+// the daemon's lock.
+func TestReapCommitsOnce(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	defer p.close()
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	p.openSession("s1", "app", "", "app", 1, 0)
+	c, err := p.callerFor("s1")
+	require.NoError(t, err)
+	const n = 40
+	for range n {
+		_, err = p.Alloc(t.Context(), c, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_LOCAL})
+		require.NoError(t, err)
+	}
+	commits := func() (k uint64) {
+		for _, f := range p.st.files() {
+			k += f.commits.Load()
+		}
+		return k
+	}
+	p.closeSession("s1")
+	now = now.Add(cfg.LeaseTTL)
+	before := commits()
+	p.reap()
+	require.Empty(t, p.List())
+	require.LessOrEqual(t, commits()-before, uint64(2), "one commit for the %d segments (and one for the client's binding)", n)
+}
+
 // TestReclaimNotices checks the bounds of what a lease's expiry leaves for
 // the client's next session: the oldest notices go first past
 // maxReclaimedIDs, maxReclaimedClients or maxReclaimedAge, one notice

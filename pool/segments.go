@@ -108,13 +108,19 @@ func (p *core) dropName(r *record) {
 	}
 }
 
-// unlinkFreed commits the removal of r and takes it out of the table, for
-// dispose to fence and release; p.mu is held.
-func (p *core) unlinkFreed(r *record) error {
-	if err := p.st.delete(r); err != nil {
-		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
+// unlinkFreed commits the removal of rs, in one transaction per store
+// file, and takes them out of the table, for dispose to fence and release;
+// p.mu is held. A failed commit leaves them all in the table.
+func (p *core) unlinkFreed(rs ...*record) error {
+	if err := p.st.delete(rs...); err != nil {
+		if len(rs) == 1 {
+			return fmt.Errorf("free segment %d: commit to the metadata store: %w", rs[0].ID, err)
+		}
+		return fmt.Errorf("free %d segments: commit to the metadata store: %w", len(rs), err)
 	}
-	p.unlink(r)
+	for _, r := range rs {
+		p.unlink(r)
+	}
 	return nil
 }
 

@@ -305,23 +305,11 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 		}
 		var n, detached int
 		var bytes int64
-		var freed []uint64
+		var mine []*record
 		failed := false
 		for _, r := range p.segs {
 			if r.Owner == id && !r.pinned() {
-				if err := p.unlinkFreed(r); err != nil {
-					p.log.Error("reclaim", "segment", r.ID, "err", err)
-					failed = true
-					continue
-				}
-				if p.fencedHere(r) {
-					reaped = append(reaped, r)
-				} else {
-					p.release(r, "lease expired") // nothing to wait for
-				}
-				n++
-				bytes += r.Size
-				freed = append(freed, r.ID)
+				mine = append(mine, r)
 				continue
 			}
 			ok, err := p.detachLocked(r, id)
@@ -335,6 +323,26 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 				if len(r.homeNodes()) > 0 {
 					p.tellLater(r.ID)
 				}
+			}
+		}
+		// The client's segments leave the store in one commit: one each,
+		// under p.mu, held every call of every client up for as many
+		// commits as the client had segments (up to
+		// --max-segments-per-client).
+		var freed []uint64
+		if err := p.unlinkFreed(mine...); err != nil {
+			p.log.Error("reclaim the segments of a client whose lease expired", "client", id, "err", err)
+			failed = true
+		} else {
+			for _, r := range mine {
+				if p.fencedHere(r) {
+					reaped = append(reaped, r)
+				} else {
+					p.release(r, "lease expired") // nothing to wait for
+				}
+				n++
+				bytes += r.Size
+				freed = append(freed, r.ID)
 			}
 		}
 		if n > 0 || detached > 0 {
