@@ -167,20 +167,35 @@ func TestLeaseReap(t *testing.T) {
 }
 
 // TestReapCommitsOnce: the reap of a client whose lease ran out removes
-// its segments from the metadata store in one commit, not one each under
-// the daemon's lock.
+// its segments from the metadata store in one commit, and ends its
+// attachments in another, not one each under the daemon's lock.
 func TestReapCommitsOnce(t *testing.T) {
 	cfg := testConfig(t)
 	p := newTestPool(t, cfg)
 	defer p.close()
 	now := time.Unix(1000, 0)
 	p.now = func() time.Time { return now }
-	p.openSession("s1", "app", "", "app", 1, 0)
+	require.NoError(t, p.auth.bind("app", "uid:1000"))
+	require.NoError(t, p.auth.bind("other", "uid:1000"))
+	p.openSession("s1", "app", "uid:1000", "app", 1, 1000)
 	c, err := p.callerFor("s1")
 	require.NoError(t, err)
+	c.ident = "uid:1000"
 	const n = 40
 	for range n {
 		_, err = p.Alloc(t.Context(), c, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_LOCAL})
+		require.NoError(t, err)
+	}
+	// It attached ten named segments of another client's.
+	p.openSession("s2", "other", "uid:1000", "other", 2, 1000)
+	o, err := p.callerFor("s2")
+	require.NoError(t, err)
+	o.ident = "uid:1000"
+	for i := range 10 {
+		name := fmt.Sprintf("shared-%d", i)
+		_, err = p.Alloc(t.Context(), o, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Name: name})
+		require.NoError(t, err)
+		_, err = p.Attach(c, name)
 		require.NoError(t, err)
 	}
 	commits := func() (k uint64) {
@@ -193,8 +208,12 @@ func TestReapCommitsOnce(t *testing.T) {
 	now = now.Add(cfg.LeaseTTL)
 	before := commits()
 	p.reap()
-	require.Empty(t, p.List())
-	require.LessOrEqual(t, commits()-before, uint64(2), "one commit for the %d segments (and one for the client's binding)", n)
+	left := p.List()
+	require.Len(t, left, 10, "the named segments stay")
+	for _, r := range left {
+		require.Empty(t, r.Attached, "the attachments ended")
+	}
+	require.LessOrEqual(t, commits()-before, uint64(3), "one commit for the %d segments, one for the 10 attachments (and one for the client's binding)", n)
 }
 
 // TestReclaimNotices checks the bounds of what a lease's expiry leaves for

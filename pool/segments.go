@@ -275,18 +275,38 @@ func (p *core) Detach(c caller, id uint64) error {
 // detachLocked removes client from r's attachers, committed, and reports
 // whether it was one. p.mu is held.
 func (p *core) detachLocked(r *record, client string) (bool, error) {
-	i := slices.Index(r.Attached, client)
-	if i < 0 {
-		return false, nil
+	detached, err := p.detachAllLocked([]*record{r}, client)
+	return len(detached) > 0, err
+}
+
+// detachAllLocked removes client from the attachers of each of rs, in one
+// commit per store file, and returns the records it was an attacher of; a
+// failed commit changes none. p.mu is held.
+func (p *core) detachAllLocked(rs []*record, client string) ([]*record, error) {
+	var of, nexts []*record
+	for _, r := range rs {
+		i := slices.Index(r.Attached, client)
+		if i < 0 {
+			continue
+		}
+		next := *r
+		next.Attached = slices.Delete(slices.Clone(r.Attached), i, i+1)
+		of, nexts = append(of, r), append(nexts, &next)
 	}
-	next := *r
-	next.Attached = slices.Delete(slices.Clone(r.Attached), i, i+1)
-	if err := p.st.put(&next); err != nil {
-		return false, fmt.Errorf("detach segment %d: commit to the metadata store: %w", r.ID, err)
+	if len(of) == 0 {
+		return nil, nil
 	}
-	*r = next
-	p.allowData(r)
-	return true, nil
+	if err := p.st.put(nexts...); err != nil {
+		if len(of) == 1 {
+			return nil, fmt.Errorf("detach segment %d: commit to the metadata store: %w", of[0].ID, err)
+		}
+		return nil, fmt.Errorf("detach %d segments: commit to the metadata store: %w", len(of), err)
+	}
+	for i, r := range of {
+		*r = *nexts[i]
+		p.allowData(r)
+	}
+	return of, nil
 }
 
 // Stat returns a copy of one segment.

@@ -305,30 +305,30 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 		}
 		var n, detached int
 		var bytes int64
-		var mine []*record
+		var mine, attached []*record
 		failed := false
 		for _, r := range p.segs {
 			if r.Owner == id && !r.pinned() {
 				mine = append(mine, r)
-				continue
-			}
-			ok, err := p.detachLocked(r, id)
-			if err != nil {
-				p.log.Error("end the attachment of a client whose lease expired", "segment", r.ID, "client", id, "err", err)
-				failed = true
-				continue
-			}
-			if ok {
-				detached++
-				if len(r.homeNodes()) > 0 {
-					p.tellLater(r.ID)
-				}
+			} else if slices.Contains(r.Attached, id) {
+				attached = append(attached, r)
 			}
 		}
-		// The client's segments leave the store in one commit: one each,
-		// under p.mu, held every call of every client up for as many
-		// commits as the client had segments (up to
-		// --max-segments-per-client).
+		// The client's attachments end, and its segments leave the store,
+		// in one commit each: one per record, under p.mu, held every call
+		// of every client up for as many commits (fsynced, for named
+		// segments) as the client had segments and attachments.
+		ended, err := p.detachAllLocked(attached, id)
+		if err != nil {
+			p.log.Error("end the attachments of a client whose lease expired", "client", id, "err", err)
+			failed = true
+		}
+		for _, r := range ended {
+			detached++
+			if len(r.homeNodes()) > 0 {
+				p.tellLater(r.ID)
+			}
+		}
 		var freed []uint64
 		if err := p.unlinkFreed(mine...); err != nil {
 			p.log.Error("reclaim the segments of a client whose lease expired", "client", id, "err", err)
