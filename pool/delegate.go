@@ -361,52 +361,79 @@ func (ds *delegations) forget(client string) (homes []string) {
 	return homes
 }
 
-// undelegateLater withdraws, in the background, the credentials home
-// delegated to client over this daemon's peer session with it, once the
-// reap forgot client's binding: retried, backing off to 30 s
-// (retryLater), until the home answers, the peer session they were
-// delegated on has ended (they ended with it), or client is bound again
-// (whose next credential at home settles it: another identity's
-// withdraws these there, the same identity's keeps its connections). One
-// try that the home did not answer (a busy or cut-off home) left them
-// acting for whoever binds the id here next.
-func (p *core) undelegateLater(home, client string) {
-	var first string // the peer session of the first answered call
-	try := func(ctx context.Context) error {
-		if p.auth.identity(client) != "" {
-			return nil // bound again
-		}
-		pc := p.peers.conn(home)
-		if pc == nil {
-			return nil // no session with home: its delegations ended with it
-		}
-		ctx, cancel := context.WithTimeout(ctx, delegateTimeout)
-		defer cancel()
-		cctx, sid, err := pc.Call(ctx)
-		if err == nil {
-			if first == "" {
-				first = sid
-			} else if sid != first {
-				return nil // a new session: the old one's delegations ended with it
-			}
-			_, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Withdraw: true})
-		}
-		switch err = errs.FromStatus(err); {
-		case err == nil:
-		case errors.Is(err, errs.ErrAccessDenied) || errors.Is(err, errs.ErrInvalid) || errors.Is(err, errs.ErrNotSupported):
-			// Refused, not failed: asking again gets the same answer.
-			p.log.Warn("withdraw a forgotten client's delegated credentials at a home: refused", "home", home, "client", client, "err", err)
-			return nil
-		default:
-			p.log.Debug("withdraw a forgotten client's delegated credentials at a home: retrying", "home", home, "client", client, "err", err)
-		}
-		return err
+// forgetAt drops client's credential at home, if one is cached.
+func (ds *delegations) forgetAt(home, client string) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if h := ds.homes[home]; h != nil {
+		delete(h.creds, client)
 	}
+}
+
+// undelegateLater withdraws, in the background, the credentials home
+// delegated to client, once the reap forgot client's binding here: asked
+// again after a failure, from a second and backing off to 30 s, up to
+// withdrawTries times, until the home answers or refuses, there is no
+// session with home to ask on, or client is bound again (whose next
+// credential at home settles it: another identity's withdraws these
+// there, the same identity's keeps its connections). A single try that
+// the home did not answer (busy, or cut off for a moment) left them acting
+// for whoever binds the id here next until that one's delegation there;
+// past the tries, that delegation or the end of this daemon's session at
+// the home withdraws them.
+func (p *core) undelegateLater(home, client string) {
 	p.peers.later(0, func(ctx context.Context) {
-		if try(ctx) != nil {
-			p.retryLater(try)
+		wait := time.Second
+		for try := 1; p.withdrawDelegated(ctx, home, client) != nil; try++ {
+			if try == withdrawTries {
+				p.log.Warn("withdraw a forgotten client's delegated credentials at a home: gave up", "home", home, "client", client, "tries", try)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 30*time.Second)
 		}
 	})
+}
+
+// withdrawTries bounds undelegateLater's tries (about two and a half
+// minutes of them), so that clients reaped while a home does not answer
+// do not each keep a goroutine for as long as it stays away.
+const withdrawTries = 8
+
+// withdrawDelegated asks home to withdraw the credentials it delegated to
+// client; it returns an error when it is worth asking again. A withdrawal
+// that reached home may have cut a credential client, bound again
+// meanwhile, was just delegated there: the one cached here is dropped,
+// so that the client's next ask gets a new one rather than the cut one.
+func (p *core) withdrawDelegated(ctx context.Context, home, client string) error {
+	if p.auth.identity(client) != "" {
+		return nil // bound again
+	}
+	pc := p.peers.conn(home)
+	if pc == nil {
+		return nil // no session to ask on; home ends its delegations with the one it had
+	}
+	ctx, cancel := context.WithTimeout(ctx, delegateTimeout)
+	defer cancel()
+	cctx, _, err := pc.Call(ctx)
+	if err == nil {
+		_, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Withdraw: true})
+		p.deleg.forgetAt(home, client)
+	}
+	switch err = errs.FromStatus(err); {
+	case err == nil:
+	case errors.Is(err, errs.ErrAccessDenied) || errors.Is(err, errs.ErrInvalid) || errors.Is(err, errs.ErrNotSupported):
+		// Refused, not failed: asking again gets the same answer.
+		p.log.Warn("withdraw a forgotten client's delegated credentials at a home: refused", "home", home, "client", client, "err", err)
+		return nil
+	default:
+		p.log.Debug("withdraw a forgotten client's delegated credentials at a home: asking again", "home", home, "client", client, "err", err)
+	}
+	return err
 }
 
 // delegateTimeout bounds asking a home for a delegated credential, so that

@@ -213,7 +213,51 @@ func TestReapCommitsOnce(t *testing.T) {
 	for _, r := range left {
 		require.Empty(t, r.Attached, "the attachments ended")
 	}
-	require.LessOrEqual(t, commits()-before, uint64(3), "one commit for the %d segments, one for the 10 attachments (and one for the client's binding)", n)
+	require.LessOrEqual(t, commits()-before, uint64((n+reclaimBatch-1)/reclaimBatch+2), "a commit for every %d of the %d segments, one for the 10 attachments (and one for the client's binding)", reclaimBatch, n)
+}
+
+// TestReapCommitFails: a reap whose second removal commit fails leaves
+// the segments it did not remove in the table and the store, the client
+// expired, and the next sweep removes them; the client is told of all.
+func TestReapCommitFails(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	defer p.close()
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	p.openSession("s1", "app", "", "app", 1, 0)
+	c, err := p.callerFor("s1")
+	require.NoError(t, err)
+	n := reclaimBatch + 8
+	var ids []uint64
+	var f *storeFile
+	for range n {
+		r, err := p.Alloc(t.Context(), c, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_LOCAL})
+		require.NoError(t, err)
+		ids = append(ids, r.ID)
+		f = p.st.fileFor(r)
+	}
+	removals := 0
+	f.inject = func(removal bool) error {
+		if removal {
+			if removals++; removals > 1 {
+				return errors.New("the test refuses this commit")
+			}
+		}
+		return nil
+	}
+	p.closeSession("s1")
+	now = now.Add(cfg.LeaseTTL)
+	p.reap()
+	require.Len(t, p.List(), 8, "the first commit's segments went, the failed one's stayed")
+	loaded, _, err := f.load()
+	require.NoError(t, err)
+	require.Len(t, loaded, 8, "the store holds what the table holds")
+	f.inject = nil
+	p.reap()
+	require.Empty(t, p.List(), "the next sweep removed the rest")
+	_, told := p.openSession("s2", "app", "", "app", 2, 0)
+	require.ElementsMatch(t, ids, told, "the client is told of every segment reclaimed, over both sweeps")
 }
 
 // TestReclaimNotices checks the bounds of what a lease's expiry leaves for

@@ -27,7 +27,11 @@ func reclaimAt(t *testing.T, sc *simCluster, h homeRef) {
 func reclaimHere(p *core, id uint64, reason string) bool {
 	p.mu.Lock()
 	r := p.segs[id]
-	if r == nil || p.unlinkFreed(r) != nil {
+	if r == nil {
+		p.mu.Unlock()
+		return false
+	}
+	if _, err := p.unlinkFreed(r); err != nil {
 		p.mu.Unlock()
 		return false
 	}

@@ -108,20 +108,32 @@ func (p *core) dropName(r *record) {
 	}
 }
 
-// unlinkFreed commits the removal of rs, in one transaction per store
-// file, and takes them out of the table, for dispose to fence and release;
-// p.mu is held. A failed commit leaves them all in the table.
-func (p *core) unlinkFreed(rs ...*record) error {
-	if err := p.st.delete(rs...); err != nil {
-		if len(rs) == 1 {
-			return fmt.Errorf("free segment %d: commit to the metadata store: %w", rs[0].ID, err)
+// reclaimBatch is the most records one commit of a reclaim removes or
+// rewrites: few enough that a removal's new pages fit the store's reserve
+// on a full filesystem (reserveSize), many enough that a client's
+// thousands of segments take a few hundred commits, not thousands.
+const reclaimBatch = 32
+
+// unlinkFreed commits the removal of rs, in commits of at most
+// reclaimBatch records of one store file, and takes those committed out of
+// the table, for dispose to fence and release; p.mu is held. It returns
+// those; after a failed commit the others stay in the table and in the
+// store, and the error says why.
+func (p *core) unlinkFreed(rs ...*record) ([]*record, error) {
+	var done []*record
+	for batch := range p.st.batches(rs, reclaimBatch) {
+		if err := p.st.delete(batch...); err != nil {
+			if len(rs) == 1 {
+				return done, fmt.Errorf("free segment %d: commit to the metadata store: %w", rs[0].ID, err)
+			}
+			return done, fmt.Errorf("free %d of %d segments: commit to the metadata store: %w", len(rs)-len(done), len(rs), err)
 		}
-		return fmt.Errorf("free %d segments: commit to the metadata store: %w", len(rs), err)
+		for _, r := range batch {
+			p.unlink(r)
+		}
+		done = append(done, batch...)
 	}
-	for _, r := range rs {
-		p.unlink(r)
-	}
-	return nil
+	return done, nil
 }
 
 // dispose fences and releases records whose removal committed and that
@@ -279,11 +291,13 @@ func (p *core) detachLocked(r *record, client string) (bool, error) {
 	return len(detached) > 0, err
 }
 
-// detachAllLocked removes client from the attachers of each of rs, in one
-// commit per store file, and returns the records it was an attacher of; a
-// failed commit changes none. p.mu is held.
+// detachAllLocked removes client from the attachers of each of rs, in
+// commits of at most reclaimBatch records of one store file, and returns
+// the records it was detached from; after a failed commit the others keep
+// it, and the error says why. p.mu is held.
 func (p *core) detachAllLocked(rs []*record, client string) ([]*record, error) {
-	var of, nexts []*record
+	var nexts []*record
+	of := map[*record]*record{} // each next's record
 	for _, r := range rs {
 		i := slices.Index(r.Attached, client)
 		if i < 0 {
@@ -291,22 +305,25 @@ func (p *core) detachAllLocked(rs []*record, client string) ([]*record, error) {
 		}
 		next := *r
 		next.Attached = slices.Delete(slices.Clone(r.Attached), i, i+1)
-		of, nexts = append(of, r), append(nexts, &next)
+		nexts = append(nexts, &next)
+		of[&next] = r
 	}
-	if len(of) == 0 {
-		return nil, nil
-	}
-	if err := p.st.put(nexts...); err != nil {
-		if len(of) == 1 {
-			return nil, fmt.Errorf("detach segment %d: commit to the metadata store: %w", of[0].ID, err)
+	var done []*record
+	for batch := range p.st.batches(nexts, reclaimBatch) {
+		if err := p.st.put(batch...); err != nil {
+			if len(nexts) == 1 {
+				return done, fmt.Errorf("detach segment %d: commit to the metadata store: %w", nexts[0].ID, err)
+			}
+			return done, fmt.Errorf("detach %d of %d segments: commit to the metadata store: %w", len(nexts)-len(done), len(nexts), err)
 		}
-		return nil, fmt.Errorf("detach %d segments: commit to the metadata store: %w", len(of), err)
+		for _, next := range batch {
+			r := of[next]
+			*r = *next
+			p.allowData(r)
+			done = append(done, r)
+		}
 	}
-	for i, r := range of {
-		*r = *nexts[i]
-		p.allowData(r)
-	}
-	return of, nil
+	return done, nil
 }
 
 // Stat returns a copy of one segment.

@@ -315,9 +315,10 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 			}
 		}
 		// The client's attachments end, and its segments leave the store,
-		// in one commit each: one per record, under p.mu, held every call
-		// of every client up for as many commits (fsynced, for named
-		// segments) as the client had segments and attachments.
+		// in commits of many records (reclaimBatch): one per record, under
+		// p.mu, held every call of every client up for as many commits
+		// (fsynced, for named segments) as the client had segments and
+		// attachments. What a failed commit left stays for the next sweep.
 		ended, err := p.detachAllLocked(attached, id)
 		if err != nil {
 			p.log.Error("end the attachments of a client whose lease expired", "client", id, "err", err)
@@ -330,20 +331,20 @@ func (p *core) unlinkExpired() (reaped []*record, gone []string) {
 			}
 		}
 		var freed []uint64
-		if err := p.unlinkFreed(mine...); err != nil {
+		unlinked, err := p.unlinkFreed(mine...)
+		if err != nil {
 			p.log.Error("reclaim the segments of a client whose lease expired", "client", id, "err", err)
 			failed = true
-		} else {
-			for _, r := range mine {
-				if p.fencedHere(r) {
-					reaped = append(reaped, r)
-				} else {
-					p.release(r, "lease expired") // nothing to wait for
-				}
-				n++
-				bytes += r.Size
-				freed = append(freed, r.ID)
+		}
+		for _, r := range unlinked {
+			if p.fencedHere(r) {
+				reaped = append(reaped, r)
+			} else {
+				p.release(r, "lease expired") // nothing to wait for
 			}
+			n++
+			bytes += r.Size
+			freed = append(freed, r.ID)
 		}
 		if n > 0 || detached > 0 {
 			p.log.Info("reclaimed segments of a client whose lease expired", "client", id, "segments", n, "bytes", bytes, "attachments", detached)

@@ -671,6 +671,21 @@ func (s *store) byFile(rs []*record) iter.Seq2[*storeFile, []*record] {
 	}
 }
 
+// batches yields rs in groups of at most n records of one file each, the
+// fsynced file's first: each group commits in one transaction (put,
+// delete), so that it commits whole or not at all.
+func (s *store) batches(rs []*record, n int) iter.Seq[[]*record] {
+	return func(yield func([]*record) bool) {
+		for _, group := range s.byFile(rs) {
+			for batch := range slices.Chunk(group, n) {
+				if !yield(batch) {
+					return
+				}
+			}
+		}
+	}
+}
+
 // fileFor is the file that holds r's record (record.Volatile).
 func (s *store) fileFor(r *record) *storeFile {
 	if r.Volatile {
