@@ -337,9 +337,16 @@ func TestScale(t *testing.T) {
 	// no host is left to take one. A crash before that could take a third
 	// shard of a 4+2 segment that had two homes left to rebuild: lost by
 	// the test's timing, not the crash.
+	//
+	// The heal is given 4 minutes, and up to 6 while the rebuilds still
+	// move (fewer segments lost or not rebuilt than a minute before): on a
+	// busy 2-core machine they took 207 s in one run and were 3 short of
+	// done at 240 s in another, 44 of them having finished in the last 13 s.
 	const healQuiet = 15 * time.Second
 	deadline = time.Now().Add(4 * time.Minute)
+	hardDeadline := time.Now().Add(6 * time.Minute)
 	var stableSince, lastFree time.Time
+	moved, best := time.Now(), math.MaxInt // the last time the count of segments to heal fell, and its least
 	for tick := 1; ; tick++ {
 		_, err := sc.waitConverged(time.Second)
 		wrong, gone := sc.lostAtHome()
@@ -350,6 +357,9 @@ func TestScale(t *testing.T) {
 			lastFree = time.Now()
 		}
 		degraded := sc.rebuildState(sc.redundantOn(""), "").pending
+		if left := lost + len(degraded); left < best {
+			best, moved = left, time.Now()
+		}
 		if err == nil && lost == 0 && res.HealSeconds == 0 {
 			res.HealSeconds = time.Since(healed).Seconds()
 		}
@@ -371,10 +381,10 @@ func TestScale(t *testing.T) {
 				t.Logf("the lost ones:\n%s", sc.explainLost())
 			}
 		}
-		if time.Now().After(deadline) { // the diagnosis only then: it walks every record
+		if now := time.Now(); now.After(deadline) && (now.Sub(moved) > time.Minute || now.After(hardDeadline)) { // the diagnosis only then: it walks every record
 			slices.Sort(degraded)
-			require.Failf(t, "heal", "4 minutes after the heal: membership %v, %d segments lost:\n%s\n%d redundant segments not rebuilt: %s",
-				err, lost, sc.explainLost(), len(degraded), strings.Join(degraded[:min(20, len(degraded))], "; "))
+			require.Failf(t, "heal", "%.0f s after the heal (the last progress %.0f s before): membership %v, %d segments lost:\n%s\n%d redundant segments not rebuilt: %s",
+				time.Since(healed).Seconds(), time.Since(moved).Seconds(), err, lost, sc.explainLost(), len(degraded), strings.Join(degraded[:min(20, len(degraded))], "; "))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
