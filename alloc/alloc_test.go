@@ -457,7 +457,9 @@ func TestReclaimedWhileAway(t *testing.T) {
 	watcher := dial(t, cfg.Socket)
 	rdmaSegments := func() int64 {
 		tiers, err := watcher.Tiers(ctx)
-		require.NoError(t, err)
+		if err != nil { // not FailNow: Eventually calls this on another goroutine
+			return -1
+		}
 		for _, ti := range tiers {
 			if ti.Tier == alloc.TierRDMA {
 				return ti.Segments

@@ -111,7 +111,7 @@ func (p *core) dropName(r *record) {
 // reclaimBatch is the most records one commit of a reclaim removes or
 // rewrites: few enough that a removal's new pages fit the store's reserve
 // on a full filesystem (reserveSize), many enough that a client's
-// thousands of segments take a few hundred commits, not thousands.
+// thousands of segments take a thirty-second as many commits.
 const reclaimBatch = 32
 
 // unlinkFreed commits the removal of rs, in commits of at most
