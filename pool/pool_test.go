@@ -70,6 +70,17 @@ func newTestPool(t testing.TB, cfg Config) *core {
 
 func admin() caller { return caller{} }
 
+// clockedPool is a test pool whose clock stands still at *now until the
+// test moves it; the pool closes with the test.
+func clockedPool(t *testing.T) (Config, *core, *time.Time) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	t.Cleanup(func() { p.close() })
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	return cfg, p, &now
+}
+
 func TestRestartKeepsSegments(t *testing.T) {
 	cfg := testConfig(t)
 	p := newTestPool(t, cfg)
@@ -118,31 +129,25 @@ func TestRestartKeepsSegments(t *testing.T) {
 }
 
 func TestLeaseReap(t *testing.T) {
-	cfg := testConfig(t)
-	p := newTestPool(t, cfg)
-	defer p.close()
-	now := time.Unix(1000, 0)
-	p.now = func() time.Time { return now }
-	p.openSession("s1", "app", "", "app", 1, 0)
-	c, err := p.callerFor("s1")
-	require.NoError(t, err)
+	cfg, p, now := clockedPool(t)
+	c := sessionCaller(t, p, "s1", "app", 1, 0)
 	unnamed, err := p.Alloc(t.Context(), c, allocRequest{Size: 1 << 20})
 	require.NoError(t, err)
 	_, err = p.Alloc(t.Context(), c, allocRequest{Size: 1 << 20, Name: "kept"})
 	require.NoError(t, err)
 
 	p.closeSession("s1")
-	now = now.Add(cfg.LeaseTTL - time.Millisecond)
+	*now = now.Add(cfg.LeaseTTL - time.Millisecond)
 	p.reap()
 	require.Len(t, p.List(), 2, "within the TTL nothing is reclaimed")
 
 	// The client comes back with the same identity, then leaves again.
 	p.openSession("s2", "app", "", "app", 2, 0)
-	now = now.Add(time.Hour)
+	*now = now.Add(time.Hour)
 	p.reap()
 	require.Len(t, p.List(), 2, "a live session holds the lease")
 	p.closeSession("s2")
-	now = now.Add(cfg.LeaseTTL)
+	*now = now.Add(cfg.LeaseTTL)
 	p.reap()
 	got := p.List()
 	require.Len(t, got, 1)
@@ -170,30 +175,18 @@ func TestLeaseReap(t *testing.T) {
 // its segments from the metadata store in one commit, and ends its
 // attachments in another, not one each under the daemon's lock.
 func TestReapCommitsOnce(t *testing.T) {
-	cfg := testConfig(t)
-	p := newTestPool(t, cfg)
-	defer p.close()
-	now := time.Unix(1000, 0)
-	p.now = func() time.Time { return now }
-	require.NoError(t, p.auth.bind("app", "uid:1000"))
-	require.NoError(t, p.auth.bind("other", "uid:1000"))
-	p.openSession("s1", "app", "uid:1000", "app", 1, 1000)
-	c, err := p.callerFor("s1")
-	require.NoError(t, err)
-	c.ident = "uid:1000"
+	cfg, p, now := clockedPool(t)
+	c := identCaller(t, p, "app", "uid:1000")
 	const n = 40
 	for range n {
-		_, err = p.Alloc(t.Context(), c, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_LOCAL})
+		_, err := p.Alloc(t.Context(), c, allocRequest{Size: 64 << 10, Tier: poolv1.Tier_TIER_LOCAL})
 		require.NoError(t, err)
 	}
 	// It attached ten named segments of another client's.
-	p.openSession("s2", "other", "uid:1000", "other", 2, 1000)
-	o, err := p.callerFor("s2")
-	require.NoError(t, err)
-	o.ident = "uid:1000"
+	o := identCaller(t, p, "other", "uid:1000")
 	for i := range 10 {
 		name := fmt.Sprintf("shared-%d", i)
-		_, err = p.Alloc(t.Context(), o, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Name: name})
+		_, err := p.Alloc(t.Context(), o, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_LOCAL, Name: name})
 		require.NoError(t, err)
 		_, err = p.Attach(c, name)
 		require.NoError(t, err)
@@ -204,8 +197,8 @@ func TestReapCommitsOnce(t *testing.T) {
 		}
 		return k
 	}
-	p.closeSession("s1")
-	now = now.Add(cfg.LeaseTTL)
+	p.closeSession("s-app")
+	*now = now.Add(cfg.LeaseTTL)
 	before := commits()
 	p.reap()
 	left := p.List()
@@ -220,14 +213,8 @@ func TestReapCommitsOnce(t *testing.T) {
 // the segments it did not remove in the table and the store, the client
 // expired, and the next sweep removes them; the client is told of all.
 func TestReapCommitFails(t *testing.T) {
-	cfg := testConfig(t)
-	p := newTestPool(t, cfg)
-	defer p.close()
-	now := time.Unix(1000, 0)
-	p.now = func() time.Time { return now }
-	p.openSession("s1", "app", "", "app", 1, 0)
-	c, err := p.callerFor("s1")
-	require.NoError(t, err)
+	cfg, p, now := clockedPool(t)
+	c := sessionCaller(t, p, "s1", "app", 1, 0)
 	n := reclaimBatch + 8
 	var ids []uint64
 	var f *storeFile
@@ -247,7 +234,7 @@ func TestReapCommitFails(t *testing.T) {
 		return nil
 	}
 	p.closeSession("s1")
-	now = now.Add(cfg.LeaseTTL)
+	*now = now.Add(cfg.LeaseTTL)
 	p.reap()
 	require.Len(t, p.List(), 8, "the first commit's segments went, the failed one's stayed")
 	loaded, _, err := f.load()
