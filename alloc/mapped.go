@@ -46,20 +46,38 @@ type mapped struct {
 // ErrSegmentLost, whether or not the kernel has taken the pages yet.
 type guarded struct {
 	mapped
-	id        uint64      // the segment's, for errors
-	lost      atomic.Bool // the daemon reported the segment lost
-	reclaimed atomic.Bool // the daemon reclaimed it when the client's lease ran out
+	id uint64 // the segment's, for errors
+	// gone is what every call answers once the daemon reported the
+	// segment lost (its device went away) or reclaimed (the client's
+	// lease ran out); nil while it did neither.
+	gone atomic.Pointer[error]
 }
 
 // check fails once the segment is reported lost or reclaimed.
 func (g *guarded) check() error {
-	if g.reclaimed.Load() {
-		return reclaimedErr(g.id)
-	}
-	if g.lost.Load() {
-		return fmt.Errorf("segment %d: its device went away (poold reported it lost): %w", g.id, ErrSegmentLost)
+	if err := g.gone.Load(); err != nil {
+		return *err
 	}
 	return nil
+}
+
+// setLost fails every call with ErrSegmentLost while the daemon reports
+// the segment lost (its device went away).
+func (g *guarded) setLost(lost bool) {
+	var err error
+	if lost {
+		err = fmt.Errorf("segment %d: its device went away (poold reported it lost): %w", g.id, ErrSegmentLost)
+	}
+	g.setGone(err)
+}
+
+// setGone makes every call answer err from now on (nil: none).
+func (g *guarded) setGone(err error) {
+	if err == nil {
+		g.gone.Store(nil)
+		return
+	}
+	g.gone.Store(&err)
 }
 
 var (

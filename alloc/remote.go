@@ -829,13 +829,8 @@ func (s *Segment) setLost(lost bool) {
 	if s.reclaimed.Load() {
 		return
 	}
-	switch b := s.base().(type) {
-	case *remote:
+	if b, ok := s.base().(interface{ setLost(bool) }); ok { // remote, redundant, guarded
 		b.setLost(lost)
-	case *redundant:
-		b.setLost(lost)
-	case *guarded:
-		b.lost.Store(lost)
 	}
 }
 
@@ -854,7 +849,7 @@ func (s *Segment) setReclaimed() {
 	case *redundant:
 		markLost(b.c, &b.lost, true, why)
 	case *guarded:
-		b.reclaimed.Store(true)
+		b.setGone(why())
 	}
 }
 

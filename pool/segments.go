@@ -121,19 +121,32 @@ const reclaimBatch = 32
 // store, and the error says why.
 func (p *core) unlinkFreed(rs ...*record) ([]*record, error) {
 	var done []*record
+	err := p.inBatches("free", rs, p.st.delete, func(r *record) {
+		p.unlink(r)
+		done = append(done, r)
+	})
+	return done, err
+}
+
+// inBatches commits rs with commit in batches of at most reclaimBatch
+// records of one store file (each whole or not at all) and applies each
+// record of a committed batch; it stops at the first failed commit, whose
+// error names what of the verb's work it left. p.mu is held.
+func (p *core) inBatches(verb string, rs []*record, commit func(...*record) error, apply func(*record)) error {
+	done := 0
 	for batch := range p.st.batches(rs, reclaimBatch) {
-		if err := p.st.delete(batch...); err != nil {
+		if err := commit(batch...); err != nil {
 			if len(rs) == 1 {
-				return done, fmt.Errorf("free segment %d: commit to the metadata store: %w", rs[0].ID, err)
+				return fmt.Errorf("%s segment %d: commit to the metadata store: %w", verb, rs[0].ID, err)
 			}
-			return done, fmt.Errorf("free %d of %d segments: commit to the metadata store: %w", len(rs)-len(done), len(rs), err)
+			return fmt.Errorf("%s %d of %d segments: commit to the metadata store: %w", verb, len(rs)-done, len(rs), err)
 		}
 		for _, r := range batch {
-			p.unlink(r)
+			apply(r)
 		}
-		done = append(done, batch...)
+		done += len(batch)
 	}
-	return done, nil
+	return nil
 }
 
 // dispose fences and releases records whose removal committed and that
@@ -291,39 +304,27 @@ func (p *core) detachLocked(r *record, client string) (bool, error) {
 	return len(detached) > 0, err
 }
 
-// detachAllLocked removes client from the attachers of each of rs, in
-// commits of at most reclaimBatch records of one store file, and returns
-// the records it was detached from; after a failed commit the others keep
-// it, and the error says why. p.mu is held.
+// detachAllLocked removes client from the attachers of each of rs, records
+// in the table, in commits of at most reclaimBatch records of one store
+// file, and returns the records it was detached from; after a failed
+// commit the others keep it, and the error says why. p.mu is held.
 func (p *core) detachAllLocked(rs []*record, client string) ([]*record, error) {
 	var nexts []*record
-	of := map[*record]*record{} // each next's record
 	for _, r := range rs {
-		i := slices.Index(r.Attached, client)
-		if i < 0 {
-			continue
+		if i := slices.Index(r.Attached, client); i >= 0 {
+			next := *r
+			next.Attached = slices.Delete(slices.Clone(r.Attached), i, i+1)
+			nexts = append(nexts, &next)
 		}
-		next := *r
-		next.Attached = slices.Delete(slices.Clone(r.Attached), i, i+1)
-		nexts = append(nexts, &next)
-		of[&next] = r
 	}
 	var done []*record
-	for batch := range p.st.batches(nexts, reclaimBatch) {
-		if err := p.st.put(batch...); err != nil {
-			if len(nexts) == 1 {
-				return done, fmt.Errorf("detach segment %d: commit to the metadata store: %w", nexts[0].ID, err)
-			}
-			return done, fmt.Errorf("detach %d of %d segments: commit to the metadata store: %w", len(nexts)-len(done), len(nexts), err)
-		}
-		for _, next := range batch {
-			r := of[next]
-			*r = *next
-			p.allowData(r)
-			done = append(done, r)
-		}
-	}
-	return done, nil
+	err := p.inBatches("detach", nexts, p.st.put, func(next *record) {
+		r := p.segs[next.ID]
+		*r = *next
+		p.allowData(r)
+		done = append(done, r)
+	})
+	return done, err
 }
 
 // Stat returns a copy of one segment.

@@ -617,8 +617,9 @@ type simSeg struct {
 	freeFailed, vanished bool
 }
 
-// simReclaimed is what a client's session was told its lease's expiry
-// reclaimed; safe for concurrent use (the session's goroutine adds).
+// simReclaimed holds what a client's session was told its lease's expiry
+// reclaimed until the client drops those segments (take); safe for
+// concurrent use (the session's goroutine adds).
 type simReclaimed struct {
 	mu  sync.Mutex
 	ids map[uint64]bool
@@ -635,10 +636,13 @@ func (r *simReclaimed) add(ids []uint64) {
 	}
 }
 
-func (r *simReclaimed) has(id uint64) bool {
+// take returns the ids told since the last take (nil: none).
+func (r *simReclaimed) take() map[uint64]bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.ids[id]
+	ids := r.ids
+	r.ids = nil
+	return ids
 }
 
 // simWorkload drives clients that allocate, free and die on random hosts
@@ -833,11 +837,15 @@ func (w *simWorkload) hostCrashed(h *simHost) {
 // reclaimed when c's lease ran out, as an application told so would. The
 // caller owns c.
 func (w *simWorkload) dropReclaimed(c *simClient) {
+	gone := c.reclaimed.take()
+	if gone == nil {
+		return // the common case, at every operation
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := len(c.segs)
 	c.segs = slices.DeleteFunc(c.segs, func(s simSeg) bool {
-		if !c.reclaimed.has(s.id) {
+		if !gone[s.id] {
 			return false
 		}
 		if s.vanished { // counted before the notice came
