@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/grpc/credentials"
@@ -73,6 +74,11 @@ type auth struct {
 	once  sync.Once
 	mu    sync.Mutex
 	bound map[string]string // client id -> identity
+	// bindings numbers each binding in bound, larger for a later one
+	// (nextBinding): a home tells one binding's delegated credentials
+	// from the next one's by it (DelegateRequest.binding).
+	bindings    map[string]uint64
+	lastBinding uint64
 	// self is the daemon's own data-plane credential (the tier probe).
 	self []byte
 	// forgotten are bindings dropped in memory, not yet in the store.
@@ -101,11 +107,15 @@ type dataCred struct {
 	client   string
 	identity string
 	tenant   string
+	// binding is, for a delegated credential, the asking daemon's
+	// binding of the client id it was delegated for (0: not said).
+	binding uint64
 }
 
 func (a *auth) load() {
 	a.once.Do(func() {
 		a.bound = map[string]string{}
+		a.bindings = map[string]uint64{}
 		a.creds = map[string]dataCred{}
 		a.byClient = map[string][]byte{}
 		a.delegated = map[string]int{}
@@ -119,6 +129,7 @@ func (a *auth) load() {
 			}
 			return b.ForEach(func(k, v []byte) error {
 				a.bound[string(k)] = string(v)
+				a.bindings[string(k)] = a.nextBinding()
 				return nil
 			})
 		})
@@ -141,6 +152,7 @@ func (a *auth) bind(clientID, ident string) error {
 		return nil
 	}
 	a.bound[clientID] = ident
+	a.bindings[clientID] = a.nextBinding()
 	// The id's binding was forgotten (its lease ran out): the connections
 	// an earlier holder of another identity left open would act for this
 	// one. Cut before its credential is issued.
@@ -171,6 +183,7 @@ func (a *auth) bind(clientID, ident string) error {
 	if err != nil {
 		a.mu.Lock()
 		delete(a.bound, clientID)
+		delete(a.bindings, clientID)
 		a.mu.Unlock()
 		return fmt.Errorf("bind client %q to %s: commit to the metadata store: %w", clientID, ident, err)
 	}
@@ -178,24 +191,46 @@ func (a *auth) bind(clientID, ident string) error {
 }
 
 // forget drops a client id's binding (its lease ran out and it holds
-// nothing). The store forgets it with the next binding's commit, so that
-// forget, called under the pool's mutex, never waits for a commit.
-func (a *auth) forget(clientID string) {
+// nothing) and returns its number (0 if it had none). The store forgets
+// it with the next binding's commit, so that forget, called under the
+// pool's mutex, never waits for a commit.
+func (a *auth) forget(clientID string) uint64 {
 	a.load()
 	a.mu.Lock()
-	if _, ok := a.bound[clientID]; ok {
-		delete(a.bound, clientID)
-		a.forgotten = append(a.forgotten, clientID)
+	defer a.mu.Unlock()
+	if _, ok := a.bound[clientID]; !ok {
+		return 0
 	}
-	a.mu.Unlock()
+	n := a.bindings[clientID]
+	delete(a.bound, clientID)
+	delete(a.bindings, clientID)
+	a.forgotten = append(a.forgotten, clientID)
+	return n
 }
 
 // identity is the identity a client id is bound to ("" if none).
 func (a *auth) identity(clientID string) string {
+	ident, _ := a.binding(clientID)
+	return ident
+}
+
+// binding is the identity a client id is bound to and the binding's
+// number ("" and 0 if none).
+func (a *auth) binding(clientID string) (ident string, n uint64) {
 	a.load()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.bound[clientID]
+	return a.bound[clientID], a.bindings[clientID]
+}
+
+// nextBinding numbers a new binding; a.mu is held (or load runs). The
+// numbers are nanoseconds of the wall clock, made to grow strictly, so
+// that a binding made after a restart of this daemon is numbered above
+// those of its previous run, whose credentials a home may still hold
+// until that run's session with it ends there.
+func (a *auth) nextBinding() uint64 {
+	a.lastBinding = max(a.lastBinding+1, uint64(time.Now().UnixNano()))
+	return a.lastBinding
 }
 
 // boundTo counts the client ids of ids bound to ident (none for "").
@@ -235,7 +270,7 @@ func (a *auth) issue(session, clientID, ident string) []byte {
 	a.load()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.issueLocked(session, clientID, ident, tenantOf(clientID, ident))
+	return a.issueLocked(dataCred{session: session, client: clientID, identity: ident, tenant: tenantOf(clientID, ident)})
 }
 
 // tenantOf is the tenant (rdma/tcp ServerConfig.Tenant) of the data-plane
@@ -253,11 +288,11 @@ func tenantOf(clientID, ident string) string {
 }
 
 // issueLocked makes a data-plane credential; a.mu is held.
-func (a *auth) issueLocked(session, clientID, ident, tenant string) []byte {
+func (a *auth) issueLocked(c dataCred) []byte {
 	b := make([]byte, 16)
 	rand.Read(b)
-	a.creds[string(b)] = dataCred{session: session, client: clientID, identity: ident, tenant: tenant}
-	a.byClient[clientID] = b
+	a.creds[string(b)] = c
+	a.byClient[c.client] = b
 	return b
 }
 
@@ -287,13 +322,18 @@ func (a *auth) revokeSession(session string) {
 
 // delegate issues the credential of client of the peer daemon whose
 // client id here is peer and whose session this is (its principal is
-// delegatedPrincipal), with the identity the peer proved for it; asked
-// again for the same identity, it returns the same one (for another, it
-// withdraws that one and issues a new one). Its tenant is that identity if a
-// certificate proved it (cn:NAME, one holder across the cluster), else
-// the identity on that peer ("poold/A uid:N"): a uid, or insecure, names
-// someone only on the host that saw it.
-func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
+// delegatedPrincipal), with the identity the peer proved for it and the
+// number of the peer's binding of the client id (0: not said); asked
+// again for the same identity and binding, it returns the same one. For
+// another identity it withdraws that one and issues a new one; for a
+// later binding of the same identity too (the peer's lease of the old one
+// ran out), keeping the connections opened with it, which act for the
+// same identity; a binding older than one already delegated over this
+// session is a request that came late, refused. Its tenant is that
+// identity if a certificate proved it (cn:NAME, one holder across the
+// cluster), else the identity on that peer ("poold/A uid:N"): a uid, or
+// insecure, names someone only on the host that saw it.
+func (a *auth) delegate(session, peer, client, ident string, binding uint64) ([]byte, error) {
 	principal := delegatedPrincipal(peer, client)
 	tenant := tenantOf(principal, ident)
 	if tenant != "" && !strings.HasPrefix(ident, "cn:") {
@@ -301,6 +341,12 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 	}
 	a.load()
 	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.creds {
+		if c.client == principal && c.session == session && binding != 0 && c.binding > binding {
+			return nil, fmt.Errorf("%w: client %q's binding %d at the calling daemon is older than binding %d, delegated over the same session: the request came after the binding ended there", errs.ErrLeaseExpired, client, binding, c.binding)
+		}
+	}
 	var same []byte
 	withdrew := false
 	for k, c := range a.creds {
@@ -308,7 +354,15 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 			continue
 		}
 		if c.identity == ident {
-			if c.session == session {
+			switch {
+			case binding != 0 && c.binding < binding:
+				// The same identity bound the id anew at the peer:
+				// the old binding's credential, which a withdrawal
+				// of that binding will come for, is not handed out
+				// again. Its connections act for the same identity
+				// and stay.
+				a.withdrawLocked(k, c)
+			case c.session == session && (binding == 0 || c.binding == binding):
 				same = []byte(k)
 			}
 			continue
@@ -329,7 +383,7 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 		err = fmt.Errorf("%w: the peer session holds %d delegated credentials already, the most one may", errs.ErrLimit, maxDelegated)
 	default:
 		a.delegated[session]++
-		cred = a.issueLocked(session, principal, ident, tenant)
+		cred = a.issueLocked(dataCred{session: session, client: principal, identity: ident, tenant: tenant, binding: binding})
 	}
 	if withdrew || same == nil {
 		// Nor do the connections opened with them, or with a credential
@@ -340,24 +394,33 @@ func (a *auth) delegate(session, peer, client, ident string) ([]byte, error) {
 		// apart (--insecure's, "", proves none).
 		a.closeConns(principal, keepTenant(tenant))
 	}
-	a.mu.Unlock()
 	return cred, err
 }
 
-// undelegate withdraws every credential delegated to client of the peer
-// daemon whose client id here is peer, over any of its sessions, and
-// closes their connections: the peer forgot the client id.
-func (a *auth) undelegate(peer, client string) {
+// undelegate withdraws the credentials delegated to client of the peer
+// daemon whose client id here is peer, over any of its sessions, for the
+// peer's binding of the id numbered binding and earlier ones (every one
+// for 0), and closes their connections unless a later binding's credential
+// stands (its delegation cut those of other identities): the peer forgot
+// that binding of the client id.
+func (a *auth) undelegate(peer, client string, binding uint64) {
 	principal := delegatedPrincipal(peer, client)
 	a.load()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	later := false
 	for k, c := range a.creds {
-		if c.client == principal {
+		switch {
+		case c.client != principal:
+		case binding != 0 && c.binding > binding:
+			later = true
+		default:
 			a.withdrawLocked(k, c)
 		}
 	}
-	a.closeConns(principal, nil)
+	if !later {
+		a.closeConns(principal, nil)
+	}
 }
 
 // withdrawLocked withdraws delegated credential k (c); a.mu is held.

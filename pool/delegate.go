@@ -128,10 +128,10 @@ func (p *core) delegateRequest(session, peer string, req *poolv1.DelegateRequest
 		return nil, err
 	}
 	if req.Withdraw {
-		p.auth.undelegate(peer, req.ClientId)
+		p.auth.undelegate(peer, req.ClientId, req.Binding)
 		return &poolv1.DelegateResponse{}, nil
 	}
-	cred, err := p.delegate(session, peer, req.ClientId, req.Identity)
+	cred, err := p.delegate(session, peer, req.ClientId, req.Identity, req.Binding)
 	if err != nil {
 		return nil, err
 	}
@@ -142,8 +142,8 @@ func (p *core) delegateRequest(session, peer string, req *poolv1.DelegateRequest
 // peer's session here (auth.delegate), if that session is still live: one
 // that ended meanwhile withdrew the credentials it knew of at its end, and
 // this one, issued after, is withdrawn here.
-func (p *core) delegate(session, peer, client, ident string) ([]byte, error) {
-	cred, err := p.auth.delegate(session, peer, client, ident)
+func (p *core) delegate(session, peer, client, ident string, binding uint64) ([]byte, error) {
+	cred, err := p.auth.delegate(session, peer, client, ident, binding)
 	if err != nil {
 		return nil, err
 	}
@@ -309,21 +309,23 @@ type homeCreds struct {
 }
 
 // heldCred is a credential a home delegated to a client, and the
-// identity the client id was bound to when this daemon asked for it.
+// identity the client id was bound to when this daemon asked for it, and
+// that binding's number (auth.binding).
 type heldCred struct {
-	ident string
-	cred  []byte
+	ident   string
+	binding uint64
+	cred    []byte
 }
 
 // get is client's cached credential at home under session, if any, and
-// if it was asked for the identity client is bound to now (ident): one
-// asked for before a reap and a rebinding of the id speaks for the old
-// identity.
-func (ds *delegations) get(home, session, client, ident string) []byte {
+// if it was asked for the binding client has now (ident, binding): one
+// asked for before a reap and a rebinding of the id belongs to the old
+// binding, which the home is told to withdraw.
+func (ds *delegations) get(home, session, client, ident string, binding uint64) []byte {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	if h := ds.homes[home]; h != nil && h.session == session {
-		if c, ok := h.creds[client]; ok && c.ident == ident {
+		if c, ok := h.creds[client]; ok && c.ident == ident && c.binding == binding {
 			return c.cred
 		}
 	}
@@ -331,8 +333,8 @@ func (ds *delegations) get(home, session, client, ident string) []byte {
 }
 
 // put caches client's credential at home under session, asked for with
-// identity ident.
-func (ds *delegations) put(home, session, client, ident string, cred []byte) {
+// identity ident under binding.
+func (ds *delegations) put(home, session, client, ident string, binding uint64, cred []byte) {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	if ds.homes == nil {
@@ -343,7 +345,7 @@ func (ds *delegations) put(home, session, client, ident string, cred []byte) {
 		h = &homeCreds{session: session, creds: map[string]heldCred{}}
 		ds.homes[home] = h
 	}
-	h.creds[client] = heldCred{ident, cred}
+	h.creds[client] = heldCred{ident, binding, cred}
 }
 
 // forget drops client's credentials at every home: a client id whose
@@ -371,20 +373,22 @@ func (ds *delegations) forgetAt(home, client string) {
 }
 
 // undelegateLater withdraws, in the background, the credentials home
-// delegated to client, once the reap forgot client's binding here: asked
-// again after a failure, from a second and backing off to 30 s, up to
-// withdrawTries times, until the home answers or refuses, there is no
-// session with home to ask on, or client is bound again (whose next
-// credential at home settles it: another identity's withdraws these
-// there, the same identity's keeps its connections). A single try that
-// the home did not answer (busy, or cut off for a moment) left them acting
-// for whoever binds the id here next until that one's delegation there;
-// past the tries, that delegation or the end of this daemon's session at
-// the home withdraws them.
-func (p *core) undelegateLater(home, client string) {
+// delegated to client under its binding numbered binding, once the reap
+// forgot that binding here: asked again after a failure, from a second
+// and backing off to 30 s, up to withdrawTries times, until the home
+// answers or refuses, there is no session with home to ask on, or client
+// is bound again (whose next credential at home settles it: another
+// identity's withdraws these there, the same identity's withdraws them
+// and keeps its connections). A single try that the home did not answer
+// (busy, or cut off for a moment) left them acting for whoever binds the
+// id here next until that one's delegation there; past the tries, that
+// delegation or the end of this daemon's session at the home withdraws
+// them. A try that reaches the home late, after the id was bound again
+// and delegated there, takes back nothing of the new binding's.
+func (p *core) undelegateLater(home, client string, binding uint64) {
 	p.peers.later(0, func(ctx context.Context) {
 		wait := time.Second
-		for try := 1; p.withdrawDelegated(ctx, home, client) != nil; try++ {
+		for try := 1; p.withdrawDelegated(ctx, home, client, binding) != nil; try++ {
 			if try == withdrawTries {
 				p.log.Warn("withdraw a forgotten client's delegated credentials at a home: gave up", "home", home, "client", client, "tries", try)
 				return
@@ -405,11 +409,12 @@ func (p *core) undelegateLater(home, client string) {
 const withdrawTries = 8
 
 // withdrawDelegated asks home to withdraw the credentials it delegated to
-// client; it returns an error when it is worth asking again. A withdrawal
-// that reached home may have cut a credential client, bound again
-// meanwhile, was just delegated there: the one cached here is dropped,
-// so that the client's next ask gets a new one rather than the cut one.
-func (p *core) withdrawDelegated(ctx context.Context, home, client string) error {
+// client under binding and earlier ones; it returns an error when it is
+// worth asking again. A home of an older poold, which knows no bindings,
+// withdraws every credential of the client, maybe one it was just
+// delegated there under a new binding: the one cached here is dropped, so
+// that the client's next ask gets a new one rather than the cut one.
+func (p *core) withdrawDelegated(ctx context.Context, home, client string, binding uint64) error {
 	if p.auth.identity(client) != "" {
 		return nil // bound again
 	}
@@ -421,7 +426,7 @@ func (p *core) withdrawDelegated(ctx context.Context, home, client string) error
 	defer cancel()
 	cctx, _, err := pc.Call(ctx)
 	if err == nil {
-		_, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Withdraw: true})
+		_, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Withdraw: true, Binding: binding})
 		p.deleg.forgetAt(home, client)
 	}
 	switch err = errs.FromStatus(err); {
@@ -453,10 +458,10 @@ func (d *Daemon) delegatedCred(ctx context.Context, home, client string) []byte 
 	}
 	ctx, cancel := context.WithTimeout(ctx, delegateTimeout)
 	defer cancel()
-	ident := d.pool.credentials().identity(client)
+	ident, binding := d.pool.credentials().binding(client)
 	cctx, sid, err := pc.Call(ctx)
 	if err == nil {
-		if cred := d.pool.delegated().get(home, sid, client, ident); cred != nil {
+		if cred := d.pool.delegated().get(home, sid, client, ident, binding); cred != nil {
 			return cred
 		}
 		// The home is told who may use each segment placed there before
@@ -464,10 +469,10 @@ func (d *Daemon) delegatedCred(ctx context.Context, home, client string) []byte 
 		err = d.pool.toldOn(ctx, pc, home)
 		var resp *poolv1.DelegateResponse
 		if err == nil {
-			resp, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Identity: ident})
+			resp, err = pc.API().Delegate(cctx, &poolv1.DelegateRequest{ClientId: client, Identity: ident, Binding: binding})
 		}
 		if err == nil {
-			d.pool.delegated().put(home, sid, client, ident, resp.DataCredential)
+			d.pool.delegated().put(home, sid, client, ident, binding, resp.DataCredential)
 			return resp.DataCredential
 		}
 		err = errs.FromStatus(err)

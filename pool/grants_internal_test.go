@@ -122,9 +122,9 @@ func TestAttachersBounded(t *testing.T) {
 
 	// one-more's lease ends: its attachment with it, and the credentials
 	// homes delegated to it.
-	p.deleg.put("home-b", "s-peer-b", "one-more", "uid:1000", []byte("delegated to uid:1000"))
-	require.NotNil(t, p.deleg.get("home-b", "s-peer-b", "one-more", "uid:1000"))
-	require.Nil(t, p.deleg.get("home-b", "s-peer-b", "one-more", "uid:2000"), "a credential asked for another identity is not this one's")
+	p.deleg.put("home-b", "s-peer-b", "one-more", "uid:1000", 0, []byte("delegated to uid:1000"))
+	require.NotNil(t, p.deleg.get("home-b", "s-peer-b", "one-more", "uid:1000", 0))
+	require.Nil(t, p.deleg.get("home-b", "s-peer-b", "one-more", "uid:2000", 0), "a credential asked for another identity is not this one's")
 	p.closeSession("s-one-more")
 	now = now.Add(cfg.LeaseTTL)
 	p.reap()
@@ -133,7 +133,7 @@ func TestAttachersBounded(t *testing.T) {
 	require.False(t, slices.Contains(got.Attached, "one-more"))
 	require.Equal(t, maxAttachers-1, len(got.Attached))
 	require.Empty(t, p.auth.identity("one-more"), "reap forgot the binding of a client that owns nothing")
-	require.Nil(t, p.deleg.get("home-b", "s-peer-b", "one-more", "uid:1000"), "and the credentials delegated to it, which homes issued for its old identity")
+	require.Nil(t, p.deleg.get("home-b", "s-peer-b", "one-more", "uid:1000", 0), "and the credentials delegated to it, which homes issued for its old identity")
 	_, err = p.Attach(attacher("one-more", "uid:2000"), "shared")
 	require.ErrorIs(t, err, errs.ErrAccessDenied, "another identity with the reaped client's id gets no access")
 }

@@ -256,25 +256,31 @@ func (p *core) callerFor(sessionID string) (caller, error) {
 func (p *core) reap() {
 	reaped, gone := p.unlinkExpired()
 	p.dispose("lease expired", reaped...)
-	for id, homes := range p.forgetGone(gone) {
+	for id, f := range p.forgetGone(gone) {
 		// Its connections at the homes that delegated it credentials,
 		// opened with a credential of the identity it was bound to,
 		// would act for whoever binds it here next. Those here go when
 		// another identity binds it (auth.bind); until then they get
 		// LEASE_EXPIRED for what was reaped.
-		for _, home := range homes {
-			p.undelegateLater(home, id)
+		for _, home := range f.homes {
+			p.undelegateLater(home, id, f.binding)
 		}
 	}
 }
 
+// forgottenBinding is a client id's binding that reap forgot: its number,
+// and the homes whose delegated credentials the client held under it.
+type forgottenBinding struct {
+	binding uint64
+	homes   []string
+}
+
 // forgetGone forgets the bindings of the reaped clients gone that hold
-// nothing now and returns their ids, each with the homes whose delegated
-// credentials it held.
-func (p *core) forgetGone(gone []string) map[string][]string {
+// nothing now and returns them by client id.
+func (p *core) forgetGone(gone []string) map[string]forgottenBinding {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	forgot := map[string][]string{}
+	forgot := map[string]forgottenBinding{}
 	for _, id := range gone {
 		// A client that came back while its segments were fenced holds
 		// its binding: its session bound it before it was counted again.
@@ -282,8 +288,7 @@ func (p *core) forgetGone(gone []string) map[string][]string {
 			continue
 		}
 		if segs, _ := p.usage.of([]string{id}, ""); segs == 0 {
-			p.auth.forget(id)
-			forgot[id] = p.deleg.forget(id)
+			forgot[id] = forgottenBinding{binding: p.auth.forget(id), homes: p.deleg.forget(id)}
 		}
 	}
 	return forgot

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,19 +24,35 @@ import (
 // otherwise act for whoever binds the id at that daemon next.
 //
 // The home fails the first withdrawals it is asked in one case (as a busy
-// or cut-off one does): the origin asks again until it answers.
+// or cut-off one does): the origin asks again until it answers. In
+// another it applies the withdrawal late, after the same identity bound
+// the client id again at the origin and was delegated a credential: that
+// one, and its connections, stay.
 func TestReapWithdrawsDelegations(t *testing.T) {
-	t.Run("answered", func(t *testing.T) { testReapWithdrawsDelegations(t, 0) })
-	t.Run("failed twice", func(t *testing.T) { testReapWithdrawsDelegations(t, 2) })
+	t.Run("answered", func(t *testing.T) { testReapWithdrawsDelegations(t, 0, false) })
+	t.Run("failed twice", func(t *testing.T) { testReapWithdrawsDelegations(t, 2, false) })
+	t.Run("applied after the client came back", func(t *testing.T) { testReapWithdrawsDelegations(t, 0, true) })
 }
 
-func testReapWithdrawsDelegations(t *testing.T, failures int64) {
+func testReapWithdrawsDelegations(t *testing.T, failures int64, late bool) {
 	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 2 * time.Second})
 	var withdrawals atomic.Int64
+	held, hold, applied := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(release) // a failed check does not leave the handler waiting
 	sc.hosts[1].cfg.sim.grpc = append(sc.hosts[1].cfg.sim.grpc, grpc.ChainUnaryInterceptor(
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-			if d, ok := req.(*poolv1.DelegateRequest); ok && d.Withdraw && withdrawals.Add(1) <= failures {
+			d, ok := req.(*poolv1.DelegateRequest)
+			if !ok || !d.Withdraw {
+				return next(ctx, req)
+			}
+			if withdrawals.Add(1) <= failures {
 				return nil, status.Error(codes.Unavailable, "the test fails this withdrawal")
+			}
+			if late {
+				close(held)
+				<-hold
+				defer close(applied)
 			}
 			return next(ctx, req)
 		}))
@@ -57,6 +74,25 @@ func testReapWithdrawsDelegations(t *testing.T, failures int64) {
 	origin.pool.closeSession("s-app")
 	origin.pool.auth.revokeSession("s-app")
 	require.Eventually(t, func() bool { return origin.pool.auth.identity("app") == "" }, time.Minute, 50*time.Millisecond, "the origin reaps app")
+	if late {
+		<-held
+		require.NoError(t, origin.pool.auth.bind("app", "uid:1000"))
+		origin.pool.openSession("s-app2", "app", "", "app", 1, 1000)
+		again := origin.delegatedCred(ctx, home.cfg.Node, "app")
+		require.NotNil(t, again)
+		require.NotEqual(t, cred, again, "the new binding is delegated a credential of its own")
+		conn2, err := tcp.Dial(ctx, home.pool.dp.addr, tcp.WithCredential(again), tcp.WithConns(1))
+		require.NoError(t, err)
+		defer conn2.Close()
+		require.ErrorIs(t, conn2.Read(ctx, region, 0, make([]byte, 8)), rdma.ErrAccessDenied)
+		release()
+		<-applied
+		require.NoError(t, home.pool.auth.authenticate(again), "the late withdrawal leaves the new binding's credential")
+		require.ErrorIs(t, conn2.Read(ctx, region, 0, make([]byte, 8)), rdma.ErrAccessDenied, "and its connection open")
+		require.Error(t, home.pool.auth.authenticate(cred), "the old binding's credential went with the new one's delegation")
+		require.Equal(t, int64(1), withdrawals.Load())
+		return
+	}
 	require.Eventually(t, func() bool { return home.pool.auth.authenticate(cred) != nil }, time.Minute, 50*time.Millisecond,
 		"the home withdraws the credential it delegated to app")
 	require.True(t, errors.Is(conn.Read(ctx, region, 0, make([]byte, 8)), rdma.ErrClosed), "and closes its connection")

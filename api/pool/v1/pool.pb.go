@@ -4129,11 +4129,20 @@ func (x *NodeKeyring) GetError() string {
 // id (its lease ran out there): every credential delegated to it here is
 // withdrawn and its data-plane connections are closed; the answer carries
 // no credential.
+//
+// binding, when set, names the calling daemon's binding of the client id
+// (a number that grows with each new binding of the id there): a
+// credential is delegated anew for each binding, a request for a binding
+// older than one already delegated over the same session is refused, and
+// a withdrawal takes back only the credentials of that binding and older
+// ones, cutting no connection while a newer binding's credential stands.
+// Unset (an older daemon), every credential of the client is withdrawn.
 type DelegateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	Identity      string                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
 	Withdraw      bool                   `protobuf:"varint,3,opt,name=withdraw,proto3" json:"withdraw,omitempty"`
+	Binding       uint64                 `protobuf:"varint,4,opt,name=binding,proto3" json:"binding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4187,6 +4196,13 @@ func (x *DelegateRequest) GetWithdraw() bool {
 		return x.Withdraw
 	}
 	return false
+}
+
+func (x *DelegateRequest) GetBinding() uint64 {
+	if x != nil {
+		return x.Binding
+	}
+	return 0
 }
 
 type DelegateResponse struct {
@@ -5702,11 +5718,12 @@ const file_pool_proto_rawDesc = "" +
 	"\vNodeKeyring\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\"\n" +
 	"\ffingerprints\x18\x02 \x03(\tR\ffingerprints\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"f\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x80\x01\n" +
 	"\x0fDelegateRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x1a\n" +
-	"\bwithdraw\x18\x03 \x01(\bR\bwithdraw\";\n" +
+	"\bwithdraw\x18\x03 \x01(\bR\bwithdraw\x12\x18\n" +
+	"\abinding\x18\x04 \x01(\x04R\abinding\";\n" +
 	"\x10DelegateResponse\x12'\n" +
 	"\x0fdata_credential\x18\x01 \x01(\fR\x0edataCredential\"\x91\x01\n" +
 	"\x10AuthorizeRequest\x12\x10\n" +
