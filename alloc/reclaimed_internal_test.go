@@ -1,0 +1,48 @@
+package alloc
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/internal/pooltest"
+)
+
+// TestReclaimedGuarded: a segment mapped from memory that can go away
+// (an emulated device's file on a disk rather than in tmpfs, which the
+// library guards as it does a device's) fails every call with
+// ErrLeaseExpired once its daemon says it reclaimed it, saying why; its
+// Free only lets go of it here, and the client's other segments go on.
+func TestReclaimedGuarded(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.ShmDir = t.TempDir() // on the disk: not memory-backed, so guarded
+	pooltest.Start(t, cfg)
+	ctx := t.Context()
+	c, err := Dial(ctx, cfg.Socket)
+	require.NoError(t, err)
+	defer c.Close()
+	seg, err := c.Alloc(ctx, 1<<20, WithTier(TierCXL))
+	require.NoError(t, err)
+	require.IsType(t, &guarded{}, seg.base(), "a segment file on a disk is guarded")
+	other, err := c.Alloc(ctx, 1<<20, WithTier(TierCXL))
+	require.NoError(t, err)
+	_, err = seg.WriteAt([]byte("before"), 0)
+	require.NoError(t, err)
+
+	c.segmentsReclaimed([]uint64{seg.ID(), other.ID() + 1000})
+	_, err = seg.ReadAt(make([]byte, 6), 0)
+	require.ErrorIs(t, err, ErrLeaseExpired)
+	require.Contains(t, err.Error(), "lease ran out")
+	_, err = seg.WriteAt([]byte("after"), 0)
+	require.ErrorIs(t, err, ErrLeaseExpired)
+	_, err = seg.Add64(8, 1)
+	require.ErrorIs(t, err, ErrLeaseExpired)
+	seg.setLost(false) // a later report of the device back does not undo it
+	_, err = seg.ReadAt(make([]byte, 6), 0)
+	require.ErrorIs(t, err, ErrLeaseExpired)
+	require.NoError(t, seg.Free(ctx), "freeing a reclaimed segment only lets go of it here")
+
+	_, err = other.WriteAt([]byte("still mine"), 0)
+	require.NoError(t, err, "a segment the notice does not name")
+	require.NoError(t, other.Free(ctx))
+}
