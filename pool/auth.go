@@ -51,7 +51,7 @@ func identityOf(ctx context.Context) (c caller, uid uint32) {
 
 // localCaller is a unix-socket peer's identity.
 func localCaller(p peerInfo) caller {
-	return caller{ident: uidIdentity(p.UID), gid: p.GID, local: true}
+	return caller{ident: uidIdentity(p.UID), gid: p.GID, local: true, pid: p.PID}
 }
 
 // allowLocal checks a local peer against the allow lists (Config.AllowUIDs,

@@ -7,24 +7,72 @@
 package pool
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/farmem/farmem/internal/errs"
 )
 
-// noteMapped records that client got the descriptor of segment id; p.mu
-// is held.
-func (p *core) noteMapped(id uint64, client string) {
+// mapper is the process a client that got a segment's descriptor runs
+// in, which keeps the mapping as long as it runs: its pid (0 when unknown:
+// a mapper presumed after a restart, or a caller not on the unix socket)
+// and its start time (procStart), which tells it from a later process that
+// got the same pid. A client id in two processes at once names the later.
+type mapper struct {
+	pid   int32
+	start uint64
+}
+
+// running reports whether the mapper's process still runs (a stopped one
+// too; one that exited, a zombie included, has no mapping left).
+func (m mapper) running() bool {
+	if m.pid <= 0 {
+		return false
+	}
+	start, ok := procStart(m.pid)
+	return ok && start == m.start
+}
+
+// procStart returns the start time of process pid (/proc/PID/stat, clock
+// ticks since boot); ok is false when it is gone, a zombie, or unknown.
+func procStart(pid int32) (start uint64, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// The command name, in parentheses, may hold spaces: fields count from
+	// the last ')'. state is field 3, starttime field 22.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	start, err = strconv.ParseUint(f[19], 10, 64)
+	return start, err == nil
+}
+
+// noteMapped records that client got the descriptor of segment id in
+// process pid (0: unknown); p.mu is held.
+func (p *core) noteMapped(id uint64, client string, pid int32) {
 	if p.mappers == nil {
-		p.mappers = map[uint64]map[string]bool{}
+		p.mappers = map[uint64]map[string]mapper{}
 	}
 	if p.mappers[id] == nil {
-		p.mappers[id] = map[string]bool{}
+		p.mappers[id] = map[string]mapper{}
 	}
-	p.mappers[id][client] = true
+	m := mapper{}
+	if start, ok := procStart(pid); pid > 0 && ok {
+		m = mapper{pid: pid, start: start}
+	}
+	p.mappers[id][client] = m
 }
 
 // presumeMapped records a restored load/store segment's owner and
@@ -37,7 +85,7 @@ func (p *core) presumeMapped(r *record) {
 	}
 	for _, c := range append([]string{r.Owner}, r.Attached...) {
 		if c != "" {
-			p.noteMapped(r.ID, c)
+			p.noteMapped(r.ID, c, 0)
 		}
 	}
 }
@@ -64,32 +112,59 @@ func (p *core) dropMapper(id uint64, client string) {
 	}
 }
 
-// mappersOf is who may map segment id now, but except: the clients it was
-// handed to that did not let it go, as long as they hold a session or
-// their lease runs (a client that stays away past it has its mapping
-// reclaimed with its lease; the presumed mappers of a restored segment
-// count until one lease after this daemon started). Sorted; p.mu is held.
+// mapping reports whether client, which got segment id's descriptor and
+// did not let it go, may still map it: it holds a session, its lease
+// runs, its process still runs (a process stopped past its lease keeps
+// its mapping, and would write memory the segment left), or this daemon
+// restarted less than a lease ago (the presumed mappers of a restored
+// segment). p.mu is held.
+func (p *core) mapping(client string, m mapper) bool {
+	return p.clients[client] != nil || p.now().Before(p.started.Add(p.cfg.LeaseTTL+restartGrace)) || m.running()
+}
+
+// mappersOf is who may map segment id now (mapping), but except. Sorted;
+// p.mu is held.
 func (p *core) mappersOf(id uint64, except string) []string {
-	grace := p.started.Add(p.cfg.LeaseTTL + restartGrace)
 	var out []string
 	for _, c := range slices.Sorted(maps.Keys(p.mappers[id])) {
-		if c != except && (p.clients[c] != nil || p.now().Before(grace)) {
+		if c != except && p.mapping(c, p.mappers[id][c]) {
 			out = append(out, c)
 		}
 	}
 	return out
 }
 
-// describeClients names clients for an error message: each id with its
-// process name and pid when it holds a session here.
-func (p *core) describeClients(ids []string) string {
+// dropGoneMappers forgets the mappers that map nothing any more: clients
+// without a session or lease whose process ended (or is unknown); p.mu is
+// held. The reap calls it, so that the processes that came and went leave
+// no entry behind for as long as their segments live.
+func (p *core) dropGoneMappers() {
+	for id, ms := range p.mappers {
+		for c, m := range ms {
+			if p.clients[c] == nil && !p.mapping(c, m) {
+				p.dropMapper(id, c)
+			}
+		}
+	}
+}
+
+// describeClients names clients of segment seg for an error message:
+// each id with its process name and pid when it holds a session here, or
+// with the pid of the process that mapped the segment when that process
+// outlived the client's lease.
+func (p *core) describeClients(seg uint64, ids []string) string {
 	parts := make([]string, len(ids))
 	for i, id := range ids {
-		parts[i] = id
-		if cl := p.clients[id]; cl != nil && cl.sessions > 0 && cl.pid > 0 {
+		cl, m := p.clients[id], p.mappers[seg][id]
+		switch {
+		case cl != nil && cl.sessions > 0 && cl.pid > 0:
 			parts[i] = fmt.Sprintf("%s (%s, pid %d)", id, cl.name, cl.pid)
-		} else if cl == nil || cl.sessions == 0 {
+		case cl == nil && m.running():
+			parts[i] = fmt.Sprintf("%s (pid %d: its lease ran out, but the process that mapped the segment still runs, stopped perhaps; it lets go when it ends)", id, m.pid)
+		case cl == nil || cl.sessions == 0:
 			parts[i] = id + " (no session now: held until its lease ends)"
+		default:
+			parts[i] = id
 		}
 	}
 	return strings.Join(parts, ", ")

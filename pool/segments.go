@@ -406,7 +406,7 @@ func (p *core) Backing(c caller, id uint64) (device.Backing, error) {
 	}
 	b.Length = r.Size
 	if c.client != nil {
-		p.noteMapped(id, c.client.id)
+		p.noteMapped(id, c.client.id, c.pid)
 	}
 	return b, nil
 }

@@ -35,6 +35,9 @@ type caller struct {
 	// gid is the primary gid of a unix-socket caller (local).
 	gid   uint32
 	local bool
+	// pid is a unix-socket caller's process (SO_PEERCRED, as this
+	// daemon's pid namespace sees it); 0 when unknown.
+	pid int32
 	// node says the caller's TLS certificate may serve TLS, as a node's
 	// does (certs.ServesTLS): only such a caller may act as a peer daemon.
 	node bool
@@ -249,13 +252,16 @@ func (p *core) callerFor(sessionID string) (caller, error) {
 // the table, then those the data plane serves are fenced outside it and
 // released (dispose), and then the bindings of clients left with nothing
 // are forgotten (the homes that delegated them credentials are told to
-// withdraw them). A client id whose binding reap forgets must not keep
+// withdraw them), as are the mappers that map nothing any more. A client id whose binding reap forgets must not keep
 // access to what it attached for whoever takes the id next, and attachers
 // that came and went must not fill a segment's list (maxAttachers); the
 // homes of a segment held elsewhere are told in the background.
 func (p *core) reap() {
 	reaped, gone := p.unlinkExpired()
 	p.dispose("lease expired", reaped...)
+	p.mu.Lock()
+	p.dropGoneMappers()
+	p.mu.Unlock()
 	for id, f := range p.forgetGone(gone) {
 		// Its connections at the homes that delegated it credentials,
 		// opened with a credential of the identity it was bound to,

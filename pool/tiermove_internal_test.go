@@ -1,6 +1,9 @@
 package pool
 
 import (
+	"fmt"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -88,4 +91,56 @@ func TestMappers(t *testing.T) {
 	p.now = func() time.Time { return start.Add(cfg.LeaseTTL + restartGrace + time.Second) }
 	p.reap()
 	require.Empty(t, mappers(""), "the owner stayed away past its lease")
+}
+
+// TestMapperOutlivesLease: a process that mapped a named segment and was
+// stopped past its client's lease still maps it, and would write memory
+// the segment left: a demotion is refused, naming its pid, until the
+// process ends; then the reap forgets it and the demotion goes ahead (here
+// to fail for want of peers). A pid that a later process took does not
+// count for the one that mapped.
+func TestMapperOutlivesLease(t *testing.T) {
+	cfg, p, now := clockedPool(t)
+	*now = p.started.Add(cfg.LeaseTTL + restartGrace + time.Second) // past the restart's grace
+	proc := exec.Command("sleep", "600")
+	require.NoError(t, proc.Start())
+	t.Cleanup(func() { proc.Process.Kill(); proc.Wait() })
+	app := sessionCaller(t, p, "s1", "app", int64(proc.Process.Pid), 0)
+	app.pid = int32(proc.Process.Pid)
+	r, err := p.Alloc(t.Context(), app, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "kv"})
+	require.NoError(t, err)
+	b, err := p.Backing(app, r.ID)
+	require.NoError(t, err)
+	b.File.Close()
+	demote := func() error {
+		require.True(t, p.moving.begin(r.ID))
+		_, err := p.demote(t.Context(), admin(), *r, &poolv1.MoveRequest{}, moveTLS{})
+		return err
+	}
+	require.ErrorIs(t, demote(), errs.ErrInUse, "refused while app maps it")
+
+	require.NoError(t, proc.Process.Signal(syscall.SIGSTOP))
+	p.closeSession("s1")
+	*now = now.Add(cfg.LeaseTTL)
+	p.reap()
+	p.mu.Lock()
+	require.Nil(t, p.clients["app"], "the lease ran out")
+	p.mu.Unlock()
+	err = demote()
+	require.ErrorIs(t, err, errs.ErrInUse, "the stopped process still maps it")
+	require.Contains(t, err.Error(), fmt.Sprintf("pid %d: its lease ran out, but the process that mapped the segment still runs", proc.Process.Pid))
+
+	p.mu.Lock()
+	m := p.mappers[r.ID]["app"]
+	p.mu.Unlock()
+	require.False(t, mapper{pid: m.pid, start: m.start + 1}.running(), "another process under the same pid")
+
+	require.NoError(t, proc.Process.Kill())
+	proc.Wait()
+	p.reap()
+	p.mu.Lock()
+	require.Empty(t, p.mappers[r.ID], "the reap forgets a mapper whose process ended")
+	p.mu.Unlock()
+	err = demote()
+	require.ErrorIs(t, err, errs.ErrNoCapacity, "no mapper holds it back: it fails for want of peers")
 }
