@@ -668,7 +668,7 @@ func (c *Cache) unlock(sh *shard, si int) {
 	sh.untaken = 0
 	sh.mu.Unlock()
 	if inline {
-		c.writeOut(own)
+		c.writeAll(own)
 		return
 	}
 	select {
@@ -695,15 +695,21 @@ func (c *Cache) writeLoop() {
 			if len(batch) == 0 {
 				break
 			}
-			for len(batch) > 0 {
-				n := min(len(batch), maxWriteBatch)
-				c.writeOut(batch[:n])
-				batch = batch[n:]
-			}
+			c.writeAll(batch)
 		}
 		if stop {
 			return
 		}
+	}
+}
+
+// writeAll writes records to their tiers in batches of at most
+// maxWriteBatch (writeOut), and indexes them.
+func (c *Cache) writeAll(qs []queued) {
+	for len(qs) > 0 {
+		n := min(len(qs), maxWriteBatch)
+		c.writeOut(qs[:n])
+		qs = qs[n:]
 	}
 }
 
@@ -820,7 +826,9 @@ func (c *Cache) Set(key string, val []byte) {
 		e := &sh.entries[i]
 		c.dropFarCopy(sh, si, e)
 		sh.bytes += int64(len(val) - len(e.val))
-		if len(val) > cap(e.val) {
+		if len(val) > cap(e.val) || e.slot < 0 && cap(e.val) > 2*len(val) {
+			// It does not fit, or a slice of its own would hold more
+			// than twice what the hot budget counts for it.
 			c.freeSlot(sh, e.slot)
 			e.val, e.slot = c.hotBuf(sh, len(val))
 		}
@@ -1004,7 +1012,7 @@ func (c *Cache) putHot(sh *shard, si int, key string, val []byte, h uint64, far 
 // since the hand last passed it, clearing the references it passes, and
 // returns it; the hand stays on it.
 func (c *Cache) hotVictim(sh *shard) (int, bool) {
-	for range 2*len(sh.entries) + 1 {
+	for range 2 * len(sh.entries) {
 		if sh.hand >= len(sh.entries) {
 			sh.hand = 0
 		}
@@ -1051,6 +1059,12 @@ func (c *Cache) demote(sh *shard, si, ti int, key string, val []byte, h uint64) 
 	fs := &sh.far[ti]
 	slot := int64(alloc.SizeClass(n))
 	for fs.count > 0 && (fs.bytes+slot > t.capBytes || fs.count >= t.capCount) && c.evictFar(sh, si, ti) {
+	}
+	if fs.bytes+slot > t.capBytes || fs.count >= t.capCount {
+		// Nothing indexed is left to evict: records on their way to the
+		// tier hold its budget. The entry moves on, so that the tier's
+		// index never holds more than its capacity.
+		return c.demote(sh, si, ti+1, key, val, h)
 	}
 	var r alloc.Ref
 	var err error

@@ -367,3 +367,121 @@ func TestSketch(t *testing.T) {
 	}
 	require.Less(t, s.estimate(hot), uint64(15), "aging halved it")
 }
+
+// TestPendingWritesKeepIndexBounded: Sets that push records to a small
+// rdma tier faster than the far writer writes them fill the tier's budget
+// with records on their way; the entries past it move on (here: dropped,
+// past the last tier) rather than growing the tier's index beyond its
+// buckets, whose insert would then never find an empty one and spin with
+// the shard's lock held.
+func TestPendingWritesKeepIndexBounded(t *testing.T) {
+	val := bytes.Repeat([]byte{1}, 100)
+	slot := int64(alloc.SizeClass(recordHeader + 4 + len(val)))
+	c := newTestCache(t, Options{HotBytes: 1, RDMABytes: 2 * slot, Shards: 1, RecordBytes: 104})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 2000 {
+			c.Set(fmt.Sprintf("k%03d", i%1000), val)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute): // they take milliseconds
+		panic("the Sets did not finish: the far writer holds the shard's lock")
+	}
+	settle(t, c)
+	sh, t0 := &c.shards[0], c.tiers[0]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	require.LessOrEqual(t, sh.far[0].count, t0.capCount)
+	require.LessOrEqual(t, sh.far[0].bytes, t0.capBytes)
+}
+
+// TestInlineWritesBatched: when the far writer lags (its queue is full),
+// the goroutine that demoted records writes them itself, in batches the
+// arena takes: one operation that demotes more than alloc.MaxBatch
+// records loses none.
+func TestInlineWritesBatched(t *testing.T) {
+	c := newTestCache(t, Options{HotBytes: 1 << 20, RDMABytes: 8 << 20, Shards: 2, RecordBytes: 120})
+	val := bytes.Repeat([]byte{5}, 100)
+	keysOf := func(si, n int) []string {
+		var ks []string
+		for i := 0; len(ks) < n; i++ {
+			if k := fmt.Sprintf("s%d-%06d", si, i); func() bool { _, _, s := c.locate(k); return s == si }() {
+				ks = append(ks, k)
+			}
+		}
+		return ks
+	}
+	demote := func(si int, keys []string) *shard {
+		sh := &c.shards[si]
+		sh.mu.Lock()
+		for _, k := range keys {
+			h, _, _ := c.locate(k)
+			c.demote(sh, si, 0, k, val, h)
+		}
+		return sh
+	}
+	// The writer lags: shard 1's records fill its queue, unwoken.
+	sh1 := demote(1, keysOf(1, maxQueued))
+	c.wmu.Lock()
+	for _, w := range sh1.pending {
+		w.taken = true
+		c.queue = append(c.queue, queued{1, w})
+	}
+	c.wmu.Unlock()
+	sh1.untaken = 0
+	sh1.mu.Unlock()
+
+	// One operation of shard 0 demotes 1100 records, which its unlock
+	// writes inline.
+	keys := keysOf(0, alloc.MaxBatch+76)
+	c.unlock(demote(0, keys), 0)
+	c.wake <- struct{}{}
+	settle(t, c)
+	for _, k := range keys {
+		_, ok := c.Get(nil, k)
+		require.True(t, ok, k)
+	}
+	require.Zero(t, c.Stats().Lost)
+}
+
+// TestHotVictimOfEmptyShard: a shard's first entry, larger than the
+// shard's hot budget and used before (a cache-aside miss, then its Set),
+// finds no hot victim to compare with, rather than a panic with the
+// shard's lock held.
+func TestHotVictimOfEmptyShard(t *testing.T) {
+	c := newTestCache(t, Options{HotBytes: 100, CXLBytes: 64 << 10, Shards: 1, RecordBytes: 200})
+	c.Get(nil, "x")
+	c.Get(nil, "x")
+	val := bytes.Repeat([]byte{1}, 200)
+	c.Set("x", val)
+	v, ok := c.Get(nil, "x")
+	require.True(t, ok)
+	require.Equal(t, val, v)
+}
+
+// TestHotBudgetCountsHeldBytes: a key set to a large value (a slice of its
+// own) and then to a small one does not keep the large slice, which the
+// hot budget, counting the value's length, would not see.
+func TestHotBudgetCountsHeldBytes(t *testing.T) {
+	const hot = 64 << 10
+	c := newTestCache(t, Options{HotBytes: hot, CXLBytes: 1 << 20, Shards: 1, RecordBytes: 64})
+	big, small := make([]byte, 32<<10), make([]byte, 8)
+	for i := range 500 {
+		k := fmt.Sprint("k", i)
+		c.Set(k, big)
+		c.Set(k, small)
+	}
+	sh := &c.shards[0]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	held := 0
+	for i := range sh.entries {
+		if e := &sh.entries[i]; e.used && e.slot < 0 {
+			held += cap(e.val)
+		}
+	}
+	require.LessOrEqual(t, held, 2*hot, "own slices of hot values, against a budget of %d", hot)
+}
