@@ -328,6 +328,10 @@ func (ra *readahead) cover(off, n int64, into []*fill) []*fill {
 // goroutines reading one segment at once are no single stream, and none
 // of them should wait for another's bookkeeping.
 func (ra *readahead) readAt(p []byte, off int64) (int, error) {
+	if l := ra.r.lost.Load(); l.ctx.Err() != nil {
+		// Lost, reclaimed or closed: what is held is not served.
+		return 0, context.Cause(l.ctx) // each names the segment
+	}
 	n := int64(len(p))
 	if !ra.mu.TryLock() {
 		if ra.nfills.Load() == 0 {

@@ -46,3 +46,40 @@ func TestReclaimedGuarded(t *testing.T) {
 	require.NoError(t, err, "a segment the notice does not name")
 	require.NoError(t, other.Free(ctx))
 }
+
+// TestReclaimedRemote: an rdma segment reclaimed by its daemon answers
+// ErrLeaseExpired, also for bytes its read-ahead holds, and also when the
+// daemon reported it lost before (the reclaim is the later and final word,
+// which a report of its home back does not undo).
+func TestReclaimedRemote(t *testing.T) {
+	cfg := pooltest.Config(t)
+	pooltest.Start(t, cfg)
+	ctx := t.Context()
+	c, err := Dial(ctx, cfg.Socket)
+	require.NoError(t, err)
+	defer c.Close()
+	held, err := c.Alloc(ctx, 1<<20, WithTier(TierRDMA))
+	require.NoError(t, err)
+	lost, err := c.Alloc(ctx, 1<<20, WithTier(TierRDMA))
+	require.NoError(t, err)
+	_, err = held.WriteAt([]byte("read ahead"), 0)
+	require.NoError(t, err)
+	require.NoError(t, held.Prefetch(0, 64<<10))
+	got := make([]byte, 10)
+	_, err = held.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Positive(t, c.Stats().PrefetchHits, "served from what it read ahead")
+
+	lost.setLost(true)
+	_, err = lost.ReadAt(got, 0)
+	require.ErrorIs(t, err, ErrSegmentLost)
+	c.segmentsReclaimed([]uint64{held.ID(), lost.ID()})
+	for _, s := range []*Segment{held, lost} {
+		s.setLost(false)
+		_, err = s.ReadAt(got, 0)
+		require.ErrorIs(t, err, ErrLeaseExpired, "segment %d", s.ID())
+		require.NotErrorIs(t, err, ErrSegmentLost)
+		_, err = s.WriteAt(got, 0)
+		require.ErrorIs(t, err, ErrLeaseExpired)
+	}
+}

@@ -845,9 +845,9 @@ func (s *Segment) setReclaimed() {
 	why := func() error { return reclaimedErr(s.info.Id) }
 	switch b := s.base().(type) {
 	case *remote:
-		markLost(b.c, &b.lost, true, why)
+		markReclaimed(b.c, &b.lost, why)
 	case *redundant:
-		markLost(b.c, &b.lost, true, why)
+		markReclaimed(b.c, &b.lost, why)
 	case *guarded:
 		b.setGone(why())
 	}
@@ -879,6 +879,21 @@ func markLost(c *Client, cur *atomic.Pointer[lostCtx], lost bool, why func() err
 	if l.ctx.Err() != nil {
 		cur.Store(newLostCtx())
 	}
+}
+
+// markReclaimed cancels the lost context in cur with why() for good: one
+// that an earlier report of a loss cancelled already is replaced by one
+// cancelled with why, so that calls answer the reclaim, not the loss
+// (reports of the segment restored no longer reach it: Segment.setLost).
+func markReclaimed(c *Client, cur *atomic.Pointer[lostCtx], why func() error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := cur.Load()
+	if l.ctx.Err() != nil {
+		l = newLostCtx()
+		cur.Store(l)
+	}
+	l.cancel(why())
 }
 
 func (r *remote) readAt(p []byte, off int64) (int, error) {
