@@ -72,6 +72,12 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	defer s.d.pool.credentials().revokeSession(sid)
 	events, reclaimed := s.d.pool.openSession(sid, hello.ClientId, ident, hello.ClientName, hello.Pid, uid)
 	defer s.d.pool.closeSession(sid)
+	// The Welcome tells the reclaimed segments; they count as told once the
+	// client's first keep-alive arrives, which it sends only after it took
+	// the Welcome in (a sent Welcome is only queued: a connection that
+	// breaks right after may lose it). Until then a session's end puts them
+	// back for the next one, which may tell them twice (harmless: segment
+	// ids are never reused).
 	told := false
 	defer func() {
 		if !told && len(reclaimed) > 0 {
@@ -96,7 +102,6 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 	if err != nil {
 		return err
 	}
-	told = true
 	// One goroutine receives; this one sends (a gRPC stream allows one
 	// sender at a time): keep-alive acks and segment notices.
 	recvErr := make(chan error, 1)
@@ -126,6 +131,7 @@ func (s *service) Session(stream grpc.BidiStreamingServer[poolv1.SessionRequest,
 			}
 			return err
 		case <-keepAlive:
+			told = true
 			out = &poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Ack{Ack: &poolv1.KeepAliveAck{}}}
 		case ev := <-events:
 			out = &poolv1.SessionResponse{Msg: &poolv1.SessionResponse_Events{Events: ev}}

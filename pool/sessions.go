@@ -77,7 +77,8 @@ func (p *core) openSession(sessionID, clientID, ident, name string, pid int64, u
 }
 
 // unreclaimedTold puts back the reclaimed segments openSession handed a
-// session that ended before its Welcome told them, for the next one.
+// session that ended before its client took its Welcome in, for the next
+// one.
 func (p *core) unreclaimedTold(clientID, ident string, ids []uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
