@@ -25,6 +25,11 @@ func (d *Daemon) bindSession(clientID string, who caller) error {
 	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && strings.Contains(node, "/") {
 		return fmt.Errorf("%w: client id %q: ids poold/NODE/... name clients of peer daemons (delegated credentials); choose another", errs.ErrInvalid, clientID)
 	}
+	if strings.HasPrefix(clientID, moveSourcePrefix) {
+		err := fmt.Errorf("%w: client id %q: ids %s... name the sources of moves between daemons; choose another", errs.ErrInvalid, clientID, moveSourcePrefix)
+		d.sessionRefused(clientID, ident, err)
+		return err
+	}
 	if node, ok := strings.CutPrefix(clientID, peerClientPrefix); ok && (strings.HasPrefix(ident, "cn:") && (ident != "cn:"+node || !who.node) || strings.HasPrefix(ident, "uid:")) {
 		err := fmt.Errorf("%w: client id %q is reserved for node %s's daemon, which calls over TCP with its node certificate, and the caller is %s; choose another client id", errs.ErrAccessDenied, clientID, node, ident)
 		d.sessionRefused(clientID, ident, err)

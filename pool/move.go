@@ -754,7 +754,13 @@ func (m *mover) tellMoved(ctx context.Context, r record) {
 // that the source of a move writes the target's copy as: the origin
 // delegates a credential for it to the source and authorizes it on the
 // copy for the move.
-func moveSourceClient(source string) string { return "move-from-" + source }
+func moveSourceClient(source string) string { return moveSourcePrefix + source }
+
+// moveSourcePrefix starts the client ids of move sources, which no session
+// may take (bindSession): a client of this daemon bound to one would have
+// its credential at a target delegated for its own identity, which
+// withdraws the source's and cuts its pushes.
+const moveSourcePrefix = "move-from-"
 
 // delegateSource gets the credential the source writes the target's copy
 // seg with (a credential the target delegates over this daemon's session

@@ -84,3 +84,17 @@ func refusalCount(t *testing.T, d *Daemon, op string) float64 {
 	}
 	return 0
 }
+
+// TestMoveSourceIDReserved: no session may take the client id of a move's
+// source (move-from-NODE): the daemon delegates credentials for it at
+// move targets, and a client bound to it would have them delegated for its
+// own identity instead, which withdraws the source's and cuts its pushes.
+func TestMoveSourceIDReserved(t *testing.T) {
+	d, err := Start(testConfig(t), nil)
+	require.NoError(t, err)
+	defer d.Close()
+	require.ErrorIs(t, d.bindSession(moveSourceClient("b"), caller{ident: "uid:1000"}), errs.ErrInvalid)
+	_, err = alloc.Dial(t.Context(), d.cfg.Socket, alloc.WithClientID(moveSourceClient("b")))
+	require.ErrorIs(t, err, alloc.ErrInvalid)
+	require.Contains(t, err.Error(), "name the sources of moves")
+}
