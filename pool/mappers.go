@@ -8,8 +8,10 @@ package pool
 
 import (
 	"bytes"
+	"cmp"
+	"errors"
 	"fmt"
-	"maps"
+	"io/fs"
 	"os"
 	"slices"
 	"strconv"
@@ -18,61 +20,89 @@ import (
 	"github.com/farmem/farmem/internal/errs"
 )
 
-// mapper is the process a client that got a segment's descriptor runs
-// in, which keeps the mapping as long as it runs: its pid (0 when unknown:
-// a mapper presumed after a restart, or a caller not on the unix socket)
-// and its start time (procStart), which tells it from a later process that
-// got the same pid. A client id in two processes at once names the later.
+// mapper is a client that got a segment's descriptor, in one process,
+// which keeps the mapping as long as it runs: the process's pid (0 when
+// unknown: a mapper presumed after a restart, a process this daemon's
+// /proc does not show) and start time (procStart), which tells it from a
+// later process that got the same pid. A client id used by two processes
+// (a restarted one beside one stopped) is two mappers.
 type mapper struct {
-	pid   int32
-	start uint64
+	client string
+	pid    int32
+	start  uint64
 }
 
-// running reports whether the mapper's process still runs (a stopped one
-// too; one that exited, a zombie included, has no mapping left).
-func (m mapper) running() bool {
+// procState is what /proc says of a mapper's process.
+type procState int
+
+const (
+	procUnknown procState = iota // no pid, or /proc cannot say
+	procRunning                  // running or stopped: it maps what it mapped
+	procGone                     // it ended, or another process has its pid
+)
+
+// state is what /proc says of m's process now.
+func (m mapper) state() procState {
 	if m.pid <= 0 {
-		return false
+		return procUnknown
 	}
-	start, ok := procStart(m.pid)
-	return ok && start == m.start
+	start, st := procStart(m.pid)
+	if st == procRunning && start != m.start {
+		return procGone
+	}
+	return st
 }
 
 // procStart returns the start time of process pid (/proc/PID/stat, clock
-// ticks since boot); ok is false when it is gone, a zombie, or unknown.
-func procStart(pid int32) (start uint64, ok bool) {
+// ticks since boot) and whether it runs: a zombie leader whose other
+// threads run still does (its mappings live on with them).
+func procStart(pid int32) (uint64, procState) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, procGone
+	}
 	if err != nil {
-		return 0, false
+		return 0, procUnknown
 	}
 	// The command name, in parentheses, may hold spaces: fields count from
 	// the last ')'. state is field 3, starttime field 22.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, false
+		return 0, procUnknown
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
-		return 0, false
+	if len(f) < 20 {
+		return 0, procUnknown
 	}
-	start, err = strconv.ParseUint(f[19], 10, 64)
-	return start, err == nil
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, procUnknown
+	}
+	switch f[0] {
+	case "X":
+		return start, procGone
+	case "Z":
+		if tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err != nil || len(tasks) < 2 {
+			return start, procGone
+		}
+	}
+	return start, procRunning
 }
 
 // noteMapped records that client got the descriptor of segment id in
 // process pid (0: unknown); p.mu is held.
 func (p *core) noteMapped(id uint64, client string, pid int32) {
 	if p.mappers == nil {
-		p.mappers = map[uint64]map[string]mapper{}
+		p.mappers = map[uint64]map[mapper]bool{}
 	}
 	if p.mappers[id] == nil {
-		p.mappers[id] = map[string]mapper{}
+		p.mappers[id] = map[mapper]bool{}
 	}
-	m := mapper{}
-	if start, ok := procStart(pid); pid > 0 && ok {
-		m = mapper{pid: pid, start: start}
+	m := mapper{client: client}
+	if start, st := procStart(pid); pid > 0 && st == procRunning {
+		m.pid, m.start = pid, start
 	}
-	p.mappers[id][client] = m
+	p.mappers[id][m] = true
 }
 
 // presumeMapped records a restored load/store segment's owner and
@@ -99,72 +129,107 @@ func (p *core) Unmapped(c caller, id uint64) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.dropMapper(id, c.client.id)
+	for m := range p.mappers[id] {
+		if c.owns(m) {
+			p.dropMapper(id, m)
+		}
+	}
 }
 
-// dropMapper forgets that client maps segment id; p.mu is held.
-func (p *core) dropMapper(id uint64, client string) {
-	if m := p.mappers[id]; m != nil {
-		delete(m, client)
-		if len(m) == 0 {
+// owns reports whether mapper m is c's: the same client in the same
+// process (in any of the client's processes when c's is unknown, or m's:
+// presumed after a restart).
+func (c caller) owns(m mapper) bool {
+	return m.client == c.id() && (c.pid == 0 || m.pid == 0 || m.pid == c.pid)
+}
+
+// dropMapper forgets mapper m of segment id; p.mu is held.
+func (p *core) dropMapper(id uint64, m mapper) {
+	if ms := p.mappers[id]; ms != nil {
+		delete(ms, m)
+		if len(ms) == 0 {
 			delete(p.mappers, id)
 		}
 	}
 }
 
-// mapping reports whether client, which got segment id's descriptor and
-// did not let it go, may still map it: it holds a session, its lease
-// runs, its process still runs (a process stopped past its lease keeps
-// its mapping, and would write memory the segment left), or this daemon
-// restarted less than a lease ago (the presumed mappers of a restored
-// segment). p.mu is held.
-func (p *core) mapping(client string, m mapper) bool {
-	return p.clients[client] != nil || p.now().Before(p.started.Add(p.cfg.LeaseTTL+restartGrace)) || m.running()
+// mapping reports whether m may still map its segment: its process runs
+// (also one stopped past its client's lease, which would write memory
+// the segment left when it goes on); or, when /proc cannot say, its
+// client holds a session or a lease, or this daemon restarted less than a
+// lease ago (the presumed mappers of a restored segment). p.mu is held.
+func (p *core) mapping(m mapper) bool {
+	switch m.state() {
+	case procRunning:
+		return true
+	case procGone:
+		return false
+	}
+	return p.clients[m.client] != nil || p.now().Before(p.started.Add(p.cfg.LeaseTTL+restartGrace))
 }
 
-// mappersOf is who may map segment id now (mapping), but except. Sorted;
-// p.mu is held.
-func (p *core) mappersOf(id uint64, except string) []string {
-	var out []string
-	for _, c := range slices.Sorted(maps.Keys(p.mappers[id])) {
-		if c != except && p.mapping(c, p.mappers[id][c]) {
-			out = append(out, c)
+// mappersOf is who may map segment id now (mapping) but c's own process,
+// sorted by client and pid; p.mu is held.
+func (p *core) mappersOf(id uint64, c caller) []mapper {
+	var out []mapper
+	for m := range p.mappers[id] {
+		if !c.owns(m) && p.mapping(m) {
+			out = append(out, m)
 		}
 	}
+	slices.SortFunc(out, func(a, b mapper) int {
+		return cmp.Or(strings.Compare(a.client, b.client), cmp.Compare(a.pid, b.pid))
+	})
 	return out
 }
 
-// dropGoneMappers forgets the mappers that map nothing any more: clients
-// without a session or lease whose process ended (or is unknown); p.mu is
-// held. The reap calls it, so that the processes that came and went leave
-// no entry behind for as long as their segments live.
+// dropGoneMappers forgets the mappers that map nothing any more: those
+// whose process ended, and those of clients without a session or lease
+// whose process /proc cannot show; p.mu is held. The reap calls it, so
+// that processes that came and went leave no entry behind for as long as
+// their segments live.
 func (p *core) dropGoneMappers() {
 	for id, ms := range p.mappers {
-		for c, m := range ms {
-			if p.clients[c] == nil && !p.mapping(c, m) {
-				p.dropMapper(id, c)
+		for m := range ms {
+			if !p.mapping(m) {
+				p.dropMapper(id, m)
 			}
 		}
 	}
 }
 
-// describeClients names clients of segment seg for an error message:
-// each id with its process name and pid when it holds a session here, or
-// with the pid of the process that mapped the segment when that process
-// outlived the client's lease.
-func (p *core) describeClients(seg uint64, ids []string) string {
+// describeMappers names mappers for an error message: each client id with
+// its process name and pid when it holds a session here, or with the pid
+// of the process that mapped the segment when that outlived the client's
+// lease.
+func (p *core) describeMappers(ms []mapper) string {
+	parts := make([]string, len(ms))
+	for i, m := range ms {
+		cl := p.clients[m.client]
+		switch {
+		case cl != nil && cl.sessions > 0 && cl.pid > 0 && (m.pid == 0 || int64(m.pid) == cl.pid):
+			parts[i] = fmt.Sprintf("%s (%s, pid %d)", m.client, cl.name, cl.pid)
+		case m.pid > 0 && cl != nil:
+			parts[i] = fmt.Sprintf("%s (pid %d, which still runs beside the process holding the client's session; it lets go when it ends)", m.client, m.pid)
+		case m.pid > 0:
+			parts[i] = fmt.Sprintf("%s (pid %d: the client's lease ran out, but the process that mapped the segment still runs, stopped perhaps; it lets go when it ends)", m.client, m.pid)
+		default:
+			parts[i] = m.client + " (no session now: held until its lease ends)"
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// describeClients names clients for an error message: each id with its
+// process name and pid when it holds a session here.
+func (p *core) describeClients(ids []string) string {
 	parts := make([]string, len(ids))
 	for i, id := range ids {
-		cl, m := p.clients[id], p.mappers[seg][id]
-		switch {
-		case cl != nil && cl.sessions > 0 && cl.pid > 0:
+		parts[i] = id
+		if cl := p.clients[id]; cl != nil && cl.sessions > 0 && cl.pid > 0 {
 			parts[i] = fmt.Sprintf("%s (%s, pid %d)", id, cl.name, cl.pid)
-		case cl == nil && m.running():
-			parts[i] = fmt.Sprintf("%s (pid %d: its lease ran out, but the process that mapped the segment still runs, stopped perhaps; it lets go when it ends)", id, m.pid)
-		case cl == nil || cl.sessions == 0:
+		} else if cl == nil || cl.sessions == 0 {
 			parts[i] = id + " (no session now: held until its lease ends)"
-		default:
-			parts[i] = id
 		}
 	}
 	return strings.Join(parts, ", ")

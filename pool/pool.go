@@ -65,7 +65,7 @@ type core struct {
 	leftMoves []intent
 	// mappers are the clients that map each load/store segment, by its
 	// id (mappers.go); under mu.
-	mappers map[uint64]map[string]mapper
+	mappers map[uint64]map[mapper]bool
 	// fwd is the data-plane connections of the copies and shards here
 	// that forward their writes (replicate.go).
 	fwd forwards

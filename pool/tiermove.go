@@ -70,8 +70,8 @@ func (p *core) demote(ctx context.Context, c caller, r record, req *poolv1.MoveR
 	defer p.moving.end(r.ID)
 	res = moveResult{rec: r, from: p.cfg.Node, fromTier: r.Tier}
 	p.mu.Lock()
-	who := p.mappersOf(r.ID, c.id())
-	desc := p.describeClients(r.ID, who)
+	who := p.mappersOf(r.ID, c)
+	desc := p.describeMappers(who)
 	d := p.device(r.Device)
 	admitted := p.admitted(c, poolv1.Tier_TIER_RDMA, r.Size)
 	p.mu.Unlock()
@@ -173,7 +173,7 @@ func (p *core) promote(ctx context.Context, c caller, r record, req *poolv1.Move
 	res = moveResult{rec: r, from: r.Home, fromTier: r.Tier}
 	p.mu.Lock()
 	who := p.usersOf(&r, c.id())
-	desc := p.describeClients(r.ID, who)
+	desc := p.describeClients(who)
 	p.mu.Unlock()
 	switch {
 	case len(who) > 0:

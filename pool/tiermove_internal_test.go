@@ -63,13 +63,17 @@ func TestMappers(t *testing.T) {
 		require.NoError(t, err)
 		b.File.Close()
 	}
-	mappers := func(except string) []string {
+	mappers := func(except caller) []string {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		return p.mappersOf(r.ID, except)
+		var ids []string
+		for _, m := range p.mappersOf(r.ID, except) {
+			ids = append(ids, m.client)
+		}
+		return ids
 	}
-	require.Equal(t, []string{"reader"}, mappers("app"))
-	require.Equal(t, []string{"app", "reader"}, mappers(""))
+	require.Equal(t, []string{"reader"}, mappers(app))
+	require.Equal(t, []string{"app", "reader"}, mappers(admin()))
 
 	require.True(t, p.moving.begin(r.ID))
 	_, err = p.Backing(reader, r.ID)
@@ -77,20 +81,20 @@ func TestMappers(t *testing.T) {
 	p.moving.end(r.ID)
 
 	p.Unmapped(reader, r.ID)
-	require.Empty(t, mappers("app"), "the reader let go")
+	require.Empty(t, mappers(app), "the reader let go")
 	p.closeSession("s-app")
 	p.closeSession("s-reader")
 	require.NoError(t, p.close())
 
 	p = newTestPool(t, cfg)
 	defer p.close()
-	require.Equal(t, []string{"app", "reader"}, mappers(""), "presumed after a restart")
+	require.Equal(t, []string{"app", "reader"}, mappers(admin()), "presumed after a restart")
 	p.Unmapped(caller{client: &client{id: "reader"}}, r.ID)
-	require.Equal(t, []string{"app"}, mappers(""))
+	require.Equal(t, []string{"app"}, mappers(admin()))
 	start := p.started
 	p.now = func() time.Time { return start.Add(cfg.LeaseTTL + restartGrace + time.Second) }
 	p.reap()
-	require.Empty(t, mappers(""), "the owner stayed away past its lease")
+	require.Empty(t, mappers(admin()), "the owner stayed away past its lease")
 }
 
 // TestMapperOutlivesLease: a process that mapped a named segment and was
@@ -128,12 +132,17 @@ func TestMapperOutlivesLease(t *testing.T) {
 	p.mu.Unlock()
 	err = demote()
 	require.ErrorIs(t, err, errs.ErrInUse, "the stopped process still maps it")
-	require.Contains(t, err.Error(), fmt.Sprintf("pid %d: its lease ran out, but the process that mapped the segment still runs", proc.Process.Pid))
+	require.Contains(t, err.Error(), fmt.Sprintf("pid %d: the client's lease ran out, but the process that mapped the segment still runs", proc.Process.Pid))
 
 	p.mu.Lock()
-	m := p.mappers[r.ID]["app"]
+	var m mapper
+	for m = range p.mappers[r.ID] {
+	}
 	p.mu.Unlock()
-	require.False(t, mapper{pid: m.pid, start: m.start + 1}.running(), "another process under the same pid")
+	require.Equal(t, mapper{client: "app", pid: int32(proc.Process.Pid), start: m.start}, m)
+	require.Equal(t, procRunning, m.state())
+	m.start++
+	require.Equal(t, procGone, m.state(), "another process under the same pid")
 
 	require.NoError(t, proc.Process.Kill())
 	proc.Wait()
@@ -143,4 +152,46 @@ func TestMapperOutlivesLease(t *testing.T) {
 	p.mu.Unlock()
 	err = demote()
 	require.ErrorIs(t, err, errs.ErrNoCapacity, "no mapper holds it back: it fails for want of peers")
+}
+
+// TestMapperPerProcess: two processes of one client id (a restarted one
+// beside one stopped) are two mappers: the one's release, or its own
+// demotion, leaves the other's mapping counted while it runs.
+func TestMapperPerProcess(t *testing.T) {
+	cfg, p, now := clockedPool(t)
+	*now = p.started.Add(cfg.LeaseTTL + restartGrace + time.Second) // past the restart's grace
+	start := func() *exec.Cmd {
+		proc := exec.Command("sleep", "600")
+		require.NoError(t, proc.Start())
+		t.Cleanup(func() { proc.Process.Kill(); proc.Wait() })
+		return proc
+	}
+	old, restarted := start(), start()
+	first := sessionCaller(t, p, "s1", "app", int64(old.Process.Pid), 0)
+	first.pid = int32(old.Process.Pid)
+	r, err := p.Alloc(t.Context(), first, allocRequest{Size: 4096, Tier: poolv1.Tier_TIER_CXL, Name: "kv"})
+	require.NoError(t, err)
+	second := sessionCaller(t, p, "s2", "app", int64(restarted.Process.Pid), 0)
+	second.pid = int32(restarted.Process.Pid)
+	for _, c := range []caller{first, second} {
+		b, err := p.Backing(c, r.ID)
+		require.NoError(t, err)
+		b.File.Close()
+	}
+	require.NoError(t, old.Process.Signal(syscall.SIGSTOP))
+	p.closeSession("s1")
+	p.Unmapped(second, r.ID)
+	demote := func(c caller) error {
+		require.True(t, p.moving.begin(r.ID))
+		_, err := p.demote(t.Context(), c, *r, &poolv1.MoveRequest{}, moveTLS{})
+		return err
+	}
+	for _, c := range []caller{admin(), second} {
+		err := demote(c)
+		require.ErrorIs(t, err, errs.ErrInUse, "the stopped process still maps it")
+		require.Contains(t, err.Error(), fmt.Sprintf("pid %d, which still runs beside the process holding the client's session", old.Process.Pid))
+	}
+	require.NoError(t, old.Process.Kill())
+	old.Wait()
+	require.ErrorIs(t, demote(second), errs.ErrNoCapacity, "no mapper holds it back: it fails for want of peers")
 }
