@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -63,8 +64,13 @@ func (c *Config) allowLocal(p peerInfo) error {
 	return fmt.Errorf("uid %d (gid %d) is not in the allow list (uids %v, gids %v); add it with --allow-uid or --allow-gid", p.UID, p.GID, c.AllowUIDs, c.AllowGIDs)
 }
 
-// bucketIdentities maps client ids to the identity they are bound to.
-var bucketIdentities = []byte("identities")
+// bucketIdentities maps client ids to the identity they are bound to;
+// bucketBindings keeps the number of the latest binding (nextBinding).
+var (
+	bucketIdentities = []byte("identities")
+	bucketBindings   = []byte("bindings")
+	keyLastBinding   = []byte("last")
+)
 
 // auth holds the client-id bindings and the data-plane credentials of live
 // sessions. It is safe for concurrent use.
@@ -123,6 +129,11 @@ func (a *auth) load() {
 			return
 		}
 		a.st.db.View(func(tx *bolt.Tx) error {
+			if b := tx.Bucket(bucketBindings); b != nil {
+				if v := b.Get(keyLastBinding); len(v) == 8 {
+					a.lastBinding = binary.BigEndian.Uint64(v)
+				}
+			}
 			b := tx.Bucket(bucketIdentities)
 			if b == nil {
 				return nil
@@ -133,7 +144,23 @@ func (a *auth) load() {
 				return nil
 			})
 		})
+		if len(a.bound) > 0 {
+			// The numbers just given are this run's: the next run's
+			// start above them, whatever its clock says (best effort: a
+			// store that cannot commit this fails the next binding).
+			last := binary.BigEndian.AppendUint64(nil, a.lastBinding)
+			a.st.update(func(tx *bolt.Tx) error { return putBindingMark(tx, last) }, false)
+		}
 	})
+}
+
+// putBindingMark stores last, the number of the latest binding.
+func putBindingMark(tx *bolt.Tx, last []byte) error {
+	b, err := tx.CreateBucketIfNotExists(bucketBindings)
+	if err != nil {
+		return err
+	}
+	return b.Put(keyLastBinding, last)
 }
 
 // bind binds a client id to ident on its first session, and refuses a
@@ -159,11 +186,15 @@ func (a *auth) bind(clientID, ident string) error {
 	a.closeConns(clientID, keepTenant(tenantOf(clientID, ident)))
 	gone := a.forgotten
 	a.forgotten = nil
+	last := binary.BigEndian.AppendUint64(nil, a.lastBinding)
 	a.mu.Unlock()
 	if a.st == nil {
 		return nil
 	}
 	err := a.st.update(func(tx *bolt.Tx) error {
+		if err := putBindingMark(tx, last); err != nil {
+			return err
+		}
 		b, err := tx.CreateBucketIfNotExists(bucketIdentities)
 		if err != nil {
 			return err
@@ -224,10 +255,11 @@ func (a *auth) binding(clientID string) (ident string, n uint64) {
 }
 
 // nextBinding numbers a new binding; a.mu is held (or load runs). The
-// numbers are nanoseconds of the wall clock, made to grow strictly, so
-// that a binding made after a restart of this daemon is numbered above
-// those of its previous run, whose credentials a home may still hold
-// until that run's session with it ends there.
+// numbers are nanoseconds of the wall clock, made to grow strictly from
+// the last one, which the store keeps with each new binding: a binding
+// made after a restart of this daemon is numbered above those of its
+// previous run, whose credentials a home may still hold until that run's
+// session with it ends there, also when the clock was set back meanwhile.
 func (a *auth) nextBinding() uint64 {
 	a.lastBinding = max(a.lastBinding+1, uint64(time.Now().UnixNano()))
 	return a.lastBinding

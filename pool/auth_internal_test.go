@@ -1,12 +1,15 @@
 package pool
 
 import (
+	"encoding/binary"
 	"errors"
 	"log/slog"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
@@ -232,6 +235,34 @@ func TestBindingNumbers(t *testing.T) {
 	require.NoError(t, a.bind("app", "uid:1000"))
 	_, next := a.binding("app")
 	require.Greater(t, next, other)
+}
+
+// TestBindingNumbersAcrossRestart: a restarted daemon numbers its
+// bindings above every number its previous run gave, also when its clock
+// is behind the previous run's (here: a mark an hour ahead of the clock),
+// and keeps the mark for the run after it.
+func TestBindingNumbersAcrossRestart(t *testing.T) {
+	cfg := testConfig(t)
+	p := newTestPool(t, cfg)
+	require.NoError(t, p.auth.bind("app", "uid:1000"))
+	ahead := uint64(time.Now().Add(time.Hour).UnixNano())
+	require.NoError(t, p.st.update(func(tx *bolt.Tx) error {
+		return putBindingMark(tx, binary.BigEndian.AppendUint64(nil, ahead))
+	}, false))
+	require.NoError(t, p.close())
+
+	p = newTestPool(t, cfg)
+	_, loaded := p.auth.binding("app")
+	require.Greater(t, loaded, ahead, "a binding loaded at start")
+	require.NoError(t, p.auth.bind("new", "uid:1000"))
+	_, made := p.auth.binding("new")
+	require.Greater(t, made, loaded)
+	require.NoError(t, p.close())
+
+	p = newTestPool(t, cfg)
+	defer p.close()
+	_, again := p.auth.binding("app")
+	require.Greater(t, again, made, "the next run starts above this one's")
 }
 
 // TestDelegateOverEndedSession: a delegated credential asked for over a
