@@ -1359,3 +1359,45 @@ func doOnce(t *testing.T, c *Client, sess *rdma.Session, op *rdma.Op) *rdma.Tick
 	require.NoError(t, c.Do(t.Context(), op))
 	return tk
 }
+
+// TestForwardOriginNamesSegmentClient: a forwarder may speak, in a
+// forwarded op's origin block, only for the clients of the segment it
+// forwards: an origin naming another principal is refused, so a peer
+// cannot plant an answer in another client's reply cache, which that
+// client's next op on its own segment here would get instead of running.
+func TestForwardOriginNamesSegmentClient(t *testing.T) {
+	cfg := ServerConfig{BusyPoll: -1}
+	cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, string, error) { return string(cred), "", nil }
+	cfg.Forwarders = func(p string) bool { return strings.HasPrefix(p, "poold/") }
+	s := startServer(t, cfg)
+	_, peerSeg := s.export(t, 1, 4096)
+	require.NoError(t, s.Allow(1, []string{"poold/b"}))
+	require.NoError(t, s.AllowReaders(1, []string{"app"}))
+	vmem, victimSeg := s.export(t, 2, 4096)
+	require.NoError(t, s.Allow(2, []string{"victim"}))
+	vsid := [sessionIDSize]byte{0x77}
+
+	peer := rawConn(t, s.addr)
+	_, err := peer.Write(appendHello(nil, hello{version: Version, cred: []byte("poold/b"), session: [sessionIDSize]byte{1}}))
+	require.NoError(t, err)
+	require.Equal(t, replyAccept, readReply(t, peer).code)
+	forward := func(id uint64, seq uint32, client string) uint16 {
+		org := appendOrigin(nil, &origin{key: sessionKey{name: "p:" + client, id: vsid}, slot: 3, seq: 1})
+		f := reqHeader{id: id, op: opWrite, flags: reqFlagOnce | reqFlagForward, slot: 0, seq: seq, seg: 1, key: peerSeg.Key, epoch: 1, length: 1, payloadLen: uint32(len(org) + 1)}
+		_, err := peer.Write(append(append(requestFrame(t, &f), org...), 'x'))
+		require.NoError(t, err)
+		return readResponse(t, peer).status
+	}
+	require.Equal(t, statusProtocol, forward(1, 1, "victim"), "victim may not use segment 1")
+	require.Equal(t, statusOK, forward(2, 2, "app"), "app, a reader of segment 1, may be spoken for")
+
+	vc := rawConn(t, s.addr)
+	_, err = vc.Write(appendHello(nil, hello{version: Version, cred: []byte("victim"), session: vsid, resume: true}))
+	require.NoError(t, err)
+	require.Equal(t, replyAccept, readReply(t, vc).code)
+	w := reqHeader{id: 1, op: opWrite, flags: reqFlagOnce, slot: 3, seq: 1, seg: 2, key: victimSeg.Key, epoch: 1, length: 4, payloadLen: 4}
+	_, err = vc.Write(append(requestFrame(t, &w), "data"...))
+	require.NoError(t, err)
+	require.Equal(t, statusOK, readResponse(t, vc).status)
+	require.Equal(t, "data", string(vmem[:4]), "the victim's write ran")
+}

@@ -50,6 +50,13 @@ func (c *srvConn) writeStaged(h *reqHeader, e *export) error {
 			// forever. An origin names a client's session, never a peer
 			// daemon's, so slots are always taken in that order.
 			err = fmt.Errorf("origin block names a session of a forwarder (%s), not of a client: %w", o.key.name, rdma.ErrProtocol)
+		} else if err == nil && !e.mayUse(o.key.name) {
+			// A forwarder may speak only for the clients of the segment it
+			// forwards: an origin naming another principal would put an
+			// answer in that one's reply cache, which its next op with that
+			// slot and sequence number (on any segment here) would get
+			// instead of running.
+			err = fmt.Errorf("origin block names %s, which may not use segment %d: %w", o.key.name, e.seg, rdma.ErrProtocol)
 		}
 		if err != nil {
 			e.unpin(true)

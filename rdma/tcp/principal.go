@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"strings"
 
 	"github.com/farmem/farmem/rdma"
 )
@@ -140,6 +141,31 @@ func (l *cutLog) add(principal string) {
 // maxCutsKept is how many principals' cuts are kept before those no
 // hello under way needs are forgotten.
 const maxCutsKept = 1024
+
+// mayUse reports whether the client of a reply-cache session named name
+// (sessionName) may use e at all, to read or to write: any may where e has
+// no Allow or readers set; where it has, only a principal in one.
+func (e *export) mayUse(name string) bool {
+	set, rd := e.allowed.Load(), e.readers.Load()
+	if set == nil && rd == nil {
+		return true
+	}
+	principal, ok := strings.CutPrefix(name, "p:")
+	if !ok {
+		return false
+	}
+	if set != nil {
+		if _, in := (*set)[principal]; in {
+			return true
+		}
+	}
+	if rd != nil {
+		if _, in := (*rd)[principal]; in {
+			return true
+		}
+	}
+	return false
+}
 
 // permits reports whether the connection's principal may operate on e, a
 // mutating op or a read. It remembers the last sets it checked e against,
