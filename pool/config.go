@@ -245,6 +245,13 @@ type Config struct {
 	// round trip of its hello. Unit: connections. Default: 64. Range: 1 to
 	// data-max-handshakes.
 	DataMaxHandshakesPerSource int `yaml:"data-max-handshakes-per-source"`
+	// DataMaxConnsPerTenant is the most authenticated data-plane
+	// connections of one tenant at once (an identity's client ids
+	// together, a peer daemon alone), so that a client with a valid
+	// credential cannot hold every connection the data plane takes. Unit:
+	// connections. Default (0): a quarter of data-max-conns. Range: 0 to
+	// data-max-conns.
+	DataMaxConnsPerTenant int `yaml:"data-max-conns-per-tenant"`
 	// DataFrameTimeout bounds how long an authenticated data-plane
 	// connection takes to deliver one request (header and payload) once
 	// its first byte arrived; a client stalled mid-request is disconnected.

@@ -49,6 +49,7 @@ func dataPlaneConfig(cfg Config, log *slog.Logger, m *metrics) tcp.ServerConfig 
 	c.MaxConns = cfg.DataMaxConns
 	c.MaxHandshakes = cfg.DataMaxHandshakes
 	c.MaxHandshakesPerSource = cfg.DataMaxHandshakesPerSource
+	c.MaxConnsPerTenant = cfg.DataMaxConnsPerTenant
 	c.FrameTimeout = cfg.DataFrameTimeout
 	c.BusyPoll = cfg.DataBusyPoll
 	if cfg.DataBusyPoll == 0 {

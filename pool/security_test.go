@@ -375,6 +375,8 @@ func TestLimits(t *testing.T) {
 		{"handshakes over conns", func(c *pool.Config) { c.DataMaxHandshakes = c.DataMaxConns + 1 }, "data-max-handshakes"},
 		{"handshakes per source", func(c *pool.Config) { c.DataMaxHandshakesPerSource = 0 }, "data-max-handshakes-per-source"},
 		{"per source over all", func(c *pool.Config) { c.DataMaxHandshakesPerSource = c.DataMaxHandshakes + 1 }, "data-max-handshakes-per-source"},
+		{"per tenant negative", func(c *pool.Config) { c.DataMaxConnsPerTenant = -1 }, "data-max-conns-per-tenant"},
+		{"per tenant over all", func(c *pool.Config) { c.DataMaxConnsPerTenant = c.DataMaxConns + 1 }, "data-max-conns-per-tenant"},
 		{"frame timeout", func(c *pool.Config) { c.DataFrameTimeout = 0 }, "data-frame-timeout"},
 		{"no one allowed", func(c *pool.Config) { c.AllowUIDs = nil }, "allow-uids"},
 		{"listen without tls", func(c *pool.Config) { c.Listen = "127.0.0.1:0" }, "mutual TLS"},

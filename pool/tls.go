@@ -55,6 +55,8 @@ func (c *Config) validateSecurity() error {
 		return fmt.Errorf("%w: data-max-handshakes %d: use 1 to data-max-conns (%d; default 1024)", ErrConfig, c.DataMaxHandshakes, c.DataMaxConns)
 	case c.DataMaxHandshakesPerSource < 1 || c.DataMaxHandshakesPerSource > c.DataMaxHandshakes:
 		return fmt.Errorf("%w: data-max-handshakes-per-source %d: use 1 to data-max-handshakes (%d; default 64)", ErrConfig, c.DataMaxHandshakesPerSource, c.DataMaxHandshakes)
+	case c.DataMaxConnsPerTenant < 0 || c.DataMaxConnsPerTenant > c.DataMaxConns:
+		return fmt.Errorf("%w: data-max-conns-per-tenant %d: use 1 to data-max-conns (%d), or 0 for a quarter of it", ErrConfig, c.DataMaxConnsPerTenant, c.DataMaxConns)
 	case c.DataFrameTimeout < 100*time.Millisecond || c.DataFrameTimeout > 10*time.Minute:
 		return fmt.Errorf("%w: data-frame-timeout %v: use 100ms to 10m (default 10s)", ErrConfig, c.DataFrameTimeout)
 	}

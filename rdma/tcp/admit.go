@@ -34,6 +34,9 @@ const (
 	// RefusedHangup: the client closed or reset the connection before the
 	// handshake was done.
 	RefusedHangup
+	// RefusedTenantLimit: its tenant held ServerConfig.MaxConnsPerTenant
+	// authenticated connections.
+	RefusedTenantLimit
 
 	numRefusals
 )
@@ -64,6 +67,8 @@ func (r Refusal) String() string {
 		return "auth_failed"
 	case RefusedHangup:
 		return "hangup"
+	case RefusedTenantLimit:
+		return "tenant_limit"
 	default:
 		return "other"
 	}
@@ -98,6 +103,39 @@ func (s *Server) admit(nc net.Conn) (*srvConn, Refusal) {
 	s.conns[c] = struct{}{}
 	s.nconns.Add(1)
 	return c, 0
+}
+
+// errTenantLimit refuses a connection whose tenant holds MaxConnsPerTenant.
+var errTenantLimit = errors.New("at ServerConfig.MaxConnsPerTenant authenticated connections")
+
+// tenantKey is what MaxConnsPerTenant counts c under: its tenant, or its
+// principal where it has none; "" (not counted) for a connection that no
+// Identify named.
+func (c *srvConn) tenantKey() string {
+	switch {
+	case !c.identified:
+		return ""
+	case c.tenant != "":
+		return "t:" + c.tenant
+	}
+	return "p:" + c.principal
+}
+
+// admitTenant counts authenticated c against its tenant's
+// MaxConnsPerTenant, or reports that it must be refused.
+func (s *Server) admitTenant(c *srvConn) bool {
+	k := c.tenantKey()
+	if k == "" {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tenantConns[k] >= s.cfg.MaxConnsPerTenant {
+		return false
+	}
+	s.tenantConns[k]++
+	c.countedAs = k
+	return true
 }
 
 // shaken releases c's handshake slots: its handshake is over, either way.
@@ -165,6 +203,8 @@ func (why Refusal) setting() string {
 		return "MaxHandshakesPerSource (poold --data-max-handshakes-per-source)"
 	case RefusedTimeout:
 		return "HandshakeTimeout"
+	case RefusedTenantLimit:
+		return "MaxConnsPerTenant (poold --data-max-conns-per-tenant)"
 	default:
 		return ""
 	}
@@ -175,6 +215,8 @@ func handshakeRefusal(code uint16, err error) Refusal {
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return RefusedTimeout
+	case errors.Is(err, errTenantLimit):
+		return RefusedTenantLimit
 	case code == replyAuthFailed:
 		return RefusedAuthFailed
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),

@@ -96,6 +96,14 @@ type ServerConfig struct {
 	// Default: 64.
 	MaxHandshakesPerSource int
 
+	// MaxConnsPerTenant is the most authenticated connections of one
+	// tenant (Tenant: an identity's client ids together; a principal
+	// without one counts alone) at once, so that a client with a valid
+	// credential cannot hold every one of MaxConns and lock out the
+	// others. One over it is answered "busy" after its hello. Unit:
+	// connections. Default: a quarter of MaxConns.
+	MaxConnsPerTenant int
+
 	// MaxSessions is the most client sessions whose exactly-once replies
 	// the server caches (protocol version 2): each holds the last answer of
 	// its rdma.SessionSlots slots, about 4 KiB. Opening one more evicts the
@@ -217,6 +225,7 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	orDefault(&c.MaxConns, d.MaxConns)
 	orDefault(&c.MaxHandshakes, d.MaxHandshakes)
 	orDefault(&c.MaxHandshakesPerSource, d.MaxHandshakesPerSource)
+	orDefault(&c.MaxConnsPerTenant, max(1, c.MaxConns/4))
 	orDefault(&c.FrameTimeout, d.FrameTimeout)
 	orDefault(&c.MaxSessions, d.MaxSessions)
 	orDefault(&c.HandshakeTimeout, d.HandshakeTimeout)
@@ -249,6 +258,8 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("rdma/tcp: ServerConfig.MaxHandshakes is %d; use a positive count (default 1024)", c.MaxHandshakes)
 	case c.MaxHandshakesPerSource < 1:
 		return fmt.Errorf("rdma/tcp: ServerConfig.MaxHandshakesPerSource is %d; use a positive count (default 64)", c.MaxHandshakesPerSource)
+	case c.MaxConnsPerTenant < 1:
+		return fmt.Errorf("rdma/tcp: ServerConfig.MaxConnsPerTenant is %d; use a positive count (default a quarter of MaxConns)", c.MaxConnsPerTenant)
 	case c.FrameTimeout < 0:
 		return fmt.Errorf("rdma/tcp: ServerConfig.FrameTimeout is %v; use a positive duration (default 10s)", c.FrameTimeout)
 	case c.MaxSessions < 1:

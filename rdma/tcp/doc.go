@@ -45,7 +45,7 @@
 //	2 BAD_VERSION     the server does not speak the client's version
 //	3 AUTH_FAILED     ServerConfig.Authenticate refused the credential
 //	4 CRED_TOO_LONG   the credential is longer than 4096 bytes
-//	5 BUSY            the server is at ServerConfig.MaxConns, MaxHandshakes or MaxHandshakesPerSource
+//	5 BUSY            the server is at ServerConfig.MaxConns, MaxHandshakes or MaxHandshakesPerSource, or the client's tenant at MaxConnsPerTenant
 //	6 SHUTTING_DOWN   the server is closing
 //	7 INTERNAL        the server failed for a reason of its own
 //
@@ -57,7 +57,10 @@
 // (those from one IPv4 address or IPv6 /64) is sent BUSY at once, before
 // its hello is read, and reset; a client then fails to write its hello or
 // reads BUSY. A connection in its handshake holds no buffers, and its hello
-// must arrive within HandshakeTimeout. Once accepted, a request frame whose
+// must arrive within HandshakeTimeout. An authenticated connection counts
+// against its tenant's MaxConnsPerTenant (a principal without a tenant
+// counts alone); one over it is answered BUSY after its hello, so that a
+// client with a valid credential cannot take every one of MaxConns. Once accepted, a request frame whose
 // first byte arrived must arrive whole within FrameTimeout, or the
 // connection is closed; idle time between frames is not limited.
 //

@@ -40,6 +40,8 @@ type Server struct {
 	// guarded by mu.
 	handshakes int
 	sources    map[netip.Prefix]int
+	// tenantConns counts authenticated connections by tenantKey.
+	tenantConns map[string]int
 
 	// Warnings a client can provoke at will, sampled: refusals by reason,
 	// those about an authenticated connection by what and whose.
@@ -60,12 +62,13 @@ var _ rdma.Exporter = (*Server)(nil)
 // server is inert rather than half-configured.
 func NewServer(cfg ServerConfig) *Server {
 	s := &Server{
-		cfgErr:    cfg.Validate(),
-		cfg:       cfg.withDefaults(),
-		listeners: make(map[net.Listener]struct{}),
-		conns:     make(map[*srvConn]struct{}),
-		sources:   make(map[netip.Prefix]int),
-		fwdRuns:   make(chan *fwdOp),
+		cfgErr:      cfg.Validate(),
+		cfg:         cfg.withDefaults(),
+		listeners:   make(map[net.Listener]struct{}),
+		conns:       make(map[*srvConn]struct{}),
+		sources:     make(map[netip.Prefix]int),
+		tenantConns: make(map[string]int),
+		fwdRuns:     make(chan *fwdOp),
 	}
 	s.log = s.cfg.Logger
 	s.sessions = newSessionTable(s.cfg.MaxSessions, s.cfg.Tenant)
@@ -292,6 +295,11 @@ func (s *Server) Serve(l net.Listener) error {
 func (s *Server) dropConn(c *srvConn) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	if k := c.countedAs; k != "" {
+		if s.tenantConns[k]--; s.tenantConns[k] == 0 {
+			delete(s.tenantConns, k)
+		}
+	}
 	s.mu.Unlock()
 	s.nconns.Add(-1)
 	s.lastFlush.CompareAndSwap(c, nil) // do not keep its buffers alive

@@ -53,6 +53,7 @@ type srvConn struct {
 	handover  uint64                 // the token of the MOVED that pin answered last (export.handover)
 	lone      streak                 // flushes in a row that wrote one response
 	src       netip.Prefix           // source counted for MaxHandshakesPerSource, if valid
+	countedAs string                 // tenantKey counted for MaxConnsPerTenant; "" if none
 
 	// Frame deadline: framing is set once the current request frame has
 	// begun to arrive and is not complete (its first byte came, so the
@@ -243,6 +244,8 @@ func (c *srvConn) handshake() (uint16, error) {
 	if err == nil {
 		if aerr := c.identify(h.cred, c.peerCert()); aerr != nil {
 			code, err = replyAuthFailed, fmt.Errorf("authenticate: %w", aerr)
+		} else if !c.s.admitTenant(c) {
+			code, err = replyBusy, fmt.Errorf("tenant of principal %s: %w", c.principal, errTenantLimit)
 		}
 	}
 	version := uint16(maxVersion)

@@ -363,7 +363,7 @@ func replyError(addr string, r reply) error {
 	case replyCredTooLong:
 		return fmt.Errorf("rdma/tcp: %s refused a credential over %d bytes: %w", addr, MaxCredential, rdma.ErrProtocol)
 	case replyBusy:
-		return fmt.Errorf("rdma/tcp: %s is at its connection limit or handshake limits; retry later, or raise ServerConfig.MaxConns, MaxHandshakes or MaxHandshakesPerSource (poold --data-max-conns, --data-max-handshakes, --data-max-handshakes-per-source)", addr)
+		return fmt.Errorf("rdma/tcp: %s is at its connection limit or handshake limits, or holds as many connections of this client's tenant as it takes; retry later (or close some), or raise ServerConfig.MaxConns, MaxHandshakes, MaxHandshakesPerSource or MaxConnsPerTenant (poold --data-max-conns, --data-max-handshakes, --data-max-handshakes-per-source, --data-max-conns-per-tenant)", addr)
 	case replyShuttingDown:
 		return fmt.Errorf("rdma/tcp: %s is shutting down: %w", addr, rdma.ErrClosed)
 	default:
