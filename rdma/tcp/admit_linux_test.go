@@ -307,3 +307,43 @@ func TestConnsPerTenant(t *testing.T) {
 	require.NoError(t, held.Close())
 	eventually("mallory-2", 2, "room once two of cn:mallory's closed")
 }
+
+// TestStagedPayloadGrowsAsItArrives: a staged payload (an XOR, here) is
+// buffered as its bytes arrive, not at the length its header announces: a
+// connection that sends the header of a 16 MiB XOR and nothing more costs
+// the daemon a first step of 1 MiB, not 16 MiB, while it waits up to
+// FrameTimeout.
+func TestStagedPayloadGrowsAsItArrives(t *testing.T) {
+	const conns, size = 8, MaxPayload
+	cfg := ServerConfig{BusyPoll: -1, FrameTimeout: time.Minute}
+	cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, string, error) { return string(cred), "", nil }
+	s := startServer(t, cfg)
+	_, r := s.export(t, 1, size)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range conns {
+		nc := rawConn(t, s.addr)
+		_, err := nc.Write(appendHello(nil, hello{version: Version, cred: []byte("app"), session: [sessionIDSize]byte{byte(i)}}))
+		require.NoError(t, err)
+		require.Equal(t, replyAccept, readReply(t, nc).code)
+		h := reqHeader{id: 1, op: opXor, seg: 1, key: r.Key, epoch: 1, length: size, payloadLen: size}
+		_, err = nc.Write(append(requestFrame(t, &h), 1)) // the header and one byte
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		waiting := 0
+		for c := range s.conns {
+			if c.streaming.Load() != nil {
+				waiting++
+			}
+		}
+		return waiting == conns
+	}, 20*time.Second, 5*time.Millisecond, "every connection waits for its payload")
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap grew by %d KiB for %d headers of 16 MiB XORs", grew>>10, conns)
+	require.Less(t, grew, int64(conns)*(2*stagedStep), "buffered ahead of the bytes that came")
+}

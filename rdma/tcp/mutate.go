@@ -18,14 +18,14 @@ import (
 // pinned as mutating and announced as streaming; the pin is passed on.
 func (c *srvConn) writeStaged(h *reqHeader, e *export) error {
 	n := int(h.payloadLen)
-	b := getBuf(n)
-	defer putBuf(b)
 	var err error
 	if c.rd.buffered() < n && c.npend > 0 {
 		err = c.flush()
 	}
+	var b *[]byte
 	if err == nil {
-		err = c.rd.readInto(*b)
+		b, err = c.readStaged(n)
+		defer putBuf(b)
 	}
 	c.streaming.Store(nil)
 	if c.cut.Load() {
@@ -66,6 +66,32 @@ func (c *srvConn) writeStaged(h *reqHeader, e *export) error {
 		org = &o
 	}
 	return c.mutate(h, e, (*b)[pre:], org)
+}
+
+// stagedStep is how much of a staged payload is buffered before its bytes
+// arrive; the buffer grows by doubling as they do.
+const stagedStep = 1 << 20
+
+// readStaged reads an n-byte payload into a pooled buffer. The buffer
+// holds at most stagedStep, or what has arrived, more than the bytes read
+// so far: a header that announces megabytes and sends nothing (up to
+// FrameTimeout, on many connections) costs the daemon only what was sent,
+// for one copy more of a large payload. b is never nil.
+func (c *srvConn) readStaged(n int) (b *[]byte, err error) {
+	b = getBuf(min(n, max(stagedStep, c.rd.buffered())))
+	if err := c.rd.readInto(*b); err != nil {
+		return b, err
+	}
+	for have := len(*b); have < n; have = len(*b) {
+		next := getBuf(min(n, 2*have))
+		copy(*next, (*b)[:have])
+		putBuf(b)
+		b = next
+		if err := c.rd.readInto((*b)[have:]); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 // mutate applies a WRITE or XOR of data, or a CAS or FADD, to the pinned
