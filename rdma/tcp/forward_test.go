@@ -1401,3 +1401,62 @@ func TestForwardOriginNamesSegmentClient(t *testing.T) {
 	require.Equal(t, statusOK, readResponse(t, vc).status)
 	require.Equal(t, "data", string(vmem[:4]), "the victim's write ran")
 }
+
+// TestForwardDoesNotWaitForClientSlot: a client that holds a slot of its
+// session at a copy's home (an op of its own whose payload it sends
+// slowly) does not hold up the forwarder's connection there, which
+// carries every client's forwarded ops: the forwarded op that names that
+// slot is answered, and so is the next op on the link, while the client's
+// op still waits for its payload; the answer reaches the slot after.
+func TestForwardDoesNotWaitForClientSlot(t *testing.T) {
+	cfg := ServerConfig{BusyPoll: -1, FrameTimeout: time.Minute}
+	cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, string, error) { return string(cred), "", nil }
+	cfg.Forwarders = func(p string) bool { return strings.HasPrefix(p, "poold/") && !strings.Contains(p[6:], "/") }
+	s := startServer(t, cfg)
+	_, copySeg := s.export(t, 1, 4096)
+	require.NoError(t, s.Allow(1, []string{"poold/a"}))
+	require.NoError(t, s.AllowReaders(1, []string{"poold/b/app"}))
+	_, otherSeg := s.export(t, 2, 4096)
+
+	sid := [sessionIDSize]byte{0xAA}
+	slow := rawConn(t, s.addr)
+	_, err := slow.Write(appendHello(nil, hello{version: Version, cred: []byte("poold/b/app"), session: sid}))
+	require.NoError(t, err)
+	require.Equal(t, replyAccept, readReply(t, slow).code)
+	h := reqHeader{id: 1, op: opWrite, flags: reqFlagOnce, slot: 5, seq: 1, seg: 999, length: 1000, payloadLen: 1000}
+	_, err = slow.Write(append(requestFrame(t, &h), 0)) // one payload byte, then silence
+	require.NoError(t, err)
+	sess := s.sessions.openForwarded(sessionKey{name: "p:poold/b/app", id: sid})
+	require.Eventually(t, func() bool {
+		if sess.slots[5].mu.TryLock() {
+			sess.slots[5].mu.Unlock()
+			return false
+		}
+		return true
+	}, 20*time.Second, time.Millisecond, "the slow op holds slot 5")
+
+	peer := rawConn(t, s.addr)
+	_, err = peer.Write(appendHello(nil, hello{version: Version, cred: []byte("poold/a"), session: [sessionIDSize]byte{1}}))
+	require.NoError(t, err)
+	require.Equal(t, replyAccept, readReply(t, peer).code)
+	org := appendOrigin(nil, &origin{key: sessionKey{name: "p:poold/b/app", id: sid}, slot: 5, seq: 1})
+	f1 := reqHeader{id: 1, op: opWrite, flags: reqFlagOnce | reqFlagForward, slot: 0, seq: 1, seg: 1, key: copySeg.Key, epoch: 1, length: 4, payloadLen: uint32(len(org) + 4)}
+	f2 := reqHeader{id: 2, op: opWrite, seg: 2, key: otherSeg.Key, epoch: 1, length: 4, payloadLen: 4}
+	frames := append(append(requestFrame(t, &f1), org...), "data"...)
+	frames = append(append(frames, requestFrame(t, &f2)...), "data"...)
+	_, err = peer.Write(frames)
+	require.NoError(t, err)
+	require.NoError(t, peer.SetReadDeadline(time.Now().Add(30*time.Second))) // the slow op waits a minute
+	require.Equal(t, statusOK, readResponse(t, peer).status)
+	require.Equal(t, statusOK, readResponse(t, peer).status)
+
+	slow.Close() // its op ends; the forwarded answer reaches slot 5
+	require.Eventually(t, func() bool {
+		sl := &sess.slots[5]
+		if !sl.mu.TryLock() {
+			return false
+		}
+		defer sl.mu.Unlock()
+		return sl.known && sl.seq == 1
+	}, 20*time.Second, time.Millisecond)
+}

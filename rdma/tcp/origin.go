@@ -92,13 +92,31 @@ func (s *Server) namesForwarder(key sessionKey) bool {
 
 // remember stores o's answer in the reply cache of its client's session,
 // opening the session if it is new (openForwarded), unless the slot
-// already holds a later sequence number.
+// already holds a later sequence number. A slot another op holds (the
+// client's own op on it here, whose payload may be slow to come: at most
+// FrameTimeout) gets it once that op is done, on a goroutine of its own:
+// the forwarder's connection, which carries every client's forwarded ops
+// (maybe under the segment's forwarding lock), does not wait for it.
 func (t *sessionTable) remember(o *origin) {
 	sess := t.openForwarded(o.key)
 	sl := &sess.slots[o.slot]
-	sl.mu.Lock()
+	if !sl.mu.TryLock() {
+		later := *o
+		go func() {
+			sl.mu.Lock()
+			sl.recordNewer(&later)
+			sl.mu.Unlock()
+		}()
+		return
+	}
+	sl.recordNewer(o)
+	sl.mu.Unlock()
+}
+
+// recordNewer records o's answer unless the slot holds a later sequence
+// number; sl.mu is held.
+func (sl *slot) recordNewer(o *origin) {
 	if !sl.known || int32(o.seq-sl.seq) >= 0 {
 		sl.record(o.seq, o.status, o.flags, o.value)
 	}
-	sl.mu.Unlock()
 }
