@@ -124,8 +124,11 @@ func (h *coherenceHost) home(seg uint64, mem []byte, pageSize uint32) (*coherenc
 
 // message serves one MSG: a batch of one coherence message, or a Poll
 // followed by the InvAcks riding on it; a Poll waits for pushed messages,
-// anything else is handled by the directory.
-func (h *coherenceHost) message(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int) ([]byte, error) {
+// anything else is handled by the directory. A connection that may only
+// read the segment (writable false) sends no message that writes its
+// memory or asks to: no WriteReq, WriteBack or InvAck carrying data (one
+// could name another sharer as its sender).
+func (h *coherenceHost) message(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int, writable bool) ([]byte, error) {
 	msgs, err := coherence.DecodeBatch(req)
 	if err != nil {
 		return nil, fmt.Errorf("pool: coherence message for segment %d: %w: %w", seg, err, rdma.ErrProtocol)
@@ -136,6 +139,13 @@ func (h *coherenceHost) message(ctx context.Context, seg uint64, mem []byte, req
 	for _, a := range msgs[1:] {
 		if a.Kind != coherence.InvAck {
 			return nil, fmt.Errorf("pool: coherence Poll for segment %d carries a %s; only InvAcks ride a poll: %w", seg, a.Kind, rdma.ErrProtocol)
+		}
+	}
+	if !writable {
+		for _, m := range msgs {
+			if m.Kind == coherence.WriteReq || m.Kind == coherence.WriteBack || m.Kind == coherence.InvAck && m.HasData {
+				return nil, fmt.Errorf("pool: coherence %s for segment %d from a client that may only read it: %w", m.Kind, seg, rdma.ErrAccessDenied)
+			}
 		}
 	}
 	m := msgs[0]

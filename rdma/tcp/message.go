@@ -98,7 +98,7 @@ func (c *srvConn) message(h *reqHeader) error {
 		e.release()
 		return err
 	}
-	resp, err := c.s.cfg.Message(c.s.ctx, h.seg, e.mem, req, int(h.length))
+	resp, err := c.s.cfg.Message(c.s.ctx, h.seg, e.mem, req, int(h.length), c.permits(e, true))
 	e.release()
 	if err == nil && len(resp) > int(h.length) {
 		err = fmt.Errorf("MSG answer of %d bytes exceeds the client's %d: %w", len(resp), h.length, rdma.ErrProtocol)

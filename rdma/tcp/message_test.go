@@ -13,7 +13,7 @@ import (
 
 func TestMessage(t *testing.T) {
 	release := make(chan struct{})
-	cfg := ServerConfig{Message: func(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int) ([]byte, error) {
+	cfg := ServerConfig{Message: func(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int, _ bool) ([]byte, error) {
 		switch string(req) {
 		case "lost":
 			return nil, fmt.Errorf("test: %w", rdma.ErrSegmentLost)
@@ -103,7 +103,7 @@ func TestMessage(t *testing.T) {
 // payload is still withheld, and the connection stays in sync once the
 // payload (skipped) follows.
 func TestMessageCheckedBeforePayload(t *testing.T) {
-	s := startServer(t, ServerConfig{Message: func(_ context.Context, _ uint64, _ []byte, req []byte, _ int) ([]byte, error) {
+	s := startServer(t, ServerConfig{Message: func(_ context.Context, _ uint64, _ []byte, req []byte, _ int, _ bool) ([]byte, error) {
 		return []byte(fmt.Sprintf("%d bytes", len(req))), nil
 	}})
 	_, r := s.export(t, 1, 4096)
