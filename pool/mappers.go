@@ -185,7 +185,8 @@ func (p *core) mappersOf(id uint64, c caller) []mapper {
 
 // dropGoneMappers forgets the mappers that map nothing any more: those
 // whose process ended, and those of clients without a session or lease
-// whose process /proc cannot show; p.mu is held. The reap calls it, so
+// whose process /proc cannot show; and gives back the held extents whose
+// processes all ended (holdExtent). p.mu is held. The reap calls it, so
 // that processes that came and went leave no entry behind for as long as
 // their segments live.
 func (p *core) dropGoneMappers() {
@@ -196,6 +197,54 @@ func (p *core) dropGoneMappers() {
 			}
 		}
 	}
+	p.held = slices.DeleteFunc(p.held, func(h heldExtent) bool {
+		if slices.ContainsFunc(h.by, func(m mapper) bool { return m.state() == procRunning }) {
+			return false
+		}
+		if d := p.device(h.device); d != nil {
+			if err := d.ext.Free(h.offset, h.extent); err != nil {
+				p.log.Error("return a held extent", "segment", h.seg, "device", h.device, "err", err)
+			}
+		}
+		p.log.Info("a freed segment's memory is free again: the processes that mapped it ended", "segment", h.seg, "device", h.device)
+		return true
+	})
+}
+
+// runningMappers is the mappers of segment id whose process runs; p.mu is
+// held.
+func (p *core) runningMappers(id uint64) []mapper {
+	var out []mapper
+	for m := range p.mappers[id] {
+		if m.state() == procRunning {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// heldExtent is the extent of a freed segment on a device whose
+// descriptor reaches every segment (devdax) that processes still map (by):
+// one stopped past its client's lease, or another client's mapping of a
+// named segment its owner freed. Given to the next segment, it would take
+// their writes when they go on; it stays out of the allocator until they
+// end (dropGoneMappers). A restart of the daemon forgets it.
+type heldExtent struct {
+	seg            uint64
+	device         string
+	offset, extent int64
+	by             []mapper
+}
+
+// holdExtent keeps r's extent from the allocator while by run; p.mu is
+// held.
+func (p *core) holdExtent(r *record, by []mapper) {
+	p.held = append(p.held, heldExtent{seg: r.ID, device: r.Device, offset: r.Offset, extent: r.Extent, by: by})
+	pids := make([]int32, len(by))
+	for i, m := range by {
+		pids[i] = m.pid
+	}
+	p.log.Warn("a freed segment's memory is held back: processes that mapped it still run, and would write it when given to another segment", "segment", r.ID, "device", r.Device, "bytes", r.Extent, "pids", pids)
 }
 
 // describeMappers names mappers for an error message: each client id with

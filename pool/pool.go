@@ -66,6 +66,9 @@ type core struct {
 	// mappers are the clients that map each load/store segment, by its
 	// id (mappers.go); under mu.
 	mappers map[uint64]map[mapper]bool
+	// held is the extents of freed segments that running processes still
+	// map (holdExtent); under mu.
+	held []heldExtent
 	// fwd is the data-plane connections of the copies and shards here
 	// that forward their writes (replicate.go).
 	fwd forwards

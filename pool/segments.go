@@ -78,6 +78,11 @@ func (p *core) Free(c caller, id uint64, name string) error {
 		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
 	}
 	p.dropName(r)
+	for m := range p.mappers[r.ID] {
+		if c.owns(m) {
+			p.dropMapper(r.ID, m) // the caller lets go of what it frees
+		}
+	}
 	p.release(r, "freed")
 	return nil
 }
@@ -197,7 +202,7 @@ func (p *core) fence(rs ...*record) {
 // free again. p.mu is held.
 func (p *core) release(r *record, reason string) {
 	p.usage.sub(r)
-	delete(p.mappers, r.ID)
+	defer delete(p.mappers, r.ID)
 	p.trackFills.drop(r.ID)
 	switch {
 	case r.redundant():
@@ -223,7 +228,9 @@ func (p *core) release(r *record, reason string) {
 		if err := d.Remove(r.ID, r.Offset, r.Extent); err != nil {
 			p.log.Error("remove segment backing", "segment", r.ID, "device", r.Device, "err", err)
 		}
-		if err := d.ext.Free(r.Offset, r.Extent); err != nil && !r.Lost {
+		if by := p.runningMappers(r.ID); len(by) > 0 && d.SharesFD() {
+			p.holdExtent(r, by)
+		} else if err := d.ext.Free(r.Offset, r.Extent); err != nil && !r.Lost {
 			p.log.Error("return extent", "segment", r.ID, "device", r.Device, "err", err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/testfs"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -194,4 +195,51 @@ func TestMapperPerProcess(t *testing.T) {
 	require.NoError(t, old.Process.Kill())
 	old.Wait()
 	require.ErrorIs(t, demote(second), errs.ErrNoCapacity, "no mapper holds it back: it fails for want of peers")
+}
+
+// TestReapHoldsMappedDevdaxExtent: a devdax segment (one descriptor for the
+// whole device) reclaimed when its client's lease ran out, while the
+// process that mapped it is stopped, keeps its extent out of the
+// allocator: the next segment does not get the memory that process would
+// write when it goes on. Once it ends, the reap gives the extent back.
+func TestReapHoldsMappedDevdaxExtent(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.SysfsRoot = "../cxl/testdata/devdax"
+	cfg.DevRoot = t.TempDir()
+	cfg.AllowDevdaxFD = true
+	testfs.DevdaxStandIns(t, cfg.SysfsRoot, cfg.DevRoot)
+	p := newTestPool(t, cfg)
+	t.Cleanup(func() { p.close() })
+	now := p.started.Add(cfg.LeaseTTL + restartGrace + time.Second) // past the restart's grace
+	p.now = func() time.Time { return now }
+
+	proc := exec.Command("sleep", "600")
+	require.NoError(t, proc.Start())
+	t.Cleanup(func() { proc.Process.Kill(); proc.Wait() })
+	app := sessionCaller(t, p, "s1", "app", int64(proc.Process.Pid), 0)
+	app.pid = int32(proc.Process.Pid)
+	r, err := p.Alloc(t.Context(), app, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL})
+	require.NoError(t, err)
+	require.True(t, p.device(r.Device).SharesFD(), "devdax")
+	b, err := p.Backing(app, r.ID)
+	require.NoError(t, err)
+	b.File.Close()
+	free := func() int64 { return p.device(r.Device).ext.Stats().Free }
+	before := free()
+
+	require.NoError(t, proc.Process.Signal(syscall.SIGSTOP))
+	p.closeSession("s1")
+	now = now.Add(cfg.LeaseTTL)
+	p.reap()
+	_, err = p.Stat(r.ID)
+	require.ErrorIs(t, err, errs.ErrNotFound, "reclaimed")
+	require.Equal(t, before, free(), "its extent is held while the stopped process runs")
+	next, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+	require.NoError(t, err)
+	require.False(t, next.Offset < r.Offset+r.Extent && r.Offset < next.Offset+next.Extent, "the next segment does not get its memory")
+
+	require.NoError(t, proc.Process.Kill())
+	proc.Wait()
+	p.reap()
+	require.Equal(t, before+r.Extent-next.Extent, free(), "given back once the process ended")
 }
