@@ -228,7 +228,11 @@ func (p *core) release(r *record, reason string) {
 		if err := d.Remove(r.ID, r.Offset, r.Extent); err != nil {
 			p.log.Error("remove segment backing", "segment", r.ID, "device", r.Device, "err", err)
 		}
-		if by := p.runningMappers(r.ID); len(by) > 0 && d.SharesFD() {
+		var by []mapper
+		if d.SharesFD() { // other devices' segments have pages of their own
+			by = p.runningMappers(r.ID)
+		}
+		if len(by) > 0 {
 			p.holdExtent(r, by)
 		} else if err := d.ext.Free(r.Offset, r.Extent); err != nil && !r.Lost {
 			p.log.Error("return extent", "segment", r.ID, "device", r.Device, "err", err)
