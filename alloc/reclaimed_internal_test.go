@@ -6,7 +6,20 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/internal/pooltest"
+	"github.com/farmem/farmem/pool"
 )
+
+// reclaimPool starts a test pool configured by set and dials it; both end
+// with the test.
+func reclaimPool(t *testing.T, set func(*pool.Config)) *Client {
+	cfg := pooltest.Config(t)
+	set(&cfg)
+	pooltest.Start(t, cfg)
+	c, err := Dial(t.Context(), cfg.Socket)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
 
 // TestReclaimedGuarded: a segment mapped from memory that can go away
 // (an emulated device's file on a disk rather than in tmpfs, which the
@@ -14,13 +27,10 @@ import (
 // ErrLeaseExpired once its daemon says it reclaimed it, saying why; its
 // Free only lets go of it here, and the client's other segments go on.
 func TestReclaimedGuarded(t *testing.T) {
-	cfg := pooltest.Config(t)
-	cfg.ShmDir = t.TempDir() // on the disk: not memory-backed, so guarded
-	pooltest.Start(t, cfg)
+	c := reclaimPool(t, func(cfg *pool.Config) {
+		cfg.ShmDir = t.TempDir() // on the disk: not memory-backed, so guarded
+	})
 	ctx := t.Context()
-	c, err := Dial(ctx, cfg.Socket)
-	require.NoError(t, err)
-	defer c.Close()
 	seg, err := c.Alloc(ctx, 1<<20, WithTier(TierCXL))
 	require.NoError(t, err)
 	require.IsType(t, &guarded{}, seg.base(), "a segment file on a disk is guarded")
@@ -52,12 +62,8 @@ func TestReclaimedGuarded(t *testing.T) {
 // daemon reported it lost before (the reclaim is the later and final word,
 // which a report of its home back does not undo).
 func TestReclaimedRemote(t *testing.T) {
-	cfg := pooltest.Config(t)
-	pooltest.Start(t, cfg)
+	c := reclaimPool(t, func(*pool.Config) {})
 	ctx := t.Context()
-	c, err := Dial(ctx, cfg.Socket)
-	require.NoError(t, err)
-	defer c.Close()
 	held, err := c.Alloc(ctx, 1<<20, WithTier(TierRDMA))
 	require.NoError(t, err)
 	lost, err := c.Alloc(ctx, 1<<20, WithTier(TierRDMA))
