@@ -247,8 +247,9 @@ type Config struct {
 	DataMaxHandshakesPerSource int `yaml:"data-max-handshakes-per-source"`
 	// DataMaxConnsPerTenant is the most authenticated data-plane
 	// connections of one tenant at once (an identity's client ids
-	// together, a peer daemon alone), so that a client with a valid
-	// credential cannot hold every connection the data plane takes. Unit:
+	// together, a peer daemon alone) once half of data-max-conns are open,
+	// so that a client with a valid credential cannot hold every
+	// connection the data plane takes. Unit:
 	// connections. Default (0): a quarter of data-max-conns. Range: 0 to
 	// data-max-conns.
 	DataMaxConnsPerTenant int `yaml:"data-max-conns-per-tenant"`

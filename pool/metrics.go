@@ -92,7 +92,7 @@ func newMetrics() *metrics {
 		m.dpBytes[i] = bytes.WithLabelValues(op, "rdma")
 		m.dpDur[i] = dur.WithLabelValues(op, "rdma")
 	}
-	refused := f.counterVec("dataplane_refused_connections_total", "Data-plane connections refused at accept or in their handshake, by reason: max_conns, handshake_limit, source_limit (over --data-max-conns, --data-max-handshakes, --data-max-handshakes-per-source), timeout (no hello in time), bad_hello, auth_failed, hangup (the client left mid-handshake).", "reason")
+	refused := f.counterVec("dataplane_refused_connections_total", "Data-plane connections refused at accept or in their handshake, by reason: max_conns, handshake_limit, source_limit, tenant_limit (over --data-max-conns, --data-max-handshakes, --data-max-handshakes-per-source, --data-max-conns-per-tenant), timeout (no hello in time), bad_hello, auth_failed, hangup (the client left mid-handshake).", "reason")
 	for _, r := range tcp.Refusals() {
 		m.dpRefused = append(m.dpRefused, refused.WithLabelValues(r.String()))
 	}

@@ -116,7 +116,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.IntVar(&cfg.DataMaxConns, "data-max-conns", cfg.DataMaxConns, "most data-plane connections open at once, those in their handshake included; more are refused at accept")
 	f.IntVar(&cfg.DataMaxHandshakes, "data-max-handshakes", cfg.DataMaxHandshakes, "most data-plane connections in their handshake at once, from all sources (1 to --data-max-conns)")
 	f.IntVar(&cfg.DataMaxHandshakesPerSource, "data-max-handshakes-per-source", cfg.DataMaxHandshakesPerSource, "most data-plane connections in their handshake at once from one address (IPv4) or /64 (IPv6); clients behind one NAT share it (1 to --data-max-handshakes)")
-	f.IntVar(&cfg.DataMaxConnsPerTenant, "data-max-conns-per-tenant", cfg.DataMaxConnsPerTenant, "most authenticated data-plane connections of one tenant (an identity's client ids together) at once (0: a quarter of --data-max-conns)")
+	f.IntVar(&cfg.DataMaxConnsPerTenant, "data-max-conns-per-tenant", cfg.DataMaxConnsPerTenant, "most authenticated data-plane connections of one tenant (an identity's client ids together) once half of --data-max-conns are open (0: a quarter of --data-max-conns)")
 	f.DurationVar(&cfg.DataFrameTimeout, "data-frame-timeout", cfg.DataFrameTimeout, "how long an authenticated data-plane client may take to send one request once it began; idle time between requests is not limited (100ms to 10m)")
 	f.BoolVar(&cfg.Rebuild, "rebuild", cfg.Rebuild, "rebuild the lost copies and shards of this node's redundant segments on other hosts (--rebuild=false leaves them degraded)")
 	f.Var(&cfg.RebuildRate, "rebuild-rate", "bytes a second that rebuilds of lost copies and shards of redundant segments may write, all together, e.g. 256MiB (0: unlimited)")

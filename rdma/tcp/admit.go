@@ -122,7 +122,10 @@ func (c *srvConn) tenantKey() string {
 }
 
 // admitTenant counts authenticated c against its tenant's
-// MaxConnsPerTenant, or reports that it must be refused.
+// MaxConnsPerTenant, or reports that it must be refused: once half of
+// MaxConns are open, a tenant holding MaxConnsPerTenant gets no more, so
+// that the rest stays for the others; below that, a lone tenant may open
+// more (a client opens one connection per core of its host).
 func (s *Server) admitTenant(c *srvConn) bool {
 	k := c.tenantKey()
 	if k == "" {
@@ -130,7 +133,7 @@ func (s *Server) admitTenant(c *srvConn) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.tenantConns[k] >= s.cfg.MaxConnsPerTenant {
+	if len(s.conns) > s.cfg.MaxConns/2 && s.tenantConns[k] >= s.cfg.MaxConnsPerTenant {
 		return false
 	}
 	s.tenantConns[k]++

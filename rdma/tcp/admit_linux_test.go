@@ -265,14 +265,16 @@ func TestRefusalLogSampled(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "suppressed_since_last=299") }, 10*time.Second, 5*time.Millisecond, logs.String())
 }
 
-// TestConnsPerTenant: one tenant's authenticated connections are at most
-// MaxConnsPerTenant (its principals together; a principal without a
-// tenant counts alone): one more is answered BUSY after its hello, while
-// another tenant still connects, and a connection that closes makes room.
+// TestConnsPerTenant: once half of MaxConns are open, one tenant's
+// authenticated connections are at most MaxConnsPerTenant (its principals
+// together; a principal without a tenant counts alone): one more is
+// answered BUSY after its hello, while another tenant still connects, and
+// a connection that closes makes room. Below half, a lone tenant opens
+// more (a client opens one per core).
 func TestConnsPerTenant(t *testing.T) {
 	var rc refusalCounter
 	tenants := map[string]string{"mallory-1": "cn:mallory", "mallory-2": "cn:mallory", "bob": "cn:bob", "peer": ""}
-	s := startServer(t, ServerConfig{MaxConns: 64, MaxConnsPerTenant: 3, Refused: rc.hook,
+	s := startServer(t, ServerConfig{MaxConns: 12, MaxConnsPerTenant: 2, Refused: rc.hook,
 		Identify: func(cred []byte, _ *x509.Certificate) (string, string, error) {
 			tenant, ok := tenants[string(cred)]
 			if !ok {
@@ -284,28 +286,21 @@ func TestConnsPerTenant(t *testing.T) {
 	connect := func(cred string, n int) (*Client, error) {
 		return Dial(t.Context(), s.addr, WithCredential([]byte(cred)), WithConns(n))
 	}
-	held := dial(t, s.addr, WithCredential([]byte("mallory-1")), WithConns(2))
-	_, err := connect("mallory-2", 2)
-	require.ErrorContains(t, err, "tenant", "a third and fourth connection of cn:mallory")
+	held := dial(t, s.addr, WithCredential([]byte("mallory-1")), WithConns(4))
+	reads(t, held, r)
+	reads(t, dial(t, s.addr, WithCredential([]byte("bob")), WithConns(2)), r)
+	_, err := connect("mallory-2", 1)
+	require.ErrorContains(t, err, "tenant", "cn:mallory holds 4 of the 6 open, half of 12")
 	rc.waitRefused(t, RefusedTenantLimit, 1)
-	// The refused dial closes the connection it had: room for one.
-	eventually := func(cred string, n int, why string) *Client {
-		var c *Client
-		require.Eventually(t, func() bool {
-			var err error
-			c, err = connect(cred, n)
-			return err == nil
-		}, 20*time.Second, 10*time.Millisecond, why)
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	reads(t, eventually("mallory-2", 1, "a third connection of cn:mallory"), r)
-	reads(t, dial(t, s.addr, WithCredential([]byte("bob")), WithConns(3)), r)
-	reads(t, dial(t, s.addr, WithCredential([]byte("peer")), WithConns(3)), r)
-	_, err = connect("mallory-1", 1)
-	require.ErrorContains(t, err, "tenant", "a fourth")
+	reads(t, dial(t, s.addr, WithCredential([]byte("peer")), WithConns(2)), r)
 	require.NoError(t, held.Close())
-	eventually("mallory-2", 2, "room once two of cn:mallory's closed")
+	require.Eventually(t, func() bool {
+		c, err := connect("mallory-2", 2)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 20*time.Second, 10*time.Millisecond, "room once cn:mallory's closed")
 }
 
 // TestStagedPayloadGrowsAsItArrives: a staged payload (an XOR, here) is

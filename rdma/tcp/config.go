@@ -98,10 +98,10 @@ type ServerConfig struct {
 
 	// MaxConnsPerTenant is the most authenticated connections of one
 	// tenant (Tenant: an identity's client ids together; a principal
-	// without one counts alone) at once, so that a client with a valid
-	// credential cannot hold every one of MaxConns and lock out the
-	// others. One over it is answered "busy" after its hello. Unit:
-	// connections. Default: a quarter of MaxConns.
+	// without one counts alone) once half of MaxConns are open, so that a
+	// client with a valid credential cannot hold every one of MaxConns
+	// and lock out the others. One over it is answered "busy" after its
+	// hello. Unit: connections. Default: a quarter of MaxConns.
 	MaxConnsPerTenant int
 
 	// MaxSessions is the most client sessions whose exactly-once replies

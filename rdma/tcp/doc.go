@@ -59,8 +59,9 @@
 // reads BUSY. A connection in its handshake holds no buffers, and its hello
 // must arrive within HandshakeTimeout. An authenticated connection counts
 // against its tenant's MaxConnsPerTenant (a principal without a tenant
-// counts alone); one over it is answered BUSY after its hello, so that a
-// client with a valid credential cannot take every one of MaxConns. Once accepted, a request frame whose
+// counts alone); once half of MaxConns are open, one over it is answered
+// BUSY after its hello, so that a client with a valid credential cannot
+// take every one of MaxConns. Once accepted, a request frame whose
 // first byte arrived must arrive whole within FrameTimeout, or the
 // connection is closed; idle time between frames is not limited.
 //

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -1362,9 +1363,11 @@ func doOnce(t *testing.T, c *Client, sess *rdma.Session, op *rdma.Op) *rdma.Tick
 
 // TestForwardOriginNamesSegmentClient: a forwarder may speak, in a
 // forwarded op's origin block, only for the clients of the segment it
-// forwards: an origin naming another principal is refused, so a peer
-// cannot plant an answer in another client's reply cache, which that
-// client's next op on its own segment here would get instead of running.
+// forwards: the answer of an op whose origin names another principal is
+// not kept (the op is applied: a home not told of a later attacher must
+// not fail its forwarder), so a peer cannot plant an answer in another
+// client's reply cache, which that client's next op on its own segment
+// here would get instead of running.
 func TestForwardOriginNamesSegmentClient(t *testing.T) {
 	cfg := ServerConfig{BusyPoll: -1}
 	cfg.Identify = func(cred []byte, _ *x509.Certificate) (string, string, error) { return string(cred), "", nil }
@@ -1388,7 +1391,7 @@ func TestForwardOriginNamesSegmentClient(t *testing.T) {
 		require.NoError(t, err)
 		return readResponse(t, peer).status
 	}
-	require.Equal(t, statusProtocol, forward(1, 1, "victim"), "victim may not use segment 1")
+	require.Equal(t, statusOK, forward(1, 1, "victim"), "victim may not use segment 1: applied, its answer not kept")
 	require.Equal(t, statusOK, forward(2, 2, "app"), "app, a reader of segment 1, may be spoken for")
 
 	vc := rawConn(t, s.addr)
@@ -1450,13 +1453,29 @@ func TestForwardDoesNotWaitForClientSlot(t *testing.T) {
 	require.Equal(t, statusOK, readResponse(t, peer).status)
 	require.Equal(t, statusOK, readResponse(t, peer).status)
 
-	slow.Close() // its op ends; the forwarded answer reaches slot 5
+	// Many more forwarded answers for the held slot cost one waiting
+	// goroutine, not one each; the newest is kept.
+	before := runtime.NumGoroutine()
+	const more = 500
+	frames = nil
+	for i := range uint32(more) {
+		org := appendOrigin(nil, &origin{key: sessionKey{name: "p:poold/b/app", id: sid}, slot: 5, seq: i + 2})
+		f := reqHeader{id: uint64(i + 3), op: opWrite, flags: reqFlagOnce | reqFlagForward, slot: 0, seq: i + 2, seg: 1, key: copySeg.Key, epoch: 1, length: 4, payloadLen: uint32(len(org) + 4)}
+		frames = append(append(append(frames, requestFrame(t, &f)...), org...), "data"...)
+	}
+	go peer.Write(frames)
+	for range more {
+		require.Equal(t, statusOK, readResponse(t, peer).status)
+	}
+	require.Less(t, runtime.NumGoroutine()-before, 10, "goroutines waiting for one held slot")
+
+	slow.Close() // its op ends; the newest forwarded answer reaches slot 5
 	require.Eventually(t, func() bool {
 		sl := &sess.slots[5]
 		if !sl.mu.TryLock() {
 			return false
 		}
 		defer sl.mu.Unlock()
-		return sl.known && sl.seq == 1
+		return sl.known && sl.seq == more+1
 	}, 20*time.Second, time.Millisecond)
 }

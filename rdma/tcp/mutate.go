@@ -50,13 +50,6 @@ func (c *srvConn) writeStaged(h *reqHeader, e *export) error {
 			// forever. An origin names a client's session, never a peer
 			// daemon's, so slots are always taken in that order.
 			err = fmt.Errorf("origin block names a session of a forwarder (%s), not of a client: %w", o.key.name, rdma.ErrProtocol)
-		} else if err == nil && !e.mayUse(o.key.name) {
-			// A forwarder may speak only for the clients of the segment it
-			// forwards: an origin naming another principal would put an
-			// answer in that one's reply cache, which its next op with that
-			// slot and sequence number (on any segment here) would get
-			// instead of running.
-			err = fmt.Errorf("origin block names %s, which may not use segment %d: %w", o.key.name, e.seg, rdma.ErrProtocol)
 		}
 		if err != nil {
 			e.unpin(true)
@@ -92,6 +85,25 @@ func (c *srvConn) readStaged(n int) (b *[]byte, err error) {
 		}
 	}
 	return b, nil
+}
+
+// rememberFor keeps the answer of a forwarded op in the reply cache of its
+// origin's client (org nil: not forwarded), if that client may use e: a
+// forwarder speaks only for the clients of the segment it forwards, and an
+// answer planted for another would be what that one's next op with the
+// slot and sequence number (on any segment here) got instead of running.
+// The op itself is applied either way: a home that was not told of a
+// client attached since (a copy rebuilt elsewhere) must not fail the
+// forwarder for it.
+func (c *srvConn) rememberFor(e *export, org *origin) {
+	if org == nil {
+		return
+	}
+	if !e.mayUse(org.key.name) {
+		c.warn("rdma/tcp: forwarded op names a client that may not use its segment; its answer is not kept", "remote", c.remote, "segment", e.seg, "client", org.key.name)
+		return
+	}
+	c.s.sessions.remember(org)
 }
 
 // mutate applies a WRITE or XOR of data, or a CAS or FADD, to the pinned
@@ -147,17 +159,13 @@ func (c *srvConn) mutate(h *reqHeader, e *export, data []byte, org *origin) erro
 			return c.respond(h.id, statusSegmentLost, 0, 0, nil, nil)
 		}
 		e.changed(h.off, n)
-		if org != nil {
-			c.s.sessions.remember(org)
-		}
+		c.rememberFor(e, org)
 		e.unpin(true)
 		return c.respond(h.id, statusOK, flags, value, nil, nil)
 	}
 
 	e.changed(h.off, n)
-	if org != nil {
-		c.s.sessions.remember(org)
-	}
+	c.rememberFor(e, org)
 	fo := getFwdOp()
 	fo.c, fo.e, fo.f, fo.id, fo.status, fo.flags, fo.value = c, e, f, h.id, statusOK, flags, value
 	fo.bufs = append(fo.bufs, now)

@@ -96,21 +96,37 @@ func (s *Server) namesForwarder(key sessionKey) bool {
 // client's own op on it here, whose payload may be slow to come: at most
 // FrameTimeout) gets it once that op is done, on a goroutine of its own:
 // the forwarder's connection, which carries every client's forwarded ops
-// (maybe under the segment's forwarding lock), does not wait for it.
+// (maybe under the segment's forwarding lock), does not wait for it. One
+// goroutine per slot waits, and records the newest answer that came
+// meanwhile (a later one replaces an earlier: the cache keeps only a
+// slot's last), so a client holding its slot while forwarded ops for it
+// pour in costs one goroutine and one answer, not one each.
 func (t *sessionTable) remember(o *origin) {
 	sess := t.openForwarded(o.key)
 	sl := &sess.slots[o.slot]
-	if !sl.mu.TryLock() {
-		later := *o
-		go func() {
-			sl.mu.Lock()
-			sl.recordNewer(&later)
-			sl.mu.Unlock()
-		}()
+	if sl.mu.TryLock() {
+		sl.recordNewer(o)
+		sl.mu.Unlock()
 		return
 	}
-	sl.recordNewer(o)
-	sl.mu.Unlock()
+	later := *o
+	for {
+		cur := sl.pending.Load()
+		if cur != nil && int32(cur.seq-later.seq) > 0 || sl.pending.CompareAndSwap(cur, &later) {
+			break
+		}
+	}
+	if !sl.waiter.CompareAndSwap(false, true) {
+		return // the waiting goroutine records it
+	}
+	go func() {
+		sl.mu.Lock()
+		sl.waiter.Store(false)
+		if p := sl.pending.Swap(nil); p != nil {
+			sl.recordNewer(p)
+		}
+		sl.mu.Unlock()
+	}()
 }
 
 // recordNewer records o's answer unless the slot holds a later sequence

@@ -115,6 +115,11 @@ type slot struct {
 	// RETRY at an export filled by copy is compared with its join mark
 	// (decideAt).
 	at uint64
+	// pending is the newest forwarded answer that found mu held, and
+	// waiter says a goroutine waits for mu to record it (remember): one
+	// per slot however many come.
+	pending atomic.Pointer[origin]
+	waiter  atomic.Bool
 }
 
 // onceClock orders a slot's records against the join marks of exports
