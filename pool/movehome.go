@@ -93,6 +93,7 @@ func (p *core) moveHome(ctx context.Context, r record, node string, homeID uint6
 			res.rec = next
 			sw.announce(&next)
 			sw.end()
+			p.tellLater(r.ID) // the new home knows the owner alone (placeHome)
 		}
 		return err
 	})

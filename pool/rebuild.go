@@ -379,6 +379,10 @@ func (p *core) placeRebuild(ctx context.Context, w rebuildWork, r record) (homeR
 		p.freeLaterAt(h.Node, h.HomeID)
 		return homeRef{}, fmt.Errorf("rebuild segment %d: record the new home on %s: %w", r.ID, h.Node, err)
 	}
+	// placeHome named the owner alone there: the new home is told the
+	// clients attached (who read it after a failover, and whose forwarded
+	// answers it keeps), in the background until told.
+	p.tellLater(r.ID)
 	return h, nil
 }
 

@@ -850,3 +850,71 @@ func TestFailedSwitchHeld(t *testing.T) {
 	require.Equal(t, 1, state.ok)
 	rs.checkShards(t)
 }
+
+// TestRebuiltHomeKnowsAttachers: a copy that a rebuild or a home's move
+// places is told the clients attached to the segment, not its owner alone:
+// after the backup's host crashed and the copy was rebuilt elsewhere, and
+// after the primary's host evacuated, each new home lets the attacher use
+// it (it reads it after a failover, and the home keeps its forwarded
+// answers).
+func TestRebuiltHomeKnowsAttachers(t *testing.T) {
+	sc := newSimCluster(t, simHostConfig{hosts: 5, leaseTTL: 10 * time.Second, timing: pushPullEverySecond})
+	for _, h := range sc.hosts {
+		h.cfg.GossipProfile = cluster.ProfileLocal // failure detection in about a second
+	}
+	oh := sc.hosts[3]
+	sc.startDrainedOrigin(t, oh)
+	origin := oh.daemon()
+	ctx := t.Context()
+	dial := func(id string) (*session.Conn, context.Context) {
+		conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: id})
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		cctx, _, err := conn.Call(ctx)
+		require.NoError(t, err)
+		return conn, cctx
+	}
+	owner, ownerCtx := dial("owner")
+	seg, err := owner.API().Alloc(ownerCtx, &poolv1.AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_RDMA, Name: "shared-copies", Redundancy: &poolv1.Redundancy{Replicas: 2}})
+	require.NoError(t, errs.FromStatus(err))
+	reader, readerCtx := dial("reader")
+	_, err = reader.API().Attach(readerCtx, &poolv1.AttachRequest{Name: "shared-copies"})
+	require.NoError(t, errs.FromStatus(err))
+	before, ok := origin.pool.redundantRecord(seg.Id)
+	require.True(t, ok)
+	gone := before.Homes[1].Node
+	crashed := time.Now()
+	sc.crash(sc.host(gone))
+	sc.waitRebuilt(t, map[*simHost][]uint64{oh: {seg.Id}}, gone, crashed, 2*time.Minute)
+
+	// newHome checks the home of the segment's record that was not among
+	// was's: it lets the attacher use its copy.
+	newHome := func(was record, why string) record {
+		now, ok := origin.pool.redundantRecord(seg.Id)
+		require.True(t, ok)
+		i := slices.IndexFunc(now.Homes, func(h homeRef) bool { return !was.homedOn(h.Node) })
+		require.GreaterOrEqual(t, i, 0, "a new home: %s", homesString(now.Homes))
+		h := now.Homes[i]
+		home := sc.host(h.Node).daemon().pool
+		require.Eventually(t, func() bool {
+			r, err := home.Stat(h.HomeID)
+			return err == nil && slices.Contains(r.Delegates, "reader")
+		}, time.Minute, 20*time.Millisecond, "the %s copy on %s lets the attacher use it", why, h.Node)
+		return now
+	}
+	after := newHome(before, "rebuilt")
+
+	x := sc.host(after.Homes[0].Node)
+	conn, err := session.Channel("unix", x.cfg.Socket)
+	require.NoError(t, err)
+	defer conn.Close()
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err = poolv1.NewPoolClient(conn).Drain(dctx, &poolv1.DrainRequest{Evacuate: true})
+	cancel()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		r, ok := origin.pool.redundantRecord(seg.Id)
+		return ok && !r.homedOn(x.name) && r.redundancyState() == poolv1.RedundancyState_REDUNDANCY_STATE_OK
+	}, 2*time.Minute, 20*time.Millisecond, "the primary's home moves off %s", x.name)
+	newHome(after, "moved")
+}
