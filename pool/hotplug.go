@@ -386,12 +386,21 @@ func lostNotices(lost []*record) map[string]*poolv1.SegmentEvents {
 // addLocked puts a device that appeared into the list, after the other
 // discovered devices and ahead of the daemon's own (emulated, local,
 // export), as discover orders them. Extents of segments recorded on a
-// device of its name (lost when it went) stay reserved until freed.
+// device of its name (lost when it went) stay reserved until freed, and so
+// do the held extents of freed segments that processes still map
+// (holdExtent), which are given back to this allocator when they end.
 func (p *core) addLocked(d *dev) {
 	for _, r := range p.segs {
 		if r.Home == "" && r.Device == d.Name() {
 			if err := d.ext.Reserve(r.Offset, r.Extent); err != nil {
 				p.log.Warn("segment of a device that came back does not fit it", "segment", r.ID, "device", d.Name(), "err", err)
+			}
+		}
+	}
+	for _, h := range p.held {
+		if h.device == d.Name() {
+			if err := d.ext.Reserve(h.offset, h.extent); err != nil {
+				p.log.Warn("held extent of a device that came back does not fit it", "segment", h.seg, "device", d.Name(), "err", err)
 			}
 		}
 	}

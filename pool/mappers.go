@@ -99,8 +99,10 @@ func (p *core) noteMapped(id uint64, client string, pid int32) {
 		p.mappers[id] = map[mapper]bool{}
 	}
 	m := mapper{client: client}
-	if start, st := procStart(pid); pid > 0 && st == procRunning {
-		m.pid, m.start = pid, start
+	if pid > 0 {
+		if start, st := procStart(pid); st == procRunning {
+			m.pid, m.start = pid, start
+		}
 	}
 	p.mappers[id][m] = true
 }
@@ -137,10 +139,11 @@ func (p *core) Unmapped(c caller, id uint64) {
 }
 
 // owns reports whether mapper m is c's: the same client in the same
-// process (in any of the client's processes when c's is unknown, or m's:
-// presumed after a restart).
+// process (c's pid known or not, as m's: a caller whose process is unknown
+// owns none of the client's known processes' mappings), or a mapper
+// presumed after a restart (no pid), of the same client.
 func (c caller) owns(m mapper) bool {
-	return m.client == c.id() && (c.pid == 0 || m.pid == 0 || m.pid == c.pid)
+	return m.client == c.id() && (m.pid == 0 || m.pid == c.pid)
 }
 
 // dropMapper forgets mapper m of segment id; p.mu is held.
@@ -198,7 +201,7 @@ func (p *core) dropGoneMappers() {
 		}
 	}
 	p.held = slices.DeleteFunc(p.held, func(h heldExtent) bool {
-		if slices.ContainsFunc(h.by, func(m mapper) bool { return m.state() == procRunning }) {
+		if slices.ContainsFunc(h.by, p.mapping) {
 			return false
 		}
 		if d := p.device(h.device); d != nil {
@@ -211,12 +214,13 @@ func (p *core) dropGoneMappers() {
 	})
 }
 
-// runningMappers is the mappers of segment id whose process runs; p.mu is
-// held.
-func (p *core) runningMappers(id uint64) []mapper {
+// stillMapping is the mappers of segment id that may still map it
+// (mapping: a process that runs, or where /proc cannot tell, a client with
+// a session or lease); p.mu is held.
+func (p *core) stillMapping(id uint64) []mapper {
 	var out []mapper
 	for m := range p.mappers[id] {
-		if m.state() == procRunning {
+		if p.mapping(m) {
 			out = append(out, m)
 		}
 	}
@@ -227,8 +231,10 @@ func (p *core) runningMappers(id uint64) []mapper {
 // descriptor reaches every segment (devdax) that processes still map (by):
 // one stopped past its client's lease, or another client's mapping of a
 // named segment its owner freed. Given to the next segment, it would take
-// their writes when they go on; it stays out of the allocator until they
-// end (dropGoneMappers). A restart of the daemon forgets it.
+// their writes when they go on; it stays out of the allocator until none
+// of them maps it (dropGoneMappers), also in the allocator of the device
+// coming back under its name (addLocked). A restart of the daemon forgets
+// it.
 type heldExtent struct {
 	seg            uint64
 	device         string

@@ -230,7 +230,7 @@ func (p *core) release(r *record, reason string) {
 		}
 		var by []mapper
 		if d.SharesFD() { // other devices' segments have pages of their own
-			by = p.runningMappers(r.ID)
+			by = p.stillMapping(r.ID)
 		}
 		if len(by) > 0 {
 			p.holdExtent(r, by)

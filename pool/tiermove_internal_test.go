@@ -3,6 +3,7 @@ package pool
 import (
 	"fmt"
 	"os/exec"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/extent"
 	"github.com/farmem/farmem/internal/testfs"
 	"github.com/farmem/farmem/rdma"
 )
@@ -198,10 +200,14 @@ func TestMapperPerProcess(t *testing.T) {
 }
 
 // TestReapHoldsMappedDevdaxExtent: a devdax segment (one descriptor for the
-// whole device) reclaimed when its client's lease ran out, while the
-// process that mapped it is stopped, keeps its extent out of the
-// allocator: the next segment does not get the memory that process would
-// write when it goes on. Once it ends, the reap gives the extent back.
+// whole device) freed while a process still maps it keeps its extent out
+// of the allocator, so the next segment does not get the memory that
+// process would write when it goes on: reclaimed when its client's lease
+// ran out while the process is stopped (also across the device going away
+// and coming back); freed by a caller of the same client id whose process
+// the daemon cannot see; a named one freed by its owner while another
+// client (its process unknown) maps it, until that client's lease ends.
+// Once none maps it, the reap gives the extent back.
 func TestReapHoldsMappedDevdaxExtent(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.SysfsRoot = "../cxl/testdata/devdax"
@@ -212,34 +218,99 @@ func TestReapHoldsMappedDevdaxExtent(t *testing.T) {
 	t.Cleanup(func() { p.close() })
 	now := p.started.Add(cfg.LeaseTTL + restartGrace + time.Second) // past the restart's grace
 	p.now = func() time.Time { return now }
+	ctx := t.Context()
+	stopped := func() (*exec.Cmd, int32) {
+		proc := exec.Command("sleep", "600")
+		require.NoError(t, proc.Start())
+		t.Cleanup(func() { proc.Process.Kill(); proc.Wait() })
+		require.NoError(t, proc.Process.Signal(syscall.SIGSTOP))
+		return proc, int32(proc.Process.Pid)
+	}
+	mapIn := func(c caller, id uint64) {
+		b, err := p.Backing(c, id)
+		require.NoError(t, err)
+		b.File.Close()
+	}
+	var free func() int64
+	overlap := func(a, b *record) bool {
+		return a.Device == b.Device && a.Offset < b.Offset+b.Extent && b.Offset < a.Offset+a.Extent
+	}
+	persist := func() *record {
+		r, err := p.Alloc(ctx, admin(), allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
+		require.NoError(t, err)
+		return r
+	}
 
-	proc := exec.Command("sleep", "600")
-	require.NoError(t, proc.Start())
-	t.Cleanup(func() { proc.Process.Kill(); proc.Wait() })
-	app := sessionCaller(t, p, "s1", "app", int64(proc.Process.Pid), 0)
-	app.pid = int32(proc.Process.Pid)
-	r, err := p.Alloc(t.Context(), app, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL})
-	require.NoError(t, err)
-	require.True(t, p.device(r.Device).SharesFD(), "devdax")
-	b, err := p.Backing(app, r.ID)
-	require.NoError(t, err)
-	b.File.Close()
-	free := func() int64 { return p.device(r.Device).ext.Stats().Free }
-	before := free()
+	t.Run("reclaimed", func(t *testing.T) {
+		proc, pid := stopped()
+		app := sessionCaller(t, p, "s1", "app", int64(pid), 0)
+		app.pid = pid
+		r, err := p.Alloc(ctx, app, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL})
+		require.NoError(t, err)
+		require.True(t, p.device(r.Device).SharesFD(), "devdax")
+		free = func() int64 { return p.device(r.Device).ext.Stats().Free }
+		mapIn(app, r.ID)
+		before := free()
+		p.closeSession("s1")
+		now = now.Add(cfg.LeaseTTL)
+		p.reap()
+		_, err = p.Stat(r.ID)
+		require.ErrorIs(t, err, errs.ErrNotFound, "reclaimed")
+		require.Equal(t, before, free(), "its extent is held while the stopped process runs")
 
-	require.NoError(t, proc.Process.Signal(syscall.SIGSTOP))
-	p.closeSession("s1")
-	now = now.Add(cfg.LeaseTTL)
-	p.reap()
-	_, err = p.Stat(r.ID)
-	require.ErrorIs(t, err, errs.ErrNotFound, "reclaimed")
-	require.Equal(t, before, free(), "its extent is held while the stopped process runs")
-	next, err := p.Alloc(t.Context(), admin(), allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Persist: true})
-	require.NoError(t, err)
-	require.False(t, next.Offset < r.Offset+r.Extent && r.Offset < next.Offset+next.Extent, "the next segment does not get its memory")
+		// The device goes and comes back (a fresh allocator): still held.
+		p.mu.Lock()
+		d := p.device(r.Device)
+		p.devs = slices.DeleteFunc(slices.Clone(p.devs), func(x *dev) bool { return x == d })
+		ext, err := extent.New(d.Capacity(), d.Align())
+		require.NoError(t, err)
+		p.addLocked(&dev{Device: d.Device, tier: d.tier, ext: ext, usable: d.usable})
+		p.mu.Unlock()
+		next := persist()
+		require.False(t, overlap(next, r), "the next segment does not get its memory")
 
-	require.NoError(t, proc.Process.Kill())
-	proc.Wait()
-	p.reap()
-	require.Equal(t, before+r.Extent-next.Extent, free(), "given back once the process ended")
+		require.NoError(t, proc.Process.Kill())
+		proc.Wait()
+		p.reap()
+		third := persist()
+		require.False(t, overlap(third, next), "given back to the allocator it was held in, freeing no live extent")
+		require.NoError(t, p.Free(admin(), next.ID, ""))
+		require.NoError(t, p.Free(admin(), third.ID, ""))
+	})
+
+	t.Run("freed by an unseen process of the client", func(t *testing.T) {
+		proc, pid := stopped()
+		app := sessionCaller(t, p, "s2", "app2", int64(pid), 0)
+		app.pid = pid
+		r, err := p.Alloc(ctx, app, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL})
+		require.NoError(t, err)
+		mapIn(app, r.ID)
+		before := free()
+		unseen := app
+		unseen.pid = 0 // another pid namespace, say
+		require.NoError(t, p.Free(unseen, r.ID, ""))
+		require.Equal(t, before, free(), "held: the stopped process maps it")
+		require.NoError(t, proc.Process.Kill())
+		proc.Wait()
+		p.reap()
+		require.Equal(t, before+r.Extent, free())
+	})
+
+	t.Run("named, freed while another client maps it", func(t *testing.T) {
+		owner := identCaller(t, p, "owner", "uid:1000")
+		r, err := p.Alloc(ctx, owner, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Name: "shared-dax"})
+		require.NoError(t, err)
+		reader := identCaller(t, p, "reader", "uid:1000") // one identity: it may attach the owner's name
+		_, err = p.Attach(reader, "shared-dax")
+		require.NoError(t, err)
+		mapIn(reader, r.ID) // its process unknown: its session and lease decide
+		before := free()
+		require.NoError(t, p.Free(owner, r.ID, ""))
+		p.reap()
+		require.Equal(t, before, free(), "held while the reader's session lasts")
+		p.closeSession("s-reader")
+		now = now.Add(cfg.LeaseTTL)
+		p.reap()
+		require.Equal(t, before+r.Extent, free(), "given back once its lease ended")
+	})
 }
