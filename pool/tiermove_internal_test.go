@@ -241,20 +241,27 @@ func TestReapHoldsMappedDevdaxExtent(t *testing.T) {
 		return r
 	}
 
-	t.Run("reclaimed", func(t *testing.T) {
+	// mappedByStopped opens a session of client in a stopped process and
+	// maps an unnamed segment it allocates.
+	mappedByStopped := func(sid, client string) (*exec.Cmd, caller, *record) {
 		proc, pid := stopped()
-		app := sessionCaller(t, p, "s1", "app", int64(pid), 0)
-		app.pid = pid
-		r, err := p.Alloc(ctx, app, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL})
+		c := sessionCaller(t, p, sid, client, int64(pid), 0)
+		c.pid = pid
+		r, err := p.Alloc(ctx, c, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL})
 		require.NoError(t, err)
 		require.True(t, p.device(r.Device).SharesFD(), "devdax")
+		mapIn(c, r.ID)
+		return proc, c, r
+	}
+
+	t.Run("reclaimed", func(t *testing.T) {
+		proc, _, r := mappedByStopped("s1", "app")
 		free = func() int64 { return p.device(r.Device).ext.Stats().Free }
-		mapIn(app, r.ID)
 		before := free()
 		p.closeSession("s1")
 		now = now.Add(cfg.LeaseTTL)
 		p.reap()
-		_, err = p.Stat(r.ID)
+		_, err := p.Stat(r.ID)
 		require.ErrorIs(t, err, errs.ErrNotFound, "reclaimed")
 		require.Equal(t, before, free(), "its extent is held while the stopped process runs")
 
@@ -279,12 +286,7 @@ func TestReapHoldsMappedDevdaxExtent(t *testing.T) {
 	})
 
 	t.Run("freed by an unseen process of the client", func(t *testing.T) {
-		proc, pid := stopped()
-		app := sessionCaller(t, p, "s2", "app2", int64(pid), 0)
-		app.pid = pid
-		r, err := p.Alloc(ctx, app, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL})
-		require.NoError(t, err)
-		mapIn(app, r.ID)
+		proc, app, r := mappedByStopped("s2", "app2")
 		before := free()
 		unseen := app
 		unseen.pid = 0 // another pid namespace, say
