@@ -124,7 +124,9 @@ func (p *core) presumeMapped(r *record) {
 
 // Unmapped records that c no longer maps segment id (the fdpass RELEASE
 // request): it closed the segment, or moves it to another tier. A segment
-// c did not map, or that is gone, is fine as it is.
+// c did not map is fine as it is; one freed since whose extent is held
+// for c (holdExtent) is given back by the next reap once no other mapper
+// holds it.
 func (p *core) Unmapped(c caller, id uint64) {
 	if c.client == nil {
 		return
@@ -134,6 +136,11 @@ func (p *core) Unmapped(c caller, id uint64) {
 	for m := range p.mappers[id] {
 		if c.owns(m) {
 			p.dropMapper(id, m)
+		}
+	}
+	for i := range p.held {
+		if h := &p.held[i]; h.seg == id {
+			h.by = slices.DeleteFunc(h.by, c.owns)
 		}
 	}
 }

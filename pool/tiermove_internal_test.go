@@ -314,5 +314,21 @@ func TestReapHoldsMappedDevdaxExtent(t *testing.T) {
 		now = now.Add(cfg.LeaseTTL)
 		p.reap()
 		require.Equal(t, before+r.Extent, free(), "given back once its lease ended")
+
+		// One that lets go of it after the free (Segment.Close) gives it
+		// back at the next reap, its session still open.
+		again, err := p.Alloc(ctx, owner, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL, Name: "shared-dax"})
+		require.NoError(t, err)
+		reader = identCaller(t, p, "reader2", "uid:1000")
+		_, err = p.Attach(reader, "shared-dax")
+		require.NoError(t, err)
+		mapIn(reader, again.ID)
+		before = free()
+		require.NoError(t, p.Free(owner, again.ID, ""))
+		p.reap()
+		require.Equal(t, before, free(), "held while the reader maps it")
+		p.Unmapped(reader, again.ID)
+		p.reap()
+		require.Equal(t, before+again.Extent, free(), "given back once the reader let go")
 	})
 }
