@@ -193,16 +193,18 @@ func (p *core) mappersOf(id uint64, c caller) []mapper {
 	return out
 }
 
-// dropGoneMappers forgets the mappers that map nothing any more: those
-// whose process ended, and those of clients without a session or lease
-// whose process /proc cannot show; and gives back the held extents whose
+// dropGoneMappers forgets the mappers of clients without a session that
+// map nothing any more: those whose process ended, and those past their
+// lease whose process /proc cannot show; and gives back the held extents whose
 // processes all ended (holdExtent). p.mu is held. The reap calls it, so
 // that processes that came and went leave no entry behind for as long as
 // their segments live.
 func (p *core) dropGoneMappers() {
 	for id, ms := range p.mappers {
 		for m := range ms {
-			if !p.mapping(m) {
+			// One whose client holds a session is left to that session's
+			// end: the sweep reads /proc only for those past their lease.
+			if p.clients[m.client] == nil && !p.mapping(m) {
 				p.dropMapper(id, m)
 			}
 		}
@@ -219,19 +221,6 @@ func (p *core) dropGoneMappers() {
 		p.log.Info("a freed segment's memory is free again: the processes that mapped it ended", "segment", h.seg, "device", h.device)
 		return true
 	})
-}
-
-// stillMapping is the mappers of segment id that may still map it
-// (mapping: a process that runs, or where /proc cannot tell, a client with
-// a session or lease); p.mu is held.
-func (p *core) stillMapping(id uint64) []mapper {
-	var out []mapper
-	for m := range p.mappers[id] {
-		if p.mapping(m) {
-			out = append(out, m)
-		}
-	}
-	return out
 }
 
 // heldExtent is the extent of a freed segment on a device whose
@@ -275,26 +264,22 @@ func (p *core) describeMappers(ms []mapper) string {
 			parts[i] = fmt.Sprintf("%s (pid %d, which still runs beside the process holding the client's session; it lets go when it ends)", m.client, m.pid)
 		case m.pid > 0:
 			parts[i] = fmt.Sprintf("%s (pid %d: the client's lease ran out, but the process that mapped the segment still runs, stopped perhaps; it lets go when it ends)", m.client, m.pid)
-		default:
+		case cl == nil || cl.sessions == 0:
 			parts[i] = m.client + " (no session now: held until its lease ends)"
+		default:
+			parts[i] = m.client
 		}
 	}
 	return strings.Join(parts, ", ")
 }
 
-// describeClients names clients for an error message: each id with its
-// process name and pid when it holds a session here.
+// describeClients is describeMappers for clients of unknown processes.
 func (p *core) describeClients(ids []string) string {
-	parts := make([]string, len(ids))
+	ms := make([]mapper, len(ids))
 	for i, id := range ids {
-		parts[i] = id
-		if cl := p.clients[id]; cl != nil && cl.sessions > 0 && cl.pid > 0 {
-			parts[i] = fmt.Sprintf("%s (%s, pid %d)", id, cl.name, cl.pid)
-		} else if cl == nil || cl.sessions == 0 {
-			parts[i] = id + " (no session now: held until its lease ends)"
-		}
+		ms[i] = mapper{client: id}
 	}
-	return strings.Join(parts, ", ")
+	return p.describeMappers(ms)
 }
 
 // errMappedBy is the refusal to move segment id while clients map it.

@@ -230,7 +230,7 @@ func (p *core) release(r *record, reason string) {
 		}
 		var by []mapper
 		if d.SharesFD() { // other devices' segments have pages of their own
-			by = p.stillMapping(r.ID)
+			by = p.mappersOf(r.ID, caller{}) // the daemon's own: it owns none
 		}
 		if len(by) > 0 {
 			p.holdExtent(r, by)
