@@ -377,14 +377,17 @@ func TestScale(t *testing.T) {
 		}
 		if tick%50 == 0 {
 			t.Logf("%.0fs after the heal: membership %v; %d segments lost (%d of them also gone at their home); %d redundant segments not rebuilt", time.Since(healed).Seconds(), err, lost, gone, len(degraded))
+			if err != nil {
+				t.Logf("the hosts not listed alive everywhere:\n%s", firstLines(sc.membershipGaps(), 20))
+			}
 			if lost > 0 && lost <= 10 {
 				t.Logf("the lost ones:\n%s", sc.explainLost())
 			}
 		}
 		if now := time.Now(); now.After(deadline) && (now.Sub(moved) > time.Minute || now.After(hardDeadline)) { // the diagnosis only then: it walks every record
 			slices.Sort(degraded)
-			require.Failf(t, "heal", "%.0f s after the heal (the last progress %.0f s before): membership %v, %d segments lost:\n%s\n%d redundant segments not rebuilt: %s",
-				time.Since(healed).Seconds(), time.Since(moved).Seconds(), err, lost, sc.explainLost(), len(degraded), strings.Join(degraded[:min(20, len(degraded))], "; "))
+			require.Failf(t, "heal", "%.0f s after the heal (the last progress %.0f s before): membership %v:\n%s%d segments lost:\n%s\n%d redundant segments not rebuilt: %s",
+				time.Since(healed).Seconds(), time.Since(moved).Seconds(), err, sc.membershipGaps(), lost, sc.explainLost(), len(degraded), strings.Join(degraded[:min(20, len(degraded))], "; "))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

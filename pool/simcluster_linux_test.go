@@ -376,6 +376,67 @@ func (sc *simCluster) waitConverged(timeout time.Duration) (time.Duration, error
 	}
 }
 
+// membershipGaps says, for each running host that some running host does
+// not list alive with metadata, how it is listed instead and by how many
+// (with up to three of those hosts, and how long ago the oldest saw the
+// state change): what waitConverged's error leaves out, for a failure's
+// message. Empty when every host lists every host alive.
+func (sc *simCluster) membershipGaps() string {
+	type gap struct {
+		viewers []string
+		oldest  time.Duration
+	}
+	gaps := map[string]map[string]*gap{} // subject, how it is listed
+	up := sc.up()
+	now := time.Now()
+	for _, h := range up {
+		cl := h.daemon().pool.cl
+		for _, o := range up {
+			m, found := cl.Member(o.name)
+			how := ""
+			switch {
+			case !found:
+				how = "unknown"
+			case m.State != cluster.StateAlive:
+				how = cluster.StateString(m.State)
+			case m.Meta.GRPCAddr == "":
+				how = fmt.Sprintf("alive without metadata (%v)", m.MetaErr)
+			default:
+				continue
+			}
+			if gaps[o.name] == nil {
+				gaps[o.name] = map[string]*gap{}
+			}
+			g := gaps[o.name][how]
+			if g == nil {
+				g = &gap{}
+				gaps[o.name][how] = g
+			}
+			g.viewers = append(g.viewers, h.name)
+			if found {
+				g.oldest = max(g.oldest, now.Sub(m.Since))
+			}
+		}
+	}
+	var b strings.Builder
+	for _, subject := range slices.Sorted(maps.Keys(gaps)) {
+		fmt.Fprintf(&b, "%s is listed", subject)
+		for _, how := range slices.Sorted(maps.Keys(gaps[subject])) {
+			g := gaps[subject][how]
+			fmt.Fprintf(&b, " %s by %d hosts (%s", how, len(g.viewers), strings.Join(g.viewers[:min(3, len(g.viewers))], ", "))
+			if len(g.viewers) > 3 {
+				b.WriteString(", ...")
+			}
+			if g.oldest > 0 {
+				fmt.Fprintf(&b, "; for up to %.0fs", g.oldest.Seconds())
+			}
+			b.WriteString(")")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
 // gossipTotals sums every running host's gossip counters: bytes sent
 // (packets and streams) and packets sent.
 func (sc *simCluster) gossipTotals() (bytes, packets uint64) {
@@ -1415,4 +1476,16 @@ func simLog(name string) *slog.Logger {
 		return nil
 	}
 	return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo})).With("host", name)
+}
+
+// firstLines is s cut after n lines, saying how many more there were.
+func firstLines(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	if len(lines) > 0 && lines[len(lines)-1] == "" {
+		lines = lines[:len(lines)-1]
+	}
+	if len(lines) <= n {
+		return s
+	}
+	return strings.Join(lines[:n], "") + fmt.Sprintf("(%d more)\n", len(lines)-n)
 }
