@@ -268,8 +268,10 @@ func capacityMoved(last, tiers []cluster.TierFree) bool {
 }
 
 // rejoinSeeds contacts again every seed that is not an alive member:
-// memberlist forgets a dead node after a while and never probes it again,
-// so a partition longer than that would otherwise never heal.
+// memberlist forgets a dead node after a while and never probes it again;
+// the cluster contacts the members it saw die for an hour (cluster's
+// reconnect.go), and a partition that outlasts that, or a seed this node
+// never saw (another cluster's, a replaced host), heals through this.
 func (d *Daemon) rejoinSeeds() {
 	alive := map[string]bool{}
 	for _, m := range d.pool.gossip().Members() {

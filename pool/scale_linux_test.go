@@ -394,6 +394,12 @@ func TestScale(t *testing.T) {
 	res.HealStableSeconds = stableSince.Sub(healed).Seconds()
 	t.Logf("healed: every host lists every host alive and every segment is restored (or freed, %d gone at their home) after %.1fs, every redundant one rebuilt after %.1fs, for good (%v without a change) after %.1fs",
 		res.PartitionReclaimed, res.HealSeconds, res.HealRedundantSeconds, healQuiet, res.HealStableSeconds)
+	var reconnects, reconnected uint64
+	for _, h := range sc.up() {
+		s := h.daemon().pool.cl.Stats()
+		reconnects, reconnected = reconnects+s.Reconnects, reconnected+s.Reconnected
+	}
+	t.Logf("contacts with members declared dead, all hosts so far: %d, %d of them answered", reconnects, reconnected)
 	fds.log(t, "after the heal")
 
 	for _, h := range drained {

@@ -49,10 +49,11 @@ type Cluster struct {
 
 	state  atomic.Int32 // running, leaving, closed
 	resync resyncer     // push/pulls after dropped gossip (resync.go)
-	// laneDone is done when the overflow lane's goroutine ends (lane.go).
-	laneDone sync.WaitGroup
-	lifeMu   sync.Mutex // serializes Leave and Shutdown
-	done     chan struct{}
+	// loops is done when the overflow lane's goroutine (lane.go) and the
+	// reconnect loop (reconnect.go) end.
+	loops  sync.WaitGroup
+	lifeMu sync.Mutex // serializes Leave and Shutdown
+	done   chan struct{}
 
 	metaMu  sync.Mutex             // serializes SetMeta's read-modify-write of meta
 	updMu   sync.Mutex             // serializes memberlist.UpdateNode, which reads its own node unlocked
@@ -63,8 +64,11 @@ type Cluster struct {
 	alive   atomic.Int64           // members Alive or Suspect, self included
 	mu      sync.Mutex             // guards members, subs, seq; never held while calling memberlist
 	members map[string]*record
-	subs    map[*subscription]struct{}
-	seq     uint64
+	// failed holds the members this node saw die, to contact again
+	// (reconnect.go); guarded by mu.
+	failed map[string]*failedMember
+	subs   map[*subscription]struct{}
+	seq    uint64
 	// reapedAt is when reapLocked last walked members; guarded by mu.
 	reapedAt time.Time
 	// nameClashes, selfClaims and lastClaimant record name conflicts
@@ -164,8 +168,9 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 		return nil, fmt.Errorf("cluster: node %q: start gossip: %w", cfg.Name, err)
 	}
 	c.ml = ml
-	c.laneDone.Add(1)
+	c.loops.Add(2)
 	go c.laneLoop(mc.GossipInterval, mc.GossipNodes, mc.UDPBufferSize-laneOverhead)
+	go c.reconnectLoop()
 	return c, nil
 }
 
@@ -555,7 +560,7 @@ func (c *Cluster) Shutdown() error {
 	err := errors.Join(c.ml.Shutdown(), c.tr.Shutdown())
 	c.stopResync()
 	close(c.done)
-	c.laneDone.Wait()
+	c.loops.Wait()
 	c.mu.Lock()
 	for s := range c.subs {
 		close(s.ch)
@@ -605,6 +610,9 @@ type Stats struct {
 	// because its handler queue was full (the node could not keep up);
 	// Resyncs the push/pulls the node started after such drops (resync.go).
 	HandoffDrops, Resyncs uint64
+	// Reconnects counts the contacts this node made with members it had
+	// seen die, Reconnected those that one answered (reconnect.go).
+	Reconnects, Reconnected uint64
 }
 
 // Stats returns counters since New.
@@ -648,6 +656,7 @@ func (c *Cluster) Stats() Stats {
 	s.CapacitySends = c.ctr.capacitySends.Load()
 	s.HandoffDrops = c.ctr.handoffDrops.Load()
 	s.Resyncs = c.ctr.resyncs.Load()
+	s.Reconnects, s.Reconnected = c.ctr.reconnects.Load(), c.ctr.reconnected.Load()
 	s.LanePackets = c.ctr.lanePackets.Load()
 	return s
 }
@@ -711,6 +720,7 @@ func (c *Cluster) onAlive(name, addr string, raw []byte) {
 		}
 	}
 	c.setStateLocked(r, StateAlive)
+	delete(c.failed, name)
 	c.publishLocked(kind, r.m.clone())
 }
 
@@ -728,6 +738,7 @@ func (c *Cluster) onGone(name string) {
 		return
 	}
 	c.setStateLocked(r, StateDead)
+	c.noteFailedLocked(r)
 	c.publishLocked(EventDead, r.m.clone())
 }
 
@@ -759,6 +770,7 @@ func (c *Cluster) onLeave(name string, boot uint64) bool {
 	r.m.Leaving = true
 	if r.m.State == StateDead { // memberlist's leave message came first
 		c.setStateLocked(r, StateLeft)
+		delete(c.failed, name)
 		c.publishLocked(EventLeave, r.m.clone())
 	} else if r.m.State != StateLeft {
 		c.publishLocked(EventUpdate, r.m.clone())

@@ -25,6 +25,16 @@
 // stay listed until memberlist forgets them, GossipToTheDeadTime after their
 // state changed (30 s lan, 15 s local, 60 s wan); no event marks that.
 //
+// memberlist never contacts a member it declared dead again, so two halves
+// of a partition that declared each other dead would meet again only
+// through a third node's news (the daemon also contacts every seed it does
+// not list alive). Each node therefore keeps the members it saw die (not
+// those that left) for an hour and exchanges state with each itself, as Join
+// does: 5 s after the death, then at doubling intervals up to 2 minutes, one
+// contact at a time (reconnect.go). A node that is back refutes what the
+// contacting node believed of it, and the contacting node learns it is
+// alive; Stats counts the contacts and the answers.
+//
 // memberlist v0.7.0 does not tell its delegates whether a node failed or
 // left (its NotifyLeave is the same for both, and Node.State is never set),
 // nor when a node becomes suspect. This package therefore gossips its own
@@ -122,8 +132,9 @@
 // of nodes in one process; memberlist's own MockNetwork is not suitable: a
 // packet to a node that has shut down blocks the sender forever, which
 // stalls failure detection and leaks goroutines. Per node the Cluster adds
-// one goroutine (counting gossip bytes in and out, for Stats) to memberlist's
-// seven, and no goroutine, timer or channel per member: a member is one
+// three goroutines (counting gossip bytes in and out, for Stats; the
+// overflow lane; the reconnect loop) to memberlist's seven, and no
+// goroutine, timer or channel per member: a member is one
 // table entry, so a process simulating N nodes holds N² entries in all.
 // Measured with 100 memnet nodes (CLUSTER_SIM_NODES=100 go test -run
 // TestSimulationScale -v): 8 goroutines and about 145 KiB of heap per node,

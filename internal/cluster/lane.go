@@ -99,7 +99,7 @@ func decodeBatch(b []byte) (msgs [][]byte, ok bool) {
 // it sends the queue's messages itself to up to fanout peers, in packets
 // of room bytes, when the queue is crowded.
 func (c *Cluster) laneLoop(round time.Duration, fanout, room int) {
-	defer c.laneDone.Done()
+	defer c.loops.Done()
 	tick := time.NewTicker(round)
 	defer tick.Stop()
 	for {

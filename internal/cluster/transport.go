@@ -22,6 +22,7 @@ type counters struct {
 	capacitySends              atomic.Uint64
 	resyncs                    atomic.Uint64
 	lanePackets                atomic.Uint64
+	reconnects, reconnected    atomic.Uint64
 }
 
 // countingTransport wraps the node's transport to count gossip bytes. One

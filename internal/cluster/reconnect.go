@@ -1,0 +1,119 @@
+package cluster
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// Reconnecting to failed members. memberlist never contacts a member it
+// declared dead again: it stops probing it at once, gossips to it for
+// GossipToTheDeadTime and then forgets it. Two nodes that declared each
+// other dead (a partition, a long stall) meet again only when a third
+// node's gossip or push/pull brings news of one to the other, and one
+// node that missed a member's refutation lists it dead until its next
+// push/pull, every few minutes at a few hundred nodes. So each node keeps
+// the members it saw die (not those that left) for reconnectFor and
+// exchanges state with each of them itself, as Join does: reconnectFirst
+// after the death, then at doubling intervals up to reconnectMax. A
+// push/pull with a node that is back makes it refute what this node
+// believed of it and tells this node that it is alive; a push/pull with
+// one that is still gone fails at once (refused) or at the transport's
+// timeout. One contact runs at a time per node, and a member's failures
+// are not retried sooner than its interval; for one crashed host of 200
+// the whole cluster sends it about 1.7 contacts a second once every
+// interval reached reconnectMax. Serf does the same with a per-cluster
+// budget (one contact per failed member per 30 s, by coin toss), which
+// leaves a node whose own view lags waiting for minutes.
+const (
+	reconnectFirst = 5 * time.Second
+	reconnectMax   = 2 * time.Minute
+	// reconnectFor is how long a failed member is contacted: a partition
+	// that outlasts it heals only through the seeds (the daemon contacts
+	// every seed it does not list alive).
+	reconnectFor = time.Hour
+	// reconnectTick is how often the loop looks for a failed member due.
+	reconnectTick = time.Second
+	// maxFailed bounds the failed members kept; past it a new death is
+	// not kept (the oldest are the likeliest to be gone for good, but
+	// they are not dropped for it: a partition declares half the cluster
+	// dead at once).
+	maxFailed = 4096
+)
+
+// failedMember is a member this node saw die, and when to contact it.
+type failedMember struct {
+	addr  string
+	since time.Time     // when it was declared dead
+	next  time.Time     // the next contact
+	wait  time.Duration // the interval after the next contact
+}
+
+// noteFailedLocked records that r was declared dead (left members are not
+// contacted). Caller holds c.mu.
+func (c *Cluster) noteFailedLocked(r *record) {
+	if r.m.Name == c.name || r.m.Addr == "" || len(c.failed) >= maxFailed {
+		return
+	}
+	if c.failed == nil {
+		c.failed = make(map[string]*failedMember)
+	}
+	now := c.now()
+	c.failed[r.m.Name] = &failedMember{addr: r.m.Addr, since: now, next: now.Add(jitter(reconnectFirst)), wait: reconnectFirst}
+}
+
+// jitter spreads d by up to a fifth either way, so that the nodes that saw
+// one death at the same moment do not contact it together.
+func jitter(d time.Duration) time.Duration {
+	return d - d/5 + rand.N(2*d/5+1)
+}
+
+// reconnectLoop contacts failed members as they come due, until Shutdown.
+func (c *Cluster) reconnectLoop() {
+	defer c.loops.Done()
+	tick := time.NewTicker(reconnectTick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-tick.C:
+		}
+		if c.usable() != nil {
+			continue
+		}
+		name, addr, ok := c.dueFailed(c.now())
+		if !ok {
+			continue
+		}
+		c.ctr.reconnects.Add(1)
+		n, err := c.ml.Join([]string{addr})
+		if n > 0 {
+			c.ctr.reconnected.Add(1)
+			c.log.Debug("contacted a member declared dead", "peer", name, "addr", addr)
+		} else {
+			c.log.Debug("a member declared dead does not answer", "peer", name, "addr", addr, "err", err)
+		}
+	}
+}
+
+// dueFailed picks the failed member whose contact is the most overdue and
+// schedules its next one; it forgets those kept past reconnectFor.
+func (c *Cluster) dueFailed(now time.Time) (name, addr string, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var due *failedMember
+	for n, f := range c.failed {
+		switch {
+		case now.Sub(f.since) > reconnectFor:
+			delete(c.failed, n)
+		case !f.next.After(now) && (due == nil || f.next.Before(due.next)):
+			due, name = f, n
+		}
+	}
+	if due == nil {
+		return "", "", false
+	}
+	due.next = now.Add(jitter(due.wait))
+	due.wait = min(2*due.wait, reconnectMax)
+	return name, due.addr, true
+}

@@ -1,0 +1,109 @@
+package cluster
+
+import (
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/farmem/farmem/internal/cluster/memnet"
+)
+
+// TestPartitionHealsWithoutSeeds: two halves that declared each other dead
+// and then forgot each other (GossipToTheDeadTime) meet again once the
+// network heals, with nobody joining anybody: each node contacts the
+// members it saw die. memberlist alone never would: it neither probes nor
+// pushes its state to a dead member, and after GossipToTheDeadTime it does
+// not gossip to one either.
+func TestPartitionHealsWithoutSeeds(t *testing.T) {
+	n := memnet.New(0)
+	cs := make([]*Cluster, 4)
+	for i := range cs {
+		name := fmt.Sprintf("n%d", i)
+		tr, err := n.NewTransport(name)
+		require.NoError(t, err)
+		cfg := fastConfig(name)
+		cfg.Transport = tr
+		cfg.GossipToTheDeadTime = time.Second
+		c, err := New(cfg, testMeta(name))
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Shutdown()) })
+		cs[i] = c
+	}
+	for _, c := range cs[1:] {
+		_, err := c.Join(t.Context(), []string{cs[0].Self().Addr})
+		require.NoError(t, err)
+	}
+	waitAllAlive(t, cs)
+
+	n.Cut("n0", "n2", "n3")
+	n.Cut("n1", "n2", "n3")
+	waitFor(t, "each half lists the other dead", func() bool {
+		for _, c := range cs {
+			if c.Stats().Alive != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	// Past GossipToTheDeadTime and the reap: the halves no longer list
+	// each other at all.
+	waitFor(t, "each half forgot the other", func() bool {
+		return stateOn(cs[0], "n2") == "absent" && stateOn(cs[2], "n0") == "absent"
+	})
+	n.Heal()
+	waitAllAlive(t, cs)
+	var contacted uint64
+	for _, c := range cs {
+		contacted += c.Stats().Reconnected
+	}
+	require.NotZero(t, contacted, "some node contacted a member it saw die")
+}
+
+// TestFailedMembersKept: a member declared dead is contacted again on a
+// doubling schedule, up to reconnectMax; one that comes back or leaves is
+// not; reconnectFor after its death it is forgotten.
+func TestFailedMembersKept(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	c := &Cluster{name: "self", log: slog.New(slog.DiscardHandler), members: map[string]*record{}, now: func() time.Time { return now }}
+	dead := &record{m: Member{Name: "a", Addr: "10.0.0.1:7946", State: StateAlive}}
+	c.members["a"] = dead
+	c.onGone("a")
+	require.Contains(t, c.failed, "a")
+	_, _, ok := c.dueFailed(now)
+	require.False(t, ok, "not due at once")
+	var gaps []time.Duration
+	last := now
+	for at := now; at.Before(now.Add(10 * time.Minute)); at = at.Add(100 * time.Millisecond) {
+		if name, addr, ok := c.dueFailed(at); ok {
+			require.Equal(t, "a", name)
+			require.Equal(t, "10.0.0.1:7946", addr)
+			gaps = append(gaps, at.Sub(last))
+			last = at
+		}
+	}
+	require.GreaterOrEqual(t, len(gaps), 6)
+	require.InDelta(t, reconnectFirst.Seconds(), gaps[0].Seconds(), reconnectFirst.Seconds()/5+0.1)
+	for i, g := range gaps[1:] {
+		want := min(reconnectFirst<<(i), reconnectMax)
+		require.InDelta(t, want.Seconds(), g.Seconds(), want.Seconds()/5+0.1, "contact %d", i+2)
+	}
+	_, _, ok = c.dueFailed(now.Add(reconnectFor + time.Minute))
+	require.False(t, ok)
+	require.NotContains(t, c.failed, "a", "forgotten after reconnectFor")
+
+	// Back alive: no longer contacted. Left: never contacted.
+	c.onGone("a")
+	require.NotContains(t, c.failed, "a", "dead already: nothing changed")
+	c.onAlive("a", "10.0.0.1:7946", nil)
+	c.onGone("a")
+	require.Contains(t, c.failed, "a")
+	c.onAlive("a", "10.0.0.1:7946", nil)
+	require.NotContains(t, c.failed, "a")
+	c.members["a"].m.Leaving = true
+	c.onGone("a")
+	require.Equal(t, StateLeft, c.members["a"].m.State)
+	require.NotContains(t, c.failed, "a")
+}
