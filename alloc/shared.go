@@ -1,6 +1,7 @@
 package alloc
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -12,6 +13,7 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/coherence"
+	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/dialer"
 	"github.com/farmem/farmem/rdma/tcp"
@@ -66,7 +68,11 @@ func SharedPageSize(n int) SharedOption { return func(o *sharedOptions) { o.page
 // pages may observe a concurrent multi-page WriteAt torn between pages
 // (never within one). When this process dies, writes not yet written back
 // (Sync) are lost; when the home's daemon restarts or dies, the attachment
-// fails with ErrSegmentLost and writes not yet written back are lost.
+// fails with ErrSegmentLost and writes not yet written back are lost. A
+// session that ends and is replaced (this client's with its daemon, or
+// its daemon's with the home, after a network cut) withdraws the
+// data-plane credential the attachment presents; the attachment then asks
+// the daemon for the one it holds now and goes on.
 //
 // A SharedSegment is safe for concurrent use. ReadAt and WriteAt follow
 // io.ReaderAt and io.WriterAt and retain no buffer. Client.Close detaches
@@ -101,7 +107,8 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 	if err != nil {
 		return nil, err
 	}
-	link, err := dialShared(ctx, info.DataAddr, r.plane.Load().region, uint32(cfg.PageSize), c.linkDialer(info.DataAddr, info.DataCredential, r.plane.Load().tls))
+	link, err := dialShared(ctx, info.DataAddr, r.plane.Load().region, uint32(cfg.PageSize), info.DataCredential,
+		c.linkDialer(info.DataAddr, r.plane.Load().tls), c.sharedCredential(info.Id))
 	if err != nil {
 		return nil, fmt.Errorf("attach %q shared: %w", name, err)
 	}
@@ -127,15 +134,21 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 // answers with the grant once the invalidations are acknowledged) on
 // another, and the acknowledgements, write-backs and releases, which the
 // home answers at once, on a third, so that they never queue behind a
-// held request.
+// held request. A dial the home refuses (the credential was withdrawn:
+// this client's session with its daemon, or its daemon's with the home,
+// ended and was replaced) asks the daemon for the segment's credential
+// now and dials once more with it; only a refusal of that one ends the
+// attachment.
 type sharedLink struct {
 	addr     string
-	dial     func(context.Context) (rdma.Conn, error)
+	dial     func(ctx context.Context, cred []byte) (rdma.Conn, error)
+	renew    func(context.Context) ([]byte, error) // the daemon's credential for the segment now
 	region   rdma.Region
 	pageSize uint32
 	pollBuf  []byte // the poll's answers; one poller at a time
 
 	mu     sync.Mutex
+	cred   []byte
 	conns  [numLinkConns]rdma.Conn // nil after a failure: redialed on next use
 	closed bool
 }
@@ -151,18 +164,40 @@ const (
 var _ coherence.Link = (*sharedLink)(nil)
 
 // linkDialer dials one connection of a shared segment's link to the home
-// at addr, presenting cred: one tcp connection (not a pool, since the home
-// may hold it), verified with tc when the home serves TLS.
-func (c *Client) linkDialer(addr string, cred []byte, tc *tls.Config) func(context.Context) (rdma.Conn, error) {
+// at addr (through WithDataAddr's mapping), presenting a credential: one
+// tcp connection (not a pool, since the home may hold it), verified with
+// tc when the home serves TLS.
+func (c *Client) linkDialer(addr string, tc *tls.Config) func(context.Context, []byte) (rdma.Conn, error) {
 	opts := append(tlsOption(tc), tcp.WithConns(1), tcp.WithBusyPoll(c.opts.busyPoll))
-	return func(ctx context.Context) (rdma.Conn, error) {
+	if c.opts.dataAddr != nil {
+		addr = c.opts.dataAddr(addr)
+	}
+	return func(ctx context.Context, cred []byte) (rdma.Conn, error) {
 		conn, _, err := dialer.Dial(ctx, addr, cred, opts...)
 		return conn, err
 	}
 }
 
-func dialShared(ctx context.Context, addr string, r rdma.Region, pageSize uint32, dial func(context.Context) (rdma.Conn, error)) (*sharedLink, error) {
-	l := &sharedLink{addr: addr, dial: dial, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20)}
+// sharedCredential asks the daemon for this client's data-plane
+// credential for segment id now (Stat hands out the caller's own: a new
+// session's, or one the home delegated anew).
+func (c *Client) sharedCredential(id uint64) func(context.Context) ([]byte, error) {
+	return func(ctx context.Context) ([]byte, error) {
+		cctx, _, err := c.callCtx(ctx)
+		if err != nil {
+			return nil, err
+		}
+		info, err := c.api.Stat(cctx, &poolv1.StatRequest{Id: id})
+		if err != nil {
+			return nil, errs.FromStatus(err)
+		}
+		return info.DataCredential, nil
+	}
+}
+
+func dialShared(ctx context.Context, addr string, r rdma.Region, pageSize uint32, cred []byte,
+	dial func(context.Context, []byte) (rdma.Conn, error), renew func(context.Context) ([]byte, error)) (*sharedLink, error) {
+	l := &sharedLink{addr: addr, dial: dial, renew: renew, cred: cred, region: r, pageSize: pageSize, pollBuf: make([]byte, 1<<20)}
 	for which := range numLinkConns {
 		if _, err := l.conn(ctx, which); err != nil {
 			l.close()
@@ -173,7 +208,8 @@ func dialShared(ctx context.Context, addr string, r rdma.Region, pageSize uint32
 }
 
 // conn returns connection which, dialing it if a failure dropped it (the
-// home's daemon restarted, say).
+// home's daemon restarted, say), with the daemon's credential now if the
+// home refuses the one the link holds.
 func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -182,7 +218,19 @@ func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 	}
 	p := &l.conns[which]
 	if *p == nil {
-		c, err := l.dial(ctx)
+		c, err := l.dial(ctx, l.cred)
+		if errors.Is(err, rdma.ErrAccessDenied) && l.renew != nil {
+			cred, rerr := l.renew(ctx)
+			switch {
+			case rerr != nil && !final(rerr):
+				// The daemon was not reached: not the end of the
+				// attachment, which asks again on its next call.
+				return nil, fmt.Errorf("shared segment link to %s: the home refused the credential, and the daemon was not reached for the one it holds now: %w", l.addr, rerr)
+			case rerr == nil && len(cred) > 0 && !bytes.Equal(cred, l.cred):
+				l.cred = cred
+				c, err = l.dial(ctx, cred)
+			}
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/farmem/farmem/alloc"
 	"github.com/farmem/farmem/coherence"
 	"github.com/farmem/farmem/coherence/lincheck"
+	"github.com/farmem/farmem/internal/faultproxy"
 	"github.com/farmem/farmem/internal/pooltest"
 	"github.com/farmem/farmem/pool"
 	"github.com/farmem/farmem/rdma/tcp"
@@ -293,4 +294,51 @@ func TestCoherenceFitsMSG(t *testing.T) {
 	require.LessOrEqual(t, len(page), tcp.MaxMessage, "a WriteBack of a %d-byte page", coherence.MaxData)
 	poll := coherence.AppendBatch(nil, make([]coherence.Message, coherence.MaxBatch))
 	require.LessOrEqual(t, len(poll), tcp.MaxMessage, "a poll with %d acks", coherence.MaxBatch-1)
+}
+
+// TestSharedLinkRenewsCredential: a shared attachment whose client's
+// session with its daemon ended (the daemon withdrew the data-plane
+// credential the link presents) and whose link's connections broke goes on
+// once the client has a new session: the home refuses the old credential,
+// and the link asks the daemon for the one it holds now instead of
+// reporting the segment lost.
+func TestSharedLinkRenewsCredential(t *testing.T) {
+	cfg := pooltest.Config(t)
+	cfg.Listen = "127.0.0.1:0"
+	pooltest.TLS(t, &cfg)
+	d := pooltest.Start(t, cfg)
+	control, err := faultproxy.Start(faultproxy.Config{Target: d.ListenAddr()})
+	require.NoError(t, err)
+	defer control.Close()
+	through, data := lazyProxy(t, faultproxy.Config{})
+	c := dial(t, "tcp://"+control.Addr(), alloc.WithTLS(pooltest.ClientTLS(t, "renewing-app")), alloc.WithDataAddr(through))
+	ctx := t.Context()
+	_, err = c.Alloc(ctx, 4096, alloc.WithName("renewed"), alloc.WithTier(alloc.TierRDMA))
+	require.NoError(t, err)
+	seg, err := c.Attach(ctx, "renewed", alloc.Shared(alloc.SharedPageSize(512)))
+	require.NoError(t, err)
+	s := seg.Shared()
+	t.Cleanup(func() { s.Detach(context.Background()) })
+	require.NoError(t, s.Store64(0, 42))
+	require.NoError(t, s.Sync(ctx))
+
+	before := alloc.SessionID(c)
+	control.KillAll() // the session ends: its credential is withdrawn
+	require.Eventually(t, func() bool {
+		_, err := c.Tiers(ctx)
+		sid := alloc.SessionID(c)
+		return err == nil && sid != "" && sid != before
+	}, 10*time.Second, 20*time.Millisecond, "the client opens a new session")
+	data().KillAll() // the link's connections break: it dials again
+
+	// A write by another attachment makes this one's next read go to the
+	// home (its copy is invalidated), over connections dialed anew.
+	other, err := c.Attach(ctx, "renewed", alloc.Shared(alloc.SharedPageSize(512)))
+	require.NoError(t, err)
+	o := other.Shared()
+	t.Cleanup(func() { o.Detach(context.Background()) })
+	require.NoError(t, o.Store64(0, 43))
+	v, err := s.Load64(0)
+	require.NoError(t, err, "the attachment goes on with the credential of the client's new session")
+	require.EqualValues(t, 43, v)
 }
