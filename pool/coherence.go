@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/coherence"
 	"github.com/farmem/farmem/rdma"
+	"github.com/farmem/farmem/rdma/tcp"
 )
 
 // coherenceHost keeps the coherence directories of the shared segments
@@ -39,7 +41,30 @@ type sharedHome struct {
 	home *coherence.Home
 	mem  unsafe.Pointer
 	size int
+	// owners binds each sharer id to the data-plane principal that first
+	// spoke as it, so that a client that learns another's sharer id
+	// cannot release its pages, take its invalidations or acknowledge
+	// them for it; guarded by coherenceHost.mu.
+	owners map[coherence.SharerID]*sharerOwner
 }
+
+// sharerOwner is the principal a sharer id is bound to, and when the id
+// was last heard from.
+type sharerOwner struct {
+	principal string
+	seen      time.Time
+}
+
+// ownerIdle is how long a sharer id not heard from stays bound to its
+// principal: well past its leases (a second each), so that a sharer cut
+// off for a while comes back to its own id; then the binding is dropped,
+// so that the table holds only sharers that speak.
+const ownerIdle = time.Minute
+
+// maxSharers bounds the sharer ids bound per segment (heard from within
+// ownerIdle): a client cannot grow a directory's table without bound by
+// speaking as ever new ids.
+const maxSharers = 4096
 
 func newCoherenceHost(log *slog.Logger) *coherenceHost {
 	h := &coherenceHost{log: log, lease: coherence.DefaultConfig().Lease,
@@ -55,7 +80,7 @@ func (h *coherenceHost) tickLoop() {
 	defer h.wg.Done()
 	t := time.NewTicker(h.lease / 20)
 	defer t.Stop()
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-h.stop:
 			return
@@ -64,7 +89,53 @@ func (h *coherenceHost) tickLoop() {
 		for _, sh := range h.all() {
 			sh.home.Tick()
 		}
+		if tick%20 == 0 {
+			h.dropIdleOwners(time.Now())
+		}
 	}
+}
+
+// dropIdleOwners forgets the sharer ids not heard from within ownerIdle.
+func (h *coherenceHost) dropIdleOwners(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, sh := range h.homes {
+		for id, o := range sh.owners {
+			if now.Sub(o.seen) > ownerIdle {
+				delete(sh.owners, id)
+			}
+		}
+	}
+}
+
+// claim binds the sharer ids that msgs speak as to principal, or refuses
+// them if one is bound to another principal (or the segment has
+// maxSharers bound already).
+func (h *coherenceHost) claim(seg uint64, sh *sharedHome, principal string, msgs []coherence.Message) error {
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	added := 0
+	for i, m := range msgs { // all checked before any is bound
+		switch o := sh.owners[m.From]; {
+		case o == nil && !slices.ContainsFunc(msgs[:i], func(p coherence.Message) bool { return p.From == m.From }):
+			added++
+		case o != nil && o.principal != principal:
+			return fmt.Errorf("pool: coherence %s for segment %d speaks as sharer %#x, which another client uses: %w", m.Kind, seg, uint64(m.From), rdma.ErrAccessDenied)
+		}
+	}
+	if added > 0 && len(sh.owners)+added > maxSharers {
+		return fmt.Errorf("pool: coherence for segment %d: %d sharers spoke within %v, the most a home keeps; detach attachments no longer used: %w",
+			seg, len(sh.owners), ownerIdle, rdma.ErrAccessDenied)
+	}
+	for _, m := range msgs {
+		if o := sh.owners[m.From]; o != nil {
+			o.seen = now
+		} else {
+			sh.owners[m.From] = &sharerOwner{principal: principal, seen: now}
+		}
+	}
+	return nil
 }
 
 func (h *coherenceHost) all() []*sharedHome {
@@ -93,14 +164,14 @@ func (h *coherenceHost) exported(seg uint64, again bool) {
 // size the sharer uses. The directory of a segment that survived a restart
 // of this daemon grants nothing until a lease after its re-export, so that
 // leases the previous incarnation granted have run out.
-func (h *coherenceHost) home(seg uint64, mem []byte, pageSize uint32) (*coherence.Home, error) {
+func (h *coherenceHost) home(seg uint64, mem []byte, pageSize uint32) (*sharedHome, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return nil, fmt.Errorf("pool: coherence for segment %d: the daemon is closing: %w", seg, rdma.ErrSegmentLost)
 	}
 	if sh := h.homes[seg]; sh != nil && sh.mem == unsafe.Pointer(unsafe.SliceData(mem)) && sh.size == len(mem) {
-		return sh.home, nil
+		return sh, nil
 	}
 	cfg := coherence.DefaultConfig()
 	cfg.PageSize = int(pageSize)
@@ -117,19 +188,22 @@ func (h *coherenceHost) home(seg uint64, mem []byte, pageSize uint32) (*coherenc
 	if old := h.homes[seg]; old != nil {
 		old.home.Close()
 	}
-	h.homes[seg] = &sharedHome{home: hm, mem: unsafe.Pointer(unsafe.SliceData(mem)), size: len(mem)}
+	sh := &sharedHome{home: hm, mem: unsafe.Pointer(unsafe.SliceData(mem)), size: len(mem), owners: map[coherence.SharerID]*sharerOwner{}}
+	h.homes[seg] = sh
 	h.log.Debug("coherence directory started", "segment", seg, "page_size", pageSize, "incarnation", hm.Incarnation())
-	return hm, nil
+	return sh, nil
 }
 
 // message serves one MSG: a batch of one coherence message, or a Poll
 // followed by the InvAcks riding on it; a Poll waits for pushed messages,
 // anything else is handled by the directory. A connection that may only
 // read the segment (writable false) sends no message that writes its
-// memory or asks to: no WriteReq, WriteBack or InvAck carrying data (one
-// could name another sharer as its sender).
-func (h *coherenceHost) message(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int, writable bool) ([]byte, error) {
-	msgs, err := coherence.DecodeBatch(req)
+// memory or asks to: no WriteReq, WriteBack or InvAck carrying data. Every
+// message speaks as a sharer id bound to the connection's principal
+// (claim).
+func (h *coherenceHost) message(ctx context.Context, call tcp.MessageCall) ([]byte, error) {
+	seg, mem, maxResp := call.Seg, call.Mem, call.MaxResp
+	msgs, err := coherence.DecodeBatch(call.Req)
 	if err != nil {
 		return nil, fmt.Errorf("pool: coherence message for segment %d: %w: %w", seg, err, rdma.ErrProtocol)
 	}
@@ -141,7 +215,7 @@ func (h *coherenceHost) message(ctx context.Context, seg uint64, mem []byte, req
 			return nil, fmt.Errorf("pool: coherence Poll for segment %d carries a %s; only InvAcks ride a poll: %w", seg, a.Kind, rdma.ErrProtocol)
 		}
 	}
-	if !writable {
+	if !call.Writable {
 		for _, m := range msgs {
 			if m.Kind == coherence.WriteReq || m.Kind == coherence.WriteBack || m.Kind == coherence.InvAck && m.HasData {
 				return nil, fmt.Errorf("pool: coherence %s for segment %d from a client that may only read it: %w", m.Kind, seg, rdma.ErrAccessDenied)
@@ -149,10 +223,14 @@ func (h *coherenceHost) message(ctx context.Context, seg uint64, mem []byte, req
 		}
 	}
 	m := msgs[0]
-	hm, err := h.home(seg, mem, m.PageSize)
+	sh, err := h.home(seg, mem, m.PageSize)
 	if err != nil {
 		return nil, fmt.Errorf("pool: coherence for segment %d: %w", seg, err)
 	}
+	if err := h.claim(seg, sh, call.Principal, msgs); err != nil {
+		return nil, err
+	}
+	hm := sh.home
 	var out []coherence.Message
 	if m.Kind == coherence.Poll {
 		out = hm.Poll(ctx, m.From, m.Lease, msgs[1:])

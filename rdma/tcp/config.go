@@ -169,16 +169,14 @@ type ServerConfig struct {
 	Observe func(Observation)
 
 	// Message, when set, serves MSG requests (opcode 5): it gets the
-	// segment's id and mapped memory (pinned for the call), the request
-	// payload (valid only during the call), whether the connection may
-	// write the segment (a reader's MSG must not change its memory) and
-	// ctx, which ends when the server closes; it returns the response
-	// payload, at most maxResp bytes. It runs on the connection's goroutine and may block (a long
-	// poll): that connection serves nothing else meanwhile, so clients
-	// keep blocking calls on a connection of their own. An error is
-	// answered with the status of the rdma sentinel it wraps. Default: nil
-	// (MSG is answered UNSUPPORTED).
-	Message func(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int, writable bool) ([]byte, error)
+	// request (MessageCall) and ctx, which ends when the server closes; it
+	// returns the response payload, at most MessageCall.MaxResp bytes. It
+	// runs on the connection's goroutine and may block (a long poll): that
+	// connection serves nothing else meanwhile, so clients keep blocking
+	// calls on a connection of their own. An error is answered with the
+	// status of the rdma sentinel it wraps. Default: nil (MSG is answered
+	// UNSUPPORTED).
+	Message func(ctx context.Context, m MessageCall) ([]byte, error)
 
 	// ForwardTimeout is how long a forwarding segment (Server.Forward)
 	// waits on a target that answers nothing: a target with forwarded

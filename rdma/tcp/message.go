@@ -27,6 +27,26 @@ const opKindMessage = rdma.OpKind(opMsg)
 // MaxPayload.
 const MaxMessage = 1<<20 + 64<<10
 
+// MessageCall is one MSG request as ServerConfig.Message gets it. A value;
+// its slices are valid only during the call.
+type MessageCall struct {
+	// Seg is the segment's id, Mem its mapped memory, pinned for the call.
+	Seg uint64
+	Mem []byte
+	// Req is the request payload.
+	Req []byte
+	// MaxResp is the largest answer the client accepts.
+	MaxResp int
+	// Writable says whether the connection may write the segment: a
+	// reader's MSG must not change its memory.
+	Writable bool
+	// Principal is the connection's principal (ServerConfig.Identify), ""
+	// on a connection that was not identified: a protocol above that
+	// names its participants binds each name to the principal that used
+	// it, so that one client cannot speak as another.
+	Principal string
+}
+
 // Message implements rdma.Conn.Message with the MSG opcode: it sends req to
 // the Message hook of the server for region r and reads its answer into
 // resp, returning the answer's length. An answer
@@ -98,7 +118,8 @@ func (c *srvConn) message(h *reqHeader) error {
 		e.release()
 		return err
 	}
-	resp, err := c.s.cfg.Message(c.s.ctx, h.seg, e.mem, req, int(h.length), c.permits(e, true))
+	resp, err := c.s.cfg.Message(c.s.ctx, MessageCall{Seg: h.seg, Mem: e.mem, Req: req, MaxResp: int(h.length),
+		Writable: c.permits(e, true), Principal: c.principal})
 	e.release()
 	if err == nil && len(resp) > int(h.length) {
 		err = fmt.Errorf("MSG answer of %d bytes exceeds the client's %d: %w", len(resp), h.length, rdma.ErrProtocol)

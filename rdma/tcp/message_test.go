@@ -13,7 +13,8 @@ import (
 
 func TestMessage(t *testing.T) {
 	release := make(chan struct{})
-	cfg := ServerConfig{Message: func(ctx context.Context, seg uint64, mem []byte, req []byte, maxResp int, _ bool) ([]byte, error) {
+	cfg := ServerConfig{Message: func(ctx context.Context, m MessageCall) ([]byte, error) {
+		seg, mem, req, maxResp := m.Seg, m.Mem, m.Req, m.MaxResp
 		switch string(req) {
 		case "lost":
 			return nil, fmt.Errorf("test: %w", rdma.ErrSegmentLost)
@@ -103,8 +104,8 @@ func TestMessage(t *testing.T) {
 // payload is still withheld, and the connection stays in sync once the
 // payload (skipped) follows.
 func TestMessageCheckedBeforePayload(t *testing.T) {
-	s := startServer(t, ServerConfig{Message: func(_ context.Context, _ uint64, _ []byte, req []byte, _ int, _ bool) ([]byte, error) {
-		return []byte(fmt.Sprintf("%d bytes", len(req))), nil
+	s := startServer(t, ServerConfig{Message: func(_ context.Context, m MessageCall) ([]byte, error) {
+		return []byte(fmt.Sprintf("%d bytes", len(m.Req))), nil
 	}})
 	_, r := s.export(t, 1, 4096)
 	nc := rawConn(t, s.addr)
