@@ -138,7 +138,7 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 // this client's session with its daemon, or its daemon's with the home,
 // ended and was replaced) asks the daemon for the segment's credential
 // now and dials once more with it; only a refusal of that one ends the
-// attachment.
+// attachment (or one the daemon keeps handing out, past renewGrace).
 type sharedLink struct {
 	addr     string
 	dial     func(ctx context.Context, cred []byte) (rdma.Conn, error)
@@ -147,11 +147,21 @@ type sharedLink struct {
 	pageSize uint32
 	pollBuf  []byte // the poll's answers; one poller at a time
 
-	mu     sync.Mutex
-	cred   []byte
-	conns  [numLinkConns]rdma.Conn // nil after a failure: redialed on next use
-	closed bool
+	mu   sync.Mutex
+	cred []byte
+	// refusedSince is when the home first refused the credential the
+	// daemon still hands out (zero: it did not); past renewGrace of that
+	// the refusal ends the attachment.
+	refusedSince time.Time
+	conns        [numLinkConns]rdma.Conn // nil after a failure: redialed on next use
+	closed       bool
 }
+
+// renewGrace is how long a shared attachment asks its daemon again for a
+// credential while the home refuses the one the daemon hands out: its
+// session at the home may have ended without its knowing yet (it learns
+// within a keepalive, or the next call there).
+const renewGrace = 10 * time.Second
 
 // The connections of a sharedLink.
 const (
@@ -222,18 +232,28 @@ func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 		if errors.Is(err, rdma.ErrAccessDenied) && l.renew != nil {
 			cred, rerr := l.renew(ctx)
 			switch {
-			case rerr != nil && !final(rerr):
+			case errors.Is(rerr, ErrUnavailable) || errors.Is(rerr, context.DeadlineExceeded):
 				// The daemon was not reached: not the end of the
 				// attachment, which asks again on its next call.
 				return nil, fmt.Errorf("shared segment link to %s: the home refused the credential, and the daemon was not reached for the one it holds now: %w", l.addr, rerr)
 			case rerr == nil && len(cred) > 0 && !bytes.Equal(cred, l.cred):
 				l.cred = cred
 				c, err = l.dial(ctx, cred)
+			case rerr == nil:
+				// The daemon still hands out the refused credential: it
+				// may not have seen its session at the home end yet.
+				if l.refusedSince.IsZero() {
+					l.refusedSince = time.Now()
+				}
+				if time.Since(l.refusedSince) < renewGrace {
+					return nil, fmt.Errorf("shared segment link to %s: the home refused the credential the daemon still holds; asking again: %v", l.addr, err)
+				}
 			}
 		}
 		if err != nil {
 			return nil, err
 		}
+		l.refusedSince = time.Time{}
 		*p = c
 	}
 	return *p, nil

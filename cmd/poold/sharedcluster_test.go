@@ -101,12 +101,13 @@ func runSharedFault(t *testing.T, nodes []*poolNode, name, fault string) {
 		// (cutting that one off would end every sharer's peer credential).
 		cut := nodes[3-slices.Index(nodes, home)]
 		cut.host.LinkDown(t)
-		// Past the 1 s coherence lease, well short of what ends the
-		// sharer's daemon's peer session at the home (with it the
-		// credential the sharer's link presents): 2.5 s crossed that once
-		// on a loaded machine, and the sharer rightly saw its attachment
-		// lost, which this fault is not about.
-		time.Sleep(1500 * time.Millisecond)
+		// Past the 1 s coherence lease and, on a loaded machine, past
+		// what ends the sharer's daemon's peer session at the home (about
+		// 2 s here): the home then withdraws the credential the sharer's
+		// link presents, and the link, dialing again after the cut, asks
+		// its daemon for the one delegated over the new peer session.
+		// Short of what gets the host declared dead (about 4 s).
+		time.Sleep(2500 * time.Millisecond)
 		cut.host.LinkUp(t)
 		healed = monoNow()
 	case "home restarted":
