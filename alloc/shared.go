@@ -137,8 +137,10 @@ func (c *Client) attachShared(ctx context.Context, info *poolv1.Segment, o share
 // held request. A dial the home refuses (the credential was withdrawn:
 // this client's session with its daemon, or its daemon's with the home,
 // ended and was replaced) asks the daemon for the segment's credential
-// now and dials once more with it; only a refusal of that one ends the
-// attachment (or one the daemon keeps handing out, past renewGrace).
+// now and dials once more with it; the refusals go on being answered so
+// for renewGrace before they end the attachment, and a daemon that
+// refuses to hand out a credential (the segment is no longer this
+// client's) ends it at once.
 type sharedLink struct {
 	addr     string
 	dial     func(ctx context.Context, cred []byte) (rdma.Conn, error)
@@ -149,19 +151,22 @@ type sharedLink struct {
 
 	mu   sync.Mutex
 	cred []byte
-	// refusedSince is when the home first refused the credential the
-	// daemon still hands out (zero: it did not); past renewGrace of that
-	// the refusal ends the attachment.
+	// refusedSince is when the home began refusing what the daemon hands
+	// out (zero: it does not); past renewGrace of that a refusal ends the
+	// attachment.
 	refusedSince time.Time
 	conns        [numLinkConns]rdma.Conn // nil after a failure: redialed on next use
 	closed       bool
 }
 
 // renewGrace is how long a shared attachment asks its daemon again for a
-// credential while the home refuses the one the daemon hands out: its
+// credential while the home refuses what the daemon hands out: its
 // session at the home may have ended without its knowing yet (it learns
-// within a keepalive, or the next call there).
-const renewGrace = 10 * time.Second
+// within a keepalive, or at its next call there) or not be back yet
+// after a network cut, and this client's own session may have ended
+// without its knowing yet. A refusal episode ends when a dial is
+// accepted or does not reach the home.
+const renewGrace = 30 * time.Second
 
 // The connections of a sharedLink.
 const (
@@ -219,44 +224,71 @@ func dialShared(ctx context.Context, addr string, r rdma.Region, pageSize uint32
 
 // conn returns connection which, dialing it if a failure dropped it (the
 // home's daemon restarted, say), with the daemon's credential now if the
-// home refuses the one the link holds.
+// home refuses the one the link holds. It dials and asks the daemon
+// without l.mu, so that the other connections' calls (write-backs before
+// a lease runs out) do not wait behind a slow dial.
 func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed {
+		l.mu.Unlock()
 		return nil, fmt.Errorf("shared segment link to %s: %w", l.addr, rdma.ErrClosed)
 	}
-	p := &l.conns[which]
-	if *p == nil {
-		c, err := l.dial(ctx, l.cred)
+	if c := l.conns[which]; c != nil {
+		l.mu.Unlock()
+		return c, nil
+	}
+	cred := l.cred
+	l.mu.Unlock()
+
+	c, err := l.dial(ctx, cred)
+	if errors.Is(err, rdma.ErrAccessDenied) && l.renew != nil {
+		fresh, rerr := l.renew(ctx)
+		switch {
+		case errors.Is(rerr, ErrUnavailable) || ctx.Err() != nil:
+			// The daemon was not reached: not the end of the
+			// attachment, which asks again on its next call.
+			return nil, fmt.Errorf("shared segment link to %s: the home refused the credential, and the daemon was not reached for the one it holds now: %w", l.addr, rerr)
+		case rerr == nil && len(fresh) > 0 && !bytes.Equal(fresh, cred):
+			cred = fresh
+			c, err = l.dial(ctx, fresh)
+		case rerr != nil && !errors.Is(rerr, ErrLeaseExpired):
+			// The daemon refuses: the segment is no longer this
+			// client's (freed, detached, lost).
+			return nil, fmt.Errorf("%w (the daemon, asked for a new credential: %v)", err, rerr)
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cred = cred
+	if !errors.Is(err, rdma.ErrAccessDenied) {
+		l.refusedSince = time.Time{} // reached and accepted, or not reached
+	}
+	if err != nil {
 		if errors.Is(err, rdma.ErrAccessDenied) && l.renew != nil {
-			cred, rerr := l.renew(ctx)
-			switch {
-			case errors.Is(rerr, ErrUnavailable) || errors.Is(rerr, context.DeadlineExceeded):
-				// The daemon was not reached: not the end of the
-				// attachment, which asks again on its next call.
-				return nil, fmt.Errorf("shared segment link to %s: the home refused the credential, and the daemon was not reached for the one it holds now: %w", l.addr, rerr)
-			case rerr == nil && len(cred) > 0 && !bytes.Equal(cred, l.cred):
-				l.cred = cred
-				c, err = l.dial(ctx, cred)
-			case rerr == nil:
-				// The daemon still hands out the refused credential: it
-				// may not have seen its session at the home end yet.
-				if l.refusedSince.IsZero() {
-					l.refusedSince = time.Now()
-				}
-				if time.Since(l.refusedSince) < renewGrace {
-					return nil, fmt.Errorf("shared segment link to %s: the home refused the credential the daemon still holds; asking again: %v", l.addr, err)
-				}
+			// The daemon hands out no other credential (it may not have
+			// seen its session at the home end yet, or has none there
+			// yet), or hands out one the home refuses too, or this
+			// client's own session ended: asked again until renewGrace.
+			now := time.Now()
+			if l.refusedSince.IsZero() {
+				l.refusedSince = now
+			}
+			if now.Sub(l.refusedSince) < renewGrace {
+				return nil, fmt.Errorf("shared segment link to %s: the home refused the credential the daemon holds now; asking again: %v", l.addr, err)
 			}
 		}
-		if err != nil {
-			return nil, err
-		}
-		l.refusedSince = time.Time{}
-		*p = c
+		return nil, err
 	}
-	return *p, nil
+	if l.closed {
+		c.Close()
+		return nil, fmt.Errorf("shared segment link to %s: %w", l.addr, rdma.ErrClosed)
+	}
+	if old := l.conns[which]; old != nil { // another call dialed meanwhile
+		c.Close()
+		return old, nil
+	}
+	l.conns[which] = c
+	return c, nil
 }
 
 // drop forgets a failed connection.
@@ -272,8 +304,10 @@ func (l *sharedLink) drop(c rdma.Conn) {
 }
 
 // linkErr makes the data plane's refusals that end the attachment (the
-// segment was freed, revoked, or its memory is gone) coherence's final
-// ErrSegmentLost.
+// segment was freed, revoked, or its memory is gone; the home refused
+// every credential for renewGrace; the home refused a coherence message:
+// this client speaks as another's sharer id, or as more than a home keeps
+// per client) coherence's final ErrSegmentLost.
 func linkErr(err error) error {
 	if errors.Is(err, rdma.ErrSegmentLost) || errors.Is(err, rdma.ErrAccessDenied) || errors.Is(err, rdma.ErrLeaseExpired) {
 		return fmt.Errorf("%w (%w)", coherence.ErrSegmentLost, err)
@@ -287,8 +321,6 @@ func (l *sharedLink) one(ctx context.Context, which int, msgs []coherence.Messag
 	msgs[0].PageSize = l.pageSize
 	c, err := l.conn(ctx, which)
 	if err != nil {
-		// A home that refuses the credential it handed out restarted and
-		// no longer knows this attachment.
 		return nil, linkErr(err)
 	}
 	n, err := c.Message(ctx, l.region, coherence.AppendBatch(nil, msgs), buf)

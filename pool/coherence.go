@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,8 +43,10 @@ type sharedHome struct {
 	// owners binds each sharer id to the data-plane principal that first
 	// spoke as it, so that a client that learns another's sharer id
 	// cannot release its pages, take its invalidations or acknowledge
-	// them for it; guarded by coherenceHost.mu.
-	owners map[coherence.SharerID]*sharerOwner
+	// them for it; perPrincipal counts each principal's. Guarded by
+	// coherenceHost.mu.
+	owners       map[coherence.SharerID]*sharerOwner
+	perPrincipal map[string]int
 }
 
 // sharerOwner is the principal a sharer id is bound to, and when the id
@@ -61,10 +62,12 @@ type sharerOwner struct {
 // so that the table holds only sharers that speak.
 const ownerIdle = time.Minute
 
-// maxSharers bounds the sharer ids bound per segment (heard from within
-// ownerIdle): a client cannot grow a directory's table without bound by
-// speaking as ever new ids.
-const maxSharers = 4096
+// maxSharersPerPrincipal bounds the sharer ids one principal has bound
+// per segment (heard from within ownerIdle): a client cannot grow a
+// directory's table without bound by speaking as ever new ids, nor crowd
+// out other clients' attachments (one attachment is one id; the ids of a
+// segment are bounded by its attachers, 1024 client ids, times this).
+const maxSharersPerPrincipal = 64
 
 func newCoherenceHost(log *slog.Logger) *coherenceHost {
 	h := &coherenceHost{log: log, lease: coherence.DefaultConfig().Lease,
@@ -103,37 +106,40 @@ func (h *coherenceHost) dropIdleOwners(now time.Time) {
 		for id, o := range sh.owners {
 			if now.Sub(o.seen) > ownerIdle {
 				delete(sh.owners, id)
+				if sh.perPrincipal[o.principal]--; sh.perPrincipal[o.principal] <= 0 {
+					delete(sh.perPrincipal, o.principal)
+				}
 			}
 		}
 	}
 }
 
-// claim binds the sharer ids that msgs speak as to principal, or refuses
-// them if one is bound to another principal (or the segment has
-// maxSharers bound already).
+// claim binds the sharer id a MSG speaks as (its first message's; the
+// InvAcks riding a poll must be the poller's own) to principal, or
+// refuses it if it is bound to another principal, or if principal has
+// maxSharersPerPrincipal bound already.
 func (h *coherenceHost) claim(seg uint64, sh *sharedHome, principal string, msgs []coherence.Message) error {
+	id := msgs[0].From
+	for _, a := range msgs[1:] {
+		if a.From != id {
+			return fmt.Errorf("pool: coherence Poll for segment %d from sharer %#x carries an InvAck of sharer %#x; a sharer acknowledges only its own invalidations: %w",
+				seg, uint64(id), uint64(a.From), rdma.ErrAccessDenied)
+		}
+	}
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	added := 0
-	for i, m := range msgs { // all checked before any is bound
-		switch o := sh.owners[m.From]; {
-		case o == nil && !slices.ContainsFunc(msgs[:i], func(p coherence.Message) bool { return p.From == m.From }):
-			added++
-		case o != nil && o.principal != principal:
-			return fmt.Errorf("pool: coherence %s for segment %d speaks as sharer %#x, which another client uses: %w", m.Kind, seg, uint64(m.From), rdma.ErrAccessDenied)
-		}
-	}
-	if added > 0 && len(sh.owners)+added > maxSharers {
-		return fmt.Errorf("pool: coherence for segment %d: %d sharers spoke within %v, the most a home keeps; detach attachments no longer used: %w",
-			seg, len(sh.owners), ownerIdle, rdma.ErrAccessDenied)
-	}
-	for _, m := range msgs {
-		if o := sh.owners[m.From]; o != nil {
-			o.seen = now
-		} else {
-			sh.owners[m.From] = &sharerOwner{principal: principal, seen: now}
-		}
+	switch o := sh.owners[id]; {
+	case o == nil && sh.perPrincipal[principal] >= maxSharersPerPrincipal:
+		return fmt.Errorf("pool: coherence for segment %d: this client speaks as %d sharers already (heard from within %v), the most a home keeps per client; detach attachments no longer used: %w",
+			seg, sh.perPrincipal[principal], ownerIdle, rdma.ErrAccessDenied)
+	case o == nil:
+		sh.owners[id] = &sharerOwner{principal: principal, seen: now}
+		sh.perPrincipal[principal]++
+	case o.principal != principal:
+		return fmt.Errorf("pool: coherence %s for segment %d speaks as sharer %#x, which another client uses: %w", msgs[0].Kind, seg, uint64(id), rdma.ErrAccessDenied)
+	default:
+		o.seen = now
 	}
 	return nil
 }
@@ -188,7 +194,7 @@ func (h *coherenceHost) home(seg uint64, mem []byte, pageSize uint32) (*sharedHo
 	if old := h.homes[seg]; old != nil {
 		old.home.Close()
 	}
-	sh := &sharedHome{home: hm, mem: unsafe.Pointer(unsafe.SliceData(mem)), size: len(mem), owners: map[coherence.SharerID]*sharerOwner{}}
+	sh := &sharedHome{home: hm, mem: unsafe.Pointer(unsafe.SliceData(mem)), size: len(mem), owners: map[coherence.SharerID]*sharerOwner{}, perPrincipal: map[string]int{}}
 	h.homes[seg] = sh
 	h.log.Debug("coherence directory started", "segment", seg, "page_size", pageSize, "incarnation", hm.Incarnation())
 	return sh, nil

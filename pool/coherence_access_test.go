@@ -52,8 +52,10 @@ func TestCoherenceReaderWritesNothing(t *testing.T) {
 // invalidations, an InvAck riding its own poll) is refused and changes
 // nothing: the owner's page stays granted, so a write by a third sharer
 // still waits for the owner's acknowledgement. A minute after the id was
-// last heard from its binding is dropped. A segment binds at most
-// maxSharers ids at once.
+// last heard from its binding is dropped. A principal binds at most
+// maxSharersPerPrincipal ids of a segment at once, whatever it sends
+// (acks riding a poll bind nothing: they must be the poller's own), and
+// others are not crowded out.
 func TestCoherenceSharerBoundToPrincipal(t *testing.T) {
 	h := newCoherenceHost(slog.New(slog.DiscardHandler))
 	defer h.close()
@@ -99,11 +101,29 @@ func TestCoherenceSharerBoundToPrincipal(t *testing.T) {
 	_, err = call("mallory", coherence.Message{Kind: coherence.Poll, From: owner, PageSize: 4096})
 	require.NoError(t, err, "a binding idle for longer than ownerIdle is dropped")
 
-	h.mu.Lock()
-	for i := range maxSharers {
-		h.homes[1].owners[coherence.SharerID(1000+i)] = &sharerOwner{principal: "x", seen: time.Now()}
+	// carol fills her share, one poll per id; a poll carrying acks of
+	// other ids is refused whole.
+	acks := []coherence.Message{{Kind: coherence.Poll, From: 5000, PageSize: 4096}}
+	for i := range 100 {
+		acks = append(acks, coherence.Message{Kind: coherence.InvAck, From: coherence.SharerID(6000 + i), PageSize: 4096})
 	}
+	_, err = call("carol", acks...)
+	require.ErrorIs(t, err, rdma.ErrAccessDenied, "acks of other sharers riding a poll")
+	for i := range maxSharersPerPrincipal {
+		_, err = call("carol", coherence.Message{Kind: coherence.Poll, From: coherence.SharerID(1000 + i), PageSize: 4096})
+		require.NoError(t, err)
+	}
+	_, err = call("carol", coherence.Message{Kind: coherence.Poll, From: 99, PageSize: 4096})
+	require.ErrorIs(t, err, rdma.ErrAccessDenied, "past maxSharersPerPrincipal bound ids")
+	_, err = call("carol", coherence.Message{Kind: coherence.Poll, From: 1000, PageSize: 4096})
+	require.NoError(t, err, "her bound ids go on")
+	_, err = call("dave", coherence.Message{Kind: coherence.ReadReq, From: 100, PageSize: 4096, Page: 1, Seq: 1})
+	require.NoError(t, err, "another client is not crowded out")
+	h.mu.Lock()
+	n := len(h.homes[1].owners)
 	h.mu.Unlock()
-	_, err = call("carol", coherence.Message{Kind: coherence.ReadReq, From: 99, PageSize: 4096, Page: 1, Seq: 1})
-	require.ErrorIs(t, err, rdma.ErrAccessDenied, "past maxSharers bound ids")
+	require.Equal(t, 1+maxSharersPerPrincipal+1, n, "mallory's (alice's and bob's went idle), carol's and dave's ids")
+	h.dropIdleOwners(time.Now().Add(ownerIdle + time.Second))
+	_, err = call("carol", coherence.Message{Kind: coherence.Poll, From: 99, PageSize: 4096})
+	require.NoError(t, err, "idle bindings no longer count")
 }

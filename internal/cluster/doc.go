@@ -29,11 +29,12 @@
 // of a partition that declared each other dead would meet again only
 // through a third node's news (the daemon also contacts every seed it does
 // not list alive). Each node therefore keeps the members it saw die (not
-// those that left) for an hour and exchanges state with each itself, as Join
-// does: 5 s after the death, then at doubling intervals up to 2 minutes, one
-// contact at a time (reconnect.go). A node that is back refutes what the
-// contacting node believed of it, and the contacting node learns it is
-// alive; Stats counts the contacts and the answers.
+// those that left) for 15 minutes and exchanges state with each itself, as
+// Join does: about 5 s after the death, then at doubling intervals up to 2
+// minutes, one contact at a time (reconnect.go). A node that is back
+// refutes what the contacting node believed of it, and the contacting node
+// learns it is alive (from the push/pull, or the refutation's gossip);
+// Stats counts the contacts and the answers.
 //
 // memberlist v0.7.0 does not tell its delegates whether a node failed or
 // left (its NotifyLeave is the same for both, and Node.State is never set),

@@ -8,29 +8,43 @@ import (
 // Reconnecting to failed members. memberlist never contacts a member it
 // declared dead again: it stops probing it at once, gossips to it for
 // GossipToTheDeadTime and then forgets it. Two nodes that declared each
-// other dead (a partition, a long stall) meet again only when a third
-// node's gossip or push/pull brings news of one to the other, and one
-// node that missed a member's refutation lists it dead until its next
-// push/pull, every few minutes at a few hundred nodes. So each node keeps
-// the members it saw die (not those that left) for reconnectFor and
-// exchanges state with each of them itself, as Join does: reconnectFirst
-// after the death, then at doubling intervals up to reconnectMax. A
-// push/pull with a node that is back makes it refute what this node
-// believed of it and tells this node that it is alive; a push/pull with
-// one that is still gone fails at once (refused) or at the transport's
-// timeout. One contact runs at a time per node, and a member's failures
-// are not retried sooner than its interval; for one crashed host of 200
-// the whole cluster sends it about 1.7 contacts a second once every
-// interval reached reconnectMax. Serf does the same with a per-cluster
-// budget (one contact per failed member per 30 s, by coin toss), which
-// leaves a node whose own view lags waiting for minutes.
+// other dead and forgot each other (a partition, a long stall) meet again
+// only when a third node's gossip or push/pull brings news of one to the
+// other, and a node that missed a member's refutation lists it dead until
+// its next push/pull, every few minutes at a few hundred nodes. So each
+// node keeps the members it saw die (not those that left) for
+// reconnectFor and exchanges state with each of them itself, as Join
+// does: reconnectFirst after the death, then at doubling intervals up to
+// reconnectMax, each spread by half either way so that the nodes that saw
+// one death do not contact it together.
+//
+// What a contact with a node that is back does: the node merges this
+// node's view, in which it is dead, as a suspicion, and refutes it (a
+// newer incarnation, gossiped); this node learns of it by that gossip, or
+// at once from the push/pull when the node had refuted before (the
+// refutation this node missed); and two nodes that had forgotten each
+// other each list the other alive from the push/pull itself. A contact
+// with a node still gone fails at once (refused) or after the transport's
+// timeout (twice it, when a peer accepts and never answers). One contact
+// runs at a time per node; Shutdown does not wait for it (it ends on its
+// own). For one crashed host of 200 the whole cluster sends it about 1.7
+// contacts a second once every interval reached reconnectMax. Serf does
+// the same with a per-cluster budget (one contact per failed member per
+// 30 s, by coin toss), which leaves a node whose own view lags waiting for
+// minutes.
+//
+// A contact merges whatever cluster now answers at the address. A
+// cluster with gossip keys merges only with one that holds its key; one
+// without keys (plaintext gossip) merges with any, and an address handed
+// to another cluster's node within reconnectFor (a Kubernetes pod's IP)
+// would join the two: reconnectFor is kept short for that reason.
 const (
 	reconnectFirst = 5 * time.Second
 	reconnectMax   = 2 * time.Minute
 	// reconnectFor is how long a failed member is contacted: a partition
 	// that outlasts it heals only through the seeds (the daemon contacts
 	// every seed it does not list alive).
-	reconnectFor = time.Hour
+	reconnectFor = 15 * time.Minute
 	// reconnectTick is how often the loop looks for a failed member due.
 	reconnectTick = time.Second
 	// maxFailed bounds the failed members kept; past it a new death is
@@ -49,25 +63,31 @@ type failedMember struct {
 }
 
 // noteFailedLocked records that r was declared dead (left members are not
-// contacted). Caller holds c.mu.
+// contacted, nor one at this node's own address). Caller holds c.mu.
 func (c *Cluster) noteFailedLocked(r *record) {
 	if r.m.Name == c.name || r.m.Addr == "" || len(c.failed) >= maxFailed {
+		return
+	}
+	if self := c.members[c.name]; self != nil && self.m.Addr == r.m.Addr {
 		return
 	}
 	if c.failed == nil {
 		c.failed = make(map[string]*failedMember)
 	}
 	now := c.now()
-	c.failed[r.m.Name] = &failedMember{addr: r.m.Addr, since: now, next: now.Add(jitter(reconnectFirst)), wait: reconnectFirst}
+	c.failed[r.m.Name] = &failedMember{addr: r.m.Addr, since: now, next: now.Add(jitter(reconnectFirst)), wait: 2 * reconnectFirst}
 }
 
-// jitter spreads d by up to a fifth either way, so that the nodes that saw
-// one death at the same moment do not contact it together.
+// jitter spreads d by up to half either way.
 func jitter(d time.Duration) time.Duration {
-	return d - d/5 + rand.N(2*d/5+1)
+	return d/2 + rand.N(d+1)
 }
 
 // reconnectLoop contacts failed members as they come due, until Shutdown.
+// Each contact runs in a goroutine of its own, which the loop waits for
+// unless the Cluster shuts down first: memberlist's Join is not
+// interrupted by its Shutdown, and a peer that accepts a connection and
+// never answers holds it for twice the transport's timeout.
 func (c *Cluster) reconnectLoop() {
 	defer c.loops.Done()
 	tick := time.NewTicker(reconnectTick)
@@ -86,12 +106,21 @@ func (c *Cluster) reconnectLoop() {
 			continue
 		}
 		c.ctr.reconnects.Add(1)
-		n, err := c.ml.Join([]string{addr})
-		if n > 0 {
-			c.ctr.reconnected.Add(1)
-			c.log.Debug("contacted a member declared dead", "peer", name, "addr", addr)
-		} else {
-			c.log.Debug("a member declared dead does not answer", "peer", name, "addr", addr, "err", err)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			n, err := c.ml.Join([]string{addr})
+			if n > 0 {
+				c.ctr.reconnected.Add(1)
+				c.log.Debug("contacted a member declared dead", "peer", name, "addr", addr)
+			} else {
+				c.log.Debug("a member declared dead does not answer", "peer", name, "addr", addr, "err", err)
+			}
+		}()
+		select {
+		case <-c.done:
+			return
+		case <-done:
 		}
 	}
 }

@@ -84,11 +84,11 @@ func TestFailedMembersKept(t *testing.T) {
 			last = at
 		}
 	}
-	require.GreaterOrEqual(t, len(gaps), 6)
-	require.InDelta(t, reconnectFirst.Seconds(), gaps[0].Seconds(), reconnectFirst.Seconds()/5+0.1)
+	require.GreaterOrEqual(t, len(gaps), 5)
+	require.InDelta(t, reconnectFirst.Seconds(), gaps[0].Seconds(), reconnectFirst.Seconds()/2+0.1)
 	for i, g := range gaps[1:] {
-		want := min(reconnectFirst<<(i), reconnectMax)
-		require.InDelta(t, want.Seconds(), g.Seconds(), want.Seconds()/5+0.1, "contact %d", i+2)
+		want := min(reconnectFirst<<(i+1), reconnectMax)
+		require.InDelta(t, want.Seconds(), g.Seconds(), want.Seconds()/2+0.1, "contact %d", i+2)
 	}
 	_, _, ok = c.dueFailed(now.Add(reconnectFor + time.Minute))
 	require.False(t, ok)
