@@ -169,8 +169,11 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	}
 	c.ml = ml
 	c.loops.Add(2)
-	go c.laneLoop(mc.GossipInterval, mc.GossipNodes, mc.UDPBufferSize-laneOverhead)
-	go c.reconnectLoop()
+	go c.tickLoop(mc.GossipInterval, func() bool {
+		c.laneRound(mc.GossipNodes, mc.UDPBufferSize-laneOverhead)
+		return true
+	})
+	go c.tickLoop(reconnectTick, c.reconnectOnce)
 	return c, nil
 }
 

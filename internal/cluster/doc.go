@@ -138,7 +138,7 @@
 // goroutine, timer or channel per member: a member is one
 // table entry, so a process simulating N nodes holds N² entries in all.
 // Measured with 100 memnet nodes (CLUSTER_SIM_NODES=100 go test -run
-// TestSimulationScale -v): 8 goroutines and about 145 KiB of heap per node,
+// TestSimulationScale -v): 10 goroutines and about 170 KiB of heap per node,
 // memberlist's state included. With the local profile such a cluster, all
 // joined through one seed, converges in about a minute: memberlist sends each
 // broadcast only a few times and push/pull (every 15 s) repairs the rest;

@@ -56,10 +56,19 @@ func testMeta(name string) Meta {
 // the end of the test.
 func startMem(t *testing.T, n *memnet.Network, name string) *Cluster {
 	t.Helper()
+	return startMemTuned(t, n, name, nil)
+}
+
+// startMemTuned is startMem with fastConfig changed by tune (nil: none).
+func startMemTuned(t *testing.T, n *memnet.Network, name string, tune func(*Config)) *Cluster {
+	t.Helper()
 	tr, err := n.NewTransport(name)
 	require.NoError(t, err)
 	cfg := fastConfig(name)
 	cfg.Transport = tr
+	if tune != nil {
+		tune(&cfg)
+	}
 	c, err := New(cfg, testMeta(name))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Shutdown()) })
@@ -92,21 +101,15 @@ func startGossipOnlyCluster(t *testing.T, n *memnet.Network, count int) []*Clust
 	t.Helper()
 	cs := make([]*Cluster, count)
 	for i := range cs {
-		name := fmt.Sprintf("n%d", i)
-		tr, err := n.NewTransport(name)
-		require.NoError(t, err)
-		cfg := fastConfig(name)
-		cfg.Transport = tr
-		cfg.NoCompression = true
-		// Without push/pull, gossip alone must reach every node: the lan
-		// profile's 4 (poold's default) instead of the local profile's 2,
-		// with which an epidemic among 20 nodes misses one every few runs.
-		cfg.PushPullInterval, cfg.RetransmitMult = time.Hour, 4
-		cfg.ProbeInterval, cfg.ProbeTimeout = 5*time.Second, 2*time.Second
-		c, err := New(cfg, testMeta(name))
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, c.Shutdown()) })
-		cs[i] = c
+		cs[i] = startMemTuned(t, n, fmt.Sprintf("n%d", i), func(cfg *Config) {
+			cfg.NoCompression = true
+			// Without push/pull, gossip alone must reach every node: the
+			// lan profile's 4 (poold's default) instead of the local
+			// profile's 2, with which an epidemic among 20 nodes misses
+			// one every few runs.
+			cfg.PushPullInterval, cfg.RetransmitMult = time.Hour, 4
+			cfg.ProbeInterval, cfg.ProbeTimeout = 5*time.Second, 2*time.Second
+		})
 	}
 	// Without push/pull a node may miss a later node's join, which gossip
 	// sends only a few times: a node that does not list every node pulls

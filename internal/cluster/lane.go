@@ -95,12 +95,31 @@ func decodeBatch(b []byte) (msgs [][]byte, ok bool) {
 	return msgs, true
 }
 
-// laneLoop runs the overflow lane until the Cluster shuts down: each round
-// it sends the queue's messages itself to up to fanout peers, in packets
-// of room bytes, when the queue is crowded.
-func (c *Cluster) laneLoop(round time.Duration, fanout, room int) {
+// laneRound is one round of the overflow lane (each gossip interval, until
+// the Cluster shuts down): when the queue is crowded it sends the queue's
+// messages itself to up to fanout peers, in packets of room bytes.
+func (c *Cluster) laneRound(fanout, room int) {
+	if c.state.Load() == closed || !c.bcast.crowded() {
+		return
+	}
+	for _, n := range c.randomPeers(fanout, true) {
+		msgs, own := c.bcast.overflow(laneLenOverhead, room)
+		if len(msgs) == 0 {
+			break
+		}
+		c.ctr.capacitySends.Add(uint64(own))
+		c.ctr.lanePackets.Add(1)
+		if err := c.ml.SendBestEffort(n, encodeBatch(msgs)); err != nil {
+			c.log.Debug("overflow lane packet not sent", "peer", n.Name, "err", err)
+		}
+	}
+}
+
+// tickLoop calls fn every d until the Cluster shuts down, or until fn
+// returns false; c.loops counts it.
+func (c *Cluster) tickLoop(d time.Duration, fn func() bool) {
 	defer c.loops.Done()
-	tick := time.NewTicker(round)
+	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
 		select {
@@ -108,19 +127,8 @@ func (c *Cluster) laneLoop(round time.Duration, fanout, room int) {
 			return
 		case <-tick.C:
 		}
-		if c.state.Load() == closed || !c.bcast.crowded() {
-			continue
-		}
-		for _, n := range c.randomPeers(fanout, true) {
-			msgs, own := c.bcast.overflow(laneLenOverhead, room)
-			if len(msgs) == 0 {
-				break
-			}
-			c.ctr.capacitySends.Add(uint64(own))
-			c.ctr.lanePackets.Add(1)
-			if err := c.ml.SendBestEffort(n, encodeBatch(msgs)); err != nil {
-				c.log.Debug("overflow lane packet not sent", "peer", n.Name, "err", err)
-			}
+		if !fn() {
+			return
 		}
 	}
 }

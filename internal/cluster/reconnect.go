@@ -83,45 +83,37 @@ func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d+1)
 }
 
-// reconnectLoop contacts failed members as they come due, until Shutdown.
-// Each contact runs in a goroutine of its own, which the loop waits for
-// unless the Cluster shuts down first: memberlist's Join is not
-// interrupted by its Shutdown, and a peer that accepts a connection and
-// never answers holds it for twice the transport's timeout.
-func (c *Cluster) reconnectLoop() {
-	defer c.loops.Done()
-	tick := time.NewTicker(reconnectTick)
-	defer tick.Stop()
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-tick.C:
+// reconnectOnce contacts the failed member most overdue, if one is due
+// (each reconnectTick, until Shutdown). The contact runs in a goroutine of
+// its own, waited for unless the Cluster shuts down first (then false):
+// memberlist's Join is not interrupted by its Shutdown, and a peer that
+// accepts a connection and never answers holds it for twice the
+// transport's timeout.
+func (c *Cluster) reconnectOnce() bool {
+	if c.usable() != nil {
+		return true
+	}
+	name, addr, ok := c.dueFailed(c.now())
+	if !ok {
+		return true
+	}
+	c.ctr.reconnects.Add(1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n, err := c.ml.Join([]string{addr})
+		if n > 0 {
+			c.ctr.reconnected.Add(1)
+			c.log.Debug("contacted a member declared dead", "peer", name, "addr", addr)
+		} else {
+			c.log.Debug("a member declared dead does not answer", "peer", name, "addr", addr, "err", err)
 		}
-		if c.usable() != nil {
-			continue
-		}
-		name, addr, ok := c.dueFailed(c.now())
-		if !ok {
-			continue
-		}
-		c.ctr.reconnects.Add(1)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			n, err := c.ml.Join([]string{addr})
-			if n > 0 {
-				c.ctr.reconnected.Add(1)
-				c.log.Debug("contacted a member declared dead", "peer", name, "addr", addr)
-			} else {
-				c.log.Debug("a member declared dead does not answer", "peer", name, "addr", addr, "err", err)
-			}
-		}()
-		select {
-		case <-c.done:
-			return
-		case <-done:
-		}
+	}()
+	select {
+	case <-c.done:
+		return false
+	case <-done:
+		return true
 	}
 }
 

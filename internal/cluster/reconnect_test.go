@@ -21,16 +21,7 @@ func TestPartitionHealsWithoutSeeds(t *testing.T) {
 	n := memnet.New(0)
 	cs := make([]*Cluster, 4)
 	for i := range cs {
-		name := fmt.Sprintf("n%d", i)
-		tr, err := n.NewTransport(name)
-		require.NoError(t, err)
-		cfg := fastConfig(name)
-		cfg.Transport = tr
-		cfg.GossipToTheDeadTime = time.Second
-		c, err := New(cfg, testMeta(name))
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, c.Shutdown()) })
-		cs[i] = c
+		cs[i] = startMemTuned(t, n, fmt.Sprintf("n%d", i), func(cfg *Config) { cfg.GossipToTheDeadTime = time.Second })
 	}
 	for _, c := range cs[1:] {
 		_, err := c.Join(t.Context(), []string{cs[0].Self().Addr})
