@@ -95,6 +95,15 @@ type Config struct {
 	// within this long. Default 0: the profile's (lan 30s, local 15s, wan
 	// 60s).
 	GossipPushPull time.Duration `yaml:"gossip-push-pull"`
+	// GossipCluster names the cluster on the wire (memberlist's label):
+	// every gossip packet and stream carries it, and a node takes only
+	// those of its own cluster, so that two clusters never merge through
+	// an address one's node contacts that the other's holds (a stale
+	// seed, the address of a member that died, handed to another
+	// cluster's host). Every node of a cluster needs the same one: a node
+	// with another, or none, is not admitted. At most 255 bytes. Default:
+	// "" (none).
+	GossipCluster string `yaml:"gossip-cluster"`
 	// GossipKeyFile names the gossip key file: base64 keys of 16, 24 or 32
 	// bytes, one a line, the first the primary ('memctl certs init' writes
 	// gossip.key). Every gossip packet is then sealed with AES-GCM and a
@@ -389,8 +398,11 @@ func (c *Config) Validate() error {
 	if c.Gossip != "" && c.Listen == "" {
 		return fmt.Errorf("%w: gossip needs listen: peers reach this daemon's control plane at --listen ADDR", ErrConfig)
 	}
-	if (len(c.Join) > 0 || c.GossipProfile != "" || c.GossipPushPull != 0 || c.GossipKeyFile != "" || c.GossipInsecure) && c.Gossip == "" {
-		return fmt.Errorf("%w: join, gossip-profile, gossip-push-pull, gossip-key-file and gossip-insecure need gossip: set --gossip ADDR", ErrConfig)
+	if (len(c.Join) > 0 || c.GossipProfile != "" || c.GossipPushPull != 0 || c.GossipCluster != "" || c.GossipKeyFile != "" || c.GossipInsecure) && c.Gossip == "" {
+		return fmt.Errorf("%w: join, gossip-profile, gossip-push-pull, gossip-cluster, gossip-key-file and gossip-insecure need gossip: set --gossip ADDR", ErrConfig)
+	}
+	if len(c.GossipCluster) > 255 {
+		return fmt.Errorf("%w: gossip-cluster is %d bytes; name the cluster in at most 255", ErrConfig, len(c.GossipCluster))
 	}
 	if c.GossipPushPull < 0 {
 		return fmt.Errorf("%w: gossip-push-pull %s: use a positive duration such as 10s, or 0 for the gossip profile's", ErrConfig, c.GossipPushPull)

@@ -33,7 +33,7 @@ func (d *Daemon) startCluster(grpcAddr string) error {
 	}
 	cc := cluster.DefaultConfig()
 	cc.Name, cc.BindAddr, cc.BindPort, cc.Logger = d.cfg.Node, host, pn, d.log
-	cc.Profile, cc.Join, cc.PushPullInterval = d.cfg.GossipProfile, d.cfg.Join, d.cfg.GossipPushPull
+	cc.Profile, cc.Join, cc.PushPullInterval, cc.Label = d.cfg.GossipProfile, d.cfg.Join, d.cfg.GossipPushPull, d.cfg.GossipCluster
 	if cc.Keys, err = d.cfg.gossipKeys(); err != nil {
 		return err
 	}

@@ -469,6 +469,10 @@ func TestValidate(t *testing.T) {
 		{"negative push-pull period", func(c *Config) {
 			c.Gossip, c.Listen, c.Insecure, c.GossipPushPull = "127.0.0.1:0", "127.0.0.1:0", true, -time.Second
 		}, "gossip-push-pull -1s: use a positive duration"},
+		{"cluster name without gossip", func(c *Config) { c.GossipCluster = "farm-1" }, "need gossip"},
+		{"long cluster name", func(c *Config) {
+			c.Gossip, c.Listen, c.Insecure, c.GossipCluster = "127.0.0.1:0", "127.0.0.1:0", true, strings.Repeat("f", 256)
+		}, "gossip-cluster is 256 bytes"},
 		{"zone", func(c *Config) { c.Zone = "Rack 3" }, "set --zone"},
 		{"default redundancy", func(c *Config) { c.DefaultRedundancy = "mirror" }, "default-redundancy: invalid argument: redundancy \"mirror\""},
 	} {

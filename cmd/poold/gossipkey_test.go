@@ -57,15 +57,30 @@ var certDirs = map[string]string{}
 // memory to lend. memctl nodes on a and b never lists c, and no placement
 // lands on it.
 func TestKeylessNodeNotAdmitted(t *testing.T) {
+	key := certs.GossipKeyFile(certDir(t))
+	outsiderNotAdmitted(t, []string{"--gossip-key-file", key}, []string{"--gossip-insecure"})
+}
+
+// TestOtherClusterNotAdmitted: the same with c holding the gossip key too
+// but naming another cluster (--gossip-cluster): the name keeps it out.
+func TestOtherClusterNotAdmitted(t *testing.T) {
+	key := certs.GossipKeyFile(certDir(t))
+	outsiderNotAdmitted(t, []string{"--gossip-key-file", key, "--gossip-cluster", "farm-1"},
+		[]string{"--gossip-key-file", key, "--gossip-cluster", "farm-2"})
+}
+
+// outsiderNotAdmitted runs a and b with the flags member, c with the flags
+// outsider and the most memory to lend, joining a: memctl nodes on a and b
+// never lists c, and no placement lands on it.
+func outsiderNotAdmitted(t *testing.T, member, outsider []string) {
 	start := func(name string, extra ...string) (*daemon, gossipNode) {
 		n := tlsGossip(t, name)
 		// startDaemon's own flags come first; these override them.
 		return startDaemon(t, n.data, n.sock, append(n.args(), extra...)...), n
 	}
-	key := certs.GossipKeyFile(certDir(t))
-	a, na := start("a", "--gossip-key-file", key, "--export-size", "64MiB")
-	b, _ := start("b", "--gossip-key-file", key, "--export-size", "64MiB", "--join", na.gossip)
-	_, _ = start("c", "--gossip-insecure", "--export-size", "512MiB", "--join", na.gossip)
+	a, na := start("a", append(member, "--export-size", "64MiB")...)
+	b, _ := start("b", append(member, "--export-size", "64MiB", "--join", na.gossip)...)
+	_, _ = start("c", append(outsider, "--export-size", "512MiB", "--join", na.gossip)...)
 
 	nodes := func(sock string) []string {
 		out, err := memctlCommand(t.Context(), "--socket", sock, "nodes", "-o", "json").CombinedOutput()
@@ -100,7 +115,7 @@ func TestKeylessNodeNotAdmitted(t *testing.T) {
 		return onB == 8
 	}, 30*time.Second, 20*time.Millisecond)
 	for _, d := range []*daemon{a, b} {
-		require.ElementsMatch(t, []string{"a", "b"}, nodes(d.socket), "c gossips without the key")
+		require.ElementsMatch(t, []string{"a", "b"}, nodes(d.socket), "c is not admitted")
 	}
 	out, err := memctlCommand(t.Context(), "--socket", a.socket, "status").CombinedOutput()
 	require.NoError(t, err, "%s", out)

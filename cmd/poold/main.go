@@ -88,6 +88,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.StringSliceVar(&cfg.Join, "join", cfg.Join, "peers' gossip addresses to join, host:port[,...]; when none answers, a restart contacts members the data directory remembers")
 	f.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "failure-detection timing: lan (default), local or wan")
 	f.DurationVar(&cfg.GossipPushPull, "gossip-push-pull", cfg.GossipPushPull, "sync the whole membership state with one random peer this often, which repairs what a broadcast missed (0: the gossip profile's, lan 30s, local 15s, wan 60s)")
+	f.StringVar(&cfg.GossipCluster, "gossip-cluster", cfg.GossipCluster, "the cluster's name on the wire: gossip packets and streams carry it and only nodes with the same name are admitted, so that two clusters never merge through a reused address; every node of a cluster needs the same (default: none)")
 	f.StringVar(&cfg.GossipKeyFile, "gossip-key-file", cfg.GossipKeyFile, "gossip keys, base64 of 16, 24 or 32 bytes, one a line, the first the primary: gossip sealed with AES-GCM, nodes without the key not admitted ('memctl certs init' writes gossip.key); required with --gossip and TLS")
 	f.BoolVar(&cfg.GossipInsecure, "gossip-insecure", cfg.GossipInsecure, "gossip in plaintext although the control plane has TLS (anyone who reaches the gossip port can join); logs a warning, shown by memctl status")
 	f.StringVar(&cfg.NUMADir, "numa-dir", cfg.NUMADir, "tmpfs directory for segments on memory-only NUMA nodes (default: a per-daemon directory in /dev/shm)")

@@ -170,7 +170,7 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	c.ml = ml
 	c.loops.Add(2)
 	go c.tickLoop(mc.GossipInterval, func() bool {
-		c.laneRound(mc.GossipNodes, mc.UDPBufferSize-laneOverhead)
+		c.laneRound(mc.GossipNodes, mc.UDPBufferSize-laneOverhead-labelOverhead(mc.Label))
 		return true
 	})
 	go c.tickLoop(reconnectTick, c.reconnectOnce)

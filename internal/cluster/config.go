@@ -93,6 +93,16 @@ type Config struct {
 	// most of its CPU on it (docs/scale.md).
 	NoCompression bool
 
+	// Label names the cluster (memberlist's label): every gossip packet
+	// and stream then carries it (as authenticated data when Keys are
+	// set), and a node takes only those that carry its own label. Two
+	// clusters with different labels never merge, whatever one node of
+	// one contacts at an address of the other (a stale seed, a failed
+	// member's address handed to another cluster's node); a node with a
+	// label and one without do not talk either, so every node of a
+	// cluster needs the same one. At most 255 bytes. Default "": none.
+	Label string
+
 	// Keys is the gossip keyring, the primary first (see ParseKeys): each
 	// 16, 24 or 32 bytes. With keys, every gossip packet and stream is
 	// sealed with AES-GCM and only sealed ones are accepted. Default nil:
@@ -172,6 +182,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: Keys[%d]: %w", ErrInvalidConfig, i, err)
 		}
 	}
+	if len(c.Label) > memberlist.LabelMaxSize {
+		return bad("Label is %d bytes; use at most %d", len(c.Label), memberlist.LabelMaxSize)
+	}
 	if c.SuspicionMult < 0 {
 		return bad("SuspicionMult is %d; use a positive count, or 0 for the default", c.SuspicionMult)
 	}
@@ -223,6 +236,7 @@ func (c Config) override(ml *memberlist.Config) {
 	if c.NoCompression {
 		ml.EnableCompression = false
 	}
+	ml.Label = c.Label
 }
 
 // withDefaults fills the fields whose zero value means "default".

@@ -93,7 +93,11 @@
 // AES-GCM under the primary key and drops whatever no key of the keyring
 // opens, plaintext included: a node without a key is not admitted and its
 // packets change nothing. InstallKey, UseKey and RemoveKey rotate the keys
-// without downtime (keyring.go); ParseKeys reads a key file.
+// without downtime (keyring.go); ParseKeys reads a key file. Config.Label
+// names the cluster on the wire: a node takes only packets and streams
+// carrying its own label, so that clusters never merge through an address
+// one's node contacts that the other's holds (a stale seed, the address of
+// a member that died).
 //
 // SetMeta returns once the new Meta is this node's state in memberlist (or
 // its capacity update is queued) and queued for gossip; it does not wait for

@@ -39,8 +39,17 @@ const msgBatch = 0x04
 // length prefixes: memberlist's user message byte, the batch's type byte
 // and count, its CRC header (5 bytes), and sealing with the gossip key
 // (memberlist's encryption overhead, at most 45 bytes), rounded up. A
-// gossip label (not configurable here) would add its own length.
+// gossip label (Config.Label) adds its own (labelOverhead).
 const laneOverhead = 64
+
+// labelOverhead is what memberlist's label header adds to a packet: a
+// type byte, a length byte and the label.
+func labelOverhead(label string) int {
+	if label == "" {
+		return 0
+	}
+	return 2 + len(label)
+}
 
 // laneLenOverhead is a message's length prefix in a batch: a uvarint of
 // at most two bytes, as every message is under 16 KiB.

@@ -1,8 +1,10 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,4 +99,40 @@ func TestFailedMembersKept(t *testing.T) {
 	c.onGone("a")
 	require.Equal(t, StateLeft, c.members["a"].m.State)
 	require.NotContains(t, c.failed, "a")
+}
+
+// TestLabelSeparatesClusters: a node joins only nodes with its own label
+// (none is a label of its own), also when it contacts a failed member's
+// address that another cluster's node now holds; nodes of one label talk
+// as without one. A label is at most 255 bytes.
+func TestLabelSeparatesClusters(t *testing.T) {
+	n := memnet.New(0)
+	label := func(l string) func(*Config) { return func(cfg *Config) { cfg.Label = l } }
+	a := startMemTuned(t, n, "a", label("farm-1"))
+	b := startMemTuned(t, n, "b", label("farm-1"))
+	other := startMemTuned(t, n, "other", label("farm-2"))
+	bare := startMemTuned(t, n, "bare", nil)
+	_, err := b.Join(t.Context(), []string{a.Self().Addr})
+	require.NoError(t, err)
+	waitAllAlive(t, []*Cluster{a, b})
+	for _, c := range []*Cluster{other, bare} {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		_, err := c.Join(ctx, []string{a.Self().Addr})
+		cancel()
+		require.ErrorIs(t, err, ErrNoSeed, "%s joins no node labelled farm-1", c.name)
+	}
+	_, err = a.ml.Join([]string{other.Self().Addr, bare.Self().Addr})
+	require.Error(t, err, "nor does a node labelled farm-1 reach them (a reconnect contact is such a Join)")
+	time.Sleep(500 * time.Millisecond) // gossip rounds in which a wrongly admitted node would show
+	for _, c := range []*Cluster{a, b} {
+		require.Len(t, c.Members(), 2, "%s lists only its cluster", c.name)
+	}
+	for _, c := range []*Cluster{other, bare} {
+		require.Len(t, c.Members(), 1, "%s lists only itself", c.name)
+	}
+	require.Equal(t, 2+len("farm-1"), labelOverhead("farm-1"))
+
+	_, err = New(Config{Name: "x", Label: strings.Repeat("l", 256)}, testMeta("x"))
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, "Label is 256 bytes")
 }
