@@ -237,7 +237,8 @@ func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 		l.mu.Unlock()
 		return c, nil
 	}
-	cred := l.cred
+	start := l.cred
+	cred := start
 	l.mu.Unlock()
 
 	c, err := l.dial(ctx, cred)
@@ -259,9 +260,13 @@ func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.cred = cred
-	if !errors.Is(err, rdma.ErrAccessDenied) {
-		l.refusedSince = time.Time{} // reached and accepted, or not reached
+	if bytes.Equal(l.cred, start) { // not renewed by another call meanwhile
+		l.cred = cred
+	}
+	if !errors.Is(err, rdma.ErrAccessDenied) && ctx.Err() == nil {
+		// Reached and accepted, or not reached: the refusals (if any)
+		// are over. A call whose own deadline cut the dial says nothing.
+		l.refusedSince = time.Time{}
 	}
 	if err != nil {
 		if errors.Is(err, rdma.ErrAccessDenied) && l.renew != nil {

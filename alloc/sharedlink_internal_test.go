@@ -126,3 +126,47 @@ func TestSharedLinkRenewsUnlocked(t *testing.T) {
 	close(release)
 	require.NoError(t, <-done)
 }
+
+// TestSharedLinkRefusalsOutlastDeadlines: a dial cut short by its caller's
+// own deadline does not end a refusal episode (else calls with short
+// deadlines would keep a link the home refuses for good from ever ending),
+// and a call that renewed with a stale credential does not overwrite the
+// one another call renewed meanwhile.
+func TestSharedLinkRefusalsOutlastDeadlines(t *testing.T) {
+	since := time.Now().Add(-time.Second)
+	l := &sharedLink{addr: "home:7960", cred: []byte("old"), refusedSince: since,
+		dial: func(ctx context.Context, _ []byte) (rdma.Conn, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		},
+		renew: func(context.Context) ([]byte, error) { return nil, nil },
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+	defer cancel()
+	_, err := l.conn(ctx, connPoll)
+	require.Error(t, err)
+	require.Equal(t, since, l.refusedSince, "the refusal episode goes on")
+
+	entered, gate := make(chan struct{}), make(chan struct{})
+	l = &sharedLink{addr: "home:7960", cred: []byte("old"),
+		dial: func(_ context.Context, cred []byte) (rdma.Conn, error) {
+			if string(cred) == "old" {
+				close(entered)
+				<-gate // accepted just before the home withdrew it
+			}
+			return &stubConn{cred: string(cred)}, nil
+		},
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = l.conn(t.Context(), connPoll)
+	}()
+	<-entered
+	l.mu.Lock()
+	l.cred = []byte("new") // another call renewed meanwhile
+	l.mu.Unlock()
+	close(gate)
+	<-done
+	require.Equal(t, "new", string(l.cred), "the stale credential does not overwrite the renewed one")
+}

@@ -65,9 +65,11 @@ const ownerIdle = time.Minute
 // maxSharersPerPrincipal bounds the sharer ids one principal has bound
 // per segment (heard from within ownerIdle): a client cannot grow a
 // directory's table without bound by speaking as ever new ids, nor crowd
-// out other clients' attachments (one attachment is one id; the ids of a
-// segment are bounded by its attachers, 1024 client ids, times this).
-const maxSharersPerPrincipal = 64
+// out other clients' attachments. Each attachment draws an id of its own
+// and a detached one's stays bound until ownerIdle, so this is what one
+// client id may attach a segment within a minute; the ids of a segment
+// are bounded by its attachers (1024 client ids) times this.
+const maxSharersPerPrincipal = 256
 
 func newCoherenceHost(log *slog.Logger) *coherenceHost {
 	h := &coherenceHost{log: log, lease: coherence.DefaultConfig().Lease,

@@ -101,8 +101,9 @@ type Config struct {
 	// an address one's node contacts that the other's holds (a stale
 	// seed, the address of a member that died, handed to another
 	// cluster's host). Every node of a cluster needs the same one: a node
-	// with another, or none, is not admitted. At most 255 bytes. Default:
-	// "" (none).
+	// with another, or none, is not admitted, so it is added or changed on
+	// every node at once (restarted together). At most 255 bytes.
+	// Default: "" (none).
 	GossipCluster string `yaml:"gossip-cluster"`
 	// GossipKeyFile names the gossip key file: base64 keys of 16, 24 or 32
 	// bytes, one a line, the first the primary ('memctl certs init' writes
