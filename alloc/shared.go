@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -248,7 +249,7 @@ func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 		case errors.Is(rerr, ErrUnavailable) || ctx.Err() != nil:
 			// The daemon was not reached: not the end of the
 			// attachment, which asks again on its next call.
-			return nil, fmt.Errorf("shared segment link to %s: the home refused the credential, and the daemon was not reached for the one it holds now: %w", l.addr, rerr)
+			return nil, fmt.Errorf("shared segment link to %s: the home refused the credential, and the daemon was not reached for the one it holds now: %w", l.addr, cmp.Or(rerr, ctx.Err()))
 		case rerr == nil && len(fresh) > 0 && !bytes.Equal(fresh, cred):
 			cred = fresh
 			c, err = l.dial(ctx, fresh)
