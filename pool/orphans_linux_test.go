@@ -33,22 +33,23 @@ func TestRestartAsksEveryPeer(t *testing.T) {
 			other = h
 		}
 	}
-	// The orphan: allocated on the other peer for the origin, unrecorded.
-	m, ok := o.cl.Member(other.name)
-	require.True(t, ok)
-	pc, err := o.peers.get(ctx, other.name, m.Meta.GRPCAddr)
-	require.NoError(t, err)
-	cctx, _, err := pc.Call(ctx)
-	require.NoError(t, err)
-	orphan, err := pc.API().Alloc(cctx, &poolv1.AllocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
-	require.NoError(t, err)
-	require.Contains(t, sc.heldFor(origin.name)[other.name], orphan.Id)
-
 	sc.crash(origin)
+	// The orphan: allocated on the other peer for the origin, unrecorded,
+	// as when the origin went down before the answer came. It is made
+	// while the origin is down: made before, any check of the origin's
+	// that ran first (a reconcile after a mark, the judgment of a peer
+	// whose death a loaded machine made up) would free it, rightly.
+	op := other.daemon().pool
+	lost := sessionCaller(t, op, "answer-lost", peerClientPrefix+origin.name, 0, 0)
+	orphan, err := op.Alloc(ctx, lost, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_RDMA, HomeOnly: true})
+	require.NoError(t, err)
+	op.closeSession("answer-lost")
+	require.Contains(t, sc.heldFor(origin.name)[other.name], orphan.ID)
+
 	sc.net.Heal()
 	require.NoError(t, sc.start(origin))
 	require.Eventually(t, func() bool {
-		return !slices.Contains(sc.heldFor(origin.name)[other.name], orphan.Id)
+		return !slices.Contains(sc.heldFor(origin.name)[other.name], orphan.ID)
 	}, 30*time.Second, 50*time.Millisecond, "the restarted daemon frees what the peer holds for it and no record names")
 	r, err := origin.daemon().pool.Stat(seg.ID)
 	require.NoError(t, err)
