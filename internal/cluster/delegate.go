@@ -34,6 +34,9 @@ func (d *delegate) NodeMeta(limit int) []byte {
 // broadcasts (even if a leaving node shuts down soon). Unknown messages
 // are ignored so that newer nodes can add kinds.
 func (d *delegate) NotifyMsg(b []byte) {
+	if d.closed() {
+		return
+	}
 	if msgs, ok := decodeBatch(b); ok {
 		for _, m := range msgs {
 			d.notifyOne(m)
@@ -78,6 +81,9 @@ func (d *delegate) LocalState(bool) []byte {
 // MergeRemoteState applies a peer's leave announcements and capacity
 // updates from push/pull.
 func (d *delegate) MergeRemoteState(b []byte, _ bool) {
+	if d.closed() {
+		return
+	}
 	decodePushState(b,
 		func(name string, boot uint64) { d.c.onLeave(name, boot) },
 		func(u capUpdate) { d.c.onCapacity(u) })
@@ -85,19 +91,30 @@ func (d *delegate) MergeRemoteState(b []byte, _ bool) {
 
 // NotifyJoin: a node became alive (new, or back from dead or left).
 func (d *delegate) NotifyJoin(n *memberlist.Node) {
-	d.c.onAlive(n.Name, n.Address(), append([]byte(nil), n.Meta...))
+	if !d.closed() {
+		d.c.onAlive(n.Name, n.Address(), append([]byte(nil), n.Meta...))
+	}
 }
 
 // NotifyUpdate: an alive node's metadata changed.
 func (d *delegate) NotifyUpdate(n *memberlist.Node) {
-	d.c.onAlive(n.Name, n.Address(), append([]byte(nil), n.Meta...))
+	if !d.closed() {
+		d.c.onAlive(n.Name, n.Address(), append([]byte(nil), n.Meta...))
+	}
 }
 
 // NotifyLeave: a node was declared dead or left. memberlist v0.7.0 does not
 // say which (the Node's State field is never set), hence leave announcements.
 func (d *delegate) NotifyLeave(n *memberlist.Node) {
-	d.c.onGone(n.Name)
+	if !d.closed() {
+		d.c.onGone(n.Name)
+	}
 }
+
+// closed reports that the Cluster shut down: what memberlist still hands
+// it then (a contact or a join still under way, which Shutdown does not
+// wait for) changes nothing, so that Members keeps the last table.
+func (d *delegate) closed() bool { return d.c.state.Load() == closed }
 
 // NotifyConflict: another node claims a known name at another address.
 // memberlist logs it and keeps the member it knows; record it for Stats,

@@ -156,3 +156,26 @@ func TestLeaveMessagesRoundTrip(t *testing.T) {
 	require.Equal(t, []string{"a", "bb"}, got)
 	require.Equal(t, []byte{msgLeaveSet, 0}, encodeLeaveSet(nil, nil))
 }
+
+// TestNothingMergedAfterShutdown: what memberlist hands a Cluster after
+// its Shutdown (a reconnect contact or a join still under way, which
+// Shutdown does not wait for) changes nothing: Members keeps the last
+// table.
+func TestNothingMergedAfterShutdown(t *testing.T) {
+	n := memnet.New(0)
+	cs := startMemCluster(t, n, 2)
+	c := cs[0]
+	require.NoError(t, c.Shutdown())
+	before := c.Members()
+	d := &delegate{c}
+	late := &memberlist.Node{Name: "late", Addr: []byte{127, 0, 0, 9}, Port: 7946}
+	enc, err := encodeMeta(testMeta("late"), stamp{boot: 7})
+	require.NoError(t, err)
+	late.Meta = enc
+	d.NotifyJoin(late)
+	d.NotifyUpdate(late)
+	d.NotifyLeave(&memberlist.Node{Name: "n1"})
+	d.MergeRemoteState(encodeLeaveSet([]string{"n1"}, []uint64{cs[1].Self().Boot}), false)
+	d.NotifyMsg(encodeLeave("n1", cs[1].Self().Boot))
+	require.Equal(t, before, c.Members())
+}
