@@ -558,6 +558,16 @@ func (c *Client) freeReq(ctx context.Context, req *poolv1.FreeRequest) error {
 	return errs.FromStatus(err)
 }
 
+// stat asks the daemon for its description of a segment now.
+func (c *Client) stat(ctx context.Context, req *poolv1.StatRequest) (*poolv1.Segment, error) {
+	cctx, _, err := c.callCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.api.Stat(cctx, req)
+	return info, errs.FromStatus(err)
+}
+
 // Open maps an existing segment by id: one the client allocated (e.g.
 // before the application restarted with the same WithClientID) or attached.
 func (c *Client) Open(ctx context.Context, id uint64) (*Segment, error) {

@@ -174,11 +174,7 @@ func (r *redundant) refresh(ctx context.Context, seen *homeView) {
 	if seen != nil && r.view.Load() != seen {
 		return
 	}
-	cctx, _, err := r.c.callCtx(ctx)
-	if err != nil {
-		return
-	}
-	info, err := r.c.api.Stat(cctx, &poolv1.StatRequest{Id: r.info.Id})
+	info, err := r.c.stat(ctx, &poolv1.StatRequest{Id: r.info.Id})
 	if err != nil {
 		return
 	}

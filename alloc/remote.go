@@ -780,12 +780,7 @@ func exactlyOnce(op *rdma.Op) bool {
 // restarted home may listen on another port; a moved segment has another
 // home, id there and key).
 func (r *remote) refresh(ctx context.Context) {
-	cctx, _, err := r.c.callCtx(ctx)
-	if err != nil {
-		return
-	}
-	info, err := r.c.api.Stat(cctx, &poolv1.StatRequest{Id: r.info.Id})
-	if err == nil {
+	if info, err := r.c.stat(ctx, &poolv1.StatRequest{Id: r.info.Id}); err == nil {
 		r.adopt(info)
 	}
 }

@@ -14,7 +14,6 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/coherence"
-	"github.com/farmem/farmem/internal/errs"
 	"github.com/farmem/farmem/rdma"
 	"github.com/farmem/farmem/rdma/dialer"
 	"github.com/farmem/farmem/rdma/tcp"
@@ -199,13 +198,9 @@ func (c *Client) linkDialer(addr string, tc *tls.Config) func(context.Context, [
 // session's, or one the home delegated anew).
 func (c *Client) sharedCredential(id uint64) func(context.Context) ([]byte, error) {
 	return func(ctx context.Context) ([]byte, error) {
-		cctx, _, err := c.callCtx(ctx)
+		info, err := c.stat(ctx, &poolv1.StatRequest{Id: id})
 		if err != nil {
 			return nil, err
-		}
-		info, err := c.api.Stat(cctx, &poolv1.StatRequest{Id: id})
-		if err != nil {
-			return nil, errs.FromStatus(err)
 		}
 		return info.DataCredential, nil
 	}
@@ -243,7 +238,7 @@ func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 	l.mu.Unlock()
 
 	c, err := l.dial(ctx, cred)
-	if errors.Is(err, rdma.ErrAccessDenied) && l.renew != nil {
+	if errors.Is(err, rdma.ErrAccessDenied) {
 		fresh, rerr := l.renew(ctx)
 		switch {
 		case errors.Is(rerr, ErrUnavailable) || ctx.Err() != nil:
@@ -270,7 +265,7 @@ func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 		l.refusedSince = time.Time{}
 	}
 	if err != nil {
-		if errors.Is(err, rdma.ErrAccessDenied) && l.renew != nil {
+		if errors.Is(err, rdma.ErrAccessDenied) {
 			// The daemon hands out no other credential (it may not have
 			// seen its session at the home end yet, or has none there
 			// yet), or hands out one the home refuses too, or this

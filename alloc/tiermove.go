@@ -158,11 +158,7 @@ func (c *Client) resolveDemotion(ctx context.Context, s *Segment, moveErr error)
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moveResolveWait)
 	defer cancel()
-	cctx, _, err := c.callCtx(sctx)
-	if err == nil {
-		info, err = c.api.Stat(cctx, &poolv1.StatRequest{Id: s.ID(), Settled: true})
-		err = errs.FromStatus(err)
-	}
+	info, err = c.stat(sctx, &poolv1.StatRequest{Id: s.ID(), Settled: true})
 	if err != nil {
 		return nil, false, fmt.Errorf("move segment %d to the rdma tier: %w; and its daemon could not say whether it moved (%w): the segment is closed here, so that no write goes to memory it may have left; open it again (Client.Open)", s.ID(), moveErr, err)
 	}

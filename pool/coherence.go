@@ -116,21 +116,11 @@ func (h *coherenceHost) dropIdleOwners(now time.Time) {
 	}
 }
 
-// claim binds the sharer id a MSG speaks as (its first message's; the
-// InvAcks riding a poll must be the poller's own) to principal, or
-// refuses it if it is bound to another principal, or if principal has
-// maxSharersPerPrincipal bound already.
-func (h *coherenceHost) claim(seg uint64, sh *sharedHome, principal string, msgs []coherence.Message) error {
-	id := msgs[0].From
-	for _, a := range msgs[1:] {
-		if a.From != id {
-			return fmt.Errorf("pool: coherence Poll for segment %d from sharer %#x carries an InvAck of sharer %#x; a sharer acknowledges only its own invalidations: %w",
-				seg, uint64(id), uint64(a.From), rdma.ErrAccessDenied)
-		}
-	}
-	now := time.Now()
-	h.mu.Lock()
-	defer h.mu.Unlock()
+// claimLocked binds sharer id, which message m speaks as, to principal,
+// or refuses it if it is bound to another principal, or if principal has
+// maxSharersPerPrincipal bound already; h.mu is held.
+func (sh *sharedHome) claimLocked(seg uint64, m coherence.Message, principal string, now time.Time) error {
+	id := m.From
 	switch o := sh.owners[id]; {
 	case o == nil && sh.perPrincipal[principal] >= maxSharersPerPrincipal:
 		return fmt.Errorf("pool: coherence for segment %d: this client speaks as %d sharers already (heard from within %v), the most a home keeps per client; detach attachments no longer used: %w",
@@ -139,7 +129,7 @@ func (h *coherenceHost) claim(seg uint64, sh *sharedHome, principal string, msgs
 		sh.owners[id] = &sharerOwner{principal: principal, seen: now}
 		sh.perPrincipal[principal]++
 	case o.principal != principal:
-		return fmt.Errorf("pool: coherence %s for segment %d speaks as sharer %#x, which another client uses: %w", msgs[0].Kind, seg, uint64(id), rdma.ErrAccessDenied)
+		return fmt.Errorf("pool: coherence %s for segment %d speaks as sharer %#x, which another client uses: %w", m.Kind, seg, uint64(id), rdma.ErrAccessDenied)
 	default:
 		o.seen = now
 	}
@@ -168,19 +158,34 @@ func (h *coherenceHost) exported(seg uint64, again bool) {
 	}
 }
 
-// home returns segment seg's directory, creating it for mem with the page
-// size the sharer uses. The directory of a segment that survived a restart
-// of this daemon grants nothing until a lease after its re-export, so that
-// leases the previous incarnation granted have run out.
-func (h *coherenceHost) home(seg uint64, mem []byte, pageSize uint32) (*sharedHome, error) {
+// home returns segment seg's directory for message m, creating it for
+// mem with the page size the sharer uses, once m's sharer id is bound to
+// principal (claimLocked), under one hold of h.mu. The directory of a
+// segment that survived a restart of this daemon grants nothing until a
+// lease after its re-export, so that leases the previous incarnation
+// granted have run out.
+func (h *coherenceHost) home(seg uint64, mem []byte, m coherence.Message, principal string) (*coherence.Home, error) {
+	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return nil, fmt.Errorf("pool: coherence for segment %d: the daemon is closing: %w", seg, rdma.ErrSegmentLost)
 	}
-	if sh := h.homes[seg]; sh != nil && sh.mem == unsafe.Pointer(unsafe.SliceData(mem)) && sh.size == len(mem) {
-		return sh, nil
+	sh := h.homes[seg]
+	if sh == nil || sh.mem != unsafe.Pointer(unsafe.SliceData(mem)) || sh.size != len(mem) {
+		var err error
+		if sh, err = h.startLocked(seg, mem, m.PageSize); err != nil {
+			return nil, err
+		}
 	}
+	if err := sh.claimLocked(seg, m, principal, now); err != nil {
+		return nil, err
+	}
+	return sh.home, nil
+}
+
+// startLocked starts segment seg's directory for mem; h.mu is held.
+func (h *coherenceHost) startLocked(seg uint64, mem []byte, pageSize uint32) (*sharedHome, error) {
 	cfg := coherence.DefaultConfig()
 	cfg.PageSize = int(pageSize)
 	cfg.Lease = h.lease
@@ -208,7 +213,7 @@ func (h *coherenceHost) home(seg uint64, mem []byte, pageSize uint32) (*sharedHo
 // read the segment (writable false) sends no message that writes its
 // memory or asks to: no WriteReq, WriteBack or InvAck carrying data. Every
 // message speaks as a sharer id bound to the connection's principal
-// (claim).
+// (claimLocked).
 func (h *coherenceHost) message(ctx context.Context, call tcp.MessageCall) ([]byte, error) {
 	seg, mem, maxResp := call.Seg, call.Mem, call.MaxResp
 	msgs, err := coherence.DecodeBatch(call.Req)
@@ -222,6 +227,10 @@ func (h *coherenceHost) message(ctx context.Context, call tcp.MessageCall) ([]by
 		if a.Kind != coherence.InvAck {
 			return nil, fmt.Errorf("pool: coherence Poll for segment %d carries a %s; only InvAcks ride a poll: %w", seg, a.Kind, rdma.ErrProtocol)
 		}
+		if a.From != msgs[0].From {
+			return nil, fmt.Errorf("pool: coherence Poll for segment %d from sharer %#x carries an InvAck of sharer %#x; a sharer acknowledges only its own invalidations: %w",
+				seg, uint64(msgs[0].From), uint64(a.From), rdma.ErrAccessDenied)
+		}
 	}
 	if !call.Writable {
 		for _, m := range msgs {
@@ -231,14 +240,10 @@ func (h *coherenceHost) message(ctx context.Context, call tcp.MessageCall) ([]by
 		}
 	}
 	m := msgs[0]
-	sh, err := h.home(seg, mem, m.PageSize)
+	hm, err := h.home(seg, mem, m, call.Principal)
 	if err != nil {
 		return nil, fmt.Errorf("pool: coherence for segment %d: %w", seg, err)
 	}
-	if err := h.claim(seg, sh, call.Principal, msgs); err != nil {
-		return nil, err
-	}
-	hm := sh.home
 	var out []coherence.Message
 	if m.Kind == coherence.Poll {
 		out = hm.Poll(ctx, m.From, m.Lease, msgs[1:])
