@@ -531,3 +531,44 @@ func TestAbandonedOpsKeepSlots(t *testing.T) {
 	close(ss.release)
 	require.Eventually(t, func() bool { return c.conns[0].inflight() == 0 }, 10*time.Second, time.Millisecond)
 }
+
+// TestConnSpread checks how a Client picks a connection for a new op: the
+// first live one until it holds 8 ops (so 16 in flight, as memctl bench
+// and a busy server issue them, go over two connections, each served by
+// its own goroutine at both ends), then the next, and the least loaded
+// once every one holds that many; a closed one never.
+func TestConnSpread(t *testing.T) {
+	const slots = 64
+	conn := func(idx int) *cliConn {
+		c := &cliConn{idx: idx, free: make(chan uint32, slots)}
+		for range slots {
+			c.free <- 0
+		}
+		return c
+	}
+	take := func(c *cliConn, n int) {
+		for range n {
+			<-c.free
+		}
+	}
+	a, b, c := conn(0), conn(1), conn(2)
+	cl := &Client{conns: []*cliConn{a, b, c}}
+	pick := func() int {
+		t.Helper()
+		got, err := cl.conn()
+		require.NoError(t, err)
+		return got.idx
+	}
+	require.Equal(t, 0, pick())
+	take(a, 7)
+	require.Equal(t, 0, pick(), "below 8 in flight ops stay on the first connection")
+	take(a, 1)
+	require.Equal(t, 1, pick(), "at 8 the next connection takes the op")
+	take(b, 8)
+	require.Equal(t, 2, pick())
+	take(c, 10)
+	take(a, 1)
+	require.Equal(t, 1, pick(), "every connection at 8 or more: the least loaded")
+	b.closed.Store(true)
+	require.Equal(t, 0, pick(), "never a closed connection")
+}

@@ -467,8 +467,10 @@
 // connection's writer goroutine into one writev, and responses are read by
 // the connection's reader goroutine, which matches them to requests by id
 // and wakes their callers, so a slow op never blocks the others. Ops stay on
-// the first connection until it has 16 in flight and then spread to the
-// next, since per-syscall cost, not bandwidth, limits small ops.
+// the first connection until it has 8 in flight and then spread to the
+// next: per-syscall cost, not bandwidth, limits small ops, so they are
+// packed, but each connection is served by one goroutine, so a deeper
+// load is spread over the cores.
 //
 // Busy polling (Linux): at one request in flight neither end has work while
 // it waits, and parking in the network poller costs a wake-up (epoll, a
