@@ -320,6 +320,7 @@ func (s *service) Status(ctx context.Context, _ *poolv1.StatusRequest) (*poolv1.
 		Zone:                s.d.cfg.Zone,
 		Evacuating:          !ds.evacSince.IsZero(),
 		Evacuation:          p.evac.progress(),
+		GossipCluster:       s.d.cfg.GossipCluster,
 	}, nil
 }
 

@@ -39,6 +39,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 					"insecure": st.Insecure, "data_security": st.DataSecurity, "quotas": quotasJSON(st.Quotas),
 					"name_conflicts":  conflictsJSON(st.NameConflicts),
 					"gossip_insecure": st.GossipInsecure,
+					"gossip_cluster":  st.GossipCluster,
 					"draining":        st.DrainingSinceUnixMs != 0, "draining_since": optRFC3339(st.DrainingSinceUnixMs),
 					"zone":       st.Zone,
 					"evacuating": st.Evacuating, "evacuation": evacuationJSON(st.Evacuation),
@@ -48,6 +49,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 			zone := ""
 			if st.Zone != "" {
 				zone = ", zone " + st.Zone
+			}
+			if st.GossipCluster != "" {
+				zone += fmt.Sprintf(", cluster %q", st.GossipCluster)
 			}
 			fmt.Fprintf(w, "poold %s on node %s%s (pid %d), up %s\n", st.Version, st.Node, zone, st.Pid, uptime)
 			fmt.Fprintf(w, "socket %s, data %s, %d sessions, %d segments, lease TTL %s\n\n", st.Socket, st.DataDir, st.Sessions, st.Segments, time.Duration(st.LeaseTtlMs)*time.Millisecond)

@@ -62,17 +62,28 @@ func TestKeylessNodeNotAdmitted(t *testing.T) {
 }
 
 // TestOtherClusterNotAdmitted: the same with c holding the gossip key too
-// but naming another cluster (--gossip-cluster): the name keeps it out.
+// but naming another cluster (--gossip-cluster): the name keeps it out,
+// and memctl status on a names a's cluster.
 func TestOtherClusterNotAdmitted(t *testing.T) {
 	key := certs.GossipKeyFile(certDir(t))
-	outsiderNotAdmitted(t, []string{"--gossip-key-file", key, "--gossip-cluster", "farm-1"},
+	a := outsiderNotAdmitted(t, []string{"--gossip-key-file", key, "--gossip-cluster", "farm-1"},
 		[]string{"--gossip-key-file", key, "--gossip-cluster", "farm-2"})
+	out, err := memctlCommand(t.Context(), "--socket", a.socket, "status").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), `cluster "farm-1"`, "status names the cluster")
+	out, err = memctlCommand(t.Context(), "--socket", a.socket, "status", "-o", "json").Output()
+	require.NoError(t, err)
+	var st struct {
+		GossipCluster string `json:"gossip_cluster"`
+	}
+	require.NoError(t, json.Unmarshal(out, &st), "%s", out)
+	require.Equal(t, "farm-1", st.GossipCluster)
 }
 
 // outsiderNotAdmitted runs a and b with the flags member, c with the flags
 // outsider and the most memory to lend, joining a: memctl nodes on a and b
-// never lists c, and no placement lands on it.
-func outsiderNotAdmitted(t *testing.T, member, outsider []string) {
+// never lists c, and no placement lands on it. It returns a.
+func outsiderNotAdmitted(t *testing.T, member, outsider []string) *daemon {
 	start := func(name string, extra ...string) (*daemon, gossipNode) {
 		n := tlsGossip(t, name)
 		// startDaemon's own flags come first; these override them.
@@ -120,4 +131,5 @@ func outsiderNotAdmitted(t *testing.T, member, outsider []string) {
 	out, err := memctlCommand(t.Context(), "--socket", a.socket, "status").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.NotContains(t, string(out), "gossip is not sealed")
+	return a
 }

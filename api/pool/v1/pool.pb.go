@@ -2544,8 +2544,12 @@ type StatusResponse struct {
 	Zone                string `protobuf:"bytes,19,opt,name=zone,proto3" json:"zone,omitempty"` // this node's failure domain (poold --zone); empty: none
 	// The node evacuates (memctl drain --evacuate): the drain moves its
 	// segments off; evacuation is the progress.
-	Evacuating    bool        `protobuf:"varint,20,opt,name=evacuating,proto3" json:"evacuating,omitempty"`
-	Evacuation    *Evacuation `protobuf:"bytes,21,opt,name=evacuation,proto3" json:"evacuation,omitempty"`
+	Evacuating bool        `protobuf:"varint,20,opt,name=evacuating,proto3" json:"evacuating,omitempty"`
+	Evacuation *Evacuation `protobuf:"bytes,21,opt,name=evacuation,proto3" json:"evacuation,omitempty"`
+	// The cluster name this daemon gossips under (poold --gossip-cluster):
+	// members gossiping under another name, or none, are not admitted.
+	// Empty: none.
+	GossipCluster string `protobuf:"bytes,22,opt,name=gossip_cluster,json=gossipCluster,proto3" json:"gossip_cluster,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2725,6 +2729,13 @@ func (x *StatusResponse) GetEvacuation() *Evacuation {
 		return x.Evacuation
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetGossipCluster() string {
+	if x != nil {
+		return x.GossipCluster
+	}
+	return ""
 }
 
 // NameConflict is one node name gossiped from two addresses: memberlist
@@ -5561,7 +5572,7 @@ const file_pool_proto_rawDesc = "" +
 	"latency_ns\x18\x01 \x01(\x03R\tlatencyNs\x12#\n" +
 	"\rbandwidth_bps\x18\x02 \x01(\x03R\fbandwidthBps\"\x15\n" +
 	"\x13MeasureTiersRequest\"\x0f\n" +
-	"\rStatusRequest\"\x9e\x06\n" +
+	"\rStatusRequest\"\xc5\x06\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12&\n" +
@@ -5589,7 +5600,8 @@ const file_pool_proto_rawDesc = "" +
 	"evacuating\x12:\n" +
 	"\n" +
 	"evacuation\x18\x15 \x01(\v2\x1a.farmem.pool.v1.EvacuationR\n" +
-	"evacuation\"\xd6\x01\n" +
+	"evacuation\x12%\n" +
+	"\x0egossip_cluster\x18\x16 \x01(\tR\rgossipCluster\"\xd6\x01\n" +
 	"\fNameConflict\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
