@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/stretchr/testify/require"
 
 	"github.com/farmem/farmem/internal/cluster/memnet"
@@ -135,4 +136,53 @@ func TestLabelSeparatesClusters(t *testing.T) {
 	_, err = New(Config{Name: "x", Label: strings.Repeat("l", 256)}, testMeta("x"))
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.ErrorContains(t, err, "Label is 256 bytes")
+}
+
+// TestLabelDropsPackets: a node labelled farm-1 drops gossip packets that
+// carry no label or another one. A third party sends a, over the packet
+// transport, a dead message about b (the highest incarnation, from a node
+// a has never heard of): unlabelled and labelled farm-2 it changes
+// nothing; the same message labelled farm-1 has a declare b dead, which
+// shows the message is one a would act on.
+func TestLabelDropsPackets(t *testing.T) {
+	n := memnet.New(0)
+	label := func(cfg *Config) { cfg.Label = "farm-1" }
+	a := startMemTuned(t, n, "a", label)
+	b := startMemTuned(t, n, "b", label)
+	_, err := b.Join(t.Context(), []string{a.Self().Addr})
+	require.NoError(t, err)
+	waitAllAlive(t, []*Cluster{a, b})
+	mallory, err := n.NewTransport("mallory")
+	require.NoError(t, err)
+	defer mallory.Shutdown()
+
+	// memberlist's deadMsg (type 5) with its msgpack body, as memberlist
+	// encodes it: a map of the struct's field names.
+	dead := []byte{5, 0x83,
+		0xab, 'I', 'n', 'c', 'a', 'r', 'n', 'a', 't', 'i', 'o', 'n', 0xce, 0xff, 0xff, 0xff, 0xff,
+		0xa4, 'N', 'o', 'd', 'e', 0xa1, 'b',
+		0xa4, 'F', 'r', 'o', 'm', 0xa7, 'm', 'a', 'l', 'l', 'o', 'r', 'y'}
+	labelled := func(l string) []byte { // memberlist's hasLabelMsg header
+		return append(append([]byte{244, byte(len(l))}, l...), dead...)
+	}
+	bAt := func() memberlist.NodeStateType {
+		for _, m := range a.Members() {
+			if m.Name == "b" {
+				return m.State
+			}
+		}
+		return memberlist.StateLeft
+	}
+	for _, p := range [][]byte{dead, labelled("farm-2")} {
+		for range 10 {
+			_, err := mallory.WriteTo(p, a.Self().Addr)
+			require.NoError(t, err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // a acts on a packet at once; give it a margin
+	require.Equal(t, memberlist.StateAlive, bAt(), "a packet without farm-1's label changes nothing")
+
+	_, err = mallory.WriteTo(labelled("farm-1"), a.Self().Addr)
+	require.NoError(t, err)
+	waitFor(t, "a declares b dead on the labelled message", func() bool { return bAt() == memberlist.StateDead })
 }
