@@ -103,11 +103,18 @@ type Stats struct {
 // return values, and the segment's memory is a byte slice it reads grants
 // from and stores write-backs into.
 //
+// A Directory keeps state only for pages some sharer holds or asks for: a
+// page no one holds costs nothing, and time advances over the pages that
+// wait for sharers, not over the segment, so a directory for a large
+// segment of which little is shared costs little memory and time.
+//
 // A Directory is not safe for concurrent use; Home serializes it.
 type Directory struct {
 	cfg     Config
 	mem     []byte
-	pages   []page
+	n       int              // pages in mem
+	pages   map[uint32]*page // pages with a holder, an owner or a transaction
+	txns    map[uint32]*page // pages with a transaction under way
 	inc     uint64
 	gen     uint64
 	inv     uint64
@@ -127,7 +134,7 @@ func NewDirectory(cfg Config, mem []byte, inc uint64, now time.Time) (*Directory
 		return nil, fmt.Errorf("coherence: incarnation 0: %w; pass a random non-zero value", ErrInvalid)
 	}
 	n := (len(mem) + cfg.PageSize - 1) / cfg.PageSize
-	return &Directory{cfg: cfg, mem: mem, pages: make([]page, n), inc: inc, started: now}, nil
+	return &Directory{cfg: cfg, mem: mem, n: n, pages: map[uint32]*page{}, txns: map[uint32]*page{}, inc: inc, started: now}, nil
 }
 
 // Incarnation returns the directory's incarnation.
@@ -137,15 +144,39 @@ func (d *Directory) Incarnation() uint64 { return d.inc }
 func (d *Directory) Stats() Stats { return d.stats }
 
 // Pages returns the number of pages.
-func (d *Directory) Pages() int { return len(d.pages) }
+func (d *Directory) Pages() int { return d.n }
+
+// page returns page pg's state, starting it if the page had none.
+func (d *Directory) page(pg uint32) *page {
+	p := d.pages[pg]
+	if p == nil {
+		p = &page{}
+		d.pages[pg] = p
+	}
+	return p
+}
+
+// settle forgets page pg's state once it has none left: no holder, no
+// owner, no transaction. (The owner's last write-back sequence goes with
+// it: it matters only while the page has an owner.)
+func (d *Directory) settle(pg uint32, p *page) {
+	if p.txn == nil {
+		delete(d.txns, pg)
+		if p.owner == 0 && len(p.holders) == 0 {
+			delete(d.pages, pg)
+		}
+	} else {
+		d.txns[pg] = p
+	}
+}
 
 // State returns page pg's state, its owner (Modified) and its holders,
 // sorted.
 func (d *Directory) State(pg uint32) (PageState, SharerID, []SharerID) {
-	if int(pg) >= len(d.pages) {
+	p := d.pages[pg]
+	if p == nil {
 		return Invalid, 0, nil
 	}
-	p := &d.pages[pg]
 	return p.state(), p.owner, slices.Sorted(maps.Keys(p.holders))
 }
 
@@ -175,7 +206,7 @@ func (d *Directory) Handle(now time.Time, m Message) (Message, []Message) {
 		r.Code = CodeBadKind
 		return r, nil
 	}
-	if int(m.Page) >= len(d.pages) {
+	if int(m.Page) >= d.n {
 		r := d.answer(m, Refused)
 		r.Code = CodeBadPage
 		return r, nil
@@ -199,7 +230,8 @@ func (d *Directory) Handle(now time.Time, m Message) (Message, []Message) {
 			return d.answer(m, OK), nil
 		}
 	}
-	p := &d.pages[m.Page]
+	p := d.page(m.Page)
+	defer d.settle(m.Page, p)
 	switch m.Kind {
 	case ReadReq, WriteReq:
 		return d.request(now, p, m)
@@ -423,13 +455,13 @@ func (d *Directory) writeBack(now time.Time, p *page, m Message) (Message, []Mes
 // for resend are sent again. It returns the messages to push.
 func (d *Directory) Tick(now time.Time, resend time.Duration) []Message {
 	var out []Message
-	for i := range d.pages {
-		p := &d.pages[i]
+	var pgs []uint32
+	if len(d.txns) > 0 {
+		pgs = slices.Sorted(maps.Keys(d.txns)) // in page order: runs are reproducible
+	}
+	for _, pg := range pgs {
+		p := d.txns[pg]
 		t := p.txn
-		if t == nil {
-			continue
-		}
-		pg := uint32(i)
 		for _, id := range slices.Sorted(maps.Keys(t.waiting)) {
 			w := t.waiting[id]
 			switch {
@@ -450,16 +482,42 @@ func (d *Directory) Tick(now time.Time, resend time.Duration) []Message {
 		if len(t.waiting) == 0 {
 			out = append(out, d.complete(now, p, pg, t))
 		}
+		d.settle(pg, p)
 	}
+	d.sweep(now)
 	return out
+}
+
+// sweepPerTick bounds the pages one Tick looks at for state that only
+// expired leases keep.
+const sweepPerTick = 256
+
+// sweep forgets, among up to sweepPerTick pages (a different part of the
+// directory each time: map order), those whose every holder's lease ran
+// out and that have no owner and no transaction, as a request for the page
+// would (expire): what sharers once held and stopped renewing does not
+// stay in memory. An owner is left to the lazy expiry, which tells its
+// loss (lostOwner) when the page is next asked for.
+func (d *Directory) sweep(now time.Time) {
+	seen := 0
+	for pg, p := range d.pages {
+		if seen++; seen > sweepPerTick {
+			return
+		}
+		if p.owner != 0 || p.txn != nil {
+			continue
+		}
+		d.expire(now, p)
+		d.settle(pg, p)
+	}
 }
 
 // Sharers returns the sharers holding at least one page under an unexpired
 // lease at now, sorted.
 func (d *Directory) Sharers(now time.Time) []SharerID {
 	set := map[SharerID]bool{}
-	for i := range d.pages {
-		for id, h := range d.pages[i].holders {
+	for _, p := range d.pages {
+		for id, h := range p.holders {
 			if now.Before(h.expiry) {
 				set[id] = true
 			}
@@ -472,8 +530,11 @@ func (d *Directory) Sharers(now time.Time) []SharerID {
 // holder per page and no other holder beside it; every transaction's
 // requester is not among its waiters. It returns the first violation.
 func (d *Directory) Check() error {
-	for i := range d.pages {
-		p := &d.pages[i]
+	for _, i := range slices.Sorted(maps.Keys(d.pages)) {
+		p := d.pages[i]
+		if (p.txn != nil) != (d.txns[i] != nil) {
+			return fmt.Errorf("page %d: a transaction %v, listed among the transactions %v", i, p.txn != nil, d.txns[i] != nil)
+		}
 		if p.owner != 0 {
 			if _, ok := p.holders[p.owner]; !ok || len(p.holders) != 1 {
 				return fmt.Errorf("page %d: modified by %d but holders are %v", i, p.owner, slices.Sorted(maps.Keys(p.holders)))
