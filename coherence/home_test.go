@@ -61,11 +61,7 @@ func TestHomeHeldRequest(t *testing.T) {
 // InvAck (with its data) arrived is told Stale, so it reports the loss;
 // the page moved on with the home's copy.
 func TestLateOwnerDataIsStale(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.PageSize = 512
-	t0 := time.Unix(1000, 0)
-	d, err := NewDirectory(cfg, make([]byte, 512), 7, t0)
-	require.NoError(t, err)
+	d, cfg, t0 := directory512(t, 512)
 	g, _ := d.Handle(t0, Message{Kind: WriteReq, From: 1, PageSize: 512, Seq: 1})
 	require.Equal(t, Grant, g.Kind)
 	w, invs := d.Handle(t0, Message{Kind: WriteReq, From: 2, PageSize: 512, Seq: 1})
@@ -88,11 +84,7 @@ func TestLateOwnerDataIsStale(t *testing.T) {
 // owner whose lease ran out is kept until the page is asked for, which
 // tells its loss.
 func TestDirectoryKeepsOnlyHeldPages(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.PageSize = 512
-	t0 := time.Unix(1000, 0)
-	d, err := NewDirectory(cfg, make([]byte, 64<<20), 7, t0)
-	require.NoError(t, err)
+	d, cfg, t0 := directory512(t, 64<<20)
 	require.Equal(t, 131072, d.Pages())
 	require.Empty(t, d.pages)
 	for pg := range uint32(3) {
@@ -125,14 +117,21 @@ func TestDirectoryKeepsOnlyHeldPages(t *testing.T) {
 // 512-byte pages (2 Mi pages) of which one is held: what each directory
 // costs its home every twentieth of a lease.
 func BenchmarkTickLargeDirectory(b *testing.B) {
-	cfg := DefaultConfig()
-	cfg.PageSize = 512
-	t0 := time.Unix(1000, 0)
-	d, err := NewDirectory(cfg, make([]byte, 1<<30), 7, t0)
-	require.NoError(b, err)
+	d, cfg, t0 := directory512(b, 1<<30)
 	g, _ := d.Handle(t0, Message{Kind: ReadReq, From: 1, PageSize: 512, Page: 5, Seq: 1})
 	require.Equal(b, Grant, g.Kind)
 	for b.Loop() {
 		d.Tick(t0, cfg.Lease/10)
 	}
+}
+
+// directory512 is a directory of incarnation 7 over size bytes of 512-byte
+// pages, started at the returned time.
+func directory512(tb testing.TB, size int) (*Directory, Config, time.Time) {
+	cfg := DefaultConfig()
+	cfg.PageSize = 512
+	t0 := time.Unix(1000, 0)
+	d, err := NewDirectory(cfg, make([]byte, size), 7, t0)
+	require.NoError(tb, err)
+	return d, cfg, t0
 }
