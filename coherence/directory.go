@@ -1,6 +1,7 @@
 package coherence
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -41,6 +42,54 @@ type holder struct {
 	expiry time.Time // the home's view; the sharer's own is earlier
 }
 
+// heldBy is a holder and its sharer.
+type heldBy struct {
+	id SharerID
+	holder
+}
+
+// holderSet is a page's holders, sorted by sharer id. A page has a few at
+// most, and a slice costs the home a fraction of a map per page held.
+type holderSet []heldBy
+
+func (hs holderSet) find(id SharerID) (int, bool) {
+	return slices.BinarySearchFunc(hs, id, func(e heldBy, id SharerID) int { return cmp.Compare(e.id, id) })
+}
+
+// get returns id's holder.
+func (hs holderSet) get(id SharerID) (holder, bool) {
+	if i, ok := hs.find(id); ok {
+		return hs[i].holder, true
+	}
+	return holder{}, false
+}
+
+// put sets id's holder.
+func (hs *holderSet) put(id SharerID, h holder) {
+	i, ok := hs.find(id)
+	if ok {
+		(*hs)[i].holder = h
+		return
+	}
+	*hs = slices.Insert(*hs, i, heldBy{id, h})
+}
+
+// del removes id's holder, if any.
+func (hs *holderSet) del(id SharerID) {
+	if i, ok := hs.find(id); ok {
+		*hs = slices.Delete(*hs, i, i+1)
+	}
+}
+
+// ids returns the sharer ids, sorted.
+func (hs holderSet) ids() []SharerID {
+	out := make([]SharerID, len(hs))
+	for i, e := range hs {
+		out[i] = e.id
+	}
+	return out
+}
+
 // waitee is a sharer a transaction waits for: its ack or its lease's end.
 type waitee struct {
 	invID    uint64
@@ -62,7 +111,7 @@ type txn struct {
 // page is the directory entry of one page.
 type page struct {
 	owner   SharerID // non-zero: Modified, and holders is {owner}
-	holders map[SharerID]holder
+	holders holderSet
 	lastWB  uint64 // the owner's last applied WriteBack
 	txn     *txn
 }
@@ -177,7 +226,7 @@ func (d *Directory) State(pg uint32) (PageState, SharerID, []SharerID) {
 	if p == nil {
 		return Invalid, 0, nil
 	}
-	return p.state(), p.owner, slices.Sorted(maps.Keys(p.holders))
+	return p.state(), p.owner, p.holders.ids()
 }
 
 // pageData returns page pg of the memory.
@@ -247,11 +296,11 @@ func (d *Directory) Handle(now time.Time, m Message) (Message, []Message) {
 	case WriteBack:
 		return d.writeBack(now, p, m)
 	default: // Release
-		if h, ok := p.holders[m.From]; ok {
+		if h, ok := p.holders.get(m.From); ok {
 			if p.owner == m.From || h.gen > m.Gen {
 				return d.answer(m, OK), nil // an old Release; the holder's grant is newer
 			}
-			delete(p.holders, m.From)
+			p.holders.del(m.From)
 		}
 		out = d.acked(now, p, m.Page, m.From)
 		return d.answer(m, OK), out
@@ -280,14 +329,14 @@ func (d *Directory) request(now time.Time, p *page, m Message) (Message, []Messa
 		// The owner asks again: its grant was lost in transit (it never
 		// wrote, so the home's copy is current) or this is a duplicate it
 		// will ignore. Grant again, same generation.
-		h := p.holders[m.From]
+		h, _ := p.holders.get(m.From)
 		h.expiry = maxTime(h.expiry, now.Add(d.cfg.Lease))
-		p.holders[m.From] = h
+		p.holders.put(m.From, h)
 		return d.grant(m.From, pg, m.Seq, h.gen, true), nil
 	}
 	t := &txn{excl: excl, who: m.From, seq: m.Seq, waiting: map[SharerID]*waitee{}}
-	for _, id := range slices.Sorted(maps.Keys(p.holders)) { // sorted: runs are reproducible
-		h := p.holders[id]
+	for _, e := range p.holders { // sorted by id: runs are reproducible
+		id, h := e.id, e.holder
 		if id == m.From || (!excl && p.owner != id) {
 			continue
 		}
@@ -319,16 +368,13 @@ func (d *Directory) complete(now time.Time, p *page, pg uint32, t *txn) Message 
 	if t.expired {
 		d.stats.LeaseWaits++
 	}
-	if p.holders == nil {
-		p.holders = map[SharerID]holder{}
-	}
 	d.gen++
 	if t.excl {
-		clear(p.holders)
+		p.holders = p.holders[:0]
 		p.owner = t.who
 		p.lastWB = 0
 	}
-	p.holders[t.who] = holder{gen: d.gen, expiry: now.Add(d.cfg.Lease)}
+	p.holders.put(t.who, holder{gen: d.gen, expiry: now.Add(d.cfg.Lease)})
 	return d.grant(t.who, pg, t.seq, d.gen, t.excl)
 }
 
@@ -343,15 +389,16 @@ func (d *Directory) grant(to SharerID, pg uint32, seq, gen uint64, excl bool) Me
 // expire drops holders whose lease ran out; an owner's unwritten data is
 // lost with it.
 func (d *Directory) expire(now time.Time, p *page) {
-	for id, h := range p.holders {
-		if !now.Before(h.expiry) {
-			delete(p.holders, id)
-			if p.owner == id {
-				p.owner = 0
-				d.lostOwner(id, h.gen)
-			}
+	p.holders = slices.DeleteFunc(p.holders, func(e heldBy) bool {
+		if now.Before(e.expiry) {
+			return false
 		}
-	}
+		if p.owner == e.id {
+			p.owner = 0
+			d.lostOwner(e.id, e.gen)
+		}
+		return true
+	})
 }
 
 // maxLost bounds the lost grants a directory remembers.
@@ -394,7 +441,7 @@ func (d *Directory) ack(now time.Time, p *page, m Message) []Message {
 		p.owner = 0
 	}
 	if t.excl {
-		delete(p.holders, m.From)
+		p.holders.del(m.From)
 	} // a downgraded owner stays a sharer with its lease
 	return d.acked(now, p, m.Page, m.From)
 }
@@ -418,7 +465,7 @@ func (d *Directory) acked(now time.Time, p *page, pg uint32, from SharerID) []Me
 
 // writeBack handles WriteBack.
 func (d *Directory) writeBack(now time.Time, p *page, m Message) (Message, []Message) {
-	h, ok := p.holders[m.From]
+	h, ok := p.holders.get(m.From)
 	if p.owner != m.From || !ok || h.gen != m.Gen {
 		d.stats.StaleWriteBacks++
 		return d.answer(m, Stale), nil
@@ -434,7 +481,7 @@ func (d *Directory) writeBack(now time.Time, p *page, m Message) (Message, []Mes
 	case KeepModified:
 		if t := p.txn; t == nil || t.waiting[m.From] == nil {
 			h.expiry = maxTime(h.expiry, now.Add(d.cfg.Lease))
-			p.holders[m.From] = h
+			p.holders.put(m.From, h)
 			r.Lease = d.cfg.Lease
 		}
 	case KeepShared:
@@ -444,7 +491,7 @@ func (d *Directory) writeBack(now time.Time, p *page, m Message) (Message, []Mes
 		}
 	default:
 		p.owner = 0
-		delete(p.holders, m.From)
+		p.holders.del(m.From)
 		out = d.acked(now, p, m.Page, m.From)
 	}
 	return r, out
@@ -468,8 +515,8 @@ func (d *Directory) Tick(now time.Time, resend time.Duration) []Message {
 			case !now.Before(w.expiry):
 				delete(t.waiting, id)
 				t.expired = true
-				if h, ok := p.holders[id]; ok && h.gen == w.gen {
-					delete(p.holders, id)
+				if h, ok := p.holders.get(id); ok && h.gen == w.gen {
+					p.holders.del(id)
 				}
 				if p.owner == id {
 					p.owner = 0
@@ -517,9 +564,9 @@ func (d *Directory) sweep(now time.Time) {
 func (d *Directory) Sharers(now time.Time) []SharerID {
 	set := map[SharerID]bool{}
 	for _, p := range d.pages {
-		for id, h := range p.holders {
-			if now.Before(h.expiry) {
-				set[id] = true
+		for _, e := range p.holders {
+			if now.Before(e.expiry) {
+				set[e.id] = true
 			}
 		}
 	}
@@ -536,8 +583,8 @@ func (d *Directory) Check() error {
 			return fmt.Errorf("page %d: a transaction %v, listed among the transactions %v", i, p.txn != nil, d.txns[i] != nil)
 		}
 		if p.owner != 0 {
-			if _, ok := p.holders[p.owner]; !ok || len(p.holders) != 1 {
-				return fmt.Errorf("page %d: modified by %d but holders are %v", i, p.owner, slices.Sorted(maps.Keys(p.holders)))
+			if _, ok := p.holders.get(p.owner); !ok || len(p.holders) != 1 {
+				return fmt.Errorf("page %d: modified by %d but holders are %v", i, p.owner, p.holders.ids())
 			}
 		}
 		if t := p.txn; t != nil {
