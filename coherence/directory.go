@@ -164,6 +164,7 @@ type Directory struct {
 	n       int              // pages in mem
 	pages   map[uint32]*page // pages with a holder, an owner or a transaction
 	txns    map[uint32]*page // pages with a transaction under way
+	peak    [2]int           // the most entries pages and txns held since they were made
 	inc     uint64
 	gen     uint64
 	inv     uint64
@@ -201,6 +202,7 @@ func (d *Directory) page(pg uint32) *page {
 	if p == nil {
 		p = &page{}
 		d.pages[pg] = p
+		d.peak[0] = max(d.peak[0], len(d.pages))
 	}
 	return p
 }
@@ -216,6 +218,22 @@ func (d *Directory) settle(pg uint32, p *page) {
 		}
 	} else {
 		d.txns[pg] = p
+		d.peak[1] = max(d.peak[1], len(d.txns))
+	}
+}
+
+// compact makes pages and txns anew once they hold less than a quarter of
+// what they held at most: a Go map keeps the room of its largest size, and
+// walking it (the sweep, Sharers) costs what that room does, so a segment
+// that sharers once held whole would otherwise keep its home's memory and
+// Ticks at that size for the directory's life.
+func (d *Directory) compact() {
+	for i, m := range []*map[uint32]*page{&d.pages, &d.txns} {
+		if d.peak[i] > 1024 && len(*m) < d.peak[i]/4 {
+			fresh := make(map[uint32]*page, len(*m)) // not maps.Clone, which may keep the room
+			maps.Copy(fresh, *m)
+			*m, d.peak[i] = fresh, len(fresh)
+		}
 	}
 }
 
@@ -536,8 +554,9 @@ func (d *Directory) Tick(now time.Time, resend time.Duration) []Message {
 }
 
 // sweepPerTick bounds the pages one Tick looks at for state that only
-// expired leases keep.
-const sweepPerTick = 256
+// expired leases keep: at a Tick every twentieth of a lease, 2 Mi pages
+// held once are forgotten within about 26 leases.
+const sweepPerTick = 4096
 
 // sweep forgets, among up to sweepPerTick pages (a different part of the
 // directory each time: map order), those whose every holder's lease ran
@@ -549,7 +568,7 @@ func (d *Directory) sweep(now time.Time) {
 	seen := 0
 	for pg, p := range d.pages {
 		if seen++; seen > sweepPerTick {
-			return
+			break
 		}
 		if p.owner != 0 || p.txn != nil {
 			continue
@@ -557,6 +576,7 @@ func (d *Directory) sweep(now time.Time) {
 		d.expire(now, p)
 		d.settle(pg, p)
 	}
+	d.compact()
 }
 
 // Sharers returns the sharers holding at least one page under an unexpired
@@ -577,6 +597,11 @@ func (d *Directory) Sharers(now time.Time) []SharerID {
 // holder per page and no other holder beside it; every transaction's
 // requester is not among its waiters. It returns the first violation.
 func (d *Directory) Check() error {
+	for pg, p := range d.txns {
+		if d.pages[pg] != p || p.txn == nil {
+			return fmt.Errorf("page %d: listed among the transactions, but its state has none", pg)
+		}
+	}
 	for _, i := range slices.Sorted(maps.Keys(d.pages)) {
 		p := d.pages[i]
 		if (p.txn != nil) != (d.txns[i] != nil) {

@@ -1,9 +1,10 @@
 // Package coherence keeps the pages of a segment shared by several hosts
 // coherent: a directory at the segment's home tracks, per page, which
 // sharers hold it shared (each under a read lease) and which one holds it
-// modified (keeping state only for pages held or asked for), and a sharer
-// caches the pages it holds and answers the home's invalidations. CXL 3.0 does this in hardware (back-invalidation); CXL 2.0
-// pools and RDMA do not, so farmem does it in software.
+// modified (keeping state only for pages held or asked for), and a
+// sharer caches the pages it holds and answers the home's invalidations.
+// CXL 3.0 does this in hardware (back-invalidation); CXL 2.0 pools and
+// RDMA do not, so farmem does it in software.
 //
 // # State machines
 //

@@ -113,15 +113,59 @@ func TestDirectoryKeepsOnlyHeldPages(t *testing.T) {
 	require.NoError(t, d.Check())
 }
 
+// TestDirectoryForgetsWholeSegment: a sharer reads every page of 64 MiB
+// of 512-byte pages once and goes away; Ticks forget the pages within
+// about a lease and make the directory's map anew, so the room the pages
+// took does not stay; what is held again is kept.
+func TestDirectoryForgetsWholeSegment(t *testing.T) {
+	d, cfg, t0 := directory512(t, 64<<20)
+	holdAll(t, d, t0)
+	require.Len(t, d.pages, d.Pages())
+	later := t0.Add(cfg.Lease)
+	for tick := 0; len(d.pages) > 0; tick++ {
+		require.Less(t, tick, d.Pages()/sweepPerTick+2, "forgotten %d of %d pages", d.Pages()-len(d.pages), d.Pages())
+		d.Tick(later, cfg.Lease/10)
+	}
+	require.Zero(t, d.peak[0], "the map was made anew")
+	g, _ := d.Handle(later, Message{Kind: ReadReq, From: 2, PageSize: 512, Page: 9, Seq: 1})
+	require.Equal(t, Grant, g.Kind)
+	require.Len(t, d.pages, 1)
+	require.NoError(t, d.Check())
+}
+
+// holdAll has sharer 1 read every page of d at t0.
+func holdAll(tb testing.TB, d *Directory, t0 time.Time) {
+	for pg := range uint32(d.Pages()) {
+		g, _ := d.Handle(t0, Message{Kind: ReadReq, From: 1, PageSize: 512, Page: pg, Seq: uint64(pg) + 1})
+		require.Equal(tb, Grant, g.Kind)
+	}
+}
+
 // BenchmarkTickLargeDirectory times a Tick of a directory over 1 GiB of
 // 512-byte pages (2 Mi pages) of which one is held: what each directory
-// costs its home every twentieth of a lease.
+// costs its home every twentieth of a lease. In "held-once" a sharer held
+// every page before its leases ran out and the Ticks forgot them.
 func BenchmarkTickLargeDirectory(b *testing.B) {
-	d, cfg, t0 := directory512(b, 1<<30)
-	g, _ := d.Handle(t0, Message{Kind: ReadReq, From: 1, PageSize: 512, Page: 5, Seq: 1})
-	require.Equal(b, Grant, g.Kind)
-	for b.Loop() {
-		d.Tick(t0, cfg.Lease/10)
+	for _, once := range []bool{false, true} {
+		name := "fresh"
+		if once {
+			name = "held-once"
+		}
+		b.Run(name, func(b *testing.B) {
+			d, cfg, t0 := directory512(b, 1<<30)
+			if once {
+				holdAll(b, d, t0)
+				t0 = t0.Add(cfg.Lease)
+				for len(d.pages) > 0 {
+					d.Tick(t0, cfg.Lease/10)
+				}
+			}
+			g, _ := d.Handle(t0, Message{Kind: ReadReq, From: 2, PageSize: 512, Page: 5, Seq: 1})
+			require.Equal(b, Grant, g.Kind)
+			for b.Loop() {
+				d.Tick(t0, cfg.Lease/10)
+			}
+		})
 	}
 }
 
