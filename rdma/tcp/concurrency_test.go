@@ -572,3 +572,35 @@ func TestConnSpread(t *testing.T) {
 	b.closed.Store(true)
 	require.Equal(t, 0, pick(), "never a closed connection")
 }
+
+// TestBatchStaysOnOneConnection: the ops of one Do go on one connection
+// whatever their number, so a batch keeps its order on the wire however
+// far past the spread threshold it goes (spreading applies between calls).
+func TestBatchStaysOnOneConnection(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	_, r := s.export(t, 1, 1<<20)
+	c := dial(t, s.addr, WithConns(3))
+	answered := func() []uint64 {
+		var n []uint64
+		for _, cc := range c.conns {
+			n = append(n, cc.answered.Load())
+		}
+		return n
+	}
+	for round := range 5 {
+		ops := make([]*rdma.Op, 5*spreadThreshold)
+		for i := range ops {
+			ops[i] = &rdma.Op{Kind: rdma.OpRead, Region: r, Offset: int64(i) << 12, Buf: make([]byte, 4<<10)}
+		}
+		before := answered()
+		require.NoError(t, c.Do(t.Context(), ops...))
+		var on []int
+		for i, n := range answered() {
+			if n != before[i] {
+				require.EqualValues(t, len(ops), n-before[i], "round %d: connection %d answered part of the batch", round, i)
+				on = append(on, i)
+			}
+		}
+		require.Len(t, on, 1, "round %d: the batch went over connections %v", round, on)
+	}
+}
