@@ -161,10 +161,9 @@ type Stats struct {
 type Directory struct {
 	cfg     Config
 	mem     []byte
-	n       int              // pages in mem
-	pages   map[uint32]*page // pages with a holder, an owner or a transaction
-	txns    map[uint32]*page // pages with a transaction under way
-	peak    [2]int           // the most entries pages and txns held since they were made
+	n       int       // pages in mem
+	pages   pageTable // pages with a holder, an owner or a transaction
+	txns    pageTable // pages with a transaction under way
 	inc     uint64
 	gen     uint64
 	inv     uint64
@@ -184,7 +183,7 @@ func NewDirectory(cfg Config, mem []byte, inc uint64, now time.Time) (*Directory
 		return nil, fmt.Errorf("coherence: incarnation 0: %w; pass a random non-zero value", ErrInvalid)
 	}
 	n := (len(mem) + cfg.PageSize - 1) / cfg.PageSize
-	return &Directory{cfg: cfg, mem: mem, n: n, pages: map[uint32]*page{}, txns: map[uint32]*page{}, inc: inc, started: now}, nil
+	return &Directory{cfg: cfg, mem: mem, n: n, pages: newPageTable(), txns: newPageTable(), inc: inc, started: now}, nil
 }
 
 // Incarnation returns the directory's incarnation.
@@ -198,11 +197,10 @@ func (d *Directory) Pages() int { return d.n }
 
 // page returns page pg's state, starting it if the page had none.
 func (d *Directory) page(pg uint32) *page {
-	p := d.pages[pg]
+	p := d.pages.m[pg]
 	if p == nil {
 		p = &page{}
-		d.pages[pg] = p
-		d.peak[0] = max(d.peak[0], len(d.pages))
+		d.pages.set(pg, p)
 	}
 	return p
 }
@@ -212,35 +210,48 @@ func (d *Directory) page(pg uint32) *page {
 // it: it matters only while the page has an owner.)
 func (d *Directory) settle(pg uint32, p *page) {
 	if p.txn == nil {
-		delete(d.txns, pg)
+		delete(d.txns.m, pg)
 		if p.owner == 0 && len(p.holders) == 0 {
-			delete(d.pages, pg)
+			delete(d.pages.m, pg)
 		}
 	} else {
-		d.txns[pg] = p
-		d.peak[1] = max(d.peak[1], len(d.txns))
+		d.txns.set(pg, p)
 	}
 }
 
-// compact makes pages and txns anew once they hold less than a quarter of
-// what they held at most: a Go map keeps the room of its largest size, and
-// walking it (the sweep, Sharers) costs what that room does, so a segment
-// that sharers once held whole would otherwise keep its home's memory and
-// Ticks at that size for the directory's life.
-func (d *Directory) compact() {
-	for i, m := range []*map[uint32]*page{&d.pages, &d.txns} {
-		if d.peak[i] > 1024 && len(*m) < d.peak[i]/4 {
-			fresh := make(map[uint32]*page, len(*m)) // not maps.Clone, which may keep the room
-			maps.Copy(fresh, *m)
-			*m, d.peak[i] = fresh, len(fresh)
-		}
+// pageTable is pages by number. A Go map keeps the room of its largest
+// size, and walking it (the sweep, Tick, Sharers) costs what that room
+// does, so the table is made anew once it holds less than a quarter of
+// what it held at most (shrink): a segment that sharers once held whole
+// does not keep its home's memory and Ticks at that size for the
+// directory's life.
+type pageTable struct {
+	m    map[uint32]*page
+	peak int // the most entries m held since it was made
+}
+
+func newPageTable() pageTable { return pageTable{m: map[uint32]*page{}} }
+
+// set puts p in as page pg.
+func (t *pageTable) set(pg uint32, p *page) {
+	t.m[pg] = p
+	t.peak = max(t.peak, len(t.m))
+}
+
+// shrink makes the table anew when it holds less than a quarter of its
+// peak (past 1024).
+func (t *pageTable) shrink() {
+	if t.peak > 1024 && len(t.m) < t.peak/4 {
+		fresh := make(map[uint32]*page, len(t.m)) // not maps.Clone, which may keep the room
+		maps.Copy(fresh, t.m)
+		t.m, t.peak = fresh, len(fresh)
 	}
 }
 
 // State returns page pg's state, its owner (Modified) and its holders,
 // sorted.
 func (d *Directory) State(pg uint32) (PageState, SharerID, []SharerID) {
-	p := d.pages[pg]
+	p := d.pages.m[pg]
 	if p == nil {
 		return Invalid, 0, nil
 	}
@@ -521,11 +532,11 @@ func (d *Directory) writeBack(now time.Time, p *page, m Message) (Message, []Mes
 func (d *Directory) Tick(now time.Time, resend time.Duration) []Message {
 	var out []Message
 	var pgs []uint32
-	if len(d.txns) > 0 {
-		pgs = slices.Sorted(maps.Keys(d.txns)) // in page order: runs are reproducible
+	if len(d.txns.m) > 0 {
+		pgs = slices.Sorted(maps.Keys(d.txns.m)) // in page order: runs are reproducible
 	}
 	for _, pg := range pgs {
-		p := d.txns[pg]
+		p := d.txns.m[pg]
 		t := p.txn
 		for _, id := range slices.Sorted(maps.Keys(t.waiting)) {
 			w := t.waiting[id]
@@ -566,7 +577,7 @@ const sweepPerTick = 4096
 // loss (lostOwner) when the page is next asked for.
 func (d *Directory) sweep(now time.Time) {
 	seen := 0
-	for pg, p := range d.pages {
+	for pg, p := range d.pages.m {
 		if seen++; seen > sweepPerTick {
 			break
 		}
@@ -576,14 +587,15 @@ func (d *Directory) sweep(now time.Time) {
 		d.expire(now, p)
 		d.settle(pg, p)
 	}
-	d.compact()
+	d.pages.shrink()
+	d.txns.shrink()
 }
 
 // Sharers returns the sharers holding at least one page under an unexpired
 // lease at now, sorted.
 func (d *Directory) Sharers(now time.Time) []SharerID {
 	set := map[SharerID]bool{}
-	for _, p := range d.pages {
+	for _, p := range d.pages.m {
 		for _, e := range p.holders {
 			if now.Before(e.expiry) {
 				set[e.id] = true
@@ -597,15 +609,15 @@ func (d *Directory) Sharers(now time.Time) []SharerID {
 // holder per page and no other holder beside it; every transaction's
 // requester is not among its waiters. It returns the first violation.
 func (d *Directory) Check() error {
-	for pg, p := range d.txns {
-		if d.pages[pg] != p || p.txn == nil {
+	for pg, p := range d.txns.m {
+		if d.pages.m[pg] != p || p.txn == nil {
 			return fmt.Errorf("page %d: listed among the transactions, but its state has none", pg)
 		}
 	}
-	for _, i := range slices.Sorted(maps.Keys(d.pages)) {
-		p := d.pages[i]
-		if (p.txn != nil) != (d.txns[i] != nil) {
-			return fmt.Errorf("page %d: a transaction %v, listed among the transactions %v", i, p.txn != nil, d.txns[i] != nil)
+	for _, i := range slices.Sorted(maps.Keys(d.pages.m)) {
+		p := d.pages.m[i]
+		if (p.txn != nil) != (d.txns.m[i] != nil) {
+			return fmt.Errorf("page %d: a transaction %v, listed among the transactions %v", i, p.txn != nil, d.txns.m[i] != nil)
 		}
 		if p.owner != 0 {
 			if _, ok := p.holders.get(p.owner); !ok || len(p.holders) != 1 {

@@ -86,26 +86,26 @@ func TestLateOwnerDataIsStale(t *testing.T) {
 func TestDirectoryKeepsOnlyHeldPages(t *testing.T) {
 	d, cfg, t0 := directory512(t, 64<<20)
 	require.Equal(t, 131072, d.Pages())
-	require.Empty(t, d.pages)
+	require.Empty(t, d.pages.m)
 	for pg := range uint32(3) {
 		g, _ := d.Handle(t0, Message{Kind: ReadReq, From: 1, PageSize: 512, Page: pg * 1000, Seq: uint64(pg) + 1})
 		require.Equal(t, Grant, g.Kind)
 	}
 	g, _ := d.Handle(t0, Message{Kind: WriteReq, From: 2, PageSize: 512, Page: 131071, Seq: 1})
 	require.Equal(t, Grant, g.Kind)
-	require.Len(t, d.pages, 4)
+	require.Len(t, d.pages.m, 4)
 	rep, _ := d.Handle(t0, Message{Kind: Release, From: 1, Incarnation: 7, Page: 0, Gen: 1})
 	require.Equal(t, OK, rep.Kind)
-	require.Len(t, d.pages, 3, "a released page is forgotten")
+	require.Len(t, d.pages.m, 3, "a released page is forgotten")
 	st, owner, _ := d.State(131071)
 	require.Equal(t, Modified, st)
 	require.EqualValues(t, 2, owner)
 
 	require.Empty(t, d.Tick(t0.Add(cfg.Lease/2), cfg.Lease/10))
-	require.Len(t, d.pages, 3, "leases not run out yet")
+	require.Len(t, d.pages.m, 3, "leases not run out yet")
 	later := t0.Add(cfg.Lease)
 	require.Empty(t, d.Tick(later, cfg.Lease/10))
-	require.Len(t, d.pages, 1, "the shared pages whose leases ran out are swept; the owner stays")
+	require.Len(t, d.pages.m, 1, "the shared pages whose leases ran out are swept; the owner stays")
 	require.Zero(t, d.Stats().LostOwners)
 	g, _ = d.Handle(later, Message{Kind: ReadReq, From: 3, PageSize: 512, Page: 131071, Seq: 1})
 	require.Equal(t, Grant, g.Kind)
@@ -120,16 +120,16 @@ func TestDirectoryKeepsOnlyHeldPages(t *testing.T) {
 func TestDirectoryForgetsWholeSegment(t *testing.T) {
 	d, cfg, t0 := directory512(t, 64<<20)
 	holdAll(t, d, t0)
-	require.Len(t, d.pages, d.Pages())
+	require.Len(t, d.pages.m, d.Pages())
 	later := t0.Add(cfg.Lease)
-	for tick := 0; len(d.pages) > 0; tick++ {
-		require.Less(t, tick, d.Pages()/sweepPerTick+2, "forgotten %d of %d pages", d.Pages()-len(d.pages), d.Pages())
+	for tick := 0; len(d.pages.m) > 0; tick++ {
+		require.Less(t, tick, d.Pages()/sweepPerTick+2, "forgotten %d of %d pages", d.Pages()-len(d.pages.m), d.Pages())
 		d.Tick(later, cfg.Lease/10)
 	}
-	require.Zero(t, d.peak[0], "the map was made anew")
+	require.Zero(t, d.pages.peak, "the map was made anew")
 	g, _ := d.Handle(later, Message{Kind: ReadReq, From: 2, PageSize: 512, Page: 9, Seq: 1})
 	require.Equal(t, Grant, g.Kind)
-	require.Len(t, d.pages, 1)
+	require.Len(t, d.pages.m, 1)
 	require.NoError(t, d.Check())
 }
 
@@ -156,7 +156,7 @@ func BenchmarkTickLargeDirectory(b *testing.B) {
 			if once {
 				holdAll(b, d, t0)
 				t0 = t0.Add(cfg.Lease)
-				for len(d.pages) > 0 {
+				for len(d.pages.m) > 0 {
 					d.Tick(t0, cfg.Lease/10)
 				}
 			}

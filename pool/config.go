@@ -402,8 +402,8 @@ func (c *Config) Validate() error {
 	if (len(c.Join) > 0 || c.GossipProfile != "" || c.GossipPushPull != 0 || c.GossipCluster != "" || c.GossipKeyFile != "" || c.GossipInsecure) && c.Gossip == "" {
 		return fmt.Errorf("%w: join, gossip-profile, gossip-push-pull, gossip-cluster, gossip-key-file and gossip-insecure need gossip: set --gossip ADDR", ErrConfig)
 	}
-	if len(c.GossipCluster) > 255 {
-		return fmt.Errorf("%w: gossip-cluster is %d bytes; name the cluster in at most 255", ErrConfig, len(c.GossipCluster))
+	if len(c.GossipCluster) > cluster.MaxLabel {
+		return fmt.Errorf("%w: gossip-cluster is %d bytes; name the cluster in at most %d", ErrConfig, len(c.GossipCluster), cluster.MaxLabel)
 	}
 	if c.GossipPushPull < 0 {
 		return fmt.Errorf("%w: gossip-push-pull %s: use a positive duration such as 10s, or 0 for the gossip profile's", ErrConfig, c.GossipPushPull)

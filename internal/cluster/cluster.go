@@ -169,9 +169,8 @@ func New(cfg Config, meta Meta) (*Cluster, error) {
 	}
 	c.ml = ml
 	c.loops.Add(2)
-	go c.tickLoop(mc.GossipInterval, func() bool {
+	go c.tickLoop(mc.GossipInterval, func() {
 		c.laneRound(mc.GossipNodes, mc.UDPBufferSize-laneOverhead-labelOverhead(mc.Label))
-		return true
 	})
 	go c.tickLoop(reconnectTick, c.reconnectOnce)
 	return c, nil

@@ -27,6 +27,9 @@ const (
 // DefaultPort is the gossip port (UDP and TCP) of poold.
 const DefaultPort = 7946
 
+// MaxLabel is the longest Config.Label, in bytes (memberlist's limit).
+const MaxLabel = memberlist.LabelMaxSize
+
 // Config configures one node's gossip. Get one from DefaultConfig, change
 // what you need, and pass it to New, which calls Validate. A Config is a
 // plain value, not synchronized: do not modify one while another goroutine
@@ -100,7 +103,7 @@ type Config struct {
 	// one contacts at an address of the other (a stale seed, a failed
 	// member's address handed to another cluster's node); a node with a
 	// label and one without do not talk either, so every node of a
-	// cluster needs the same one. At most 255 bytes. Default "": none.
+	// cluster needs the same one. At most MaxLabel bytes. Default "": none.
 	Label string
 
 	// Keys is the gossip keyring, the primary first (see ParseKeys): each
@@ -182,8 +185,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: Keys[%d]: %w", ErrInvalidConfig, i, err)
 		}
 	}
-	if len(c.Label) > memberlist.LabelMaxSize {
-		return bad("Label is %d bytes; use at most %d", len(c.Label), memberlist.LabelMaxSize)
+	if len(c.Label) > MaxLabel {
+		return bad("Label is %d bytes; use at most %d", len(c.Label), MaxLabel)
 	}
 	if c.SuspicionMult < 0 {
 		return bad("SuspicionMult is %d; use a positive count, or 0 for the default", c.SuspicionMult)

@@ -124,9 +124,9 @@ func (c *Cluster) laneRound(fanout, room int) {
 	}
 }
 
-// tickLoop calls fn every d until the Cluster shuts down, or until fn
-// returns false; c.loops counts it.
-func (c *Cluster) tickLoop(d time.Duration, fn func() bool) {
+// tickLoop calls fn every d until the Cluster shuts down; c.loops counts
+// it.
+func (c *Cluster) tickLoop(d time.Duration, fn func()) {
 	defer c.loops.Done()
 	tick := time.NewTicker(d)
 	defer tick.Stop()
@@ -136,8 +136,6 @@ func (c *Cluster) tickLoop(d time.Duration, fn func() bool) {
 			return
 		case <-tick.C:
 		}
-		if !fn() {
-			return
-		}
+		fn()
 	}
 }

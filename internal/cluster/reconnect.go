@@ -85,17 +85,16 @@ func jitter(d time.Duration) time.Duration {
 
 // reconnectOnce contacts the failed member most overdue, if one is due
 // (each reconnectTick, until Shutdown). The contact runs in a goroutine of
-// its own, waited for unless the Cluster shuts down first (then false):
-// memberlist's Join is not interrupted by its Shutdown, and a peer that
-// accepts a connection and never answers holds it for twice the
-// transport's timeout.
-func (c *Cluster) reconnectOnce() bool {
+// its own, waited for unless the Cluster shuts down first: memberlist's
+// Join is not interrupted by its Shutdown, and a peer that accepts a
+// connection and never answers holds it for twice the transport's timeout.
+func (c *Cluster) reconnectOnce() {
 	if c.usable() != nil {
-		return true
+		return
 	}
 	name, addr, ok := c.dueFailed(c.now())
 	if !ok {
-		return true
+		return
 	}
 	c.ctr.reconnects.Add(1)
 	done := make(chan struct{})
@@ -111,9 +110,7 @@ func (c *Cluster) reconnectOnce() bool {
 	}()
 	select {
 	case <-c.done:
-		return false
 	case <-done:
-		return true
 	}
 }
 
