@@ -90,11 +90,15 @@ func TestIdlePushersClosed(t *testing.T) {
 		require.Len(t, pu.conns, pushLanes)
 		return pu
 	}
+	// closed waits for pu's connections to be closed: a pusher leaves
+	// the table before its connections close (drop closes them after it
+	// lets go of the table's lock).
 	closed := func(pu *pusher) {
 		t.Helper()
 		for _, c := range pu.conns {
-			err := c.Read(ctx, pu.region, 0, make([]byte, 8))
-			require.ErrorIs(t, err, rdma.ErrClosed)
+			require.Eventually(t, func() bool {
+				return errors.Is(c.Read(ctx, pu.region, 0, make([]byte, 8)), rdma.ErrClosed)
+			}, 10*time.Second, 10*time.Millisecond, "a read on a connection of the dropped pusher ends in ErrClosed")
 		}
 	}
 	held := func() int {
