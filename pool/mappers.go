@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -90,7 +91,8 @@ func procStart(pid int32) (uint64, procState) {
 }
 
 // noteMapped records that client got the descriptor of segment id in
-// process pid (0: unknown); p.mu is held.
+// process pid (0: unknown); p.mu is held. A process new to a devdax
+// segment is to be written to the store (markMapped).
 func (p *core) noteMapped(id uint64, client string, pid int32) {
 	if p.mappers == nil {
 		p.mappers = map[uint64]map[mapper]bool{}
@@ -104,7 +106,12 @@ func (p *core) noteMapped(id uint64, client string, pid int32) {
 			m.pid, m.start = pid, start
 		}
 	}
-	p.mappers[id][m] = true
+	if !p.mappers[id][m] {
+		p.mappers[id][m] = true
+		if m.pid > 0 {
+			p.markMapped(id)
+		}
+	}
 }
 
 // presumeMapped records a restored load/store segment's owner and
@@ -132,7 +139,6 @@ func (p *core) Unmapped(c caller, id uint64) {
 		return
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	for m := range p.mappers[id] {
 		if c.owns(m) {
 			p.dropMapper(id, m)
@@ -141,7 +147,13 @@ func (p *core) Unmapped(c caller, id uint64) {
 	for i := range p.held {
 		if h := &p.held[i]; h.seg == id {
 			h.by = slices.DeleteFunc(h.by, c.owns)
+			p.markMapped(id)
 		}
+	}
+	wait := p.flushMapped()
+	p.mu.Unlock()
+	if err := wait(); err != nil {
+		p.log.Warn("record that a process let a devdax segment go; tried again at the next sweep", "segment", id, "err", err)
 	}
 }
 
@@ -160,6 +172,7 @@ func (p *core) dropMapper(id uint64, m mapper) {
 		if len(ms) == 0 {
 			delete(p.mappers, id)
 		}
+		p.markMapped(id)
 	}
 }
 
@@ -213,6 +226,7 @@ func (p *core) dropGoneMappers() {
 		if slices.ContainsFunc(h.by, p.mapping) {
 			return false
 		}
+		p.mappedChanged(h.seg) // its entry goes
 		if d := p.device(h.device); d != nil {
 			if err := d.ext.Free(h.offset, h.extent); err != nil {
 				p.log.Error("return a held extent", "segment", h.seg, "device", h.device, "err", err)
@@ -229,8 +243,9 @@ func (p *core) dropGoneMappers() {
 // named segment its owner freed. Given to the next segment, it would take
 // their writes when they go on; it stays out of the allocator until none
 // of them maps it (dropGoneMappers), also in the allocator of the device
-// coming back under its name (addLocked). A restart of the daemon forgets
-// it.
+// coming back under its name (addLocked). Its mappers are in the
+// store (mappedEntry), so a restarted daemon holds it again
+// (restoreMapped).
 type heldExtent struct {
 	seg            uint64
 	device         string
@@ -242,6 +257,7 @@ type heldExtent struct {
 // held.
 func (p *core) holdExtent(r *record, by []mapper) {
 	p.held = append(p.held, heldExtent{seg: r.ID, device: r.Device, offset: r.Offset, extent: r.Extent, by: by})
+	p.markMapped(r.ID)
 	pids := make([]int32, len(by))
 	for i, m := range by {
 		pids[i] = m.pid
@@ -285,4 +301,138 @@ func (p *core) describeClients(ids []string) string {
 // errMappedBy is the refusal to move segment id while clients map it.
 func errMappedBy(id uint64, who string) error {
 	return fmt.Errorf("move segment %d to another tier: %w: mapped by %s; each lets go of it with Segment.Close (or Client.Close, or by ending), then move it again", id, errs.ErrInUse, who)
+}
+
+// markMapped notes that the store's entry of who maps segment id is to be
+// written again by the next flushMapped, when id is a devdax segment's or
+// a held extent's; p.mu is held.
+func (p *core) markMapped(id uint64) {
+	r := p.segs[id]
+	if r != nil && r.Home == "" && p.sharesFD(r.Device) || r == nil && slices.ContainsFunc(p.held, func(h heldExtent) bool { return h.seg == id }) {
+		p.mappedChanged(id)
+	}
+}
+
+// mappedChanged notes that the store's entry of who maps segment id is to
+// be written again, or removed, by the next flushMapped; p.mu is held.
+func (p *core) mappedChanged(id uint64) {
+	if p.mappedDirty == nil {
+		p.mappedDirty = map[uint64]bool{}
+	}
+	p.mappedDirty[id] = true
+}
+
+// sharesFD reports whether the device named name hands out a descriptor
+// that reaches every segment on it (devdax), also when it went away.
+func (p *core) sharesFD(name string) bool {
+	if d := p.device(name); d != nil {
+		return d.SharesFD()
+	}
+	g := p.gone[name]
+	return g != nil && g.SharesFD()
+}
+
+// mappedEntryOf is what the store is to hold of who maps segment id: the
+// extent of its live record and its mappers, or its held extent's; false
+// when there is nothing to hold. p.mu is held.
+func (p *core) mappedEntryOf(id uint64) (mappedEntry, bool) {
+	if r := p.segs[id]; r != nil {
+		if r.Home != "" || len(p.mappers[id]) == 0 || !p.sharesFD(r.Device) {
+			return mappedEntry{}, false
+		}
+		return mappedEntry{device: r.Device, offset: r.Offset, extent: r.Extent, by: sortMappers(slices.Collect(maps.Keys(p.mappers[id])))}, true
+	}
+	i := slices.IndexFunc(p.held, func(h heldExtent) bool { return h.seg == id })
+	if i < 0 || len(p.held[i].by) == 0 {
+		return mappedEntry{}, false
+	}
+	h := p.held[i]
+	return mappedEntry{device: h.device, offset: h.offset, extent: h.extent, by: sortMappers(slices.Clone(h.by))}, true
+}
+
+// flushMapped queues the commit of the entries markMapped noted and
+// returns the wait for it, which the caller must call once it let go of
+// p.mu; those that fail to commit are noted again, for the next. p.mu is
+// held.
+func (p *core) flushMapped() (wait func() error) {
+	if len(p.mappedDirty) == 0 {
+		return func() error { return nil }
+	}
+	ids := slices.Sorted(maps.Keys(p.mappedDirty))
+	clear(p.mappedDirty)
+	put := map[uint64]mappedEntry{}
+	var del []uint64
+	for _, id := range ids {
+		if e, ok := p.mappedEntryOf(id); ok {
+			put[id] = e
+		} else {
+			del = append(del, id)
+		}
+	}
+	committed := p.st.submitMapped(put, del)
+	return func() error {
+		err := committed()
+		if err != nil {
+			p.mu.Lock()
+			for _, id := range ids {
+				p.mappedChanged(id)
+			}
+			p.mu.Unlock()
+		}
+		return err
+	}
+}
+
+// restoreMapped reads back who mapped the devdax segments before a
+// restart (mappedEntry): the processes still running of a restored
+// segment's mappers map it beside those presumed (presumeMapped), and the
+// extent of a segment freed while processes mapped it stays out of the
+// allocator until they end (holdExtent), also when its device comes back
+// later (addLocked). Entries of nothing running go at the next flush.
+// newCore calls it once the records are restored, before anything is
+// served.
+func (p *core) restoreMapped() error {
+	entries, corrupt, err := p.st.mapped()
+	if err != nil {
+		return err
+	}
+	for _, id := range corrupt {
+		p.log.Warn("an entry of which processes map a devdax segment does not decode: removed", "segment", id)
+		p.mappedChanged(id)
+	}
+	for _, id := range slices.Sorted(maps.Keys(entries)) {
+		e := entries[id]
+		by := slices.DeleteFunc(slices.Clone(e.by), func(m mapper) bool { return m.state() == procGone })
+		if len(by) != len(e.by) {
+			p.mappedChanged(id)
+		}
+		r := p.segs[id]
+		switch {
+		case len(by) == 0:
+		case r != nil && r.Home == "" && r.Device == e.device && r.Offset == e.offset && r.Extent == e.extent:
+			if p.mappers == nil {
+				p.mappers = map[uint64]map[mapper]bool{}
+			}
+			if p.mappers[id] == nil {
+				p.mappers[id] = map[mapper]bool{}
+			}
+			for _, m := range by {
+				p.mappers[id][m] = true
+			}
+		case r != nil: // it moved since, which no other mapper may see
+			p.mappedChanged(id)
+		default:
+			if d := p.device(e.device); d != nil {
+				if err := d.ext.Reserve(e.offset, e.extent); err != nil {
+					// Another segment has it: the hold had ended, and
+					// the entry's removal had not committed yet.
+					p.log.Info("a stale entry of a freed devdax segment's mappers: its memory is another segment's now", "segment", id, "device", e.device, "err", err)
+					p.mappedChanged(id)
+					continue
+				}
+			}
+			p.holdExtent(&record{ID: id, Device: e.device, Offset: e.offset, Extent: e.extent}, by)
+		}
+	}
+	return nil
 }

@@ -69,6 +69,9 @@ type core struct {
 	// held is the extents of freed segments that running processes still
 	// map (holdExtent); under mu.
 	held []heldExtent
+	// mappedDirty are the segments whose entry of who maps them is to be
+	// written to the store again (flushMapped); under mu.
+	mappedDirty map[uint64]bool
 	// fwd is the data-plane connections of the copies and shards here
 	// that forward their writes (replicate.go).
 	fwd forwards
@@ -240,6 +243,10 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 			p.st.close()
 			return nil, fmt.Errorf("metadata store: record the grants of %d named segments: %w", len(migrated), err)
 		}
+	}
+	if err := p.restoreMapped(); err != nil {
+		p.st.close()
+		return nil, fmt.Errorf("metadata store: %w", err)
 	}
 	p.sweepOrphans()
 	if err := p.loadMoves(); err != nil {

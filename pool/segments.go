@@ -203,6 +203,9 @@ func (p *core) fence(rs ...*record) {
 func (p *core) release(r *record, reason string) {
 	p.usage.sub(r)
 	defer delete(p.mappers, r.ID)
+	if r.Home == "" && p.sharesFD(r.Device) {
+		p.mappedChanged(r.ID) // held below, or its entry goes
+	}
 	p.trackFills.drop(r.ID)
 	switch {
 	case r.redundant():
@@ -378,46 +381,63 @@ func (p *core) segmentCount() int {
 	return len(p.segs)
 }
 
-// Backing opens a segment's memory for a caller that may use it.
+// Backing opens a segment's memory for a caller that may use it. A
+// process new to a devdax segment is in the store before it gets the
+// descriptor (mappedEntry): a restarted daemon must know it may still
+// write that memory.
 func (p *core) Backing(c caller, id uint64) (device.Backing, error) {
+	b, wait, err := p.backing(c, id)
+	if err != nil {
+		return device.Backing{}, err
+	}
+	if err := wait(); err != nil {
+		b.File.Close()
+		return device.Backing{}, fmt.Errorf("segment %d: record which process maps it: %w", id, err)
+	}
+	return b, nil
+}
+
+// backing is Backing under p.mu, with the wait for the commit of its
+// mapper.
+func (p *core) backing(c caller, id uint64) (_ device.Backing, wait func() error, _ error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, err := p.lookup(id, "")
 	if err != nil {
-		return device.Backing{}, err
+		return device.Backing{}, nil, err
 	}
 	if !mayUse(c, r) {
-		return device.Backing{}, fmt.Errorf("segment %d: %w", id, errs.ErrAccessDenied)
+		return device.Backing{}, nil, fmt.Errorf("segment %d: %w", id, errs.ErrAccessDenied)
 	}
 	if r.Lost {
-		return device.Backing{}, fmt.Errorf("segment %d on %s: %w", id, r.Device, errs.ErrSegmentLost)
+		return device.Backing{}, nil, fmt.Errorf("segment %d on %s: %w", id, r.Device, errs.ErrSegmentLost)
 	}
 	if p.moving.has(id) {
-		return device.Backing{}, fmt.Errorf("segment %d: %w; map it once the move ends", id, errMoveBusy)
+		return device.Backing{}, nil, fmt.Errorf("segment %d: %w; map it once the move ends", id, errMoveBusy)
 	}
 	d := p.device(r.Device)
 	if d == nil { // it went away between placement and commit (hotplug.go)
 		r.Lost = true
-		return device.Backing{}, fmt.Errorf("segment %d: its device %s went away: %w", id, r.Device, errs.ErrSegmentLost)
+		return device.Backing{}, nil, fmt.Errorf("segment %d: its device %s went away: %w", id, r.Device, errs.ErrSegmentLost)
 	}
 	if d.tier == poolv1.Tier_TIER_RDMA {
-		return device.Backing{}, fmt.Errorf("segment %d is on the rdma tier, reached through the data plane at its key, not mapped: %w", id, errs.ErrAccessDenied)
+		return device.Backing{}, nil, fmt.Errorf("segment %d is on the rdma tier, reached through the data plane at its key, not mapped: %w", id, errs.ErrAccessDenied)
 	}
 	if d.SharesFD() && !p.cfg.AllowDevdaxFD {
-		return device.Backing{}, fmt.Errorf("segment %d is on devdax device %s, whose descriptor reaches every segment: %w; start poold with --allow-devdax-fd to hand it out", id, d.Name(), errs.ErrAccessDenied)
+		return device.Backing{}, nil, fmt.Errorf("segment %d is on devdax device %s, whose descriptor reaches every segment: %w; start poold with --allow-devdax-fd to hand it out", id, d.Name(), errs.ErrAccessDenied)
 	}
 	b, err := d.Open(r.ID, r.Offset, r.Extent)
 	if err != nil {
 		if errors.Is(err, device.ErrLost) {
 			r.Lost = true
 			p.log.Warn("segment lost: its memory is gone", "segment", r.ID, "device", r.Device, "err", err)
-			return device.Backing{}, fmt.Errorf("segment %d: %w", id, err) // matches errs.ErrSegmentLost
+			return device.Backing{}, nil, fmt.Errorf("segment %d: %w", id, err) // matches errs.ErrSegmentLost
 		}
-		return device.Backing{}, err
+		return device.Backing{}, nil, err
 	}
 	b.Length = r.Size
 	if c.client != nil {
 		p.noteMapped(id, c.client.id, c.pid)
 	}
-	return b, nil
+	return b, p.flushMapped(), nil
 }

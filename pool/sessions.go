@@ -262,7 +262,11 @@ func (p *core) reap() {
 	p.dispose("lease expired", reaped...)
 	p.mu.Lock()
 	p.dropGoneMappers()
+	wait := p.flushMapped()
 	p.mu.Unlock()
+	if err := wait(); err != nil {
+		p.log.Warn("record which processes map devdax segments; tried again at the next sweep", "err", err)
+	}
 	for id, f := range p.forgetGone(gone) {
 		// Its connections at the homes that delegated it credentials,
 		// opened with a credential of the identity it was bound to,

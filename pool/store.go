@@ -46,7 +46,8 @@ var (
 // of segments in volatile memory (DRAM, emulated CXL on tmpfs or
 // hugetlbfs, a NUMA node, a ram region's devdax device, the rdma export
 // device) are in the volatile
-// file, segments-volatile.db, committed without an fsync: a commit reaches
+// file, segments-volatile.db, with which processes map each devdax segment
+// (mappedstore.go), committed without an fsync: a commit reaches
 // the page cache, which outlives a kill of the daemon but not a crash of
 // the host, and neither do those segments' contents. A third choice, an
 // unsynced bucket in segments.db, would put the fsynced records at risk:

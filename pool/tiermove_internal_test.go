@@ -2,6 +2,7 @@ package pool
 
 import (
 	"fmt"
+	"maps"
 	"os/exec"
 	"slices"
 	"syscall"
@@ -331,4 +332,96 @@ func TestReapHoldsMappedDevdaxExtent(t *testing.T) {
 		p.reap()
 		require.Equal(t, before+again.Extent, free(), "given back once the reader let go")
 	})
+}
+
+// TestMappedDevdaxAcrossRestart: who maps a devdax segment is in the store
+// before the process gets its descriptor, so a restarted daemon knows it:
+// the extent of a segment freed while a stopped process maps it stays out
+// of the allocator after the restart, and a live segment whose client
+// never comes back, reclaimed after the restart's grace, is held while its
+// stopped process runs (presumed mappers alone would have let it go). Once
+// the processes end, the extents go back and their entries leave the
+// store; a second restart holds nothing.
+func TestMappedDevdaxAcrossRestart(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.SysfsRoot = "../cxl/testdata/devdax"
+	cfg.DevRoot = t.TempDir()
+	cfg.AllowDevdaxFD = true
+	testfs.DevdaxStandIns(t, cfg.SysfsRoot, cfg.DevRoot)
+	ctx := t.Context()
+	stopped := func() (*exec.Cmd, int32) {
+		proc := exec.Command("sleep", "600")
+		require.NoError(t, proc.Start())
+		t.Cleanup(func() { proc.Process.Kill(); proc.Wait() })
+		require.NoError(t, proc.Process.Signal(syscall.SIGSTOP))
+		return proc, int32(proc.Process.Pid)
+	}
+	mappedBy := func(p *core, sid, client string) (*exec.Cmd, caller, *record) {
+		proc, pid := stopped()
+		c := sessionCaller(t, p, sid, client, int64(pid), 0)
+		c.pid = pid
+		r, err := p.Alloc(ctx, c, allocRequest{Size: 1 << 20, Tier: poolv1.Tier_TIER_CXL})
+		require.NoError(t, err)
+		require.True(t, p.device(r.Device).SharesFD(), "devdax")
+		b, err := p.Backing(c, r.ID)
+		require.NoError(t, err)
+		b.File.Close()
+		return proc, c, r
+	}
+	// taken reports whether r's extent is out of p's allocator.
+	taken := func(p *core, r *record) bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		d := p.device(r.Device)
+		if err := d.ext.Reserve(r.Offset, r.Extent); err != nil {
+			return true
+		}
+		require.NoError(t, d.ext.Free(r.Offset, r.Extent))
+		return false
+	}
+	entries := func(p *core) []uint64 {
+		es, corrupt, err := p.st.mapped()
+		require.NoError(t, err)
+		require.Empty(t, corrupt)
+		return slices.Sorted(maps.Keys(es))
+	}
+
+	p := newTestPool(t, cfg)
+	procA, app, freed := mappedBy(p, "s1", "app")
+	procB, _, live := mappedBy(p, "s2", "app2")
+	unseen := app
+	unseen.pid = 0 // the process that frees it is not the one that maps it
+	require.NoError(t, p.Free(unseen, freed.ID, ""))
+	require.True(t, taken(p, freed), "held: the stopped process maps it")
+	require.NoError(t, p.close())
+
+	p = newTestPool(t, cfg)
+	t.Cleanup(func() { p.close() })
+	require.True(t, taken(p, freed), "still held after the restart")
+	require.Equal(t, []uint64{freed.ID, live.ID}, entries(p))
+	now := p.started.Add(cfg.LeaseTTL + restartGrace + time.Second) // app2 never came back
+	p.now = func() time.Time { return now }
+	p.reap()
+	_, err := p.Stat(live.ID)
+	require.ErrorIs(t, err, errs.ErrNotFound, "reclaimed: its client's lease ran out")
+	require.True(t, taken(p, live), "held: the stopped process that mapped it before the restart runs")
+	require.True(t, taken(p, freed))
+
+	require.NoError(t, procA.Process.Kill())
+	procA.Wait()
+	p.reap()
+	require.False(t, taken(p, freed), "given back: its process ended")
+	require.True(t, taken(p, live))
+	require.Equal(t, []uint64{live.ID}, entries(p))
+	require.NoError(t, procB.Process.Kill())
+	procB.Wait()
+	p.reap()
+	require.False(t, taken(p, live))
+	require.Empty(t, entries(p))
+	require.NoError(t, p.close())
+
+	p = newTestPool(t, cfg)
+	require.False(t, taken(p, freed))
+	require.False(t, taken(p, live))
+	require.Empty(t, p.held)
 }
