@@ -279,6 +279,16 @@ type Config struct {
 	// the applications. Unit: bytes a second. Default: 1GiB. Zero:
 	// unlimited.
 	RebuildRate size.Size `yaml:"rebuild-rate"`
+	// MoveRate bounds the bytes a second that the live moves this daemon
+	// directs copy, all together: its segments' moves to another node
+	// (memctl move, a home's evacuation or rebalancing asking it to move
+	// them away) and between tiers, so that an evacuation leaves the
+	// network and the processors to the applications. Each daemon paces
+	// the moves of the segments it placed: a node that evacuates is
+	// emptied at up to MoveRate from each of them. The moves of redundant
+	// segments' homes are paced by RebuildRate, with the rebuilds. Unit:
+	// bytes a second. Default: 0 (unlimited).
+	MoveRate size.Size `yaml:"move-rate"`
 	// Rebalance: while this node's rdma tier is used more than the
 	// cluster's mean (of the alive nodes lending it and not draining) by
 	// more than RebalanceThreshold, it moves segments peers placed here
@@ -303,6 +313,11 @@ type Config struct {
 	// of daemons in one process (see simhooks.go); the zero value is poold's.
 	sim simHooks
 }
+
+// minMoveRate is the least Config.MoveRate other than unlimited: the
+// evacMoves moves an evacuation runs at once, all of one origin's, each
+// within evacMoveRate.
+const minMoveRate = evacMoves * evacMoveRate
 
 // DefaultRebuildRate is Config.RebuildRate's default, in bytes a second:
 // a 1 GiB copy is rebuilt in about a second, above half of what one
@@ -380,6 +395,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: peer-lease-ttl %s is below the 100ms minimum", ErrConfig, c.PeerLeaseTTL)
 	case c.RebuildRate < 0:
 		return fmt.Errorf("%w: rebuild-rate %d is negative; use bytes a second, e.g. 512MiB, or 0 for unlimited", ErrConfig, c.RebuildRate)
+	case c.MoveRate < 0 || c.MoveRate > 0 && c.MoveRate < minMoveRate:
+		return fmt.Errorf("%w: move-rate %s is below %s; use bytes a second, e.g. 256MiB, or 0 for unlimited (an evacuating node moves %d segments at once and gives each a second per %s of its size, which they might all share)",
+			ErrConfig, c.MoveRate, size.Size(minMoveRate), evacMoves, size.Size(evacMoveRate))
 	case !(c.RebalanceThreshold > 0 && c.RebalanceThreshold < 1):
 		return fmt.Errorf("%w: rebalance-threshold %g is out of range; use a fraction above 0 and below 1, e.g. 0.1 for ten percentage points above the cluster's mean", ErrConfig, c.RebalanceThreshold)
 	case c.MeasurePeersEvery < 0 || c.MeasurePeersEvery > 0 && c.MeasurePeersEvery < time.Second:

@@ -373,7 +373,7 @@ func (p *core) move(ctx context.Context, c caller, req *poolv1.MoveRequest, tls 
 		p.moving.end(r.ID)
 		return moveResult{}, fmt.Errorf("move segment %d: %w", r.ID, err)
 	}
-	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), clients: clients}
+	m := &mover{p: p, rec: r, src: src, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), clients: clients, rate: p.moveRate}
 	return m.run(ctx)
 }
 
@@ -532,8 +532,10 @@ type mover struct {
 	// clients reaches the segment's clients (core.move).
 	clients moveClients
 
-	// A rebuild (rebuild.go) sets these; a move leaves them zero. rate
-	// paces the copy's bytes, and the pushes'; read fills a batch's spans
+	// rate paces the copy's bytes, and the pushes': a rebuild's
+	// (rebuild.go) and a home move's Config.RebuildRate, a move's
+	// Config.MoveRate. A rebuild (rebuild.go) sets these others; a move
+	// leaves them zero: read fills a batch's spans
 	// instead of a read at the source (an erasure-coded shard decoded
 	// from the others), in batches of at most batch bytes; dirty reports
 	// the chunks changed since its last call instead of the source's
@@ -610,7 +612,7 @@ func (m *mover) run(ctx context.Context) (res moveResult, err error) {
 	if _, err := m.moveOut(ctx, poolv1.MoveOutPhase_MOVE_OUT_TRACK); err != nil {
 		return m.res, err
 	}
-	if _, err := m.push(ctx, true); err != nil {
+	if err := m.pushAll(ctx); err != nil {
 		return m.res, err
 	}
 	if err := m.settlePushes(ctx); err != nil {
@@ -841,6 +843,16 @@ func (m *mover) push(ctx context.Context, all bool) (int, error) {
 		}
 	}
 	return int(resp.DirtyChunks), nil
+}
+
+// pushAll asks the source to write the whole segment to the target: in
+// one PUSH, or in slices under the rate when the copy is paced.
+func (m *mover) pushAll(ctx context.Context) error {
+	if m.rate != nil {
+		return m.pushSliced(ctx)
+	}
+	_, err := m.push(ctx, true)
+	return err
 }
 
 // pushSlice is the most bytes of one PUSH of a paced whole copy

@@ -122,6 +122,9 @@ type core struct {
 	// rb rebuilds the lost homes of redundant segments whose records are
 	// here (rebuild.go).
 	rb *rebuilder
+	// moveRate paces the copies of the moves this daemon directs
+	// (Config.MoveRate); nil: unlimited.
+	moveRate *rateLimit
 	// drainMu orders drains and undos, so that the gossip ends as the
 	// store does (held without mu, around both).
 	drainMu sync.Mutex
@@ -224,6 +227,9 @@ func newCore(cfg Config, log *slog.Logger, devs []*dev, dp *dataPlane, m *metric
 	}
 	p.evac = newEvacuator(p)
 	p.rb = newRebuilder(p, int64(cfg.RebuildRate))
+	if cfg.MoveRate > 0 {
+		p.moveRate = &rateLimit{perSec: float64(cfg.MoveRate)}
+	}
 	if since := p.drained.since; !since.IsZero() {
 		p.log.Info("draining, as memctl drain left it: no new placements for peers until 'memctl drain --undo'", "node", cfg.Node,
 			"since", since.UTC().Format(time.RFC3339), "evacuating", !p.drained.evacSince.IsZero())

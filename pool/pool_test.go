@@ -475,6 +475,8 @@ func TestValidate(t *testing.T) {
 		}, "gossip-cluster is 256 bytes"},
 		{"zone", func(c *Config) { c.Zone = "Rack 3" }, "set --zone"},
 		{"default redundancy", func(c *Config) { c.DefaultRedundancy = "mirror" }, "default-redundancy: invalid argument: redundancy \"mirror\""},
+		{"negative move rate", func(c *Config) { c.MoveRate = -1 }, "move-rate -1B is below 16MiB"},
+		{"move rate below an evacuation's least", func(c *Config) { c.MoveRate = size.MiB }, "move-rate 1MiB is below 16MiB"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

@@ -94,7 +94,7 @@ func (p *core) demote(ctx context.Context, c caller, r record, req *poolv1.MoveR
 	if err != nil {
 		return res, fmt.Errorf("move segment %d to the rdma tier: %w", r.ID, err)
 	}
-	m := &mover{p: p, rec: r, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), local: mp.Bytes()[:r.Size], localKind: rdma.OpWrite}
+	m := &mover{p: p, rec: r, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), local: mp.Bytes()[:r.Size], localKind: rdma.OpWrite, rate: p.moveRate}
 	m.in = intent{ID: r.ID, To: to}
 	p.moving.set(m.in)
 	defer func() { res.bytes = m.copied.Load() }()
@@ -194,7 +194,7 @@ func (p *core) promote(ctx context.Context, c caller, r record, req *poolv1.Move
 		return res, fmt.Errorf("move segment %d to the %s tier: %w", r.ID, tierName(to), err)
 	}
 	defer mp.Close()
-	m := &mover{p: p, rec: r, src: src, to: p.cfg.Node, tls: tls, chunk: moveChunk(r.Size), local: mp.Bytes()[:r.Size], localKind: rdma.OpRead}
+	m := &mover{p: p, rec: r, src: src, to: p.cfg.Node, tls: tls, chunk: moveChunk(r.Size), local: mp.Bytes()[:r.Size], localKind: rdma.OpRead, rate: p.moveRate}
 	m.in = intent{ID: r.ID, From: r.Home, FromID: r.HomeID, To: p.cfg.Node}
 	p.moving.set(m.in)
 	defer func() { res.bytes = m.copied.Load() }()

@@ -25,6 +25,10 @@ import (
 // is the measurement the README quotes.
 const evacSizeEnv = "FARMEM_TEST_EVAC_BYTES"
 
+// evacRateEnv, when set, is TestEvacuateUnderLoad's poold --move-rate
+// (default: poold's, unlimited): the origins pace the moves.
+const evacRateEnv = "FARMEM_TEST_EVAC_RATE"
+
 // evacSegments is how many segments TestEvacuateUnderLoad moves.
 const evacSegments = 64
 
@@ -198,7 +202,11 @@ func TestEvacuateUnderLoad(t *testing.T) {
 	export := max(int64(128<<20), 2*total)
 	began := time.Now()
 	c := testcluster.New(t, testcluster.Options{Hosts: 4})
-	l := startEvacLoad(t, c, []int{22, 21, 21}, segSize, "--export-size", strconv.FormatInt(export, 10))
+	args := []string{"--export-size", strconv.FormatInt(export, 10)}
+	if r := os.Getenv(evacRateEnv); r != "" {
+		args = append(args, "--move-rate", r)
+	}
+	l := startEvacLoad(t, c, []int{22, 21, 21}, segSize, args...)
 	t.Logf("setup took %v", time.Since(began).Round(time.Millisecond))
 	l.startWork(t)
 	time.Sleep(2 * time.Second) // the baseline
