@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -62,8 +63,11 @@ func decodeMapped(v []byte) (mappedEntry, error) {
 	if len(v) == 0 {
 		return mappedEntry{}, fmt.Errorf("%w: empty", errMappedCorrupt)
 	}
-	if v[0] != mappedVersion {
-		return mappedEntry{}, fmt.Errorf("%w: mapped entry version %d, and this poold reads version %d; upgrade poold", errRecordVersion, v[0], mappedVersion)
+	switch {
+	case v[0] == 0:
+		return mappedEntry{}, fmt.Errorf("%w: version 0", errMappedCorrupt)
+	case v[0] > mappedVersion:
+		return mappedEntry{}, fmt.Errorf("%w: mapped entry version %d, and this poold reads version %d; upgrade poold to the release that wrote this --data-dir, or a newer one", errRecordVersion, v[0], mappedVersion)
 	}
 	d := recordDecoder{b: v[1:]}
 	e := mappedEntry{device: d.string(), offset: d.varint(), extent: d.varint()}
@@ -126,7 +130,8 @@ func (s *store) submitMapped(put map[uint64]mappedEntry, del []uint64) (wait fun
 
 // mapped returns the entries the volatile file holds, by segment id, and
 // the ids of those that do not decode (to be removed: what they held is
-// not known).
+// not known). An entry in a newer form fails it, as a newer record fails
+// load: this poold cannot tell what the memory it names is held for.
 func (s *store) mapped() (out map[uint64]mappedEntry, corrupt []uint64, err error) {
 	out = map[uint64]mappedEntry{}
 	err = s.volatile.db.View(func(tx *bolt.Tx) error {
@@ -137,7 +142,10 @@ func (s *store) mapped() (out map[uint64]mappedEntry, corrupt []uint64, err erro
 			}
 			id := binary.BigEndian.Uint64(k[len(mappedPrefix):])
 			e, err := decodeMapped(v)
-			if err != nil {
+			switch {
+			case errors.Is(err, errRecordVersion):
+				return fmt.Errorf("segment %d: %w", id, err)
+			case err != nil:
 				corrupt = append(corrupt, id)
 				continue
 			}

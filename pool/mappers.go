@@ -8,7 +8,6 @@ package pool
 
 import (
 	"bytes"
-	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -94,23 +93,14 @@ func procStart(pid int32) (uint64, procState) {
 // process pid (0: unknown); p.mu is held. A process new to a devdax
 // segment is to be written to the store (markMapped).
 func (p *core) noteMapped(id uint64, client string, pid int32) {
-	if p.mappers == nil {
-		p.mappers = map[uint64]map[mapper]bool{}
-	}
-	if p.mappers[id] == nil {
-		p.mappers[id] = map[mapper]bool{}
-	}
 	m := mapper{client: client}
 	if pid > 0 {
 		if start, st := procStart(pid); st == procRunning {
 			m.pid, m.start = pid, start
 		}
 	}
-	if !p.mappers[id][m] {
-		p.mappers[id][m] = true
-		if m.pid > 0 {
-			p.markMapped(id)
-		}
+	if p.addMapper(id, m) && m.pid > 0 {
+		p.markMapped(id)
 	}
 }
 
@@ -147,10 +137,10 @@ func (p *core) Unmapped(c caller, id uint64) {
 	for i := range p.held {
 		if h := &p.held[i]; h.seg == id {
 			h.by = slices.DeleteFunc(h.by, c.owns)
-			p.markMapped(id)
+			p.mappedChanged(id)
 		}
 	}
-	wait := p.flushMapped()
+	wait := p.flushMapped(id)
 	p.mu.Unlock()
 	if err := wait(); err != nil {
 		p.log.Warn("record that a process let a devdax segment go; tried again at the next sweep", "segment", id, "err", err)
@@ -200,10 +190,7 @@ func (p *core) mappersOf(id uint64, c caller) []mapper {
 			out = append(out, m)
 		}
 	}
-	slices.SortFunc(out, func(a, b mapper) int {
-		return cmp.Or(strings.Compare(a.client, b.client), cmp.Compare(a.pid, b.pid))
-	})
-	return out
+	return sortMappers(out)
 }
 
 // dropGoneMappers forgets the mappers of clients without a session that
@@ -303,12 +290,26 @@ func errMappedBy(id uint64, who string) error {
 	return fmt.Errorf("move segment %d to another tier: %w: mapped by %s; each lets go of it with Segment.Close (or Client.Close, or by ending), then move it again", id, errs.ErrInUse, who)
 }
 
+// mappedState is what the daemon knows of its store's entries of who maps
+// its devdax segments (mappedEntry); under core.mu.
+type mappedState struct {
+	// dirty are the segments whose entry is to be written again or
+	// removed (flushMapped), each with the generation of its last change:
+	// a segment stays here until a commit of its entry as it was then
+	// succeeds, so that a caller that finds it here waits for one.
+	dirty map[uint64]uint64
+	gen   uint64
+	// stored are the segments that may have an entry in the store.
+	stored map[uint64]bool
+}
+
 // markMapped notes that the store's entry of who maps segment id is to be
-// written again by the next flushMapped, when id is a devdax segment's or
-// a held extent's; p.mu is held.
+// written again by the next flushMapped, when id has one or is a devdax
+// segment's or a held extent's; p.mu is held.
 func (p *core) markMapped(id uint64) {
 	r := p.segs[id]
-	if r != nil && r.Home == "" && p.sharesFD(r.Device) || r == nil && slices.ContainsFunc(p.held, func(h heldExtent) bool { return h.seg == id }) {
+	if p.mapped.stored[id] || r != nil && r.Home == "" && p.sharesFD(r.Device) ||
+		r == nil && slices.ContainsFunc(p.held, func(h heldExtent) bool { return h.seg == id }) {
 		p.mappedChanged(id)
 	}
 }
@@ -316,10 +317,11 @@ func (p *core) markMapped(id uint64) {
 // mappedChanged notes that the store's entry of who maps segment id is to
 // be written again, or removed, by the next flushMapped; p.mu is held.
 func (p *core) mappedChanged(id uint64) {
-	if p.mappedDirty == nil {
-		p.mappedDirty = map[uint64]bool{}
+	if p.mapped.dirty == nil {
+		p.mapped.dirty, p.mapped.stored = map[uint64]uint64{}, map[uint64]bool{}
 	}
-	p.mappedDirty[id] = true
+	p.mapped.gen++
+	p.mapped.dirty[id] = p.mapped.gen
 }
 
 // sharesFD reports whether the device named name hands out a descriptor
@@ -350,21 +352,30 @@ func (p *core) mappedEntryOf(id uint64) (mappedEntry, bool) {
 	return mappedEntry{device: h.device, offset: h.offset, extent: h.extent, by: sortMappers(slices.Clone(h.by))}, true
 }
 
-// flushMapped queues the commit of the entries markMapped noted and
-// returns the wait for it, which the caller must call once it let go of
-// p.mu; those that fail to commit are noted again, for the next. p.mu is
-// held.
-func (p *core) flushMapped() (wait func() error) {
-	if len(p.mappedDirty) == 0 {
+// flushMapped queues one commit of the entries of the segments in only
+// (all those noted, without only) that markMapped noted, as they are now,
+// and returns the wait for it, which the caller must call once it let go
+// of p.mu. A segment stays noted until a commit of its entry succeeds,
+// so a later flush writes it again (and waits for it) while one is on its
+// way or after one failed. p.mu is held.
+func (p *core) flushMapped(only ...uint64) (wait func() error) {
+	var ids []uint64
+	if len(only) == 0 {
+		ids = slices.Sorted(maps.Keys(p.mapped.dirty))
+	} else {
+		ids = slices.DeleteFunc(slices.Clone(only), func(id uint64) bool { return p.mapped.dirty[id] == 0 })
+	}
+	if len(ids) == 0 {
 		return func() error { return nil }
 	}
-	ids := slices.Sorted(maps.Keys(p.mappedDirty))
-	clear(p.mappedDirty)
+	gens := make([]uint64, len(ids))
 	put := map[uint64]mappedEntry{}
 	var del []uint64
-	for _, id := range ids {
+	for i, id := range ids {
+		gens[i] = p.mapped.dirty[id]
 		if e, ok := p.mappedEntryOf(id); ok {
 			put[id] = e
+			p.mapped.stored[id] = true
 		} else {
 			del = append(del, id)
 		}
@@ -373,14 +384,37 @@ func (p *core) flushMapped() (wait func() error) {
 	return func() error {
 		err := committed()
 		if err != nil {
-			p.mu.Lock()
-			for _, id := range ids {
-				p.mappedChanged(id)
-			}
-			p.mu.Unlock()
+			return err
 		}
-		return err
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for i, id := range ids {
+			if p.mapped.dirty[id] != gens[i] {
+				continue // changed since: written again by a later flush
+			}
+			delete(p.mapped.dirty, id)
+			if _, kept := put[id]; !kept {
+				delete(p.mapped.stored, id)
+			}
+		}
+		return nil
 	}
+}
+
+// addMapper records m as a mapper of segment id and reports whether it is
+// new; p.mu is held.
+func (p *core) addMapper(id uint64, m mapper) bool {
+	if p.mappers == nil {
+		p.mappers = map[uint64]map[mapper]bool{}
+	}
+	if p.mappers[id] == nil {
+		p.mappers[id] = map[mapper]bool{}
+	}
+	if p.mappers[id][m] {
+		return false
+	}
+	p.mappers[id][m] = true
+	return true
 }
 
 // restoreMapped reads back who mapped the devdax segments before a
@@ -399,35 +433,27 @@ func (p *core) restoreMapped() error {
 	for _, id := range corrupt {
 		p.log.Warn("an entry of which processes map a devdax segment does not decode: removed", "segment", id)
 		p.mappedChanged(id)
+		p.mapped.stored[id] = true
 	}
 	for _, id := range slices.Sorted(maps.Keys(entries)) {
 		e := entries[id]
+		p.mappedChanged(id) // written again as it is now, or removed
+		p.mapped.stored[id] = true
 		by := slices.DeleteFunc(slices.Clone(e.by), func(m mapper) bool { return m.state() == procGone })
-		if len(by) != len(e.by) {
-			p.mappedChanged(id)
-		}
 		r := p.segs[id]
 		switch {
 		case len(by) == 0:
 		case r != nil && r.Home == "" && r.Device == e.device && r.Offset == e.offset && r.Extent == e.extent:
-			if p.mappers == nil {
-				p.mappers = map[uint64]map[mapper]bool{}
-			}
-			if p.mappers[id] == nil {
-				p.mappers[id] = map[mapper]bool{}
-			}
 			for _, m := range by {
-				p.mappers[id][m] = true
+				p.addMapper(id, m)
 			}
 		case r != nil: // it moved since, which no other mapper may see
-			p.mappedChanged(id)
 		default:
 			if d := p.device(e.device); d != nil {
 				if err := d.ext.Reserve(e.offset, e.extent); err != nil {
 					// Another segment has it: the hold had ended, and
 					// the entry's removal had not committed yet.
 					p.log.Info("a stale entry of a freed devdax segment's mappers: its memory is another segment's now", "segment", id, "device", e.device, "err", err)
-					p.mappedChanged(id)
 					continue
 				}
 			}

@@ -69,9 +69,9 @@ type core struct {
 	// held is the extents of freed segments that running processes still
 	// map (holdExtent); under mu.
 	held []heldExtent
-	// mappedDirty are the segments whose entry of who maps them is to be
-	// written to the store again (flushMapped); under mu.
-	mappedDirty map[uint64]bool
+	// mapped is what the daemon knows of the store's entries of who maps
+	// its devdax segments (mappers.go); under mu.
+	mapped mappedState
 	// fwd is the data-plane connections of the copies and shards here
 	// that forward their writes (replicate.go).
 	fwd forwards
@@ -416,7 +416,11 @@ func (p *core) close() error {
 		return nil
 	}
 	p.closed = true
+	wait := p.flushMapped()
 	p.mu.Unlock()
+	if err := wait(); err != nil {
+		p.log.Warn("record which processes map devdax segments before closing the store", "err", err)
+	}
 	p.evac.close()
 	p.peers.close()
 	p.pushing.close()

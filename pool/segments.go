@@ -40,14 +40,31 @@ func mayUse(c caller, r *record) bool {
 // Free releases a segment: committed, then its backing removed and its
 // extent returned.
 func (p *core) Free(c caller, id uint64, name string) error {
+	freed, err := p.free(c, id, name)
+	if err != nil {
+		return err
+	}
+	// Who maps it, if it was a devdax segment: held, or let go.
+	p.mu.Lock()
+	wait := p.flushMapped(freed)
+	p.mu.Unlock()
+	if err := wait(); err != nil {
+		p.log.Warn("record that a freed devdax segment is held or let go; tried again at the next sweep", "segment", freed, "err", err)
+	}
+	return nil
+}
+
+// free is Free without the store's entry of who maps the segment; it
+// returns the id of the segment it freed.
+func (p *core) free(c caller, id uint64, name string) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, err := p.lookup(id, name)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if !mayFree(c, r) {
-		return freeDenied(c, r)
+		return 0, freeDenied(c, r)
 	}
 	if moved := p.moving.switchDone(r.ID); moved != nil {
 		// Its switch-over commits outside p.mu (commitSwitch): the free
@@ -56,7 +73,7 @@ func (p *core) Free(c caller, id uint64, name string) error {
 		<-moved
 		p.mu.Lock()
 		if r, err = p.lookup(r.ID, ""); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	// Out of the table while the removal commits (grouped with concurrent
@@ -75,7 +92,7 @@ func (p *core) Free(c caller, id uint64, name string) error {
 	p.mu.Lock()
 	if err != nil {
 		p.link(r)
-		return fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
+		return 0, fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
 	}
 	p.dropName(r)
 	for m := range p.mappers[r.ID] {
@@ -84,7 +101,7 @@ func (p *core) Free(c caller, id uint64, name string) error {
 		}
 	}
 	p.release(r, "freed")
-	return nil
+	return r.ID, nil
 }
 
 // link puts a record in the table (not its name: callers do).
@@ -203,8 +220,8 @@ func (p *core) fence(rs ...*record) {
 func (p *core) release(r *record, reason string) {
 	p.usage.sub(r)
 	defer delete(p.mappers, r.ID)
-	if r.Home == "" && p.sharesFD(r.Device) {
-		p.mappedChanged(r.ID) // held below, or its entry goes
+	if p.mapped.stored[r.ID] {
+		p.mappedChanged(r.ID) // its entry goes, unless held below
 	}
 	p.trackFills.drop(r.ID)
 	switch {
@@ -439,5 +456,5 @@ func (p *core) backing(c caller, id uint64) (_ device.Backing, wait func() error
 	if c.client != nil {
 		p.noteMapped(id, c.client.id, c.pid)
 	}
-	return b, p.flushMapped(), nil
+	return b, p.flushMapped(id), nil
 }

@@ -371,7 +371,7 @@ func (p *core) switchTier(r record, change func(*record) error, intentID ...uint
 	*cur = next
 	p.usage.add(cur)
 	delete(p.mappers, r.ID)
-	p.mappedChanged(r.ID) // its old extent's entry goes
+	p.markMapped(r.ID) // its old extent's entry goes
 	return next, nil
 }
 
