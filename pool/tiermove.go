@@ -405,8 +405,8 @@ func (m *mover) connectSource(ctx context.Context) error {
 // copyLocal copies the chunks set in bitmap between this node's mapping
 // of the segment (m.local) and its rdma home: writes to the target of a
 // demotion, reads from the source of a promotion, in batches of at most
-// moveBatch bytes and moveBatchOps spans, one Do each; the first failure
-// ends it.
+// moveBatch bytes and moveBatchOps spans, one Do each, each waiting for
+// its turn under the rate; the first failure ends it.
 func (m *mover) copyLocal(ctx context.Context, bitmap []byte) error {
 	conn, reg, node := m.dstConn, m.dstReg, m.to
 	if m.localKind == rdma.OpRead {
@@ -421,6 +421,9 @@ func (m *mover) copyLocal(ctx context.Context, bitmap []byte) error {
 		ptrs := make([]*rdma.Op, len(ops))
 		for i := range ops {
 			ptrs[i] = &ops[i]
+		}
+		if err := m.rate.wait(ctx, n); err != nil {
+			return err
 		}
 		if err := conn.Do(ctx, ptrs...); err != nil {
 			return fmt.Errorf("move segment %d: %w: %s %d spans (%d bytes) at %s from %d: %w", m.rec.ID, errMoveHome, m.localKind, len(ops), n, node, ops[0].Offset, err)
