@@ -289,6 +289,11 @@ type Config struct {
 	// segments' homes are paced by RebuildRate, with the rebuilds. Unit:
 	// bytes a second. Default: 0 (unlimited).
 	MoveRate size.Size `yaml:"move-rate"`
+	// EvacuateMoves is how many of its segments an evacuating node has
+	// moved at once: more empty it sooner and leave the applications less
+	// of the processors and the network meanwhile. Range: 1 to 64.
+	// Default: 4.
+	EvacuateMoves int `yaml:"evacuate-moves"`
 	// Rebalance: while this node's rdma tier is used more than the
 	// cluster's mean (of the alive nodes lending it and not draining) by
 	// more than RebalanceThreshold, it moves segments peers placed here
@@ -314,10 +319,11 @@ type Config struct {
 	sim simHooks
 }
 
-// minMoveRate is the least Config.MoveRate other than unlimited: the
-// evacMoves moves an evacuation runs at once, all of one origin's, each
-// within evacMoveRate.
-const minMoveRate = evacMoves * evacMoveRate
+// minMoveRate is the least Config.MoveRate other than unlimited: an
+// evacuating node gives each move a second per minMoveRate of its size
+// times the moves it runs at once (moveWithin), which a paced origin
+// given all of them meets.
+const minMoveRate = 16 << 20
 
 // DefaultRebuildRate is Config.RebuildRate's default, in bytes a second:
 // a 1 GiB copy is rebuilt in about a second, above half of what one
@@ -354,6 +360,7 @@ func DefaultConfig() Config {
 		DataBusyPoll:         tcp.DefaultBusyPoll,
 		Rebuild:              true,
 		RebuildRate:          DefaultRebuildRate,
+		EvacuateMoves:        evacMoves,
 		RebalanceThreshold:   DefaultRebalanceThreshold,
 		DataDir:              DefaultDataDir(),
 		Socket:               DefaultSocket(),
@@ -396,8 +403,10 @@ func (c *Config) Validate() error {
 	case c.RebuildRate < 0:
 		return fmt.Errorf("%w: rebuild-rate %d is negative; use bytes a second, e.g. 512MiB, or 0 for unlimited", ErrConfig, c.RebuildRate)
 	case c.MoveRate < 0 || c.MoveRate > 0 && c.MoveRate < minMoveRate:
-		return fmt.Errorf("%w: move-rate %s is below %s; use bytes a second, e.g. 256MiB, or 0 for unlimited (an evacuating node moves %d segments at once and gives each a second per %s of its size, which they might all share)",
-			ErrConfig, c.MoveRate, size.Size(minMoveRate), evacMoves, size.Size(evacMoveRate))
+		return fmt.Errorf("%w: move-rate %s is below %s; use bytes a second, e.g. 256MiB, or 0 for unlimited (an evacuating node gives a move a second per %s of its size for each move it runs at once, which may all be this node's)",
+			ErrConfig, c.MoveRate, size.Size(minMoveRate), size.Size(minMoveRate))
+	case c.EvacuateMoves < 1 || c.EvacuateMoves > maxEvacMoves:
+		return fmt.Errorf("%w: evacuate-moves %d is out of range; use 1 to %d (default %d)", ErrConfig, c.EvacuateMoves, maxEvacMoves, evacMoves)
 	case !(c.RebalanceThreshold > 0 && c.RebalanceThreshold < 1):
 		return fmt.Errorf("%w: rebalance-threshold %g is out of range; use a fraction above 0 and below 1, e.g. 0.1 for ten percentage points above the cluster's mean", ErrConfig, c.RebalanceThreshold)
 	case c.MeasurePeersEvery < 0 || c.MeasurePeersEvery > 0 && c.MeasurePeersEvery < time.Second:

@@ -27,11 +27,13 @@ import (
 
 // Evacuation limits.
 const (
-	// evacMoves is how many moves the evacuator runs at once: enough to
-	// overlap one move's commits and round trips with another's copy; each
-	// copy takes CPU from the applications on the hosts it crosses, so
-	// more moves finish sooner and slow the applications more.
-	evacMoves = 4
+	// evacMoves is Config.EvacuateMoves's default, how many moves the
+	// evacuator runs at once: enough to overlap one move's commits and
+	// round trips with another's copy; each copy takes CPU from the
+	// applications on the hosts it crosses, so more moves finish sooner
+	// and slow the applications more. maxEvacMoves is its most.
+	evacMoves    = 4
+	maxEvacMoves = 64
 	// evacRetry is the first pause before a failed move is asked again;
 	// it doubles with each failure of the segment, up to evacRetryMax.
 	evacRetry    = 250 * time.Millisecond
@@ -40,9 +42,10 @@ const (
 	// while none is due (new ones, retries whose pause ended).
 	evacScan = 250 * time.Millisecond
 	// evacMoveTime bounds one move: evacMoveBase plus the segment's size
-	// at evacMoveRate.
+	// at the least move rate shared by all the moves at once
+	// (minMoveRate over Config.EvacuateMoves), so that an origin paced
+	// at that rate and given every move in turn finishes each in time.
 	evacMoveBase = 30 * time.Second
-	evacMoveRate = moveMinRate // bytes a second
 	// evacStuckTries is how many moves of a segment must fail in a row
 	// before the evacuation counts it as stuck: one failure is often
 	// passing (a target that went away), and is retried first.
@@ -138,13 +141,13 @@ func (e *evacuator) close() {
 	e.stop()
 }
 
-// loop moves the segments peers placed here, evacMoves at a time, until
-// ctx ends.
+// loop moves the segments peers placed here, Config.EvacuateMoves at a
+// time, until ctx ends.
 func (e *evacuator) loop(ctx context.Context, r *evacRun) {
 	defer close(r.done)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	results := make(chan struct{}, evacMoves)
+	results := make(chan struct{}, e.p.cfg.EvacuateMoves)
 	tick := time.NewTicker(evacScan)
 	defer tick.Stop()
 	for {
@@ -168,7 +171,7 @@ func (e *evacuator) loop(ctx context.Context, r *evacRun) {
 }
 
 // due marks busy and returns the segments to move now: those not moving
-// and not waiting for a retry, up to evacMoves moving at once.
+// and not waiting for a retry, up to Config.EvacuateMoves moving at once.
 func (e *evacuator) due(r *evacRun) []evacItem {
 	items, _, _ := e.p.peerHeld()
 	now := e.p.now()
@@ -183,7 +186,7 @@ func (e *evacuator) due(r *evacRun) []evacItem {
 	}
 	var out []evacItem
 	for _, it := range items {
-		if len(r.busy)+len(out) >= evacMoves {
+		if len(r.busy)+len(out) >= e.p.cfg.EvacuateMoves {
 			break
 		}
 		if f := r.failed[it.id]; r.busy[it.id] || f != nil && now.Before(f.next) {
@@ -203,13 +206,13 @@ func (e *evacuator) due(r *evacRun) []evacItem {
 // moveOne asks the segment's origin to move it, within a time that grows
 // with its size.
 func (e *evacuator) moveOne(ctx context.Context, it evacItem) (time.Duration, error) {
-	return it.moveWithin(ctx, e.move)
+	return it.moveWithin(ctx, e.move, e.p.cfg.EvacuateMoves)
 }
 
 // moveWithin asks the segment's origin, through move, to move it, within
-// evacMoveBase plus its size at evacMoveRate.
-func (it evacItem) moveWithin(ctx context.Context, move func(ctx context.Context, origin string, homeID uint64) (time.Duration, error)) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size/evacMoveRate)*time.Second)
+// evacMoveBase plus its size at minMoveRate shared by moves at once.
+func (it evacItem) moveWithin(ctx context.Context, move func(ctx context.Context, origin string, homeID uint64) (time.Duration, error), moves int) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size*int64(moves)/minMoveRate)*time.Second)
 	defer cancel()
 	return move(ctx, it.origin, it.id)
 }

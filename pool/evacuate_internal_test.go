@@ -168,3 +168,52 @@ func TestStuckReason(t *testing.T) {
 		"origin c is unreachable (1 segment waits): they move once its poold is back; "+
 		"origins e, f: its poold cannot move segments (not supported on this host or build); upgrade it", got)
 }
+
+// TestEvacuateMovesAtOnce: an evacuating node has at most
+// Config.EvacuateMoves of its segments moved at once, and that many while
+// more are left.
+func TestEvacuateMovesAtOnce(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.EvacuateMoves = 2
+	p := newTestPool(t, cfg)
+	t.Cleanup(func() { p.close() })
+	f := &fakeOrigins{p: p, answer: map[string]func(uint64) error{}, calls: map[string]int{}}
+	p.evac.move = f.move
+	for range 6 {
+		peerSegment(t, p, "a", 1<<20)
+	}
+	var mu sync.Mutex
+	moving, most := 0, 0
+	gate := make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	t.Cleanup(open) // before the pool closes, which waits for the moves
+	f.set("a", func(uint64) error {
+		mu.Lock()
+		moving++
+		most = max(most, moving)
+		mu.Unlock()
+		<-gate
+		mu.Lock()
+		moving--
+		mu.Unlock()
+		return nil
+	})
+	at := func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return moving, most
+	}
+	_, _, err := p.drain(true, true)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { n, _ := at(); return n == 2 }, 10*time.Second, 5*time.Millisecond)
+	time.Sleep(3 * evacScan) // a scan or two that could start more
+	n, m := at()
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, m)
+	open()
+	require.Eventually(t, func() bool { return p.evac.progress().Done }, 10*time.Second, 10*time.Millisecond)
+	_, m = at()
+	require.Equal(t, 2, m, "never more than two at once")
+	require.Equal(t, 6, f.count("a"))
+}

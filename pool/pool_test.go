@@ -477,6 +477,8 @@ func TestValidate(t *testing.T) {
 		{"default redundancy", func(c *Config) { c.DefaultRedundancy = "mirror" }, "default-redundancy: invalid argument: redundancy \"mirror\""},
 		{"negative move rate", func(c *Config) { c.MoveRate = -1 }, "move-rate -1B is below 16MiB"},
 		{"move rate below an evacuation's least", func(c *Config) { c.MoveRate = size.MiB }, "move-rate 1MiB is below 16MiB"},
+		{"no evacuation moves", func(c *Config) { c.EvacuateMoves = 0 }, "evacuate-moves 0 is out of range; use 1 to 64"},
+		{"too many evacuation moves", func(c *Config) { c.EvacuateMoves = 65 }, "evacuate-moves 65 is out of range"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

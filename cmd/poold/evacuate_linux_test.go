@@ -25,9 +25,13 @@ import (
 // is the measurement the README quotes.
 const evacSizeEnv = "FARMEM_TEST_EVAC_BYTES"
 
-// evacRateEnv, when set, is TestEvacuateUnderLoad's poold --move-rate
-// (default: poold's, unlimited): the origins pace the moves.
-const evacRateEnv = "FARMEM_TEST_EVAC_RATE"
+// evacRateEnv and evacMovesEnv, when set, are TestEvacuateUnderLoad's
+// poold --move-rate (default: poold's, unlimited: the origins pace the
+// moves) and --evacuate-moves (default: poold's, 4).
+const (
+	evacRateEnv  = "FARMEM_TEST_EVAC_RATE"
+	evacMovesEnv = "FARMEM_TEST_EVAC_MOVES"
+)
 
 // evacSegments is how many segments TestEvacuateUnderLoad moves.
 const evacSegments = 64
@@ -205,6 +209,9 @@ func TestEvacuateUnderLoad(t *testing.T) {
 	args := []string{"--export-size", strconv.FormatInt(export, 10)}
 	if r := os.Getenv(evacRateEnv); r != "" {
 		args = append(args, "--move-rate", r)
+	}
+	if n := os.Getenv(evacMovesEnv); n != "" {
+		args = append(args, "--evacuate-moves", n)
 	}
 	l := startEvacLoad(t, c, []int{22, 21, 21}, segSize, args...)
 	t.Logf("setup took %v", time.Since(began).Round(time.Millisecond))
