@@ -282,12 +282,15 @@ type Config struct {
 	// MoveRate bounds the bytes a second that the live moves this daemon
 	// directs copy, all together: its segments' moves to another node
 	// (memctl move, a home's evacuation or rebalancing asking it to move
-	// them away) and between tiers, so that an evacuation leaves the
-	// network and the processors to the applications. Each daemon paces
-	// the moves of the segments it placed: a node that evacuates is
-	// emptied at up to MoveRate from each of them. The moves of redundant
-	// segments' homes are paced by RebuildRate, with the rebuilds. Unit:
-	// bytes a second. Default: 0 (unlimited).
+	// them away) and promotions to its cxl or local tier, so that an
+	// evacuation leaves the network and the processors to the
+	// applications. Each daemon paces the moves of the segments it
+	// placed: a node that evacuates is emptied at up to MoveRate from
+	// each of them. The moves of redundant segments' homes are paced by
+	// RebuildRate, with the rebuilds; a demotion, whose segment is out of
+	// use for its whole copy, and the last round of any copy, which
+	// writes wait for, are not paced. Unit: bytes a second. Default: 0
+	// (unlimited).
 	MoveRate size.Size `yaml:"move-rate"`
 	// EvacuateMoves is how many of its segments an evacuating node has
 	// moved at once: more empty it sooner and leave the applications less
@@ -319,11 +322,11 @@ type Config struct {
 	sim simHooks
 }
 
-// minMoveRate is the least Config.MoveRate other than unlimited: an
-// evacuating node gives each move a second per minMoveRate of its size
+// leastMoveRate is the least Config.MoveRate other than unlimited: an
+// evacuating node gives each move a second per leastMoveRate of its size
 // times the moves it runs at once (moveWithin), which a paced origin
 // given all of them meets.
-const minMoveRate = 16 << 20
+const leastMoveRate = 16 << 20
 
 // DefaultRebuildRate is Config.RebuildRate's default, in bytes a second:
 // a 1 GiB copy is rebuilt in about a second, above half of what one
@@ -402,9 +405,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: peer-lease-ttl %s is below the 100ms minimum", ErrConfig, c.PeerLeaseTTL)
 	case c.RebuildRate < 0:
 		return fmt.Errorf("%w: rebuild-rate %d is negative; use bytes a second, e.g. 512MiB, or 0 for unlimited", ErrConfig, c.RebuildRate)
-	case c.MoveRate < 0 || c.MoveRate > 0 && c.MoveRate < minMoveRate:
+	case c.MoveRate < 0 || c.MoveRate > 0 && c.MoveRate < leastMoveRate:
 		return fmt.Errorf("%w: move-rate %s is below %s; use bytes a second, e.g. 256MiB, or 0 for unlimited (an evacuating node gives a move a second per %s of its size for each move it runs at once, which may all be this node's)",
-			ErrConfig, c.MoveRate, size.Size(minMoveRate), size.Size(minMoveRate))
+			ErrConfig, c.MoveRate, size.Size(leastMoveRate), size.Size(leastMoveRate))
 	case c.EvacuateMoves < 1 || c.EvacuateMoves > maxEvacMoves:
 		return fmt.Errorf("%w: evacuate-moves %d is out of range; use 1 to %d (default %d)", ErrConfig, c.EvacuateMoves, maxEvacMoves, evacMoves)
 	case !(c.RebalanceThreshold > 0 && c.RebalanceThreshold < 1):

@@ -41,10 +41,11 @@ const (
 	// evacScan is how often the evacuator looks for segments to move
 	// while none is due (new ones, retries whose pause ended).
 	evacScan = 250 * time.Millisecond
-	// evacMoveTime bounds one move: evacMoveBase plus the segment's size
-	// at the least move rate shared by all the moves at once
-	// (minMoveRate over Config.EvacuateMoves), so that an origin paced
-	// at that rate and given every move in turn finishes each in time.
+	// evacMoveBase plus the segment's size at the least move rate shared
+	// by all the moves at once (leastMoveRate over Config.EvacuateMoves)
+	// bounds one move: an origin paced at that rate and given every move
+	// of this evacuation finishes each in time (one that directs other
+	// moves too may not: the move fails and is asked again).
 	evacMoveBase = 30 * time.Second
 	// evacStuckTries is how many moves of a segment must fail in a row
 	// before the evacuation counts it as stuck: one failure is often
@@ -210,9 +211,9 @@ func (e *evacuator) moveOne(ctx context.Context, it evacItem) (time.Duration, er
 }
 
 // moveWithin asks the segment's origin, through move, to move it, within
-// evacMoveBase plus its size at minMoveRate shared by moves at once.
+// evacMoveBase plus its size at leastMoveRate shared by moves at once.
 func (it evacItem) moveWithin(ctx context.Context, move func(ctx context.Context, origin string, homeID uint64) (time.Duration, error), moves int) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size*int64(moves)/minMoveRate)*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size*int64(moves)/leastMoveRate)*time.Second)
 	defer cancel()
 	return move(ctx, it.origin, it.id)
 }

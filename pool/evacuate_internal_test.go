@@ -217,3 +217,22 @@ func TestEvacuateMovesAtOnce(t *testing.T) {
 	require.Equal(t, 2, m, "never more than two at once")
 	require.Equal(t, 6, f.count("a"))
 }
+
+// TestMoveWithinTime: an evacuation gives a move 30 s plus a second per
+// 16 MiB (the least move rate) of its size for each move it runs at once,
+// which rebalancing's moves get as four.
+func TestMoveWithinTime(t *testing.T) {
+	for _, moves := range []int{1, evacMoves, 8} {
+		it := evacItem{id: 1, size: 1 << 30, origin: "a"}
+		var left time.Duration
+		_, err := it.moveWithin(t.Context(), func(ctx context.Context, _ string, _ uint64) (time.Duration, error) {
+			d, ok := ctx.Deadline()
+			require.True(t, ok)
+			left = time.Until(d)
+			return 0, nil
+		}, moves)
+		require.NoError(t, err)
+		want := evacMoveBase + time.Duration(moves)*64*time.Second
+		require.InDelta(t, want.Seconds(), left.Seconds(), 5, "%d moves at once", moves)
+	}
+}

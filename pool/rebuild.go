@@ -460,8 +460,10 @@ func redundancyLabel(s poolv1.RedundancyState) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "REDUNDANCY_STATE_"))
 }
 
-// rateLimit paces the bytes of every rebuild of a daemon to perSec. Safe
-// for concurrent use; a nil *rateLimit does not limit.
+// rateLimit paces the bytes of a daemon's rebuilds (Config.RebuildRate)
+// or of its moves (Config.MoveRate), all together, to perSec: each wait
+// takes the next turn, and one given up gives its turn back. Safe for
+// concurrent use; a nil *rateLimit does not limit.
 type rateLimit struct {
 	perSec float64
 
@@ -480,7 +482,8 @@ func (l *rateLimit) wait(ctx context.Context, n int64) error {
 	if at.Before(now) { // no credit saved up while idle
 		at = now
 	}
-	l.next = at.Add(time.Duration(float64(n) / l.perSec * float64(time.Second)))
+	cost := time.Duration(float64(n) / l.perSec * float64(time.Second))
+	l.next = at.Add(cost)
 	l.mu.Unlock()
 	d := at.Sub(now)
 	if d <= 0 {
@@ -490,6 +493,9 @@ func (l *rateLimit) wait(ctx context.Context, n int64) error {
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
+		l.mu.Lock()
+		l.next = l.next.Add(-cost) // the turns after it come sooner
+		l.mu.Unlock()
 		return context.Cause(ctx)
 	case <-t.C:
 		return nil

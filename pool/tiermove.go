@@ -94,7 +94,7 @@ func (p *core) demote(ctx context.Context, c caller, r record, req *poolv1.MoveR
 	if err != nil {
 		return res, fmt.Errorf("move segment %d to the rdma tier: %w", r.ID, err)
 	}
-	m := &mover{p: p, rec: r, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), local: mp.Bytes()[:r.Size], localKind: rdma.OpWrite, rate: p.moveRate}
+	m := &mover{p: p, rec: r, dst: dst, to: to, tls: tls, chunk: moveChunk(r.Size), local: mp.Bytes()[:r.Size], localKind: rdma.OpWrite}
 	m.in = intent{ID: r.ID, To: to}
 	p.moving.set(m.in)
 	defer func() { res.bytes = m.copied.Load() }()
@@ -229,6 +229,7 @@ func (p *core) promote(ctx context.Context, c caller, r record, req *poolv1.Move
 		return res, err
 	}
 	orBitmap(dirty, last.Dirty)
+	m.sealed = true
 	if err := m.copyChunks(ctx, dirty); err != nil {
 		return res, err
 	}
@@ -422,7 +423,7 @@ func (m *mover) copyLocal(ctx context.Context, bitmap []byte) error {
 		for i := range ops {
 			ptrs[i] = &ops[i]
 		}
-		if err := m.rate.wait(ctx, n); err != nil {
+		if err := m.pace(ctx, n); err != nil {
 			return err
 		}
 		if err := conn.Do(ctx, ptrs...); err != nil {

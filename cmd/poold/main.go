@@ -122,7 +122,7 @@ flag's name as key (e.g. "emulate-cxl: 2GiB"); flags override the file.`,
 	f.BoolVar(&cfg.Rebuild, "rebuild", cfg.Rebuild, "rebuild the lost copies and shards of this node's redundant segments on other hosts (--rebuild=false leaves them degraded)")
 	f.Var(&cfg.RebuildRate, "rebuild-rate", "bytes a second that rebuilds of lost copies and shards of redundant segments may write, all together, e.g. 256MiB (0: unlimited)")
 	f.IntVar(&cfg.EvacuateMoves, "evacuate-moves", cfg.EvacuateMoves, "how many segments this node has moved at once while it evacuates (1 to 64): more empty it sooner and leave its applications less meanwhile")
-	f.Var(&cfg.MoveRate, "move-rate", "bytes a second that the live moves of the segments this node placed may copy, all together (to other nodes, evacuations included, and between tiers), e.g. 256MiB (0: unlimited)")
+	f.Var(&cfg.MoveRate, "move-rate", "bytes a second that the live moves of the segments this node placed may copy, all together (to other nodes, evacuations included, and promotions to its cxl or local tier; rebuilds and redundant homes go at --rebuild-rate), e.g. 256MiB (0: unlimited)")
 	f.BoolVar(&cfg.Rebalance, "rebalance", cfg.Rebalance, "move segments of peers away while this node's rdma tier is used above the cluster's mean by more than --rebalance-threshold")
 	f.Float64Var(&cfg.RebalanceThreshold, "rebalance-threshold", cfg.RebalanceThreshold, "with --rebalance, how far above the cluster's mean used fraction this node may be, e.g. 0.1 for ten percentage points (above 0, below 1)")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
