@@ -7,7 +7,6 @@
 package pool
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -18,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/farmem/farmem/internal/errs"
+	"github.com/farmem/farmem/internal/procstat"
 )
 
 // mapper is a client that got a segment's descriptor, in one process,
@@ -57,21 +57,12 @@ func (m mapper) state() procState {
 // ticks since boot) and whether it runs: a zombie leader whose other
 // threads run still does (its mappings live on with them).
 func procStart(pid int32) (uint64, procState) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := procstat.Fields(int(pid))
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, procGone
 	}
-	if err != nil {
-		return 0, procUnknown
-	}
-	// The command name, in parentheses, may hold spaces: fields count from
-	// the last ')'. state is field 3, starttime field 22.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, procUnknown
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
+	// state is field 3, starttime field 22.
+	if err != nil || len(f) < 20 {
 		return 0, procUnknown
 	}
 	start, err := strconv.ParseUint(f[19], 10, 64)

@@ -4,7 +4,6 @@ package bench
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/internal/procstat"
 )
 
 // SelfCPU is this process's CPU time so far, user plus system, over all
@@ -61,15 +62,12 @@ func ProcessCPU(pid int) (time.Duration, error) {
 
 // statCPU reads utime+stime from /proc/PID/stat.
 func statCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := procstat.Fields(pid)
 	if err != nil {
 		return 0, fmt.Errorf("%w: CPU time of process %d: %w", ErrUnknown, pid, err)
 	}
-	// The command name, in parentheses, may hold spaces: fields count from
-	// the last ')'. utime and stime are fields 14 and 15.
-	i := bytes.LastIndexByte(b, ')')
-	f := strings.Fields(string(b[i+1:]))
-	if i < 0 || len(f) < 13 {
+	// utime and stime are fields 14 and 15.
+	if len(f) < 13 {
 		return 0, fmt.Errorf("%w: /proc/%d/stat has %d fields after the name", ErrUnknown, pid, len(f))
 	}
 	ut, err1 := strconv.ParseInt(f[11], 10, 64)
