@@ -43,9 +43,11 @@ const (
 	evacScan = 250 * time.Millisecond
 	// evacMoveBase plus the segment's size at the least move rate shared
 	// by all the moves at once (leastMoveRate over Config.EvacuateMoves)
-	// bounds one move: an origin paced at that rate and given every move
-	// of this evacuation finishes each in time (one that directs other
-	// moves too may not: the move fails and is asked again).
+	// is one move's time: an origin paced at that rate and given every
+	// move of this evacuation finishes each in it. Past it, the move goes
+	// on while its origin asks this node for steps of it (one that directs
+	// other moves too may take longer), and is given up once it asked
+	// nothing for evacMoveBase (moveWithin).
 	evacMoveBase = 30 * time.Second
 	// evacStuckTries is how many moves of a segment must fail in a row
 	// before the evacuation counts it as stuck: one failure is often
@@ -65,6 +67,27 @@ type evacuator struct {
 	mu     sync.Mutex
 	run    *evacRun // the running evacuation; nil while none runs
 	closed bool
+
+	steps stepWatch
+}
+
+// stepWatch keeps, for each move of a segment here that this node asked
+// for (moveWithin), when its origin last asked this node for a step of it
+// (MoveOut); base and tick are evacMoveBase and how often a move is
+// looked at, which tests shorten. Safe for concurrent use.
+type stepWatch struct {
+	base, tick time.Duration
+	mu         sync.Mutex
+	last       map[uint64]time.Time
+}
+
+// saw notes a step of the move of segment id, if this node asked for it.
+func (w *stepWatch) saw(id uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.last[id]; ok {
+		w.last[id] = time.Now()
+	}
 }
 
 // evacRun is one run of the evacuation: from its start (a drain
@@ -100,7 +123,7 @@ type evacItem struct {
 }
 
 func newEvacuator(p *core) *evacuator {
-	e := &evacuator{p: p}
+	e := &evacuator{p: p, steps: stepWatch{base: evacMoveBase, tick: time.Second, last: map[uint64]time.Time{}}}
 	e.move = p.moveAway
 	return e
 }
@@ -207,15 +230,55 @@ func (e *evacuator) due(r *evacRun) []evacItem {
 // moveOne asks the segment's origin to move it, within a time that grows
 // with its size.
 func (e *evacuator) moveOne(ctx context.Context, it evacItem) (time.Duration, error) {
-	return it.moveWithin(ctx, e.move, e.p.cfg.EvacuateMoves)
+	return e.moveWithin(ctx, it, e.move, e.p.cfg.EvacuateMoves)
 }
 
-// moveWithin asks the segment's origin, through move, to move it, within
-// evacMoveBase plus its size at leastMoveRate shared by moves at once.
-func (it evacItem) moveWithin(ctx context.Context, move func(ctx context.Context, origin string, homeID uint64) (time.Duration, error), moves int) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, evacMoveBase+time.Duration(it.size*int64(moves)/leastMoveRate)*time.Second)
-	defer cancel()
-	return move(ctx, it.origin, it.id)
+// moveWithin asks the segment's origin, through move, to move it. It gives
+// up once the move has taken longer than its time, evacMoveBase plus its
+// size at leastMoveRate shared by moves at once, and its origin has asked
+// this node for no step of it (MoveOut) for evacMoveBase: a move that its
+// origin's pacer holds back behind other moves goes on as long as its
+// steps come.
+func (e *evacuator) moveWithin(ctx context.Context, it evacItem, move func(ctx context.Context, origin string, homeID uint64) (time.Duration, error), moves int) (time.Duration, error) {
+	w := &e.steps
+	limit := w.base + time.Duration(it.size*int64(moves)/leastMoveRate)*time.Second
+	began := time.Now()
+	w.mu.Lock()
+	w.last[it.id] = began
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.last, it.id)
+		w.mu.Unlock()
+	}()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		t := time.NewTicker(w.tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			w.mu.Lock()
+			last := w.last[it.id]
+			w.mu.Unlock()
+			if now := time.Now(); now.Sub(began) > limit && now.Sub(last) > w.base {
+				cancel(fmt.Errorf("%w: the move took over %s, and origin %s asked nothing of it for %s", context.DeadlineExceeded,
+					limit.Round(time.Millisecond), it.origin, now.Sub(last).Round(time.Millisecond)))
+				return
+			}
+		}
+	}()
+	pause, err := move(ctx, it.origin, it.id)
+	if cause := context.Cause(ctx); err != nil && ctx.Err() != nil && cause != nil && !errors.Is(err, cause) {
+		err = fmt.Errorf("%w (%w)", err, cause)
+	}
+	return pause, err
 }
 
 // finish records the outcome of a move.

@@ -218,21 +218,37 @@ func TestEvacuateMovesAtOnce(t *testing.T) {
 	require.Equal(t, 6, f.count("a"))
 }
 
-// TestMoveWithinTime: an evacuation gives a move 30 s plus a second per
-// 16 MiB (the least move rate) of its size for each move it runs at once,
-// which rebalancing's moves get as four.
+// TestMoveWithinTime: an evacuating node gives up a move once it took
+// longer than its time (evacMoveBase plus a second per 16 MiB of its size
+// for each move at once) and its origin has asked nothing of it for
+// evacMoveBase (both shortened here); a move whose steps keep coming goes
+// on past its time.
 func TestMoveWithinTime(t *testing.T) {
-	for _, moves := range []int{1, evacMoves, 8} {
-		it := evacItem{id: 1, size: 1 << 30, origin: "a"}
-		var left time.Duration
-		_, err := it.moveWithin(t.Context(), func(ctx context.Context, _ string, _ uint64) (time.Duration, error) {
-			d, ok := ctx.Deadline()
-			require.True(t, ok)
-			left = time.Until(d)
-			return 0, nil
-		}, moves)
-		require.NoError(t, err)
-		want := evacMoveBase + time.Duration(moves)*64*time.Second
-		require.InDelta(t, want.Seconds(), left.Seconds(), 5, "%d moves at once", moves)
+	const base = time.Second
+	e := &evacuator{steps: stepWatch{base: base, tick: 10 * time.Millisecond, last: map[uint64]time.Time{}}}
+	it := evacItem{id: 1, size: 16 << 20, origin: "a"}
+	silent := func(ctx context.Context, _ string, _ uint64) (time.Duration, error) {
+		<-ctx.Done()
+		return 0, context.Cause(ctx)
 	}
+	began := time.Now()
+	_, err := e.moveWithin(t.Context(), it, silent, 1)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "origin a asked nothing of it")
+	require.GreaterOrEqual(t, time.Since(began), base+time.Second, "its time: the base and a second for 16 MiB")
+
+	stepping := func(ctx context.Context, _ string, id uint64) (time.Duration, error) {
+		for end := time.Now().Add(3 * base); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if ctx.Err() != nil {
+				return 0, context.Cause(ctx)
+			}
+			e.steps.saw(id)
+		}
+		return 0, nil
+	}
+	_, err = e.moveWithin(t.Context(), evacItem{id: 2, origin: "a"}, stepping, 1)
+	require.NoError(t, err, "it goes on while its steps come")
+	require.Empty(t, e.steps.last, "a move's steps are forgotten once it ends")
+	e.steps.saw(3)
+	require.Empty(t, e.steps.last, "steps of moves this node did not ask for are not kept")
 }

@@ -49,6 +49,7 @@ func (p *core) moveOut(ctx context.Context, c caller, req *poolv1.MoveOutRequest
 	if err != nil {
 		return nil, err
 	}
+	p.evac.steps.saw(seg.ID) // the move this node asked for goes on
 	if hook := p.cfg.sim.moveOutStep; hook != nil {
 		if err := hook(c, req); err != nil {
 			return nil, err

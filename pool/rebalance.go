@@ -86,7 +86,7 @@ func (p *core) rebalance(ctx context.Context, move func(ctx context.Context, ori
 		if !ok {
 			continue
 		}
-		if _, err := it.moveWithin(ctx, move, evacMoves); err != nil {
+		if _, err := p.evac.moveWithin(ctx, it, move, evacMoves); err != nil {
 			failed[it.id] = p.now().Add(evacRetryMax)
 			p.log.Info("rebalancing: a move failed; the segment is left alone for a while", "segment", it.id, "origin", it.origin, "size", it.size, "err", err)
 			continue
