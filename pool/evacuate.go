@@ -71,23 +71,57 @@ type evacuator struct {
 	steps stepWatch
 }
 
-// stepWatch keeps, for each move of a segment here that this node asked
-// for (moveWithin), when its origin last asked this node for a step of it
+// stepWatch keeps, for each segment here whose move this node asked for
+// (moveWithin), when its origin last asked this node for a step of it
 // (MoveOut); base and tick are evacMoveBase and how often a move is
 // looked at, which tests shorten. Safe for concurrent use.
 type stepWatch struct {
 	base, tick time.Duration
 	mu         sync.Mutex
-	last       map[uint64]time.Time
+	moves      map[uint64]*watched
+}
+
+// watched is a segment's entry in stepWatch: the asks for its move under
+// way (the evacuation's and rebalancing's may overlap) and its last step.
+type watched struct {
+	asks int
+	last time.Time
 }
 
 // saw notes a step of the move of segment id, if this node asked for it.
 func (w *stepWatch) saw(id uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.last[id]; ok {
-		w.last[id] = time.Now()
+	if m := w.moves[id]; m != nil {
+		m.last = time.Now()
 	}
+}
+
+// watch notes an ask for segment id's move, and returns the time of its
+// last step and the end of the ask.
+func (w *stepWatch) watch(id uint64) (last func() time.Time, end func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m := w.moves[id]
+	if m == nil {
+		m = &watched{}
+		w.moves[id] = m
+	}
+	m.asks++
+	m.last = time.Now()
+	last = func() time.Time {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return m.last
+	}
+	end = func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if m.asks--; m.asks == 0 {
+			delete(w.moves, id)
+		}
+	}
+	return last, end
 }
 
 // evacRun is one run of the evacuation: from its start (a drain
@@ -123,7 +157,7 @@ type evacItem struct {
 }
 
 func newEvacuator(p *core) *evacuator {
-	e := &evacuator{p: p, steps: stepWatch{base: evacMoveBase, tick: time.Second, last: map[uint64]time.Time{}}}
+	e := &evacuator{p: p, steps: stepWatch{base: evacMoveBase, tick: time.Second, moves: map[uint64]*watched{}}}
 	e.move = p.moveAway
 	return e
 }
@@ -243,14 +277,8 @@ func (e *evacuator) moveWithin(ctx context.Context, it evacItem, move func(ctx c
 	w := &e.steps
 	limit := w.base + time.Duration(it.size*int64(moves)/leastMoveRate)*time.Second
 	began := time.Now()
-	w.mu.Lock()
-	w.last[it.id] = began
-	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		delete(w.last, it.id)
-		w.mu.Unlock()
-	}()
+	lastStep, end := w.watch(it.id)
+	defer end()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	done := make(chan struct{})
@@ -264,12 +292,10 @@ func (e *evacuator) moveWithin(ctx context.Context, it evacItem, move func(ctx c
 				return
 			case <-t.C:
 			}
-			w.mu.Lock()
-			last := w.last[it.id]
-			w.mu.Unlock()
-			if now := time.Now(); now.Sub(began) > limit && now.Sub(last) > w.base {
-				cancel(fmt.Errorf("%w: the move took over %s, and origin %s asked nothing of it for %s", context.DeadlineExceeded,
-					limit.Round(time.Millisecond), it.origin, now.Sub(last).Round(time.Millisecond)))
+			if now := time.Now(); now.Sub(began) > limit && now.Sub(lastStep()) > w.base {
+				// The same words for every such move of an origin: the
+				// evacuation's stuck reason groups them.
+				cancel(fmt.Errorf("%w: past its time, origin %s asked this node nothing of the move for %s", context.DeadlineExceeded, it.origin, w.base))
 				return
 			}
 		}

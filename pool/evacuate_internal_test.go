@@ -222,20 +222,22 @@ func TestEvacuateMovesAtOnce(t *testing.T) {
 // longer than its time (evacMoveBase plus a second per 16 MiB of its size
 // for each move at once) and its origin has asked nothing of it for
 // evacMoveBase (both shortened here); a move whose steps keep coming goes
-// on past its time.
+// on past its time, also when another ask for the same segment (the
+// rebalancer's beside the evacuation's) ends meanwhile.
 func TestMoveWithinTime(t *testing.T) {
 	const base = time.Second
-	e := &evacuator{steps: stepWatch{base: base, tick: 10 * time.Millisecond, last: map[uint64]time.Time{}}}
-	it := evacItem{id: 1, size: 16 << 20, origin: "a"}
+	e := &evacuator{steps: stepWatch{base: base, tick: 10 * time.Millisecond, moves: map[uint64]*watched{}}}
 	silent := func(ctx context.Context, _ string, _ uint64) (time.Duration, error) {
 		<-ctx.Done()
 		return 0, context.Cause(ctx)
 	}
-	began := time.Now()
-	_, err := e.moveWithin(t.Context(), it, silent, 1)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.ErrorContains(t, err, "origin a asked nothing of it")
-	require.GreaterOrEqual(t, time.Since(began), base+time.Second, "its time: the base and a second for 16 MiB")
+	for _, moves := range []int{1, 2} {
+		began := time.Now()
+		_, err := e.moveWithin(t.Context(), evacItem{id: 1, size: 16 << 20, origin: "a"}, silent, moves)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.EqualError(t, err, "context deadline exceeded: past its time, origin a asked this node nothing of the move for 1s")
+		require.GreaterOrEqual(t, time.Since(began), base+time.Duration(moves)*time.Second, "its time: the base and a second for 16 MiB per move at once")
+	}
 
 	stepping := func(ctx context.Context, _ string, id uint64) (time.Duration, error) {
 		for end := time.Now().Add(3 * base); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
@@ -246,9 +248,21 @@ func TestMoveWithinTime(t *testing.T) {
 		}
 		return 0, nil
 	}
-	_, err = e.moveWithin(t.Context(), evacItem{id: 2, origin: "a"}, stepping, 1)
-	require.NoError(t, err, "it goes on while its steps come")
-	require.Empty(t, e.steps.last, "a move's steps are forgotten once it ends")
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.moveWithin(t.Context(), evacItem{id: 2, origin: "a"}, stepping, 1)
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		e.steps.mu.Lock()
+		defer e.steps.mu.Unlock()
+		return e.steps.moves[2] != nil
+	}, 10*time.Second, time.Millisecond, "the first ask is watched")
+	refused := func(context.Context, string, uint64) (time.Duration, error) { return 0, errMoveBusy }
+	_, err := e.moveWithin(t.Context(), evacItem{id: 2, origin: "a"}, refused, 1)
+	require.ErrorIs(t, err, errMoveBusy)
+	require.NoError(t, <-done, "it goes on while its steps come")
+	require.Empty(t, e.steps.moves, "a move's steps are forgotten once its asks end")
 	e.steps.saw(3)
-	require.Empty(t, e.steps.last, "steps of moves this node did not ask for are not kept")
+	require.Empty(t, e.steps.moves, "steps of moves this node did not ask for are not kept")
 }

@@ -534,19 +534,17 @@ type mover struct {
 
 	// rate paces the copy's bytes, and the pushes': a rebuild's
 	// (rebuild.go) and a home move's Config.RebuildRate, a move's
-	// Config.MoveRate. A rebuild (rebuild.go) sets these others; a move
-	// leaves them zero: read fills a batch's spans
+	// Config.MoveRate; nil for the last round, which writes wait for. A
+	// rebuild (rebuild.go) sets these others; a move leaves them zero:
+	// read fills a batch's spans
 	// instead of a read at the source (an erasure-coded shard decoded
 	// from the others), in batches of at most batch bytes; dirty reports
 	// the chunks changed since its last call instead of the source's
 	// DIRTY.
-	rate *rateLimit
-	// sealed: the writers are sealed, and the copy no longer waits for
-	// the rate (pace): writes wait for it, and for other moves' turns.
-	sealed bool
-	read   func(ctx context.Context, buf []byte, batch [][2]int64) error
-	batch  int64
-	dirty  func(ctx context.Context) (bitmap []byte, n int, err error)
+	rate  *rateLimit
+	read  func(ctx context.Context, buf []byte, batch [][2]int64) error
+	batch int64
+	dirty func(ctx context.Context) (bitmap []byte, n int, err error)
 	// fill names a rebuild's fill on the source's PUSH steps
 	// (rebuildFill.id).
 	fill uint64
@@ -841,7 +839,7 @@ func (m *mover) push(ctx context.Context, all bool) (int, error) {
 	}
 	m.res.rounds++
 	if !all {
-		if err := m.pace(ctx, int64(resp.PushedBytes)); err != nil {
+		if err := m.rate.paid(ctx, int64(resp.PushedBytes)); err != nil {
 			return 0, err
 		}
 	}
@@ -856,15 +854,6 @@ func (m *mover) pushAll(ctx context.Context) error {
 	}
 	_, err := m.push(ctx, true)
 	return err
-}
-
-// pace waits until n more bytes of the copy may go under the rate; not
-// once the writers are sealed.
-func (m *mover) pace(ctx context.Context, n int64) error {
-	if m.sealed {
-		return nil
-	}
-	return m.rate.wait(ctx, n)
 }
 
 // pushSlice is the most bytes of one PUSH of a paced whole copy
@@ -884,7 +873,7 @@ func (m *mover) pushSliced(ctx context.Context) error {
 	slice = max(slice/m.chunk, 1) * m.chunk
 	for off := int64(0); off < m.rec.Size; off += slice {
 		n := min(slice, m.rec.Size-off)
-		if err := m.pace(ctx, n); err != nil {
+		if err := m.rate.wait(ctx, n); err != nil {
 			return err
 		}
 		resp, err := m.pushRange(ctx, true, off, n)
@@ -1129,7 +1118,7 @@ func (m *mover) copyBatch(ctx context.Context, buf []byte, batch [][2]int64) err
 		n += span[1] - span[0]
 	}
 	ptrs := spanOps(rdma.OpRead, m.srcReg, batch, buf)
-	if err := m.pace(ctx, n); err != nil {
+	if err := m.rate.wait(ctx, n); err != nil {
 		return err
 	}
 	var err error

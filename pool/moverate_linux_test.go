@@ -108,15 +108,22 @@ func TestMoveSealedRoundUnpaced(t *testing.T) {
 	want := bytes.Repeat([]byte{0xa5}, handoverSize)
 	require.NoError(t, dc.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: segRegion(seg), Buf: want}))
 	const backlog = 10 * time.Second
+	wrote := make(chan error, 1)
 	seal := func() {
 		// A write for the sealed round to copy, then other moves' turns.
-		require.NoError(t, dc.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: segRegion(seg), Offset: 8192, Buf: want[:4096]}))
-		go oh.daemon().pool.moveRate.wait(ctx, int64(backlog.Seconds()*leastMoveRate))
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case wrote <- dc.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: segRegion(seg), Offset: 8192, Buf: want[:4096]}):
+		default:
+		}
+		rate := oh.daemon().pool.moveRate
+		rate.mu.Lock()
+		rate.next = time.Now().Add(backlog)
+		rate.mu.Unlock()
 	}
 	onSeal.Store(&seal)
 	resp, err := conn.API().Move(call(), &poolv1.MoveRequest{Id: seg.Id, ToTier: poolv1.Tier_TIER_CXL})
 	require.NoError(t, errs.FromStatus(err))
+	require.NoError(t, <-wrote, "the write before the seal")
 	pause := time.Duration(resp.PauseUs) * time.Microsecond
 	require.Less(t, pause, backlog/2, "the sealed round waited for the pacer")
 	r, err := oh.daemon().pool.Stat(seg.Id)

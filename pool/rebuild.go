@@ -471,8 +471,21 @@ type rateLimit struct {
 	next time.Time // when the next bytes may go
 }
 
-// wait returns when n more bytes may go, or ctx's error.
+// wait returns when n more bytes may go, or ctx's error; a wait given up
+// gives its turn back.
 func (l *rateLimit) wait(ctx context.Context, n int64) error {
+	return l.take(ctx, n, true)
+}
+
+// paid charges n bytes that already went and returns when the bytes after
+// them may go, or ctx's error; the charge stays when the wait is given up.
+func (l *rateLimit) paid(ctx context.Context, n int64) error {
+	return l.take(ctx, n, false)
+}
+
+// take is wait, which gives its turn back when ctx ends first if
+// giveBack, and paid.
+func (l *rateLimit) take(ctx context.Context, n int64, giveBack bool) error {
 	if l == nil {
 		return nil
 	}
@@ -493,9 +506,11 @@ func (l *rateLimit) wait(ctx context.Context, n int64) error {
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		l.mu.Lock()
-		l.next = l.next.Add(-cost) // the turns after it come sooner
-		l.mu.Unlock()
+		if giveBack {
+			l.mu.Lock()
+			l.next = l.next.Add(-cost) // the turns after it come sooner
+			l.mu.Unlock()
+		}
 		return context.Cause(ctx)
 	case <-t.C:
 		return nil

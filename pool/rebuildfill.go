@@ -403,7 +403,7 @@ func (f *rebuildFill) lastRound(ctx context.Context) error {
 		return err
 	}
 	f.dirty = orGrow(f.dirty, f.suspect)
-	f.sealed, m.sealed = true, true
+	f.sealed = true
 	if err := m.copyChunks(ctx, f.dirty); err != nil {
 		return err
 	}

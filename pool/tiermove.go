@@ -229,7 +229,7 @@ func (p *core) promote(ctx context.Context, c caller, r record, req *poolv1.Move
 		return res, err
 	}
 	orBitmap(dirty, last.Dirty)
-	m.sealed = true
+	m.rate = nil // writes wait for the last round: it goes at full speed
 	if err := m.copyChunks(ctx, dirty); err != nil {
 		return res, err
 	}
@@ -423,7 +423,7 @@ func (m *mover) copyLocal(ctx context.Context, bitmap []byte) error {
 		for i := range ops {
 			ptrs[i] = &ops[i]
 		}
-		if err := m.pace(ctx, n); err != nil {
+		if err := m.rate.wait(ctx, n); err != nil {
 			return err
 		}
 		if err := conn.Do(ctx, ptrs...); err != nil {
