@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -73,12 +74,12 @@ type evacuator struct {
 
 // stepWatch keeps, for each segment here whose move this node asked for
 // (moveWithin), when its origin last asked this node for a step of it
-// (MoveOut); base and tick are evacMoveBase and how often a move is
-// looked at, which tests shorten. Safe for concurrent use.
+// (MoveOut); base is evacMoveBase, which tests shorten. Safe for
+// concurrent use.
 type stepWatch struct {
-	base, tick time.Duration
-	mu         sync.Mutex
-	moves      map[uint64]*watched
+	base  time.Duration
+	mu    sync.Mutex
+	moves map[uint64]*watched
 }
 
 // watched is a segment's entry in stepWatch: the asks for its move under
@@ -157,7 +158,7 @@ type evacItem struct {
 }
 
 func newEvacuator(p *core) *evacuator {
-	e := &evacuator{p: p, steps: stepWatch{base: evacMoveBase, tick: time.Second, moves: map[uint64]*watched{}}}
+	e := &evacuator{p: p, steps: stepWatch{base: evacMoveBase, moves: map[uint64]*watched{}}}
 	e.move = p.moveAway
 	return e
 }
@@ -275,31 +276,25 @@ func (e *evacuator) moveOne(ctx context.Context, it evacItem) (time.Duration, er
 // steps come.
 func (e *evacuator) moveWithin(ctx context.Context, it evacItem, move func(ctx context.Context, origin string, homeID uint64) (time.Duration, error), moves int) (time.Duration, error) {
 	w := &e.steps
-	limit := w.base + time.Duration(it.size*int64(moves)/leastMoveRate)*time.Second
-	began := time.Now()
 	lastStep, end := w.watch(it.id)
 	defer end()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		t := time.NewTicker(w.tick)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			if now := time.Now(); now.Sub(began) > limit && now.Sub(lastStep()) > w.base {
-				// The same words for every such move of an origin: the
-				// evacuation's stuck reason groups them.
-				cancel(fmt.Errorf("%w: past its time, origin %s asked this node nothing of the move for %s", context.DeadlineExceeded, it.origin, w.base))
-				return
-			}
+	// At its time, and then whenever its origin has been quiet for base
+	// since its last step, the timer looks again: quiet that long, the
+	// move is given up.
+	var t *time.Timer
+	t = time.AfterFunc(time.Duration(math.MaxInt64), func() {
+		if quiet := time.Since(lastStep()); quiet < w.base {
+			t.Reset(w.base - quiet)
+			return
 		}
-	}()
+		// The same words for every such move of an origin: the
+		// evacuation's stuck reason groups them.
+		cancel(fmt.Errorf("%w: past its time, origin %s asked this node nothing of the move for %s", context.DeadlineExceeded, it.origin, w.base))
+	})
+	t.Reset(w.base + time.Duration(it.size*int64(moves)/leastMoveRate)*time.Second) // after t is set: the callback reads it
+	defer t.Stop()
 	pause, err := move(ctx, it.origin, it.id)
 	if cause := context.Cause(ctx); err != nil && ctx.Err() != nil && cause != nil && !errors.Is(err, cause) {
 		err = fmt.Errorf("%w (%w)", err, cause)

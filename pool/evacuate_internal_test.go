@@ -226,7 +226,7 @@ func TestEvacuateMovesAtOnce(t *testing.T) {
 // rebalancer's beside the evacuation's) ends meanwhile.
 func TestMoveWithinTime(t *testing.T) {
 	const base = time.Second
-	e := &evacuator{steps: stepWatch{base: base, tick: 10 * time.Millisecond, moves: map[uint64]*watched{}}}
+	e := &evacuator{steps: stepWatch{base: base, moves: map[uint64]*watched{}}}
 	silent := func(ctx context.Context, _ string, _ uint64) (time.Duration, error) {
 		<-ctx.Done()
 		return 0, context.Cause(ctx)

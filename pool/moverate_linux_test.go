@@ -13,7 +13,6 @@ import (
 	"github.com/farmem/farmem/alloc"
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
-	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -71,8 +70,9 @@ func TestMoveRate(t *testing.T) {
 
 // TestMoveSealedRoundUnpaced: the last round of a promotion, copied while
 // the source refuses writes, does not wait for its turn under the move
-// rate: other moves holding the pacer's next seconds (10 s of them here,
-// taken at the seal) do not lengthen the pause.
+// rate, so other moves holding the pacer's next seconds (10 s of them
+// here, taken at the seal) do not lengthen the pause: the pacer's
+// schedule after the move is the one set at the seal, untouched.
 func TestMoveSealedRoundUnpaced(t *testing.T) {
 	sc := newSimCluster(t, simHostConfig{hosts: 2, leaseTTL: 10 * time.Second})
 	oh, sh := sc.hosts[0], sc.hosts[1]
@@ -91,14 +91,7 @@ func TestMoveSealedRoundUnpaced(t *testing.T) {
 	_, err := sc.waitConverged(time.Minute)
 	require.NoError(t, err)
 	ctx := t.Context()
-	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "app"})
-	require.NoError(t, err)
-	defer conn.Close()
-	call := func() context.Context {
-		cctx, _, err := conn.Call(ctx)
-		require.NoError(t, err)
-		return cctx
-	}
+	conn, call := appSession(t, oh)
 	seg, err := conn.API().Alloc(call(), &poolv1.AllocRequest{Size: handoverSize, Tier: poolv1.Tier_TIER_RDMA})
 	require.NoError(t, err)
 	require.Equal(t, sh.name, seg.Node)
@@ -107,25 +100,29 @@ func TestMoveSealedRoundUnpaced(t *testing.T) {
 	defer dc.Close()
 	want := bytes.Repeat([]byte{0xa5}, handoverSize)
 	require.NoError(t, dc.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: segRegion(seg), Buf: want}))
-	const backlog = 10 * time.Second
+	rate := oh.daemon().pool.moveRate
 	wrote := make(chan error, 1)
+	sealedAt := make(chan time.Time, 1)
 	seal := func() {
-		// A write for the sealed round to copy, then other moves' turns.
+		// A write for the sealed round to copy, then other moves' turns:
+		// the pacer's schedule 10 s ahead.
 		select {
 		case wrote <- dc.Do(ctx, &rdma.Op{Kind: rdma.OpWrite, Region: segRegion(seg), Offset: 8192, Buf: want[:4096]}):
 		default:
 		}
-		rate := oh.daemon().pool.moveRate
 		rate.mu.Lock()
-		rate.next = time.Now().Add(backlog)
+		rate.next = time.Now().Add(10 * time.Second)
+		sealedAt <- rate.next
 		rate.mu.Unlock()
 	}
 	onSeal.Store(&seal)
-	resp, err := conn.API().Move(call(), &poolv1.MoveRequest{Id: seg.Id, ToTier: poolv1.Tier_TIER_CXL})
+	_, err = conn.API().Move(call(), &poolv1.MoveRequest{Id: seg.Id, ToTier: poolv1.Tier_TIER_CXL})
 	require.NoError(t, errs.FromStatus(err))
 	require.NoError(t, <-wrote, "the write before the seal")
-	pause := time.Duration(resp.PauseUs) * time.Microsecond
-	require.Less(t, pause, backlog/2, "the sealed round waited for the pacer")
+	rate.mu.Lock()
+	after := rate.next
+	rate.mu.Unlock()
+	require.Equal(t, <-sealedAt, after, "the sealed round took no turn under the rate")
 	r, err := oh.daemon().pool.Stat(seg.Id)
 	require.NoError(t, err)
 	require.Equal(t, poolv1.Tier_TIER_CXL, r.Tier, "promoted")

@@ -2,7 +2,6 @@ package pool
 
 import (
 	"bytes"
-	"context"
 	"testing"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/cluster"
-	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -42,14 +40,7 @@ func TestMoveRollsForward(t *testing.T) {
 	ctx := t.Context()
 
 	const size = 1 << 20
-	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "app"})
-	require.NoError(t, err)
-	defer conn.Close()
-	call := func() context.Context {
-		cctx, _, err := conn.Call(ctx)
-		require.NoError(t, err)
-		return cctx
-	}
+	conn, call := appSession(t, oh)
 	seg, err := conn.API().Alloc(call(), &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, Name: "rolled"})
 	require.NoError(t, err)
 	before := bytes.Repeat([]byte{0xa5}, size)

@@ -40,31 +40,28 @@ func mayUse(c caller, r *record) bool {
 // Free releases a segment: committed, then its backing removed and its
 // extent returned.
 func (p *core) Free(c caller, id uint64, name string) error {
-	freed, err := p.free(c, id, name)
+	wait, err := p.free(c, id, name)
 	if err != nil {
 		return err
 	}
-	// Who maps it, if it was a devdax segment: held, or let go.
-	p.mu.Lock()
-	wait := p.flushMapped(freed)
-	p.mu.Unlock()
 	if err := wait(); err != nil {
-		p.log.Warn("record that a freed devdax segment is held or let go; tried again at the next sweep", "segment", freed, "err", err)
+		p.log.Warn("record that a freed devdax segment is held or let go; tried again at the next sweep", "segment", id, "name", name, "err", err)
 	}
 	return nil
 }
 
-// free is Free without the store's entry of who maps the segment; it
-// returns the id of the segment it freed.
-func (p *core) free(c caller, id uint64, name string) (uint64, error) {
+// free is Free under p.mu; it returns the wait for the commit of what the
+// free changed in who maps the segment, if it was a devdax one (held, or
+// let go).
+func (p *core) free(c caller, id uint64, name string) (wait func() error, _ error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, err := p.lookup(id, name)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	if !mayFree(c, r) {
-		return 0, freeDenied(c, r)
+		return nil, freeDenied(c, r)
 	}
 	if moved := p.moving.switchDone(r.ID); moved != nil {
 		// Its switch-over commits outside p.mu (commitSwitch): the free
@@ -73,7 +70,7 @@ func (p *core) free(c caller, id uint64, name string) (uint64, error) {
 		<-moved
 		p.mu.Lock()
 		if r, err = p.lookup(r.ID, ""); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	// Out of the table while the removal commits (grouped with concurrent
@@ -92,7 +89,7 @@ func (p *core) free(c caller, id uint64, name string) (uint64, error) {
 	p.mu.Lock()
 	if err != nil {
 		p.link(r)
-		return 0, fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
+		return nil, fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
 	}
 	p.dropName(r)
 	for m := range p.mappers[r.ID] {
@@ -101,7 +98,7 @@ func (p *core) free(c caller, id uint64, name string) (uint64, error) {
 		}
 	}
 	p.release(r, "freed")
-	return r.ID, nil
+	return p.flushMapped(r.ID), nil
 }
 
 // link puts a record in the table (not its name: callers do).

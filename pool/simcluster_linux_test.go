@@ -1489,3 +1489,16 @@ func firstLines(s string, n int) string {
 	}
 	return strings.Join(lines[:n], "") + fmt.Sprintf("(%d more)\n", len(lines)-n)
 }
+
+// appSession opens a session of client "app" on oh's daemon, closed at the
+// test's end, and returns it with call, which begins a call on it.
+func appSession(t *testing.T, oh *simHost) (conn *session.Conn, call func() context.Context) {
+	conn, err := session.Dial(t.Context(), "unix", oh.cfg.Socket, session.Options{ClientID: "app"})
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return conn, func() context.Context {
+		cctx, _, err := conn.Call(t.Context())
+		require.NoError(t, err)
+		return cctx
+	}
+}

@@ -11,7 +11,6 @@ import (
 
 	poolv1 "github.com/farmem/farmem/api/pool/v1"
 	"github.com/farmem/farmem/internal/errs"
-	"github.com/farmem/farmem/internal/session"
 	"github.com/farmem/farmem/rdma"
 )
 
@@ -49,14 +48,7 @@ func TestPromoteDeviceReplaced(t *testing.T) {
 	origin := oh.daemon()
 
 	const size = 1 << 20
-	conn, err := session.Dial(ctx, "unix", oh.cfg.Socket, session.Options{ClientID: "app"})
-	require.NoError(t, err)
-	defer conn.Close()
-	call := func() context.Context {
-		cctx, _, err := conn.Call(ctx)
-		require.NoError(t, err)
-		return cctx
-	}
+	conn, call := appSession(t, oh)
 	seg, err := conn.API().Alloc(call(), &poolv1.AllocRequest{Size: size, Tier: poolv1.Tier_TIER_RDMA, Name: "promoted"})
 	require.NoError(t, err)
 	require.Equal(t, sh.name, seg.Node)
