@@ -1,12 +1,37 @@
 package tcp
 
-import "time"
+import (
+	"time"
+
+	"github.com/farmem/farmem/rdma"
+)
 
 // DefaultBusyPoll is how long a reader busy-polls its socket by default
 // before it parks (ServerConfig.BusyPoll, WithBusyPoll): the value the
 // kernel's documentation suggests for net.core.busy_poll with a few
 // sockets.
 const DefaultBusyPoll = 50 * time.Microsecond
+
+// A reader busy-polls for one class of waits at a time (want says which),
+// each class with a backoff of its own: on a connection to a home that
+// forwards its changes to copies or parity shards, a write's answer comes
+// after a second round trip, past the spin, while a read's comes within
+// it, and one backoff would let the writes' misses stop the reads from
+// polling for up to 256 reads after them.
+const (
+	noSpin      = -1 // want: this read does not busy-poll
+	spinClasses = 2  // spinRead and spinOther
+	spinRead    = 0  // waits for the answer to a READ
+	spinOther   = 1  // waits for any other answer (writes, atomics, messages)
+)
+
+// spinClassOf is the class of a wait for the answer to an op of kind k.
+func spinClassOf(k rdma.OpKind) int {
+	if k == rdma.OpRead {
+		return spinRead
+	}
+	return spinOther
+}
 
 // loneRun is how many waits in a row must each have been for a lone
 // request before a connection busy-polls: a peer at one request in flight

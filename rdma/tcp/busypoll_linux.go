@@ -19,7 +19,7 @@ import (
 var spinners atomic.Int32
 
 // maxMiss caps the backoff: after a miss the reader skips spinning for
-// 2^miss reads.
+// 2^miss reads of the same class.
 const maxMiss = 8
 
 // preemptedGap is a pause between two polls that only being descheduled
@@ -36,14 +36,15 @@ func maxSpinners() int32 { return int32(max(runtime.GOMAXPROCS(0)/2, 1)) }
 // in flight) the reader finds it without sleeping; when it does not (an
 // idle connection) the reader parks as net.Conn.Read would, and backs off:
 // after k misses in a row it skips spinning for the next 2^k reads (at
-// most 256), so an idle or slow peer costs almost no polling. A reader
-// descheduled while it polls (the cores have other work) backs off the
-// most at once.
+// most 256) of the same class, so an idle or slow peer costs almost no
+// polling. A reader descheduled while it polls (the cores have other work)
+// backs off the most at once.
 //
-// want, asked at each Read, says whether spinning is worth it now: only
-// while the connection carries one request at a time is the caller's core
-// otherwise idle while it waits; with more in flight the wait is short
-// anyway and a spinning core would take CPU from the work that answers.
+// want, asked at each Read, says whether spinning is worth it now, and for
+// which class of wait (spinClassOf), or noSpin: only while the connection
+// carries one request at a time is the caller's core otherwise idle while
+// it waits; with more in flight the wait is short anyway and a spinning
+// core would take CPU from the work that answers.
 //
 // Deadlines and Close work as with net.Conn.Read: they take effect when a
 // spin ends, at most spin later. A busyReader is owned by one goroutine at
@@ -52,10 +53,11 @@ type busyReader struct {
 	nc   net.Conn
 	rc   syscall.RawConn
 	spin time.Duration
-	want func() bool
+	want func() int
 	gap  time.Duration // preemptedGap; tests raise it
-	skip int           // reads left before spinning again
-	miss int           // spins in a row that found nothing
+	back [spinClasses]backoff
+
+	class int // the class of the Read in progress, when it polls
 
 	// State of the Read in progress, for tryRead (a method value made
 	// once, so a Read allocates nothing).
@@ -66,10 +68,16 @@ type busyReader struct {
 	tryRead func(fd uintptr) bool
 }
 
+// backoff is a busyReader's state for one class of waits.
+type backoff struct {
+	skip int // reads left before spinning again
+	miss int // spins in a row that found nothing
+}
+
 // newBusyReader returns a reader of nc that busy-polls for up to spin
 // when want says so (spin <= 0: never), reading with raw system calls
 // (rawRead), or nc itself when nc is not a non-blocking TCP connection.
-func newBusyReader(nc net.Conn, spin time.Duration, want func() bool) io.Reader {
+func newBusyReader(nc net.Conn, spin time.Duration, want func() int) io.Reader {
 	rc, ok := nonBlockingTCP(nc)
 	if !ok {
 		return nc
@@ -83,10 +91,15 @@ func (r *busyReader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	spin := r.spin > 0 && r.want()
-	if spin && r.skip > 0 {
-		r.skip--
-		spin = false
+	spin := false
+	if r.spin > 0 {
+		if r.class = r.want(); r.class != noSpin {
+			b := &r.back[r.class]
+			spin = b.skip == 0
+			if !spin {
+				b.skip--
+			}
+		}
 	}
 	// Without polling, try reads once and parks, as net.Conn.Read would.
 	r.buf, r.n, r.err, r.poll = p, 0, nil, spin
@@ -135,21 +148,22 @@ func (r *busyReader) try(fd uintptr) bool {
 				continue
 			}
 			spinners.Add(-1)
-			r.miss = min(r.miss+1, maxMiss)
+			b := &r.back[r.class]
+			b.miss = min(b.miss+1, maxMiss)
 			if preempted {
 				// Another thread wanted this core: the cores are busy,
 				// and polling would only take CPU from the work it waits
 				// for. Back off the most.
-				r.miss = maxMiss
+				b.miss = maxMiss
 			}
-			r.skip = 1 << r.miss
+			b.skip = 1 << b.miss
 			return false
 		default:
 			r.err = &net.OpError{Op: "read", Net: "tcp", Source: r.nc.LocalAddr(), Addr: r.nc.RemoteAddr(), Err: os.NewSyscallError("read", err)}
 		}
 		if spinning {
 			spinners.Add(-1)
-			r.miss = 0
+			r.back[r.class].miss = 0
 		}
 		return true
 	}

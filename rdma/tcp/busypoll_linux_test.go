@@ -40,7 +40,7 @@ func tcpPair(t *testing.T) (a, b net.Conn) {
 // takes a slow poll for preemption (the tests' machine may be loaded).
 func busy(t *testing.T, c net.Conn, spin time.Duration) *busyReader {
 	t.Helper()
-	r, ok := newBusyReader(c, spin, func() bool { return true }).(*busyReader)
+	r, ok := newBusyReader(c, spin, func() int { return spinRead }).(*busyReader)
 	require.True(t, ok, "a TCP connection gets a busyReader")
 	r.gap = time.Hour
 	return r
@@ -73,7 +73,7 @@ func TestBusyReaderOnlyWhereItCan(t *testing.T) {
 	for _, spin := range []time.Duration{0, -1} {
 		// Off: it reads (with raw system calls) without asking want, and
 		// parks until the data comes.
-		want := func() bool { t.Errorf("spin %v: want asked, as if it could poll", spin); return true }
+		want := func() int { t.Errorf("spin %v: want asked, as if it could poll", spin); return spinRead }
 		r, ok := newBusyReader(a, spin, want).(*busyReader)
 		require.True(t, ok, "spin %v: a raw reader", spin)
 		go func() {
@@ -94,8 +94,8 @@ func TestBusyReaderFindsDataWhileSpinning(t *testing.T) {
 	at := later(b, 2*time.Millisecond, "hello")
 	require.Equal(t, "hello", readString(t, r))
 	require.Equal(t, int32(1), <-at, "the reader was polling when the answer came")
-	require.Zero(t, r.miss, "the data came within the spin")
-	require.Zero(t, r.skip)
+	require.Zero(t, r.back[spinRead].miss, "the data came within the spin")
+	require.Zero(t, r.back[spinRead].skip)
 	require.Zero(t, spinners.Load(), "the spinner slot is given back")
 }
 
@@ -106,21 +106,44 @@ func TestBusyReaderBacksOffAfterMisses(t *testing.T) {
 		want := string(rune('0' + k))
 		// The reads that skip spinning come first: they find nothing
 		// buffered and park, as net.Conn.Read does.
-		for r.skip > 0 {
+		for r.back[spinRead].skip > 0 {
 			later(b, 20*time.Millisecond, want)
 			require.Equal(t, want, readString(t, r))
 		}
 		later(b, 20*time.Millisecond, want)
 		require.Equal(t, want, readString(t, r))
-		require.Equal(t, k, r.miss, "spin %d found nothing", k)
-		require.Equal(t, 1<<k, r.skip)
+		require.Equal(t, k, r.back[spinRead].miss, "spin %d found nothing", k)
+		require.Equal(t, 1<<k, r.back[spinRead].skip)
 	}
 	require.Zero(t, spinners.Load())
 	// A hit resets the backoff.
-	r.skip, r.spin = 0, 10*time.Second
+	r.back[spinRead].skip, r.spin = 0, 10*time.Second
 	later(b, time.Millisecond, "y")
 	require.Equal(t, "y", readString(t, r))
-	require.Zero(t, r.miss)
+	require.Zero(t, r.back[spinRead].miss)
+}
+
+// TestBusyReaderBacksOffPerClass: the answers of one class of waits
+// coming late (writes that a home forwards before it answers) do not stop
+// the reader from polling for the other (reads, whose answers come within
+// the spin).
+func TestBusyReaderBacksOffPerClass(t *testing.T) {
+	a, b := tcpPair(t)
+	r := busy(t, a, 20*time.Microsecond)
+	class := spinOther
+	r.want = func() int { return class }
+	later(b, 20*time.Millisecond, "w") // a late answer: a miss
+	require.Equal(t, "w", readString(t, r))
+	require.Equal(t, 1, r.back[spinOther].miss)
+	require.Equal(t, 2, r.back[spinOther].skip)
+	class = spinRead
+	r.spin = 10 * time.Second
+	at := later(b, 2*time.Millisecond, "r")
+	require.Equal(t, "r", readString(t, r))
+	require.Equal(t, int32(1), <-at, "the read polled, the writes' misses notwithstanding")
+	require.Zero(t, r.back[spinRead].miss)
+	require.Equal(t, backoff{skip: 2, miss: 1}, r.back[spinOther], "a read's hit leaves the other class's backoff")
+	require.Zero(t, spinners.Load())
 }
 
 func TestBusyReaderPreemptedBacksOffMost(t *testing.T) {
@@ -129,8 +152,8 @@ func TestBusyReaderPreemptedBacksOffMost(t *testing.T) {
 	r.gap = 0 // every pause between polls looks like a preemption
 	later(b, 20*time.Millisecond, "z")
 	require.Equal(t, "z", readString(t, r))
-	require.Equal(t, maxMiss, r.miss)
-	require.Equal(t, 1<<maxMiss, r.skip)
+	require.Equal(t, maxMiss, r.back[spinRead].miss)
+	require.Equal(t, 1<<maxMiss, r.back[spinRead].skip)
 	require.Zero(t, spinners.Load())
 }
 
@@ -142,7 +165,7 @@ func TestBusyReaderHonoursTheSpinnerLimit(t *testing.T) {
 	at := later(b, 5*time.Millisecond, "q")
 	require.Equal(t, "q", readString(t, r))
 	require.Equal(t, maxSpinners(), <-at, "no slot: the reader parked instead of polling")
-	require.Zero(t, r.miss, "parking for want of a slot is no miss")
+	require.Zero(t, r.back[spinRead].miss, "parking for want of a slot is no miss")
 	require.Equal(t, maxSpinners(), spinners.Load())
 }
 
@@ -193,7 +216,7 @@ func TestBusyPollEngagesOnlyForLoneOps(t *testing.T) {
 	require.NoError(t, c.Do(ctx, ops...))
 	<-cc.rdToken
 	require.False(t, cc.lone.long(), "ops sent together are not alone")
-	require.False(t, cc.spin)
+	require.Equal(t, noSpin, cc.spin)
 	cc.rdToken <- struct{}{}
 }
 

@@ -9,4 +9,4 @@ import (
 )
 
 // newBusyReader returns nc: busy polling is implemented on Linux only.
-func newBusyReader(nc net.Conn, _ time.Duration, _ func() bool) io.Reader { return nc }
+func newBusyReader(nc net.Conn, _ time.Duration, _ func() int) io.Reader { return nc }

@@ -58,7 +58,7 @@ type cliConn struct {
 	leaderWaiting bool       // a leading caller waits for a header
 	leaderPoked   bool       // interruptLeader set a read deadline
 	leadGen       uint64     // counts leaders whose ctx can end
-	spin          bool       // the reader busy-polls (guarded by rdToken, as lone)
+	spin          int        // the reader's spin class, or noSpin (guarded by rdToken, as lone)
 	lone          streak     // leaders in a row whose op was alone
 
 	closed   atomic.Bool
@@ -82,10 +82,11 @@ func newCliConn(cl *Client, idx int, nc net.Conn, o *options) *cliConn {
 		iov:          make([][]byte, 0, 2*o.maxInflight),
 		writeTimeout: o.writeTimeout,
 		done:         make(chan struct{}),
+		spin:         noSpin,
 	}
 	// A caller whose op is alone on the connection has nothing else to do
 	// for the whole round trip: it busy-polls (see lead).
-	c.rd = newFrameReader(pollingReader(nc, o.busyPoll, func() bool { return c.spin }), o.readBuffer)
+	c.rd = newFrameReader(pollingReader(nc, o.busyPoll, func() int { return c.spin }), o.readBuffer)
 	c.out = newBatchWriter(nc)
 	c.cond.L = &c.mu
 	c.rdToken <- struct{}{}

@@ -78,7 +78,10 @@ func (c *cliConn) lead(ctx context.Context, o *op) bool {
 	// the connection: one op alone now and then is a lull in a pipelined
 	// load, where batching responses beats answering each at once.
 	c.lone.note(c.inflight() == 1)
-	c.spin = c.lone.long()
+	c.spin = noSpin
+	if c.lone.long() {
+		c.spin = spinClassOf(o.kind)
+	}
 	var stop func() bool
 	if ctx.Done() != nil {
 		c.leadMu.Lock()
@@ -105,7 +108,7 @@ func (c *cliConn) lead(ctx context.Context, o *op) bool {
 		}
 		c.leadMu.Unlock()
 	}
-	c.spin = false
+	c.spin = noSpin
 	c.rdToken <- struct{}{}
 	if c.inflight() > 0 {
 		c.kickReader() // ops in flight (o itself, if ctx ended) need a reader

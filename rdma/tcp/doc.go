@@ -482,7 +482,14 @@
 // ServerConfig.BusyPoll / WithBusyPoll (default 50µs) before they park.
 // A poll that finds nothing backs off (2^k reads without polling after k
 // misses in a row, at most 256), one that was descheduled backs off the
-// most, and at most GOMAXPROCS/2 goroutines of a process poll at once.
+// most, and at most GOMAXPROCS/2 goroutines of a process poll at once. A
+// client keeps the backoff of waits for READ answers apart from that of
+// waits for any other answer: a home that forwards its changes (the
+// primary of copies, a data shard's home) answers a write after a second
+// round trip, past the poll, and one backoff shared with the reads would
+// stop them polling for up to 256 reads after a run of writes (a coded
+// segment's reads took 1.3-1.65x those of an unreplicated segment on the
+// same home after 100 writes; 1.05-1.12x with the two backoffs).
 // Pipelined loads keep batching: their ops are seldom alone.
 //
 // Raw system calls (Linux): both ends read and write their non-blocking

@@ -87,5 +87,5 @@ func TestRawOnlyNonBlocking(t *testing.T) {
 	defer f.Close()
 	f.Fd() // sets the shared file description blocking
 	require.Nil(t, rawWrites(a), "blocking socket")
-	require.Equal(t, a, newBusyReader(a, time.Millisecond, func() bool { return true }), "blocking socket: the connection itself")
+	require.Equal(t, a, newBusyReader(a, time.Millisecond, func() int { return spinRead }), "blocking socket: the connection itself")
 }

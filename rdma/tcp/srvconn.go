@@ -111,8 +111,11 @@ func (c *srvConn) setup() {
 	// each, the connection busy-polls for the next request, unless another
 	// connection has flushed since (then the cores have work, and the
 	// clients' share of them is what brings the next request).
-	c.rd = newFrameReader(pollingReader(c.nc, s.cfg.BusyPoll, func() bool {
-		return c.lone.long() && s.lastFlush.Load() == c
+	c.rd = newFrameReader(pollingReader(c.nc, s.cfg.BusyPoll, func() int {
+		if c.lone.long() && s.lastFlush.Load() == c {
+			return spinOther // the next request, whatever it is
+		}
+		return noSpin
 	}), s.cfg.ReadBufferSize)
 	c.out = newBatchWriter(c.nc)
 	c.rd.partial = c.arm

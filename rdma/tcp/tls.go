@@ -99,7 +99,7 @@ func (p *polledConn) flushLocked() error {
 // polledConn, the TLS connection, its socket read through a buffer and
 // busy-polled underneath (records are decrypted by the reader's goroutine
 // as they arrive).
-func pollingReader(nc net.Conn, spin time.Duration, want func() bool) io.Reader {
+func pollingReader(nc net.Conn, spin time.Duration, want func() int) io.Reader {
 	tc, ok := nc.(*tls.Conn)
 	if !ok {
 		return newBusyReader(nc, spin, want)
