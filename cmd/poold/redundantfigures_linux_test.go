@@ -192,24 +192,36 @@ func redundancyFigures(t *testing.T, poll time.Duration) {
 		bufs[i] = make([]byte, 4096)
 	}
 	var normal, degraded, floor []time.Duration
-	for range 2000 {
+	for j := range 2000 {
 		stripe := int64(rnd.IntN(size / (4 * 4096)))
 		shard := rnd.IntN(4)
-		start := time.Now()
-		_, err := ec.ReadAt(buf, (stripe*4+int64(shard))*4096)
-		d := time.Since(start)
-		require.NoError(t, err)
-		if shard == 1 {
-			degraded = append(degraded, d)
-			for i, s := range live {
-				reads5[i] = func() error { _, err := s.ReadAt(bufs[i], stripe*4096); return err }
-			}
-			start = time.Now()
-			err = atOnce(reads5...)
+		read := func() time.Duration {
+			start := time.Now()
+			_, err := ec.ReadAt(buf, (stripe*4+int64(shard))*4096)
+			require.NoError(t, err)
+			return time.Since(start)
+		}
+		if shard != 1 {
+			normal = append(normal, read())
+			continue
+		}
+		// The degraded read and its floor in turn, which first
+		// alternating: the second finds the same five daemons awake.
+		for i, s := range live {
+			reads5[i] = func() error { _, err := s.ReadAt(bufs[i], stripe*4096); return err }
+		}
+		atFloor := func() {
+			start := time.Now()
+			err := atOnce(reads5...)
 			floor = append(floor, time.Since(start))
 			require.NoError(t, err)
-		} else {
-			normal = append(normal, d)
+		}
+		if j%2 == 1 {
+			atFloor()
+		}
+		degraded = append(degraded, read())
+		if j%2 == 0 {
+			atFloor()
 		}
 	}
 	n, dg, fl := probe.Summarize(normal), probe.Summarize(degraded), probe.Summarize(floor)

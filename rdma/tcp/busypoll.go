@@ -19,10 +19,11 @@ const DefaultBusyPoll = 50 * time.Microsecond
 // it, and one backoff would let the writes' misses stop the reads from
 // polling for up to 256 reads after them.
 const (
-	noSpin      = -1 // want: this read does not busy-poll
-	spinClasses = 2  // spinRead and spinOther
-	spinRead    = 0  // waits for the answer to a READ
-	spinOther   = 1  // waits for any other answer (writes, atomics, messages)
+	noSpin    = iota // want: this read does not busy-poll (the zero value)
+	spinRead         // waits for the answer to a READ
+	spinOther        // waits for any other answer (writes, atomics, messages)
+
+	spinClasses = spinOther // how many classes there are
 )
 
 // spinClassOf is the class of a wait for the answer to an op of kind k.

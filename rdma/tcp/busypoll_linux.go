@@ -38,7 +38,7 @@ func maxSpinners() int32 { return int32(max(runtime.GOMAXPROCS(0)/2, 1)) }
 // after k misses in a row it skips spinning for the next 2^k reads (at
 // most 256) of the same class, so an idle or slow peer costs almost no
 // polling. A reader descheduled while it polls (the cores have other work)
-// backs off the most at once.
+// backs off the most at once, in every class.
 //
 // want, asked at each Read, says whether spinning is worth it now, and for
 // which class of wait (spinClassOf), or noSpin: only while the connection
@@ -74,6 +74,9 @@ type backoff struct {
 	miss int // spins in a row that found nothing
 }
 
+// backoff is the state of the class of the Read in progress, which polls.
+func (r *busyReader) backoff() *backoff { return &r.back[r.class-1] }
+
 // newBusyReader returns a reader of nc that busy-polls for up to spin
 // when want says so (spin <= 0: never), reading with raw system calls
 // (rawRead), or nc itself when nc is not a non-blocking TCP connection.
@@ -94,7 +97,7 @@ func (r *busyReader) Read(p []byte) (int, error) {
 	spin := false
 	if r.spin > 0 {
 		if r.class = r.want(); r.class != noSpin {
-			b := &r.back[r.class]
+			b := r.backoff()
 			spin = b.skip == 0
 			if !spin {
 				b.skip--
@@ -148,14 +151,17 @@ func (r *busyReader) try(fd uintptr) bool {
 				continue
 			}
 			spinners.Add(-1)
-			b := &r.back[r.class]
-			b.miss = min(b.miss+1, maxMiss)
 			if preempted {
 				// Another thread wanted this core: the cores are busy,
-				// and polling would only take CPU from the work it waits
-				// for. Back off the most.
-				b.miss = maxMiss
+				// and polling, whatever for, would only take CPU from the
+				// work it waits for. Every class backs off the most.
+				for i := range r.back {
+					r.back[i] = backoff{miss: maxMiss, skip: 1 << maxMiss}
+				}
+				return false
 			}
+			b := r.backoff()
+			b.miss = min(b.miss+1, maxMiss)
 			b.skip = 1 << b.miss
 			return false
 		default:
@@ -163,7 +169,7 @@ func (r *busyReader) try(fd uintptr) bool {
 		}
 		if spinning {
 			spinners.Add(-1)
-			r.back[r.class].miss = 0
+			r.backoff().miss = 0
 		}
 		return true
 	}

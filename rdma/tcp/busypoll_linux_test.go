@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +46,9 @@ func busy(t *testing.T, c net.Conn, spin time.Duration) *busyReader {
 	r.gap = time.Hour
 	return r
 }
+
+// backOf is r's backoff for the waits of class.
+func backOf(r *busyReader, class int) *backoff { return &r.back[class-1] }
 
 // later writes s to c after d: a peer's answer that comes while the
 // reader waits. The channel gets the number of spinners at that moment, so
@@ -94,8 +98,8 @@ func TestBusyReaderFindsDataWhileSpinning(t *testing.T) {
 	at := later(b, 2*time.Millisecond, "hello")
 	require.Equal(t, "hello", readString(t, r))
 	require.Equal(t, int32(1), <-at, "the reader was polling when the answer came")
-	require.Zero(t, r.back[spinRead].miss, "the data came within the spin")
-	require.Zero(t, r.back[spinRead].skip)
+	require.Zero(t, backOf(r, spinRead).miss, "the data came within the spin")
+	require.Zero(t, backOf(r, spinRead).skip)
 	require.Zero(t, spinners.Load(), "the spinner slot is given back")
 }
 
@@ -106,21 +110,21 @@ func TestBusyReaderBacksOffAfterMisses(t *testing.T) {
 		want := string(rune('0' + k))
 		// The reads that skip spinning come first: they find nothing
 		// buffered and park, as net.Conn.Read does.
-		for r.back[spinRead].skip > 0 {
+		for backOf(r, spinRead).skip > 0 {
 			later(b, 20*time.Millisecond, want)
 			require.Equal(t, want, readString(t, r))
 		}
 		later(b, 20*time.Millisecond, want)
 		require.Equal(t, want, readString(t, r))
-		require.Equal(t, k, r.back[spinRead].miss, "spin %d found nothing", k)
-		require.Equal(t, 1<<k, r.back[spinRead].skip)
+		require.Equal(t, k, backOf(r, spinRead).miss, "spin %d found nothing", k)
+		require.Equal(t, 1<<k, backOf(r, spinRead).skip)
 	}
 	require.Zero(t, spinners.Load())
 	// A hit resets the backoff.
-	r.back[spinRead].skip, r.spin = 0, 10*time.Second
+	backOf(r, spinRead).skip, r.spin = 0, 10*time.Second
 	later(b, time.Millisecond, "y")
 	require.Equal(t, "y", readString(t, r))
-	require.Zero(t, r.back[spinRead].miss)
+	require.Zero(t, backOf(r, spinRead).miss)
 }
 
 // TestBusyReaderBacksOffPerClass: the answers of one class of waits
@@ -134,27 +138,35 @@ func TestBusyReaderBacksOffPerClass(t *testing.T) {
 	r.want = func() int { return class }
 	later(b, 20*time.Millisecond, "w") // a late answer: a miss
 	require.Equal(t, "w", readString(t, r))
-	require.Equal(t, 1, r.back[spinOther].miss)
-	require.Equal(t, 2, r.back[spinOther].skip)
+	require.Equal(t, 1, backOf(r, spinOther).miss)
+	require.Equal(t, 2, backOf(r, spinOther).skip)
 	class = spinRead
 	r.spin = 10 * time.Second
 	at := later(b, 2*time.Millisecond, "r")
 	require.Equal(t, "r", readString(t, r))
 	require.Equal(t, int32(1), <-at, "the read polled, the writes' misses notwithstanding")
-	require.Zero(t, r.back[spinRead].miss)
-	require.Equal(t, backoff{skip: 2, miss: 1}, r.back[spinOther], "a read's hit leaves the other class's backoff")
+	require.Zero(t, backOf(r, spinRead).miss)
+	require.Equal(t, backoff{skip: 2, miss: 1}, *backOf(r, spinOther), "a read's hit leaves the other class's backoff")
 	require.Zero(t, spinners.Load())
 }
 
 func TestBusyReaderPreemptedBacksOffMost(t *testing.T) {
 	a, b := tcpPair(t)
 	r := busy(t, a, 10*time.Second)
+	class := spinOther
+	r.want = func() int { return class }
 	r.gap = 0 // every pause between polls looks like a preemption
 	later(b, 20*time.Millisecond, "z")
 	require.Equal(t, "z", readString(t, r))
-	require.Equal(t, maxMiss, r.back[spinRead].miss)
-	require.Equal(t, 1<<maxMiss, r.back[spinRead].skip)
+	most := backoff{miss: maxMiss, skip: 1 << maxMiss}
+	require.Equal(t, most, *backOf(r, spinOther))
+	require.Equal(t, most, *backOf(r, spinRead), "the cores are busy, whatever a wait is for")
 	require.Zero(t, spinners.Load())
+	// The next read does not poll.
+	class, r.gap = spinRead, time.Hour
+	at := later(b, 2*time.Millisecond, "r")
+	require.Equal(t, "r", readString(t, r))
+	require.Equal(t, int32(0), <-at, "a read after a descheduled poll parks")
 }
 
 func TestBusyReaderHonoursTheSpinnerLimit(t *testing.T) {
@@ -165,7 +177,7 @@ func TestBusyReaderHonoursTheSpinnerLimit(t *testing.T) {
 	at := later(b, 5*time.Millisecond, "q")
 	require.Equal(t, "q", readString(t, r))
 	require.Equal(t, maxSpinners(), <-at, "no slot: the reader parked instead of polling")
-	require.Zero(t, r.back[spinRead].miss, "parking for want of a slot is no miss")
+	require.Zero(t, backOf(r, spinRead).miss, "parking for want of a slot is no miss")
 	require.Equal(t, maxSpinners(), spinners.Load())
 }
 
@@ -216,8 +228,66 @@ func TestBusyPollEngagesOnlyForLoneOps(t *testing.T) {
 	require.NoError(t, c.Do(ctx, ops...))
 	<-cc.rdToken
 	require.False(t, cc.lone.long(), "ops sent together are not alone")
-	require.Equal(t, noSpin, cc.spin)
 	cc.rdToken <- struct{}{}
+}
+
+// TestBusyPollClassPerOp: a leading caller whose op is alone polls in its
+// op's class (a READ's, or the others'), a batch does not poll, and the
+// class is cleared before the next reader (readLoop) reads.
+func TestBusyPollClassPerOp(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	_, r := s.export(t, 1, 1<<20)
+	c := dial(t, s.addr, WithConns(1))
+	ctx := context.Background()
+	buf := make([]byte, 64)
+	cc := c.conns[0]
+	var mu sync.Mutex
+	var asked []int
+	<-cc.rdToken
+	br, ok := cc.rd.src.(*busyReader)
+	require.True(t, ok, "a plain TCP connection is read by a busyReader")
+	want := br.want
+	br.want = func() int {
+		k := want()
+		mu.Lock()
+		asked = append(asked, k)
+		mu.Unlock()
+		return k
+	}
+	cc.rdToken <- struct{}{}
+	only := func(what string, class int) {
+		t.Helper()
+		mu.Lock()
+		got := asked
+		asked = nil
+		mu.Unlock()
+		require.NotEmpty(t, got, what)
+		for _, k := range got {
+			require.Equal(t, class, k, "%s: classes asked %v", what, got)
+		}
+		<-cc.rdToken
+		require.Equal(t, noSpin, cc.spin, "%s: the class is left for the next reader", what)
+		cc.rdToken <- struct{}{}
+	}
+	for range loneRun { // the run after which lone ops poll
+		require.NoError(t, c.Read(ctx, r, 0, buf))
+	}
+	mu.Lock()
+	asked = nil
+	mu.Unlock()
+	require.NoError(t, c.Read(ctx, r, 0, buf))
+	only("a lone READ", spinRead)
+	require.NoError(t, c.Write(ctx, r, 0, buf))
+	only("a lone WRITE", spinOther)
+	_, err := c.FetchAdd64(ctx, r, 0, 1)
+	require.NoError(t, err)
+	only("a lone FADD", spinOther)
+	ops := make([]*rdma.Op, 8)
+	for i := range ops {
+		ops[i] = &rdma.Op{Kind: rdma.OpRead, Region: r, Offset: int64(i) * 64, Buf: make([]byte, 64)}
+	}
+	require.NoError(t, c.Do(ctx, ops...))
+	only("a batch of 8", noSpin)
 }
 
 // TestBusyPollServerRun: a server connection counts the run of flushes that

@@ -82,7 +82,6 @@ func newCliConn(cl *Client, idx int, nc net.Conn, o *options) *cliConn {
 		iov:          make([][]byte, 0, 2*o.maxInflight),
 		writeTimeout: o.writeTimeout,
 		done:         make(chan struct{}),
-		spin:         noSpin,
 	}
 	// A caller whose op is alone on the connection has nothing else to do
 	// for the whole round trip: it busy-polls (see lead).
