@@ -205,36 +205,11 @@ func TestBusyReaderErrorsAreNetConns(t *testing.T) {
 	require.Zero(t, spinners.Load())
 }
 
-// TestBusyPollEngagesOnlyForLoneOps: both ends of a real connection turn
-// busy polling on after a run of lone requests, and a batch of several
-// ops turns the client's off again.
+// TestBusyPollEngagesOnlyForLoneOps: a client's connection turns busy
+// polling on after a run of lone requests, a leading caller polling in its
+// op's class (a READ's, or the others'); a batch of several ops turns it
+// off again; the class is cleared before the next reader (readLoop) reads.
 func TestBusyPollEngagesOnlyForLoneOps(t *testing.T) {
-	s := startServer(t, ServerConfig{})
-	_, r := s.export(t, 1, 1<<20)
-	c := dial(t, s.addr, WithConns(1))
-	ctx := context.Background()
-	buf := make([]byte, 64)
-	for range 2 * loneRun {
-		require.NoError(t, c.Read(ctx, r, 0, buf))
-	}
-	cc := c.conns[0]
-	<-cc.rdToken // lone and spin are the token holder's
-	require.True(t, cc.lone.long(), "a run of lone ops")
-	cc.rdToken <- struct{}{}
-	ops := make([]*rdma.Op, 8)
-	for i := range ops {
-		ops[i] = &rdma.Op{Kind: rdma.OpRead, Region: r, Offset: int64(i) * 64, Buf: make([]byte, 64)}
-	}
-	require.NoError(t, c.Do(ctx, ops...))
-	<-cc.rdToken
-	require.False(t, cc.lone.long(), "ops sent together are not alone")
-	cc.rdToken <- struct{}{}
-}
-
-// TestBusyPollClassPerOp: a leading caller whose op is alone polls in its
-// op's class (a READ's, or the others'), a batch does not poll, and the
-// class is cleared before the next reader (readLoop) reads.
-func TestBusyPollClassPerOp(t *testing.T) {
 	s := startServer(t, ServerConfig{})
 	_, r := s.export(t, 1, 1<<20)
 	c := dial(t, s.addr, WithConns(1))
@@ -272,6 +247,9 @@ func TestBusyPollClassPerOp(t *testing.T) {
 	for range loneRun { // the run after which lone ops poll
 		require.NoError(t, c.Read(ctx, r, 0, buf))
 	}
+	<-cc.rdToken // lone and spin are the token holder's
+	require.True(t, cc.lone.long(), "a run of lone ops")
+	cc.rdToken <- struct{}{}
 	mu.Lock()
 	asked = nil
 	mu.Unlock()
@@ -288,6 +266,9 @@ func TestBusyPollClassPerOp(t *testing.T) {
 	}
 	require.NoError(t, c.Do(ctx, ops...))
 	only("a batch of 8", noSpin)
+	<-cc.rdToken
+	require.False(t, cc.lone.long(), "ops sent together are not alone")
+	cc.rdToken <- struct{}{}
 }
 
 // TestBusyPollServerRun: a server connection counts the run of flushes that
