@@ -65,16 +65,15 @@ func redundancyFigures(t *testing.T, poll time.Duration) {
 	before := rc.lentBytes(t)
 	rep, err := c.Alloc(ctx, size, alloc.WithRedundancy(alloc.Replicas(2)))
 	require.NoError(t, err)
-	afterRep := rc.lentBytes(t)
-	repHeld := float64(afterRep-before) / float64(rep.Size())
+	repHeld := float64(rc.lentBytes(t)-before) / float64(rep.Size())
 	// The unreplicated segment on the copies' primary home, where the
 	// replicated segment's reads go: which host a segment lands on is not
 	// what its redundancy costs.
 	plain := allocOn(t, c, size, rep.Redundancy().Homes[0].Node)
-	afterRep = rc.lentBytes(t)
+	beforeEC := rc.lentBytes(t)
 	ec, err := c.Alloc(ctx, size, alloc.WithRedundancy(alloc.ErasureCoded(4, 2)))
 	require.NoError(t, err)
-	held := float64(rc.lentBytes(t)-afterRep) / float64(ec.Size())
+	held := float64(rc.lentBytes(t)-beforeEC) / float64(ec.Size())
 	// The same access pattern as the coded segment's without its code: a
 	// quarter of the data on each of its four data homes, unreplicated, so
 	// that each 4 KiB operation goes to one of the same four daemons.
@@ -82,14 +81,14 @@ func redundancyFigures(t *testing.T, poll time.Duration) {
 	for i := range spread {
 		spread[i] = allocOn(t, c, size/4, ec.Redundancy().Homes[i].Node)
 	}
-	// Unreplicated segments on the copies' homes and on the parity homes,
-	// for the floors.
-	var pair, parity [2]*alloc.Segment
-	for i := range pair {
-		pair[i] = allocOn(t, c, size, rep.Redundancy().Homes[i].Node)
+	// Unreplicated segments on the copies' homes (the primary's is plain)
+	// and on the parity homes, for the floors.
+	pair := [2]*alloc.Segment{plain, allocOn(t, c, size, rep.Redundancy().Homes[1].Node)}
+	var parity [2]*alloc.Segment
+	for i := range parity {
 		parity[i] = allocOn(t, c, size/4, ec.Redundancy().Homes[4+i].Node)
 	}
-	for _, s := range slices.Concat([]*alloc.Segment{plain, rep, ec}, spread[:], pair[:], parity[:]) {
+	for _, s := range slices.Concat([]*alloc.Segment{plain, rep, ec, pair[1]}, spread[:], parity[:]) {
 		_, err := s.WriteAt(make([]byte, s.Size()), 0) // every page touched at every home
 		require.NoError(t, err)
 	}
@@ -103,17 +102,17 @@ func redundancyFigures(t *testing.T, poll time.Duration) {
 	// The floors write the same bytes to several segments at once: each
 	// chunk to the segments of the pair, or to its data home's quarter and
 	// to the two parity homes' segments at the chunk's stripe.
-	pairWrite := func(p []byte, off int64) (int, error) {
+	twoAtOnce := func(p []byte, off int64) (int, error) {
 		return len(p), atOnce(func() error { _, err := pair[0].WriteAt(p, off); return err },
 			func() error { _, err := pair[1].WriteAt(p, off); return err })
 	}
-	pairInTurn := func(p []byte, off int64) (int, error) {
+	twoInTurn := func(p []byte, off int64) (int, error) {
 		if _, err := pair[0].WriteAt(p, off); err != nil {
 			return 0, err
 		}
 		return pair[1].WriteAt(p, off)
 	}
-	codedWrite := func(p []byte, off int64) (int, error) {
+	threeAtOnce := func(p []byte, off int64) (int, error) {
 		chunk := off / 4096
 		at := chunk / 4 * 4096
 		return len(p), atOnce(func() error { _, err := spread[chunk%4].WriteAt(p, at); return err },
@@ -142,9 +141,9 @@ func redundancyFigures(t *testing.T, poll time.Duration) {
 	rows := []row{{"replicas=2", "same home", ops{rep.WriteAt, rep.ReadAt}, onePlain},
 		{"ec=4+2", "same home", ops{ec.WriteAt, ec.ReadAt}, dataHome},
 		{"ec=4+2", "one home", ops{ec.WriteAt, ec.ReadAt}, onePlain},
-		{"none, 2 at once", "same home", ops{pairWrite, nil}, onePlain},
-		{"none, 2 in turn", "same home", ops{pairInTurn, nil}, onePlain},
-		{"none, 3 at once", "same home", ops{codedWrite, nil}, dataHome}}
+		{"none, 2 at once", "same home", ops{twoAtOnce, nil}, onePlain},
+		{"none, 2 in turn", "same home", ops{twoInTurn, nil}, onePlain},
+		{"none, 3 at once", "same home", ops{threeAtOnce, nil}, dataHome}}
 	type samples struct{ write, read, baseWrite, baseRead []time.Duration }
 	got := make([]samples, len(rows))
 	buf := make([]byte, 4096)

@@ -74,8 +74,8 @@ type backoff struct {
 	miss int // spins in a row that found nothing
 }
 
-// backoff is the state of the class of the Read in progress, which polls.
-func (r *busyReader) backoff() *backoff { return &r.back[r.class-1] }
+// classBackoff is the backoff of the class of the Read in progress, which polls.
+func (r *busyReader) classBackoff() *backoff { return &r.back[r.class-1] }
 
 // newBusyReader returns a reader of nc that busy-polls for up to spin
 // when want says so (spin <= 0: never), reading with raw system calls
@@ -97,7 +97,7 @@ func (r *busyReader) Read(p []byte) (int, error) {
 	spin := false
 	if r.spin > 0 {
 		if r.class = r.want(); r.class != noSpin {
-			b := r.backoff()
+			b := r.classBackoff()
 			spin = b.skip == 0
 			if !spin {
 				b.skip--
@@ -160,7 +160,7 @@ func (r *busyReader) try(fd uintptr) bool {
 				}
 				return false
 			}
-			b := r.backoff()
+			b := r.classBackoff()
 			b.miss = min(b.miss+1, maxMiss)
 			b.skip = 1 << b.miss
 			return false
@@ -169,7 +169,7 @@ func (r *busyReader) try(fd uintptr) bool {
 		}
 		if spinning {
 			spinners.Add(-1)
-			r.backoff().miss = 0
+			r.classBackoff().miss = 0
 		}
 		return true
 	}
