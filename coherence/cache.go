@@ -9,7 +9,7 @@ import (
 type request struct {
 	seq       uint64
 	excl      bool
-	firstSent time.Time // the lease of its grant counts from here
+	firstSent time.Time // the lease of its grant (which adds the home's hold) counts from here
 }
 
 // line is one page as a sharer holds it.

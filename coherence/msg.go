@@ -24,8 +24,9 @@ const (
 	// from shared).
 	WriteReq Kind = 2
 	// Grant (home→, reply or push) answers the request numbered Seq: Data is
-	// the page, Gen the grant's generation, Lease its duration, Exclusive
-	// whether it is ownership.
+	// the page, Gen the grant's generation, Lease its duration counted from
+	// when the sharer first sent the request (the home's lease plus how long
+	// the home held the request), Exclusive whether it is ownership.
 	Grant Kind = 3
 	// Wait (home→, reply) says the request numbered Seq is queued behind
 	// invalidations; its Grant will be pushed.
