@@ -45,7 +45,8 @@ type Cache struct {
 	err   error // sticky: the segment is lost
 }
 
-// NewCache returns the cache of sharer id for a segment of size bytes.
+// NewCache returns the cache of sharer id for a segment of size bytes. id
+// must be new to the home (see SharerID): NewSharer draws a random one.
 func NewCache(cfg Config, id SharerID, size int64) (*Cache, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -8,7 +8,9 @@ import (
 
 // SharerID names one attachment of a shared segment: one process's view of
 // it, a participant in the directory. It is chosen at random by the sharer
-// and never 0.
+// and never 0, and names one Cache only: a new Cache under an id an earlier
+// one used could find that one's request, of the same Seq, still held at
+// the home, and count the grant's lease from before its own request.
 type SharerID uint64
 
 // Kind says what a Message is. The values are on the wire: append only,
