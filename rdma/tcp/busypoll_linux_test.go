@@ -47,8 +47,11 @@ func busy(t *testing.T, c net.Conn, spin time.Duration) *busyReader {
 	return r
 }
 
-// backOf is r's backoff for the waits of class.
-func backOf(r *busyReader, class int) *backoff { return &r.back[class-1] }
+// backOf is r's backoff for the waits of class, as its Read sees it.
+func backOf(r *busyReader, class int) *backoff {
+	r.class = class
+	return r.classBackoff()
+}
 
 // later writes s to c after d: a peer's answer that comes while the
 // reader waits. The channel gets the number of spinners at that moment, so
