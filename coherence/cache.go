@@ -9,7 +9,7 @@ import (
 type request struct {
 	seq       uint64
 	excl      bool
-	firstSent time.Time // the lease of its grant counts from here
+	firstSent time.Time // the lease of its grant (which adds the home's hold) counts from here
 }
 
 // line is one page as a sharer holds it.
@@ -45,7 +45,8 @@ type Cache struct {
 	err   error // sticky: the segment is lost
 }
 
-// NewCache returns the cache of sharer id for a segment of size bytes.
+// NewCache returns the cache of sharer id for a segment of size bytes. id
+// must be new to the home (see SharerID): NewSharer draws a random one.
 func NewCache(cfg Config, id SharerID, size int64) (*Cache, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

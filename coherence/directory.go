@@ -104,6 +104,7 @@ type txn struct {
 	excl    bool
 	who     SharerID
 	seq     uint64
+	since   time.Time // when the request arrived
 	waiting map[SharerID]*waitee
 	expired bool // some waitee's lease ran out instead of acking
 }
@@ -361,9 +362,9 @@ func (d *Directory) request(now time.Time, p *page, m Message) (Message, []Messa
 		h, _ := p.holders.get(m.From)
 		h.expiry = maxTime(h.expiry, now.Add(d.cfg.Lease))
 		p.holders.put(m.From, h)
-		return d.grant(m.From, pg, m.Seq, h.gen, true), nil
+		return d.grant(m.From, pg, m.Seq, h.gen, true, 0), nil
 	}
-	t := &txn{excl: excl, who: m.From, seq: m.Seq, waiting: map[SharerID]*waitee{}}
+	t := &txn{excl: excl, who: m.From, seq: m.Seq, since: now, waiting: map[SharerID]*waitee{}}
 	for _, e := range p.holders { // sorted by id: runs are reproducible
 		id, h := e.id, e.holder
 		if id == m.From || (!excl && p.owner != id) {
@@ -404,13 +405,19 @@ func (d *Directory) complete(now time.Time, p *page, pg uint32, t *txn) Message 
 		p.lastWB = 0
 	}
 	p.holders.put(t.who, holder{gen: d.gen, expiry: now.Add(d.cfg.Lease)})
-	return d.grant(t.who, pg, t.seq, d.gen, t.excl)
+	return d.grant(t.who, pg, t.seq, d.gen, t.excl, now.Sub(t.since))
 }
 
-func (d *Directory) grant(to SharerID, pg uint32, seq, gen uint64, excl bool) Message {
+// grant is the Grant of page pg to sharer to, for its request seq, which
+// the home held for held. Its Lease counts from when the sharer first sent
+// the request (the sharer cannot know when the home granted): the lease
+// plus held, which is never past the home's lease, since the request
+// arrived after it was sent. A grant that waited most of a lease for
+// invalidations so still comes with a whole lease to use.
+func (d *Directory) grant(to SharerID, pg uint32, seq, gen uint64, excl bool, held time.Duration) Message {
 	d.stats.Grants++
 	m := d.reply(to, Grant, pg)
-	m.Seq, m.Gen, m.Lease, m.Exclusive = seq, gen, d.cfg.Lease, excl
+	m.Seq, m.Gen, m.Lease, m.Exclusive = seq, gen, d.cfg.Lease+max(held, 0), excl
 	m.Data = slices.Clone(d.pageData(pg))
 	return m
 }

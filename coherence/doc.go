@@ -25,7 +25,11 @@
 // out. A lease counts on the sharer from when it sent its request, on the
 // home from when it granted, so the sharer's copy always expires first: no
 // write is granted while an unexpired, unacknowledged read lease exists, and
-// a dead or partitioned sharer delays a writer by at most one lease.
+// a dead or partitioned sharer delays a writer by at most one lease. A
+// Grant's Lease adds how long the home held the request (the request
+// arrived after it was sent, so the sum still ends before the home's
+// lease): a grant that waited most of a lease for invalidations still
+// comes with a whole lease to use, time for the keeper to renew it.
 // A modified page is written back on downgrade (in the InvAck), on Sync, by
 // the sharer's keeper before its ownership lease runs out (which renews
 // it), on eviction and on Close. Generations (one per grant), invalidation

@@ -77,6 +77,28 @@ func TestLateOwnerDataIsStale(t *testing.T) {
 	require.EqualValues(t, 1, d.Stats().LostOwners)
 }
 
+// TestGrantCountsTheHold: a request the home held while it invalidated
+// others is granted a lease counted from when the sharer sent it, so its
+// Lease adds how long the home held it; the home's own lease starts at the
+// grant. One granted at once gets the lease.
+func TestGrantCountsTheHold(t *testing.T) {
+	d, cfg, t0 := directory512(t, 512)
+	g, _ := d.Handle(t0, Message{Kind: WriteReq, From: 1, PageSize: 512, Seq: 1})
+	require.Equal(t, Grant, g.Kind)
+	require.Equal(t, cfg.Lease, g.Lease, "granted at once")
+	w, invs := d.Handle(t0, Message{Kind: WriteReq, From: 2, PageSize: 512, Seq: 1})
+	require.Equal(t, Wait, w.Kind)
+	require.Len(t, invs, 1)
+	held := cfg.Lease * 3 / 4
+	_, out := d.Handle(t0.Add(held), Message{Kind: InvAck, From: 1, Incarnation: 7, Gen: invs[0].Gen, InvID: invs[0].InvID, HasData: true, Data: []byte("data")})
+	require.Len(t, out, 1)
+	require.Equal(t, Grant, out[0].Kind, "%s", out[0])
+	require.Equal(t, cfg.Lease+held, out[0].Lease, "the lease plus the hold")
+	h, ok := d.page(0).holders.get(2)
+	require.True(t, ok)
+	require.Equal(t, t0.Add(held).Add(cfg.Lease), h.expiry, "the home's lease runs from the grant: never before the sharer's")
+}
+
 // TestDirectoryKeepsOnlyHeldPages: a directory over 64 MiB of 512-byte
 // pages keeps state for the pages sharers hold and for nothing else: none
 // at the start, one per page held, and none again once the holders

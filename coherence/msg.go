@@ -8,7 +8,9 @@ import (
 
 // SharerID names one attachment of a shared segment: one process's view of
 // it, a participant in the directory. It is chosen at random by the sharer
-// and never 0.
+// and never 0, and names one Cache only: a new Cache under an id an earlier
+// one used could find that one's request, of the same Seq, still held at
+// the home, and count the grant's lease from before its own request.
 type SharerID uint64
 
 // Kind says what a Message is. The values are on the wire: append only,
@@ -24,8 +26,9 @@ const (
 	// from shared).
 	WriteReq Kind = 2
 	// Grant (home→, reply or push) answers the request numbered Seq: Data is
-	// the page, Gen the grant's generation, Lease its duration, Exclusive
-	// whether it is ownership.
+	// the page, Gen the grant's generation, Lease its duration counted from
+	// when the sharer first sent the request (the home's lease plus how long
+	// the home held the request), Exclusive whether it is ownership.
 	Grant Kind = 3
 	// Wait (home→, reply) says the request numbered Seq is queued behind
 	// invalidations; its Grant will be pushed.
