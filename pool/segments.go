@@ -40,7 +40,7 @@ func mayUse(c caller, r *record) bool {
 // Free releases a segment: committed, then its backing removed and its
 // extent returned.
 func (p *core) Free(c caller, id uint64, name string) error {
-	wait, err := p.free(c, id, name)
+	id, wait, err := p.free(c, id, name)
 	if err != nil {
 		return err
 	}
@@ -50,18 +50,18 @@ func (p *core) Free(c caller, id uint64, name string) error {
 	return nil
 }
 
-// free is Free under p.mu; it returns the wait for the commit of what the
-// free changed in who maps the segment, if it was a devdax one (held, or
-// let go).
-func (p *core) free(c caller, id uint64, name string) (wait func() error, _ error) {
+// free is Free under p.mu; it returns the id of the segment freed (named
+// by id or by name) and the wait for the commit of what the free changed
+// in who maps it, if it was a devdax one (held, or let go).
+func (p *core) free(c caller, id uint64, name string) (freed uint64, wait func() error, _ error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, err := p.lookup(id, name)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	if !mayFree(c, r) {
-		return nil, freeDenied(c, r)
+		return 0, nil, freeDenied(c, r)
 	}
 	if moved := p.moving.switchDone(r.ID); moved != nil {
 		// Its switch-over commits outside p.mu (commitSwitch): the free
@@ -70,7 +70,7 @@ func (p *core) free(c caller, id uint64, name string) (wait func() error, _ erro
 		<-moved
 		p.mu.Lock()
 		if r, err = p.lookup(r.ID, ""); err != nil {
-			return nil, err
+			return 0, nil, err
 		}
 	}
 	// Out of the table while the removal commits (grouped with concurrent
@@ -89,7 +89,7 @@ func (p *core) free(c caller, id uint64, name string) (wait func() error, _ erro
 	p.mu.Lock()
 	if err != nil {
 		p.link(r)
-		return nil, fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
+		return 0, nil, fmt.Errorf("free segment %d: commit to the metadata store: %w", r.ID, err)
 	}
 	p.dropName(r)
 	for m := range p.mappers[r.ID] {
@@ -98,7 +98,7 @@ func (p *core) free(c caller, id uint64, name string) (wait func() error, _ erro
 		}
 	}
 	p.release(r, "freed")
-	return p.flushMapped(r.ID), nil
+	return r.ID, p.flushMapped(r.ID), nil
 }
 
 // link puts a record in the table (not its name: callers do).
