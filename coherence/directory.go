@@ -40,6 +40,11 @@ func (s PageState) String() string {
 type holder struct {
 	gen    uint64
 	expiry time.Time // the home's view; the sharer's own is earlier
+	// seq is the request the grant answered and since when the home took
+	// it (after the directory started): a resend of that request, whose
+	// grant was lost or crossed it, is granted counting the hold from then.
+	seq   uint64
+	since time.Duration
 }
 
 // heldBy is a holder and its sharer.
@@ -104,7 +109,7 @@ type txn struct {
 	excl    bool
 	who     SharerID
 	seq     uint64
-	since   time.Time // when the request arrived
+	since   time.Time // when the home took the request (first, for a resend of a granted one)
 	waiting map[SharerID]*waitee
 	expired bool // some waitee's lease ran out instead of acking
 }
@@ -355,6 +360,13 @@ func (d *Directory) request(now time.Time, p *page, m Message) (Message, []Messa
 	}
 	d.expire(now, p)
 	excl := m.Kind == WriteReq
+	since := now
+	if h, ok := p.holders.get(m.From); ok && h.seq == m.Seq {
+		// A resend of the request this holder was granted: the sharer
+		// never got that grant (lost, or crossing this resend) and counts
+		// the lease from before the home first took the request.
+		since = d.started.Add(h.since)
+	}
 	if p.owner == m.From {
 		// The owner asks again: its grant was lost in transit (it never
 		// wrote, so the home's copy is current) or this is a duplicate it
@@ -362,9 +374,9 @@ func (d *Directory) request(now time.Time, p *page, m Message) (Message, []Messa
 		h, _ := p.holders.get(m.From)
 		h.expiry = maxTime(h.expiry, now.Add(d.cfg.Lease))
 		p.holders.put(m.From, h)
-		return d.grant(m.From, pg, m.Seq, h.gen, true, 0), nil
+		return d.grant(m.From, pg, m.Seq, h.gen, true, now.Sub(since)), nil
 	}
-	t := &txn{excl: excl, who: m.From, seq: m.Seq, since: now, waiting: map[SharerID]*waitee{}}
+	t := &txn{excl: excl, who: m.From, seq: m.Seq, since: since, waiting: map[SharerID]*waitee{}}
 	for _, e := range p.holders { // sorted by id: runs are reproducible
 		id, h := e.id, e.holder
 		if id == m.From || (!excl && p.owner != id) {
@@ -404,7 +416,7 @@ func (d *Directory) complete(now time.Time, p *page, pg uint32, t *txn) Message 
 		p.owner = t.who
 		p.lastWB = 0
 	}
-	p.holders.put(t.who, holder{gen: d.gen, expiry: now.Add(d.cfg.Lease)})
+	p.holders.put(t.who, holder{gen: d.gen, expiry: now.Add(d.cfg.Lease), seq: t.seq, since: t.since.Sub(d.started)})
 	return d.grant(t.who, pg, t.seq, d.gen, t.excl, now.Sub(t.since))
 }
 

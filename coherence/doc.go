@@ -29,7 +29,10 @@
 // Grant's Lease adds how long the home held the request (the request
 // arrived after it was sent, so the sum still ends before the home's
 // lease): a grant that waited most of a lease for invalidations still
-// comes with a whole lease to use, time for the keeper to renew it.
+// comes with a whole lease to use, time for the keeper to renew it. A
+// resend of a request already granted (the sharer resends until answered,
+// so a resend can cross the pushed grant, or find it lost) is granted
+// again counting the hold from when the home first took the request.
 // A modified page is written back on downgrade (in the InvAck), on Sync, by
 // the sharer's keeper before its ownership lease runs out (which renews
 // it), on eviction and on Close. Generations (one per grant), invalidation

@@ -99,6 +99,58 @@ func TestGrantCountsTheHold(t *testing.T) {
 	require.Equal(t, t0.Add(held).Add(cfg.Lease), h.expiry, "the home's lease runs from the grant: never before the sharer's")
 }
 
+// TestResendCountsTheHold: a sharer resends a held request until it is
+// answered, so its resend can reach the home after the grant was pushed
+// (or the pushed grant is lost): the home answers it again counting the
+// hold from when it first took the request, and the sharer, which takes
+// whichever grant comes first, keeps a whole lease from the grant and no
+// more than the home's. So for a WriteReq (its owner asks again) and a
+// ReadReq (a holder asks again).
+func TestResendCountsTheHold(t *testing.T) {
+	for _, excl := range []bool{true, false} {
+		d, cfg, t0 := directory512(t, 512)
+		g, _ := d.Handle(t0, Message{Kind: WriteReq, From: 1, PageSize: 512, Seq: 1})
+		require.Equal(t, Grant, g.Kind)
+		c, err := NewCache(cfg, 2, 512)
+		require.NoError(t, err)
+		req, err := c.Request(t0, 0, excl)
+		require.NoError(t, err)
+		w, invs := d.Handle(t0, req)
+		require.Equal(t, Wait, w.Kind)
+		require.NoError(t, c.Reply(t0, t0, req, w))
+		held := cfg.Lease * 3 / 4
+		granted := t0.Add(held)
+		_, out := d.Handle(granted, Message{Kind: InvAck, From: 1, Incarnation: 7, Gen: invs[0].Gen, InvID: invs[0].InvID, HasData: true, Data: []byte("x")})
+		require.Len(t, out, 1)
+		require.Equal(t, cfg.Lease+held, out[0].Lease) // pushed; the resend below crosses it
+		re, err := c.Request(granted, 0, excl)
+		require.NoError(t, err)
+		require.Equal(t, req.Seq, re.Seq, "the same request, sent again")
+		at := granted.Add(time.Millisecond)
+		g2, _ := d.Handle(at, re)
+		require.Equal(t, Grant, g2.Kind, "excl %v: %s", excl, g2)
+		require.Equal(t, cfg.Lease+held+time.Millisecond, g2.Lease, "excl %v: the hold counts from when the home first took the request", excl)
+		require.NoError(t, c.Reply(at, granted, re, g2))
+		_, err = c.Push(at, out[0]) // the pushed grant: the request is answered already
+		require.NoError(t, err)
+		h, ok := d.page(0).holders.get(2)
+		require.True(t, ok)
+		require.Equal(t, granted.Add(cfg.Lease), c.Expiry(0).Add(-time.Millisecond), "excl %v: a whole lease after the grant", excl)
+		require.False(t, c.Expiry(0).After(h.expiry), "excl %v: never past the home's lease (%s > %s)", excl, c.Expiry(0), h.expiry)
+
+		// A new request of the same sharer counts from its own sending.
+		if excl {
+			c.Cancel(0)
+			nr, err := c.Request(at.Add(time.Millisecond), 0, true)
+			require.NoError(t, err)
+			require.NotEqual(t, req.Seq, nr.Seq)
+			g3, _ := d.Handle(at.Add(2*time.Millisecond), nr)
+			require.Equal(t, Grant, g3.Kind)
+			require.Equal(t, cfg.Lease, g3.Lease, "a new request was not held")
+		}
+	}
+}
+
 // TestDirectoryKeepsOnlyHeldPages: a directory over 64 MiB of 512-byte
 // pages keeps state for the pages sharers hold and for nothing else: none
 // at the start, one per page held, and none again once the holders
