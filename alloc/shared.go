@@ -241,10 +241,12 @@ func (l *sharedLink) conn(ctx context.Context, which int) (rdma.Conn, error) {
 	if errors.Is(err, rdma.ErrAccessDenied) {
 		fresh, rerr := l.renew(ctx)
 		switch {
-		case errors.Is(rerr, ErrUnavailable) || ctx.Err() != nil:
-			// The daemon was not reached: not the end of the
-			// attachment, which asks again on its next call.
-			return nil, fmt.Errorf("shared segment link to %s: the home refused the credential, and the daemon was not reached for the one it holds now: %w", l.addr, cmp.Or(rerr, ctx.Err()))
+		case errors.Is(rerr, ErrUnavailable) || errors.Is(rerr, context.DeadlineExceeded) || errors.Is(rerr, context.Canceled) || ctx.Err() != nil:
+			// The daemon was not reached, or did not answer in time (a
+			// busy host, a peer session still coming back after a
+			// network cut): not the end of the attachment, which asks
+			// again on its next call.
+			return nil, fmt.Errorf("shared segment link to %s: the home refused the credential, and the daemon did not answer with the one it holds now: %w", l.addr, cmp.Or(rerr, ctx.Err()))
 		case rerr == nil && len(fresh) > 0 && !bytes.Equal(fresh, cred):
 			cred = fresh
 			c, err = l.dial(ctx, fresh)

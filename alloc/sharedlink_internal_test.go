@@ -44,6 +44,7 @@ func TestSharedLinkRenewal(t *testing.T) {
 		{"the same credential, refused for longer than renewGrace", "", refused, []byte("old"), nil, renewGrace + time.Second, "lost"},
 		{"a new one refused too, for longer than renewGrace", "", refused, []byte("new"), nil, renewGrace + time.Second, "lost"},
 		{"the daemon is not reached", "", refused, nil, fmt.Errorf("test: %w", ErrUnavailable), renewGrace + time.Second, "retry"},
+		{"the daemon does not answer in time", "", refused, nil, context.DeadlineExceeded, renewGrace + time.Second, "retry"},
 		{"the daemon refuses: the segment is not this client's", "", refused, nil, fmt.Errorf("test: %w", ErrNotFound), 0, "lost"},
 		{"the home is not reached", "", unreachable, nil, nil, renewGrace + time.Second, "retry"},
 	} {
