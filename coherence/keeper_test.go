@@ -84,7 +84,7 @@ func TestPartitionedSharerServesNoExpiredCopy(t *testing.T) {
 	require.NoError(t, err)
 	// The keeper's next tick ends the fast path of a's expired copy (a
 	// stuck renewal must not hold it up; give it far more than a tick).
-	for deadline := time.Now().Add(5 * time.Second); a.fast[0].Load() != fastNone && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); fastLevel(a.fast[0].Load()) != fastNone && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
 
@@ -107,4 +107,50 @@ func TestPartitionedSharerServesNoExpiredCopy(t *testing.T) {
 	if err := a.Close(ctx); err != nil {
 		require.ErrorIs(t, err, ErrLeaseExpired, "only the write to page 1 may be reported lost")
 	}
+}
+
+// TestFastPathAfterStall: a sharer whose keeper has not ticked since its
+// copy's lease ran out (the process stood still: here the lease is an hour,
+// so the keeper ticks every 225 s of real time, and the clock is moved by
+// hand) must not serve that copy from the fast path, which reads the clock
+// against the copy's deadline itself.
+func TestFastPathAfterStall(t *testing.T) {
+	cfg := Config{PageSize: 512, Lease: time.Hour}
+	clk := &manualClock{t: time.Unix(1000, 0)}
+	home, err := NewHome(cfg, make([]byte, cfg.PageSize), clk)
+	require.NoError(t, err)
+	defer home.Close()
+	la := &memLink{home: home}
+	a, err := NewSharer(cfg, int64(cfg.PageSize), la, clk)
+	require.NoError(t, err)
+	b, err := NewSharer(cfg, int64(cfg.PageSize), &memLink{home: home}, clk)
+	require.NoError(t, err)
+	ctx := t.Context()
+
+	v, err := a.Load64(ctx, 0)
+	require.NoError(t, err)
+	require.Zero(t, v)
+	require.Equal(t, fastRead, fastLevel(a.fast[0].Load()), "a holds the page shared, on the fast path")
+
+	la.down.Store(true) // a hears no invalidation: the home waits out its lease
+	clk.add(cfg.Lease + time.Millisecond)
+	_, err = b.WriteAt(ctx, binary.LittleEndian.AppendUint64(nil, 5), 0)
+	require.NoError(t, err)
+	require.Equal(t, fastRead, fastLevel(a.fast[0].Load()), "the keeper has not ticked since")
+
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	v, err = a.Load64(short, 0)
+	cancel()
+	require.Error(t, err, "read %d from the copy whose lease ran out", v)
+	require.ErrorIs(t, err, ErrUnavailable)
+
+	la.down.Store(false)
+	clk.add(cfg.Lease / 8) // the request sent while cut off is due to be sent again
+	healed, cancel := context.WithTimeout(ctx, 10*time.Second)
+	v, err = a.Load64(healed, 0)
+	cancel()
+	require.NoError(t, err)
+	require.EqualValues(t, 5, v)
+	require.NoError(t, b.Close(ctx))
+	require.NoError(t, a.Close(ctx))
 }

@@ -58,7 +58,9 @@ type Sharer struct {
 
 	mu       sync.RWMutex // RLock: a cached read (the fast path); Lock: everything else
 	cache    *Cache
-	fast     []atomic.Uint32 // per page: fastRead or fastWrite while usable without the clock
+	fast     []atomic.Int64  // per page: fastWord(until, fastRead or fastWrite): the fast path's leave
+	base     time.Time       // the clock's reading the fast words' deadlines count from
+	sysClock bool            // clock is SystemClock: the fast path reads time.Since(base)
 	hot      map[uint32]bool // pages whose fast flag may be set
 	lastReq  []time.Time     // per page: when its request was last sent
 	renewing map[uint32]bool // owned pages whose renewal (a write-back) is on its way
@@ -94,7 +96,9 @@ func NewSharer(cfg Config, size int64, link Link, clock Clock) (*Sharer, error) 
 	}
 	s := &Sharer{cfg: cfg, clock: clock, link: link, size: size, cache: c,
 		lastReq: make([]time.Time, c.Pages()), changed: make(chan struct{}),
-		fast: make([]atomic.Uint32, c.Pages()), hot: map[uint32]bool{}, renewing: map[uint32]bool{}}
+		fast: make([]atomic.Int64, c.Pages()), hot: map[uint32]bool{}, renewing: map[uint32]bool{}}
+	s.base = clock.Now()
+	_, s.sysClock = clock.(SystemClock)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(2)
 	go s.pollLoop()
@@ -103,7 +107,7 @@ func NewSharer(cfg Config, size int64, link Link, clock Clock) (*Sharer, error) 
 }
 
 // SetOpTimeout bounds each operation whose ctx has no deadline once it has
-// to ask the home (a cached access never reads the clock for it).
+// to ask the home (a cached access is not bounded by it).
 // Default: 0, no bound.
 func (s *Sharer) SetOpTimeout(d time.Duration) { s.opTimeout.Store(int64(d)) }
 
@@ -712,27 +716,48 @@ func (s *Sharer) Abandon() {
 	s.wg.Wait()
 }
 
-// The fast path. A page's fast flag says the sharer may read it (fastRead)
-// or also write it (fastWrite) without reading the clock: it is set when the
-// page is granted and cleared, under mu, when the page changes state, and
-// by the keeper, which ticks every sixteenth of a lease, a quarter lease
-// before the lease runs out. So a cached access costs a read lock and the
-// copy; the lease is still honoured as long as the keeper is not held up
-// for more than 3/16 of a lease (about 190 ms with the default lease). So
-// the keeper's tick never waits for the network: renewals run beside it.
+// The fast path. A page's fast word says the sharer may read it (fastRead)
+// or also write it (fastWrite) until a deadline, a quarter lease before
+// the page's lease runs out: it is set when the page is granted and
+// cleared, under mu, when the page changes state, and by the keeper, which
+// ticks every sixteenth of a lease. A cached access costs a read lock, one
+// reading of the monotonic clock against the deadline (time.Since, some
+// 20 ns) and the copy. The clock is read on every access because the keeper
+// alone cannot honour a lease: a process that stood still (descheduled for
+// seconds on a loaded host, a paused VM, SIGSTOP) resumes its readers as
+// soon as its keeper, and one of them read a copy whose lease had ended
+// while the home granted the page to a writer (TestFastPathAfterStall).
+// The keeper's tick never waits for the network: renewals run beside it.
 const (
 	fastNone  uint32 = 0
 	fastRead  uint32 = 1
 	fastWrite uint32 = 2
 )
 
-// tryFast runs fn on page pg if its fast flag allows the access.
+// fastWord packs a fast level and the deadline (nanoseconds after the
+// sharer's base) before which the fast path may use it.
+func fastWord(until int64, level uint32) int64 { return until<<2 | int64(level) }
+
+// fastLevel is the level of fast word w.
+func fastLevel(w int64) uint32 { return uint32(w & 3) }
+
+// sinceBase is the sharer's clock now, in nanoseconds after base. With the
+// system clock that is a monotonic reading alone (time.Since), without
+// the wall clock time.Now reads too.
+func (s *Sharer) sinceBase() int64 {
+	if s.sysClock {
+		return int64(time.Since(s.base))
+	}
+	return int64(s.clock.Now().Sub(s.base))
+}
+
+// tryFast runs fn on page pg if its fast word allows the access now.
 func (s *Sharer) tryFast(pg uint32, excl bool, fn func([]byte) bool) bool {
 	need := fastRead
 	if excl {
 		need = fastWrite
 	}
-	if s.fast[pg].Load() < need || s.closed.Load() {
+	if fastLevel(s.fast[pg].Load()) < need || s.closed.Load() {
 		return false
 	}
 	if excl {
@@ -742,7 +767,7 @@ func (s *Sharer) tryFast(pg uint32, excl bool, fn func([]byte) bool) bool {
 		s.mu.RLock()
 		defer s.mu.RUnlock()
 	}
-	if s.fast[pg].Load() < need {
+	if w := s.fast[pg].Load(); fastLevel(w) < need || s.sinceBase() >= w>>2 {
 		return false
 	}
 	if fn(s.cache.lines[pg].data) && excl {
@@ -751,11 +776,12 @@ func (s *Sharer) tryFast(pg uint32, excl bool, fn func([]byte) bool) bool {
 	return true
 }
 
-// settle recomputes page pg's fast flag at now. Callers hold mu.
+// settle recomputes page pg's fast word at now. Callers hold mu.
 func (s *Sharer) settle(now time.Time, pg uint32) {
 	f := fastNone
 	l := &s.cache.lines[pg]
-	if s.cache.err == nil && !l.once && now.Before(l.expiry.Add(-s.cfg.Lease/4)) {
+	until := l.expiry.Add(-s.cfg.Lease / 4)
+	if s.cache.err == nil && !l.once && now.Before(until) {
 		switch s.cache.State(now, pg) {
 		case Modified:
 			f = fastWrite
@@ -763,10 +789,11 @@ func (s *Sharer) settle(now time.Time, pg uint32) {
 			f = fastRead
 		}
 	}
-	s.fast[pg].Store(f)
 	if f != fastNone {
+		s.fast[pg].Store(fastWord(int64(until.Sub(s.base)), f))
 		s.hot[pg] = true
 	} else {
+		s.fast[pg].Store(0)
 		delete(s.hot, pg)
 	}
 }
