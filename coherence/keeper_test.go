@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -95,13 +96,7 @@ func TestPartitionedSharerServesNoExpiredCopy(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnavailable)
 	require.NotContains(t, err.Error(), "is poold running", "the home is cut off, not the local poold")
 
-	la.down.Store(false)
-	clk.add(cfg.Lease / 8) // the request sent while cut off is due to be sent again
-	healed, cancel := context.WithTimeout(ctx, 10*time.Second)
-	v, err = a.Load64(healed, 0)
-	cancel()
-	require.NoError(t, err)
-	require.EqualValues(t, 5, v, "once the partition healed, the sharer read its expired copy, not b's write")
+	require.EqualValues(t, 5, healAndRead(t, clk, cfg, &la.down, a), "once the partition healed, the sharer read its expired copy, not b's write")
 
 	require.NoError(t, b.Close(ctx))
 	if err := a.Close(ctx); err != nil {
@@ -144,13 +139,20 @@ func TestFastPathAfterStall(t *testing.T) {
 	require.Error(t, err, "read %d from the copy whose lease ran out", v)
 	require.ErrorIs(t, err, ErrUnavailable)
 
-	la.down.Store(false)
-	clk.add(cfg.Lease / 8) // the request sent while cut off is due to be sent again
-	healed, cancel := context.WithTimeout(ctx, 10*time.Second)
-	v, err = a.Load64(healed, 0)
-	cancel()
-	require.NoError(t, err)
-	require.EqualValues(t, 5, v)
+	require.EqualValues(t, 5, healAndRead(t, clk, cfg, &la.down, a))
 	require.NoError(t, b.Close(ctx))
 	require.NoError(t, a.Close(ctx))
+}
+
+// healAndRead heals a link cut off (down), moves the clock to when the
+// request a sent meanwhile is due to be sent again, and returns the word a
+// reads at 0.
+func healAndRead(t *testing.T, clk *manualClock, cfg Config, down *atomic.Bool, a *Sharer) uint64 {
+	down.Store(false)
+	clk.add(cfg.Lease / 8)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	v, err := a.Load64(ctx, 0)
+	require.NoError(t, err)
+	return v
 }
