@@ -361,17 +361,17 @@ func (d *Directory) request(now time.Time, p *page, m Message) (Message, []Messa
 	d.expire(now, p)
 	excl := m.Kind == WriteReq
 	since := now
-	if h, ok := p.holders.get(m.From); ok && h.seq == m.Seq {
+	h, holds := p.holders.get(m.From)
+	if holds && h.seq == m.Seq {
 		// A resend of the request this holder was granted: the sharer
 		// never got that grant (lost, or crossing this resend) and counts
 		// the lease from before the home first took the request.
 		since = d.started.Add(h.since)
 	}
-	if p.owner == m.From {
+	if p.owner == m.From { // an owner is a holder
 		// The owner asks again: its grant was lost in transit (it never
 		// wrote, so the home's copy is current) or this is a duplicate it
 		// will ignore. Grant again, same generation.
-		h, _ := p.holders.get(m.From)
 		h.expiry = maxTime(h.expiry, now.Add(d.cfg.Lease))
 		p.holders.put(m.From, h)
 		return d.grant(m.From, pg, m.Seq, h.gen, true, now.Sub(since)), nil

@@ -58,10 +58,10 @@ type Sharer struct {
 
 	mu       sync.RWMutex // RLock: a cached read (the fast path); Lock: everything else
 	cache    *Cache
-	fast     []atomic.Int64  // per page: fastWord(until, fastRead or fastWrite): the fast path's leave
+	fast     []atomic.Int64  // per page: fastWord(deadline, fastRead or fastWrite), 0 for none
 	base     time.Time       // the clock's reading the fast words' deadlines count from
 	sysClock bool            // clock is SystemClock: the fast path reads time.Since(base)
-	hot      map[uint32]bool // pages whose fast flag may be set
+	hot      map[uint32]bool // pages whose fast word may be set
 	lastReq  []time.Time     // per page: when its request was last sent
 	renewing map[uint32]bool // owned pages whose renewal (a write-back) is on its way
 	changed  chan struct{}   // closed (and replaced) whenever a grant arrives

@@ -188,10 +188,10 @@ var Model = porcupine.Model{
 	DescribeState: func(state any) string { return fmt.Sprint(state.(uint64)) },
 }
 
-// Check runs porcupine on the history with a timeout. When the history is
-// not linearizable (or the check timed out) it writes porcupine's
-// visualization into dir and returns its path; ok is true only for a
-// history proven linearizable.
+// Check runs porcupine on the history with a timeout (0: none). When the
+// history is not linearizable (or the check timed out) it writes
+// porcupine's visualization into dir and returns its path; ok is true only
+// for a history proven linearizable.
 //
 // Unknown-outcome operations are what makes porcupine's search long: each
 // may take effect anywhere after its call, so a register with a score of
@@ -202,19 +202,21 @@ var Model = porcupine.Model{
 // the whole history, in the time left (at least half the timeout: proving
 // the smaller history illegal can take as long as checking the whole).
 func Check(ops []porcupine.Operation, timeout time.Duration, dir string) (ok bool, path string, err error) {
+	// porcupine takes a timeout of 0 as none; so does Check. Otherwise each
+	// check gets at least a moment, enough to find an early violation.
 	deadline := time.Now().Add(timeout)
-	if seen := Unobserved(ops); len(seen) < len(ops) {
-		half := timeout / 2
-		if timeout > 0 {
-			half = max(half, 1) // not 0, which porcupine takes as none
+	left := func(d time.Duration) time.Duration {
+		if timeout <= 0 {
+			return 0
 		}
-		if porcupine.CheckOperationsTimeout(Model, seen, half) == porcupine.Ok {
+		return max(d, time.Millisecond)
+	}
+	if seen := Unobserved(ops); len(seen) < len(ops) {
+		if porcupine.CheckOperationsTimeout(Model, seen, left(timeout/2)) == porcupine.Ok {
 			return true, "", nil
 		}
 	}
-	// porcupine takes a timeout of 0 as none: a check past the deadline
-	// still gets a moment, enough to find an early violation.
-	res, info := porcupine.CheckOperationsVerbose(Model, ops, max(time.Until(deadline), time.Millisecond))
+	res, info := porcupine.CheckOperationsVerbose(Model, ops, left(time.Until(deadline)))
 	if res == porcupine.Ok {
 		return true, "", nil
 	}
